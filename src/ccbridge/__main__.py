@@ -1,0 +1,3 @@
+from ccbridge.cli import main
+
+raise SystemExit(main())

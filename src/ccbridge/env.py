@@ -1,0 +1,225 @@
+"""The environment stamp carried by every result: what machine, which CC state.
+
+Nothing here is fatal: a missing NVML, GPU, torch or permission is recorded
+as an error string in the stamp and the rest is still filled in.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from pathlib import Path
+from typing import Any
+
+from ccbridge import __version__
+
+CRYPTO_FLAGS = ("aes", "pclmulqdq", "vaes", "vpclmulqdq", "avx2", "avx512f", "sha_ni")
+EMULATION_VAR = "CCBRIDGE_EMULATION_PROFILE"  # set by the emulator's launcher
+
+
+def cpu_info(cpuinfo_text: str | None = None) -> dict[str, Any]:
+    if cpuinfo_text is None:
+        try:
+            cpuinfo_text = Path("/proc/cpuinfo").read_text()
+        except OSError as e:
+            return {"error": f"cannot read /proc/cpuinfo: {e}", "cores": os.cpu_count()}
+    model, flags = None, set()
+    for line in cpuinfo_text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model is None:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return {
+        "model": model or platform.processor() or "unknown",
+        "cores": os.cpu_count(),
+        "flags": {f: f in flags for f in CRYPTO_FLAGS},
+        "hypervisor": "hypervisor" in flags,
+    }
+
+
+def tee_guest(root: str = "/", cpu_flags: set[str] | None = None) -> dict[str, Any]:
+    """Which CPU TEE this guest runs in, with the evidence for it."""
+    r = Path(root)
+    if cpu_flags is None:
+        try:
+            text = (r / "proc/cpuinfo").read_text()
+            cpu_flags = next((set(l.partition(":")[2].split()) for l in text.splitlines() if l.startswith("flags")), set())
+        except OSError:
+            cpu_flags = set()
+    evidence = []
+    for dev in ("dev/tdx_guest", "dev/tdx-guest"):
+        if (r / dev).exists():
+            evidence.append(f"/{dev} present")
+    if "tdx_guest" in cpu_flags:
+        evidence.append("cpu flag tdx_guest")
+    if evidence:
+        return {"kind": "tdx", "evidence": evidence}
+    if (r / "dev/sev-guest").exists():
+        evidence.append("/dev/sev-guest present")
+    snp = "sev_snp" in cpu_flags and "hypervisor" in cpu_flags
+    if snp:
+        evidence.append("cpu flags sev_snp + hypervisor")
+    if evidence:
+        return {"kind": "sev-snp", "evidence": evidence}
+    if "sev" in cpu_flags and "hypervisor" in cpu_flags:
+        return {"kind": "sev", "evidence": ["cpu flags sev + hypervisor"]}
+    return {"kind": "none", "evidence": []}
+
+
+def _nvml_call(fn, *args):
+    """Call an NVML function; return (value, None) or (None, error text)."""
+    try:
+        return fn(*args), None
+    except Exception as e:  # NVMLError subclasses, missing symbols in old drivers
+        return None, f"{type(e).__name__}: {e}"
+
+
+def _decode(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def cc_state(nv) -> dict[str, Any]:
+    """The confidential-computing state from NVML, every call's outcome kept."""
+    out: dict[str, Any] = {}
+    st, err = _nvml_call(nv.nvmlSystemGetConfComputeState)
+    if st is not None:
+        out["state"] = {
+            "environment": {nv.NVML_CC_SYSTEM_ENVIRONMENT_PROD: "prod", nv.NVML_CC_SYSTEM_ENVIRONMENT_SIM: "sim"}.get(st.environment, "unavailable"),
+            "cc_feature": "enabled" if st.ccFeature == nv.NVML_CC_SYSTEM_FEATURE_ENABLED else "disabled",
+            "devtools_mode": "on" if st.devToolsMode == nv.NVML_CC_SYSTEM_DEVTOOLS_MODE_ON else "off",
+        }
+    else:
+        out["state_error"] = err
+    # The Python binding returns this one's code unchecked: check it here.
+    try:
+        settings = nv.c_nvmlSystemConfComputeSettings_v1_t()
+        settings.version = nv.nvmlSystemConfComputeSettings_v1
+        rc = nv.nvmlSystemGetConfComputeSettings(settings)
+        if rc == nv.NVML_SUCCESS:
+            out["multi_gpu_mode"] = {nv.NVML_CC_SYSTEM_MULTIGPU_NONE: "none",
+                                     nv.NVML_CC_SYSTEM_MULTIGPU_PROTECTED_PCIE: "protected-pcie",
+                                     getattr(nv, "NVML_CC_SYSTEM_MULTIGPU_NVLE", -1): "nvle"}.get(settings.multiGpuMode, f"unknown({settings.multiGpuMode})")
+        else:
+            out["settings_error"] = f"nvmlSystemGetConfComputeSettings returned {rc}: {_decode(nv.nvmlErrorString(rc))}"
+    except Exception as e:
+        out["settings_error"] = f"{type(e).__name__}: {e}"
+    ready, err = _nvml_call(nv.nvmlSystemGetConfComputeGpusReadyState)
+    if ready is not None:
+        out["gpus_ready"] = bool(ready == nv.NVML_CC_ACCEPTING_CLIENT_REQUESTS_TRUE)
+    else:
+        out["gpus_ready_error"] = err
+    caps, err = _nvml_call(nv.nvmlSystemGetConfComputeCapabilities)
+    if caps is not None:
+        out["capabilities"] = {
+            "cpu": {nv.NVML_CC_SYSTEM_CPU_CAPS_NONE: "none", nv.NVML_CC_SYSTEM_CPU_CAPS_AMD_SEV: "amd-sev",
+                    nv.NVML_CC_SYSTEM_CPU_CAPS_INTEL_TDX: "intel-tdx",
+                    getattr(nv, "NVML_CC_SYSTEM_CPU_CAPS_AMD_SEV_SNP", -1): "amd-sev-snp",
+                    getattr(nv, "NVML_CC_SYSTEM_CPU_CAPS_AMD_SNP_VTOM", -2): "amd-snp-vtom"}.get(caps.cpuCaps, f"unknown({caps.cpuCaps})"),
+            "gpus": "cc-capable" if caps.gpusCaps == nv.NVML_CC_SYSTEM_GPUS_CC_CAPABLE else "not-cc-capable",
+        }
+    else:
+        out["capabilities_error"] = err
+    feature = out.get("state", {}).get("cc_feature")
+    out["mode"] = {"enabled": "on", "disabled": "off"}.get(feature, "unknown")
+    return out
+
+
+def nvml_info() -> dict[str, Any]:
+    try:
+        import pynvml as nv
+    except ImportError:
+        return {"available": False, "error": "nvidia-ml-py is not installed"}
+    try:
+        nv.nvmlInit()
+    except Exception as e:
+        return {"available": False, "error": f"NVML unavailable ({type(e).__name__}: {e}); no NVIDIA driver?"}
+    try:
+        info: dict[str, Any] = {"available": True}
+        info["driver"], _ = _nvml_call(lambda: _decode(nv.nvmlSystemGetDriverVersion()))
+        cuda, _ = _nvml_call(nv.nvmlSystemGetCudaDriverVersion_v2)
+        info["cuda_driver"] = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None
+        gpus = []
+        count, err = _nvml_call(nv.nvmlDeviceGetCount)
+        for i in range(count or 0):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            g = {"index": i}
+            for key, fn in (("name", nv.nvmlDeviceGetName), ("uuid", nv.nvmlDeviceGetUUID),
+                            ("pcie_gen_max", nv.nvmlDeviceGetMaxPcieLinkGeneration),
+                            ("pcie_width_max", nv.nvmlDeviceGetMaxPcieLinkWidth),
+                            ("pcie_gen", nv.nvmlDeviceGetCurrPcieLinkGeneration),
+                            ("pcie_width", nv.nvmlDeviceGetCurrPcieLinkWidth)):
+                v, e = _nvml_call(fn, h)
+                g[key] = _decode(v) if v is not None else None
+            mem, _ = _nvml_call(nv.nvmlDeviceGetMemoryInfo, h)
+            g["memory_gib"] = round(mem.total / 2**30, 1) if mem else None
+            gpus.append(g)
+        info["gpus"] = gpus
+        if err:
+            info["device_count_error"] = err
+        info["cc"] = cc_state(nv)
+        return info
+    finally:
+        _nvml_call(nv.nvmlShutdown)
+
+
+def torch_info() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"available": False, "error": "torch is not installed"}
+    info = {"available": True, "version": torch.__version__, "cuda": torch.version.cuda}
+    try:
+        info["cuda_available"] = torch.cuda.is_available()
+        if info["cuda_available"]:
+            info["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception as e:
+        info["cuda_available"] = False
+        info["error"] = f"{type(e).__name__}: {e}"
+    return info
+
+
+def openssl_info() -> dict[str, Any]:
+    from ccbridge import libcrypto
+
+    try:
+        return {"version": libcrypto.openssl_version(), "ia32cap": os.environ.get("OPENSSL_ia32cap")}
+    except libcrypto.CryptoUnavailable as e:
+        return {"version": None, "error": str(e)}
+
+
+def emulation_info() -> dict[str, Any]:
+    profile = os.environ.get(EMULATION_VAR)
+    return {"active": bool(profile), "profile": profile or None}
+
+
+def stamp() -> dict[str, Any]:
+    """The full stamp; tolerant of every missing piece."""
+    cpu = cpu_info()
+    return {
+        "ccbridge": __version__,
+        "host": socket.gethostname(),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "cpu": cpu,
+        "tee": tee_guest(),
+        "openssl": openssl_info(),
+        "nvml": nvml_info(),
+        "torch": torch_info(),
+        "emulation": emulation_info(),
+    }
+
+
+def cc_mode(env: dict[str, Any]) -> str:
+    """'on', 'off' or 'unknown' from a stamp."""
+    return env.get("nvml", {}).get("cc", {}).get("mode", "unknown")
+
+
+def gpu_name(env: dict[str, Any], index: int = 0) -> str:
+    gpus = env.get("nvml", {}).get("gpus") or []
+    if index < len(gpus):
+        return gpus[index].get("name") or "unknown GPU"
+    devs = env.get("torch", {}).get("devices") or []
+    return devs[index] if index < len(devs) else "no GPU"

@@ -1,0 +1,161 @@
+"""Plain-language findings drawn from a result's rows.
+
+Each rule reads rows only and yields a Finding with a stable id and a
+categorical outcome, so `compare` can say which findings changed between a
+CC-off and a CC-on run. Rules whose rows are absent say nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ccbridge.results import Result, Row
+
+
+@dataclass
+class Finding:
+    id: str
+    outcome: str  # categorical, compared across runs
+    text: str
+
+
+def _size(n: int) -> str:
+    from ccbridge.probe.transfer import human_bytes
+
+    return human_bytes(n)
+
+
+def _one(rows: list[Row], **params) -> Row | None:
+    for r in rows:
+        if all(r.params.get(k) == v for k, v in params.items()):
+            return r
+    return None
+
+
+def small_copies(res: Result):
+    rows = res.by_test("smallcopy.d2h32")
+    if len(rows) < 2:
+        return
+    one = min(rows, key=lambda r: r.params["streams"])
+    many = max(rows, key=lambda r: r.params["streams"])
+    k = many.params["streams"]
+    gain = one.median / many.median
+    if gain < 1.25:
+        yield Finding("smallcopy.overlap", "serialized",
+                      f"32-byte D2H copies on {k} streams got no overlap: {many.median:.1f} us per copy at {k} streams "
+                      f"vs {one.median:.1f} us at 1 ({gain:.2f}x), so streams of one context serialize.")
+    else:
+        yield Finding("smallcopy.overlap", "overlapped",
+                      f"32-byte D2H copies overlap across streams: {one.median:.1f} us per copy at 1 stream, "
+                      f"{many.median:.1f} us at {k} ({gain:.1f}x better).")
+
+
+_DESCRIBE = {"same": "on the busy stream", "idle": "on an idle stream", "event-wait": "on a stream that event-waits on the busy one"}
+
+
+def semantics(res: Result):
+    for r in res.by_test("semantics.nonblocking"):
+        d, m, s = r.params["dir"], r.params["mem"], r.params["stream"]
+        v = r.extra.get("verdict", "?")
+        what = f"non_blocking {d.upper()} ({m}) {_DESCRIBE[s]}"
+        busy = r.extra.get("busy_ms", 0)
+        if v == "blocks":
+            text = f"{what} blocked for the whole busy kernel (returned after {r.median:.0%} of the {busy:.0f} ms queued)."
+        elif v == "partial":
+            text = f"{what} blocked for part of the busy kernel ({r.median:.0%} of {busy:.0f} ms)."
+        else:
+            text = f"{what} returned at once ({r.extra.get('call_us', 0):.0f} us of {busy:.0f} ms queued)."
+        yield Finding(f"semantics.{d}.{m}.{s}", v, text)
+
+
+def transfer(res: Result):
+    rows = [r for r in res.by_test("transfer.sweep") if r.metric == "bandwidth"]
+    if not rows:
+        return
+    top = max(r.params["bytes"] for r in rows)
+    for d in ("h2d", "d2h"):
+        pin, page = _one(rows, dir=d, mem="pinned", bytes=top), _one(rows, dir=d, mem="pageable", bytes=top)
+        if not (pin and page):
+            continue
+        if page.median > pin.median:
+            yield Finding(f"transfer.{d}.pinned_vs_pageable", "pageable-faster",
+                          f"{d.upper()} from pageable memory ({page.median:.1f} GB/s) beat pinned ({pin.median:.1f} GB/s) "
+                          f"at {_size(top)}: the pinned fast path has collapsed, as under CC.")
+        else:
+            yield Finding(f"transfer.{d}.pinned_vs_pageable", "pinned-faster",
+                          f"{d.upper()} sustained {pin.median:.1f} GB/s pinned and {page.median:.1f} GB/s pageable at {_size(top)}.")
+    frac = [r for r in res.by_test("transfer.sweep") if r.metric == "in_call_fraction"
+            and r.params["mem"] == "pinned" and r.params["bytes"] == top]
+    for r in frac:
+        blocked = r.median > 0.8
+        yield Finding(f"transfer.{r.params['dir']}.pinned_in_call", "host-blocked" if blocked else "host-free",
+                      f"During sustained pinned {r.params['dir'].upper()} the host thread spent {r.median:.0%} of the time "
+                      f"inside the copy calls" + (" (asynchrony revoked)." if blocked else "."))
+
+
+def concurrency(res: Result):
+    rows = res.by_test("concurrency.scaling")
+    for d in ("h2d", "d2h"):
+        gains = {}
+        for mode in ("streams", "threads", "contexts", "processes"):
+            mrows = sorted((r for r in rows if r.params["mode"] == mode and r.params["dir"] == d), key=lambda r: r.params["n"])
+            if len(mrows) >= 2:
+                gains[mode] = (mrows[-1].median / mrows[0].median, mrows[0], mrows[-1])
+        if not gains:
+            continue
+        scaling = sorted(m for m, (g, _, _) in gains.items() if g >= 1.3)
+        parts = [f"{m} {g:.2f}x ({lo.median:.1f} -> {hi.median:.1f} GB/s at N={hi.params['n']})" for m, (g, lo, hi) in gains.items()]
+        outcome = "scales with " + "+".join(scaling) if scaling else "flat"
+        lead = f"Aggregate {d.upper()} bandwidth " + (f"rises with {', '.join(scaling)}" if scaling else "does not rise with N")
+        yield Finding(f"concurrency.{d}", outcome, f"{lead}: " + "; ".join(parts) + ".")
+
+
+def launch(res: Result):
+    rows = {r.params["mode"]: r for r in res.by_test("launch.cost")}
+    if rows:
+        parts = [f"{m} {r.median:.2f} us" for m, r in rows.items()]
+        yield Finding("launch.cost", "measured", "Empty-kernel launch cost: " + ", ".join(parts) + " per kernel.")
+
+
+def toll(res: Result):
+    rows = res.by_test("toll.h2d_idioms")
+    for size in sorted({r.params["bytes"] for r in rows}):
+        fresh, pers = _one(rows, idiom="fresh-pinned", bytes=size), _one(rows, idiom="persistent-pinned", bytes=size)
+        if fresh and pers:
+            ratio = fresh.median / pers.median
+            yield Finding(f"toll.{size}", "fresh-costly" if ratio > 2 else "fresh-cheap",
+                          f"At {_size(size)}, pin_memory().to(non_blocking=True) took {fresh.median:.0f} us against "
+                          f"{pers.median:.0f} us for copy_ into a persistent pinned tensor ({ratio:.1f}x).")
+
+
+def hostcrypto(res: Result):
+    rows = res.by_test("hostcrypto.aes256gcm")
+    base = _one(rows, variant="default", op="encrypt", threads=1)
+    if not base:
+        return
+    parts = [f"{base.median:.2f} GB/s per core"]
+    for v in ("no-wide-vector", "no-aes-ni"):
+        r = _one(rows, variant=v, op="encrypt", threads=1)
+        if r:
+            parts.append(f"{r.median / base.median:.2f}x with {v.replace('-', ' ')} paths masked")
+    yield Finding("hostcrypto", "measured", "CPU AES-256-GCM (OpenSSL): " + "; ".join(parts) + ".")
+
+
+def lifecycle(res: Result):
+    rows = res.by_test("lifecycle.contexts")
+    c8 = _one(rows, contexts=8)
+    create = next((r for r in rows if r.metric == "create_time" and r.params.get("contexts") == 8), None)
+    destroy = next((r for r in rows if r.metric == "destroy_time" and r.params.get("contexts") == 8), None)
+    if c8 and create and destroy:
+        yield Finding("lifecycle", "measured",
+                      f"8 driver-API contexts took {create.median:.2f} s to create and {destroy.median:.2f} s to destroy.")
+
+
+RULES = (small_copies, semantics, transfer, concurrency, launch, toll, hostcrypto, lifecycle)
+
+
+def findings(res: Result) -> list[Finding]:
+    out = []
+    for rule in RULES:
+        out += list(rule(res))
+    return out

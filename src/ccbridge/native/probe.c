@@ -1,0 +1,584 @@
+/*
+ * ccbridge probe core: the timing loops that Python overhead would distort.
+ *
+ * Loaded with ctypes (see ccbridge/native.py). libcuda is dlopen'ed at run
+ * time, so this file builds on machines without CUDA and the package installs
+ * on CPU-only CI. Every entry point returns 0 on success or -1 with a message
+ * in ccb_error() naming the driver call and its error.
+ *
+ * A "session" is one context (the device's primary context, or a context of
+ * its own) with its streams and one host + one device buffer per stream.
+ * Sessions are what the concurrency tests multiply: N streams in one session,
+ * N sessions on the primary context (threads), N sessions with contexts of
+ * their own, or one session per process.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext, *CUstream, *CUevent, *CUfunction, *CUmodule, *CUgraph, *CUgraphExec;
+typedef unsigned long long CUdeviceptr;
+
+#define CCB_H2D 0
+#define CCB_D2H 1
+#define CCB_D2D 2
+#define CCB_PINNED 0
+#define CCB_PAGEABLE 1
+#define CCB_SAME_STREAM 0
+#define CCB_IDLE_STREAM 1
+#define CCB_EVENT_WAIT 2
+#define CCB_LAUNCH_PIPELINED 0
+#define CCB_LAUNCH_WAIT 1
+#define CCB_LAUNCH_GRAPH 2
+#define CCB_MAX_STREAMS 64
+
+static const char kPtx[] =
+    ".version 7.0\n.target sm_75\n.address_size 64\n"
+    ".visible .entry ccb_noop()\n{\n\tret;\n}\n"
+    ".visible .entry ccb_spin(.param .u64 ccb_spin_ns)\n{\n"
+    "\t.reg .pred %p<2>;\n\t.reg .b64 %rd<6>;\n"
+    "\tld.param.u64 %rd1, [ccb_spin_ns];\n"
+    "\tmov.u64 %rd2, %globaltimer;\n"
+    "$L_loop:\n\tmov.u64 %rd3, %globaltimer;\n"
+    "\tsub.s64 %rd4, %rd3, %rd2;\n"
+    "\tsetp.lt.u64 %p1, %rd4, %rd1;\n"
+    "\t@%p1 bra $L_loop;\n\tret;\n}\n";
+
+/* One table of the driver functions we use, resolved once by ccb_open(). */
+static struct {
+    CUresult (*Init)(unsigned);
+    CUresult (*GetErrorName)(CUresult, const char **);
+    CUresult (*DeviceGetCount)(int *);
+    CUresult (*DeviceGet)(CUdevice *, int);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*DevicePrimaryCtxRelease)(CUdevice);
+    CUresult (*CtxCreate)(CUcontext *, unsigned, CUdevice);
+    CUresult (*CtxDestroy)(CUcontext);
+    CUresult (*CtxPopCurrent)(CUcontext *);
+    CUresult (*CtxSetCurrent)(CUcontext);
+    CUresult (*CtxGetCurrent)(CUcontext *);
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*MemFree)(CUdeviceptr);
+    CUresult (*MemHostAlloc)(void **, size_t, unsigned);
+    CUresult (*MemFreeHost)(void *);
+    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamDestroy)(CUstream);
+    CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
+    CUresult (*EventCreate)(CUevent *, unsigned);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventDestroy)(CUevent);
+    CUresult (*ModuleLoadData)(CUmodule *, const void *);
+    CUresult (*ModuleUnload)(CUmodule);
+    CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, CUstream, void **, void **);
+    CUresult (*StreamBeginCapture)(CUstream, int);
+    CUresult (*StreamEndCapture)(CUstream, CUgraph *);
+    CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*GraphLaunch)(CUgraphExec, CUstream);
+    CUresult (*GraphExecDestroy)(CUgraphExec);
+    CUresult (*GraphDestroy)(CUgraph);
+} cu;
+
+static __thread char g_err[512];
+static int g_opened;
+static pthread_mutex_t g_open_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void set_err(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    va_end(ap);
+}
+
+const char *ccb_error(void) { return g_err; }
+
+double ccb_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static int cu_fail(CUresult rc, const char *what) {
+    const char *name = "unknown error";
+    if (cu.GetErrorName) cu.GetErrorName(rc, &name);
+    set_err("%s failed: %s (%d)", what, name, rc);
+    return -1;
+}
+
+/* Check a driver call; on failure record which call and jump to cleanup. */
+#define CK(call)                                  \
+    do {                                          \
+        CUresult rc_ = (call);                    \
+        if (rc_ != 0) {                           \
+            cu_fail(rc_, #call);                  \
+            goto fail;                            \
+        }                                         \
+    } while (0)
+
+int ccb_open(void) {
+    pthread_mutex_lock(&g_open_lock);
+    if (g_opened) {
+        pthread_mutex_unlock(&g_open_lock);
+        return 0;
+    }
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+        set_err("cannot load the CUDA driver library libcuda.so.1 (no NVIDIA driver here?): %s", dlerror());
+        pthread_mutex_unlock(&g_open_lock);
+        return -1;
+    }
+    static const struct { void **slot; const char *name; } syms[] = {
+        {(void **)&cu.Init, "cuInit"},
+        {(void **)&cu.GetErrorName, "cuGetErrorName"},
+        {(void **)&cu.DeviceGetCount, "cuDeviceGetCount"},
+        {(void **)&cu.DeviceGet, "cuDeviceGet"},
+        {(void **)&cu.DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"},
+        {(void **)&cu.DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"},
+        {(void **)&cu.CtxCreate, "cuCtxCreate_v2"},
+        {(void **)&cu.CtxDestroy, "cuCtxDestroy_v2"},
+        {(void **)&cu.CtxPopCurrent, "cuCtxPopCurrent_v2"},
+        {(void **)&cu.CtxSetCurrent, "cuCtxSetCurrent"},
+        {(void **)&cu.CtxGetCurrent, "cuCtxGetCurrent"},
+        {(void **)&cu.MemAlloc, "cuMemAlloc_v2"},
+        {(void **)&cu.MemFree, "cuMemFree_v2"},
+        {(void **)&cu.MemHostAlloc, "cuMemHostAlloc"},
+        {(void **)&cu.MemFreeHost, "cuMemFreeHost"},
+        {(void **)&cu.MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"},
+        {(void **)&cu.MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"},
+        {(void **)&cu.MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"},
+        {(void **)&cu.StreamCreate, "cuStreamCreate"},
+        {(void **)&cu.StreamDestroy, "cuStreamDestroy_v2"},
+        {(void **)&cu.StreamSynchronize, "cuStreamSynchronize"},
+        {(void **)&cu.StreamWaitEvent, "cuStreamWaitEvent"},
+        {(void **)&cu.EventCreate, "cuEventCreate"},
+        {(void **)&cu.EventRecord, "cuEventRecord"},
+        {(void **)&cu.EventDestroy, "cuEventDestroy_v2"},
+        {(void **)&cu.ModuleLoadData, "cuModuleLoadData"},
+        {(void **)&cu.ModuleUnload, "cuModuleUnload"},
+        {(void **)&cu.ModuleGetFunction, "cuModuleGetFunction"},
+        {(void **)&cu.LaunchKernel, "cuLaunchKernel"},
+        {(void **)&cu.StreamBeginCapture, "cuStreamBeginCapture_v2"},
+        {(void **)&cu.StreamEndCapture, "cuStreamEndCapture"},
+        {(void **)&cu.GraphInstantiate, "cuGraphInstantiateWithFlags"},
+        {(void **)&cu.GraphLaunch, "cuGraphLaunch"},
+        {(void **)&cu.GraphExecDestroy, "cuGraphExecDestroy"},
+        {(void **)&cu.GraphDestroy, "cuGraphDestroy"},
+    };
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        *syms[i].slot = dlsym(h, syms[i].name);
+        if (!*syms[i].slot) {
+            set_err("the CUDA driver lacks %s (driver too old?)", syms[i].name);
+            pthread_mutex_unlock(&g_open_lock);
+            return -1;
+        }
+    }
+    CUresult rc = cu.Init(0);
+    if (rc != 0) {
+        cu_fail(rc, "cuInit(0)");
+        pthread_mutex_unlock(&g_open_lock);
+        return -1;
+    }
+    g_opened = 1;
+    pthread_mutex_unlock(&g_open_lock);
+    return 0;
+}
+
+int ccb_device_count(int *count) {
+    CK(cu.DeviceGetCount(count));
+    return 0;
+fail:
+    return -1;
+}
+
+/* Fill with non-zero pseudo-random bytes: zeros hide unwritten outputs. */
+static void fill_random(void *p, size_t n, uint64_t seed) {
+    uint64_t x = seed | 1;
+    unsigned char *b = p;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        memcpy(b + i, &x, 8);
+    }
+    for (; i < n; i++) b[i] = (unsigned char)(x >> (8 * (i & 7))) | 1;
+}
+
+typedef struct {
+    int device;
+    int own_context;
+    int kind;
+    size_t max_bytes;
+    int nstreams;
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction noop, spin;
+    CUstream stream[CCB_MAX_STREAMS];
+    void *host[CCB_MAX_STREAMS];
+    CUdeviceptr dptr[CCB_MAX_STREAMS];
+    CUdeviceptr dscratch;
+} ccb_session;
+
+typedef struct {
+    double start_ns, end_ns; /* CLOCK_MONOTONIC, comparable across processes */
+    double incall_ns;        /* time the host thread spent inside copy calls */
+    double bytes;
+} ccb_copy_out;
+
+typedef struct {
+    double remaining_ns; /* queued GPU work left when the copy was issued */
+    double call_ns;      /* how long the copy call took to return */
+    double done_ns;      /* issue to completion of everything */
+} ccb_sem_out;
+
+static void *host_alloc(ccb_session *s, size_t n) {
+    void *p = NULL;
+    if (s->kind == CCB_PINNED) {
+        CUresult rc = cu.MemHostAlloc(&p, n, 0);
+        if (rc != 0) { cu_fail(rc, "cuMemHostAlloc"); return NULL; }
+    } else if (posix_memalign(&p, 4096, n) != 0) {
+        set_err("out of host memory allocating %zu bytes", n);
+        return NULL;
+    }
+    return p;
+}
+
+static void host_free(ccb_session *s, void *p) {
+    if (!p) return;
+    if (s->kind == CCB_PINNED) cu.MemFreeHost(p); else free(p);
+}
+
+void ccb_session_close(ccb_session *s) {
+    if (!s) return;
+    if (s->ctx) {
+        cu.CtxSetCurrent(s->ctx);
+        for (int i = 0; i < s->nstreams; i++) {
+            if (s->stream[i]) cu.StreamDestroy(s->stream[i]);
+            if (s->dptr[i]) cu.MemFree(s->dptr[i]);
+            host_free(s, s->host[i]);
+        }
+        if (s->dscratch) cu.MemFree(s->dscratch);
+        if (s->mod) cu.ModuleUnload(s->mod);
+        if (s->own_context) cu.CtxDestroy(s->ctx);
+        else { cu.CtxSetCurrent(NULL); cu.DevicePrimaryCtxRelease(s->dev); }
+    }
+    free(s);
+}
+
+static int verify_roundtrip(ccb_session *s, size_t bytes);
+
+ccb_session *ccb_session_open(int device, int own_context, int kind, size_t max_bytes, int nstreams) {
+    if (ccb_open() != 0) return NULL;
+    if (nstreams < 1 || nstreams > CCB_MAX_STREAMS) {
+        set_err("nstreams must be 1..%d, got %d", CCB_MAX_STREAMS, nstreams);
+        return NULL;
+    }
+    if (max_bytes < 8) max_bytes = 8;
+    ccb_session *s = calloc(1, sizeof *s);
+    if (!s) { set_err("out of memory"); return NULL; }
+    s->device = device; s->own_context = own_context; s->kind = kind;
+    s->max_bytes = max_bytes; s->nstreams = nstreams;
+    CK(cu.DeviceGet(&s->dev, device));
+    if (own_context) {
+        CUcontext popped;
+        CK(cu.CtxCreate(&s->ctx, 0, s->dev));
+        CK(cu.CtxPopCurrent(&popped));
+    } else {
+        CK(cu.DevicePrimaryCtxRetain(&s->ctx, s->dev));
+    }
+    CK(cu.CtxSetCurrent(s->ctx));
+    CK(cu.ModuleLoadData(&s->mod, kPtx));
+    CK(cu.ModuleGetFunction(&s->noop, s->mod, "ccb_noop"));
+    CK(cu.ModuleGetFunction(&s->spin, s->mod, "ccb_spin"));
+    for (int i = 0; i < nstreams; i++) {
+        CK(cu.StreamCreate(&s->stream[i], 1 /* CU_STREAM_NON_BLOCKING */));
+        CK(cu.MemAlloc(&s->dptr[i], max_bytes));
+        if (!(s->host[i] = host_alloc(s, max_bytes))) goto fail;
+        fill_random(s->host[i], max_bytes, 0x9E3779B97F4A7C15ull * (uint64_t)(i + 1) + (uint64_t)device);
+    }
+    CK(cu.MemAlloc(&s->dscratch, max_bytes));
+    /* Every session proves the path is byte-exact before it is timed. */
+    if (verify_roundtrip(s, max_bytes < (64u << 20) ? max_bytes : (64u << 20)) != 0) goto fail;
+    return s;
+fail:;
+    char saved[sizeof g_err];
+    memcpy(saved, g_err, sizeof saved);
+    ccb_session_close(s);
+    memcpy(g_err, saved, sizeof saved);
+    return NULL;
+}
+
+/* H2D random bytes, D2D, D2H into fresh memory, compare: byte-exact or error. */
+static int verify_roundtrip(ccb_session *s, size_t bytes) {
+    unsigned char *back = malloc(bytes);
+    if (!back) { set_err("out of host memory"); return -1; }
+    memset(back, 0, bytes);
+    CK(cu.CtxSetCurrent(s->ctx));
+    CK(cu.MemcpyHtoDAsync(s->dptr[0], s->host[0], bytes, s->stream[0]));
+    CK(cu.MemcpyDtoDAsync(s->dscratch, s->dptr[0], bytes, s->stream[0]));
+    CK(cu.MemcpyDtoHAsync(back, s->dscratch, bytes, s->stream[0]));
+    CK(cu.StreamSynchronize(s->stream[0]));
+    if (memcmp(back, s->host[0], bytes) != 0) {
+        size_t i = 0;
+        while (i < bytes && back[i] == ((unsigned char *)s->host[0])[i]) i++;
+        set_err("data corrupted on the H2D->D2D->D2H round trip: first wrong byte at offset %zu of %zu", i, bytes);
+        free(back);
+        return -1;
+    }
+    free(back);
+    return 0;
+fail:
+    free(back);
+    return -1;
+}
+
+int ccb_verify(ccb_session *s, size_t bytes) {
+    if (bytes > s->max_bytes) { set_err("verify size %zu exceeds session buffers (%zu)", bytes, s->max_bytes); return -1; }
+    return verify_roundtrip(s, bytes);
+}
+
+static CUresult issue_copy(ccb_session *s, int dir, int i, size_t bytes) {
+    if (dir == CCB_H2D) return cu.MemcpyHtoDAsync(s->dptr[i], s->host[i], bytes, s->stream[i]);
+    if (dir == CCB_D2H) return cu.MemcpyDtoHAsync(s->host[i], s->dptr[i], bytes, s->stream[i]);
+    return cu.MemcpyDtoDAsync(s->dscratch, s->dptr[i], bytes, s->stream[i]);
+}
+
+/*
+ * iters copies of `bytes`, round-robin over the session's first `nstreams`
+ * streams. sync_every=k>0: after every k copies all streams are waited for
+ * and the group's wall time becomes one entry of samples_ns (k=1: per-copy
+ * latency; k=nstreams: one copy on each stream per round). sync_every=0: all
+ * copies are queued and waited for once (sustained bandwidth). incall_ns is
+ * how long the host thread sat inside the copy calls themselves.
+ */
+int ccb_copy(ccb_session *s, int dir, size_t bytes, int nstreams, int iters, int sync_every,
+             double *samples_ns, ccb_copy_out *out) {
+    if (bytes > s->max_bytes) { set_err("copy size %zu exceeds session buffers (%zu)", bytes, s->max_bytes); return -1; }
+    if (nstreams < 1 || nstreams > s->nstreams) { set_err("nstreams %d outside 1..%d", nstreams, s->nstreams); return -1; }
+    CK(cu.CtxSetCurrent(s->ctx));
+    double incall = 0, t0 = ccb_now_ns(), g0 = t0;
+    int g = 0;
+    for (int k = 0; k < iters; k++) {
+        double a = ccb_now_ns();
+        CK(issue_copy(s, dir, k % nstreams, bytes));
+        double b = ccb_now_ns();
+        incall += b - a;
+        if (sync_every > 0 && (k + 1) % sync_every == 0) {
+            for (int i = 0; i < nstreams; i++) CK(cu.StreamSynchronize(s->stream[i]));
+            double t = ccb_now_ns();
+            if (samples_ns) samples_ns[g++] = t - g0;
+            g0 = t;
+        }
+    }
+    for (int i = 0; i < nstreams; i++) CK(cu.StreamSynchronize(s->stream[i]));
+    out->start_ns = t0;
+    out->end_ns = ccb_now_ns();
+    out->incall_ns = incall;
+    out->bytes = (double)bytes * iters;
+    return 0;
+fail:
+    return -1;
+}
+
+/* A start gate: workers warm up, check in, and wait until the caller opens it. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int ready, open, abort;
+} gate_t;
+
+typedef struct {
+    ccb_session *s;
+    int dir, iters, warmup;
+    size_t bytes;
+    gate_t *gate;
+    ccb_copy_out out;
+    int rc;
+    char err[sizeof g_err];
+} worker_arg;
+
+static void *worker_main(void *p) {
+    worker_arg *w = p;
+    ccb_copy_out warm;
+    w->rc = ccb_copy(w->s, w->dir, w->bytes, 1, w->warmup, 0, NULL, &warm);
+    pthread_mutex_lock(&w->gate->mu);
+    w->gate->ready++;
+    pthread_cond_broadcast(&w->gate->cv);
+    while (!w->gate->open) pthread_cond_wait(&w->gate->cv, &w->gate->mu);
+    int abort = w->gate->abort;
+    pthread_mutex_unlock(&w->gate->mu);
+    if (w->rc == 0 && !abort) w->rc = ccb_copy(w->s, w->dir, w->bytes, 1, w->iters, 0, NULL, &w->out);
+    if (w->rc != 0) memcpy(w->err, g_err, sizeof w->err);
+    return NULL;
+}
+
+/* One thread per session, all released together after their warm-up. */
+int ccb_workers(ccb_session **sessions, int n, int dir, size_t bytes, int iters, int warmup, ccb_copy_out *outs) {
+    pthread_t th[CCB_MAX_STREAMS];
+    worker_arg args[CCB_MAX_STREAMS];
+    gate_t gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0};
+    if (n < 1 || n > CCB_MAX_STREAMS) { set_err("worker count %d outside 1..%d", n, CCB_MAX_STREAMS); return -1; }
+    int started = 0, rc = 0;
+    for (int i = 0; i < n; i++) {
+        args[i] = (worker_arg){.s = sessions[i], .dir = dir, .iters = iters, .warmup = warmup, .bytes = bytes, .gate = &gate};
+        if (pthread_create(&th[i], NULL, worker_main, &args[i]) != 0) break;
+        started++;
+    }
+    pthread_mutex_lock(&gate.mu);
+    while (gate.ready < started) pthread_cond_wait(&gate.cv, &gate.mu);
+    gate.abort = started < n;
+    gate.open = 1;
+    pthread_cond_broadcast(&gate.cv);
+    pthread_mutex_unlock(&gate.mu);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    if (started < n) {
+        set_err("could not start %d threads (started %d)", n, started);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        outs[i] = args[i].out;
+        if (args[i].rc != 0 && rc == 0) { memcpy(g_err, args[i].err, sizeof g_err); rc = -1; }
+    }
+    return rc;
+}
+
+/*
+ * Launch cost of an empty kernel. PIPELINED: n launches, one sync, per-launch
+ * time. WAIT: launch + stream sync, mean per pair. GRAPH: n launches captured
+ * into one graph; one replay + sync, per-kernel time.
+ */
+int ccb_launch(ccb_session *s, int mode, int n, double *ns_per_kernel) {
+    CUstream st = s->stream[0];
+    CUgraph g = NULL;
+    CUgraphExec ge = NULL;
+    CK(cu.CtxSetCurrent(s->ctx));
+    if (mode == CCB_LAUNCH_GRAPH) {
+        CK(cu.StreamBeginCapture(st, 1 /* CU_STREAM_CAPTURE_MODE_THREAD_LOCAL */));
+        for (int i = 0; i < n; i++) CK(cu.LaunchKernel(s->noop, 1, 1, 1, 1, 1, 1, 0, st, NULL, NULL));
+        CK(cu.StreamEndCapture(st, &g));
+        CK(cu.GraphInstantiate(&ge, g, 0));
+        CK(cu.GraphLaunch(ge, st)); /* warm: uploads the graph */
+        CK(cu.StreamSynchronize(st));
+        double t0 = ccb_now_ns();
+        CK(cu.GraphLaunch(ge, st));
+        CK(cu.StreamSynchronize(st));
+        *ns_per_kernel = (ccb_now_ns() - t0) / n;
+        cu.GraphExecDestroy(ge);
+        cu.GraphDestroy(g);
+        return 0;
+    }
+    CK(cu.StreamSynchronize(st));
+    double t0 = ccb_now_ns();
+    for (int i = 0; i < n; i++) {
+        CK(cu.LaunchKernel(s->noop, 1, 1, 1, 1, 1, 1, 0, st, NULL, NULL));
+        if (mode == CCB_LAUNCH_WAIT) CK(cu.StreamSynchronize(st));
+    }
+    CK(cu.StreamSynchronize(st));
+    *ns_per_kernel = (ccb_now_ns() - t0) / n;
+    return 0;
+fail:
+    if (ge) cu.GraphExecDestroy(ge);
+    if (g) cu.GraphDestroy(g);
+    return -1;
+}
+
+/*
+ * Does an async copy return before queued GPU work drains? A spin kernel of
+ * spin_ns runs on stream 0; the copy goes to stream 0 (same), stream 1 (idle),
+ * or stream 1 after it event-waits on stream 0. The caller compares call_ns
+ * with remaining_ns to give the verdict.
+ */
+int ccb_semantics(ccb_session *s, int dir, int relation, size_t bytes, double spin_ns, ccb_sem_out *out) {
+    CUevent ev = NULL;
+    if (s->nstreams < 2) { set_err("semantics needs a session with 2 streams"); return -1; }
+    if (bytes > s->max_bytes) { set_err("copy size %zu exceeds session buffers", bytes); return -1; }
+    CK(cu.CtxSetCurrent(s->ctx));
+    CK(cu.EventCreate(&ev, 2 /* CU_EVENT_DISABLE_TIMING */));
+    CUstream busy = s->stream[0];
+    int ci = relation == CCB_SAME_STREAM ? 0 : 1;
+    unsigned long long ns = (unsigned long long)spin_ns;
+    void *args[] = {&ns};
+    /* warm both paths so first-use costs stay out of the verdict */
+    CK(issue_copy(s, dir, ci, bytes));
+    CK(cu.StreamSynchronize(s->stream[ci]));
+    double t0 = ccb_now_ns();
+    CK(cu.LaunchKernel(s->spin, 1, 1, 1, 1, 1, 1, 0, busy, args, NULL));
+    if (relation == CCB_EVENT_WAIT) {
+        CK(cu.EventRecord(ev, busy));
+        CK(cu.StreamWaitEvent(s->stream[1], ev, 0));
+    }
+    double a = ccb_now_ns();
+    CK(issue_copy(s, dir, ci, bytes));
+    double b = ccb_now_ns();
+    CK(cu.StreamSynchronize(s->stream[0]));
+    CK(cu.StreamSynchronize(s->stream[1]));
+    double c = ccb_now_ns();
+    out->remaining_ns = spin_ns - (a - t0) > 0 ? spin_ns - (a - t0) : 0;
+    out->call_ns = b - a;
+    out->done_ns = c - a;
+    cu.EventDestroy(ev);
+    return 0;
+fail:
+    if (ev) cu.EventDestroy(ev);
+    return -1;
+}
+
+/* Create n contexts, then destroy them: total wall time of each phase. */
+int ccb_ctx_lifecycle(int device, int n, double *create_ns, double *destroy_ns) {
+    CUcontext ctx[CCB_MAX_STREAMS] = {0}, prev = NULL, popped;
+    CUdevice dev;
+    int made = 0;
+    if (ccb_open() != 0) return -1;
+    if (n < 1 || n > CCB_MAX_STREAMS) { set_err("context count %d outside 1..%d", n, CCB_MAX_STREAMS); return -1; }
+    CK(cu.CtxGetCurrent(&prev));
+    CK(cu.DeviceGet(&dev, device));
+    double t0 = ccb_now_ns();
+    for (; made < n; made++) {
+        CK(cu.CtxCreate(&ctx[made], 0, dev));
+        CK(cu.CtxPopCurrent(&popped));
+    }
+    double t1 = ccb_now_ns();
+    for (int i = 0; i < n; i++) {
+        CUresult rc = cu.CtxDestroy(ctx[i]);
+        ctx[i] = NULL;
+        if (rc != 0) { cu_fail(rc, "cuCtxDestroy"); made = 0; goto fail; }
+    }
+    *create_ns = t1 - t0;
+    *destroy_ns = ccb_now_ns() - t1;
+    cu.CtxSetCurrent(prev);
+    return 0;
+fail:
+    for (int i = 0; i < made; i++) if (ctx[i]) cu.CtxDestroy(ctx[i]);
+    cu.CtxSetCurrent(prev);
+    return -1;
+}
+
+/* Allocate `count` pinned staging slots of `bytes` in the session's context. */
+int ccb_pinned_slots(ccb_session *s, size_t bytes, int count, double *alloc_ns, double *free_ns) {
+    void *p[CCB_MAX_STREAMS] = {0};
+    int made = 0;
+    if (count < 1 || count > CCB_MAX_STREAMS) { set_err("slot count %d outside 1..%d", count, CCB_MAX_STREAMS); return -1; }
+    CK(cu.CtxSetCurrent(s->ctx));
+    double t0 = ccb_now_ns();
+    for (; made < count; made++) CK(cu.MemHostAlloc(&p[made], bytes, 0));
+    double t1 = ccb_now_ns();
+    for (int i = 0; i < count; i++) { cu.MemFreeHost(p[i]); p[i] = NULL; }
+    *alloc_ns = t1 - t0;
+    *free_ns = ccb_now_ns() - t1;
+    return 0;
+fail:
+    for (int i = 0; i < made; i++) if (p[i]) cu.MemFreeHost(p[i]);
+    return -1;
+}

@@ -1,0 +1,1 @@
+"""ccbridge probe: one registry of tests over the CPU<->GPU bridge (see registry.py)."""

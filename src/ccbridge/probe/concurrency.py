@@ -1,0 +1,155 @@
+"""Concurrency: aggregate H2D/D2H bandwidth with N streams, threads, contexts, processes.
+
+The bridge law says bandwidth under CC lives in contexts: streams of one
+context share its channel, threads too; driver-API contexts and processes get
+channels of their own. Natively all four should sit at the link's ceiling.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+from ccbridge import native
+from ccbridge.probe.registry import test
+from ccbridge.results import Row
+
+MODES = ("streams", "threads", "contexts", "processes")
+ANSWER_TIMEOUT_S = 120
+
+
+def _worker_iters(total_bytes: int, n: int, nbytes: int) -> int:
+    return max(2, total_bytes // (n * nbytes))
+
+
+def _proc_main(conn, device: int, nbytes: int) -> None:
+    """A worker process: one session on its own primary context, driven over a pipe."""
+    try:
+        s = native.Session(device, "pinned", nbytes)
+    except Exception as e:
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("ready",))
+    try:
+        while True:
+            msg = conn.recv()
+            if msg[0] == "close":
+                break
+            _, direction, iters, start_at_ns = msg
+            s.copy(direction, nbytes, 2)  # warm
+            while native.now_ns() < start_at_ns:
+                time.sleep(0.0005)
+            out, _ = s.copy(direction, nbytes, iters)
+            conn.send(("done", out.start_ns, out.end_ns, out.incall_ns, out.bytes))
+    except Exception as e:
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        s.close()
+
+
+class ProcessPool:
+    """n worker processes, each with a session; never outlives the with-block."""
+
+    def __init__(self, n: int, device: int, nbytes: int):
+        ctx = mp.get_context("spawn")  # never fork a process that holds a CUDA context
+        self.procs, self.conns = [], []
+        for _ in range(n):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_proc_main, args=(child, device, nbytes), daemon=True)
+            p.start()
+            self.procs.append(p)
+            self.conns.append(parent)
+        for i in range(n):
+            self._expect(i, "ready")
+
+    def _expect(self, i: int, kind: str):
+        if not self.conns[i].poll(ANSWER_TIMEOUT_S):
+            raise native.GpuError(f"probe worker process {i} did not answer in {ANSWER_TIMEOUT_S} s")
+        msg = self.conns[i].recv()
+        if msg[0] == "error":
+            raise native.GpuError(f"probe worker process {i}: {msg[1]}")
+        if msg[0] != kind:
+            raise native.GpuError(f"probe worker process {i}: unexpected answer {msg[0]!r}")
+        return msg
+
+    def run(self, n: int, direction: str, iters: int) -> list[native.CopyOut]:
+        start_at = native.now_ns() + 300e6  # time for every worker to warm up first
+        for c in self.conns[:n]:
+            c.send(("go", direction, iters, start_at))
+        outs = []
+        for i in range(n):
+            _, s, e, incall, b = self._expect(i, "done")
+            outs.append(native.CopyOut(s, e, incall, b))
+        return outs
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for c in self.conns:
+            try:
+                c.send(("close",))
+            except OSError:
+                pass
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+
+
+@test("concurrency.scaling", "aggregate H2D/D2H GB/s with N streams, threads, contexts, processes", needs=("gpu",))
+def scaling(ctx):
+    ns = ctx.pick((1, 2, 4, 8, 16), (1, 4))
+    nbytes = ctx.pick(32 << 20, 16 << 20)
+    total = ctx.pick(2 << 30, 1 << 30)
+    reps = ctx.pick(3, 2)
+    nmax = max(ns)
+    rows = []
+
+    def record(mode, direction, n, samples):
+        row = Row.of("concurrency.scaling", "aggregate_bandwidth", "GB/s", samples, mode=mode, dir=direction, n=n)
+        rows.append(row)
+
+    ctx.step("streams: opening one context with 16 streams")
+    with native.Session(ctx.device, "pinned", nbytes, nstreams=nmax) as s:
+        for direction in ("h2d", "d2h"):
+            for n in ns:
+                ctx.step(f"streams x{n} {direction}")
+                iters = _worker_iters(total, n, nbytes) * n
+                s.copy(direction, nbytes, 2 * n, nstreams=n)
+                samples = []
+                for _ in range(reps):
+                    out, _ = s.copy(direction, nbytes, iters, nstreams=n)
+                    samples.append(out.bytes / (out.end_ns - out.start_ns))
+                record("streams", direction, n, samples)
+
+    for mode in ("threads", "contexts"):
+        ctx.step(f"{mode}: opening {nmax} sessions")
+        sessions = []
+        try:
+            for _ in range(nmax):
+                sessions.append(native.Session(ctx.device, "pinned", nbytes, own_context=(mode == "contexts")))
+            for direction in ("h2d", "d2h"):
+                for n in ns:
+                    ctx.step(f"{mode} x{n} {direction}")
+                    iters = _worker_iters(total, n, nbytes)
+                    record(mode, direction, n,
+                           [native.aggregate_gbps(native.run_workers(sessions[:n], direction, nbytes, iters)) for _ in range(reps)])
+        finally:
+            for s in sessions:
+                s.close()
+
+    ctx.step(f"processes: starting {nmax} workers")
+    with ProcessPool(nmax, ctx.device, nbytes) as pool:
+        for direction in ("h2d", "d2h"):
+            for n in ns:
+                ctx.step(f"processes x{n} {direction}")
+                iters = _worker_iters(total, n, nbytes)
+                record("processes", direction, n, [native.aggregate_gbps(pool.run(n, direction, iters)) for _ in range(reps)])
+
+    for mode in MODES:  # headline: the best N of each mode and direction
+        for direction in ("h2d", "d2h"):
+            cand = [r for r in rows if r.params["mode"] == mode and r.params["dir"] == direction]
+            max(cand, key=lambda r: r.median).extra["headline"] = True
+    return rows

@@ -1,0 +1,14 @@
+"""Imports every probe family so its tests register (in report order)."""
+
+from ccbridge.probe import (  # noqa: F401
+    compute,
+    transfer,
+    semantics,
+    smallcopy,
+    concurrency,
+    launch,
+    toll,
+    lifecycle,
+    hostcrypto,
+    peer,
+)

@@ -1,0 +1,158 @@
+"""The one registry of probe tests and the runner that walks it.
+
+A test is a function from a ProbeContext to rows. It declares what it needs
+(a GPU, torch, several GPUs); the runner skips it with the reason when the
+machine lacks that, and records (never raises) any failure, so one broken
+family never costs the rest of the run.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from ccbridge.results import Result, Row
+
+NEEDS = ("gpu", "torch", "multi_gpu")
+
+
+@dataclass(frozen=True)
+class Test:
+    name: str  # "family.test"
+    title: str
+    needs: tuple[str, ...]
+    fn: Callable[["ProbeContext"], Iterable[Row]]
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".", 1)[0]
+
+
+REGISTRY: dict[str, Test] = {}
+
+
+def test(name: str, title: str, needs: tuple[str, ...] = ()):
+    """Register a probe test under a unique dotted name."""
+    unknown = set(needs) - set(NEEDS)
+    if unknown:
+        raise ValueError(f"unknown needs {unknown}")
+
+    def wrap(fn):
+        if name in REGISTRY:
+            raise ValueError(f"probe test {name} registered twice")
+        REGISTRY[name] = Test(name, title, tuple(needs), fn)
+        return fn
+
+    return wrap
+
+
+def select(spec: str | None) -> list[Test]:
+    """Tests named by a comma list of test or family names (all when None)."""
+    _load_families()
+    if not spec:
+        return list(REGISTRY.values())
+    chosen: list[Test] = []
+    for word in (w.strip() for w in spec.split(",") if w.strip()):
+        hits = [t for t in REGISTRY.values() if t.name == word or t.family == word]
+        if not hits:
+            known = ", ".join(sorted({t.family for t in REGISTRY.values()} | set(REGISTRY)))
+            raise ValueError(f"no probe test or family named {word!r}; known: {known}")
+        chosen += [t for t in hits if t not in chosen]
+    return chosen
+
+
+@dataclass
+class Settings:
+    device: int = 0
+    quick: bool = False
+    tests: str | None = None
+
+    def pick(self, full: Any, quick: Any) -> Any:
+        return quick if self.quick else full
+
+
+@dataclass
+class Machine:
+    """What the runner found, with the reason for each missing capability."""
+    gpu_count: int = 0
+    missing: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def detect(cls, device: int) -> "Machine":
+        from ccbridge import native
+
+        m = cls()
+        try:
+            m.gpu_count = native.device_count()
+        except native.GpuError as e:
+            m.missing["gpu"] = f"no usable GPU: {e}"
+        if m.gpu_count and device >= m.gpu_count:
+            m.missing["gpu"] = f"--device {device} asked, but only {m.gpu_count} GPU(s) visible"
+        elif "gpu" not in m.missing and m.gpu_count == 0:
+            m.missing["gpu"] = "the CUDA driver sees no GPU"
+        if m.gpu_count < 2:
+            m.missing["multi_gpu"] = f"needs 2+ GPUs, {m.gpu_count} visible"
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                m.missing["torch"] = "torch cannot use CUDA here"
+        except ImportError:
+            m.missing["torch"] = "torch is not installed (pip install 'ccbridge[torch]')"
+        return m
+
+
+class ProbeContext:
+    def __init__(self, settings: Settings, machine: Machine, on_step: Callable[[str], None] | None = None):
+        self.settings = settings
+        self.machine = machine
+        self._on_step = on_step or (lambda msg: None)
+
+    @property
+    def device(self) -> int:
+        return self.settings.device
+
+    def pick(self, full: Any, quick: Any) -> Any:
+        return self.settings.pick(full, quick)
+
+    def step(self, msg: str) -> None:
+        self._on_step(msg)
+
+
+def _load_families() -> None:
+    # Importing the family modules registers their tests.
+    from ccbridge.probe import families  # noqa: F401
+
+
+def run(settings: Settings, env: dict[str, Any], progress=None) -> Result:
+    """Run the selected tests; progress is an optional ui.Progress-like object."""
+    tests = select(settings.tests)
+    machine = Machine.detect(settings.device)
+    result = Result(env=env, settings={"device": settings.device, "quick": settings.quick,
+                                       "tests": [t.name for t in tests]})
+    t_start = time.perf_counter()
+    for t in tests:
+        lacking = [machine.missing[n] for n in t.needs if n in machine.missing]
+        if lacking:
+            result.skipped.append({"test": t.name, "reason": lacking[0]})
+            if progress:
+                progress.skipped(t, lacking[0])
+            continue
+        if progress:
+            progress.begin(t)
+        ctx = ProbeContext(settings, machine, on_step=(lambda m, t=t: progress.step(t, m)) if progress else None)
+        t0 = time.perf_counter()
+        try:
+            rows = list(t.fn(ctx))
+            result.rows += rows
+            status = f"{len(rows)} rows"
+        except Exception as e:  # recorded, reported, and the run goes on
+            result.errors.append({"test": t.name, "error": f"{type(e).__name__}: {e}",
+                                  "traceback": traceback.format_exc(limit=6)})
+            status = f"error: {e}"
+        if progress:
+            progress.end(t, status, time.perf_counter() - t0)
+    result.duration_s = round(time.perf_counter() - t_start, 2)
+    return result

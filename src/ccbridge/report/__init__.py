@@ -1,0 +1,1 @@
+"""Reports: Markdown and self-contained HTML, rendered from rows (never re-measuring)."""

@@ -1,0 +1,137 @@
+"""Plots as PNG bytes (matplotlib, Agg backend), for the self-contained HTML reports."""
+
+from __future__ import annotations
+
+import io
+
+from ccbridge.results import Result
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=110)
+    _plt().close(fig)
+    return buf.getvalue()
+
+
+def _series(rows, key_params, x_param):
+    """Group rows into lines keyed by key_params, sorted along x_param."""
+    lines: dict[tuple, list] = {}
+    for r in rows:
+        lines.setdefault(tuple(r.params[k] for k in key_params), []).append(r)
+    return {k: sorted(v, key=lambda r: r.params[x_param]) for k, v in lines.items()}
+
+
+def _lines(ax, series, x_param, label_fmt):
+    for key, rows in series.items():
+        xs = [r.params[x_param] for r in rows]
+        ax.plot(xs, [r.median for r in rows], marker="o", label=label_fmt(key))
+        ax.fill_between(xs, [r.p10 for r in rows], [r.p90 for r in rows], alpha=0.2)
+
+
+def transfer(res: Result):
+    rows = res.by_test("transfer.sweep")
+    if not rows:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, metric, ylabel in ((axes[0], "bandwidth", "GB/s"), (axes[1], "latency", "us per copy")):
+        _lines(ax, _series([r for r in rows if r.metric == metric], ("dir", "mem"), "bytes"), "bytes",
+               lambda k: f"{k[0].upper()} {k[1]}")
+        ax.set_xscale("log", base=2)
+        if metric == "latency":
+            ax.set_yscale("log")
+        ax.set_xlabel("copy size (bytes)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"transfer {metric} vs size")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _png(fig)
+
+
+def concurrency(res: Result):
+    rows = res.by_test("concurrency.scaling")
+    if not rows:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, d in zip(axes, ("h2d", "d2h")):
+        _lines(ax, _series([r for r in rows if r.params["dir"] == d], ("mode",), "n"), "n", lambda k: k[0])
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("N")
+        ax.set_ylabel("aggregate GB/s")
+        ax.set_title(f"{d.upper()} scaling with N")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _png(fig)
+
+
+def _bars(labels, rows, ylabel, title):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    med = [r.median for r in rows]
+    err = [[r.median - r.p10 for r in rows], [r.p90 - r.median for r in rows]]
+    ax.bar(labels, med, yerr=err, capsize=4, color="#4878a8")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+    return _png(fig)
+
+
+def launch(res: Result):
+    rows = res.by_test("launch.cost")
+    return _bars([r.params["mode"] for r in rows], rows, "us per kernel", "launch costs") if rows else None
+
+
+def smallcopy(res: Result):
+    rows = sorted(res.by_test("smallcopy.d2h32"), key=lambda r: r.params["streams"])
+    return _bars([str(r.params["streams"]) for r in rows], rows, "us per 32-byte D2H",
+                 "small-copy time vs streams in one context") if rows else None
+
+
+def hostcrypto(res: Result):
+    rows = res.by_test("hostcrypto.aes256gcm")
+    return _bars([f"{r.params['variant']} {r.params['op']} x{r.params['threads']}" for r in rows], rows, "GB/s",
+                 "CPU AES-256-GCM (OpenSSL)") if rows else None
+
+
+PLOTS = (("Bandwidth and latency vs size", transfer), ("Scaling vs N", concurrency), ("Launch costs", launch),
+         ("Small-copy serialization", smallcopy), ("Host AES-256-GCM", hostcrypto))
+
+
+def all_plots(res: Result) -> list[tuple[str, bytes]]:
+    out = []
+    for name, fn in PLOTS:
+        png = fn(res)
+        if png:
+            out.append((name, png))
+    return out
+
+
+def ratio_chart(items: list[tuple[str, float, float, float]]) -> bytes | None:
+    """Horizontal log-scale bars of OTHER/BASE ratios with their ranges."""
+    if not items:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(items) + 1.2))
+    labels = [i[0] for i in items]
+    ratios = [i[1] for i in items]
+    err = [[max(r - lo, 0) for _, r, lo, _ in items], [max(hi - r, 0) for _, r, _, hi in items]]
+    ax.barh(labels, ratios, xerr=err, capsize=3, color=["#c0504d" if r < 1 else "#4f81bd" for r in ratios])
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("OTHER / BASE (median; bars show the p10/p90 range)")
+    ax.invert_yaxis()
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)

@@ -1,0 +1,120 @@
+"""The report's content as plain data: sections of tables, shared by Markdown and HTML."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ccbridge import env as envmod
+from ccbridge.results import Result, Row
+
+
+@dataclass
+class Table:
+    title: str
+    headers: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    note: str = ""
+
+
+def num(x: float) -> str:
+    """Three significant digits, no exponent for everyday magnitudes."""
+    if x == 0:
+        return "0"
+    a = abs(x)
+    if a >= 1000:
+        return f"{x:,.0f}"
+    if a >= 100:
+        return f"{x:.0f}"
+    if a >= 10:
+        return f"{x:.1f}"
+    if a >= 0.01:
+        return f"{x:.3g}" if a < 1 else f"{x:.2f}"
+    return f"{x:.2e}"
+
+
+def fmt_params(params: dict) -> str:
+    from ccbridge.probe.transfer import human_bytes
+
+    return ", ".join(f"{k}={human_bytes(v) if k == 'bytes' else v}" for k, v in params.items())
+
+
+def row_cells(r: Row) -> list[str]:
+    cells = [fmt_params(r.params), r.metric, num(r.median), f"{num(r.p10)} – {num(r.p90)}", str(r.n), r.unit]
+    cells.append(r.extra.get("verdict", ""))
+    return cells
+
+
+ROW_HEADERS = ["parameters", "metric", "median", "p10 – p90", "n", "unit", "verdict"]
+
+
+def title(res: Result) -> str:
+    base = f"ccbridge probe — {envmod.gpu_name(res.env)} — {res.created[:10]}"
+    if res.emulated:
+        base += f" — EMULATED (profile {res.env['emulation'].get('profile')})"
+    return base
+
+
+def emulation_banner(res: Result) -> str:
+    if not res.emulated:
+        return ""
+    return (f"EMULATED: every GPU figure here was produced by the ccbridge emulator (profile "
+            f"{res.env['emulation'].get('profile')}), not measured on confidential-computing hardware.")
+
+
+def machine_table(env: dict) -> Table:
+    nv, tee, cpu, tor, ssl = env.get("nvml", {}), env.get("tee", {}), env.get("cpu", {}), env.get("torch", {}), env.get("openssl", {})
+    gpus = "; ".join(f"{g['index']}: {g.get('name')} ({g.get('memory_gib')} GiB, PCIe gen {g.get('pcie_gen')} x{g.get('pcie_width')})"
+                     for g in nv.get("gpus", [])) or nv.get("error", "none")
+    cc = nv.get("cc", {})
+    cc_text = cc.get("mode", "unknown")
+    if cc.get("state"):
+        cc_text += f" (feature {cc['state']['cc_feature']}, environment {cc['state']['environment']}, devtools {cc['state']['devtools_mode']})"
+    if "multi_gpu_mode" in cc:
+        cc_text += f"; multi-GPU mode {cc['multi_gpu_mode']}"
+    if "gpus_ready" in cc:
+        cc_text += f"; GPUs ready: {cc['gpus_ready']}"
+    flags = cpu.get("flags", {})
+    t = Table("Machine", ["what", "value"])
+    t.rows = [
+        ["GPUs", gpus],
+        ["driver / CUDA", f"{nv.get('driver')} / {nv.get('cuda_driver')}" if nv.get("available") else "n/a"],
+        ["GPU CC mode (NVML)", cc_text if nv.get("available") else "n/a (no NVML)"],
+        ["CPU TEE guest", f"{tee.get('kind')} {('(' + ', '.join(tee.get('evidence', [])) + ')') if tee.get('evidence') else ''}".strip()],
+        ["CPU", f"{cpu.get('model')} x{cpu.get('cores')}; " + " ".join(f"{k}{'+' if v else '-'}" for k, v in flags.items())],
+        ["OpenSSL", ssl.get("version") or ssl.get("error", "n/a")],
+        ["torch", f"{tor.get('version')} (CUDA {tor.get('cuda')})" if tor.get("available") else tor.get("error", "n/a")],
+        ["emulation", f"ACTIVE, profile {env['emulation']['profile']}" if env.get("emulation", {}).get("active") else "off (native)"],
+        ["host / OS / Python", f"{env.get('host')} / {env.get('os')} / {env.get('python')}"],
+    ]
+    return t
+
+
+def headline_table(res: Result) -> Table:
+    t = Table("Headline figures", ["test"] + ROW_HEADERS)
+    t.rows = [[r.test] + row_cells(r) for r in res.rows if r.extra.get("headline")]
+    return t
+
+
+def test_tables(res: Result) -> list[Table]:
+    from ccbridge.probe.registry import REGISTRY, _load_families
+
+    _load_families()
+    out = []
+    for name in dict.fromkeys(r.test for r in res.rows):
+        t = REGISTRY.get(name)
+        tab = Table(f"{name}: {t.title}" if t else name, ROW_HEADERS)
+        tab.rows = [row_cells(r) for r in res.by_test(name)]
+        out.append(tab)
+    return out
+
+
+def skipped_table(res: Result) -> Table:
+    t = Table("Skipped", ["test", "reason"])
+    t.rows = [[s["test"], s["reason"]] for s in res.skipped]
+    return t
+
+
+def errors_table(res: Result) -> Table:
+    t = Table("Errors", ["test", "error"])
+    t.rows = [[e["test"], e["error"]] for e in res.errors]
+    return t

@@ -1,0 +1,40 @@
+"""Order statistics for repeated measurements: median and the p10-p90 spread."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+
+def percentile(sorted_xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of already-sorted data."""
+    if not sorted_xs:
+        raise ValueError("percentile of no samples")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} outside 0..100")
+    pos = (len(sorted_xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+def summarize(samples: Sequence[float]) -> dict:
+    """median, p10, p90, min, max and n of the samples (NaN is refused)."""
+    xs = sorted(float(x) for x in samples)
+    if any(math.isnan(x) for x in xs):
+        raise ValueError("NaN among samples")
+    return {
+        "median": percentile(xs, 50),
+        "p10": percentile(xs, 10),
+        "p90": percentile(xs, 90),
+        "min": xs[0],
+        "max": xs[-1],
+        "n": len(xs),
+    }
+
+
+def plan_iters(pilot_s: float, budget_s: float, lo: int, hi: int) -> int:
+    """How many repetitions of a pilot-timed operation fit in a time budget."""
+    if pilot_s <= 0:
+        return hi
+    return max(lo, min(hi, int(budget_s / pilot_s)))

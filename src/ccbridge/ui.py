@@ -1,0 +1,49 @@
+"""Terminal progress for long probe runs (rich), quiet when output is not a terminal."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+
+class ProbeProgress:
+    """The runner's progress hooks: begin/step/end/skipped per test."""
+
+    def __init__(self, total: int, console: Console | None = None):
+        self.console = console or Console(stderr=True)
+        self.bar = Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[test]}"), BarColumn(),
+                            TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[step]}"),
+                            TimeElapsedColumn(), console=self.console, transient=True,
+                            disable=not self.console.is_terminal)
+        self.task = self.bar.add_task("probe", total=total, test="", step="")
+        self._last = 0.0
+        self._last_skip = None
+
+    def __enter__(self):
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.__exit__(*exc)
+
+    def begin(self, t):
+        self.bar.update(self.task, test=t.name, step="")
+
+    def step(self, t, msg):
+        self.bar.update(self.task, step=msg)
+        if not self.console.is_terminal and time.monotonic() - self._last > 5:
+            self._last = time.monotonic()
+            self.console.print(f"  {t.name}: {msg}", highlight=False)
+
+    def end(self, t, status, seconds):
+        self.bar.advance(self.task)
+        mark = "[red]x[/red]" if status.startswith("error") else "[green]ok[/green]"
+        self.console.print(f"{mark} {t.name:<24} {seconds:6.1f} s  {status}", highlight=False)
+
+    def skipped(self, t, reason):
+        self.bar.advance(self.task)
+        shown = "(same reason)" if reason == self._last_skip else reason
+        self._last_skip = reason
+        self.console.print(f"[yellow]--[/yellow] {t.name:<24} skipped: {shown}", highlight=False)
