@@ -1,0 +1,43 @@
+"""The short table that scripts/device-check prints last."""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from ccbridge import results
+from ccbridge.compare import compare
+
+
+def main(r: Path) -> None:
+    times = dict(l.split("=") for l in (r / "times").read_text().split()) if (r / "times").exists() else {}
+    print("\n| check | value |\n|---|---|")
+    for k, v in times.items():
+        print(f"| {k} | {float(v):.1f} s |")
+    log = (r / "pytest-gpu.log").read_text().strip().splitlines() if (r / "pytest-gpu.log").exists() else ["?"]
+    print(f"| GPU tests | {log[-1]} |")
+    full = r / "full1" / "result.json"
+    if not full.exists():
+        return
+    res = results.load(full)
+    print(f"| probe errors | {len(res.errors)} {[e['test'] for e in res.errors]} |")
+    chk = json.loads((r / "copy_check.json").read_text()) if (r / "copy_check.json").exists() else {}
+    for d in ("h2d", "d2h"):
+        row = next((x for x in res.by_test("transfer.sweep") if x.metric == "bandwidth" and x.params == {"dir": d, "mem": "pinned", "bytes": chk.get("bytes")}), None)
+        if row and chk:
+            print(f"| pinned {d} 1 GiB probe / event loop | {row.median:.2f} / {chk[d + '_GBps']:.2f} GB/s (ratio {row.median / chk[d + '_GBps']:.3f}) |")
+    for x in res.by_test("launch.cost"):
+        print(f"| launch {x.params['mode']} | {x.median:.2f} us |")
+    for x in res.rows:
+        if x.extra.get("headline") and x.test in ("compute.parity", "smallcopy.d2h32"):
+            print(f"| {x.test} {x.metric} {x.params} | {x.median:.2f} {x.unit} |")
+    f2 = r / "full2" / "result.json"
+    if f2.exists():
+        c = compare(res, results.load(f2))
+        rat = [x.ratio for x in c.ratios if x.ratio == x.ratio]
+        print(f"| compare run1/run2 | {len(rat)} rows, median ratio {statistics.median(rat):.3f}, "
+              f"middle 80% {sorted(rat)[len(rat) // 10]:.3f}-{sorted(rat)[len(rat) * 9 // 10]:.3f} |")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
