@@ -72,7 +72,7 @@ def cmd_probe(args) -> int:
     out = Path(args.out) if args.out else Path("ccbridge-results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     paths = _write_reports(res, out)
     console.print()
-    for f in findings(res):
+    for f in (f for f in findings(res) if f.shown):
         console.print(f"- {f.text}", highlight=False)
     if any(s for s in res.skipped if "gpu" in s["reason"].lower()):
         console.print(f"[yellow]The GPU families need a GPU: {res.skipped[0]['reason']}. Ran what needs none.[/]")

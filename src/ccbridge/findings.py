@@ -17,6 +17,7 @@ class Finding:
     id: str
     outcome: str  # categorical, compared across runs
     text: str
+    shown: bool = True  # False: kept for compare, folded into a summary in reports
 
 
 def _size(n: int) -> str:
@@ -54,7 +55,8 @@ _DESCRIBE = {"same": "on the busy stream", "idle": "on an idle stream", "event-w
 
 
 def semantics(res: Result):
-    for r in res.by_test("semantics.nonblocking"):
+    rows = res.by_test("semantics.nonblocking")
+    for r in rows:
         d, m, s = r.params["dir"], r.params["mem"], r.params["stream"]
         v = r.extra.get("verdict", "?")
         what = f"non_blocking {d.upper()} ({m}) {_DESCRIBE[s]}"
@@ -65,7 +67,14 @@ def semantics(res: Result):
             text = f"{what} blocked for part of the busy kernel ({r.median:.0%} of {busy:.0f} ms)."
         else:
             text = f"{what} returned at once ({r.extra.get('call_us', 0):.0f} us of {busy:.0f} ms queued)."
-        yield Finding(f"semantics.{d}.{m}.{s}", v, text)
+        yield Finding(f"semantics.{d}.{m}.{s}", v, text, shown=False)
+    # One line per direction and memory kind for the reader.
+    for (d, m) in dict.fromkeys((r.params["dir"], r.params["mem"]) for r in rows):
+        cases = [r for r in rows if r.params["dir"] == d and r.params["mem"] == m]
+        parts = [f"{r.extra.get('verdict')} {_DESCRIBE[r.params['stream']]} ({r.median:.0%} of the queued "
+                 f"{r.extra.get('busy_ms', 0):.0f} ms)" for r in cases]
+        yield Finding(f"semantics.{d}.{m}", "/".join(r.extra.get("verdict", "?") for r in cases),
+                      f"non_blocking {d.upper()} from {m} memory: " + "; ".join(parts) + ".")
 
 
 def transfer(res: Result):

@@ -111,10 +111,13 @@ double ccb_now_ns(void) {
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+/* what is the call's source text, e.g. "cu.DeviceGet(&dev, 0)": report it as cuDeviceGet. */
 static int cu_fail(CUresult rc, const char *what) {
     const char *name = "unknown error";
     if (cu.GetErrorName) cu.GetErrorName(rc, &name);
-    set_err("%s failed: %s (%d)", what, name, rc);
+    int len = (int)strcspn(what, "(");
+    if (strncmp(what, "cu.", 3) == 0) set_err("cu%.*s failed: %s (%d)", len - 3, what + 3, name, rc);
+    else set_err("%.*s failed: %s (%d)", len, what, name, rc);
     return -1;
 }
 

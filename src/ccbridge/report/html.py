@@ -50,4 +50,4 @@ def render(res) -> str:
     mode = "quick" if res.settings.get("quick") else "full"
     intro = [f"Run: {mode} suite on device {res.settings.get('device', 0)}, {res.duration_s:.0f} s, {len(res.rows)} rows, created {res.created}."]
     tables = [headline_table(res), errors_table(res), machine_table(res.env), *test_tables(res), skipped_table(res)]
-    return page(title(res), emulation_banner(res), intro, [f.text for f in findings(res)], all_plots(res), tables)
+    return page(title(res), emulation_banner(res), intro, [f.text for f in findings(res) if f.shown], all_plots(res), tables)

@@ -34,7 +34,7 @@ def render(res: Result) -> str:
               f"created {res.created}.", ""]
     fs = findings(res)
     parts += ["## Findings", ""]
-    parts += [f"- {f.text}" for f in fs] or ["- No GPU family ran, so there are no bridge findings."]
+    parts += [f"- {f.text}" for f in fs if f.shown] or ["- No GPU family ran, so there are no bridge findings."]
     parts.append("")
     gpu_skips = [s for s in res.skipped if "GPU" in s["reason"] or "gpu" in s["reason"]]
     if gpu_skips:
