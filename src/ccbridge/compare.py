@@ -81,13 +81,11 @@ def changed_table(c: Comparison) -> Table:
     return t
 
 
-def headline_items(c: Comparison) -> list[tuple[str, float, float, float]]:
-    items = []
-    for r in c.ratios:
-        if r.base.extra.get("headline") or r.other.extra.get("headline"):
-            lo, hi = r.range
-            items.append((f"{r.base.test} {r.base.metric} [{fmt_params(r.base.params)}]", r.ratio, lo, hi))
-    return items
+def headline_items(c: Comparison, limit: int = 40) -> list[tuple[str, float, float, float]]:
+    """The chart's bars: headline rows, or every common row when none is marked (capped)."""
+    chosen = [r for r in c.ratios if r.base.extra.get("headline") or r.other.extra.get("headline")] or c.ratios
+    return [(f"{r.base.test} {r.base.metric} [{fmt_params(r.base.params)}]", r.ratio, *r.range)
+            for r in chosen[:limit] if r.ratio == r.ratio]
 
 
 def render_markdown(c: Comparison) -> str:

@@ -1,0 +1,25 @@
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from ccbridge import results
+from ccbridge.results import Result, Row
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture
+def h100() -> Result:
+    """A real full probe run (H100, native, 2026-11-21): every single-GPU family's rows."""
+    return results.load(DATA / "h100-native-full.json")
+
+
+def synthetic(rows: list[Row], emulated: str | None = None) -> Result:
+    return Result(env={"emulation": {"active": bool(emulated), "profile": emulated}}, settings={}, rows=rows)
+
+
+@pytest.fixture
+def h100_doc() -> dict:
+    return copy.deepcopy(json.loads((DATA / "h100-native-full.json").read_text()))

@@ -1,0 +1,72 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ccbridge import native, results
+from ccbridge.cli import main
+
+
+def has_gpu() -> bool:
+    try:
+        return native.device_count() > 0
+    except native.GpuError:
+        return False
+
+
+def test_probe_list(capsys):
+    assert main(["probe", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "transfer.sweep" in out and "(needs gpu)" in out
+
+
+def test_unknown_test_is_exit_2(capsys):
+    assert main(["probe", "--tests", "nope"]) == 2
+    assert "no probe test or family named 'nope'" in capsys.readouterr().err
+
+
+def test_env_json(capsys):
+    assert main(["env", "--json"]) == 0
+    stamp = json.loads(capsys.readouterr().out)
+    assert {"cpu", "tee", "nvml", "torch", "openssl", "emulation"} <= set(stamp)
+
+
+@pytest.mark.skipif(has_gpu(), reason="checks the CPU-only behaviour")
+def test_probe_without_gpu_exits_0_and_writes_reports(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ccbridge", "probe", "--quick", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "The GPU families need a GPU" in proc.stderr
+    res = results.load(tmp_path / "result.json")
+    assert {r.test for r in res.rows} == {"hostcrypto.aes256gcm"}
+    assert any(s["test"] == "transfer.sweep" and "GPU" in s["reason"] for s in res.skipped)
+    assert "need a GPU" in (tmp_path / "report.md").read_text()
+    assert (tmp_path / "report.html").stat().st_size > 1000
+
+
+def test_compare_cli(tmp_path, capsys):
+    from conftest import DATA
+
+    f = DATA / "h100-native-full.json"
+    assert main(["compare", str(f), str(f), "--out", str(tmp_path)]) == 0
+    assert "| compute.parity |" in capsys.readouterr().out
+    assert (tmp_path / "compare.html").exists()
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert main(["compare", str(f), str(bad)]) == 2
+    assert "bad.json: not a JSON document" in capsys.readouterr().err
+
+
+def test_report_rerenders(tmp_path, capsys):
+    from conftest import DATA
+
+    assert main(["report", str(DATA / "h100-native-full.json"), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "report.md").read_text().startswith("# ccbridge probe")
+
+
+def test_native_core_is_built_and_refuses_cleanly_without_gpu():
+    assert native.lib()  # built by the install
+    if not has_gpu():
+        with pytest.raises(native.GpuError, match="libcuda|CUDA|GPU|cuInit"):
+            native.device_count()

@@ -1,0 +1,94 @@
+import types
+
+from ccbridge import env
+
+CPUINFO = """processor\t: 0
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse2 aes pclmulqdq avx2 avx512f vaes hypervisor tdx_guest
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse2
+"""
+
+
+def test_cpu_info_parses_first_cpu_flags():
+    info = env.cpu_info(CPUINFO)
+    assert info["model"] == "Intel(R) Xeon(R) Platinum 8480+"
+    assert info["flags"]["aes"] and info["flags"]["vaes"] and not info["flags"]["vpclmulqdq"]
+    assert info["hypervisor"]
+
+
+def test_tee_detection(tmp_path):
+    assert env.tee_guest(str(tmp_path), set())["kind"] == "none"
+    assert env.tee_guest(str(tmp_path), {"tdx_guest"})["kind"] == "tdx"
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "sev-guest").touch()
+    snp = env.tee_guest(str(tmp_path), set())
+    assert snp["kind"] == "sev-snp" and "/dev/sev-guest present" in snp["evidence"]
+    (tmp_path / "dev" / "tdx_guest").touch()
+    assert env.tee_guest(str(tmp_path), set())["kind"] == "tdx"
+    assert env.tee_guest("/nonexistent-root", {"sev", "hypervisor"})["kind"] == "sev"
+
+
+class FakeNVMLError(Exception):
+    pass
+
+
+def fake_nvml(settings_rc=0, state_raises=False):
+    nv = types.SimpleNamespace(
+        NVML_SUCCESS=0, NVML_CC_SYSTEM_ENVIRONMENT_PROD=2, NVML_CC_SYSTEM_ENVIRONMENT_SIM=1,
+        NVML_CC_SYSTEM_FEATURE_ENABLED=1, NVML_CC_SYSTEM_DEVTOOLS_MODE_ON=1,
+        NVML_CC_SYSTEM_MULTIGPU_NONE=0, NVML_CC_SYSTEM_MULTIGPU_PROTECTED_PCIE=1, NVML_CC_SYSTEM_MULTIGPU_NVLE=2,
+        NVML_CC_ACCEPTING_CLIENT_REQUESTS_TRUE=1, NVML_CC_SYSTEM_CPU_CAPS_NONE=0, NVML_CC_SYSTEM_CPU_CAPS_AMD_SEV=1,
+        NVML_CC_SYSTEM_CPU_CAPS_INTEL_TDX=2, NVML_CC_SYSTEM_CPU_CAPS_AMD_SEV_SNP=3, NVML_CC_SYSTEM_CPU_CAPS_AMD_SNP_VTOM=4,
+        NVML_CC_SYSTEM_GPUS_CC_CAPABLE=1, nvmlSystemConfComputeSettings_v1=0x1000014)
+
+    def state():
+        if state_raises:
+            raise FakeNVMLError("Not Supported")
+        return types.SimpleNamespace(environment=2, ccFeature=1, devToolsMode=0)
+
+    class Settings:
+        version = 0
+        multiGpuMode = 0
+
+    def get_settings(s):
+        s.multiGpuMode = 1
+        return settings_rc
+
+    nv.nvmlSystemGetConfComputeState = state
+    nv.c_nvmlSystemConfComputeSettings_v1_t = Settings
+    nv.nvmlSystemGetConfComputeSettings = get_settings
+    nv.nvmlErrorString = lambda rc: b"Not Supported"
+    nv.nvmlSystemGetConfComputeGpusReadyState = lambda: 1
+    nv.nvmlSystemGetConfComputeCapabilities = lambda: types.SimpleNamespace(cpuCaps=2, gpusCaps=1)
+    return nv
+
+
+def test_cc_state_on():
+    cc = env.cc_state(fake_nvml())
+    assert cc["mode"] == "on"
+    assert cc["state"] == {"environment": "prod", "cc_feature": "enabled", "devtools_mode": "off"}
+    assert cc["multi_gpu_mode"] == "protected-pcie"
+    assert cc["gpus_ready"] is True
+    assert cc["capabilities"] == {"cpu": "intel-tdx", "gpus": "cc-capable"}
+
+
+def test_cc_state_errors_are_recorded_not_raised():
+    cc = env.cc_state(fake_nvml(settings_rc=3, state_raises=True))
+    assert cc["mode"] == "unknown"
+    assert "Not Supported" in cc["state_error"]
+    assert "returned 3" in cc["settings_error"] and "multi_gpu_mode" not in cc
+
+
+def test_stamp_tolerates_missing_pieces():
+    s = env.stamp()
+    assert s["ccbridge"] and s["cpu"]["cores"] >= 1
+    assert "available" in s["nvml"] and "available" in s["torch"]
+    assert s["emulation"] == {"active": False, "profile": None} or s["emulation"]["active"]
+    assert env.cc_mode(s) in ("on", "off", "unknown")
+
+
+def test_emulation_flag_from_environment(monkeypatch):
+    monkeypatch.setenv(env.EMULATION_VAR, "b300")
+    assert env.emulation_info() == {"active": True, "profile": "b300"}

@@ -1,0 +1,63 @@
+from conftest import synthetic
+
+from ccbridge.findings import findings
+from ccbridge.results import Row
+
+
+def by_id(res):
+    return {f.id: f for f in findings(res)}
+
+
+def small(times):
+    return [Row.of("smallcopy.d2h32", "per_copy_time", "us", [t], streams=k) for k, t in zip((1, 2, 4, 8, 16), times)]
+
+
+def test_small_copies_serialized_vs_overlapped():
+    f = by_id(synthetic(small([40, 40, 39.5, 39.8, 39])))["smallcopy.overlap"]
+    assert f.outcome == "serialized" and "no overlap" in f.text and "16 streams" in f.text
+    assert by_id(synthetic(small([17, 12, 8, 6, 4])))["smallcopy.overlap"].outcome == "overlapped"
+
+
+def test_semantics_summary_and_cases():
+    rows = []
+    for s, frac in (("same", 1.0), ("idle", 0.01), ("event-wait", 0.5)):
+        r = Row.of("semantics.nonblocking", "return_fraction", "fraction", [frac], dir="h2d", mem="pinned", stream=s)
+        r.extra.update(verdict={1.0: "blocks", 0.01: "async", 0.5: "partial"}[frac], busy_ms=50, call_us=1)
+        rows.append(r)
+    fs = by_id(synthetic(rows))
+    assert fs["semantics.h2d.pinned.same"].outcome == "blocks" and not fs["semantics.h2d.pinned.same"].shown
+    summary = fs["semantics.h2d.pinned"]
+    assert summary.shown and summary.outcome == "blocks/async/partial"
+    assert "blocks on the busy stream" in summary.text
+
+
+def test_transfer_pinned_collapse_is_called_out():
+    rows = [Row.of("transfer.sweep", "bandwidth", "GB/s", [v], dir="h2d", mem=m, bytes=1 << 30)
+            for m, v in (("pinned", 11.0), ("pageable", 15.0))]
+    f = by_id(synthetic(rows))["transfer.h2d.pinned_vs_pageable"]
+    assert f.outcome == "pageable-faster" and "collapsed" in f.text
+
+
+def test_concurrency_scaling_named_by_mode():
+    rows = []
+    for mode, lo, hi in (("streams", 5, 5.1), ("threads", 5, 5), ("contexts", 5, 35), ("processes", 10, 35)):
+        rows += [Row.of("concurrency.scaling", "aggregate_bandwidth", "GB/s", [v], mode=mode, dir="h2d", n=n)
+                 for n, v in ((1, lo), (16, hi))]
+    f = by_id(synthetic(rows))["concurrency.h2d"]
+    assert f.outcome == "scales with contexts+processes"
+    assert "contexts 7.00x" in f.text
+
+
+def test_real_run_findings(h100):
+    fs = by_id(h100)
+    assert fs["smallcopy.overlap"].outcome == "overlapped"
+    assert fs["semantics.h2d.pinned.same"].outcome == "async"
+    assert fs["semantics.d2h.pageable.same"].outcome == "blocks"
+    assert fs["semantics.d2d.device.same"].outcome == "async"
+    assert fs["concurrency.h2d"].outcome == "flat"
+    assert fs["transfer.h2d.pinned_vs_pageable"].outcome == "pinned-faster"
+    assert {"launch.cost", "hostcrypto", "lifecycle"} <= set(fs)
+
+
+def test_no_rows_no_findings():
+    assert findings(synthetic([])) == []

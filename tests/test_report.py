@@ -1,0 +1,47 @@
+import re
+
+from conftest import synthetic
+
+from ccbridge.report import html, markdown, plots
+from ccbridge.results import Row
+
+
+def test_markdown_opens_with_findings_then_tables(h100):
+    md = markdown.render(h100)
+    assert md.startswith("# ccbridge probe — NVIDIA H100 80GB HBM3 — 2026-11-21")
+    assert md.index("## Findings") < md.index("## Headline figures") < md.index("## Machine")
+    for name in ("compute.parity", "transfer.sweep", "semantics.nonblocking", "smallcopy.d2h32",
+                 "concurrency.scaling", "launch.cost", "toll.h2d_idioms", "lifecycle.contexts", "hostcrypto.aes256gcm"):
+        assert f"## {name}:" in md
+    assert "EMULATED" not in md
+    assert "| dir=h2d, mem=pinned, bytes=1 GiB | bandwidth |" in md
+
+
+def test_html_is_self_contained_with_plots(h100):
+    page = html.render(h100)
+    assert page.count("data:image/png;base64,") == 5
+    assert not re.search(r"(src|href)=[\"']https?:", page)
+    assert "<h2>Findings</h2>" in page
+
+
+def test_emulated_results_say_so_everywhere():
+    res = synthetic([Row.of("launch.cost", "time_per_kernel", "us", [26.0], mode="pipelined")], emulated="b300")
+    md = markdown.render(res)
+    assert "EMULATED (profile b300)" in md.splitlines()[0]
+    assert "not measured on confidential-computing hardware" in md
+    assert "EMULATED" in html.render(res)
+
+
+def test_empty_result_renders():
+    res = synthetic([])
+    res.skipped = [{"test": "transfer.sweep", "reason": "no usable GPU: none"}]
+    md = markdown.render(res)
+    assert "No GPU family ran" in md and "need a GPU" in md
+    assert plots.all_plots(res) == []
+    assert "<html>" in html.render(res)
+
+
+def test_ratio_chart_png():
+    png = plots.ratio_chart([("a", 0.2, 0.18, 0.22), ("b", 1.0, 0.9, 1.1)])
+    assert png.startswith(b"\x89PNG")
+    assert plots.ratio_chart([]) is None

@@ -1,0 +1,33 @@
+import math
+
+import pytest
+
+from ccbridge.stats import percentile, plan_iters, summarize
+
+
+def test_percentile_interpolates():
+    xs = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert percentile(xs, 50) == 3.0
+    assert percentile(xs, 10) == pytest.approx(1.4)
+    assert percentile(xs, 90) == pytest.approx(4.6)
+    assert percentile([7.0], 90) == 7.0
+
+
+def test_summarize_sorts_and_counts():
+    s = summarize([5, 1, 4, 2, 3])
+    assert (s["median"], s["min"], s["max"], s["n"]) == (3, 1, 5, 5)
+    assert s["p10"] < s["median"] < s["p90"]
+
+
+def test_summarize_refuses_nan_and_empty():
+    with pytest.raises(ValueError):
+        summarize([1.0, math.nan])
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_plan_iters_clamps():
+    assert plan_iters(0.01, 1.0, 5, 50) == 50
+    assert plan_iters(1.0, 1.0, 5, 50) == 5
+    assert plan_iters(0.1, 1.0, 5, 50) == 10
+    assert plan_iters(0.0, 1.0, 5, 50) == 50
