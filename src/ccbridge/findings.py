@@ -160,7 +160,19 @@ def lifecycle(res: Result):
                       f"8 driver-API contexts took {create.median:.2f} s to create and {destroy.median:.2f} s to destroy.")
 
 
-RULES = (small_copies, semantics, transfer, concurrency, launch, toll, hostcrypto, lifecycle)
+def peer(res: Result):
+    p2p = [r for r in res.by_test("peer.p2p") if r.metric == "bandwidth"]
+    if p2p:
+        lo, hi = min(p2p, key=lambda r: r.median), max(p2p, key=lambda r: r.median)
+        yield Finding("peer.p2p", "measured", f"GPU-to-GPU copies: {lo.median:.0f} to {hi.median:.0f} GB/s over "
+                      f"{len(p2p)} ordered pairs (slowest GPU{lo.params['src']}->GPU{lo.params['dst']}).")
+    for r in res.by_test("peer.allreduce"):
+        yield Finding(f"peer.allreduce.{r.params['bytes']}", "measured",
+                      f"NCCL all-reduce of {_size(r.params['bytes'])} on {r.params['gpus']} GPUs: {r.median:.0f} us "
+                      f"(bus bandwidth {r.extra.get('busbw_GBps', 0):.1f} GB/s).")
+
+
+RULES = (small_copies, semantics, transfer, concurrency, launch, toll, hostcrypto, lifecycle, peer)
 
 
 def findings(res: Result) -> list[Finding]:
