@@ -61,3 +61,17 @@ def test_real_run_findings(h100):
 
 def test_no_rows_no_findings():
     assert findings(synthetic([])) == []
+
+
+def test_peer_findings_from_a_two_gpu_run():
+    from conftest import DATA
+
+    from ccbridge import results
+
+    res = results.load(DATA / "h200x2-peer.json")
+    fs = by_id(res)
+    assert "2 ordered pairs" in fs["peer.p2p"].text
+    assert {f"peer.allreduce.{4 << 10}", f"peer.allreduce.{256 << 20}"} <= set(fs)
+    big = next(r for r in res.by_test("peer.allreduce") if r.params["bytes"] == 256 << 20)
+    # nccl-tests' all-reduce busbw: size / time * 2(n-1)/n
+    assert big.extra["busbw_GBps"] == (256 << 20) / (big.median * 1e-6) * 2 * (2 - 1) / 2 / 1e9

@@ -71,6 +71,8 @@ def machine_table(env: dict) -> Table:
         cc_text += f" (feature {cc['state']['cc_feature']}, environment {cc['state']['environment']}, devtools {cc['state']['devtools_mode']})"
     if "multi_gpu_mode" in cc:
         cc_text += f"; multi-GPU mode {cc['multi_gpu_mode']}"
+    elif "settings_error" in cc:
+        cc_text += f"; multi-GPU mode unreadable ({cc['settings_error']})"
     if "gpus_ready" in cc:
         cc_text += f"; GPUs ready: {cc['gpus_ready']}"
     flags = cpu.get("flags", {})
