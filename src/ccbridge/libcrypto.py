@@ -107,6 +107,19 @@ def _run(update, ctx, out_addr: int, in_addr: int, n: int) -> None:
         done += step
 
 
+def _begin(init, update, ctx, key: bytes, iv: bytes, aad: bytes) -> None:
+    """Select AES-256-GCM, set the nonce length, key and nonce, then feed the AAD."""
+    so = lib()
+    outl = c_int()
+    ok = (init(ctx, so.EVP_aes_256_gcm(), None, None, None) == 1
+          and so.EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_IVLEN, len(iv), None) == 1
+          and init(ctx, None, None, key, iv) == 1)
+    if not ok:
+        raise RuntimeError("EVP cipher initialisation failed")
+    if aad and update(ctx, None, ctypes.byref(outl), c_char_p(aad), len(aad)) != 1:
+        raise RuntimeError("EVP update with the associated data failed")
+
+
 def encrypt_into(key: bytes, iv: bytes, plaintext, out: bytearray | memoryview, aad: bytes = b"") -> bytes:
     """Encrypt plaintext into out (same length); returns the 16-byte tag."""
     _check_params(key, iv)
@@ -118,13 +131,7 @@ def encrypt_into(key: bytes, iv: bytes, plaintext, out: bytearray | memoryview, 
     tag = ctypes.create_string_buffer(TAG_BYTES)
     outl = c_int()
     with _Ctx() as ctx:
-        ok = (so.EVP_EncryptInit_ex(ctx, so.EVP_aes_256_gcm(), None, None, None) == 1
-              and so.EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_IVLEN, len(iv), None) == 1
-              and so.EVP_EncryptInit_ex(ctx, None, None, key, iv) == 1)
-        if not ok:
-            raise RuntimeError("EVP_EncryptInit_ex failed")
-        if aad and so.EVP_EncryptUpdate(ctx, None, ctypes.byref(outl), c_char_p(aad), len(aad)) != 1:
-            raise RuntimeError("EVP_EncryptUpdate (AAD) failed")
+        _begin(so.EVP_EncryptInit_ex, so.EVP_EncryptUpdate, ctx, key, iv, aad)
         _run(so.EVP_EncryptUpdate, ctx, _addr(out), _addr(plaintext), n)
         if so.EVP_EncryptFinal_ex(ctx, None, ctypes.byref(outl)) != 1:
             raise RuntimeError("EVP_EncryptFinal_ex failed")
@@ -145,13 +152,7 @@ def decrypt_into(key: bytes, iv: bytes, ciphertext, tag: bytes, out: bytearray |
     so = lib()
     outl = c_int()
     with _Ctx() as ctx:
-        ok = (so.EVP_DecryptInit_ex(ctx, so.EVP_aes_256_gcm(), None, None, None) == 1
-              and so.EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_IVLEN, len(iv), None) == 1
-              and so.EVP_DecryptInit_ex(ctx, None, None, key, iv) == 1)
-        if not ok:
-            raise RuntimeError("EVP_DecryptInit_ex failed")
-        if aad and so.EVP_DecryptUpdate(ctx, None, ctypes.byref(outl), c_char_p(aad), len(aad)) != 1:
-            raise RuntimeError("EVP_DecryptUpdate (AAD) failed")
+        _begin(so.EVP_DecryptInit_ex, so.EVP_DecryptUpdate, ctx, key, iv, aad)
         _run(so.EVP_DecryptUpdate, ctx, _addr(out), _addr(ciphertext), n)
         tagbuf = ctypes.create_string_buffer(tag, TAG_BYTES)
         if so.EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, TAG_BYTES, tagbuf) != 1:
