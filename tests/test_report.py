@@ -14,6 +14,7 @@ def test_markdown_opens_with_findings_then_tables(h100):
                  "concurrency.scaling", "launch.cost", "toll.h2d_idioms", "lifecycle.contexts", "hostcrypto.aes256gcm"):
         assert f"## {name}:" in md
     assert "EMULATED" not in md
+    assert "need a GPU" not in md  # one GPU: only the peer family was skipped, for want of a second
     assert "| dir=h2d, mem=pinned, bytes=1 GiB | bandwidth |" in md
 
 
@@ -35,6 +36,7 @@ def test_emulated_results_say_so_everywhere():
 def test_empty_result_renders():
     res = synthetic([])
     res.skipped = [{"test": "transfer.sweep", "reason": "no usable GPU: none"}]
+    res.settings["missing"] = {"gpu": "no usable GPU: none"}
     md = markdown.render(res)
     assert "No GPU family ran" in md and "need a GPU" in md
     assert plots.all_plots(res) == []

@@ -74,8 +74,11 @@ def cmd_probe(args) -> int:
     console.print()
     for f in (f for f in findings(res) if f.shown):
         console.print(f"- {f.text}", highlight=False)
-    if any(s for s in res.skipped if "gpu" in s["reason"].lower()):
-        console.print(f"[yellow]The GPU families need a GPU: {res.skipped[0]['reason']}. Ran what needs none.[/]")
+    no_gpu = res.settings["missing"].get("gpu")
+    if no_gpu and res.skipped:
+        console.print(f"[yellow]The GPU families need a GPU ({no_gpu}); ran what needs none.[/]")
+    elif res.skipped:
+        console.print("[yellow]Skipped: " + "; ".join(f"{s['test']} ({s['reason']})" for s in res.skipped) + "[/]")
     console.print(f"\n{len(res.rows)} rows in {res.duration_s:.0f} s; wrote " + ", ".join(str(p) for p in paths))
     if res.errors:
         console.print(f"[red]{len(res.errors)} test(s) failed:[/] " + "; ".join(f"{e['test']}: {e['error']}" for e in res.errors))

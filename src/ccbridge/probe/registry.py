@@ -131,7 +131,7 @@ def run(settings: Settings, env: dict[str, Any], progress=None) -> Result:
     tests = select(settings.tests)
     machine = Machine.detect(settings.device)
     result = Result(env=env, settings={"device": settings.device, "quick": settings.quick,
-                                       "tests": [t.name for t in tests]})
+                                       "tests": [t.name for t in tests], "missing": machine.missing})
     t_start = time.perf_counter()
     for t in tests:
         lacking = [machine.missing[n] for n in t.needs if n in machine.missing]

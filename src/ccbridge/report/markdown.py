@@ -36,9 +36,9 @@ def render(res: Result) -> str:
     parts += ["## Findings", ""]
     parts += [f"- {f.text}" for f in fs if f.shown] or ["- No GPU family ran, so there are no bridge findings."]
     parts.append("")
-    gpu_skips = [s for s in res.skipped if "GPU" in s["reason"] or "gpu" in s["reason"]]
-    if gpu_skips:
-        parts += [f"The GPU families need a GPU and were skipped: {gpu_skips[0]['reason']}.", ""]
+    no_gpu = res.settings.get("missing", {}).get("gpu")
+    if no_gpu and res.skipped:
+        parts += [f"The GPU families need a GPU and were skipped: {no_gpu}.", ""]
     for t in (headline_table(res), errors_table(res), machine_table(res.env), *test_tables(res), skipped_table(res)):
         md = table_md(t)
         if md:
