@@ -46,7 +46,7 @@ def cmd_probe(args) -> int:
     from rich.console import Console
 
     from ccbridge import env
-    from ccbridge.findings import findings
+    from ccbridge.findings import shown
     from ccbridge.probe import registry
 
     if args.list:
@@ -72,11 +72,10 @@ def cmd_probe(args) -> int:
     out = Path(args.out) if args.out else Path("ccbridge-results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     paths = _write_reports(res, out)
     console.print()
-    for f in (f for f in findings(res) if f.shown):
+    for f in shown(res):
         console.print(f"- {f.text}", highlight=False)
-    no_gpu = res.settings["missing"].get("gpu")
-    if no_gpu and res.skipped:
-        console.print(f"[yellow]The GPU families need a GPU ({no_gpu}); ran what needs none.[/]")
+    if res.no_gpu:
+        console.print(f"[yellow]The GPU families need a GPU ({res.no_gpu}); ran what needs none.[/]")
     elif res.skipped:
         console.print("[yellow]Skipped: " + "; ".join(f"{s['test']} ({s['reason']})" for s in res.skipped) + "[/]")
     console.print(f"\n{len(res.rows)} rows in {res.duration_s:.0f} s; wrote " + ", ".join(str(p) for p in paths))

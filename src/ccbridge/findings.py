@@ -174,6 +174,11 @@ def peer(res: Result):
 RULES = (small_copies, semantics, transfer, concurrency, launch, toll, hostcrypto, lifecycle, peer)
 
 
+def shown(res: Result) -> list[Finding]:
+    """The findings a reader sees (per-case ones are folded into summaries)."""
+    return [f for f in findings(res) if f.shown]
+
+
 def findings(res: Result) -> list[Finding]:
     out = []
     for rule in RULES:

@@ -73,6 +73,12 @@ class Result:
     def emulated(self) -> bool:
         return bool(self.env.get("emulation", {}).get("active"))
 
+    @property
+    def no_gpu(self) -> str | None:
+        """Why the GPU families were skipped, when the machine had no usable GPU."""
+        reason = self.settings.get("missing", {}).get("gpu")
+        return reason if reason and self.skipped else None
+
     def by_test(self, test: str) -> list[Row]:
         return [r for r in self.rows if r.test == test]
 

@@ -42,12 +42,11 @@ def page(title: str, banner: str, intro: list[str], bullets: list[str], plots: l
 
 
 def render(res) -> str:
-    from ccbridge.findings import findings
+    from ccbridge.findings import shown
     from ccbridge.report.plots import all_plots
-    from ccbridge.report.tables import (emulation_banner, errors_table, headline_table, machine_table, skipped_table,
-                                        test_tables, title)
+    from ccbridge.report.tables import (emulation_banner, errors_table, headline_table, machine_table, run_line,
+                                        skipped_table, test_tables, title)
 
-    mode = "quick" if res.settings.get("quick") else "full"
-    intro = [f"Run: {mode} suite on device {res.settings.get('device', 0)}, {res.duration_s:.0f} s, {len(res.rows)} rows, created {res.created}."]
+    intro = [run_line(res)]
     tables = [headline_table(res), errors_table(res), machine_table(res.env), *test_tables(res), skipped_table(res)]
-    return page(title(res), emulation_banner(res), intro, [f.text for f in findings(res) if f.shown], all_plots(res), tables)
+    return page(title(res), emulation_banner(res), intro, [f.text for f in shown(res)], all_plots(res), tables)

@@ -54,6 +54,12 @@ def title(res: Result) -> str:
     return base
 
 
+def run_line(res: Result) -> str:
+    mode = "quick" if res.settings.get("quick") else "full"
+    return (f"Run: {mode} suite on device {res.settings.get('device', 0)}, {res.duration_s:.0f} s, "
+            f"{len(res.rows)} rows, created {res.created}.")
+
+
 def emulation_banner(res: Result) -> str:
     if not res.emulated:
         return ""
