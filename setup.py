@@ -1,6 +1,8 @@
 # The native probe core is a plain C library loaded with ctypes (no Python
 # API); setuptools builds it as an extension so `pip install .` is one step.
 # It dlopens libcuda at run time, so it builds without CUDA installed.
+from pathlib import Path
+
 from setuptools import Extension, setup
 
 setup(
@@ -10,6 +12,15 @@ setup(
             sources=["src/ccbridge/native/probe.c"],
             libraries=["dl", "pthread"],
             extra_compile_args=["-O2", "-std=gnu11"],
-        )
+        ),
+        # The bridge emulator: an LD_PRELOAD library in front of the CUDA
+        # driver, also plain C and built without CUDA (native/emu/emu.h).
+        Extension(
+            "ccbridge._emu_native",
+            sources=sorted(str(p) for p in Path("src/ccbridge/native/emu").glob("*.c")),
+            depends=["src/ccbridge/native/emu/emu.h"],
+            libraries=["dl", "pthread"],
+            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-fvisibility=default"],
+        ),
     ]
 )

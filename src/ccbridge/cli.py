@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,6 +50,8 @@ def cmd_probe(args) -> int:
     from ccbridge.findings import shown
     from ccbridge.probe import registry
 
+    if args.profile:
+        return _probe_under(args)
     if args.list:
         for t in registry.select(None):
             needs = f" (needs {', '.join(t.needs)})" if t.needs else ""
@@ -82,6 +85,118 @@ def cmd_probe(args) -> int:
     if res.errors:
         console.print(f"[red]{len(res.errors)} test(s) failed:[/] " + "; ".join(f"{e['test']}: {e['error']}" for e in res.errors))
         return 1
+    return 0
+
+
+def _probe_under(args) -> int:
+    """The probe again, in a child process started under the emulator."""
+    from ccbridge.emulate import launcher, profiles
+
+    try:
+        prof = profiles.load(args.profile)
+    except profiles.ProfileError as e:
+        print(f"ccbridge probe: {e}", file=sys.stderr)
+        return 2
+    rest = ["probe", "--device", str(args.device)]
+    rest += ["--quick"] if args.quick else []
+    rest += ["--tests", args.tests] if args.tests else []
+    rest += ["--out", args.out] if args.out else []
+    print(launcher.banner(prof), file=sys.stderr)
+    try:
+        return launcher.run(prof, launcher.python_cmd(*rest), trace=args.trace)
+    except launcher.EmulatorError as e:
+        print(f"ccbridge probe: {e}", file=sys.stderr)
+        return 2
+
+
+def cmd_run(args) -> int:
+    from ccbridge.emulate import launcher, profiles, trace
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    try:
+        prof = profiles.load(args.profile)
+        print(launcher.banner(prof), file=sys.stderr)
+        rc = launcher.run(prof, cmd, trace=args.trace)
+    except (profiles.ProfileError, launcher.EmulatorError) as e:
+        print(f"ccbridge run: {e}", file=sys.stderr)
+        return 2
+    if args.trace:
+        print(trace.render(trace.summarize(str(Path(args.trace).resolve()))), file=sys.stderr)
+    return rc
+
+
+def cmd_profiles(args) -> int:
+    from ccbridge.emulate import profiles
+
+    try:
+        chosen = [profiles.load(args.name)] if args.name else [profiles.load(n) for n in profiles.names()]
+    except profiles.ProfileError as e:
+        print(f"ccbridge profiles: {e}", file=sys.stderr)
+        return 2
+    if not args.name:
+        for p in chosen:
+            print(f"{p.name:<12} {p.title}")
+        print("\n`ccbridge profiles NAME` shows each parameter, what it is and where its value comes from.")
+        return 0
+    p = chosen[0]
+    print(f"# profile {p.name}: {p.title}\n")
+    for key, (unit, what) in profiles.PARAMS.items():
+        v = p.params[key].value
+        print(f"{key} = {v:g} {unit}\n    what:   {what}\n    source: {p.params[key].source}")
+    if p.targets:
+        print("\npublished targets checked by `ccbridge calibrate`:")
+        for key, t in p.targets.items():
+            print(f"  {key} = {t.value:g} (±{t.tolerance:.0%}): {t.source}")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from ccbridge import results
+    from ccbridge.emulate import calibrate, launcher, profiles
+
+    try:
+        prof = profiles.load(args.profile)
+    except profiles.ProfileError as e:
+        print(f"ccbridge calibrate: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else Path("ccbridge-results") / f"calibrate-{prof.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    native_path, emu_path = args.native, args.emulated
+    probe = ["probe", "--tests", calibrate.PROBE_TESTS, "--device", str(args.device)] + ([] if args.full else ["--quick"])
+    try:
+        if not native_path:
+            print("ccbridge calibrate: native probe run", file=sys.stderr)
+            native_path = str(out / "native" / "result.json")
+            subprocess.call(launcher.python_cmd(*probe, "--out", str(out / "native")))
+        if not emu_path:
+            print(f"ccbridge calibrate: emulated probe run ({launcher.banner(prof)})", file=sys.stderr)
+            emu_path = str(out / "emulated" / "result.json")
+            launcher.run(prof, launcher.python_cmd(*probe, "--out", str(out / "emulated")))
+        native, emulated = results.load(native_path), results.load(emu_path)
+        checks = calibrate.evaluate(prof, native, emulated)
+    except (results.ResultFileError, launcher.EmulatorError, ValueError) as e:
+        print(f"ccbridge calibrate: {e}", file=sys.stderr)
+        return 2
+    md = calibrate.render(prof, checks, native, emulated)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "calibration.md").write_text(md)
+    (out / "calibration.json").write_text(json.dumps(calibrate.to_json(checks), indent=1))
+    print(md)
+    print(f"wrote {out / 'calibration.md'}, {out / 'calibration.json'}", file=sys.stderr)
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def cmd_trace(args) -> int:
+    from ccbridge.emulate import trace
+
+    try:
+        s = trace.summarize(args.prefix)
+    except ValueError as e:
+        print(f"ccbridge trace: {e}", file=sys.stderr)
+        return 2
+    if not s.processes and not s.by_api:
+        print(f"ccbridge trace: no trace files {args.prefix}.<pid>.csv / .summary.json", file=sys.stderr)
+        return 2
+    print(trace.render(s))
     return 0
 
 
@@ -137,7 +252,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
     p.add_argument("--out", help="output folder (default ccbridge-results/<timestamp>)")
     p.add_argument("--list", action="store_true", help="list the registered tests and exit")
+    p.add_argument("--profile", help="run the probe under the emulator with this profile (see `ccbridge profiles`)")
+    p.add_argument("--trace", help="with --profile: record every crossing to TRACE.<pid>.csv")
     p.set_defaults(fn=cmd_probe)
+
+    p = sub.add_parser("run", help="run a program under the emulated CC bridge: ccbridge run --profile b300 -- CMD")
+    p.add_argument("--profile", required=True, help="profile name or .json path (see `ccbridge profiles`)")
+    p.add_argument("--trace", help="record every crossing to TRACE.<pid>.csv and a summary per process")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("profiles", help="list emulator profiles; with NAME, each parameter and its source")
+    p.add_argument("name", nargs="?")
+    p.set_defaults(fn=cmd_profiles)
+
+    p = sub.add_parser("calibrate", help="emulated probe vs native probe vs the profile's published targets")
+    p.add_argument("--profile", required=True)
+    p.add_argument("--native", help="use this native result.json instead of running the probe")
+    p.add_argument("--emulated", help="use this emulated result.json instead of running the probe")
+    p.add_argument("--full", action="store_true", help="full probe suite instead of --quick")
+    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--out", help="output folder (default ccbridge-results/calibrate-<profile>-<timestamp>)")
+    p.set_defaults(fn=cmd_calibrate)
+
+    p = sub.add_parser("trace", help="summarise an emulator trace (TRACE.<pid>.csv files)")
+    p.add_argument("prefix")
+    p.set_defaults(fn=cmd_trace)
 
     p = sub.add_parser("report", help="re-render report.md and report.html from a result.json")
     p.add_argument("result")

@@ -191,8 +191,21 @@ def openssl_info() -> dict[str, Any]:
 
 
 def emulation_info() -> dict[str, Any]:
+    """Whether this process runs under the emulator, with its parameters and the evidence."""
     profile = os.environ.get(EMULATION_VAR)
-    return {"active": bool(profile), "profile": profile or None}
+    info: dict[str, Any] = {"active": bool(profile), "profile": profile or None}
+    if not profile:
+        return info
+    try:
+        text = Path(os.environ.get("CCBRIDGE_EMU_CONFIG", "")).read_text()
+        info["params"] = dict(l.split("=", 1) for l in text.splitlines() if "=" in l)
+    except OSError as e:
+        info["params_error"] = f"cannot read the emulator configuration: {e}"
+    try:
+        info["interposer_loaded"] = "_emu_native" in Path("/proc/self/maps").read_text()
+    except OSError:
+        info["interposer_loaded"] = None
+    return info
 
 
 def stamp() -> dict[str, Any]:

@@ -1,0 +1,292 @@
+/*
+ * The per-context secure channel: how one crossing (a host<->device copy)
+ * goes over the emulated bridge.
+ *
+ *  1. Order: crossings of one context take a ticket and go one at a time, in
+ *     issue order, whatever stream or thread issued them. Contexts (and so
+ *     processes) have channels of their own.
+ *  2. Asynchrony revoked: an event marks the copy's place in its stream. A
+ *     D2H (and any blocking API) waits until the stream reaches it; an H2D
+ *     waits only if work is still queued ahead of it.
+ *  3. The transfer: pinned memory is copied by DMA on the channel's private
+ *     stream while the lanes seal the same bytes with AES-256-GCM; pageable
+ *     memory is staged through two pinned bounce buffers, chunk by chunk.
+ *  4. Pacing: the crossing ends no sooner than its bytes over the channel's
+ *     bandwidth, and than its share of the machine-wide bridge, plus the
+ *     toll. Real work that takes longer (a busy CPU) makes it longer.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "emu.h"
+
+typedef struct channel {
+    CUcontext ctx;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t next_ticket, serving;
+    CUstream pstream;
+    CUevent pos, ev[2];
+    void *bounce[2];
+    lanes *lanes;
+    struct channel *next;
+} channel;
+
+static channel *g_channels;
+static pthread_mutex_t g_channels_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int emu_host_kind(const void *p) {
+    int type = 0;
+    if (drv.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS &&
+        type == CU_MEMORYTYPE_HOST)
+        return MEM_PINNED;
+    return MEM_PAGEABLE;
+}
+
+int emu_is_host(CUdeviceptr p, int *mem) {
+    int type = 0;
+    if (drv.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) != CUDA_SUCCESS) {
+        *mem = MEM_PAGEABLE; /* unknown to the driver: ordinary host memory */
+        return 1;
+    }
+    *mem = MEM_PINNED;
+    return type == CU_MEMORYTYPE_HOST;
+}
+
+int emu_capturing(CUstream s) {
+    int status = 0;
+    if (drv.StreamIsCapturing(s, &status) != CUDA_SUCCESS) return 1; /* let the real call decide */
+    return status != 0;
+}
+
+static CUresult stream_ctx(CUstream s, CUcontext *ctx) {
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return drv.CtxGetCurrent(ctx);
+    return drv.StreamGetCtx(s, ctx);
+}
+
+static size_t lane_slice(void) {
+    size_t s = cfg.chunk_bytes / (size_t)cfg.lanes;
+    return s < (64u << 10) ? (64u << 10) : s;
+}
+
+/* Find or make the channel of ctx; its driver objects live in ctx. */
+static channel *channel_get(CUcontext ctx, CUresult *rc) {
+    pthread_mutex_lock(&g_channels_mu);
+    channel *ch = g_channels;
+    while (ch && ch->ctx != ctx) ch = ch->next;
+    if (ch) { pthread_mutex_unlock(&g_channels_mu); return ch; }
+    ch = calloc(1, sizeof *ch);
+    CUcontext cur = NULL, popped;
+    int pushed = 0;
+    *rc = CUDA_ERROR_OUT_OF_MEMORY;
+    if (!ch) goto fail;
+    ch->ctx = ctx;
+    pthread_mutex_init(&ch->mu, NULL);
+    pthread_cond_init(&ch->cv, NULL);
+    if ((*rc = drv.CtxGetCurrent(&cur)) != CUDA_SUCCESS) goto fail;
+    if (cur != ctx) {
+        if ((*rc = drv.CtxPushCurrent(ctx)) != CUDA_SUCCESS) goto fail;
+        pushed = 1;
+    }
+    if ((*rc = drv.StreamCreate(&ch->pstream, 1 /* CU_STREAM_NON_BLOCKING */)) != CUDA_SUCCESS) goto fail;
+    for (int i = 0; i < 3; i++) {
+        CUevent *e = i == 0 ? &ch->pos : &ch->ev[i - 1];
+        if ((*rc = drv.EventCreate(e, 2 /* CU_EVENT_DISABLE_TIMING */)) != CUDA_SUCCESS) goto fail;
+    }
+    if (!(ch->lanes = emu_lanes_new(cfg.lanes, lane_slice()))) { *rc = CUDA_ERROR_OUT_OF_MEMORY; goto fail; }
+    if (pushed) drv.CtxPopCurrent(&popped);
+    ch->next = g_channels;
+    g_channels = ch;
+    pthread_mutex_unlock(&g_channels_mu);
+    return ch;
+fail:
+    if (pushed) drv.CtxPopCurrent(&popped);
+    if (ch) emu_lanes_free(ch->lanes);
+    free(ch); /* driver objects made so far die with the context */
+    pthread_mutex_unlock(&g_channels_mu);
+    return NULL;
+}
+
+/* A destroyed context takes its driver objects with it; drop our record. */
+void emu_channel_forget(CUcontext ctx) {
+    pthread_mutex_lock(&g_channels_mu);
+    for (channel **pp = &g_channels; *pp; pp = &(*pp)->next) {
+        if ((*pp)->ctx == ctx) {
+            channel *ch = *pp;
+            *pp = ch->next;
+            emu_lanes_free(ch->lanes);
+            free(ch);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_channels_mu);
+}
+
+void emu_channels_reset(void) {
+    pthread_mutex_lock(&g_channels_mu);
+    while (g_channels) {
+        channel *ch = g_channels;
+        g_channels = ch->next;
+        emu_lanes_free(ch->lanes);
+        free(ch);
+    }
+    pthread_mutex_unlock(&g_channels_mu);
+}
+
+static void ticket_take(channel *ch) {
+    pthread_mutex_lock(&ch->mu);
+    uint64_t t = ch->next_ticket++;
+    while (ch->serving != t) pthread_cond_wait(&ch->cv, &ch->mu);
+    pthread_mutex_unlock(&ch->mu);
+}
+
+static void ticket_done(channel *ch) {
+    pthread_mutex_lock(&ch->mu);
+    ch->serving++;
+    pthread_cond_broadcast(&ch->cv);
+    pthread_mutex_unlock(&ch->mu);
+}
+
+static CUresult bounce_ready(channel *ch) {
+    for (int i = 0; i < 2; i++) {
+        if (ch->bounce[i]) continue;
+        CUresult rc = drv.MemHostAlloc(&ch->bounce[i], cfg.chunk_bytes, 0);
+        if (rc != CUDA_SUCCESS) return rc;
+    }
+    return CUDA_SUCCESS;
+}
+
+#define TRY(call)                         \
+    do {                                  \
+        if ((rc = (call)) != CUDA_SUCCESS) \
+            return rc;                    \
+    } while (0)
+#define TRY_CIPHER(call)                     \
+    do {                                     \
+        if ((call) != 0) return CUDA_ERROR_UNKNOWN; \
+    } while (0)
+
+/* Pageable memory: through the two bounce buffers, chunk by chunk. */
+static CUresult staged(channel *ch, const emu_copy *c, uint64_t *cipher) {
+    CUresult rc;
+    const size_t C = cfg.chunk_bytes;
+    size_t nchunks = (c->bytes + C - 1) / C;
+    TRY(bounce_ready(ch));
+    unsigned char *host = c->host;
+    if (c->dir == DIR_H2D) {
+        for (size_t i = 0; i < nchunks; i++) {
+            int b = (int)(i & 1);
+            size_t off = i * C, n = c->bytes - off < C ? c->bytes - off : C;
+            if (i >= 2) TRY(drv.EventSynchronize(ch->ev[b])); /* bounce b is free again */
+            TRY_CIPHER(emu_lanes_run(ch->lanes, host + off, ch->bounce[b], n, cipher));
+            TRY(drv.MemcpyHtoDAsync(c->dev + off, ch->bounce[b], n, ch->pstream));
+            TRY(drv.EventRecord(ch->ev[b], ch->pstream));
+        }
+        return drv.StreamSynchronize(ch->pstream);
+    }
+    for (size_t i = 0; i < nchunks && i < 2; i++) {
+        size_t off = i * C, n = c->bytes - off < C ? c->bytes - off : C;
+        TRY(drv.MemcpyDtoHAsync(ch->bounce[i], c->dev + off, n, ch->pstream));
+        TRY(drv.EventRecord(ch->ev[i], ch->pstream));
+    }
+    for (size_t i = 0; i < nchunks; i++) {
+        int b = (int)(i & 1);
+        size_t off = i * C, n = c->bytes - off < C ? c->bytes - off : C;
+        TRY(drv.EventSynchronize(ch->ev[b]));
+        TRY_CIPHER(emu_lanes_run(ch->lanes, ch->bounce[b], host + off, n, cipher));
+        size_t nx = off + 2 * C;
+        if (nx < c->bytes) {
+            size_t m = c->bytes - nx < C ? c->bytes - nx : C;
+            TRY(drv.MemcpyDtoHAsync(ch->bounce[b], c->dev + nx, m, ch->pstream));
+            TRY(drv.EventRecord(ch->ev[b], ch->pstream));
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+/* Pinned memory: DMA straight from/to the caller's buffer; the lanes seal the bytes. */
+static CUresult direct(channel *ch, const emu_copy *c, uint64_t *cipher) {
+    CUresult rc;
+    if (c->dir == DIR_H2D) {
+        TRY(drv.MemcpyHtoDAsync(c->dev, c->host, c->bytes, ch->pstream));
+        TRY_CIPHER(emu_lanes_run(ch->lanes, c->host, NULL, c->bytes, cipher));
+        return drv.StreamSynchronize(ch->pstream);
+    }
+    TRY(drv.MemcpyDtoHAsync(c->host, c->dev, c->bytes, ch->pstream));
+    TRY(drv.StreamSynchronize(ch->pstream));
+    TRY_CIPHER(emu_lanes_run(ch->lanes, c->host, NULL, c->bytes, cipher));
+    return CUDA_SUCCESS;
+}
+
+static CUresult opaque_work(channel *ch, const emu_opaque *o, uint64_t *cipher) {
+    CUresult rc;
+    TRY(o->issue(o->arg, ch->pstream));
+    if (o->dir == DIR_D2H) TRY(drv.StreamSynchronize(ch->pstream));
+    for (int i = 0; i < o->nspans; i++) TRY_CIPHER(emu_lanes_run(ch->lanes, o->spans[i].p, NULL, o->spans[i].len, cipher));
+    return drv.StreamSynchronize(ch->pstream);
+}
+
+typedef struct {
+    int api, dir, mem, sync_call;
+    size_t bytes;
+    CUstream stream;
+    const emu_copy *copy;
+    const emu_opaque *opaque;
+} crossing;
+
+static CUresult cross(const crossing *x) {
+    uint64_t t_enter = emu_now(), cipher = 0;
+    CUcontext ctx = NULL;
+    CUresult rc = stream_ctx(x->stream, &ctx);
+    if (rc != CUDA_SUCCESS) return rc;
+    channel *ch = channel_get(ctx, &rc);
+    if (!ch) return rc;
+    ticket_take(ch);
+    uint64_t t_lock = emu_now();
+    /* Asynchrony revoked: find (and, where the law says so, wait for) the copy's place in its stream. */
+    rc = drv.EventRecord(ch->pos, x->stream);
+    if (rc == CUDA_SUCCESS) {
+        int wait = x->dir == DIR_D2H || x->sync_call;
+        if (!wait) {
+            CUresult q = drv.EventQuery(ch->pos);
+            wait = q == CUDA_ERROR_NOT_READY;
+            if (q != CUDA_SUCCESS && !wait) rc = q;
+        }
+        if (wait && rc == CUDA_SUCCESS) rc = drv.EventSynchronize(ch->pos);
+    }
+    uint64_t t_ready = emu_now();
+    uint64_t bus_end = 0;
+    if (rc == CUDA_SUCCESS) {
+        if (cfg.system_gbps[x->dir] > 0) bus_end = emu_bus_reserve(x->dir, (uint64_t)(x->bytes / cfg.system_gbps[x->dir]));
+        rc = x->copy ? (x->mem == MEM_PINNED ? direct(ch, x->copy, &cipher) : staged(ch, x->copy, &cipher))
+                     : opaque_work(ch, x->opaque, &cipher);
+    }
+    uint64_t toll = 0;
+    if (rc == CUDA_SUCCESS) {
+        double gbps = cfg.chan_gbps[x->dir][x->mem];
+        uint64_t end = emu_now();
+        uint64_t paced = t_ready + (gbps > 0 ? (uint64_t)(x->bytes / gbps) : 0);
+        if (paced > end) end = paced;
+        if (bus_end > end) end = bus_end;
+        toll = (uint64_t)cfg.toll_ns[x->dir];
+        emu_wait_until(end + toll);
+    }
+    ticket_done(ch);
+    emu_record r = {x->api, x->dir, x->mem, t_enter, emu_now(), t_ready - t_lock, t_lock - t_enter, toll,
+                    x->bytes, ctx, x->stream};
+    emu_stat_add(x->dir, x->mem, x->bytes, r.t_return - r.t_enter);
+    emu_trace_crossing(&r);
+    return rc;
+}
+
+CUresult emu_cross(const emu_copy *c) {
+    crossing x = {c->api, c->dir, emu_host_kind(c->host), c->sync_call, c->bytes, c->stream, c, NULL};
+    return cross(&x);
+}
+
+CUresult emu_cross_opaque(const emu_opaque *o) {
+    crossing x = {o->api, o->dir, o->mem, o->sync_call, o->bytes, o->stream, NULL, o};
+    return cross(&x);
+}

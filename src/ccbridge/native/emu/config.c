@@ -1,0 +1,92 @@
+/* Profile parameters: "key=value" lines written by the launcher (ccbridge run). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "emu.h"
+
+emu_config cfg;
+
+void emu_config_defaults(emu_config *c) {
+    memset(c, 0, sizeof *c);
+    strcpy(c->profile, "passthrough");
+    c->launch_ratio = 1.0;
+    c->lanes = 1;
+    c->chunk_bytes = 4u << 20;
+}
+
+typedef enum { T_DOUBLE, T_INT, T_SIZE, T_US, T_S, T_STR } ktype;
+static const struct { const char *key; ktype t; size_t off; size_t cap; } kKeys[] = {
+#define F(k, t, field, cap) {k, t, offsetof(emu_config, field), cap}
+    F("profile", T_STR, profile, sizeof cfg.profile),
+    F("emulate", T_INT, emulate, 0),
+    F("h2d_pinned_gbps", T_DOUBLE, chan_gbps[DIR_H2D][MEM_PINNED], 0),
+    F("h2d_pageable_gbps", T_DOUBLE, chan_gbps[DIR_H2D][MEM_PAGEABLE], 0),
+    F("d2h_pinned_gbps", T_DOUBLE, chan_gbps[DIR_D2H][MEM_PINNED], 0),
+    F("d2h_pageable_gbps", T_DOUBLE, chan_gbps[DIR_D2H][MEM_PAGEABLE], 0),
+    F("h2d_system_gbps", T_DOUBLE, system_gbps[DIR_H2D], 0),
+    F("d2h_system_gbps", T_DOUBLE, system_gbps[DIR_D2H], 0),
+    F("h2d_toll_us", T_US, toll_ns[DIR_H2D], 0),
+    F("d2h_toll_us", T_US, toll_ns[DIR_D2H], 0),
+    F("launch_ratio", T_DOUBLE, launch_ratio, 0),
+    F("sync_toll_us", T_US, sync_toll_ns, 0),
+    F("ctx_create_s", T_S, ctx_create_ns, 0),
+    F("ctx_destroy_s", T_S, ctx_destroy_ns, 0),
+    F("host_alloc_toll_us", T_US, host_alloc_toll_ns, 0),
+    F("refuse_host_register", T_INT, refuse_host_register, 0),
+    F("lanes", T_INT, lanes, 0),
+    F("chunk_bytes", T_SIZE, chunk_bytes, 0),
+    F("trace", T_STR, trace, sizeof cfg.trace),
+#undef F
+};
+
+int emu_config_parse(emu_config *c, const char *text, char *err, size_t errlen) {
+    int lineno = 0;
+    const char *p = text;
+    while (*p) {
+        const char *eol = strchr(p, '\n');
+        size_t n = eol ? (size_t)(eol - p) : strlen(p);
+        char line[700];
+        lineno++;
+        if (n >= sizeof line) { snprintf(err, errlen, "line %d is too long", lineno); return -1; }
+        memcpy(line, p, n);
+        line[n] = 0;
+        p += n + (eol ? 1 : 0);
+        char *s = line;
+        while (*s == ' ' || *s == '\t') s++;
+        if (!*s || *s == '#') continue;
+        char *eq = strchr(s, '=');
+        if (!eq) { snprintf(err, errlen, "line %d: expected key=value, got '%s'", lineno, s); return -1; }
+        *eq = 0;
+        const char *key = s, *val = eq + 1;
+        size_t i = 0, nk = sizeof kKeys / sizeof kKeys[0];
+        while (i < nk && strcmp(kKeys[i].key, key) != 0) i++;
+        if (i == nk) { snprintf(err, errlen, "line %d: unknown parameter '%s'", lineno, key); return -1; }
+        void *dst = (char *)c + kKeys[i].off;
+        if (kKeys[i].t == T_STR) {
+            if (strlen(val) >= kKeys[i].cap) { snprintf(err, errlen, "line %d: value of %s too long", lineno, key); return -1; }
+            strcpy(dst, val);
+            continue;
+        }
+        char *end;
+        errno = 0;
+        double v = strtod(val, &end);
+        if (errno || end == val || *end || v < 0) {
+            snprintf(err, errlen, "line %d: %s needs a non-negative number, got '%s'", lineno, key, val);
+            return -1;
+        }
+        switch (kKeys[i].t) {
+        case T_DOUBLE: *(double *)dst = v; break;
+        case T_US: *(double *)dst = v * 1e3; break;
+        case T_S: *(double *)dst = v * 1e9; break;
+        case T_INT: *(int *)dst = (int)v; break;
+        case T_SIZE: *(size_t *)dst = (size_t)v; break;
+        default: break;
+        }
+    }
+    if (c->lanes < 1 || c->lanes > 64) { snprintf(err, errlen, "lanes must be 1..64, got %d", c->lanes); return -1; }
+    if (c->chunk_bytes < 4096) { snprintf(err, errlen, "chunk_bytes must be at least 4096"); return -1; }
+    if (c->launch_ratio < 1.0) { snprintf(err, errlen, "launch_ratio must be >= 1"); return -1; }
+    return 0;
+}

@@ -1,0 +1,202 @@
+/*
+ * ccbridge bridge emulator: internal interface.
+ *
+ * The emulator is an LD_PRELOAD library in front of the CUDA driver API. It
+ * is split so that the parts that decide (channel order, blocking, tolls,
+ * pacing, cipher) are exercised on CPU-only machines through a fake driver
+ * backend (fake.c), and only the driver table differs on a GPU:
+ *
+ *   hooks.c    the one hook table; dlsym / cuGetProcAddress interposition;
+ *              the exported driver-API entry points
+ *   channel.c  per-context secure channel: FIFO order, revoked asynchrony,
+ *              staging through bounce buffers, toll and bandwidth pacing
+ *   cipher.c   AES-256-GCM through the system libcrypto, and the lanes
+ *              (threads) that share a crossing's CPU work
+ *   pace.c     clocks, waits, the machine-wide bus shared by all processes
+ *   config.c   the profile parameters (key=value text from the launcher)
+ *   trace.c    per-crossing trace and per-hook counters
+ *   fake.c     a fake driver for CPU tests
+ *
+ * No CUDA headers: the few types and constants used are declared here.
+ */
+#ifndef CCBEMU_H
+#define CCBEMU_H
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext, *CUstream, *CUevent, *CUfunction, *CUgraphExec, *CUarray;
+typedef unsigned long long CUdeviceptr;
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_NOT_INITIALIZED 3
+#define CUDA_ERROR_NOT_READY 600
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define CUDA_ERROR_UNKNOWN 999
+
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+#define CU_MEMORYTYPE_HOST 1
+#define CU_MEMORYTYPE_DEVICE 2
+#define CU_MEMORYTYPE_ARRAY 3
+#define CU_MEMORYTYPE_UNIFIED 4
+#define CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define CU_POINTER_ATTRIBUTE_IS_MANAGED 8
+
+/* CUDA_MEMCPY2D and CUDA_MEMCPY3D as laid out in cuda.h */
+typedef struct {
+    size_t srcXInBytes, srcY;
+    int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    CUarray srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    CUarray dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+} CUDA_MEMCPY2D;
+
+typedef struct {
+    size_t srcXInBytes, srcY, srcZ, srcLOD;
+    int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    CUarray srcArray;
+    void *reserved0;
+    size_t srcPitch, srcHeight;
+    size_t dstXInBytes, dstY, dstZ, dstLOD;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    CUarray dstArray;
+    void *reserved1;
+    size_t dstPitch, dstHeight;
+    size_t WidthInBytes, Height, Depth;
+} CUDA_MEMCPY3D;
+
+/* ---- the driver functions the emulator itself calls (real or fake) ---- */
+typedef struct {
+    CUresult (*CtxGetCurrent)(CUcontext *);
+    CUresult (*CtxPushCurrent)(CUcontext);
+    CUresult (*CtxPopCurrent)(CUcontext *);
+    CUresult (*StreamGetCtx)(CUstream, CUcontext *);
+    CUresult (*StreamCreate)(CUstream *, unsigned);
+    CUresult (*StreamSynchronize)(CUstream);
+    CUresult (*StreamIsCapturing)(CUstream, int *);
+    CUresult (*EventCreate)(CUevent *, unsigned);
+    CUresult (*EventRecord)(CUevent, CUstream);
+    CUresult (*EventQuery)(CUevent);
+    CUresult (*EventSynchronize)(CUevent);
+    CUresult (*MemHostAlloc)(void **, size_t, unsigned);
+    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+    CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
+    CUresult (*DevicePrimaryCtxGetState)(CUdevice, unsigned *, int *);
+} emu_driver;
+
+extern emu_driver drv;
+
+/* ---- profile parameters (config.c) ---- */
+enum { DIR_H2D = 0, DIR_D2H = 1 };
+enum { MEM_PINNED = 0, MEM_PAGEABLE = 1 };
+
+typedef struct {
+    char profile[64];
+    int emulate;                 /* 0: passthrough (hooks on, no costs) */
+    double chan_gbps[2][2];      /* [dir][mem] per-channel bandwidth, 0 = unpaced */
+    double system_gbps[2];       /* [dir] machine-wide bridge, 0 = unshared */
+    double toll_ns[2];           /* [dir] fixed cost per crossing */
+    double launch_ratio;         /* a launch call costs this many times its native call */
+    double sync_toll_ns;         /* per stream/event/context synchronize */
+    double ctx_create_ns, ctx_destroy_ns;
+    double host_alloc_toll_ns;   /* per pinned host allocation */
+    int refuse_host_register;    /* cuMemHostRegister -> CUDA_ERROR_NOT_SUPPORTED */
+    int lanes;                   /* threads sharing a crossing's CPU work (>= 1) */
+    size_t chunk_bytes;          /* bounce-buffer chunk */
+    char trace[512];             /* trace file prefix, "" = off */
+} emu_config;
+
+extern emu_config cfg;
+/* Parse "key=value" lines; unknown keys or bad values -> -1 with a message. */
+int emu_config_parse(emu_config *c, const char *text, char *err, size_t errlen);
+void emu_config_defaults(emu_config *c);
+
+/* ---- clocks and pacing (pace.c) ---- */
+uint64_t emu_now(void);                 /* CLOCK_MONOTONIC ns, shared by processes */
+void emu_wait_until(uint64_t deadline);  /* sleep, then spin the last stretch */
+void emu_spin_for(uint64_t ns);
+/* Reserve `ns` of the machine-wide bridge in direction dir; returns the end. */
+uint64_t emu_bus_reserve(int dir, uint64_t ns);
+void emu_bus_reset(void);
+
+/* ---- cipher and lanes (cipher.c) ---- */
+int emu_cipher_load(char *err, size_t errlen);
+/* AES-256-GCM seal: out gets the ciphertext (len bytes), tag 16 bytes. */
+int emu_gcm_seal(const uint8_t key[32], const uint8_t iv[12], const void *in, size_t len, void *out, uint8_t tag[16]);
+typedef struct lanes lanes;
+lanes *emu_lanes_new(int n, size_t scratch_bytes);
+void emu_lanes_free(lanes *l);
+/* Split [in, in+len) into slices over the lanes; seal each slice; copy if asked. */
+int emu_lanes_run(lanes *l, const void *in, void *copy_to, size_t len, uint64_t *cipher_bytes);
+
+/* ---- channels and crossings (channel.c) ---- */
+typedef struct {
+    int api;          /* hook index, for the trace */
+    int dir;          /* DIR_H2D / DIR_D2H */
+    void *host;
+    CUdeviceptr dev;
+    size_t bytes;
+    CUstream stream;  /* normalized: 0 legacy, CU_STREAM_PER_THREAD, or a handle */
+    int sync_call;    /* the blocking API (cuMemcpyHtoD...) */
+} emu_copy;
+
+/* Spans of host memory whose bytes an opaque copy moves (2D/3D/batch). */
+typedef struct { const void *p; size_t len; } emu_span;
+typedef CUresult (*emu_issue_fn)(void *arg, CUstream stream);
+typedef struct {
+    int api, dir, mem;
+    size_t bytes;
+    CUstream stream;
+    int sync_call;
+    const emu_span *spans;
+    int nspans;
+    emu_issue_fn issue;   /* enqueues the real copy on `stream` */
+    void *arg;
+} emu_opaque;
+
+int emu_host_kind(const void *p);  /* MEM_PINNED or MEM_PAGEABLE */
+int emu_is_host(CUdeviceptr p, int *mem); /* generic copies: is this a host address? */
+int emu_capturing(CUstream s);
+CUresult emu_cross(const emu_copy *c);
+CUresult emu_cross_opaque(const emu_opaque *o);
+void emu_channel_forget(CUcontext ctx);
+void emu_channels_reset(void);
+
+/* ---- trace and counters (trace.c) ---- */
+typedef struct {
+    int api, dir, mem;
+    uint64_t t_enter, t_return, blocked_stream_ns, blocked_channel_ns, toll_ns;
+    size_t bytes;
+    CUcontext ctx;
+    CUstream stream;
+} emu_record;
+void emu_trace_open(const char *prefix);
+void emu_trace_crossing(const emu_record *r);
+void emu_count(int api);
+void emu_stat_add(int dir, int mem, size_t bytes, uint64_t blocked_ns);
+int emu_summary_json(char *buf, size_t len);
+void emu_trace_close(void);
+const char *emu_api_name(int api);
+
+/* ---- set-up (hooks.c) ---- */
+void emu_init(void);
+void emu_fail(const char *fmt, ...);  /* fatal set-up error: message and exit */
+#endif

@@ -1,0 +1,176 @@
+/*
+ * A fake CUDA driver for CPU tests: the hooks and the channel run unchanged
+ * over it (ccbemu_test_init), so CI checks order, blocking, tolls, pacing,
+ * cipher and the hook table without a GPU.
+ *
+ * "Device" memory is host memory the fake knows as device memory; copies are
+ * memcpy. A stream is a clock: a kernel launched with grid.x = N keeps it
+ * busy N microseconds; events complete when their stream's clock passes them.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "emu.h"
+
+typedef struct { CUcontext ctx; uint64_t busy_until; int capturing; } fstream;
+typedef struct { uint64_t t; } fevent;
+typedef struct { uintptr_t base; size_t size; int type; } falloc;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static falloc allocs[4096];
+static int nallocs;
+static fstream default_stream = {(CUcontext)1, 0, 0};
+static uintptr_t next_ctx = 2;
+static __thread CUcontext t_cur = (CUcontext)1;
+static __thread CUcontext t_stack[16];
+static __thread int t_depth;
+
+static fstream *S(CUstream s) {
+    return (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) ? &default_stream : (fstream *)s;
+}
+static void sleep_until(uint64_t t) { emu_wait_until(t); }
+
+static CUresult f_CtxGetCurrent(CUcontext *c) { *c = t_cur; return 0; }
+static CUresult f_CtxPushCurrent(CUcontext c) { if (t_depth == 16) return CUDA_ERROR_UNKNOWN; t_stack[t_depth++] = t_cur; t_cur = c; return 0; }
+static CUresult f_CtxPopCurrent(CUcontext *c) { if (!t_depth) return CUDA_ERROR_INVALID_VALUE; if (c) *c = t_cur; t_cur = t_stack[--t_depth]; return 0; }
+static CUresult f_StreamGetCtx(CUstream s, CUcontext *c) { *c = S(s) == &default_stream ? t_cur : S(s)->ctx; return 0; }
+static CUresult f_StreamCreate(CUstream *s, unsigned flags) {
+    (void)flags;
+    fstream *f = calloc(1, sizeof *f);
+    if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
+    f->ctx = t_cur;
+    *s = f;
+    return 0;
+}
+static CUresult f_StreamSynchronize(CUstream s) {
+    if (S(s)->capturing) return CUDA_ERROR_INVALID_VALUE;
+    sleep_until(S(s)->busy_until);
+    return 0;
+}
+static CUresult f_StreamIsCapturing(CUstream s, int *st) { *st = S(s)->capturing; return 0; }
+static CUresult f_EventCreate(CUevent *e, unsigned flags) {
+    (void)flags;
+    return (*e = calloc(1, sizeof(fevent))) ? 0 : CUDA_ERROR_OUT_OF_MEMORY;
+}
+static CUresult f_EventRecord(CUevent e, CUstream s) { ((fevent *)e)->t = S(s)->busy_until; return 0; }
+static CUresult f_EventQuery(CUevent e) { return emu_now() >= ((fevent *)e)->t ? 0 : CUDA_ERROR_NOT_READY; }
+static CUresult f_EventSynchronize(CUevent e) { sleep_until(((fevent *)e)->t); return 0; }
+
+static void remember(void *p, size_t n, int type) {
+    pthread_mutex_lock(&mu);
+    if (nallocs < 4096) allocs[nallocs++] = (falloc){(uintptr_t)p, n, type};
+    pthread_mutex_unlock(&mu);
+}
+static CUresult f_MemHostAlloc(void **p, size_t n, unsigned flags) {
+    (void)flags;
+    if (!(*p = malloc(n ? n : 1))) return CUDA_ERROR_OUT_OF_MEMORY;
+    remember(*p, n, CU_MEMORYTYPE_HOST);
+    return 0;
+}
+static CUresult f_MemAllocHost(void **p, size_t n) { return f_MemHostAlloc(p, n, 0); }
+static CUresult f_PointerGetAttribute(void *out, int attr, CUdeviceptr p) {
+    if (attr != CU_POINTER_ATTRIBUTE_MEMORY_TYPE) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < nallocs; i++)
+        if (p >= allocs[i].base && p < allocs[i].base + allocs[i].size) { *(int *)out = allocs[i].type; rc = 0; break; }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+static CUresult f_HtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) { (void)st; memcpy((void *)(uintptr_t)d, s, n); return 0; }
+static CUresult f_DtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st) { (void)st; memcpy(d, (void *)(uintptr_t)s, n); return 0; }
+static CUresult f_HtoDAsync_ptsz(CUdeviceptr d, const void *s, size_t n, CUstream st) { return f_HtoDAsync(d, s, n, st); }
+static CUresult f_HtoD(CUdeviceptr d, const void *s, size_t n) { sleep_until(default_stream.busy_until); return f_HtoDAsync(d, s, n, NULL); }
+static CUresult f_DtoH(void *d, CUdeviceptr s, size_t n) { sleep_until(default_stream.busy_until); return f_DtoHAsync(d, s, n, NULL); }
+static CUresult f_Memcpy(CUdeviceptr d, CUdeviceptr s, size_t n) { memcpy((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return 0; }
+static CUresult f_MemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { (void)st; return f_Memcpy(d, s, n); }
+static CUresult f_Memcpy2DAsync(const CUDA_MEMCPY2D *c, CUstream st) {
+    (void)st;
+    const char *src = c->srcMemoryType == CU_MEMORYTYPE_HOST ? c->srcHost : (const char *)(uintptr_t)c->srcDevice;
+    char *dst = c->dstMemoryType == CU_MEMORYTYPE_HOST ? c->dstHost : (char *)(uintptr_t)c->dstDevice;
+    for (size_t y = 0; y < c->Height; y++)
+        memcpy(dst + (c->dstY + y) * c->dstPitch + c->dstXInBytes, src + (c->srcY + y) * c->srcPitch + c->srcXInBytes, c->WidthInBytes);
+    return 0;
+}
+static CUresult f_Memcpy2D(const CUDA_MEMCPY2D *c) { sleep_until(default_stream.busy_until); return f_Memcpy2DAsync(c, NULL); }
+static CUresult f_LaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                               unsigned sh, CUstream st, void **p, void **e) {
+    (void)f; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)sh; (void)p; (void)e;
+    uint64_t t0 = emu_now();
+    while (emu_now() - t0 < 2000) { /* the native submission: 2 us of CPU */ }
+    if (S(st)->capturing) return 0;
+    fstream *s = S(st);
+    uint64_t now = emu_now();
+    s->busy_until = (s->busy_until > now ? s->busy_until : now) + (uint64_t)gx * 1000;
+    return 0;
+}
+static CUresult f_CtxSynchronize(void) { sleep_until(default_stream.busy_until); return 0; }
+static CUresult f_CtxCreate(CUcontext *c, unsigned flags, CUdevice d) {
+    (void)flags; (void)d;
+    pthread_mutex_lock(&mu);
+    *c = (CUcontext)next_ctx++;
+    pthread_mutex_unlock(&mu);
+    return f_CtxPushCurrent(*c);
+}
+static CUresult f_CtxDestroy(CUcontext c) { (void)c; return 0; }
+static CUresult f_MemHostRegister(void *p, size_t n, unsigned f) { (void)f; remember(p, n, CU_MEMORYTYPE_HOST); return 0; }
+static CUresult f_PrimaryGetState(CUdevice d, unsigned *flags, int *active) { (void)d; *flags = 0; *active = 1; return 0; }
+
+static const struct { const char *name; void *fn; } kFake[] = {
+    {"cuCtxGetCurrent", f_CtxGetCurrent}, {"cuCtxPushCurrent_v2", f_CtxPushCurrent},
+    {"cuCtxPopCurrent_v2", f_CtxPopCurrent}, {"cuStreamGetCtx", f_StreamGetCtx},
+    {"cuStreamCreate", f_StreamCreate}, {"cuStreamSynchronize", f_StreamSynchronize},
+    {"cuStreamSynchronize_ptsz", f_StreamSynchronize}, {"cuStreamIsCapturing", f_StreamIsCapturing},
+    {"cuEventCreate", f_EventCreate}, {"cuEventRecord", f_EventRecord}, {"cuEventQuery", f_EventQuery},
+    {"cuEventSynchronize", f_EventSynchronize}, {"cuMemHostAlloc", f_MemHostAlloc},
+    {"cuMemAllocHost_v2", f_MemAllocHost}, {"cuPointerGetAttribute", f_PointerGetAttribute},
+    {"cuMemcpyHtoDAsync_v2", f_HtoDAsync}, {"cuMemcpyHtoDAsync_v2_ptsz", f_HtoDAsync_ptsz},
+    {"cuMemcpyDtoHAsync_v2", f_DtoHAsync}, {"cuMemcpyDtoHAsync_v2_ptsz", f_DtoHAsync},
+    {"cuMemcpyHtoD_v2", f_HtoD}, {"cuMemcpyDtoH_v2", f_DtoH}, {"cuMemcpy", f_Memcpy},
+    {"cuMemcpyAsync", f_MemcpyAsync}, {"cuMemcpy2D_v2", f_Memcpy2D}, {"cuMemcpy2DAsync_v2", f_Memcpy2DAsync},
+    {"cuLaunchKernel", f_LaunchKernel}, {"cuCtxSynchronize", f_CtxSynchronize},
+    {"cuCtxCreate_v2", f_CtxCreate}, {"cuCtxDestroy_v2", f_CtxDestroy},
+    {"cuMemHostRegister_v2", f_MemHostRegister}, {"cuDevicePrimaryCtxGetState", f_PrimaryGetState},
+};
+
+void *ccbemu_fake_lookup_internal(const char *name);
+static CUresult f_GetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status) {
+    (void)ver;
+    char name[128];
+    /* the fake's versions: copies are _v2, and the per-thread flag picks _ptsz */
+    int is_copy = strncmp(sym, "cuMemcpy", 8) == 0 && strcmp(sym, "cuMemcpy") && strcmp(sym, "cuMemcpyAsync");
+    snprintf(name, sizeof name, "%s%s%s", sym, is_copy ? "_v2" : "", (flags & 2) ? "_ptsz" : "");
+    if (status) *status = 0;
+    *pfn = ccbemu_fake_lookup_internal(name);
+    return *pfn ? 0 : 500 /* CUDA_ERROR_NOT_FOUND */;
+}
+
+void *ccbemu_fake_lookup_internal(const char *name) {
+    for (size_t i = 0; i < sizeof kFake / sizeof kFake[0]; i++)
+        if (strcmp(kFake[i].name, name) == 0) return kFake[i].fn;
+    return NULL;
+}
+
+void *ccbemu_fake_lookup(const char *name) {
+    if (strcmp(name, "cuGetProcAddress_v2") == 0) return (void *)f_GetProcAddress_v2;
+    return ccbemu_fake_lookup_internal(name);
+}
+
+/* ---- helpers the tests call ---- */
+void *ccbemu_fake_alloc(size_t n, int type) {
+    void *p = malloc(n ? n : 1);
+    if (p) remember(p, n, type);
+    return p;
+}
+CUstream ccbemu_fake_stream(void) { CUstream s = NULL; f_StreamCreate(&s, 0); return s; }
+CUcontext ccbemu_fake_ctx_new(void) {
+    pthread_mutex_lock(&mu);
+    CUcontext c = (CUcontext)next_ctx++;
+    pthread_mutex_unlock(&mu);
+    return c;
+}
+void ccbemu_fake_set_ctx(CUcontext c) { t_cur = c; }
+void ccbemu_fake_capture(CUstream s, int on) { S(s)->capturing = on; }

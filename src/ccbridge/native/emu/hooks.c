@@ -1,0 +1,644 @@
+/*
+ * The interposer: one hook table, and the driver-API entry points it exports.
+ *
+ * Programs reach the driver three ways, and all three end in this table:
+ *  - linked against libcuda: the preloaded exports below win symbol lookup;
+ *  - dlopen + dlsym (libcudart's loader, ctypes, Triton): our dlsym returns
+ *    the hook for any name in the table;
+ *  - cuGetProcAddress[_v2] (libcudart >= 11.3, NCCL, cudaGetDriverEntryPoint):
+ *    the real call picks the variant for the requested version and stream
+ *    flavour; we map that exact pointer back to its table row and hand out
+ *    that row's hook, so per-thread-default-stream (_ptsz/_ptds) variants
+ *    keep their meaning.
+ * Every hook calls the real function through the row's own pointer.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "emu.h"
+
+typedef unsigned long long cuuint64_t;
+
+#define HOOKS(X)                                                                                              \
+    X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds) X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds)                    \
+    X(cuMemcpyHtoDAsync_v2) X(cuMemcpyHtoDAsync_v2_ptsz) X(cuMemcpyDtoHAsync_v2) X(cuMemcpyDtoHAsync_v2_ptsz) \
+    X(cuMemcpy) X(cuMemcpy_ptds) X(cuMemcpyAsync) X(cuMemcpyAsync_ptsz)                                      \
+    X(cuMemcpy2D_v2) X(cuMemcpy2D_v2_ptds) X(cuMemcpy2DUnaligned_v2) X(cuMemcpy2DUnaligned_v2_ptds)          \
+    X(cuMemcpy2DAsync_v2) X(cuMemcpy2DAsync_v2_ptsz) X(cuMemcpy3D_v2) X(cuMemcpy3D_v2_ptds)                  \
+    X(cuMemcpy3DAsync_v2) X(cuMemcpy3DAsync_v2_ptsz)                                                         \
+    X(cuMemcpyBatchAsync) X(cuMemcpyBatchAsync_ptsz) X(cuMemcpyBatchAsync_v2) X(cuMemcpyBatchAsync_v2_ptsz)  \
+    X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz)                    \
+    X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz)    \
+    X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuEventSynchronize) X(cuCtxSynchronize)             \
+    X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2)                                 \
+    X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2)                \
+    X(cuMemHostRegister) X(cuMemHostRegister_v2) X(cuMemHostAlloc) X(cuMemAllocHost_v2)                      \
+    X(cuGetProcAddress) X(cuGetProcAddress_v2)
+
+enum {
+#define X(n) H_##n,
+    HOOKS(X)
+#undef X
+    H_COUNT
+};
+
+static const char *const kNames[H_COUNT] = {
+#define X(n) #n,
+    HOOKS(X)
+#undef X
+};
+
+static void *kHooks[H_COUNT]; /* filled at the end of this file, where every hook is defined */
+
+static void *g_real[H_COUNT];
+emu_driver drv;
+
+const char *emu_api_name(int api) { return api >= 0 && api < H_COUNT ? kNames[api] : NULL; }
+
+/* ---- set-up ---- */
+typedef void *(*dlsym_fn)(void *, const char *);
+static dlsym_fn real_dlsym;
+static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
+static volatile int g_ready;
+typedef void *(*lookup_fn)(const char *);
+
+void emu_fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "ccbridge emulator: ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(70);
+}
+
+static void find_real_dlsym(void) {
+    if (real_dlsym) return;
+    real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!real_dlsym) real_dlsym = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    if (!real_dlsym) emu_fail("cannot find the C library's dlsym");
+}
+
+static void fill(lookup_fn look) {
+    for (int i = 0; i < H_COUNT; i++) g_real[i] = look(kNames[i]);
+    static const struct { size_t off; const char *name; } d[] = {
+#define D(f, n) {offsetof(emu_driver, f), n}
+        D(CtxGetCurrent, "cuCtxGetCurrent"), D(CtxPushCurrent, "cuCtxPushCurrent_v2"),
+        D(CtxPopCurrent, "cuCtxPopCurrent_v2"), D(StreamGetCtx, "cuStreamGetCtx"),
+        D(StreamCreate, "cuStreamCreate"), D(StreamSynchronize, "cuStreamSynchronize"),
+        D(StreamIsCapturing, "cuStreamIsCapturing"), D(EventCreate, "cuEventCreate"),
+        D(EventRecord, "cuEventRecord"), D(EventQuery, "cuEventQuery"), D(EventSynchronize, "cuEventSynchronize"),
+        D(MemHostAlloc, "cuMemHostAlloc"), D(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
+        D(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"), D(PointerGetAttribute, "cuPointerGetAttribute"),
+        D(DevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState"),
+#undef D
+    };
+    for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
+        void *p = look(d[i].name);
+        if (!p) emu_fail("the CUDA driver lacks %s (driver too old for the emulator?)", d[i].name);
+        *(void **)((char *)&drv + d[i].off) = p;
+    }
+}
+
+static void *g_libcuda;
+static void *cuda_lookup(const char *name) { return real_dlsym(g_libcuda, name); }
+
+static void load_config(const char *text, const char *origin) {
+    char err[256];
+    emu_config_defaults(&cfg);
+    if (text && emu_config_parse(&cfg, text, err, sizeof err) != 0) emu_fail("bad configuration (%s): %s", origin, err);
+    if (cfg.emulate && emu_cipher_load(err, sizeof err) != 0) emu_fail("%s", err);
+    if (cfg.trace[0]) emu_trace_open(cfg.trace);
+}
+
+static void at_exit(void) { emu_trace_close(); }
+
+static char *read_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    static char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
+void emu_init(void) {
+    if (g_ready) return;
+    pthread_mutex_lock(&g_init_mu);
+    if (!g_ready) {
+        find_real_dlsym();
+        const char *path = getenv("CCBRIDGE_EMU_CONFIG");
+        const char *text = NULL;
+        if (path && !(text = read_file(path))) emu_fail("cannot read the configuration %s", path);
+        if (!path) fprintf(stderr, "ccbridge emulator: preloaded without CCBRIDGE_EMU_CONFIG; running as passthrough\n");
+        load_config(text, path ? path : "defaults");
+        g_libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+        if (g_libcuda) fill(cuda_lookup);
+        atexit(at_exit);
+        __sync_synchronize();
+        g_ready = 1;
+    }
+    pthread_mutex_unlock(&g_init_mu);
+}
+
+/* CPU tests: the same hooks over a fake driver (fake.c). */
+void *ccbemu_fake_lookup(const char *name);
+int ccbemu_test_init(const char *config_text, char *err, int errlen) {
+    pthread_mutex_lock(&g_init_mu);
+    find_real_dlsym();
+    emu_config_defaults(&cfg);
+    int rc = emu_config_parse(&cfg, config_text, err, (size_t)errlen);
+    if (rc == 0 && cfg.emulate) rc = emu_cipher_load(err, (size_t)errlen);
+    if (rc == 0) {
+        emu_channels_reset();
+        fill(ccbemu_fake_lookup);
+        if (cfg.trace[0]) emu_trace_open(cfg.trace);
+        g_ready = 1;
+    }
+    pthread_mutex_unlock(&g_init_mu);
+    return rc;
+}
+
+void ccbemu_trace_flush(void) { emu_trace_close(); }
+int ccbemu_summary(char *buf, int len) { return emu_summary_json(buf, (size_t)len); }
+const char *ccbemu_hook_name(int i) { return emu_api_name(i); }
+int ccbemu_seal(const uint8_t *key, const uint8_t *iv, const void *in, size_t len, void *out, uint8_t *tag) {
+    char err[256];
+    if (emu_cipher_load(err, sizeof err) != 0) return -1;
+    return emu_gcm_seal(key, iv, in, len, out, tag);
+}
+
+static int hook_index(const char *name) {
+    if (!name || name[0] != 'c' || name[1] != 'u') return -1;
+    for (int i = 0; i < H_COUNT; i++) if (strcmp(kNames[i], name) == 0) return i;
+    return -1;
+}
+
+/* Names the loader asks for get their hook. RTLD_NEXT lookups are answered
+ * relative to this library (glibc hides the caller's identity from us). */
+void *dlsym(void *handle, const char *name) {
+    find_real_dlsym();
+    void *p = real_dlsym(handle, name);
+    int i = p ? hook_index(name) : -1;
+    if (i < 0) return p;
+    emu_init();
+    return kHooks[i];
+}
+
+void *ccbemu_lookup(const char *name) {
+    int i = hook_index(name);
+    return i < 0 ? NULL : kHooks[i];
+}
+
+#define REAL(n) ((n##_t *)g_real[H_##n])
+#define ENTER(n)                                        \
+    emu_init();                                         \
+    emu_count(H_##n);                                   \
+    if (!g_real[H_##n]) return CUDA_ERROR_NOT_INITIALIZED
+
+/* ---- entry points handed out by cuGetProcAddress ---- */
+typedef CUresult cuGetProcAddress_t(const char *, void **, int, cuuint64_t);
+typedef CUresult cuGetProcAddress_v2_t(const char *, void **, int, cuuint64_t, int *);
+
+static void swap_in_hook(void **pfn) {
+    if (!*pfn) return;
+    for (int i = 0; i < H_COUNT; i++)
+        if (g_real[i] == *pfn) { *pfn = kHooks[i]; return; }
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    ENTER(cuGetProcAddress);
+    CUresult rc = REAL(cuGetProcAddress)(symbol, pfn, version, flags);
+    if (rc == CUDA_SUCCESS) swap_in_hook(pfn);
+    return rc;
+}
+
+CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, int *status) {
+    ENTER(cuGetProcAddress_v2);
+    CUresult rc = REAL(cuGetProcAddress_v2)(symbol, pfn, version, flags, status);
+    if (rc == CUDA_SUCCESS) swap_in_hook(pfn);
+    return rc;
+}
+
+/* ---- contiguous copies ---- */
+#define PT(s) ((s) ? (s) : CU_STREAM_PER_THREAD)
+
+static CUresult copy_h2d(int api, CUdeviceptr d, const void *s, size_t n, CUstream st, int sync_call) {
+    emu_copy c = {api, DIR_H2D, (void *)s, d, n, st, sync_call};
+    return emu_cross(&c);
+}
+static CUresult copy_d2h(int api, void *d, CUdeviceptr s, size_t n, CUstream st, int sync_call) {
+    emu_copy c = {api, DIR_D2H, d, s, n, st, sync_call};
+    return emu_cross(&c);
+}
+static int emulating(size_t n, CUstream st) { return cfg.emulate && n && !emu_capturing(st); }
+
+typedef CUresult cuMemcpyHtoD_v2_t(CUdeviceptr, const void *, size_t);
+typedef CUresult cuMemcpyDtoH_v2_t(void *, CUdeviceptr, size_t);
+typedef CUresult cuMemcpyHtoDAsync_v2_t(CUdeviceptr, const void *, size_t, CUstream);
+typedef CUresult cuMemcpyDtoHAsync_v2_t(void *, CUdeviceptr, size_t, CUstream);
+typedef cuMemcpyHtoD_v2_t cuMemcpyHtoD_v2_ptds_t;
+typedef cuMemcpyDtoH_v2_t cuMemcpyDtoH_v2_ptds_t;
+typedef cuMemcpyHtoDAsync_v2_t cuMemcpyHtoDAsync_v2_ptsz_t;
+typedef cuMemcpyDtoHAsync_v2_t cuMemcpyDtoHAsync_v2_ptsz_t;
+
+#define DEF_SYNC_H2D(n, ST)                                                   \
+    CUresult n(CUdeviceptr d, const void *s, size_t b) {                      \
+        ENTER(n);                                                             \
+        if (!emulating(b, ST)) return REAL(n)(d, s, b);                       \
+        return copy_h2d(H_##n, d, s, b, ST, 1);                               \
+    }
+#define DEF_SYNC_D2H(n, ST)                                                   \
+    CUresult n(void *d, CUdeviceptr s, size_t b) {                            \
+        ENTER(n);                                                             \
+        if (!emulating(b, ST)) return REAL(n)(d, s, b);                       \
+        return copy_d2h(H_##n, d, s, b, ST, 1);                               \
+    }
+#define DEF_ASYNC_H2D(n, NORM)                                                \
+    CUresult n(CUdeviceptr d, const void *s, size_t b, CUstream st) {         \
+        ENTER(n);                                                             \
+        if (!emulating(b, NORM(st))) return REAL(n)(d, s, b, st);             \
+        return copy_h2d(H_##n, d, s, b, NORM(st), 0);                         \
+    }
+#define DEF_ASYNC_D2H(n, NORM)                                                \
+    CUresult n(void *d, CUdeviceptr s, size_t b, CUstream st) {               \
+        ENTER(n);                                                             \
+        if (!emulating(b, NORM(st))) return REAL(n)(d, s, b, st);             \
+        return copy_d2h(H_##n, d, s, b, NORM(st), 0);                         \
+    }
+#define AS_IS(s) (s)
+DEF_SYNC_H2D(cuMemcpyHtoD_v2, NULL)
+DEF_SYNC_H2D(cuMemcpyHtoD_v2_ptds, CU_STREAM_PER_THREAD)
+DEF_SYNC_D2H(cuMemcpyDtoH_v2, NULL)
+DEF_SYNC_D2H(cuMemcpyDtoH_v2_ptds, CU_STREAM_PER_THREAD)
+DEF_ASYNC_H2D(cuMemcpyHtoDAsync_v2, AS_IS)
+DEF_ASYNC_H2D(cuMemcpyHtoDAsync_v2_ptsz, PT)
+DEF_ASYNC_D2H(cuMemcpyDtoHAsync_v2, AS_IS)
+DEF_ASYNC_D2H(cuMemcpyDtoHAsync_v2_ptsz, PT)
+
+/* Generic copies: unified addressing tells host from device. */
+static CUresult generic(int api, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream st, int sync_call, int *handled) {
+    int mem_d, mem_s;
+    int dh = emu_is_host(dst, &mem_d), sh = emu_is_host(src, &mem_s);
+    *handled = dh != sh;
+    if (!*handled) return CUDA_SUCCESS; /* device-local or host-to-host: untouched */
+    return sh ? copy_h2d(api, dst, (const void *)(uintptr_t)src, n, st, sync_call)
+              : copy_d2h(api, (void *)(uintptr_t)dst, src, n, st, sync_call);
+}
+typedef CUresult cuMemcpy_t(CUdeviceptr, CUdeviceptr, size_t);
+typedef CUresult cuMemcpyAsync_t(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+typedef cuMemcpy_t cuMemcpy_ptds_t;
+typedef cuMemcpyAsync_t cuMemcpyAsync_ptsz_t;
+#define DEF_GENERIC_SYNC(n, ST)                                               \
+    CUresult n(CUdeviceptr d, CUdeviceptr s, size_t b) {                      \
+        ENTER(n);                                                             \
+        int handled = 0;                                                      \
+        if (emulating(b, ST)) {                                               \
+            CUresult rc = generic(H_##n, d, s, b, ST, 1, &handled);           \
+            if (handled) return rc;                                           \
+        }                                                                     \
+        return REAL(n)(d, s, b);                                              \
+    }
+#define DEF_GENERIC_ASYNC(n, NORM)                                            \
+    CUresult n(CUdeviceptr d, CUdeviceptr s, size_t b, CUstream st) {         \
+        ENTER(n);                                                             \
+        int handled = 0;                                                      \
+        if (emulating(b, NORM(st))) {                                         \
+            CUresult rc = generic(H_##n, d, s, b, NORM(st), 0, &handled);     \
+            if (handled) return rc;                                           \
+        }                                                                     \
+        return REAL(n)(d, s, b, st);                                          \
+    }
+DEF_GENERIC_SYNC(cuMemcpy, NULL)
+DEF_GENERIC_SYNC(cuMemcpy_ptds, CU_STREAM_PER_THREAD)
+DEF_GENERIC_ASYNC(cuMemcpyAsync, AS_IS)
+DEF_GENERIC_ASYNC(cuMemcpyAsync_ptsz, PT)
+
+/* ---- 2D / 3D copies: the real call moves the data, on the channel's stream ---- */
+typedef struct {
+    int dir, mem;
+    size_t bytes;
+    emu_span *spans;
+    int nspans;
+} plan;
+
+/* Which side is host memory, and its rows. Returns 0 if not a crossing. */
+static int side_host(int type, const void *host, CUdeviceptr dev, const void **base, int *mem) {
+    if (type == CU_MEMORYTYPE_HOST) { *base = host; *mem = emu_host_kind(host); return 1; }
+    if (type == CU_MEMORYTYPE_UNIFIED && emu_is_host(dev, mem)) { *base = (const void *)(uintptr_t)dev; return 1; }
+    return 0;
+}
+
+static int plan_rows(plan *p, int src_type, const void *src_host, CUdeviceptr src_dev, size_t sx, size_t sy, size_t sz,
+                     size_t spitch, size_t sheight, int dst_type, const void *dst_host, CUdeviceptr dst_dev, size_t dx,
+                     size_t dy, size_t dz, size_t dpitch, size_t dheight, size_t width, size_t height, size_t depth) {
+    const void *base;
+    int mem;
+    int sh = side_host(src_type, src_host, src_dev, &base, &mem);
+    int dh = side_host(dst_type, dst_host, dst_dev, &base, &mem);
+    if (sh == dh) return 0;
+    size_t x = sh ? sx : dx, y = sh ? sy : dy, z = sh ? sz : dz, pitch = sh ? spitch : dpitch;
+    size_t hgt = sh ? sheight : dheight;
+    if (!pitch) pitch = width;
+    if (!hgt) hgt = height;
+    p->dir = sh ? DIR_H2D : DIR_D2H;
+    p->mem = mem;
+    p->bytes = width * height * depth;
+    p->nspans = (int)(height * depth);
+    p->spans = malloc(sizeof(emu_span) * (size_t)(p->nspans ? p->nspans : 1));
+    if (!p->spans) return -1;
+    int k = 0;
+    for (size_t zz = 0; zz < depth; zz++)
+        for (size_t yy = 0; yy < height; yy++)
+            p->spans[k++] = (emu_span){(const char *)base + ((z + zz) * hgt + y + yy) * pitch + x, width};
+    return 1;
+}
+
+static int plan_2d(plan *p, const CUDA_MEMCPY2D *c) {
+    return plan_rows(p, c->srcMemoryType, c->srcHost, c->srcDevice, c->srcXInBytes, c->srcY, 0, c->srcPitch, 0,
+                     c->dstMemoryType, c->dstHost, c->dstDevice, c->dstXInBytes, c->dstY, 0, c->dstPitch, 0,
+                     c->WidthInBytes, c->Height, 1);
+}
+static int plan_3d(plan *p, const CUDA_MEMCPY3D *c) {
+    return plan_rows(p, c->srcMemoryType, c->srcHost, c->srcDevice, c->srcXInBytes, c->srcY, c->srcZ, c->srcPitch,
+                     c->srcHeight, c->dstMemoryType, c->dstHost, c->dstDevice, c->dstXInBytes, c->dstY, c->dstZ,
+                     c->dstPitch, c->dstHeight, c->WidthInBytes, c->Height, c->Depth);
+}
+
+static CUresult run_plan(int api, plan *p, CUstream st, int sync_call, emu_issue_fn issue, void *arg) {
+    emu_opaque o = {api, p->dir, p->mem, p->bytes, st, sync_call, p->spans, p->nspans, issue, arg};
+    CUresult rc = emu_cross_opaque(&o);
+    free(p->spans);
+    return rc;
+}
+
+typedef CUresult cuMemcpy2D_v2_t(const CUDA_MEMCPY2D *);
+typedef CUresult cuMemcpy2DAsync_v2_t(const CUDA_MEMCPY2D *, CUstream);
+typedef CUresult cuMemcpy3D_v2_t(const CUDA_MEMCPY3D *);
+typedef CUresult cuMemcpy3DAsync_v2_t(const CUDA_MEMCPY3D *, CUstream);
+typedef cuMemcpy2D_v2_t cuMemcpy2D_v2_ptds_t, cuMemcpy2DUnaligned_v2_t, cuMemcpy2DUnaligned_v2_ptds_t;
+typedef cuMemcpy2DAsync_v2_t cuMemcpy2DAsync_v2_ptsz_t;
+typedef cuMemcpy3D_v2_t cuMemcpy3D_v2_ptds_t;
+typedef cuMemcpy3DAsync_v2_t cuMemcpy3DAsync_v2_ptsz_t;
+
+/* the blocking APIs run the real blocking call (we already waited for the stream) */
+typedef struct { int h; const void *desc; } desc_arg;
+static CUresult issue_sync_desc(void *a, CUstream st) {
+    (void)st;
+    desc_arg *d = a;
+    return ((CUresult(*)(const void *))g_real[d->h])(d->desc);
+}
+static CUresult issue_async_desc(void *a, CUstream st) {
+    desc_arg *d = a;
+    return ((CUresult(*)(const void *, CUstream))g_real[d->h])(d->desc, st);
+}
+
+#define DEF_DESC_SYNC(n, T, PLAN, ST)                                         \
+    CUresult n(const T *c) {                                                  \
+        ENTER(n);                                                             \
+        plan p;                                                               \
+        int k = emulating(1, ST) ? PLAN(&p, c) : 0;                           \
+        if (k < 0) return CUDA_ERROR_OUT_OF_MEMORY;                           \
+        if (!k || !p.bytes) { if (k) free(p.spans); return REAL(n)(c); }      \
+        desc_arg a = {H_##n, c};                                              \
+        return run_plan(H_##n, &p, ST, 1, issue_sync_desc, &a);               \
+    }
+#define DEF_DESC_ASYNC(n, T, PLAN, NORM)                                      \
+    CUresult n(const T *c, CUstream st) {                                     \
+        ENTER(n);                                                             \
+        plan p;                                                               \
+        int k = emulating(1, NORM(st)) ? PLAN(&p, c) : 0;                     \
+        if (k < 0) return CUDA_ERROR_OUT_OF_MEMORY;                           \
+        if (!k || !p.bytes) { if (k) free(p.spans); return REAL(n)(c, st); }  \
+        desc_arg a = {H_##n, c};                                              \
+        return run_plan(H_##n, &p, NORM(st), 0, issue_async_desc, &a);        \
+    }
+DEF_DESC_SYNC(cuMemcpy2D_v2, CUDA_MEMCPY2D, plan_2d, NULL)
+DEF_DESC_SYNC(cuMemcpy2D_v2_ptds, CUDA_MEMCPY2D, plan_2d, CU_STREAM_PER_THREAD)
+DEF_DESC_SYNC(cuMemcpy2DUnaligned_v2, CUDA_MEMCPY2D, plan_2d, NULL)
+DEF_DESC_SYNC(cuMemcpy2DUnaligned_v2_ptds, CUDA_MEMCPY2D, plan_2d, CU_STREAM_PER_THREAD)
+DEF_DESC_ASYNC(cuMemcpy2DAsync_v2, CUDA_MEMCPY2D, plan_2d, AS_IS)
+DEF_DESC_ASYNC(cuMemcpy2DAsync_v2_ptsz, CUDA_MEMCPY2D, plan_2d, PT)
+DEF_DESC_SYNC(cuMemcpy3D_v2, CUDA_MEMCPY3D, plan_3d, NULL)
+DEF_DESC_SYNC(cuMemcpy3D_v2_ptds, CUDA_MEMCPY3D, plan_3d, CU_STREAM_PER_THREAD)
+DEF_DESC_ASYNC(cuMemcpy3DAsync_v2, CUDA_MEMCPY3D, plan_3d, AS_IS)
+DEF_DESC_ASYNC(cuMemcpy3DAsync_v2_ptsz, CUDA_MEMCPY3D, plan_3d, PT)
+
+/* ---- batch copies: every host-side entry is part of one crossing ---- */
+static int plan_batch(plan *p, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count) {
+    int d2h = 0, pageable = 0, k = 0;
+    p->bytes = 0;
+    p->spans = malloc(sizeof(emu_span) * (count ? count : 1));
+    if (!p->spans) return -1;
+    for (size_t i = 0; i < count; i++) {
+        int md, ms, dh = emu_is_host(dsts[i], &md), sh = emu_is_host(srcs[i], &ms);
+        if (dh == sh || !sizes[i]) continue;
+        d2h |= dh;
+        pageable |= (sh ? ms : md) == MEM_PAGEABLE;
+        p->spans[k++] = (emu_span){(const void *)(uintptr_t)(sh ? srcs[i] : dsts[i]), sizes[i]};
+        p->bytes += sizes[i];
+    }
+    p->nspans = k;
+    p->dir = d2h ? DIR_D2H : DIR_H2D; /* a batch with any readback waits like a D2H */
+    p->mem = pageable ? MEM_PAGEABLE : MEM_PINNED;
+    return k > 0;
+}
+
+typedef CUresult cuMemcpyBatchAsync_t(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, void *, size_t *, size_t, size_t *, CUstream);
+typedef CUresult cuMemcpyBatchAsync_v2_t(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, void *, size_t *, size_t, CUstream);
+typedef cuMemcpyBatchAsync_t cuMemcpyBatchAsync_ptsz_t;
+typedef cuMemcpyBatchAsync_v2_t cuMemcpyBatchAsync_v2_ptsz_t;
+typedef struct {
+    int h, v1;
+    CUdeviceptr *dsts, *srcs;
+    size_t *sizes, count, *attrs_idx, nattrs, *fail_idx;
+    void *attrs;
+} batch_arg;
+static CUresult issue_batch(void *a, CUstream st) {
+    batch_arg *b = a;
+    if (b->v1) return ((cuMemcpyBatchAsync_t *)g_real[b->h])(b->dsts, b->srcs, b->sizes, b->count, b->attrs, b->attrs_idx, b->nattrs, b->fail_idx, st);
+    return ((cuMemcpyBatchAsync_v2_t *)g_real[b->h])(b->dsts, b->srcs, b->sizes, b->count, b->attrs, b->attrs_idx, b->nattrs, st);
+}
+static CUresult batch(int h, int v1, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, void *attrs,
+                      size_t *idx, size_t nattrs, size_t *fail_idx, CUstream st, int *handled) {
+    plan p = {0};
+    *handled = 0;
+    if (!emulating(1, st)) return CUDA_SUCCESS;
+    int k = plan_batch(&p, dsts, srcs, sizes, count);
+    *handled = k != 0;
+    if (k < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!k) { free(p.spans); return CUDA_SUCCESS; }
+    batch_arg a = {h, v1, dsts, srcs, sizes, count, idx, nattrs, fail_idx, attrs};
+    return run_plan(h, &p, st, 0, issue_batch, &a);
+}
+#define DEF_BATCH_V1(n, NORM)                                                                                     \
+    CUresult n(CUdeviceptr *d, CUdeviceptr *s, size_t *z, size_t c, void *at, size_t *ix, size_t na, size_t *fi,  \
+               CUstream st) {                                                                                     \
+        ENTER(n);                                                                                                 \
+        int handled;                                                                                              \
+        CUresult rc = batch(H_##n, 1, d, s, z, c, at, ix, na, fi, NORM(st), &handled);                            \
+        return handled ? rc : REAL(n)(d, s, z, c, at, ix, na, fi, st);                                            \
+    }
+#define DEF_BATCH_V2(n, NORM)                                                                                     \
+    CUresult n(CUdeviceptr *d, CUdeviceptr *s, size_t *z, size_t c, void *at, size_t *ix, size_t na, CUstream st) { \
+        ENTER(n);                                                                                                 \
+        int handled;                                                                                              \
+        CUresult rc = batch(H_##n, 0, d, s, z, c, at, ix, na, NULL, NORM(st), &handled);                          \
+        return handled ? rc : REAL(n)(d, s, z, c, at, ix, na, st);                                                \
+    }
+DEF_BATCH_V1(cuMemcpyBatchAsync, AS_IS)
+DEF_BATCH_V1(cuMemcpyBatchAsync_ptsz, PT)
+DEF_BATCH_V2(cuMemcpyBatchAsync_v2, AS_IS)
+DEF_BATCH_V2(cuMemcpyBatchAsync_v2_ptsz, PT)
+
+/* ---- launches: a toll proportional to the native submission; a graph pays once ---- */
+static CUresult launch_toll(CUresult rc, uint64_t t0, CUstream st) {
+    if (rc == CUDA_SUCCESS && cfg.emulate && cfg.launch_ratio > 1.0 && !emu_capturing(st))
+        emu_spin_for((uint64_t)((cfg.launch_ratio - 1.0) * (double)(emu_now() - t0)));
+    return rc;
+}
+typedef CUresult cuLaunchKernel_t(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                  CUstream, void **, void **);
+typedef CUresult cuLaunchCooperativeKernel_t(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                             unsigned, CUstream, void **);
+typedef struct { unsigned grid[3], block[3], shmem; CUstream stream; } launch_config_head;
+typedef CUresult cuLaunchKernelEx_t(const launch_config_head *, CUfunction, void **, void **);
+typedef CUresult cuGraphLaunch_t(CUgraphExec, CUstream);
+typedef cuLaunchKernel_t cuLaunchKernel_ptsz_t;
+typedef cuLaunchCooperativeKernel_t cuLaunchCooperativeKernel_ptsz_t;
+typedef cuLaunchKernelEx_t cuLaunchKernelEx_ptsz_t;
+typedef cuGraphLaunch_t cuGraphLaunch_ptsz_t;
+
+#define DEF_LAUNCH(n, NORM)                                                                                        \
+    CUresult n(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,          \
+               unsigned sh, CUstream st, void **params, void **extra) {                                            \
+        ENTER(n);                                                                                                  \
+        uint64_t t0 = emu_now();                                                                                   \
+        return launch_toll(REAL(n)(f, gx, gy, gz, bx, by, bz, sh, st, params, extra), t0, NORM(st));               \
+    }
+#define DEF_COOP(n, NORM)                                                                                          \
+    CUresult n(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,          \
+               unsigned sh, CUstream st, void **params) {                                                          \
+        ENTER(n);                                                                                                  \
+        uint64_t t0 = emu_now();                                                                                   \
+        return launch_toll(REAL(n)(f, gx, gy, gz, bx, by, bz, sh, st, params), t0, NORM(st));                      \
+    }
+#define DEF_LAUNCH_EX(n, NORM)                                                                                     \
+    CUresult n(const launch_config_head *c, CUfunction f, void **params, void **extra) {                           \
+        ENTER(n);                                                                                                  \
+        uint64_t t0 = emu_now();                                                                                   \
+        return launch_toll(REAL(n)(c, f, params, extra), t0, NORM(c ? c->stream : NULL));                          \
+    }
+#define DEF_GRAPH(n, NORM)                                                                                         \
+    CUresult n(CUgraphExec g, CUstream st) {                                                                       \
+        ENTER(n);                                                                                                  \
+        uint64_t t0 = emu_now();                                                                                   \
+        return launch_toll(REAL(n)(g, st), t0, NORM(st));                                                          \
+    }
+DEF_LAUNCH(cuLaunchKernel, AS_IS)
+DEF_LAUNCH(cuLaunchKernel_ptsz, PT)
+DEF_COOP(cuLaunchCooperativeKernel, AS_IS)
+DEF_COOP(cuLaunchCooperativeKernel_ptsz, PT)
+DEF_LAUNCH_EX(cuLaunchKernelEx, AS_IS)
+DEF_LAUNCH_EX(cuLaunchKernelEx_ptsz, PT)
+DEF_GRAPH(cuGraphLaunch, AS_IS)
+DEF_GRAPH(cuGraphLaunch_ptsz, PT)
+
+/* ---- synchronization: a fixed toll per call ---- */
+static CUresult sync_toll(CUresult rc) {
+    if (rc == CUDA_SUCCESS && cfg.emulate) emu_spin_for((uint64_t)cfg.sync_toll_ns);
+    return rc;
+}
+typedef CUresult cuStreamSynchronize_t(CUstream);
+typedef cuStreamSynchronize_t cuStreamSynchronize_ptsz_t;
+typedef CUresult cuEventSynchronize_t(CUevent);
+typedef CUresult cuCtxSynchronize_t(void);
+CUresult cuStreamSynchronize(CUstream s) { ENTER(cuStreamSynchronize); return sync_toll(REAL(cuStreamSynchronize)(s)); }
+CUresult cuStreamSynchronize_ptsz(CUstream s) { ENTER(cuStreamSynchronize_ptsz); return sync_toll(REAL(cuStreamSynchronize_ptsz)(s)); }
+CUresult cuEventSynchronize(CUevent e) { ENTER(cuEventSynchronize); return sync_toll(REAL(cuEventSynchronize)(e)); }
+CUresult cuCtxSynchronize(void) { ENTER(cuCtxSynchronize); return sync_toll(REAL(cuCtxSynchronize)()); }
+
+/* ---- secure context lifecycle ---- */
+static CUresult lifecycle_toll(CUresult rc, double ns) {
+    if (rc == CUDA_SUCCESS && cfg.emulate && ns > 0) emu_wait_until(emu_now() + (uint64_t)ns);
+    return rc;
+}
+typedef CUresult cuCtxCreate_v2_t(CUcontext *, unsigned, CUdevice);
+typedef CUresult cuCtxCreate_v3_t(CUcontext *, void *, int, unsigned, CUdevice);
+typedef CUresult cuCtxCreate_v4_t(CUcontext *, void *, unsigned, CUdevice);
+typedef CUresult cuCtxDestroy_v2_t(CUcontext);
+typedef CUresult cuDevicePrimaryCtxRetain_t(CUcontext *, CUdevice);
+typedef CUresult cuDevicePrimaryCtxRelease_v2_t(CUdevice);
+typedef cuDevicePrimaryCtxRelease_v2_t cuDevicePrimaryCtxReset_v2_t;
+CUresult cuCtxCreate_v2(CUcontext *c, unsigned f, CUdevice d) {
+    ENTER(cuCtxCreate_v2);
+    return lifecycle_toll(REAL(cuCtxCreate_v2)(c, f, d), cfg.ctx_create_ns);
+}
+CUresult cuCtxCreate_v3(CUcontext *c, void *p, int n, unsigned f, CUdevice d) {
+    ENTER(cuCtxCreate_v3);
+    return lifecycle_toll(REAL(cuCtxCreate_v3)(c, p, n, f, d), cfg.ctx_create_ns);
+}
+CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned f, CUdevice d) {
+    ENTER(cuCtxCreate_v4);
+    return lifecycle_toll(REAL(cuCtxCreate_v4)(c, p, f, d), cfg.ctx_create_ns);
+}
+CUresult cuCtxDestroy_v2(CUcontext c) {
+    ENTER(cuCtxDestroy_v2);
+    emu_channel_forget(c);
+    return lifecycle_toll(REAL(cuCtxDestroy_v2)(c), cfg.ctx_destroy_ns);
+}
+
+#define MAX_DEV 64
+static CUcontext g_primary[MAX_DEV];
+static int primary_active(CUdevice d) {
+    unsigned flags;
+    int active = 0;
+    return drv.DevicePrimaryCtxGetState(d, &flags, &active) == CUDA_SUCCESS && active;
+}
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+    ENTER(cuDevicePrimaryCtxRetain);
+    int was = primary_active(d);
+    CUresult rc = REAL(cuDevicePrimaryCtxRetain)(c, d);
+    if (rc == CUDA_SUCCESS && d >= 0 && d < MAX_DEV) g_primary[d] = *c;
+    return was ? rc : lifecycle_toll(rc, cfg.ctx_create_ns);
+}
+static CUresult primary_down(CUresult rc, CUdevice d) {
+    if (rc != CUDA_SUCCESS || primary_active(d)) return rc;
+    if (d >= 0 && d < MAX_DEV && g_primary[d]) emu_channel_forget(g_primary[d]);
+    return lifecycle_toll(rc, cfg.ctx_destroy_ns);
+}
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { ENTER(cuDevicePrimaryCtxRelease_v2); return primary_down(REAL(cuDevicePrimaryCtxRelease_v2)(d), d); }
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { ENTER(cuDevicePrimaryCtxReset_v2); return primary_down(REAL(cuDevicePrimaryCtxReset_v2)(d), d); }
+
+/* ---- host memory: no registration of ordinary memory under CC ---- */
+typedef CUresult cuMemHostRegister_t(void *, size_t, unsigned);
+typedef cuMemHostRegister_t cuMemHostRegister_v2_t;
+typedef CUresult cuMemHostAlloc_t(void **, size_t, unsigned);
+typedef CUresult cuMemAllocHost_v2_t(void **, size_t);
+CUresult cuMemHostRegister(void *p, size_t n, unsigned f) {
+    ENTER(cuMemHostRegister);
+    return cfg.emulate && cfg.refuse_host_register ? CUDA_ERROR_NOT_SUPPORTED : REAL(cuMemHostRegister)(p, n, f);
+}
+CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned f) {
+    ENTER(cuMemHostRegister_v2);
+    return cfg.emulate && cfg.refuse_host_register ? CUDA_ERROR_NOT_SUPPORTED : REAL(cuMemHostRegister_v2)(p, n, f);
+}
+CUresult cuMemHostAlloc(void **p, size_t n, unsigned f) {
+    ENTER(cuMemHostAlloc);
+    return lifecycle_toll(REAL(cuMemHostAlloc)(p, n, f), cfg.host_alloc_toll_ns);
+}
+CUresult cuMemAllocHost_v2(void **p, size_t n) {
+    ENTER(cuMemAllocHost_v2);
+    return lifecycle_toll(REAL(cuMemAllocHost_v2)(p, n), cfg.host_alloc_toll_ns);
+}
+
+static void *kHooks[H_COUNT] = {
+#define X(n) (void *)n,
+    HOOKS(X)
+#undef X
+};
