@@ -16,6 +16,15 @@ def main(r: Path) -> None:
         print(f"| {k} | {float(v):.1f} s |")
     log = (r / "pytest-gpu.log").read_text().strip().splitlines() if (r / "pytest-gpu.log").exists() else ["?"]
     print(f"| GPU tests | {log[-1]} |")
+    over = r / "emu_overhead.json"
+    if over.exists() and over.read_text().strip():
+        o = json.loads(over.read_text())
+        print(f"| passthrough overhead: GPU-bound loop / per launch / per 4 KiB copy | {o['loop_overhead_pct']:.2f}% / "
+              f"{o['launch_overhead_us']:.2f} us / {o['copy_overhead_us']:.2f} us |")
+    for cal in sorted(r.glob("calib-*/calibration.json")):
+        checks = json.loads(cal.read_text())
+        bad = [c["id"] for c in checks if c["ok"] is not True]
+        print(f"| calibration {cal.parent.name} (EMULATED) | {len(checks) - len(bad)}/{len(checks)} hold; not: {bad} |")
     full = r / "full1" / "result.json"
     if not full.exists():
         return

@@ -89,6 +89,17 @@ def test_stamp_tolerates_missing_pieces():
     assert env.cc_mode(s) in ("on", "off", "unknown")
 
 
-def test_emulation_flag_from_environment(monkeypatch):
+def test_emulation_flag_from_environment(monkeypatch, tmp_path):
+    cfg = tmp_path / "profile.conf"
+    cfg.write_text("profile=b300\nh2d_pinned_gbps=11.26\n")
     monkeypatch.setenv(env.EMULATION_VAR, "b300")
-    assert env.emulation_info() == {"active": True, "profile": "b300"}
+    monkeypatch.setenv("CCBRIDGE_EMU_CONFIG", str(cfg))
+    info = env.emulation_info()
+    assert info["active"] and info["profile"] == "b300"
+    assert info["params"]["h2d_pinned_gbps"] == "11.26"
+    assert info["interposer_loaded"] is False  # this test process has no interposer
+
+
+def test_no_emulation_without_the_variable(monkeypatch):
+    monkeypatch.delenv(env.EMULATION_VAR, raising=False)
+    assert env.emulation_info() == {"active": False, "profile": None}

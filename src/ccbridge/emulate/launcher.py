@@ -41,6 +41,7 @@ def environment(profile: Profile, config_path: str, base: dict[str, str] | None 
     preload = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = lib + (":" + preload if preload and lib not in preload else "")
     env[CONFIG_VAR] = config_path
+    env["CCBRIDGE_EMU_LIB"] = lib  # lets tools in the child read the interposer's counters
     env[EMULATION_VAR] = profile.name
     return env
 

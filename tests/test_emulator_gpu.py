@@ -1,0 +1,132 @@
+"""Emulator on a GPU (marked): byte-exact stress, coverage of libraries, labelling.
+
+Run through scripts/device-check. The stress program is plain CUDA C linked
+against libcuda; the coverage components run PyTorch, cuBLAS, Triton, CuPy
+and a CUDA graph, each in its own process under `ccbridge run`.
+"""
+
+import ctypes
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ccbridge import native, results
+from ccbridge.emulate import trace
+
+pytestmark = pytest.mark.gpu
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def need_gpu():
+    try:
+        if native.device_count() < 1:
+            pytest.skip("the CUDA driver sees no GPU")
+    except native.GpuError as e:
+        pytest.skip(f"no GPU: {e}")
+
+
+def libcuda_path() -> str:
+    ctypes.CDLL("libcuda.so.1")
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith("libcuda.so.1") or "libcuda.so." in line.rsplit("/", 1)[-1]:
+            return line.split()[-1]
+    pytest.skip("cannot locate libcuda.so.1 to link against")
+
+
+@pytest.fixture(scope="module")
+def stress(tmp_path_factory):
+    if not shutil.which("gcc"):
+        pytest.skip("no C compiler for the plain CUDA C program")
+    exe = tmp_path_factory.mktemp("stress") / "emu_stress"
+    subprocess.run(["gcc", "-O2", "-std=gnu11", str(HERE / "gpu" / "emu_stress.c"), "-o", str(exe), libcuda_path(), "-lpthread"],
+                   check=True)
+    return str(exe)
+
+
+def ccbridge(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "ccbridge", *args], capture_output=True, text=True, **kw)
+
+
+STRESS_ARGS = ["8", "150", str(4 << 20), str(256 << 20)]
+
+
+def test_stress_native_is_exact(stress):
+    p = subprocess.run([stress, *STRESS_ARGS], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "all byte-exact" in p.stdout and "cuMemHostRegister: rc 0" in p.stdout
+
+
+@pytest.mark.parametrize("profile", ["b300", "passthrough"])
+def test_stress_under_emulator_is_exact_and_every_api_is_seen(stress, profile, tmp_path):
+    prefix = tmp_path / "t"
+    p = ccbridge("run", "--profile", profile, "--trace", str(prefix), "--", stress, *STRESS_ARGS, timeout=420)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "all byte-exact" in p.stdout
+    s = trace.summarize(str(prefix))
+    for api in ("cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpy",
+                "cuMemcpyAsync", "cuMemcpy2D_v2", "cuMemcpy2DAsync_v2", "cuMemcpy3D_v2", "cuMemcpy3DAsync_v2",
+                "cuGraphLaunch", "cuCtxCreate_v2", "cuMemHostRegister_v2"):
+        assert s.calls.get(api, 0) > 0, f"{api} not seen: {dict(s.calls)}"
+    if "batch copies: used" in p.stdout:
+        assert s.calls.get("cuMemcpyBatchAsync_v2", 0) > 0
+    if profile == "b300":
+        assert "cuMemHostRegister: rc 801" in p.stdout  # refused, as under CC
+        for kind in ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable"):
+            assert s.crossings[kind]["count"] > 0, kind
+        apis = {api for api, _, _ in s.by_api}
+        assert {"cuMemcpy2D_v2", "cuMemcpy3DAsync_v2", "cuMemcpyAsync"} <= apis  # went through the channel
+    else:
+        assert "cuMemHostRegister: rc 0" in p.stdout
+        assert s.total_crossings() == 0  # passthrough: nothing emulated
+
+
+def coverage(component: str, tmp_path) -> dict:
+    p = ccbridge("run", "--profile", "b300", "--", sys.executable, str(HERE / "gpu" / "coverage.py"), component, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    d = json.loads(p.stdout.strip().splitlines()[-1])
+    assert d["ok"], d
+    return d
+
+
+def launches(d: dict) -> int:
+    return sum(v for k, v in d["calls"].items() if k.startswith(("cuLaunchKernel", "cuLaunchCooperativeKernel")))
+
+
+def test_hooks_see_pytorch_copies(tmp_path):
+    d = coverage("torch_copy", tmp_path)
+    assert d["crossings"].get("h2d_pageable", 0) >= 1 and d["crossings"].get("h2d_pinned", 0) >= 1, d
+    assert d["crossings"].get("d2h_pageable", 0) + d["crossings"].get("d2h_pinned", 0) >= 2, d
+
+
+@pytest.mark.parametrize("component", ["cublas", "triton"])
+def test_hooks_see_library_launches(component, tmp_path):
+    assert launches(coverage(component, tmp_path)) >= 3
+
+
+def test_hooks_see_cupy_copies_and_launches(tmp_path):
+    d = coverage("cupy", tmp_path)
+    assert d["crossings"].get("h2d_pageable", 0) + d["crossings"].get("h2d_pinned", 0) >= 1, d
+    assert d["crossings"].get("d2h_pageable", 0) + d["crossings"].get("d2h_pinned", 0) >= 1, d
+    assert launches(d) >= 1, d
+
+
+def test_hooks_see_graph_launch(tmp_path):
+    d = coverage("graph", tmp_path)
+    assert sum(v for k, v in d["calls"].items() if k.startswith("cuGraphLaunch")) >= 1, d
+
+
+def test_probe_under_profile_is_labelled_emulated(tmp_path):
+    p = ccbridge("probe", "--profile", "b300", "--tests", "launch,semantics", "--quick", "--out", str(tmp_path), timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = results.load(tmp_path / "result.json")
+    assert res.emulated and res.env["emulation"]["profile"] == "b300"
+    assert res.env["emulation"]["interposer_loaded"] is True
+    assert res.env["emulation"]["params"]["h2d_pinned_gbps"] == "11.26"
+    assert "EMULATED" in (tmp_path / "report.md").read_text()
+    verdict = {(r.params["dir"], r.params["mem"], r.params["stream"]): r.extra["verdict"] for r in res.by_test("semantics.nonblocking")}
+    assert verdict[("d2h", "pinned", "same")] == "blocks" and verdict[("d2d", "device", "same")] == "async"
