@@ -70,3 +70,26 @@ def test_native_core_is_built_and_refuses_cleanly_without_gpu():
     if not has_gpu():
         with pytest.raises(native.GpuError, match="libcuda|CUDA|GPU|cuInit"):
             native.device_count()
+
+
+def test_profiles_lists_and_explains(capsys):
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "b300" in out and "passthrough" in out
+    assert main(["profiles", "b300"]) == 0
+    out = capsys.readouterr().out
+    assert "h2d_pinned_gbps = 11.26 GB/s" in out and "Serialized Bridge paper" in out
+
+
+def test_run_refuses_unknown_profile_and_empty_command(capsys):
+    assert main(["run", "--profile", "b999", "--", "true"]) == 2
+    assert "unknown profile" in capsys.readouterr().err
+    assert main(["run", "--profile", "b300"]) == 2
+    assert "no command given" in capsys.readouterr().err
+
+
+def test_run_starts_the_program_labelled_and_passes_its_status(capsys, tmp_path):
+    import sys
+
+    code = "import os, sys; print(os.environ['CCBRIDGE_EMULATION_PROFILE'], 'LD_PRELOAD' in os.environ); sys.exit(3)"
+    assert main(["run", "--profile", "passthrough", "--", sys.executable, "-c", code]) == 3

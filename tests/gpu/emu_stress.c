@@ -243,7 +243,7 @@ static void *thread_main(void *p) {
     if (cuCtxSetCurrent(w->ctx)) { g_failed = 1; return NULL; }
     size_t cap = g_max * 2 + 4096;
     for (int i = 0; i < 2; i++) {
-        if (cuStreamCreate(&w->s[i], i) || cuMemHostAlloc((void **)&w->pinned[i], cap, 0) || !(w->pageable[i] = malloc(cap))) {
+        if (cuStreamCreate(&w->s[i], 0 /* blocking: ordered with the legacy stream the blocking APIs use */) || cuMemHostAlloc((void **)&w->pinned[i], cap, 0) || !(w->pageable[i] = malloc(cap))) {
             fprintf(stderr, "FAIL thread %d set-up\n", w->id); g_failed = 1; return NULL;
         }
     }

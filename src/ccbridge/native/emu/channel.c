@@ -206,17 +206,35 @@ static CUresult staged(channel *ch, const emu_copy *c, uint64_t *cipher) {
     return CUDA_SUCCESS;
 }
 
-/* Pinned memory: DMA straight from/to the caller's buffer; the lanes seal the bytes. */
+/* Pinned memory: DMA straight from/to the caller's buffer; the lanes seal the
+ * bytes (H2D: while the DMA runs; D2H: each chunk as it lands). */
 static CUresult direct(channel *ch, const emu_copy *c, uint64_t *cipher) {
     CUresult rc;
+    unsigned char *host = c->host;
     if (c->dir == DIR_H2D) {
-        TRY(drv.MemcpyHtoDAsync(c->dev, c->host, c->bytes, ch->pstream));
-        TRY_CIPHER(emu_lanes_run(ch->lanes, c->host, NULL, c->bytes, cipher));
+        TRY(drv.MemcpyHtoDAsync(c->dev, host, c->bytes, ch->pstream));
+        TRY_CIPHER(emu_lanes_run(ch->lanes, host, NULL, c->bytes, cipher));
         return drv.StreamSynchronize(ch->pstream);
     }
-    TRY(drv.MemcpyDtoHAsync(c->host, c->dev, c->bytes, ch->pstream));
-    TRY(drv.StreamSynchronize(ch->pstream));
-    TRY_CIPHER(emu_lanes_run(ch->lanes, c->host, NULL, c->bytes, cipher));
+    const size_t C = cfg.chunk_bytes;
+    size_t nchunks = (c->bytes + C - 1) / C;
+    for (size_t i = 0; i < nchunks && i < 2; i++) {
+        size_t off = i * C, n = c->bytes - off < C ? c->bytes - off : C;
+        TRY(drv.MemcpyDtoHAsync(host + off, c->dev + off, n, ch->pstream));
+        TRY(drv.EventRecord(ch->ev[i], ch->pstream));
+    }
+    for (size_t i = 0; i < nchunks; i++) {
+        int b = (int)(i & 1);
+        size_t off = i * C, n = c->bytes - off < C ? c->bytes - off : C;
+        TRY(drv.EventSynchronize(ch->ev[b]));
+        size_t nx = off + 2 * C;
+        if (nx < c->bytes) {
+            size_t m = c->bytes - nx < C ? c->bytes - nx : C;
+            TRY(drv.MemcpyDtoHAsync(host + nx, c->dev + nx, m, ch->pstream));
+            TRY(drv.EventRecord(ch->ev[b], ch->pstream));
+        }
+        TRY_CIPHER(emu_lanes_run(ch->lanes, host + off, NULL, n, cipher));
+    }
     return CUDA_SUCCESS;
 }
 
@@ -276,7 +294,7 @@ static CUresult cross(const crossing *x) {
     ticket_done(ch);
     emu_record r = {x->api, x->dir, x->mem, t_enter, emu_now(), t_ready - t_lock, t_lock - t_enter, toll,
                     x->bytes, ctx, x->stream};
-    emu_stat_add(x->dir, x->mem, x->bytes, r.t_return - r.t_enter);
+    emu_stat_add(x->dir, x->mem, x->bytes, r.t_return - r.t_enter, cipher);
     emu_trace_crossing(&r);
     return rc;
 }

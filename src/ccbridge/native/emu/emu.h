@@ -135,7 +135,7 @@ void emu_wait_until(uint64_t deadline);  /* sleep, then spin the last stretch */
 void emu_spin_for(uint64_t ns);
 /* Reserve `ns` of the machine-wide bridge in direction dir; returns the end. */
 uint64_t emu_bus_reserve(int dir, uint64_t ns);
-void emu_bus_reset(void);
+void emu_bus_local(void);
 
 /* ---- cipher and lanes (cipher.c) ---- */
 int emu_cipher_load(char *err, size_t errlen);
@@ -191,9 +191,10 @@ typedef struct {
 void emu_trace_open(const char *prefix);
 void emu_trace_crossing(const emu_record *r);
 void emu_count(int api);
-void emu_stat_add(int dir, int mem, size_t bytes, uint64_t blocked_ns);
+void emu_stat_add(int dir, int mem, size_t bytes, uint64_t blocked_ns, uint64_t cipher_bytes);
 int emu_summary_json(char *buf, size_t len);
 void emu_trace_close(void);
+void emu_stats_reset(void);
 const char *emu_api_name(int api);
 
 /* ---- set-up (hooks.c) ---- */

@@ -156,6 +156,8 @@ int ccbemu_test_init(const char *config_text, char *err, int errlen) {
     if (rc == 0 && cfg.emulate) rc = emu_cipher_load(err, (size_t)errlen);
     if (rc == 0) {
         emu_channels_reset();
+        emu_stats_reset();
+        emu_bus_local();
         fill(ccbemu_fake_lookup);
         if (cfg.trace[0]) emu_trace_open(cfg.trace);
         g_ready = 1;
@@ -496,10 +498,16 @@ DEF_BATCH_V1(cuMemcpyBatchAsync_ptsz, PT)
 DEF_BATCH_V2(cuMemcpyBatchAsync_v2, AS_IS)
 DEF_BATCH_V2(cuMemcpyBatchAsync_v2_ptsz, PT)
 
-/* ---- launches: a toll proportional to the native submission; a graph pays once ---- */
+/* ---- launches: a toll proportional to the native submission; a graph pays once ----
+ * The native cost is this call's own time, capped at twice a running average,
+ * so that a call the OS happened to preempt is not charged again, multiplied. */
+static double g_launch_avg_ns; /* racy updates are harmless: it is an estimate */
 static CUresult launch_toll(CUresult rc, uint64_t t0, CUstream st) {
-    if (rc == CUDA_SUCCESS && cfg.emulate && cfg.launch_ratio > 1.0 && !emu_capturing(st))
-        emu_spin_for((uint64_t)((cfg.launch_ratio - 1.0) * (double)(emu_now() - t0)));
+    if (rc != CUDA_SUCCESS || !cfg.emulate || cfg.launch_ratio <= 1.0 || emu_capturing(st)) return rc;
+    double dt = (double)(emu_now() - t0), avg = g_launch_avg_ns;
+    double native = avg > 0 && dt > 2 * avg ? 2 * avg : dt;
+    g_launch_avg_ns = avg > 0 ? 0.99 * avg + 0.01 * dt : dt;
+    emu_spin_for((uint64_t)((cfg.launch_ratio - 1.0) * native));
     return rc;
 }
 typedef CUresult cuLaunchKernel_t(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,

@@ -47,7 +47,16 @@ static bus_page *g_bus;
 static bus_page g_local_bus; /* if shared memory is unavailable: this process only */
 static pthread_once_t g_bus_once = PTHREAD_ONCE_INIT;
 
+static int g_bus_local_only;
+void emu_bus_local(void) { /* tests: a bus of this process alone, starting free */
+    g_bus_local_only = 1;
+    g_bus = &g_local_bus;
+    atomic_store(&g_local_bus.free_at[0], 0);
+    atomic_store(&g_local_bus.free_at[1], 0);
+}
+
 static void bus_open(void) {
+    if (g_bus_local_only) return;
     char name[64];
     snprintf(name, sizeof name, "/ccbridge-emu-bus-%u", (unsigned)getuid());
     int fd = shm_open(name, O_CREAT | O_RDWR, 0600);
@@ -73,8 +82,3 @@ uint64_t emu_bus_reserve(int dir, uint64_t ns) {
     }
 }
 
-void emu_bus_reset(void) {
-    pthread_once(&g_bus_once, bus_open);
-    atomic_store(&g_bus->free_at[0], 0);
-    atomic_store(&g_bus->free_at[1], 0);
-}

@@ -15,7 +15,7 @@
 
 #define MAX_API 160
 static _Atomic uint64_t g_calls[MAX_API];
-static struct { _Atomic uint64_t count, bytes, blocked_ns; } g_stat[2][2];
+static struct { _Atomic uint64_t count, bytes, blocked_ns, cipher_bytes; } g_stat[2][2];
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static FILE *g_csv;
 static pid_t g_pid;
@@ -25,7 +25,8 @@ void emu_count(int api) {
     if (api >= 0 && api < MAX_API) atomic_fetch_add_explicit(&g_calls[api], 1, memory_order_relaxed);
 }
 
-void emu_stat_add(int dir, int mem, size_t bytes, uint64_t blocked_ns) {
+void emu_stat_add(int dir, int mem, size_t bytes, uint64_t blocked_ns, uint64_t cipher_bytes) {
+    atomic_fetch_add(&g_stat[dir][mem].cipher_bytes, cipher_bytes);
     atomic_fetch_add(&g_stat[dir][mem].count, 1);
     atomic_fetch_add(&g_stat[dir][mem].bytes, bytes);
     atomic_fetch_add(&g_stat[dir][mem].blocked_ns, blocked_ns);
@@ -88,10 +89,10 @@ int emu_summary_json(char *buf, size_t len) {
     PUT("}, \"crossings\": {");
     for (int d = 0; d < 2; d++)
         for (int m = 0; m < 2; m++)
-            PUT("%s\"%s_%s\": {\"count\": %llu, \"bytes\": %llu, \"blocked_ns\": %llu}", d + m ? ", " : "",
+            PUT("%s\"%s_%s\": {\"count\": %llu, \"bytes\": %llu, \"blocked_ns\": %llu, \"cipher_bytes\": %llu}", d + m ? ", " : "",
                 d == DIR_H2D ? "h2d" : "d2h", m == MEM_PINNED ? "pinned" : "pageable",
                 (unsigned long long)atomic_load(&g_stat[d][m].count), (unsigned long long)atomic_load(&g_stat[d][m].bytes),
-                (unsigned long long)atomic_load(&g_stat[d][m].blocked_ns));
+                (unsigned long long)atomic_load(&g_stat[d][m].blocked_ns), (unsigned long long)atomic_load(&g_stat[d][m].cipher_bytes));
     PUT("}}\n");
 #undef PUT
     return n < len ? 0 : -1;
@@ -110,4 +111,9 @@ void emu_trace_close(void) {
         g_csv = NULL;
     }
     pthread_mutex_unlock(&g_mu);
+}
+
+void emu_stats_reset(void) {
+    memset(g_calls, 0, sizeof g_calls);
+    memset(g_stat, 0, sizeof g_stat);
 }

@@ -1,0 +1,314 @@
+"""The emulator's channel, tolls, pacing, cipher and hook table on the CPU.
+
+The interposer is loaded with ctypes (RTLD_LOCAL: it interposes nothing in
+this process) and switched to its fake driver (native/emu/fake.c), so the
+same hook and channel code runs as on a GPU. Fake kernels keep a stream busy
+for grid.x microseconds; fake device memory is host memory.
+"""
+
+import ctypes
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from ccbridge.emulate import launcher, profiles, trace
+
+DEVICE, PINNED = 2, 1
+c_p, c_sz, c_u64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64
+
+
+@pytest.fixture(scope="module")
+def lib():
+    try:
+        L = ctypes.CDLL(launcher.library())
+    except launcher.EmulatorError as e:
+        pytest.skip(str(e))
+    L.ccbemu_fake_alloc.restype = c_p
+    L.ccbemu_fake_alloc.argtypes = [c_sz, ctypes.c_int]
+    L.ccbemu_fake_stream.restype = c_p
+    L.ccbemu_fake_ctx_new.restype = c_p
+    L.ccbemu_fake_set_ctx.argtypes = [c_p]
+    L.ccbemu_fake_capture.argtypes = [c_p, ctypes.c_int]
+    L.ccbemu_lookup.restype = c_p
+    L.ccbemu_lookup.argtypes = [ctypes.c_char_p]
+    L.dlsym.restype = c_p
+    L.dlsym.argtypes = [c_p, ctypes.c_char_p]
+    for name in ("cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"):
+        getattr(L, name).argtypes = [c_u64, c_p, c_sz, c_p]
+    L.cuMemcpyDtoHAsync_v2.argtypes = [c_p, c_u64, c_sz, c_p]
+    L.cuMemcpyHtoD_v2.argtypes = [c_u64, c_p, c_sz]
+    L.cuMemcpyDtoH_v2.argtypes = [c_p, c_u64, c_sz]
+    L.cuMemcpy.argtypes = [c_u64, c_u64, c_sz]
+    L.cuMemcpyAsync.argtypes = [c_u64, c_u64, c_sz, c_p]
+    L.cuLaunchKernel.argtypes = [c_p] + [ctypes.c_uint] * 7 + [c_p, c_p, c_p]
+    L.cuStreamSynchronize.argtypes = [c_p]
+    L.cuMemHostRegister_v2.argtypes = [c_p, c_sz, ctypes.c_uint]
+    L.cuGetProcAddress_v2.argtypes = [ctypes.c_char_p, ctypes.POINTER(c_p), ctypes.c_int, c_u64, c_p]
+    L.ccbemu_seal.argtypes = [c_p, c_p, c_p, c_sz, c_p, c_p]
+    return L
+
+
+BASE = {"emulate": 1, "lanes": 3, "chunk_bytes": 65536}
+
+
+def init(L, **params):
+    text = "profile=test\n" + "".join(f"{k}={v}\n" for k, v in {**BASE, **params}.items())
+    err = ctypes.create_string_buffer(256)
+    rc = L.ccbemu_test_init(text.encode(), err, 256)
+    if rc != 0:
+        raise ValueError(err.value.decode())
+
+
+def summary(L) -> dict:
+    buf = ctypes.create_string_buffer(1 << 16)
+    assert L.ccbemu_summary(buf, len(buf)) == 0
+    return json.loads(buf.value)
+
+
+def host(L, n, pinned, data=None):
+    """A host buffer: pinned (known to the fake driver) or pageable."""
+    if pinned:
+        p = L.ccbemu_fake_alloc(n, PINNED)
+        if data is not None:
+            ctypes.memmove(p, data, n)
+        return p, None
+    buf = ctypes.create_string_buffer(data if data is not None else b"\0" * n, n)
+    return ctypes.addressof(buf), buf
+
+
+def timed(fn, *args):
+    t = time.perf_counter()
+    rc = fn(*args)
+    assert rc == 0, f"{fn.__name__} returned {rc}"
+    return time.perf_counter() - t
+
+
+def test_bad_configuration_is_refused_with_the_reason(lib):
+    with pytest.raises(ValueError, match="unknown parameter 'nope'"):
+        init(lib, nope=1)
+    with pytest.raises(ValueError, match="non-negative number"):
+        init(lib, h2d_toll_us="fast")
+    with pytest.raises(ValueError, match="lanes must be"):
+        init(lib, lanes=0)
+
+
+@pytest.mark.parametrize("lanes,chunk", [(1, 4096), (3, 65536)])
+def test_every_copy_api_is_byte_exact_over_random_sizes_and_kinds(lib, lanes, chunk):
+    init(lib, lanes=lanes, chunk_bytes=chunk, h2d_pinned_gbps=0, d2h_pinned_gbps=0)
+    rng = __import__("random").Random(7)
+    s = lib.ccbemu_fake_stream()
+    moved = 0
+    for n in [1, 3, 4095, 4096, 65537, 300001] + [rng.randrange(1, 1 << 20) for _ in range(12)]:
+        off = rng.randrange(64)
+        data = os.urandom(n)
+        dev = lib.ccbemu_fake_alloc(n + 64, DEVICE) + off
+        src, _keep1 = host(lib, n, rng.random() < 0.5, data)
+        dst, _keep2 = host(lib, n, rng.random() < 0.5)
+        up = rng.choice(["sync", "async", "ptsz", "generic", "generic_async"])
+        {"sync": lambda: lib.cuMemcpyHtoD_v2(dev, src, n),
+         "async": lambda: lib.cuMemcpyHtoDAsync_v2(dev, src, n, s),
+         "ptsz": lambda: lib.cuMemcpyHtoDAsync_v2_ptsz(dev, src, n, None),
+         "generic": lambda: lib.cuMemcpy(dev, src, n),
+         "generic_async": lambda: lib.cuMemcpyAsync(dev, src, n, s)}[up]()
+        down = rng.choice(["sync", "async", "generic"])
+        {"sync": lambda: lib.cuMemcpyDtoH_v2(dst, dev, n),
+         "async": lambda: lib.cuMemcpyDtoHAsync_v2(dst, dev, n, s),
+         "generic": lambda: lib.cuMemcpy(dst, dev, n)}[down]()
+        assert ctypes.string_at(dst, n) == data, (n, up, down)
+        moved += n
+    sm = summary(lib)["crossings"]
+    assert sum(v["bytes"] for k, v in sm.items() if k.startswith("h2d")) == moved
+    assert sum(v["bytes"] for k, v in sm.items() if k.startswith("d2h")) == moved
+    for v in sm.values():  # real AES-GCM went over every crossing byte
+        assert v["cipher_bytes"] == v["bytes"]
+
+
+def test_device_to_device_generic_copy_is_untouched(lib):
+    init(lib, h2d_toll_us=100000)
+    a, b = lib.ccbemu_fake_alloc(64, DEVICE), lib.ccbemu_fake_alloc(64, DEVICE)
+    assert timed(lib.cuMemcpy, b, a, 64) < 0.05  # no 100 ms toll: not a crossing
+    assert all(v["count"] == 0 for v in summary(lib)["crossings"].values())
+
+
+def test_bandwidth_and_toll_set_the_floor(lib):
+    init(lib, h2d_pinned_gbps=1, h2d_toll_us=3000)
+    n = 4 << 20
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    src, _ = host(lib, n, True, os.urandom(n))
+    t = timed(lib.cuMemcpyHtoDAsync_v2, dev, src, n, None)
+    assert t >= n / 1e9 + 3e-3  # 4.19 ms of channel + 3 ms toll
+    tiny = timed(lib.cuMemcpyHtoDAsync_v2, dev, src, 32, None)
+    assert 3e-3 <= tiny < 3e-3 + 3e-3  # the toll dominates a small crossing
+
+
+def test_passthrough_adds_no_cost(lib):
+    init(lib, emulate=0, h2d_pinned_gbps=0.001, h2d_toll_us=100000)
+    dev = lib.ccbemu_fake_alloc(1 << 20, DEVICE)
+    src, _ = host(lib, 1 << 20, True, os.urandom(1 << 20))
+    assert timed(lib.cuMemcpyHtoDAsync_v2, dev, src, 1 << 20, None) < 0.05
+    assert summary(lib)["calls"]["cuMemcpyHtoDAsync_v2"] == 1
+
+
+def busy(lib, stream, us):
+    assert lib.cuLaunchKernel(None, us, 1, 1, 1, 1, 1, 0, stream, None, None) == 0
+
+
+def test_asynchrony_is_revoked_as_the_law_says(lib):
+    init(lib)
+    n = 1 << 16
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    buf, _ = host(lib, n, True, os.urandom(n))
+    s_busy, s_idle = lib.ccbemu_fake_stream(), lib.ccbemu_fake_stream()
+    for direction, call in (("h2d", lambda s: lib.cuMemcpyHtoDAsync_v2(dev, buf, n, s)),
+                            ("d2h", lambda s: lib.cuMemcpyDtoHAsync_v2(buf, dev, n, s))):
+        busy(lib, s_busy, 30000)  # 30 ms of queued work
+        t = time.perf_counter()
+        assert call(s_idle) == 0
+        idle = time.perf_counter() - t
+        t = time.perf_counter()
+        assert call(s_busy) == 0
+        behind = time.perf_counter() - t
+        assert idle < 0.01, f"{direction} on an idle stream paid for another stream's work"
+        assert behind > 0.02, f"{direction} behind queued work returned before it drained"
+
+
+def test_one_context_serializes_and_two_contexts_do_not(lib):
+    init(lib, h2d_pinned_gbps=1)
+    n = 4 << 20
+    ctx_a, ctx_b = lib.ccbemu_fake_ctx_new(), lib.ccbemu_fake_ctx_new()
+
+    def wall(ctxs):
+        bufs = [(lib.ccbemu_fake_alloc(n, DEVICE), host(lib, n, True, os.urandom(n))[0]) for _ in ctxs]
+
+        def work(ctx, dev, src):
+            lib.ccbemu_fake_set_ctx(ctx)
+            assert lib.cuMemcpyHtoDAsync_v2(dev, src, n, None) == 0
+
+        for ctx, (dev, src) in zip(ctxs, bufs):  # warm: channels and lanes exist before timing
+            work(ctx, dev, src)
+        th = [threading.Thread(target=work, args=(c, d, s)) for c, (d, s) in zip(ctxs, bufs)]
+        t = time.perf_counter()
+        for x in th:
+            x.start()
+        for x in th:
+            x.join()
+        return time.perf_counter() - t
+
+    one = n / 1e9
+    assert wall([ctx_a, ctx_a]) >= 1.9 * one  # two threads, one context: one after the other
+    assert wall([ctx_a, ctx_b]) < 1.6 * one   # two contexts: side by side
+
+
+def test_machine_wide_bridge_caps_contexts_together(lib):
+    init(lib, h2d_pinned_gbps=1, h2d_system_gbps=1)
+    n = 2 << 20
+    ctxs = [lib.ccbemu_fake_ctx_new() for _ in range(3)]
+    bufs = [(lib.ccbemu_fake_alloc(n, DEVICE), host(lib, n, True, os.urandom(n))[0]) for _ in ctxs]
+
+    def work(ctx, dev, src):
+        lib.ccbemu_fake_set_ctx(ctx)
+        assert lib.cuMemcpyHtoDAsync_v2(dev, src, n, None) == 0
+
+    th = [threading.Thread(target=work, args=(c, d, s)) for c, (d, s) in zip(ctxs, bufs)]
+    t = time.perf_counter()
+    for x in th:
+        x.start()
+    for x in th:
+        x.join()
+    assert time.perf_counter() - t >= 3 * n / 1e9 * 0.95  # 3 channels, but one 1 GB/s bridge
+
+
+def test_capture_passes_copies_through_unpaced(lib):
+    init(lib, h2d_pinned_gbps=0.01)
+    n = 1 << 20
+    s = lib.ccbemu_fake_stream()
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    src, _ = host(lib, n, True, os.urandom(n))
+    lib.ccbemu_fake_capture(s, 1)
+    assert timed(lib.cuMemcpyHtoDAsync_v2, dev, src, n, s) < 0.05  # recorded into a graph, not a crossing
+    lib.ccbemu_fake_capture(s, 0)
+
+
+def test_launch_and_sync_tolls(lib):
+    init(lib, launch_ratio=4, sync_toll_us=500)
+    s = lib.ccbemu_fake_stream()
+    k = 200
+    t = time.perf_counter()
+    for _ in range(k):
+        busy(lib, s, 0)
+    per_launch = (time.perf_counter() - t) / k
+    assert per_launch >= 4 * 2e-6 * 0.9  # the fake's launch spins 2 us; x4
+    assert timed(lib.cuStreamSynchronize, s) >= 500e-6
+
+
+def test_host_register_is_refused_under_cc_and_allowed_in_passthrough(lib):
+    buf = ctypes.create_string_buffer(4096)
+    init(lib, refuse_host_register=1)
+    assert lib.cuMemHostRegister_v2(buf, 4096, 0) == 801  # CUDA_ERROR_NOT_SUPPORTED
+    init(lib, emulate=0, refuse_host_register=1)
+    assert lib.cuMemHostRegister_v2(buf, 4096, 0) == 0
+
+
+def test_get_proc_address_hands_out_the_hook_of_the_exact_variant(lib):
+    init(lib)
+    pfn = c_p()
+    assert lib.cuGetProcAddress_v2(b"cuMemcpyHtoDAsync", ctypes.byref(pfn), 12000, 0, None) == 0
+    assert pfn.value == lib.ccbemu_lookup(b"cuMemcpyHtoDAsync_v2")
+    assert lib.cuGetProcAddress_v2(b"cuMemcpyHtoDAsync", ctypes.byref(pfn), 12000, 2, None) == 0
+    assert pfn.value == lib.ccbemu_lookup(b"cuMemcpyHtoDAsync_v2_ptsz")  # per-thread stream kept
+    assert lib.cuGetProcAddress_v2(b"cuEventQuery", ctypes.byref(pfn), 12000, 0, None) == 0
+    assert pfn.value and pfn.value != lib.ccbemu_lookup(b"cuEventQuery")  # not hooked: the driver's own
+
+
+def test_dlsym_returns_hooks_for_table_names_only(lib):
+    init(lib)
+    assert lib.dlsym(lib._handle, b"cuLaunchKernel") == lib.ccbemu_lookup(b"cuLaunchKernel")
+    assert lib.dlsym(lib._handle, b"ccbemu_summary") == ctypes.cast(lib.ccbemu_summary, c_p).value
+
+
+def test_cipher_is_aes_256_gcm(lib):
+    # The GCM specification's test case 16 (AES-256, 60-byte plaintext, no AAD tag differs; here no AAD).
+    key = bytes.fromhex("feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308")
+    iv = bytes.fromhex("cafebabefacedbaddecaf888")
+    pt = bytes.fromhex("d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6b525"
+                       "b16aedf5aa0de657ba637b39")
+    out, tag = ctypes.create_string_buffer(len(pt)), ctypes.create_string_buffer(16)
+    assert lib.ccbemu_seal(key, iv, pt, len(pt), out, tag) == 0
+    assert out.raw.hex().startswith("522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa8cb08e48590dbb3d")
+    aead = pytest.importorskip("cryptography.hazmat.primitives.ciphers.aead")
+    for n in (1, 17, 4096, 100003):
+        data, key, iv = os.urandom(n), os.urandom(32), os.urandom(12)
+        out = ctypes.create_string_buffer(n)
+        assert lib.ccbemu_seal(key, iv, data, n, out, tag) == 0
+        assert out.raw + tag.raw == aead.AESGCM(key).encrypt(iv, data, None)
+
+
+def test_trace_records_every_crossing(lib, tmp_path):
+    prefix = tmp_path / "t"
+    init(lib, trace=str(prefix))
+    n = 100000
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    src, _k = host(lib, n, False, os.urandom(n))
+    s = lib.ccbemu_fake_stream()
+    busy(lib, s, 5000)
+    for _ in range(3):
+        assert lib.cuMemcpyHtoDAsync_v2(dev, src, n, s) == 0
+    assert lib.cuMemcpyDtoHAsync_v2(src, dev, n, s) == 0
+    lib.ccbemu_trace_flush()
+    t = trace.summarize(str(prefix))
+    assert t.processes == 1 and t.total_crossings() == 4
+    assert t.by_api[("cuMemcpyHtoDAsync_v2", "h2d", "pageable")]["count"] == 3
+    assert t.by_api[("cuMemcpyHtoDAsync_v2", "h2d", "pageable")]["stream_wait_ns"] > 3e6  # waited for the busy stream
+    assert "cuMemcpyDtoHAsync_v2" in trace.render(t)
+
+
+@pytest.mark.parametrize("name", profiles.names())
+def test_shipped_profiles_parse_and_the_interposer_accepts_them(lib, name):
+    p = profiles.load(name)
+    assert all(param.source.strip() for param in p.params.values())
+    init(lib)  # reset, then the profile's own text
+    err = ctypes.create_string_buffer(256)
+    assert lib.ccbemu_test_init(p.config_text().encode(), err, 256) == 0, err.value
