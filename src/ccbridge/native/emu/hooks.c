@@ -503,11 +503,13 @@ DEF_BATCH_V2(cuMemcpyBatchAsync_v2_ptsz, PT)
  * so that a call the OS happened to preempt is not charged again, multiplied. */
 static double g_launch_avg_ns; /* racy updates are harmless: it is an estimate */
 static CUresult launch_toll(CUresult rc, uint64_t t0, CUstream st) {
-    if (rc != CUDA_SUCCESS || !cfg.emulate || cfg.launch_ratio <= 1.0 || emu_capturing(st)) return rc;
+    if (rc != CUDA_SUCCESS || !cfg.emulate || cfg.launch_ratio <= 1.0) return rc;
     double dt = (double)(emu_now() - t0), avg = g_launch_avg_ns;
+    if (emu_capturing(st)) return rc;
     double native = avg > 0 && dt > 2 * avg ? 2 * avg : dt;
     g_launch_avg_ns = avg > 0 ? 0.99 * avg + 0.01 * dt : dt;
-    emu_spin_for((uint64_t)((cfg.launch_ratio - 1.0) * native));
+    /* the whole call, our own checks included, lasts ratio x the native submission */
+    emu_wait_until(t0 + (uint64_t)(cfg.launch_ratio * native));
     return rc;
 }
 typedef CUresult cuLaunchKernel_t(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
