@@ -10,6 +10,18 @@ from ccbridge.results import Result, Row
 DATA = Path(__file__).parent / "data"
 
 
+@pytest.fixture(scope="module")
+def need_gpu():
+    """Skip the module's tests, with the reason, where the driver sees no GPU."""
+    from ccbridge import native
+
+    try:
+        if native.device_count() < 1:
+            pytest.skip("the CUDA driver sees no GPU")
+    except native.GpuError as e:
+        pytest.skip(f"no GPU: {e}")
+
+
 @pytest.fixture
 def h100() -> Result:
     """A real full probe run (H100, native, 2026-11-21): every single-GPU family's rows."""

@@ -14,20 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from ccbridge import native, results
+from ccbridge import results
 from ccbridge.emulate import trace
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("need_gpu")]
 HERE = Path(__file__).parent
 
-
-@pytest.fixture(scope="module", autouse=True)
-def need_gpu():
-    try:
-        if native.device_count() < 1:
-            pytest.skip("the CUDA driver sees no GPU")
-    except native.GpuError as e:
-        pytest.skip(f"no GPU: {e}")
 
 
 def libcuda_path() -> str:

@@ -7,16 +7,8 @@ import pytest
 
 from ccbridge import native
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("need_gpu")]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def need_gpu():
-    try:
-        if native.device_count() < 1:
-            pytest.skip("the CUDA driver sees no GPU")
-    except native.GpuError as e:
-        pytest.skip(f"no GPU: {e}")
 
 
 @pytest.mark.parametrize("mem", ["pinned", "pageable"])
