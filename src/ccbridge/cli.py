@@ -92,34 +92,22 @@ def _probe_under(args) -> int:
     """The probe again, in a child process started under the emulator."""
     from ccbridge.emulate import launcher, profiles
 
-    try:
-        prof = profiles.load(args.profile)
-    except profiles.ProfileError as e:
-        print(f"ccbridge probe: {e}", file=sys.stderr)
-        return 2
+    prof = profiles.load(args.profile)
     rest = ["probe", "--device", str(args.device)]
     rest += ["--quick"] if args.quick else []
     rest += ["--tests", args.tests] if args.tests else []
     rest += ["--out", args.out] if args.out else []
     print(launcher.banner(prof), file=sys.stderr)
-    try:
-        return launcher.run(prof, launcher.python_cmd(*rest), trace=args.trace)
-    except launcher.EmulatorError as e:
-        print(f"ccbridge probe: {e}", file=sys.stderr)
-        return 2
+    return launcher.run(prof, launcher.python_cmd(*rest), trace=args.trace)
 
 
 def cmd_run(args) -> int:
     from ccbridge.emulate import launcher, profiles, trace
 
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    try:
-        prof = profiles.load(args.profile)
-        print(launcher.banner(prof), file=sys.stderr)
-        rc = launcher.run(prof, cmd, trace=args.trace)
-    except (profiles.ProfileError, launcher.EmulatorError) as e:
-        print(f"ccbridge run: {e}", file=sys.stderr)
-        return 2
+    prof = profiles.load(args.profile)
+    print(launcher.banner(prof), file=sys.stderr)
+    rc = launcher.run(prof, cmd, trace=args.trace)
     if args.trace:
         print(trace.render(trace.summarize(str(Path(args.trace).resolve()))), file=sys.stderr)
     return rc
@@ -128,11 +116,7 @@ def cmd_run(args) -> int:
 def cmd_profiles(args) -> int:
     from ccbridge.emulate import profiles
 
-    try:
-        chosen = [profiles.load(args.name)] if args.name else [profiles.load(n) for n in profiles.names()]
-    except profiles.ProfileError as e:
-        print(f"ccbridge profiles: {e}", file=sys.stderr)
-        return 2
+    chosen = [profiles.load(args.name)] if args.name else [profiles.load(n) for n in profiles.names()]
     if not args.name:
         for p in chosen:
             print(f"{p.name:<12} {p.title}")
@@ -154,26 +138,22 @@ def cmd_calibrate(args) -> int:
     from ccbridge import results
     from ccbridge.emulate import calibrate, launcher, profiles
 
-    try:
-        prof = profiles.load(args.profile)
-    except profiles.ProfileError as e:
-        print(f"ccbridge calibrate: {e}", file=sys.stderr)
-        return 2
+    prof = profiles.load(args.profile)
     out = Path(args.out) if args.out else Path("ccbridge-results") / f"calibrate-{prof.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
     native_path, emu_path = args.native, args.emulated
     probe = ["probe", "--tests", calibrate.PROBE_TESTS, "--device", str(args.device)] + ([] if args.full else ["--quick"])
+    if not native_path:
+        print("ccbridge calibrate: native probe run", file=sys.stderr)
+        native_path = str(out / "native" / "result.json")
+        subprocess.call(launcher.python_cmd(*probe, "--out", str(out / "native")))
+    if not emu_path:
+        print(f"ccbridge calibrate: emulated probe run ({launcher.banner(prof)})", file=sys.stderr)
+        emu_path = str(out / "emulated" / "result.json")
+        launcher.run(prof, launcher.python_cmd(*probe, "--out", str(out / "emulated")))
+    native, emulated = results.load(native_path), results.load(emu_path)
     try:
-        if not native_path:
-            print("ccbridge calibrate: native probe run", file=sys.stderr)
-            native_path = str(out / "native" / "result.json")
-            subprocess.call(launcher.python_cmd(*probe, "--out", str(out / "native")))
-        if not emu_path:
-            print(f"ccbridge calibrate: emulated probe run ({launcher.banner(prof)})", file=sys.stderr)
-            emu_path = str(out / "emulated" / "result.json")
-            launcher.run(prof, launcher.python_cmd(*probe, "--out", str(out / "emulated")))
-        native, emulated = results.load(native_path), results.load(emu_path)
         checks = calibrate.evaluate(prof, native, emulated)
-    except (results.ResultFileError, launcher.EmulatorError, ValueError) as e:
+    except ValueError as e:  # results labelled the wrong way round, or a target without a rule
         print(f"ccbridge calibrate: {e}", file=sys.stderr)
         return 2
     md = calibrate.render(prof, checks, native, emulated)
@@ -203,11 +183,7 @@ def cmd_trace(args) -> int:
 def cmd_report(args) -> int:
     from ccbridge import results
 
-    try:
-        res = results.load(args.result)
-    except results.ResultFileError as e:
-        print(f"ccbridge report: {e}", file=sys.stderr)
-        return 2
+    res = results.load(args.result)
     out = Path(args.out) if args.out else Path(args.result).parent
     for p in _write_reports(res, out)[1:]:
         print(p)
@@ -217,11 +193,7 @@ def cmd_report(args) -> int:
 def cmd_compare(args) -> int:
     from ccbridge import compare, results
 
-    try:
-        base, other = results.load(args.base), results.load(args.other)
-    except results.ResultFileError as e:
-        print(f"ccbridge compare: {e}", file=sys.stderr)
-        return 2
+    base, other = results.load(args.base), results.load(args.other)
     c = compare.compare(base, other)
     md = compare.render_markdown(c)
     print(md)
@@ -293,5 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ccbridge.emulate.launcher import EmulatorError
+    from ccbridge.emulate.profiles import ProfileError
+    from ccbridge.results import ResultFileError
+
     args = build_parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except (ProfileError, ResultFileError, EmulatorError) as e:  # bad input: say why, lose nothing
+        print(f"ccbridge {args.cmd}: {e}", file=sys.stderr)
+        return 2
