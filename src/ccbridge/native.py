@@ -40,9 +40,9 @@ class SemOut(ctypes.Structure):
 
 @lru_cache(maxsize=None)
 def lib() -> ctypes.CDLL:
-    spec = importlib.util.find_spec("ccbridge._probe_native")
+    spec = importlib.util.find_spec("ccbridge._native")
     if spec is None or not spec.origin:
-        raise GpuError("the native probe core is not built; reinstall with `pip install .` (needs a C compiler)")
+        raise GpuError("the native core is not built; reinstall with `pip install .` (needs a C compiler)")
     so = ctypes.CDLL(spec.origin)
     so.ccb_error.restype = c_char_p
     so.ccb_now_ns.restype = c_double

@@ -1,10 +1,8 @@
 /*
  * ccbridge probe core: the timing loops that Python overhead would distort.
  *
- * Loaded with ctypes (see ccbridge/native.py). libcuda is dlopen'ed at run
- * time, so this file builds on machines without CUDA and the package installs
- * on CPU-only CI. Every entry point returns 0 on success or -1 with a message
- * in ccb_error() naming the driver call and its error.
+ * Loaded with ctypes (see ccbridge/native.py); the driver table and the error
+ * convention (0, or -1 with ccb_error()) are in cudrv.h.
  *
  * A "session" is one context (the device's primary context, or a context of
  * its own) with its streams and one host + one device buffer per stream.
@@ -12,8 +10,8 @@
  * N sessions on the primary context (threads), N sessions with contexts of
  * their own, or one session per process.
  */
-#define _GNU_SOURCE
-#include <dlfcn.h>
+#include "cudrv.h"
+
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -21,11 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext, *CUstream, *CUevent, *CUfunction, *CUmodule, *CUgraph, *CUgraphExec;
-typedef unsigned long long CUdeviceptr;
 
 #define CCB_H2D 0
 #define CCB_D2H 1
@@ -51,153 +44,6 @@ static const char kPtx[] =
     "\tsub.s64 %rd4, %rd3, %rd2;\n"
     "\tsetp.lt.u64 %p1, %rd4, %rd1;\n"
     "\t@%p1 bra $L_loop;\n\tret;\n}\n";
-
-/* One table of the driver functions we use, resolved once by ccb_open(). */
-static struct {
-    CUresult (*Init)(unsigned);
-    CUresult (*GetErrorName)(CUresult, const char **);
-    CUresult (*DeviceGetCount)(int *);
-    CUresult (*DeviceGet)(CUdevice *, int);
-    CUresult (*DevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-    CUresult (*DevicePrimaryCtxRelease)(CUdevice);
-    CUresult (*CtxCreate)(CUcontext *, unsigned, CUdevice);
-    CUresult (*CtxDestroy)(CUcontext);
-    CUresult (*CtxPopCurrent)(CUcontext *);
-    CUresult (*CtxSetCurrent)(CUcontext);
-    CUresult (*CtxGetCurrent)(CUcontext *);
-    CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-    CUresult (*MemFree)(CUdeviceptr);
-    CUresult (*MemHostAlloc)(void **, size_t, unsigned);
-    CUresult (*MemFreeHost)(void *);
-    CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
-    CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
-    CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-    CUresult (*StreamCreate)(CUstream *, unsigned);
-    CUresult (*StreamDestroy)(CUstream);
-    CUresult (*StreamSynchronize)(CUstream);
-    CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
-    CUresult (*EventCreate)(CUevent *, unsigned);
-    CUresult (*EventRecord)(CUevent, CUstream);
-    CUresult (*EventDestroy)(CUevent);
-    CUresult (*ModuleLoadData)(CUmodule *, const void *);
-    CUresult (*ModuleUnload)(CUmodule);
-    CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
-    CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, CUstream, void **, void **);
-    CUresult (*StreamBeginCapture)(CUstream, int);
-    CUresult (*StreamEndCapture)(CUstream, CUgraph *);
-    CUresult (*GraphInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
-    CUresult (*GraphLaunch)(CUgraphExec, CUstream);
-    CUresult (*GraphExecDestroy)(CUgraphExec);
-    CUresult (*GraphDestroy)(CUgraph);
-} cu;
-
-static __thread char g_err[512];
-static int g_opened;
-static pthread_mutex_t g_open_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static void set_err(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(g_err, sizeof g_err, fmt, ap);
-    va_end(ap);
-}
-
-const char *ccb_error(void) { return g_err; }
-
-double ccb_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-/* what is the call's source text, e.g. "cu.DeviceGet(&dev, 0)": report it as cuDeviceGet. */
-static int cu_fail(CUresult rc, const char *what) {
-    const char *name = "unknown error";
-    if (cu.GetErrorName) cu.GetErrorName(rc, &name);
-    int len = (int)strcspn(what, "(");
-    if (strncmp(what, "cu.", 3) == 0) set_err("cu%.*s failed: %s (%d)", len - 3, what + 3, name, rc);
-    else set_err("%.*s failed: %s (%d)", len, what, name, rc);
-    return -1;
-}
-
-/* Check a driver call; on failure record which call and jump to cleanup. */
-#define CK(call)                                  \
-    do {                                          \
-        CUresult rc_ = (call);                    \
-        if (rc_ != 0) {                           \
-            cu_fail(rc_, #call);                  \
-            goto fail;                            \
-        }                                         \
-    } while (0)
-
-int ccb_open(void) {
-    pthread_mutex_lock(&g_open_lock);
-    if (g_opened) {
-        pthread_mutex_unlock(&g_open_lock);
-        return 0;
-    }
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-    if (!h) {
-        set_err("cannot load the CUDA driver library libcuda.so.1 (no NVIDIA driver here?): %s", dlerror());
-        pthread_mutex_unlock(&g_open_lock);
-        return -1;
-    }
-    static const struct { void **slot; const char *name; } syms[] = {
-        {(void **)&cu.Init, "cuInit"},
-        {(void **)&cu.GetErrorName, "cuGetErrorName"},
-        {(void **)&cu.DeviceGetCount, "cuDeviceGetCount"},
-        {(void **)&cu.DeviceGet, "cuDeviceGet"},
-        {(void **)&cu.DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain"},
-        {(void **)&cu.DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2"},
-        {(void **)&cu.CtxCreate, "cuCtxCreate_v2"},
-        {(void **)&cu.CtxDestroy, "cuCtxDestroy_v2"},
-        {(void **)&cu.CtxPopCurrent, "cuCtxPopCurrent_v2"},
-        {(void **)&cu.CtxSetCurrent, "cuCtxSetCurrent"},
-        {(void **)&cu.CtxGetCurrent, "cuCtxGetCurrent"},
-        {(void **)&cu.MemAlloc, "cuMemAlloc_v2"},
-        {(void **)&cu.MemFree, "cuMemFree_v2"},
-        {(void **)&cu.MemHostAlloc, "cuMemHostAlloc"},
-        {(void **)&cu.MemFreeHost, "cuMemFreeHost"},
-        {(void **)&cu.MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"},
-        {(void **)&cu.MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"},
-        {(void **)&cu.MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"},
-        {(void **)&cu.StreamCreate, "cuStreamCreate"},
-        {(void **)&cu.StreamDestroy, "cuStreamDestroy_v2"},
-        {(void **)&cu.StreamSynchronize, "cuStreamSynchronize"},
-        {(void **)&cu.StreamWaitEvent, "cuStreamWaitEvent"},
-        {(void **)&cu.EventCreate, "cuEventCreate"},
-        {(void **)&cu.EventRecord, "cuEventRecord"},
-        {(void **)&cu.EventDestroy, "cuEventDestroy_v2"},
-        {(void **)&cu.ModuleLoadData, "cuModuleLoadData"},
-        {(void **)&cu.ModuleUnload, "cuModuleUnload"},
-        {(void **)&cu.ModuleGetFunction, "cuModuleGetFunction"},
-        {(void **)&cu.LaunchKernel, "cuLaunchKernel"},
-        {(void **)&cu.StreamBeginCapture, "cuStreamBeginCapture_v2"},
-        {(void **)&cu.StreamEndCapture, "cuStreamEndCapture"},
-        {(void **)&cu.GraphInstantiate, "cuGraphInstantiateWithFlags"},
-        {(void **)&cu.GraphLaunch, "cuGraphLaunch"},
-        {(void **)&cu.GraphExecDestroy, "cuGraphExecDestroy"},
-        {(void **)&cu.GraphDestroy, "cuGraphDestroy"},
-    };
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-        *syms[i].slot = dlsym(h, syms[i].name);
-        if (!*syms[i].slot) {
-            set_err("the CUDA driver lacks %s (driver too old?)", syms[i].name);
-            pthread_mutex_unlock(&g_open_lock);
-            return -1;
-        }
-    }
-    CUresult rc = cu.Init(0);
-    if (rc != 0) {
-        cu_fail(rc, "cuInit(0)");
-        pthread_mutex_unlock(&g_open_lock);
-        return -1;
-    }
-    g_opened = 1;
-    pthread_mutex_unlock(&g_open_lock);
-    return 0;
-}
 
 int ccb_device_count(int *count) {
     CK(cu.DeviceGetCount(count));
