@@ -133,8 +133,15 @@ void emu_config_defaults(emu_config *c);
 uint64_t emu_now(void);                 /* CLOCK_MONOTONIC ns, shared by processes */
 void emu_wait_until(uint64_t deadline);  /* sleep, then spin the last stretch */
 void emu_spin_for(uint64_t ns);
-/* Reserve `ns` of the machine-wide bridge in direction dir; returns the end. */
+/* Reserve `ns` of a machine-wide timeline (a direction of the bridge, or
+ * EMU_LIFECYCLE); returns the end of the reservation. */
 uint64_t emu_bus_reserve(int dir, uint64_t ns);
+/* Context create/destroy tolls go one at a time, machine-wide: the driver's
+ * resource manager serializes these calls under a global lock, and no
+ * published figure says secure contexts can be made in parallel; so a pool
+ * that creates 8 contexts from 8 threads pays 8 tolls, as the bridge law's
+ * "8 worker contexts in 5.20 s" does. */
+#define EMU_LIFECYCLE 2
 void emu_bus_local(void);
 
 /* ---- cipher and lanes (cipher.c) ---- */

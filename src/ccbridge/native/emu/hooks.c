@@ -575,7 +575,7 @@ CUresult cuCtxSynchronize(void) { ENTER(cuCtxSynchronize); return sync_toll(REAL
 
 /* ---- secure context lifecycle ---- */
 static CUresult lifecycle_toll(CUresult rc, double ns) {
-    if (rc == CUDA_SUCCESS && cfg.emulate && ns > 0) emu_wait_until(emu_now() + (uint64_t)ns);
+    if (rc == CUDA_SUCCESS && cfg.emulate && ns > 0) emu_wait_until(emu_bus_reserve(EMU_LIFECYCLE, (uint64_t)ns));
     return rc;
 }
 typedef CUresult cuCtxCreate_v2_t(CUcontext *, unsigned, CUdevice);

@@ -5,6 +5,8 @@
  * bridge's aggregate ceiling is one resource for all of them: a page of
  * shared memory holds, per direction, the time at which the bridge is next
  * free, and a crossing reserves its share of it with one compare-and-swap.
+ * A third timeline holds the context lifecycle tolls, which are paid one at a
+ * time machine-wide (EMU_LIFECYCLE in emu.h says why).
  * CLOCK_MONOTONIC is the same clock in every process.
  */
 #define _GNU_SOURCE
@@ -42,7 +44,7 @@ void emu_spin_for(uint64_t ns) {
     if (ns) emu_wait_until(emu_now() + ns);
 }
 
-typedef struct { _Atomic uint64_t free_at[2]; } bus_page;
+typedef struct { _Atomic uint64_t free_at[3]; } bus_page;
 static bus_page *g_bus;
 static bus_page g_local_bus; /* if shared memory is unavailable: this process only */
 static pthread_once_t g_bus_once = PTHREAD_ONCE_INIT;
@@ -51,8 +53,7 @@ static int g_bus_local_only;
 void emu_bus_local(void) { /* tests: a bus of this process alone, starting free */
     g_bus_local_only = 1;
     g_bus = &g_local_bus;
-    atomic_store(&g_local_bus.free_at[0], 0);
-    atomic_store(&g_local_bus.free_at[1], 0);
+    for (int i = 0; i < 3; i++) atomic_store(&g_local_bus.free_at[i], 0);
 }
 
 static void bus_open(void) {
