@@ -1,3 +1,12 @@
 """ccbridge: measure, emulate and recover the CPU<->GPU bridge of GPU confidential computing."""
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # The loader needs torch; `import ccbridge` must not.
+    if name in ("load_safetensors", "iter_safetensors"):
+        from ccbridge import load
+
+        return getattr(load, name)
+    raise AttributeError(f"module 'ccbridge' has no attribute {name!r}")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ccbridge import __version__
+from ccbridge import __version__, ui
 
 
 def _write_reports(res, out: Path) -> list[Path]:
@@ -209,6 +209,61 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_load(args) -> int:
+    from ccbridge import env
+    from ccbridge.load import bench, loader, synth
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("ccbridge load: needs torch (pip install torch)", file=sys.stderr)
+        return 2
+    overrides = {k: v for k, v in dict(workers=args.workers, contexts=args.contexts, staging=args.staging,
+                                       chunk_bytes=synth.parse_size(args.chunk) if args.chunk else None,
+                                       buffers=args.buffers).items() if v is not None}
+    emu = env.emulation_info()
+    label = f"EMULATED CC bridge (profile {emu['profile']}): not a CC hardware measurement" if emu.get("active") else None
+    if label:
+        print(f"ccbridge load: {label}", file=sys.stderr)
+    if args.bench:
+        rep = bench.run(args.paths, args.device, args.repeat, overrides,
+                        log=lambda m: print(f"ccbridge load: {m}", file=sys.stderr))
+        rep["emulation"] = label
+        ceiling = bench.probe_ceiling(args.ceiling) if args.ceiling else None
+        rep["ceiling_gbps"] = ceiling
+        print(bench.render(rep, ceiling))
+        if args.json:
+            Path(args.json).write_text(json.dumps(rep, indent=1))
+            print(f"wrote {args.json}", file=sys.stderr)
+        if rep.get("error"):
+            print(f"ccbridge load: {rep['error']}", file=sys.stderr)
+            return 1
+        return 0
+    st = loader.LoadStats()
+    with ui.bytes_progress("loading") as advance:
+        got = loader.load_safetensors(args.paths, args.device, stats=st, progress=advance, **overrides)
+    st.join_teardown()
+    print(f"{st.tensors} tensors from {st.files} files, {st.bytes / 1e9:.2f} GB to {args.device} in {st.total_s:.2f} s: "
+          f"{st.gbps:.2f} GB/s ({st.load_gbps:.2f} GB/s once the pool was warm)" + (f" [{label}]" if label else ""))
+    print(f"pool: {st.why}")
+    print(f"stages: headers {st.headers_s:.3f} s, allocation {st.alloc_s:.3f} s, pool prewarm {st.prewarm_s:.3f} s "
+          f"(waited {st.prewarm_wait_s:.3f} s), data {st.load_s:.3f} s (per worker: read {st.read_s:.3f} s, "
+          f"copy {st.copy_s:.3f} s), teardown {st.teardown_s or 0:.3f} s (in the background)")
+    del got
+    return 0
+
+
+def cmd_make_checkpoint(args) -> int:
+    from ccbridge.load import synth
+
+    total, shard = synth.parse_size(args.size), synth.parse_size(args.shard_size)
+    with ui.count_progress("writing shards") as step:
+        files = synth.make_checkpoint(args.out, total, shard, seed=args.seed, progress=step)
+    size = sum(Path(f).stat().st_size for f in files)
+    print(f"wrote {len(files)} shards, {size / 2**30:.2f} GiB, and model.safetensors.index.json to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ccbridge", description="Measure the CPU<->GPU bridge of GPU confidential computing.")
     ap.add_argument("--version", action="version", version=f"ccbridge {__version__}")
@@ -261,17 +316,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("other")
     p.add_argument("--out", help="also write compare.md and compare.html here")
     p.set_defaults(fn=cmd_compare)
+
+    p = sub.add_parser("load", help="load safetensors to the GPU through ccbridge's pool; --bench compares loaders")
+    p.add_argument("paths", nargs="+", help=".safetensors files, a checkpoint directory or its index json")
+    p.add_argument("--device", default="cuda:0", help="cuda:N or cpu (default cuda:0)")
+    p.add_argument("--bench", action="store_true", help="compare with safetensors and fastsafetensors on the same files")
+    p.add_argument("--repeat", type=int, default=3, help="with --bench: loads per loader (default 3)")
+    p.add_argument("--ceiling", help="with --bench: a probe result.json whose best multi-worker H2D is the ceiling")
+    p.add_argument("--json", help="with --bench: write the full report here")
+    p.add_argument("--workers", type=int, help="worker threads (default: by CC state or emulation profile)")
+    p.add_argument("--contexts", type=int, help="contexts of the pool's own; 0 = the primary context")
+    p.add_argument("--staging", choices=["pinned", "pageable"], help="host staging buffers")
+    p.add_argument("--chunk", help="bytes per read and copy, e.g. 16MiB")
+    p.add_argument("--buffers", type=int, help="staging buffers per worker")
+    p.set_defaults(fn=cmd_load)
+
+    p = sub.add_parser("make-checkpoint", help="write a synthetic large-model checkpoint of random bytes")
+    p.add_argument("out", help="output directory")
+    p.add_argument("--size", default="32GiB", help="total size (default 32GiB)")
+    p.add_argument("--shard-size", default="4GiB", help="shard size (default 4GiB)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_make_checkpoint)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     from ccbridge.emulate.launcher import EmulatorError
     from ccbridge.emulate.profiles import ProfileError
+    from ccbridge.load.engine import LoadError
+    from ccbridge.load.header import HeaderError
     from ccbridge.results import ResultFileError
 
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ProfileError, ResultFileError, EmulatorError) as e:  # bad input: say why, lose nothing
+    except (ProfileError, ResultFileError, EmulatorError, HeaderError, LoadError) as e:  # say why, lose nothing
         print(f"ccbridge {args.cmd}: {e}", file=sys.stderr)
         return 2

@@ -1,11 +1,13 @@
-"""Terminal progress for long probe runs (rich), quiet when output is not a terminal."""
+"""Terminal progress for long runs (rich), quiet when output is not a terminal."""
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                           TimeElapsedColumn, TransferSpeedColumn)
 
 
 class ProbeProgress:
@@ -47,3 +49,27 @@ class ProbeProgress:
         shown = "(same reason)" if reason == self._last_skip else reason
         self._last_skip = reason
         self.console.print(f"[yellow]--[/yellow] {t.name:<24} skipped: {shown}", highlight=False)
+
+
+@contextmanager
+def _bar(label: str, columns):
+    console = Console(stderr=True)
+    bar = Progress(SpinnerColumn(), TextColumn(f"[bold]{label}"), BarColumn(), *columns, TimeElapsedColumn(),
+                   console=console, transient=True, disable=not console.is_terminal)
+    with bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def bytes_progress(label: str):
+    """A bar fed update(done_bytes, total_bytes); silent when stderr is not a terminal."""
+    return _bar(label, [DownloadColumn(binary_units=False), TransferSpeedColumn()])
+
+
+def count_progress(label: str):
+    """A bar fed update(done, total) for countable steps."""
+    return _bar(label, [MofNCompleteColumn()])

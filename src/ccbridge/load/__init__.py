@@ -1,0 +1,28 @@
+"""CC-aware safetensors loading: checkpoints to the GPU at the bridge's ceiling.
+
+    from ccbridge import load_safetensors
+    state = load_safetensors("ckpt/", device="cuda:0")
+
+See loader.py for the order of work, policy.py for how the pool is sized,
+engine.py for the pool, header.py for the format rules.
+"""
+
+from ccbridge.load.engine import LoadError, Pool, PoolConfig
+from ccbridge.load.header import Header, HeaderError, TensorInfo, read_header
+from ccbridge.load.loader import LoadStats, iter_safetensors, load_safetensors
+from ccbridge.load.policy import choose as choose_pool
+
+
+def prewarm(device="cuda:0", **overrides) -> Pool:
+    """A pool for `device`, sized by policy (overrides as in iter_safetensors), already
+    prewarming: make it early (while the model is built) and pass it as pool=."""
+    import torch
+
+    from ccbridge.load import loader, policy
+
+    _, index = loader.resolve_device(torch, device)
+    return Pool(policy.override(policy.choose(index), **overrides).config)
+
+
+__all__ = ["Header", "HeaderError", "LoadError", "LoadStats", "Pool", "PoolConfig", "TensorInfo",
+           "choose_pool", "iter_safetensors", "load_safetensors", "prewarm", "read_header"]

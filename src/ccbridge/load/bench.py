@@ -1,0 +1,220 @@
+"""`ccbridge load --bench`: ccbridge against the other loaders, same files, same device.
+
+Each loader loads the whole checkpoint `repeat` times, the loaders taking
+turns (so drift hits all alike); the page cache is warmed by a full read pass
+first. A load is timed from the call to every tensor on the device
+(torch.cuda.synchronize). ccbridge is timed twice: `cold`, making its own
+pool inside the call (everything included), and `prewarmed`, with a pool
+made before the clock starts (what a server that prewarms at start-up gets);
+its stage breakdown comes from LoadStats. The first ccbridge load is compared
+bitwise with safetensors' own; a mismatch fails the bench.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+from ccbridge.load import checkpoint, loader
+from ccbridge.load.loader import LoadStats
+
+
+@dataclass
+class Outcome:
+    name: str
+    seconds: list[float] = field(default_factory=list)
+    error: str | None = None
+    stages: dict = field(default_factory=dict)
+
+    def gbps(self, nbytes: int) -> float | None:
+        return nbytes / statistics.median(self.seconds) / 1e9 if self.seconds else None
+
+
+def warm_page_cache(files: list[str], block: int = 64 << 20) -> float:
+    """Read every byte once; seconds taken."""
+    t = time.perf_counter()
+    buf = bytearray(block)
+    for f in files:
+        with open(f, "rb", buffering=0) as fh:
+            while fh.readinto(buf):
+                pass
+    return time.perf_counter() - t
+
+
+def _sync(torch):
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _safetensors_load_file(files, device):
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in files:
+        out.update(load_file(f, device=device))
+    return out
+
+
+def _safetensors_safe_open(files, device):
+    from safetensors import safe_open
+
+    out = {}
+    for f in files:
+        with safe_open(f, framework="pt", device="cpu") as g:
+            for k in g.keys():
+                out[k] = g.get_tensor(k).to(device)
+    return out
+
+
+def _fastsafetensors(files, device):
+    from fastsafetensors import fastsafe_open
+
+    with fastsafe_open(files, device=device, nogds=True) as g:
+        return {k: g.get_tensor(k) for k in g.keys()}
+
+
+def _equal(torch, a: dict, b: dict) -> str | None:
+    """None if a and b hold the same names, dtypes, shapes and bytes; else what differs."""
+    if a.keys() != b.keys():
+        return f"names differ: {sorted(a.keys() ^ b.keys())[:3]}"
+    for k in a:
+        x, y = a[k], b[k]
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return f"{k}: {x.dtype}{tuple(x.shape)} vs {y.dtype}{tuple(y.shape)}"
+        if x.numel() and not torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)):
+            return f"{k}: bytes differ"
+    return None
+
+
+def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None = None, log=print) -> dict:
+    import torch
+
+    overrides = overrides or {}
+    files, _, _ = checkpoint.resolve(paths)
+    nbytes = sum(os.path.getsize(f) for f in files)
+    log(f"checkpoint: {len(files)} files, {nbytes / 1e9:.2f} GB; warming the page cache...")
+    warm_s = warm_page_cache(files)
+    log(f"page cache warm ({nbytes / warm_s / 1e9:.1f} GB/s read pass)")
+
+    try:
+        import fastsafetensors  # noqa: F401
+        fst_error = None
+    except Exception as e:
+        fst_error = f"not installed here ({type(e).__name__}: {e})"
+
+    results = {n: Outcome(n) for n in ("ccbridge prewarmed", "ccbridge cold", "safetensors load_file",
+                                       "safetensors safe_open + .to", "fastsafetensors (nogds)")}
+    results["fastsafetensors (nogds)"].error = fst_error
+    verified = None
+    pool = loader.Pool(loader.policy.override(loader.policy.choose(loader.resolve_device(torch, device)[1]),
+                                              **overrides).config)
+    pool_prewarm = pool.ready()
+
+    def timed(name, fn):
+        out = results[name]
+        if out.error:
+            return None
+        gc.collect()
+        torch.cuda.empty_cache()
+        _sync(torch)
+        t = time.perf_counter()
+        try:
+            got = fn()
+            _sync(torch)
+        except Exception as e:  # a baseline that fails is reported, not fatal
+            out.error = f"{type(e).__name__}: {e}"
+            return None
+        out.seconds.append(time.perf_counter() - t)
+        return got
+
+    try:
+        for r in range(repeat):
+            log(f"round {r + 1}/{repeat}")
+            st = LoadStats()
+            mine = timed("ccbridge prewarmed", lambda: loader.load_safetensors(files, device, pool=pool, stats=st))
+            if mine is not None:
+                results["ccbridge prewarmed"].stages.setdefault("runs", []).append(_stages(st))
+            ref = timed("safetensors load_file", lambda: _safetensors_load_file(files, device))
+            if verified is None and mine is not None and ref is not None:
+                verified = _equal(torch, mine, ref) or "bitwise equal"
+                log(f"ccbridge vs safetensors: {verified}")
+            del mine, ref
+            cold = LoadStats()
+            got = timed("ccbridge cold", lambda: loader.load_safetensors(files, device, stats=cold, **overrides))
+            del got
+            cold.join_teardown()
+            results["ccbridge cold"].stages.setdefault("runs", []).append(_stages(cold))
+            got = timed("safetensors safe_open + .to", lambda: _safetensors_safe_open(files, device))
+            del got
+            got = timed("fastsafetensors (nogds)", lambda: _fastsafetensors(files, device))
+            del got
+    finally:
+        pool.close()
+
+    report = {
+        "device": device,
+        "gpu": torch.cuda.get_device_name(loader.resolve_device(torch, device)[1]) if torch.cuda.is_available() else "cpu",
+        "files": len(files),
+        "bytes": nbytes,
+        "repeat": repeat,
+        "page_cache_read_gbps": nbytes / warm_s / 1e9,
+        "pool": {**asdict(pool.config), "prewarm_s": pool_prewarm, "teardown_s": pool.teardown_s},
+        "why": loader.policy.override(loader.policy.choose(pool.config.device), **overrides).why,
+        "verified": verified,
+        "loaders": {n: {"gbps": o.gbps(nbytes), "seconds": o.seconds, "error": o.error, "stages": o.stages}
+                    for n, o in results.items()},
+    }
+    if verified not in (None, "bitwise equal"):
+        report["error"] = f"ccbridge's tensors differ from safetensors': {verified}"
+    return report
+
+
+def _stages(st: LoadStats) -> dict:
+    return {"total_s": st.total_s, "headers_s": st.headers_s, "alloc_s": st.alloc_s, "prewarm_s": st.prewarm_s,
+            "prewarm_wait_s": st.prewarm_wait_s, "load_s": st.load_s, "read_s": st.read_s, "copy_s": st.copy_s,
+            "teardown_s": st.teardown_s}
+
+
+def render(report: dict, ceiling: float | None = None) -> str:
+    """The comparison table, fastest first, with the ceiling ratio when one is given."""
+    lines = [f"{report['files']} files, {report['bytes'] / 1e9:.2f} GB, {report['gpu']} ({report['device']}), "
+             f"median of {report['repeat']}; page cache warm",
+             f"pool: {report['pool']['workers']} workers, {report['pool']['contexts']} contexts, "
+             f"{report['pool']['staging']} staging, {report['pool']['chunk_bytes'] >> 20} MiB chunks "
+             f"({report['why']}); prewarm {report['pool']['prewarm_s']:.2f} s, teardown {report['pool']['teardown_s'] or 0:.2f} s",
+             f"check: ccbridge vs safetensors: {report['verified']}", ""]
+    hdr = f"{'loader':30} {'GB/s':>8} {'s (median)':>11}" + (f" {'/ ceiling':>10}" if ceiling else "")
+    lines += [hdr, "-" * len(hdr)]
+    rows = sorted(report["loaders"].items(), key=lambda kv: -(kv[1]["gbps"] or 0))
+    for name, o in rows:
+        if o["gbps"] is None:
+            lines.append(f"{name:30} {'-':>8} {'-':>11}  {o['error'] or 'not run'}")
+            continue
+        s = f"{name:30} {o['gbps']:8.2f} {statistics.median(o['seconds']):11.3f}"
+        if ceiling:
+            s += f" {o['gbps'] / ceiling:10.3f}"
+        lines.append(s)
+    for name in ("ccbridge prewarmed", "ccbridge cold"):
+        runs = report["loaders"][name]["stages"].get("runs")
+        if runs:
+            med = {k: statistics.median(r[k] for r in runs if r[k] is not None) if any(r[k] is not None for r in runs) else None
+                   for k in runs[0]}
+            lines.append(f"{name} stages (median s): " + ", ".join(
+                f"{k[:-2]} {v:.3f}" for k, v in med.items() if v is not None))
+    if ceiling:
+        lines.append(f"ceiling: {ceiling:.2f} GB/s (the probe's best multi-worker H2D)")
+    return "\n".join(lines)
+
+
+def probe_ceiling(result_path: str) -> float:
+    """The best aggregate H2D bandwidth of a probe result (concurrency family), GB/s."""
+    from ccbridge.results import load as load_result
+
+    res = load_result(result_path)
+    best = [r.median for r in res.rows if r.test == "concurrency.scaling" and r.params.get("dir") == "h2d"]
+    if not best:
+        raise ValueError(f"{result_path} has no concurrency.scaling H2D rows: run `ccbridge probe --tests concurrency`")
+    return max(best)

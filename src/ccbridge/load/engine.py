@@ -1,0 +1,187 @@
+"""ctypes binding of the loader pool (native/load.c).
+
+A Pool is worker threads with their contexts and staging buffers. Making one
+starts the workers, which prewarm in the background (context creation,
+staging allocation); `ready()` waits for them. One load at a time runs on a
+pool; `close()` joins the workers and destroys their contexts, and
+`close(background=True)` does that on a thread of its own so that the caller
+does not wait for context teardown.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from ctypes import POINTER, c_char_p, c_double, c_int, c_int32, c_longlong, c_size_t, c_uint32, c_uint64, c_void_p
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ccbridge import native
+
+# pread into pinned or pageable buffers; or none: the file's page-cache
+# mapping is the (pageable) source of the copy.
+STAGING = {"pinned": 0, "pageable": 1, "mapped": 2}
+MAPPED = ("mapped",)
+MAX_WORKERS = 64
+MAX_BUFS = 8
+
+
+class LoadError(RuntimeError):
+    """A load failed after its headers were accepted: a refused CUDA call, a file that changed."""
+
+
+class Segment(ctypes.Structure):
+    """Where a run of a chunk's bytes goes: a tensor's address (or part of it)."""
+    _fields_ = [("dst", c_uint64), ("nbytes", c_uint64), ("tensor", c_int32), ("pad_", c_int32)]
+
+
+class Chunk(ctypes.Structure):
+    """One read: a byte range of a file, landing in segments [first, first+nseg); src: its
+    address in the file's mapping (mapped staging)."""
+    _fields_ = [("fd", c_int32), ("nseg", c_uint32), ("first", c_uint64), ("offset", c_uint64), ("nbytes", c_uint64),
+                ("src", c_uint64)]
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [("prewarm_ns", c_double), ("read_ns", c_double), ("copy_ns", c_double),
+                ("bytes", c_double), ("load_ns", c_double)]
+
+
+@lru_cache(maxsize=None)
+def _lib() -> ctypes.CDLL:
+    so = native.lib()
+    so.ccb_pool_new.restype = c_void_p
+    so.ccb_pool_new.argtypes = [c_int, c_int, c_int, c_int, c_size_t, c_int]
+    so.ccb_pool_wait_ready.argtypes = [c_void_p, c_double]
+    so.ccb_pool_submit.argtypes = [c_void_p, POINTER(Chunk), c_size_t, POINTER(Segment), c_size_t,
+                                   POINTER(c_int32), POINTER(c_int32), c_int]
+    so.ccb_pool_next.argtypes = [c_void_p, POINTER(c_int32), c_int, c_double]
+    so.ccb_pool_cancel.argtypes = [c_void_p]
+    so.ccb_pool_stats.argtypes = [c_void_p, POINTER(Stats)]
+    so.ccb_pool_reset_stats.argtypes = [c_void_p]
+    so.ccb_pool_free.argtypes = [c_void_p]
+    so.ccb_pool_error.restype = c_char_p
+    so.ccb_pool_error.argtypes = [c_void_p]
+    so.ccb_pool_error_chunk.restype = c_longlong
+    so.ccb_pool_error_chunk.argtypes = [c_void_p]
+    so.ccb_map_file.restype = c_void_p
+    so.ccb_map_file.argtypes = [c_int, c_size_t]
+    so.ccb_unmap_file.argtypes = [c_void_p, c_size_t]
+    return so
+
+
+def map_file(fd: int, size: int) -> int:
+    """Address of the whole file mapped read-only; unmap_file when the load is over."""
+    a = _lib().ccb_map_file(fd, size)
+    if not a:
+        raise LoadError(native.lib().ccb_error().decode(errors="replace"))
+    return a
+
+
+def unmap_file(addr: int, size: int) -> None:
+    _lib().ccb_unmap_file(addr, size)
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    device: int  # CUDA device index, or -1 for host memory
+    workers: int
+    contexts: int  # 0: the device's primary context; N: N contexts of the pool's own
+    staging: str  # "pinned" or "pageable"
+    chunk_bytes: int
+    buffers: int  # staging buffers per worker
+
+    def check(self) -> None:
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ValueError(f"workers must be 1..{MAX_WORKERS}, got {self.workers}")
+        if not 0 <= self.contexts <= self.workers:
+            raise ValueError(f"contexts must be 0..workers ({self.workers}), got {self.contexts}")
+        if self.staging not in STAGING:
+            raise ValueError(f"staging must be one of {sorted(STAGING)}, got {self.staging!r}")
+        if self.chunk_bytes < 4096:
+            raise ValueError(f"chunk_bytes must be at least 4096, got {self.chunk_bytes}")
+        if not 1 <= self.buffers <= MAX_BUFS:
+            raise ValueError(f"buffers must be 1..{MAX_BUFS}, got {self.buffers}")
+        if self.staging in MAPPED and (self.device < 0 or self.chunk_bytes % 4096):
+            raise ValueError(f"{self.staging} staging needs a CUDA device and a chunk size in whole 4 KiB pages")
+
+
+class Pool:
+    def __init__(self, config: PoolConfig):
+        config.check()
+        self.config = config
+        self._closing: threading.Thread | None = None
+        self.teardown_s: float | None = None
+        lib = _lib()
+        h = lib.ccb_pool_new(config.device, config.workers, config.contexts, STAGING[config.staging],
+                             config.chunk_bytes, config.buffers)
+        if not h:
+            raise LoadError(f"cannot start the loader pool: {lib.ccb_error().decode(errors='replace')}")
+        self.handle = c_void_p(h)
+
+    def error(self) -> tuple[str, int]:
+        lib = _lib()
+        return lib.ccb_pool_error(self.handle).decode(errors="replace"), lib.ccb_pool_error_chunk(self.handle)
+
+    def ready(self, timeout_s: float = 600.0) -> float:
+        """Wait until every worker is prewarmed; the prewarm time in seconds."""
+        rc = _lib().ccb_pool_wait_ready(self.handle, timeout_s)
+        if rc == 1:
+            raise LoadError(f"the loader pool was not ready after {timeout_s:.0f} s")
+        if rc != 0:
+            raise LoadError(f"the loader pool could not start: {self.error()[0]}")
+        return self.stats().prewarm_ns / 1e9
+
+    def submit(self, chunks, segments, remaining, doneq) -> None:
+        """Start a load; the arrays must stay alive until it is over or cancelled."""
+        rc = _lib().ccb_pool_submit(self.handle, chunks, len(chunks), segments, len(segments),
+                                    remaining, doneq, len(remaining))
+        if rc != 0:
+            raise LoadError(native.lib().ccb_error().decode(errors="replace"))
+
+    def next(self, out, timeout_s: float) -> int:
+        """Finished tensor indices into out: count, 0 on timeout, -1 error, -2 load over."""
+        return _lib().ccb_pool_next(self.handle, out, len(out), timeout_s)
+
+    def cancel(self) -> None:
+        """Stop the load; returns once no worker can write anything more."""
+        _lib().ccb_pool_cancel(self.handle)
+
+    def stats(self) -> Stats:
+        s = Stats()
+        _lib().ccb_pool_stats(self.handle, ctypes.byref(s))
+        return s
+
+    def reset_stats(self) -> None:
+        _lib().ccb_pool_reset_stats(self.handle)
+
+    def _free(self) -> None:
+        t = native.now_ns()
+        _lib().ccb_pool_free(self.handle)
+        self.teardown_s = (native.now_ns() - t) / 1e9
+
+    def close(self, background: bool = False) -> None:
+        """Join the workers and destroy the contexts; in the background if asked."""
+        if self.handle is None or self._closing is not None:
+            return
+        if background:
+            # Not a daemon: interpreter exit waits for the contexts to go.
+            self._closing = threading.Thread(target=self._free, name="ccbridge-pool-teardown")
+            self._closing.start()
+        else:
+            self._free()
+            self.handle = None
+
+    def join(self) -> float | None:
+        """Wait for a background close; the teardown time in seconds."""
+        if self._closing is not None:
+            self._closing.join()
+            self.handle = None
+        return self.teardown_s
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+        self.join()

@@ -1,0 +1,252 @@
+"""load_safetensors / iter_safetensors: checkpoints to their final tensors through a pool.
+
+Order of work, so that the expensive part (the pool's contexts and staging)
+overlaps with the cheap part: open every file and validate every header
+(nothing is allocated if one is bad), start the pool prewarming, allocate
+the destination tensors, plan the reads, wait for the pool, run the load.
+The tensors are allocated where they will live and the pool writes into them;
+nothing is assembled afterwards. On any error, or when the caller stops
+iterating, the load is cancelled and waited for before the tensors are
+dropped: nothing half-loaded is returned and nothing writes afterwards.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from ccbridge.load import checkpoint, header, policy
+from ccbridge.load import engine
+from ccbridge.load.engine import Chunk, LoadError, Pool, Segment
+
+
+@dataclass
+class LoadStats:
+    """Where a load's time went (seconds; bytes in bytes)."""
+
+    files: int = 0
+    tensors: int = 0
+    bytes: int = 0
+    headers_s: float = 0.0    # open + validate every header
+    alloc_s: float = 0.0      # destination tensors
+    prewarm_s: float = 0.0    # the pool's own prewarm (contexts, staging), off the critical path when it overlaps
+    prewarm_wait_s: float = 0.0  # how long the load waited for it
+    load_s: float = 0.0       # submit to the last tensor done
+    read_s: float = 0.0       # per worker, average time inside pread
+    copy_s: float = 0.0       # per worker, average time inside copy calls and staging waits
+    teardown_s: float | None = None  # pool teardown (in the background unless the pool was the caller's)
+    total_s: float = 0.0      # call to return
+    pool: dict = field(default_factory=dict)
+    why: str = ""
+    owned_pool: Pool | None = field(default=None, repr=False)  # closing in the background
+
+    def join_teardown(self) -> float | None:
+        """Wait for the call's own pool to be torn down; its teardown time (s)."""
+        if self.owned_pool is not None:
+            self.teardown_s = self.owned_pool.join()
+        return self.teardown_s
+
+    @property
+    def gbps(self) -> float:
+        """Bytes over the whole call (GB/s, 1e9)."""
+        return self.bytes / self.total_s / 1e9 if self.total_s else 0.0
+
+    @property
+    def load_gbps(self) -> float:
+        """Bytes over the data movement alone, the pool already warm."""
+        return self.bytes / self.load_s / 1e9 if self.load_s else 0.0
+
+
+def plan_chunks(items, chunk_bytes: int):
+    """Chunks and segments for items (fd, file offset, nbytes, dst address, tensor index) in file order.
+
+    Consecutive items that are contiguous in one file share a chunk; an item
+    larger than a chunk is split over several. Chunks end at file offsets
+    that are multiples of chunk_bytes, so reads are page-aligned.
+    """
+    chunks: list[tuple[int, int, int, int, int]] = []  # fd, nseg, first, offset, nbytes
+    segs: list[tuple[int, int, int]] = []  # dst, nbytes, tensor
+    cur = None
+    for fd, off, n, dst, t in items:
+        done = 0
+        while done < n:
+            if cur is None or cur[0] != fd or cur[3] + cur[4] != off + done or (off + done) % chunk_bytes == 0:
+                if cur is not None:
+                    chunks.append(tuple(cur))
+                cur = [fd, 0, len(segs), off + done, 0]
+            take = min(n - done, chunk_bytes - (off + done) % chunk_bytes)
+            segs.append((dst + done, take, t))
+            cur[1] += 1
+            cur[4] += take
+            done += take
+    if cur is not None:
+        chunks.append(tuple(cur))
+    return chunks, segs
+
+
+def _torch_dtype(torch, h: header.Header, t: header.TensorInfo):
+    attr = header.DTYPES[t.dtype][1]
+    dt = getattr(torch, attr, None) if attr else None
+    if dt is None:
+        why = "it has no torch dtype" if attr is None else f"this torch ({torch.__version__}) lacks torch.{attr}"
+        raise header.HeaderError(h.path, "dtype", f"tensor {t.name!r} is {t.dtype}: {why}")
+    shape = list(t.shape)
+    if t.dtype == "F4":  # two values per byte: torch's float4_e2m1fn_x2 halves the last dimension
+        if not shape or shape[-1] % 2:
+            raise header.HeaderError(h.path, "shape", f"tensor {t.name!r} is F4 with shape {t.shape}: torch needs an even last dimension")
+        shape[-1] //= 2
+    return dt, shape
+
+
+def resolve_device(torch, device) -> tuple[object, int]:
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return dev, -1
+    if dev.type != "cuda":
+        raise ValueError(f"device must be cuda[:N] or cpu, got {device!r}")
+    if not torch.cuda.is_available():
+        raise LoadError(f"no CUDA device for {device!r}: torch sees no GPU here (pass device='cpu' to load into host memory)")
+    index = torch.cuda.current_device() if dev.index is None else dev.index
+    if index >= torch.cuda.device_count():
+        raise LoadError(f"no CUDA device {index}: torch sees {torch.cuda.device_count()}")
+    return torch.device("cuda", index), index
+
+
+def _open_all(files: list[str]) -> tuple[list[int], list[header.Header]]:
+    fds, headers = [], []
+    try:
+        for f in files:
+            try:
+                fd = os.open(f, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError as e:
+                raise header.HeaderError(f, "unreadable", e.strerror or str(e)) from None
+            fds.append(fd)
+            headers.append(header.parse(fd, f))
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds, headers
+
+
+def iter_safetensors(paths, device="cuda:0", **kwargs) -> Iterator[tuple[str, object]]:
+    """(name, tensor) pairs, each yielded as soon as all its bytes are on `device`.
+
+    paths: a .safetensors file, a list of them, a directory (its index json if
+    it has one, else every *.safetensors in it) or an index json.
+    pool: a prewarmed Pool to use (and keep); without one, the call makes
+    one chosen by policy.choose (CC state or emulation profile; workers,
+    contexts, staging, chunk_bytes, buffers override it) and tears it down
+    in the background when it returns.
+    progress(done_bytes, total_bytes) is called as tensors finish.
+    stats: a LoadStats that the call fills in.
+    """
+    for _, name, tensor in _run(paths, device, **kwargs):
+        yield name, tensor
+
+
+def load_safetensors(paths, device="cuda:0", **kwargs) -> dict[str, object]:
+    """Every tensor of a checkpoint on `device`, in file and offset order.
+
+    Bitwise what safetensors' own loader gives. Keyword arguments are those of
+    iter_safetensors. Raises HeaderError (a file breaks a format rule; nothing
+    is read) or LoadError (the load failed; nothing is returned).
+    """
+    got = sorted(_run(paths, device, **kwargs), key=lambda x: x[0])
+    return {name: tensor for _, name, tensor in got}
+
+
+def _run(paths, device, *, pool: Pool | None = None, workers: int | None = None, contexts: int | None = None,
+         staging: str | None = None, chunk_bytes: int | None = None, buffers: int | None = None,
+         progress: Callable[[int, int], None] | None = None, stats: LoadStats | None = None):
+    """(index in file and offset order, name, tensor) as each tensor is done."""
+    import torch
+
+    t_call = time.perf_counter()
+    st = stats if stats is not None else LoadStats()
+    dev, index = resolve_device(torch, device)
+    files, weight_map, idx = checkpoint.resolve(paths)
+    fds, headers = _open_all(files)
+    own_pool = pool is None
+    tensors: list = []
+    maps: dict[int, tuple[int, int]] = {}  # fd -> (address, size) under mapped staging
+    finished = False
+    try:
+        checkpoint.check_names(headers, weight_map, idx)
+        st.headers_s = time.perf_counter() - t_call
+        infos = [(fd, h, t) for fd, h in zip(fds, headers) for t in h.tensors]
+        dtypes = [_torch_dtype(torch, h, t) for _, h, t in infos]
+        if own_pool:
+            plan = policy.override(policy.choose(index), workers, contexts, staging, chunk_bytes, buffers)
+            st.why = plan.why
+            pool = Pool(plan.config)  # prewarms while we allocate and plan
+        elif pool.config.device != index:
+            raise ValueError(f"the pool serves device {pool.config.device}, not {index}")
+        st.pool = {k: getattr(pool.config, k) for k in ("workers", "contexts", "staging", "chunk_bytes", "buffers")}
+        t = time.perf_counter()
+        for (_, _, info), (dt, shape) in zip(infos, dtypes):
+            tensors.append(torch.empty(info.nbytes, dtype=torch.uint8, device=dev).view(dt).reshape(shape))
+        st.alloc_s = time.perf_counter() - t
+        items = [(fd, h.data_start + info.begin, info.nbytes, tensors[i].data_ptr(), i)
+                 for i, (fd, h, info) in enumerate(infos) if info.nbytes]
+        raw_chunks, raw_segs = plan_chunks(items, pool.config.chunk_bytes)
+        nt = max(1, len(infos))
+        remaining, doneq = (ctypes.c_int32 * nt)(), (ctypes.c_int32 * nt)()
+        for _, _, i in raw_segs:
+            remaining[i] += 1
+        st.files, st.tensors, st.bytes = len(files), len(infos), sum(i[2] for i in items)
+
+        t = time.perf_counter()
+        st.prewarm_s = pool.ready()
+        st.prewarm_wait_s = time.perf_counter() - t
+        done_bytes = 0
+        for i, (_, _, info) in enumerate(infos):  # nothing to move: done already
+            if remaining[i] == 0:
+                yield i, info.name, tensors[i]
+        if raw_chunks:
+            if pool.config.staging in engine.MAPPED:
+                for fd, h in zip(fds, headers):
+                    maps[fd] = (engine.map_file(fd, h.file_bytes), h.file_bytes)
+            chunks = (Chunk * len(raw_chunks))(*[(*c, maps[c[0]][0] + c[3] if maps else 0) for c in raw_chunks])
+            segs = (Segment * len(raw_segs))(*[Segment(d, n, i, 0) for d, n, i in raw_segs])
+            pool.reset_stats()
+            t_load = time.perf_counter()
+            pool.submit(chunks, segs, remaining, doneq)
+            out = (ctypes.c_int32 * 256)()
+            while True:
+                n = pool.next(out, 0.25)
+                if n == -2:
+                    break
+                if n == -1:
+                    msg, ci = pool.error()
+                    pool.cancel()
+                    where = ""
+                    if 0 <= ci < len(raw_chunks):
+                        fd, _, first, off, _ = raw_chunks[ci]
+                        name = infos[raw_segs[first][2]][2].name
+                        where = f" (file {files[fds.index(fd)]}, tensor {name!r}, file offset {off})"
+                    raise LoadError(f"load failed{where}: {msg}")
+                for j in out[:n]:
+                    done_bytes += infos[j][2].nbytes
+                    if progress:
+                        progress(done_bytes, st.bytes)
+                    yield j, infos[j][2].name, tensors[j]
+            st.load_s = time.perf_counter() - t_load
+            s = pool.stats()
+            w = pool.config.workers
+            st.read_s, st.copy_s = s.read_ns / 1e9 / w, s.copy_ns / 1e9 / w
+        finished = True
+    finally:
+        if pool is not None and not finished:
+            pool.cancel()  # before the tensors go: no worker writes after this
+        for addr, size in maps.values():
+            engine.unmap_file(addr, size)
+        for fd in fds:
+            os.close(fd)
+        if own_pool and pool is not None:
+            pool.close(background=True)
+            st.owned_pool = pool
+        st.total_s = time.perf_counter() - t_call

@@ -1,0 +1,109 @@
+"""How many workers and contexts, which staging: from the CC state or the emulation profile.
+
+CC off: one context carries the whole link, so every worker shares the
+primary context and copies straight into the tensors; the host side (reading
+the page cache into pinned staging) is what needs threads: on a 16-core H100
+host, 16 workers with 16 MiB chunks reached 45 GB/s where 8 reached 29
+(bench/RESULTS.md).
+
+CC on: each context's secure channel serializes its crossings and caps them
+at a fraction of the link, so the pool takes as many contexts as it needs to
+reach the machine's aggregate ceiling, plus one, and two workers per context
+(under CC a copy call holds its thread, so one worker prepares while the
+other copies). When pageable is the faster path of one context (the bridge
+law: the pinned fast path collapses under CC) there is no staging at all:
+the copy reads the file's page-cache mapping, so the CPU encrypts straight
+from the page cache (one pass over the bytes instead of pread's extra one;
+26 vs 22 GB/s under the emulated b300 bridge). Otherwise pinned staging.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from ccbridge import env
+from ccbridge.load.engine import PoolConfig
+
+MiB = 1 << 20
+# Real CC hardware with no measurement at hand: the bridge law's 8 worker
+# contexts (RTX Pro 6000 scales to ~35 GB/s by 24; B300 tops at ~34 GB/s).
+CC_ON_CONTEXTS = 8
+
+
+@dataclass(frozen=True)
+class Plan:
+    config: PoolConfig
+    why: str
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 4
+
+
+def cc_situation() -> tuple[str, dict[str, float]]:
+    """('emulated', profile params) | ('on', {}) | ('off', {}) | ('unknown', {})."""
+    emu = env.emulation_info()
+    if emu.get("active"):
+        params = {}
+        for k, v in (emu.get("params") or {}).items():
+            try:
+                params[k] = float(v)
+            except ValueError:
+                pass
+        if params.get("emulate", 1.0):
+            return "emulated", params
+        return "off", {}  # passthrough: the interposer adds no cost
+    return env.nvml_info().get("cc", {}).get("mode", "unknown"), {}
+
+
+def _cc_plan(device: int, contexts: int, staging: str, why: str) -> Plan:
+    workers = min(2 * contexts, 64)
+    return Plan(PoolConfig(device, workers, contexts, staging, 32 * MiB, 2), why)
+
+
+def choose(device: int, situation: tuple[str, dict[str, float]] | None = None) -> Plan:
+    """The default pool for a load to `device` (-1: host memory)."""
+    if device < 0:
+        n = max(2, min(8, _cpus()))
+        return Plan(PoolConfig(-1, n, 0, "pageable", 64 * MiB, 1), f"host target: {n} reader threads")
+    mode, params = situation or cc_situation()
+    if mode == "emulated":
+        pinned, pageable = params.get("h2d_pinned_gbps", 0), params.get("h2d_pageable_gbps", 0)
+        staging, per_ctx = ("mapped", pageable) if pageable >= pinned else ("pinned", pinned)
+        system = params.get("h2d_system_gbps", 0)
+        if per_ctx > 0 and system > 0:
+            n = max(2, min(16, math.ceil(system / per_ctx) + 1))
+            return _cc_plan(device, n, staging, f"emulated CC: {per_ctx:g} GB/s per context, "
+                                                f"{system:g} GB/s machine-wide: {n} contexts, staging {staging}")
+        return _cc_plan(device, CC_ON_CONTEXTS, staging, "emulated CC without bandwidth figures: "
+                                                         f"{CC_ON_CONTEXTS} contexts")
+    if mode == "on":
+        return _cc_plan(device, CC_ON_CONTEXTS, "mapped", f"CC on (NVML): {CC_ON_CONTEXTS} contexts, "
+                                                          "copies from the page-cache mapping")
+    n = max(2, min(16, _cpus()))
+    return Plan(PoolConfig(device, n, 0, "pinned", 16 * MiB, 2),
+                f"CC {mode}: {n} workers on the primary context, pinned staging, direct to the tensors")
+
+
+def override(plan: Plan, workers: int | None = None, contexts: int | None = None, staging: str | None = None,
+             chunk_bytes: int | None = None, buffers: int | None = None) -> Plan:
+    """The plan with the caller's choices in place of the defaults."""
+    c = plan.config
+    given = {k: v for k, v in dict(workers=workers, contexts=contexts, staging=staging,
+                                   chunk_bytes=chunk_bytes, buffers=buffers).items() if v is not None}
+    if not given:
+        return plan
+    if contexts is not None and workers is None:
+        given["workers"] = max(c.workers, contexts)
+    if workers is not None and contexts is None and c.contexts > workers:
+        given["contexts"] = workers
+    cfg = PoolConfig(c.device, given.get("workers", c.workers), given.get("contexts", c.contexts),
+                     given.get("staging", c.staging), given.get("chunk_bytes", c.chunk_bytes),
+                     given.get("buffers", c.buffers))
+    cfg.check()
+    return Plan(cfg, plan.why + "; overridden: " + ", ".join(f"{k}={v}" for k, v in given.items()))

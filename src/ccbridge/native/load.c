@@ -1,0 +1,546 @@
+/*
+ * ccbridge loader core: byte ranges of files to their final tensors.
+ *
+ * The bridge law says bandwidth lives in contexts and that contexts are
+ * expensive to make: so a pool of worker threads, made once and prewarmed
+ * (contexts created, staging buffers allocated and faulted in) before the
+ * first byte is needed, serves any number of loads and is torn down by
+ * whoever frees it, off the caller's critical path.
+ *
+ * A load is a list of chunks: a byte range of one file that lands in one or
+ * more segments (destination, length, tensor index); a large tensor is split
+ * over several chunks, and consecutive small tensors share one. Workers claim
+ * chunks in list order (so reads stay near-sequential), pread each into one
+ * of their staging buffers and copy it out on their own stream; a staging
+ * buffer is reused once the event recorded after its copies has completed.
+ * Staging kinds: pinned or pageable buffers filled by pread; or none, the
+ * copy reading the file's page-cache mapping as pageable memory (`mapped`:
+ * under CC the CPU then encrypts straight from the page cache, one pass
+ * over the bytes instead of two). Mapped chunks are populated with
+ * MADV_POPULATE_READ first, which fails cleanly past the end of a file; a
+ * file truncated between that and the copy can still raise SIGBUS, as with
+ * any mmap-based loader. (Registering the mapping for DMA instead measured
+ * 3x slower than pinned staging on an H100 host: pinning pages costs more
+ * than copying them.)
+ * Three shapes:
+ *
+ *   contexts == 0  every worker on the device's primary context (the one
+ *                  torch allocates in): copies go straight into the tensors.
+ *   contexts > 0   workers spread over that many contexts of their own, each
+ *                  with its own secure channel under CC; a chunk crosses once
+ *                  into a device staging buffer of the worker's context and
+ *                  its segments move to their tensors with cuMemcpyPeerAsync,
+ *                  device-local copies that never cross the bridge (so many
+ *                  small tensors pay one crossing's toll, not one each).
+ *   device < 0     host target: chunks are read straight into their
+ *                  destination; no CUDA at all.
+ *
+ * A tensor is reported done when its last chunk's copy has completed. The
+ * first error stops the load; workers drain what they have in flight before
+ * they go idle, so once ccb_pool_cancel() returns nothing writes to the
+ * caller's memory any more.
+ */
+#include "cudrv.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define CCB_STAGE_PINNED 0
+#define CCB_STAGE_PAGEABLE 1
+#define CCB_STAGE_MAPPED 2
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#define CCB_MAX_WORKERS 64
+#define CCB_MAX_BUFS 8
+
+typedef struct {
+    uint64_t dst; /* device address, or host address when the pool targets the host */
+    uint64_t nbytes;
+    int32_t tensor;
+    int32_t pad_;
+} ccb_segment;
+
+typedef struct {
+    int32_t fd;
+    uint32_t nseg;    /* segments seg[first .. first+nseg), laid end to end */
+    uint64_t first;
+    uint64_t offset;  /* file offset of the first byte */
+    uint64_t nbytes;  /* sum of the segments */
+    uint64_t src;     /* mapped staging: address of the first byte in the file's mapping */
+} ccb_chunk;
+
+typedef struct {
+    double prewarm_ns; /* from ccb_pool_new to every worker ready */
+    double read_ns;    /* summed over workers: inside pread */
+    double copy_ns;    /* summed over workers: inside copy calls and staging waits */
+    double bytes;      /* bytes delivered by the last load */
+    double load_ns;    /* last load: submit to the last worker idle */
+} ccb_load_stats;
+
+typedef struct ccb_pool ccb_pool;
+
+typedef struct {
+    ccb_pool *p;
+    int id;
+    CUcontext ctx;
+    CUstream stream;
+    void *host[CCB_MAX_BUFS];
+    CUdeviceptr dstage[CCB_MAX_BUFS];
+    CUevent ev[CCB_MAX_BUFS];
+    int64_t inflight[CCB_MAX_BUFS]; /* chunk index whose copy used slot k, or -1 */
+    double read_ns, copy_ns;
+} worker;
+
+struct ccb_pool {
+    int device, nworkers, ncontexts, staging, nbuf;
+    size_t chunk;
+    CUdevice dev;
+    CUcontext primary;
+    CUcontext ctx[CCB_MAX_WORKERS];
+    pthread_t thread[CCB_MAX_WORKERS];
+    int started;
+    worker w[CCB_MAX_WORKERS];
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int ready, ctx_made, stop;
+    double t_new, prewarm_ns;
+
+    /* the current load */
+    const ccb_chunk *chunks;
+    const ccb_segment *segs;
+    size_t nchunks;
+    size_t next; /* atomically claimed */
+    int32_t *remaining;
+    int ntensors;
+    int32_t *doneq;
+    int dq_head, dq_tail;
+    int job, busy, cancel;
+    double t_submit, t_idle, bytes;
+
+    int failed;
+    int64_t err_chunk;
+    char err[CCB_ERR_LEN];
+};
+
+/* First error wins; it stops the load. g_err is this thread's last message. */
+static void pool_fail(ccb_pool *p, int64_t chunk) {
+    pthread_mutex_lock(&p->mu);
+    if (!p->failed) {
+        p->failed = 1;
+        p->err_chunk = chunk;
+        memcpy(p->err, g_err, sizeof p->err);
+    }
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static int stopping(ccb_pool *p) {
+    return __atomic_load_n(&p->failed, __ATOMIC_ACQUIRE) || __atomic_load_n(&p->cancel, __ATOMIC_ACQUIRE);
+}
+
+static void tensor_done(ccb_pool *p, int32_t t) {
+    if (__atomic_sub_fetch(&p->remaining[t], 1, __ATOMIC_ACQ_REL) != 0) return;
+    pthread_mutex_lock(&p->mu);
+    p->doneq[p->dq_tail++] = t;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+static int read_full(int fd, void *buf, uint64_t n, uint64_t off) {
+    char *b = buf;
+    while (n) {
+        ssize_t r = pread(fd, b, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { set_err("read failed at offset %llu: %s", (unsigned long long)off, strerror(errno)); return -1; }
+        if (r == 0) {
+            set_err("file ended at offset %llu, before the bytes its header promises "
+                    "(truncated or rewritten during the load?)", (unsigned long long)off);
+            return -1;
+        }
+        b += r; n -= (uint64_t)r; off += (uint64_t)r;
+    }
+    return 0;
+}
+
+static double now_ns(void) { return ccb_now_ns(); }
+
+static void chunk_done(ccb_pool *p, const ccb_chunk *c) {
+    for (uint32_t j = 0; j < c->nseg; j++) tensor_done(p, p->segs[c->first + j].tensor);
+}
+
+/* Wait for slot k's copies; their tensors may then be done. */
+static int retire(worker *w, int k) {
+    if (w->inflight[k] < 0) return 0;
+    double t = now_ns();
+    CUresult rc = cu.EventSynchronize(w->ev[k]);
+    w->copy_ns += now_ns() - t;
+    int64_t i = w->inflight[k];
+    w->inflight[k] = -1;
+    if (rc != 0) { cu_fail(rc, "cuEventSynchronize"); pool_fail(w->p, i); return -1; }
+    chunk_done(w->p, &w->p->chunks[i]);
+    return 0;
+}
+
+/* Host target: each segment is read straight into place. */
+static int read_host(ccb_pool *p, const ccb_chunk *c) {
+    uint64_t off = c->offset;
+    for (uint32_t j = 0; j < c->nseg; j++) {
+        const ccb_segment *sg = &p->segs[c->first + j];
+        if (read_full(c->fd, (void *)(uintptr_t)sg->dst, sg->nbytes, off) != 0) return -1;
+        off += sg->nbytes;
+    }
+    return 0;
+}
+
+/* Queue the copies of a chunk that sits in staging slot k. */
+static int copy_out(worker *w, int k, const ccb_chunk *c, const char *src) {
+    ccb_pool *p = w->p;
+    if (p->ncontexts > 0) CK(cu.MemcpyHtoDAsync(w->dstage[k], src, c->nbytes, w->stream));
+    uint64_t at = 0;
+    for (uint32_t j = 0; j < c->nseg; j++) {
+        const ccb_segment *sg = &p->segs[c->first + j];
+        if (p->ncontexts == 0)
+            CK(cu.MemcpyHtoDAsync((CUdeviceptr)sg->dst, src + at, sg->nbytes, w->stream));
+        else
+            CK(cu.MemcpyPeerAsync((CUdeviceptr)sg->dst, p->primary, w->dstage[k] + at, w->ctx, sg->nbytes, w->stream));
+        at += sg->nbytes;
+    }
+    CK(cu.EventRecord(w->ev[k], w->stream));
+    return 0;
+fail:
+    return -1;
+}
+
+/* Mapped staging: fault the chunk's pages in (an error, not SIGBUS, past the end of the file). */
+static int map_in(const ccb_chunk *c) {
+    uintptr_t page = 4096, a = (uintptr_t)c->src & ~(page - 1), b = ((uintptr_t)c->src + c->nbytes + page - 1) & ~(page - 1);
+    if (madvise((void *)a, b - a, MADV_POPULATE_READ) != 0 && errno != EINVAL) {
+        set_err("cannot read the file's pages at offset %llu: %s (truncated or rewritten during the load?)",
+                (unsigned long long)c->offset, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static void run_load(worker *w) {
+    ccb_pool *p = w->p;
+    int k = 0;
+    while (!stopping(p)) {
+        size_t i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
+        if (i >= p->nchunks) break;
+        const ccb_chunk *c = &p->chunks[i];
+        double t = now_ns();
+        if (p->device < 0) {
+            int rc = read_host(p, c);
+            w->read_ns += now_ns() - t;
+            if (rc != 0) { pool_fail(p, (int64_t)i); break; }
+            chunk_done(p, c);
+            continue;
+        }
+        if (retire(w, k) != 0) break;
+        t = now_ns();
+        const char *src = w->host[k];
+        int rc = p->staging >= CCB_STAGE_MAPPED ? map_in(c) : read_full(c->fd, w->host[k], c->nbytes, c->offset);
+        if (p->staging >= CCB_STAGE_MAPPED) src = (const char *)(uintptr_t)c->src;
+        w->read_ns += now_ns() - t;
+        if (rc != 0) { pool_fail(p, (int64_t)i); break; }
+        t = now_ns();
+        rc = copy_out(w, k, c, src);
+        w->copy_ns += now_ns() - t;
+        if (rc != 0) {
+            pool_fail(p, (int64_t)i);
+            cu.StreamSynchronize(w->stream); /* copies queued before the refusal */
+            break;
+        }
+        w->inflight[k] = (int64_t)i;
+        k = (k + 1) % p->nbuf;
+    }
+    /* Drain: nothing of this worker may write after it reports idle. */
+    for (int j = 0; j < p->nbuf && p->device >= 0; j++) {
+        if (stopping(p)) {
+            if (w->inflight[j] >= 0) { cu.EventSynchronize(w->ev[j]); w->inflight[j] = -1; }
+        } else {
+            retire(w, j);
+        }
+    }
+}
+
+static int worker_init(worker *w) {
+    ccb_pool *p = w->p;
+    if (p->device < 0) return 0;
+    if (p->ncontexts == 0) {
+        w->ctx = p->primary;
+    } else {
+        int c = w->id % p->ncontexts;
+        if (w->id == c) {
+            CUcontext popped;
+            CUresult rc = cu.CtxCreate(&p->ctx[c], 0, p->dev);
+            pthread_mutex_lock(&p->mu);
+            p->ctx_made++;
+            pthread_cond_broadcast(&p->cv);
+            pthread_mutex_unlock(&p->mu);
+            if (rc != 0) { cu_fail(rc, "cuCtxCreate"); return -1; }
+            cu.CtxPopCurrent(&popped);
+        } else {
+            pthread_mutex_lock(&p->mu);
+            while (p->ctx_made < p->ncontexts && !p->failed) pthread_cond_wait(&p->cv, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+            if (!p->ctx[c]) { set_err("context %d was not created", c); return -1; }
+        }
+        w->ctx = p->ctx[c];
+    }
+    CK(cu.CtxSetCurrent(w->ctx));
+    CK(cu.StreamCreate(&w->stream, 1 /* CU_STREAM_NON_BLOCKING */));
+    for (int k = 0; k < p->nbuf; k++) {
+        if (p->staging >= CCB_STAGE_MAPPED) {
+            /* no host staging: the file's mapping is the source */
+        } else if (p->staging == CCB_STAGE_PINNED) {
+            CK(cu.MemHostAlloc(&w->host[k], p->chunk, 0));
+        } else {
+            if (posix_memalign(&w->host[k], 4096, p->chunk) != 0) {
+                w->host[k] = NULL;
+                set_err("out of host memory for a %zu-byte staging buffer", p->chunk);
+                return -1;
+            }
+        }
+        if (w->host[k]) memset(w->host[k], 0, p->chunk); /* fault it in now, not during the load */
+        if (p->ncontexts > 0) CK(cu.MemAlloc(&w->dstage[k], p->chunk));
+        CK(cu.EventCreate(&w->ev[k], 2 /* CU_EVENT_DISABLE_TIMING */));
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+static void worker_fini(worker *w) {
+    ccb_pool *p = w->p;
+    if (p->device < 0 || !w->ctx) return;
+    cu.CtxSetCurrent(w->ctx);
+    if (w->stream) cu.StreamSynchronize(w->stream);
+    for (int k = 0; k < p->nbuf; k++) {
+        if (w->ev[k]) cu.EventDestroy(w->ev[k]);
+        if (w->dstage[k]) cu.MemFree(w->dstage[k]);
+        if (w->host[k]) {
+            if (p->staging == CCB_STAGE_PINNED) cu.MemFreeHost(w->host[k]);
+            else free(w->host[k]);
+        }
+    }
+    if (w->stream) cu.StreamDestroy(w->stream);
+    cu.CtxSetCurrent(NULL);
+}
+
+static void *worker_main(void *arg) {
+    worker *w = arg;
+    ccb_pool *p = w->p;
+    int ok = worker_init(w) == 0;
+    if (!ok) pool_fail(p, -1);
+    pthread_mutex_lock(&p->mu);
+    if (++p->ready == p->nworkers) p->prewarm_ns = now_ns() - p->t_new;
+    pthread_cond_broadcast(&p->cv);
+    int seen = 0;
+    while (ok) {
+        while (p->job == seen && !p->stop) pthread_cond_wait(&p->cv, &p->mu);
+        if (p->stop) break;
+        seen = p->job;
+        pthread_mutex_unlock(&p->mu);
+        run_load(w);
+        pthread_mutex_lock(&p->mu);
+        if (--p->busy == 0) p->t_idle = now_ns();
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    worker_fini(w);
+    return NULL;
+}
+
+const char *ccb_pool_error(ccb_pool *p) { return p->err; }
+long long ccb_pool_error_chunk(ccb_pool *p) { return (long long)p->err_chunk; }
+
+void ccb_pool_free(ccb_pool *p);
+
+ccb_pool *ccb_pool_new(int device, int nworkers, int ncontexts, int staging, size_t chunk, int nbuf) {
+    if (nworkers < 1 || nworkers > CCB_MAX_WORKERS) { set_err("workers must be 1..%d, got %d", CCB_MAX_WORKERS, nworkers); return NULL; }
+    if (ncontexts < 0 || ncontexts > nworkers) { set_err("contexts must be 0..workers (%d), got %d", nworkers, ncontexts); return NULL; }
+    if (nbuf < 1 || nbuf > CCB_MAX_BUFS) { set_err("staging buffers per worker must be 1..%d, got %d", CCB_MAX_BUFS, nbuf); return NULL; }
+    if (staging < CCB_STAGE_PINNED || staging > CCB_STAGE_MAPPED) { set_err("unknown staging kind %d", staging); return NULL; }
+    if (device < 0 && staging >= CCB_STAGE_MAPPED) { set_err("mapped staging needs a device target"); return NULL; }
+    if (chunk < 4096) { set_err("chunk must be at least 4096 bytes, got %zu", chunk); return NULL; }
+    if (device >= 0 && ccb_open() != 0) return NULL;
+    ccb_pool *p = calloc(1, sizeof *p);
+    if (!p) { set_err("out of memory"); return NULL; }
+    p->device = device; p->nworkers = nworkers; p->ncontexts = ncontexts;
+    p->staging = staging; p->chunk = chunk; p->nbuf = nbuf; p->err_chunk = -1;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    p->t_new = now_ns();
+    if (device >= 0) {
+        CK(cu.DeviceGet(&p->dev, device));
+        CK(cu.DevicePrimaryCtxRetain(&p->primary, p->dev));
+    }
+    for (int i = 0; i < nworkers; i++) {
+        for (int k = 0; k < CCB_MAX_BUFS; k++) p->w[i].inflight[k] = -1;
+        p->w[i].p = p;
+        p->w[i].id = i;
+    }
+    for (int i = 0; i < nworkers; i++) {
+        if (pthread_create(&p->thread[i], NULL, worker_main, &p->w[i]) != 0) {
+            set_err("cannot start loader worker thread %d: %s", i, strerror(errno));
+            /* the workers started so far see stop and exit */
+            pthread_mutex_lock(&p->mu);
+            p->nworkers = i;
+            pthread_mutex_unlock(&p->mu);
+            goto fail;
+        }
+        p->started++;
+    }
+    return p;
+fail:;
+    char saved[CCB_ERR_LEN];
+    memcpy(saved, g_err, sizeof saved);
+    ccb_pool_free(p);
+    memcpy(g_err, saved, sizeof saved);
+    return NULL;
+}
+
+static struct timespec deadline_in(double seconds) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double s = ts.tv_sec + ts.tv_nsec / 1e9 + seconds;
+    ts.tv_sec = (time_t)s;
+    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+    return ts;
+}
+
+/* 0 when every worker is ready, 1 on timeout, -1 when one failed (ccb_pool_error). */
+int ccb_pool_wait_ready(ccb_pool *p, double timeout_s) {
+    struct timespec dl = deadline_in(timeout_s);
+    pthread_mutex_lock(&p->mu);
+    while (p->ready < p->nworkers && !p->failed)
+        if (pthread_cond_timedwait(&p->cv, &p->mu, &dl) == ETIMEDOUT) break;
+    int rc = p->failed ? -1 : p->ready < p->nworkers ? 1 : 0;
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+/* Start a load. remaining[t] holds how many segments tensor t has and is
+ * counted down; doneq (ntensors long) receives the finished tensors. */
+int ccb_pool_submit(ccb_pool *p, const ccb_chunk *chunks, size_t n, const ccb_segment *segs, size_t nsegs,
+                    int32_t *remaining, int32_t *doneq, int ntensors) {
+    pthread_mutex_lock(&p->mu);
+    int rc = -1;
+    if (p->failed) set_err("%s", p->err);
+    else if (p->ready < p->nworkers) set_err("the loader pool is not ready");
+    else if (p->busy) set_err("the loader pool is busy with another load");
+    else {
+        for (size_t i = 0; i < n; i++) {
+            const ccb_chunk *c = &chunks[i];
+            uint64_t sum = 0;
+            int bad = c->nbytes > p->chunk || c->first > nsegs || c->nseg > nsegs - c->first;
+            for (uint32_t j = 0; !bad && j < c->nseg; j++) {
+                const ccb_segment *sg = &segs[c->first + j];
+                bad = sg->tensor < 0 || sg->tensor >= ntensors;
+                sum += sg->nbytes;
+            }
+            if (bad || sum != c->nbytes) {
+                set_err("chunk %zu is malformed (%llu bytes, segments %llu+%u)", i,
+                        (unsigned long long)c->nbytes, (unsigned long long)c->first, c->nseg);
+                goto out;
+            }
+        }
+        p->chunks = chunks; p->segs = segs; p->nchunks = n; p->next = 0;
+        p->remaining = remaining; p->doneq = doneq; p->ntensors = ntensors;
+        p->dq_head = p->dq_tail = 0;
+        p->cancel = 0;
+        p->bytes = 0;
+        for (size_t i = 0; i < n; i++) p->bytes += (double)chunks[i].nbytes;
+        p->busy = p->nworkers;
+        p->t_submit = now_ns();
+        p->job++;
+        pthread_cond_broadcast(&p->cv);
+        rc = 0;
+    }
+out:
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+/* Tensors finished since the last call, into out (at most max): the count;
+ * 0 on timeout; -1 on error (ccb_pool_error); -2 when the load is over and
+ * everything was reported. */
+int ccb_pool_next(ccb_pool *p, int32_t *out, int max, double timeout_s) {
+    struct timespec dl = deadline_in(timeout_s);
+    pthread_mutex_lock(&p->mu);
+    int n = 0;
+    for (;;) {
+        if (p->failed) { n = -1; break; }
+        while (p->dq_head < p->dq_tail && n < max) out[n++] = p->doneq[p->dq_head++];
+        if (n) break;
+        if (!p->busy) { n = -2; break; }
+        if (pthread_cond_timedwait(&p->cv, &p->mu, &dl) == ETIMEDOUT) break;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
+/* Stop the load and wait until no worker can write anything more. */
+void ccb_pool_cancel(ccb_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    __atomic_store_n(&p->cancel, 1, __ATOMIC_RELEASE);
+    while (p->busy) pthread_cond_wait(&p->cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void ccb_pool_stats(ccb_pool *p, ccb_load_stats *s) {
+    pthread_mutex_lock(&p->mu);
+    memset(s, 0, sizeof *s);
+    s->prewarm_ns = p->prewarm_ns;
+    for (int i = 0; i < p->nworkers; i++) {
+        s->read_ns += p->w[i].read_ns;
+        s->copy_ns += p->w[i].copy_ns;
+    }
+    s->bytes = p->bytes;
+    s->load_ns = p->busy ? 0 : p->t_idle - p->t_submit;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void ccb_pool_reset_stats(ccb_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < p->nworkers; i++) p->w[i].read_ns = p->w[i].copy_ns = 0;
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Stop and join the workers, free their buffers, destroy the contexts. */
+void ccb_pool_free(ccb_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    __atomic_store_n(&p->cancel, 1, __ATOMIC_RELEASE);
+    while (p->busy) pthread_cond_wait(&p->cv, &p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->started; i++) pthread_join(p->thread[i], NULL);
+    for (int c = 0; c < p->ncontexts; c++)
+        if (p->ctx[c]) cu.CtxDestroy(p->ctx[c]);
+    if (p->primary) cu.DevicePrimaryCtxRelease(p->dev);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p);
+}
+
+/* The whole file mapped read-only (shared page cache); NULL with ccb_error(). */
+void *ccb_map_file(int fd, size_t size) {
+    void *p = mmap(NULL, size ? size : 1, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) { set_err("cannot map the file: %s", strerror(errno)); return NULL; }
+    return p;
+}
+
+void ccb_unmap_file(void *p, size_t size) { if (p) munmap(p, size ? size : 1); }
