@@ -25,6 +25,20 @@ def main(r: Path) -> None:
         checks = json.loads(cal.read_text())
         bad = [c["id"] for c in checks if c["ok"] is not True]
         print(f"| calibration {cal.parent.name} (EMULATED) | {len(checks) - len(bad)}/{len(checks)} hold; not: {bad} |")
+    for name in ("native", "b300"):
+        f = r / f"load-{name}.json"
+        if f.exists():
+            rep = json.loads(f.read_text())
+            ld = rep["loaders"]
+            mine = ld["ccbridge prewarmed"]["gbps"] or 0
+            others = {k: v["gbps"] for k, v in ld.items() if not k.startswith("ccbridge") and v["gbps"]}
+            ceil = rep.get("ceiling_gbps")
+            tag = " (EMULATED)" if rep.get("emulation") else ""
+            print(f"| load{tag} {rep['bytes'] / 2**30:.1f} GiB: ccbridge prewarmed / cold | {mine:.2f} / "
+                  f"{ld['ccbridge cold']['gbps'] or 0:.2f} GB/s; / ceiling {ceil or 0:.2f}: {mine / ceil if ceil else 0:.3f}; "
+                  f"{rep['verified']} |")
+            for k, v in others.items():
+                print(f"| load{tag}: {k} | {v:.2f} GB/s (ccbridge x{mine / v:.1f}) |")
     full = r / "full1" / "result.json"
     if not full.exists():
         return
