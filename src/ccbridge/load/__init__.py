@@ -21,7 +21,7 @@ def prewarm(device="cuda:0", **overrides) -> Pool:
     from ccbridge.load import loader, policy
 
     _, index = loader.resolve_device(torch, device)
-    return Pool(policy.override(policy.choose(index), **overrides).config)
+    return Pool(policy.for_device(index, **overrides).config)
 
 
 __all__ = ["Header", "HeaderError", "LoadError", "LoadStats", "Pool", "PoolConfig", "TensorInfo",

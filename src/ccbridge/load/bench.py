@@ -109,8 +109,9 @@ def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None =
                                        "safetensors safe_open + .to", "fastsafetensors (nogds)")}
     results["fastsafetensors (nogds)"].error = fst_error
     verified = None
-    pool = loader.Pool(loader.policy.override(loader.policy.choose(loader.resolve_device(torch, device)[1]),
-                                              **overrides).config)
+    index = loader.resolve_device(torch, device)[1]
+    plan = loader.policy.for_device(index, **overrides)
+    pool = loader.Pool(plan.config)
     pool_prewarm = pool.ready()
 
     def timed(name, fn):
@@ -156,13 +157,13 @@ def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None =
 
     report = {
         "device": device,
-        "gpu": torch.cuda.get_device_name(loader.resolve_device(torch, device)[1]) if torch.cuda.is_available() else "cpu",
+        "gpu": torch.cuda.get_device_name(index) if index >= 0 else "cpu",
         "files": len(files),
         "bytes": nbytes,
         "repeat": repeat,
         "page_cache_read_gbps": nbytes / warm_s / 1e9,
         "pool": {**asdict(pool.config), "prewarm_s": pool_prewarm, "teardown_s": pool.teardown_s},
-        "why": loader.policy.override(loader.policy.choose(pool.config.device), **overrides).why,
+        "why": plan.why,
         "verified": verified,
         "loaders": {n: {"gbps": o.gbps(nbytes), "seconds": o.seconds, "error": o.error, "stages": o.stages}
                     for n, o in results.items()},

@@ -90,6 +90,11 @@ def choose(device: int, situation: tuple[str, dict[str, float]] | None = None) -
                 f"CC {mode}: {n} workers on the primary context, pinned staging, direct to the tensors")
 
 
+def for_device(device: int, **overrides) -> Plan:
+    """The plan for a load to `device`: the default, with the caller's overrides in place."""
+    return override(choose(device), **overrides)
+
+
 def override(plan: Plan, workers: int | None = None, contexts: int | None = None, staging: str | None = None,
              chunk_bytes: int | None = None, buffers: int | None = None) -> Plan:
     """The plan with the caller's choices in place of the defaults."""
