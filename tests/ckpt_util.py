@@ -62,3 +62,24 @@ def same_bytes(torch, a, b) -> bool:
     if a.numel() == 0:
         return True
     return torch.equal(a.reshape(-1).view(torch.uint8).cpu(), b.reshape(-1).view(torch.uint8).cpu())
+
+
+def assert_truncation_mid_load_raises(torch, d: Path, cut: int, big_elems: int, device: str, **opts) -> None:
+    """Write a one-shard checkpoint, start loading it, cut `cut` bytes off its end
+    after the headers were accepted: LoadError, and the call's pool is torn down."""
+    import os
+
+    import pytest
+
+    from ccbridge.load import LoadError, LoadStats, iter_safetensors
+
+    write(torch, d, seed=5, shards=1, big_elems=big_elems)
+    f = next(d.glob("*.safetensors"))
+    st = LoadStats()
+    it = iter_safetensors(d, device=device, stats=st, **opts)
+    next(it)  # the empty tensors come first, before any read: the headers were valid
+    os.truncate(f, f.stat().st_size - cut)
+    with pytest.raises(LoadError, match="file ended"):
+        for _ in it:
+            pass
+    assert st.join_teardown() is not None

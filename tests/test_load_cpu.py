@@ -4,13 +4,12 @@ The host target runs the same pool, scheduler, completion tracking and error
 path as a GPU load, minus the CUDA copies (those are in test_load_gpu.py).
 """
 
-import os
 import threading
 
 import pytest
 
 import ckpt_util
-from ccbridge.load import HeaderError, LoadError, LoadStats, iter_safetensors, load_safetensors
+from ccbridge.load import HeaderError, LoadStats, iter_safetensors, load_safetensors
 from ccbridge.load.loader import plan_chunks
 
 
@@ -108,17 +107,7 @@ def test_stopping_early_cancels_and_frees(ckpt):
 
 
 def test_file_truncated_during_load_raises(tmp_path):
-    d = tmp_path / "c"
-    ckpt_util.write(torch, d, seed=3, shards=1)
-    f = next(d.glob("*.safetensors"))
-    st = LoadStats()
-    it = iter_safetensors(d, device="cpu", workers=2, chunk_bytes=4096, stats=st)
-    next(it)  # the empty tensors come first, before any read: the headers were valid
-    os.truncate(f, f.stat().st_size - 1000)
-    with pytest.raises(LoadError, match="file ended"):
-        for _ in it:
-            pass
-    assert st.join_teardown() is not None
+    ckpt_util.assert_truncation_mid_load_raises(torch, tmp_path / "c", 1000, 300_000, "cpu", workers=2, chunk_bytes=4096)
 
 
 def test_bad_header_loads_nothing(tmp_path):

@@ -76,19 +76,8 @@ def test_prewarmed_pool_serves_several_loads(ckpt):
 
 
 def test_truncated_during_load_raises_and_frees(tmp_path):
-    d = tmp_path / "c"
-    ckpt_util.write(torch, d, seed=5, shards=1, big_elems=2_000_000)
-    f = next(d.glob("*.safetensors"))
-    st = LoadStats()
-    it = iter_safetensors(d, device="cuda:0", contexts=2, workers=2, chunk_bytes=65536, stats=st)
-    next(it)  # an empty tensor: before any read
-    import os
-
-    os.truncate(f, f.stat().st_size - 4_000_000)
-    with pytest.raises(LoadError, match="file ended"):
-        for _ in it:
-            pass
-    assert st.join_teardown() is not None
+    ckpt_util.assert_truncation_mid_load_raises(torch, tmp_path / "c", 4_000_000, 2_000_000, "cuda:0",
+                                                contexts=2, workers=2, chunk_bytes=65536)
 
 
 def test_bad_device_index(ckpt):
