@@ -264,6 +264,55 @@ def cmd_make_checkpoint(args) -> int:
     return 0
 
 
+def _secure_ready(cmd: str) -> bool:
+    try:
+        import torch
+    except ImportError:
+        print(f"ccbridge {cmd}: needs torch (pip install torch)", file=sys.stderr)
+        return False
+    if not torch.cuda.is_available():
+        print(f"ccbridge {cmd}: needs NVIDIA GPUs; torch sees none", file=sys.stderr)
+        return False
+    return True
+
+
+def cmd_collectives(args) -> int:
+    from ccbridge.load.synth import parse_size
+
+    if not _secure_ready("collectives"):
+        return 2
+    from ccbridge.secure import bench
+
+    res = bench.collectives(args.op, parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor, args.dtype,
+                            args.iters, args.warmup, args.ngpus, args.backend, args.transport)
+    print(f"# ccbridge collectives: {args.op} on {res['nranks']} GPUs, backend {res['backend']}, transport "
+          f"{res['transport']}, {args.iters} iterations (each encrypted op ends with a host wait)")
+    print(bench.render_collectives(res["rows"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return 1 if any(r["wrong"] for r in res["rows"]) else 0
+
+
+def cmd_bench(args) -> int:
+    if not _secure_ready("bench"):
+        return 2
+    from ccbridge.load.synth import parse_size
+    from ccbridge.secure import bench
+
+    if args.what == "cipher":
+        res = bench.cipher(bench.sizes(parse_size(args.minbytes), parse_size(args.maxbytes), 4), args.iters)
+        print(bench.render_cipher(res))
+    else:
+        res = {"runs": []}
+        for n in args.ngpus:
+            r = bench.ddp(args.models, n, args.buckets, args.iters, args.warmup)
+            res["runs"].append(r)
+            print(bench.render_ddp(r))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ccbridge", description="Measure the CPU<->GPU bridge of GPU confidential computing.")
     ap.add_argument("--version", action="version", version=f"ccbridge {__version__}")
@@ -337,6 +386,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-size", default="4GiB", help="shard size (default 4GiB)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_checkpoint)
+
+    p = sub.add_parser("collectives", help="nccl-tests style table: plaintext vs encrypted collectives (spawns one rank per GPU)")
+    p.add_argument("--op", default="all_reduce", choices=["all_reduce", "all_gather", "reduce_scatter", "broadcast"])
+    p.add_argument("-b", "--minbytes", default="8", help="smallest size (default 8)")
+    p.add_argument("-e", "--maxbytes", default="256M", help="largest size (default 256M)")
+    p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier (default 2)")
+    p.add_argument("-d", "--dtype", default="float", help="float, half, bfloat16, double, int32, int64, uint8")
+    p.add_argument("-n", "--iters", type=int, default=20)
+    p.add_argument("-w", "--warmup", type=int, default=5)
+    p.add_argument("-g", "--ngpus", type=int, help="ranks (default: every GPU)")
+    p.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
+    p.add_argument("--transport", default="default", choices=["default", "sockets"],
+                   help="sockets: NCCL without P2P or shared memory, a stand-in for crossing nodes")
+    p.add_argument("--json", help="write the rows here")
+    p.set_defaults(fn=cmd_collectives)
+
+    p = sub.add_parser("bench", help="benchmarks of the encrypted collectives: ddp (training iterations) or cipher")
+    p.add_argument("what", choices=["ddp", "cipher"])
+    p.add_argument("--models", nargs="+", default=["resnet50", "bert-large", "gpt2-large"])
+    p.add_argument("--ngpus", type=int, nargs="+", default=[2, 4], help="world sizes (default 2 4)")
+    p.add_argument("--buckets", type=int, nargs="+", default=[25, 100, 400], help="bucket_cap_mb sweep for the encrypted runs")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("-b", "--minbytes", default="1M", help="cipher: smallest size")
+    p.add_argument("-e", "--maxbytes", default="1G", help="cipher: largest size")
+    p.add_argument("--json", help="write the rows here")
+    p.set_defaults(fn=cmd_bench)
     return ap
 
 
@@ -345,11 +421,15 @@ def main(argv: list[str] | None = None) -> int:
     from ccbridge.emulate.profiles import ProfileError
     from ccbridge.load.engine import LoadError
     from ccbridge.load.header import HeaderError
+    from ccbridge.libcrypto import IntegrityError
+    from ccbridge.native import GpuError
     from ccbridge.results import ResultFileError
+    from ccbridge.secure.keys import KeyMaterialError
 
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ProfileError, ResultFileError, EmulatorError, HeaderError, LoadError) as e:  # say why, lose nothing
+    except (ProfileError, ResultFileError, EmulatorError, HeaderError, LoadError, IntegrityError, KeyMaterialError,
+            GpuError) as e:  # say why, lose nothing
         print(f"ccbridge {args.cmd}: {e}", file=sys.stderr)
         return 2

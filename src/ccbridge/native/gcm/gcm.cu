@@ -1,0 +1,241 @@
+/*
+ * AES-256-GCM kernels for the chunked format of gcm.h. A CTA of GCM_THREADS
+ * threads takes one chunk at a time (grid-stride over chunks); thread t
+ * handles blocks t, t+T, ... of it: counter-mode keystream, coalesced 16-byte
+ * loads and stores, and its GHASH share. Shares are XOR-reduced across the CTA
+ * and thread 0 finishes the tag. The T-table sits in shared memory once per
+ * bank so lookups never conflict.
+ *
+ * Built by setup.py (nvcc -fatbin) when nvcc is present; loaded and launched
+ * through the driver API by gcm_host.c.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "gcm.h"
+
+#define LANES 32
+
+enum { DT_F32, DT_F16, DT_BF16, DT_F64, DT_I32, DT_I64, DT_U8 };
+
+struct cta_state {
+    uint32_t T[256 * LANES];
+    uint32_t rk[60];
+    gcm_u128 part[GCM_THREADS / 32];
+    int bad;
+};
+
+__device__ static void load_key(cta_state &s, const gcm_key *k) {
+    for (int i = threadIdx.x; i < 256 * LANES; i += blockDim.x) s.T[i] = k->te0[i / LANES];
+    for (int i = threadIdx.x; i < 60; i += blockDim.x) s.rk[i] = k->rk[i];
+    __syncthreads();
+}
+
+__device__ static void keystream(const cta_state &s, const gcm_msg *m, uint32_t c, uint32_t ctr, uint32_t ks[4]) {
+    gcm_counter(m, c, ctr, ks);
+    gcm_aes(s.rk, s.T, 5, threadIdx.x & (LANES - 1), ks);
+}
+
+__device__ static gcm_u128 shfl_xor(gcm_u128 v, int d) {
+    v.hi = __shfl_xor_sync(0xffffffffu, v.hi, d);
+    v.lo = __shfl_xor_sync(0xffffffffu, v.lo, d);
+    return v;
+}
+
+/* XOR of every thread's v, valid in thread 0. */
+__device__ static gcm_u128 cta_xor(cta_state &s, gcm_u128 v) {
+    for (int d = 16; d; d >>= 1) v = gcm_xor(v, shfl_xor(v, d));
+    if ((threadIdx.x & 31) == 0) s.part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < GCM_THREADS / 32; w++) v = gcm_xor(v, s.part[w]);
+    __syncthreads();
+    return v;
+}
+
+/* Block i of a chunk of len bytes: 16 raw bytes (zero-padded past len). */
+__device__ static uint4 load_block(const uint8_t *p, uint64_t len, uint32_t i) {
+    if (16ull * (i + 1) <= len) return *reinterpret_cast<const uint4 *>(p + 16ull * i);
+    uint8_t b[16];
+    for (int j = 0; j < 16; j++) b[j] = 16ull * i + j < len ? p[16ull * i + j] : 0;
+    uint4 r;
+    memcpy(&r, b, 16);
+    return r;
+}
+
+__device__ static void store_block(uint8_t *p, uint64_t len, uint32_t i, uint4 v) {
+    if (16ull * (i + 1) <= len) {
+        *reinterpret_cast<uint4 *>(p + 16ull * i) = v;
+        return;
+    }
+    uint8_t b[16];
+    memcpy(b, &v, 16);
+    for (int j = 0; j < 16 && 16ull * i + j < len; j++) p[16ull * i + j] = b[j];
+}
+
+/* raw memory words <-> the big-endian words GCM works in */
+__device__ static uint4 xor_ks(uint4 v, const uint32_t ks[4]) {
+    v.x ^= gcm_bswap32(ks[0]);
+    v.y ^= gcm_bswap32(ks[1]);
+    v.z ^= gcm_bswap32(ks[2]);
+    v.w ^= gcm_bswap32(ks[3]);
+    return v;
+}
+
+__device__ static gcm_u128 as_block(uint4 v) {
+    uint32_t w[4] = {gcm_bswap32(v.x), gcm_bswap32(v.y), gcm_bswap32(v.z), gcm_bswap32(v.w)};
+    return gcm_from_words(w);
+}
+
+__device__ static void ghash_step(gcm_u128 &acc, int64_t &last, gcm_u128 hT, uint32_t i, gcm_u128 cb) {
+    acc = last < 0 ? cb : gcm_xor(gcm_mul(acc, hT), cb);
+    last = i;
+}
+
+/* Finish chunk c's tag in thread 0 (S = XOR of the threads' shares). */
+__device__ static gcm_u128 finish_tag(const cta_state &s, const gcm_key *k, const gcm_msg *m, uint32_t c, gcm_u128 S) {
+    uint32_t j0[4];
+    keystream(s, m, c, 1, j0);
+    return gcm_chunk_tag(k, m, c, S, j0);
+}
+
+__device__ static void put_tag(uint8_t *tags, uint32_t c, gcm_u128 t) { gcm_store_be(tags + 16ull * c, t); }
+
+__device__ static bool tag_ok(const uint8_t *tags, uint32_t c, gcm_u128 t) {
+    gcm_u128 want = gcm_load_be(tags + 16ull * c);
+    return ((want.hi ^ t.hi) | (want.lo ^ t.lo)) == 0;
+}
+
+__device__ static void zero_chunk(uint8_t *p, uint64_t len) {
+    for (uint64_t j = threadIdx.x; j < len; j += blockDim.x) p[j] = 0;
+}
+
+extern "C" __global__ void __launch_bounds__(GCM_THREADS)
+ccb_gcm_crypt(const gcm_key *key, gcm_msg m, int decrypt, const uint8_t *in, uint8_t *out, uint8_t *tags, int *fail) {
+    __shared__ cta_state s;
+    load_key(s, key);
+    const gcm_u128 hT = key->hpow[GCM_THREADS - 1];
+    for (uint32_t c = blockIdx.x; c < m.nchunks; c += gridDim.x) {
+        uint64_t off = (uint64_t)c * m.chunk_bytes, len = gcm_chunk_len(&m, c);
+        uint32_t nb = (uint32_t)((len + 15) / 16);
+        gcm_u128 acc = {0, 0};
+        int64_t last = -1;
+        for (uint32_t i = threadIdx.x; i < nb; i += GCM_THREADS) {
+            uint32_t ks[4];
+            keystream(s, &m, c, i + 2, ks);
+            uint4 v = load_block(in + off, len, i);
+            uint4 o = xor_ks(v, ks);
+            store_block(out + off, len, i, o);
+            if (16ull * (i + 1) > len) { /* GHASH pads the last partial block with zeros */
+                uint8_t b[16];
+                memcpy(b, decrypt ? &v : &o, 16);
+                for (int j = (int)(len - 16ull * i); j < 16; j++) b[j] = 0;
+                memcpy(decrypt ? &v : &o, b, 16);
+            }
+            ghash_step(acc, last, hT, i, as_block(decrypt ? v : o));
+        }
+        gcm_u128 S = cta_xor(s, gcm_lift(key, acc, nb, last));
+        if (threadIdx.x == 0) {
+            gcm_u128 t = finish_tag(s, key, &m, c, S);
+            if (!decrypt) put_tag(tags, c, t);
+            s.bad = decrypt && !tag_ok(tags, c, t);
+            if (s.bad) atomicAdd(fail, 1);
+        }
+        __syncthreads();
+        if (s.bad) zero_chunk(out + off, len);
+        __syncthreads();
+    }
+}
+
+/* sum of two 16-byte vectors of dtype */
+__device__ static uint4 add16(uint4 a, uint4 b, int dtype) {
+    uint4 r;
+    switch (dtype) {
+    case DT_F32: {
+        float4 x = *reinterpret_cast<float4 *>(&a), y = *reinterpret_cast<float4 *>(&b);
+        float4 z = make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+        r = *reinterpret_cast<uint4 *>(&z);
+        break;
+    }
+    case DT_F16: {
+        __half2 *x = reinterpret_cast<__half2 *>(&a), *y = reinterpret_cast<__half2 *>(&b), *z = reinterpret_cast<__half2 *>(&r);
+        for (int j = 0; j < 4; j++) z[j] = __hadd2(x[j], y[j]);
+        break;
+    }
+    case DT_BF16: {
+        __nv_bfloat162 *x = reinterpret_cast<__nv_bfloat162 *>(&a), *y = reinterpret_cast<__nv_bfloat162 *>(&b),
+                       *z = reinterpret_cast<__nv_bfloat162 *>(&r);
+        for (int j = 0; j < 4; j++) z[j] = __hadd2(x[j], y[j]);
+        break;
+    }
+    case DT_F64: {
+        double2 x = *reinterpret_cast<double2 *>(&a), y = *reinterpret_cast<double2 *>(&b);
+        double2 z = make_double2(x.x + y.x, x.y + y.y);
+        r = *reinterpret_cast<uint4 *>(&z);
+        break;
+    }
+    case DT_I32:
+        r = make_uint4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        break;
+    case DT_I64: {
+        ulonglong2 x = *reinterpret_cast<ulonglong2 *>(&a), y = *reinterpret_cast<ulonglong2 *>(&b);
+        ulonglong2 z = make_ulonglong2(x.x + y.x, x.y + y.y);
+        r = *reinterpret_cast<uint4 *>(&z);
+        break;
+    }
+    default: /* DT_U8: bytewise, wrapping */
+        r = make_uint4(__vadd4(a.x, b.x), __vadd4(a.y, b.y), __vadd4(a.z, b.z), __vadd4(a.w, b.w));
+    }
+    return r;
+}
+
+extern "C" __global__ void __launch_bounds__(GCM_THREADS)
+ccb_gcm_reduce(const gcm_key *key, gcm_msg min, gcm_msg mout, int dtype, const uint8_t *in, const uint8_t *tin,
+               const uint8_t *local, uint8_t *plain, uint8_t *out, uint8_t *tout, int *fail) {
+    __shared__ cta_state s;
+    load_key(s, key);
+    const gcm_u128 hT = key->hpow[GCM_THREADS - 1];
+    for (uint32_t c = blockIdx.x; c < min.nchunks; c += gridDim.x) {
+        uint64_t off = (uint64_t)c * min.chunk_bytes, len = gcm_chunk_len(&min, c);
+        uint32_t nb = (uint32_t)((len + 15) / 16);
+        gcm_u128 ain = {0, 0}, aout = {0, 0};
+        int64_t lin = -1, lout = -1;
+        for (uint32_t i = threadIdx.x; i < nb; i += GCM_THREADS) {
+            uint32_t ks[4];
+            keystream(s, &min, c, i + 2, ks);
+            uint4 v = load_block(in + off, len, i);
+            uint4 y = add16(xor_ks(v, ks), load_block(local + off, len, i), dtype);
+            if (plain) store_block(plain + off, len, i, y);
+            ghash_step(ain, lin, hT, i, as_block(v)); /* load_block zero-padded v */
+            if (out) {
+                keystream(s, &mout, c, i + 2, ks);
+                uint4 o = xor_ks(y, ks);
+                store_block(out + off, len, i, o);
+                if (16ull * (i + 1) > len) {
+                    uint8_t b[16];
+                    memcpy(b, &o, 16);
+                    for (int j = (int)(len - 16ull * i); j < 16; j++) b[j] = 0;
+                    memcpy(&o, b, 16);
+                }
+                ghash_step(aout, lout, hT, i, as_block(o));
+            }
+        }
+        gcm_u128 Sin = cta_xor(s, gcm_lift(key, ain, nb, lin));
+        gcm_u128 Sout = out ? cta_xor(s, gcm_lift(key, aout, nb, lout)) : Sin;
+        if (threadIdx.x == 0) {
+            s.bad = !tag_ok(tin, c, finish_tag(s, key, &min, c, Sin));
+            if (s.bad) atomicAdd(fail, 1);
+            if (out) {
+                gcm_u128 t = finish_tag(s, key, &mout, c, Sout);
+                if (s.bad) t.hi = ~t.hi; /* poison: the next receiver must fail too */
+                put_tag(tout, c, t);
+            }
+        }
+        __syncthreads();
+        if (s.bad) {
+            if (plain) zero_chunk(plain + off, len);
+            if (out) zero_chunk(out + off, len);
+        }
+        __syncthreads();
+    }
+}

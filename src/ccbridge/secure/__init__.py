@@ -1,0 +1,22 @@
+"""Encrypted collectives: AES-256-GCM on the GPU (or OpenSSL on CPU ranks)
+around ring collectives on torch.distributed, and a DDP comm hook.
+
+    from ccbridge import secure
+    group = secure.SecureGroup(keys=secure.EnvKey())
+    ddp.register_comm_hook(group, secure.allreduce_hook)
+"""
+
+from ccbridge.libcrypto import IntegrityError
+from ccbridge.secure.keys import EnvKey, FileKey, KeyMaterialError, KeyProvider, StaticKey
+
+__all__ = ["IntegrityError", "KeyProvider", "StaticKey", "FileKey", "EnvKey", "KeyMaterialError",
+           "SecureGroup", "SecureWork", "allreduce_hook"]
+
+
+def __getattr__(name):
+    # the collectives need torch; the cipher format and keys do not
+    if name in ("SecureGroup", "SecureWork", "allreduce_hook"):
+        from ccbridge.secure import group
+
+        return getattr(group, name)
+    raise AttributeError(f"module 'ccbridge.secure' has no attribute {name!r}")

@@ -1,0 +1,337 @@
+"""Benchmarks of the encrypted collectives: an nccl-tests style table
+(plaintext torch.distributed vs ccbridge.secure, side by side) and DDP
+training iterations plain vs encrypted.
+
+Both spawn one process per GPU (or run as one rank under torchrun when
+RANK/WORLD_SIZE are set). Data are random small integers stored in the
+tensor's dtype, so sums are exact in any order and #wrong counts real errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from ccbridge.secure import keys as keymod
+
+BUSBW = {  # nccl-tests' bus bandwidth factors
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+}
+DTYPES = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16, "int32": torch.int32,
+          "int64": torch.int64, "double": torch.float64, "uint8": torch.uint8}
+
+
+def sizes(begin: int, end: int, factor: int) -> list[int]:
+    out, s = [], begin
+    while s <= end:
+        out.append(s)
+        s *= factor
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def transport_env(transport: str) -> dict:
+    """NCCL forced onto sockets (no P2P, no shared memory): a stand-in for crossing nodes."""
+    if transport == "sockets":
+        return {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket"}
+    return {}
+
+
+def launch(fn, nproc: int, *args, env: dict | None = None):
+    """Run fn(rank, nproc, *args) on nproc spawned ranks; returns rank 0's result."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return fn(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), *args)
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    os.environ.update(env or {})
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(_free_port())
+    os.environ.setdefault(keymod.ENV_VAR, os.urandom(32).hex())  # a benchmark key, shared by the spawned ranks
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "rank0.json")
+        mp.spawn(_rank_main, args=(nproc, fn, out, args), nprocs=nproc, join=True)
+        with open(out) as f:
+            return json.load(f)
+
+
+def _rank_main(rank, nproc, fn, out, args):
+    os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"] = str(rank), str(nproc), str(rank)
+    res = fn(rank, nproc, *args)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(res, f)
+
+
+def _init(rank: int, n: int, backend: str):
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=n)
+    from ccbridge.secure import SecureGroup
+
+    return SecureGroup()
+
+
+def _plain(op: str, out, inp):
+    if op == "all_reduce":
+        dist.all_reduce(out)
+    elif op == "all_gather":
+        dist.all_gather_into_tensor(out, inp)
+    elif op == "reduce_scatter":
+        dist.reduce_scatter_tensor(out, inp)
+    else:
+        dist.broadcast(out, 0)
+
+
+def _secure(g, op: str, out, inp):
+    if op == "all_reduce":
+        g.all_reduce(out)
+    elif op == "all_gather":
+        g.all_gather_into_tensor(out, inp)
+    elif op == "reduce_scatter":
+        g.reduce_scatter_tensor(out, inp)
+    else:
+        g.broadcast(out, 0)
+
+
+def _buffers(op: str, nbytes: int, n: int, dtype, device, rank: int):
+    """(input, output) of a collective moving nbytes (nccl-tests' size: the larger buffer for gathers)."""
+    es = torch.tensor([], dtype=dtype).element_size()
+    count = max(1, nbytes // es)
+    g = torch.Generator(device="cpu").manual_seed(1234 + rank)
+    if op in ("all_gather", "reduce_scatter"):
+        count = max(n, count - count % n)
+    big = torch.randint(-8, 9, (count,), generator=g).to(dtype).to(device)
+    if op == "all_gather":
+        return big[: count // n].clone(), torch.empty(count, dtype=dtype, device=device)
+    if op == "reduce_scatter":
+        return big, torch.empty(count // n, dtype=dtype, device=device)
+    return big, big.clone()
+
+
+def _time(fn, iters: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters
+
+
+def _collectives_rank(rank, n, op, size_list, dtype_name, iters, warmup, backend):
+    g = _init(rank, n, backend)
+    dtype, dev = DTYPES[dtype_name], g.device
+    rows = []
+    for nbytes in size_list:
+        inp, out = _buffers(op, nbytes, n, dtype, dev, rank)
+        orig = out.clone()
+
+        def reset():
+            out.copy_(orig)
+
+        reset()
+        _plain(op, out, inp)
+        ref = out.clone()
+        reset()
+        _secure(g, op, out, inp)
+        wrong = int((out != ref).sum())
+        # timings: the op alone, restoring the input outside the timed loop is not
+        # possible for in-place ops, so all_reduce/broadcast time on evolving data
+        t_plain = _time(lambda: _plain(op, out, inp), iters, warmup)
+        t_sec = _time(lambda: _secure(g, op, out, inp), iters, warmup)
+        size = max(out.numel(), inp.numel()) * out.element_size()
+        f = BUSBW[op](n)
+        rows.append({"size": size, "count": max(out.numel(), inp.numel()), "type": dtype_name,
+                     "plain_us": t_plain * 1e6, "plain_algbw": size / t_plain / 1e9,
+                     "plain_busbw": size / t_plain / 1e9 * f,
+                     "secure_us": t_sec * 1e6, "secure_algbw": size / t_sec / 1e9, "secure_busbw": size / t_sec / 1e9 * f,
+                     "wrong": wrong})
+        if rank == 0 and os.environ.get("CCBRIDGE_PROGRESS", "1") == "1":
+            print(render_collectives([rows[-1]], header=len(rows) == 1), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"op": op, "nranks": n, "backend": backend, "rows": rows}
+
+
+def collectives(op: str, begin: int, end: int, factor: int, dtype: str = "float", iters: int = 20, warmup: int = 5,
+                nproc: int | None = None, backend: str = "nccl", transport: str = "default") -> dict:
+    if op not in BUSBW:
+        raise ValueError(f"op must be one of {', '.join(BUSBW)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
+    nproc = nproc or torch.cuda.device_count()
+    if nproc < 2:
+        raise RuntimeError(f"collectives need at least 2 GPUs; this machine has {torch.cuda.device_count()}")
+    res = launch(_collectives_rank, nproc, op, sizes(begin, end, factor), dtype, iters, warmup, backend,
+                 env=transport_env(transport))
+    res["transport"] = transport
+    return res
+
+
+def render_collectives(rows: list[dict], header: bool = True) -> str:
+    lines = []
+    if header:
+        lines.append(f"{'':>34}  {'plaintext':^36}  {'ccbridge.secure (AES-256-GCM)':^36}")
+        lines.append(f"{'size':>12} {'count':>12} {'type':>8}  " + "  ".join(
+            [f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>7}"] * 2) + f"  {'busbw':>6}")
+        lines.append(f"{'(B)':>12} {'(elements)':>12} {'':>8}  " + "  ".join([f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>7}"] * 2)
+                     + f"  {'ratio':>6}")
+    for r in rows:
+        lines.append(f"{r['size']:>12} {r['count']:>12} {r['type']:>8}  "
+                     f"{r['plain_us']:>9.1f} {r['plain_algbw']:>7.2f} {r['plain_busbw']:>7.2f} {'-':>7}  "
+                     f"{r['secure_us']:>9.1f} {r['secure_algbw']:>7.2f} {r['secure_busbw']:>7.2f} {r['wrong']:>7}  "
+                     f"{r['secure_busbw'] / r['plain_busbw']:>6.3f}")
+    return "\n".join(lines)
+
+
+# ---- DDP ----
+
+def _model(name: str):
+    """(model, batch maker) with random initialization."""
+    if name == "resnet50":
+        import torchvision
+
+        m = torchvision.models.resnet50()
+        return m, lambda b, dev: (torch.randn(b, 3, 224, 224, device=dev), torch.randint(0, 1000, (b,), device=dev)), 64
+    import transformers
+
+    if name == "bert-large":
+        cfg = transformers.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+        m, seq = transformers.BertForMaskedLM(cfg), 128
+    elif name == "gpt2-large":
+        cfg = transformers.GPT2Config(n_embd=1280, n_layer=36, n_head=20)
+        m, seq = transformers.GPT2LMHeadModel(cfg), 256
+    else:
+        raise ValueError(f"unknown model {name} (resnet50, bert-large, gpt2-large)")
+    vocab = cfg.vocab_size
+    return m, lambda b, dev: (torch.randint(0, vocab, (b, seq), device=dev), None), 8
+
+
+def _step(model, name, batch):
+    x, y = batch
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        if name == "resnet50":
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        else:
+            loss = model(input_ids=x, labels=x).loss
+    loss.backward()
+
+
+def _ddp_rank(rank, n, models, buckets, iters, warmup, backend):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ccbridge.secure import allreduce_hook
+
+    g = _init(rank, n, backend)
+    dev = g.device
+    rows = []
+    for name in models:
+        torch.manual_seed(0)
+        base, make, bsz = _model(name)
+        base = base.to(dev)
+        params = sum(p.numel() for p in base.parameters())
+        batch = make(bsz, dev)
+        for mode, cap in [("plain", 25)] + [("secure", b) for b in buckets]:
+            ddp = DDP(base, device_ids=[dev.index], bucket_cap_mb=cap)
+            if mode == "secure":
+                ddp.register_comm_hook(g, allreduce_hook)
+            times = []
+            for i in range(warmup + iters):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                _step(ddp, name, batch)
+                torch.cuda.synchronize()
+                if i >= warmup:
+                    times.append(time.perf_counter() - t0)
+                base.zero_grad(set_to_none=True)
+            rows.append({"model": name, "params": params, "nranks": n, "mode": mode, "bucket_cap_mb": cap,
+                         "batch_per_gpu": bsz, "iter_ms": statistics.median(times) * 1e3,
+                         "iter_ms_min": min(times) * 1e3, "iter_ms_max": max(times) * 1e3})
+            if rank == 0:
+                r = rows[-1]
+                print(f"{name:>11} n={n} {mode:>6} bucket {cap:>4} MB: {r['iter_ms']:8.1f} ms/iter", flush=True)
+            del ddp
+        del base
+        torch.cuda.empty_cache()
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"nranks": n, "rows": rows}
+
+
+def ddp(models: list[str], nproc: int, buckets: list[int], iters: int = 10, warmup: int = 3, backend: str = "nccl") -> dict:
+    if nproc < 2 or nproc > torch.cuda.device_count():
+        raise RuntimeError(f"ddp bench needs 2..{torch.cuda.device_count()} GPUs, asked for {nproc}")
+    return launch(_ddp_rank, nproc, models, buckets, iters, warmup, backend)
+
+
+def render_ddp(res: dict) -> str:
+    rows = res["rows"]
+    plain = {r["model"]: r["iter_ms"] for r in rows if r["mode"] == "plain"}
+    out = [f"{'model':>11} {'GPUs':>4} {'mode':>6} {'bucket MB':>9} {'ms/iter':>9} {'vs plain':>8}"]
+    for r in rows:
+        out.append(f"{r['model']:>11} {r['nranks']:>4} {r['mode']:>6} {r['bucket_cap_mb']:>9} {r['iter_ms']:>9.1f} "
+                   f"{r['iter_ms'] / plain[r['model']]:>8.2f}x")
+    return "\n".join(out)
+
+
+# ---- the cipher alone ----
+
+def cipher(size_list: list[int], iters: int = 20, device: str = "cuda") -> dict:
+    """GB/s of the GPU kernels: encrypt, verify+decrypt, and a fused
+    reduce-scatter hop (decrypt + add + encrypt) over random float32 data."""
+    from ccbridge.secure import gcm
+
+    c = gcm.GpuCipher(os.urandom(32), device)
+    dev = c.device
+    ident = gcm.Ident(os.urandom(8), os.urandom(32))
+    ident2 = gcm.Ident(os.urandom(8), os.urandom(32))
+    fail = torch.zeros(1, dtype=torch.int32, device=dev)
+    rows = []
+    for n in size_list:
+        x = torch.randint(0, 256, (n,), dtype=torch.uint8, device=dev)
+        w = torch.empty(gcm.wire_len(n), dtype=torch.uint8, device=dev)
+        w2 = torch.empty_like(w)
+        y = torch.empty_like(x)
+        ops = {"encrypt": lambda: c.encrypt(ident, x, w),
+               "decrypt": lambda: c.decrypt(ident, w, y, fail),
+               "reduce_hop": lambda: c.reduce("float32", ident, w, x, fail, ident_out=ident2, wire_out=w2)}
+        row = {"size": n, "chunk": gcm.chunk_for(n)}
+        for name, fn in ops.items():
+            fn()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            row[name] = n / (start.elapsed_time(end) / iters / 1e3) / 1e9
+        if int(fail.item()):
+            raise RuntimeError("cipher bench: a verification failed on untampered data")
+        rows.append(row)
+    return {"device": torch.cuda.get_device_name(dev), "rows": rows}
+
+
+def render_cipher(res: dict) -> str:
+    out = [f"AES-256-GCM kernels on {res['device']} (GB/s of plaintext)",
+           f"{'size':>12} {'chunk':>8} {'encrypt':>9} {'decrypt':>9} {'reduce hop':>10}"]
+    for r in res["rows"]:
+        out.append(f"{r['size']:>12} {r['chunk']:>8} {r['encrypt']:>9.1f} {r['decrypt']:>9.1f} {r['reduce_hop']:>10.1f}")
+    return "\n".join(out)
