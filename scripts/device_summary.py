@@ -39,6 +39,7 @@ def main(r: Path) -> None:
                   f"{rep['verified']} |")
             for k, v in others.items():
                 print(f"| load{tag}: {k} | {v:.2f} GB/s (ccbridge x{mine / v:.1f}) |")
+    secure_rows(r)
     full = r / "full1" / "result.json"
     if not full.exists():
         return
@@ -60,6 +61,32 @@ def main(r: Path) -> None:
         rat = [x.ratio for x in c.ratios if x.ratio == x.ratio]
         print(f"| compare run1/run2 | {len(rat)} rows, median ratio {statistics.median(rat):.3f}, "
               f"middle 80% {sorted(rat)[len(rat) // 10]:.3f}-{sorted(rat)[len(rat) * 9 // 10]:.3f} |")
+
+
+def secure_rows(r: Path) -> None:
+    f = r / "cipher.json"
+    if f.exists():
+        rows = json.loads(f.read_text())["rows"]
+        best = max(rows, key=lambda x: x["size"])
+        print(f"| AES-256-GCM {best['size'] >> 20} MiB: encrypt / decrypt / reduce hop | {best['encrypt']:.1f} / "
+              f"{best['decrypt']:.1f} / {best['reduce_hop']:.1f} GB/s |")
+    for f in sorted(r.glob("coll-*.json")):
+        res = json.loads(f.read_text())
+        rows = res["rows"]
+        at = next((x for x in rows if x["size"] >= 256 << 20), rows[-1])
+        wrong = sum(x["wrong"] for x in rows)
+        print(f"| {f.stem} ({res['backend']}, {res.get('transport')}) at {at['size'] >> 20} MiB: busbw plain / secure | "
+              f"{at['plain_busbw']:.1f} / {at['secure_busbw']:.1f} GB/s ({at['secure_busbw'] / at['plain_busbw']:.3f}); "
+              f"#wrong {wrong} |")
+    f = r / "ddp.json"
+    if f.exists():
+        for run in json.loads(f.read_text())["runs"]:
+            plain = {x["model"]: x["iter_ms"] for x in run["rows"] if x["mode"] == "plain"}
+            for m in plain:
+                sec = [x for x in run["rows"] if x["model"] == m and x["mode"] == "secure"]
+                b = min(sec, key=lambda x: x["iter_ms"])
+                print(f"| DDP {m} x{run['nranks']}: plain / best encrypted (bucket {b['bucket_cap_mb']} MB) | "
+                      f"{plain[m]:.1f} / {b['iter_ms']:.1f} ms ({b['iter_ms'] / plain[m]:.2f}x) |")
 
 
 if __name__ == "__main__":
