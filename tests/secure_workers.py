@@ -70,13 +70,19 @@ def scenario_correctness(rank, n, dev):
             y = x.clone()
             g.all_reduce(y)
             assert _close(y, ref, dtype, n), f"all_reduce {dtype} x{numel}: differs from plaintext"
+    for dtype in [torch.float32, torch.int32]:  # segments of several pipeline slices
+        x = _data(dtype, 3_000_017, rank, dev)
+        y, ref = x.clone(), x.clone()
+        g.all_reduce(y)
+        dist.all_reduce(ref)
+        assert _close(y, ref, dtype, n), f"all_reduce {dtype} of 12 MB (sliced): differs from plaintext"
     x = _data(torch.float32, 1000, rank, dev)
     y, ref = x.clone(), x.clone()
     g.all_reduce(y, op="avg")
     dist.all_reduce(ref)
     assert _close(y, ref / n, torch.float32, n), "avg"
-    x = _data(torch.int32, 1001, rank, dev)
-    out = torch.empty(1001 * n, dtype=torch.int32, device=dev)
+    x = _data(torch.int32, 1_000_001, rank, dev)
+    out = torch.empty(1_000_001 * n, dtype=torch.int32, device=dev)
     g.all_gather_into_tensor(out, x)
     parts = [torch.empty_like(x) for _ in range(n)]
     dist.all_gather(parts, x)

@@ -14,7 +14,7 @@ from ccbridge.secure.gcm import Ident  # noqa: E402
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU (runs through scripts/device-check)")]
 
-from test_secure_cpu import VECTORS, _tampered  # noqa: E402
+from gcm_vectors import VECTORS, tampered  # noqa: E402
 
 
 def _u8(b: bytes):
@@ -75,7 +75,7 @@ def test_kernel_tamper_reorder_replay_wrong_key():
     g = gcm.GpuCipher(k, "cuda")
     wire = gcm.cpu_encrypt(k, ident, p)
     fail = torch.zeros(1, dtype=torch.int32, device="cuda")
-    cases = dict(_tampered(bytes(wire), n, gcm.chunk_for(n)))
+    cases = tampered(bytes(wire), n, gcm.chunk_for(n))
     for name, w in cases.items():
         out = torch.full((n,), 0xAA, dtype=torch.uint8, device="cuda")
         fail.zero_()

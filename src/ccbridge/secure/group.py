@@ -36,6 +36,10 @@ from ccbridge.secure.gcm import Ident
 OPS = {"all_reduce": 1, "all_gather": 2, "reduce_scatter": 3, "broadcast": 4, "p2p": 5}
 STATUS_STEP = keymod.MAX_STEPS - 1
 STATUS_MAGIC = b"ccbS"
+# Each ring segment moves in up to MAX_SLICES slices of at least SLICE_BYTES,
+# so the cipher works on one slice while the next is on the wire. A slice is
+# its own message: step ids are hop * MAX_SLICES + slice.
+MAX_SLICES, SLICE_BYTES = 8, 2 << 20
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -106,8 +110,8 @@ class SecureGroup:
             raise RuntimeError("torch.distributed is not initialized: call init_process_group first")
         self.pg = group or dist.group.WORLD
         self.rank, self.n = dist.get_rank(self.pg), dist.get_world_size(self.pg)
-        if self.n > keymod.MAX_RANKS:
-            raise ValueError(f"at most {keymod.MAX_RANKS} ranks")
+        if self.n * MAX_SLICES >= STATUS_STEP:  # step ids must stay below the status step
+            raise ValueError(f"at most {STATUS_STEP // MAX_SLICES} ranks")
         self.backend = dist.get_backend(self.pg)
         self.provider = keys or keymod.default_provider()
         self.provider.secret()  # fail early on bad key material
@@ -156,20 +160,28 @@ class SecureGroup:
         epoch = self.epoch if epoch is None else epoch
         return Ident(keymod.prefix(origin, seq, step), keymod.message_id(self.session, OPS[op], dtype, origin, step, seq, epoch))
 
-    def _exchange(self, send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src: int) -> None:
-        """Send one wire buffer and receive another (only ciphertext ever passes here)."""
-        staged = None
+    def _post(self, send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src: int):
+        """Start sending one wire buffer and receiving another (only ciphertext
+        ever passes here); returns wait(), after which recv holds the data
+        (for the caller's stream)."""
         cpu_transport = self.backend != "nccl" and self.device.type == "cuda"
-        ops = []
+        ops, staged = [], recv
         if send is not None:
             ops.append(dist.P2POp(dist.isend, send.cpu() if cpu_transport else send, self._global(dst), self.pg))
         if recv is not None:
             staged = torch.empty(recv.shape, dtype=recv.dtype) if cpu_transport else recv
             ops.append(dist.P2POp(dist.irecv, staged, self._global(src), self.pg))
-        for w in dist.batch_isend_irecv(ops):
-            w.wait()
-        if cpu_transport and recv is not None:
-            recv.copy_(staged, non_blocking=False)
+        works = dist.batch_isend_irecv(ops) if ops else []
+
+        def wait():
+            for w in works:
+                w.wait()
+            if staged is not recv:
+                recv.copy_(staged)
+        return wait
+
+    def _exchange(self, send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src: int) -> None:
+        self._post(send, dst, recv, src)()
 
     def _all_gather_bytes(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         if self.backend == "nccl":
@@ -222,45 +234,76 @@ class SecureGroup:
         base = -(-base // per) * per
         return [(min(k * base, nelem) * itemsize, min((k + 1) * base, nelem) * itemsize) for k in range(self.n)]
 
+    @staticmethod
+    def _slices(lo: int, hi: int) -> list[tuple[int, int]]:
+        """A segment's byte range cut into pipeline slices (16-byte aligned;
+        a function of the range only, so sender and receiver agree)."""
+        nb = hi - lo
+        p = max(1, min(MAX_SLICES, nb // SLICE_BYTES))
+        if not nb:
+            return [(lo, hi)]
+        size = (-(-nb // p) + 15) // 16 * 16
+        return [(x, min(hi, x + size)) for x in range(lo, hi, size)]
+
+    def _pipeline(self, sends: list, recvs: list, nxt: int, prv: int):
+        """Post one send/receive pair per slice; returns the waiters, in slice
+        order, so the cipher works on slice p while p+1 is still in flight."""
+        return [self._post(sends[p] if p < len(sends) else None, nxt, recvs[p] if p < len(recvs) else None, prv)
+                for p in range(max(len(sends), len(recvs)))]
+
     def _ring_reduce_scatter(self, cipher, seq, op, dtype, src: torch.Tensor, seg, shift: int, dst_final):
         """Ring reduce-scatter over byte segments seg of src; rank r ends owning
         segment (r + 1 + shift) % n, written to dst_final (a tensor of its
-        size), and returns its encryption (origin r, step n-1) for an all-gather."""
+        size), and returns its encryption (origin r, last step) for an all-gather."""
         n, r = self.n, self.rank
         prv, nxt = (r - 1) % n, (r + 1) % n
         fail = torch.zeros(1, dtype=torch.int32, device=self.device)
-        part = lambda k: src[seg[k % n][0]:seg[k % n][1]]
         code = gcm.DTYPES.get(dtype, 255)
         ks = (r + shift) % n
-        a = _wire(part(ks).numel(), self.device)
-        cipher.encrypt(self._ident(op, code, r, 0, seq), part(ks), a)
+        sends = []
+        for p, (lo, hi) in enumerate(self._slices(*seg[ks])):
+            w = _wire(hi - lo, self.device)
+            cipher.encrypt(self._ident(op, code, r, p, seq), src[lo:hi], w)
+            sends.append(w)
         for s in range(n - 1):
             kr = (r - s - 1 + shift) % n
-            b = _wire(part(kr).numel(), self.device)
-            self._exchange(a, nxt, b, prv)
+            sl = self._slices(*seg[kr])
+            recvs = [_wire(hi - lo, self.device) for lo, hi in sl]
+            waits = self._pipeline(sends, recvs, nxt, prv)
             last = s == n - 2
-            out = _wire(part(kr).numel(), self.device)
-            cipher.reduce(dtype, self._ident(op, code, prv, s, seq), b, part(kr), fail,
-                          plain=dst_final if last else None,
-                          ident_out=self._ident(op, code, r, n - 1 if last else s + 1, seq), wire_out=out)
-            a = out
-        return a, fail
+            outs = []
+            for p, (lo, hi) in enumerate(sl):
+                waits[p]()
+                out = _wire(hi - lo, self.device)
+                base = seg[kr][0]
+                cipher.reduce(dtype, self._ident(op, code, prv, s * MAX_SLICES + p, seq), recvs[p], src[lo:hi], fail,
+                              plain=dst_final[lo - base:hi - base] if last else None,
+                              ident_out=self._ident(op, code, r, (s + 1) * MAX_SLICES + p, seq), wire_out=out)
+                outs.append(out)
+            for w in waits[len(sl):]:
+                w()
+            sends = outs
+        return sends, fail
 
-    def _ring_all_gather(self, cipher, seq, op, code, dst: torch.Tensor, seg, mine: torch.Tensor, owner_of, fail,
-                         step: int):
-        """Ring all-gather: segment k of dst arrives encrypted by rank owner_of(k);
-        rank r starts with its own segment's wire `mine` and forwards what it gets unchanged."""
+    def _ring_all_gather(self, cipher, seq, op, code, dst: torch.Tensor, seg, mine: list, owner_of, fail, step: int):
+        """Ring all-gather: segment k of dst arrives encrypted by rank owner_of(k)
+        (slice p as step `step + p`); rank r starts with its own segment's
+        wires `mine` and forwards what it gets unchanged."""
         n, r = self.n, self.rank
         prv, nxt = (r - 1) % n, (r + 1) % n
-        a = mine
+        sends = mine
         first = next(k for k in range(n) if owner_of(k) == r)
         for s in range(n - 1):
             kr = (first - s - 1) % n
-            lo, hi = seg[kr]
-            b = _wire(hi - lo, self.device)
-            self._exchange(a, nxt, b, prv)
-            cipher.decrypt(self._ident(op, code, owner_of(kr), step, seq), b, dst[lo:hi], fail)
-            a = b
+            sl = self._slices(*seg[kr])
+            recvs = [_wire(hi - lo, self.device) for lo, hi in sl]
+            waits = self._pipeline(sends, recvs, nxt, prv)
+            for p, (lo, hi) in enumerate(sl):
+                waits[p]()
+                cipher.decrypt(self._ident(op, code, owner_of(kr), step + p, seq), recvs[p], dst[lo:hi], fail)
+            for w in waits[len(sl):]:
+                w()
+            sends = recvs
 
     # ---- collectives ----
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False) -> SecureWork:
@@ -284,7 +327,7 @@ class SecureGroup:
             lo, hi = seg[own]
             mine, fail = self._ring_reduce_scatter(cipher, seq, "all_reduce", name, flat, seg, 0, flat[lo:hi])
             self._ring_all_gather(cipher, seq, "all_reduce", _dtype_code(tensor), flat, seg, mine,
-                                  lambda k: (k - 1) % self.n, fail, self.n - 1)
+                                  lambda k: (k - 1) % self.n, fail, (self.n - 1) * MAX_SLICES)
         if op == "avg":
             tensor.div_(self.n)
         return self._finish("all_reduce", "all_reduce", seq, cipher, fail, tensor)
@@ -303,9 +346,11 @@ class SecureGroup:
         seg = [(k * m, (k + 1) * m) for k in range(self.n)]
         fail = torch.zeros(1, dtype=torch.int32, device=self.device)
         dst[seg[self.rank][0]:seg[self.rank][1]].copy_(src)
-        mine = _wire(m, self.device)
         code = _dtype_code(input)
-        cipher.encrypt(self._ident("all_gather", code, self.rank, 0, seq), src, mine)
+        mine = []
+        for p, (lo, hi) in enumerate(self._slices(0, m)):
+            mine.append(_wire(hi - lo, self.device))
+            cipher.encrypt(self._ident("all_gather", code, self.rank, p, seq), src[lo:hi], mine[-1])
         if self.n > 1:
             self._ring_all_gather(cipher, seq, "all_gather", code, dst, seg, mine, lambda k: k, fail, 0)
         return self._finish("all_gather", "all_gather", seq, cipher, fail, output)

@@ -110,7 +110,7 @@ __device__ static void zero_chunk(uint8_t *p, uint64_t len) {
     for (uint64_t j = threadIdx.x; j < len; j += blockDim.x) p[j] = 0;
 }
 
-extern "C" __global__ void __launch_bounds__(GCM_THREADS)
+extern "C" __global__ void __launch_bounds__(GCM_THREADS, 3)
 ccb_gcm_crypt(const gcm_key *key, gcm_msg m, int decrypt, const uint8_t *in, uint8_t *out, uint8_t *tags, int *fail) {
     __shared__ cta_state s;
     load_key(s, key);
@@ -189,7 +189,7 @@ __device__ static uint4 add16(uint4 a, uint4 b, int dtype) {
     return r;
 }
 
-extern "C" __global__ void __launch_bounds__(GCM_THREADS)
+extern "C" __global__ void __launch_bounds__(GCM_THREADS, 2)
 ccb_gcm_reduce(const gcm_key *key, gcm_msg min, gcm_msg mout, int dtype, const uint8_t *in, const uint8_t *tin,
                const uint8_t *local, uint8_t *plain, uint8_t *out, uint8_t *tout, int *fail) {
     __shared__ cta_state s;
