@@ -17,14 +17,23 @@ from ccbridge.secure import gcm
 KEY = bytes(range(32))
 
 
-def spawn(n: int, backend: str, device: str, scenarios: list[str], env: dict | None = None) -> None:
+def spawn(n: int, backend: str, device: str, scenarios: list[str], env: dict | None = None, deadline_s: float = 240) -> None:
+    """Run the scenarios on n ranks; a rank that dies leaves its peers blocked
+    in the transport, so all are killed at the deadline and the test fails."""
     import socket
+    import time
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.update(env or {})
-    mp.spawn(_main, args=(n, backend, device, scenarios, port), nprocs=n, join=True)
+    ctx = mp.start_processes(_main, args=(n, backend, device, scenarios, port), nprocs=n, join=False, start_method="spawn")
+    end = time.monotonic() + deadline_s
+    while not ctx.join(timeout=5):  # raises as soon as a rank fails
+        if time.monotonic() > end:
+            for p in ctx.processes:
+                p.kill()
+            raise TimeoutError(f"{scenarios} on {n} ranks ({backend}) did not finish in {deadline_s:.0f} s")
 
 
 def _main(rank, n, backend, device, scenarios, port):

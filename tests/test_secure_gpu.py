@@ -43,6 +43,23 @@ def test_kernels_match_openssl_on_random_lengths(rnd):
         assert int(fail) == 0 and _bytes(out) == p
 
 
+def test_kernels_on_unaligned_buffers():
+    """Segments of a tensor can start at any multiple of the element size."""
+    n = 3 * 4096 + 24
+    k, p, ident = os.urandom(32), os.urandom(n), Ident(os.urandom(8), os.urandom(32))
+    c = gcm.GpuCipher(k, "cuda")
+    big = torch.zeros(n + 64, dtype=torch.uint8, device="cuda")
+    plain = big[8:8 + n]
+    plain.copy_(_u8(p))
+    wbig = torch.zeros(gcm.wire_len(n) + 64, dtype=torch.uint8, device="cuda")
+    wire = wbig[4:4 + gcm.wire_len(n)]
+    c.encrypt(ident, plain, wire)
+    assert _bytes(wire) == bytes(gcm.cpu_encrypt(k, ident, p))
+    out, fail = big[24:24 + n], torch.zeros(1, dtype=torch.int32, device="cuda")
+    c.decrypt(ident, wire, out, fail)
+    assert int(fail) == 0 and _bytes(out) == p
+
+
 @pytest.mark.parametrize("k,iv,p,a,c,t", VECTORS)
 def test_kernels_on_gcm_spec_vectors(k, iv, p, a, c, t):
     k, iv, p, a, c, t = map(bytes.fromhex, (k, iv, p, a, c, t))

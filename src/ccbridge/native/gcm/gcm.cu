@@ -53,9 +53,15 @@ __device__ static gcm_u128 cta_xor(cta_state &s, gcm_u128 v) {
     return v;
 }
 
+/* Whole 16-byte blocks move as one vector access where the buffer allows it
+ * (a segment of a tensor can start anywhere a multiple of its element size). */
+__device__ static bool vector_ok(const void *p, uint64_t len, uint32_t i) {
+    return 16ull * (i + 1) <= len && ((uintptr_t)p & 15) == 0;
+}
+
 /* Block i of a chunk of len bytes: 16 raw bytes (zero-padded past len). */
 __device__ static uint4 load_block(const uint8_t *p, uint64_t len, uint32_t i) {
-    if (16ull * (i + 1) <= len) return *reinterpret_cast<const uint4 *>(p + 16ull * i);
+    if (vector_ok(p, len, i)) return *reinterpret_cast<const uint4 *>(p + 16ull * i);
     uint8_t b[16];
     for (int j = 0; j < 16; j++) b[j] = 16ull * i + j < len ? p[16ull * i + j] : 0;
     uint4 r;
@@ -64,7 +70,7 @@ __device__ static uint4 load_block(const uint8_t *p, uint64_t len, uint32_t i) {
 }
 
 __device__ static void store_block(uint8_t *p, uint64_t len, uint32_t i, uint4 v) {
-    if (16ull * (i + 1) <= len) {
+    if (vector_ok(p, len, i)) {
         *reinterpret_cast<uint4 *>(p + 16ull * i) = v;
         return;
     }
