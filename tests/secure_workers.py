@@ -17,7 +17,7 @@ from ccbridge.secure import gcm
 KEY = bytes(range(32))
 
 
-def spawn(n: int, backend: str, device: str, scenarios: list[str], env: dict | None = None, deadline_s: float = 240) -> None:
+def spawn(n: int, backend: str, device: str, scenarios: list[str], env: dict | None = None, deadline_s: float = 150) -> None:
     """Run the scenarios on n ranks; a rank that dies leaves its peers blocked
     in the transport, so all are killed at the deadline and the test fails."""
     import socket

@@ -116,6 +116,11 @@ __device__ static void zero_chunk(uint8_t *p, uint64_t len) {
     for (uint64_t j = threadIdx.x; j < len; j += blockDim.x) p[j] = 0;
 }
 
+/* The wire's pad between ciphertext and tags goes out too: never stale memory. */
+__device__ static void zero_pad(uint8_t *wire, const gcm_msg &m, uint32_t c) {
+    if (!m.raw && c + 1 == m.nchunks && threadIdx.x < ((16 - (m.nbytes & 15)) & 15)) wire[m.nbytes + threadIdx.x] = 0;
+}
+
 extern "C" __global__ void __launch_bounds__(GCM_THREADS, 3)
 ccb_gcm_crypt(const gcm_key *key, gcm_msg m, int decrypt, const uint8_t *in, uint8_t *out, uint8_t *tags, int *fail) {
     __shared__ cta_state s;
@@ -147,6 +152,7 @@ ccb_gcm_crypt(const gcm_key *key, gcm_msg m, int decrypt, const uint8_t *in, uin
             s.bad = decrypt && !tag_ok(tags, c, t);
             if (s.bad) atomicAdd(fail, 1);
         }
+        if (!decrypt) zero_pad(out, m, c);
         __syncthreads();
         if (s.bad) zero_chunk(out + off, len);
         __syncthreads();
@@ -237,6 +243,7 @@ ccb_gcm_reduce(const gcm_key *key, gcm_msg min, gcm_msg mout, int dtype, const u
                 put_tag(tout, c, t);
             }
         }
+        if (out) zero_pad(out, mout, c);
         __syncthreads();
         if (s.bad) {
             if (plain) zero_chunk(plain + off, len);
