@@ -130,6 +130,7 @@ class SecureGroup:
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._lock = threading.Lock()
         self._completer = None
+        self._status = None
 
     # ---- plumbing ----
     def _comm_device(self):
@@ -193,10 +194,12 @@ class SecureGroup:
 
     def _finish(self, what: str, op: str, seq: int, cipher, fail: torch.Tensor, result=None) -> SecureWork:
         """The authenticated status round: everyone learns if anyone failed."""
-        status = torch.zeros(16, dtype=torch.uint8, device=self.device)
-        status[:4] = torch.frombuffer(bytearray(STATUS_MAGIC), dtype=torch.uint8).to(self.device)
+        # magic | failures | zeros: the sequence number is bound by the nonce and AAD
+        if self._status is None:
+            self._status = torch.zeros(16, dtype=torch.uint8, device=self.device)
+            self._status[:4] = torch.frombuffer(bytearray(STATUS_MAGIC), dtype=torch.uint8)
+        status = self._status.clone()
         status[4:8] = fail.view(torch.uint8)
-        status[8:16] = torch.frombuffer(bytearray(struct.pack("<Q", seq)), dtype=torch.uint8).to(self.device)
         wl = gcm.wire_len(16)
         mine = torch.empty(wl, dtype=torch.uint8, device=self.device)
         cipher.encrypt(self._ident(op, 0, self.rank, STATUS_STEP, seq), status, mine)
