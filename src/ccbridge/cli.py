@@ -406,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", choices=["ddp", "cipher"])
     p.add_argument("--models", nargs="+", default=["resnet50", "bert-large", "gpt2-large"])
     p.add_argument("--ngpus", type=int, nargs="+", default=[2, 4], help="world sizes (default 2 4)")
-    p.add_argument("--buckets", type=int, nargs="+", default=[25, 100, 400], help="bucket_cap_mb sweep for the encrypted runs")
+    p.add_argument("--buckets", type=int, nargs="+", default=[25, 100, 400, 800], help="bucket_cap_mb sweep for the encrypted runs")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("-b", "--minbytes", default="1M", help="cipher: smallest size")
