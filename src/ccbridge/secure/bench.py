@@ -18,6 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ccbridge.probe._torch import event_time_ms
 from ccbridge.secure import keys as keymod
 
 BUSBW = {  # nccl-tests' bus bandwidth factors
@@ -88,26 +89,16 @@ def _init(rank: int, n: int, backend: str):
     return SecureGroup()
 
 
-def _plain(op: str, out, inp):
+def _op(api, op: str, out, inp):
+    """One collective through api: torch.distributed (plaintext) or a SecureGroup (same names)."""
     if op == "all_reduce":
-        dist.all_reduce(out)
+        api.all_reduce(out)
     elif op == "all_gather":
-        dist.all_gather_into_tensor(out, inp)
+        api.all_gather_into_tensor(out, inp)
     elif op == "reduce_scatter":
-        dist.reduce_scatter_tensor(out, inp)
+        api.reduce_scatter_tensor(out, inp)
     else:
-        dist.broadcast(out, 0)
-
-
-def _secure(g, op: str, out, inp):
-    if op == "all_reduce":
-        g.all_reduce(out)
-    elif op == "all_gather":
-        g.all_gather_into_tensor(out, inp)
-    elif op == "reduce_scatter":
-        g.reduce_scatter_tensor(out, inp)
-    else:
-        g.broadcast(out, 0)
+        api.broadcast(out, 0)
 
 
 def _buffers(op: str, nbytes: int, n: int, dtype, device, rank: int):
@@ -148,15 +139,15 @@ def _collectives_rank(rank, n, op, size_list, dtype_name, iters, warmup, backend
             out.copy_(orig)
 
         reset()
-        _plain(op, out, inp)
+        _op(dist, op, out, inp)
         ref = out.clone()
         reset()
-        _secure(g, op, out, inp)
+        _op(g, op, out, inp)
         wrong = int((out != ref).sum())
         # timings: the op alone, restoring the input outside the timed loop is not
         # possible for in-place ops, so all_reduce/broadcast time on evolving data
-        t_plain = _time(lambda: _plain(op, out, inp), iters, warmup)
-        t_sec = _time(lambda: _secure(g, op, out, inp), iters, warmup)
+        t_plain = _time(lambda: _op(dist, op, out, inp), iters, warmup)
+        t_sec = _time(lambda: _op(g, op, out, inp), iters, warmup)
         size = max(out.numel(), inp.numel()) * out.element_size()
         f = BUSBW[op](n)
         rows.append({"size": size, "count": max(out.numel(), inp.numel()), "type": dtype_name,
@@ -316,13 +307,8 @@ def cipher(size_list: list[int], iters: int = 20, device: str = "cuda") -> dict:
         row = {"size": n, "chunk": gcm.chunk_for(n)}
         for name, fn in ops.items():
             fn()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            row[name] = n / (start.elapsed_time(end) / iters / 1e3) / 1e9
+            ms = event_time_ms(torch, fn, 1, iters)[0]
+            row[name] = n / (ms / 1e3) / 1e9
         if int(fail.item()):
             raise RuntimeError("cipher bench: a verification failed on untampered data")
         rows.append(row)
