@@ -3,7 +3,6 @@ keys and nonces, and the encrypted collectives on Gloo with CPU ranks."""
 
 import os
 import random
-import stat
 
 import pytest
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from ctypes import POINTER, c_int, c_size_t, c_uint, c_uint32, c_uint64, c_void_p
+from ctypes import c_int, c_size_t, c_uint, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path

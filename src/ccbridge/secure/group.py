@@ -21,8 +21,6 @@ wait().
 
 from __future__ import annotations
 
-import struct
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -64,9 +62,8 @@ class SecureWork:
     """An encrypted collective in flight. wait() blocks until it is done and
     raises IntegrityError (on every rank) if anything failed to verify."""
 
-    def __init__(self, what: str, fail: torch.Tensor, result=None, on_done=None):
+    def __init__(self, what: str, fail: torch.Tensor, result=None):
         self.what, self.result_ = what, result
-        self._on_done = on_done
         if fail.is_cuda:
             self._host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
             self._host.copy_(fail, non_blocking=True)
@@ -85,8 +82,6 @@ class SecureWork:
                 self._event.synchronize()
             bad = int(self._host[0])
             self._checked = bad
-            if self._on_done:
-                self._on_done()
         if self._checked:
             raise IntegrityError(f"{self.what}: {self._checked} chunk(s) or status message(s) failed authentication "
                                  "(tampered, replayed, reordered or truncated traffic, or mismatched keys)")
@@ -128,7 +123,6 @@ class SecureGroup:
         self._ciphers: dict = {}
         self._p2p: dict = {}  # (src, dst) -> [epoch, counter, bytes]
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._lock = threading.Lock()
         self._completer = None
         self._status = None
 
