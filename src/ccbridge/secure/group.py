@@ -21,6 +21,7 @@ wait().
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -114,7 +115,7 @@ class SecureGroup:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.device = torch.device(device)
         # the session salt: fresh per group, so a restarted job never reuses a key
-        salt = torch.frombuffer(bytearray(__import__("os").urandom(keymod.SALT_BYTES)), dtype=torch.uint8)
+        salt = torch.frombuffer(bytearray(os.urandom(keymod.SALT_BYTES)), dtype=torch.uint8)
         salt = salt.to(self._comm_device())
         dist.broadcast(salt, self._global(0), group=self.pg)
         self.salt = bytes(salt.cpu().numpy())
