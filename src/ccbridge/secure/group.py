@@ -249,6 +249,14 @@ class SecureGroup:
         return [self._post(sends[p] if p < len(sends) else None, nxt, recvs[p] if p < len(recvs) else None, prv)
                 for p in range(max(len(sends), len(recvs)))]
 
+    def _encrypt_slices(self, cipher, op: str, code: int, seq: int, src: torch.Tensor, lo: int, hi: int) -> list:
+        """This rank's first message of a ring: bytes lo..hi of src, one wire per slice (slice p is step p)."""
+        wires = []
+        for p, (a, b) in enumerate(self._slices(lo, hi)):
+            wires.append(_wire(b - a, self.device))
+            cipher.encrypt(self._ident(op, code, self.rank, p, seq), src[a:b], wires[-1])
+        return wires
+
     def _ring_reduce_scatter(self, cipher, seq, op, dtype, src: torch.Tensor, seg, shift: int, dst_final):
         """Ring reduce-scatter over byte segments seg of src; rank r ends owning
         segment (r + 1 + shift) % n, written to dst_final (a tensor of its
@@ -257,12 +265,7 @@ class SecureGroup:
         prv, nxt = (r - 1) % n, (r + 1) % n
         fail = torch.zeros(1, dtype=torch.int32, device=self.device)
         code = gcm.DTYPES.get(dtype, 255)
-        ks = (r + shift) % n
-        sends = []
-        for p, (lo, hi) in enumerate(self._slices(*seg[ks])):
-            w = _wire(hi - lo, self.device)
-            cipher.encrypt(self._ident(op, code, r, p, seq), src[lo:hi], w)
-            sends.append(w)
+        sends = self._encrypt_slices(cipher, op, code, seq, src, *seg[(r + shift) % n])
         for s in range(n - 1):
             kr = (r - s - 1 + shift) % n
             sl = self._slices(*seg[kr])
@@ -345,10 +348,7 @@ class SecureGroup:
         fail = torch.zeros(1, dtype=torch.int32, device=self.device)
         dst[seg[self.rank][0]:seg[self.rank][1]].copy_(src)
         code = _dtype_code(input)
-        mine = []
-        for p, (lo, hi) in enumerate(self._slices(0, m)):
-            mine.append(_wire(hi - lo, self.device))
-            cipher.encrypt(self._ident("all_gather", code, self.rank, p, seq), src[lo:hi], mine[-1])
+        mine = self._encrypt_slices(cipher, "all_gather", code, seq, src, 0, m)
         if self.n > 1:
             self._ring_all_gather(cipher, seq, "all_gather", code, dst, seg, mine, lambda k: k, fail, 0)
         return self._finish("all_gather", "all_gather", seq, cipher, fail, output)

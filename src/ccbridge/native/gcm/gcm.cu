@@ -79,6 +79,16 @@ __device__ static void store_block(uint8_t *p, uint64_t len, uint32_t i, uint4 v
     for (int j = 0; j < 16 && 16ull * i + j < len; j++) p[16ull * i + j] = b[j];
 }
 
+/* Block i with the bytes past len zeroed, as GHASH pads a partial last block. */
+__device__ static uint4 pad_block(uint4 v, uint64_t len, uint32_t i) {
+    if (16ull * (i + 1) <= len) return v;
+    uint8_t b[16];
+    memcpy(b, &v, 16);
+    for (int j = (int)(len - 16ull * i); j < 16; j++) b[j] = 0;
+    memcpy(&v, b, 16);
+    return v;
+}
+
 /* raw memory words <-> the big-endian words GCM works in */
 __device__ static uint4 xor_ks(uint4 v, const uint32_t ks[4]) {
     v.x ^= gcm_bswap32(ks[0]);
@@ -137,13 +147,8 @@ ccb_gcm_crypt(const gcm_key *key, gcm_msg m, int decrypt, const uint8_t *in, uin
             uint4 v = load_block(in + off, len, i);
             uint4 o = xor_ks(v, ks);
             store_block(out + off, len, i, o);
-            if (16ull * (i + 1) > len) { /* GHASH pads the last partial block with zeros */
-                uint8_t b[16];
-                memcpy(b, decrypt ? &v : &o, 16);
-                for (int j = (int)(len - 16ull * i); j < 16; j++) b[j] = 0;
-                memcpy(decrypt ? &v : &o, b, 16);
-            }
-            ghash_step(acc, last, hT, i, as_block(decrypt ? v : o));
+            /* GHASH runs over the ciphertext; load_block already zero-padded v */
+            ghash_step(acc, last, hT, i, as_block(decrypt ? v : pad_block(o, len, i)));
         }
         gcm_u128 S = cta_xor(s, gcm_lift(key, acc, nb, last));
         if (threadIdx.x == 0) {
@@ -159,6 +164,14 @@ ccb_gcm_crypt(const gcm_key *key, gcm_msg m, int decrypt, const uint8_t *in, uin
     }
 }
 
+/* four packed pairs of 16-bit floats, added with the hardware's rounding */
+template <typename T2> __device__ static uint4 add_pairs(uint4 a, uint4 b) {
+    uint4 r;
+    T2 *x = reinterpret_cast<T2 *>(&a), *y = reinterpret_cast<T2 *>(&b), *z = reinterpret_cast<T2 *>(&r);
+    for (int j = 0; j < 4; j++) z[j] = __hadd2(x[j], y[j]);
+    return r;
+}
+
 /* sum of two 16-byte vectors of dtype */
 __device__ static uint4 add16(uint4 a, uint4 b, int dtype) {
     uint4 r;
@@ -169,17 +182,12 @@ __device__ static uint4 add16(uint4 a, uint4 b, int dtype) {
         r = *reinterpret_cast<uint4 *>(&z);
         break;
     }
-    case DT_F16: {
-        __half2 *x = reinterpret_cast<__half2 *>(&a), *y = reinterpret_cast<__half2 *>(&b), *z = reinterpret_cast<__half2 *>(&r);
-        for (int j = 0; j < 4; j++) z[j] = __hadd2(x[j], y[j]);
+    case DT_F16:
+        r = add_pairs<__half2>(a, b);
         break;
-    }
-    case DT_BF16: {
-        __nv_bfloat162 *x = reinterpret_cast<__nv_bfloat162 *>(&a), *y = reinterpret_cast<__nv_bfloat162 *>(&b),
-                       *z = reinterpret_cast<__nv_bfloat162 *>(&r);
-        for (int j = 0; j < 4; j++) z[j] = __hadd2(x[j], y[j]);
+    case DT_BF16:
+        r = add_pairs<__nv_bfloat162>(a, b);
         break;
-    }
     case DT_F64: {
         double2 x = *reinterpret_cast<double2 *>(&a), y = *reinterpret_cast<double2 *>(&b);
         double2 z = make_double2(x.x + y.x, x.y + y.y);
@@ -223,13 +231,7 @@ ccb_gcm_reduce(const gcm_key *key, gcm_msg min, gcm_msg mout, int dtype, const u
                 keystream(s, &mout, c, i + 2, ks);
                 uint4 o = xor_ks(y, ks);
                 store_block(out + off, len, i, o);
-                if (16ull * (i + 1) > len) {
-                    uint8_t b[16];
-                    memcpy(b, &o, 16);
-                    for (int j = (int)(len - 16ull * i); j < 16; j++) b[j] = 0;
-                    memcpy(&o, b, 16);
-                }
-                ghash_step(aout, lout, hT, i, as_block(o));
+                ghash_step(aout, lout, hT, i, as_block(pad_block(o, len, i)));
             }
         }
         gcm_u128 Sin = cta_xor(s, gcm_lift(key, ain, nb, lin));
