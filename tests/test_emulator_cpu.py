@@ -95,7 +95,7 @@ def test_bad_configuration_is_refused_with_the_reason(lib):
         init(lib, lanes=0)
 
 
-@pytest.mark.parametrize("lanes,chunk", [(1, 4096), (3, 65536)])
+@pytest.mark.parametrize("lanes,chunk", [(1, 4096), (3, 65536), (6, 1 << 22)])
 def test_every_copy_api_is_byte_exact_over_random_sizes_and_kinds(lib, lanes, chunk):
     init(lib, lanes=lanes, chunk_bytes=chunk, h2d_pinned_gbps=0, d2h_pinned_gbps=0)
     rng = __import__("random").Random(7)

@@ -30,7 +30,7 @@ PARAMS: dict[str, tuple[str, str]] = {
     "host_alloc_toll_us": ("us", "added to each pinned host allocation"),
     "refuse_host_register": ("0/1", "cuMemHostRegister returns CUDA_ERROR_NOT_SUPPORTED, as under CC"),
     "lanes": ("threads", "CPU threads that share one crossing's staging and AES-GCM work"),
-    "chunk_bytes": ("bytes", "bounce-buffer chunk for pageable staging; cipher slices are chunk/lanes"),
+    "chunk_bytes": ("bytes", "bounce-buffer chunk for pageable staging (the lanes seal it in 256 KiB slices)"),
 }
 
 

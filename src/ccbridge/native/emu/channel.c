@@ -66,11 +66,6 @@ static CUresult stream_ctx(CUstream s, CUcontext *ctx) {
     return drv.StreamGetCtx(s, ctx);
 }
 
-static size_t lane_slice(void) {
-    size_t s = cfg.chunk_bytes / (size_t)cfg.lanes;
-    return s < (64u << 10) ? (64u << 10) : s;
-}
-
 /* Find or make the channel of ctx; its driver objects live in ctx. */
 static channel *channel_get(CUcontext ctx, CUresult *rc) {
     pthread_mutex_lock(&g_channels_mu);
@@ -95,7 +90,7 @@ static channel *channel_get(CUcontext ctx, CUresult *rc) {
         CUevent *e = i == 0 ? &ch->pos : &ch->ev[i - 1];
         if ((*rc = drv.EventCreate(e, 2 /* CU_EVENT_DISABLE_TIMING */)) != CUDA_SUCCESS) goto fail;
     }
-    if (!(ch->lanes = emu_lanes_new(cfg.lanes, lane_slice()))) { *rc = CUDA_ERROR_OUT_OF_MEMORY; goto fail; }
+    if (!(ch->lanes = emu_lanes_new(cfg.lanes))) { *rc = CUDA_ERROR_OUT_OF_MEMORY; goto fail; }
     if (pushed) drv.CtxPopCurrent(&popped);
     ch->next = g_channels;
     g_channels = ch;

@@ -149,7 +149,7 @@ int emu_cipher_load(char *err, size_t errlen);
 /* AES-256-GCM seal: out gets the ciphertext (len bytes), tag 16 bytes. */
 int emu_gcm_seal(const uint8_t key[32], const uint8_t iv[12], const void *in, size_t len, void *out, uint8_t tag[16]);
 typedef struct lanes lanes;
-lanes *emu_lanes_new(int n, size_t scratch_bytes);
+lanes *emu_lanes_new(int n);
 void emu_lanes_free(lanes *l);
 /* Split [in, in+len) into slices over the lanes; seal each slice; copy if asked. */
 int emu_lanes_run(lanes *l, const void *in, void *copy_to, size_t len, uint64_t *cipher_bytes);
