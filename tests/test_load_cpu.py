@@ -1,4 +1,4 @@
-"""The loader on the CPU: chunk planning, and whole loads into host memory.
+"""The loader on the CPU: how the pool cuts a load into chunks, and whole loads into host memory.
 
 The host target runs the same pool, scheduler, completion tracking and error
 path as a GPU load, minus the CUDA copies (those are in test_load_gpu.py).
@@ -10,38 +10,49 @@ import pytest
 
 import ckpt_util
 from ccbridge.load import HeaderError, LoadStats, iter_safetensors, load_safetensors
-from ccbridge.load.loader import plan_chunks
+from ccbridge.load.engine import File, Item, plan_walk
 
 
-def test_plan_chunks_coalesces_and_splits():
-    # fd 3: three contiguous small items, then one large; fd 4: one item
-    items = [(3, 100, 10, 1000, 0), (3, 110, 20, 2000, 1), (3, 130, 5, 3000, 2),
-             (3, 135, 70, 4000, 3), (4, 8, 16, 5000, 4)]
-    chunks, segs = plan_chunks(items, 32)
-    # every byte once, in order, no chunk above the limit, never across files
-    for fd, nseg, first, off, n in chunks:
-        assert n <= 32 and sum(s[1] for s in segs[first:first + nseg]) == n
-    flat = [(c[0], c[3]) for c in chunks]
-    assert flat[0] == (3, 100) and flat[-1] == (4, 8)
-    covered = {}
-    for fd, nseg, first, off, n in chunks:
-        pos = off
-        for dst, ln, t in segs[first:first + nseg]:
-            covered.setdefault(t, []).append((pos, dst, ln))
-            pos += ln
-    for fd, off, n, dst, t in items:
-        parts = covered[t]
-        assert sum(p[2] for p in parts) == n
-        for (p, d, ln) in parts:  # file position and destination move together
-            assert p - off == d - dst
-    # chunks end on multiples of the chunk size (page-aligned reads), except at an item run's end
-    ends = [(c[0], c[3] + c[4]) for c in chunks]
-    assert all(e % 32 == 0 for fd, e in ends[:-2]) and ends[-2] == (3, 205) and ends[-1] == (4, 24)
-    assert chunks[0][1] == 2 and chunks[0][3:] == (100, 28)  # items 0 and the head of 1 share [100, 128)
+def _plan(spec, chunk, ntensors=None):
+    """spec: (file, offset, nbytes) per item, in order; item i is tensor i, landing at 10**6 * i."""
+    files = (File * 2)(File(3, 0, 0), File(4, 0, 0))
+    items = (Item * len(spec))(*[Item(10**6 * i, off, n, f, i) for i, (f, off, n) in enumerate(spec)])
+    return plan_walk(files, items, chunk, len(spec) if ntensors is None else ntensors)
 
 
-def test_plan_chunks_empty():
-    assert plan_chunks([], 1 << 20) == ([], [])
+def test_plan_cuts_items_on_the_chunk_grid():
+    # file 0: three contiguous small items, a large one, then one after a gap of two chunks; file 1: one item
+    spec = [(0, 100, 10), (0, 110, 20), (0, 130, 5), (0, 135, 70), (0, 300, 8), (1, 8, 16)]
+    rows = _plan(spec, 32)
+    # every byte of every item exactly once, in order
+    for i, (f, off, n) in enumerate(spec):
+        parts = [(o, ln) for g, it, o, ln in rows if it == i]
+        assert parts[0][0] == off and sum(ln for _, ln in parts) == n
+        assert all(a[0] + a[1] == b[0] for a, b in zip(parts, parts[1:]))
+    # a chunk is one cell of one file's grid of 32-byte cells: page-aligned reads
+    cells = {}
+    for g, it, o, ln in rows:
+        cells.setdefault(g, set()).add((spec[it][0], o // 32))
+        assert o // 32 == (o + ln - 1) // 32
+    assert all(len(c) == 1 for c in cells.values())
+    assert len(cells) == len({c for cs in cells.values() for c in cs})  # no cell read twice
+    # items 0, 1 and the head of 2 share [100, 128); the gap's cells hold nothing
+    first = [r for r in rows if r[0] == min(cells)]
+    assert [(it, o, ln) for _, it, o, ln in first] == [(0, 100, 10), (1, 110, 18)]
+    assert sorted(c for cs in cells.values() for f, c in cs if f == 0) == [3, 4, 5, 6, 9]
+
+
+def test_plan_refuses_malformed_items():
+    for spec in ([(0, 100, 10), (0, 105, 10)],   # overlap
+                 [(0, 100, 10), (0, 50, 10)],    # out of order
+                 [(1, 0, 10), (0, 0, 10)],       # files out of order
+                 [(0, 0, 0)],                    # empty
+                 [(2, 0, 10)]):                  # no such file
+        with pytest.raises(ValueError, match="item"):
+            _plan(spec, 32)
+    with pytest.raises(ValueError, match="item"):
+        _plan([(0, 0, 10)], 32, ntensors=0)  # tensor index out of range
+    assert _plan([], 1 << 20) == []
 
 
 torch = pytest.importorskip("torch", reason="the loader tests need torch (CI installs the CPU wheel)")

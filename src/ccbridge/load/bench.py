@@ -136,6 +136,7 @@ def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None =
             log(f"round {r + 1}/{repeat}")
             st = LoadStats()
             mine = timed("ccbridge prewarmed", lambda: loader.load_safetensors(files, device, pool=pool, stats=st))
+            st.join_teardown()
             if mine is not None:
                 results["ccbridge prewarmed"].stages.setdefault("runs", []).append(_stages(st))
             ref = timed("safetensors load_file", lambda: _safetensors_load_file(files, device))
@@ -176,7 +177,7 @@ def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None =
 def _stages(st: LoadStats) -> dict:
     return {"total_s": st.total_s, "headers_s": st.headers_s, "alloc_s": st.alloc_s, "prewarm_s": st.prewarm_s,
             "prewarm_wait_s": st.prewarm_wait_s, "load_s": st.load_s, "read_s": st.read_s, "copy_s": st.copy_s,
-            "teardown_s": st.teardown_s}
+            "teardown_s": st.teardown_s, "unmap_s": st.unmap_s}
 
 
 def render(report: dict, ceiling: float | None = None) -> str:

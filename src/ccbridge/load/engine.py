@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from ctypes import POINTER, c_char_p, c_double, c_int, c_int32, c_longlong, c_size_t, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, c_char_p, c_double, c_int, c_int32, c_int64, c_longlong, c_size_t, c_uint64, c_void_p
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -30,16 +30,15 @@ class LoadError(RuntimeError):
     """A load failed after its headers were accepted: a refused CUDA call, a file that changed."""
 
 
-class Segment(ctypes.Structure):
-    """Where a run of a chunk's bytes goes: a tensor's address (or part of it)."""
-    _fields_ = [("dst", c_uint64), ("nbytes", c_uint64), ("tensor", c_int32), ("pad_", c_int32)]
+class Item(ctypes.Structure):
+    """One tensor's bytes: a range of one file and where it lands. A load's items are in file and
+    offset order; the pool cuts them into chunks itself."""
+    _fields_ = [("dst", c_uint64), ("offset", c_uint64), ("nbytes", c_uint64), ("file", c_int32), ("tensor", c_int32)]
 
 
-class Chunk(ctypes.Structure):
-    """One read: a byte range of a file, landing in segments [first, first+nseg); src: its
-    address in the file's mapping (mapped staging)."""
-    _fields_ = [("fd", c_int32), ("nseg", c_uint32), ("first", c_uint64), ("offset", c_uint64), ("nbytes", c_uint64),
-                ("src", c_uint64)]
+class File(ctypes.Structure):
+    """A file of a load: its descriptor, and under mapped staging the address of its mapping."""
+    _fields_ = [("fd", c_int32), ("pad_", c_int32), ("map", c_uint64)]
 
 
 class Stats(ctypes.Structure):
@@ -53,8 +52,11 @@ def _lib() -> ctypes.CDLL:
     so.ccb_pool_new.restype = c_void_p
     so.ccb_pool_new.argtypes = [c_int, c_int, c_int, c_int, c_size_t, c_int]
     so.ccb_pool_wait_ready.argtypes = [c_void_p, c_double]
-    so.ccb_pool_submit.argtypes = [c_void_p, POINTER(Chunk), c_size_t, POINTER(Segment), c_size_t,
+    so.ccb_pool_submit.argtypes = [c_void_p, POINTER(File), c_int, POINTER(Item), c_size_t,
                                    POINTER(c_int32), POINTER(c_int32), c_int]
+    so.ccb_plan_walk.restype = c_longlong
+    so.ccb_plan_walk.argtypes = [POINTER(File), c_int, POINTER(Item), c_size_t, c_uint64, c_int,
+                                 POINTER(c_int64), c_size_t]
     so.ccb_pool_next.argtypes = [c_void_p, POINTER(c_int32), c_int, c_double]
     so.ccb_pool_cancel.argtypes = [c_void_p]
     so.ccb_pool_stats.argtypes = [c_void_p, POINTER(Stats)]
@@ -62,12 +64,23 @@ def _lib() -> ctypes.CDLL:
     so.ccb_pool_free.argtypes = [c_void_p]
     so.ccb_pool_error.restype = c_char_p
     so.ccb_pool_error.argtypes = [c_void_p]
-    so.ccb_pool_error_chunk.restype = c_longlong
-    so.ccb_pool_error_chunk.argtypes = [c_void_p]
+    so.ccb_pool_error_item.restype = c_longlong
+    so.ccb_pool_error_item.argtypes = [c_void_p]
     so.ccb_map_file.restype = c_void_p
     so.ccb_map_file.argtypes = [c_int, c_size_t]
     so.ccb_unmap_file.argtypes = [c_void_p, c_size_t]
     return so
+
+
+def plan_walk(files, items, chunk_bytes: int, ntensors: int) -> list[tuple[int, int, int, int]]:
+    """How the pool cuts items into chunks: (chunk, item, file offset, length) per segment."""
+    lib = _lib()
+    n = lib.ccb_plan_walk(files, len(files), items, len(items), chunk_bytes, ntensors, None, 0)
+    if n < 0:
+        raise ValueError(native.lib().ccb_error().decode(errors="replace"))
+    rows = (c_int64 * (4 * n))()
+    lib.ccb_plan_walk(files, len(files), items, len(items), chunk_bytes, ntensors, rows, n)
+    return [tuple(rows[4 * i:4 * i + 4]) for i in range(n)]
 
 
 def map_file(fd: int, size: int) -> int:
@@ -120,8 +133,9 @@ class Pool:
         self.handle = c_void_p(h)
 
     def error(self) -> tuple[str, int]:
+        """The load's first error, and the index of the item it concerns (-1: none)."""
         lib = _lib()
-        return lib.ccb_pool_error(self.handle).decode(errors="replace"), lib.ccb_pool_error_chunk(self.handle)
+        return lib.ccb_pool_error(self.handle).decode(errors="replace"), lib.ccb_pool_error_item(self.handle)
 
     def ready(self, timeout_s: float = 600.0) -> float:
         """Wait until every worker is prewarmed; the prewarm time in seconds."""
@@ -132,9 +146,10 @@ class Pool:
             raise LoadError(f"the loader pool could not start: {self.error()[0]}")
         return self.stats().prewarm_ns / 1e9
 
-    def submit(self, chunks, segments, remaining, doneq) -> None:
-        """Start a load; the arrays must stay alive until it is over or cancelled."""
-        rc = _lib().ccb_pool_submit(self.handle, chunks, len(chunks), segments, len(segments),
+    def submit(self, files, items, remaining, doneq) -> None:
+        """Start a load of items (Item array) from files (File array); remaining and doneq are
+        int32 arrays, one slot per tensor. The arrays must stay alive until it is over or cancelled."""
+        rc = _lib().ccb_pool_submit(self.handle, files, len(files), items, len(items),
                                     remaining, doneq, len(remaining))
         if rc != 0:
             raise LoadError(native.lib().ccb_error().decode(errors="replace"))

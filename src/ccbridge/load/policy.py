@@ -2,9 +2,10 @@
 
 CC off: one context carries the whole link, so every worker shares the
 primary context and copies straight into the tensors; the host side (reading
-the page cache into pinned staging) is what needs threads: on a 16-core H100
-host, 16 workers with 16 MiB chunks reached 45 GB/s where 8 reached 29
-(bench/RESULTS.md).
+the page cache into pinned staging) is what needs threads, and small chunks:
+two 4 MiB staging buffers per worker stay in the CPU's caches, so only the
+page cache is read from DRAM (on a 16-core H100 host, 16 workers reached
+51 GB/s with 4 MiB chunks, 41 with 16 MiB, 29 with 8 workers; bench/RESULTS.md).
 
 CC on: each context's secure channel serializes its crossings and caps them
 at a fraction of the link, so the pool takes as many contexts as it needs to
@@ -14,7 +15,9 @@ other copies). When pageable is the faster path of one context (the bridge
 law: the pinned fast path collapses under CC) there is no staging at all:
 the copy reads the file's page-cache mapping, so the CPU encrypts straight
 from the page cache (one pass over the bytes instead of pread's extra one;
-26 vs 22 GB/s under the emulated b300 bridge). Otherwise pinned staging.
+33 vs 23 GB/s under the emulated b300 bridge). Otherwise pinned staging.
+Chunks are large (64 MiB): each crossing pays a toll, and the caches cannot
+help a path whose CPU work is encryption into a bounce buffer.
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ def cc_situation() -> tuple[str, dict[str, float]]:
 
 def _cc_plan(device: int, contexts: int, staging: str, why: str) -> Plan:
     workers = min(2 * contexts, 64)
-    return Plan(PoolConfig(device, workers, contexts, staging, 32 * MiB, 2), why)
+    return Plan(PoolConfig(device, workers, contexts, staging, 64 * MiB, 2), why)
 
 
 def choose(device: int, situation: tuple[str, dict[str, float]] | None = None) -> Plan:
@@ -86,7 +89,7 @@ def choose(device: int, situation: tuple[str, dict[str, float]] | None = None) -
         return _cc_plan(device, CC_ON_CONTEXTS, "mapped", f"CC on (NVML): {CC_ON_CONTEXTS} contexts, "
                                                           "copies from the page-cache mapping")
     n = max(2, min(16, _cpus()))
-    return Plan(PoolConfig(device, n, 0, "pinned", 16 * MiB, 2),
+    return Plan(PoolConfig(device, n, 0, "pinned", 4 * MiB, 2),
                 f"CC {mode}: {n} workers on the primary context, pinned staging, direct to the tensors")
 
 
