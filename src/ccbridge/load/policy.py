@@ -5,7 +5,8 @@ primary context and copies straight into the tensors; the host side (reading
 the page cache into pinned staging) is what needs threads, and small chunks:
 two 4 MiB staging buffers per worker stay in the CPU's caches, so only the
 page cache is read from DRAM (on a 16-core H100 host, 16 workers reached
-51 GB/s with 4 MiB chunks, 41 with 16 MiB, 29 with 8 workers; bench/RESULTS.md).
+48-50 GB/s with 4 MiB chunks, 41 with 16 MiB; bench/RESULTS.md). The pool
+then has one thread issue every copy (load.c says why).
 
 CC on: each context's secure channel serializes its crossings and caps them
 at a fraction of the link, so the pool takes as many contexts as it needs to
