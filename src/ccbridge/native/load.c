@@ -168,7 +168,6 @@ struct ccb_pool {
     plan pl;
     size_t next; /* atomically claimed */
     int32_t *remaining;
-    int ntensors;
     int32_t *doneq;
     int dq_head, dq_tail;
     int job, busy, cancel;
@@ -679,7 +678,7 @@ int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, const ccb_it
             }
         }
         p->next = 0;
-        p->doneq = doneq; p->ntensors = ntensors;
+        p->doneq = doneq;
         p->dq_head = p->dq_tail = 0;
         p->cancel = 0;
         p->bytes = 0;

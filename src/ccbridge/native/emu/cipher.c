@@ -102,7 +102,7 @@ struct lanes {
     _Atomic uint64_t iv_counter;
     pthread_mutex_t mu;
     pthread_cond_t go, done;
-    uint64_t generation, finished; /* runs started, and sealed (under mu) */
+    uint64_t generation;     /* runs started (under mu) */
     int quit;
     const unsigned char *in;
     unsigned char *copy_to;
@@ -126,7 +126,6 @@ static void work(lanes *l, int lane) {
         if (emu_gcm_seal(l->key, iv, l->in + off, n, l->scratch[lane], tag) != 0) atomic_store(&l->failed, 1);
         if (atomic_fetch_sub(&l->left, n) == n) { /* the run's last bytes */
             pthread_mutex_lock(&l->mu);
-            l->finished = v >> RUN_SHIFT;
             pthread_cond_signal(&l->done);
             pthread_mutex_unlock(&l->mu);
         }
@@ -209,7 +208,7 @@ int emu_lanes_run(lanes *l, const void *in, void *copy_to, size_t len, uint64_t 
     pthread_mutex_unlock(&l->mu);
     work(l, 0);
     pthread_mutex_lock(&l->mu);
-    while (l->finished != id) pthread_cond_wait(&l->done, &l->mu);
+    while (atomic_load(&l->left)) pthread_cond_wait(&l->done, &l->mu);
     pthread_mutex_unlock(&l->mu);
     if (cipher_bytes) *cipher_bytes += len;
     return atomic_load(&l->failed) ? -1 : 0;
