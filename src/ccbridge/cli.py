@@ -417,19 +417,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ccbridge.emulate.launcher import EmulatorError
-    from ccbridge.emulate.profiles import ProfileError
-    from ccbridge.load.engine import LoadError
-    from ccbridge.load.header import HeaderError
-    from ccbridge.libcrypto import IntegrityError
-    from ccbridge.native import GpuError
-    from ccbridge.results import ResultFileError
-    from ccbridge.secure.keys import KeyMaterialError
+    from ccbridge.errors import CCBridgeError
 
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ProfileError, ResultFileError, EmulatorError, HeaderError, LoadError, IntegrityError, KeyMaterialError,
-            GpuError) as e:  # say why, lose nothing
+    except CCBridgeError as e:  # say why, lose nothing
         print(f"ccbridge {args.cmd}: {e}", file=sys.stderr)
         return 2

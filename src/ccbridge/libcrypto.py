@@ -12,19 +12,13 @@ import ctypes.util
 from ctypes import POINTER, c_char_p, c_int, c_void_p
 from functools import lru_cache
 
+from ccbridge.errors import CryptoUnavailable, IntegrityError  # noqa: F401 - part of this module's API
+
 EVP_CTRL_GCM_SET_IVLEN = 0x9
 EVP_CTRL_GCM_GET_TAG = 0x10
 EVP_CTRL_GCM_SET_TAG = 0x11
 TAG_BYTES = 16
 _CHUNK = 1 << 30  # EVP_*Update takes an int length
-
-
-class CryptoUnavailable(RuntimeError):
-    """The system libcrypto could not be loaded or lacks what we call."""
-
-
-class IntegrityError(ValueError):
-    """Authentication failed: tampered ciphertext, wrong tag, key, nonce or associated data."""
 
 
 @lru_cache(maxsize=None)

@@ -12,6 +12,8 @@ import importlib.util
 from ctypes import POINTER, c_char_p, c_double, c_int, c_size_t, c_void_p
 from functools import lru_cache
 
+from ccbridge.errors import GpuError  # noqa: F401 - raised here, caught by callers as native.GpuError
+
 H2D, D2H, D2D = 0, 1, 2
 PINNED, PAGEABLE = 0, 1
 SAME_STREAM, IDLE_STREAM, EVENT_WAIT = 0, 1, 2
@@ -20,10 +22,6 @@ MAX_STREAMS = 64
 
 DIRS = {"h2d": H2D, "d2h": D2H, "d2d": D2D}
 MEMS = {"pinned": PINNED, "pageable": PAGEABLE}
-
-
-class GpuError(RuntimeError):
-    """The GPU path failed: no driver, no device, or a refused driver call."""
 
 
 class CopyOut(ctypes.Structure):

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ccbridge.errors import ResultFileError  # noqa: F401 - part of this module's API
 from ccbridge.stats import summarize
 
 SCHEMA = "ccbridge.result"
@@ -20,10 +21,6 @@ SCHEMA_VERSION = 1
 
 # Units where a larger number is better; for every other unit smaller is.
 HIGHER_IS_BETTER = {"GB/s", "TFLOP/s"}
-
-
-class ResultFileError(ValueError):
-    """A result file that cannot be read as a ccbridge result."""
 
 
 @dataclass

@@ -10,13 +10,10 @@ import tempfile
 from pathlib import Path
 
 from ccbridge.env import EMULATION_VAR
+from ccbridge.errors import EmulatorError  # noqa: F401 - part of this module's API
 from ccbridge.emulate.profiles import Profile
 
 CONFIG_VAR = "CCBRIDGE_EMU_CONFIG"
-
-
-class EmulatorError(RuntimeError):
-    """The emulator cannot start: library not built, no libcrypto, bad command."""
 
 
 def library() -> str:

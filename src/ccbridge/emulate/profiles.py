@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from ccbridge.errors import ProfileError  # noqa: F401 - part of this module's API
+
 # name -> (unit, what it is); the interposer's config.c knows the same names.
 PARAMS: dict[str, tuple[str, str]] = {
     "emulate": ("0/1", "1: emulate the CC bridge; 0: hooks on, every call passed straight to the driver"),
@@ -32,10 +34,6 @@ PARAMS: dict[str, tuple[str, str]] = {
     "lanes": ("threads", "CPU threads that share one crossing's staging and AES-GCM work"),
     "chunk_bytes": ("bytes", "bounce-buffer chunk for pageable staging (the lanes seal it in 256 KiB slices)"),
 }
-
-
-class ProfileError(ValueError):
-    """A profile that is unknown, unreadable or malformed."""
 
 
 @dataclass(frozen=True)

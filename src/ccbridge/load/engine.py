@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ccbridge import native
+from ccbridge.errors import LoadError
 
 # pread into pinned or pageable buffers; or none: the file's page-cache
 # mapping is the (pageable) source of the copy.
@@ -24,10 +25,6 @@ STAGING = {"pinned": 0, "pageable": 1, "mapped": 2}
 MAPPED = ("mapped",)
 MAX_WORKERS = 64
 MAX_BUFS = 8
-
-
-class LoadError(RuntimeError):
-    """A load failed after its headers were accepted: a refused CUDA call, a file that changed."""
 
 
 class Item(ctypes.Structure):

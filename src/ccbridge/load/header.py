@@ -18,6 +18,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
+from ccbridge.errors import CCBridgeError
+
 MAX_HEADER_BYTES = 100_000_000  # safetensors' MAX_HEADER_SIZE
 U64_MAX = 2**64 - 1  # safetensors does its size arithmetic in usize
 
@@ -50,7 +52,7 @@ DTYPES: dict[str, tuple[int, str | None]] = {
 ENTRY_FIELDS = {"dtype", "shape", "data_offsets"}
 
 
-class HeaderError(ValueError):
+class HeaderError(CCBridgeError, ValueError):
     """A safetensors file breaks a rule of the format; nothing was loaded from it."""
 
     def __init__(self, path: str, rule: str, detail: str):

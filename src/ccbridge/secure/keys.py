@@ -37,6 +37,8 @@ import struct
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from ccbridge.errors import KeyMaterialError
+
 KEY_BYTES = 32
 SALT_BYTES = 32
 MAX_SEQ = 1 << 32
@@ -44,10 +46,6 @@ MAX_RANKS = 1 << 16
 MAX_STEPS = 1 << 16
 BYTES_PER_KEY = 1 << 40
 ENV_VAR = "CCBRIDGE_KEY"
-
-
-class KeyMaterialError(ValueError):
-    """Key material missing or malformed."""
 
 
 def hkdf(ikm: bytes, salt: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
