@@ -386,30 +386,31 @@ fail:
 
 /* Create n contexts, then destroy them: total wall time of each phase. */
 int ccb_ctx_lifecycle(int device, int n, double *create_ns, double *destroy_ns) {
-    CUcontext ctx[CCB_MAX_STREAMS] = {0}, prev = NULL, popped;
+    CUcontext ctx[CCB_MAX_STREAMS] = {0}, prev = NULL, popped, c;
     CUdevice dev;
-    int made = 0;
     if (ccb_open() != 0) return -1;
     if (n < 1 || n > CCB_MAX_STREAMS) { set_err("context count %d outside 1..%d", n, CCB_MAX_STREAMS); return -1; }
     CK(cu.CtxGetCurrent(&prev));
     CK(cu.DeviceGet(&dev, device));
     double t0 = ccb_now_ns();
-    for (; made < n; made++) {
-        CK(cu.CtxCreate(&ctx[made], 0, dev));
+    for (int i = 0; i < n; i++) {
+        CK(cu.CtxCreate(&c, 0, dev));
+        ctx[i] = c; /* recorded before anything else can fail: the cleanup destroys it */
         CK(cu.CtxPopCurrent(&popped));
     }
     double t1 = ccb_now_ns();
-    for (int i = 0; i < n; i++) {
+    int failed = 0;
+    for (int i = 0; i < n; i++) { /* a refused destroy does not stop the others' */
         CUresult rc = cu.CtxDestroy(ctx[i]);
         ctx[i] = NULL;
-        if (rc != 0) { cu_fail(rc, "cuCtxDestroy"); made = 0; goto fail; }
+        if (rc != 0 && !failed++) cu_fail(rc, "cuCtxDestroy");
     }
     *create_ns = t1 - t0;
     *destroy_ns = ccb_now_ns() - t1;
     cu.CtxSetCurrent(prev);
-    return 0;
+    return failed ? -1 : 0;
 fail:
-    for (int i = 0; i < made; i++) if (ctx[i]) cu.CtxDestroy(ctx[i]);
+    for (int i = 0; i < n; i++) if (ctx[i]) cu.CtxDestroy(ctx[i]);
     cu.CtxSetCurrent(prev);
     return -1;
 }
