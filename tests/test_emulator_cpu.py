@@ -300,3 +300,88 @@ def test_shipped_profiles_parse_and_the_interposer_accepts_them(lib, name):
     init(lib)  # reset, then the profile's own text
     err = ctypes.create_string_buffer(256)
     assert lib.ccbemu_test_init(p.config_text().encode(), err, 256) == 0, err.value
+
+
+HOST_MEM, DEVICE_MEM = 1, 2
+
+
+class Memcpy2D(ctypes.Structure):
+    """CUDA_MEMCPY2D as laid out in cuda.h."""
+    _fields_ = [("srcXInBytes", c_sz), ("srcY", c_sz), ("srcMemoryType", ctypes.c_int), ("srcHost", c_p),
+                ("srcDevice", c_u64), ("srcArray", c_p), ("srcPitch", c_sz),
+                ("dstXInBytes", c_sz), ("dstY", c_sz), ("dstMemoryType", ctypes.c_int), ("dstHost", c_p),
+                ("dstDevice", c_u64), ("dstArray", c_p), ("dstPitch", c_sz), ("WidthInBytes", c_sz), ("Height", c_sz)]
+
+
+class Memcpy3D(ctypes.Structure):
+    """CUDA_MEMCPY3D as laid out in cuda.h."""
+    _fields_ = [("srcXInBytes", c_sz), ("srcY", c_sz), ("srcZ", c_sz), ("srcLOD", c_sz), ("srcMemoryType", ctypes.c_int),
+                ("srcHost", c_p), ("srcDevice", c_u64), ("srcArray", c_p), ("reserved0", c_p), ("srcPitch", c_sz),
+                ("srcHeight", c_sz), ("dstXInBytes", c_sz), ("dstY", c_sz), ("dstZ", c_sz), ("dstLOD", c_sz),
+                ("dstMemoryType", ctypes.c_int), ("dstHost", c_p), ("dstDevice", c_u64), ("dstArray", c_p),
+                ("reserved1", c_p), ("dstPitch", c_sz), ("dstHeight", c_sz), ("WidthInBytes", c_sz), ("Height", c_sz),
+                ("Depth", c_sz)]
+
+
+def h2d_desc(T, src, dev, width, height, depth=None, pitch=None):
+    d = T(srcMemoryType=HOST_MEM, srcHost=src, srcPitch=pitch or width, dstMemoryType=DEVICE_MEM, dstDevice=dev,
+          dstPitch=width, WidthInBytes=width, Height=height)
+    if depth is not None:
+        d.Depth, d.srcHeight, d.dstHeight = depth, height, height
+    return d
+
+
+def crossings(L) -> int:
+    return sum(v["count"] for v in summary(L)["crossings"].values())
+
+
+def test_2d_and_3d_copies_cross_byte_exact(lib):
+    init(lib, h2d_pinned_gbps=0, h2d_pageable_gbps=0)
+    w, h, d, pitch = 37, 5, 3, 64
+    data = os.urandom(pitch * h * d)
+    src, _keep = host(lib, len(data), False, data)
+    rows = [data[(z * h + y) * pitch:(z * h + y) * pitch + w] for z in range(d) for y in range(h)]
+    dev2 = lib.ccbemu_fake_alloc(w * h, DEVICE)
+    desc2 = h2d_desc(Memcpy2D, src, dev2, w, h, pitch=pitch)
+    assert lib.cuMemcpy2D_v2(ctypes.byref(desc2)) == 0
+    assert ctypes.string_at(dev2, w * h) == b"".join(rows[:h])
+    dev3 = lib.ccbemu_fake_alloc(w * h * d, DEVICE)
+    desc3 = h2d_desc(Memcpy3D, src, dev3, w, h, depth=d, pitch=pitch)
+    assert lib.cuMemcpy3D_v2(ctypes.byref(desc3)) == 0
+    assert ctypes.string_at(dev3, w * h * d) == b"".join(rows)
+    assert summary(lib)["crossings"]["h2d_pageable"]["bytes"] == w * h + w * h * d
+
+
+HUGE = 1 << 62
+
+
+@pytest.mark.parametrize("shape", [
+    dict(kind="2d", width=4, height=HUGE),                # width * height wraps
+    dict(kind="2d", width=1, height=3, pitch=1 << 63),    # the last row's offset wraps
+    dict(kind="3d", width=1, height=HUGE, depth=8),       # height * depth wraps
+    dict(kind="3d", width=2, height=1 << 31, depth=1 << 31),  # width * height * depth wraps
+    dict(kind="3d", width=1, height=2, depth=2, pitch=1 << 63),  # rows fit, their offsets do not
+])
+def test_descriptor_sizes_that_overflow_are_invalid_not_truncated(lib, shape):
+    """A descriptor whose sizes do not fit in size_t is CUDA_ERROR_INVALID_VALUE, before any byte moves."""
+    init(lib)
+    src, _keep = host(lib, 64, False, os.urandom(64))
+    dev = lib.ccbemu_fake_alloc(64, DEVICE)
+    T, call = (Memcpy2D, lib.cuMemcpy2D_v2) if shape["kind"] == "2d" else (Memcpy3D, lib.cuMemcpy3D_v2)
+    desc = h2d_desc(T, src, dev, shape["width"], shape["height"], shape.get("depth"), shape.get("pitch"))
+    assert call(ctypes.byref(desc)) == 1  # CUDA_ERROR_INVALID_VALUE
+    assert crossings(lib) == 0
+
+
+def test_batch_whose_sizes_overflow_is_invalid(lib):
+    init(lib)
+    src, _keep = host(lib, 64, False, os.urandom(64))
+    dev = lib.ccbemu_fake_alloc(64, DEVICE)
+    lib.cuMemcpyBatchAsync_v2.argtypes = [c_p, c_p, c_p, c_sz, c_p, c_p, c_sz, c_p]
+    dsts, srcs = (c_u64 * 2)(dev, dev), (c_u64 * 2)(src, src)
+    sizes = (c_sz * 2)(1 << 63, 1 << 63)  # each fits; their sum does not
+    assert lib.cuMemcpyBatchAsync_v2(dsts, srcs, sizes, 2, None, None, 0, None) == 1
+    assert lib.cuMemcpyBatchAsync_v2(dsts, srcs, sizes, 1 << 60, None, None, 0, None) == 1  # the span table itself
+    sizes = (c_sz * 2)(16, 48)
+    assert lib.cuMemcpyBatchAsync_v2(dsts, srcs, sizes, 2, None, None, 0, None) == 0
+    assert crossings(lib) == 1

@@ -237,7 +237,7 @@ static CUresult opaque_work(channel *ch, const emu_opaque *o, uint64_t *cipher) 
     CUresult rc;
     TRY(o->issue(o->arg, ch->pstream));
     if (o->dir == DIR_D2H) TRY(drv.StreamSynchronize(ch->pstream));
-    for (int i = 0; i < o->nspans; i++) TRY_CIPHER(emu_lanes_run(ch->lanes, o->spans[i].p, NULL, o->spans[i].len, cipher));
+    for (size_t i = 0; i < o->nspans; i++) TRY_CIPHER(emu_lanes_run(ch->lanes, o->spans[i].p, NULL, o->spans[i].len, cipher));
     return drv.StreamSynchronize(ch->pstream);
 }
 

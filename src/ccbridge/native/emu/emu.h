@@ -174,7 +174,7 @@ typedef struct {
     CUstream stream;
     int sync_call;
     const emu_span *spans;
-    int nspans;
+    size_t nspans;
     emu_issue_fn issue;   /* enqueues the real copy on `stream` */
     void *arg;
 } emu_opaque;

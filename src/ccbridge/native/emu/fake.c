@@ -96,6 +96,23 @@ static CUresult f_Memcpy2DAsync(const CUDA_MEMCPY2D *c, CUstream st) {
     return 0;
 }
 static CUresult f_Memcpy2D(const CUDA_MEMCPY2D *c) { sleep_until(default_stream.busy_until); return f_Memcpy2DAsync(c, NULL); }
+static CUresult f_Memcpy3DAsync(const CUDA_MEMCPY3D *c, CUstream st) {
+    (void)st;
+    const char *src = c->srcMemoryType == CU_MEMORYTYPE_HOST ? c->srcHost : (const char *)(uintptr_t)c->srcDevice;
+    char *dst = c->dstMemoryType == CU_MEMORYTYPE_HOST ? c->dstHost : (char *)(uintptr_t)c->dstDevice;
+    for (size_t z = 0; z < c->Depth; z++)
+        for (size_t y = 0; y < c->Height; y++)
+            memcpy(dst + ((c->dstZ + z) * c->dstHeight + c->dstY + y) * c->dstPitch + c->dstXInBytes,
+                   src + ((c->srcZ + z) * c->srcHeight + c->srcY + y) * c->srcPitch + c->srcXInBytes, c->WidthInBytes);
+    return 0;
+}
+static CUresult f_Memcpy3D(const CUDA_MEMCPY3D *c) { sleep_until(default_stream.busy_until); return f_Memcpy3DAsync(c, NULL); }
+static CUresult f_MemcpyBatchAsync(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, void *at, size_t *ix,
+                                   size_t na, CUstream st) {
+    (void)at; (void)ix; (void)na; (void)st;
+    for (size_t i = 0; i < count; i++) memcpy((void *)(uintptr_t)d[i], (const void *)(uintptr_t)s[i], n[i]);
+    return 0;
+}
 static CUresult f_LaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                unsigned sh, CUstream st, void **p, void **e) {
     (void)f; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)sh; (void)p; (void)e;
@@ -131,6 +148,7 @@ static const struct { const char *name; void *fn; } kFake[] = {
     {"cuMemcpyDtoHAsync_v2", f_DtoHAsync}, {"cuMemcpyDtoHAsync_v2_ptsz", f_DtoHAsync},
     {"cuMemcpyHtoD_v2", f_HtoD}, {"cuMemcpyDtoH_v2", f_DtoH}, {"cuMemcpy", f_Memcpy},
     {"cuMemcpyAsync", f_MemcpyAsync}, {"cuMemcpy2D_v2", f_Memcpy2D}, {"cuMemcpy2DAsync_v2", f_Memcpy2DAsync},
+    {"cuMemcpy3D_v2", f_Memcpy3D}, {"cuMemcpy3DAsync_v2", f_Memcpy3DAsync}, {"cuMemcpyBatchAsync_v2", f_MemcpyBatchAsync},
     {"cuLaunchKernel", f_LaunchKernel}, {"cuCtxSynchronize", f_CtxSynchronize},
     {"cuCtxCreate_v2", f_CtxCreate}, {"cuCtxDestroy_v2", f_CtxDestroy},
     {"cuMemHostRegister_v2", f_MemHostRegister}, {"cuDevicePrimaryCtxGetState", f_PrimaryGetState},

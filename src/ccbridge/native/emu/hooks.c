@@ -326,14 +326,22 @@ typedef struct {
     int dir, mem;
     size_t bytes;
     emu_span *spans;
-    int nspans;
+    size_t nspans;
 } plan;
+/* plan_* results besides 0 (not a crossing) and 1 */
+enum { PLAN_NOMEM = -1, PLAN_INVALID = -2 };
+static CUresult plan_error(int k) { return k == PLAN_NOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE; }
 
 /* Which side is host memory, and its rows. Returns 0 if not a crossing. */
 static int side_host(int type, const void *host, CUdeviceptr dev, const void **base, int *mem) {
     if (type == CU_MEMORYTYPE_HOST) { *base = host; *mem = emu_host_kind(host); return 1; }
     if (type == CU_MEMORYTYPE_UNIFIED && emu_is_host(dev, mem)) { *base = (const void *)(uintptr_t)dev; return 1; }
     return 0;
+}
+
+/* a*b+c in size_t; 0 when it does not fit (the descriptor is then invalid, not a smaller copy) */
+static int mul_add(size_t a, size_t b, size_t c, size_t *out) {
+    return !__builtin_mul_overflow(a, b, out) && !__builtin_add_overflow(*out, c, out);
 }
 
 static int plan_rows(plan *p, int src_type, const void *src_host, CUdeviceptr src_dev, size_t sx, size_t sy, size_t sz,
@@ -350,11 +358,19 @@ static int plan_rows(plan *p, int src_type, const void *src_host, CUdeviceptr sr
     if (!hgt) hgt = height;
     p->dir = sh ? DIR_H2D : DIR_D2H;
     p->mem = mem;
-    p->bytes = width * height * depth;
-    p->nspans = (int)(height * depth);
-    p->spans = malloc(sizeof(emu_span) * (size_t)(p->nspans ? p->nspans : 1));
-    if (!p->spans) return -1;
-    int k = 0;
+    size_t rows, span_bytes, zl, yl, last_row, end;
+    p->spans = NULL;
+    if (!mul_add(height, depth, 0, &rows) || !mul_add(width, rows, 0, &p->bytes)) return PLAN_INVALID;
+    if (!p->bytes) return 1; /* nothing crosses: the real call alone */
+    /* the furthest host byte, x + width into row (z+depth-1)*hgt + y+height-1, must be addressable */
+    if (__builtin_add_overflow(z, depth - 1, &zl) || __builtin_add_overflow(y, height - 1, &yl) ||
+        !mul_add(zl, hgt, yl, &last_row) || !mul_add(last_row, pitch, x, &end) ||
+        __builtin_add_overflow(end, width, &end) || end > UINTPTR_MAX - (uintptr_t)base ||
+        !mul_add(sizeof(emu_span), rows, 0, &span_bytes))
+        return PLAN_INVALID;
+    p->nspans = rows;
+    if (!(p->spans = malloc(span_bytes))) return PLAN_NOMEM;
+    size_t k = 0;
     for (size_t zz = 0; zz < depth; zz++)
         for (size_t yy = 0; yy < height; yy++)
             p->spans[k++] = (emu_span){(const char *)base + ((z + zz) * hgt + y + yy) * pitch + x, width};
@@ -405,7 +421,7 @@ static CUresult issue_async_desc(void *a, CUstream st) {
         ENTER(n);                                                             \
         plan p;                                                               \
         int k = emulating(1, ST) ? PLAN(&p, c) : 0;                           \
-        if (k < 0) return CUDA_ERROR_OUT_OF_MEMORY;                           \
+        if (k < 0) return plan_error(k);                                      \
         if (!k || !p.bytes) { if (k) free(p.spans); return REAL(n)(c); }      \
         desc_arg a = {H_##n, c};                                              \
         return run_plan(H_##n, &p, ST, 1, issue_sync_desc, &a);               \
@@ -415,7 +431,7 @@ static CUresult issue_async_desc(void *a, CUstream st) {
         ENTER(n);                                                             \
         plan p;                                                               \
         int k = emulating(1, NORM(st)) ? PLAN(&p, c) : 0;                     \
-        if (k < 0) return CUDA_ERROR_OUT_OF_MEMORY;                           \
+        if (k < 0) return plan_error(k);                                      \
         if (!k || !p.bytes) { if (k) free(p.spans); return REAL(n)(c, st); }  \
         desc_arg a = {H_##n, c};                                              \
         return run_plan(H_##n, &p, NORM(st), 0, issue_async_desc, &a);        \
@@ -433,17 +449,18 @@ DEF_DESC_ASYNC(cuMemcpy3DAsync_v2_ptsz, CUDA_MEMCPY3D, plan_3d, PT)
 
 /* ---- batch copies: every host-side entry is part of one crossing ---- */
 static int plan_batch(plan *p, CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count) {
-    int d2h = 0, pageable = 0, k = 0;
+    int d2h = 0, pageable = 0;
+    size_t k = 0, span_bytes;
     p->bytes = 0;
-    p->spans = malloc(sizeof(emu_span) * (count ? count : 1));
-    if (!p->spans) return -1;
+    if (!mul_add(sizeof(emu_span), count ? count : 1, 0, &span_bytes)) return PLAN_INVALID;
+    if (!(p->spans = malloc(span_bytes))) return PLAN_NOMEM;
     for (size_t i = 0; i < count; i++) {
         int md, ms, dh = emu_is_host(dsts[i], &md), sh = emu_is_host(srcs[i], &ms);
         if (dh == sh || !sizes[i]) continue;
         d2h |= dh;
         pageable |= (sh ? ms : md) == MEM_PAGEABLE;
         p->spans[k++] = (emu_span){(const void *)(uintptr_t)(sh ? srcs[i] : dsts[i]), sizes[i]};
-        p->bytes += sizes[i];
+        if (__builtin_add_overflow(p->bytes, sizes[i], &p->bytes)) { free(p->spans); return PLAN_INVALID; }
     }
     p->nspans = k;
     p->dir = d2h ? DIR_D2H : DIR_H2D; /* a batch with any readback waits like a D2H */
@@ -473,7 +490,7 @@ static CUresult batch(int h, int v1, CUdeviceptr *dsts, CUdeviceptr *srcs, size_
     if (!emulating(1, st)) return CUDA_SUCCESS;
     int k = plan_batch(&p, dsts, srcs, sizes, count);
     *handled = k != 0;
-    if (k < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (k < 0) return plan_error(k);
     if (!k) { free(p.spans); return CUDA_SUCCESS; }
     batch_arg a = {h, v1, dsts, srcs, sizes, count, idx, nattrs, fail_idx, attrs};
     return run_plan(h, &p, st, 0, issue_batch, &a);
