@@ -89,7 +89,7 @@ def timed(fn, *args):
 def test_bad_configuration_is_refused_with_the_reason(lib):
     with pytest.raises(ValueError, match="unknown parameter 'nope'"):
         init(lib, nope=1)
-    with pytest.raises(ValueError, match="non-negative number"):
+    with pytest.raises(ValueError, match="h2d_toll_us needs a number, got 'fast'"):
         init(lib, h2d_toll_us="fast")
     with pytest.raises(ValueError, match="lanes must be"):
         init(lib, lanes=0)
@@ -385,3 +385,60 @@ def test_batch_whose_sizes_overflow_is_invalid(lib):
     sizes = (c_sz * 2)(16, 48)
     assert lib.cuMemcpyBatchAsync_v2(dsts, srcs, sizes, 2, None, None, 0, None) == 0
     assert crossings(lib) == 1
+
+
+NUMERIC = [k for k in profiles.PARAMS]
+
+
+@pytest.mark.parametrize("key", NUMERIC)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e300", "-1e300", "-1"])
+def test_values_that_are_not_finite_or_in_range_are_refused_naming_key_and_value(lib, key, value):
+    with pytest.raises(ValueError, match=rf"{key} must be .* got '{value}'"):
+        init(lib, **{key: value})
+
+
+WHOLE = ("emulate", "refuse_host_register", "lanes", "chunk_bytes")
+
+
+def test_whole_number_parameters_refuse_fractions(lib):
+    for key, value in (("lanes", 2.5), ("chunk_bytes", 65536.5), ("emulate", 0.5), ("refuse_host_register", 0.1)):
+        with pytest.raises(ValueError, match=f"{key} must be a whole number"):
+            init(lib, **{key: value})
+
+
+def _python_ranges():
+    """The (min, max) table that emulate/profiles.py keeps next to PARAMS, found by its shape."""
+    for name, value in vars(profiles).items():
+        if (isinstance(value, dict) and name != "PARAMS" and set(value) == set(profiles.PARAMS)
+                and all(isinstance(v, (tuple, list)) and len(v) == 2 for v in value.values())):
+            return value
+    return None
+
+
+@pytest.mark.parametrize("key", NUMERIC)
+def test_c_parser_ranges_agree_with_the_python_table(lib, key):
+    """The C parser accepts each bound of the Python table and refuses a value just outside it."""
+    ranges = _python_ranges()
+    if ranges is None:
+        pytest.skip("pending: emulate/profiles.py has no (min, max) table next to PARAMS yet")
+    lo, hi = (float(x) for x in ranges[key])
+    step = 1.0 if key in WHOLE else max(abs(lo), abs(hi), 1.0) * 1e-6  # the next value the parser could accept
+    for inside in (lo, hi, lo if key in WHOLE else (lo + hi) / 2):
+        init(lib, **{key: repr(inside)})  # accepted: no ValueError
+    for outside in (lo - step, hi + step):
+        with pytest.raises(ValueError, match=key):
+            init(lib, **{key: repr(outside)})
+
+
+def test_emulator_refuses_to_start_on_a_bad_profile_value(tmp_path):
+    """Preloaded with a configuration holding NaN, the first hooked call ends the program with the reason."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "emu.conf"
+    cfg.write_text("profile=bad\nemulate=1\nh2d_toll_us=nan\n")
+    code = f"import ctypes; ctypes.CDLL({launcher.library()!r}).cuCtxSynchronize()"
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "CCBRIDGE_EMU_CONFIG": str(cfg)},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 70
+    assert "bad configuration" in r.stderr and "h2d_toll_us" in r.stderr and "'nan'" in r.stderr

@@ -272,7 +272,7 @@ static CUresult cross(const crossing *x) {
     uint64_t t_ready = emu_now();
     uint64_t bus_end = 0;
     if (rc == CUDA_SUCCESS) {
-        if (cfg.system_gbps[x->dir] > 0) bus_end = emu_bus_reserve(x->dir, (uint64_t)(x->bytes / cfg.system_gbps[x->dir]));
+        if (cfg.system_gbps[x->dir] > 0) bus_end = emu_bus_reserve(x->dir, emu_ns((double)x->bytes / cfg.system_gbps[x->dir]));
         rc = x->copy ? (x->mem == MEM_PINNED ? direct(ch, x->copy, &cipher) : staged(ch, x->copy, &cipher))
                      : opaque_work(ch, x->opaque, &cipher);
     }
@@ -280,10 +280,10 @@ static CUresult cross(const crossing *x) {
     if (rc == CUDA_SUCCESS) {
         double gbps = cfg.chan_gbps[x->dir][x->mem];
         uint64_t end = emu_now();
-        uint64_t paced = t_ready + (gbps > 0 ? (uint64_t)(x->bytes / gbps) : 0);
+        uint64_t paced = t_ready + (gbps > 0 ? emu_ns((double)x->bytes / gbps) : 0);
         if (paced > end) end = paced;
         if (bus_end > end) end = bus_end;
-        toll = (uint64_t)cfg.toll_ns[x->dir];
+        toll = emu_ns(cfg.toll_ns[x->dir]);
         emu_wait_until(end + toll);
     }
     ticket_done(ch);

@@ -1,5 +1,4 @@
 /* Profile parameters: "key=value" lines written by the launcher (ccbridge run). */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,28 +16,34 @@ void emu_config_defaults(emu_config *c) {
 }
 
 typedef enum { T_DOUBLE, T_INT, T_SIZE, T_US, T_S, T_STR } ktype;
-static const struct { const char *key; ktype t; size_t off; size_t cap; } kKeys[] = {
-#define F(k, t, field, cap) {k, t, offsetof(emu_config, field), cap}
-    F("profile", T_STR, profile, sizeof cfg.profile),
-    F("emulate", T_INT, emulate, 0),
-    F("h2d_pinned_gbps", T_DOUBLE, chan_gbps[DIR_H2D][MEM_PINNED], 0),
-    F("h2d_pageable_gbps", T_DOUBLE, chan_gbps[DIR_H2D][MEM_PAGEABLE], 0),
-    F("d2h_pinned_gbps", T_DOUBLE, chan_gbps[DIR_D2H][MEM_PINNED], 0),
-    F("d2h_pageable_gbps", T_DOUBLE, chan_gbps[DIR_D2H][MEM_PAGEABLE], 0),
-    F("h2d_system_gbps", T_DOUBLE, system_gbps[DIR_H2D], 0),
-    F("d2h_system_gbps", T_DOUBLE, system_gbps[DIR_D2H], 0),
-    F("h2d_toll_us", T_US, toll_ns[DIR_H2D], 0),
-    F("d2h_toll_us", T_US, toll_ns[DIR_D2H], 0),
-    F("launch_ratio", T_DOUBLE, launch_ratio, 0),
-    F("sync_toll_us", T_US, sync_toll_ns, 0),
-    F("ctx_create_s", T_S, ctx_create_ns, 0),
-    F("ctx_destroy_s", T_S, ctx_destroy_ns, 0),
-    F("host_alloc_toll_us", T_US, host_alloc_toll_ns, 0),
-    F("refuse_host_register", T_INT, refuse_host_register, 0),
-    F("lanes", T_INT, lanes, 0),
-    F("chunk_bytes", T_SIZE, chunk_bytes, 0),
-    F("trace", T_STR, trace, sizeof cfg.trace),
+/* Each number's range, in the unit of its key: a value outside it (NaN, inf,
+ * 1e300 included) refuses the configuration rather than running with a
+ * garbage toll. The same ranges as emulate/profiles.py; a CPU test holds the
+ * two tables together (tests/test_emulator_cpu.py). */
+static const struct { const char *key; ktype t; size_t off; size_t cap; double min, max; } kKeys[] = {
+#define F(k, t, field, lo, hi) {k, t, offsetof(emu_config, field), 0, lo, hi}
+#define STR(k, field) {k, T_STR, offsetof(emu_config, field), sizeof cfg.field, 0, 0}
+    STR("profile", profile),
+    F("emulate", T_INT, emulate, 0, 1),
+    F("h2d_pinned_gbps", T_DOUBLE, chan_gbps[DIR_H2D][MEM_PINNED], 0, 1e4),
+    F("h2d_pageable_gbps", T_DOUBLE, chan_gbps[DIR_H2D][MEM_PAGEABLE], 0, 1e4),
+    F("d2h_pinned_gbps", T_DOUBLE, chan_gbps[DIR_D2H][MEM_PINNED], 0, 1e4),
+    F("d2h_pageable_gbps", T_DOUBLE, chan_gbps[DIR_D2H][MEM_PAGEABLE], 0, 1e4),
+    F("h2d_system_gbps", T_DOUBLE, system_gbps[DIR_H2D], 0, 1e4),
+    F("d2h_system_gbps", T_DOUBLE, system_gbps[DIR_D2H], 0, 1e4),
+    F("h2d_toll_us", T_US, toll_ns[DIR_H2D], 0, 1e7),
+    F("d2h_toll_us", T_US, toll_ns[DIR_D2H], 0, 1e7),
+    F("launch_ratio", T_DOUBLE, launch_ratio, 1, 1000),
+    F("sync_toll_us", T_US, sync_toll_ns, 0, 1e7),
+    F("ctx_create_s", T_S, ctx_create_ns, 0, 600),
+    F("ctx_destroy_s", T_S, ctx_destroy_ns, 0, 600),
+    F("host_alloc_toll_us", T_US, host_alloc_toll_ns, 0, 1e7),
+    F("refuse_host_register", T_INT, refuse_host_register, 0, 1),
+    F("lanes", T_INT, lanes, 1, 64),
+    F("chunk_bytes", T_SIZE, chunk_bytes, 4096, 1 << 30),
+    STR("trace", trace),
 #undef F
+#undef STR
 };
 
 int emu_config_parse(emu_config *c, const char *text, char *err, size_t errlen) {
@@ -70,13 +75,19 @@ int emu_config_parse(emu_config *c, const char *text, char *err, size_t errlen) 
             continue;
         }
         char *end;
-        errno = 0;
-        double v = strtod(val, &end);
-        if (errno || end == val || *end || v < 0) {
-            snprintf(err, errlen, "line %d: %s needs a non-negative number, got '%s'", lineno, key, val);
+        double v = strtod(val, &end); /* an overflow is +-HUGE_VAL: outside every range */
+        if (end == val || *end) {
+            snprintf(err, errlen, "line %d: %s needs a number, got '%s'", lineno, key, val);
             return -1;
         }
-        switch (kKeys[i].t) {
+        int whole = kKeys[i].t == T_INT || kKeys[i].t == T_SIZE;
+        /* written so that NaN fails too */
+        if (!(v >= kKeys[i].min && v <= kKeys[i].max) || (whole && v != (double)(long long)v)) {
+            snprintf(err, errlen, "line %d: %s must be %s in [%.15g, %.15g], got '%s'", lineno, key,
+                     whole ? "a whole number" : "a number", kKeys[i].min, kKeys[i].max, val);
+            return -1;
+        }
+        switch (kKeys[i].t) { /* in range: every conversion below is defined */
         case T_DOUBLE: *(double *)dst = v; break;
         case T_US: *(double *)dst = v * 1e3; break;
         case T_S: *(double *)dst = v * 1e9; break;
@@ -85,8 +96,5 @@ int emu_config_parse(emu_config *c, const char *text, char *err, size_t errlen) 
         default: break;
         }
     }
-    if (c->lanes < 1 || c->lanes > 64) { snprintf(err, errlen, "lanes must be 1..64, got %d", c->lanes); return -1; }
-    if (c->chunk_bytes < 4096) { snprintf(err, errlen, "chunk_bytes must be at least 4096"); return -1; }
-    if (c->launch_ratio < 1.0) { snprintf(err, errlen, "launch_ratio must be >= 1"); return -1; }
     return 0;
 }

@@ -133,6 +133,11 @@ void emu_config_defaults(emu_config *c);
 uint64_t emu_now(void);                 /* CLOCK_MONOTONIC ns, shared by processes */
 void emu_wait_until(uint64_t deadline);  /* sleep, then spin the last stretch */
 void emu_spin_for(uint64_t ns);
+/* A duration in ns computed in double (bytes over a bandwidth, a toll) as
+ * whole ns: NaN or negative is 0, and it is capped at EMU_NS_MAX (casting a
+ * double beyond uint64_t's range is undefined); any clock + EMU_NS_MAX fits. */
+#define EMU_NS_MAX (1ull << 60)
+uint64_t emu_ns(double ns);
 /* Reserve `ns` of a machine-wide timeline (a direction of the bridge, or
  * EMU_LIFECYCLE); returns the end of the reservation. */
 uint64_t emu_bus_reserve(int dir, uint64_t ns);

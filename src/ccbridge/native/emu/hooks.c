@@ -526,7 +526,7 @@ static CUresult launch_toll(CUresult rc, uint64_t t0, CUstream st) {
     double native = avg > 0 && dt > 2 * avg ? 2 * avg : dt;
     g_launch_avg_ns = avg > 0 ? 0.99 * avg + 0.01 * dt : dt;
     /* the whole call, our own checks included, lasts ratio x the native submission */
-    emu_wait_until(t0 + (uint64_t)(cfg.launch_ratio * native));
+    emu_wait_until(t0 + emu_ns(cfg.launch_ratio * native));
     return rc;
 }
 typedef CUresult cuLaunchKernel_t(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -578,7 +578,7 @@ DEF_GRAPH(cuGraphLaunch_ptsz, PT)
 
 /* ---- synchronization: a fixed toll per call ---- */
 static CUresult sync_toll(CUresult rc) {
-    if (rc == CUDA_SUCCESS && cfg.emulate) emu_spin_for((uint64_t)cfg.sync_toll_ns);
+    if (rc == CUDA_SUCCESS && cfg.emulate) emu_spin_for(emu_ns(cfg.sync_toll_ns));
     return rc;
 }
 typedef CUresult cuStreamSynchronize_t(CUstream);
@@ -592,7 +592,7 @@ CUresult cuCtxSynchronize(void) { ENTER(cuCtxSynchronize); return sync_toll(REAL
 
 /* ---- secure context lifecycle ---- */
 static CUresult lifecycle_toll(CUresult rc, double ns) {
-    if (rc == CUDA_SUCCESS && cfg.emulate && ns > 0) emu_wait_until(emu_bus_reserve(EMU_LIFECYCLE, (uint64_t)ns));
+    if (rc == CUDA_SUCCESS && cfg.emulate && ns > 0) emu_wait_until(emu_bus_reserve(EMU_LIFECYCLE, emu_ns(ns)));
     return rc;
 }
 typedef CUresult cuCtxCreate_v2_t(CUcontext *, unsigned, CUdevice);

@@ -40,6 +40,8 @@ void emu_wait_until(uint64_t deadline) {
     }
 }
 
+uint64_t emu_ns(double ns) { return ns > 0 ? ns < (double)EMU_NS_MAX ? (uint64_t)ns : EMU_NS_MAX : 0; }
+
 void emu_spin_for(uint64_t ns) {
     if (ns) emu_wait_until(emu_now() + ns);
 }
