@@ -12,7 +12,8 @@ import struct
 import pytest
 
 from ccbridge.load import checkpoint
-from ccbridge.load.header import MAX_HEADER_BYTES, HeaderError, read_header
+from ccbridge.errors import UsageError
+from ccbridge.load.header import MAX_HEADER_BYTES, MAX_RANK, HeaderError, read_header
 
 
 def raw_file(header, data: bytes = b"", header_text: bytes | None = None) -> bytes:
@@ -89,6 +90,11 @@ CASES = [
     ("tensor entry", lambda: raw_file({"a": {"dtype": "U8", "shape": [1]}}, b"\x01")),
     ("tensor entry", lambda: raw_file({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1], "x": 1}}, b"\x01")),
     ("metadata", lambda: raw_file({"__metadata__": {"k": 1}}, b"")),
+    ("not JSON", lambda: raw_file(None, b"", header_text=b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")),
+    ("not UTF-8", lambda: raw_file(None, b"\x01", header_text=b'{"a\\ud800":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}')),
+    ("not UTF-8", lambda: raw_file(None, b"", header_text=b'{"__metadata__":{"k":"\\udfff"}}')),
+    ("shape", lambda: raw_file({"a": {"dtype": "U8", "shape": [1] * (MAX_RANK + 1), "data_offsets": [0, 1]}}, b"\x01")),
+    ("shape", lambda: raw_file({"a": {"dtype": "U8", "shape": [1] * 10**6, "data_offsets": [0, 1]}}, b"\x01")),
 ]
 
 
@@ -99,6 +105,26 @@ def test_malformed_raises_with_rule(tmp_path, rule, make):
         read_header(p)
     assert e.value.rule == rule
     assert str(p) in str(e.value)
+
+
+def test_max_rank_is_accepted(tmp_path):
+    h = read_header(write(tmp_path, raw_file({"a": {"dtype": "U8", "shape": [1] * MAX_RANK, "data_offsets": [0, 1]}}, b"\x01")))
+    assert len(h.by_name["a"].shape) == MAX_RANK
+
+
+def test_paired_surrogate_escape_is_text(tmp_path):
+    blob = raw_file(None, b"\x01", header_text=b'{"\\ud83d\\ude00":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}')
+    assert [t.name for t in read_header(write(tmp_path, blob)).tensors] == ["\U0001F600"]
+
+
+def test_resolve_refuses_missing_and_repeated_paths(tmp_path):
+    one = write(tmp_path, raw_file({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}, b"\x01"))
+    with pytest.raises(UsageError, match="no such file or directory"):
+        checkpoint.resolve([one, tmp_path / "nope.safetensors"])
+    with pytest.raises(UsageError, match="given twice"):
+        checkpoint.resolve([one, tmp_path / "." / one.name])
+    with pytest.raises(UsageError, match="no checkpoint given"):
+        checkpoint.resolve([])
 
 
 def test_missing_file(tmp_path):

@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+from ccbridge.errors import UsageError
 from ccbridge.load.header import Header, HeaderError
 
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -38,10 +39,12 @@ def resolve(paths) -> tuple[list[str], dict[str, str] | None, str | None]:
     """
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not items:
-        raise ValueError("no checkpoint given: pass a .safetensors file, several, a directory or an index")
+        raise UsageError("no checkpoint given: pass a .safetensors file, several, a directory or an index")
     files: list[Path] = []
     weight_map, index = None, None
     for item in map(Path, items):
+        if not item.exists():
+            raise UsageError(f"{item}: no such file or directory")
         if item.is_dir():
             indexes = sorted(item.glob("*" + INDEX_SUFFIX))
             if len(indexes) > 1:
@@ -56,17 +59,17 @@ def resolve(paths) -> tuple[list[str], dict[str, str] | None, str | None]:
                 continue
         if item.name.endswith(".json"):
             if len(items) > 1:
-                raise ValueError(f"an index ({item}) must be the only path given")
+                raise UsageError(f"an index ({item}) must be the only path given")
             index = str(item)
             files, weight_map = _index_files(item)
             continue
         files.append(item)
-    seen = set()
+    seen: dict[str, Path] = {}
     for f in files:
         key = os.path.realpath(f)
         if key in seen:
-            raise ValueError(f"{f} is given twice")
-        seen.add(key)
+            raise UsageError(f"{f} is given twice" + (f" (as {seen[key]})" if str(seen[key]) != str(f) else ""))
+        seen[key] = f
     return [str(f) for f in files], weight_map, index
 
 

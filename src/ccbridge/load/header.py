@@ -4,7 +4,9 @@ Layout: 8 bytes little-endian N, then N bytes of UTF-8 JSON, then the data.
 The rules are safetensors' own (header size limit, dtype sizes, offsets
 contiguous from 0 in offset order, file length exact) with checked
 arithmetic, plus what its parser lets pass and we do not: duplicate keys,
-unknown entry fields, non-integer or boolean numbers, NaN/Infinity tokens.
+unknown entry fields, non-integer or boolean numbers, NaN/Infinity tokens,
+strings that are not text (unpaired surrogate escapes), shapes of more than
+MAX_RANK dimensions, nesting too deep for the JSON parser.
 Every violation raises HeaderError naming the file and the rule.
 
 The header is read through an open descriptor, and the file length is that
@@ -22,6 +24,9 @@ from ccbridge.errors import CCBridgeError
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' MAX_HEADER_SIZE
 U64_MAX = 2**64 - 1  # safetensors does its size arithmetic in usize
+# numpy's limit on dimensions (NPY_MAXDIMS); torch sets none, and no real tensor comes
+# close, so a longer shape is a broken or hostile header, not a tensor.
+MAX_RANK = 64
 
 # safetensors dtype -> (bits per element, torch dtype attribute or None).
 # F6 types have no torch dtype; safetensors cannot hand them to torch either.
@@ -108,6 +113,15 @@ class _Duplicate(Exception):
     pass
 
 
+def _is_text(s: str) -> bool:
+    """JSON's \\uD800-style escapes can spell strings that no UTF-8 encodes."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -127,7 +141,9 @@ def _entry(path: str, name: str, raw) -> TensorInfo:
     if not isinstance(dtype, str) or dtype not in DTYPES:
         bad("dtype", f"unknown dtype {dtype!r}; safetensors knows {', '.join(DTYPES)}")
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-        bad("shape", f"expected a list of non-negative integers, got {shape!r}")
+        bad("shape", f"expected a list of non-negative integers, got {shape!r:.200}")
+    if len(shape) > MAX_RANK:
+        bad("shape", f"{len(shape)} dimensions; at most {MAX_RANK} are accepted")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) and 0 <= o <= U64_MAX for o in offsets)):
         bad("data_offsets", f"expected [begin, end] as non-negative 64-bit integers, got {offsets!r}")
     begin, end = offsets
@@ -171,11 +187,16 @@ def parse(fd: int, path: str) -> Header:
         raise HeaderError(path, "duplicate key", f"{e.args[0]!r} appears more than once") from None
     except ValueError as e:
         raise HeaderError(path, "not JSON", str(e)) from None
+    except RecursionError:
+        raise HeaderError(path, "not JSON", "nested deeper than the JSON parser can follow") from None
     if not isinstance(obj, dict):
         raise HeaderError(path, "not JSON", f"the header must be a JSON object, got {type(obj).__name__}")
     metadata = obj.pop("__metadata__", None)
     if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
         raise HeaderError(path, "metadata", "__metadata__ must be an object of string values")
+    for text in [*obj, *(metadata or {}).keys(), *(metadata or {}).values()]:
+        if not _is_text(text):
+            raise HeaderError(path, "not UTF-8", f"{text!r:.80} holds an unpaired surrogate escape, not text")
     tensors = sorted((_entry(path, k, v) for k, v in obj.items()), key=lambda t: (t.begin, t.end))
     pos = 0
     for t in tensors:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from ccbridge.errors import UsageError
 from ccbridge.load import checkpoint, header, policy
 from ccbridge.load import engine
 from ccbridge.load.engine import File, Item, LoadError, Pool
@@ -79,12 +80,23 @@ def _torch_dtype(torch, h: header.Header, t: header.TensorInfo):
     return dt, shape
 
 
+def check_device(device: str) -> str:
+    """A device spec the loader serves: cpu, cuda or cuda:N; UsageError otherwise."""
+    kind, _, index = device.partition(":")
+    if device in ("cpu", "cuda") or (kind == "cuda" and index.isdigit() and index.isascii()):
+        return device
+    raise UsageError(f"device must be cpu, cuda or cuda:N (N = 0, 1, ...), got {device!r}")
+
+
 def resolve_device(torch, device) -> tuple[object, int]:
-    dev = torch.device(device)
+    try:  # a string is checked here; an index or a torch.device by torch
+        dev = torch.device(check_device(device) if isinstance(device, str) else device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"device must be cpu, cuda or cuda:N, got {device!r}")
     if dev.type == "cpu":
         return dev, -1
-    if dev.type != "cuda":
-        raise ValueError(f"device must be cuda[:N] or cpu, got {device!r}")
     if not torch.cuda.is_available():
         raise LoadError(f"no CUDA device for {device!r}: torch sees no GPU here (pass device='cpu' to load into host memory)")
     index = torch.cuda.current_device() if dev.index is None else dev.index

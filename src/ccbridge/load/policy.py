@@ -28,6 +28,7 @@ import os
 from dataclasses import dataclass
 
 from ccbridge import env
+from ccbridge.errors import UsageError
 from ccbridge.load.engine import PoolConfig
 
 MiB = 1 << 20
@@ -114,5 +115,8 @@ def override(plan: Plan, workers: int | None = None, contexts: int | None = None
     cfg = PoolConfig(c.device, given.get("workers", c.workers), given.get("contexts", c.contexts),
                      given.get("staging", c.staging), given.get("chunk_bytes", c.chunk_bytes),
                      given.get("buffers", c.buffers))
-    cfg.check()
+    try:  # the caller's values, refused here before the native pool sees them
+        cfg.check()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     return Plan(cfg, plan.why + "; overridden: " + ", ".join(f"{k}={v}" for k, v in given.items()))
