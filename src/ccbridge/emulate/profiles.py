@@ -8,6 +8,7 @@ What each parameter means is defined once, here.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -17,12 +18,12 @@ from ccbridge.errors import ProfileError  # noqa: F401 - part of this module's A
 # name -> (unit, what it is); the interposer's config.c knows the same names.
 PARAMS: dict[str, tuple[str, str]] = {
     "emulate": ("0/1", "1: emulate the CC bridge; 0: hooks on, every call passed straight to the driver"),
-    "h2d_pinned_gbps": ("GB/s", "one channel's (context's) bandwidth, H2D from pinned memory"),
-    "d2h_pinned_gbps": ("GB/s", "one channel's bandwidth, D2H to pinned memory"),
-    "h2d_pageable_gbps": ("GB/s", "one channel's bandwidth, H2D from pageable memory"),
-    "d2h_pageable_gbps": ("GB/s", "one channel's bandwidth, D2H to pageable memory"),
-    "h2d_system_gbps": ("GB/s", "machine-wide H2D ceiling shared by every context and process"),
-    "d2h_system_gbps": ("GB/s", "machine-wide D2H ceiling shared by every context and process"),
+    "h2d_pinned_gbps": ("GB/s", "one channel's (context's) bandwidth, H2D from pinned memory; 0: not paced"),
+    "d2h_pinned_gbps": ("GB/s", "one channel's bandwidth, D2H to pinned memory; 0: not paced"),
+    "h2d_pageable_gbps": ("GB/s", "one channel's bandwidth, H2D from pageable memory; 0: not paced"),
+    "d2h_pageable_gbps": ("GB/s", "one channel's bandwidth, D2H to pageable memory; 0: not paced"),
+    "h2d_system_gbps": ("GB/s", "machine-wide H2D ceiling shared by every context and process; 0: none"),
+    "d2h_system_gbps": ("GB/s", "machine-wide D2H ceiling shared by every context and process; 0: none"),
     "h2d_toll_us": ("us", "fixed cost of one H2D crossing (staging set-up)"),
     "d2h_toll_us": ("us", "fixed cost of one D2H crossing"),
     "launch_ratio": ("x", "a kernel or graph launch costs this many times its native submission"),
@@ -34,6 +35,42 @@ PARAMS: dict[str, tuple[str, str]] = {
     "lanes": ("threads", "CPU threads that share one crossing's staging and AES-GCM work"),
     "chunk_bytes": ("bytes", "bounce-buffer chunk for pageable staging (the lanes seal it in 256 KiB slices)"),
 }
+
+# name -> (min, max), inclusive, in the unit above. Every value must also be finite:
+# the interposer turns them into nanosecond waits, and a NaN wait never ends.
+# config.c refuses the same ranges (tests/test_emulator_cpu.py holds the two together).
+RANGES: dict[str, tuple[float, float]] = {
+    "emulate": (0, 1),
+    "h2d_pinned_gbps": (0, 1e4),  # up to 10 TB/s, beyond any PCIe or C2C link
+    "d2h_pinned_gbps": (0, 1e4),
+    "h2d_pageable_gbps": (0, 1e4),
+    "d2h_pageable_gbps": (0, 1e4),
+    "h2d_system_gbps": (0, 1e4),
+    "d2h_system_gbps": (0, 1e4),
+    "h2d_toll_us": (0, 1e7),  # up to 10 s per call
+    "d2h_toll_us": (0, 1e7),
+    "launch_ratio": (1, 1000),  # a multiplier: CC never makes a launch cheaper
+    "sync_toll_us": (0, 1e7),
+    "ctx_create_s": (0, 600),
+    "ctx_destroy_s": (0, 600),
+    "host_alloc_toll_us": (0, 1e7),
+    "refuse_host_register": (0, 1),
+    "lanes": (1, 64),  # the interposer's most lane threads
+    "chunk_bytes": (4096, 1 << 30),  # two bounce buffers of this size per context
+}
+WHOLE = {"emulate", "refuse_host_register", "lanes", "chunk_bytes"}  # integers: flags and counts
+
+
+def check_value(key: str, value) -> float:
+    """value as the float the interposer gets; ProfileError naming key, value and range otherwise."""
+    lo, hi = RANGES[key]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and lo <= value <= hi and (key not in WHOLE or float(value).is_integer())
+    if not ok:
+        kind = "a whole number" if key in WHOLE else "a number"
+        raise ProfileError(f"parameter {key} = {value!r:.40}: expected {kind} in [{lo:.15g}, {hi:.15g}] "
+                           f"({PARAMS[key][0]})")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -83,39 +120,57 @@ def names() -> list[str]:
 def parse(text: str, origin: str) -> Profile:
     try:
         d = json.loads(text)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError) as e:
         raise ProfileError(f"{origin}: not valid JSON ({e})") from None
     if not isinstance(d, dict) or not isinstance(d.get("params"), dict):
         raise ProfileError(f"{origin}: expected an object with 'name', 'title', 'params' and 'targets'")
+    unknown = d.keys() - {"name", "title", "params", "targets"}
+    if unknown:
+        raise ProfileError(f"{origin}: unknown fields {', '.join(sorted(unknown))} (known: name, title, params, targets)")
+    for key in ("name", "title"):
+        if not isinstance(d.get(key, ""), str):
+            raise ProfileError(f"{origin}: {key!r} must be a string")
     params: dict[str, Param] = {}
     for key, entry in d["params"].items():
         if key not in PARAMS:
             raise ProfileError(f"{origin}: unknown parameter {key!r} (known: {', '.join(PARAMS)})")
-        if not isinstance(entry, dict) or not isinstance(entry.get("value"), (int, float)) or entry["value"] < 0:
-            raise ProfileError(f"{origin}: parameter {key} needs a non-negative number 'value'")
-        if not str(entry.get("source", "")).strip():
+        if not isinstance(entry, dict) or "value" not in entry:
+            raise ProfileError(f"{origin}: parameter {key} needs an object with 'value' and 'source'")
+        try:
+            value = check_value(key, entry["value"])
+        except ProfileError as e:
+            raise ProfileError(f"{origin}: {e}") from None
+        if not isinstance(entry.get("source"), str) or not entry["source"].strip():
             raise ProfileError(f"{origin}: parameter {key} needs a 'source' saying where its value comes from")
-        params[key] = Param(float(entry["value"]), entry["source"])
+        params[key] = Param(value, entry["source"])
     missing = [k for k in PARAMS if k not in params]
     if missing:
         raise ProfileError(f"{origin}: missing parameters {', '.join(missing)}")
-    if params["lanes"].value < 1 or params["launch_ratio"].value < 1 or params["chunk_bytes"].value < 4096:
-        raise ProfileError(f"{origin}: lanes and launch_ratio must be >= 1, chunk_bytes >= 4096")
     targets = {}
+    if not isinstance(d.get("targets") or {}, dict):
+        raise ProfileError(f"{origin}: 'targets' must be an object of target name: {{value, source, tolerance}}")
     for key, t in (d.get("targets") or {}).items():
         try:
-            targets[key] = Target(float(t["value"]), t["source"], float(t.get("tolerance", 0.15)))
-        except (KeyError, TypeError, ValueError):
-            raise ProfileError(f"{origin}: target {key} needs 'value' and 'source'") from None
+            value, tol = float(t["value"]), float(t.get("tolerance", 0.15))
+            if not (math.isfinite(value) and math.isfinite(tol) and tol > 0 and isinstance(t["source"], str)):
+                raise ValueError
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ProfileError(f"{origin}: target {key} needs a finite 'value', a 'source' and a positive "
+                               "'tolerance'") from None
+        targets[key] = Target(value, t["source"], tol)
     return Profile(d.get("name") or Path(origin).stem, d.get("title", ""), params, targets, origin)
 
 
 def load(name_or_path: str) -> Profile:
-    """A shipped profile by name, or a profile file by path."""
-    p = Path(name_or_path)
-    if p.suffix == ".json" and p.exists():
-        return parse(p.read_text(), str(p))
-    f = _dir() / f"{name_or_path}.json"
-    if not f.is_file():
+    """A shipped profile by name, or a profile file by path (ending in .json or naming a folder)."""
+    if name_or_path in names():
+        return parse((_dir() / f"{name_or_path}.json").read_text(), f"{name_or_path}.json")
+    if not (name_or_path.endswith(".json") or "/" in name_or_path):
         raise ProfileError(f"unknown profile {name_or_path!r}; known: {', '.join(names())} (or a path to a .json profile)")
-    return parse(f.read_text(), f"{name_or_path}.json")
+    try:
+        text = Path(name_or_path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"{name_or_path}: no such profile file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProfileError(f"{name_or_path}: cannot read the profile ({getattr(e, 'strerror', None) or e})") from None
+    return parse(text, name_or_path)
