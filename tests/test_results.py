@@ -35,8 +35,9 @@ def test_real_result_loads(h100):
     ("not json {", "not a JSON document"),
     ('{"schema": "other"}', "not a ccbridge result"),
     ('{"schema": "ccbridge.result", "version": 99, "env": {}}', "version 99"),
-    ('{"schema": "ccbridge.result", "version": 1, "env": {}, "rows": [{"test": "a"}]}', "row 0 field 'metric'"),
+    ('{"schema": "ccbridge.result", "version": 1, "env": {}, "rows": [{"test": "a"}]}', "rows\\[0\\] field 'metric'"),
     ('{"schema": "ccbridge.result", "version": 1, "rows": []}', "env stamp missing"),
+    ('{"schema": "ccbridge.result", "version": 1, "env": []}', "env stamp missing"),
 ])
 def test_malformed_files_are_clear_errors(tmp_path, content, match):
     p = tmp_path / "bad.json"
@@ -46,6 +47,61 @@ def test_malformed_files_are_clear_errors(tmp_path, content, match):
     assert str(p) in str(e.value)
 
 
+def _doc_with(doc: dict, where: str, value) -> dict:
+    """doc with the field at a dotted path (list indices as numbers) set to value (removed when value is ...)."""
+    *parents, last = where.split(".")
+    node = doc
+    for k in parents:
+        node = node[int(k)] if isinstance(node, list) else node[k]
+    key = int(last) if isinstance(node, list) else last
+    if value is ...:
+        del node[key]
+    else:
+        node[key] = value
+    return doc
+
+
+@pytest.mark.parametrize("where,value,match", [
+    ("rows", {"a": 1}, "field 'rows' must be a list"),
+    ("rows.0", "row", r"rows\[0\] must be an object"),
+    ("rows.0.median", "fast", r"rows\[0\] field 'median'"),
+    ("rows.0.median", None, r"rows\[0\] field 'median'"),
+    ("rows.0.median", True, r"rows\[0\] field 'median'"),
+    ("rows.0.median", float("nan"), r"rows\[0\] field 'median'"),
+    ("rows.0.p90", float("inf"), r"rows\[0\] field 'p90'"),
+    ("rows.0.n", 0, r"rows\[0\] field 'n' must be at least 1"),
+    ("rows.0.n", 2.5, r"rows\[0\] field 'n'"),
+    ("rows.0.unit", ..., r"rows\[0\] field 'unit' missing"),
+    ("rows.0.params", [1], r"rows\[0\] field 'params'"),
+    ("rows.0.params", {"n": [1, 2]}, r"rows\[0\] params\['n'\]"),
+    ("rows.0.extra", [], r"rows\[0\] field 'extra' must be an object"),
+    ("settings", [], "field 'settings' must be an object"),
+    ("settings.quick", "yes", "settings.quick"),
+    ("settings.device", "0", "settings.device"),
+    ("settings.tests", "all", "settings.tests"),
+    ("settings.tests", [1], "settings.tests must be a list of test names"),
+    ("settings.missing", {"gpu": 1}, "settings.missing"),
+    ("skipped", "none", "field 'skipped' must be a list"),
+    ("skipped", [{"test": "x"}], r"skipped\[0\] field 'reason'"),
+    ("errors", [7], r"errors\[0\] must be an object"),
+    ("env.emulation", True, "env.emulation must be an object"),
+    ("env.emulation.active", "no", "env.emulation.active must be true or false"),
+    ("env.emulation", {"active": True, "profile": None}, "env.emulation.profile"),
+    ("env.nvml", "none", "env.nvml must be an object"),
+    ("created", 20261121, "field 'created'"),
+    ("duration_s", "49 s", "field 'duration_s'"),
+])
+def test_every_field_is_checked(tmp_path, h100_doc, where, value, match):
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(_doc_with(h100_doc, where, value)))
+    with pytest.raises(results.ResultFileError, match=match) as e:
+        results.load(p)
+    assert str(p) in str(e.value)
+
+
+def test_a_folder_is_named_as_such(tmp_path):
+    with pytest.raises(results.ResultFileError, match="is a folder; pass the result.json in it"):
+        results.load(tmp_path)
 def test_wrong_typed_median_rejected(tmp_path, h100_doc):
     h100_doc["rows"][0]["median"] = "fast"
     p = tmp_path / "r.json"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -96,33 +97,102 @@ class Result:
         path.write_text(json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n")
 
 
-_ROW_FIELDS = {"test": str, "metric": str, "unit": str, "params": dict, "median": (int, float),
-               "p10": (int, float), "p90": (int, float), "min": (int, float), "max": (int, float), "n": int}
+_NUMBER = (int, float)
+_ROW_FIELDS = {"test": str, "metric": str, "unit": str, "params": dict, "median": _NUMBER,
+               "p10": _NUMBER, "p90": _NUMBER, "min": _NUMBER, "max": _NUMBER, "n": int}
+_SCALAR = (str, int, float, bool, type(None))
+# env sections the reports read as objects; the rest of the stamp is shown as found.
+_ENV_SECTIONS = ("cpu", "tee", "openssl", "nvml", "torch", "emulation")
+
+
+def _is(value, typ) -> bool:
+    """isinstance, where a bool counts only as a bool (not an int) and a float must be finite."""
+    if isinstance(value, bool):
+        return bool in (typ if isinstance(typ, tuple) else (typ,))
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return isinstance(value, typ)
+
+
+def _list_of_records(path: Path, doc: dict, name: str, fields: dict[str, type]) -> list[dict]:
+    items = doc.get(name, [])
+    if not isinstance(items, list):
+        raise ResultFileError(f"{path}: field {name!r} must be a list, not {type(items).__name__}")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ResultFileError(f"{path}: {name}[{i}] must be an object, not {type(item).__name__}")
+        for f, typ in fields.items():
+            if not _is(item.get(f), typ):
+                raise ResultFileError(f"{path}: {name}[{i}] field {f!r} missing or of the wrong type "
+                                      f"(expected {_type_name(typ)})")
+    return items
+
+
+def _type_name(typ) -> str:
+    return " or ".join(t.__name__ for t in typ) if isinstance(typ, tuple) else typ.__name__
+
+
+def _check_env(path: Path, env) -> None:
+    if not isinstance(env, dict):
+        raise ResultFileError(f"{path}: env stamp missing")
+    for section in _ENV_SECTIONS:
+        if section in env and not isinstance(env[section], dict):
+            raise ResultFileError(f"{path}: env.{section} must be an object, not {type(env[section]).__name__}")
+    emu = env.get("emulation", {})
+    if "active" in emu and not isinstance(emu["active"], bool):
+        raise ResultFileError(f"{path}: env.emulation.active must be true or false, not {emu['active']!r:.40}")
+    profile = emu.get("profile")
+    if not (isinstance(profile, str) or (profile is None and not emu.get("active"))):
+        raise ResultFileError(f"{path}: env.emulation.profile must name the profile of an emulated run, not {profile!r:.40}")
+
+
+def _check_settings(path: Path, settings) -> None:
+    if not isinstance(settings, dict):
+        raise ResultFileError(f"{path}: field 'settings' must be an object, not {type(settings).__name__}")
+    expected = {"device": int, "quick": bool, "tests": list, "missing": dict}
+    for key, typ in expected.items():
+        if key in settings and not _is(settings[key], typ):
+            raise ResultFileError(f"{path}: settings.{key} must be of type {typ.__name__}, not {settings[key]!r:.40}")
+    if not all(isinstance(t, str) for t in settings.get("tests", [])):
+        raise ResultFileError(f"{path}: settings.tests must be a list of test names")
+    if not all(isinstance(v, str) for v in settings.get("missing", {}).values()):
+        raise ResultFileError(f"{path}: settings.missing must map capabilities to reasons (strings)")
 
 
 def load(path: str | Path) -> Result:
-    """Read and validate a result file; every defect is a ResultFileError naming the file."""
+    """Read and validate a result file; every defect is a ResultFileError naming the file and the field."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
         raise ResultFileError(f"{path}: no such file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except IsADirectoryError:
+        raise ResultFileError(f"{path}: is a folder; pass the result.json in it") from None
+    except OSError as e:
+        raise ResultFileError(f"{path}: cannot read ({e.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ResultFileError(f"{path}: not a JSON document ({e})") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ResultFileError(f"{path}: not a ccbridge result (schema field missing or wrong)")
     if doc.get("version") != SCHEMA_VERSION:
-        raise ResultFileError(f"{path}: result version {doc.get('version')!r}, this ccbridge reads {SCHEMA_VERSION}")
+        raise ResultFileError(f"{path}: result version {doc.get('version')!r:.40}, this ccbridge reads {SCHEMA_VERSION}")
+    _check_env(path, doc.get("env"))
+    _check_settings(path, doc.get("settings", {}))
+    for key, typ in (("created", str), ("duration_s", _NUMBER)):
+        if key in doc and not _is(doc[key], typ):
+            raise ResultFileError(f"{path}: field {key!r} must be of type {_type_name(typ)}, not {doc[key]!r:.40}")
     rows = []
-    for i, r in enumerate(doc.get("rows", [])):
-        if not isinstance(r, dict):
-            raise ResultFileError(f"{path}: row {i} is not an object")
-        for name, typ in _ROW_FIELDS.items():
-            if not isinstance(r.get(name), typ) or isinstance(r.get(name), bool):
-                raise ResultFileError(f"{path}: row {i} field {name!r} missing or of the wrong type")
-        rows.append(Row(**{k: r[k] for k in _ROW_FIELDS}, extra=r.get("extra") or {}))
-    if not isinstance(doc.get("env"), dict):
-        raise ResultFileError(f"{path}: env stamp missing")
-    return Result(env=doc["env"], settings=doc.get("settings", {}), rows=rows,
-                  skipped=doc.get("skipped", []), errors=doc.get("errors", []),
+    for i, r in enumerate(_list_of_records(path, doc, "rows", _ROW_FIELDS)):
+        bad = [k for k, v in r["params"].items() if not _is(v, _SCALAR)]
+        if bad:
+            raise ResultFileError(f"{path}: rows[{i}] params[{bad[0]!r}] must be a string, number, boolean or null")
+        if r["n"] < 1:
+            raise ResultFileError(f"{path}: rows[{i}] field 'n' must be at least 1, not {r['n']}")
+        extra = r.get("extra", {})
+        if not isinstance(extra, dict):
+            raise ResultFileError(f"{path}: rows[{i}] field 'extra' must be an object, not {type(extra).__name__}")
+        rows.append(Row(**{k: r[k] for k in _ROW_FIELDS}, extra=extra))
+    skipped = _list_of_records(path, doc, "skipped", {"test": str, "reason": str})
+    errors = _list_of_records(path, doc, "errors", {"test": str, "error": str})
+    return Result(env=doc["env"], settings=doc.get("settings", {}), rows=rows, skipped=skipped, errors=errors,
                   created=doc.get("created", ""), duration_s=doc.get("duration_s", 0.0))
