@@ -442,3 +442,53 @@ def test_emulator_refuses_to_start_on_a_bad_profile_value(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 70
     assert "bad configuration" in r.stderr and "h2d_toll_us" in r.stderr and "'nan'" in r.stderr
+
+
+@pytest.mark.parametrize("case", [
+    # pinned D2H: the 3rd event wait (after the copy's place in its stream and chunk 0) fails with chunks 1, 2 issued
+    dict(dir="d2h", pinned=True, fail="cuEventSynchronize", nth=3),
+    # pageable H2D: the 3rd chunk's copy is refused with chunks 0, 1 issued from the bounce buffers
+    dict(dir="h2d", pinned=False, fail="cuMemcpyHtoDAsync_v2", nth=3),
+    # pageable D2H: the 2nd chunk's readback is refused with chunk 0 issued
+    dict(dir="d2h", pinned=False, fail="cuMemcpyDtoHAsync_v2", nth=2),
+])
+def test_a_failed_crossing_returns_only_once_its_copies_are_done(lib, case):
+    """An error mid-crossing must not hand the caller's buffers back with copies still in flight."""
+    init(lib, chunk_bytes=4096, lanes=2)
+    n = 5 * 4096
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    buf, _keep = host(lib, n, case["pinned"], os.urandom(n))
+    s = lib.ccbemu_fake_stream()
+    lib.ccbemu_fake_unwaited.restype = ctypes.c_longlong
+    lib.ccbemu_fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    assert lib.cuMemcpyHtoDAsync_v2(dev, buf, 64, s) == 0  # the channel exists before the count starts
+    before = lib.ccbemu_fake_unwaited()  # earlier tests' passthrough copies on their own streams
+    lib.ccbemu_fake_fail(case["fail"].encode(), case["nth"])
+    rc = (lib.cuMemcpyHtoDAsync_v2(dev, buf, n, s) if case["dir"] == "h2d" else lib.cuMemcpyDtoHAsync_v2(buf, dev, n, s))
+    lib.ccbemu_fake_fail(b"", 0)
+    assert rc == 999  # the injected CUDA_ERROR_UNKNOWN
+    assert lib.ccbemu_fake_unwaited() == before
+
+
+def test_trace_write_failures_are_reported_not_lost(lib, tmp_path, capfd):
+    """A trace on a full disk (/dev/full) or in a missing directory says so on stderr."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    prefix = tmp_path / "t"
+    csv, summary_path = (f"{prefix}.{os.getpid()}.{ext}" for ext in ("csv", "summary.json"))
+    os.symlink("/dev/full", csv)
+    os.symlink("/dev/full", summary_path)
+    init(lib, trace=str(prefix))
+    n = 4096
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    src, _k = host(lib, n, True, os.urandom(n))
+    assert lib.cuMemcpyHtoDAsync_v2(dev, src, n, None) == 0
+    lib.ccbemu_trace_flush()
+    err = capfd.readouterr().err
+    assert f"ccbridge emulator: cannot write trace summary {summary_path}: {os.strerror(28)}" in err  # ENOSPC
+    assert f"ccbridge emulator: cannot write trace {csv}: {os.strerror(28)}" in err
+    missing = tmp_path / "no" / "such" / "t"
+    init(lib, trace=str(missing))
+    lib.ccbemu_trace_flush()
+    err = capfd.readouterr().err
+    assert f"cannot write trace summary {missing}.{os.getpid()}.summary.json: {os.strerror(2)}" in err  # ENOENT

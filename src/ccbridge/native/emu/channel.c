@@ -249,6 +249,17 @@ typedef struct {
     const emu_opaque *opaque;
 } crossing;
 
+/* On an error the copies issued before it may still be reading or writing
+ * the caller's memory (and the bounce buffers the next crossing reuses): wait
+ * for all of them before the caller gets its buffers back. (The lanes never
+ * outlive emu_lanes_run, error or not.) */
+static CUresult transfer(channel *ch, const crossing *x, uint64_t *cipher) {
+    CUresult rc = x->copy ? (x->mem == MEM_PINNED ? direct(ch, x->copy, cipher) : staged(ch, x->copy, cipher))
+                          : opaque_work(ch, x->opaque, cipher);
+    if (rc != CUDA_SUCCESS) drv.StreamSynchronize(ch->pstream);
+    return rc;
+}
+
 static CUresult cross(const crossing *x) {
     uint64_t t_enter = emu_now(), cipher = 0;
     CUcontext ctx = NULL;
@@ -273,8 +284,7 @@ static CUresult cross(const crossing *x) {
     uint64_t bus_end = 0;
     if (rc == CUDA_SUCCESS) {
         if (cfg.system_gbps[x->dir] > 0) bus_end = emu_bus_reserve(x->dir, emu_ns((double)x->bytes / cfg.system_gbps[x->dir]));
-        rc = x->copy ? (x->mem == MEM_PINNED ? direct(ch, x->copy, &cipher) : staged(ch, x->copy, &cipher))
-                     : opaque_work(ch, x->opaque, &cipher);
+        rc = transfer(ch, x, &cipher);
     }
     uint64_t toll = 0;
     if (rc == CUDA_SUCCESS) {

@@ -6,6 +6,10 @@
  * "Device" memory is host memory the fake knows as device memory; copies are
  * memcpy. A stream is a clock: a kernel launched with grid.x = N keeps it
  * busy N microseconds; events complete when their stream's clock passes them.
+ * Copies complete at once, but each stream counts the async copies issued on
+ * it that nobody has waited for yet (a stream or an event synchronize after
+ * them), so that tests can see whether an error path returned with copies
+ * "in flight"; and one call of a chosen fake function can be made to fail.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -15,8 +19,8 @@
 
 #include "emu.h"
 
-typedef struct { CUcontext ctx; uint64_t busy_until; int capturing; } fstream;
-typedef struct { uint64_t t; } fevent;
+typedef struct { CUcontext ctx; uint64_t busy_until; int capturing; uint64_t issued, waited; } fstream;
+typedef struct { uint64_t t; fstream *s; uint64_t seq; } fevent;
 typedef struct { uintptr_t base; size_t size; int type; } falloc;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -27,6 +31,20 @@ static uintptr_t next_ctx = 2;
 static __thread CUcontext t_cur = (CUcontext)1;
 static __thread CUcontext t_stack[16];
 static __thread int t_depth;
+static fstream *streams[4096];
+static int nstreams;
+static char fail_name[64];
+static int fail_in; /* the fail_in-th next call of fail_name fails */
+
+static int injected(const char *name) {
+    int hit = 0;
+    pthread_mutex_lock(&mu);
+    if (fail_in > 0 && strcmp(name, fail_name) == 0) hit = --fail_in == 0;
+    pthread_mutex_unlock(&mu);
+    return hit;
+}
+#define INJECT(name) do { if (injected(name)) return CUDA_ERROR_UNKNOWN; } while (0)
+static void waited(fstream *s, uint64_t seq) { if (s && s->waited < seq) s->waited = seq; }
 
 static fstream *S(CUstream s) {
     return (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) ? &default_stream : (fstream *)s;
@@ -42,12 +60,16 @@ static CUresult f_StreamCreate(CUstream *s, unsigned flags) {
     fstream *f = calloc(1, sizeof *f);
     if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
     f->ctx = t_cur;
+    pthread_mutex_lock(&mu);
+    if (nstreams < 4096) streams[nstreams++] = f;
+    pthread_mutex_unlock(&mu);
     *s = f;
     return 0;
 }
 static CUresult f_StreamSynchronize(CUstream s) {
     if (S(s)->capturing) return CUDA_ERROR_INVALID_VALUE;
     sleep_until(S(s)->busy_until);
+    waited(S(s), S(s)->issued);
     return 0;
 }
 static CUresult f_StreamIsCapturing(CUstream s, int *st) { *st = S(s)->capturing; return 0; }
@@ -55,9 +77,20 @@ static CUresult f_EventCreate(CUevent *e, unsigned flags) {
     (void)flags;
     return (*e = calloc(1, sizeof(fevent))) ? 0 : CUDA_ERROR_OUT_OF_MEMORY;
 }
-static CUresult f_EventRecord(CUevent e, CUstream s) { ((fevent *)e)->t = S(s)->busy_until; return 0; }
-static CUresult f_EventQuery(CUevent e) { return emu_now() >= ((fevent *)e)->t ? 0 : CUDA_ERROR_NOT_READY; }
-static CUresult f_EventSynchronize(CUevent e) { sleep_until(((fevent *)e)->t); return 0; }
+static CUresult f_EventRecord(CUevent e, CUstream s) { *(fevent *)e = (fevent){S(s)->busy_until, S(s), S(s)->issued}; return 0; }
+static CUresult f_EventQuery(CUevent e) {
+    fevent *f = e;
+    if (emu_now() < f->t) return CUDA_ERROR_NOT_READY;
+    waited(f->s, f->seq);
+    return 0;
+}
+static CUresult f_EventSynchronize(CUevent e) {
+    fevent *f = e;
+    INJECT("cuEventSynchronize");
+    sleep_until(f->t);
+    waited(f->s, f->seq);
+    return 0;
+}
 
 static void remember(void *p, size_t n, int type) {
     pthread_mutex_lock(&mu);
@@ -80,11 +113,29 @@ static CUresult f_PointerGetAttribute(void *out, int attr, CUdeviceptr p) {
     pthread_mutex_unlock(&mu);
     return rc;
 }
-static CUresult f_HtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) { (void)st; memcpy((void *)(uintptr_t)d, s, n); return 0; }
-static CUresult f_DtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st) { (void)st; memcpy(d, (void *)(uintptr_t)s, n); return 0; }
+static CUresult f_HtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) {
+    INJECT("cuMemcpyHtoDAsync_v2");
+    memcpy((void *)(uintptr_t)d, s, n);
+    S(st)->issued++;
+    return 0;
+}
+static CUresult f_DtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st) {
+    INJECT("cuMemcpyDtoHAsync_v2");
+    memcpy(d, (void *)(uintptr_t)s, n);
+    S(st)->issued++;
+    return 0;
+}
 static CUresult f_HtoDAsync_ptsz(CUdeviceptr d, const void *s, size_t n, CUstream st) { return f_HtoDAsync(d, s, n, st); }
-static CUresult f_HtoD(CUdeviceptr d, const void *s, size_t n) { sleep_until(default_stream.busy_until); return f_HtoDAsync(d, s, n, NULL); }
-static CUresult f_DtoH(void *d, CUdeviceptr s, size_t n) { sleep_until(default_stream.busy_until); return f_DtoHAsync(d, s, n, NULL); }
+static CUresult f_HtoD(CUdeviceptr d, const void *s, size_t n) {
+    sleep_until(default_stream.busy_until);
+    memcpy((void *)(uintptr_t)d, s, n);
+    return 0;
+}
+static CUresult f_DtoH(void *d, CUdeviceptr s, size_t n) {
+    sleep_until(default_stream.busy_until);
+    memcpy(d, (void *)(uintptr_t)s, n);
+    return 0;
+}
 static CUresult f_Memcpy(CUdeviceptr d, CUdeviceptr s, size_t n) { memcpy((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return 0; }
 static CUresult f_MemcpyAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) { (void)st; return f_Memcpy(d, s, n); }
 static CUresult f_Memcpy2DAsync(const CUDA_MEMCPY2D *c, CUstream st) {
@@ -192,3 +243,18 @@ CUcontext ccbemu_fake_ctx_new(void) {
 }
 void ccbemu_fake_set_ctx(CUcontext c) { t_cur = c; }
 void ccbemu_fake_capture(CUstream s, int on) { S(s)->capturing = on; }
+/* The nth next call of the fake's `name` (cuEventSynchronize, cuMemcpyHtoDAsync_v2, cuMemcpyDtoHAsync_v2) fails. */
+void ccbemu_fake_fail(const char *name, int nth) {
+    pthread_mutex_lock(&mu);
+    snprintf(fail_name, sizeof fail_name, "%s", name);
+    fail_in = nth;
+    pthread_mutex_unlock(&mu);
+}
+/* Async copies issued on any stream that no synchronize has waited for yet. */
+long long ccbemu_fake_unwaited(void) {
+    long long n = (long long)(default_stream.issued - default_stream.waited);
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < nstreams; i++) n += (long long)(streams[i]->issued - streams[i]->waited);
+    pthread_mutex_unlock(&mu);
+    return n;
+}

@@ -5,6 +5,7 @@
  * (and forked children) never share one.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -20,6 +21,21 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static FILE *g_csv;
 static pid_t g_pid;
 static char g_prefix[512];
+static char g_csv_path[600];
+
+/* A trace that cannot be written is said once, not lost silently; err is the errno of the failure. */
+static void write_failed(const char *what, const char *path, int err) {
+    fprintf(stderr, "ccbridge emulator: cannot write trace %s%s: %s\n", what, path, strerror(err));
+}
+
+/* g_mu held: stop the CSV after a failed write (the summary is still written at exit). */
+static void csv_check(int written) {
+    if (written >= 0 && !ferror(g_csv)) return;
+    write_failed("", g_csv_path, errno ? errno : EIO);
+    fclose(g_csv);
+    g_csv = NULL;
+    g_pid = -1; /* no reopening: this process's CSV is off */
+}
 
 void emu_count(int api) {
     if (api >= 0 && api < MAX_API) atomic_fetch_add_explicit(&g_calls[api], 1, memory_order_relaxed);
@@ -33,29 +49,42 @@ void emu_stat_add(int dir, int mem, size_t bytes, uint64_t blocked_ns, uint64_t 
 }
 
 static void open_csv(void) { /* g_mu held */
-    char path[600];
     g_pid = getpid();
-    snprintf(path, sizeof path, "%s.%d.csv", g_prefix, (int)g_pid);
-    g_csv = fopen(path, "w");
+    snprintf(g_csv_path, sizeof g_csv_path, "%s.%d.csv", g_prefix, (int)g_pid);
+    g_csv = fopen(g_csv_path, "w");
     if (!g_csv) {
-        fprintf(stderr, "ccbridge emulator: cannot write the trace %s; tracing off\n", path);
-        g_prefix[0] = 0;
+        write_failed("", g_csv_path, errno);
+        g_pid = -1;
         return;
     }
-    fprintf(g_csv, "t_enter_ns,t_return_ns,tid,ctx,stream,api,dir,mem,bytes,blocked_channel_ns,blocked_stream_ns,toll_ns\n");
+    errno = 0;
+    csv_check(fprintf(g_csv, "t_enter_ns,t_return_ns,tid,ctx,stream,api,dir,mem,bytes,blocked_channel_ns,blocked_stream_ns,toll_ns\n"));
 }
 
 static void before_fork(void) { pthread_mutex_lock(&g_mu); if (g_csv) fflush(g_csv); }
 static void after_fork_parent(void) { pthread_mutex_unlock(&g_mu); }
 static void after_fork_child(void) {
     g_csv = NULL; /* the parent's FILE stays the parent's; the child opens its own on first use */
+    g_pid = 0;
     memset(g_calls, 0, sizeof g_calls);
     memset(g_stat, 0, sizeof g_stat);
     pthread_mutex_unlock(&g_mu);
 }
 
+/* g_mu held: this process's CSV, if open, closed (a late write error reported); the next crossing opens one again */
+static void close_csv(void) {
+    if (g_csv && g_pid == getpid()) {
+        errno = 0;
+        if (fclose(g_csv) != 0) write_failed("", g_csv_path, errno ? errno : EIO);
+    }
+    g_csv = NULL;
+    g_pid = 0;
+}
+
+/* Start tracing to prefix ("" = off), ending the CSV of an earlier trace (tests re-initialise). */
 void emu_trace_open(const char *prefix) {
     pthread_mutex_lock(&g_mu);
+    close_csv();
     snprintf(g_prefix, sizeof g_prefix, "%s", prefix);
     static int registered;
     if (!registered++) pthread_atfork(before_fork, after_fork_parent, after_fork_child);
@@ -65,13 +94,15 @@ void emu_trace_open(const char *prefix) {
 void emu_trace_crossing(const emu_record *r) {
     if (!g_prefix[0]) return;
     pthread_mutex_lock(&g_mu);
-    if (!g_csv || g_pid != getpid()) open_csv();
-    if (g_csv)
-        fprintf(g_csv, "%llu,%llu,%ld,%p,%p,%s,%s,%s,%zu,%llu,%llu,%llu\n", (unsigned long long)r->t_enter,
+    pid_t pid = getpid();
+    if (g_pid != pid && g_pid != -1) open_csv(); /* first crossing of this process (-1: its CSV failed) */
+    errno = 0;
+    if (g_csv && g_pid == pid)
+        csv_check(fprintf(g_csv, "%llu,%llu,%ld,%p,%p,%s,%s,%s,%zu,%llu,%llu,%llu\n", (unsigned long long)r->t_enter,
                 (unsigned long long)r->t_return, (long)syscall(SYS_gettid), r->ctx, r->stream, emu_api_name(r->api),
                 r->dir == DIR_H2D ? "h2d" : "d2h", r->mem == MEM_PINNED ? "pinned" : "pageable", r->bytes,
                 (unsigned long long)r->blocked_channel_ns, (unsigned long long)r->blocked_stream_ns,
-                (unsigned long long)r->toll_ns);
+                (unsigned long long)r->toll_ns));
     pthread_mutex_unlock(&g_mu);
 }
 
@@ -98,17 +129,25 @@ int emu_summary_json(char *buf, size_t len) {
     return n < len ? 0 : -1;
 }
 
+/* Write <prefix>.<pid>.summary.json; a failure is reported, never silent. */
+static void write_summary(void) {
+    static char buf[16384];
+    char path[600];
+    snprintf(path, sizeof path, "%s.%d.summary.json", g_prefix, (int)getpid());
+    if (emu_summary_json(buf, sizeof buf) != 0) { write_failed("summary ", path, ENOBUFS); return; }
+    FILE *f = fopen(path, "w");
+    if (!f) { write_failed("summary ", path, errno); return; }
+    errno = 0;
+    int bad = fputs(buf, f) == EOF, err = errno;
+    if (fclose(f) != 0 && !bad) bad = 1, err = errno;
+    if (bad) write_failed("summary ", path, err ? err : EIO);
+}
+
 void emu_trace_close(void) {
     pthread_mutex_lock(&g_mu);
     if (g_prefix[0]) {
-        static char buf[16384];
-        char path[600];
-        snprintf(path, sizeof path, "%s.%d.summary.json", g_prefix, (int)getpid());
-        FILE *f = fopen(path, "w");
-        if (f && emu_summary_json(buf, sizeof buf) == 0) fputs(buf, f);
-        if (f) fclose(f);
-        if (g_csv && g_pid == getpid()) fclose(g_csv);
-        g_csv = NULL;
+        write_summary();
+        close_csv();
     }
     pthread_mutex_unlock(&g_mu);
 }
