@@ -2,10 +2,17 @@
 
 Each scenario raises AssertionError with what went wrong; mp.spawn re-raises
 it in the test. Runs on Gloo with CPU tensors (CI) and on NCCL/Gloo with GPUs.
+
+Attack scenarios (attack_*) leave the transport out of step on purpose, so
+each runs in processes of its own: every rank writes its verdict (the error
+it raised, how long it took) to $CCB_VERDICTS/rank<r>.json and leaves at once,
+without the barrier and teardown a broken transport would hang in.
 """
 
 import hashlib
+import json
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -14,7 +21,9 @@ import torch.multiprocessing as mp
 from ccbridge import secure
 from ccbridge.secure import gcm
 
-KEY = bytes(range(32))
+KEY = hashlib.sha256(b"ccbridge test key").digest()
+OTHER_KEY = hashlib.sha256(b"ccbridge other key").digest()
+TIMEOUT = float(os.environ.get("CCB_TEST_TIMEOUT", "30"))  # the groups' deadline in these tests
 
 
 def spawn(n: int, backend: str, device: str, scenarios: list[str], env: dict | None = None, deadline_s: float = 150) -> None:
@@ -36,12 +45,34 @@ def spawn(n: int, backend: str, device: str, scenarios: list[str], env: dict | N
             raise TimeoutError(f"{scenarios} on {n} ranks ({backend}) did not finish in {deadline_s:.0f} s")
 
 
+ATTACKS = ["drop", "duplicate", "truncate", "reorder", "dead_rank"]
+
+
+def run_attack(n: int, backend: str, device: str, attack: str, tmp_path, timeout_s: float = 5.0) -> dict:
+    """Run one wire attack on n ranks (scenario attack_<attack>); every rank
+    left alive must raise a ccbridge SecureError, in one line, within a deadline."""
+    out = tmp_path / f"{attack}-{n}"
+    out.mkdir()
+    spawn(n, backend, device, ["attack_" + attack],
+          env={"CCB_VERDICTS": str(out), "CCB_ATTACK_TIMEOUT": str(timeout_s)}, deadline_s=120)
+    verdicts = {v["rank"]: v for v in (json.loads(f.read_text()) for f in out.iterdir())}
+    for r in range(n - 1) if attack == "dead_rank" else range(n):
+        v = verdicts.get(r)
+        assert v is not None, f"{attack}: rank {r} left no verdict"
+        assert v["secure"], f"{attack}: rank {r} raised {v['error']} ({v['message']}), not a ccbridge SecureError"
+        assert v["elapsed_s"] < 3 * timeout_s + 10, f"{attack}: rank {r} took {v['elapsed_s']:.1f} s"
+        assert "\n" not in v["message"] and "Traceback" not in v["message"], f"{attack}: rank {r}: not one line"
+    return verdicts
+
+
 def _main(rank, n, backend, device, scenarios, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if device == "cuda":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, rank=rank, world_size=n)
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
+    if scenarios[0].startswith("attack_"):
+        _verdict(rank, n, dev, scenarios[0])
     try:
         for name in scenarios:
             globals()["scenario_" + name](rank, n, dev)
@@ -50,8 +81,24 @@ def _main(rank, n, backend, device, scenarios, port):
         dist.destroy_process_group()
 
 
-def _group(dev, key=KEY):
-    return secure.SecureGroup(keys=secure.StaticKey(key), device=dev)
+def _verdict(rank, n, dev, name):
+    """Run one attack; record what this rank raised and when; leave without teardown."""
+    t0, err = time.monotonic(), None
+    try:
+        globals()["scenario_" + name](rank, n, dev)
+    except secure.SecureError as e:
+        err = e
+    except BaseException as e:  # noqa: BLE001 - recorded, the test says it is the wrong kind
+        err = e
+    out = {"rank": rank, "error": type(err).__name__ if err else None, "secure": isinstance(err, secure.SecureError),
+           "message": str(err) if err else None, "elapsed_s": time.monotonic() - t0}
+    with open(os.path.join(os.environ["CCB_VERDICTS"], f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+    os._exit(0)
+
+
+def _group(dev, key=KEY, timeout=TIMEOUT):
+    return secure.SecureGroup(keys=secure.StaticKey(key), device=dev, timeout=timeout)
 
 
 def _data(dtype, numel, rank, dev):
@@ -116,30 +163,49 @@ def scenario_correctness(rank, n, dev):
 
 
 class _Tap:
-    """Wraps the transport calls to watch or alter what crosses them."""
+    """Wraps the transport calls to watch or alter what this rank puts on the
+    wire. alter(t, i, kind) may change t in place (kind "p2p" or "gather", i
+    counts every message this rank sent inside the tap); for a p2p message it
+    may return a list of tensors to send in t's place ([] drops it, [t, t]
+    duplicates it). An all-gather's own slot keeps the original: a wire
+    attacker changes what others receive, not what a rank keeps."""
 
     def __init__(self, alter=None):
         self.sent, self.alter = [], alter
         self._orig = (dist.batch_isend_irecv, dist.all_gather_into_tensor, dist.all_gather)
 
+    def _touch(self, t, kind):
+        verdict = self.alter(t, len(self.sent), kind) if self.alter else None
+        self.sent.append(t.detach().cpu().clone())
+        return verdict
+
     def __enter__(self):
         orig_batch, orig_agit, orig_ag = self._orig
 
         def batch(ops):
+            out = []
             for op in ops:
-                if op.op is dist.isend:
-                    if self.alter:
-                        self.alter(op.tensor, len(self.sent))
-                    self.sent.append(op.tensor.detach().cpu().clone())
-            return orig_batch(ops)
+                instead = self._touch(op.tensor, "p2p") if op.op is dist.isend else None
+                if instead is None:
+                    out.append(op)
+                else:
+                    out += [dist.P2POp(dist.isend, t, op.peer, op.group) for t in instead]
+            return orig_batch(out) if out else []
+
+        def gathered(orig, out, inp, group, async_op, own):
+            keep = inp.clone()
+            self._touch(inp, "gather")
+            work = orig(out, inp, group=group, async_op=async_op)
+            if not async_op:
+                own().copy_(keep)
+            return work
 
         def agit(out, inp, group=None, async_op=False):
-            self.sent.append(inp.detach().cpu().clone())
-            return orig_agit(out, inp, group=group, async_op=async_op)
+            r, m = dist.get_rank(group), inp.numel()
+            return gathered(orig_agit, out, inp, group, async_op, lambda: out[r * m:(r + 1) * m])
 
         def ag(outs, inp, group=None, async_op=False):
-            self.sent.append(inp.detach().cpu().clone())
-            return orig_ag(outs, inp, group=group, async_op=async_op)
+            return gathered(orig_ag, outs, inp, group, async_op, lambda: outs[dist.get_rank(group)])
 
         dist.batch_isend_irecv, dist.all_gather_into_tensor, dist.all_gather = batch, agit, ag
         return self
@@ -161,7 +227,7 @@ def scenario_integrity(rank, n, dev):
     x = _data(torch.float32, 50000, rank, dev)
 
     def flip(offset_from_end=None):
-        def alter(t, i):
+        def alter(t, i, kind):
             if i == 0:  # the first message this rank sends
                 pos = t.numel() - 1 - offset_from_end if offset_from_end is not None else t.numel() // 3
                 t[pos] ^= 0x01
@@ -181,10 +247,10 @@ def scenario_integrity(rank, n, dev):
     # replay: rank 1 sends, in a later collective, what it sent in an earlier one
     recorded = {}
 
-    def record(t, i):
+    def record(t, i, kind):
         recorded.setdefault(i, t.clone())
 
-    def replay(t, i):
+    def replay(t, i, kind):
         if i in recorded and recorded[i].numel() == t.numel():
             t.copy_(recorded[i])
 
@@ -196,7 +262,7 @@ def scenario_integrity(rank, n, dev):
         _expect_integrity_error(lambda: g.all_reduce(y), "replayed message")
 
     # reorder: swap two chunks (ciphertext and tags) of rank 1's first message
-    def swap(t, i):
+    def swap(t, i, kind):
         if i == 0:
             lo, hi = g._segments(50000, 4)[1]  # rank 1's first message: its segment 1
             nb = hi - lo
@@ -215,7 +281,7 @@ def scenario_integrity(rank, n, dev):
         _expect_integrity_error(lambda: g.all_reduce(y), "reordered chunks")
 
     # a failure in a broadcast's last hop still reaches every rank
-    def last_hop(t, i):
+    def last_hop(t, i, kind):
         if i == 0:
             t[0] ^= 0x80
 
@@ -223,16 +289,20 @@ def scenario_integrity(rank, n, dev):
     with _Tap(last_hop if rank == n - 2 else None):
         _expect_integrity_error(lambda: g.broadcast(b, 0), "broadcast tampered on its last hop")
 
-    # wrong key on one rank: everyone raises
-    bad = _group(dev, key=bytes(32) if rank == n - 1 else KEY)
-    y = x.clone()
-    _expect_integrity_error(lambda: bad.all_reduce(y), "wrong key on the last rank")
+    # wrong key on one rank: every rank refuses the session before any data moves
+    try:
+        _group(dev, key=OTHER_KEY if rank == n - 1 else KEY)
+    except secure.HandshakeError:
+        pass
+    else:
+        raise AssertionError("wrong key on the last rank: the handshake passed on this rank")
 
 
 def scenario_transport(rank, n, dev):
-    """Only ciphertext crosses; nothing sent repeats across steps or collectives;
-    no (key, nonce) pair is used twice by any rank."""
-    g = _group(dev)
+    """Only ciphertext crosses; nothing sent repeats across steps, collectives
+    or sessions; no (key, nonce) pair is used twice by any rank in any session.
+    With $CCB_KEYLOG, rank 0 appends every pair used to that file, so a test can
+    check that a restarted job uses none of them again."""
     x = _data(torch.float32, 40000, rank, dev)
     plain_bytes = x.view(torch.uint8).cpu().numpy().tobytes()
     used = []
@@ -257,18 +327,20 @@ def scenario_transport(rank, n, dev):
         cls.encrypt, cls.reduce = enc, red
     try:
         with _Tap() as tap:
-            for _ in range(3):
-                y = x.clone()
-                g.all_reduce(y)  # same input every time
-            out = torch.empty(40000 * n, device=dev)
-            g.all_gather_into_tensor(out, x)
-            o = torch.empty(40000 // n, device=dev)
-            g.reduce_scatter_tensor(o, x[: (40000 // n) * n])
-            g.broadcast(x.clone(), 0)
-            if rank == 0:
-                g.send(x, 1)
-            elif rank == 1:
-                g.recv(torch.empty_like(x), 0)
+            for _session in range(2):  # the same traffic in two sessions of one job
+                g = _group(dev)
+                for _ in range(3):
+                    y = x.clone()
+                    g.all_reduce(y)  # same input every time
+                out = torch.empty(40000 * n, device=dev)
+                g.all_gather_into_tensor(out, x)
+                o = torch.empty(40000 // n, device=dev)
+                g.reduce_scatter_tensor(o, x[: (40000 // n) * n])
+                g.broadcast(x.clone(), 0)
+                if rank == 0:
+                    g.send(x, 1)
+                elif rank == 1:
+                    g.recv(torch.empty_like(x), 0)
     finally:
         for cls, (e, r) in originals.items():
             cls.encrypt, cls.reduce = e, r
@@ -286,7 +358,10 @@ def scenario_transport(rank, n, dev):
 
     dups = [k for k, c in collections.Counter(pairs).items() if c > 1]
     assert not dups, f"(key, nonce prefix) pairs used twice: {dups[:3]}"
-    assert len(pairs) >= n * 5, "too few encryptions logged"
+    assert len(pairs) >= n * 10, "too few encryptions logged"
+    if rank == 0 and os.environ.get("CCB_KEYLOG"):
+        with open(os.environ["CCB_KEYLOG"], "a") as f:
+            f.writelines(f"{k} {p.hex()}\n" for k, p in pairs)
 
 
 def scenario_rotation(rank, n, dev):
@@ -328,3 +403,99 @@ def scenario_ddp(rank, n, dev):
         model.zero_grad(set_to_none=True)
     for a, b in zip(*grads):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), "DDP with the encrypted hook differs from plain DDP"
+
+
+def scenario_sessions(rank, n, dev):
+    """A recorded session replayed into a later one is refused on every rank:
+    the whole of it (handshake and data, in order), and its data alone after
+    an honest handshake."""
+    x = _data(torch.float32, 50000, rank, dev)
+    recorded = []
+    with _Tap((lambda t, i, kind: recorded.append((kind, t.clone()))) if rank == 0 else None):
+        a = _group(dev)
+        y = x.clone()
+        a.all_reduce(y)
+
+    def replay_all(t, i, kind):
+        if i < len(recorded) and recorded[i][1].numel() == t.numel():
+            t.copy_(recorded[i][1])
+
+    with _Tap(replay_all if rank == 0 else None):
+        try:
+            _group(dev)
+        except secure.HandshakeError:
+            pass
+        else:
+            raise AssertionError("session A's handshake replayed into session B was accepted")
+
+    b = _group(dev)
+    assert a.session != b.session, "two sessions share their keys"
+    old = [t for kind, t in recorded if kind == "p2p"]
+
+    def replay_data(t, i, kind):
+        if kind == "p2p" and old and old[0].numel() == t.numel():
+            t.copy_(old.pop(0))
+
+    y = x.clone()
+    with _Tap(replay_data if rank == 0 else None):
+        _expect_integrity_error(lambda: b.all_reduce(y), "session A's data replayed into session B")
+    y, ref = x.clone(), x.clone()
+    b.all_reduce(y)
+    dist.all_reduce(ref)
+    assert _close(y, ref, torch.float32, n), "clean all_reduce after the replay"
+
+
+# ---- attacks that leave the transport out of step (one spawn each, see _verdict) ----
+
+ATTACK_TIMEOUT = float(os.environ.get("CCB_ATTACK_TIMEOUT", "5"))
+ATTACK_NUMEL = 3_000_000  # 12 MB: every ring segment moves in 2+ slices
+
+
+def _attacked_all_reduce(rank, dev, alter):
+    """rank 1 alters what it sends during one all_reduce; raises what the group raises."""
+    g = _group(dev, timeout=ATTACK_TIMEOUT)
+    x = _data(torch.float32, ATTACK_NUMEL, rank, dev)
+    with _Tap(alter if rank == 1 else None):
+        g.all_reduce(x)
+    raise AssertionError("an attacked all_reduce returned on this rank")
+
+
+def scenario_attack_drop(rank, n, dev):
+    _attacked_all_reduce(rank, dev, lambda t, i, kind: [] if (kind, i) == ("p2p", 1) else None)
+
+
+def scenario_attack_duplicate(rank, n, dev):
+    _attacked_all_reduce(rank, dev, lambda t, i, kind: [t, t.clone()] if (kind, i) == ("p2p", 0) else None)
+
+
+def scenario_attack_truncate(rank, n, dev):
+    _attacked_all_reduce(rank, dev, lambda t, i, kind: [t[:-16].clone()] if (kind, i) == ("p2p", 0) else None)
+
+
+def scenario_attack_reorder(rank, n, dev):
+    """Rank 1's first two messages (slices 0 and 1 of one hop) swap places on the wire."""
+    held = []
+
+    def alter(t, i, kind):
+        if kind != "p2p" or i > 1:
+            return None
+        if i == 0:
+            held.append(t.clone())
+            return []
+        return [t, held[0]]
+
+    _attacked_all_reduce(rank, dev, alter)
+
+
+def scenario_attack_dead_rank(rank, n, dev):
+    """The last rank dies in the middle of an all_reduce (after its first message)."""
+    g = _group(dev, timeout=ATTACK_TIMEOUT)
+    x = _data(torch.float32, ATTACK_NUMEL, rank, dev)
+
+    def die(t, i, kind):
+        if kind == "p2p" and i == 1:
+            os._exit(0)
+
+    with _Tap(die if rank == n - 1 else None):
+        g.all_reduce(x)
+    raise AssertionError("an all_reduce with a dead rank returned on this rank")

@@ -121,10 +121,18 @@ def test_key_providers(tmp_path, monkeypatch):
         keys.FileKey(f).secret()
     f.chmod(0o600)
     f.write_text("abcd")
-    with pytest.raises(keys.KeyMaterialError, match="expected 32 bytes"):
+    with pytest.raises(keys.KeyMaterialError, match="expected 64 hex digits"):
         keys.FileKey(f).secret()
     with pytest.raises(keys.KeyMaterialError, match="No such file"):
         keys.FileKey(tmp_path / "missing").secret()
+    with pytest.raises(keys.KeyMaterialError, match="not a regular file"):
+        keys.FileKey(tmp_path).secret()
+    raw = tmp_path / "raw"
+    raw.write_bytes(secret)
+    raw.chmod(0o600)
+    assert keys.FileKey(raw, raw=True).secret() == secret
+    with pytest.raises(keys.KeyMaterialError, match="64 hex digits"):  # raw bytes only when the caller says so
+        keys.FileKey(raw).secret()
     monkeypatch.delenv(keys.ENV_VAR, raising=False)
     monkeypatch.delenv("CCBRIDGE_KEY_FILE", raising=False)
     with pytest.raises(keys.KeyMaterialError, match="CCBRIDGE_KEY"):
@@ -136,7 +144,86 @@ def test_key_providers(tmp_path, monkeypatch):
         keys.EnvKey().secret()
 
 
-def test_derived_keys_differ_by_salt_epoch_and_direction():
+WEAK = {
+    "all zero": bytes(32),
+    "one repeated byte": b"a" * 32,
+    "a 32-character password": b"correct horse battery staple!!42",
+    "32 hex digits read as ASCII": os.urandom(16).hex().encode(),
+    "a counting pattern": bytes(range(32)),
+    "a short period": bytes([1, 2, 3, 4, 5, 6, 7, 8] * 4),
+}
+
+
+@pytest.mark.parametrize("what", list(WEAK))
+def test_weak_or_ambiguous_key_material_is_refused_and_never_quoted(what, tmp_path, monkeypatch):
+    m = WEAK[what]
+    f = tmp_path / "k"
+    f.write_bytes(m)
+    f.chmod(0o600)
+    hexf = tmp_path / "khex"
+    hexf.write_text(m.hex())
+    hexf.chmod(0o600)
+    monkeypatch.setenv("CCB_TEST_KEY", m.hex())
+    attempts = [lambda: keys.StaticKey(m), lambda: keys.StaticKey(m.hex()), lambda: keys.FileKey(f).secret(),
+                lambda: keys.FileKey(f, raw=True).secret(), lambda: keys.FileKey(hexf).secret(),
+                lambda: keys.EnvKey("CCB_TEST_KEY").secret()]
+    if all(0x20 <= b < 0x7F for b in m):  # the text itself as $VAR (a password typed into the variable)
+        monkeypatch.setenv("CCB_TEST_PW", m.decode())
+        attempts.append(lambda: keys.EnvKey("CCB_TEST_PW").secret())
+    for attempt in attempts:
+        with pytest.raises(keys.KeyMaterialError) as e:
+            attempt()
+        msg = str(e.value)
+        for form in (m.hex(), m.hex().upper(), m.decode("latin-1"), repr(m)):
+            assert form not in msg, f"{what}: the error quotes the key material"
+
+
+def test_key_material_never_reaches_reprs_env_stamp_or_reports(monkeypatch):
+    from ccbridge import env
+
+    secret = os.urandom(32)
+    monkeypatch.setenv(keys.ENV_VAR, secret.hex())
+    for prov in (keys.StaticKey(secret), keys.EnvKey()):
+        assert secret.hex() not in repr(prov) and secret.hex() not in str(prov)
+    stamp = repr(env.stamp())
+    assert secret.hex() not in stamp.lower()
+
+
+def test_random_keys_pass_the_strength_check():
+    for _ in range(2000):
+        k = os.urandom(32)
+        assert keys.StaticKey(k).secret() == k and keys.StaticKey(k.hex()).secret() == k
+
+
+# ---- the session handshake (secure/handshake.py) ----
+
+def test_handshake_agrees_only_on_one_transcript():
+    from ccbridge.secure import handshake as hs
+
+    secret = os.urandom(32)
+    ident = hs.identity([0, 1, 2], "job")
+    contribs = [hs.fresh() for _ in range(3)]
+    session = hs.transcript(ident, contribs)
+    confirms = [hs.confirmation(secret, session, r) for r in range(3)]
+    for me in range(3):
+        hs.verify(secret, session, confirms, me)
+    # a replayed contribution, another group's identity or name, another key: refused, naming who
+    stale = hs.transcript(ident, [hs.fresh()] + contribs[1:])
+    for other in (stale, hs.transcript(hs.identity([0, 1, 3], "job"), contribs),
+                  hs.transcript(hs.identity([0, 1, 2], "job2"), contribs)):
+        theirs = [hs.confirmation(secret, other, r) for r in range(3)]
+        with pytest.raises(hs.HandshakeError, match=r"rank\(s\) 0, 2 does not match"):
+            hs.verify(secret, session, [theirs[0], confirms[1], theirs[2]], 1)
+    with pytest.raises(hs.HandshakeError):  # the same transcript under another key
+        hs.verify(secret, session, [hs.confirmation(os.urandom(32), session, r) for r in range(3)], 0)
+    with pytest.raises(hs.HandshakeError):  # a rank's confirmation reflected as another's
+        hs.verify(secret, session, [confirms[0], confirms[0], confirms[2]], 0)
+    with pytest.raises(hs.HandshakeError, match="wrong length"):
+        hs.transcript(ident, [contribs[0][:-1]] + contribs[1:])
+    assert len({hs.transcript(ident, [hs.fresh() for _ in range(3)]) for _ in range(100)}) == 100
+
+
+def test_derived_keys_differ_by_session_epoch_and_direction():
     p = keys.StaticKey(os.urandom(32))
     s1, s2 = os.urandom(32), os.urandom(32)
     ks = {p.group_key(s1, 0), p.group_key(s1, 1), p.group_key(s2, 0), p.p2p_key(s1, 0, 1, 0), p.p2p_key(s1, 1, 0, 0),
@@ -163,7 +250,30 @@ def test_gloo_cpu_collectives_match_plaintext(n):
     secure_workers.spawn(n, "gloo", "cpu", ["correctness", "ddp"])
 
 
-def test_gloo_cpu_integrity_transport_rotation():
+def test_gloo_cpu_integrity_sessions_rotation():
     import secure_workers
 
-    secure_workers.spawn(3, "gloo", "cpu", ["integrity", "transport", "rotation"])
+    secure_workers.spawn(3, "gloo", "cpu", ["integrity", "sessions", "rotation"])
+
+
+def test_gloo_cpu_no_key_nonce_pair_twice_across_sessions_and_restarts(tmp_path):
+    """Two runs of the same job (a restart), each with two sessions: every
+    (key, nonce) pair and every key is used in one run only."""
+    import secure_workers
+
+    runs = []
+    for run in range(2):
+        log = tmp_path / f"run{run}.log"
+        secure_workers.spawn(2, "gloo", "cpu", ["transport"], env={"CCB_KEYLOG": str(log)})
+        runs.append([tuple(line.split()) for line in log.read_text().splitlines()])
+    assert all(len(r) >= 20 for r in runs), "too few encryptions logged"
+    assert not set(runs[0]) & set(runs[1]), "a (key, nonce) pair was used again after a restart"
+    assert not {k for k, _ in runs[0]} & {k for k, _ in runs[1]}, "a restarted job reused a key"
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("attack", ["drop", "duplicate", "truncate", "reorder", "dead_rank"])
+def test_gloo_cpu_every_rank_detects_wire_attacks_within_a_deadline(attack, n, tmp_path):
+    import secure_workers
+
+    secure_workers.run_attack(n, "gloo", "cpu", attack, tmp_path)

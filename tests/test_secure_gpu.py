@@ -168,7 +168,15 @@ multi = pytest.mark.skipif(NGPU < 2, reason=f"needs 2 or more GPUs, this machine
 def test_nccl_collectives_match_plaintext_and_fail_together(n):
     import secure_workers
 
-    secure_workers.spawn(n, "nccl", "cuda", ["correctness", "integrity", "transport", "rotation", "ddp"])
+    secure_workers.spawn(n, "nccl", "cuda", ["correctness", "integrity", "sessions", "transport", "rotation", "ddp"])
+
+
+@multi
+@pytest.mark.parametrize("attack", ["drop", "duplicate", "truncate", "reorder", "dead_rank"])
+def test_nccl_every_rank_detects_wire_attacks_within_a_deadline(attack, tmp_path):
+    import secure_workers
+
+    secure_workers.run_attack(2, "nccl", "cuda", attack, tmp_path, timeout_s=10.0)
 
 
 @multi

@@ -6,10 +6,11 @@ around ring collectives on torch.distributed, and a DDP comm hook.
     ddp.register_comm_hook(group, secure.allreduce_hook)
 """
 
-from ccbridge.libcrypto import IntegrityError
-from ccbridge.secure.keys import EnvKey, FileKey, KeyMaterialError, KeyProvider, StaticKey
+from ccbridge.errors import HandshakeError, IntegrityError, KeyMaterialError, PeerError, SecureError
+from ccbridge.secure.keys import EnvKey, FileKey, KeyProvider, StaticKey
 
-__all__ = ["IntegrityError", "KeyProvider", "StaticKey", "FileKey", "EnvKey", "KeyMaterialError",
+__all__ = ["SecureError", "IntegrityError", "HandshakeError", "PeerError", "KeyMaterialError",
+           "KeyProvider", "StaticKey", "FileKey", "EnvKey",
            "SecureGroup", "SecureWork", "allreduce_hook"]
 
 

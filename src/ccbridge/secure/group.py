@@ -10,6 +10,11 @@ encrypt the sum for the next rank); the owner of a fully reduced segment
 encrypts it once and the all-gather forwards that ciphertext unchanged (all
 ranks share the group key), each rank only verifying+decrypting its copy.
 
+Sessions: the group's constructor runs an authenticated handshake
+(handshake.py) to which every rank contributes fresh randomness; every key
+derives from its transcript, and a rank refuses (HandshakeError) a transcript
+it did not take part in, before any data is sent.
+
 Integrity: a chunk that fails verification is zeroed and counted on the
 device, and what it would have fed is sent on with a poisoned tag. At the end
 of each collective every rank sends an authenticated status (its failure
@@ -17,18 +22,25 @@ count, bound to the collective's sequence number) to all others; so a
 tampered, replayed, reordered or truncated message, or a wrong key anywhere,
 makes wait() raise IntegrityError on every rank, with no host sync before
 wait().
+
+Deadlines: every wait on the transport is bounded by the group's timeout. A
+dead peer or a dropped message raises PeerError within it (also on ranks that
+only wait for a rank that waits), and the group refuses further use.
 """
 
 from __future__ import annotations
 
-import os
+import re
+import time
+from contextlib import contextmanager
+from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
 
-from ccbridge.libcrypto import IntegrityError
-from ccbridge.secure import gcm
+from ccbridge.errors import CCBridgeError, IntegrityError, PeerError
+from ccbridge.secure import gcm, handshake
 from ccbridge.secure import keys as keymod
 from ccbridge.secure.gcm import Ident
 
@@ -63,8 +75,8 @@ class SecureWork:
     """An encrypted collective in flight. wait() blocks until it is done and
     raises IntegrityError (on every rank) if anything failed to verify."""
 
-    def __init__(self, what: str, fail: torch.Tensor, result=None):
-        self.what, self.result_ = what, result
+    def __init__(self, group: "SecureGroup", what: str, fail: torch.Tensor, result=None):
+        self.group, self.what, self.result_ = group, what, result
         if fail.is_cuda:
             self._host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
             self._host.copy_(fail, non_blocking=True)
@@ -78,9 +90,10 @@ class SecureWork:
         return self._event is None or self._event.query()
 
     def wait(self, timeout=None) -> bool:
+        """timeout: seconds (default: the group's); PeerError when it passes."""
         if self._checked is None:
             if self._event is not None:
-                self._event.synchronize()
+                self.group._poll(self._event.query, self.what, timeout)
             bad = int(self._host[0])
             self._checked = bad
         if self._checked:
@@ -101,9 +114,17 @@ class SecureGroup:
     group itself; collectives must be issued in the same order on every rank.
     """
 
-    def __init__(self, group=None, *, keys: keymod.KeyProvider | None = None, device=None):
+    def __init__(self, group=None, *, keys: keymod.KeyProvider | None = None, device=None, name: str = "",
+                 timeout: float = 600.0):
+        """name: the job's or group's name, bound into the session (groups of
+        different names never accept each other's handshake). timeout: seconds
+        any wait on the transport may take before PeerError (default 600,
+        NCCL's own default)."""
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call init_process_group first")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        self.timeout, self._broken = float(timeout), None
         self.pg = group or dist.group.WORLD
         self.rank, self.n = dist.get_rank(self.pg), dist.get_world_size(self.pg)
         if self.n * MAX_SLICES >= STATUS_STEP:  # step ids must stay below the status step
@@ -114,12 +135,7 @@ class SecureGroup:
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.device = torch.device(device)
-        # the session salt: fresh per group, so a restarted job never reuses a key
-        salt = torch.frombuffer(bytearray(os.urandom(keymod.SALT_BYTES)), dtype=torch.uint8)
-        salt = salt.to(self._comm_device())
-        dist.broadcast(salt, self._global(0), group=self.pg)
-        self.salt = bytes(salt.cpu().numpy())
-        self.session = keymod.hkdf(self.salt, b"", b"ccbridge/v1/session", 16)
+        self.session = self._handshake(name)
         self.epoch, self.seq, self.used = 0, 0, 0
         self._ciphers: dict = {}
         self._p2p: dict = {}  # (src, dst) -> [epoch, counter, bytes]
@@ -127,7 +143,83 @@ class SecureGroup:
         self._completer = None
         self._status = None
 
+    def _handshake(self, name: str) -> bytes:
+        """Agree on a fresh, authenticated session with every rank (handshake.py)."""
+        mine = handshake.fresh()
+        got = self._gather_host(mine, "session handshake")
+        got[self.rank] = mine  # this rank's own contribution, from memory: only the others' cross the wire
+        ident = handshake.identity([self._global(r) for r in range(self.n)], name)
+        session = handshake.transcript(ident, got)
+        secret = self.provider.secret()
+        confirms = self._gather_host(handshake.confirmation(secret, session, self.rank), "session handshake")
+        handshake.verify(secret, session, confirms, self.rank)
+        return session
+
     # ---- plumbing ----
+    def _poll(self, done, what: str, timeout=None) -> None:
+        """Wait until done() is true, at most timeout (default the group's)
+        seconds; then PeerError, and the group is broken for good."""
+        if done():
+            return
+        limit = self.timeout if timeout is None else timeout
+        end, delay = time.monotonic() + limit, 10e-6
+        while not done():
+            if time.monotonic() > end:
+                self._break(f"rank {self.rank}: {what} did not complete within {limit:g} s: a peer is dead or "
+                            "messages were dropped")
+            time.sleep(delay)
+            delay = min(2 * delay, 1e-3)
+
+    def _await(self, works, what: str) -> None:
+        """Wait for transport works within the group's deadline; their errors become PeerError."""
+        end = time.monotonic() + self.timeout
+        for w in works:
+            with self._transport(what, end):
+                if self.backend == "nccl":
+                    self._poll(w.is_completed, what, max(end - time.monotonic(), 0.0))
+                    w.wait()
+                else:  # Gloo's point-to-point works complete only inside wait(), which takes the deadline
+                    w.wait(timeout=timedelta(seconds=max(end - time.monotonic(), 1e-3)))
+
+    @contextmanager
+    def _transport(self, what: str, end: float | None = None):
+        """Around every torch.distributed call: its failure (a closed
+        connection, a timeout) becomes PeerError and breaks the group."""
+        try:
+            yield
+        except CCBridgeError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the transport's own error, one line of it
+            first = re.sub(r"^\[[^]]*\]\s*", "", (str(e).strip().splitlines() or [type(e).__name__])[0])
+            if end is not None and time.monotonic() >= end:
+                self._break(f"rank {self.rank}: {what} did not complete within {self.timeout:g} s: a peer is "
+                            f"dead or messages were dropped ({first})")
+            self._break(f"rank {self.rank}: {what}: the transport failed ({first})")
+
+    def _break(self, why: str):
+        self._broken = why
+        raise PeerError(f"{why}; this SecureGroup cannot be used again (destroy the process group)")
+
+    def _usable(self) -> None:
+        if self._broken:
+            raise PeerError(f"this SecureGroup failed earlier and cannot be used again: {self._broken}")
+
+    def _gather_host(self, data: bytes, what: str) -> list[bytes]:
+        """All-gather a few bytes from every rank to this host, within the deadline."""
+        inp = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self._comm_device())
+        if self.backend == "nccl":
+            out = torch.empty(len(data) * self.n, dtype=torch.uint8, device=inp.device)
+            with self._transport(what):
+                work = dist.all_gather_into_tensor(out, inp, group=self.pg, async_op=True)
+            self._await([work], what)
+            parts = list(out.cpu().split(len(data)))
+        else:
+            parts = [torch.empty_like(inp) for _ in range(self.n)]
+            with self._transport(what):
+                work = dist.all_gather(parts, inp, group=self.pg, async_op=True)
+            self._await([work], what)
+        return [bytes(p.cpu().numpy()) for p in parts]
+
     def _comm_device(self):
         return self.device if self.backend == "nccl" else torch.device("cpu")
 
@@ -150,7 +242,7 @@ class SecureGroup:
         seq = self.seq
         self.seq += 1
         self.used += cost
-        return seq, self._cipher("group", self.epoch, lambda e=self.epoch: self.provider.group_key(self.salt, e))
+        return seq, self._cipher("group", self.epoch, lambda e=self.epoch: self.provider.group_key(self.session, e))
 
     def _ident(self, op: str, dtype: int, origin: int, step: int, seq: int, epoch=None) -> Ident:
         epoch = self.epoch if epoch is None else epoch
@@ -167,11 +259,15 @@ class SecureGroup:
         if recv is not None:
             staged = torch.empty(recv.shape, dtype=recv.dtype) if cpu_transport else recv
             ops.append(dist.P2POp(dist.irecv, staged, self._global(src), self.pg))
-        works = dist.batch_isend_irecv(ops) if ops else []
+        with self._transport("a ring step"):
+            works = dist.batch_isend_irecv(ops) if ops else []
 
         def wait():
-            for w in works:
-                w.wait()
+            if self.backend == "nccl":  # stream-ordered: the deadline is SecureWork.wait's
+                for w in works:
+                    w.wait()
+            else:
+                self._await(works, "a ring step")
             if staged is not recv:
                 recv.copy_(staged)
         return wait
@@ -181,10 +277,13 @@ class SecureGroup:
 
     def _all_gather_bytes(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         if self.backend == "nccl":
-            dist.all_gather_into_tensor(out, inp, group=self.pg)
+            with self._transport("the status round"):
+                dist.all_gather_into_tensor(out, inp, group=self.pg)
         else:
             parts = [torch.empty_like(inp, device="cpu") for _ in range(self.n)]
-            dist.all_gather(parts, inp.cpu(), group=self.pg)
+            with self._transport("the status round"):
+                work = dist.all_gather(parts, inp.cpu(), group=self.pg, async_op=True)
+            self._await([work], "the status round")
             out.copy_(torch.cat(parts))
 
     def _finish(self, what: str, op: str, seq: int, cipher, fail: torch.Tensor, result=None) -> SecureWork:
@@ -205,12 +304,13 @@ class SecureGroup:
             cipher.decrypt(self._ident(op, 0, r, STATUS_STEP, seq), allw[r * wl:(r + 1) * wl], got[16 * r:16 * (r + 1)], fail)
         fails = got.view(self.n, 16)[:, 4:8].contiguous().view(torch.int32).sum()
         total = (fail + fails).to(torch.int32)
-        return SecureWork(what, total, result)
+        return SecureWork(self, what, total, result)
 
     def _run(self, fn, *args, async_op: bool):
         """Run a collective on the group's side stream, so it overlaps the
         caller's compute; wait() synchronizes the host with it, so whatever the
         caller launches after wait() sees the result."""
+        self._usable()
         if self._stream is None:
             work = fn(*args)
         else:
@@ -408,11 +508,12 @@ class SecureGroup:
         epoch, counter = st[0], st[1]
         st[1] += 1
         st[2] += max(nbytes, 1)
-        cipher = self._cipher(("p2p", src, dst), epoch, lambda: self.provider.p2p_key(self.salt, src, dst, epoch))
+        cipher = self._cipher(("p2p", src, dst), epoch, lambda: self.provider.p2p_key(self.session, src, dst, epoch))
         return epoch, counter, cipher
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         """Encrypted point-to-point send (own key per direction and pair)."""
+        self._usable()
         self._check_device(tensor)
         flat = _bytes(tensor)
         epoch, counter, cipher = self._p2p_state(self.rank, dst, flat.numel())
@@ -422,6 +523,7 @@ class SecureGroup:
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         """Receive, verify and decrypt into tensor; IntegrityError if it fails."""
+        self._usable()
         self._check_device(tensor)
         flat = _bytes(tensor)
         epoch, counter, cipher = self._p2p_state(src, self.rank, flat.numel())
@@ -429,7 +531,7 @@ class SecureGroup:
         self._exchange(None, 0, w, src)
         fail = torch.zeros(1, dtype=torch.int32, device=self.device)
         cipher.decrypt(self._ident("p2p", _dtype_code(tensor), src, 0, counter, epoch), w, flat, fail)
-        SecureWork("recv", fail).wait()
+        SecureWork(self, "recv", fail).wait()
 
     def _check_device(self, *ts):
         for t in ts:

@@ -10,11 +10,13 @@ releases the secret over a channel bound to that report. ccbridge does not
 attest; it consumes the released secret (`FileKey`, `EnvKey`, `StaticKey`).
 
 Every key actually used is derived with HKDF-SHA256 (RFC 5869) from the
-secret, a fresh random *session salt* drawn when the group is formed (so a
-restarted job never reuses a key), and what the key is for:
+secret and the *session*: the hash of the group's handshake transcript
+(secure/handshake.py), which holds fresh randomness from every rank and the
+group's identity, so no two sessions (restarts included) share a key as long
+as one rank draws fresh randomness:
 
-    group key, epoch e:        info = "ccbridge/v1/group"  | le64(e)
-    point-to-point src->dst:   info = "ccbridge/v1/p2p"    | le32(src) | le32(dst) | le64(e)
+    group key, epoch e:        info = "ccbridge/v2/group"  | le64(e)
+    point-to-point src->dst:   info = "ccbridge/v2/p2p"    | le32(src) | le32(dst) | le64(e)
 
 Nonces (the chunk format is in gcm.py) are prefix[8] || be32(chunk), with
 prefix = be16(origin rank) | be32(sequence) | be16(step): a (key, nonce) pair
@@ -25,6 +27,12 @@ way. Keys rotate (the epoch advances) before the sequence field would wrap
 and before 2^40 bytes have been encrypted under one key by the whole group
 (2^36 AES blocks: the usual bound keeping the distinguishing advantage near
 2^-57, as TLS 1.3's limits do).
+
+Key material comes in one unambiguous form per source: 64 hex digits (an
+environment variable, a text key file, a str), or exactly 32 bytes where the
+caller says they are raw (`FileKey(path, raw=True)`, `StaticKey(bytes)`).
+Material that is plainly not random (one repeated byte, a counting pattern,
+few distinct bytes, printable text) is refused. Errors never quote it.
 """
 
 from __future__ import annotations
@@ -40,7 +48,6 @@ from pathlib import Path
 from ccbridge.errors import KeyMaterialError
 
 KEY_BYTES = 32
-SALT_BYTES = 32
 MAX_SEQ = 1 << 32
 MAX_RANKS = 1 << 16
 MAX_STEPS = 1 << 16
@@ -58,16 +65,34 @@ def hkdf(ikm: bytes, salt: bytes, info: bytes, length: int = KEY_BYTES) -> bytes
     return out[:length]
 
 
-def _parse(material: bytes, where: str) -> bytes:
-    if len(material) == KEY_BYTES:
-        return bytes(material)
-    try:
-        key = bytes.fromhex(material.strip().decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        raise KeyMaterialError(f"{where}: expected {KEY_BYTES} raw bytes or {2 * KEY_BYTES} hex digits") from None
-    if len(key) != KEY_BYTES:
-        raise KeyMaterialError(f"{where}: expected {KEY_BYTES} bytes ({2 * KEY_BYTES} hex digits), got {len(key)}")
+def _check_strength(key: bytes, where: str) -> bytes:
+    """Refuse material that is plainly not 32 random bytes; the message never quotes it."""
+    why = None
+    if len(set(key)) == 1:
+        why = "every byte is the same"
+    elif len({(key[i + 1] - key[i]) & 0xFF for i in range(KEY_BYTES - 1)}) == 1:
+        why = "it is a counting pattern"
+    elif len(set(key)) < 16:  # 32 random bytes have ~30 distinct values; < 16 happens with p < 1e-12
+        why = f"it has only {len(set(key))} distinct byte values"
+    elif all(0x20 <= b < 0x7F for b in key):  # p = (95/256)^32 < 2e-14 for random bytes
+        why = "it is printable text (a password or an encoded key read as raw bytes?)"
+    if why:
+        raise KeyMaterialError(f"{where}: refused, {why}; use 32 random bytes, e.g. `openssl rand -hex 32`")
     return key
+
+
+def _parse_hex(text: str, where: str) -> bytes:
+    t = text.strip()
+    if len(t) != 2 * KEY_BYTES or any(c not in "0123456789abcdefABCDEF" for c in t):
+        raise KeyMaterialError(f"{where}: expected {2 * KEY_BYTES} hex digits (32 bytes), got {len(t)} characters"
+                               + ("" if len(t) != 2 * KEY_BYTES else " that are not all hex digits"))
+    return _check_strength(bytes.fromhex(t), where)
+
+
+def _parse_raw(data: bytes, where: str) -> bytes:
+    if len(data) != KEY_BYTES:
+        raise KeyMaterialError(f"{where}: expected exactly {KEY_BYTES} raw bytes, got {len(data)}")
+    return _check_strength(bytes(data), where)
 
 
 class KeyProvider(ABC):
@@ -76,38 +101,57 @@ class KeyProvider(ABC):
     @abstractmethod
     def secret(self) -> bytes: ...
 
-    def group_key(self, salt: bytes, epoch: int) -> bytes:
-        return hkdf(self.secret(), salt, b"ccbridge/v1/group" + struct.pack("<Q", epoch))
+    def group_key(self, session: bytes, epoch: int) -> bytes:
+        return hkdf(self.secret(), session, b"ccbridge/v2/group" + struct.pack("<Q", epoch))
 
-    def p2p_key(self, salt: bytes, src: int, dst: int, epoch: int) -> bytes:
-        return hkdf(self.secret(), salt, b"ccbridge/v1/p2p" + struct.pack("<IIQ", src, dst, epoch))
+    def p2p_key(self, session: bytes, src: int, dst: int, epoch: int) -> bytes:
+        return hkdf(self.secret(), session, b"ccbridge/v2/p2p" + struct.pack("<IIQ", src, dst, epoch))
+
+    def __repr__(self) -> str:  # never the material
+        return f"{type(self).__name__}(<secret>)"
 
 
 class StaticKey(KeyProvider):
-    """Explicit key material (tests, or a secret already released to the caller)."""
+    """Explicit key material: 32 raw bytes (bytes), or 64 hex digits (str)."""
 
-    def __init__(self, material: bytes):
-        self._key = _parse(material, "key material")
+    def __init__(self, material: bytes | str):
+        if isinstance(material, str):
+            self._key = _parse_hex(material, "key material")
+        elif isinstance(material, (bytes, bytearray, memoryview)):
+            self._key = _parse_raw(bytes(material), "key material")
+        else:
+            raise KeyMaterialError(f"key material must be bytes (32 raw) or str (64 hex digits), not {type(material).__name__}")
 
     def secret(self) -> bytes:
         return self._key
 
 
 class FileKey(KeyProvider):
-    """A secret in a file: 32 raw bytes or 64 hex digits; refused if others can read it."""
+    """A secret in a file: 64 hex digits (text), or with raw=True exactly 32 raw
+    bytes; refused if group or others can read it."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike, raw: bool = False):
+        self.path, self.raw = Path(path), raw
 
     def secret(self) -> bytes:
         try:
             st = self.path.stat()
+            if not stat.S_ISREG(st.st_mode):
+                raise KeyMaterialError(f"key file {self.path}: not a regular file")
             data = self.path.read_bytes()
         except OSError as e:
             raise KeyMaterialError(f"key file {self.path}: {e.strerror}") from None
         if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise KeyMaterialError(f"key file {self.path} is readable by group or others (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it")
-        return _parse(data, f"key file {self.path}")
+        where = f"key file {self.path}"
+        if self.raw:
+            return _parse_raw(data, where)
+        try:
+            text = data.decode("ascii")
+        except UnicodeDecodeError:
+            raise KeyMaterialError(f"{where}: not text; a text key file holds 64 hex digits "
+                                   "(for a 32-byte binary key use FileKey(path, raw=True))") from None
+        return _parse_hex(text, where)
 
 
 class EnvKey(KeyProvider):
@@ -120,7 +164,7 @@ class EnvKey(KeyProvider):
         v = os.environ.get(self.var)
         if not v:
             raise KeyMaterialError(f"environment variable {self.var} is not set (64 hex digits of key material)")
-        return _parse(v.encode(), f"${self.var}")
+        return _parse_hex(v, f"${self.var}")
 
 
 def default_provider() -> KeyProvider:
