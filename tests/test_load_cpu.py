@@ -121,6 +121,33 @@ def test_file_truncated_during_load_raises(tmp_path):
     ckpt_util.assert_truncation_mid_load_raises(torch, tmp_path / "c", 1000, 300_000, "cpu", workers=2, chunk_bytes=4096)
 
 
+def test_a_failed_or_cancelled_load_leaves_a_prewarmed_pool_usable(ckpt, tmp_path):
+    """The next load through the same pool runs, and is byte-exact."""
+    import os
+
+    from ccbridge.load import LoadError, prewarm
+
+    d, expected = ckpt
+    with prewarm("cpu", workers=2, chunk_bytes=4096) as pool:
+        pool.ready()
+        bad = tmp_path / "bad"
+        ckpt_util.write(torch, bad, seed=5, shards=1, big_elems=300_000)
+        f = next(bad.glob("*.safetensors"))
+        it = iter_safetensors(bad, device="cpu", pool=pool)
+        next(it)  # headers accepted, the load under way
+        os.truncate(f, f.stat().st_size - 1000)
+        with pytest.raises(LoadError, match="file ended"):
+            for _ in it:
+                pass
+        it = iter_safetensors(d, device="cpu", pool=pool)
+        next(it)
+        it.close()  # cancelled mid-load
+        for _ in range(2):
+            got = load_safetensors(d, device="cpu", pool=pool)
+            assert got.keys() == expected.keys()
+            assert not [k for k in expected if not ckpt_util.same_bytes(torch, expected[k], got[k])]
+
+
 def test_bad_header_loads_nothing(tmp_path):
     good = tmp_path / "good"
     ckpt_util.write(torch, good, seed=1)

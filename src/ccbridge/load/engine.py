@@ -3,7 +3,8 @@
 A Pool is worker threads with their contexts and staging buffers. Making one
 starts the workers, which prewarm in the background (context creation,
 staging allocation); `ready()` waits for them. One load at a time runs on a
-pool; `close()` joins the workers and destroys their contexts, and
+pool; a load that failed or was cancelled leaves it ready for the next one
+(only a failed prewarm breaks it for good); `close()` joins the workers and destroys their contexts, and
 `close(background=True)` does that on a thread of its own so that the caller
 does not wait for context teardown.
 """

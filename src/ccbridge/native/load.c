@@ -22,10 +22,10 @@
  * Staging kinds: pinned or pageable buffers filled by pread; or none, the
  * copy reading the file's page-cache mapping as pageable memory (`mapped`:
  * under CC the CPU then encrypts straight from the page cache, one pass
- * over the bytes instead of two). Mapped chunks are populated with
- * MADV_POPULATE_READ first, which fails cleanly past the end of a file; a
- * file truncated between that and the copy can still raise SIGBUS, as with
- * any mmap-based loader. (Registering the mapping for DMA instead measured
+ * over the bytes instead of two). Mapped chunks are checked first (map_in:
+ * a read past the end of a file raises SIGBUS); a file truncated between
+ * that check and the copy can still raise SIGBUS, as with any mmap-based
+ * loader. (Registering the mapping for DMA instead measured
  * 3x slower than pinned staging on an H100 host: pinning pages costs more
  * than copying them.)
  * Three shapes:
@@ -52,7 +52,9 @@
  * A tensor is reported done when its last chunk's copy has completed. The
  * first error stops the load; workers drain what they have in flight before
  * they go idle, so once ccb_pool_cancel() returns nothing writes to the
- * caller's memory any more.
+ * caller's memory any more. A failed or cancelled load leaves the pool as
+ * it was: the next submit starts afresh. Only a failed prewarm (a context,
+ * stream or buffer that could not be made) breaks the pool for good.
  */
 #include "cudrv.h"
 
@@ -65,6 +67,7 @@
 #include <string.h>
 #include <time.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define CCB_STAGE_PINNED 0
@@ -162,6 +165,7 @@ struct ccb_pool {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int ready, ctx_made, stop;
+    int broken; /* a worker or the submitter could not prewarm: no load can run */
     double t_new, prewarm_ns;
 
     /* the current load */
@@ -190,6 +194,14 @@ static void pool_fail(ccb_pool *p, int64_t item) {
     pthread_mutex_unlock(&p->mu);
 }
 
+/* A prewarm failure: the pool cannot serve any load. */
+static void pool_break(ccb_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    p->broken = 1;
+    pthread_mutex_unlock(&p->mu);
+    pool_fail(p, -1);
+}
+
 static int stopping(ccb_pool *p) {
     return __atomic_load_n(&p->failed, __ATOMIC_ACQUIRE) || __atomic_load_n(&p->cancel, __ATOMIC_ACQUIRE);
 }
@@ -202,17 +214,19 @@ static void tensor_done(ccb_pool *p, int32_t t) {
     pthread_mutex_unlock(&p->mu);
 }
 
+static int file_ended(uint64_t at) {
+    set_err("file ended at offset %llu, before the bytes its header promises "
+            "(truncated or rewritten during the load?)", (unsigned long long)at);
+    return -1;
+}
+
 static int read_full(int fd, void *buf, uint64_t n, uint64_t off) {
     char *b = buf;
     while (n) {
         ssize_t r = pread(fd, b, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) { set_err("read failed at offset %llu: %s", (unsigned long long)off, strerror(errno)); return -1; }
-        if (r == 0) {
-            set_err("file ended at offset %llu, before the bytes its header promises "
-                    "(truncated or rewritten during the load?)", (unsigned long long)off);
-            return -1;
-        }
+        if (r == 0) return file_ended(off);
         b += r; n -= (uint64_t)r; off += (uint64_t)r;
     }
     return 0;
@@ -394,7 +408,7 @@ static void *submitter_main(void *arg) {
     ccb_pool *p = arg;
     CUresult rc = cu.CtxSetCurrent(p->primary);
     int ok = rc == 0;
-    if (!ok) { cu_fail(rc, "cuCtxSetCurrent"); pool_fail(p, -1); }
+    if (!ok) { cu_fail(rc, "cuCtxSetCurrent"); pool_break(p); }
     pthread_mutex_lock(&p->sq_mu);
     for (;;) {
         while (p->sq_head == p->sq_tail && !p->sq_stop) pthread_cond_wait(&p->sq_cv, &p->sq_mu);
@@ -418,15 +432,39 @@ static void *submitter_main(void *arg) {
     return NULL;
 }
 
-/* Mapped staging: fault the chunk's pages in (an error, not SIGBUS, past the end of the file). */
-static int map_in(const char *src, const chunk_ref *c) {
-    uintptr_t page = 4096, a = (uintptr_t)src & ~(page - 1), b = ((uintptr_t)src + (c->hi - c->lo) + page - 1) & ~(page - 1);
-    if (madvise((void *)a, b - a, MADV_POPULATE_READ) != 0 && errno != EINVAL) {
-        set_err("cannot read the file's pages at offset %llu: %s (truncated or rewritten during the load?)",
-                (unsigned long long)c->lo, strerror(errno));
-        return -1;
+static size_t page_size(void) {
+    static size_t page;
+    if (!page) {
+        long v = sysconf(_SC_PAGESIZE);
+        page = v > 0 ? (size_t)v : 4096;
     }
-    return 0;
+    return page;
+}
+
+static int g_no_populate; /* MADV_POPULATE_READ is Linux >= 5.14: EINVAL before */
+
+/* Mapped staging: check that the chunk's bytes are still in the file before
+ * the copy reads the mapping (reading past the end of a file raises SIGBUS).
+ * MADV_POPULATE_READ faults the pages in and fails cleanly (EFAULT) past the
+ * end. Where the kernel lacks it, fstat says whether the file still holds
+ * the chunk: the same guarantee (a file truncated after the check can
+ * still raise SIGBUS during the copy, as after a populate), without
+ * prefaulting, which the copy then does itself. */
+static int map_in(int fd, const char *src, const chunk_ref *c) {
+    if (!__atomic_load_n(&g_no_populate, __ATOMIC_RELAXED)) {
+        uintptr_t page = page_size(), a = (uintptr_t)src & ~(page - 1);
+        uintptr_t b = ((uintptr_t)src + (c->hi - c->lo) + page - 1) & ~(page - 1);
+        if (madvise((void *)a, b - a, MADV_POPULATE_READ) == 0) return 0;
+        if (errno == EFAULT) return file_ended(c->lo);
+        if (errno != EINVAL) {
+            set_err("cannot read the file's pages at offset %llu: %s", (unsigned long long)c->lo, strerror(errno));
+            return -1;
+        }
+        __atomic_store_n(&g_no_populate, 1, __ATOMIC_RELAXED);
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) { set_err("cannot stat the file: %s", strerror(errno)); return -1; }
+    return (uint64_t)st.st_size < c->hi ? file_ended((uint64_t)st.st_size) : 0;
 }
 
 static void run_load(worker *w) {
@@ -452,7 +490,7 @@ static void run_load(worker *w) {
         int rc;
         if (p->staging == CCB_STAGE_MAPPED) {
             src = (const char *)(uintptr_t)(f->map + c.lo);
-            rc = map_in(src, &c);
+            rc = map_in(f->fd, src, &c);
         } else {
             rc = read_full(f->fd, w->host[k], c.hi - c.lo, c.lo);
         }
@@ -503,7 +541,7 @@ static int worker_init(worker *w) {
             cu.CtxPopCurrent(&popped);
         } else {
             pthread_mutex_lock(&p->mu);
-            while (p->ctx_made < p->ncontexts && !p->failed) pthread_cond_wait(&p->cv, &p->mu);
+            while (p->ctx_made < p->ncontexts && !p->broken) pthread_cond_wait(&p->cv, &p->mu);
             pthread_mutex_unlock(&p->mu);
             if (!p->ctx[c]) { set_err("context %d was not created", c); return -1; }
         }
@@ -555,7 +593,7 @@ static void *worker_main(void *arg) {
     worker *w = arg;
     ccb_pool *p = w->p;
     int ok = worker_init(w) == 0;
-    if (!ok) pool_fail(p, -1);
+    if (!ok) pool_break(p);
     pthread_mutex_lock(&p->mu);
     if (++p->ready == p->nworkers) p->prewarm_ns = now_ns() - p->t_new;
     pthread_cond_broadcast(&p->cv);
@@ -647,9 +685,9 @@ static struct timespec deadline_in(double seconds) {
 int ccb_pool_wait_ready(ccb_pool *p, double timeout_s) {
     struct timespec dl = deadline_in(timeout_s);
     pthread_mutex_lock(&p->mu);
-    while (p->ready < p->nworkers && !p->failed)
+    while (p->ready < p->nworkers && !p->broken)
         if (pthread_cond_timedwait(&p->cv, &p->mu, &dl) == ETIMEDOUT) break;
-    int rc = p->failed ? -1 : p->ready < p->nworkers ? 1 : 0;
+    int rc = p->broken ? -1 : p->ready < p->nworkers ? 1 : 0;
     pthread_mutex_unlock(&p->mu);
     return rc;
 }
@@ -661,10 +699,14 @@ int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, const ccb_it
                     int32_t *remaining, int32_t *doneq, int ntensors) {
     pthread_mutex_lock(&p->mu);
     int rc = -1;
-    if (p->failed) set_err("%s", p->err);
+    if (p->broken) set_err("%s", p->err);
     else if (p->ready < p->nworkers) set_err("the loader pool is not ready");
     else if (p->busy) set_err("the loader pool is busy with another load");
     else {
+        /* every worker is idle and drained: the last load's error or cancel ends here */
+        __atomic_store_n(&p->failed, 0, __ATOMIC_RELEASE);
+        p->err_item = -1;
+        p->err[0] = 0;
         plan_free(&p->pl);
         if (plan_build(&p->pl, files, nfiles, items, nitems, p->chunk, remaining, ntensors) != 0) {
             plan_free(&p->pl);
