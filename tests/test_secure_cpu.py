@@ -250,10 +250,12 @@ def test_gloo_cpu_collectives_match_plaintext(n):
     secure_workers.spawn(n, "gloo", "cpu", ["correctness", "ddp"])
 
 
-def test_gloo_cpu_integrity_sessions_rotation():
+@pytest.mark.parametrize("n", [2, 3])
+def test_gloo_cpu_integrity_sessions_rotation(n):
+    """Bit flips, replays within and across sessions, reordered chunks, a wrong key: every rank raises."""
     import secure_workers
 
-    secure_workers.spawn(3, "gloo", "cpu", ["integrity", "sessions", "rotation"])
+    secure_workers.spawn(n, "gloo", "cpu", ["integrity", "sessions", "rotation"])
 
 
 def test_gloo_cpu_no_key_nonce_pair_twice_across_sessions_and_restarts(tmp_path):
