@@ -50,7 +50,8 @@ setup(
             sources=[f"src/ccbridge/native/{n}.c" for n in ("cudrv", "probe", "load", "gcm/gcm_host")],
             depends=["src/ccbridge/native/cudrv.h", "src/ccbridge/native/gcm/gcm.h"],
             libraries=["dl", "pthread"],
-            extra_compile_args=["-O2", "-std=gnu11", "-Wall"],
+            # exports only what is marked CCB_API (cudrv.h): the ctypes API
+            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-fvisibility=hidden"],
         ),
         # The bridge emulator: an LD_PRELOAD library in front of the CUDA
         # driver, also plain C and built without CUDA (native/emu/emu.h).
@@ -59,7 +60,9 @@ setup(
             sources=sorted(str(p) for p in Path("src/ccbridge/native/emu").glob("*.c")),
             depends=["src/ccbridge/native/emu/emu.h"],
             libraries=["dl", "pthread"],
-            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-fvisibility=default"],
+            # exports only the hooked driver API, dlsym and the ccbemu_* API (EMU_API, emu.h):
+            # nothing internal leaks into the programs it is preloaded into
+            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-fvisibility=hidden"],
         ),
     ]
 )

@@ -20,9 +20,9 @@ void set_err(const char *fmt, ...) {
     va_end(ap);
 }
 
-const char *ccb_error(void) { return g_err; }
+CCB_API const char *ccb_error(void) { return g_err; }
 
-double ccb_now_ns(void) {
+CCB_API double ccb_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
@@ -40,7 +40,7 @@ int cu_fail(CUresult rc, const char *what) {
 
 
 
-int ccb_open(void) {
+CCB_API int ccb_open(void) {
     pthread_mutex_lock(&g_open_lock);
     if (g_opened) {
         pthread_mutex_unlock(&g_open_lock);

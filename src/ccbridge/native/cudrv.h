@@ -58,6 +58,11 @@ typedef struct {
 } ccb_driver;
 extern ccb_driver cu;
 
+/* The library is built with hidden visibility: what Python calls through
+ * ctypes (ccbridge/native.py, load/engine.py, secure/gcm.py), and only that,
+ * is exported, marked at its definition. */
+#define CCB_API __attribute__((visibility("default")))
+
 #define CCB_ERR_LEN 512
 extern __thread char g_err[CCB_ERR_LEN];
 

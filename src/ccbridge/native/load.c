@@ -315,7 +315,7 @@ static void clip(const plan *pl, const chunk_ref *c, size_t i, uint64_t *off, ui
 }
 
 /* Every segment of a plan as rows (chunk, item, file offset, length): for tests. */
-long long ccb_plan_walk(const ccb_file *files, int nfiles, const ccb_item *items, size_t nitems, uint64_t chunk,
+CCB_API long long ccb_plan_walk(const ccb_file *files, int nfiles, const ccb_item *items, size_t nitems, uint64_t chunk,
                         int ntensors, int64_t *rows, size_t max_rows) {
     plan pl;
     if (plan_build(&pl, files, nfiles, items, nitems, chunk, NULL, ntensors) != 0) { plan_free(&pl); return -1; }
@@ -613,12 +613,12 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-const char *ccb_pool_error(ccb_pool *p) { return p->err; }
-long long ccb_pool_error_item(ccb_pool *p) { return (long long)p->err_item; }
+CCB_API const char *ccb_pool_error(ccb_pool *p) { return p->err; }
+CCB_API long long ccb_pool_error_item(ccb_pool *p) { return (long long)p->err_item; }
 
-void ccb_pool_free(ccb_pool *p);
+CCB_API void ccb_pool_free(ccb_pool *p);
 
-ccb_pool *ccb_pool_new(int device, int nworkers, int ncontexts, int staging, size_t chunk, int nbuf) {
+CCB_API ccb_pool *ccb_pool_new(int device, int nworkers, int ncontexts, int staging, size_t chunk, int nbuf) {
     if (nworkers < 1 || nworkers > CCB_MAX_WORKERS) { set_err("workers must be 1..%d, got %d", CCB_MAX_WORKERS, nworkers); return NULL; }
     if (ncontexts < 0 || ncontexts > nworkers) { set_err("contexts must be 0..workers (%d), got %d", nworkers, ncontexts); return NULL; }
     if (nbuf < 1 || nbuf > CCB_MAX_BUFS) { set_err("staging buffers per worker must be 1..%d, got %d", CCB_MAX_BUFS, nbuf); return NULL; }
@@ -682,7 +682,7 @@ static struct timespec deadline_in(double seconds) {
 }
 
 /* 0 when every worker is ready, 1 on timeout, -1 when one failed (ccb_pool_error). */
-int ccb_pool_wait_ready(ccb_pool *p, double timeout_s) {
+CCB_API int ccb_pool_wait_ready(ccb_pool *p, double timeout_s) {
     struct timespec dl = deadline_in(timeout_s);
     pthread_mutex_lock(&p->mu);
     while (p->ready < p->nworkers && !p->broken)
@@ -695,7 +695,7 @@ int ccb_pool_wait_ready(ccb_pool *p, double timeout_s) {
 /* Start a load of items (see ccb_item) from files. remaining (ntensors long)
  * receives how many chunks each tensor spans and is counted down; doneq
  * (ntensors long) receives the finished tensors. The arrays must outlive the load. */
-int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, const ccb_item *items, size_t nitems,
+CCB_API int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, const ccb_item *items, size_t nitems,
                     int32_t *remaining, int32_t *doneq, int ntensors) {
     pthread_mutex_lock(&p->mu);
     int rc = -1;
@@ -740,7 +740,7 @@ out:
 /* Tensors finished since the last call, into out (at most max): the count;
  * 0 on timeout; -1 on error (ccb_pool_error); -2 when the load is over and
  * everything was reported. */
-int ccb_pool_next(ccb_pool *p, int32_t *out, int max, double timeout_s) {
+CCB_API int ccb_pool_next(ccb_pool *p, int32_t *out, int max, double timeout_s) {
     struct timespec dl = deadline_in(timeout_s);
     pthread_mutex_lock(&p->mu);
     int n = 0;
@@ -756,14 +756,14 @@ int ccb_pool_next(ccb_pool *p, int32_t *out, int max, double timeout_s) {
 }
 
 /* Stop the load and wait until no worker can write anything more. */
-void ccb_pool_cancel(ccb_pool *p) {
+CCB_API void ccb_pool_cancel(ccb_pool *p) {
     pthread_mutex_lock(&p->mu);
     __atomic_store_n(&p->cancel, 1, __ATOMIC_RELEASE);
     while (p->busy) pthread_cond_wait(&p->cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }
 
-void ccb_pool_stats(ccb_pool *p, ccb_load_stats *s) {
+CCB_API void ccb_pool_stats(ccb_pool *p, ccb_load_stats *s) {
     pthread_mutex_lock(&p->mu);
     memset(s, 0, sizeof *s);
     s->prewarm_ns = p->prewarm_ns;
@@ -776,14 +776,14 @@ void ccb_pool_stats(ccb_pool *p, ccb_load_stats *s) {
     pthread_mutex_unlock(&p->mu);
 }
 
-void ccb_pool_reset_stats(ccb_pool *p) {
+CCB_API void ccb_pool_reset_stats(ccb_pool *p) {
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->nworkers; i++) p->w[i].read_ns = p->w[i].copy_ns = 0;
     pthread_mutex_unlock(&p->mu);
 }
 
 /* Stop and join the workers, free their buffers, destroy the contexts. */
-void ccb_pool_free(ccb_pool *p) {
+CCB_API void ccb_pool_free(ccb_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     __atomic_store_n(&p->cancel, 1, __ATOMIC_RELEASE);
@@ -811,10 +811,10 @@ void ccb_pool_free(ccb_pool *p) {
 }
 
 /* The whole file mapped read-only (shared page cache); NULL with ccb_error(). */
-void *ccb_map_file(int fd, size_t size) {
+CCB_API void *ccb_map_file(int fd, size_t size) {
     void *p = mmap(NULL, size ? size : 1, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) { set_err("cannot map the file: %s", strerror(errno)); return NULL; }
     return p;
 }
 
-void ccb_unmap_file(void *p, size_t size) { if (p) munmap(p, size ? size : 1); }
+CCB_API void ccb_unmap_file(void *p, size_t size) { if (p) munmap(p, size ? size : 1); }

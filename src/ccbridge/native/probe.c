@@ -45,7 +45,7 @@ static const char kPtx[] =
     "\tsetp.lt.u64 %p1, %rd4, %rd1;\n"
     "\t@%p1 bra $L_loop;\n\tret;\n}\n";
 
-int ccb_device_count(int *count) {
+CCB_API int ccb_device_count(int *count) {
     CK(cu.DeviceGetCount(count));
     return 0;
 fail:
@@ -109,7 +109,7 @@ static void host_free(ccb_session *s, void *p) {
     if (s->kind == CCB_PINNED) cu.MemFreeHost(p); else free(p);
 }
 
-void ccb_session_close(ccb_session *s) {
+CCB_API void ccb_session_close(ccb_session *s) {
     if (!s) return;
     if (s->ctx) {
         cu.CtxSetCurrent(s->ctx);
@@ -128,7 +128,7 @@ void ccb_session_close(ccb_session *s) {
 
 static int verify_roundtrip(ccb_session *s, size_t bytes);
 
-ccb_session *ccb_session_open(int device, int own_context, int kind, size_t max_bytes, int nstreams) {
+CCB_API ccb_session *ccb_session_open(int device, int own_context, int kind, size_t max_bytes, int nstreams) {
     if (ccb_open() != 0) return NULL;
     if (nstreams < 1 || nstreams > CCB_MAX_STREAMS) {
         set_err("nstreams must be 1..%d, got %d", CCB_MAX_STREAMS, nstreams);
@@ -193,7 +193,7 @@ fail:
     return -1;
 }
 
-int ccb_verify(ccb_session *s, size_t bytes) {
+CCB_API int ccb_verify(ccb_session *s, size_t bytes) {
     if (bytes > s->max_bytes) { set_err("verify size %zu exceeds session buffers (%zu)", bytes, s->max_bytes); return -1; }
     return verify_roundtrip(s, bytes);
 }
@@ -212,7 +212,7 @@ static CUresult issue_copy(ccb_session *s, int dir, int i, size_t bytes) {
  * copies are queued and waited for once (sustained bandwidth). incall_ns is
  * how long the host thread sat inside the copy calls themselves.
  */
-int ccb_copy(ccb_session *s, int dir, size_t bytes, int nstreams, int iters, int sync_every,
+CCB_API int ccb_copy(ccb_session *s, int dir, size_t bytes, int nstreams, int iters, int sync_every,
              double *samples_ns, ccb_copy_out *out) {
     if (bytes > s->max_bytes) { set_err("copy size %zu exceeds session buffers (%zu)", bytes, s->max_bytes); return -1; }
     if (nstreams < 1 || nstreams > s->nstreams) { set_err("nstreams %d outside 1..%d", nstreams, s->nstreams); return -1; }
@@ -274,7 +274,7 @@ static void *worker_main(void *p) {
 }
 
 /* One thread per session, all released together after their warm-up. */
-int ccb_workers(ccb_session **sessions, int n, int dir, size_t bytes, int iters, int warmup, ccb_copy_out *outs) {
+CCB_API int ccb_workers(ccb_session **sessions, int n, int dir, size_t bytes, int iters, int warmup, ccb_copy_out *outs) {
     pthread_t th[CCB_MAX_STREAMS];
     worker_arg args[CCB_MAX_STREAMS];
     gate_t gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0};
@@ -308,7 +308,7 @@ int ccb_workers(ccb_session **sessions, int n, int dir, size_t bytes, int iters,
  * time. WAIT: launch + stream sync, mean per pair. GRAPH: n launches captured
  * into one graph; one replay + sync, per-kernel time.
  */
-int ccb_launch(ccb_session *s, int mode, int n, double *ns_per_kernel) {
+CCB_API int ccb_launch(ccb_session *s, int mode, int n, double *ns_per_kernel) {
     CUstream st = s->stream[0];
     CUgraph g = NULL;
     CUgraphExec ge = NULL;
@@ -349,7 +349,7 @@ fail:
  * or stream 1 after it event-waits on stream 0. The caller compares call_ns
  * with remaining_ns to give the verdict.
  */
-int ccb_semantics(ccb_session *s, int dir, int relation, size_t bytes, double spin_ns, ccb_sem_out *out) {
+CCB_API int ccb_semantics(ccb_session *s, int dir, int relation, size_t bytes, double spin_ns, ccb_sem_out *out) {
     CUevent ev = NULL;
     if (s->nstreams < 2) { set_err("semantics needs a session with 2 streams"); return -1; }
     if (bytes > s->max_bytes) { set_err("copy size %zu exceeds session buffers", bytes); return -1; }
@@ -385,7 +385,7 @@ fail:
 }
 
 /* Create n contexts, then destroy them: total wall time of each phase. */
-int ccb_ctx_lifecycle(int device, int n, double *create_ns, double *destroy_ns) {
+CCB_API int ccb_ctx_lifecycle(int device, int n, double *create_ns, double *destroy_ns) {
     CUcontext ctx[CCB_MAX_STREAMS] = {0}, prev = NULL, popped, c;
     CUdevice dev;
     if (ccb_open() != 0) return -1;
@@ -416,7 +416,7 @@ fail:
 }
 
 /* Allocate `count` pinned staging slots of `bytes` in the session's context. */
-int ccb_pinned_slots(ccb_session *s, size_t bytes, int count, double *alloc_ns, double *free_ns) {
+CCB_API int ccb_pinned_slots(ccb_session *s, size_t bytes, int count, double *alloc_ns, double *free_ns) {
     void *p[CCB_MAX_STREAMS] = {0};
     int made = 0;
     if (count < 1 || count > CCB_MAX_STREAMS) { set_err("slot count %d outside 1..%d", count, CCB_MAX_STREAMS); return -1; }

@@ -212,4 +212,28 @@ const char *emu_api_name(int api);
 /* ---- set-up (hooks.c) ---- */
 void emu_init(void);
 void emu_fail(const char *fmt, ...);  /* fatal set-up error: message and exit */
+
+/* ---- what the library exports ----
+ * It is built with hidden visibility, so that the programs it is preloaded
+ * into see nothing of it but the hooked driver entry points (hooks.c, each
+ * defined EMU_API), dlsym, and the API below, which the launcher, the CPU
+ * tests (tests/test_emulator_cpu.py) and tests/gpu/coverage.py call through
+ * ctypes. tests/test_native_symbols.py holds the export list to this. */
+#define EMU_API __attribute__((visibility("default")))
+EMU_API void *dlsym(void *handle, const char *name);
+EMU_API int ccbemu_test_init(const char *config_text, char *err, int errlen); /* fake driver, this config */
+EMU_API void ccbemu_trace_flush(void);
+EMU_API int ccbemu_summary(char *buf, int len);
+EMU_API const char *ccbemu_hook_name(int i);   /* hook table row i; NULL past the end */
+EMU_API void *ccbemu_lookup(const char *name);  /* the hook for a driver entry point */
+EMU_API int ccbemu_seal(const uint8_t *key, const uint8_t *iv, const void *in, size_t len, void *out, uint8_t *tag);
+/* the fake driver (fake.c) */
+EMU_API void *ccbemu_fake_alloc(size_t n, int type);
+EMU_API CUstream ccbemu_fake_stream(void);
+EMU_API CUcontext ccbemu_fake_ctx_new(void);
+EMU_API void ccbemu_fake_set_ctx(CUcontext c);
+EMU_API void ccbemu_fake_capture(CUstream s, int on);
+EMU_API void ccbemu_fake_fail(const char *name, int nth);
+EMU_API long long ccbemu_fake_unwaited(void);
+void *ccbemu_fake_lookup(const char *name); /* internal: the fake's driver table */
 #endif

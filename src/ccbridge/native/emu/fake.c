@@ -205,7 +205,7 @@ static const struct { const char *name; void *fn; } kFake[] = {
     {"cuMemHostRegister_v2", f_MemHostRegister}, {"cuDevicePrimaryCtxGetState", f_PrimaryGetState},
 };
 
-void *ccbemu_fake_lookup_internal(const char *name);
+static void *fake_table(const char *name);
 static CUresult f_GetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status) {
     (void)ver;
     char name[128];
@@ -213,11 +213,11 @@ static CUresult f_GetProcAddress_v2(const char *sym, void **pfn, int ver, unsign
     int is_copy = strncmp(sym, "cuMemcpy", 8) == 0 && strcmp(sym, "cuMemcpy") && strcmp(sym, "cuMemcpyAsync");
     snprintf(name, sizeof name, "%s%s%s", sym, is_copy ? "_v2" : "", (flags & 2) ? "_ptsz" : "");
     if (status) *status = 0;
-    *pfn = ccbemu_fake_lookup_internal(name);
+    *pfn = fake_table(name);
     return *pfn ? 0 : 500 /* CUDA_ERROR_NOT_FOUND */;
 }
 
-void *ccbemu_fake_lookup_internal(const char *name) {
+static void *fake_table(const char *name) {
     for (size_t i = 0; i < sizeof kFake / sizeof kFake[0]; i++)
         if (strcmp(kFake[i].name, name) == 0) return kFake[i].fn;
     return NULL;
@@ -225,7 +225,7 @@ void *ccbemu_fake_lookup_internal(const char *name) {
 
 void *ccbemu_fake_lookup(const char *name) {
     if (strcmp(name, "cuGetProcAddress_v2") == 0) return (void *)f_GetProcAddress_v2;
-    return ccbemu_fake_lookup_internal(name);
+    return fake_table(name);
 }
 
 /* ---- helpers the tests call ---- */

@@ -147,7 +147,6 @@ void emu_init(void) {
 }
 
 /* CPU tests: the same hooks over a fake driver (fake.c). */
-void *ccbemu_fake_lookup(const char *name);
 int ccbemu_test_init(const char *config_text, char *err, int errlen) {
     pthread_mutex_lock(&g_init_mu);
     find_real_dlsym();
@@ -213,14 +212,14 @@ static void swap_in_hook(void **pfn) {
         if (g_real[i] == *pfn) { *pfn = kHooks[i]; return; }
 }
 
-CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+EMU_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
     ENTER(cuGetProcAddress);
     CUresult rc = REAL(cuGetProcAddress)(symbol, pfn, version, flags);
     if (rc == CUDA_SUCCESS) swap_in_hook(pfn);
     return rc;
 }
 
-CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, int *status) {
+EMU_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, int *status) {
     ENTER(cuGetProcAddress_v2);
     CUresult rc = REAL(cuGetProcAddress_v2)(symbol, pfn, version, flags, status);
     if (rc == CUDA_SUCCESS) swap_in_hook(pfn);
@@ -250,25 +249,25 @@ typedef cuMemcpyHtoDAsync_v2_t cuMemcpyHtoDAsync_v2_ptsz_t;
 typedef cuMemcpyDtoHAsync_v2_t cuMemcpyDtoHAsync_v2_ptsz_t;
 
 #define DEF_SYNC_H2D(n, ST)                                                   \
-    CUresult n(CUdeviceptr d, const void *s, size_t b) {                      \
+    EMU_API CUresult n(CUdeviceptr d, const void *s, size_t b) {              \
         ENTER(n);                                                             \
         if (!emulating(b, ST)) return REAL(n)(d, s, b);                       \
         return copy_h2d(H_##n, d, s, b, ST, 1);                               \
     }
 #define DEF_SYNC_D2H(n, ST)                                                   \
-    CUresult n(void *d, CUdeviceptr s, size_t b) {                            \
+    EMU_API CUresult n(void *d, CUdeviceptr s, size_t b) {                    \
         ENTER(n);                                                             \
         if (!emulating(b, ST)) return REAL(n)(d, s, b);                       \
         return copy_d2h(H_##n, d, s, b, ST, 1);                               \
     }
 #define DEF_ASYNC_H2D(n, NORM)                                                \
-    CUresult n(CUdeviceptr d, const void *s, size_t b, CUstream st) {         \
+    EMU_API CUresult n(CUdeviceptr d, const void *s, size_t b, CUstream st) { \
         ENTER(n);                                                             \
         if (!emulating(b, NORM(st))) return REAL(n)(d, s, b, st);             \
         return copy_h2d(H_##n, d, s, b, NORM(st), 0);                         \
     }
 #define DEF_ASYNC_D2H(n, NORM)                                                \
-    CUresult n(void *d, CUdeviceptr s, size_t b, CUstream st) {               \
+    EMU_API CUresult n(void *d, CUdeviceptr s, size_t b, CUstream st) {       \
         ENTER(n);                                                             \
         if (!emulating(b, NORM(st))) return REAL(n)(d, s, b, st);             \
         return copy_d2h(H_##n, d, s, b, NORM(st), 0);                         \
@@ -297,7 +296,7 @@ typedef CUresult cuMemcpyAsync_t(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 typedef cuMemcpy_t cuMemcpy_ptds_t;
 typedef cuMemcpyAsync_t cuMemcpyAsync_ptsz_t;
 #define DEF_GENERIC_SYNC(n, ST)                                               \
-    CUresult n(CUdeviceptr d, CUdeviceptr s, size_t b) {                      \
+    EMU_API CUresult n(CUdeviceptr d, CUdeviceptr s, size_t b) {              \
         ENTER(n);                                                             \
         int handled = 0;                                                      \
         if (emulating(b, ST)) {                                               \
@@ -307,7 +306,7 @@ typedef cuMemcpyAsync_t cuMemcpyAsync_ptsz_t;
         return REAL(n)(d, s, b);                                              \
     }
 #define DEF_GENERIC_ASYNC(n, NORM)                                            \
-    CUresult n(CUdeviceptr d, CUdeviceptr s, size_t b, CUstream st) {         \
+    EMU_API CUresult n(CUdeviceptr d, CUdeviceptr s, size_t b, CUstream st) { \
         ENTER(n);                                                             \
         int handled = 0;                                                      \
         if (emulating(b, NORM(st))) {                                         \
@@ -417,7 +416,7 @@ static CUresult issue_async_desc(void *a, CUstream st) {
 }
 
 #define DEF_DESC_SYNC(n, T, PLAN, ST)                                         \
-    CUresult n(const T *c) {                                                  \
+    EMU_API CUresult n(const T *c) {                                          \
         ENTER(n);                                                             \
         plan p;                                                               \
         int k = emulating(1, ST) ? PLAN(&p, c) : 0;                           \
@@ -427,7 +426,7 @@ static CUresult issue_async_desc(void *a, CUstream st) {
         return run_plan(H_##n, &p, ST, 1, issue_sync_desc, &a);               \
     }
 #define DEF_DESC_ASYNC(n, T, PLAN, NORM)                                      \
-    CUresult n(const T *c, CUstream st) {                                     \
+    EMU_API CUresult n(const T *c, CUstream st) {                             \
         ENTER(n);                                                             \
         plan p;                                                               \
         int k = emulating(1, NORM(st)) ? PLAN(&p, c) : 0;                     \
@@ -496,7 +495,7 @@ static CUresult batch(int h, int v1, CUdeviceptr *dsts, CUdeviceptr *srcs, size_
     return run_plan(h, &p, st, 0, issue_batch, &a);
 }
 #define DEF_BATCH_V1(n, NORM)                                                                                     \
-    CUresult n(CUdeviceptr *d, CUdeviceptr *s, size_t *z, size_t c, void *at, size_t *ix, size_t na, size_t *fi,  \
+    EMU_API CUresult n(CUdeviceptr *d, CUdeviceptr *s, size_t *z, size_t c, void *at, size_t *ix, size_t na, size_t *fi,  \
                CUstream st) {                                                                                     \
         ENTER(n);                                                                                                 \
         int handled;                                                                                              \
@@ -504,7 +503,7 @@ static CUresult batch(int h, int v1, CUdeviceptr *dsts, CUdeviceptr *srcs, size_
         return handled ? rc : REAL(n)(d, s, z, c, at, ix, na, fi, st);                                            \
     }
 #define DEF_BATCH_V2(n, NORM)                                                                                     \
-    CUresult n(CUdeviceptr *d, CUdeviceptr *s, size_t *z, size_t c, void *at, size_t *ix, size_t na, CUstream st) { \
+    EMU_API CUresult n(CUdeviceptr *d, CUdeviceptr *s, size_t *z, size_t c, void *at, size_t *ix, size_t na, CUstream st) { \
         ENTER(n);                                                                                                 \
         int handled;                                                                                              \
         CUresult rc = batch(H_##n, 0, d, s, z, c, at, ix, na, NULL, NORM(st), &handled);                          \
@@ -542,27 +541,27 @@ typedef cuLaunchKernelEx_t cuLaunchKernelEx_ptsz_t;
 typedef cuGraphLaunch_t cuGraphLaunch_ptsz_t;
 
 #define DEF_LAUNCH(n, NORM)                                                                                        \
-    CUresult n(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,          \
+    EMU_API CUresult n(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,  \
                unsigned sh, CUstream st, void **params, void **extra) {                                            \
         ENTER(n);                                                                                                  \
         uint64_t t0 = emu_now();                                                                                   \
         return launch_toll(REAL(n)(f, gx, gy, gz, bx, by, bz, sh, st, params, extra), t0, NORM(st));               \
     }
 #define DEF_COOP(n, NORM)                                                                                          \
-    CUresult n(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,          \
+    EMU_API CUresult n(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,  \
                unsigned sh, CUstream st, void **params) {                                                          \
         ENTER(n);                                                                                                  \
         uint64_t t0 = emu_now();                                                                                   \
         return launch_toll(REAL(n)(f, gx, gy, gz, bx, by, bz, sh, st, params), t0, NORM(st));                      \
     }
 #define DEF_LAUNCH_EX(n, NORM)                                                                                     \
-    CUresult n(const launch_config_head *c, CUfunction f, void **params, void **extra) {                           \
+    EMU_API CUresult n(const launch_config_head *c, CUfunction f, void **params, void **extra) {                   \
         ENTER(n);                                                                                                  \
         uint64_t t0 = emu_now();                                                                                   \
         return launch_toll(REAL(n)(c, f, params, extra), t0, NORM(c ? c->stream : NULL));                          \
     }
 #define DEF_GRAPH(n, NORM)                                                                                         \
-    CUresult n(CUgraphExec g, CUstream st) {                                                                       \
+    EMU_API CUresult n(CUgraphExec g, CUstream st) {                                                               \
         ENTER(n);                                                                                                  \
         uint64_t t0 = emu_now();                                                                                   \
         return launch_toll(REAL(n)(g, st), t0, NORM(st));                                                          \
@@ -585,10 +584,10 @@ typedef CUresult cuStreamSynchronize_t(CUstream);
 typedef cuStreamSynchronize_t cuStreamSynchronize_ptsz_t;
 typedef CUresult cuEventSynchronize_t(CUevent);
 typedef CUresult cuCtxSynchronize_t(void);
-CUresult cuStreamSynchronize(CUstream s) { ENTER(cuStreamSynchronize); return sync_toll(REAL(cuStreamSynchronize)(s)); }
-CUresult cuStreamSynchronize_ptsz(CUstream s) { ENTER(cuStreamSynchronize_ptsz); return sync_toll(REAL(cuStreamSynchronize_ptsz)(s)); }
-CUresult cuEventSynchronize(CUevent e) { ENTER(cuEventSynchronize); return sync_toll(REAL(cuEventSynchronize)(e)); }
-CUresult cuCtxSynchronize(void) { ENTER(cuCtxSynchronize); return sync_toll(REAL(cuCtxSynchronize)()); }
+EMU_API CUresult cuStreamSynchronize(CUstream s) { ENTER(cuStreamSynchronize); return sync_toll(REAL(cuStreamSynchronize)(s)); }
+EMU_API CUresult cuStreamSynchronize_ptsz(CUstream s) { ENTER(cuStreamSynchronize_ptsz); return sync_toll(REAL(cuStreamSynchronize_ptsz)(s)); }
+EMU_API CUresult cuEventSynchronize(CUevent e) { ENTER(cuEventSynchronize); return sync_toll(REAL(cuEventSynchronize)(e)); }
+EMU_API CUresult cuCtxSynchronize(void) { ENTER(cuCtxSynchronize); return sync_toll(REAL(cuCtxSynchronize)()); }
 
 /* ---- secure context lifecycle ---- */
 static CUresult lifecycle_toll(CUresult rc, double ns) {
@@ -602,19 +601,19 @@ typedef CUresult cuCtxDestroy_v2_t(CUcontext);
 typedef CUresult cuDevicePrimaryCtxRetain_t(CUcontext *, CUdevice);
 typedef CUresult cuDevicePrimaryCtxRelease_v2_t(CUdevice);
 typedef cuDevicePrimaryCtxRelease_v2_t cuDevicePrimaryCtxReset_v2_t;
-CUresult cuCtxCreate_v2(CUcontext *c, unsigned f, CUdevice d) {
+EMU_API CUresult cuCtxCreate_v2(CUcontext *c, unsigned f, CUdevice d) {
     ENTER(cuCtxCreate_v2);
     return lifecycle_toll(REAL(cuCtxCreate_v2)(c, f, d), cfg.ctx_create_ns);
 }
-CUresult cuCtxCreate_v3(CUcontext *c, void *p, int n, unsigned f, CUdevice d) {
+EMU_API CUresult cuCtxCreate_v3(CUcontext *c, void *p, int n, unsigned f, CUdevice d) {
     ENTER(cuCtxCreate_v3);
     return lifecycle_toll(REAL(cuCtxCreate_v3)(c, p, n, f, d), cfg.ctx_create_ns);
 }
-CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned f, CUdevice d) {
+EMU_API CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned f, CUdevice d) {
     ENTER(cuCtxCreate_v4);
     return lifecycle_toll(REAL(cuCtxCreate_v4)(c, p, f, d), cfg.ctx_create_ns);
 }
-CUresult cuCtxDestroy_v2(CUcontext c) {
+EMU_API CUresult cuCtxDestroy_v2(CUcontext c) {
     ENTER(cuCtxDestroy_v2);
     emu_channel_forget(c);
     return lifecycle_toll(REAL(cuCtxDestroy_v2)(c), cfg.ctx_destroy_ns);
@@ -627,7 +626,7 @@ static int primary_active(CUdevice d) {
     int active = 0;
     return drv.DevicePrimaryCtxGetState(d, &flags, &active) == CUDA_SUCCESS && active;
 }
-CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+EMU_API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     ENTER(cuDevicePrimaryCtxRetain);
     int was = primary_active(d);
     CUresult rc = REAL(cuDevicePrimaryCtxRetain)(c, d);
@@ -639,27 +638,27 @@ static CUresult primary_down(CUresult rc, CUdevice d) {
     if (d >= 0 && d < MAX_DEV && g_primary[d]) emu_channel_forget(g_primary[d]);
     return lifecycle_toll(rc, cfg.ctx_destroy_ns);
 }
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { ENTER(cuDevicePrimaryCtxRelease_v2); return primary_down(REAL(cuDevicePrimaryCtxRelease_v2)(d), d); }
-CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { ENTER(cuDevicePrimaryCtxReset_v2); return primary_down(REAL(cuDevicePrimaryCtxReset_v2)(d), d); }
+EMU_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { ENTER(cuDevicePrimaryCtxRelease_v2); return primary_down(REAL(cuDevicePrimaryCtxRelease_v2)(d), d); }
+EMU_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { ENTER(cuDevicePrimaryCtxReset_v2); return primary_down(REAL(cuDevicePrimaryCtxReset_v2)(d), d); }
 
 /* ---- host memory: no registration of ordinary memory under CC ---- */
 typedef CUresult cuMemHostRegister_t(void *, size_t, unsigned);
 typedef cuMemHostRegister_t cuMemHostRegister_v2_t;
 typedef CUresult cuMemHostAlloc_t(void **, size_t, unsigned);
 typedef CUresult cuMemAllocHost_v2_t(void **, size_t);
-CUresult cuMemHostRegister(void *p, size_t n, unsigned f) {
+EMU_API CUresult cuMemHostRegister(void *p, size_t n, unsigned f) {
     ENTER(cuMemHostRegister);
     return cfg.emulate && cfg.refuse_host_register ? CUDA_ERROR_NOT_SUPPORTED : REAL(cuMemHostRegister)(p, n, f);
 }
-CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned f) {
+EMU_API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned f) {
     ENTER(cuMemHostRegister_v2);
     return cfg.emulate && cfg.refuse_host_register ? CUDA_ERROR_NOT_SUPPORTED : REAL(cuMemHostRegister_v2)(p, n, f);
 }
-CUresult cuMemHostAlloc(void **p, size_t n, unsigned f) {
+EMU_API CUresult cuMemHostAlloc(void **p, size_t n, unsigned f) {
     ENTER(cuMemHostAlloc);
     return lifecycle_toll(REAL(cuMemHostAlloc)(p, n, f), cfg.host_alloc_toll_ns);
 }
-CUresult cuMemAllocHost_v2(void **p, size_t n) {
+EMU_API CUresult cuMemAllocHost_v2(void **p, size_t n) {
     ENTER(cuMemAllocHost_v2);
     return lifecycle_toll(REAL(cuMemAllocHost_v2)(p, n), cfg.host_alloc_toll_ns);
 }

@@ -1,0 +1,61 @@
+"""The native libraries export their API and nothing else.
+
+The emulator is preloaded into other programs: any internal symbol it
+exported (cfg, drv, emu_*) could collide with, or be interposed on, the
+program's own. It is built with hidden visibility; only the hooked driver
+entry points (its hook table), dlsym and the EMU_API declarations of emu.h
+are exported. The native core exports what the Python side binds through
+ctypes (so.ccb_* in ccbridge/*.py), marked CCB_API.
+"""
+
+import ctypes
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ccbridge.emulate import launcher
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "ccbridge"
+# symbols some linkers add to every shared object
+LINKER = {"_init", "_fini", "_edata", "_end", "__bss_start"}
+
+
+def exported(path: str) -> set[str]:
+    nm = shutil.which("nm")
+    if not nm:
+        pytest.skip("nm (binutils) is not installed")
+    out = subprocess.run([nm, "-D", "--defined-only", path], check=True, capture_output=True, text=True).stdout
+    names = {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+    return names - LINKER
+
+
+def test_emulator_exports_only_its_hooks_dlsym_and_its_declared_api():
+    path = launcher.library()
+    lib = ctypes.CDLL(path)
+    lib.ccbemu_hook_name.restype = ctypes.c_char_p
+    hooks = set()
+    while (name := lib.ccbemu_hook_name(len(hooks))) is not None:
+        hooks.add(name.decode())
+    assert "cuMemcpyHtoDAsync_v2" in hooks and len(hooks) > 40
+    declared = set(re.findall(r"(?m)^EMU_API\s[^;(]*?\b(\w+)\(", (SRC / "native" / "emu" / "emu.h").read_text()))
+    assert {"dlsym", "ccbemu_test_init", "ccbemu_summary"} <= declared
+    got = exported(path)
+    assert got - hooks - declared == set(), "internal symbols exported"
+    assert hooks - got == set(), "hooks not exported: programs linked against libcuda would miss them"
+    assert declared - got == set(), "declared API not exported"
+
+
+def test_native_core_exports_exactly_what_python_binds():
+    spec = importlib.util.find_spec("ccbridge._native")
+    assert spec and spec.origin
+    bound = set()
+    for py in SRC.rglob("*.py"):
+        bound |= set(re.findall(r"\b(?:so|lib|_lib\(\)|lib\(\))\.(ccb_\w+)", py.read_text()))
+    assert {"ccb_pool_new", "ccb_error", "ccb_gcm_crypt"} <= bound
+    got = exported(spec.origin)
+    assert got - bound == set(), "internal symbols exported"
+    assert bound - got == set(), "bound through ctypes but not exported (CCB_API missing)"
