@@ -406,28 +406,25 @@ def test_whole_number_parameters_refuse_fractions(lib):
             init(lib, **{key: value})
 
 
-def _python_ranges():
-    """The (min, max) table that emulate/profiles.py keeps next to PARAMS, found by its shape."""
-    for name, value in vars(profiles).items():
-        if (isinstance(value, dict) and name != "PARAMS" and set(value) == set(profiles.PARAMS)
-                and all(isinstance(v, (tuple, list)) and len(v) == 2 for v in value.values())):
-            return value
-    return None
-
-
 @pytest.mark.parametrize("key", NUMERIC)
 def test_c_parser_ranges_agree_with_the_python_table(lib, key):
-    """The C parser accepts each bound of the Python table and refuses a value just outside it."""
-    ranges = _python_ranges()
+    """The C parser accepts each bound of profiles.RANGES, refuses the next value outside it, and
+    takes a fraction exactly where profiles.WHOLE does not list the key."""
+    ranges = getattr(profiles, "RANGES", None)
     if ranges is None:
-        pytest.skip("pending: emulate/profiles.py has no (min, max) table next to PARAMS yet")
+        pytest.skip("pending: emulate/profiles.py has no RANGES table next to PARAMS yet")
+    whole = getattr(profiles, "WHOLE", WHOLE)
+    assert set(ranges) == set(profiles.PARAMS)
     lo, hi = (float(x) for x in ranges[key])
-    step = 1.0 if key in WHOLE else max(abs(lo), abs(hi), 1.0) * 1e-6  # the next value the parser could accept
-    for inside in (lo, hi, lo if key in WHOLE else (lo + hi) / 2):
+    step = 1.0 if key in whole else max(abs(lo), abs(hi), 1.0) * 1e-6  # the next value the parser could accept
+    for inside in (lo, hi) if key in whole else (lo, hi, lo + 0.5):  # every range here is wider than 0.5
         init(lib, **{key: repr(inside)})  # accepted: no ValueError
     for outside in (lo - step, hi + step):
         with pytest.raises(ValueError, match=key):
             init(lib, **{key: repr(outside)})
+    if key in whole:
+        with pytest.raises(ValueError, match=f"{key} must be a whole number"):
+            init(lib, **{key: repr(lo + 0.5)})
 
 
 def test_emulator_refuses_to_start_on_a_bad_profile_value(tmp_path):
