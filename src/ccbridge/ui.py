@@ -1,13 +1,61 @@
-"""Terminal progress for long runs (rich), quiet when output is not a terminal."""
+"""Terminal progress for long runs (rich), quiet when output is not a terminal;
+and the check that where a command will write can be written, made before the work."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
                            TimeElapsedColumn, TransferSpeedColumn)
+
+from ccbridge.errors import UsageError
+
+
+def writable_folder(path: str | os.PathLike, what: str, create: bool = True) -> Path:
+    """`path` as a folder a command can write in, checked before its work starts.
+
+    create: the folder may be missing (the command makes it) as long as its
+    nearest existing parent takes a new folder; otherwise it must exist. The
+    test is making and removing a folder there, not permission bits, so that
+    root, read-only mounts and /proc answer truthfully; nothing is left behind.
+    what: the option, for the message (e.g. "--out").
+    """
+    _check_folder(Path(path), f"{what} {path}", create)
+    return Path(path)
+
+
+def writable_file(path: str | os.PathLike, what: str) -> Path:
+    """`path` as a file a command can write: not a folder, in an existing folder it can write in."""
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{what} {path}: is a folder, not a file")
+    _check_folder(p.parent, f"{what} {path}", create=False)
+    return p
+
+
+def nearest_existing(path: str | os.PathLike) -> Path:
+    """`path` itself if it exists, else its nearest parent that does."""
+    at = Path(path)
+    while not at.exists() and at != at.parent:
+        at = at.parent
+    return at
+
+
+def _check_folder(folder: Path, shown: str, create: bool) -> None:
+    at = nearest_existing(folder) if create else folder
+    if not at.exists():
+        raise UsageError(f"{shown}: the folder {at} does not exist")
+    if not at.is_dir():
+        raise UsageError(f"{shown}: {at} is not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".ccbridge-check-", dir=at))
+    except OSError as e:
+        raise UsageError(f"{shown}: cannot write in {at} ({e.strerror})") from None
 
 
 class ProbeProgress:

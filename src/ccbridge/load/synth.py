@@ -20,24 +20,35 @@ import json
 import math
 import os
 import re
+import shutil
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+from ccbridge import ui
+from ccbridge.errors import UsageError
 from ccbridge.load.header import DTYPES
 
 BLOCK = 1 << 20
 GiB = 1 << 30
+# Bare letters and KiB-style units are binary (as nccl-tests reads -b 8M); kB/MB/GB/TB are decimal.
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": GiB, "gib": GiB,
-          "t": 1 << 40, "tib": 1 << 40}
+          "t": 1 << 40, "tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+KEEP_FREE = 256 << 20  # left free on the disk after a checkpoint is written
+SIZE_FORMS = "a positive number of bytes with an optional unit: 4096, 512K, 16MiB, 32GiB, 1.5G (binary), 2GB (decimal)"
 
 
 def parse_size(text: str) -> int:
-    """'32GiB', '512M', '4096' -> bytes (binary units)."""
+    """'32GiB', '512M', '2GB', '4096' -> bytes, at least 1; UsageError naming the accepted forms."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (e.g. 32GiB, 512MiB, 4096)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        raise UsageError(f"not a size: {text[:40]!r}; expected {SIZE_FORMS}")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if not math.isfinite(value) or value >= 2**63:  # a digit string too long for any file or buffer
+        raise UsageError(f"size {text[:40]!r} is too large (the limit is 2^63 bytes)")
+    if int(value) < 1:
+        raise UsageError(f"size {text!r} is under one byte; expected {SIZE_FORMS}")
+    return int(value)
 
 
 def _nbytes(dtype: str, shape) -> int:
@@ -114,12 +125,23 @@ def header_bytes(tensors) -> tuple[bytes, int]:
 
 
 def _write_shard(path: str, tensors, seed: int) -> int:
+    """Write one shard under a .partial name, renamed when complete; its size."""
+    tmp = path + ".partial"
+    try:
+        size = _stream(tmp, tensors, seed)
+    except BaseException:  # interrupted or failed (disk full): no .partial left behind
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+    return size
+
+
+def _stream(tmp: str, tensors, seed: int) -> int:
     import numpy as np
 
     head, data_len = header_bytes(tensors)
     base = np.random.default_rng(seed).integers(1, 2**63, size=BLOCK // 8, dtype=np.uint64)
     block = np.empty_like(base)
-    tmp = path + ".partial"
     with open(tmp, "wb") as f:
         f.write(head)
         written, k = 0, 0
@@ -142,27 +164,56 @@ def _write_shard(path: str, tensors, seed: int) -> int:
             f.write(memoryview(raw)[:n])
             written += n
             k += 1
-    os.replace(tmp, path)
     return len(head) + data_len
+
+
+def _check_space(out: Path, need: int) -> None:
+    free = shutil.disk_usage(ui.nearest_existing(out)).free
+    if need + KEEP_FREE > free:
+        raise UsageError(f"not enough free space in {out}: the checkpoint needs {need / GiB:.2f} GiB and "
+                         f"{KEEP_FREE / GiB:.2f} GiB are kept free, {free / GiB:.2f} GiB are free")
 
 
 def make_checkpoint(out_dir: str | os.PathLike, total_bytes: int, shard_bytes: int = 4 * GiB, seed: int = 0,
                     hidden: int | None = None, jobs: int | None = None, progress=None) -> list[str]:
-    """Write the shards and the index; the shard paths. progress(i, n) after each shard."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """Write the shards and the index; the shard paths. progress(i, n) after each shard.
+
+    Checked before the first byte: sizes positive, the folder writable, the
+    disk holding the checkpoint plus KEEP_FREE. On any failure or interrupt
+    the shards of this call are removed: a folder of shards without its index
+    would load as a smaller checkpoint.
+    """
+    if total_bytes < 1 or shard_bytes < 1:
+        raise UsageError(f"sizes must be positive: total {total_bytes}, shard {shard_bytes} bytes")
+    out = ui.writable_folder(out_dir, "output folder")
+    _check_space(out, total_bytes)  # the size asked, before a layout of a size that will not fit is built
     shards = shard(layout(total_bytes, hidden), shard_bytes)
+    _check_space(out, sum(len(h) + d for h, d in map(header_bytes, shards)))  # the size it has
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
     n = len(shards)
     names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
     weight_map = {t[0]: names[i] for i, s in enumerate(shards) for t in s}
     total = 0
     jobs = jobs or max(1, min(n, (os.cpu_count() or 2) // 2))
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
-        futs = [ex.submit(_write_shard, str(out / names[i]), s, seed * 1000003 + i) for i, s in enumerate(shards)]
-        for i, f in enumerate(futs):
-            total += f.result()
-            if progress:
-                progress(i + 1, n)
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
+            futs = [ex.submit(_write_shard, str(out / names[i]), s, seed * 1000003 + i) for i, s in enumerate(shards)]
+            try:
+                for i, f in enumerate(futs):
+                    total += f.result()
+                    if progress:
+                        progress(i + 1, n)
+            except BaseException:
+                ex.shutdown(cancel_futures=True)  # shards not started never start; running ones end
+                raise
+    except BaseException:
+        for name in names:
+            (out / name).unlink(missing_ok=True)
+            (out / (name + ".partial")).unlink(missing_ok=True)
+        if made and not any(out.iterdir()):
+            out.rmdir()
+        raise
     index = {"metadata": {"total_size": total, "generator": "ccbridge make-checkpoint", "seed": seed},
              "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
