@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from ccbridge import ui
 from ccbridge.env import EMULATION_VAR
-from ccbridge.errors import EmulatorError  # noqa: F401 - part of this module's API
+from ccbridge.errors import EmulatorError, UsageError
 from ccbridge.emulate.profiles import Profile
 
 CONFIG_VAR = "CCBRIDGE_EMU_CONFIG"
+TRACE_MAX = 512  # the interposer's trace path buffer (emu.h), with its terminating NUL
 
 
 def library() -> str:
@@ -43,22 +46,44 @@ def environment(profile: Profile, config_path: str, base: dict[str, str] | None 
     return env
 
 
-def run(profile: Profile, cmd: list[str], trace: str | None = None) -> int:
-    """Run cmd under the emulator; its exit status."""
+def check(profile: Profile, cmd: list[str], trace: str | None = None) -> None:
+    """Everything run() needs, checked before anything starts: a command that can be
+    executed, a trace folder, the library, libcrypto when the profile emulates."""
     if not cmd:
         raise EmulatorError("no command given: ccbridge run --profile NAME -- CMD [ARGS...]")
+    exe = cmd[0] if os.sep in cmd[0] else shutil.which(cmd[0])
+    if exe is None or not os.path.exists(exe):
+        raise EmulatorError(f"command not found: {cmd[0]}")
+    if os.path.isdir(exe):
+        raise EmulatorError(f"{cmd[0]} is a folder, not a program")
+    if not os.access(exe, os.X_OK):
+        raise EmulatorError(f"{cmd[0]} is not executable")
+    if trace:
+        check_trace(trace)
+    library()
     if profile.emulates:
         check_libcrypto()
-    if trace:
-        trace = str(Path(trace).resolve())
-        Path(trace).parent.mkdir(parents=True, exist_ok=True)
+
+
+def check_trace(trace: str) -> str:
+    """The absolute trace prefix; its folder must exist (it is not made) and take files."""
+    prefix = str(Path(trace).resolve())
+    ui.writable_file(prefix, "trace prefix")
+    if len(prefix) + len(".4294967295.summary.json") >= TRACE_MAX:
+        raise UsageError(f"trace prefix {trace}: longer than the interposer's {TRACE_MAX}-byte limit")
+    return prefix
+
+
+def run(profile: Profile, cmd: list[str], trace: str | None = None) -> int:
+    """Run cmd under the emulator; its exit status."""
+    check(profile, cmd, trace)
     with tempfile.TemporaryDirectory(prefix="ccbridge-emu-") as tmp:
         cfg = Path(tmp) / "profile.conf"
-        cfg.write_text(profile.config_text(trace))
+        cfg.write_text(profile.config_text(check_trace(trace) if trace else None))
         try:
             return subprocess.call(cmd, env=environment(profile, str(cfg)))
-        except FileNotFoundError:
-            raise EmulatorError(f"command not found: {cmd[0]}") from None
+        except OSError as e:  # checked above; what is left: it changed since, or exec refused it
+            raise EmulatorError(f"cannot run {cmd[0]}: {e.strerror or e}") from None
         except KeyboardInterrupt:
             return 130
 

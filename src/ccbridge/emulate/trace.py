@@ -8,6 +8,8 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from ccbridge.errors import ResultFileError
+
 
 @dataclass
 class TraceSummary:
@@ -21,30 +23,37 @@ class TraceSummary:
 
 
 def summarize(prefix: str) -> TraceSummary:
-    """Fold every <prefix>.<pid>.summary.json and .csv into one summary."""
+    """Fold every <prefix>.<pid>.summary.json and .csv into one summary; ResultFileError
+    naming the file and the line for one the emulator did not write."""
     s = TraceSummary()
     for path in sorted(glob.glob(f"{glob.escape(prefix)}.*.summary.json")):
         try:
-            d = json.loads(open(path).read())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"unreadable trace summary {path}: {e}") from None
+            with open(path) as f:
+                d = json.load(f)
+            for k, v in d.get("calls", {}).items():
+                s.calls[k] += v
+            for k, v in d.get("crossings", {}).items():
+                agg = s.crossings.setdefault(k, {"count": 0, "bytes": 0, "blocked_ns": 0})
+                for name in agg:
+                    agg[name] += v.get(name, 0)
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError, RecursionError) as e:
+            raise ResultFileError(f"unreadable trace summary {path}: {e}") from None
         s.processes += 1
-        for k, v in d.get("calls", {}).items():
-            s.calls[k] += v
-        for k, v in d.get("crossings", {}).items():
-            agg = s.crossings.setdefault(k, {"count": 0, "bytes": 0, "blocked_ns": 0})
-            for f in agg:
-                agg[f] += v.get(f, 0)
     for path in sorted(glob.glob(f"{glob.escape(prefix)}.*.csv")):
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                key = (row["api"], row["dir"], row["mem"])
-                agg = s.by_api.setdefault(key, {"count": 0, "bytes": 0, "blocked_ns": 0, "stream_wait_ns": 0, "channel_wait_ns": 0})
-                agg["count"] += 1
-                agg["bytes"] += int(row["bytes"])
-                agg["blocked_ns"] += int(row["t_return_ns"]) - int(row["t_enter_ns"])
-                agg["stream_wait_ns"] += int(row["blocked_stream_ns"])
-                agg["channel_wait_ns"] += int(row["blocked_channel_ns"])
+        line = 1
+        try:
+            with open(path, newline="") as f:
+                for line, row in enumerate(csv.DictReader(f), start=2):
+                    key = (row["api"], row["dir"], row["mem"])
+                    agg = s.by_api.setdefault(key, {"count": 0, "bytes": 0, "blocked_ns": 0, "stream_wait_ns": 0,
+                                                    "channel_wait_ns": 0})
+                    agg["count"] += 1
+                    agg["bytes"] += int(row["bytes"])
+                    agg["blocked_ns"] += int(row["t_return_ns"]) - int(row["t_enter_ns"])
+                    agg["stream_wait_ns"] += int(row["blocked_stream_ns"])
+                    agg["channel_wait_ns"] += int(row["blocked_channel_ns"])
+        except (OSError, UnicodeDecodeError, csv.Error, KeyError, ValueError, TypeError) as e:
+            raise ResultFileError(f"unreadable trace {path}, line {line}: {type(e).__name__}: {e}") from None
     return s
 
 
