@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from ccbridge.emulate.profiles import Profile
+from ccbridge.errors import ProfileError, UsageError
 from ccbridge.results import Result, Row
 
 PROBE_TESTS = "transfer,smallcopy,semantics,launch,compute,concurrency,lifecycle"
@@ -126,7 +127,7 @@ def profile_checks(profile: Profile, native: Result, emulated: Result) -> list[C
     out = []
     for tid, t in profile.targets.items():
         if tid not in TARGETS:
-            raise ValueError(f"profile {profile.name}: target {tid!r} has no calibration rule (known: {', '.join(TARGETS)})")
+            raise ProfileError(f"profile {profile.name}: target {tid!r} has no calibration rule (known: {', '.join(TARGETS)})")
         what, get = TARGETS[tid]
         v = get(native, emulated)
         ok = None if v is None else abs(v / t.value - 1) <= t.tolerance
@@ -160,9 +161,9 @@ def law_checks(emulated: Result) -> list[Check]:
 
 def evaluate(profile: Profile, native: Result, emulated: Result) -> list[Check]:
     if not emulated.emulated:
-        raise ValueError("the 'emulated' result was not made under the emulator (its env stamp says native)")
+        raise UsageError("the 'emulated' result was not made under the emulator (its env stamp says native)")
     if native.emulated:
-        raise ValueError("the 'native' result was made under the emulator")
+        raise UsageError("the 'native' result was made under the emulator")
     return profile_checks(profile, native, emulated) + law_checks(emulated)
 
 

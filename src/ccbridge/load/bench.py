@@ -213,10 +213,10 @@ def render(report: dict, ceiling: float | None = None) -> str:
 
 def probe_ceiling(result_path: str) -> float:
     """The best aggregate H2D bandwidth of a probe result (concurrency family), GB/s."""
-    from ccbridge.results import load as load_result
+    from ccbridge.results import ResultFileError, load as load_result
 
     res = load_result(result_path)
     best = [r.median for r in res.rows if r.test == "concurrency.scaling" and r.params.get("dir") == "h2d"]
     if not best:
-        raise ValueError(f"{result_path} has no concurrency.scaling H2D rows: run `ccbridge probe --tests concurrency`")
+        raise ResultFileError(f"{result_path} has no concurrency.scaling H2D rows: run `ccbridge probe --tests concurrency`")
     return max(best)

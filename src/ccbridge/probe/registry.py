@@ -13,6 +13,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from ccbridge.errors import UsageError
 from ccbridge.results import Result, Row
 
 NEEDS = ("gpu", "torch", "multi_gpu")
@@ -53,14 +54,34 @@ def select(spec: str | None) -> list[Test]:
     _load_families()
     if not spec:
         return list(REGISTRY.values())
+    known = ", ".join(sorted({t.family for t in REGISTRY.values()} | set(REGISTRY)))
+    words = [w.strip() for w in spec.split(",") if w.strip()]
+    if not words:
+        raise UsageError(f"--tests {spec!r} names no test; known: {known}")
     chosen: list[Test] = []
-    for word in (w.strip() for w in spec.split(",") if w.strip()):
+    for word in words:
         hits = [t for t in REGISTRY.values() if t.name == word or t.family == word]
         if not hits:
-            known = ", ".join(sorted({t.family for t in REGISTRY.values()} | set(REGISTRY)))
-            raise ValueError(f"no probe test or family named {word!r}; known: {known}")
+            raise UsageError(f"no probe test or family named {word!r}; known: {known}")
         chosen += [t for t in hits if t not in chosen]
     return chosen
+
+
+def check_device(device: int) -> None:
+    """Refuse a device index the machine does not have, before a run. Device 0 on a
+    machine without a GPU is the CPU-only run (the GPU families are skipped)."""
+    from ccbridge import native
+
+    if device < 0:
+        raise UsageError(f"--device {device}: a device index is 0 or more")
+    if device == 0:
+        return
+    try:
+        count, why = native.device_count(), ""
+    except native.GpuError as e:
+        count, why = 0, f" (no usable GPU: {e})"
+    if device >= count:
+        raise UsageError(f"--device {device}: {count} GPU(s) visible{why}")
 
 
 @dataclass
