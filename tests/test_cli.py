@@ -83,9 +83,9 @@ def test_profiles_lists_and_explains(capsys):
 
 def test_run_refuses_unknown_profile_and_empty_command(capsys):
     assert main(["run", "--profile", "b999", "--", "true"]) == 2
-    assert "unknown profile" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith("ccbridge run: unknown profile")  # not "ccbridge ['--', 'true']:"
     assert main(["run", "--profile", "b300"]) == 2
-    assert "no command given" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith("ccbridge run: no command given")
 
 
 def test_run_starts_the_program_labelled_and_passes_its_status(capsys, tmp_path):

@@ -10,6 +10,58 @@ import sys
 from pathlib import Path
 
 from ccbridge import __version__, ui
+from ccbridge.errors import UsageError
+
+
+# secure/bench.py's DTYPES and models, named here so that argparse refuses others
+# without importing torch (tests/test_cli_fuzz.py checks the two agree).
+SECURE_DTYPES = ["float", "half", "bfloat16", "double", "int32", "int64", "uint8"]
+SECURE_MODELS = ["resnet50", "bert-large", "gpt2-large"]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors read like every other: one line `ccbridge CMD: reason`, exit 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _checked(parse):
+    """An argparse type from a parser that raises UsageError, so that argparse names the option."""
+    def conv(text):
+        try:
+            return parse(text)
+        except UsageError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    conv.__name__ = parse.__name__
+    return conv
+
+
+def _size(text: str) -> int:
+    from ccbridge.load.synth import parse_size
+
+    return parse_size(text)
+
+
+def _device_spec(text: str) -> str:
+    from ccbridge.load.loader import check_device
+
+    return check_device(text)
+
+
+def _int(lo: int, hi: int | None = None):
+    """An argparse type: an integer in lo..hi (no upper bound when hi is None)."""
+    def integer(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise UsageError(f"not an integer: {text!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise UsageError(f"expected {lo}..{hi}, got {v}" if hi is not None else f"expected at least {lo}, got {v}")
+        return v
+
+    return _checked(integer)
 
 
 def _write_reports(res, out: Path) -> list[Path]:
@@ -50,18 +102,19 @@ def cmd_probe(args) -> int:
     from ccbridge.findings import shown
     from ccbridge.probe import registry
 
-    if args.profile:
-        return _probe_under(args)
     if args.list:
         for t in registry.select(None):
             needs = f" (needs {', '.join(t.needs)})" if t.needs else ""
             print(f"{t.name:<24} {t.title}{needs}")
         return 0
-    try:
-        tests = registry.select(args.tests)
-    except ValueError as e:
-        print(f"ccbridge probe: {e}", file=sys.stderr)
-        return 2
+    if args.trace and not args.profile:
+        raise UsageError("--trace records the emulator's crossings: it needs --profile")
+    # Everything a run needs is checked before it starts: a run can take many minutes.
+    tests = registry.select(args.tests)
+    registry.check_device(args.device)
+    out = ui.writable_folder(args.out or Path("ccbridge-results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"), "--out")
+    if args.profile:
+        return _probe_under(args, out)
     console = Console(stderr=True)
     console.print(f"ccbridge probe: {len(tests)} tests, {'quick' if args.quick else 'full'} suite, device {args.device}")
     stamp = env.stamp()
@@ -72,7 +125,6 @@ def cmd_probe(args) -> int:
     settings = registry.Settings(device=args.device, quick=args.quick, tests=args.tests)
     with ProbeProgress(len(tests), console) as progress:
         res = registry.run(settings, stamp, progress)
-    out = Path(args.out) if args.out else Path("ccbridge-results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     paths = _write_reports(res, out)
     console.print()
     for f in shown(res):
@@ -88,24 +140,26 @@ def cmd_probe(args) -> int:
     return 0
 
 
-def _probe_under(args) -> int:
+def _probe_under(args, out: Path) -> int:
     """The probe again, in a child process started under the emulator."""
     from ccbridge.emulate import launcher, profiles
 
     prof = profiles.load(args.profile)
-    rest = ["probe", "--device", str(args.device)]
+    rest = ["probe", "--device", str(args.device), "--out", str(out)]
     rest += ["--quick"] if args.quick else []
     rest += ["--tests", args.tests] if args.tests else []
-    rest += ["--out", args.out] if args.out else []
+    cmd = launcher.python_cmd(*rest)
+    launcher.check(prof, cmd, args.trace)
     print(launcher.banner(prof), file=sys.stderr)
-    return launcher.run(prof, launcher.python_cmd(*rest), trace=args.trace)
+    return launcher.run(prof, cmd, trace=args.trace)
 
 
 def cmd_run(args) -> int:
     from ccbridge.emulate import launcher, profiles, trace
 
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    cmd = args.program[1:] if args.program[:1] == ["--"] else args.program
     prof = profiles.load(args.profile)
+    launcher.check(prof, cmd, args.trace)
     print(launcher.banner(prof), file=sys.stderr)
     rc = launcher.run(prof, cmd, trace=args.trace)
     if args.trace:
@@ -139,23 +193,23 @@ def cmd_calibrate(args) -> int:
     from ccbridge.emulate import calibrate, launcher, profiles
 
     prof = profiles.load(args.profile)
-    out = Path(args.out) if args.out else Path("ccbridge-results") / f"calibrate-{prof.name}-{dt.datetime.now():%Y%m%d-%H%M%S}"
-    native_path, emu_path = args.native, args.emulated
+    out = ui.writable_folder(args.out or Path("ccbridge-results") / f"calibrate-{prof.name}-{dt.datetime.now():%Y%m%d-%H%M%S}",
+                             "--out")
+    # Given results are read first: a bad one fails now, not after a probe run of minutes.
+    given = {k: results.load(p) for k, p in (("native", args.native), ("emulated", args.emulated)) if p}
     probe = ["probe", "--tests", calibrate.PROBE_TESTS, "--device", str(args.device)] + ([] if args.full else ["--quick"])
-    if not native_path:
+    if "emulated" not in given:
+        launcher.check(prof, launcher.python_cmd())
+    if "native" not in given:
         print("ccbridge calibrate: native probe run", file=sys.stderr)
-        native_path = str(out / "native" / "result.json")
         subprocess.call(launcher.python_cmd(*probe, "--out", str(out / "native")))
-    if not emu_path:
+        given["native"] = results.load(out / "native" / "result.json")
+    if "emulated" not in given:
         print(f"ccbridge calibrate: emulated probe run ({launcher.banner(prof)})", file=sys.stderr)
-        emu_path = str(out / "emulated" / "result.json")
         launcher.run(prof, launcher.python_cmd(*probe, "--out", str(out / "emulated")))
-    native, emulated = results.load(native_path), results.load(emu_path)
-    try:
-        checks = calibrate.evaluate(prof, native, emulated)
-    except ValueError as e:  # results labelled the wrong way round, or a target without a rule
-        print(f"ccbridge calibrate: {e}", file=sys.stderr)
-        return 2
+        given["emulated"] = results.load(out / "emulated" / "result.json")
+    native, emulated = given["native"], given["emulated"]
+    checks = calibrate.evaluate(prof, native, emulated)
     md = calibrate.render(prof, checks, native, emulated)
     out.mkdir(parents=True, exist_ok=True)
     (out / "calibration.md").write_text(md)
@@ -168,14 +222,9 @@ def cmd_calibrate(args) -> int:
 def cmd_trace(args) -> int:
     from ccbridge.emulate import trace
 
-    try:
-        s = trace.summarize(args.prefix)
-    except ValueError as e:
-        print(f"ccbridge trace: {e}", file=sys.stderr)
-        return 2
+    s = trace.summarize(args.prefix)
     if not s.processes and not s.by_api:
-        print(f"ccbridge trace: no trace files {args.prefix}.<pid>.csv / .summary.json", file=sys.stderr)
-        return 2
+        raise UsageError(f"no trace files {args.prefix}.<pid>.csv or .summary.json")
     print(trace.render(s))
     return 0
 
@@ -183,8 +232,8 @@ def cmd_trace(args) -> int:
 def cmd_report(args) -> int:
     from ccbridge import results
 
+    out = ui.writable_folder(args.out or Path(args.result).parent, "--out")
     res = results.load(args.result)
-    out = Path(args.out) if args.out else Path(args.result).parent
     for p in _write_reports(res, out)[1:]:
         print(p)
     return 0
@@ -193,12 +242,12 @@ def cmd_report(args) -> int:
 def cmd_compare(args) -> int:
     from ccbridge import compare, results
 
+    out = ui.writable_folder(args.out, "--out") if args.out else None
     base, other = results.load(args.base), results.load(args.other)
     c = compare.compare(base, other)
     md = compare.render_markdown(c)
     print(md)
-    if args.out:
-        out = Path(args.out)
+    if out:
         out.mkdir(parents=True, exist_ok=True)
         (out / "compare.md").write_text(md)
         (out / "compare.html").write_text(compare.render_html(c))
@@ -211,16 +260,21 @@ def cmd_compare(args) -> int:
 
 def cmd_load(args) -> int:
     from ccbridge import env
-    from ccbridge.load import bench, loader, synth
+    from ccbridge.load import bench, checkpoint, loader
 
+    if not args.bench and (args.json or args.ceiling):
+        raise UsageError("--json and --ceiling go with --bench")
+    if args.json:
+        ui.writable_file(args.json, "--json")
+    checkpoint.resolve(args.paths)  # the paths exist and none is given twice, before torch is imported
+    ceiling = bench.probe_ceiling(args.ceiling) if args.ceiling else None
     try:
         import torch  # noqa: F401
     except ImportError:
         print("ccbridge load: needs torch (pip install torch)", file=sys.stderr)
         return 2
     overrides = {k: v for k, v in dict(workers=args.workers, contexts=args.contexts, staging=args.staging,
-                                       chunk_bytes=synth.parse_size(args.chunk) if args.chunk else None,
-                                       buffers=args.buffers).items() if v is not None}
+                                       chunk_bytes=args.chunk, buffers=args.buffers).items() if v is not None}
     emu = env.emulation_info()
     label = f"EMULATED CC bridge (profile {emu['profile']}): not a CC hardware measurement" if emu.get("active") else None
     if label:
@@ -229,7 +283,6 @@ def cmd_load(args) -> int:
         rep = bench.run(args.paths, args.device, args.repeat, overrides,
                         log=lambda m: print(f"ccbridge load: {m}", file=sys.stderr))
         rep["emulation"] = label
-        ceiling = bench.probe_ceiling(args.ceiling) if args.ceiling else None
         rep["ceiling_gbps"] = ceiling
         print(bench.render(rep, ceiling))
         if args.json:
@@ -256,9 +309,8 @@ def cmd_load(args) -> int:
 def cmd_make_checkpoint(args) -> int:
     from ccbridge.load import synth
 
-    total, shard = synth.parse_size(args.size), synth.parse_size(args.shard_size)
     with ui.count_progress("writing shards") as step:
-        files = synth.make_checkpoint(args.out, total, shard, seed=args.seed, progress=step)
+        files = synth.make_checkpoint(args.out, args.size, args.shard_size, seed=args.seed, progress=step)
     size = sum(Path(f).stat().st_size for f in files)
     print(f"wrote {len(files)} shards, {size / 2**30:.2f} GiB, and model.safetensors.index.json to {args.out}")
     return 0
@@ -277,13 +329,15 @@ def _secure_ready(cmd: str) -> bool:
 
 
 def cmd_collectives(args) -> int:
-    from ccbridge.load.synth import parse_size
-
+    if args.maxbytes < args.minbytes:
+        raise UsageError(f"-e/--maxbytes ({args.maxbytes}) is smaller than -b/--minbytes ({args.minbytes})")
+    if args.json:
+        ui.writable_file(args.json, "--json")
     if not _secure_ready("collectives"):
         return 2
     from ccbridge.secure import bench
 
-    res = bench.collectives(args.op, parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor, args.dtype,
+    res = bench.collectives(args.op, args.minbytes, args.maxbytes, args.stepfactor, args.dtype,
                             args.iters, args.warmup, args.ngpus, args.backend, args.transport)
     print(f"# ccbridge collectives: {args.op} on {res['nranks']} GPUs, backend {res['backend']}, transport "
           f"{res['transport']}, {args.iters} iterations (each encrypted op ends with a host wait)")
@@ -294,13 +348,16 @@ def cmd_collectives(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.maxbytes < args.minbytes:
+        raise UsageError(f"-e/--maxbytes ({args.maxbytes}) is smaller than -b/--minbytes ({args.minbytes})")
+    if args.json:
+        ui.writable_file(args.json, "--json")
     if not _secure_ready("bench"):
         return 2
-    from ccbridge.load.synth import parse_size
     from ccbridge.secure import bench
 
     if args.what == "cipher":
-        res = bench.cipher(bench.sizes(parse_size(args.minbytes), parse_size(args.maxbytes), 4), args.iters)
+        res = bench.cipher(bench.sizes(args.minbytes, args.maxbytes, 4), args.iters)
         print(bench.render_cipher(res))
     else:
         res = {"runs": []}
@@ -314,9 +371,11 @@ def cmd_bench(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="ccbridge", description="Measure the CPU<->GPU bridge of GPU confidential computing.")
+    ap = _Parser(prog="ccbridge", description="Measure the CPU<->GPU bridge of GPU confidential computing.")
     ap.add_argument("--version", action="version", version=f"ccbridge {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    # dest "command": a subcommand's own arguments must not reuse the name (run's program did).
+    sub = ap.add_subparsers(dest="command", required=True)
+    size, device_index = _checked(_size), _int(0)
 
     p = sub.add_parser("env", help="print the environment stamp (GPUs, driver, CC state, TEE, CPU crypto)")
     p.add_argument("--json", action="store_true", help="the raw stamp as JSON")
@@ -325,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("probe", help="measure the bridge; writes result.json, report.md, report.html")
     p.add_argument("--tests", help="comma list of test or family names (see --list); default all")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (under a minute)")
-    p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    p.add_argument("--device", type=device_index, default=0, help="CUDA device index (default 0)")
     p.add_argument("--out", help="output folder (default ccbridge-results/<timestamp>)")
     p.add_argument("--list", action="store_true", help="list the registered tests and exit")
     p.add_argument("--profile", help="run the probe under the emulator with this profile (see `ccbridge profiles`)")
@@ -334,8 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a program under the emulated CC bridge: ccbridge run --profile b300 -- CMD")
     p.add_argument("--profile", required=True, help="profile name or .json path (see `ccbridge profiles`)")
-    p.add_argument("--trace", help="record every crossing to TRACE.<pid>.csv and a summary per process")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    p.add_argument("--trace", help="record every crossing to TRACE.<pid>.csv and a summary per process "
+                                   "(TRACE's folder must exist)")
+    p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]", help="the program to run")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("profiles", help="list emulator profiles; with NAME, each parameter and its source")
@@ -347,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--native", help="use this native result.json instead of running the probe")
     p.add_argument("--emulated", help="use this emulated result.json instead of running the probe")
     p.add_argument("--full", action="store_true", help="full probe suite instead of --quick")
-    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--device", type=device_index, default=0)
     p.add_argument("--out", help="output folder (default ccbridge-results/calibrate-<profile>-<timestamp>)")
     p.set_defaults(fn=cmd_calibrate)
 
@@ -366,36 +426,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="also write compare.md and compare.html here")
     p.set_defaults(fn=cmd_compare)
 
+    from ccbridge.load.engine import MAX_BUFS, MAX_WORKERS  # the pool's own limits, refused before it sees them
+
     p = sub.add_parser("load", help="load safetensors to the GPU through ccbridge's pool; --bench compares loaders")
     p.add_argument("paths", nargs="+", help=".safetensors files, a checkpoint directory or its index json")
-    p.add_argument("--device", default="cuda:0", help="cuda:N or cpu (default cuda:0)")
+    p.add_argument("--device", type=_checked(_device_spec), default="cuda:0", help="cuda, cuda:N or cpu (default cuda:0)")
     p.add_argument("--bench", action="store_true", help="compare with safetensors and fastsafetensors on the same files")
-    p.add_argument("--repeat", type=int, default=3, help="with --bench: loads per loader (default 3)")
+    p.add_argument("--repeat", type=_int(1), default=3, help="with --bench: loads per loader (default 3)")
     p.add_argument("--ceiling", help="with --bench: a probe result.json whose best multi-worker H2D is the ceiling")
     p.add_argument("--json", help="with --bench: write the full report here")
-    p.add_argument("--workers", type=int, help="worker threads (default: by CC state or emulation profile)")
-    p.add_argument("--contexts", type=int, help="contexts of the pool's own; 0 = the primary context")
+    p.add_argument("--workers", type=_int(1, MAX_WORKERS), help="worker threads (default: by CC state or emulation profile)")
+    p.add_argument("--contexts", type=_int(0, MAX_WORKERS), help="contexts of the pool's own; 0 = the primary context")
     p.add_argument("--staging", choices=["pinned", "pageable"], help="host staging buffers")
-    p.add_argument("--chunk", help="bytes per read and copy, e.g. 16MiB")
-    p.add_argument("--buffers", type=int, help="staging buffers per worker")
+    p.add_argument("--chunk", type=size, help="bytes per read and copy, e.g. 16MiB")
+    p.add_argument("--buffers", type=_int(1, MAX_BUFS), help="staging buffers per worker")
     p.set_defaults(fn=cmd_load)
 
     p = sub.add_parser("make-checkpoint", help="write a synthetic large-model checkpoint of random bytes")
     p.add_argument("out", help="output directory")
-    p.add_argument("--size", default="32GiB", help="total size (default 32GiB)")
-    p.add_argument("--shard-size", default="4GiB", help="shard size (default 4GiB)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--size", type=size, default="32GiB", help="total size (default 32GiB)")
+    p.add_argument("--shard-size", type=size, default="4GiB", help="shard size (default 4GiB)")
+    p.add_argument("--seed", type=_int(0), default=0)
     p.set_defaults(fn=cmd_make_checkpoint)
 
     p = sub.add_parser("collectives", help="nccl-tests style table: plaintext vs encrypted collectives (spawns one rank per GPU)")
     p.add_argument("--op", default="all_reduce", choices=["all_reduce", "all_gather", "reduce_scatter", "broadcast"])
-    p.add_argument("-b", "--minbytes", default="8", help="smallest size (default 8)")
-    p.add_argument("-e", "--maxbytes", default="256M", help="largest size (default 256M)")
-    p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier (default 2)")
-    p.add_argument("-d", "--dtype", default="float", help="float, half, bfloat16, double, int32, int64, uint8")
-    p.add_argument("-n", "--iters", type=int, default=20)
-    p.add_argument("-w", "--warmup", type=int, default=5)
-    p.add_argument("-g", "--ngpus", type=int, help="ranks (default: every GPU)")
+    p.add_argument("-b", "--minbytes", type=size, default="8", help="smallest size (default 8)")
+    p.add_argument("-e", "--maxbytes", type=size, default="256M", help="largest size (default 256M)")
+    p.add_argument("-f", "--stepfactor", type=_int(2), default=2, help="size multiplier, at least 2 (default 2)")
+    p.add_argument("-d", "--dtype", default="float", choices=SECURE_DTYPES)
+    p.add_argument("-n", "--iters", type=_int(1), default=20)
+    p.add_argument("-w", "--warmup", type=_int(0), default=5)
+    p.add_argument("-g", "--ngpus", type=_int(2), help="ranks, at least 2 (default: every GPU)")
     p.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
     p.add_argument("--transport", default="default", choices=["default", "sockets"],
                    help="sockets: NCCL without P2P or shared memory, a stand-in for crossing nodes")
@@ -404,13 +466,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks of the encrypted collectives: ddp (training iterations) or cipher")
     p.add_argument("what", choices=["ddp", "cipher"])
-    p.add_argument("--models", nargs="+", default=["resnet50", "bert-large", "gpt2-large"])
-    p.add_argument("--ngpus", type=int, nargs="+", default=[2, 4], help="world sizes (default 2 4)")
-    p.add_argument("--buckets", type=int, nargs="+", default=[25, 100, 400, 800], help="bucket_cap_mb sweep for the encrypted runs")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("-b", "--minbytes", default="1M", help="cipher: smallest size")
-    p.add_argument("-e", "--maxbytes", default="1G", help="cipher: largest size")
+    p.add_argument("--models", nargs="+", default=["resnet50", "bert-large", "gpt2-large"], choices=SECURE_MODELS)
+    p.add_argument("--ngpus", type=_int(2), nargs="+", default=[2, 4], help="world sizes, each at least 2 (default 2 4)")
+    p.add_argument("--buckets", type=_int(1), nargs="+", default=[25, 100, 400, 800],
+                   help="bucket_cap_mb sweep for the encrypted runs")
+    p.add_argument("--iters", type=_int(1), default=10)
+    p.add_argument("--warmup", type=_int(0), default=3)
+    p.add_argument("-b", "--minbytes", type=size, default="1M", help="cipher: smallest size")
+    p.add_argument("-e", "--maxbytes", type=size, default="1G", help="cipher: largest size")
     p.add_argument("--json", help="write the rows here")
     p.set_defaults(fn=cmd_bench)
     return ap
@@ -419,9 +482,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from ccbridge.errors import CCBridgeError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would blame the top-level parser; the words belong to the subcommand
+        parser.exit(2, f"ccbridge {args.command}: unrecognized arguments: {' '.join(extra)} "
+                       f"(see ccbridge {args.command} --help)\n")
     try:
         return args.fn(args)
     except CCBridgeError as e:  # say why, lose nothing
-        print(f"ccbridge {args.cmd}: {e}", file=sys.stderr)
+        print(f"ccbridge {args.command}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # whatever was half-written has been removed on the way out
+        print(f"ccbridge {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,334 @@
+"""Bad input at the command line: one clear line, exit 2, nothing left behind.
+
+Each case runs the real CLI in a subprocess (`python -m ccbridge.cli`, cwd the
+shared fixture folder) and asserts what a user sees: exit status 2; stderr
+exactly one line, `ccbridge CMD: reason`, holding the expected fragment;
+nothing on stdout; no traceback; and the fixture folder exactly as it was
+(no output folder, .partial file or check folder left), plus any path the
+case names as absent. argparse's own errors are held to the same format: the
+CLI's parser prints them as one line too (`ccbridge CMD: argument --x: ...
+(see ccbridge CMD --help)`).
+
+The cases need no GPU: argument checks run before the GPU is looked for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import DATA
+
+TIMEOUT_S = 60  # a hang fails its case instead of blocking the run
+
+
+def _safetensors(header_text: bytes, data: bytes = b"") -> bytes:
+    return struct.pack("<Q", len(header_text)) + header_text + data
+
+
+def _profile(**change) -> str:
+    """The b300 profile with parameters changed (value ... removes one), as JSON text."""
+    from ccbridge.emulate import profiles
+
+    doc = json.loads((Path(profiles.__file__).parent / "profiles" / "b300.json").read_text())
+    for key, value in change.items():
+        if value is ...:
+            del doc["params"][key]
+        else:
+            doc["params"][key]["value"] = value
+    return json.dumps(doc)  # NaN and Infinity go out as JSON's tokens for them
+
+
+def _result(**change) -> str:
+    """A real result (tests/data) with fields changed at dotted paths (value ... removes one)."""
+    doc = json.loads((DATA / "h100-native-full.json").read_text())
+    for where, value in change.items():
+        *parents, last = where.split("__")
+        node = doc
+        for k in parents:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        key = int(last) if isinstance(node, list) else last
+        if value is ...:
+            del node[key]
+        else:
+            node[key] = value
+    return json.dumps(doc)
+
+
+FILES = {
+    "good.json": lambda: (DATA / "h100-native-full.json").read_text(),
+    "rows_not_list.json": lambda: _result(rows={"a": 1}),
+    "row_not_dict.json": lambda: _result(rows__0="row"),
+    "median_text.json": lambda: _result(rows__0__median="fast"),
+    "median_nan.json": lambda: _result(rows__0__median=math.nan),
+    "no_unit.json": lambda: _result(rows__0__unit=...),
+    "params_list.json": lambda: _result(rows__0__params=[1]),
+    "settings_list.json": lambda: _result(settings=[]),
+    "quick_text.json": lambda: _result(settings__quick="yes"),
+    "skipped_bad.json": lambda: _result(skipped=[{"test": "x"}]),
+    "emulation_bad.json": lambda: _result(env__emulation=True),
+    "active_bad.json": lambda: _result(env__emulation__active="no"),
+    "p_nan.json": lambda: _profile(h2d_toll_us=math.nan),
+    "p_inf.json": lambda: _profile(d2h_toll_us=math.inf),
+    "p_huge.json": lambda: _profile(sync_toll_us=1e300),
+    "p_neg.json": lambda: _profile(h2d_pinned_gbps=-1),
+    "p_lanes.json": lambda: _profile(lanes=2.5),
+    "p_ratio.json": lambda: _profile(launch_ratio=0.5),
+    "p_text.json": lambda: _profile(chunk_bytes="big"),
+    "p_bool.json": lambda: _profile(emulate=True),
+    "p_missing.json": lambda: _profile(lanes=...),
+    "p_unknown.json": lambda: _profile()[:-1] + ', "extra": 1}',
+    "p_unknown_param.json": lambda: _profile().replace('"lanes"', '"warps"'),
+    "p_broken.json": lambda: _profile()[:-5],
+    "ok.safetensors": lambda: _safetensors(b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\x01"),
+    "deep.safetensors": lambda: _safetensors(b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+    "surrogate.safetensors": lambda: _safetensors(b'{"a\\ud800":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\x01"),
+    "rank.safetensors": lambda: _safetensors(json.dumps({"a": {"dtype": "U8", "shape": [1] * 10**6,
+                                                               "data_offsets": [0, 1]}}).encode(), b"\x01"),
+    "notexec": lambda: "#!/bin/sh\necho hi\n",
+    "afile": lambda: "a file where a folder is expected\n",
+    "tr.1.csv": lambda: "api,dir,mem,bytes\ncuMemcpyHtoD,h2d,pinned,lots\n",
+    "ts.1.summary.json": lambda: "{not json",
+}
+
+
+@pytest.fixture(scope="module")
+def d(tmp_path_factory) -> Path:
+    """One folder of malformed inputs shared by every case (each case must leave it as it was)."""
+    root = tmp_path_factory.mktemp("fuzz")
+    for name, make in FILES.items():
+        content = make()
+        (root / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    (root / "folder").mkdir()
+    return root
+
+
+def _no_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
+def _terabyte_fits() -> bool:
+    return shutil.disk_usage("/tmp").free > 2**40 + (1 << 30)
+
+
+# (argv with {d} for the fixture folder, expected fragment of the one stderr line[, extra]).
+# extra: absent = paths that must not exist after the case; skip = a precondition callable.
+CASES = [
+    # every subcommand, argparse's own errors included, says which subcommand it was
+    (["env", "--bogus"], "unrecognized arguments: --bogus (see ccbridge env --help)"),
+    (["probe", "--quick", "extra"], "unrecognized arguments: extra"),
+    (["load"], "the following arguments are required: paths"),
+    # probe: checked before the run starts (a run takes minutes)
+    (["probe", "--tests", ","], "--tests ',' names no test; known: compute"),
+    (["probe", "--tests", "nope"], "no probe test or family named 'nope'"),
+    (["probe", "--out", "/proc/forbidden", "--tests", "hostcrypto"], "--out /proc/forbidden: cannot write in /proc"),
+    (["probe", "--out", "{d}/afile/out", "--tests", "hostcrypto"], "--out {d}/afile/out: {d}/afile is not a folder"),
+    (["probe", "--device", "-1"], "argument --device: expected at least 0, got -1"),
+    (["probe", "--device", "99"], "--device 99: "),
+    (["probe", "--device", "x"], "argument --device: not an integer: 'x'"),
+    (["probe", "--trace", "{d}/t"], "--trace records the emulator's crossings: it needs --profile"),
+    (["probe", "--profile", "nosuch"], "unknown profile 'nosuch'"),
+    (["probe", "--profile", "passthrough", "--trace", "/nonexistent/dir/t"],
+     "the folder /nonexistent/dir does not exist", {"absent": ["/nonexistent"]}),
+    # run
+    (["run", "--profile", "b300", "--", "{d}/notexec"], "{d}/notexec is not executable"),
+    (["run", "--profile", "b300", "--", "nosuch-command-4c1e"], "command not found: nosuch-command-4c1e"),
+    (["run", "--profile", "b300"], "no command given: ccbridge run --profile NAME -- CMD"),
+    (["run", "--profile", "b300", "--"], "no command given"),
+    (["run", "--profile", "b300", "--", "{d}/folder"], "{d}/folder is a folder, not a program"),
+    (["run", "--profile", "b300", "--trace", "/nonexistent/dir/t", "--", "true"],
+     "trace prefix /nonexistent/dir/t: the folder /nonexistent/dir does not exist", {"absent": ["/nonexistent"]}),
+    (["run", "--profile", "b300", "--trace", "{d}/folder/sub/t", "--", "true"],
+     "the folder {d}/folder/sub does not exist"),
+    (["run", "--profile", "{d}/p_nan.json", "--", "true"], "parameter h2d_toll_us = nan: expected a number in [0, 10000000]"),
+    (["run"], "the following arguments are required: --profile"),
+    # profiles: every value finite and in range, files well-formed
+    (["profiles", "nosuch"], "unknown profile 'nosuch'; known: b300"),
+    (["profiles", "{d}/p_inf.json"], "parameter d2h_toll_us = inf: expected a number in [0, 10000000] (us)"),
+    (["profiles", "{d}/p_huge.json"], "parameter sync_toll_us = 1e+300"),
+    (["profiles", "{d}/p_neg.json"], "parameter h2d_pinned_gbps = -1: expected a number in [0, 10000] (GB/s)"),
+    (["profiles", "{d}/p_lanes.json"], "parameter lanes = 2.5: expected a whole number in [1, 64]"),
+    (["profiles", "{d}/p_ratio.json"], "parameter launch_ratio = 0.5: expected a number in [1, 1000]"),
+    (["profiles", "{d}/p_text.json"], "parameter chunk_bytes = 'big': expected a whole number in [4096, 1073741824]"),
+    (["profiles", "{d}/p_bool.json"], "parameter emulate = True"),
+    (["profiles", "{d}/p_missing.json"], "missing parameters lanes"),
+    (["profiles", "{d}/p_unknown.json"], "unknown fields extra"),
+    (["profiles", "{d}/p_unknown_param.json"], "unknown parameter 'warps'"),
+    (["profiles", "{d}/p_broken.json"], "p_broken.json: not valid JSON"),
+    (["profiles", "{d}/nope.json"], "{d}/nope.json: no such profile file"),
+    (["profiles", "{d}/folder/"], "cannot read the profile"),
+    # compare and report: results validated field by field on load
+    (["compare", "{d}/good.json", "{d}/rows_not_list.json"], "rows_not_list.json: field 'rows' must be a list, not dict"),
+    (["compare", "{d}/row_not_dict.json", "{d}/good.json"], "rows[0] must be an object, not str"),
+    (["compare", "{d}/good.json", "{d}/median_text.json"], "rows[0] field 'median' missing or of the wrong type"),
+    (["compare", "{d}/good.json", "{d}/median_nan.json"], "rows[0] field 'median'"),
+    (["compare", "{d}/good.json", "{d}/no_unit.json"], "rows[0] field 'unit' missing"),
+    (["compare", "{d}/good.json", "{d}/params_list.json"], "rows[0] field 'params'"),
+    (["compare", "{d}/good.json", "{d}/settings_list.json"], "field 'settings' must be an object, not list"),
+    (["compare", "{d}/good.json", "{d}/quick_text.json"], "settings.quick must be of type bool"),
+    (["compare", "{d}/good.json", "{d}/skipped_bad.json"], "skipped[0] field 'reason'"),
+    (["compare", "{d}/good.json", "{d}/emulation_bad.json"], "env.emulation must be an object, not bool"),
+    (["compare", "{d}/good.json", "{d}/active_bad.json"], "env.emulation.active must be true or false"),
+    (["compare", "{d}/good.json", "{d}/folder"], "{d}/folder: is a folder; pass the result.json in it"),
+    (["compare", "{d}/good.json", "{d}/good.json", "--out", "/proc/forbidden"], "--out /proc/forbidden: cannot write in /proc"),
+    (["report", "{d}/median_text.json", "--out", "{d}/rep"], "median_text.json: rows[0] field 'median'",
+     {"absent": ["{d}/rep"]}),
+    (["report", "{d}/folder"], "is a folder; pass the result.json in it"),
+    (["report", "{d}/good.json", "--out", "/proc/forbidden"], "--out /proc/forbidden: cannot write in /proc"),
+    # calibrate: given results read first, the output folder checked first
+    (["calibrate", "--profile", "b300", "--native", "{d}/missing.json"], "{d}/missing.json: no such file"),
+    (["calibrate", "--profile", "b300", "--native", "{d}/good.json", "--emulated", "{d}/rows_not_list.json"],
+     "field 'rows' must be a list"),
+    (["calibrate", "--profile", "b300", "--native", "{d}/good.json", "--emulated", "{d}/good.json"],
+     "the 'emulated' result was not made under the emulator"),
+    (["calibrate", "--profile", "b300", "--native", "{d}/good.json", "--out", "/proc/forbidden"],
+     "--out /proc/forbidden: cannot write in /proc"),
+    (["calibrate", "--profile", "nosuch"], "unknown profile 'nosuch'"),
+    # trace
+    (["trace", "{d}/none"], "no trace files {d}/none.<pid>.csv or .summary.json"),
+    (["trace", "/nonexistent/dir/t"], "no trace files /nonexistent/dir/t.<pid>.csv"),
+    (["trace", "{d}/tr"], "unreadable trace {d}/tr.1.csv, line 2"),
+    (["trace", "{d}/ts"], "unreadable trace summary {d}/ts.1.summary.json"),
+    # collectives and bench: arguments checked before the GPU is looked for
+    (["collectives", "-b", "foo"], "argument -b/--minbytes: not a size: 'foo'; expected a positive number"),
+    (["collectives", "-b", "1M", "-e", "1K"], "-e/--maxbytes (1024) is smaller than -b/--minbytes (1048576)"),
+    (["collectives", "-e", "0"], "argument -e/--maxbytes: size '0' is under one byte"),
+    (["collectives", "-f", "1"], "argument -f/--stepfactor: expected at least 2, got 1"),
+    (["collectives", "-f", "0"], "argument -f/--stepfactor: expected at least 2, got 0"),
+    (["collectives", "-n", "0"], "argument -n/--iters: expected at least 1, got 0"),
+    (["collectives", "-w", "-1"], "argument -w/--warmup: expected at least 0, got -1"),
+    (["collectives", "-g", "0"], "argument -g/--ngpus: expected at least 2, got 0"),
+    (["collectives", "-d", "float128"], "argument -d/--dtype: invalid choice: 'float128'"),
+    (["collectives", "--json", "/proc/forbidden/c.json"], "--json /proc/forbidden/c.json: the folder /proc/forbidden does not exist"),
+    (["collectives", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
+    (["bench", "cipher", "-b", "foo"], "argument -b/--minbytes: not a size: 'foo'"),
+    (["bench", "cipher", "-b", "1G", "-e", "1M"], "-e/--maxbytes (1048576) is smaller than -b/--minbytes"),
+    (["bench", "ddp", "--ngpus", "0"], "argument --ngpus: expected at least 2, got 0"),
+    (["bench", "ddp", "--buckets", "-1"], "argument --buckets: expected at least 1, got -1"),
+    (["bench", "ddp", "--models", "alexnet"], "argument --models: invalid choice: 'alexnet'"),
+    # load
+    (["load", "--device", "nosuch", "{d}/ok.safetensors"], "argument --device: device must be cpu, cuda or cuda:N"),
+    (["load", "--device", "cuda:-1", "{d}/ok.safetensors"], "argument --device: device must be cpu, cuda or cuda:N"),
+    (["load", "--device", "cpu", "{d}/ok.safetensors", "{d}/ok.safetensors"], "{d}/ok.safetensors is given twice"),
+    (["load", "--device", "cpu", "{d}/missing"], "{d}/missing: no such file or directory"),
+    (["load", "--device", "cpu", "{d}/folder"], "{d}/folder: empty checkpoint"),
+    (["load", "--chunk", "foo", "{d}/ok.safetensors"], "argument --chunk: not a size: 'foo'"),
+    (["load", "--workers", "0", "{d}/ok.safetensors"], "argument --workers: expected 1..64, got 0"),
+    (["load", "--workers", "100", "{d}/ok.safetensors"], "argument --workers: expected 1..64, got 100"),
+    (["load", "--buffers", "9", "{d}/ok.safetensors"], "argument --buffers: expected 1..8, got 9"),
+    (["load", "--json", "{d}/r.json", "{d}/ok.safetensors"], "--json and --ceiling go with --bench"),
+    (["load", "--bench", "--json", "/proc/forbidden/r.json", "{d}/ok.safetensors"], "--json /proc/forbidden/r.json: "),
+    (["load", "--bench", "--ceiling", "{d}/median_text.json", "{d}/ok.safetensors"], "rows[0] field 'median'"),
+    (["load", "--device", "cpu", "{d}/deep.safetensors"], "deep.safetensors: not JSON: nested deeper than the JSON parser",
+     {"skip": _no_torch}),
+    (["load", "--device", "cpu", "{d}/surrogate.safetensors"], "not UTF-8: 'a\\ud800' holds an unpaired surrogate escape",
+     {"skip": _no_torch}),
+    (["load", "--device", "cpu", "{d}/rank.safetensors"], "shape: tensor 'a': 1000000 dimensions; at most 64 are accepted",
+     {"skip": _no_torch}),
+    (["load", "--device", "cpu", "--contexts", "3", "--workers", "2", "{d}/ok.safetensors"],
+     "contexts must be 0..workers (2), got 3", {"skip": _no_torch}),
+    # make-checkpoint: sizes, folder and free space checked before the first byte
+    (["make-checkpoint", "{d}/mc", "--size", "-1"], "argument --size: not a size: '-1'", {"absent": ["{d}/mc"]}),
+    (["make-checkpoint", "{d}/mc", "--size", "nan"], "argument --size: not a size: 'nan'"),
+    (["make-checkpoint", "{d}/mc", "--size", "0"], "argument --size: size '0' is under one byte"),
+    (["make-checkpoint", "{d}/mc", "--size", "1" + "0" * 400], "is too large (the limit is 2^63 bytes)"),
+    (["make-checkpoint", "{d}/mc", "--shard-size", "4GiBs"], "argument --shard-size: not a size: '4GiBs'"),
+    (["make-checkpoint", "{d}/mc", "--size", "1TB"], "not enough free space in {d}/mc: the checkpoint needs 931.32 GiB",
+     {"skip": _terabyte_fits, "absent": ["{d}/mc"]}),
+    (["make-checkpoint", "{d}/mc", "--size", "1000TB"], "not enough free space in {d}/mc", {"absent": ["{d}/mc"]}),
+    (["make-checkpoint", "/proc/forbidden/mc", "--size", "1M"], "output folder /proc/forbidden/mc: cannot write in /proc"),
+    (["make-checkpoint", "{d}/afile", "--size", "1M"], "output folder {d}/afile: {d}/afile is not a folder"),
+    (["make-checkpoint", "{d}/mc", "--seed", "-1"], "argument --seed: expected at least 0, got -1"),
+]
+
+
+def _tree(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size if p.is_file() else -1 for p in root.rglob("*")}
+
+
+def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ccbridge.cli", *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[" ".join(c[0])[:60] for c in CASES])
+def test_bad_input_is_one_clear_line(d, case):
+    argv, fragment, extra = case[0], case[1], (case[2] if len(case) > 2 else {})
+    if extra.get("skip", lambda: False)():
+        pytest.skip(f"precondition {extra['skip'].__name__} holds here")
+    argv = [a.replace("{d}", str(d)) for a in argv]
+    fragment = fragment.replace("{d}", str(d))
+    before = _tree(d)
+    r = run_cli(argv, d)
+    lines = r.stderr.splitlines()
+    assert "Traceback" not in r.stdout + r.stderr, r.stderr
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"ccbridge {argv[0]}: "), r.stderr
+    assert fragment in lines[0]
+    assert r.stdout == ""
+    assert _tree(d) == before  # nothing made, nothing removed: no output folder, .partial or check folder
+    for path in extra.get("absent", []):
+        assert not Path(path.replace("{d}", str(d))).exists()
+
+
+def test_run_is_named_run_and_passes_the_status(tmp_path):
+    """`run` errors used to be prefixed with the program's argv (one dest for two things)."""
+    r = run_cli(["run", "--profile", "passthrough", "--", sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path)
+    assert r.returncode == 3 and "Traceback" not in r.stderr
+
+
+def test_secure_dtypes_match_the_bench():
+    """The CLI names secure/bench.py's dtypes so that argparse refuses others without importing torch."""
+    pytest.importorskip("torch")
+    from ccbridge import cli
+    from ccbridge.secure import bench
+
+    assert sorted(cli.SECURE_DTYPES) == sorted(bench.DTYPES)
+
+
+def test_interrupted_make_checkpoint_leaves_nothing(tmp_path):
+    """Ctrl-C mid-write (SIGINT to the whole process group): one line, exit 130, no shard, no .partial, no folder."""
+    out = tmp_path / "ckpt"
+    p = subprocess.Popen([sys.executable, "-m", "ccbridge.cli", "make-checkpoint", str(out), "--size", "2GiB",
+                          "--shard-size", "256MiB"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not list(tmp_path.rglob("*.partial")) and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert p.poll() is None, "the write ended before it could be interrupted"
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=TIMEOUT_S)
+    assert p.returncode == 130 and err.strip() == "ccbridge make-checkpoint: interrupted", err
+    assert not out.exists()
+
+
+def test_a_failed_shard_write_removes_its_partial(tmp_path, monkeypatch):
+    from ccbridge.load import synth
+
+    def disk_full(tmp, tensors, seed):
+        Path(tmp).write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(synth, "_stream", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        synth._write_shard(str(tmp_path / "s.safetensors"), [], 0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_python_dash_m_ccbridge_cli_runs_main():
+    r = subprocess.run([sys.executable, "-m", "ccbridge.cli", "--version"], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert r.returncode == 0 and r.stdout.startswith("ccbridge ")
