@@ -26,7 +26,7 @@ typedef struct { uintptr_t base; size_t size; int type; } falloc;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static falloc allocs[4096];
 static int nallocs;
-static fstream default_stream = {(CUcontext)1, 0, 0};
+static fstream default_stream = {.ctx = (CUcontext)1};
 static uintptr_t next_ctx = 2;
 static __thread CUcontext t_cur = (CUcontext)1;
 static __thread CUcontext t_stack[16];
