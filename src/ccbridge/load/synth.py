@@ -167,8 +167,9 @@ def _stream(tmp: str, tensors, seed: int) -> int:
     return len(head) + data_len
 
 
-def _check_space(out: Path, need: int) -> None:
-    free = shutil.disk_usage(ui.nearest_existing(out)).free
+def _check_space(out: Path, need: int, replaced: list[Path]) -> None:
+    """need bytes fit, counting as free the files this call writes over (a rerun into the same folder)."""
+    free = shutil.disk_usage(ui.nearest_existing(out)).free + sum(f.stat().st_size for f in replaced if f.is_file())
     if need + KEEP_FREE > free:
         raise UsageError(f"not enough free space in {out}: the checkpoint needs {need / GiB:.2f} GiB and "
                          f"{KEEP_FREE / GiB:.2f} GiB are kept free, {free / GiB:.2f} GiB are free")
@@ -186,13 +187,14 @@ def make_checkpoint(out_dir: str | os.PathLike, total_bytes: int, shard_bytes: i
     if total_bytes < 1 or shard_bytes < 1:
         raise UsageError(f"sizes must be positive: total {total_bytes}, shard {shard_bytes} bytes")
     out = ui.writable_folder(out_dir, "output folder")
-    _check_space(out, total_bytes)  # the size asked, before a layout of a size that will not fit is built
+    # The size asked first, before a layout of a size that will not fit is built; then the size it has.
+    _check_space(out, total_bytes, list(out.glob("model-*.safetensors")))
     shards = shard(layout(total_bytes, hidden), shard_bytes)
-    _check_space(out, sum(len(h) + d for h, d in map(header_bytes, shards)))  # the size it has
-    made = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
     n = len(shards)
     names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    _check_space(out, sum(len(h) + d for h, d in map(header_bytes, shards)), [out / nm for nm in names])
+    made = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
     weight_map = {t[0]: names[i] for i, s in enumerate(shards) for t in s}
     total = 0
     jobs = jobs or max(1, min(n, (os.cpu_count() or 2) // 2))
