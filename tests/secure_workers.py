@@ -160,6 +160,13 @@ def scenario_correctness(rank, n, dev):
         t = torch.zeros(100 + rank, device=dev)
         g.recv(t, 0)
         assert torch.equal(t, _data(torch.float32, 100 + rank, rank, dev)), "send/recv"
+    for bad in (rank, n, -1):  # itself or no rank of the group: refused before anything moves
+        try:
+            g.send(torch.zeros(4, device=dev), bad)
+        except ValueError as e:
+            assert "not another rank" in str(e)
+        else:
+            raise AssertionError(f"send to peer {bad} was accepted")
 
 
 class _Tap:
@@ -222,8 +229,17 @@ def _expect_integrity_error(fn, what):
     raise AssertionError(f"{what}: no IntegrityError on this rank")
 
 
+def _fails_then_refuses(g, fn, what):
+    """fn raises IntegrityError on this rank, and the group is then fail-stop."""
+    _expect_integrity_error(fn, what)
+    try:
+        g.all_reduce(torch.zeros(4, device=g.device))
+    except secure.PeerError:
+        return
+    raise AssertionError(f"{what}: the group was used again after an authentication failure")
+
+
 def scenario_integrity(rank, n, dev):
-    g = _group(dev)
     x = _data(torch.float32, 50000, rank, dev)
 
     def flip(offset_from_end=None):
@@ -235,14 +251,14 @@ def scenario_integrity(rank, n, dev):
 
     # a flipped bit in ciphertext, then in a tag, at rank 1 only: every rank raises
     for what, alter in [("ciphertext bit", flip()), ("tag bit", flip(0))]:
-        y = x.clone()
+        g, y = _group(dev), x.clone()
         with _Tap(alter if rank == 1 else None):
-            _expect_integrity_error(lambda: g.all_reduce(y), what)
-    # the group is still usable afterwards
-    y, ref = x.clone(), x.clone()
+            _fails_then_refuses(g, lambda: g.all_reduce(y), what)
+    # a new group on the same transport works
+    g, y, ref = _group(dev), x.clone(), x.clone()
     g.all_reduce(y)
     dist.all_reduce(ref)
-    assert _close(y, ref, torch.float32, n), "clean all_reduce after failures"
+    assert _close(y, ref, torch.float32, n), "clean all_reduce in a new group after failures"
 
     # replay: rank 1 sends, in a later collective, what it sent in an earlier one
     recorded = {}
@@ -259,9 +275,11 @@ def scenario_integrity(rank, n, dev):
         g.all_reduce(y)
     y = x.clone()
     with _Tap(replay if rank == 1 else None):
-        _expect_integrity_error(lambda: g.all_reduce(y), "replayed message")
+        _fails_then_refuses(g, lambda: g.all_reduce(y), "replayed message")
 
     # reorder: swap two chunks (ciphertext and tags) of rank 1's first message
+    g = _group(dev)
+
     def swap(t, i, kind):
         if i == 0:
             lo, hi = g._segments(50000, 4)[1]  # rank 1's first message: its segment 1
@@ -278,16 +296,16 @@ def scenario_integrity(rank, n, dev):
 
     y = x.clone()
     with _Tap(swap if rank == 1 else None):
-        _expect_integrity_error(lambda: g.all_reduce(y), "reordered chunks")
+        _fails_then_refuses(g, lambda: g.all_reduce(y), "reordered chunks")
 
     # a failure in a broadcast's last hop still reaches every rank
     def last_hop(t, i, kind):
         if i == 0:
             t[0] ^= 0x80
 
-    b = x.clone()
+    g, b = _group(dev), x.clone()
     with _Tap(last_hop if rank == n - 2 else None):
-        _expect_integrity_error(lambda: g.broadcast(b, 0), "broadcast tampered on its last hop")
+        _fails_then_refuses(g, lambda: g.broadcast(b, 0), "broadcast tampered on its last hop")
 
     # wrong key on one rank: every rank refuses the session before any data moves
     try:
@@ -438,11 +456,11 @@ def scenario_sessions(rank, n, dev):
 
     y = x.clone()
     with _Tap(replay_data if rank == 0 else None):
-        _expect_integrity_error(lambda: b.all_reduce(y), "session A's data replayed into session B")
-    y, ref = x.clone(), x.clone()
-    b.all_reduce(y)
+        _fails_then_refuses(b, lambda: b.all_reduce(y), "session A's data replayed into session B")
+    c, y, ref = _group(dev), x.clone(), x.clone()
+    c.all_reduce(y)
     dist.all_reduce(ref)
-    assert _close(y, ref, torch.float32, n), "clean all_reduce after the replay"
+    assert _close(y, ref, torch.float32, n), "clean all_reduce in a new session after the replay"
 
 
 # ---- attacks that leave the transport out of step (one spawn each, see _verdict) ----

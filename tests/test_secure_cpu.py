@@ -151,6 +151,12 @@ WEAK = {
     "32 hex digits read as ASCII": os.urandom(16).hex().encode(),
     "a counting pattern": bytes(range(32)),
     "a short period": bytes([1, 2, 3, 4, 5, 6, 7, 8] * 4),
+    "two equal halves": bytes.fromhex("8f3a91c2d45e67b0193f2ac8e57d0b64") * 2,
+    "a counting run after random bytes": bytes.fromhex("9c1e77a05b3fd2686e41c8") + bytes(range(40, 61)),
+    "bytes rising by two": bytes(range(0, 64, 2)),
+    "a password and its newline": b"correct-horse-battery-staple-42\n",
+    "text with a tab": b"my\tsecret passphrase for the job",
+    "a UTF-8 passphrase": "geheimes Passwort für Jöbs!!!".encode(),
 }
 
 
@@ -176,6 +182,15 @@ def test_weak_or_ambiguous_key_material_is_refused_and_never_quoted(what, tmp_pa
         msg = str(e.value)
         for form in (m.hex(), m.hex().upper(), m.decode("latin-1"), repr(m)):
             assert form not in msg, f"{what}: the error quotes the key material"
+        # nor do the locals of ccbridge's frames it passed through (a traceback printed with its locals)
+        tb = e.tb
+        while tb is not None:
+            inside = "ccbridge" in tb.tb_frame.f_code.co_filename.replace("\\", "/").split("/")
+            for name, v in tb.tb_frame.f_locals.items() if inside else ():
+                if isinstance(v, (bytes, bytearray, str)) and len(v) >= 16:
+                    assert bytes(v.encode("latin-1") if isinstance(v, str) else v) not in (m, m.hex().encode()), \
+                        f"{what}: the material is in local {name!r} of {tb.tb_frame.f_code.co_name}"
+            tb = tb.tb_next
 
 
 def test_key_material_never_reaches_reprs_env_stamp_or_reports(monkeypatch):
@@ -206,18 +221,19 @@ def test_handshake_agrees_only_on_one_transcript():
     session = hs.transcript(ident, contribs)
     confirms = [hs.confirmation(secret, session, r) for r in range(3)]
     for me in range(3):
-        hs.verify(secret, session, confirms, me)
-    # a replayed contribution, another group's identity or name, another key: refused, naming who
+        hs.verify(confirms, confirms, me)
+    # a replayed contribution, another group's ranks or name: refused, naming who
     stale = hs.transcript(ident, [hs.fresh()] + contribs[1:])
     for other in (stale, hs.transcript(hs.identity([0, 1, 3], "job"), contribs),
                   hs.transcript(hs.identity([0, 1, 2], "job2"), contribs)):
+        assert other != session
         theirs = [hs.confirmation(secret, other, r) for r in range(3)]
         with pytest.raises(hs.HandshakeError, match=r"rank\(s\) 0, 2 does not match"):
-            hs.verify(secret, session, [theirs[0], confirms[1], theirs[2]], 1)
+            hs.verify(confirms, [theirs[0], confirms[1], theirs[2]], 1)
     with pytest.raises(hs.HandshakeError):  # the same transcript under another key
-        hs.verify(secret, session, [hs.confirmation(os.urandom(32), session, r) for r in range(3)], 0)
+        hs.verify(confirms, [hs.confirmation(os.urandom(32), session, r) for r in range(3)], 0)
     with pytest.raises(hs.HandshakeError):  # a rank's confirmation reflected as another's
-        hs.verify(secret, session, [confirms[0], confirms[0], confirms[2]], 0)
+        hs.verify(confirms, [confirms[0], confirms[0], confirms[2]], 0)
     with pytest.raises(hs.HandshakeError, match="wrong length"):
         hs.transcript(ident, [contribs[0][:-1]] + contribs[1:])
     assert len({hs.transcript(ident, [hs.fresh() for _ in range(3)]) for _ in range(100)}) == 100

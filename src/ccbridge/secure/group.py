@@ -93,12 +93,13 @@ class SecureWork:
         """timeout: seconds (default: the group's); PeerError when it passes."""
         if self._checked is None:
             if self._event is not None:
+                self.group._usable()  # a group broken earlier: its streams may never reach this event
                 self.group._poll(self._event.query, self.what, timeout)
-            bad = int(self._host[0])
-            self._checked = bad
+            self._checked = int(self._host[0])
         if self._checked:
-            raise IntegrityError(f"{self.what}: {self._checked} chunk(s) or status message(s) failed authentication "
-                                 "(tampered, replayed, reordered or truncated traffic, or mismatched keys)")
+            self.group._fail_integrity(f"{self.what}: {self._checked} chunk(s) or status message(s) failed "
+                                       "authentication (tampered, replayed, reordered or truncated traffic, or "
+                                       "mismatched keys)")
         return True
 
     def result(self):
@@ -151,8 +152,10 @@ class SecureGroup:
         ident = handshake.identity([self._global(r) for r in range(self.n)], name)
         session = handshake.transcript(ident, got)
         secret = self.provider.secret()
-        confirms = self._gather_host(handshake.confirmation(secret, session, self.rank), "session handshake")
-        handshake.verify(secret, session, confirms, self.rank)
+        expected = [handshake.confirmation(secret, session, r) for r in range(self.n)]
+        del secret  # out of the frames a handshake failure's traceback holds
+        confirms = self._gather_host(expected[self.rank], "session handshake")
+        handshake.verify(expected, confirms, self.rank)
         return session
 
     # ---- plumbing ----
@@ -196,13 +199,21 @@ class SecureGroup:
                             f"dead or messages were dropped ({first})")
             self._break(f"rank {self.rank}: {what}: the transport failed ({first})")
 
+    def _fail_integrity(self, why: str):
+        """An authentication failure is fail-stop: an attacker can show it to
+        some ranks only (the last message of any round can be altered on one
+        link), so a group that went on could leave ranks out of step; the
+        others fail at their next call (PeerError, within the deadline)."""
+        self._broken = f"an earlier collective failed authentication ({why})"
+        raise IntegrityError(f"{why}; this SecureGroup cannot be used again (destroy the process group)")
+
     def _break(self, why: str):
         self._broken = why
         raise PeerError(f"{why}; this SecureGroup cannot be used again (destroy the process group)")
 
     def _usable(self) -> None:
         if self._broken:
-            raise PeerError(f"this SecureGroup failed earlier and cannot be used again: {self._broken}")
+            raise PeerError(f"rank {self.rank}: this SecureGroup failed earlier and cannot be used again: {self._broken}")
 
     def _gather_host(self, data: bytes, what: str) -> list[bytes]:
         """All-gather a few bytes from every rank to this host, within the deadline."""
@@ -237,6 +248,9 @@ class SecureGroup:
     def _begin(self, nbytes: int):
         """Next sequence number; rotate the group key first if its budget would run out."""
         cost = 2 * self.n * max(nbytes, 1)
+        if cost > keymod.BYTES_PER_KEY:
+            raise ValueError(f"one collective of {nbytes} bytes on {self.n} ranks would encrypt more than one key "
+                             f"may ({keymod.BYTES_PER_KEY} bytes): split the tensor")
         if self.seq >= keymod.MAX_SEQ - 1 or self.used + cost > keymod.BYTES_PER_KEY:
             self.epoch, self.seq, self.used = self.epoch + 1, 0, 0
         seq = self.seq
@@ -502,6 +516,11 @@ class SecureGroup:
         return self._finish("broadcast", "broadcast", seq, cipher, fail, tensor)
 
     def _p2p_state(self, src: int, dst: int, nbytes: int):
+        peer = dst if src == self.rank else src
+        if not (0 <= peer < self.n) or peer == self.rank:
+            raise ValueError(f"peer {peer} is not another rank of this group of {self.n}")
+        if nbytes > keymod.BYTES_PER_KEY:
+            raise ValueError(f"a message of {nbytes} bytes is more than one key may encrypt: split the tensor")
         st = self._p2p.setdefault((src, dst), [0, 0, 0])
         if st[1] >= keymod.MAX_SEQ - 1 or st[2] + nbytes > keymod.BYTES_PER_KEY:
             st[:] = [st[0] + 1, 0, 0]

@@ -12,7 +12,9 @@ all ranks, authenticated under the long-term secret before any data moves.
 A rank whose view differs from anyone else's in any byte (a replayed or
 altered contribution, another group, another key) fails step 3 on both sides
 of the difference, so an attacker on the links can make the handshake fail
-but not make any rank accept a transcript it did not take part in. The
+but not make any rank accept a transcript it did not take part in. (An
+attacker who alters only a confirmation on one link makes only its receiver
+refuse; the others then fail at their first collective, within the deadline.) The
 transcript hash is the session: every key is derived from it
 (keys.KeyProvider), so a session's keys depend on every rank's fresh bytes.
 """
@@ -54,10 +56,11 @@ def confirmation(secret: bytes, session: bytes, rank: int) -> bytes:
     return hmac.new(key, PROTOCOL + b"/confirm" + struct.pack("<I", rank) + session, hashlib.sha256).digest()
 
 
-def verify(secret: bytes, session: bytes, confirmations: list[bytes], me: int) -> None:
-    """HandshakeError unless every rank's confirmation matches this rank's transcript."""
-    bad = [r for r, c in enumerate(confirmations)
-           if r != me and not hmac.compare_digest(c, confirmation(secret, session, r))]
+def verify(expected: list[bytes], confirmations: list[bytes], me: int) -> None:
+    """HandshakeError unless every other rank's confirmation is the one this
+    rank expects from its own transcript (expected[r] = confirmation(secret,
+    session, r); the caller computes them, so no secret sits in this frame)."""
+    bad = [r for r, (c, e) in enumerate(zip(confirmations, expected)) if r != me and not hmac.compare_digest(c, e)]
     if bad:
         raise HandshakeError(
             f"rank {me}: session handshake refused: the confirmation of rank(s) {', '.join(map(str, bad))} does not "

@@ -65,34 +65,67 @@ def hkdf(ikm: bytes, salt: bytes, info: bytes, length: int = KEY_BYTES) -> bytes
     return out[:length]
 
 
-def _check_strength(key: bytes, where: str) -> bytes:
-    """Refuse material that is plainly not 32 random bytes; the message never quotes it."""
-    why = None
+def _weakness(key: bytes) -> str | None:
+    """Why 32 bytes are plainly not random, or None. Each rule refuses a random
+    key with probability below 1e-12 (stated per rule)."""
+    diffs = [(key[i + 1] - key[i]) & 0xFF for i in range(KEY_BYTES - 1)]
+    run = longest = 1
+    for a, b in zip(diffs, diffs[1:]):
+        run = run + 1 if a == b else 1
+        longest = max(longest, run)
+    text = sum(0x20 <= b < 0x7F or b in b"\t\n\r" for b in key)
     if len(set(key)) == 1:
-        why = "every byte is the same"
-    elif len({(key[i + 1] - key[i]) & 0xFF for i in range(KEY_BYTES - 1)}) == 1:
-        why = "it is a counting pattern"
-    elif len(set(key)) < 16:  # 32 random bytes have ~30 distinct values; < 16 happens with p < 1e-12
-        why = f"it has only {len(set(key))} distinct byte values"
-    elif all(0x20 <= b < 0x7F for b in key):  # p = (95/256)^32 < 2e-14 for random bytes
-        why = "it is printable text (a password or an encoded key read as raw bytes?)"
-    if why:
-        raise KeyMaterialError(f"{where}: refused, {why}; use 32 random bytes, e.g. `openssl rand -hex 32`")
-    return key
+        return "every byte is the same"
+    if key[:16] == key[16:]:  # p = 2^-128
+        return "its two halves are equal"
+    if longest >= 8:  # 8 equal steps in a row: p < 2^-53
+        return "it holds a counting run"
+    if len(set(key)) < 16:  # 32 random bytes have ~30 distinct values: p < 1e-12
+        return f"it has only {len(set(key))} distinct byte values"
+    if text >= KEY_BYTES - 1:  # p < 33 * (98/256)^31 < 1e-11
+        return "it is text (a password, or an encoded key read as raw bytes?)"
+    try:
+        decoded = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if all(c.isprintable() or c in "\t\n\r" for c in decoded):  # valid UTF-8 with no control character: p < 1e-12
+        return "it is UTF-8 text (a passphrase?)"
+    return None
 
+
+def _refuse(where: str, why: str):
+    raise KeyMaterialError(f"{where}: refused, {why}; use 32 random bytes, e.g. `openssl rand -hex 32`")
+
+
+# The parsers delete their copies of the material before raising, so a
+# traceback printed with its frames' locals (pytest --showlocals, error
+# trackers) does not carry it; callers do the same with try/finally.
 
 def _parse_hex(text: str, where: str) -> bytes:
     t = text.strip()
     if len(t) != 2 * KEY_BYTES or any(c not in "0123456789abcdefABCDEF" for c in t):
-        raise KeyMaterialError(f"{where}: expected {2 * KEY_BYTES} hex digits (32 bytes), got {len(t)} characters"
-                               + ("" if len(t) != 2 * KEY_BYTES else " that are not all hex digits"))
-    return _check_strength(bytes.fromhex(t), where)
+        n = len(t)
+        del text, t
+        raise KeyMaterialError(f"{where}: expected {2 * KEY_BYTES} hex digits (32 bytes), got {n} characters"
+                               + ("" if n != 2 * KEY_BYTES else " that are not all hex digits"))
+    key = bytes.fromhex(t)
+    why = _weakness(key)
+    if why:
+        del text, t, key
+        _refuse(where, why)
+    return key
 
 
 def _parse_raw(data: bytes, where: str) -> bytes:
-    if len(data) != KEY_BYTES:
-        raise KeyMaterialError(f"{where}: expected exactly {KEY_BYTES} raw bytes, got {len(data)}")
-    return _check_strength(bytes(data), where)
+    n = len(data)
+    key = bytes(data)
+    why = f"expected exactly {KEY_BYTES} raw bytes, got {n}" if n != KEY_BYTES else _weakness(key)
+    if why:
+        del data, key
+        if n != KEY_BYTES:
+            raise KeyMaterialError(f"{where}: {why}")
+        _refuse(where, why)
+    return key
 
 
 class KeyProvider(ABC):
@@ -115,12 +148,16 @@ class StaticKey(KeyProvider):
     """Explicit key material: 32 raw bytes (bytes), or 64 hex digits (str)."""
 
     def __init__(self, material: bytes | str):
-        if isinstance(material, str):
-            self._key = _parse_hex(material, "key material")
-        elif isinstance(material, (bytes, bytearray, memoryview)):
-            self._key = _parse_raw(bytes(material), "key material")
-        else:
-            raise KeyMaterialError(f"key material must be bytes (32 raw) or str (64 hex digits), not {type(material).__name__}")
+        try:
+            if isinstance(material, str):
+                self._key = _parse_hex(material, "key material")
+            elif isinstance(material, (bytes, bytearray, memoryview)):
+                self._key = _parse_raw(bytes(material), "key material")
+            else:
+                raise KeyMaterialError(f"key material must be bytes (32 raw) or str (64 hex digits), "
+                                       f"not {type(material).__name__}")
+        finally:
+            del material
 
     def secret(self) -> bytes:
         return self._key
@@ -128,43 +165,52 @@ class StaticKey(KeyProvider):
 
 class FileKey(KeyProvider):
     """A secret in a file: 64 hex digits (text), or with raw=True exactly 32 raw
-    bytes; refused if group or others can read it."""
+    bytes; refused if group or others can read it. Read once, on first use, so
+    a key broker may remove the file once the job has started."""
 
     def __init__(self, path: str | os.PathLike, raw: bool = False):
-        self.path, self.raw = Path(path), raw
+        self.path, self.raw, self._key = Path(path), raw, None
 
     def secret(self) -> bytes:
+        if self._key is None:
+            self._key = self._read()
+        return self._key
+
+    def _read(self) -> bytes:
         try:
             st = self.path.stat()
             if not stat.S_ISREG(st.st_mode):
                 raise KeyMaterialError(f"key file {self.path}: not a regular file")
+            if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise KeyMaterialError(f"key file {self.path} is readable by group or others "
+                                       f"(mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it")
             data = self.path.read_bytes()
         except OSError as e:
             raise KeyMaterialError(f"key file {self.path}: {e.strerror}") from None
-        if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise KeyMaterialError(f"key file {self.path} is readable by group or others (mode {stat.S_IMODE(st.st_mode):o}); chmod 600 it")
         where = f"key file {self.path}"
-        if self.raw:
-            return _parse_raw(data, where)
         try:
-            text = data.decode("ascii")
-        except UnicodeDecodeError:
-            raise KeyMaterialError(f"{where}: not text; a text key file holds 64 hex digits "
-                                   "(for a 32-byte binary key use FileKey(path, raw=True))") from None
-        return _parse_hex(text, where)
+            if self.raw:
+                return _parse_raw(data, where)
+            if not data.isascii():
+                raise KeyMaterialError(f"{where}: not text; a text key file holds 64 hex digits "
+                                       "(for a 32-byte binary key use FileKey(path, raw=True))")
+            return _parse_hex(data.decode("ascii"), where)
+        finally:
+            del data
 
 
 class EnvKey(KeyProvider):
-    """A secret in an environment variable, as 64 hex digits."""
+    """A secret in an environment variable, as 64 hex digits; read once, on first use."""
 
     def __init__(self, var: str = ENV_VAR):
-        self.var = var
+        self.var, self._key = var, None
 
     def secret(self) -> bytes:
-        v = os.environ.get(self.var)
-        if not v:
-            raise KeyMaterialError(f"environment variable {self.var} is not set (64 hex digits of key material)")
-        return _parse_hex(v, f"${self.var}")
+        if self._key is None:
+            if not os.environ.get(self.var):
+                raise KeyMaterialError(f"environment variable {self.var} is not set (64 hex digits of key material)")
+            self._key = _parse_hex(os.environ[self.var], f"${self.var}")
+        return self._key
 
 
 def default_provider() -> KeyProvider:
