@@ -329,6 +329,19 @@ def test_a_failed_shard_write_removes_its_partial(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_while_writing_is_one_line(tmp_path):
+    """The output folder passed its check, then the disk filled (report.md is /dev/full)."""
+    shutil.copy(DATA / "h100-native-full.json", tmp_path / "r.json")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").symlink_to("/dev/full")
+    r = run_cli(["report", str(tmp_path / "r.json"), "--out", str(out)], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ccbridge report: No space left on device"), r.stderr
+
+
 def test_python_dash_m_ccbridge_cli_runs_main():
     r = subprocess.run([sys.executable, "-m", "ccbridge.cli", "--version"], capture_output=True, text=True, timeout=TIMEOUT_S)
     assert r.returncode == 0 and r.stdout.startswith("ccbridge ")

@@ -492,6 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     except CCBridgeError as e:  # say why, lose nothing
         print(f"ccbridge {args.command}: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the machine refused after the checks passed: a full disk, a lost mount
+        where = f": {e.filename}" if e.filename else ""
+        print(f"ccbridge {args.command}: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # whatever was half-written has been removed on the way out
         print(f"ccbridge {args.command}: interrupted", file=sys.stderr)
         return 130
