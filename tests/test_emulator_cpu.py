@@ -220,16 +220,42 @@ def test_capture_passes_copies_through_unpaced(lib):
     lib.ccbemu_fake_capture(s, 0)
 
 
-def test_launch_and_sync_tolls(lib):
-    init(lib, launch_ratio=4, sync_toll_us=500)
+def test_launch_toll_is_added_and_a_synchronize_pays_one_round_trip(lib):
+    init(lib, launch_toll_us=300, sync_toll_us=2000)
     s = lib.ccbemu_fake_stream()
-    k = 200
+    k = 50
     t = time.perf_counter()
     for _ in range(k):
         busy(lib, s, 0)
     per_launch = (time.perf_counter() - t) / k
-    assert per_launch >= 4 * 2e-6 * 0.9  # the fake's launch spins 2 us; x4
-    assert timed(lib.cuStreamSynchronize, s) >= 500e-6
+    assert 300e-6 <= per_launch < 300e-6 + 1e-3  # the fake's own launch is ~2 us: added, not multiplied
+    assert timed(lib.cuStreamSynchronize, s) >= 2e-3  # work was submitted: one round trip
+    assert timed(lib.cuStreamSynchronize, s) < 1e-3  # nothing new to wait for: none
+
+
+def test_a_d2h_crossing_is_a_round_trip(lib):
+    """The published 32-byte D2H (17 -> 40 us on B300) is a round trip, with or without a synchronize after it."""
+    init(lib, sync_toll_us=2000, d2h_toll_us=0, h2d_toll_us=0)
+    s = lib.ccbemu_fake_stream()
+    dev = lib.ccbemu_fake_alloc(64, DEVICE)
+    dst, _ = host(lib, 64, True)
+    for _ in range(3):
+        assert timed(lib.cuMemcpyDtoHAsync_v2, dst, dev, 32, s) >= 2e-3
+        assert timed(lib.cuStreamSynchronize, s) < 1e-3  # the copy was the round trip
+    src, _ = host(lib, 64, True, os.urandom(64))
+    assert timed(lib.cuMemcpyHtoDAsync_v2, dev, src, 32, s) < 1e-3  # an H2D is not a round trip...
+    assert timed(lib.cuStreamSynchronize, s) >= 2e-3  # ...but it is work a synchronize waits for
+
+
+def test_a_channel_never_beats_native_times_the_published_ratio(lib):
+    n = 1 << 20
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    src, _ = host(lib, n, True, os.urandom(n))
+    floor_s = n / (0.1e9 * 0.5)  # a slow host: 0.1 GB/s natively, x 0.5 published: 21 ms
+    init(lib, h2d_pinned_gbps=10, h2d_pinned_ratio=0.5, h2d_toll_us=0)  # native unknown: the profile's 10 GB/s
+    assert timed(lib.cuMemcpyHtoDAsync_v2, dev, src, n, None) < floor_s / 2
+    init(lib, h2d_pinned_gbps=10, h2d_pinned_ratio=0.5, native_h2d_pinned_gbps=0.1, h2d_toll_us=0)
+    assert timed(lib.cuMemcpyHtoDAsync_v2, dev, src, n, None) >= floor_s
 
 
 def test_host_register_is_refused_under_cc_and_allowed_in_passthrough(lib):

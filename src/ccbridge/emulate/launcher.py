@@ -13,6 +13,7 @@ from pathlib import Path
 from ccbridge import ui
 from ccbridge.env import EMULATION_VAR
 from ccbridge.errors import EmulatorError, UsageError
+from ccbridge.emulate import native_floor
 from ccbridge.emulate.profiles import Profile
 
 CONFIG_VAR = "CCBRIDGE_EMU_CONFIG"
@@ -79,7 +80,8 @@ def run(profile: Profile, cmd: list[str], trace: str | None = None) -> int:
     check(profile, cmd, trace)
     with tempfile.TemporaryDirectory(prefix="ccbridge-emu-") as tmp:
         cfg = Path(tmp) / "profile.conf"
-        cfg.write_text(profile.config_text(check_trace(trace) if trace else None))
+        floor = native_floor.measure() if profile.emulates else {}
+        cfg.write_text(profile.config_text(check_trace(trace) if trace else None, floor))
         try:
             return subprocess.call(cmd, env=environment(profile, str(cfg)))
         except OSError as e:  # checked above; what is left: it changed since, or exec refused it

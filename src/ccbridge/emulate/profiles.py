@@ -26,8 +26,12 @@ PARAMS: dict[str, tuple[str, str]] = {
     "d2h_system_gbps": ("GB/s", "machine-wide D2H ceiling shared by every context and process; 0: none"),
     "h2d_toll_us": ("us", "fixed cost of one H2D crossing (staging set-up)"),
     "d2h_toll_us": ("us", "fixed cost of one D2H crossing"),
-    "launch_ratio": ("x", "a kernel or graph launch costs this many times its native submission"),
-    "sync_toll_us": ("us", "added to each stream, event or context synchronize"),
+    "h2d_pinned_ratio": ("x", "published CC-on / CC-off pinned H2D bandwidth: a channel never beats this machine's native times this"),
+    "d2h_pinned_ratio": ("x", "published CC-on / CC-off pinned D2H bandwidth (the same floor)"),
+    "h2d_pageable_ratio": ("x", "published CC-on / CC-off pageable H2D bandwidth (the same floor)"),
+    "d2h_pageable_ratio": ("x", "published CC-on / CC-off pageable D2H bandwidth (the same floor)"),
+    "launch_toll_us": ("us", "added to each kernel or graph launch (CC-on minus CC-off, framework level)"),
+    "sync_toll_us": ("us", "one host-GPU round trip: added to a synchronize that waits for submitted work, and to every D2H crossing"),
     "ctx_create_s": ("s", "added to each context creation (secure context set-up)"),
     "ctx_destroy_s": ("s", "added to each context destruction"),
     "host_alloc_toll_us": ("us", "added to each pinned host allocation"),
@@ -49,7 +53,11 @@ RANGES: dict[str, tuple[float, float]] = {
     "d2h_system_gbps": (0, 1e4),
     "h2d_toll_us": (0, 1e7),  # up to 10 s per call
     "d2h_toll_us": (0, 1e7),
-    "launch_ratio": (1, 1000),  # a multiplier: CC never makes a launch cheaper
+    "h2d_pinned_ratio": (1e-3, 1),  # CC never makes a crossing faster
+    "d2h_pinned_ratio": (1e-3, 1),
+    "h2d_pageable_ratio": (1e-3, 1),
+    "d2h_pageable_ratio": (1e-3, 1),
+    "launch_toll_us": (0, 1e7),
     "sync_toll_us": (0, 1e7),
     "ctx_create_s": (0, 600),
     "ctx_destroy_s": (0, 600),
@@ -98,11 +106,11 @@ class Profile:
     def emulates(self) -> bool:
         return bool(self.params["emulate"].value)
 
-    def config_text(self, trace: str | None = None) -> str:
-        """The key=value text the interposer reads (CCBRIDGE_EMU_CONFIG)."""
+    def config_text(self, trace: str | None = None, native: dict[str, float] | None = None) -> str:
+        """The key=value text the interposer reads (CCBRIDGE_EMU_CONFIG); native:
+        this machine's measured bandwidths (native_floor.measure), the floor."""
         lines = [f"profile={self.name}"]
-        for key in PARAMS:
-            v = self.params[key].value
+        for key, v in [(k, self.params[k].value) for k in PARAMS] + sorted((native or {}).items()):
             lines.append(f"{key}={int(v) if float(v).is_integer() else v}")
         if trace:
             lines.append(f"trace={trace}")

@@ -288,13 +288,14 @@ static CUresult cross(const crossing *x) {
     }
     uint64_t toll = 0;
     if (rc == CUDA_SUCCESS) {
-        double gbps = cfg.chan_gbps[x->dir][x->mem];
+        double gbps = emu_chan_gbps(x->dir, x->mem);
         uint64_t end = emu_now();
         uint64_t paced = t_ready + (gbps > 0 ? emu_ns((double)x->bytes / gbps) : 0);
         if (paced > end) end = paced;
         if (bus_end > end) end = bus_end;
         toll = emu_ns(cfg.toll_ns[x->dir]);
         emu_wait_until(end + toll);
+        toll += x->dir == DIR_D2H ? emu_roundtrip(1) : (emu_work_submitted(), 0);
     }
     ticket_done(ch);
     emu_record r = {x->api, x->dir, x->mem, t_enter, emu_now(), t_ready - t_lock, t_lock - t_enter, toll,

@@ -10,7 +10,8 @@ emu_config cfg;
 void emu_config_defaults(emu_config *c) {
     memset(c, 0, sizeof *c);
     strcpy(c->profile, "passthrough");
-    c->launch_ratio = 1.0;
+    for (int d = 0; d < 2; d++)
+        for (int m = 0; m < 2; m++) c->cc_ratio[d][m] = 1.0;
     c->lanes = 1;
     c->chunk_bytes = 4u << 20;
 }
@@ -33,7 +34,11 @@ static const struct { const char *key; ktype t; size_t off; size_t cap; double m
     F("d2h_system_gbps", T_DOUBLE, system_gbps[DIR_D2H], 0, 1e4),
     F("h2d_toll_us", T_US, toll_ns[DIR_H2D], 0, 1e7),
     F("d2h_toll_us", T_US, toll_ns[DIR_D2H], 0, 1e7),
-    F("launch_ratio", T_DOUBLE, launch_ratio, 1, 1000),
+    F("h2d_pinned_ratio", T_DOUBLE, cc_ratio[DIR_H2D][MEM_PINNED], 1e-3, 1),
+    F("d2h_pinned_ratio", T_DOUBLE, cc_ratio[DIR_D2H][MEM_PINNED], 1e-3, 1),
+    F("h2d_pageable_ratio", T_DOUBLE, cc_ratio[DIR_H2D][MEM_PAGEABLE], 1e-3, 1),
+    F("d2h_pageable_ratio", T_DOUBLE, cc_ratio[DIR_D2H][MEM_PAGEABLE], 1e-3, 1),
+    F("launch_toll_us", T_US, launch_toll_ns, 0, 1e7),
     F("sync_toll_us", T_US, sync_toll_ns, 0, 1e7),
     F("ctx_create_s", T_S, ctx_create_ns, 0, 600),
     F("ctx_destroy_s", T_S, ctx_destroy_ns, 0, 600),
@@ -42,6 +47,11 @@ static const struct { const char *key; ktype t; size_t off; size_t cap; double m
     F("lanes", T_INT, lanes, 1, 64),
     F("chunk_bytes", T_SIZE, chunk_bytes, 4096, 1 << 30),
     STR("trace", trace),
+    /* machine facts measured by the launcher, not profile parameters */
+    F("native_h2d_pinned_gbps", T_DOUBLE, native_gbps[DIR_H2D][MEM_PINNED], 0, 1e4),
+    F("native_d2h_pinned_gbps", T_DOUBLE, native_gbps[DIR_D2H][MEM_PINNED], 0, 1e4),
+    F("native_h2d_pageable_gbps", T_DOUBLE, native_gbps[DIR_H2D][MEM_PAGEABLE], 0, 1e4),
+    F("native_d2h_pageable_gbps", T_DOUBLE, native_gbps[DIR_D2H][MEM_PAGEABLE], 0, 1e4),
 #undef F
 #undef STR
 };

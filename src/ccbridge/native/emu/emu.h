@@ -114,8 +114,10 @@ typedef struct {
     double chan_gbps[2][2];      /* [dir][mem] per-channel bandwidth, 0 = unpaced */
     double system_gbps[2];       /* [dir] machine-wide bridge, 0 = unshared */
     double toll_ns[2];           /* [dir] fixed cost per crossing */
-    double launch_ratio;         /* a launch call costs this many times its native call */
-    double sync_toll_ns;         /* per stream/event/context synchronize */
+    double cc_ratio[2][2];       /* [dir][mem] published CC-on / CC-off bandwidth: the floor against native */
+    double native_gbps[2][2];    /* [dir][mem] this machine's native bandwidth (launcher), 0 = unknown */
+    double launch_toll_ns;       /* added to each kernel or graph launch */
+    double sync_toll_ns;         /* one host-GPU round trip: a synchronize that waits for work, a D2H */
     double ctx_create_ns, ctx_destroy_ns;
     double host_alloc_toll_ns;   /* per pinned host allocation */
     int refuse_host_register;    /* cuMemHostRegister -> CUDA_ERROR_NOT_SUPPORTED */
@@ -148,6 +150,17 @@ uint64_t emu_bus_reserve(int dir, uint64_t ns);
  * "8 worker contexts in 5.20 s" does. */
 #define EMU_LIFECYCLE 2
 void emu_bus_local(void);
+
+/* One channel's bandwidth: the profile's, but never above this machine's
+ * native bandwidth times the published CC-on/CC-off ratio, so a host whose
+ * native path is slow still shows the CC tax. 0 = not paced. */
+double emu_chan_gbps(int dir, int mem);
+/* Host-GPU round trips under CC (sync_toll): launches and crossings mark work
+ * submitted; a synchronize pays a round trip only if work was submitted since
+ * the last one, and a D2H crossing always pays one (the host waits for the
+ * GPU and the bytes). Returns the ns it waited. */
+void emu_work_submitted(void);
+uint64_t emu_roundtrip(int always);
 
 /* ---- cipher and lanes (cipher.c) ---- */
 int emu_cipher_load(char *err, size_t errlen);

@@ -514,18 +514,15 @@ DEF_BATCH_V1(cuMemcpyBatchAsync_ptsz, PT)
 DEF_BATCH_V2(cuMemcpyBatchAsync_v2, AS_IS)
 DEF_BATCH_V2(cuMemcpyBatchAsync_v2_ptsz, PT)
 
-/* ---- launches: a toll proportional to the native submission; a graph pays once ----
- * The native cost is this call's own time, capped at twice a running average,
- * so that a call the OS happened to preempt is not charged again, multiplied. */
-static double g_launch_avg_ns; /* racy updates are harmless: it is an estimate */
-static CUresult launch_toll(CUresult rc, uint64_t t0, CUstream st) {
-    if (rc != CUDA_SUCCESS || !cfg.emulate || cfg.launch_ratio <= 1.0) return rc;
-    double dt = (double)(emu_now() - t0), avg = g_launch_avg_ns;
-    if (emu_capturing(st)) return rc;
-    double native = avg > 0 && dt > 2 * avg ? 2 * avg : dt;
-    g_launch_avg_ns = avg > 0 ? 0.99 * avg + 0.01 * dt : dt;
-    /* the whole call, our own checks included, lasts ratio x the native submission */
-    emu_wait_until(t0 + emu_ns(cfg.launch_ratio * native));
+/* ---- launches: a fixed toll added to each launch; a graph pays once ----
+ * Additive, as the published figures are (CC-on minus CC-off per launch,
+ * measured at the framework level): a multiple of this machine's driver
+ * submission would scale with a cost CC does not add to. A launch being
+ * captured into a graph is not submitted, so it pays nothing. */
+static CUresult launch_toll(CUresult rc, CUstream st) {
+    if (rc != CUDA_SUCCESS || !cfg.emulate || emu_capturing(st)) return rc;
+    emu_work_submitted();
+    if (cfg.launch_toll_ns > 0) emu_wait_until(emu_now() + emu_ns(cfg.launch_toll_ns));
     return rc;
 }
 typedef CUresult cuLaunchKernel_t(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -544,27 +541,23 @@ typedef cuGraphLaunch_t cuGraphLaunch_ptsz_t;
     EMU_API CUresult n(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,  \
                unsigned sh, CUstream st, void **params, void **extra) {                                            \
         ENTER(n);                                                                                                  \
-        uint64_t t0 = emu_now();                                                                                   \
-        return launch_toll(REAL(n)(f, gx, gy, gz, bx, by, bz, sh, st, params, extra), t0, NORM(st));               \
+        return launch_toll(REAL(n)(f, gx, gy, gz, bx, by, bz, sh, st, params, extra), NORM(st));               \
     }
 #define DEF_COOP(n, NORM)                                                                                          \
     EMU_API CUresult n(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,  \
                unsigned sh, CUstream st, void **params) {                                                          \
         ENTER(n);                                                                                                  \
-        uint64_t t0 = emu_now();                                                                                   \
-        return launch_toll(REAL(n)(f, gx, gy, gz, bx, by, bz, sh, st, params), t0, NORM(st));                      \
+        return launch_toll(REAL(n)(f, gx, gy, gz, bx, by, bz, sh, st, params), NORM(st));                      \
     }
 #define DEF_LAUNCH_EX(n, NORM)                                                                                     \
     EMU_API CUresult n(const launch_config_head *c, CUfunction f, void **params, void **extra) {                   \
         ENTER(n);                                                                                                  \
-        uint64_t t0 = emu_now();                                                                                   \
-        return launch_toll(REAL(n)(c, f, params, extra), t0, NORM(c ? c->stream : NULL));                          \
+        return launch_toll(REAL(n)(c, f, params, extra), NORM(c ? c->stream : NULL));                          \
     }
 #define DEF_GRAPH(n, NORM)                                                                                         \
     EMU_API CUresult n(CUgraphExec g, CUstream st) {                                                               \
         ENTER(n);                                                                                                  \
-        uint64_t t0 = emu_now();                                                                                   \
-        return launch_toll(REAL(n)(g, st), t0, NORM(st));                                                          \
+        return launch_toll(REAL(n)(g, st), NORM(st));                                                          \
     }
 DEF_LAUNCH(cuLaunchKernel, AS_IS)
 DEF_LAUNCH(cuLaunchKernel_ptsz, PT)
@@ -575,9 +568,9 @@ DEF_LAUNCH_EX(cuLaunchKernelEx_ptsz, PT)
 DEF_GRAPH(cuGraphLaunch, AS_IS)
 DEF_GRAPH(cuGraphLaunch_ptsz, PT)
 
-/* ---- synchronization: a fixed toll per call ---- */
+/* ---- synchronization: a round trip when there is work to wait for (pace.c) ---- */
 static CUresult sync_toll(CUresult rc) {
-    if (rc == CUDA_SUCCESS && cfg.emulate) emu_spin_for(emu_ns(cfg.sync_toll_ns));
+    if (rc == CUDA_SUCCESS) emu_roundtrip(0);
     return rc;
 }
 typedef CUresult cuStreamSynchronize_t(CUstream);

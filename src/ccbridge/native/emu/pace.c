@@ -85,3 +85,18 @@ uint64_t emu_bus_reserve(int dir, uint64_t ns) {
     }
 }
 
+
+double emu_chan_gbps(int dir, int mem) {
+    double g = cfg.chan_gbps[dir][mem], floor = cfg.native_gbps[dir][mem] * cfg.cc_ratio[dir][mem];
+    return g > 0 && floor > 0 && floor < g ? floor : g;
+}
+
+static int g_pending; /* work submitted since the last round trip (this process) */
+void emu_work_submitted(void) { __atomic_store_n(&g_pending, 1, __ATOMIC_RELAXED); }
+uint64_t emu_roundtrip(int always) {
+    int was = __atomic_exchange_n(&g_pending, 0, __ATOMIC_RELAXED);
+    if (!cfg.emulate || !(was || always)) return 0;
+    uint64_t ns = emu_ns(cfg.sync_toll_ns);
+    emu_spin_for(ns);
+    return ns;
+}
