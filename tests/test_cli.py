@@ -93,3 +93,21 @@ def test_run_starts_the_program_labelled_and_passes_its_status(capsys, tmp_path)
 
     code = "import os, sys; print(os.environ['CCBRIDGE_EMULATION_PROFILE'], 'LD_PRELOAD' in os.environ); sys.exit(3)"
     assert main(["run", "--profile", "passthrough", "--", sys.executable, "-c", code]) == 3
+
+
+def test_run_with_set_stamps_the_what_if_in_the_program(tmp_path):
+    """The overrides reach the interposer's configuration and the child's env stamp."""
+    code = "import json; from ccbridge import env; print(json.dumps(env.emulation_info()))"
+    r = subprocess.run([sys.executable, "-m", "ccbridge", "run", "--profile", "passthrough", "--set", "sync_toll_us=5",
+                        "--set", "lanes=2", "--", sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["params"]["sync_toll_us"] == "5" and info["params"]["lanes"] == "2"
+    assert info["overrides"] == {"sync_toll_us": {"value": 5.0, "was": 0.0}, "lanes": {"value": 2.0, "was": 1.0}}
+
+
+def test_profiles_set_shows_the_overridden_profile(capsys):
+    assert main(["profiles", "b300", "--set", "launch_toll_us=0"]) == 0
+    out = capsys.readouterr().out
+    assert "what-if: launch_toll_us set on the command line" in out
+    assert "launch_toll_us = 0 us" in out and "source: overridden on the command line (was 18.6)" in out

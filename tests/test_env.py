@@ -105,3 +105,29 @@ def test_emulation_flag_from_environment(monkeypatch, tmp_path):
 def test_no_emulation_without_the_variable(monkeypatch):
     monkeypatch.delenv(env.EMULATION_VAR, raising=False)
     assert env.emulation_info() == {"active": False, "profile": None}
+
+
+def test_a_what_if_run_is_stamped_with_its_overrides(monkeypatch, tmp_path):
+    from ccbridge.emulate import profiles
+
+    prof = profiles.override(profiles.load("b300"), ["launch_toll_us=0", "h2d_pinned_gbps=20"])
+    cfg = tmp_path / "profile.conf"
+    cfg.write_text(prof.config_text(None, {"native_h2d_pinned_gbps": 55.0}))
+    monkeypatch.setenv(env.EMULATION_VAR, "b300")
+    monkeypatch.setenv("CCBRIDGE_EMU_CONFIG", str(cfg))
+    info = env.emulation_info()
+    assert info["overrides"] == {"launch_toll_us": {"value": 0.0, "was": 18.6},
+                                 "h2d_pinned_gbps": {"value": 20.0, "was": 11.26}}
+    assert info["params"]["launch_toll_us"] == "0" and not any(k.startswith("#") for k in info["params"])
+    assert env.emulation_label(info) == "b300 with --set launch_toll_us=0 (was 18.6), h2d_pinned_gbps=20 (was 11.26)"
+
+
+def test_a_run_without_overrides_has_none(monkeypatch, tmp_path):
+    from ccbridge.emulate import profiles
+
+    cfg = tmp_path / "profile.conf"
+    cfg.write_text(profiles.load("b300").config_text() + "#was lanes=oops\n#was nosuch=1\n")  # hand-written lines
+    monkeypatch.setenv(env.EMULATION_VAR, "b300")
+    monkeypatch.setenv("CCBRIDGE_EMU_CONFIG", str(cfg))
+    info = env.emulation_info()
+    assert "overrides" not in info and env.emulation_label(info) == "b300"

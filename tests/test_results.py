@@ -87,6 +87,10 @@ def _doc_with(doc: dict, where: str, value) -> dict:
     ("env.emulation", True, "env.emulation must be an object"),
     ("env.emulation.active", "no", "env.emulation.active must be true or false"),
     ("env.emulation", {"active": True, "profile": None}, "env.emulation.profile"),
+    ("env.emulation", {"active": True, "profile": "b300", "overrides": []}, "env.emulation.overrides must be an object"),
+    ("env.emulation", {"active": True, "profile": "b300", "overrides": {"lanes": 4}}, r"overrides\['lanes'\]"),
+    ("env.emulation", {"active": True, "profile": "b300", "overrides": {"lanes": {"value": 4, "was": float("nan")}}},
+     r"overrides\['lanes'\] must be an object with finite numbers"),
     ("env.nvml", "none", "env.nvml must be an object"),
     ("created", 20261121, "field 'created'"),
     ("duration_s", "49 s", "field 'duration_s'"),
@@ -117,3 +121,11 @@ def test_missing_and_binary_files(tmp_path):
     p.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(results.ResultFileError, match="not a JSON"):
         results.load(p)
+
+
+def test_a_what_if_run_round_trips(tmp_path, h100_doc):
+    h100_doc["env"]["emulation"] = {"active": True, "profile": "b300",
+                                    "overrides": {"launch_toll_us": {"value": 0, "was": 18.6}}}
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(h100_doc))
+    assert results.load(p).env["emulation"]["overrides"]["launch_toll_us"]["was"] == 18.6

@@ -64,6 +64,13 @@ def _int(lo: int, hi: int | None = None):
     return _checked(integer)
 
 
+def _add_set(p: argparse.ArgumentParser) -> None:
+    """--set KEY=VALUE, repeatable: a what-if on the emulator profile (profiles.override checks it)."""
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a profile parameter for this run, e.g. launch_toll_us=0 (repeatable; "
+                        "see `ccbridge profiles NAME`)")
+
+
 def _write_reports(res, out: Path) -> list[Path]:
     from ccbridge.report import html, markdown
 
@@ -109,6 +116,8 @@ def cmd_probe(args) -> int:
         return 0
     if args.trace and not args.profile:
         raise UsageError("--trace records the emulator's crossings: it needs --profile")
+    if args.overrides and not args.profile:
+        raise UsageError("--set changes an emulator profile: it needs --profile")
     # Everything a run needs is checked before it starts: a run can take many minutes.
     tests = registry.select(args.tests)
     registry.check_device(args.device)
@@ -119,7 +128,8 @@ def cmd_probe(args) -> int:
     console.print(f"ccbridge probe: {len(tests)} tests, {'quick' if args.quick else 'full'} suite, device {args.device}")
     stamp = env.stamp()
     if stamp["emulation"]["active"]:
-        console.print(f"[bold yellow]EMULATED run (profile {stamp['emulation']['profile']}): figures are not CC hardware measurements[/]")
+        console.print(f"[bold yellow]EMULATED run (profile {env.emulation_label(stamp['emulation'])}): "
+                      "figures are not CC hardware measurements[/]")
     from ccbridge.ui import ProbeProgress
 
     settings = registry.Settings(device=args.device, quick=args.quick, tests=args.tests)
@@ -144,7 +154,7 @@ def _probe_under(args, out: Path) -> int:
     """The probe again, in a child process started under the emulator."""
     from ccbridge.emulate import launcher, profiles
 
-    prof = profiles.load(args.profile)
+    prof = profiles.override(profiles.load(args.profile), args.overrides)
     rest = ["probe", "--device", str(args.device), "--out", str(out)]
     rest += ["--quick"] if args.quick else []
     rest += ["--tests", args.tests] if args.tests else []
@@ -158,7 +168,7 @@ def cmd_run(args) -> int:
     from ccbridge.emulate import launcher, profiles, trace
 
     cmd = args.program[1:] if args.program[:1] == ["--"] else args.program
-    prof = profiles.load(args.profile)
+    prof = profiles.override(profiles.load(args.profile), args.overrides)
     launcher.check(prof, cmd, args.trace)
     print(launcher.banner(prof), file=sys.stderr)
     rc = launcher.run(prof, cmd, trace=args.trace)
@@ -170,14 +180,16 @@ def cmd_run(args) -> int:
 def cmd_profiles(args) -> int:
     from ccbridge.emulate import profiles
 
-    chosen = [profiles.load(args.name)] if args.name else [profiles.load(n) for n in profiles.names()]
+    if args.overrides and not args.name:
+        raise UsageError("--set changes one profile: name it (ccbridge profiles NAME --set KEY=VALUE)")
     if not args.name:
-        for p in chosen:
+        for p in [profiles.load(n) for n in profiles.names()]:
             print(f"{p.name:<12} {p.title}")
         print("\n`ccbridge profiles NAME` shows each parameter, what it is and where its value comes from.")
         return 0
-    p = chosen[0]
-    print(f"# profile {p.name}: {p.title}\n")
+    p = profiles.override(profiles.load(args.name), args.overrides)
+    print(f"# profile {p.name}: {p.title}" + (f" (what-if: {', '.join(p.overrides)} set on the command line)"
+                                              if p.overrides else "") + "\n")
     for key, (unit, what) in profiles.PARAMS.items():
         v = p.params[key].value
         print(f"{key} = {v:g} {unit}\n    what:   {what}\n    source: {p.params[key].source}")
@@ -192,7 +204,7 @@ def cmd_calibrate(args) -> int:
     from ccbridge import results
     from ccbridge.emulate import calibrate, launcher, profiles
 
-    prof = profiles.load(args.profile)
+    prof = profiles.override(profiles.load(args.profile), args.overrides)
     out = ui.writable_folder(args.out or Path("ccbridge-results") / f"calibrate-{prof.name}-{dt.datetime.now():%Y%m%d-%H%M%S}",
                              "--out")
     # Given results are read first: a bad one fails now, not after a probe run of minutes.
@@ -389,17 +401,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the registered tests and exit")
     p.add_argument("--profile", help="run the probe under the emulator with this profile (see `ccbridge profiles`)")
     p.add_argument("--trace", help="with --profile: record every crossing to TRACE.<pid>.csv")
+    _add_set(p)
     p.set_defaults(fn=cmd_probe)
 
     p = sub.add_parser("run", help="run a program under the emulated CC bridge: ccbridge run --profile b300 -- CMD")
     p.add_argument("--profile", required=True, help="profile name or .json path (see `ccbridge profiles`)")
     p.add_argument("--trace", help="record every crossing to TRACE.<pid>.csv and a summary per process "
                                    "(TRACE's folder must exist)")
+    _add_set(p)
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]", help="the program to run")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("profiles", help="list emulator profiles; with NAME, each parameter and its source")
     p.add_argument("name", nargs="?")
+    _add_set(p)
     p.set_defaults(fn=cmd_profiles)
 
     p = sub.add_parser("calibrate", help="emulated probe vs native probe vs the profile's published targets")
@@ -409,6 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="full probe suite instead of --quick")
     p.add_argument("--device", type=device_index, default=0)
     p.add_argument("--out", help="output folder (default ccbridge-results/calibrate-<profile>-<timestamp>)")
+    _add_set(p)
     p.set_defaults(fn=cmd_calibrate)
 
     p = sub.add_parser("trace", help="summarise an emulator trace (TRACE.<pid>.csv files)")

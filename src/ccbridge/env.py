@@ -6,6 +6,7 @@ as an error string in the stamp and the rest is still filled in.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import socket
@@ -198,7 +199,10 @@ def emulation_info() -> dict[str, Any]:
         return info
     try:
         text = Path(os.environ.get("CCBRIDGE_EMU_CONFIG", "")).read_text()
-        info["params"] = dict(l.split("=", 1) for l in text.splitlines() if "=" in l)
+        info["params"] = dict(l.split("=", 1) for l in text.splitlines() if "=" in l and not l.startswith("#"))
+        overrides = _overrides(text, info["params"])
+        if overrides:
+            info["overrides"] = overrides
     except OSError as e:
         info["params_error"] = f"cannot read the emulator configuration: {e}"
     try:
@@ -206,6 +210,29 @@ def emulation_info() -> dict[str, Any]:
     except OSError:
         info["interposer_loaded"] = None
     return info
+
+
+def _overrides(config_text: str, params: dict[str, str]) -> dict[str, dict[str, float]]:
+    """The parameters a what-if run set on the command line (profiles.override writes them into
+    the configuration as `#was KEY=VALUE` lines): {key: {"value": now, "was": the profile's}}."""
+    from ccbridge.emulate.profiles import OVERRIDE_MARK
+
+    out = {}
+    for line in config_text.splitlines():
+        key, _, was = line[len(OVERRIDE_MARK):].partition("=") if line.startswith(OVERRIDE_MARK) else ("", "", "")
+        try:
+            now, was = float(params[key]), float(was)
+        except (KeyError, ValueError):  # not such a line, or a hand-written configuration: not a what-if
+            continue
+        if math.isfinite(now) and math.isfinite(was):
+            out[key] = {"value": now, "was": was}
+    return out
+
+
+def emulation_label(emu: dict[str, Any]) -> str:
+    """`b300`, or `b300 with --set launch_toll_us=0 (was 18.6)` for a what-if run."""
+    sets = [f"{k}={v['value']:g} (was {v['was']:g})" for k, v in (emu.get("overrides") or {}).items()]
+    return f"{emu.get('profile')}" + (f" with --set {', '.join(sets)}" if sets else "")
 
 
 def stamp() -> dict[str, Any]:

@@ -144,6 +144,13 @@ def _check_env(path: Path, env) -> None:
     profile = emu.get("profile")
     if not (isinstance(profile, str) or (profile is None and not emu.get("active"))):
         raise ResultFileError(f"{path}: env.emulation.profile must name the profile of an emulated run, not {profile!r:.40}")
+    overrides = emu.get("overrides", {})
+    if not isinstance(overrides, dict):
+        raise ResultFileError(f"{path}: env.emulation.overrides must be an object, not {type(overrides).__name__}")
+    for key, o in overrides.items():
+        if not (isinstance(o, dict) and _is(o.get("value"), _NUMBER) and _is(o.get("was"), _NUMBER)):
+            raise ResultFileError(f"{path}: env.emulation.overrides[{key!r:.40}] must be an object with finite "
+                                  "numbers 'value' and 'was'")
 
 
 def _check_settings(path: Path, settings) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -101,6 +101,7 @@ class Profile:
     params: dict[str, Param]
     targets: dict[str, Target]
     path: str
+    overrides: dict[str, float] = field(default_factory=dict)  # --set: parameter -> the profile's own value
 
     @property
     def emulates(self) -> bool:
@@ -111,10 +112,43 @@ class Profile:
         this machine's measured bandwidths (native_floor.measure), the floor."""
         lines = [f"profile={self.name}"]
         for key, v in [(k, self.params[k].value) for k in PARAMS] + sorted((native or {}).items()):
-            lines.append(f"{key}={int(v) if float(v).is_integer() else v}")
+            lines.append(f"{key}={_num(v)}")
+        # the interposer skips comments; the run's env stamp reads these (env.emulation_info)
+        lines += [f"{OVERRIDE_MARK}{key}={_num(was)}" for key, was in self.overrides.items()]
         if trace:
             lines.append(f"trace={trace}")
         return "\n".join(lines) + "\n"
+
+
+OVERRIDE_MARK = "#was "  # config line: a parameter set on the command line, with the profile's own value
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else str(v)
+
+
+def override(profile: Profile, settings: list[str] | None) -> Profile:
+    """The profile with `KEY=VALUE` settings (--set) in place of its parameters: what-if runs.
+    Each value is checked as a profile file's is; the profile's own value is kept in
+    `overrides` and in the parameter's source, so a result says which what-if made it."""
+    params, overrides = dict(profile.params), dict(profile.overrides)
+    for text in settings or []:
+        key, eq, value = (part.strip() for part in text.partition("="))
+        if not eq or not key or not value:
+            raise ProfileError(f"--set {text!r}: expected KEY=VALUE, e.g. launch_toll_us=0")
+        if key not in PARAMS:
+            raise ProfileError(f"--set {text!r}: unknown parameter {key!r} (known: {', '.join(PARAMS)})")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ProfileError(f"--set {text!r}: {key} needs a number, got {value!r:.40}") from None
+        try:
+            number = check_value(key, number)
+        except ProfileError as e:
+            raise ProfileError(f"--set {text!r}: {e}") from None
+        was = overrides.setdefault(key, profile.params[key].value)
+        params[key] = Param(number, f"overridden on the command line (was {was:g})")
+    return replace(profile, params=params, overrides=overrides)
 
 
 def _dir():

@@ -50,7 +50,7 @@ ROW_HEADERS = ["parameters", "metric", "median", "p10 – p90", "n", "unit", "ve
 def title(res: Result) -> str:
     base = f"ccbridge probe — {envmod.gpu_name(res.env)} — {res.created[:10]}"
     if res.emulated:
-        base += f" — EMULATED (profile {res.env['emulation'].get('profile')})"
+        base += f" — EMULATED (profile {envmod.emulation_label(res.env['emulation'])})"
     return base
 
 
@@ -64,7 +64,7 @@ def emulation_banner(res: Result) -> str:
     if not res.emulated:
         return ""
     return (f"EMULATED: every GPU figure here was produced by the ccbridge emulator (profile "
-            f"{res.env['emulation'].get('profile')}), not measured on confidential-computing hardware.")
+            f"{envmod.emulation_label(res.env['emulation'])}), not measured on confidential-computing hardware.")
 
 
 def machine_table(env: dict) -> Table:
@@ -91,7 +91,8 @@ def machine_table(env: dict) -> Table:
         ["CPU", f"{cpu.get('model')} x{cpu.get('cores')}; " + " ".join(f"{k}{'+' if v else '-'}" for k, v in flags.items())],
         ["OpenSSL", ssl.get("version") or ssl.get("error", "n/a")],
         ["torch", f"{tor.get('version')} (CUDA {tor.get('cuda')})" if tor.get("available") else tor.get("error", "n/a")],
-        ["emulation", f"ACTIVE, profile {env['emulation']['profile']}" if env.get("emulation", {}).get("active") else "off (native)"],
+        ["emulation", f"ACTIVE, profile {envmod.emulation_label(env['emulation'])}" if env.get("emulation", {}).get("active")
+         else "off (native)"],
         ["host / OS / Python", f"{env.get('host')} / {env.get('os')} / {env.get('python')}"],
     ]
     return t
