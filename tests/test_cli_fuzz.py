@@ -276,6 +276,10 @@ CASES = [
     (["make-checkpoint", "/proc/forbidden/mc", "--size", "1M"], "output folder /proc/forbidden/mc: cannot write in /proc"),
     (["make-checkpoint", "{d}/afile", "--size", "1M"], "output folder {d}/afile: {d}/afile is not a folder"),
     (["make-checkpoint", "{d}/mc", "--seed", "-1"], "argument --seed: expected at least 0, got -1"),
+    # run --coverage (emulator coverage report)
+    (["run", "--profile", "b300", "--coverage", "/nonexistent/dir/c.json", "--", "true"],
+     "--coverage /nonexistent/dir/c.json: the folder /nonexistent/dir does not exist", {"absent": ["/nonexistent"]}),
+    (["run", "--profile", "b300", "--coverage", "{d}/folder", "--", "true"], "--coverage {d}/folder: is a folder, not a file"),
 ]
 
 

@@ -515,3 +515,99 @@ def test_trace_write_failures_are_reported_not_lost(lib, tmp_path, capfd):
     lib.ccbemu_trace_flush()
     err = capfd.readouterr().err
     assert f"cannot write trace summary {missing}.{os.getpid()}.summary.json: {os.strerror(2)}" in err  # ENOENT
+
+
+def coverage_of(L) -> dict:
+    buf = ctypes.create_string_buffer(1 << 18)
+    assert L.ccbemu_coverage(buf, len(buf)) == 0
+    return json.loads(buf.value)["symbols"]
+
+
+def test_cu_ctx_synchronize_v2_is_hooked_and_pays_a_round_trip(lib):
+    """cudart 13 resolves cuCtxSynchronize at version 13000: the driver hands out cuCtxSynchronize_v2."""
+    init(lib, sync_toll_us=2000)
+    pfn = c_p()
+    assert lib.cuGetProcAddress_v2(b"cuCtxSynchronize", ctypes.byref(pfn), 13000, 0, None) == 0
+    assert pfn.value == lib.ccbemu_lookup(b"cuCtxSynchronize_v2")
+    sync = ctypes.CFUNCTYPE(ctypes.c_int, c_p)(pfn.value)
+    busy(lib, None, 0)
+    t = time.perf_counter()
+    assert sync(None) == 0
+    assert time.perf_counter() - t >= 2e-3  # work was submitted: one round trip
+    assert summary(lib)["calls"]["cuCtxSynchronize_v2"] == 1
+
+
+def test_coverage_classifies_every_resolved_symbol(lib):
+    """cuGetProcAddress_v2 and dlsym resolutions are listed once each, classified, hooks with their calls."""
+    init(lib, sync_toll_us=0)
+    pfn = c_p()
+    for name, version in ((b"cuCtxSynchronize", 13000), (b"cuMemcpyHtoDAsync", 12000), (b"cuEventQuery", 12000),
+                          (b"cuGetExportTable", 12000), (b"cuMemcpyHtoD", 3000)):
+        assert lib.cuGetProcAddress_v2(name, ctypes.byref(pfn), version, 0, None) == 0, name
+    assert lib.dlsym(lib._handle, b"cuLaunchKernel") == lib.ccbemu_lookup(b"cuLaunchKernel")
+    busy(lib, None, 0)
+    busy(lib, None, 0)
+    cov = coverage_of(lib)
+    assert cov["cuCtxSynchronize_v2"] == {"class": "hooked", "calls": 0, "via": ["cuGetProcAddress"]}
+    assert cov["cuMemcpyHtoDAsync_v2"]["class"] == "hooked"
+    assert cov["cuLaunchKernel"] == {"class": "hooked", "calls": 2, "via": ["dlsym", "called"]}
+    assert cov["cuEventQuery"] == {"class": "harmless", "calls": None, "via": ["cuGetProcAddress"]}
+    assert cov["cuGetExportTable"]["class"] == "unclassified"
+    # CUDA 2's cuMemcpyHtoD (32-bit size) has no hook: a copy that would escape emulation
+    assert cov["cuMemcpyHtoD"] == {"class": "MISSING", "calls": None, "via": ["cuGetProcAddress"]}
+
+
+def test_coverage_report_merges_processes_and_renders(tmp_path):
+    from ccbridge.emulate import coverage
+
+    for pid, calls in ((11, 2), (12, 3)):
+        (tmp_path / f"c.{pid}.coverage.json").write_text(json.dumps({"schema": 1, "pid": pid, "profile": "b300", "symbols": {
+            "cuLaunchKernel": {"class": "hooked", "calls": calls, "via": ["called"]},
+            "cuMemcpyHtoD": {"class": "MISSING", "calls": None, "via": ["cuGetProcAddress"]}}}))
+    rep = coverage.merge(str(tmp_path / "c"))
+    assert rep["processes"] == 2 and rep["symbols"]["cuLaunchKernel"]["calls"] == 5
+    assert coverage.missing(rep) == ["cuMemcpyHtoD"]
+    text = coverage.render(rep)
+    assert text.index("cuMemcpyHtoD") < text.index("cuLaunchKernel")  # MISSING first
+    (tmp_path / "c.13.coverage.json").write_text('{"schema": 99, "symbols": {}}')
+    with pytest.raises(coverage.ResultFileError, match="coverage schema 99"):
+        coverage.merge(str(tmp_path / "c"))
+
+
+def test_array_copies_cross_the_channel_byte_exact(lib):
+    init(lib, h2d_toll_us=3000, d2h_toll_us=0, h2d_pinned_gbps=0, h2d_pageable_gbps=0)
+    n = 70000
+    data = os.urandom(n)
+    arr = lib.ccbemu_fake_alloc(n + 16, DEVICE)
+    src, _k1 = host(lib, n, False, data)
+    dst, _k2 = host(lib, n, True)
+    for name in ("cuMemcpyHtoA_v2", "cuMemcpyAtoH_v2"):
+        getattr(lib, name).argtypes = [c_p, c_p, c_sz, c_sz] if "AtoH" in name else [c_p, c_sz, c_p, c_sz]
+    lib.cuMemcpyHtoAAsync_v2.argtypes = [c_p, c_sz, c_p, c_sz, c_p]
+    assert timed(lib.cuMemcpyHtoA_v2, arr, 16, src, n) >= 3e-3  # the H2D toll: a crossing
+    assert lib.cuMemcpyAtoH_v2(dst, arr, 16, n) == 0
+    assert ctypes.string_at(dst, n) == data
+    assert lib.cuMemcpyHtoAAsync_v2(arr, 0, src, 8, lib.ccbemu_fake_stream()) == 0
+    sm = summary(lib)["crossings"]
+    assert sm["h2d_pageable"]["count"] == 2 and sm["h2d_pageable"]["bytes"] == n + 8
+    assert sm["d2h_pinned"]["count"] == 1 and sm["d2h_pinned"]["cipher_bytes"] == n
+
+
+def test_a_host_function_is_a_launch_and_holds_its_stream_one_round_trip(lib):
+    init(lib, launch_toll_us=1000, sync_toll_us=5000)
+    HOSTFN = ctypes.CFUNCTYPE(None, c_p)
+    ran = []
+    fn = HOSTFN(lambda user: ran.append(time.perf_counter()))
+    lib.cuLaunchHostFunc.argtypes = [c_p, HOSTFN, c_p]
+    s = lib.ccbemu_fake_stream()
+    t = time.perf_counter()
+    assert lib.cuLaunchHostFunc(s, fn, None) == 0
+    took = time.perf_counter() - t
+    assert ran, "the function ran"
+    # the fake runs it inline: the call took the function, then one round trip, then the launch toll
+    assert took >= 5e-3 + 1e-3
+    lib.ccbemu_fake_capture(s, 1)
+    t = time.perf_counter()
+    assert lib.cuLaunchHostFunc(s, fn, None) == 0  # captured: passed through, not run, no toll
+    assert time.perf_counter() - t < 1e-3 and len(ran) == 1
+    lib.ccbemu_fake_capture(s, 0)

@@ -112,6 +112,22 @@ def test_hooks_see_graph_launch(tmp_path):
     assert sum(v for k, v in d["calls"].items() if k.startswith("cuGraphLaunch")) >= 1, d
 
 
+def test_coverage_of_a_torch_workload_has_nothing_missing(tmp_path):
+    """Every driver entry point torch, cuBLAS, Triton and NCCL resolve that crosses, launches or
+    synchronizes has a hook; the report lists the rest as harmless or unclassified."""
+    report = tmp_path / "coverage.json"
+    p = ccbridge("run", "--profile", "b300", "--coverage", str(report), "--", sys.executable,
+                 str(HERE / "gpu" / "coverage.py"), "workload", timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1])["ok"]
+    rep = json.loads(report.read_text())
+    syms = rep["symbols"]
+    assert not [n for n, s in syms.items() if s["class"] == "MISSING"], p.stderr
+    for hooked in ("cuCtxSynchronize_v2", "cuStreamSynchronize", "cuLaunchKernel", "cuGraphLaunch"):
+        assert any(n.startswith(hooked) and s["class"] == "hooked" and s["calls"] for n, s in syms.items()), hooked
+    print(p.stderr)  # the table, for the log
+
+
 def test_probe_under_profile_is_labelled_emulated(tmp_path):
     p = ccbridge("probe", "--profile", "b300", "--tests", "launch,semantics", "--quick", "--out", str(tmp_path), timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr

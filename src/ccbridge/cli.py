@@ -169,11 +169,15 @@ def cmd_run(args) -> int:
 
     cmd = args.program[1:] if args.program[:1] == ["--"] else args.program
     prof = profiles.override(profiles.load(args.profile), args.overrides)
-    launcher.check(prof, cmd, args.trace)
+    launcher.check(prof, cmd, args.trace, args.coverage)
     print(launcher.banner(prof), file=sys.stderr)
-    rc = launcher.run(prof, cmd, trace=args.trace)
+    rc = launcher.run(prof, cmd, trace=args.trace, coverage=args.coverage)
     if args.trace:
         print(trace.render(trace.summarize(str(Path(args.trace).resolve()))), file=sys.stderr)
+    if args.coverage:
+        from ccbridge.emulate import coverage
+
+        print(coverage.render(json.loads(Path(args.coverage).read_text())), file=sys.stderr)
     return rc
 
 
@@ -408,6 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", required=True, help="profile name or .json path (see `ccbridge profiles`)")
     p.add_argument("--trace", help="record every crossing to TRACE.<pid>.csv and a summary per process "
                                    "(TRACE's folder must exist)")
+    p.add_argument("--coverage", metavar="FILE", help="write every driver entry point the program resolved, classified "
+                                                      "hooked/harmless/MISSING/unclassified, to FILE (JSON) and print it")
     _add_set(p)
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]", help="the program to run")
     p.set_defaults(fn=cmd_run)

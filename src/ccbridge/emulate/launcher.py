@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -47,9 +48,10 @@ def environment(profile: Profile, config_path: str, base: dict[str, str] | None 
     return env
 
 
-def check(profile: Profile, cmd: list[str], trace: str | None = None) -> None:
+def check(profile: Profile, cmd: list[str], trace: str | None = None, coverage: str | None = None) -> None:
     """Everything run() needs, checked before anything starts: a command that can be
-    executed, a trace folder, the library, libcrypto when the profile emulates."""
+    executed, a trace folder, a coverage file to write, the library, libcrypto when
+    the profile emulates."""
     if not cmd:
         raise EmulatorError("no command given: ccbridge run --profile NAME -- CMD [ARGS...]")
     exe = cmd[0] if os.sep in cmd[0] else shutil.which(cmd[0])
@@ -61,6 +63,8 @@ def check(profile: Profile, cmd: list[str], trace: str | None = None) -> None:
         raise EmulatorError(f"{cmd[0]} is not executable")
     if trace:
         check_trace(trace)
+    if coverage:
+        ui.writable_file(coverage, "--coverage")
     library()
     if profile.emulates:
         check_libcrypto()
@@ -75,19 +79,27 @@ def check_trace(trace: str) -> str:
     return prefix
 
 
-def run(profile: Profile, cmd: list[str], trace: str | None = None) -> int:
-    """Run cmd under the emulator; its exit status."""
-    check(profile, cmd, trace)
+def run(profile: Profile, cmd: list[str], trace: str | None = None, coverage: str | None = None) -> int:
+    """Run cmd under the emulator; its exit status. coverage: write the driver
+    coverage report (emulate/coverage.py) of every process of the run to this JSON file."""
+    check(profile, cmd, trace, coverage)
     with tempfile.TemporaryDirectory(prefix="ccbridge-emu-") as tmp:
         cfg = Path(tmp) / "profile.conf"
         floor = native_floor.measure() if profile.emulates else {}
-        cfg.write_text(profile.config_text(check_trace(trace) if trace else None, floor))
+        text = profile.config_text(check_trace(trace) if trace else None, floor)
+        cov_prefix = str(Path(tmp) / "cov")
+        cfg.write_text(text + (f"coverage={cov_prefix}\n" if coverage else ""))
         try:
-            return subprocess.call(cmd, env=environment(profile, str(cfg)))
+            rc = subprocess.call(cmd, env=environment(profile, str(cfg)))
         except OSError as e:  # checked above; what is left: it changed since, or exec refused it
             raise EmulatorError(f"cannot run {cmd[0]}: {e.strerror or e}") from None
         except KeyboardInterrupt:
             return 130
+        if coverage:
+            from ccbridge.emulate import coverage as cov
+
+            Path(coverage).write_text(json.dumps(cov.merge(cov_prefix), indent=1) + "\n")
+        return rc
 
 
 def banner(profile: Profile) -> str:

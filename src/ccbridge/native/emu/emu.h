@@ -15,6 +15,7 @@
  *   pace.c     clocks, waits, the machine-wide bus shared by all processes
  *   config.c   the profile parameters (key=value text from the launcher)
  *   trace.c    per-crossing trace and per-hook counters
+ *   coverage.c which driver entry points a program resolved, each classified
  *   fake.c     a fake driver for CPU tests
  *
  * No CUDA headers: the few types and constants used are declared here.
@@ -124,6 +125,7 @@ typedef struct {
     int lanes;                   /* threads sharing a crossing's CPU work (>= 1) */
     size_t chunk_bytes;          /* bounce-buffer chunk */
     char trace[512];             /* trace file prefix, "" = off */
+    char coverage[512];          /* coverage file prefix, "" = off */
 } emu_config;
 
 extern emu_config cfg;
@@ -222,8 +224,23 @@ void emu_trace_close(void);
 void emu_stats_reset(void);
 const char *emu_api_name(int api);
 
+/* ---- coverage (coverage.c) ---- */
+#define EMU_COVERAGE_SCHEMA 1
+enum { COV_HOOKED, COV_HARMLESS, COV_MISSING, COV_UNCLASSIFIED };
+enum { COV_VIA_DLSYM, COV_VIA_PROC, COV_VIA_LINKED, COV_VIA_CALLED };
+int emu_is_driver_name(const char *name);   /* cu + an upper-case letter */
+int emu_cov_class(const char *name);
+void emu_cov_seen(const char *name, int via); /* always noted (set-up may come later); written if asked */
+const char *emu_cov_exact_name(void *p);    /* the exported name at exactly p (dladdr) */
+int emu_coverage_json(char *buf, size_t len);
+void emu_coverage_write(void);
+void emu_coverage_reset(void);
+
 /* ---- set-up (hooks.c) ---- */
 void emu_init(void);
+int emu_hook_index(const char *name);      /* its row in the hook table, -1 if none */
+int emu_driver_has(const char *name);      /* the driver backend (libcuda or fake) defines it */
+uint64_t emu_calls(int api);               /* calls counted for a hook row (trace.c) */
 void emu_fail(const char *fmt, ...);  /* fatal set-up error: message and exit */
 
 /* ---- what the library exports ----
@@ -237,6 +254,7 @@ EMU_API void *dlsym(void *handle, const char *name);
 EMU_API int ccbemu_test_init(const char *config_text, char *err, int errlen); /* fake driver, this config */
 EMU_API void ccbemu_trace_flush(void);
 EMU_API int ccbemu_summary(char *buf, int len);
+EMU_API int ccbemu_coverage(char *buf, int len); /* coverage JSON, as written at exit */
 EMU_API const char *ccbemu_hook_name(int i);   /* hook table row i; NULL past the end */
 EMU_API void *ccbemu_lookup(const char *name);  /* the hook for a driver entry point */
 EMU_API int ccbemu_seal(const uint8_t *key, const uint8_t *iv, const void *in, size_t len, void *out, uint8_t *tag);

@@ -176,6 +176,23 @@ static CUresult f_LaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
     return 0;
 }
 static CUresult f_CtxSynchronize(void) { sleep_until(default_stream.busy_until); return 0; }
+static CUresult f_CtxSynchronize_v2(CUcontext c) { (void)c; return f_CtxSynchronize(); }
+static CUresult f_HtoD_v1(CUdeviceptr d, const void *s, unsigned n) { return f_HtoD(d, s, n); } /* CUDA 2's 32-bit size */
+static CUresult f_GetExportTable(const void **t, const void *id) { (void)id; *t = NULL; return CUDA_ERROR_NOT_SUPPORTED; }
+/* Host functions run at once on the calling thread, after the stream's queued work (a test needs no callback thread). */
+static CUresult f_LaunchHostFunc(CUstream st, void (*fn)(void *), void *user) {
+    if (!S(st)->capturing) { sleep_until(S(st)->busy_until); fn(user); }
+    return 0;
+}
+/* Arrays: device memory addressed by offset. */
+static CUresult f_HtoA(CUarray a, size_t off, const void *s, size_t n) { return f_HtoD((CUdeviceptr)(uintptr_t)a + off, s, n); }
+static CUresult f_AtoH(void *d, CUarray a, size_t off, size_t n) { return f_DtoH(d, (CUdeviceptr)(uintptr_t)a + off, n); }
+static CUresult f_HtoAAsync(CUarray a, size_t off, const void *s, size_t n, CUstream st) {
+    return f_HtoDAsync((CUdeviceptr)(uintptr_t)a + off, s, n, st);
+}
+static CUresult f_AtoHAsync(void *d, CUarray a, size_t off, size_t n, CUstream st) {
+    return f_DtoHAsync(d, (CUdeviceptr)(uintptr_t)a + off, n, st);
+}
 static CUresult f_CtxCreate(CUcontext *c, unsigned flags, CUdevice d) {
     (void)flags; (void)d;
     pthread_mutex_lock(&mu);
@@ -201,17 +218,21 @@ static const struct { const char *name; void *fn; } kFake[] = {
     {"cuMemcpyAsync", f_MemcpyAsync}, {"cuMemcpy2D_v2", f_Memcpy2D}, {"cuMemcpy2DAsync_v2", f_Memcpy2DAsync},
     {"cuMemcpy3D_v2", f_Memcpy3D}, {"cuMemcpy3DAsync_v2", f_Memcpy3DAsync}, {"cuMemcpyBatchAsync_v2", f_MemcpyBatchAsync},
     {"cuLaunchKernel", f_LaunchKernel}, {"cuCtxSynchronize", f_CtxSynchronize},
+    {"cuCtxSynchronize_v2", f_CtxSynchronize_v2}, {"cuMemcpyHtoD", f_HtoD_v1}, {"cuGetExportTable", f_GetExportTable},
+    {"cuLaunchHostFunc", f_LaunchHostFunc}, {"cuMemcpyHtoA_v2", f_HtoA}, {"cuMemcpyAtoH_v2", f_AtoH},
+    {"cuMemcpyHtoAAsync_v2", f_HtoAAsync}, {"cuMemcpyAtoHAsync_v2", f_AtoHAsync},
     {"cuCtxCreate_v2", f_CtxCreate}, {"cuCtxDestroy_v2", f_CtxDestroy},
     {"cuMemHostRegister_v2", f_MemHostRegister}, {"cuDevicePrimaryCtxGetState", f_PrimaryGetState},
 };
 
 static void *fake_table(const char *name);
 static CUresult f_GetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status) {
-    (void)ver;
     char name[128];
-    /* the fake's versions: copies are _v2, and the per-thread flag picks _ptsz */
+    /* the fake's versions, as the driver's: copies are _v2 from CUDA 3.2, cuCtxSynchronize from 13.0; the
+     * per-thread flag picks _ptsz */
     int is_copy = strncmp(sym, "cuMemcpy", 8) == 0 && strcmp(sym, "cuMemcpy") && strcmp(sym, "cuMemcpyAsync");
-    snprintf(name, sizeof name, "%s%s%s", sym, is_copy ? "_v2" : "", (flags & 2) ? "_ptsz" : "");
+    int v2 = is_copy ? ver >= 3020 : strcmp(sym, "cuCtxSynchronize") == 0 && ver >= 13000;
+    snprintf(name, sizeof name, "%s%s%s", sym, v2 ? "_v2" : "", (flags & 2) ? "_ptsz" : "");
     if (status) *status = 0;
     *pfn = fake_table(name);
     return *pfn ? 0 : 500 /* CUDA_ERROR_NOT_FOUND */;

@@ -31,9 +31,16 @@ typedef unsigned long long cuuint64_t;
     X(cuMemcpy2DAsync_v2) X(cuMemcpy2DAsync_v2_ptsz) X(cuMemcpy3D_v2) X(cuMemcpy3D_v2_ptds)                  \
     X(cuMemcpy3DAsync_v2) X(cuMemcpy3DAsync_v2_ptsz)                                                         \
     X(cuMemcpyBatchAsync) X(cuMemcpyBatchAsync_ptsz) X(cuMemcpyBatchAsync_v2) X(cuMemcpyBatchAsync_v2_ptsz)  \
+    X(cuMemcpy3DBatchAsync) X(cuMemcpy3DBatchAsync_ptsz) X(cuMemcpy3DBatchAsync_v2)                          \
+    X(cuMemcpy3DBatchAsync_v2_ptsz)                                                                          \
+    X(cuMemcpyHtoA_v2) X(cuMemcpyHtoA_v2_ptds) X(cuMemcpyAtoH_v2) X(cuMemcpyAtoH_v2_ptds)                    \
+    X(cuMemcpyHtoAAsync_v2) X(cuMemcpyHtoAAsync_v2_ptsz) X(cuMemcpyAtoHAsync_v2) X(cuMemcpyAtoHAsync_v2_ptsz) \
     X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz)                    \
-    X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz)    \
+    X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuLaunchCooperativeKernelMultiDevice)   \
+    X(cuLaunch) X(cuLaunchGrid) X(cuLaunchGridAsync) X(cuGraphLaunch) X(cuGraphLaunch_ptsz)                  \
+    X(cuLaunchHostFunc) X(cuLaunchHostFunc_ptsz) X(cuStreamAddCallback) X(cuStreamAddCallback_ptsz)          \
     X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuEventSynchronize) X(cuCtxSynchronize)             \
+    X(cuCtxSynchronize_v2)                                                                                   \
     X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2)                                 \
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2)                \
     X(cuMemHostRegister) X(cuMemHostRegister_v2) X(cuMemHostAlloc) X(cuMemAllocHost_v2)                      \
@@ -83,7 +90,11 @@ static void find_real_dlsym(void) {
     if (!real_dlsym) emu_fail("cannot find the C library's dlsym");
 }
 
+static lookup_fn g_lookup; /* the backend's lookup: libcuda's or the fake's */
+int emu_driver_has(const char *name) { return g_lookup && g_lookup(name) != NULL; }
+
 static void fill(lookup_fn look) {
+    g_lookup = look;
     for (int i = 0; i < H_COUNT; i++) g_real[i] = look(kNames[i]);
     static const struct { size_t off; const char *name; } d[] = {
 #define D(f, n) {offsetof(emu_driver, f), n}
@@ -115,7 +126,7 @@ static void load_config(const char *text, const char *origin) {
     if (cfg.trace[0]) emu_trace_open(cfg.trace);
 }
 
-static void at_exit(void) { emu_trace_close(); }
+static void at_exit(void) { emu_trace_close(); emu_coverage_write(); }
 
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -156,6 +167,7 @@ int ccbemu_test_init(const char *config_text, char *err, int errlen) {
     if (rc == 0) {
         emu_channels_reset();
         emu_stats_reset();
+        emu_coverage_reset();
         emu_bus_local();
         fill(ccbemu_fake_lookup);
         emu_trace_open(cfg.trace); /* "" ends an earlier test's trace */
@@ -167,6 +179,7 @@ int ccbemu_test_init(const char *config_text, char *err, int errlen) {
 
 void ccbemu_trace_flush(void) { emu_trace_close(); }
 int ccbemu_summary(char *buf, int len) { return emu_summary_json(buf, (size_t)len); }
+int ccbemu_coverage(char *buf, int len) { return emu_coverage_json(buf, (size_t)len); }
 const char *ccbemu_hook_name(int i) { return emu_api_name(i); }
 int ccbemu_seal(const uint8_t *key, const uint8_t *iv, const void *in, size_t len, void *out, uint8_t *tag) {
     char err[256];
@@ -174,7 +187,7 @@ int ccbemu_seal(const uint8_t *key, const uint8_t *iv, const void *in, size_t le
     return emu_gcm_seal(key, iv, in, len, out, tag);
 }
 
-static int hook_index(const char *name) {
+int emu_hook_index(const char *name) {
     if (!name || name[0] != 'c' || name[1] != 'u') return -1;
     for (int i = 0; i < H_COUNT; i++) if (strcmp(kNames[i], name) == 0) return i;
     return -1;
@@ -185,14 +198,20 @@ static int hook_index(const char *name) {
 void *dlsym(void *handle, const char *name) {
     find_real_dlsym();
     void *p = real_dlsym(handle, name);
-    int i = p ? hook_index(name) : -1;
-    if (i < 0) return p;
+    if (!p || !emu_is_driver_name(name)) return p;
+    int i = emu_hook_index(name);
+    if (i < 0) { /* not hooked: coverage notes the driver's own (no set-up here: libcuda's loading may call dlsym) */
+        Dl_info info;
+        if (dladdr(p, &info) && info.dli_fname && strstr(info.dli_fname, "libcuda.so")) emu_cov_seen(name, COV_VIA_DLSYM);
+        return p;
+    }
     emu_init();
+    emu_cov_seen(name, COV_VIA_DLSYM);
     return kHooks[i];
 }
 
 void *ccbemu_lookup(const char *name) {
-    int i = hook_index(name);
+    int i = emu_hook_index(name);
     return i < 0 ? NULL : kHooks[i];
 }
 
@@ -206,23 +225,28 @@ void *ccbemu_lookup(const char *name) {
 typedef CUresult cuGetProcAddress_t(const char *, void **, int, cuuint64_t);
 typedef CUresult cuGetProcAddress_v2_t(const char *, void **, int, cuuint64_t, int *);
 
-static void swap_in_hook(void **pfn) {
+/* Hand out the hook of the exact variant the driver picked; coverage notes
+ * that variant (its hook row, else the driver's exported name at that
+ * address, else the name asked for). */
+static void swap_in_hook(const char *symbol, void **pfn) {
     if (!*pfn) return;
     for (int i = 0; i < H_COUNT; i++)
-        if (g_real[i] == *pfn) { *pfn = kHooks[i]; return; }
+        if (g_real[i] == *pfn) { *pfn = kHooks[i]; emu_cov_seen(kNames[i], COV_VIA_PROC); return; }
+    const char *exact = emu_cov_exact_name(*pfn);
+    emu_cov_seen(exact && emu_is_driver_name(exact) ? exact : symbol, COV_VIA_PROC);
 }
 
 EMU_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
     ENTER(cuGetProcAddress);
     CUresult rc = REAL(cuGetProcAddress)(symbol, pfn, version, flags);
-    if (rc == CUDA_SUCCESS) swap_in_hook(pfn);
+    if (rc == CUDA_SUCCESS) swap_in_hook(symbol, pfn);
     return rc;
 }
 
 EMU_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags, int *status) {
     ENTER(cuGetProcAddress_v2);
     CUresult rc = REAL(cuGetProcAddress_v2)(symbol, pfn, version, flags, status);
-    if (rc == CUDA_SUCCESS) swap_in_hook(pfn);
+    if (rc == CUDA_SUCCESS) swap_in_hook(symbol, pfn);
     return rc;
 }
 
@@ -514,6 +538,93 @@ DEF_BATCH_V1(cuMemcpyBatchAsync_ptsz, PT)
 DEF_BATCH_V2(cuMemcpyBatchAsync_v2, AS_IS)
 DEF_BATCH_V2(cuMemcpyBatchAsync_v2_ptsz, PT)
 
+/* ---- copies to and from CUDA arrays: one contiguous host span, through the channel ---- */
+typedef CUresult cuMemcpyHtoA_v2_t(CUarray, size_t, const void *, size_t);
+typedef CUresult cuMemcpyAtoH_v2_t(void *, CUarray, size_t, size_t);
+typedef CUresult cuMemcpyHtoAAsync_v2_t(CUarray, size_t, const void *, size_t, CUstream);
+typedef CUresult cuMemcpyAtoHAsync_v2_t(void *, CUarray, size_t, size_t, CUstream);
+typedef cuMemcpyHtoA_v2_t cuMemcpyHtoA_v2_ptds_t;
+typedef cuMemcpyAtoH_v2_t cuMemcpyAtoH_v2_ptds_t;
+typedef cuMemcpyHtoAAsync_v2_t cuMemcpyHtoAAsync_v2_ptsz_t;
+typedef cuMemcpyAtoHAsync_v2_t cuMemcpyAtoHAsync_v2_ptsz_t;
+typedef struct { int h, dir, async; CUarray a; size_t off; void *host; size_t n; } array_arg;
+static CUresult issue_array(void *p, CUstream st) {
+    array_arg *a = p;
+    if (a->dir == DIR_H2D)
+        return a->async ? ((cuMemcpyHtoAAsync_v2_t *)g_real[a->h])(a->a, a->off, a->host, a->n, st)
+                        : ((cuMemcpyHtoA_v2_t *)g_real[a->h])(a->a, a->off, a->host, a->n);
+    return a->async ? ((cuMemcpyAtoHAsync_v2_t *)g_real[a->h])(a->host, a->a, a->off, a->n, st)
+                    : ((cuMemcpyAtoH_v2_t *)g_real[a->h])(a->host, a->a, a->off, a->n);
+}
+/* Returns the crossing's result; *handled 0: not emulated, the caller runs the real call. */
+static CUresult array_copy(int h, int dir, int async, CUarray arr, size_t off, void *host, size_t n, CUstream st,
+                           int *handled) {
+    if (!(*handled = emulating(n, st))) return CUDA_SUCCESS;
+    emu_span span = {host, n};
+    array_arg a = {h, dir, async, arr, off, host, n};
+    emu_opaque o = {h, dir, emu_host_kind(host), n, st, !async, &span, 1, issue_array, &a};
+    return emu_cross_opaque(&o);
+}
+#define DEF_HTOA(n, ST)                                                                          \
+    EMU_API CUresult n(CUarray a, size_t off, const void *s, size_t b) {                        \
+        ENTER(n);                                                                               \
+        int handled;                                                                            \
+        CUresult rc = array_copy(H_##n, DIR_H2D, 0, a, off, (void *)s, b, ST, &handled);        \
+        return handled ? rc : REAL(n)(a, off, s, b);                                            \
+    }
+#define DEF_ATOH(n, ST)                                                                          \
+    EMU_API CUresult n(void *d, CUarray a, size_t off, size_t b) {                              \
+        ENTER(n);                                                                               \
+        int handled;                                                                            \
+        CUresult rc = array_copy(H_##n, DIR_D2H, 0, a, off, d, b, ST, &handled);                \
+        return handled ? rc : REAL(n)(d, a, off, b);                                            \
+    }
+#define DEF_HTOA_ASYNC(n, NORM)                                                                  \
+    EMU_API CUresult n(CUarray a, size_t off, const void *s, size_t b, CUstream st) {           \
+        ENTER(n);                                                                               \
+        int handled;                                                                            \
+        CUresult rc = array_copy(H_##n, DIR_H2D, 1, a, off, (void *)s, b, NORM(st), &handled);  \
+        return handled ? rc : REAL(n)(a, off, s, b, st);                                        \
+    }
+#define DEF_ATOH_ASYNC(n, NORM)                                                                  \
+    EMU_API CUresult n(void *d, CUarray a, size_t off, size_t b, CUstream st) {                 \
+        ENTER(n);                                                                               \
+        int handled;                                                                            \
+        CUresult rc = array_copy(H_##n, DIR_D2H, 1, a, off, d, b, NORM(st), &handled);          \
+        return handled ? rc : REAL(n)(d, a, off, b, st);                                        \
+    }
+DEF_HTOA(cuMemcpyHtoA_v2, NULL)
+DEF_HTOA(cuMemcpyHtoA_v2_ptds, CU_STREAM_PER_THREAD)
+DEF_ATOH(cuMemcpyAtoH_v2, NULL)
+DEF_ATOH(cuMemcpyAtoH_v2_ptds, CU_STREAM_PER_THREAD)
+DEF_HTOA_ASYNC(cuMemcpyHtoAAsync_v2, AS_IS)
+DEF_HTOA_ASYNC(cuMemcpyHtoAAsync_v2_ptsz, PT)
+DEF_ATOH_ASYNC(cuMemcpyAtoHAsync_v2, AS_IS)
+DEF_ATOH_ASYNC(cuMemcpyAtoHAsync_v2_ptsz, PT)
+
+/* ---- 3D batch copies: hooked so that coverage sees them, counted, passed through ----
+ * Their operands (pointers with row lengths in elements, or arrays with their
+ * formats) would need the arrays' element sizes to tell the bytes crossing;
+ * README "Known limits" says they are not charged. */
+typedef CUresult cuMemcpy3DBatchAsync_t(size_t, void *, size_t *, unsigned long long, CUstream);
+typedef CUresult cuMemcpy3DBatchAsync_v2_t(size_t, void *, unsigned long long, CUstream);
+typedef cuMemcpy3DBatchAsync_t cuMemcpy3DBatchAsync_ptsz_t;
+typedef cuMemcpy3DBatchAsync_v2_t cuMemcpy3DBatchAsync_v2_ptsz_t;
+#define DEF_BATCH3D_V1(n)                                                                        \
+    EMU_API CUresult n(size_t k, void *ops, size_t *fail, unsigned long long f, CUstream st) {  \
+        ENTER(n);                                                                               \
+        return REAL(n)(k, ops, fail, f, st);                                                    \
+    }
+#define DEF_BATCH3D_V2(n)                                                                        \
+    EMU_API CUresult n(size_t k, void *ops, unsigned long long f, CUstream st) {                \
+        ENTER(n);                                                                               \
+        return REAL(n)(k, ops, f, st);                                                          \
+    }
+DEF_BATCH3D_V1(cuMemcpy3DBatchAsync)
+DEF_BATCH3D_V1(cuMemcpy3DBatchAsync_ptsz)
+DEF_BATCH3D_V2(cuMemcpy3DBatchAsync_v2)
+DEF_BATCH3D_V2(cuMemcpy3DBatchAsync_v2_ptsz)
+
 /* ---- launches: a fixed toll added to each launch; a graph pays once ----
  * Additive, as the published figures are (CC-on minus CC-off per launch,
  * measured at the framework level): a multiple of this machine's driver
@@ -568,6 +679,76 @@ DEF_LAUNCH_EX(cuLaunchKernelEx_ptsz, PT)
 DEF_GRAPH(cuGraphLaunch, AS_IS)
 DEF_GRAPH(cuGraphLaunch_ptsz, PT)
 
+/* the legacy launches (still exported by CUDA 13's driver) */
+typedef CUresult cuLaunch_t(CUfunction);
+typedef CUresult cuLaunchGrid_t(CUfunction, int, int);
+typedef CUresult cuLaunchGridAsync_t(CUfunction, int, int, CUstream);
+typedef struct { CUfunction f; unsigned grid[3], block[3], shmem; CUstream stream; void **params; } launch_params;
+typedef CUresult cuLaunchCooperativeKernelMultiDevice_t(launch_params *, unsigned, unsigned);
+EMU_API CUresult cuLaunch(CUfunction f) { ENTER(cuLaunch); return launch_toll(REAL(cuLaunch)(f), NULL); }
+EMU_API CUresult cuLaunchGrid(CUfunction f, int w, int h) { ENTER(cuLaunchGrid); return launch_toll(REAL(cuLaunchGrid)(f, w, h), NULL); }
+EMU_API CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream st) {
+    ENTER(cuLaunchGridAsync);
+    return launch_toll(REAL(cuLaunchGridAsync)(f, w, h, st), st);
+}
+EMU_API CUresult cuLaunchCooperativeKernelMultiDevice(launch_params *p, unsigned n, unsigned flags) {
+    ENTER(cuLaunchCooperativeKernelMultiDevice);
+    return launch_toll(REAL(cuLaunchCooperativeKernelMultiDevice)(p, n, flags), p && n ? p->stream : NULL);
+}
+
+/* ---- host functions in a stream: a launch that makes the GPU wait for the host ----
+ * Under CC the GPU's "reached the host function" notice and the host's "done,
+ * go on" both cross the bridge: the stream stalls one host-GPU round trip
+ * beyond the function itself. So the call pays the launch toll, and the
+ * function is wrapped to spin one round trip (sync_toll) on the driver's
+ * callback thread after it returns, which holds back the work queued behind
+ * it exactly as long. A host function captured into a graph is passed
+ * through unwrapped (the wrapper is freed after its one call). */
+typedef void (*host_fn)(void *);
+typedef void (*stream_cb)(CUstream, CUresult, void *);
+typedef struct { host_fn fn; stream_cb cb; void *user; } host_call;
+static void run_host_call(host_call *h, CUstream st, CUresult status) {
+    host_call c = *h;
+    free(h);
+    if (c.fn) c.fn(c.user); else c.cb(st, status, c.user);
+    emu_spin_for(emu_ns(cfg.sync_toll_ns));
+}
+static void host_fn_wrapper(void *p) { run_host_call(p, NULL, CUDA_SUCCESS); }
+static void stream_cb_wrapper(CUstream st, CUresult status, void *p) { run_host_call(p, st, status); }
+/* A wrapper for this call, or NULL to pass the caller's function through. */
+static host_call *host_call_new(host_fn fn, stream_cb cb, void *user, CUstream st) {
+    if (!cfg.emulate || emu_capturing(st)) return NULL;
+    host_call *h = malloc(sizeof *h);
+    if (h) *h = (host_call){fn, cb, user};
+    return h;
+}
+static CUresult host_call_done(CUresult rc, host_call *h, CUstream st) {
+    if (rc != CUDA_SUCCESS) free(h); /* never enqueued: never called */
+    return launch_toll(rc, st);
+}
+typedef CUresult cuLaunchHostFunc_t(CUstream, host_fn, void *);
+typedef CUresult cuStreamAddCallback_t(CUstream, stream_cb, void *, unsigned);
+typedef cuLaunchHostFunc_t cuLaunchHostFunc_ptsz_t;
+typedef cuStreamAddCallback_t cuStreamAddCallback_ptsz_t;
+#define DEF_HOST_FUNC(n, NORM)                                                                   \
+    EMU_API CUresult n(CUstream st, host_fn fn, void *user) {                                   \
+        ENTER(n);                                                                               \
+        host_call *h = host_call_new(fn, NULL, user, NORM(st));                                 \
+        CUresult rc = h ? REAL(n)(st, host_fn_wrapper, h) : REAL(n)(st, fn, user);              \
+        return host_call_done(rc, h, NORM(st));                                                 \
+    }
+#define DEF_STREAM_CB(n, NORM)                                                                   \
+    EMU_API CUresult n(CUstream st, stream_cb cb, void *user, unsigned flags) {                 \
+        ENTER(n);                                                                               \
+        host_call *h = host_call_new(NULL, cb, user, NORM(st));                                 \
+        CUresult rc = h ? REAL(n)(st, stream_cb_wrapper, h, flags) : REAL(n)(st, cb, user, flags); \
+        return host_call_done(rc, h, NORM(st));                                                 \
+    }
+DEF_HOST_FUNC(cuLaunchHostFunc, AS_IS)
+DEF_HOST_FUNC(cuLaunchHostFunc_ptsz, PT)
+DEF_STREAM_CB(cuStreamAddCallback, AS_IS)
+DEF_STREAM_CB(cuStreamAddCallback_ptsz, PT)
+
 /* ---- synchronization: a round trip when there is work to wait for (pace.c) ---- */
 static CUresult sync_toll(CUresult rc) {
     if (rc == CUDA_SUCCESS) emu_roundtrip(0);
@@ -581,6 +762,8 @@ EMU_API CUresult cuStreamSynchronize(CUstream s) { ENTER(cuStreamSynchronize); r
 EMU_API CUresult cuStreamSynchronize_ptsz(CUstream s) { ENTER(cuStreamSynchronize_ptsz); return sync_toll(REAL(cuStreamSynchronize_ptsz)(s)); }
 EMU_API CUresult cuEventSynchronize(CUevent e) { ENTER(cuEventSynchronize); return sync_toll(REAL(cuEventSynchronize)(e)); }
 EMU_API CUresult cuCtxSynchronize(void) { ENTER(cuCtxSynchronize); return sync_toll(REAL(cuCtxSynchronize)()); }
+typedef CUresult cuCtxSynchronize_v2_t(CUcontext);
+EMU_API CUresult cuCtxSynchronize_v2(CUcontext c) { ENTER(cuCtxSynchronize_v2); return sync_toll(REAL(cuCtxSynchronize_v2)(c)); }
 
 /* ---- secure context lifecycle ---- */
 static CUresult lifecycle_toll(CUresult rc, double ns) {

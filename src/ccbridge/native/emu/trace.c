@@ -41,6 +41,8 @@ void emu_count(int api) {
     if (api >= 0 && api < MAX_API) atomic_fetch_add_explicit(&g_calls[api], 1, memory_order_relaxed);
 }
 
+uint64_t emu_calls(int api) { return api >= 0 && api < MAX_API ? atomic_load(&g_calls[api]) : 0; }
+
 void emu_stat_add(int dir, int mem, size_t bytes, uint64_t blocked_ns, uint64_t cipher_bytes) {
     atomic_fetch_add(&g_stat[dir][mem].cipher_bytes, cipher_bytes);
     atomic_fetch_add(&g_stat[dir][mem].count, 1);
