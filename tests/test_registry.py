@@ -9,7 +9,8 @@ def test_every_family_is_registered_once():
     names = [t.name for t in registry.select(None)]
     assert len(names) == len(set(names))
     assert {t.family for t in registry.select(None)} == {"compute", "transfer", "semantics", "smallcopy", "concurrency",
-                                                         "launch", "toll", "lifecycle", "hostcrypto", "peer"}
+                                                         "launch", "toll", "framework", "lifecycle", "hostcrypto",
+                                                         "peer"}
 
 
 def test_select_by_family_and_name():

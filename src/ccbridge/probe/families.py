@@ -8,6 +8,7 @@ from ccbridge.probe import (  # noqa: F401
     concurrency,
     launch,
     toll,
+    framework,
     lifecycle,
     hostcrypto,
     peer,

@@ -1,0 +1,158 @@
+"""Framework: the bridge as a PyTorch program meets it: eager launches, synchronizes, readbacks, copies.
+
+The published launch figures were measured through the framework (Tinfoil: an
+`x.add_(1)` loop, pipelined and with a synchronize after each launch), and the
+published 32-byte D2H with a loop of small copies, so `ccbridge calibrate`
+checks the emulator against these rows as well as against the C probe's
+driver-level ones. Row names (test, metric, params) are fixed: calibrate reads
+them by name.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Callable
+
+from ccbridge.probe.registry import test
+from ccbridge.results import Row
+from ccbridge.stats import plan_iters
+
+MiB = 1 << 20
+LAUNCH = "framework.launch"
+# mode -> what follows each x.add_(1); "pipelined" only synchronizes once, after the loop
+LAUNCH_MODES = ("pipelined", "launch+synchronize", "launch+stream_synchronize", "launch+item")
+D2H32 = "framework.d2h32"
+D2H32_STREAMS = (1, 16)
+COPY = "framework.copy"
+COPY_BYTES = (16 * MiB, 256 * MiB)
+
+
+def per_iteration_us(body: Callable[[], object], finish: Callable[[], object], n: int, reps: int) -> list[float]:
+    """Wall time per iteration (us) of n calls of body and one finish (the closing synchronize), reps samples."""
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            body()
+        finish()
+        samples.append((time.perf_counter() - t0) / n * 1e6)
+    return samples
+
+
+def launch_bodies(torch, x, stream) -> dict[str, Callable[[], object]]:
+    """One iteration of each launch mode on the small tensor x."""
+    def add():
+        x.add_(1)
+
+    def add_sync():
+        x.add_(1)
+        torch.cuda.synchronize()
+
+    def add_stream_sync():
+        x.add_(1)
+        stream.synchronize()
+
+    def add_item():
+        x.add_(1)
+        return x.item()
+
+    return dict(zip(LAUNCH_MODES, (add, add_sync, add_stream_sync, add_item)))
+
+
+def _device(torch, ctx):
+    dev = torch.device("cuda", ctx.device)
+    torch.cuda.set_device(dev)
+    return dev
+
+
+@test(LAUNCH, "eager op launch through torch: pipelined, + torch.cuda.synchronize(), + stream.synchronize(), + .item()",
+      needs=("gpu", "torch"))
+def launches(ctx):
+    import torch
+
+    dev = _device(torch, ctx)
+    x = torch.zeros(1, device=dev)  # Tinfoil's small tensor: the launch, not the kernel, is timed
+    reps = ctx.pick(9, 5)
+    counts = {"pipelined": ctx.pick(2000, 500)}
+    rows, done = [], 0
+    for mode, body in launch_bodies(torch, x, torch.cuda.current_stream(dev)).items():
+        ctx.step(mode)
+        n = counts.get(mode, ctx.pick(500, 150))
+        per_iteration_us(body, torch.cuda.synchronize, 20, 1)  # warm: kernel load, caches
+        samples = per_iteration_us(body, torch.cuda.synchronize, n, reps)
+        done += 20 + n * reps
+        row = Row.of(LAUNCH, "time_per_op", "us", samples, mode=mode)
+        row.extra["headline"] = mode in ("pipelined", "launch+synchronize")
+        rows.append(row)
+    if x.item() != done:  # every launch ran, in order (float32 counts exactly far beyond this)
+        raise RuntimeError(f"x.add_(1) ran {x.item():.0f} times, expected {done}")
+    return rows
+
+
+@test(D2H32, "32-byte non_blocking D2H through torch, no synchronize between copies, 1 and 16 streams",
+      needs=("gpu", "torch"))
+def small_d2h(ctx):
+    import torch
+
+    dev = _device(torch, ctx)
+    src = torch.arange(8, dtype=torch.float32, device=dev)  # 32 bytes
+    torch.cuda.synchronize()
+    reps, n = ctx.pick(9, 5), ctx.pick(1000, 200)
+    rows = []
+    for k in D2H32_STREAMS:
+        ctx.step(f"{k} streams")
+        streams = itertools.cycle([torch.cuda.Stream(device=dev) for _ in range(k)])
+        last = []
+
+        def readback():
+            with torch.cuda.stream(next(streams)):
+                last[:] = [src.to("cpu", non_blocking=True)]  # a pinned output: the copy is asynchronous natively
+
+        per_iteration_us(readback, torch.cuda.synchronize, 20, 1)  # warm: the pinned host allocator's cache
+        samples = per_iteration_us(readback, torch.cuda.synchronize, n, reps)
+        if not torch.equal(last[0], src.cpu()):
+            raise RuntimeError("a 32-byte D2H copy is not byte-exact")
+        row = Row.of(D2H32, "per_copy_time", "us", samples, streams=k)
+        row.extra["headline"] = k == 1
+        rows.append(row)
+    return rows
+
+
+@test(COPY, "H2D/D2H through torch copy_, pinned and pageable, 16 MiB and 256 MiB: GB/s", needs=("gpu", "torch"))
+def copies(ctx):
+    import torch
+
+    dev = _device(torch, ctx)
+    reps, size = ctx.pick(5, 3), max(COPY_BYTES)
+    rows = []
+    device_buf = torch.empty(size, dtype=torch.uint8, device=dev)
+    block = torch.randint(0, 256, (MiB,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    for mem in ("pinned", "pageable"):
+        ctx.step(f"allocating {size // MiB} MiB {mem}")
+        host = torch.empty(size, dtype=torch.uint8, pin_memory=mem == "pinned")
+        # every MiB different, so that a misplaced chunk is caught (uint8 wraps)
+        host.view(-1, MiB).copy_(block + torch.arange(size // MiB, dtype=torch.uint8)[:, None])
+        back = torch.empty(size, dtype=torch.uint8, pin_memory=mem == "pinned")
+        device_buf.copy_(host, non_blocking=True)
+        back.copy_(device_buf, non_blocking=True)
+        torch.cuda.synchronize()
+        if not torch.equal(back, host):
+            raise RuntimeError(f"{mem} H2D -> D2H round trip through torch is not byte-exact")
+        for direction in ("h2d", "d2h"):
+            for nbytes in COPY_BYTES:
+                ctx.step(f"{direction} {mem} {nbytes // MiB} MiB")
+                dst, src = (device_buf[:nbytes], host[:nbytes]) if direction == "h2d" else (back[:nbytes], device_buf[:nbytes])
+
+                def one():
+                    dst.copy_(src, non_blocking=True)
+
+                pilot = per_iteration_us(one, torch.cuda.synchronize, 1, 1)[0] * 1e-6
+                k = plan_iters(pilot, ctx.pick(0.2, 0.05), 2, 200)
+                per_copy = per_iteration_us(one, torch.cuda.synchronize, k, reps)
+                row = Row.of(COPY, "bandwidth", "GB/s", [nbytes / (us * 1e-6) / 1e9 for us in per_copy],
+                             dir=direction, mem=mem, bytes=nbytes)
+                row.extra["headline"] = nbytes == size
+                rows.append(row)
+        del host, back
+    return rows
