@@ -1,11 +1,13 @@
 """Calibration logic on the CPU: targets and law checks from a native and an emulated result."""
 
 import copy
+import json
 
 import pytest
 
 from ccbridge.emulate import calibrate, profiles
-from ccbridge.results import Result
+from ccbridge.probe import framework
+from ccbridge.results import Result, Row
 
 from conftest import synthetic
 
@@ -34,7 +36,7 @@ def test_transfer_ratio_target_holds_when_the_emulated_run_matches(h100):
 
 
 def test_native_verdicts_fail_the_law_and_name_the_cases(h100):
-    checks = calibrate.law_checks(as_emulated(h100, {}))
+    checks = calibrate.law_checks(h100, as_emulated(h100, {}))
     sem = check(checks, "semantics")
     assert sem.ok is False
     assert "h2d/pinned/same: async (law: blocks)" in sem.measured
@@ -72,3 +74,122 @@ def test_profile_errors_are_clear(tmp_path):
         profiles.load(str(bad))
     with pytest.raises(profiles.ProfileError, match="unknown profile 'b999'"):
         profiles.load("b999")
+
+
+def test_a_target_without_a_rule_is_refused(tmp_path, h100):
+    """The launch ratios of the multiplicative model are gone: a profile still naming one says so."""
+    doc = json.loads((profiles._dir() / "b300.json").read_text())
+    doc["targets"]["launch_pipelined_ratio"] = {"value": 3.51, "source": "Tinfoil benchmarks, B300: 7.4 -> 26 us"}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(profiles.ProfileError, match=r"target 'launch_pipelined_ratio' has no calibration rule "
+                                                    r"\(known: .*launch_pipelined_delta_us"):
+        calibrate.evaluate(profiles.load(str(path)), h100, as_emulated(h100, {}))
+
+
+def test_driver_launch_targets_are_deltas_not_ratios(h100):
+    """The additive toll: +18.6 us per launch holds; the old 3.51x of a ~2 us driver launch does not."""
+    nat = {r.params["mode"]: r.median for r in h100.by_test("launch.cost")}
+    b300 = profiles.load("b300")
+    added = as_emulated(h100, {})
+    for r in added.by_test("launch.cost"):
+        r.median += {"pipelined": 18.6, "launch+wait": 41.0}.get(r.params["mode"], 0)
+    checks = calibrate.profile_checks(b300, h100, added)
+    assert check(checks, "launch_pipelined_delta_us").measured == pytest.approx(18.6)
+    assert check(checks, "launch_wait_delta_us").ok is True and check(checks, "launch_wait_delta_us").level == "driver"
+    multiplied = as_emulated(h100, {("launch.cost", "time_per_kernel", (("mode", "pipelined"),)): 3.51})
+    c = check(calibrate.profile_checks(b300, h100, multiplied), "launch_pipelined_delta_us")
+    assert c.measured == pytest.approx(2.51 * nat["pipelined"]) and c.ok is False
+
+
+MiB = 1 << 20
+
+
+def framework_result(launch: dict, d2h32: dict, gbps: dict, emulated: str | None = None) -> Result:
+    """Synthetic framework rows: launch {mode: us}, d2h32 {streams: us}, gbps {(dir, mem, bytes): GB/s}."""
+    rows = [Row.of(framework.LAUNCH, "time_per_op", "us", [v], mode=m) for m, v in launch.items()]
+    rows += [Row.of(framework.D2H32, "per_copy_time", "us", [v], streams=k) for k, v in d2h32.items()]
+    rows += [Row.of(framework.COPY, "bandwidth", "GB/s", [v], dir=d, mem=m, bytes=b) for (d, m, b), v in gbps.items()]
+    return synthetic(rows, emulated=emulated)
+
+
+NATIVE_GBPS = {("h2d", "pinned", 16 * MiB): 50.0, ("h2d", "pinned", 256 * MiB): 53.0,
+               ("d2h", "pinned", 16 * MiB): 50.0, ("d2h", "pinned", 256 * MiB): 54.0,
+               ("h2d", "pageable", 16 * MiB): 9.2, ("h2d", "pageable", 256 * MiB): 9.6,
+               ("d2h", "pageable", 16 * MiB): 8.9, ("d2h", "pageable", 256 * MiB): 9.0}
+NATIVE = dict(launch={"pipelined": 10.2, "launch+synchronize": 28.0, "launch+stream_synchronize": 27.0,
+                      "launch+item": 30.0}, d2h32={1: 26.1, 16: 24.0}, gbps=NATIVE_GBPS)
+
+
+def as_cc_b300(**change) -> Result:
+    """Framework rows as the b300 profile says CC-on would read them on the native machine above."""
+    emu = dict(launch={"pipelined": 10.2 + 18.6, "launch+synchronize": 28.0 + 41, "launch+stream_synchronize": 27.0 + 41,
+                       "launch+item": 30.0 + 41.6}, d2h32={1: 26.1 + 23, 16: 24.0 + 25},
+               gbps={k: v * {"h2d": {"pinned": 0.203, "pageable": 0.7}, "d2h": {"pinned": 0.211, "pageable": 0.211}}
+                     [k[0]][k[1]] for k, v in NATIVE_GBPS.items()})
+    for part, values in change.items():
+        emu[part] = {**emu[part], **values}
+    return framework_result(**emu, emulated="b300")
+
+
+def test_framework_targets_hold_at_the_framework_level():
+    native = framework_result(**NATIVE)
+    checks = {c.id: c for c in calibrate.evaluate(profiles.load("b300"), native, as_cc_b300())}
+    fw = {k: v for k, v in checks.items() if k.startswith("framework_")}
+    assert set(fw) == {"framework_launch_pipelined_delta_us", "framework_launch_sync_delta_us", "framework_d2h32_delta_us",
+                       "framework_h2d_pinned_ratio", "framework_d2h_pinned_ratio", "framework_h2d_pageable_ratio"}
+    assert all(c.ok is True and c.level == "framework" for c in fw.values()), fw
+    assert fw["framework_launch_sync_delta_us"].measured == pytest.approx(41.0)
+    assert fw["framework_h2d_pinned_ratio"].measured == pytest.approx(0.203)  # at 256 MiB
+    assert fw["framework_h2d_pageable_ratio"].target == "<= 0.78 (+15%)"
+    assert checks["never_faster_framework"].ok is True and checks["never_faster_framework"].level == "framework"
+    assert checks["never_faster_driver"].ok is None  # no transfer.sweep rows here: not counted as holding
+
+
+def test_framework_targets_fail_where_the_emulator_misses():
+    native = framework_result(**NATIVE)
+    # issue 13, measured on an H100: no toll on torch.cuda.synchronize(), +5.3 us per launch, pageable faster than native
+    missed = as_cc_b300(launch={"pipelined": 15.5, "launch+synchronize": 28.0 + 15.6},
+                        gbps={("h2d", "pageable", 16 * MiB): 11.3, ("d2h", "pageable", 16 * MiB): 11.6})
+    checks = {c.id: c for c in calibrate.evaluate(profiles.load("b300"), native, missed)}
+    assert checks["framework_launch_pipelined_delta_us"].measured == pytest.approx(5.3)
+    assert checks["framework_launch_pipelined_delta_us"].ok is False
+    assert checks["framework_launch_sync_delta_us"].ok is False
+    c = checks["framework_h2d_pageable_ratio"]  # 256 MiB under the ceiling, 16 MiB over it: the worse one counts
+    assert c.measured == pytest.approx(11.3 / 9.2) and c.ok is False
+    worst = checks["never_faster_framework"]
+    assert worst.ok is False and worst.measured == pytest.approx(11.6 / 8.9) and "d2h pageable 16 MiB" in worst.what
+    assert checks["framework_d2h32_delta_us"].ok is True  # untouched rows still hold
+
+
+def test_a_ceiling_target_holds_below_and_within_tolerance_above():
+    native = framework_result(**NATIVE)
+    for ratio, ok in ((0.3, True), (0.78 * 1.14, True), (0.78 * 1.16, False)):
+        emu = as_cc_b300(gbps={("h2d", "pageable", b): NATIVE_GBPS[("h2d", "pageable", b)] * ratio
+                               for b in framework.COPY_BYTES})
+        assert check(calibrate.profile_checks(profiles.load("b300"), native, emu), "framework_h2d_pageable_ratio").ok is ok
+
+
+def test_h200_framework_targets_read_its_own_figures():
+    native = framework_result(**NATIVE)
+    emu = as_cc_b300(launch={"pipelined": 10.2 + 7.4, "launch+synchronize": 28.0 + 22.4}, d2h32={1: 26.1 + 18},
+                     gbps={("h2d", "pinned", 256 * MiB): 53.0 * 0.181, ("d2h", "pinned", 256 * MiB): 54.0 * 0.188})
+    checks = {c.id: c for c in calibrate.profile_checks(profiles.load("h200"), native, emu)}
+    fw = [c for k, c in checks.items() if k.startswith("framework_")]
+    assert len(fw) == 5 and all(c.ok is True for c in fw), fw  # no Hopper pageable figure: no pageable target
+    assert check(calibrate.profile_checks(profiles.load("b300"), native, emu), "framework_launch_pipelined_delta_us").ok is False
+
+
+def test_the_report_says_the_level_of_every_check():
+    native = framework_result(**NATIVE)
+    b300 = profiles.override(profiles.load("b300"), ["launch_toll_us=0"])
+    checks = calibrate.evaluate(b300, native, as_cc_b300())
+    assert all(c.level in ("driver", "framework") for c in checks)
+    md = calibrate.render(b300, checks, native, as_cc_b300())
+    assert "| check | level | what |" in md and "| framework_d2h32_delta_us | framework |" in md
+    assert "| launch_wait_delta_us | driver |" in md and "what-if: launch_toll_us set on the command line" in md
+    assert {c["level"] for c in calibrate.to_json(checks)} == {"driver", "framework"}
+
+
+def test_calibrate_runs_the_framework_family():
+    assert "framework" in calibrate.PROBE_TESTS.split(",")
