@@ -97,7 +97,11 @@ FILES = {
                                                                "data_offsets": [0, 1]}}).encode(), b"\x01"),
     "notexec": lambda: "#!/bin/sh\necho hi\n",
     "afile": lambda: "a file where a folder is expected\n",
-    "tr.1.csv": lambda: "api,dir,mem,bytes\ncuMemcpyHtoD,h2d,pinned,lots\n",
+    "tr.1.csv": lambda: ("# ccbridge trace schema 2, profile b300, emulate 1\n"
+                         + ",".join(__import__("ccbridge.emulate.trace", fromlist=["COLUMNS"]).COLUMNS)
+                         + "\n1,2,3,,,cuMemcpyHtoD_v2,crossing,h2d,pinned,lots,0,0,0,0\n"),
+    "told.1.csv": lambda: ("t_enter_ns,t_return_ns,tid,ctx,stream,api,dir,mem,bytes,blocked_channel_ns,"  # schema 1
+                           "blocked_stream_ns,toll_ns\n1,2,3,0x1,(nil),cuMemcpyHtoD_v2,h2d,pinned,4,0,0,0\n"),
     "ts.1.summary.json": lambda: "{not json",
 }
 
@@ -155,12 +159,12 @@ CASES = [
     (["run", "--profile", "b300"], "no command given: ccbridge run --profile NAME -- CMD"),
     (["run", "--profile", "b300", "--"], "no command given"),
     (["run", "--profile", "b300", "--", "{d}/folder"], "{d}/folder is a folder, not a program"),
-    (["run", "--profile", "b300", "--trace", "/nonexistent/dir/t", "--", "true"],
+    (["run", "--profile", "b300", "--record", "/nonexistent/dir/t", "--", "true"],
      "trace prefix /nonexistent/dir/t: the folder /nonexistent/dir does not exist", {"absent": ["/nonexistent"]}),
-    (["run", "--profile", "b300", "--trace", "{d}/folder/sub/t", "--", "true"],
+    (["run", "--profile", "b300", "--record", "{d}/folder/sub/t", "--", "true"],
      "the folder {d}/folder/sub does not exist"),
     (["run", "--profile", "{d}/p_nan.json", "--", "true"], "parameter h2d_toll_us = nan: expected a number in [0, 10000000]"),
-    (["run"], "the following arguments are required: --profile"),
+    (["run"], "give --profile NAME (emulate), --record T (record only) or --coverage FILE"),
     (["run", "--profile", "b300", "--set", "warps=2", "--", "true"], "--set 'warps=2': unknown parameter 'warps' (known: "),
     (["run", "--profile", "b300", "--set", "launch_toll_us=fast", "--", "true"], "launch_toll_us needs a number, got 'fast'"),
     (["run", "--profile", "b300", "--set", "launch_toll_us=nan", "--", "true"], "parameter launch_toll_us = nan"),
@@ -224,7 +228,8 @@ CASES = [
     # trace
     (["trace", "{d}/none"], "no trace files {d}/none.<pid>.csv or .summary.json"),
     (["trace", "/nonexistent/dir/t"], "no trace files /nonexistent/dir/t.<pid>.csv"),
-    (["trace", "{d}/tr"], "unreadable trace {d}/tr.1.csv, line 2"),
+    (["trace", "{d}/tr"], "unreadable trace {d}/tr.1.csv, line 3"),
+    (["trace", "{d}/told"], "trace {d}/told.1.csv: written by an older ccbridge (schema 1); this ccbridge reads trace schema 2"),
     (["trace", "{d}/ts"], "unreadable trace summary {d}/ts.1.summary.json"),
     # collectives and bench: arguments checked before the GPU is looked for
     (["collectives", "-b", "foo"], "argument -b/--minbytes: not a size: 'foo'; expected a positive number"),
@@ -280,6 +285,11 @@ CASES = [
     (["run", "--profile", "b300", "--coverage", "/nonexistent/dir/c.json", "--", "true"],
      "--coverage /nonexistent/dir/c.json: the folder /nonexistent/dir does not exist", {"absent": ["/nonexistent"]}),
     (["run", "--profile", "b300", "--coverage", "{d}/folder", "--", "true"], "--coverage {d}/folder: is a folder, not a file"),
+    # run --record (record-only without --profile)
+    (["run", "--record", "/nonexistent/dir/t", "--", "true"],
+     "trace prefix /nonexistent/dir/t: the folder /nonexistent/dir does not exist", {"absent": ["/nonexistent"]}),
+    (["run", "--record", "{d}/t", "--set", "lanes=2", "--", "true"], "--set changes an emulator profile: it needs --profile"),
+    (["run", "--trace", "{d}/t", "--profile", "b300", "--", "true"], "unrecognized arguments"),
 ]
 
 

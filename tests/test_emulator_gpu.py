@@ -56,7 +56,7 @@ def test_stress_native_is_exact(stress):
 @pytest.mark.parametrize("profile", ["b300", "passthrough"])
 def test_stress_under_emulator_is_exact_and_every_api_is_seen(stress, profile, tmp_path):
     prefix = tmp_path / "t"
-    p = ccbridge("run", "--profile", profile, "--trace", str(prefix), "--", stress, *STRESS_ARGS, timeout=420)
+    p = ccbridge("run", "--profile", profile, "--record", str(prefix), "--", stress, *STRESS_ARGS, timeout=420)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "all byte-exact" in p.stdout
     s = trace.summarize(str(prefix))

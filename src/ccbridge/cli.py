@@ -168,12 +168,17 @@ def cmd_run(args) -> int:
     from ccbridge.emulate import launcher, profiles, trace
 
     cmd = args.program[1:] if args.program[:1] == ["--"] else args.program
-    prof = profiles.override(profiles.load(args.profile), args.overrides)
-    launcher.check(prof, cmd, args.trace, args.coverage)
+    if not args.profile and not args.record and not args.coverage:
+        raise UsageError("give --profile NAME (emulate), --record T (record only) or --coverage FILE")
+    if args.overrides and not args.profile:
+        raise UsageError("--set changes an emulator profile: it needs --profile")
+    # without a profile: passthrough (the interposer records, adds no cost)
+    prof = profiles.override(profiles.load(args.profile or "passthrough"), args.overrides)
+    launcher.check(prof, cmd, args.record, args.coverage)
     print(launcher.banner(prof), file=sys.stderr)
-    rc = launcher.run(prof, cmd, trace=args.trace, coverage=args.coverage)
-    if args.trace:
-        print(trace.render(trace.summarize(str(Path(args.trace).resolve()))), file=sys.stderr)
+    rc = launcher.run(prof, cmd, trace=args.record, coverage=args.coverage)
+    if args.record:
+        print(trace.render(trace.summarize(str(Path(args.record).resolve()))), file=sys.stderr)
     if args.coverage:
         from ccbridge.emulate import coverage
 
@@ -408,10 +413,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_set(p)
     p.set_defaults(fn=cmd_probe)
 
-    p = sub.add_parser("run", help="run a program under the emulated CC bridge: ccbridge run --profile b300 -- CMD")
-    p.add_argument("--profile", required=True, help="profile name or .json path (see `ccbridge profiles`)")
-    p.add_argument("--trace", help="record every crossing to TRACE.<pid>.csv and a summary per process "
-                                   "(TRACE's folder must exist)")
+    p = sub.add_parser("run", help="run a program under the emulated CC bridge: ccbridge run --profile b300 -- CMD; "
+                                   "or record it: ccbridge run --record T -- CMD")
+    p.add_argument("--profile", help="emulate with this profile: name or .json path (see `ccbridge profiles`); "
+                                     "without it the program runs natively (with --record or --coverage)")
+    p.add_argument("--record", metavar="T", help="trace every crossing, launch and synchronize to T.<pid>.csv and a "
+                                                 "summary per process (T's folder must exist); without --profile the "
+                                                 "program is only recorded, not emulated")
     p.add_argument("--coverage", metavar="FILE", help="write every driver entry point the program resolved, classified "
                                                       "hooked/harmless/MISSING/unclassified, to FILE (JSON) and print it")
     _add_set(p)

@@ -1,14 +1,50 @@
-"""Read the emulator's accounting: per-process summaries and per-crossing CSV traces."""
+"""Read the interposer's accounting: per-process summaries and per-call CSV traces.
+
+One trace schema for record-only runs (`ccbridge run --record T`, no
+profile: the native machine, or a real CC-on machine), emulated runs (with
+--profile) and anything else the interposer writes, so that any two traces
+compare. The interposer writes it (native/emu/trace.c, EMU_TRACE_SCHEMA and
+EMU_TRACE_COLUMNS in emu.h); tests/test_trace_schema.py holds the C side to
+SCHEMA and COLUMNS here. Each CSV starts with
+
+    # ccbridge trace schema 2, profile NAME, emulate 0|1
+    t_enter_ns,t_return_ns,...
+
+and has one line per crossing (a host<->device copy), launch (kernel, graph,
+host function) and synchronize.
+"""
 
 from __future__ import annotations
 
 import csv
 import glob
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ccbridge.errors import ResultFileError
+
+SCHEMA = 2
+# column -> what it holds; the order is the file's
+COLUMNS: dict[str, str] = {
+    "t_enter_ns": "CLOCK_MONOTONIC ns when the call began",
+    "t_return_ns": "when it returned",
+    "tid": "the calling thread (Linux thread id)",
+    "ctx": "the context whose channel a crossing used (empty when not known: launches, syncs, not emulated)",
+    "stream": "the stream as the program gave it (empty: the legacy default stream)",
+    "api": "the driver entry point",
+    "kind": "crossing | launch | sync",
+    "dir": "h2d | d2h (crossings only)",
+    "mem": "pinned | pageable (crossings only)",
+    "bytes": "bytes crossing",
+    "blocked_channel_ns": "time the emulator waited for the context's channel (0 when not emulating)",
+    "blocked_stream_ns": "time the emulator waited for the stream to reach the copy (0 when not emulating: "
+                         "the driver's own waits are inside t_return - t_enter)",
+    "toll_ns": "fixed cost the emulator added (crossing toll + round trip, launch toll, synchronize round trip)",
+    "rc": "the CUresult returned",
+}
+SCHEMA_LINE = re.compile(r"# ccbridge trace schema (\d+)(?:, profile ([^,]*), emulate (\d))?")
 
 
 @dataclass
@@ -16,15 +52,34 @@ class TraceSummary:
     processes: int = 0
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     crossings: dict[str, dict[str, float]] = field(default_factory=dict)
-    by_api: dict[tuple[str, str, str], dict[str, float]] = field(default_factory=dict)
+    # (api, dir, mem) -> count, bytes, blocked_ns (time in the call), stream_wait_ns, channel_wait_ns, toll_ns, kind
+    by_api: dict[tuple[str, str, str], dict] = field(default_factory=dict)
+    profiles: set[str] = field(default_factory=set)  # profile of each traced process ("passthrough": record-only)
 
     def total_crossings(self) -> int:
         return int(sum(c["count"] for c in self.crossings.values()))
 
+    def total(self, kind: str) -> int:
+        return sum(a["count"] for a in self.by_api.values() if a["kind"] == kind)
+
+
+def check_header(path: str, first: str, second: str) -> re.Match:
+    """The schema line and the column line; ResultFileError for another schema."""
+    m = SCHEMA_LINE.fullmatch(first.rstrip("\r\n"))
+    if not m:
+        what = "written by an older ccbridge (schema 1)" if first.startswith("t_enter_ns,") else "not a ccbridge trace"
+        raise ResultFileError(f"trace {path}: {what}; this ccbridge reads trace schema {SCHEMA}: record it again")
+    if int(m.group(1)) != SCHEMA:
+        raise ResultFileError(f"trace {path}: trace schema {m.group(1)}; this ccbridge reads schema {SCHEMA}: "
+                              "read it with the ccbridge that wrote it, or record it again")
+    if second.rstrip("\r\n").split(",") != list(COLUMNS):
+        raise ResultFileError(f"trace {path}: the columns are not those of trace schema {SCHEMA}")
+    return m
+
 
 def summarize(prefix: str) -> TraceSummary:
     """Fold every <prefix>.<pid>.summary.json and .csv into one summary; ResultFileError
-    naming the file and the line for one the emulator did not write."""
+    naming the file and the line for one the interposer did not write or of another schema."""
     s = TraceSummary()
     for path in sorted(glob.glob(f"{glob.escape(prefix)}.*.summary.json")):
         try:
@@ -43,27 +98,36 @@ def summarize(prefix: str) -> TraceSummary:
         line = 1
         try:
             with open(path, newline="") as f:
-                for line, row in enumerate(csv.DictReader(f), start=2):
-                    key = (row["api"], row["dir"], row["mem"])
-                    agg = s.by_api.setdefault(key, {"count": 0, "bytes": 0, "blocked_ns": 0, "stream_wait_ns": 0,
-                                                    "channel_wait_ns": 0})
+                m = check_header(path, f.readline(), f.readline())
+                if m.group(2):
+                    s.profiles.add(m.group(2))
+                for line, row in enumerate(csv.DictReader(f, fieldnames=list(COLUMNS)), start=3):
+                    key = (row["api"], row["dir"] or "-", row["mem"] or "-")
+                    agg = s.by_api.setdefault(key, {"kind": row["kind"], "count": 0, "bytes": 0, "blocked_ns": 0,
+                                                    "stream_wait_ns": 0, "channel_wait_ns": 0, "toll_ns": 0})
                     agg["count"] += 1
                     agg["bytes"] += int(row["bytes"])
                     agg["blocked_ns"] += int(row["t_return_ns"]) - int(row["t_enter_ns"])
                     agg["stream_wait_ns"] += int(row["blocked_stream_ns"])
                     agg["channel_wait_ns"] += int(row["blocked_channel_ns"])
+                    agg["toll_ns"] += int(row["toll_ns"])
+        except ResultFileError:
+            raise
         except (OSError, UnicodeDecodeError, csv.Error, KeyError, ValueError, TypeError) as e:
             raise ResultFileError(f"unreadable trace {path}, line {line}: {type(e).__name__}: {e}") from None
     return s
 
 
 def render(s: TraceSummary) -> str:
-    lines = [f"emulator trace: {s.processes} process(es), {s.total_crossings()} crossings"]
+    lines = [f"trace: {s.processes} process(es)" + (f" ({', '.join(sorted(s.profiles))})" if s.profiles else "")
+             + f", {s.total('crossing')} crossings, {s.total('launch')} launches, {s.total('sync')} synchronizes"]
     if s.by_api:
-        lines.append(f"{'api':<28} {'dir':<4} {'mem':<9} {'count':>8} {'MiB':>10} {'blocked ms':>11} {'stream wait':>12} {'channel wait':>13}")
+        lines.append(f"{'api':<30} {'kind':<8} {'dir':<4} {'mem':<9} {'count':>8} {'MiB':>10} {'in call ms':>11} "
+                     f"{'stream wait':>12} {'channel wait':>13} {'toll ms':>9}")
         for (api, d, m), a in sorted(s.by_api.items(), key=lambda kv: -kv[1]["blocked_ns"]):
-            lines.append(f"{api:<28} {d:<4} {m:<9} {a['count']:>8} {a['bytes'] / 2**20:>10.1f} {a['blocked_ns'] / 1e6:>11.2f} "
-                         f"{a['stream_wait_ns'] / 1e6:>12.2f} {a['channel_wait_ns'] / 1e6:>13.2f}")
+            lines.append(f"{api:<30} {a['kind']:<8} {d:<4} {m:<9} {a['count']:>8} {a['bytes'] / 2**20:>10.1f} "
+                         f"{a['blocked_ns'] / 1e6:>11.2f} {a['stream_wait_ns'] / 1e6:>12.2f} "
+                         f"{a['channel_wait_ns'] / 1e6:>13.2f} {a['toll_ns'] / 1e6:>9.2f}")
     top = sorted(s.calls.items(), key=lambda kv: -kv[1])
     if top:
         lines.append("hooked calls: " + ", ".join(f"{k} {v}" for k, v in top))

@@ -299,9 +299,9 @@ static CUresult cross(const crossing *x) {
     }
     ticket_done(ch);
     emu_record r = {x->api, x->dir, x->mem, t_enter, emu_now(), t_ready - t_lock, t_lock - t_enter, toll,
-                    x->bytes, ctx, x->stream};
+                    x->bytes, ctx, x->stream, REC_CROSSING, rc};
     emu_stat_add(x->dir, x->mem, x->bytes, r.t_return - r.t_enter, cipher);
-    emu_trace_crossing(&r);
+    emu_trace_record(&r);
     return rc;
 }
 

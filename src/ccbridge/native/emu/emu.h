@@ -207,16 +207,29 @@ CUresult emu_cross_opaque(const emu_opaque *o);
 void emu_channel_forget(CUcontext ctx);
 void emu_channels_reset(void);
 
-/* ---- trace and counters (trace.c) ---- */
+/* ---- trace and counters (trace.c) ----
+ * One trace schema for record-only, emulated and real CC-on runs; Python's
+ * emulate/trace.py holds the same version and columns (tests/test_trace_schema.py).
+ * kind: crossing (a host<->device copy), launch (kernel, graph, host function),
+ * sync (a synchronize); dir and mem are empty for launches and syncs, ctx where
+ * unknown. blocked_channel_ns / blocked_stream_ns: what the emulator waited for
+ * (0 when not emulating: the driver's own waits are inside t_return - t_enter). */
+#define EMU_TRACE_SCHEMA 2
+#define EMU_TRACE_COLUMNS \
+    "t_enter_ns,t_return_ns,tid,ctx,stream,api,kind,dir,mem,bytes,blocked_channel_ns,blocked_stream_ns,toll_ns,rc"
+enum { REC_CROSSING = 0, REC_LAUNCH, REC_SYNC };
 typedef struct {
-    int api, dir, mem;
+    int api, dir, mem;   /* dir -1: none */
     uint64_t t_enter, t_return, blocked_stream_ns, blocked_channel_ns, toll_ns;
     size_t bytes;
     CUcontext ctx;
     CUstream stream;
+    int kind;
+    CUresult rc;
 } emu_record;
+extern int emu_tracing;  /* a trace is being written: hooks record */
 void emu_trace_open(const char *prefix);
-void emu_trace_crossing(const emu_record *r);
+void emu_trace_record(const emu_record *r);
 void emu_count(int api);
 void emu_stat_add(int dir, int mem, size_t bytes, uint64_t blocked_ns, uint64_t cipher_bytes);
 int emu_summary_json(char *buf, size_t len);

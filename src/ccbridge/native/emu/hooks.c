@@ -216,10 +216,28 @@ void *ccbemu_lookup(const char *name) {
 }
 
 #define REAL(n) ((n##_t *)g_real[H_##n])
-#define ENTER(n)                                        \
-    emu_init();                                         \
-    emu_count(H_##n);                                   \
+/* t0_: when the call began, for the trace (0: not tracing) */
+#define ENTER(n)                                                            \
+    emu_init();                                                             \
+    emu_count(H_##n);                                                       \
+    __attribute__((unused)) const uint64_t t0_ = emu_tracing ? emu_now() : 0; \
     if (!g_real[H_##n]) return CUDA_ERROR_NOT_INITIALIZED
+
+/* ---- the trace of calls the channel does not see (record-only, launches, syncs) ---- */
+static void rec(int api, int kind, int dir, int mem, size_t bytes, CUstream st, uint64_t t0, uint64_t t1, uint64_t toll,
+                CUresult rc) {
+    emu_record r = {api, dir, mem, t0, t1, 0, 0, toll, bytes, NULL, st, kind, rc};
+    emu_trace_record(&r);
+}
+/* A host<->device copy passed to the driver (not emulated): a crossing of the trace, unless captured. */
+static CUresult pass_rec(int api, int dir, int mem, size_t bytes, CUstream st, uint64_t t0, uint64_t t1, CUresult rc) {
+    if (t0 && bytes && !emu_capturing(st)) rec(api, REC_CROSSING, dir, mem, bytes, st, t0, t1, 0, rc);
+    return rc;
+}
+static CUresult pass_done(int api, int dir, const void *host, size_t bytes, CUstream st, uint64_t t0, CUresult rc) {
+    uint64_t t1 = t0 ? emu_now() : 0;
+    return t0 && bytes ? pass_rec(api, dir, emu_host_kind(host), bytes, st, t0, t1, rc) : rc;
+}
 
 /* ---- entry points handed out by cuGetProcAddress ---- */
 typedef CUresult cuGetProcAddress_t(const char *, void **, int, cuuint64_t);
@@ -275,25 +293,25 @@ typedef cuMemcpyDtoHAsync_v2_t cuMemcpyDtoHAsync_v2_ptsz_t;
 #define DEF_SYNC_H2D(n, ST)                                                   \
     EMU_API CUresult n(CUdeviceptr d, const void *s, size_t b) {              \
         ENTER(n);                                                             \
-        if (!emulating(b, ST)) return REAL(n)(d, s, b);                       \
+        if (!emulating(b, ST)) return pass_done(H_##n, DIR_H2D, s, b, ST, t0_, REAL(n)(d, s, b)); \
         return copy_h2d(H_##n, d, s, b, ST, 1);                               \
     }
 #define DEF_SYNC_D2H(n, ST)                                                   \
     EMU_API CUresult n(void *d, CUdeviceptr s, size_t b) {                    \
         ENTER(n);                                                             \
-        if (!emulating(b, ST)) return REAL(n)(d, s, b);                       \
+        if (!emulating(b, ST)) return pass_done(H_##n, DIR_D2H, d, b, ST, t0_, REAL(n)(d, s, b)); \
         return copy_d2h(H_##n, d, s, b, ST, 1);                               \
     }
 #define DEF_ASYNC_H2D(n, NORM)                                                \
     EMU_API CUresult n(CUdeviceptr d, const void *s, size_t b, CUstream st) { \
         ENTER(n);                                                             \
-        if (!emulating(b, NORM(st))) return REAL(n)(d, s, b, st);             \
+        if (!emulating(b, NORM(st))) return pass_done(H_##n, DIR_H2D, s, b, NORM(st), t0_, REAL(n)(d, s, b, st)); \
         return copy_h2d(H_##n, d, s, b, NORM(st), 0);                         \
     }
 #define DEF_ASYNC_D2H(n, NORM)                                                \
     EMU_API CUresult n(void *d, CUdeviceptr s, size_t b, CUstream st) {       \
         ENTER(n);                                                             \
-        if (!emulating(b, NORM(st))) return REAL(n)(d, s, b, st);             \
+        if (!emulating(b, NORM(st))) return pass_done(H_##n, DIR_D2H, d, b, NORM(st), t0_, REAL(n)(d, s, b, st)); \
         return copy_d2h(H_##n, d, s, b, NORM(st), 0);                         \
     }
 #define AS_IS(s) (s)
@@ -315,6 +333,14 @@ static CUresult generic(int api, CUdeviceptr dst, CUdeviceptr src, size_t n, CUs
     return sh ? copy_h2d(api, dst, (const void *)(uintptr_t)src, n, st, sync_call)
               : copy_d2h(api, (void *)(uintptr_t)dst, src, n, st, sync_call);
 }
+/* Passed through: a crossing of the trace if one side is host memory. */
+static CUresult generic_pass(int api, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream st, uint64_t t0, CUresult rc) {
+    uint64_t t1 = t0 ? emu_now() : 0;
+    int mem_d, mem_s;
+    if (!t0 || !n) return rc;
+    int dh = emu_is_host(dst, &mem_d), sh = emu_is_host(src, &mem_s);
+    return dh == sh ? rc : pass_rec(api, sh ? DIR_H2D : DIR_D2H, sh ? mem_s : mem_d, n, st, t0, t1, rc);
+}
 typedef CUresult cuMemcpy_t(CUdeviceptr, CUdeviceptr, size_t);
 typedef CUresult cuMemcpyAsync_t(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 typedef cuMemcpy_t cuMemcpy_ptds_t;
@@ -323,21 +349,17 @@ typedef cuMemcpyAsync_t cuMemcpyAsync_ptsz_t;
     EMU_API CUresult n(CUdeviceptr d, CUdeviceptr s, size_t b) {              \
         ENTER(n);                                                             \
         int handled = 0;                                                      \
-        if (emulating(b, ST)) {                                               \
-            CUresult rc = generic(H_##n, d, s, b, ST, 1, &handled);           \
-            if (handled) return rc;                                           \
-        }                                                                     \
-        return REAL(n)(d, s, b);                                              \
+        if (!emulating(b, ST)) return generic_pass(H_##n, d, s, b, ST, t0_, REAL(n)(d, s, b)); \
+        CUresult rc = generic(H_##n, d, s, b, ST, 1, &handled);               \
+        return handled ? rc : REAL(n)(d, s, b);                               \
     }
 #define DEF_GENERIC_ASYNC(n, NORM)                                            \
     EMU_API CUresult n(CUdeviceptr d, CUdeviceptr s, size_t b, CUstream st) { \
         ENTER(n);                                                             \
         int handled = 0;                                                      \
-        if (emulating(b, NORM(st))) {                                         \
-            CUresult rc = generic(H_##n, d, s, b, NORM(st), 0, &handled);     \
-            if (handled) return rc;                                           \
-        }                                                                     \
-        return REAL(n)(d, s, b, st);                                          \
+        if (!emulating(b, NORM(st))) return generic_pass(H_##n, d, s, b, NORM(st), t0_, REAL(n)(d, s, b, st)); \
+        CUresult rc = generic(H_##n, d, s, b, NORM(st), 0, &handled);         \
+        return handled ? rc : REAL(n)(d, s, b, st);                           \
     }
 DEF_GENERIC_SYNC(cuMemcpy, NULL)
 DEF_GENERIC_SYNC(cuMemcpy_ptds, CU_STREAM_PER_THREAD)
@@ -439,11 +461,27 @@ static CUresult issue_async_desc(void *a, CUstream st) {
     return ((CUresult(*)(const void *, CUstream))g_real[d->h])(d->desc, st);
 }
 
+/* Passed through: the plan, made after the call, says what crossed (for the trace). */
+static CUresult plan_pass(int api, int k, plan *p, CUstream st, uint64_t t0, uint64_t t1, CUresult rc) {
+    if (k > 0) {
+        pass_rec(api, p->dir, p->mem, p->bytes, st, t0, t1, rc);
+        free(p->spans);
+    }
+    return rc;
+}
+#define PLAN_PASS(n, PLAN, desc, st, call)                                    \
+    do {                                                                      \
+        CUresult rc_ = (call);                                                \
+        uint64_t t1_ = t0_ ? emu_now() : 0;                                   \
+        plan pp_ = {0};                                                       \
+        return t0_ ? plan_pass(H_##n, PLAN(&pp_, desc), &pp_, st, t0_, t1_, rc_) : rc_; \
+    } while (0)
 #define DEF_DESC_SYNC(n, T, PLAN, ST)                                         \
     EMU_API CUresult n(const T *c) {                                          \
         ENTER(n);                                                             \
         plan p;                                                               \
-        int k = emulating(1, ST) ? PLAN(&p, c) : 0;                           \
+        if (!emulating(1, ST)) PLAN_PASS(n, PLAN, c, ST, REAL(n)(c));         \
+        int k = PLAN(&p, c);                                                  \
         if (k < 0) return plan_error(k);                                      \
         if (!k || !p.bytes) { if (k) free(p.spans); return REAL(n)(c); }      \
         desc_arg a = {H_##n, c};                                              \
@@ -453,7 +491,8 @@ static CUresult issue_async_desc(void *a, CUstream st) {
     EMU_API CUresult n(const T *c, CUstream st) {                             \
         ENTER(n);                                                             \
         plan p;                                                               \
-        int k = emulating(1, NORM(st)) ? PLAN(&p, c) : 0;                     \
+        if (!emulating(1, NORM(st))) PLAN_PASS(n, PLAN, c, NORM(st), REAL(n)(c, st)); \
+        int k = PLAN(&p, c);                                                  \
         if (k < 0) return plan_error(k);                                      \
         if (!k || !p.bytes) { if (k) free(p.spans); return REAL(n)(c, st); }  \
         desc_arg a = {H_##n, c};                                              \
@@ -518,20 +557,29 @@ static CUresult batch(int h, int v1, CUdeviceptr *dsts, CUdeviceptr *srcs, size_
     batch_arg a = {h, v1, dsts, srcs, sizes, count, idx, nattrs, fail_idx, attrs};
     return run_plan(h, &p, st, 0, issue_batch, &a);
 }
+#define BATCH_PASS(n, d, s, z, c, st, call)                                   \
+    do {                                                                      \
+        CUresult rc_ = (call);                                                \
+        uint64_t t1_ = t0_ ? emu_now() : 0;                                   \
+        plan pp_ = {0};                                                       \
+        return t0_ ? plan_pass(H_##n, plan_batch(&pp_, d, s, z, c), &pp_, st, t0_, t1_, rc_) : rc_; \
+    } while (0)
 #define DEF_BATCH_V1(n, NORM)                                                                                     \
     EMU_API CUresult n(CUdeviceptr *d, CUdeviceptr *s, size_t *z, size_t c, void *at, size_t *ix, size_t na, size_t *fi,  \
                CUstream st) {                                                                                     \
         ENTER(n);                                                                                                 \
         int handled;                                                                                              \
         CUresult rc = batch(H_##n, 1, d, s, z, c, at, ix, na, fi, NORM(st), &handled);                            \
-        return handled ? rc : REAL(n)(d, s, z, c, at, ix, na, fi, st);                                            \
+        if (handled) return rc;                                                                                   \
+        BATCH_PASS(n, d, s, z, c, NORM(st), REAL(n)(d, s, z, c, at, ix, na, fi, st));                             \
     }
 #define DEF_BATCH_V2(n, NORM)                                                                                     \
     EMU_API CUresult n(CUdeviceptr *d, CUdeviceptr *s, size_t *z, size_t c, void *at, size_t *ix, size_t na, CUstream st) { \
         ENTER(n);                                                                                                 \
         int handled;                                                                                              \
         CUresult rc = batch(H_##n, 0, d, s, z, c, at, ix, na, NULL, NORM(st), &handled);                          \
-        return handled ? rc : REAL(n)(d, s, z, c, at, ix, na, st);                                                \
+        if (handled) return rc;                                                                                   \
+        BATCH_PASS(n, d, s, z, c, NORM(st), REAL(n)(d, s, z, c, at, ix, na, st));                                 \
     }
 DEF_BATCH_V1(cuMemcpyBatchAsync, AS_IS)
 DEF_BATCH_V1(cuMemcpyBatchAsync_ptsz, PT)
@@ -570,28 +618,28 @@ static CUresult array_copy(int h, int dir, int async, CUarray arr, size_t off, v
         ENTER(n);                                                                               \
         int handled;                                                                            \
         CUresult rc = array_copy(H_##n, DIR_H2D, 0, a, off, (void *)s, b, ST, &handled);        \
-        return handled ? rc : REAL(n)(a, off, s, b);                                            \
+        return handled ? rc : pass_done(H_##n, DIR_H2D, s, b, ST, t0_, REAL(n)(a, off, s, b));  \
     }
 #define DEF_ATOH(n, ST)                                                                          \
     EMU_API CUresult n(void *d, CUarray a, size_t off, size_t b) {                              \
         ENTER(n);                                                                               \
         int handled;                                                                            \
         CUresult rc = array_copy(H_##n, DIR_D2H, 0, a, off, d, b, ST, &handled);                \
-        return handled ? rc : REAL(n)(d, a, off, b);                                            \
+        return handled ? rc : pass_done(H_##n, DIR_D2H, d, b, ST, t0_, REAL(n)(d, a, off, b));  \
     }
 #define DEF_HTOA_ASYNC(n, NORM)                                                                  \
     EMU_API CUresult n(CUarray a, size_t off, const void *s, size_t b, CUstream st) {           \
         ENTER(n);                                                                               \
         int handled;                                                                            \
         CUresult rc = array_copy(H_##n, DIR_H2D, 1, a, off, (void *)s, b, NORM(st), &handled);  \
-        return handled ? rc : REAL(n)(a, off, s, b, st);                                        \
+        return handled ? rc : pass_done(H_##n, DIR_H2D, s, b, NORM(st), t0_, REAL(n)(a, off, s, b, st)); \
     }
 #define DEF_ATOH_ASYNC(n, NORM)                                                                  \
     EMU_API CUresult n(void *d, CUarray a, size_t off, size_t b, CUstream st) {                 \
         ENTER(n);                                                                               \
         int handled;                                                                            \
         CUresult rc = array_copy(H_##n, DIR_D2H, 1, a, off, d, b, NORM(st), &handled);          \
-        return handled ? rc : REAL(n)(d, a, off, b, st);                                        \
+        return handled ? rc : pass_done(H_##n, DIR_D2H, d, b, NORM(st), t0_, REAL(n)(d, a, off, b, st)); \
     }
 DEF_HTOA(cuMemcpyHtoA_v2, NULL)
 DEF_HTOA(cuMemcpyHtoA_v2_ptds, CU_STREAM_PER_THREAD)
@@ -630,12 +678,18 @@ DEF_BATCH3D_V2(cuMemcpy3DBatchAsync_v2_ptsz)
  * measured at the framework level): a multiple of this machine's driver
  * submission would scale with a cost CC does not add to. A launch being
  * captured into a graph is not submitted, so it pays nothing. */
-static CUresult launch_toll(CUresult rc, CUstream st) {
-    if (rc != CUDA_SUCCESS || !cfg.emulate || emu_capturing(st)) return rc;
-    emu_work_submitted();
-    if (cfg.launch_toll_ns > 0) emu_wait_until(emu_now() + emu_ns(cfg.launch_toll_ns));
+static CUresult launch_done(int api, uint64_t t0, CUresult rc, CUstream st) {
+    uint64_t toll = 0;
+    if (rc == CUDA_SUCCESS && (cfg.emulate || t0) && !emu_capturing(st)) {
+        if (cfg.emulate) {
+            emu_work_submitted();
+            if ((toll = emu_ns(cfg.launch_toll_ns))) emu_wait_until(emu_now() + toll);
+        }
+        if (t0) rec(api, REC_LAUNCH, -1, 0, 0, st, t0, emu_now(), toll, rc);
+    }
     return rc;
 }
+#define LAUNCH_DONE(n, rc, st) launch_done(H_##n, t0_, rc, st)
 typedef CUresult cuLaunchKernel_t(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                   CUstream, void **, void **);
 typedef CUresult cuLaunchCooperativeKernel_t(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -652,23 +706,23 @@ typedef cuGraphLaunch_t cuGraphLaunch_ptsz_t;
     EMU_API CUresult n(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,  \
                unsigned sh, CUstream st, void **params, void **extra) {                                            \
         ENTER(n);                                                                                                  \
-        return launch_toll(REAL(n)(f, gx, gy, gz, bx, by, bz, sh, st, params, extra), NORM(st));               \
+        return LAUNCH_DONE(n, REAL(n)(f, gx, gy, gz, bx, by, bz, sh, st, params, extra), NORM(st));               \
     }
 #define DEF_COOP(n, NORM)                                                                                          \
     EMU_API CUresult n(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,  \
                unsigned sh, CUstream st, void **params) {                                                          \
         ENTER(n);                                                                                                  \
-        return launch_toll(REAL(n)(f, gx, gy, gz, bx, by, bz, sh, st, params), NORM(st));                      \
+        return LAUNCH_DONE(n, REAL(n)(f, gx, gy, gz, bx, by, bz, sh, st, params), NORM(st));                      \
     }
 #define DEF_LAUNCH_EX(n, NORM)                                                                                     \
     EMU_API CUresult n(const launch_config_head *c, CUfunction f, void **params, void **extra) {                   \
         ENTER(n);                                                                                                  \
-        return launch_toll(REAL(n)(c, f, params, extra), NORM(c ? c->stream : NULL));                          \
+        return LAUNCH_DONE(n, REAL(n)(c, f, params, extra), NORM(c ? c->stream : NULL));                          \
     }
 #define DEF_GRAPH(n, NORM)                                                                                         \
     EMU_API CUresult n(CUgraphExec g, CUstream st) {                                                               \
         ENTER(n);                                                                                                  \
-        return launch_toll(REAL(n)(g, st), NORM(st));                                                          \
+        return LAUNCH_DONE(n, REAL(n)(g, st), NORM(st));                                                          \
     }
 DEF_LAUNCH(cuLaunchKernel, AS_IS)
 DEF_LAUNCH(cuLaunchKernel_ptsz, PT)
@@ -685,15 +739,15 @@ typedef CUresult cuLaunchGrid_t(CUfunction, int, int);
 typedef CUresult cuLaunchGridAsync_t(CUfunction, int, int, CUstream);
 typedef struct { CUfunction f; unsigned grid[3], block[3], shmem; CUstream stream; void **params; } launch_params;
 typedef CUresult cuLaunchCooperativeKernelMultiDevice_t(launch_params *, unsigned, unsigned);
-EMU_API CUresult cuLaunch(CUfunction f) { ENTER(cuLaunch); return launch_toll(REAL(cuLaunch)(f), NULL); }
-EMU_API CUresult cuLaunchGrid(CUfunction f, int w, int h) { ENTER(cuLaunchGrid); return launch_toll(REAL(cuLaunchGrid)(f, w, h), NULL); }
+EMU_API CUresult cuLaunch(CUfunction f) { ENTER(cuLaunch); return LAUNCH_DONE(cuLaunch, REAL(cuLaunch)(f), NULL); }
+EMU_API CUresult cuLaunchGrid(CUfunction f, int w, int h) { ENTER(cuLaunchGrid); return LAUNCH_DONE(cuLaunchGrid, REAL(cuLaunchGrid)(f, w, h), NULL); }
 EMU_API CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream st) {
     ENTER(cuLaunchGridAsync);
-    return launch_toll(REAL(cuLaunchGridAsync)(f, w, h, st), st);
+    return LAUNCH_DONE(cuLaunchGridAsync, REAL(cuLaunchGridAsync)(f, w, h, st), st);
 }
 EMU_API CUresult cuLaunchCooperativeKernelMultiDevice(launch_params *p, unsigned n, unsigned flags) {
     ENTER(cuLaunchCooperativeKernelMultiDevice);
-    return launch_toll(REAL(cuLaunchCooperativeKernelMultiDevice)(p, n, flags), p && n ? p->stream : NULL);
+    return LAUNCH_DONE(cuLaunchCooperativeKernelMultiDevice, REAL(cuLaunchCooperativeKernelMultiDevice)(p, n, flags), p && n ? p->stream : NULL);
 }
 
 /* ---- host functions in a stream: a launch that makes the GPU wait for the host ----
@@ -722,9 +776,9 @@ static host_call *host_call_new(host_fn fn, stream_cb cb, void *user, CUstream s
     if (h) *h = (host_call){fn, cb, user};
     return h;
 }
-static CUresult host_call_done(CUresult rc, host_call *h, CUstream st) {
+static CUresult host_call_done(int api, uint64_t t0, CUresult rc, host_call *h, CUstream st) {
     if (rc != CUDA_SUCCESS) free(h); /* never enqueued: never called */
-    return launch_toll(rc, st);
+    return launch_done(api, t0, rc, st);
 }
 typedef CUresult cuLaunchHostFunc_t(CUstream, host_fn, void *);
 typedef CUresult cuStreamAddCallback_t(CUstream, stream_cb, void *, unsigned);
@@ -735,14 +789,14 @@ typedef cuStreamAddCallback_t cuStreamAddCallback_ptsz_t;
         ENTER(n);                                                                               \
         host_call *h = host_call_new(fn, NULL, user, NORM(st));                                 \
         CUresult rc = h ? REAL(n)(st, host_fn_wrapper, h) : REAL(n)(st, fn, user);              \
-        return host_call_done(rc, h, NORM(st));                                                 \
+        return host_call_done(H_##n, t0_, rc, h, NORM(st));                                                 \
     }
 #define DEF_STREAM_CB(n, NORM)                                                                   \
     EMU_API CUresult n(CUstream st, stream_cb cb, void *user, unsigned flags) {                 \
         ENTER(n);                                                                               \
         host_call *h = host_call_new(NULL, cb, user, NORM(st));                                 \
         CUresult rc = h ? REAL(n)(st, stream_cb_wrapper, h, flags) : REAL(n)(st, cb, user, flags); \
-        return host_call_done(rc, h, NORM(st));                                                 \
+        return host_call_done(H_##n, t0_, rc, h, NORM(st));                                                 \
     }
 DEF_HOST_FUNC(cuLaunchHostFunc, AS_IS)
 DEF_HOST_FUNC(cuLaunchHostFunc_ptsz, PT)
@@ -750,20 +804,25 @@ DEF_STREAM_CB(cuStreamAddCallback, AS_IS)
 DEF_STREAM_CB(cuStreamAddCallback_ptsz, PT)
 
 /* ---- synchronization: a round trip when there is work to wait for (pace.c) ---- */
-static CUresult sync_toll(CUresult rc) {
-    if (rc == CUDA_SUCCESS) emu_roundtrip(0);
+static CUresult sync_done(int api, uint64_t t0, CUresult rc, CUstream st) {
+    uint64_t toll = rc == CUDA_SUCCESS ? emu_roundtrip(0) : 0;
+    if (t0) rec(api, REC_SYNC, -1, 0, 0, st, t0, emu_now(), toll, rc);
     return rc;
 }
+#define SYNC_DONE(n, rc, st) sync_done(H_##n, t0_, rc, st)
 typedef CUresult cuStreamSynchronize_t(CUstream);
 typedef cuStreamSynchronize_t cuStreamSynchronize_ptsz_t;
 typedef CUresult cuEventSynchronize_t(CUevent);
 typedef CUresult cuCtxSynchronize_t(void);
-EMU_API CUresult cuStreamSynchronize(CUstream s) { ENTER(cuStreamSynchronize); return sync_toll(REAL(cuStreamSynchronize)(s)); }
-EMU_API CUresult cuStreamSynchronize_ptsz(CUstream s) { ENTER(cuStreamSynchronize_ptsz); return sync_toll(REAL(cuStreamSynchronize_ptsz)(s)); }
-EMU_API CUresult cuEventSynchronize(CUevent e) { ENTER(cuEventSynchronize); return sync_toll(REAL(cuEventSynchronize)(e)); }
-EMU_API CUresult cuCtxSynchronize(void) { ENTER(cuCtxSynchronize); return sync_toll(REAL(cuCtxSynchronize)()); }
 typedef CUresult cuCtxSynchronize_v2_t(CUcontext);
-EMU_API CUresult cuCtxSynchronize_v2(CUcontext c) { ENTER(cuCtxSynchronize_v2); return sync_toll(REAL(cuCtxSynchronize_v2)(c)); }
+EMU_API CUresult cuStreamSynchronize(CUstream s) { ENTER(cuStreamSynchronize); return SYNC_DONE(cuStreamSynchronize, REAL(cuStreamSynchronize)(s), s); }
+EMU_API CUresult cuStreamSynchronize_ptsz(CUstream s) {
+    ENTER(cuStreamSynchronize_ptsz);
+    return SYNC_DONE(cuStreamSynchronize_ptsz, REAL(cuStreamSynchronize_ptsz)(s), PT(s));
+}
+EMU_API CUresult cuEventSynchronize(CUevent e) { ENTER(cuEventSynchronize); return SYNC_DONE(cuEventSynchronize, REAL(cuEventSynchronize)(e), NULL); }
+EMU_API CUresult cuCtxSynchronize(void) { ENTER(cuCtxSynchronize); return SYNC_DONE(cuCtxSynchronize, REAL(cuCtxSynchronize)(), NULL); }
+EMU_API CUresult cuCtxSynchronize_v2(CUcontext c) { ENTER(cuCtxSynchronize_v2); return SYNC_DONE(cuCtxSynchronize_v2, REAL(cuCtxSynchronize_v2)(c), NULL); }
 
 /* ---- secure context lifecycle ---- */
 static CUresult lifecycle_toll(CUresult rc, double ns) {
