@@ -73,12 +73,12 @@ def launches(ctx):
 
     dev = _device(torch, ctx)
     x = torch.zeros(1, device=dev)  # Tinfoil's small tensor: the launch, not the kernel, is timed
-    reps = ctx.pick(9, 5)
-    counts = {"pipelined": ctx.pick(2000, 500)}
+    reps = ctx.pick(9, 7)  # quick still under a second emulated; medians of 7 ride out a preempted sample
+    counts = {"pipelined": ctx.pick(2000, 1000)}
     rows, done = [], 0
     for mode, body in launch_bodies(torch, x, torch.cuda.current_stream(dev)).items():
         ctx.step(mode)
-        n = counts.get(mode, ctx.pick(500, 150))
+        n = counts.get(mode, ctx.pick(500, 300))
         per_iteration_us(body, torch.cuda.synchronize, 20, 1)  # warm: kernel load, caches
         samples = per_iteration_us(body, torch.cuda.synchronize, n, reps)
         done += 20 + n * reps
@@ -98,7 +98,7 @@ def small_d2h(ctx):
     dev = _device(torch, ctx)
     src = torch.arange(8, dtype=torch.float32, device=dev)  # 32 bytes
     torch.cuda.synchronize()
-    reps, n = ctx.pick(9, 5), ctx.pick(1000, 200)
+    reps, n = ctx.pick(9, 7), ctx.pick(1000, 300)
     rows = []
     for k in D2H32_STREAMS:
         ctx.step(f"{k} streams")
