@@ -611,3 +611,56 @@ def test_a_host_function_is_a_launch_and_holds_its_stream_one_round_trip(lib):
     assert lib.cuLaunchHostFunc(s, fn, None) == 0  # captured: passed through, not run, no toll
     assert time.perf_counter() - t < 1e-3 and len(ran) == 1
     lib.ccbemu_fake_capture(s, 0)
+
+
+def capture_graph(L, s, copies):
+    """Capture copies (callables of the stream) on s, instantiate; the executable graph."""
+    L.ccbemu_fake_graph.restype = c_p
+    L.ccbemu_fake_graph.argtypes = [c_p]
+    L.ccbemu_fake_capture(s, 1)
+    for copy in copies:
+        t = time.perf_counter()
+        assert copy(s) == 0
+        assert time.perf_counter() - t < 0.05  # recorded into the graph: not paid now
+    L.ccbemu_fake_capture(s, 0)
+    exe = c_p()
+    L.cuGraphInstantiateWithFlags.argtypes = [ctypes.POINTER(c_p), c_p, c_u64]
+    assert L.cuGraphInstantiateWithFlags(ctypes.byref(exe), L.ccbemu_fake_graph(s), 0) == 0
+    return exe
+
+
+def test_copies_captured_into_a_graph_are_paid_at_every_launch(lib):
+    init(lib, h2d_pinned_gbps=1, d2h_pinned_gbps=1, h2d_toll_us=2000, d2h_toll_us=2000, sync_toll_us=0)
+    n = 4 << 20
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    src, _ = host(lib, n, True, os.urandom(n))
+    dst, _ = host(lib, n, True)
+    s = lib.ccbemu_fake_stream()
+    exe = capture_graph(lib, s, [lambda st: lib.cuMemcpyHtoDAsync_v2(dev, src, n, st),
+                                 lambda st: lib.cuMemcpyDtoHAsync_v2(dst, dev, n, st)])
+    assert crossings(lib) == 0
+    lib.cuGraphLaunch.argtypes = [c_p, c_p]
+    one = n / 1e9 + 2e-3
+    for _ in range(2):
+        assert 2 * one <= timed(lib.cuGraphLaunch, exe, s) < 2 * one + 0.05  # both crossings, each launch
+    sm = summary(lib)["crossings"]
+    assert sm["h2d_pinned"]["count"] == 2 and sm["d2h_pinned"]["count"] == 2 and sm["d2h_pinned"]["bytes"] == 2 * n
+    lib.cuGraphExecDestroy.argtypes = [c_p]
+    assert lib.cuGraphExecDestroy(exe) == 0
+
+
+def test_a_graph_readback_waits_for_its_stream_and_a_graph_upload_does_not(lib):
+    init(lib, h2d_toll_us=0, d2h_toll_us=0, sync_toll_us=0, h2d_pinned_gbps=0, d2h_pinned_gbps=0)
+    n = 4096
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    buf, _ = host(lib, n, True, os.urandom(n))
+    s = lib.ccbemu_fake_stream()
+    up = capture_graph(lib, s, [lambda st: lib.cuMemcpyHtoDAsync_v2(dev, buf, n, st)])
+    down = capture_graph(lib, s, [lambda st: lib.cuMemcpyDtoHAsync_v2(buf, dev, n, st)])
+    none = capture_graph(lib, s, [])
+    lib.cuGraphLaunch.argtypes = [c_p, c_p]
+    busy(lib, s, 30000)
+    assert timed(lib.cuGraphLaunch, up, s) < 0.01  # staged at submission: no wait for the queued work
+    assert timed(lib.cuGraphLaunch, none, s) < 0.01
+    assert timed(lib.cuGraphLaunch, down, s) > 0.02  # returns once the stream has reached the readback
+    assert crossings(lib) == 2

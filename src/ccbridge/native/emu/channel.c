@@ -254,6 +254,7 @@ typedef struct {
  * for all of them before the caller gets its buffers back. (The lanes never
  * outlive emu_lanes_run, error or not.) */
 static CUresult transfer(channel *ch, const crossing *x, uint64_t *cipher) {
+    if (!x->copy && !x->opaque) return CUDA_SUCCESS; /* a charge: the bytes move elsewhere (a graph's copy node) */
     CUresult rc = x->copy ? (x->mem == MEM_PINNED ? direct(ch, x->copy, cipher) : staged(ch, x->copy, cipher))
                           : opaque_work(ch, x->opaque, cipher);
     if (rc != CUDA_SUCCESS) drv.StreamSynchronize(ch->pstream);
@@ -270,8 +271,10 @@ static CUresult cross(const crossing *x) {
     ticket_take(ch);
     uint64_t t_lock = emu_now();
     /* Asynchrony revoked: find (and, where the law says so, wait for) the copy's place in its stream. */
-    rc = drv.EventRecord(ch->pos, x->stream);
-    if (rc == CUDA_SUCCESS) {
+    /* (a graph's H2D is staged when the graph is submitted, before anything in its stream: no place to wait for) */
+    int charge_h2d = !x->copy && !x->opaque && x->dir == DIR_H2D;
+    rc = charge_h2d ? CUDA_SUCCESS : drv.EventRecord(ch->pos, x->stream);
+    if (rc == CUDA_SUCCESS && !charge_h2d) {
         int wait = x->dir == DIR_D2H || x->sync_call;
         if (!wait) {
             CUresult q = drv.EventQuery(ch->pos);
@@ -307,6 +310,11 @@ static CUresult cross(const crossing *x) {
 
 CUresult emu_cross(const emu_copy *c) {
     crossing x = {c->api, c->dir, emu_host_kind(c->host), c->sync_call, c->bytes, c->stream, c, NULL};
+    return cross(&x);
+}
+
+CUresult emu_charge(int api, int dir, int mem, size_t bytes, CUstream stream) {
+    crossing x = {api, dir, mem, 0, bytes, stream, NULL, NULL};
     return cross(&x);
 }
 

@@ -28,7 +28,7 @@
 
 typedef int CUresult;
 typedef int CUdevice;
-typedef void *CUcontext, *CUstream, *CUevent, *CUfunction, *CUgraphExec, *CUarray;
+typedef void *CUcontext, *CUstream, *CUevent, *CUfunction, *CUgraph, *CUgraphExec, *CUarray;
 typedef unsigned long long CUdeviceptr;
 
 #define CUDA_SUCCESS 0
@@ -101,6 +101,9 @@ typedef struct {
     CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
     CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
     CUresult (*DevicePrimaryCtxGetState)(CUdevice, unsigned *, int *);
+    /* optional: cuStreamGetCaptureInfo_v3 (v3 = 1) or _v2 (v3 = 0); NULL if the driver has neither */
+    void *StreamGetCaptureInfo;
+    int capture_info_v3;
 } emu_driver;
 
 extern emu_driver drv;
@@ -204,6 +207,10 @@ int emu_is_host(CUdeviceptr p, int *mem); /* generic copies: is this a host addr
 int emu_capturing(CUstream s);
 CUresult emu_cross(const emu_copy *c);
 CUresult emu_cross_opaque(const emu_opaque *o);
+/* A crossing's cost without its bytes (they move inside a CUDA graph): the
+ * channel's order, pacing, toll and round trip; a D2H waits for its stream
+ * first, an H2D does not (staged when the graph is submitted). */
+CUresult emu_charge(int api, int dir, int mem, size_t bytes, CUstream stream);
 void emu_channel_forget(CUcontext ctx);
 void emu_channels_reset(void);
 
@@ -277,6 +284,7 @@ EMU_API CUstream ccbemu_fake_stream(void);
 EMU_API CUcontext ccbemu_fake_ctx_new(void);
 EMU_API void ccbemu_fake_set_ctx(CUcontext c);
 EMU_API void ccbemu_fake_capture(CUstream s, int on);
+EMU_API void *ccbemu_fake_graph(CUstream s); /* the graph s is (or was last) capturing into */
 EMU_API void ccbemu_fake_fail(const char *name, int nth);
 EMU_API long long ccbemu_fake_unwaited(void);
 void *ccbemu_fake_lookup(const char *name); /* internal: the fake's driver table */

@@ -19,7 +19,7 @@
 
 #include "emu.h"
 
-typedef struct { CUcontext ctx; uint64_t busy_until; int capturing; uint64_t issued, waited; } fstream;
+typedef struct { CUcontext ctx; uint64_t busy_until; int capturing; uint64_t issued, waited; CUgraph graph; } fstream;
 typedef struct { uint64_t t; fstream *s; uint64_t seq; } fevent;
 typedef struct { uintptr_t base; size_t size; int type; } falloc;
 
@@ -184,6 +184,24 @@ static CUresult f_LaunchHostFunc(CUstream st, void (*fn)(void *), void *user) {
     if (!S(st)->capturing) { sleep_until(S(st)->busy_until); fn(user); }
     return 0;
 }
+/* Graphs: handles only (what they hold is the emulator's side table's business). */
+static CUresult f_GetCaptureInfo(CUstream st, int *status, unsigned long long *id, CUgraph *g, const void **deps,
+                                 const void **edges, size_t *n) {
+    (void)edges;
+    if (status) *status = S(st)->capturing;
+    if (id) *id = (uintptr_t)S(st)->graph;
+    if (g) *g = S(st)->capturing ? S(st)->graph : NULL;
+    if (deps) *deps = NULL;
+    if (n) *n = 0;
+    return 0;
+}
+static CUresult f_GraphInstantiate(CUgraphExec *e, CUgraph g, unsigned long long flags) {
+    (void)g; (void)flags;
+    return (*e = malloc(1)) ? 0 : CUDA_ERROR_OUT_OF_MEMORY;
+}
+static CUresult f_GraphExecDestroy(CUgraphExec e) { free(e); return 0; }
+static CUresult f_GraphDestroy(CUgraph g) { (void)g; return 0; }
+static CUresult f_GraphLaunch(CUgraphExec e, CUstream st) { (void)e; (void)st; return 0; }
 /* Arrays: device memory addressed by offset. */
 static CUresult f_HtoA(CUarray a, size_t off, const void *s, size_t n) { return f_HtoD((CUdeviceptr)(uintptr_t)a + off, s, n); }
 static CUresult f_AtoH(void *d, CUarray a, size_t off, size_t n) { return f_DtoH(d, (CUdeviceptr)(uintptr_t)a + off, n); }
@@ -221,6 +239,8 @@ static const struct { const char *name; void *fn; } kFake[] = {
     {"cuCtxSynchronize_v2", f_CtxSynchronize_v2}, {"cuMemcpyHtoD", f_HtoD_v1}, {"cuGetExportTable", f_GetExportTable},
     {"cuLaunchHostFunc", f_LaunchHostFunc}, {"cuMemcpyHtoA_v2", f_HtoA}, {"cuMemcpyAtoH_v2", f_AtoH},
     {"cuMemcpyHtoAAsync_v2", f_HtoAAsync}, {"cuMemcpyAtoHAsync_v2", f_AtoHAsync},
+    {"cuStreamGetCaptureInfo_v3", f_GetCaptureInfo}, {"cuGraphInstantiateWithFlags", f_GraphInstantiate},
+    {"cuGraphExecDestroy", f_GraphExecDestroy}, {"cuGraphDestroy", f_GraphDestroy}, {"cuGraphLaunch", f_GraphLaunch},
     {"cuCtxCreate_v2", f_CtxCreate}, {"cuCtxDestroy_v2", f_CtxDestroy},
     {"cuMemHostRegister_v2", f_MemHostRegister}, {"cuDevicePrimaryCtxGetState", f_PrimaryGetState},
 };
@@ -263,7 +283,12 @@ CUcontext ccbemu_fake_ctx_new(void) {
     return c;
 }
 void ccbemu_fake_set_ctx(CUcontext c) { t_cur = c; }
-void ccbemu_fake_capture(CUstream s, int on) { S(s)->capturing = on; }
+void ccbemu_fake_capture(CUstream s, int on) {
+    static uintptr_t next_graph = 0x6000;
+    if (on) S(s)->graph = (CUgraph)(next_graph += 16);
+    S(s)->capturing = on;
+}
+void *ccbemu_fake_graph(CUstream s) { return S(s)->graph; }
 /* The nth next call of the fake's `name` (cuEventSynchronize, cuMemcpyHtoDAsync_v2, cuMemcpyDtoHAsync_v2) fails. */
 void ccbemu_fake_fail(const char *name, int nth) {
     pthread_mutex_lock(&mu);

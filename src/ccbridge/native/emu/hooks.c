@@ -38,6 +38,8 @@ typedef unsigned long long cuuint64_t;
     X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz)                    \
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuLaunchCooperativeKernelMultiDevice)   \
     X(cuLaunch) X(cuLaunchGrid) X(cuLaunchGridAsync) X(cuGraphLaunch) X(cuGraphLaunch_ptsz)                  \
+    X(cuGraphInstantiate) X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithFlags)                            \
+    X(cuGraphInstantiateWithParams) X(cuGraphInstantiateWithParams_ptsz) X(cuGraphDestroy) X(cuGraphExecDestroy) \
     X(cuLaunchHostFunc) X(cuLaunchHostFunc_ptsz) X(cuStreamAddCallback) X(cuStreamAddCallback_ptsz)          \
     X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuEventSynchronize) X(cuCtxSynchronize)             \
     X(cuCtxSynchronize_v2)                                                                                   \
@@ -113,6 +115,8 @@ static void fill(lookup_fn look) {
         if (!p) emu_fail("the CUDA driver lacks %s (driver too old for the emulator?)", d[i].name);
         *(void **)((char *)&drv + d[i].off) = p;
     }
+    drv.capture_info_v3 = (drv.StreamGetCaptureInfo = look("cuStreamGetCaptureInfo_v3")) != NULL;
+    if (!drv.StreamGetCaptureInfo) drv.StreamGetCaptureInfo = look("cuStreamGetCaptureInfo_v2");
 }
 
 static void *g_libcuda;
@@ -229,14 +233,23 @@ static void rec(int api, int kind, int dir, int mem, size_t bytes, CUstream st, 
     emu_record r = {api, dir, mem, t0, t1, 0, 0, toll, bytes, NULL, st, kind, rc};
     emu_trace_record(&r);
 }
-/* A host<->device copy passed to the driver (not emulated): a crossing of the trace, unless captured. */
+static void graph_note(CUstream st, int dir, int mem, size_t bytes);
+/* A host<->device copy passed to the driver (not emulated): a crossing of the
+ * trace; or, captured into a graph while emulating, a copy its launches pay for. */
 static CUresult pass_rec(int api, int dir, int mem, size_t bytes, CUstream st, uint64_t t0, uint64_t t1, CUresult rc) {
-    if (t0 && bytes && !emu_capturing(st)) rec(api, REC_CROSSING, dir, mem, bytes, st, t0, t1, 0, rc);
+    if (!bytes) return rc;
+    if (emu_capturing(st)) {
+        if (cfg.emulate && rc == CUDA_SUCCESS) graph_note(st, dir, mem, bytes);
+    } else if (t0) {
+        rec(api, REC_CROSSING, dir, mem, bytes, st, t0, t1, 0, rc);
+    }
     return rc;
 }
+/* what a passed copy needs looked at: when tracing, or emulating (then it was captured, or moved no bytes) */
+#define PASS_LOOK(t0) ((t0) || cfg.emulate)
 static CUresult pass_done(int api, int dir, const void *host, size_t bytes, CUstream st, uint64_t t0, CUresult rc) {
     uint64_t t1 = t0 ? emu_now() : 0;
-    return t0 && bytes ? pass_rec(api, dir, emu_host_kind(host), bytes, st, t0, t1, rc) : rc;
+    return PASS_LOOK(t0) && bytes ? pass_rec(api, dir, emu_host_kind(host), bytes, st, t0, t1, rc) : rc;
 }
 
 /* ---- entry points handed out by cuGetProcAddress ---- */
@@ -337,7 +350,7 @@ static CUresult generic(int api, CUdeviceptr dst, CUdeviceptr src, size_t n, CUs
 static CUresult generic_pass(int api, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream st, uint64_t t0, CUresult rc) {
     uint64_t t1 = t0 ? emu_now() : 0;
     int mem_d, mem_s;
-    if (!t0 || !n) return rc;
+    if (!PASS_LOOK(t0) || !n) return rc;
     int dh = emu_is_host(dst, &mem_d), sh = emu_is_host(src, &mem_s);
     return dh == sh ? rc : pass_rec(api, sh ? DIR_H2D : DIR_D2H, sh ? mem_s : mem_d, n, st, t0, t1, rc);
 }
@@ -474,7 +487,7 @@ static CUresult plan_pass(int api, int k, plan *p, CUstream st, uint64_t t0, uin
         CUresult rc_ = (call);                                                \
         uint64_t t1_ = t0_ ? emu_now() : 0;                                   \
         plan pp_ = {0};                                                       \
-        return t0_ ? plan_pass(H_##n, PLAN(&pp_, desc), &pp_, st, t0_, t1_, rc_) : rc_; \
+        return PASS_LOOK(t0_) ? plan_pass(H_##n, PLAN(&pp_, desc), &pp_, st, t0_, t1_, rc_) : rc_; \
     } while (0)
 #define DEF_DESC_SYNC(n, T, PLAN, ST)                                         \
     EMU_API CUresult n(const T *c) {                                          \
@@ -562,7 +575,7 @@ static CUresult batch(int h, int v1, CUdeviceptr *dsts, CUdeviceptr *srcs, size_
         CUresult rc_ = (call);                                                \
         uint64_t t1_ = t0_ ? emu_now() : 0;                                   \
         plan pp_ = {0};                                                       \
-        return t0_ ? plan_pass(H_##n, plan_batch(&pp_, d, s, z, c), &pp_, st, t0_, t1_, rc_) : rc_; \
+        return PASS_LOOK(t0_) ? plan_pass(H_##n, plan_batch(&pp_, d, s, z, c), &pp_, st, t0_, t1_, rc_) : rc_; \
     } while (0)
 #define DEF_BATCH_V1(n, NORM)                                                                                     \
     EMU_API CUresult n(CUdeviceptr *d, CUdeviceptr *s, size_t *z, size_t c, void *at, size_t *ix, size_t na, size_t *fi,  \
@@ -722,8 +735,134 @@ typedef cuGraphLaunch_t cuGraphLaunch_ptsz_t;
 #define DEF_GRAPH(n, NORM)                                                                                         \
     EMU_API CUresult n(CUgraphExec g, CUstream st) {                                                               \
         ENTER(n);                                                                                                  \
-        return LAUNCH_DONE(n, REAL(n)(g, st), NORM(st));                                                          \
+        return graph_launch(H_##n, t0_, g, st, NORM(st), REAL(n));                                                 \
     }
+/* ---- copies inside CUDA graphs: paid for when the graph is launched ----
+ * A host<->device copy captured into a graph (stream capture) is passed to
+ * the driver as it is and noted in a side table under the graph being
+ * captured into (cuStreamGetCaptureInfo); instantiating the graph gives the
+ * executable graph the same list. Each launch of it then pays every noted
+ * copy as a crossing of the launching stream's context channel, in order
+ * with that channel's other crossings (emu_charge: pacing, toll, round
+ * trip), while the bytes move inside the graph natively:
+ *  - an H2D is staged by the CPU when the graph is submitted: paid before the
+ *    real launch, on the calling thread, without waiting for the stream; the
+ *    graph reaches the GPU only after its staging, as under CC;
+ *  - a D2H lands in host memory only when the graph has run, and the CPU
+ *    decrypts it: paid after the real launch, waiting for the stream to reach
+ *    the end of the graph first, so cuGraphLaunch returns only once the
+ *    graph's readbacks would be in host memory (asynchrony revoked).
+ * Not seen: memcpy nodes added explicitly (cuGraphAddMemcpyNode, cuGraphAddNode),
+ * graphs changed by cuGraphExecUpdate or cloned; README "Known limits". */
+typedef struct { int dir, mem; size_t bytes; } graph_copy;
+typedef struct gnode { void *key; graph_copy *c; size_t n, cap; struct gnode *next; } gnode;
+static gnode *g_graphs; /* keyed by CUgraph or CUgraphExec */
+static pthread_mutex_t g_graphs_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static gnode *gfind(void *key, int make) { /* g_graphs_mu held */
+    gnode *n = g_graphs;
+    while (n && n->key != key) n = n->next;
+    if (n || !make || !(n = calloc(1, sizeof *n))) return n;
+    n->key = key;
+    n->next = g_graphs;
+    return g_graphs = n;
+}
+static int gappend(gnode *n, const graph_copy *c, size_t k) { /* g_graphs_mu held */
+    if (n->n + k > n->cap) {
+        size_t cap = (n->n + k) * 2;
+        graph_copy *m = realloc(n->c, cap * sizeof *m);
+        if (!m) return -1;
+        n->c = m, n->cap = cap;
+    }
+    memcpy(n->c + n->n, c, k * sizeof *c);
+    n->n += k;
+    return 0;
+}
+static void graph_forget(void *key) {
+    pthread_mutex_lock(&g_graphs_mu);
+    for (gnode **pp = &g_graphs; *pp; pp = &(*pp)->next)
+        if ((*pp)->key == key) { gnode *n = *pp; *pp = n->next; free(n->c); free(n); break; }
+    pthread_mutex_unlock(&g_graphs_mu);
+}
+
+typedef CUresult capture_info_v3_t(CUstream, int *, unsigned long long *, CUgraph *, const void **, const void **, size_t *);
+typedef CUresult capture_info_v2_t(CUstream, int *, unsigned long long *, CUgraph *, const void **, size_t *);
+static CUgraph capture_graph(CUstream st) {
+    int status = 0;
+    CUgraph g = NULL;
+    CUresult rc = !drv.StreamGetCaptureInfo ? CUDA_ERROR_NOT_SUPPORTED
+                  : drv.capture_info_v3 ? ((capture_info_v3_t *)drv.StreamGetCaptureInfo)(st, &status, NULL, &g, NULL, NULL, NULL)
+                                        : ((capture_info_v2_t *)drv.StreamGetCaptureInfo)(st, &status, NULL, &g, NULL, NULL);
+    return rc == CUDA_SUCCESS && status == 1 /* CU_STREAM_CAPTURE_STATUS_ACTIVE */ ? g : NULL;
+}
+static void graph_note(CUstream st, int dir, int mem, size_t bytes) {
+    CUgraph g = capture_graph(st);
+    if (!g) return;
+    graph_copy c = {dir, mem, bytes};
+    pthread_mutex_lock(&g_graphs_mu);
+    gnode *n = gfind(g, 1);
+    if (n) gappend(n, &c, 1);
+    pthread_mutex_unlock(&g_graphs_mu);
+}
+static CUresult graph_instantiated(CUresult rc, CUgraphExec *e, CUgraph g) {
+    if (rc != CUDA_SUCCESS || !e) return rc;
+    graph_forget(*e); /* a handle the driver reuses starts empty */
+    pthread_mutex_lock(&g_graphs_mu);
+    gnode *src = gfind(g, 0), *dst = src && src->n ? gfind(*e, 1) : NULL;
+    if (dst) gappend(dst, src->c, src->n);
+    pthread_mutex_unlock(&g_graphs_mu);
+    return rc;
+}
+/* A snapshot of exec's copies (the caller frees it); 0 if none. */
+static size_t graph_copies(CUgraphExec e, graph_copy **out) {
+    size_t k = 0;
+    pthread_mutex_lock(&g_graphs_mu);
+    gnode *n = gfind(e, 0);
+    if (n && n->n && (*out = malloc(n->n * sizeof **out))) memcpy(*out, n->c, (k = n->n) * sizeof **out);
+    pthread_mutex_unlock(&g_graphs_mu);
+    return k;
+}
+/* The charges are costs only: they never change what the launch returns. */
+static CUresult graph_launch(int api, uint64_t t0, CUgraphExec g, CUstream raw, CUstream st, cuGraphLaunch_t *real) {
+    graph_copy *c = NULL;
+    size_t n = cfg.emulate && !emu_capturing(st) ? graph_copies(g, &c) : 0;
+    for (size_t i = 0; i < n; i++)
+        if (c[i].dir == DIR_H2D) emu_charge(api, DIR_H2D, c[i].mem, c[i].bytes, st);
+    CUresult rc = launch_done(api, t0, real(g, raw), st);
+    for (size_t i = 0; i < n && rc == CUDA_SUCCESS; i++)
+        if (c[i].dir == DIR_D2H) emu_charge(api, DIR_D2H, c[i].mem, c[i].bytes, st);
+    free(c);
+    return rc;
+}
+
+typedef CUresult cuGraphInstantiate_t(CUgraphExec *, CUgraph, void *, char *, size_t);
+typedef cuGraphInstantiate_t cuGraphInstantiate_v2_t;
+typedef CUresult cuGraphInstantiateWithFlags_t(CUgraphExec *, CUgraph, unsigned long long);
+typedef CUresult cuGraphInstantiateWithParams_t(CUgraphExec *, CUgraph, void *);
+typedef cuGraphInstantiateWithParams_t cuGraphInstantiateWithParams_ptsz_t;
+typedef CUresult cuGraphDestroy_t(CUgraph);
+typedef CUresult cuGraphExecDestroy_t(CUgraphExec);
+#define DEF_INSTANTIATE_LOG(n)                                                                     \
+    EMU_API CUresult n(CUgraphExec *e, CUgraph g, void *err_node, char *log, size_t len) {        \
+        ENTER(n);                                                                                 \
+        return graph_instantiated(REAL(n)(e, g, err_node, log, len), e, g);                       \
+    }
+#define DEF_INSTANTIATE_PARAMS(n)                                                                  \
+    EMU_API CUresult n(CUgraphExec *e, CUgraph g, void *params) {                                 \
+        ENTER(n);                                                                                 \
+        return graph_instantiated(REAL(n)(e, g, params), e, g);                                   \
+    }
+DEF_INSTANTIATE_LOG(cuGraphInstantiate)
+DEF_INSTANTIATE_LOG(cuGraphInstantiate_v2)
+DEF_INSTANTIATE_PARAMS(cuGraphInstantiateWithParams)
+DEF_INSTANTIATE_PARAMS(cuGraphInstantiateWithParams_ptsz)
+EMU_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags) {
+    ENTER(cuGraphInstantiateWithFlags);
+    return graph_instantiated(REAL(cuGraphInstantiateWithFlags)(e, g, flags), e, g);
+}
+EMU_API CUresult cuGraphDestroy(CUgraph g) { ENTER(cuGraphDestroy); graph_forget(g); return REAL(cuGraphDestroy)(g); }
+EMU_API CUresult cuGraphExecDestroy(CUgraphExec e) { ENTER(cuGraphExecDestroy); graph_forget(e); return REAL(cuGraphExecDestroy)(e); }
+
 DEF_LAUNCH(cuLaunchKernel, AS_IS)
 DEF_LAUNCH(cuLaunchKernel_ptsz, PT)
 DEF_COOP(cuLaunchCooperativeKernel, AS_IS)
