@@ -128,6 +128,22 @@ def test_coverage_of_a_torch_workload_has_nothing_missing(tmp_path):
     print(p.stderr)  # the table, for the log
 
 
+@pytest.mark.parametrize("profile", [None, "b300"])
+def test_record_traces_crossings_launches_and_syncs_in_one_schema(profile, tmp_path):
+    """--record without --profile: native, recorded; with it: emulated; both read by the same reader."""
+    prefix = tmp_path / "t"
+    args = ["run", "--record", str(prefix)] + (["--profile", profile] if profile else [])
+    p = ccbridge(*args, "--", sys.executable, str(HERE / "gpu" / "coverage.py"), "workload", timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    s = trace.summarize(str(prefix))
+    assert s.total("launch") >= 50 and s.total("sync") >= 3, trace.render(s)
+    kinds = {(d, m) for (api, d, m), a in s.by_api.items() if a["kind"] == "crossing"}
+    assert {("h2d", "pageable"), ("h2d", "pinned"), ("d2h", "pinned")} <= kinds, kinds
+    assert s.profiles == {profile or "passthrough"}
+    if profile:  # the graph's captured H2D is paid at its replay
+        assert any(api.startswith("cuGraphLaunch") and a["kind"] == "crossing" for (api, _, _), a in s.by_api.items())
+
+
 def test_probe_under_profile_is_labelled_emulated(tmp_path):
     p = ccbridge("probe", "--profile", "b300", "--tests", "launch,semantics", "--quick", "--out", str(tmp_path), timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
