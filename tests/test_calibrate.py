@@ -106,9 +106,9 @@ MiB = 1 << 20
 
 
 def framework_result(launch: dict, d2h32: dict, gbps: dict, emulated: str | None = None) -> Result:
-    """Synthetic framework rows: launch {mode: us}, d2h32 {streams: us}, gbps {(dir, mem, bytes): GB/s}."""
+    """Synthetic framework rows: launch {mode: us}, d2h32 {(streams, sync): us}, gbps {(dir, mem, bytes): GB/s}."""
     rows = [Row.of(framework.LAUNCH, "time_per_op", "us", [v], mode=m) for m, v in launch.items()]
-    rows += [Row.of(framework.D2H32, "per_copy_time", "us", [v], streams=k) for k, v in d2h32.items()]
+    rows += [Row.of(framework.D2H32, "per_copy_time", "us", [v], streams=k, sync=y) for (k, y), v in d2h32.items()]
     rows += [Row.of(framework.COPY, "bandwidth", "GB/s", [v], dir=d, mem=m, bytes=b) for (d, m, b), v in gbps.items()]
     return synthetic(rows, emulated=emulated)
 
@@ -118,13 +118,15 @@ NATIVE_GBPS = {("h2d", "pinned", 16 * MiB): 50.0, ("h2d", "pinned", 256 * MiB): 
                ("h2d", "pageable", 16 * MiB): 9.2, ("h2d", "pageable", 256 * MiB): 9.6,
                ("d2h", "pageable", 16 * MiB): 8.9, ("d2h", "pageable", 256 * MiB): 9.0}
 NATIVE = dict(launch={"pipelined": 10.2, "launch+synchronize": 28.0, "launch+stream_synchronize": 27.0,
-                      "launch+item": 30.0}, d2h32={1: 26.1, 16: 24.0}, gbps=NATIVE_GBPS)
+                      "launch+item": 30.0}, d2h32={(1, "none"): 26.1, (16, "none"): 24.0, (1, "each"): 17.0},
+              gbps=NATIVE_GBPS)
 
 
 def as_cc_b300(**change) -> Result:
     """Framework rows as the b300 profile says CC-on would read them on the native machine above."""
     emu = dict(launch={"pipelined": 10.2 + 18.6, "launch+synchronize": 28.0 + 41, "launch+stream_synchronize": 27.0 + 41,
-                       "launch+item": 30.0 + 41.6}, d2h32={1: 26.1 + 23, 16: 24.0 + 25},
+                       "launch+item": 30.0 + 41.6},
+               d2h32={(1, "none"): 26.1 + 31, (16, "none"): 24.0 + 33, (1, "each"): 17.0 + 23},
                gbps={k: v * {"h2d": {"pinned": 0.203, "pageable": 0.7}, "d2h": {"pinned": 0.211, "pageable": 0.211}}
                      [k[0]][k[1]] for k, v in NATIVE_GBPS.items()})
     for part, values in change.items():
@@ -172,7 +174,7 @@ def test_a_ceiling_target_holds_below_and_within_tolerance_above():
 
 def test_h200_framework_targets_read_its_own_figures():
     native = framework_result(**NATIVE)
-    emu = as_cc_b300(launch={"pipelined": 10.2 + 7.4, "launch+synchronize": 28.0 + 22.4}, d2h32={1: 26.1 + 18},
+    emu = as_cc_b300(launch={"pipelined": 10.2 + 7.4, "launch+synchronize": 28.0 + 22.4}, d2h32={(1, "each"): 17.0 + 18},
                      gbps={("h2d", "pinned", 256 * MiB): 53.0 * 0.181, ("d2h", "pinned", 256 * MiB): 54.0 * 0.188})
     checks = {c.id: c for c in calibrate.profile_checks(profiles.load("h200"), native, emu)}
     fw = [c for k, c in checks.items() if k.startswith("framework_")]

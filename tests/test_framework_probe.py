@@ -59,7 +59,7 @@ def test_quick_framework_rows_are_the_ones_calibrate_reads():
     assert not res.errors and not res.skipped, (res.errors, res.skipped)
     keys = {r.key() for r in res.rows}
     assert keys == ({f"framework.launch:time_per_op[mode={m}]" for m in framework.LAUNCH_MODES}
-                    | {f"framework.d2h32:per_copy_time[streams={k}]" for k in framework.D2H32_STREAMS}
+                    | {f"framework.d2h32:per_copy_time[streams={k},sync={y}]" for k, y in framework.D2H32_CASES}
                     | {f"framework.copy:bandwidth[bytes={b},dir={d},mem={m}]" for b in framework.COPY_BYTES
                        for d in ("h2d", "d2h") for m in ("pinned", "pageable")})
     assert all(r.median > 0 for r in res.rows)

@@ -174,8 +174,8 @@ TARGETS: dict[str, Rule] = {
         "x.add_(1) + torch.cuda.synchronize() each time: emulated - native (us per op)", FRAMEWORK,
         _delta(framework.LAUNCH, "time_per_op", mode="launch+synchronize")),
     "framework_d2h32_delta_us": Rule(
-        "32-byte .to('cpu', non_blocking=True) loop, 1 stream: emulated - native (us per copy)", FRAMEWORK,
-        _delta(framework.D2H32, "per_copy_time", streams=1)),
+        "32-byte .to('cpu', non_blocking=True) + torch.cuda.synchronize(), 1 stream: emulated - native (us)",
+        FRAMEWORK, _delta(framework.D2H32, "per_copy_time", streams=1, sync="each")),
     "framework_h2d_pinned_ratio": Rule(
         f"pinned H2D copy_, {max(framework.COPY_BYTES) >> 20} MiB: emulated / native", FRAMEWORK,
         _framework_ratio("h2d", "pinned")),

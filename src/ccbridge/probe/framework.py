@@ -23,7 +23,9 @@ LAUNCH = "framework.launch"
 # mode -> what follows each x.add_(1); "pipelined" only synchronizes once, after the loop
 LAUNCH_MODES = ("pipelined", "launch+synchronize", "launch+stream_synchronize", "launch+item")
 D2H32 = "framework.d2h32"
-D2H32_STREAMS = (1, 16)
+# (streams, sync): "none" is a serving loop's readback (no synchronize between
+# copies); "each" synchronizes after every copy, as the published harness did
+D2H32_CASES = ((1, "none"), (16, "none"), (1, "each"))
 COPY = "framework.copy"
 COPY_BYTES = (16 * MiB, 256 * MiB)
 
@@ -90,8 +92,8 @@ def launches(ctx):
     return rows
 
 
-@test(D2H32, "32-byte non_blocking D2H through torch, no synchronize between copies, 1 and 16 streams",
-      needs=("gpu", "torch"))
+@test(D2H32, "32-byte non_blocking D2H through torch: no synchronize between copies (1 and 16 streams), "
+             "and a synchronize after each (1 stream)", needs=("gpu", "torch"))
 def small_d2h(ctx):
     import torch
 
@@ -100,21 +102,23 @@ def small_d2h(ctx):
     torch.cuda.synchronize()
     reps, n = ctx.pick(9, 7), ctx.pick(1000, 300)
     rows = []
-    for k in D2H32_STREAMS:
-        ctx.step(f"{k} streams")
+    for k, sync in D2H32_CASES:
+        ctx.step(f"{k} streams, sync {sync}")
         streams = itertools.cycle([torch.cuda.Stream(device=dev) for _ in range(k)])
         last = []
 
         def readback():
             with torch.cuda.stream(next(streams)):
                 last[:] = [src.to("cpu", non_blocking=True)]  # a pinned output: the copy is asynchronous natively
+            if sync == "each":
+                torch.cuda.synchronize()
 
         per_iteration_us(readback, torch.cuda.synchronize, 20, 1)  # warm: the pinned host allocator's cache
         samples = per_iteration_us(readback, torch.cuda.synchronize, n, reps)
         if not torch.equal(last[0], src.cpu()):
             raise RuntimeError("a 32-byte D2H copy is not byte-exact")
-        row = Row.of(D2H32, "per_copy_time", "us", samples, streams=k)
-        row.extra["headline"] = k == 1
+        row = Row.of(D2H32, "per_copy_time", "us", samples, streams=k, sync=sync)
+        row.extra["headline"] = (k, sync) == (1, "none")
         rows.append(row)
     return rows
 

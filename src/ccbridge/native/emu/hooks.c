@@ -692,11 +692,11 @@ DEF_BATCH3D_V2(cuMemcpy3DBatchAsync_v2_ptsz)
  * submission would scale with a cost CC does not add to. A launch being
  * captured into a graph is not submitted, so it pays nothing. */
 static CUresult launch_done(int api, uint64_t t0, CUresult rc, CUstream st) {
-    uint64_t toll = 0;
+    uint64_t toll = 0, returned = emu_now(); /* the toll counts from here: our own checks below are inside it */
     if (rc == CUDA_SUCCESS && (cfg.emulate || t0) && !emu_capturing(st)) {
         if (cfg.emulate) {
             emu_work_submitted();
-            if ((toll = emu_ns(cfg.launch_toll_ns))) emu_wait_until(emu_now() + toll);
+            if ((toll = emu_ns(cfg.launch_toll_ns))) emu_wait_until(returned + toll);
         }
         if (t0) rec(api, REC_LAUNCH, -1, 0, 0, st, t0, emu_now(), toll, rc);
     }
