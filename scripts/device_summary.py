@@ -19,8 +19,10 @@ def main(r: Path) -> None:
     over = r / "emu_overhead.json"
     if over.exists() and over.read_text().strip():
         o = json.loads(over.read_text())
-        print(f"| passthrough overhead: GPU-bound loop / per launch / per 4 KiB copy | {o['loop_overhead_pct']:.2f}% / "
-              f"{o['launch_overhead_us']:.2f} us / {o['copy_overhead_us']:.2f} us |")
+        for k in ("passthrough", "record"):
+            print(f"| {k} overhead: GPU-bound loop / eager decode loop / per launch / per 4 KiB copy | "
+                  f"{o[k + '_loop_overhead_pct']:.2f}% / {o[k + '_decode_overhead_pct']:.2f}% / "
+                  f"{o[k + '_launch_overhead_us']:.2f} us / {o[k + '_copy_overhead_us']:.2f} us |")
     for cal in sorted(r.glob("calib-*/calibration.json")):
         checks = json.loads(cal.read_text())
         bad = [c["id"] for c in checks if c["ok"] is not True]
