@@ -183,7 +183,9 @@ class _Tap:
 
     def _touch(self, t, kind):
         verdict = self.alter(t, len(self.sent), kind) if self.alter else None
-        self.sent.append(t.detach().cpu().clone())
+        # a copy on t's device, ordered on the stream: .cpu() here would block the host until that
+        # stream reached this point, and an attack that stalls the stream would hang the test, not the group
+        self.sent.append(t.detach().clone())
         return verdict
 
     def __enter__(self):
@@ -362,7 +364,7 @@ def scenario_transport(rank, n, dev):
     finally:
         for cls, (e, r) in originals.items():
             cls.encrypt, cls.reduce = e, r
-    payloads = [t.numpy().tobytes() for t in tap.sent]
+    payloads = [t.cpu().numpy().tobytes() for t in tap.sent]
     assert payloads, "nothing was captured"
     for p in payloads:
         for k in range(0, len(plain_bytes) - 64, 4096):

@@ -45,6 +45,7 @@ typedef unsigned long long cuuint64_t;
     X(cuCtxSynchronize_v2)                                                                                   \
     X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2)                                 \
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2)                \
+    X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxReset)                                                  \
     X(cuMemHostRegister) X(cuMemHostRegister_v2) X(cuMemHostAlloc) X(cuMemAllocHost_v2)                      \
     X(cuGetProcAddress) X(cuGetProcAddress_v2)
 
@@ -975,6 +976,8 @@ typedef CUresult cuCtxDestroy_v2_t(CUcontext);
 typedef CUresult cuDevicePrimaryCtxRetain_t(CUcontext *, CUdevice);
 typedef CUresult cuDevicePrimaryCtxRelease_v2_t(CUdevice);
 typedef cuDevicePrimaryCtxRelease_v2_t cuDevicePrimaryCtxReset_v2_t;
+typedef cuDevicePrimaryCtxRelease_v2_t cuDevicePrimaryCtxRelease_t; /* the pre-11.0 names: same call */
+typedef cuDevicePrimaryCtxRelease_v2_t cuDevicePrimaryCtxReset_t;
 EMU_API CUresult cuCtxCreate_v2(CUcontext *c, unsigned f, CUdevice d) {
     ENTER(cuCtxCreate_v2);
     return lifecycle_toll(REAL(cuCtxCreate_v2)(c, f, d), cfg.ctx_create_ns);
@@ -1014,6 +1017,8 @@ static CUresult primary_down(CUresult rc, CUdevice d) {
 }
 EMU_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { ENTER(cuDevicePrimaryCtxRelease_v2); return primary_down(REAL(cuDevicePrimaryCtxRelease_v2)(d), d); }
 EMU_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { ENTER(cuDevicePrimaryCtxReset_v2); return primary_down(REAL(cuDevicePrimaryCtxReset_v2)(d), d); }
+EMU_API CUresult cuDevicePrimaryCtxRelease(CUdevice d) { ENTER(cuDevicePrimaryCtxRelease); return primary_down(REAL(cuDevicePrimaryCtxRelease)(d), d); }
+EMU_API CUresult cuDevicePrimaryCtxReset(CUdevice d) { ENTER(cuDevicePrimaryCtxReset); return primary_down(REAL(cuDevicePrimaryCtxReset)(d), d); }
 
 /* ---- host memory: no registration of ordinary memory under CC ---- */
 typedef CUresult cuMemHostRegister_t(void *, size_t, unsigned);
