@@ -66,6 +66,10 @@ def run_attack(n: int, backend: str, device: str, attack: str, tmp_path, timeout
 
 
 def _main(rank, n, backend, device, scenarios, port):
+    if os.environ.get("CCB_DUMP_AFTER"):  # diagnosis of a hang: every thread's stack, on stderr
+        import faulthandler
+
+        faulthandler.dump_traceback_later(float(os.environ["CCB_DUMP_AFTER"]), exit=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if device == "cuda":
         torch.cuda.set_device(rank)

@@ -245,7 +245,12 @@ class GpuCipher:
             if _lib().ccb_gcm_load(self.device.index or 0, _image()) != 0:
                 raise GpuError(_lib().ccb_error().decode(errors="replace"))
             host = torch.frombuffer(bytearray(self.schedule.raw), dtype=torch.uint8)
-            self.dkey = host.to(self.device)
+            # uploaded on a stream of its own: the caller's stream may be stalled behind a peer that stopped,
+            # and a copy from pageable memory would hold this thread until that stream reached it
+            upload = torch.cuda.Stream(self.device)
+            with torch.cuda.stream(upload):
+                self.dkey = host.to(self.device)
+            upload.synchronize()
         self.grid_cap = torch.cuda.get_device_properties(self.device).multi_processor_count * 4
 
     def _grid(self, m_nchunks: int) -> int:

@@ -142,7 +142,11 @@ class SecureGroup:
         self._p2p: dict = {}  # (src, dst) -> [epoch, counter, bytes]
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._completer = None
-        self._status = None
+        # made here, on the caller's stream: inside a collective, a host-to-device copy would hold
+        # the thread until the group's stream got there, which a dead peer stalls for good
+        status = torch.zeros(16, dtype=torch.uint8)
+        status[:4] = torch.frombuffer(bytearray(STATUS_MAGIC), dtype=torch.uint8)
+        self._status = status.to(self.device)
 
     def _handshake(self, name: str) -> bytes:
         """Agree on a fresh, authenticated session with every rank (handshake.py)."""
@@ -302,11 +306,7 @@ class SecureGroup:
 
     def _finish(self, what: str, op: str, seq: int, cipher, fail: torch.Tensor, result=None) -> SecureWork:
         """The authenticated status round: everyone learns if anyone failed."""
-        # magic | failures | zeros: the sequence number is bound by the nonce and AAD
-        if self._status is None:
-            self._status = torch.zeros(16, dtype=torch.uint8, device=self.device)
-            self._status[:4] = torch.frombuffer(bytearray(STATUS_MAGIC), dtype=torch.uint8)
-        status = self._status.clone()
+        status = self._status.clone()  # magic | failures | zeros: the sequence number is bound by the nonce and AAD
         status[4:8] = fail.view(torch.uint8)
         wl = gcm.wire_len(16)
         mine = torch.empty(wl, dtype=torch.uint8, device=self.device)
