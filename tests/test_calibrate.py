@@ -195,3 +195,22 @@ def test_the_report_says_the_level_of_every_check():
 
 def test_calibrate_runs_the_framework_family():
     assert "framework" in calibrate.PROBE_TESTS.split(",")
+
+
+@pytest.mark.parametrize("native_pageable,emu_pageable,ok", [
+    (19.2, 15.0, True),    # a B300-like host: room above pinned, and the emulator uses it
+    (19.2, 10.0, False),   # room, but the emulated pageable path stays under pinned
+    (9.0, 7.0, None),      # an H100 host: 9.0 x 0.78 = 7.0 <= 11.2 pinned, the floor forbids the property
+])
+def test_pageable_over_pinned_only_where_the_native_floor_leaves_room(native_pageable, emu_pageable, ok):
+    def sweep(pinned, pageable):
+        return [Row.of("transfer.sweep", "bandwidth", "GB/s", [v], dir="h2d", mem=m, bytes=256 * MiB)
+                for m, v in (("pinned", pinned), ("pageable", pageable))]
+
+    native = synthetic(sweep(55.0, native_pageable))
+    emu = synthetic(sweep(11.2, emu_pageable), emulated="b300")
+    emu.env["emulation"]["params"] = {"h2d_pageable_ratio": "0.78"}
+    c = check(calibrate.law_checks(native, emu), "pageable_over_pinned")
+    assert c.ok is ok
+    if ok is None:
+        assert "not applicable on this host" in c.measured and "7.02 <= emulated pinned 11.20" in c.measured
