@@ -111,3 +111,11 @@ def test_profiles_set_shows_the_overridden_profile(capsys):
     out = capsys.readouterr().out
     assert "what-if: launch_toll_us set on the command line" in out
     assert "launch_toll_us = 0 us" in out and "source: overridden on the command line (was 18.6)" in out
+
+
+def test_the_emulator_banner_names_the_what_if():
+    from ccbridge.emulate import launcher, profiles
+
+    b = launcher.banner(profiles.override(profiles.load("b300"), ["launch_toll_us=0", "h2d_pinned_gbps=20"]))
+    assert "profile b300 with --set launch_toll_us=0 --set h2d_pinned_gbps=20 (" in b and "not CC hardware" in b
+    assert " with --set" not in launcher.banner(profiles.load("b300"))

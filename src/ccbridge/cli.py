@@ -114,15 +114,13 @@ def cmd_probe(args) -> int:
             needs = f" (needs {', '.join(t.needs)})" if t.needs else ""
             print(f"{t.name:<24} {t.title}{needs}")
         return 0
-    if args.trace and not args.profile:
-        raise UsageError("--trace records the emulator's crossings: it needs --profile")
     if args.overrides and not args.profile:
         raise UsageError("--set changes an emulator profile: it needs --profile")
     # Everything a run needs is checked before it starts: a run can take many minutes.
     tests = registry.select(args.tests)
     registry.check_device(args.device)
     out = ui.writable_folder(args.out or Path("ccbridge-results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"), "--out")
-    if args.profile:
+    if args.profile or args.record:
         return _probe_under(args, out)
     console = Console(stderr=True)
     console.print(f"ccbridge probe: {len(tests)} tests, {'quick' if args.quick else 'full'} suite, device {args.device}")
@@ -154,14 +152,15 @@ def _probe_under(args, out: Path) -> int:
     """The probe again, in a child process started under the emulator."""
     from ccbridge.emulate import launcher, profiles
 
-    prof = profiles.override(profiles.load(args.profile), args.overrides)
+    # --record alone: the probe runs natively, recorded (the passthrough interposer adds no cost)
+    prof = profiles.override(profiles.load(args.profile), args.overrides) if args.profile else profiles.load("passthrough")
     rest = ["probe", "--device", str(args.device), "--out", str(out)]
     rest += ["--quick"] if args.quick else []
     rest += ["--tests", args.tests] if args.tests else []
     cmd = launcher.python_cmd(*rest)
-    launcher.check(prof, cmd, args.trace)
+    launcher.check(prof, cmd, args.record)
     print(launcher.banner(prof), file=sys.stderr)
-    return launcher.run(prof, cmd, trace=args.trace)
+    return launcher.run(prof, cmd, trace=args.record)
 
 
 def cmd_run(args) -> int:
@@ -409,7 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default ccbridge-results/<timestamp>)")
     p.add_argument("--list", action="store_true", help="list the registered tests and exit")
     p.add_argument("--profile", help="run the probe under the emulator with this profile (see `ccbridge profiles`)")
-    p.add_argument("--trace", help="with --profile: record every crossing to TRACE.<pid>.csv")
+    p.add_argument("--record", metavar="T", help="record every crossing, launch and synchronize to T.<pid>.csv "
+                   "(with --profile: emulated; without: native)")
     _add_set(p)
     p.set_defaults(fn=cmd_probe)
 

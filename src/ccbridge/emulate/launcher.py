@@ -104,7 +104,9 @@ def run(profile: Profile, cmd: list[str], trace: str | None = None, coverage: st
 
 def banner(profile: Profile) -> str:
     what = "EMULATED CC bridge" if profile.emulates else "interposer on, no costs (passthrough)"
-    return f"ccbridge run: {what}, profile {profile.name} ({profile.title}); figures are not CC hardware measurements"
+    whatif = "".join(f" --set {k}={profile.params[k].value:g}" for k in profile.overrides)
+    return (f"ccbridge run: {what}, profile {profile.name}{' with' + whatif if whatif else ''} ({profile.title}); "
+            "figures are not CC hardware measurements")
 
 
 def python_cmd(*args: str) -> list[str]:
