@@ -28,6 +28,19 @@ def h100() -> Result:
     return results.load(DATA / "h100-native-full.json")
 
 
+def set_field(doc, path: list[str], value) -> None:
+    """Set the field at path in a JSON document (list indices as digit strings); value ... removes it."""
+    *parents, last = path
+    node = doc
+    for k in parents:
+        node = node[int(k)] if isinstance(node, list) else node[k]
+    key = int(last) if isinstance(node, list) else last
+    if value is ...:
+        del node[key]
+    else:
+        node[key] = value
+
+
 def synthetic(rows: list[Row], emulated: str | None = None) -> Result:
     return Result(env={"emulation": {"active": bool(emulated), "profile": emulated}}, settings={}, rows=rows)
 

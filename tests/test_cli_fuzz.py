@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DATA
+from conftest import DATA, set_field
 
 TIMEOUT_S = 60  # a hang fails its case instead of blocking the run
 
@@ -53,15 +53,7 @@ def _result(**change) -> str:
     """A real result (tests/data) with fields changed at dotted paths (value ... removes one)."""
     doc = json.loads((DATA / "h100-native-full.json").read_text())
     for where, value in change.items():
-        *parents, last = where.split("__")
-        node = doc
-        for k in parents:
-            node = node[int(k)] if isinstance(node, list) else node[k]
-        key = int(last) if isinstance(node, list) else last
-        if value is ...:
-            del node[key]
-        else:
-            node[key] = value
+        set_field(doc, where.split("__"), value)
     return json.dumps(doc)
 
 

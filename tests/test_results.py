@@ -4,6 +4,7 @@ import pytest
 
 from ccbridge import results
 from ccbridge.results import Result, Row
+from conftest import set_field
 
 
 def test_row_key_is_order_independent():
@@ -49,15 +50,7 @@ def test_malformed_files_are_clear_errors(tmp_path, content, match):
 
 def _doc_with(doc: dict, where: str, value) -> dict:
     """doc with the field at a dotted path (list indices as numbers) set to value (removed when value is ...)."""
-    *parents, last = where.split(".")
-    node = doc
-    for k in parents:
-        node = node[int(k)] if isinstance(node, list) else node[k]
-    key = int(last) if isinstance(node, list) else last
-    if value is ...:
-        del node[key]
-    else:
-        node[key] = value
+    set_field(doc, where.split("."), value)
     return doc
 
 
