@@ -282,6 +282,16 @@ CASES = [
      "trace prefix /nonexistent/dir/t: the folder /nonexistent/dir does not exist", {"absent": ["/nonexistent"]}),
     (["run", "--record", "{d}/t", "--set", "lanes=2", "--", "true"], "--set changes an emulator profile: it needs --profile"),
     (["run", "--trace", "{d}/t", "--profile", "b300", "--", "true"], "unrecognized arguments"),
+    # account
+    (["account"], "give two trace prefixes"),
+    (["account", "{d}/nosuch", "{d}/nosuch2"], "no trace lines under {d}/nosuch.<pid>.csv"),
+    (["account", "{d}/nosuch"], "give two trace prefixes"),
+    (["account", "--set", "lanes=2", "{d}/a", "{d}/b"], "--set changes an emulator profile: it needs --profile"),
+    (["account", "--profile", "nosuch", "--", "true"], "unknown profile 'nosuch'"),
+    (["account", "--profile", "b300"], "no command given"),
+    (["account", "--profile", "b300", "--set", "lanes=0", "--", "true"], "parameter lanes = 0.0"),
+    (["account", "--profile", "b300", "--", "nosuch-command-4c1e"], "command not found: nosuch-command-4c1e"),
+    (["account", "{d}/a", "{d}/b", "--out", "/proc/forbidden"], "--out /proc/forbidden: cannot write in /proc"),
 ]
 
 

@@ -185,6 +185,53 @@ def cmd_run(args) -> int:
     return rc
 
 
+def cmd_account(args) -> int:
+    """Attribute the wall-time difference of two traces (or of CMD natively vs emulated) to the calls that grew."""
+    import time
+
+    from ccbridge import account, env
+    from ccbridge.emulate import launcher, profiles, trace
+    from ccbridge.results import Result
+
+    rest = args.args[1:] if args.args[:1] == ["--"] else args.args
+    out = ui.writable_folder(args.out or Path("ccbridge-results") / f"account-{dt.datetime.now():%Y%m%d-%H%M%S}", "--out")
+    walls: list[float | None] = [None, None]
+    if args.profile:
+        prof = profiles.override(profiles.load(args.profile), args.overrides)
+        runs = [(profiles.load("passthrough"), str(out / "native")), (prof, str(out / "emulated"))]
+        for p, _ in runs:
+            launcher.check(p, rest)
+        out.mkdir(parents=True, exist_ok=True)  # the traces go there
+        for i, (p, prefix) in enumerate(runs):
+            print(f"ccbridge account: run {i + 1} of 2, {launcher.banner(p)}", file=sys.stderr)
+            t = time.monotonic()
+            rc = launcher.run(p, rest, trace=prefix)
+            walls[i] = time.monotonic() - t
+            if rc:
+                raise UsageError(f"{' '.join(rest)} exited with status {rc} in run {i + 1}; nothing to compare")
+        prefixes = [prefix for _, prefix in runs]
+    else:
+        if args.overrides:
+            raise UsageError("--set changes an emulator profile: it needs --profile")
+        if len(rest) != 2:
+            raise UsageError("give two trace prefixes (BASE OTHER, from `ccbridge run --record`), "
+                             "or --profile NAME -- CMD")
+        prefixes = [str(Path(x).resolve()) for x in rest]
+    base, other = (trace.summarize(x) for x in prefixes)
+    for x, s in zip(prefixes, (base, other)):
+        if not s.by_api:
+            raise UsageError(f"{' '.join(rest)} made no CUDA driver call: nothing to attribute" if args.profile else
+                             f"no trace lines under {x}.<pid>.csv: record with `ccbridge run --record {x} -- CMD`")
+    lines, wall = account.attribute(base, other, *walls)
+    res = Result(env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": args.profile,
+                                             "overrides": args.overrides, "command": rest if args.profile else None},
+                 rows=account.rows(lines, wall))
+    paths = _write_reports(res, out)
+    print(account.render(lines, wall))
+    print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
+
+
 def cmd_profiles(args) -> int:
     from ccbridge.emulate import profiles
 
@@ -425,6 +472,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_set(p)
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]", help="the program to run")
     p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("account", help="which calls a workload's CC tax goes to: two traces compared, or CMD "
+                                       "natively vs emulated (ccbridge account --profile b300 -- CMD)")
+    p.add_argument("--profile", help="record CMD natively, then under this emulator profile, and compare")
+    _add_set(p)
+    p.add_argument("--out", help="output folder (default ccbridge-results/account-<timestamp>)")
+    p.add_argument("args", nargs="*", help="BASE OTHER (trace prefixes), or -- CMD [ARGS...] with --profile")
+    p.set_defaults(fn=cmd_account)
 
     p = sub.add_parser("profiles", help="list emulator profiles; with NAME, each parameter and its source")
     p.add_argument("name", nargs="?")

@@ -55,6 +55,7 @@ class TraceSummary:
     # (api, dir, mem) -> count, bytes, blocked_ns (time in the call), stream_wait_ns, channel_wait_ns, toll_ns, kind
     by_api: dict[tuple[str, str, str], dict] = field(default_factory=dict)
     profiles: set[str] = field(default_factory=set)  # profile of each traced process ("passthrough": record-only)
+    span_ns: int = 0  # summed over processes: first call's entry to last call's return in each trace file
 
     def total_crossings(self) -> int:
         return int(sum(c["count"] for c in self.crossings.values()))
@@ -101,16 +102,21 @@ def summarize(prefix: str) -> TraceSummary:
                 m = check_header(path, f.readline(), f.readline())
                 if m.group(2):
                     s.profiles.add(m.group(2))
+                first = last = None
                 for line, row in enumerate(csv.DictReader(f, fieldnames=list(COLUMNS)), start=3):
+                    t0, t1 = int(row["t_enter_ns"]), int(row["t_return_ns"])
+                    first, last = t0 if first is None else min(first, t0), t1 if last is None else max(last, t1)
                     key = (row["api"], row["dir"] or "-", row["mem"] or "-")
                     agg = s.by_api.setdefault(key, {"kind": row["kind"], "count": 0, "bytes": 0, "blocked_ns": 0,
                                                     "stream_wait_ns": 0, "channel_wait_ns": 0, "toll_ns": 0})
                     agg["count"] += 1
                     agg["bytes"] += int(row["bytes"])
-                    agg["blocked_ns"] += int(row["t_return_ns"]) - int(row["t_enter_ns"])
+                    agg["blocked_ns"] += t1 - t0
                     agg["stream_wait_ns"] += int(row["blocked_stream_ns"])
                     agg["channel_wait_ns"] += int(row["blocked_channel_ns"])
                     agg["toll_ns"] += int(row["toll_ns"])
+                if first is not None:
+                    s.span_ns += last - first
         except ResultFileError:
             raise
         except (OSError, UnicodeDecodeError, csv.Error, KeyError, ValueError, TypeError) as e:

@@ -1,0 +1,113 @@
+"""Where a workload's CC tax goes: two traces of the same program compared call by call.
+
+`ccbridge account BASE OTHER` reads two traces in ccbridge's trace schema
+(`ccbridge run --record`: natively, emulated, or on a real CC-on machine)
+and attributes the difference of their wall times to the driver calls that
+grew: per API, direction and memory kind, how many calls, their time per call
+in each trace, what the other trace's time was spent on (waiting for the
+stream, for the channel, tolls), the share of the slowdown the growth
+explains, and the recovery that fits it. `ccbridge account --profile b300 --
+CMD` records CMD natively, then under the emulator, and compares the two.
+
+The shares are of time spent inside calls, summed over threads: where one
+thread's calls hold the program's critical path (a serving loop's scheduler,
+a training step's host side) they explain the wall time; where several
+threads wait at once they can add up to more than the slowdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ccbridge.emulate.trace import TraceSummary
+from ccbridge.results import Row
+
+SMALL = 64 << 10  # bytes: a crossing this small is mostly toll
+
+
+@dataclass
+class Line:
+    api: str
+    kind: str
+    dir: str
+    mem: str
+    calls: tuple[int, int]
+    in_call_ms: tuple[float, float]
+    stream_wait_ms: float  # in the other trace
+    channel_wait_ms: float
+    toll_ms: float
+    bytes: int
+    share: float  # of the wall-time slowdown
+    recovery: str
+
+    @property
+    def delta_ms(self) -> float:
+        return self.in_call_ms[1] - self.in_call_ms[0]
+
+    def per_call_us(self, i: int) -> float:
+        return self.in_call_ms[i] * 1e3 / self.calls[i] if self.calls[i] else 0.0
+
+
+def recovery(kind: str, direction: str, calls: int, nbytes: int, stream_ms: float, channel_ms: float,
+             toll_ms: float) -> str:
+    """The recovery a row's dominant cost calls for (bridge law; ccbridge.serve)."""
+    if kind == "launch":
+        return "CUDA graphs: one launch toll per graph instead of one per kernel"
+    if kind == "sync":
+        return "fewer synchronizes on the critical thread: read back on a ccbridge.serve.DrainWorker"
+    if stream_ms >= max(channel_ms, toll_ms):
+        return ("drain on a worker (ccbridge.serve.DrainWorker): the readback waits for the stream" if direction == "d2h"
+                else "stage on an idle stream (ccbridge.serve.StagedH2D): the copy waits for queued work")
+    if calls and nbytes / calls < SMALL:
+        return "pack small crossings into one (ccbridge.serve.StagedH2D packs a step's inputs)"
+    if channel_ms >= toll_ms:
+        return "more contexts (a context pool, as ccbridge's loader keeps): one context's channel is serialized"
+    return "larger, fewer crossings: each pays a fixed toll"
+
+
+def attribute(base: TraceSummary, other: TraceSummary, base_wall_s: float | None = None,
+              other_wall_s: float | None = None) -> tuple[list[Line], float]:
+    """The lines, largest growth first, and the wall-time slowdown (s) they are shares of
+    (the programs' own wall times where given, else the traces' spans)."""
+    wall = ((other_wall_s if other_wall_s is not None else other.span_ns / 1e9)
+            - (base_wall_s if base_wall_s is not None else base.span_ns / 1e9))
+    lines = []
+    for key in set(base.by_api) | set(other.by_api):
+        b, o = base.by_api.get(key, {}), other.by_api.get(key, {})
+        calls = (b.get("count", 0), o.get("count", 0))
+        in_call = (b.get("blocked_ns", 0) / 1e6, o.get("blocked_ns", 0) / 1e6)
+        sw, cw, tl = (o.get(k, 0) / 1e6 for k in ("stream_wait_ns", "channel_wait_ns", "toll_ns"))
+        kind = o.get("kind") or b.get("kind", "")
+        api, d, m = key
+        lines.append(Line(api, kind, d, m, calls, in_call, sw, cw, tl, o.get("bytes", 0),
+                          (in_call[1] - in_call[0]) / (wall * 1e3) if wall > 0 else 0.0,
+                          recovery(kind, d, calls[1], o.get("bytes", 0), sw, cw, tl)))
+    lines.sort(key=lambda x: -x.delta_ms)
+    return lines, wall
+
+
+def rows(lines: list[Line], wall_s: float) -> list[Row]:
+    """The account as Rows of a Result (one format for compare, advise and reports)."""
+    out = [Row.of("account.total", "wall_slowdown", "s", [wall_s])]
+    for x in lines:
+        p = dict(api=x.api, kind=x.kind, dir=x.dir, mem=x.mem)
+        out += [Row.of("account.api", "in_call_delta", "ms", [x.delta_ms], **p),
+                Row.of("account.api", "per_call_base", "us", [x.per_call_us(0)], **p),
+                Row.of("account.api", "per_call_other", "us", [x.per_call_us(1)], **p),
+                Row.of("account.api", "share_of_slowdown", "fraction", [x.share], **p)]
+        out[-1].extra["recovery"] = x.recovery
+        out[-1].extra["calls"] = list(x.calls)
+    return out
+
+
+def render(lines: list[Line], wall_s: float, top: int = 15) -> str:
+    explained = sum(x.delta_ms for x in lines if x.delta_ms > 0) / 1e3
+    head = (f"wall time slowdown {wall_s * 1e3:.1f} ms; calls that grew explain {explained * 1e3:.1f} ms"
+            + (f" ({explained / wall_s:.0%})" if wall_s > 0 else ""))
+    out = [head, f"{'api':<28} {'kind':<8} {'dir':<4} {'mem':<9} {'calls':>13} {'us/call':>17} {'+ms':>9} "
+                 f"{'share':>6} {'stream':>8} {'channel':>8} {'toll':>8}  recovery"]
+    for x in lines[:top]:
+        out.append(f"{x.api:<28} {x.kind:<8} {x.dir:<4} {x.mem:<9} {x.calls[0]:>6}/{x.calls[1]:<6} "
+                   f"{x.per_call_us(0):>8.1f}/{x.per_call_us(1):<8.1f} {x.delta_ms:>9.2f} {x.share:>6.0%} "
+                   f"{x.stream_wait_ms:>8.2f} {x.channel_wait_ms:>8.2f} {x.toll_ms:>8.2f}  {x.recovery}")
+    return "\n".join(out)

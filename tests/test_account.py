@@ -1,0 +1,65 @@
+"""ccbridge account: two traces in the trace schema, attributed call by call."""
+
+import subprocess
+import sys
+
+from ccbridge import account, results
+from ccbridge.emulate import trace
+
+
+def write_trace(prefix, lines, pid=1, profile="passthrough", emulate=0):
+    """A trace file as the interposer writes it; lines: (t_enter_us, dur_us, api, kind, dir, mem, bytes, stream_us, toll_us)."""
+    rows = [f"# ccbridge trace schema {trace.SCHEMA}, profile {profile}, emulate {emulate}", ",".join(trace.COLUMNS)]
+    for t, dur, api, kind, d, m, n, sw, tl in lines:
+        rows.append(f"{int(t * 1e3)},{int((t + dur) * 1e3)},7,,,{api},{kind},{d},{m},{n},0,{int(sw * 1e3)},{int(tl * 1e3)},0")
+    (prefix.parent / f"{prefix.name}.{pid}.csv").write_text("\n".join(rows) + "\n")
+
+
+def decode_loop(prefix, d2h_us, launch_us, steps=100, **kw):
+    """A decode loop's calls: 20 launches and one 8-byte token readback per step."""
+    lines, t = [], 0.0
+    for _ in range(steps):
+        for _ in range(20):
+            lines.append((t, launch_us, "cuLaunchKernel", "launch", "", "", 0, 0, 0))
+            t += launch_us + 1
+        lines.append((t, d2h_us, "cuMemcpyDtoHAsync_v2", "crossing", "d2h", "pinned", 8, d2h_us * 0.7, 23))
+        t += d2h_us + 1
+    write_trace(prefix, lines, **kw)
+
+
+def test_the_readback_that_waits_for_the_stream_is_the_top_cause(tmp_path):
+    decode_loop(tmp_path / "native", d2h_us=30, launch_us=5)
+    decode_loop(tmp_path / "cc", d2h_us=1400, launch_us=24, profile="b300", emulate=1)
+    base, other = trace.summarize(str(tmp_path / "native")), trace.summarize(str(tmp_path / "cc"))
+    lines, wall = account.attribute(base, other)
+    top = lines[0]
+    assert (top.api, top.kind, top.dir) == ("cuMemcpyDtoHAsync_v2", "crossing", "d2h")
+    assert top.calls == (100, 100) and abs(top.per_call_us(1) - 1400) < 1 and abs(top.per_call_us(0) - 30) < 1
+    assert "DrainWorker" in top.recovery  # it waited for the stream
+    assert lines[1].kind == "launch" and "CUDA graphs" in lines[1].recovery
+    explained = sum(x.delta_ms for x in lines) / 1e3
+    assert abs(explained / wall - 1) < 0.01  # every microsecond of this synthetic slowdown is inside a call
+    assert abs(top.share - 137 / (137 + 38)) < 0.01  # 137 ms of 175 ms
+
+
+def test_recovery_follows_the_dominant_cost():
+    r = account.recovery
+    assert "StagedH2D" in r("crossing", "h2d", 10, 10 << 20, stream_ms=5, channel_ms=1, toll_ms=1)
+    assert "pack small" in r("crossing", "h2d", 1000, 1000 * 512, stream_ms=0, channel_ms=1, toll_ms=5)
+    assert "contexts" in r("crossing", "h2d", 10, 10 << 24, stream_ms=0, channel_ms=9, toll_ms=1)
+    assert "fewer crossings" in r("crossing", "d2h", 10, 10 << 24, stream_ms=0, channel_ms=1, toll_ms=9)
+    assert "synchronizes" in r("sync", "-", 10, 0, 0, 0, 5)
+
+
+def test_the_cli_writes_a_result_that_compare_can_read(tmp_path):
+    decode_loop(tmp_path / "native", d2h_us=30, launch_us=5)
+    decode_loop(tmp_path / "cc", d2h_us=1400, launch_us=24, profile="b300", emulate=1)
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "ccbridge.cli", "account", str(tmp_path / "native"), str(tmp_path / "cc"),
+                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "cuMemcpyDtoHAsync_v2" in p.stdout.splitlines()[2] and "DrainWorker" in p.stdout
+    res = results.load(out / "result.json")
+    share = [r for r in res.rows if r.metric == "share_of_slowdown" and r.params["api"] == "cuMemcpyDtoHAsync_v2"]
+    assert len(share) == 1 and share[0].extra["recovery"].startswith("drain on a worker")
+    assert (out / "report.md").exists() and (out / "report.html").exists()
