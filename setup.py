@@ -42,8 +42,30 @@ class BuildWithKernels(build_ext):
         print(" ".join(cmd))
         subprocess.run(cmd, check=True)
 
+
+NET_SRC = Path("src/ccbridge/native/ncclnet")
+
+
+class BuildAll(BuildWithKernels):
+    """Also build the NCCL net plugin. NCCL dlopens it by name
+    (NCCL_NET_PLUGIN=ccbridge -> libnccl-net-ccbridge.so on LD_LIBRARY_PATH),
+    so it is a plain shared object in ccbridge/lib/, not a Python extension;
+    plain C, libcrypto loaded at run time, so it builds anywhere."""
+
+    def run(self):
+        super().run()
+        dest = Path(self.get_ext_fullpath("ccbridge._native")).parent / "lib" / "libnccl-net-ccbridge.so"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        objects = self.compiler.compile(
+            sorted(str(p) for p in NET_SRC.glob("*.c")), output_dir=self.build_temp,
+            depends=[str(p) for p in NET_SRC.glob("*.h")],
+            # exports only ncclNetPlugin_v* (NET_API, ncclnet.h)
+            extra_postargs=["-O2", "-std=gnu11", "-Wall", "-fvisibility=hidden", "-fPIC"])
+        self.compiler.link_shared_object(objects, str(dest), libraries=["dl", "pthread"])
+
+
 setup(
-    cmdclass={"build_ext": BuildWithKernels},
+    cmdclass={"build_ext": BuildAll},
     ext_modules=[
         Extension(
             "ccbridge._native",

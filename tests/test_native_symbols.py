@@ -59,3 +59,12 @@ def test_native_core_exports_exactly_what_python_binds():
     got = exported(spec.origin)
     assert got - bound == set(), "internal symbols exported"
     assert bound - got == set(), "bound through ctypes but not exported (CCB_API missing)"
+
+
+def test_nccl_net_plugin_exports_only_its_plugin_tables():
+    from ccbridge.secure import netplugin
+
+    declared = set(re.findall(r"(?m)^NET_API\s[^;]*?\b(\w+);",
+                              (SRC / "native" / "ncclnet" / "ncclnet.h").read_text()))
+    assert declared == {"ncclNetPlugin_v11", "ncclNetPlugin_v10"}
+    assert exported(str(netplugin.library())) == declared, "the plugin must export its ncclNet tables and nothing else"

@@ -1,0 +1,38 @@
+"""Where the NCCL net plugin (libnccl-net-ccbridge.so) lives, and the
+environment that turns it on.
+
+NCCL loads `libnccl-net-${NCCL_NET_PLUGIN}.so` from the library path, so a
+job sets NCCL_NET_PLUGIN=ccbridge and puts `path()` on LD_LIBRARY_PATH; every
+byte NCCL sends between ranks over the network then travels as AES-256-GCM
+records keyed from $CCBRIDGE_KEY or $CCBRIDGE_KEY_FILE (the formats of
+ccbridge.secure.keys). The sources are in ccbridge/native/ncclnet.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+NAME = "libnccl-net-ccbridge.so"
+
+
+def path() -> Path:
+    """The folder holding the plugin (for LD_LIBRARY_PATH)."""
+    return Path(__file__).resolve().parent.parent / "lib"
+
+
+def library() -> Path:
+    """The plugin itself; FileNotFoundError if the package was installed without building it."""
+    lib = path() / NAME
+    if not lib.exists():
+        raise FileNotFoundError(f"{lib} is not built (pip install . builds it; or python setup.py build_ext --inplace)")
+    return lib
+
+
+def env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """`base` (default os.environ) with NCCL_NET_PLUGIN=ccbridge and the plugin's folder first on LD_LIBRARY_PATH."""
+    out = dict(os.environ if base is None else base)
+    folder = str(library().parent)
+    out["NCCL_NET_PLUGIN"] = "ccbridge"
+    out["LD_LIBRARY_PATH"] = os.pathsep.join([folder] + [p for p in out.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+    return out

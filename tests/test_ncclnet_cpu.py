@@ -1,0 +1,489 @@
+"""The NCCL net plugin (libnccl-net-ccbridge.so) driven through its v11 API
+on the CPU, as NCCL's proxy thread drives it: two spawned processes, the
+listen handle passed between them, connect/accept polled until they return
+a comm, isend/irecv/test. Faults are injected on the wire by a man-in-the-
+middle proxy (a thread here, on 127.0.0.1) that parses the plugin's records:
+every fault must fail the receiver's request (or its accept) within a
+deadline, and no request may complete with wrong data.
+"""
+
+import ctypes
+import hashlib
+import multiprocessing as mp
+import os
+import random
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from ccbridge.secure import keys, netplugin
+
+DEADLINE = 60.0
+KEY = hashlib.sha256(b"ccbridge ncclnet test key").hexdigest()
+OTHER_KEY = hashlib.sha256(b"ccbridge ncclnet other key").hexdigest()
+HELLO, CONFIRM, HEADER, TAG = 64, 32, 16, 16  # the wire format of conn.c
+RECORD = 1 << 20
+ADDR_OFF = 24  # net_handle.addr in net.h: a sockaddr_in, port at +2 (big-endian)
+
+R = ctypes.c_int
+P = ctypes.c_void_p
+PP = ctypes.POINTER(ctypes.c_void_p)
+FN = {  # ncclNet_v11 in declaration order (ncclnet.h) and the signatures used here
+    "init": ctypes.CFUNCTYPE(R, PP, ctypes.c_uint64, P, P, P),
+    "devices": ctypes.CFUNCTYPE(R, ctypes.POINTER(R)),
+    "getProperties": ctypes.CFUNCTYPE(R, R, P),
+    "listen": ctypes.CFUNCTYPE(R, P, R, P, PP),
+    "connect": ctypes.CFUNCTYPE(R, P, R, P, PP, P),
+    "accept": ctypes.CFUNCTYPE(R, P, PP, P),
+    "regMr": ctypes.CFUNCTYPE(R, P, P, ctypes.c_size_t, R, PP),
+    "regMrDmaBuf": P,
+    "deregMr": ctypes.CFUNCTYPE(R, P, P),
+    "isend": ctypes.CFUNCTYPE(R, P, P, ctypes.c_size_t, R, P, P, PP),
+    "irecv": ctypes.CFUNCTYPE(R, P, R, PP, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(R), PP, PP, PP),
+    "iflush": ctypes.CFUNCTYPE(R, P, R, PP, ctypes.POINTER(R), PP, PP),
+    "test": ctypes.CFUNCTYPE(R, P, ctypes.POINTER(R), ctypes.POINTER(R)),
+    "closeSend": ctypes.CFUNCTYPE(R, P),
+    "closeRecv": ctypes.CFUNCTYPE(R, P),
+    "closeListen": ctypes.CFUNCTYPE(R, P),
+    "getDeviceMr": P,
+    "irecvConsumed": P,
+    "makeVDevice": P,
+    "finalize": ctypes.CFUNCTYPE(R, P),
+    "setNetAttr": P,
+}
+
+
+class Net11(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p)] + [(k, v) for k, v in FN.items()]
+
+
+class Props11(ctypes.Structure):  # ccbNetProperties_v11
+    _fields_ = [("name", ctypes.c_char_p), ("pciPath", ctypes.c_char_p), ("guid", ctypes.c_uint64),
+                ("ptrSupport", R), ("regIsGlobal", R), ("forceFlush", R), ("speed", R), ("port", R),
+                ("latency", ctypes.c_float), ("maxComms", R), ("maxRecvs", R), ("netDeviceType", R),
+                ("netDeviceVersion", R), ("vNdevs", R), ("vDevs", R * 4), ("maxP2pBytes", ctypes.c_size_t),
+                ("maxCollBytes", ctypes.c_size_t), ("maxMultiRequestSize", R)]
+
+
+LOGGER = ctypes.CFUNCTYPE(None, R, ctypes.c_ulong, ctypes.c_char_p, R, ctypes.c_char_p, ctypes.c_char_p)
+
+
+class NetError(Exception):
+    def __init__(self, where, rc):
+        super().__init__(f"{where} returned {rc}")
+        self.where, self.rc = where, rc
+
+
+class Net:
+    """One process's plugin, its v11 context and a few blocking helpers with deadlines."""
+
+    def __init__(self, lib_path, key, logs=None):
+        if key is None:
+            os.environ.pop("CCBRIDGE_KEY", None)
+        else:
+            os.environ["CCBRIDGE_KEY"] = key
+        os.environ["NCCL_SOCKET_IFNAME"] = "lo"
+        self.lib = ctypes.CDLL(lib_path)
+        self.t = Net11.in_dll(self.lib, "ncclNetPlugin_v11")
+        self.logs = logs if logs is not None else []
+        self._log = LOGGER(lambda lvl, flags, f, line, fmt, msg: self.logs.append((lvl, (msg or b"").decode())))
+        self.ctx = ctypes.c_void_p()
+        self.rc = self.t.init(ctypes.byref(self.ctx), 7, None, ctypes.cast(self._log, P), None)
+
+    def check(self, where, rc):
+        if rc != 0:
+            raise NetError(where, rc)
+
+    def listen(self):
+        handle = ctypes.create_string_buffer(128)
+        lcomm = ctypes.c_void_p()
+        self.check("listen", self.t.listen(self.ctx, 0, handle, ctypes.byref(lcomm)))
+        return handle, lcomm
+
+    def poll(self, where, fn, deadline):
+        out = ctypes.c_void_p()
+        while not out.value:
+            self.check(where, fn(ctypes.byref(out)))
+            if time.monotonic() > deadline:
+                raise TimeoutError(where)
+            if not out.value:
+                time.sleep(0.001)
+        return out
+
+    def connect(self, handle, deadline):
+        buf = ctypes.create_string_buffer(bytes(handle), 128)
+        return self.poll("connect", lambda o: self.t.connect(self.ctx, 0, buf, o, None), deadline)
+
+    def accept(self, lcomm, deadline):
+        return self.poll("accept", lambda o: self.t.accept(lcomm, o, None), deadline)
+
+    def isend(self, comm, buf, n, deadline):
+        return self.poll("isend", lambda o: self.t.isend(comm, buf, n, 0, None, None, o), deadline)
+
+    def irecv(self, comm, buf, n, deadline):
+        data, size, tag = (ctypes.c_void_p * 1)(ctypes.cast(buf, P)), (ctypes.c_size_t * 1)(n), (R * 1)(0)
+        return self.poll("irecv", lambda o: self.t.irecv(comm, 1, data, size, tag, None, None, o), deadline)
+
+    def wait(self, req, deadline):
+        done, size = R(0), R(-1)
+        while True:
+            self.check("test", self.t.test(req, ctypes.byref(done), ctypes.byref(size)))
+            if done.value:
+                return size.value
+            if time.monotonic() > deadline:
+                raise TimeoutError("test")
+            time.sleep(0.0002)
+
+
+def payload(seed, n):
+    return random.Random(seed).randbytes(n)
+
+
+def buffer(n):
+    return (ctypes.c_char * max(n, 1))()
+
+
+# ---- the two ranks (spawned) ----
+
+def receiver(pipe, lib_path, key, sizes, capacity, concurrent):
+    """Listen, hand the handle over, accept, receive `sizes`; report what happened."""
+    deadline = time.monotonic() + DEADLINE
+    out = {"completed": [], "error": None, "where": None}
+    try:
+        net = Net(lib_path, key)
+        if net.rc:
+            raise NetError("init", net.rc)
+        handle, lcomm = net.listen()
+        pipe.send(bytes(handle))
+        rcomm = net.accept(lcomm, deadline)
+        bufs = [buffer(capacity if capacity is not None else n) for n in sizes]
+        received = []
+        t0 = time.monotonic()
+        try:
+            for start in range(0, len(sizes), concurrent):
+                posted = [(i, net.irecv(rcomm, bufs[i], len(bufs[i]) if capacity or n else 0, deadline))
+                          for i, n in list(enumerate(sizes))[start:start + concurrent]]
+                received += [(i, net.wait(req, deadline)) for i, req in posted]
+            out["seconds"] = time.monotonic() - t0
+        finally:  # checked outside the timed loop, and also when a later request failed
+            out["completed"] = [(i, got, got == sizes[i] and bufs[i].raw[:got] == payload(i, got))
+                                for i, got in received]
+        net.t.closeRecv(rcomm)
+        net.t.closeListen(lcomm)
+        net.t.finalize(net.ctx)
+    except (NetError, TimeoutError) as e:
+        out["error"], out["where"] = str(e), getattr(e, "where", "timeout")
+    out["logs"] = [m for _, m in (net.logs if "net" in locals() else [])]
+    pipe.send(out)
+
+
+def sender(pipe, lib_path, key, sizes, concurrent, port):
+    deadline = time.monotonic() + DEADLINE
+    out = {"error": None}
+    try:
+        net = Net(lib_path, key)
+        if net.rc:
+            raise NetError("init", net.rc)
+        handle = bytearray(pipe.recv())
+        if port:  # through the proxy
+            handle[ADDR_OFF + 2:ADDR_OFF + 4] = struct.pack(">H", port)
+        bufs = []
+        for i, n in enumerate(sizes):
+            bufs.append(buffer(n))
+            ctypes.memmove(bufs[i], payload(i, n), n)
+        scomm = net.connect(handle, deadline)
+        for start in range(0, len(sizes), concurrent):
+            posted = [net.isend(scomm, bufs[i], n, deadline)
+                      for i, n in list(enumerate(sizes))[start:start + concurrent]]
+            for req in posted:
+                net.wait(req, deadline)
+        net.t.closeSend(scomm)
+    except (NetError, TimeoutError) as e:
+        out["error"] = str(e)
+    pipe.send(out)
+
+
+def run_pair(sizes, key=KEY, send_key=None, capacity=None, concurrent=1, port=0):
+    """Both ranks in processes of their own; killed at the deadline."""
+    lib = str(netplugin.library())
+    ctx = mp.get_context("spawn")
+    rp, rc = ctx.Pipe()
+    sp, sc = ctx.Pipe()
+    r = ctx.Process(target=receiver, args=(rc, lib, key, sizes, capacity, concurrent))
+    s = ctx.Process(target=sender, args=(sc, lib, send_key or key, sizes, concurrent, port))
+    r.start()
+    s.start()
+    try:
+        end = time.monotonic() + DEADLINE + 15
+        assert rp.poll(max(0, end - time.monotonic())), "receiver never listened"
+        sp.send(rp.recv())
+        assert rp.poll(max(0, end - time.monotonic())), "receiver missed the deadline"
+        got = rp.recv()
+        assert sp.poll(max(0, end - time.monotonic())), "sender missed the deadline"
+        return got, sp.recv()
+    finally:
+        for p in (r, s):
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+# ---- plain runs ----
+
+def test_messages_of_many_sizes_arrive_byte_exact():
+    sizes = [0, 1, 4096 + 3, RECORD, RECORD + 1, 5 << 20, 64 << 20]
+    got, sent = run_pair(sizes)
+    assert got["error"] is None and sent["error"] is None, (got, sent)
+    assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
+
+
+def test_concurrent_requests_and_bandwidth():
+    sizes = [32 << 20] * 4 + [4096 + 3] * 16
+    got, sent = run_pair(sizes, concurrent=8)
+    assert got["error"] is None and sent["error"] is None, (got, sent)
+    assert all(ok for _, _, ok in got["completed"]) and len(got["completed"]) == len(sizes)
+    total = sum(sizes)
+    print(f"\nccbridge net plugin, loopback, encrypted: {total / got['seconds'] / 1e9:.2f} GB/s "
+          f"({total >> 20} MiB, 8 requests in flight, 1 connection, {os.cpu_count()} cores)")
+
+
+def test_short_message_into_larger_buffer_reports_its_size():
+    got, sent = run_pair([4096 + 3, 0], capacity=1 << 20)
+    assert got["error"] is None, got
+    assert got["completed"] == [(0, 4096 + 3, True), (1, 0, True)]
+
+
+def test_message_longer_than_the_receive_buffer_fails():
+    got, _ = run_pair([3 << 20], capacity=(2 << 20) + 7)
+    assert got["error"] and got["where"] == "test" and got["completed"] == [], got
+    assert any("longer than the posted receive buffer" in m for m in got["logs"])
+
+
+def test_wrong_key_fails_the_handshake_on_both_sides():
+    got, sent = run_pair([10], send_key=OTHER_KEY)
+    assert got["where"] == "accept" and "connect" in sent["error"], (got, sent)
+    assert any("confirmation does not verify" in m for m in got["logs"])
+
+
+# ---- faults on the wire ----
+
+class Proxy:
+    """Forwards one connection (sender -> 127.0.0.1:port -> receiver), the
+    handshake untouched unless told, then record by record with `fault`."""
+
+    def __init__(self, target_port, fault, recorded=None):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.target, self.fault, self.recorded = target_port, fault, recorded
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        self.sock.settimeout(DEADLINE)
+        try:
+            c, _ = self.sock.accept()
+            s = socket.create_connection(("127.0.0.1", self.target), timeout=DEADLINE)
+            c.settimeout(DEADLINE)
+            with c, s:
+                self._forward(c, s)
+        except OSError:
+            pass
+        finally:
+            self.sock.close()
+
+    @staticmethod
+    def _read(sock, n):
+        out = b""
+        while len(out) < n:
+            chunk = sock.recv(n - len(out))
+            if not chunk:
+                raise EOFError
+            out += chunk
+        return out
+
+    def _forward(self, c, s):
+        shake = [self._read(c, HELLO)]
+        replay = self.fault == "replay_handshake"
+        s.sendall(self.recorded["handshake"][0] if replay else shake[0])
+        c.sendall(self._read(s, HELLO))
+        shake.append(self._read(c, CONFIRM))
+        if replay:  # the old confirmation and records
+            s.sendall(self.recorded["handshake"][1] + b"".join(self.recorded["records"]))
+        else:
+            s.sendall(shake[1])
+        c.sendall(self._read(s, CONFIRM))
+        if self.fault == "close":
+            return
+        records = []
+        try:
+            while True:
+                h = self._read(c, HEADER)
+                records.append(h + self._read(c, struct.unpack("<I", h[:4])[0] + TAG))
+        except (EOFError, OSError):
+            pass
+        if self.fault == "record":
+            self.recorded.update(handshake=shake, records=records)
+        if self.fault in ("record", "replay_handshake") or self.fault is None:
+            out = records if self.fault != "replay_handshake" else []
+        elif self.fault == "replay":
+            out = self.recorded["records"]
+        else:
+            out = self._damage(records)
+        s.sendall(b"".join(out))
+        if self.fault == "truncate_mid":
+            return
+        time.sleep(0.2)
+
+    def _damage(self, r):
+        f = self.fault
+        if f == "flip":
+            b = bytearray(r[1])
+            b[HEADER + 1000] ^= 0x04
+            return [r[0], bytes(b), *r[2:]]
+        if f == "flip_header":  # mark record 0 as the last: the AAD changes, the tag fails
+            b = bytearray(r[0])
+            b[4] ^= 1
+            return [bytes(b), *r[1:]]
+        if f == "drop":
+            return [r[0], *r[2:]]
+        if f == "duplicate":
+            return [r[0], r[1], r[1], *r[2:]]
+        if f == "reorder":
+            return [r[0], r[2], r[1], *r[3:]]
+        if f == "truncate_mid":
+            return [r[0], r[1][:len(r[1]) // 2]]
+        if f == "truncate_boundary":
+            return r[:-1]
+        raise AssertionError(f)
+
+
+def run_through_proxy(fault, sizes, recorded=None):
+    """The sender's connection goes through a Proxy; the receiver's port is
+    learned from its handle, so the pair runs in-line here."""
+    lib = str(netplugin.library())
+    ctx = mp.get_context("spawn")
+    rp, rc = ctx.Pipe()
+    sp, sc = ctx.Pipe()
+    r = ctx.Process(target=receiver, args=(rc, lib, KEY, sizes, None, 1))
+    r.start()
+    s = None
+    try:
+        assert rp.poll(DEADLINE), "receiver never listened"
+        handle = rp.recv()
+        proxy = Proxy(struct.unpack(">H", handle[ADDR_OFF + 2:ADDR_OFF + 4])[0], fault, recorded)
+        s = ctx.Process(target=sender, args=(sc, lib, KEY, sizes, 1, proxy.port))
+        s.start()
+        sp.send(handle)
+        t0 = time.monotonic()
+        assert rp.poll(DEADLINE + 10), f"{fault}: the receiver neither failed nor finished within the deadline"
+        got = rp.recv()
+        got["elapsed"] = time.monotonic() - t0
+        return got
+    finally:
+        for p in (r, s):
+            if p is None:
+                continue
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+MESSAGE = [(2 << 20) + 5]  # three records: 1 MiB, 1 MiB, 5 bytes (LAST)
+
+
+def test_proxy_passes_an_honest_stream():
+    got = run_through_proxy(None, MESSAGE)
+    assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True)], got
+
+
+@pytest.mark.parametrize("fault", ["flip", "flip_header", "drop", "duplicate", "reorder",
+                                   "truncate_mid", "truncate_boundary", "close"])
+def test_wire_fault_fails_the_receiver(fault):
+    got = run_through_proxy(fault, MESSAGE)
+    assert got["error"] is not None and got["where"] == "test", (fault, got)
+    assert got["completed"] == [], "a request completed despite the fault"
+    assert got["elapsed"] < 20
+
+
+def test_replayed_connection_fails():
+    recorded = {}
+    got = run_through_proxy("record", MESSAGE, recorded)
+    assert got["error"] is None and recorded["records"], got
+    # the old connection's records into a fresh connection: other keys, every tag fails
+    got = run_through_proxy("replay", MESSAGE, recorded)
+    assert got["where"] == "test" and got["completed"] == [], got
+    assert any("failed authentication" in m for m in got["logs"])
+    # the old connection's whole byte stream, handshake included: the confirmation fails
+    got = run_through_proxy("replay_handshake", MESSAGE, recorded)
+    assert got["where"] == "accept" and got["completed"] == [], got
+
+
+# ---- keys: the plugin and ccbridge.secure refuse the same material ----
+
+def _keys_table():
+    rnd = random.Random(5)
+    strong = [rnd.randbytes(32) for _ in range(20)] + [hashlib.sha256(b"x%d" % i).digest() for i in range(10)]
+    weak = [bytes(32), b"\xff" * 32, bytes(range(32)), bytes(range(100, 132)), bytes(16) + bytes(range(1, 17)),
+            b"0123456789abcdef" * 2, rnd.randbytes(16) * 2, bytes([i % 15 for i in range(32)]),
+            b"correct horse battery staple!!!!", ("pässwörd-über-alles-1234".encode() + b"x" * 32)[:32],
+            bytes(rnd.randrange(256) for _ in range(20)) + bytes(range(40, 52)),
+            bytes([rnd.choice(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJ") for _ in range(31)]) + b"\x01"]
+    return strong, weak
+
+
+def test_plugin_refuses_the_keys_ccbridge_secure_refuses():
+    strong, weak = _keys_table()
+    assert all(keys._weakness(k) is None for k in strong)
+    assert all(keys._weakness(k) for k in weak)
+    net = Net(str(netplugin.library()), KEY)
+    assert net.rc == 0
+    for k in strong + weak:
+        os.environ["CCBRIDGE_KEY"] = k.hex()
+        ctx = ctypes.c_void_p()
+        net.logs.clear()
+        rc = net.t.init(ctypes.byref(ctx), 1, None, ctypes.cast(net._log, P), None)
+        assert (rc == 0) == (keys._weakness(k) is None), (k.hex(), rc, keys._weakness(k))
+        if rc == 0:
+            net.t.finalize(ctx)
+        else:
+            assert rc == 5 and net.logs and "refused" in net.logs[-1][1] and k.hex() not in net.logs[-1][1]
+    os.environ["CCBRIDGE_KEY"] = KEY
+
+
+@pytest.mark.parametrize("text,why", [("", "no key"), ("abc", "expected 64 hex digits"),
+                                      ("zz" * 32, "not all hex digits")])
+def test_plugin_refuses_malformed_or_missing_keys(text, why, monkeypatch):
+    monkeypatch.delenv("CCBRIDGE_KEY_FILE", raising=False)
+    net = Net(str(netplugin.library()), text or None)
+    assert net.rc == 5 and why in net.logs[-1][1]
+
+
+def test_plugin_reads_a_key_file_only_when_private(tmp_path, monkeypatch):
+    f = tmp_path / "key"
+    f.write_text(KEY + "\n")
+    f.chmod(0o644)
+    monkeypatch.setenv("CCBRIDGE_KEY_FILE", str(f))
+    net = Net(str(netplugin.library()), None)
+    assert net.rc == 5 and "chmod 600" in net.logs[-1][1]
+    f.chmod(0o600)
+    ctx = ctypes.c_void_p()
+    assert net.t.init(ctypes.byref(ctx), 1, None, ctypes.cast(net._log, P), None) == 0
+    net.t.finalize(ctx)
+
+
+def test_properties_host_memory_one_device():
+    net = Net(str(netplugin.library()), KEY)
+    n = R()
+    assert net.rc == 0 and net.t.devices(ctypes.byref(n)) == 0 and n.value == 1
+    p = Props11()
+    assert net.t.getProperties(0, ctypes.byref(p)) == 0
+    assert p.ptrSupport == 1 and p.maxRecvs == 1 and p.name == b"lo" and p.maxMultiRequestSize == 1
+    assert ctypes.sizeof(Net11) == 22 * 8  # name + 21 entry points (v11)
+    v10 = ctypes.c_void_p.in_dll(net.lib, "ncclNetPlugin_v10")
+    assert v10 is not None
+    net.t.finalize(net.ctx)
