@@ -6,11 +6,13 @@ same hook and channel code runs as on a GPU. Fake kernels keep a stream busy
 for grid.x microseconds; fake device memory is host memory.
 """
 
+import csv
 import ctypes
 import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -664,3 +666,39 @@ def test_a_graph_readback_waits_for_its_stream_and_a_graph_upload_does_not(lib):
     assert timed(lib.cuGraphLaunch, none, s) < 0.01
     assert timed(lib.cuGraphLaunch, down, s) > 0.02  # returns once the stream has reached the readback
     assert crossings(lib) == 2
+
+
+def in_thread(fn, *args):
+    out = {}
+    t = threading.Thread(target=lambda: out.setdefault("v", fn(*args)))
+    t.start(); t.join()
+    return out["v"]
+
+
+def test_another_threads_readback_takes_this_threads_round_trip(lib):
+    """Main thread launches, a drain thread reads back 32 bytes from its own stream: the main
+    thread's synchronize still pays its round trip (a per-process flag let the drain take it)."""
+    init(lib, launch_toll_us=0, sync_toll_us=5000, d2h_toll_us=0, h2d_toll_us=0)
+    s_main, s_drain = lib.ccbemu_fake_stream(), lib.ccbemu_fake_stream()
+    dev = lib.ccbemu_fake_alloc(64, DEVICE)
+    dst, _ = host(lib, 64, True)
+    busy(lib, s_main, 0)
+    assert in_thread(timed, lib.cuMemcpyDtoHAsync_v2, dst, dev, 32, s_drain) >= 5e-3  # its own round trip
+    assert timed(lib.cuStreamSynchronize, s_main) >= 5e-3, "the main thread's synchronize paid no round trip"
+
+
+def test_a_graph_upload_is_not_counted_twice_in_the_trace(lib, tmp_path):
+    """The H2D charge of a graph launch is a crossing row; the launch row starts after it."""
+    init(lib, trace=str(tmp_path / "g"), h2d_pinned_gbps=1, h2d_toll_us=0, d2h_toll_us=0, sync_toll_us=0)
+    n = 4 << 20
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    src, _ = host(lib, n, True, os.urandom(n))
+    s = lib.ccbemu_fake_stream()
+    exe = capture_graph(lib, s, [lambda st: lib.cuMemcpyHtoDAsync_v2(dev, src, n, st)])
+    lib.cuGraphLaunch.argtypes = [c_p, c_p]
+    wall = timed(lib.cuGraphLaunch, exe, s)
+    lib.ccbemu_trace_flush()
+    rows = [r for r in csv.DictReader(l for l in Path(f"{tmp_path}/g.{os.getpid()}.csv").read_text().splitlines()
+                                      if not l.startswith("#")) if r["api"] == "cuGraphLaunch"]
+    in_call = sum(int(r["t_return_ns"]) - int(r["t_enter_ns"]) for r in rows) / 1e9
+    assert in_call < 1.2 * wall, f"rows sum to {in_call:.4f}s of in-call time for a {wall:.4f}s call"

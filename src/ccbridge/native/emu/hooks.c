@@ -829,6 +829,7 @@ static CUresult graph_launch(int api, uint64_t t0, CUgraphExec g, CUstream raw, 
     size_t n = cfg.emulate && !emu_capturing(st) ? graph_copies(g, &c) : 0;
     for (size_t i = 0; i < n; i++)
         if (c[i].dir == DIR_H2D) emu_charge(api, DIR_H2D, c[i].mem, c[i].bytes, st);
+    if (t0 && n) t0 = emu_now(); /* the launch row starts after the H2D rows: no time counted twice */
     CUresult rc = launch_done(api, t0, real(g, raw), st);
     for (size_t i = 0; i < n && rc == CUDA_SUCCESS; i++)
         if (c[i].dir == DIR_D2H) emu_charge(api, DIR_D2H, c[i].mem, c[i].bytes, st);

@@ -91,10 +91,13 @@ double emu_chan_gbps(int dir, int mem) {
     return g > 0 && floor > 0 && floor < g ? floor : g;
 }
 
-static int g_pending; /* work submitted since the last round trip (this process) */
-void emu_work_submitted(void) { __atomic_store_n(&g_pending, 1, __ATOMIC_RELAXED); }
+static uint64_t g_submitted;        /* submissions of this process, counted */
+static __thread uint64_t t_seen;    /* g_submitted at this thread's last round trip */
+void emu_work_submitted(void) { __atomic_fetch_add(&g_submitted, 1, __ATOMIC_RELAXED); }
 uint64_t emu_roundtrip(int always) {
-    int was = __atomic_exchange_n(&g_pending, 0, __ATOMIC_RELAXED);
+    uint64_t now = __atomic_load_n(&g_submitted, __ATOMIC_RELAXED);
+    int was = now != t_seen;
+    t_seen = now;
     if (!cfg.emulate || !(was || always)) return 0;
     uint64_t ns = emu_ns(cfg.sync_toll_ns);
     emu_spin_for(ns);

@@ -30,7 +30,9 @@
 #define MAX_API 160
 static _Atomic uint64_t g_calls[MAX_API];
 static struct { _Atomic uint64_t count, bytes, blocked_ns, cipher_bytes; } g_stat[2][2];
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* the file and the buffer registry */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* the file */
+static pthread_mutex_t g_reg_mu = PTHREAD_MUTEX_INITIALIZER; /* the buffer registry; order: g_reg_mu, a buffer's mu, g_mu */
+static int g_opened; /* this process has opened its CSV (a reopen appends) */
 static char g_prefix[512];
 static char g_csv_path[600];
 static int g_fd = -1;
@@ -77,7 +79,7 @@ static void fail_csv(int err) { /* g_mu held */
 static int open_csv(void) { /* g_mu held; 0 when the file is ready */
     if (g_fd >= 0 || g_failed || !g_prefix[0]) return g_fd >= 0 ? 0 : -1;
     snprintf(g_csv_path, sizeof g_csv_path, "%s.%d.csv", g_prefix, (int)getpid());
-    g_fd = open(g_csv_path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    g_fd = open(g_csv_path, (g_opened++ ? 0 : O_TRUNC) | O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (g_fd < 0) { fail_csv(errno); return -1; }
     char head[256];
     int n = snprintf(head, sizeof head, "# ccbridge trace schema %d, profile %s, emulate %d\n%s\n", EMU_TRACE_SCHEMA,
@@ -101,7 +103,7 @@ static void csv_write(const char *p, size_t n) {
 #define LINE_MAX_BYTES 400 /* a line's most bytes: 13 numbers, two pointers, a hook name */
 #define MAX_THREADS 1024
 typedef struct {
-    _Atomic int busy;
+    pthread_mutex_t mu;
     unsigned gen;
     long tid;
     size_t n;
@@ -119,11 +121,12 @@ static void flush_buf(tbuf *b) { /* the caller owns b (busy) */
 
 static void thread_end(void *p) {
     tbuf *b = p;
-    atomic_store(&b->busy, 1);
-    pthread_mutex_lock(&g_mu);
+    pthread_mutex_lock(&g_reg_mu); /* flush_all holds it while it touches any buffer */
     for (int i = 0; i < MAX_THREADS; i++) if (g_bufs[i] == b) g_bufs[i] = NULL;
-    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_unlock(&g_reg_mu);
+    pthread_mutex_lock(&b->mu);
     if (b->gen == atomic_load(&g_gen)) flush_buf(b);
+    pthread_mutex_unlock(&b->mu);
     free(b);
     t_buf = NULL;
 }
@@ -137,15 +140,16 @@ static tbuf *my_buf(void) {
     else {
         pthread_once(&g_key_once, make_key);
         if (!(t_buf = calloc(1, sizeof *t_buf))) return NULL;
+        pthread_mutex_init(&t_buf->mu, NULL);
         t_buf->gen = gen;
         t_buf->tid = syscall(SYS_gettid);
         pthread_setspecific(g_key, t_buf);
     }
-    pthread_mutex_lock(&g_mu);
+    pthread_mutex_lock(&g_reg_mu);
     int i = 0;
     while (i < MAX_THREADS && g_bufs[i] && g_bufs[i] != t_buf) i++;
     if (i < MAX_THREADS) g_bufs[i] = t_buf;
-    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_unlock(&g_reg_mu);
     return t_buf;
 }
 
@@ -204,42 +208,40 @@ void emu_trace_record(const emu_record *r) {
         csv_write(line, format(line, r, syscall(SYS_gettid)));
         return;
     }
-    atomic_store_explicit(&b->busy, 1, memory_order_seq_cst); /* the exit flush waits for this line */
+    pthread_mutex_lock(&b->mu); /* uncontended but for a flush_all */
     b->n += format(b->data + b->n, r, b->tid);
     if (b->n > TBUF_BYTES - LINE_MAX_BYTES) flush_buf(b);
-    atomic_store_explicit(&b->busy, 0, memory_order_release);
+    pthread_mutex_unlock(&b->mu);
 }
 
 /* Every thread's lines so far, in the file (exit, tests). */
 static void flush_all(void) {
     unsigned gen = atomic_load(&g_gen);
-    pthread_mutex_lock(&g_mu);
-    tbuf *bufs[MAX_THREADS];
-    memcpy(bufs, g_bufs, sizeof bufs);
-    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_lock(&g_reg_mu);
     for (int i = 0; i < MAX_THREADS; i++) {
-        tbuf *b = bufs[i];
-        if (!b || b->gen != gen) continue;
-        int zero = 0;
-        /* a thread still recording has at most one line to finish */
-        for (int spins = 0; !atomic_compare_exchange_weak(&b->busy, &zero, 1) && spins < 1000000; spins++) zero = 0;
-        flush_buf(b);
-        atomic_store(&b->busy, 0);
+        tbuf *b = g_bufs[i];
+        if (!b) continue;
+        pthread_mutex_lock(&b->mu);
+        if (b->gen == gen) flush_buf(b);
+        pthread_mutex_unlock(&b->mu);
     }
+    pthread_mutex_unlock(&g_reg_mu);
 }
 
-static void before_fork(void) { pthread_mutex_lock(&g_mu); }
-static void after_fork_parent(void) { pthread_mutex_unlock(&g_mu); }
+static void before_fork(void) { pthread_mutex_lock(&g_reg_mu); pthread_mutex_lock(&g_mu); }
+static void after_fork_parent(void) { pthread_mutex_unlock(&g_mu); pthread_mutex_unlock(&g_reg_mu); }
 static void after_fork_child(void) {
     /* the parent's file and unflushed lines stay the parent's; the child opens its own on its first flush */
     if (g_fd >= 0) close(g_fd);
     g_fd = -1;
     g_failed = 0;
+    g_opened = 0;
     memset(g_bufs, 0, sizeof g_bufs); /* the other threads are gone; their buffers are the parent's */
     atomic_fetch_add(&g_gen, 1);
     memset(g_calls, 0, sizeof g_calls);
     memset(g_stat, 0, sizeof g_stat);
     pthread_mutex_unlock(&g_mu);
+    pthread_mutex_unlock(&g_reg_mu);
 }
 
 /* g_mu held: this process's CSV, if open, closed; the next flush opens one again */
@@ -254,6 +256,7 @@ void emu_trace_open(const char *prefix) {
     flush_all();
     pthread_mutex_lock(&g_mu);
     close_csv();
+    g_opened = 0;
     atomic_fetch_add(&g_gen, 1); /* the buffers start again */
     snprintf(g_prefix, sizeof g_prefix, "%s", prefix);
     emu_tracing = prefix[0] != 0;
