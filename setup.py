@@ -44,6 +44,7 @@ class BuildWithKernels(build_ext):
 
 
 NET_SRC = Path("src/ccbridge/native/ncclnet")
+OSSL_SRC = "src/ccbridge/native/ossl.c"  # libcrypto bound at run time, for the emulator and the plugin
 
 
 class BuildAll(BuildWithKernels):
@@ -57,8 +58,8 @@ class BuildAll(BuildWithKernels):
         dest = Path(self.get_ext_fullpath("ccbridge._native")).parent / "lib" / "libnccl-net-ccbridge.so"
         dest.parent.mkdir(parents=True, exist_ok=True)
         objects = self.compiler.compile(
-            sorted(str(p) for p in NET_SRC.glob("*.c")), output_dir=self.build_temp,
-            depends=[str(p) for p in NET_SRC.glob("*.h")],
+            sorted(str(p) for p in NET_SRC.glob("*.c")) + [OSSL_SRC], output_dir=self.build_temp,
+            depends=[str(p) for p in NET_SRC.glob("*.h")] + [OSSL_SRC.replace(".c", ".h")],
             # exports only ncclNetPlugin_v* (NET_API, ncclnet.h)
             extra_postargs=["-O2", "-std=gnu11", "-Wall", "-fvisibility=hidden", "-fPIC"])
         self.compiler.link_shared_object(objects, str(dest), libraries=["dl", "pthread"])
@@ -79,8 +80,8 @@ setup(
         # driver, also plain C and built without CUDA (native/emu/emu.h).
         Extension(
             "ccbridge._emu_native",
-            sources=sorted(str(p) for p in Path("src/ccbridge/native/emu").glob("*.c")),
-            depends=["src/ccbridge/native/emu/emu.h"],
+            sources=sorted(str(p) for p in Path("src/ccbridge/native/emu").glob("*.c")) + [OSSL_SRC],
+            depends=["src/ccbridge/native/emu/emu.h", OSSL_SRC.replace(".c", ".h")],
             libraries=["dl", "pthread"],
             # exports only the hooked driver API, dlsym and the ccbemu_* API (EMU_API, emu.h):
             # nothing internal leaks into the programs it is preloaded into

@@ -195,11 +195,13 @@ def concurrent_h2d(lib, ctxs, n) -> float:
 
 
 def test_one_context_serializes_and_two_contexts_do_not(lib):
-    init(lib, h2d_pinned_gbps=1)
+    # 0.1 GB/s: 42 ms of pacing per crossing against ~1 ms of cipher work, so a loaded
+    # 2-core machine (CI) cannot blur side by side into one after the other
+    init(lib, h2d_pinned_gbps=0.1)
     n = 4 << 20
     ctx_a, ctx_b = lib.ccbemu_fake_ctx_new(), lib.ccbemu_fake_ctx_new()
     concurrent_h2d(lib, [ctx_a, ctx_b], 4096)  # warm: channels and lanes exist before timing
-    one = n / 1e9
+    one = n / 0.1e9
     assert concurrent_h2d(lib, [ctx_a, ctx_a], n) >= 1.9 * one  # two threads, one context: one after the other
     assert concurrent_h2d(lib, [ctx_a, ctx_b], n) < 1.6 * one   # two contexts: side by side
 

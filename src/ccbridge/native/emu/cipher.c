@@ -10,70 +10,31 @@
  * is the caller's plaintext, so every path stays byte-exact.
  */
 #define _GNU_SOURCE
-#include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "emu.h"
+#include "../ossl.h"
 
-typedef void EVP_CIPHER_CTX;
-typedef void EVP_CIPHER;
-static struct {
-    EVP_CIPHER_CTX *(*ctx_new)(void);
-    void (*ctx_free)(EVP_CIPHER_CTX *);
-    const EVP_CIPHER *(*aes_256_gcm)(void);
-    int (*init)(EVP_CIPHER_CTX *, const EVP_CIPHER *, void *, const unsigned char *, const unsigned char *);
-    int (*update)(EVP_CIPHER_CTX *, unsigned char *, int *, const unsigned char *, int);
-    int (*final)(EVP_CIPHER_CTX *, unsigned char *, int *);
-    int (*ctrl)(EVP_CIPHER_CTX *, int, int, void *);
-} ssl;
-static int g_loaded;
-static pthread_mutex_t g_load_mu = PTHREAD_MUTEX_INITIALIZER;
+int emu_cipher_load(char *err, size_t errlen) { return ossl_load(err, errlen); }
 
-int emu_cipher_load(char *err, size_t errlen) {
-    pthread_mutex_lock(&g_load_mu);
-    if (g_loaded) { pthread_mutex_unlock(&g_load_mu); return 0; }
-    void *h = dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(err, errlen, "cannot load OpenSSL's libcrypto.so.3 (install OpenSSL 3): %s", dlerror());
-        pthread_mutex_unlock(&g_load_mu);
-        return -1;
-    }
-    static const struct { void **slot; const char *name; } syms[] = {
-        {(void **)&ssl.ctx_new, "EVP_CIPHER_CTX_new"}, {(void **)&ssl.ctx_free, "EVP_CIPHER_CTX_free"},
-        {(void **)&ssl.aes_256_gcm, "EVP_aes_256_gcm"}, {(void **)&ssl.init, "EVP_EncryptInit_ex"},
-        {(void **)&ssl.update, "EVP_EncryptUpdate"}, {(void **)&ssl.final, "EVP_EncryptFinal_ex"},
-        {(void **)&ssl.ctrl, "EVP_CIPHER_CTX_ctrl"},
-    };
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-        if (!(*syms[i].slot = dlsym(h, syms[i].name))) {
-            snprintf(err, errlen, "libcrypto.so.3 lacks %s", syms[i].name);
-            pthread_mutex_unlock(&g_load_mu);
-            return -1;
-        }
-    }
-    g_loaded = 1;
-    pthread_mutex_unlock(&g_load_mu);
-    return 0;
-}
-
-static __thread EVP_CIPHER_CTX *t_ctx;
+static __thread OSSL_CTX *t_ctx;
 
 int emu_gcm_seal(const uint8_t key[32], const uint8_t iv[12], const void *in, size_t len, void *out, uint8_t tag[16]) {
-    if (!t_ctx && !(t_ctx = ssl.ctx_new())) return -1;
+    if (!t_ctx && !(t_ctx = ossl.ctx_new())) return -1;
     int n = 0;
-    if (ssl.init(t_ctx, ssl.aes_256_gcm(), NULL, key, iv) != 1) return -1;
+    if (ossl.enc_init(t_ctx, ossl.aes_256_gcm(), NULL, key, iv) != 1) return -1;
     const unsigned char *src = in;
     unsigned char *dst = out;
     while (len) { /* EVP takes int lengths */
         int step = len > (1u << 30) ? (1 << 30) : (int)len;
-        if (ssl.update(t_ctx, dst, &n, src, step) != 1) return -1;
+        if (ossl.enc_update(t_ctx, dst, &n, src, step) != 1) return -1;
         src += step; dst += step; len -= (size_t)step;
     }
-    if (ssl.final(t_ctx, dst, &n) != 1) return -1;
-    return ssl.ctrl(t_ctx, 0x10 /* EVP_CTRL_GCM_GET_TAG */, 16, tag) == 1 ? 0 : -1;
+    if (ossl.enc_final(t_ctx, dst, &n) != 1) return -1;
+    return ossl.ctrl(t_ctx, OSSL_GCM_GET_TAG, 16, tag) == 1 ? 0 : -1;
 }
 
 /* ---- lanes: the calling thread plus n-1 helpers share a crossing's slices ----
