@@ -131,3 +131,26 @@ def test_a_run_without_overrides_has_none(monkeypatch, tmp_path):
     monkeypatch.setenv("CCBRIDGE_EMU_CONFIG", str(cfg))
     info = env.emulation_info()
     assert "overrides" not in info and env.emulation_label(info) == "b300"
+
+
+def test_the_stamp_says_whether_nccl_will_load_the_encrypting_plugin(tmp_path):
+    import pytest
+
+    from ccbridge.report.tables import machine_table
+    from ccbridge.secure import netplugin
+
+    if not (netplugin.path() / netplugin.NAME).exists():
+        pytest.skip("the NCCL plugin is not built here")
+    off = netplugin.status({})
+    assert off["built"] and not off["selected"] and not off["will_load"]
+    on = netplugin.status(netplugin.env({"LD_LIBRARY_PATH": str(tmp_path)}))
+    assert on["will_load"] and on["on_library_path"] and not on["required"]
+    assert netplugin.status({**netplugin.env({}), "NCCL_NET": "ccbridge"})["required"]
+    assert netplugin.status({"NCCL_NET_PLUGIN": "ccbridge"})["will_load"] is False  # its folder is not on the path
+
+    def row(p):
+        return dict(machine_table({"nccl_net_plugin": p}).rows)["NCCL net plugin (encrypted)"]
+
+    assert "needs NCCL_NET_PLUGIN=ccbridge and its folder on LD_LIBRARY_PATH" in row(off)
+    assert row(on).startswith("NCCL will load it; set NCCL_NET=ccbridge")
+    assert row({**on, "built": False}) == "not built"

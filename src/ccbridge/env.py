@@ -249,7 +249,14 @@ def stamp() -> dict[str, Any]:
         "nvml": nvml_info(),
         "torch": torch_info(),
         "emulation": emulation_info(),
+        "nccl_net_plugin": _nccl_plugin(),
     }
+
+
+def _nccl_plugin() -> dict[str, Any]:
+    from ccbridge.secure import netplugin  # no torch, no NCCL: only files and the environment
+
+    return netplugin.status()
 
 
 def cc_mode(env: dict[str, Any]) -> str:

@@ -67,6 +67,19 @@ def emulation_banner(res: Result) -> str:
             f"{envmod.emulation_label(res.env['emulation'])}), not measured on confidential-computing hardware.")
 
 
+def _plugin_text(p: dict | None) -> str:
+    if not p:
+        return "n/a"
+    if not p.get("built"):
+        return "not built"
+    if p.get("will_load"):
+        return "NCCL will load it" + (" (NCCL_NET=ccbridge: required)" if p.get("required") else
+                                      "; set NCCL_NET=ccbridge so NCCL fails rather than falls back to plaintext")
+    missing = [w for w, ok in (("NCCL_NET_PLUGIN=ccbridge", p.get("selected")),
+                               ("its folder on LD_LIBRARY_PATH", p.get("on_library_path"))) if not ok]
+    return "built, not selected: needs " + " and ".join(missing)
+
+
 def machine_table(env: dict) -> Table:
     nv, tee, cpu, tor, ssl = env.get("nvml", {}), env.get("tee", {}), env.get("cpu", {}), env.get("torch", {}), env.get("openssl", {})
     gpus = "; ".join(f"{g['index']}: {g.get('name')} ({g.get('memory_gib')} GiB, PCIe gen {g.get('pcie_gen')} x{g.get('pcie_width')})"
@@ -94,6 +107,7 @@ def machine_table(env: dict) -> Table:
         ["emulation", f"ACTIVE, profile {envmod.emulation_label(env['emulation'])}" if env.get("emulation", {}).get("active")
          else "off (native)"],
         ["host / OS / Python", f"{env.get('host')} / {env.get('os')} / {env.get('python')}"],
+        ["NCCL net plugin (encrypted)", _plugin_text(env.get("nccl_net_plugin"))],
     ]
     return t
 

@@ -36,3 +36,15 @@ def env(base: dict[str, str] | None = None) -> dict[str, str]:
     out["NCCL_NET_PLUGIN"] = "ccbridge"
     out["LD_LIBRARY_PATH"] = os.pathsep.join([folder] + [p for p in out.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
     return out
+
+
+def status(environ: dict[str, str] | None = None) -> dict:
+    """Will NCCL load the plugin in this environment? For `ccbridge env` and every result's stamp."""
+    e = os.environ if environ is None else environ
+    lib = path() / NAME
+    on_path = str(path()) in [str(Path(x).resolve()) for x in e.get("LD_LIBRARY_PATH", "").split(os.pathsep) if x]
+    selected = e.get("NCCL_NET_PLUGIN") == "ccbridge"
+    out = {"built": lib.exists(), "path": str(lib), "selected": selected, "on_library_path": on_path,
+           "will_load": lib.exists() and selected and on_path,
+           "required": e.get("NCCL_NET") == "ccbridge"}  # without it NCCL falls back to plaintext if the plugin fails
+    return out
