@@ -653,6 +653,29 @@ def test_copies_captured_into_a_graph_are_paid_at_every_launch(lib):
     assert lib.cuGraphExecDestroy(exe) == 0
 
 
+def test_a_graph_handle_captured_again_does_not_inherit_the_old_copies(lib):
+    """A capture that was never instantiated (it failed, or was abandoned) leaves its copies noted
+    under its graph's handle; a new capture at that handle must not pay them at its launches."""
+    init(lib, h2d_pinned_gbps=1, h2d_toll_us=0, d2h_toll_us=0, sync_toll_us=0)
+    n = 8 << 20
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    src, _ = host(lib, n, True, os.urandom(n))
+    s = lib.ccbemu_fake_stream()
+    lib.ccbemu_fake_graph.restype, lib.ccbemu_fake_graph.argtypes = c_p, [c_p]
+    lib.ccbemu_fake_capture(s, 1)
+    assert lib.cuMemcpyHtoDAsync_v2(dev, src, n, s) == 0  # noted, never instantiated
+    lib.ccbemu_fake_capture(s, 0)
+    lib.ccbemu_fake_capture(s, 2)  # the same handle again, a new capture
+    assert lib.cuMemcpyHtoDAsync_v2(dev, src, 4096, s) == 0
+    lib.ccbemu_fake_capture(s, 0)
+    exe = c_p()
+    lib.cuGraphInstantiateWithFlags.argtypes = [ctypes.POINTER(c_p), c_p, c_u64]
+    assert lib.cuGraphInstantiateWithFlags(ctypes.byref(exe), lib.ccbemu_fake_graph(s), 0) == 0
+    lib.cuGraphLaunch.argtypes = [c_p, c_p]
+    assert timed(lib.cuGraphLaunch, exe, s) < n / 1e9 / 2  # 4 KiB paid, not the old 8 MiB (8.4 ms)
+    assert summary(lib)["crossings"]["h2d_pinned"]["bytes"] == 4096
+
+
 def test_a_graph_readback_waits_for_its_stream_and_a_graph_upload_does_not(lib):
     init(lib, h2d_toll_us=0, d2h_toll_us=0, sync_toll_us=0, h2d_pinned_gbps=0, d2h_pinned_gbps=0)
     n = 4096

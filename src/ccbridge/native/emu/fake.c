@@ -19,7 +19,7 @@
 
 #include "emu.h"
 
-typedef struct { CUcontext ctx; uint64_t busy_until; int capturing; uint64_t issued, waited; CUgraph graph; } fstream;
+typedef struct { CUcontext ctx; uint64_t busy_until; int capturing; uint64_t issued, waited; CUgraph graph; unsigned long long capture; } fstream;
 typedef struct { uint64_t t; fstream *s; uint64_t seq; } fevent;
 typedef struct { uintptr_t base; size_t size; int type; } falloc;
 
@@ -189,7 +189,7 @@ static CUresult f_GetCaptureInfo(CUstream st, int *status, unsigned long long *i
                                  const void **edges, size_t *n) {
     (void)edges;
     if (status) *status = S(st)->capturing;
-    if (id) *id = (uintptr_t)S(st)->graph;
+    if (id) *id = S(st)->capture;
     if (g) *g = S(st)->capturing ? S(st)->graph : NULL;
     if (deps) *deps = NULL;
     if (n) *n = 0;
@@ -283,10 +283,14 @@ CUcontext ccbemu_fake_ctx_new(void) {
     return c;
 }
 void ccbemu_fake_set_ctx(CUcontext c) { t_cur = c; }
+/* on: 1 begins a capture into a new graph, 2 into the last graph's address again (the
+ * driver reusing a freed graph's handle), 0 ends it; each capture has its own id. */
 void ccbemu_fake_capture(CUstream s, int on) {
     static uintptr_t next_graph = 0x6000;
-    if (on) S(s)->graph = (CUgraph)(next_graph += 16);
-    S(s)->capturing = on;
+    static unsigned long long next_capture;
+    if (on == 1) S(s)->graph = (CUgraph)(next_graph += 16);
+    if (on) S(s)->capture = ++next_capture;
+    S(s)->capturing = on != 0;
 }
 void *ccbemu_fake_graph(CUstream s) { return S(s)->graph; }
 /* The nth next call of the fake's `name` (cuEventSynchronize, cuMemcpyHtoDAsync_v2, cuMemcpyDtoHAsync_v2) fails. */

@@ -756,7 +756,9 @@ typedef cuGraphLaunch_t cuGraphLaunch_ptsz_t;
  * Not seen: memcpy nodes added explicitly (cuGraphAddMemcpyNode, cuGraphAddNode),
  * graphs changed by cuGraphExecUpdate or cloned; README "Known limits". */
 typedef struct { int dir, mem; size_t bytes; } graph_copy;
-typedef struct gnode { void *key; graph_copy *c; size_t n, cap; struct gnode *next; } gnode;
+/* capture: the id of the capture that noted the copies of a CUgraph; a new capture at the same
+ * address (a freed graph's handle reused, a failed capture's graph) starts the list anew */
+typedef struct gnode { void *key; graph_copy *c; size_t n, cap; unsigned long long capture; struct gnode *next; } gnode;
 static gnode *g_graphs; /* keyed by CUgraph or CUgraphExec */
 static pthread_mutex_t g_graphs_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -788,20 +790,22 @@ static void graph_forget(void *key) {
 
 typedef CUresult capture_info_v3_t(CUstream, int *, unsigned long long *, CUgraph *, const void **, const void **, size_t *);
 typedef CUresult capture_info_v2_t(CUstream, int *, unsigned long long *, CUgraph *, const void **, size_t *);
-static CUgraph capture_graph(CUstream st) {
+static CUgraph capture_graph(CUstream st, unsigned long long *id) {
     int status = 0;
     CUgraph g = NULL;
     CUresult rc = !drv.StreamGetCaptureInfo ? CUDA_ERROR_NOT_SUPPORTED
-                  : drv.capture_info_v3 ? ((capture_info_v3_t *)drv.StreamGetCaptureInfo)(st, &status, NULL, &g, NULL, NULL, NULL)
-                                        : ((capture_info_v2_t *)drv.StreamGetCaptureInfo)(st, &status, NULL, &g, NULL, NULL);
+                  : drv.capture_info_v3 ? ((capture_info_v3_t *)drv.StreamGetCaptureInfo)(st, &status, id, &g, NULL, NULL, NULL)
+                                        : ((capture_info_v2_t *)drv.StreamGetCaptureInfo)(st, &status, id, &g, NULL, NULL);
     return rc == CUDA_SUCCESS && status == 1 /* CU_STREAM_CAPTURE_STATUS_ACTIVE */ ? g : NULL;
 }
 static void graph_note(CUstream st, int dir, int mem, size_t bytes) {
-    CUgraph g = capture_graph(st);
+    unsigned long long id = 0;
+    CUgraph g = capture_graph(st, &id);
     if (!g) return;
     graph_copy c = {dir, mem, bytes};
     pthread_mutex_lock(&g_graphs_mu);
     gnode *n = gfind(g, 1);
+    if (n && n->capture != id) n->n = 0, n->capture = id;
     if (n) gappend(n, &c, 1);
     pthread_mutex_unlock(&g_graphs_mu);
 }
