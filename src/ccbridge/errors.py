@@ -60,3 +60,8 @@ class HandshakeError(IntegrityError):
 class PeerError(SecureError, RuntimeError):
     """A peer stopped answering (dead rank, dropped messages) or the transport failed:
     the collective did not complete within its deadline. The group cannot be used again."""
+
+
+class KVCacheError(CCBridgeError, RuntimeError):
+    """The KV cache cannot serve a request: every device block is pinned by a
+    request or in flight (the cache is full), or a block in flight did not arrive in time."""
