@@ -179,6 +179,8 @@ def test_usage_errors():
         make(threshold=0)
     with pytest.raises(UsageError, match="host_memory"):
         make(host_memory="huge")
+    with pytest.raises(UsageError, match="block_shape"):
+        make(block_shape=())
     with make() as cache:
         lk = request(cache, prompt(70, 1))
         with pytest.raises(UsageError, match="pinned"):

@@ -114,6 +114,8 @@ class KVCache:
                             ("staging_blocks", staging_blocks, 1)):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise UsageError(f"{name} must be a whole number >= {lo}, not {v!r}")
+        if not block_shape or not all(isinstance(d, int) and d >= 1 for d in block_shape):
+            raise UsageError(f"block_shape must be one or more positive sizes, not {block_shape!r}")
         self.device = torch.device(device if device is not None else "cuda")
         self.cuda = self.device.type == "cuda"
         if host_memory is None:
@@ -128,12 +130,18 @@ class KVCache:
         self.staging_blocks = min(staging_blocks, device_blocks)
         self.device_pool = torch.empty((device_blocks, *self.block_shape), dtype=dtype, device=self.device)
         self.host_pool = torch.empty((host_blocks, *self.block_shape), dtype=dtype, pin_memory=pin)
-        self._host_stage = torch.empty((self.staging_blocks, *self.block_shape), dtype=dtype, pin_memory=pin)
-        self._dev_stage = torch.empty((self.staging_blocks, *self.block_shape), dtype=dtype, device=self.device)
+        # copies move bytes, not values: gather, scatter and index_copy_ lack kernels for some dtypes (float8)
+        self._dev_bytes, self._host_bytes = self.device_pool.view(torch.uint8), self.host_pool.view(torch.uint8)
+        # two staging slots, as StagedH2D: the prep stream waits only for the scatter two restores back,
+        # so it stays idle (an H2D queued behind a busy stream would hold the thread under CC)
+        stage = (self.staging_blocks, *self._dev_bytes.shape[1:])
+        self._host_stage = [torch.empty(stage, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
+        self._dev_stage = [torch.empty(stage, dtype=torch.uint8, device=self.device) for _ in range(2)]
         self._prep = torch.cuda.Stream(self.device) if self.cuda else None
-        self._h2d_done = torch.cuda.Event() if self.cuda else None
-        self._moved = None             # event: the compute stream has scattered the device staging out
-        self._stage_lock = threading.Lock()  # one restore crossing at a time owns the staging
+        self._h2d_done = [torch.cuda.Event() if self.cuda else None for _ in range(2)]
+        self._moved = [None, None]     # events: the compute stream has scattered a device staging slot out
+        self._slot = 0
+        self._stage_lock = threading.Lock()  # one restore crossing at a time picks and fills a slot
         self._free_dev = list(range(device_blocks - 1, -1, -1))
         self._free_host = list(range(host_blocks - 1, -1, -1))
         self._index: dict[bytes, _Block] = {}
@@ -354,7 +362,7 @@ class KVCache:
         for i in range(0, len(spill), self.staging_blocks):
             part = spill[i:i + self.staging_blocks]
             blocks = [b for b, _ in part]
-            staged = torch.stack([self.device_pool[s] for _, s in part])  # one device-side gather, no crossing
+            staged = torch.stack([self._dev_bytes[s] for _, s in part])  # one device-side gather, no crossing
             with self._cond:
                 self._spilling += len(blocks)
                 c = self.counters
@@ -367,8 +375,7 @@ class KVCache:
     def _spilled(self, blocks: list[_Block], fut) -> None:
         """(drain thread) Scatter a landed spill into its host slots; only then can it be read."""
         try:
-            out = fut.result()  # bytes, not values: index_copy_ has no kernel for every dtype (float8)
-            self.host_pool.view(torch.uint8).index_copy_(0, torch.tensor([b.host for b in blocks]), out.view(torch.uint8))
+            self._host_bytes.index_copy_(0, torch.tensor([b.host for b in blocks]), fut.result())
             ok = True
         except BaseException as e:  # noqa: BLE001 - the blocks are lost, not half-written; kept for the caller
             ok, self.spill_error = False, e
@@ -391,23 +398,25 @@ class KVCache:
             self.counters["restored_blocks"] += n
             self.counters["restore_bytes"] += n * self.block_bytes
         with self._stage_lock:
-            if self.cuda and self._moved is not None:
-                self._h2d_done.synchronize()  # the host staging is rewritten now: its last crossing must have read it
-            torch.index_select(self.host_pool, 0, torch.tensor([b.host for b in chunk]), out=self._host_stage[:n])
-            dst = [self.device_pool[b.dev] for b in chunk]
+            k, self._slot = self._slot, self._slot ^ 1
+            hs, ds = self._host_stage[k][:n], self._dev_stage[k][:n]
+            if self.cuda and self._moved[k] is not None:
+                self._h2d_done[k].synchronize()  # host slot k is rewritten now: its last crossing must have read it
+            torch.index_select(self._host_bytes, 0, torch.tensor([b.host for b in chunk]), out=hs)
+            dst = [self._dev_bytes[b.dev] for b in chunk]
             if not self.cuda:
-                self._dev_stage[:n].copy_(self._host_stage[:n])
-                torch._foreach_copy_(dst, list(self._dev_stage[:n].unbind(0)))
+                ds.copy_(hs)
+                torch._foreach_copy_(dst, list(ds.unbind(0)))
                 return
             compute = torch.cuda.current_stream(self.device)
             with torch.cuda.stream(self._prep):
-                if self._moved is not None:
-                    self._prep.wait_event(self._moved)  # the device staging: its last scatter has left it
-                self._dev_stage[:n].copy_(self._host_stage[:n], non_blocking=True)
-                self._h2d_done.record(self._prep)
-            compute.wait_event(self._h2d_done)
-            torch._foreach_copy_(dst, list(self._dev_stage[:n].unbind(0)))  # device-side scatter, no crossing
-            self._moved = ready = torch.cuda.Event()
+                if self._moved[k] is not None:
+                    self._prep.wait_event(self._moved[k])  # device slot k: its last scatter has left it
+                ds.copy_(hs, non_blocking=True)  # the one crossing, on an idle stream
+                self._h2d_done[k].record(self._prep)
+            compute.wait_event(self._h2d_done[k])
+            torch._foreach_copy_(dst, list(ds.unbind(0)))  # device-side scatter, no crossing
+            self._moved[k] = ready = torch.cuda.Event()
             ready.record(compute)
         for b in chunk:
             b.ready = ready
