@@ -64,6 +64,17 @@ def _int(lo: int, hi: int | None = None):
     return _checked(integer)
 
 
+def _what_if(args, default: str | None = None):
+    """The profile args names, with its --set what-ifs applied; `default` when none is named
+    (None: no profile). --set without a profile is refused here, for every command."""
+    from ccbridge.emulate import profiles
+
+    if args.overrides and not args.profile:
+        raise UsageError("--set changes an emulator profile: it needs --profile")
+    name = args.profile or default
+    return profiles.override(profiles.load(name), args.overrides) if name else None
+
+
 def _add_set(p: argparse.ArgumentParser) -> None:
     """--set KEY=VALUE, repeatable: a what-if on the emulator profile (profiles.override checks it)."""
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -114,14 +125,14 @@ def cmd_probe(args) -> int:
             needs = f" (needs {', '.join(t.needs)})" if t.needs else ""
             print(f"{t.name:<24} {t.title}{needs}")
         return 0
-    if args.overrides and not args.profile:
-        raise UsageError("--set changes an emulator profile: it needs --profile")
     # Everything a run needs is checked before it starts: a run can take many minutes.
+    # --record alone: the probe runs natively, recorded (the passthrough interposer adds no cost)
+    prof = _what_if(args, "passthrough" if args.record else None)
     tests = registry.select(args.tests)
     registry.check_device(args.device)
     out = ui.writable_folder(args.out or Path("ccbridge-results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"), "--out")
-    if args.profile or args.record:
-        return _probe_under(args, out)
+    if prof:
+        return _probe_under(args, prof, out)
     console = Console(stderr=True)
     console.print(f"ccbridge probe: {len(tests)} tests, {'quick' if args.quick else 'full'} suite, device {args.device}")
     stamp = env.stamp()
@@ -148,12 +159,10 @@ def cmd_probe(args) -> int:
     return 0
 
 
-def _probe_under(args, out: Path) -> int:
+def _probe_under(args, prof, out: Path) -> int:
     """The probe again, in a child process started under the emulator."""
-    from ccbridge.emulate import launcher, profiles
+    from ccbridge.emulate import launcher
 
-    # --record alone: the probe runs natively, recorded (the passthrough interposer adds no cost)
-    prof = profiles.override(profiles.load(args.profile), args.overrides) if args.profile else profiles.load("passthrough")
     rest = ["probe", "--device", str(args.device), "--out", str(out)]
     rest += ["--quick"] if args.quick else []
     rest += ["--tests", args.tests] if args.tests else []
@@ -164,15 +173,12 @@ def _probe_under(args, out: Path) -> int:
 
 
 def cmd_run(args) -> int:
-    from ccbridge.emulate import launcher, profiles, trace
+    from ccbridge.emulate import launcher, trace
 
     cmd = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not args.profile and not args.record and not args.coverage:
         raise UsageError("give --profile NAME (emulate), --record T (record only) or --coverage FILE")
-    if args.overrides and not args.profile:
-        raise UsageError("--set changes an emulator profile: it needs --profile")
-    # without a profile: passthrough (the interposer records, adds no cost)
-    prof = profiles.override(profiles.load(args.profile or "passthrough"), args.overrides)
+    prof = _what_if(args, "passthrough")  # without a profile: the interposer records, adds no cost
     launcher.check(prof, cmd, args.record, args.coverage)
     print(launcher.banner(prof), file=sys.stderr)
     rc = launcher.run(prof, cmd, trace=args.record, coverage=args.coverage)
@@ -196,8 +202,8 @@ def cmd_account(args) -> int:
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
     out = ui.writable_folder(args.out or Path("ccbridge-results") / f"account-{dt.datetime.now():%Y%m%d-%H%M%S}", "--out")
     walls: list[float | None] = [None, None]
-    if args.profile:
-        prof = profiles.override(profiles.load(args.profile), args.overrides)
+    prof = _what_if(args)
+    if prof:
         runs = [(profiles.load("passthrough"), str(out / "native")), (prof, str(out / "emulated"))]
         for p, _ in runs:
             launcher.check(p, rest)
@@ -211,8 +217,6 @@ def cmd_account(args) -> int:
                 raise UsageError(f"{' '.join(rest)} exited with status {rc} in run {i + 1}; nothing to compare")
         prefixes = [prefix for _, prefix in runs]
     else:
-        if args.overrides:
-            raise UsageError("--set changes an emulator profile: it needs --profile")
         if len(rest) != 2:
             raise UsageError("give two trace prefixes (BASE OTHER, from `ccbridge run --record`), "
                              "or --profile NAME -- CMD")
@@ -383,7 +387,12 @@ def cmd_make_checkpoint(args) -> int:
     return 0
 
 
-def _secure_ready(cmd: str) -> bool:
+def _secure_ready(cmd: str, args) -> bool:
+    """The arguments first (they need no GPU), then torch and GPUs."""
+    if args.maxbytes < args.minbytes:
+        raise UsageError(f"-e/--maxbytes ({args.maxbytes}) is smaller than -b/--minbytes ({args.minbytes})")
+    if args.json:
+        ui.writable_file(args.json, "--json")
     try:
         import torch
     except ImportError:
@@ -396,11 +405,7 @@ def _secure_ready(cmd: str) -> bool:
 
 
 def cmd_collectives(args) -> int:
-    if args.maxbytes < args.minbytes:
-        raise UsageError(f"-e/--maxbytes ({args.maxbytes}) is smaller than -b/--minbytes ({args.minbytes})")
-    if args.json:
-        ui.writable_file(args.json, "--json")
-    if not _secure_ready("collectives"):
+    if not _secure_ready("collectives", args):
         return 2
     from ccbridge.secure import bench
 
@@ -415,11 +420,7 @@ def cmd_collectives(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    if args.maxbytes < args.minbytes:
-        raise UsageError(f"-e/--maxbytes ({args.maxbytes}) is smaller than -b/--minbytes ({args.minbytes})")
-    if args.json:
-        ui.writable_file(args.json, "--json")
-    if not _secure_ready("bench"):
+    if not _secure_ready("bench", args):
         return 2
     from ccbridge.secure import bench
 
