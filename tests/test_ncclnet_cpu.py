@@ -24,9 +24,10 @@ from ccbridge.secure import keys, netplugin
 DEADLINE = 60.0
 KEY = hashlib.sha256(b"ccbridge ncclnet test key").hexdigest()
 OTHER_KEY = hashlib.sha256(b"ccbridge ncclnet other key").hexdigest()
-HELLO, CONFIRM, HEADER, TAG = 64, 32, 16, 16  # the wire format of conn.c
-RECORD = 1 << 20
+HELLO, CONFIRM, HEADER, TAG = 80, 32, 40, 16  # the wire format of conn.c
+RECORD_MIN, RECORD = 32 << 10, 256 << 10  # conn.c: one-record messages, the largest record
 ADDR_OFF = 24  # net_handle.addr in net.h: a sockaddr_in, port at +2 (big-endian)
+LANES_OFF = 52  # net_handle.nlanes
 
 R = ctypes.c_int
 P = ctypes.c_void_p
@@ -234,8 +235,10 @@ def run_pair(sizes, key=KEY, send_key=None, capacity=None, concurrent=1, port=0)
 
 # ---- plain runs ----
 
-def test_messages_of_many_sizes_arrive_byte_exact():
-    sizes = [0, 1, 4096 + 3, RECORD, RECORD + 1, 5 << 20, 64 << 20]
+@pytest.mark.parametrize("lanes", [1, 3, 4])
+def test_messages_of_many_sizes_arrive_byte_exact(lanes, monkeypatch):
+    monkeypatch.setenv("CCBRIDGE_NET_LANES", str(lanes))  # the listener's choice, inherited by both ranks
+    sizes = [0, 1, 4096 + 3, RECORD_MIN, RECORD_MIN + 1, RECORD, RECORD + 1, 5 << 20, 64 << 20, 0, 7]
     got, sent = run_pair(sizes)
     assert got["error"] is None and sent["error"] is None, (got, sent)
     assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
@@ -272,27 +275,31 @@ def test_wrong_key_fails_the_handshake_on_both_sides():
 # ---- faults on the wire ----
 
 class Proxy:
-    """Forwards one connection (sender -> 127.0.0.1:port -> receiver), the
-    handshake untouched unless told, then record by record with `fault`."""
+    """Forwards one connection's lanes (sender -> 127.0.0.1:port -> receiver),
+    the handshakes untouched unless told, then record by record with `fault`
+    applied to lane 0's records (or to the lanes themselves)."""
 
-    def __init__(self, target_port, fault, recorded=None):
+    def __init__(self, target_port, fault, lanes, recorded=None):
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.target, self.fault, self.recorded = target_port, fault, recorded
+        self.target, self.fault, self.lanes, self.recorded = target_port, fault, lanes, recorded
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self):
         self.sock.settimeout(DEADLINE)
+        pairs = []
         try:
-            c, _ = self.sock.accept()
-            s = socket.create_connection(("127.0.0.1", self.target), timeout=DEADLINE)
-            c.settimeout(DEADLINE)
-            with c, s:
-                self._forward(c, s)
-        except OSError:
+            for _ in range(self.lanes):
+                c, _ = self.sock.accept()
+                c.settimeout(DEADLINE)
+                pairs.append((c, socket.create_connection(("127.0.0.1", self.target), timeout=DEADLINE)))
+            self._forward(pairs)
+        except (OSError, EOFError):  # a side that failed its handshake closes: the test reads the verdict
             pass
         finally:
+            for c, s in pairs:
+                c.close(), s.close()
             self.sock.close()
 
     @staticmethod
@@ -305,35 +312,44 @@ class Proxy:
             out += chunk
         return out
 
-    def _forward(self, c, s):
-        shake = [self._read(c, HELLO)]
-        replay = self.fault == "replay_handshake"
-        s.sendall(self.recorded["handshake"][0] if replay else shake[0])
-        c.sendall(self._read(s, HELLO))
-        shake.append(self._read(c, CONFIRM))
-        if replay:  # the old confirmation and records
-            s.sendall(self.recorded["handshake"][1] + b"".join(self.recorded["records"]))
-        else:
-            s.sendall(shake[1])
-        c.sendall(self._read(s, CONFIRM))
-        if self.fault == "close":
-            return
-        records = []
+    def _records(self, c):
+        out = []
         try:
             while True:
                 h = self._read(c, HEADER)
-                records.append(h + self._read(c, struct.unpack("<I", h[:4])[0] + TAG))
+                out.append(h + self._read(c, struct.unpack("<I", h[32:36])[0] + TAG))
         except (EOFError, OSError):
-            pass
+            return out
+
+    def _forward(self, pairs):
+        replay = self.fault == "replay_handshake"
+        hellos = [self._read(c, HELLO) for c, _ in pairs]
+        lane = [struct.unpack("<H", h[12:14])[0] for h in hellos]  # the sender's lane numbers
+        by_lane = {lane[i]: i for i in range(len(pairs))}
+        shake = {}
+        for i, (c, s) in enumerate(pairs):
+            old = self.recorded["handshake"][lane[i]] if replay else None
+            s.sendall(old[0] if replay else hellos[i])
+            c.sendall(self._read(s, HELLO))
+            confirm = self._read(c, CONFIRM)
+            shake[lane[i]] = (hellos[i], confirm)
+            s.sendall(old[1] if replay else confirm)
+            c.sendall(self._read(s, CONFIRM))
+        if self.fault == "close":
+            return
+        records = {lane[i]: self._records(c) for i, (c, _) in enumerate(pairs)}
         if self.fault == "record":
             self.recorded.update(handshake=shake, records=records)
-        if self.fault in ("record", "replay_handshake") or self.fault is None:
-            out = records if self.fault != "replay_handshake" else []
-        elif self.fault == "replay":
-            out = self.recorded["records"]
-        else:
-            out = self._damage(records)
-        s.sendall(b"".join(out))
+        if self.fault == "replay":
+            records = self.recorded["records"]
+        elif self.fault == "swap_lanes":  # lane 0's records down lane 1's socket and back
+            records = {0: records[1], 1: records[0], **{k: v for k, v in records.items() if k > 1}}
+        elif self.fault not in (None, "record", "replay_handshake"):
+            records[0] = self._damage(records[0])
+        elif self.fault == "replay_handshake":  # the old connection's records after its handshake
+            records = self.recorded["records"]
+        for n, recs in records.items():
+            pairs[by_lane[n]][1].sendall(b"".join(recs))
         if self.fault == "truncate_mid":
             return
         time.sleep(0.2)
@@ -344,10 +360,10 @@ class Proxy:
             b = bytearray(r[1])
             b[HEADER + 1000] ^= 0x04
             return [r[0], bytes(b), *r[2:]]
-        if f == "flip_header":  # mark record 0 as the last: the AAD changes, the tag fails
-            b = bytearray(r[0])
-            b[4] ^= 1
-            return [bytes(b), *r[1:]]
+        if f == "flip_header":  # another message number: the AAD changes, the tag fails
+            b = bytearray(r[1])
+            b[8] ^= 1
+            return [r[0], bytes(b), *r[2:]]
         if f == "drop":
             return [r[0], *r[2:]]
         if f == "duplicate":
@@ -356,25 +372,35 @@ class Proxy:
             return [r[0], r[2], r[1], *r[3:]]
         if f == "truncate_mid":
             return [r[0], r[1][:len(r[1]) // 2]]
-        if f == "truncate_boundary":
+        if f == "truncate_boundary":  # the last data record and the FIN: the lane ends without closing
+            return r[:-2]
+        if f == "drop_fin":
             return r[:-1]
         raise AssertionError(f)
 
 
+LANES = 2
+
+
 def run_through_proxy(fault, sizes, recorded=None):
-    """The sender's connection goes through a Proxy; the receiver's port is
-    learned from its handle, so the pair runs in-line here."""
+    """The sender's lanes go through a Proxy; the receiver's port is learned
+    from its handle, so the pair runs in-line here."""
     lib = str(netplugin.library())
     ctx = mp.get_context("spawn")
     rp, rc = ctx.Pipe()
     sp, sc = ctx.Pipe()
-    r = ctx.Process(target=receiver, args=(rc, lib, KEY, sizes, None, 1))
-    r.start()
+    os.environ["CCBRIDGE_NET_LANES"] = str(LANES)  # the listener's choice, inherited by the spawned receiver
+    try:
+        r = ctx.Process(target=receiver, args=(rc, lib, KEY, sizes, None, 1))
+        r.start()
+    finally:
+        del os.environ["CCBRIDGE_NET_LANES"]
     s = None
     try:
         assert rp.poll(DEADLINE), "receiver never listened"
         handle = rp.recv()
-        proxy = Proxy(struct.unpack(">H", handle[ADDR_OFF + 2:ADDR_OFF + 4])[0], fault, recorded)
+        assert struct.unpack("<I", handle[LANES_OFF:LANES_OFF + 4])[0] == LANES
+        proxy = Proxy(struct.unpack(">H", handle[ADDR_OFF + 2:ADDR_OFF + 4])[0], fault, LANES, recorded)
         s = ctx.Process(target=sender, args=(sc, lib, KEY, sizes, 1, proxy.port))
         s.start()
         sp.send(handle)
@@ -393,7 +419,7 @@ def run_through_proxy(fault, sizes, recorded=None):
                 p.join()
 
 
-MESSAGE = [(2 << 20) + 5]  # three records: 1 MiB, 1 MiB, 5 bytes (LAST)
+MESSAGE = [(2 << 20) + 5]  # nine records of 256 KiB (the last 5 bytes): five on lane 0, four on lane 1
 
 
 def test_proxy_passes_an_honest_stream():
@@ -402,12 +428,22 @@ def test_proxy_passes_an_honest_stream():
 
 
 @pytest.mark.parametrize("fault", ["flip", "flip_header", "drop", "duplicate", "reorder",
-                                   "truncate_mid", "truncate_boundary", "close"])
+                                   "truncate_mid", "truncate_boundary", "close", "swap_lanes"])
 def test_wire_fault_fails_the_receiver(fault):
     got = run_through_proxy(fault, MESSAGE)
-    assert got["error"] is not None and got["where"] == "test", (fault, got)
+    # a lane cut before the receive was posted fails the post itself (or the accept, when cut before
+    # NCCL got the connection); either way the plugin says why
+    where = ("test", "irecv", "accept") if fault == "close" else ("test", "irecv")
+    assert got["error"] is not None and got["where"] in where, (fault, got)
+    assert any("connection recv" in m for m in got["logs"]), got["logs"]
     assert got["completed"] == [], "a request completed despite the fault"
     assert got["elapsed"] < 20
+
+
+def test_lost_fin_after_complete_messages_costs_nothing():
+    # every record arrived, only lane 0's clean-close record is missing: the message stands
+    got = run_through_proxy("drop_fin", MESSAGE)
+    assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True)], got
 
 
 def test_replayed_connection_fails():

@@ -1,38 +1,50 @@
 /*
- * One connection: a worker thread that connects (sending side), runs the
- * handshake, then moves messages as AES-256-GCM records, one request at a
- * time in posting order. NCCL's calls only queue requests and poll their
- * state, so none of them blocks on the network.
+ * One connection: NLANES sockets ("lanes"), each with a worker thread that
+ * connects (sending side), runs its own handshake, then moves records.
+ * NCCL's calls only queue requests and poll their state, so none of them
+ * blocks on the network; the lanes give one connection several cores of
+ * AES-GCM and several TCP streams, as NCCL's own socket transport gives a
+ * connection several sockets and helper threads.
  *
- * Handshake (both sides, over the new socket):
- *   hello   = "CCBNET" 0 1 | le32 role | 32 fresh random bytes | listen id (16)
- *   th      = SHA-256("ccbridge/net/v1" | sender's hello | receiver's hello)
+ * Handshake (per lane, both sides, over the lane's new socket):
+ *   hello   = "CCBNET" 0 2 | le32 role | le16 lane | le16 nlanes |
+ *             32 fresh random bytes | listen id (16) | connection id (16)
+ *   th      = SHA-256("ccbridge/net/v2" | sender's hello | receiver's hello)
  *   K_x     = HKDF-SHA256(secret, salt = th, info = label_x)
  *   confirm = HMAC-SHA256(K_confirm_<own role>, th), checked before any data
  * so a wrong key, a stale (replayed) hello or a different listen id fails the
- * connection on both sides, and every connection has fresh keys.
+ * lane and with it the connection on both sides, and every lane has fresh
+ * keys. The receiver wants nlanes distinct lane numbers under one
+ * connection id (the sender's random, shared by its lanes).
  *
- * Records: header (le32 length, le32 flags, le64 seq) | ciphertext | tag,
- * the header as AAD, the nonce 0^4 | le64(seq) under the connection's
- * sending key (a fresh record key every 2^EPOCH_SHIFT records). The
- * receiver wants seq exactly in order, the flags it knows, a length that fits
- * the posted buffer, and a good tag; a message ends only at a record
- * flagged LAST. Anything else fails the request and the connection.
+ * Records: header (le64 seq, le64 msg, le64 size, le64 offset, le32 n,
+ * le32 flags = 0) | ciphertext | tag, the header as AAD, the nonce
+ * 0^4 | le64(seq) under the lane's key (a fresh record key every
+ * 2^EPOCH_SHIFT records). A message of size bytes is k = record_plan(size)
+ * records; record j travels on lane (first + j) % nlanes. A receiving lane
+ * wants its seq exactly in order, known flags, a record inside the message
+ * and the message inside the posted buffer, and a good tag; the request
+ * completes when all k records have arrived. A sender that closes cleanly
+ * ends every lane with a FIN record (flags 1, no payload), so a lane cut
+ * short (truncated, or the peer died) is told from the peer's normal end.
+ * Anything else fails the connection and every request on it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <netinet/tcp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "net.h"
 
-#define HELLO_BYTES 64
-static const char MAGIC[8] = {'C', 'C', 'B', 'N', 'E', 'T', 0, 1};
+#define HELLO_BYTES 80
+static const char MAGIC[8] = {'C', 'C', 'B', 'N', 'E', 'T', 0, 2};
 
 int handshake_timeout_s(void) {
     const char *s = getenv("CCBRIDGE_NET_HANDSHAKE_TIMEOUT");
@@ -40,15 +52,54 @@ int handshake_timeout_s(void) {
     return t > 0 ? t : 60;
 }
 
-static void fail(comm *c, ncclResult_t code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void fail(comm *c, ncclResult_t code, const char *fmt, ...) {
-    if (c->err != ncclSuccess) return; /* keep the first cause */
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->why, sizeof c->why, fmt, ap);
-    va_end(ap);
-    c->err = code;
-    net_log(1, "NET/ccbridge: connection %s: %s", c->sender ? "send" : "recv", c->why);
+int lanes_wanted(void) {
+    const char *s = getenv("CCBRIDGE_NET_LANES");
+    int n = s ? atoi(s) : 0;
+    return n < 1 ? DEFAULT_LANES : n > MAX_LANES ? MAX_LANES : n;
+}
+
+uint32_t record_plan(size_t size, int nlanes, size_t *record) {
+    if (size <= RECORD_MIN) { *record = size; return 1; }
+    size_t r = (size + (size_t)nlanes - 1) / (size_t)nlanes;
+    r = (r + 4095) & ~(size_t)4095;
+    r = r < RECORD_MIN ? RECORD_MIN : r > RECORD_MAX ? RECORD_MAX : r;
+    *record = r;
+    return (uint32_t)((size + r - 1) / r);
+}
+
+/* the first failure wins; it wakes every lane (sockets shut, waits broadcast) */
+static void fail(comm *c, int quiet, ncclResult_t code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void fail(comm *c, int quiet, ncclResult_t code, const char *fmt, ...) {
+    pthread_mutex_lock(&c->mu);
+    if (atomic_load(&c->err) == ncclSuccess) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->why, sizeof c->why, fmt, ap);
+        va_end(ap);
+        atomic_store(&c->err, code);
+        int expected = COMM_HANDSHAKE; /* a connection not handed to NCCL yet fails its connect/accept */
+        atomic_compare_exchange_strong(&c->state, &expected, COMM_FAILED);
+        c->told = !quiet;
+        if (!quiet) net_log(1, "NET/ccbridge: connection %s: %s", c->sender ? "send" : "recv", c->why);
+        for (int i = 0; i < c->nlanes; i++) {
+            if (c->lanes[i].fd >= 0) shutdown(c->lanes[i].fd, SHUT_RDWR);
+            pthread_cond_broadcast(&c->lanes[i].cv);
+        }
+        pthread_cond_broadcast(&c->posted_cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static int failed(comm *c) { return atomic_load(&c->err) != ncclSuccess; }
+
+ncclResult_t comm_error(comm *c) {
+    ncclResult_t err = (ncclResult_t)atomic_load(&c->err);
+    if (err == ncclSuccess) return err;
+    pthread_mutex_lock(&c->mu);
+    if (!c->told) net_log(1, "NET/ccbridge: connection %s: %s", c->sender ? "send" : "recv", c->why);
+    c->told = 1; /* a quiet failure (the peer closed between messages) is told when a request meets it */
+    pthread_mutex_unlock(&c->mu);
+    return err;
 }
 
 /* 0, or -1 on EOF (*eof set) or error */
@@ -79,229 +130,419 @@ static void set_timeout(int fd, int seconds) {
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
-static int connect_peer(comm *c) {
+static int connect_peer(lane *l) {
+    comm *c = l->c;
     time_t deadline = time(NULL) + handshake_timeout_s();
     for (;;) {
         int fd = socket(c->peer.sa.sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) { fail(c, ncclSystemError, "socket: %s", strerror(errno)); return -1; }
+        if (fd < 0) { fail(c, 0, ncclSystemError, "socket: %s", strerror(errno)); return -1; }
         socklen_t len = c->peer.sa.sa_family == AF_INET ? sizeof c->peer.in : sizeof c->peer.in6;
-        if (connect(fd, &c->peer.sa, len) == 0) { c->fd = fd; return 0; }
+        if (connect(fd, &c->peer.sa, len) == 0) {
+            pthread_mutex_lock(&c->mu);
+            l->fd = fd;
+            int dead = failed(c);
+            pthread_mutex_unlock(&c->mu);
+            if (dead) shutdown(fd, SHUT_RDWR); /* another lane failed meanwhile */
+            return dead ? -1 : 0;
+        }
         int e = errno;
         close(fd);
-        if ((e != ECONNREFUSED && e != EINTR && e != ETIMEDOUT) || time(NULL) >= deadline) {
-            fail(c, ncclSystemError, "connect: %s", strerror(e));
+        if ((e != ECONNREFUSED && e != EINTR && e != ETIMEDOUT) || time(NULL) >= deadline || failed(c)) {
+            fail(c, 0, ncclSystemError, "connect: %s", strerror(e));
             return -1;
         }
         usleep(20000); /* the listener's backlog was full: NCCL's own socket transport retries too */
     }
 }
 
-static void hello(uint8_t out[HELLO_BYTES], uint32_t role, const uint8_t rnd[32], const uint8_t id[16]) {
+static void hello(uint8_t out[HELLO_BYTES], uint32_t role, uint16_t idx, uint16_t nlanes, const uint8_t rnd[32],
+                  const uint8_t id[16], const uint8_t conn_id[16]) {
     memcpy(out, MAGIC, 8);
     memcpy(out + 8, &role, 4);
-    memset(out + 12, 0, 4);
+    memcpy(out + 12, &idx, 2);
+    memcpy(out + 14, &nlanes, 2);
     memcpy(out + 16, rnd, 32);
     memcpy(out + 48, id, 16);
+    memcpy(out + 64, conn_id, 16);
 }
 
 static int derive(comm *c, const uint8_t th[32], const char *label, uint8_t out[32]) {
     return crypto_hkdf(c->secret, KEY_BYTES, th, label, strlen(label), out);
 }
 
-static int handshake(comm *c) {
+/* the receiver's bookkeeping once a lane's peer is known: one connection, distinct lane numbers */
+static int claim_lane(lane *l, const uint8_t theirs[HELLO_BYTES]) {
+    comm *c = l->c;
+    uint16_t idx, n;
+    memcpy(&idx, theirs + 12, 2);
+    memcpy(&n, theirs + 14, 2);
+    int ok = 0;
+    pthread_mutex_lock(&c->mu);
+    if (n == c->nlanes && idx < n && !(c->lanes_seen >> idx & 1) &&
+        (!c->conn_id_set || !memcmp(c->conn_id, theirs + 64, 16))) {
+        if (!c->conn_id_set) memcpy(c->conn_id, theirs + 64, 16), c->conn_id_set = 1;
+        c->lanes_seen |= 1u << idx;
+        l->idx = idx;
+        ok = 1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return ok ? 0 : -1;
+}
+
+static int handshake(lane *l) {
+    comm *c = l->c;
     uint8_t rnd[32], mine[HELLO_BYTES], theirs[HELLO_BYTES], t[15 + 2 * HELLO_BYTES], th[32];
     uint8_t kmine[32], ktheirs[32], cmine[32], ctheirs[32], cgot[32];
     int eof = 0, rc = -1;
     uint32_t role = c->sender ? 1 : 2, peer_role = c->sender ? 2 : 1;
-    set_timeout(c->fd, handshake_timeout_s());
-    if (crypto_random(rnd, sizeof rnd)) { fail(c, ncclSystemError, "RAND_bytes failed"); return -1; }
-    hello(mine, role, rnd, c->listen_id);
-    if (write_full(c->fd, mine, HELLO_BYTES) || read_full(c->fd, theirs, HELLO_BYTES, &eof)) {
-        fail(c, ncclRemoteError, "handshake: %s", eof ? "peer closed the connection" : strerror(errno));
+    set_timeout(l->fd, handshake_timeout_s());
+    if (crypto_random(rnd, sizeof rnd)) { fail(c, 0, ncclSystemError, "RAND_bytes failed"); return -1; }
+    hello(mine, role, c->sender ? (uint16_t)l->idx : 0xffff, (uint16_t)c->nlanes, rnd, c->listen_id,
+          c->sender ? c->conn_id : (const uint8_t[16]){0});
+    if (write_full(l->fd, mine, HELLO_BYTES) || read_full(l->fd, theirs, HELLO_BYTES, &eof)) {
+        fail(c, 0, ncclRemoteError, "handshake: %s", eof ? "peer closed the connection" : strerror(errno));
         goto out;
     }
     if (memcmp(theirs, MAGIC, 8) || memcmp(theirs + 8, &peer_role, 4) || memcmp(theirs + 48, c->listen_id, 16)) {
-        fail(c, ncclSystemError, "handshake: the peer is not a ccbridge net plugin of this version, "
-                                 "or connected to another listener");
+        fail(c, 0, ncclSystemError, "handshake: the peer is not a ccbridge net plugin of this version, "
+                                    "or connected to another listener");
         goto out;
     }
-    memcpy(t, "ccbridge/net/v1", 15);
+    if (c->sender ? memcmp(theirs + 14, mine + 14, 2) != 0 : claim_lane(l, theirs) != 0) {
+        fail(c, 0, ncclSystemError, "handshake: lane %u of %u does not belong to this connection",
+             theirs[12] | theirs[13] << 8, theirs[14] | theirs[15] << 8);
+        goto out;
+    }
+    memcpy(t, "ccbridge/net/v2", 15);
     memcpy(t + 15, c->sender ? mine : theirs, HELLO_BYTES);
     memcpy(t + 15 + HELLO_BYTES, c->sender ? theirs : mine, HELLO_BYTES);
     crypto_sha256(t, sizeof t, th);
-    if (derive(c, th, c->sender ? "ccbridge/net/v1 confirm sender" : "ccbridge/net/v1 confirm receiver", kmine) ||
-        derive(c, th, c->sender ? "ccbridge/net/v1 confirm receiver" : "ccbridge/net/v1 confirm sender", ktheirs) ||
-        derive(c, th, "ccbridge/net/v1 data sender->receiver", c->data_key) ||
+    if (derive(c, th, c->sender ? "ccbridge/net/v2 confirm sender" : "ccbridge/net/v2 confirm receiver", kmine) ||
+        derive(c, th, c->sender ? "ccbridge/net/v2 confirm receiver" : "ccbridge/net/v2 confirm sender", ktheirs) ||
+        derive(c, th, "ccbridge/net/v2 data sender->receiver", l->data_key) ||
         crypto_hmac(kmine, 32, th, 32, cmine) || crypto_hmac(ktheirs, 32, th, 32, ctheirs)) {
-        fail(c, ncclSystemError, "handshake: key derivation failed");
+        fail(c, 0, ncclSystemError, "handshake: key derivation failed");
         goto out;
     }
-    if (write_full(c->fd, cmine, 32) || read_full(c->fd, cgot, 32, &eof)) {
-        fail(c, ncclRemoteError, "handshake: %s", eof ? "peer closed the connection (a different key?)" : strerror(errno));
+    if (write_full(l->fd, cmine, 32) || read_full(l->fd, cgot, 32, &eof)) {
+        fail(c, 0, ncclRemoteError, "handshake: %s",
+             eof ? "peer closed the connection (a different key?)" : strerror(errno));
         goto out;
     }
     volatile uint8_t diff = 0; /* constant time */
     for (int i = 0; i < 32; i++) diff |= cgot[i] ^ ctheirs[i];
     if (diff) {
-        fail(c, ncclSystemError, "handshake: the peer's confirmation does not verify: a different key "
-                                 "($CCBRIDGE_KEY / $CCBRIDGE_KEY_FILE) or a tampered/replayed handshake");
+        fail(c, 0, ncclSystemError, "handshake: the peer's confirmation does not verify: a different key "
+                                    "($CCBRIDGE_KEY / $CCBRIDGE_KEY_FILE) or a tampered/replayed handshake");
         goto out;
     }
-    set_timeout(c->fd, 0);
-    c->epoch = UINT64_MAX;
+    set_timeout(l->fd, 0);
+    int one = 1;
+    setsockopt(l->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* small records go out at once */
+    l->epoch = UINT64_MAX;
     rc = 0;
 out:
     wipe(kmine, 32), wipe(ktheirs, 32), wipe(rnd, 32);
     return rc;
 }
 
-/* the record key and nonce of record seq */
-static int record_key(comm *c, uint64_t seq, uint8_t iv[12]) {
+/* the record key and nonce of record seq on lane l */
+static int record_key(lane *l, uint64_t seq, uint8_t iv[12]) {
     uint64_t e = seq >> EPOCH_SHIFT;
-    if (e != c->epoch) {
+    if (e != l->epoch) {
         uint8_t info[29], zero[32] = {0};
-        memcpy(info, "ccbridge/net/v1 epoch", 21);
+        memcpy(info, "ccbridge/net/v2 epoch", 21);
         memcpy(info + 21, &e, 8);
-        if (crypto_hkdf(c->data_key, KEY_BYTES, zero, info, sizeof info, c->epoch_key)) return -1;
-        c->epoch = e;
+        if (crypto_hkdf(l->data_key, KEY_BYTES, zero, info, sizeof info, l->epoch_key)) return -1;
+        l->epoch = e;
     }
     memset(iv, 0, 4);
     memcpy(iv + 4, &seq, 8);
     return 0;
 }
 
-static int send_message(comm *c, req *r) {
-    size_t off = 0;
-    do {
-        uint32_t n = r->size - off < RECORD_MAX ? (uint32_t)(r->size - off) : RECORD_MAX;
-        uint32_t flags = off + n == r->size ? FLAG_LAST : 0;
-        uint8_t iv[12], *h = c->buf;
-        memcpy(h, &n, 4), memcpy(h + 4, &flags, 4), memcpy(h + 8, &c->seq, 8);
-        if (record_key(c, c->seq, iv) ||
-            gcm_seal(c->g, c->epoch_key, iv, h, HEADER_BYTES, (uint8_t *)r->data + off, n, h + HEADER_BYTES,
-                     h + HEADER_BYTES + n)) {
-            fail(c, ncclSystemError, "AES-GCM seal failed");
-            return -1;
-        }
-        if (write_full(c->fd, h, HEADER_BYTES + n + TAG_BYTES)) {
-            fail(c, ncclRemoteError, "send: %s", strerror(errno));
-            return -1;
-        }
-        c->seq++;
-        off += n;
-    } while (off < r->size);
+/* ---- sending lanes ---- */
+
+/* lane idx's first record in r (j), or k when it has none */
+static uint32_t first_share(const req *r, int idx, int nlanes) {
+    uint32_t j = (uint32_t)((idx - (int)r->first + nlanes) % nlanes);
+    return j < r->k ? j : r->k;
+}
+
+static int send_record(lane *l, const req *r, uint32_t j, size_t rec) {
+    size_t off = (size_t)j * rec, n = r->size - off < rec ? r->size - off : rec;
+    uint32_t n32 = (uint32_t)n, flags = 0;
+    uint64_t size = r->size, off64 = off;
+    uint8_t iv[12], *h = l->buf;
+    memcpy(h, &l->seq, 8), memcpy(h + 8, &r->msg, 8), memcpy(h + 16, &size, 8), memcpy(h + 24, &off64, 8);
+    memcpy(h + 32, &n32, 4), memcpy(h + 36, &flags, 4);
+    if (record_key(l, l->seq, iv) || gcm_seal(l->g, l->epoch_key, iv, h, HEADER_BYTES, (uint8_t *)r->data + off, n,
+                                              h + HEADER_BYTES, h + HEADER_BYTES + n)) {
+        fail(l->c, 0, ncclSystemError, "AES-GCM seal failed");
+        return -1;
+    }
+    if (write_full(l->fd, h, HEADER_BYTES + n + TAG_BYTES)) {
+        if (!failed(l->c)) fail(l->c, 0, ncclRemoteError, "send: %s", strerror(errno));
+        return -1;
+    }
+    l->seq++;
     return 0;
 }
 
-static int recv_message(comm *c, req *r) {
-    size_t got = 0;
-    for (;;) {
-        uint8_t h[HEADER_BYTES], tag[TAG_BYTES], iv[12];
-        uint32_t n, flags;
-        uint64_t seq;
-        int eof = 0;
-        if (read_full(c->fd, h, HEADER_BYTES, &eof)) goto closed;
-        memcpy(&n, h, 4), memcpy(&flags, h + 4, 4), memcpy(&seq, h + 8, 8);
-        if (seq != c->seq) {
-            fail(c, ncclSystemError, "record %llu arrived where %llu was due: replayed, reordered or dropped",
-                 (unsigned long long)seq, (unsigned long long)c->seq);
-            return -1;
-        }
-        if ((flags & ~FLAG_LAST) || n > RECORD_MAX || n > r->size - got) {
-            fail(c, ncclSystemError, n > r->size - got && n <= RECORD_MAX && !(flags & ~FLAG_LAST)
-                     ? "the message is longer than the posted receive buffer (%zu bytes)" : "malformed record header (%zu)",
-                 r->size);
-            return -1;
-        }
-        uint8_t *dst = (uint8_t *)r->data + got;
-        if (read_full(c->fd, dst, n, &eof) || read_full(c->fd, tag, TAG_BYTES, &eof)) goto closed;
-        if (record_key(c, seq, iv) || gcm_open(c->g, c->epoch_key, iv, h, HEADER_BYTES, dst, n, dst, tag)) {
-            fail(c, ncclSystemError, "record %llu failed authentication (tampered, or a different key)",
-                 (unsigned long long)seq);
-            return -1;
-        }
-        c->seq++;
-        got += n;
-        if (flags & FLAG_LAST) { r->size = got; return 0; }
-        continue;
-    closed:
-        fail(c, ncclRemoteError, "%s mid-message (%zu bytes received)",
-             eof ? "the peer closed the connection" : strerror(errno), got);
-        return -1;
+static void send_lane(lane *l) {
+    comm *c = l->c;
+    for (uint64_t m = 0;; m++) {
+        pthread_mutex_lock(&c->mu);
+        while (!c->stop && !failed(c) && m >= atomic_load(&c->posted)) pthread_cond_wait(&l->cv, &c->mu);
+        if (c->stop || failed(c)) { pthread_mutex_unlock(&c->mu); return; }
+        req *r = &c->reqs[m % MAX_REQS];
+        /* a slot holding another message: m completed (and was freed) without this lane */
+        uint32_t j = r->msg == m && atomic_load(&r->state) == REQ_PENDING ? first_share(r, l->idx, c->nlanes) : 0;
+        uint32_t k = r->msg == m && atomic_load(&r->state) == REQ_PENDING ? r->k : 0;
+        pthread_mutex_unlock(&c->mu);
+        size_t rec;
+        if (j >= k) continue;
+        record_plan(r->size, c->nlanes, &rec);
+        uint32_t sent = 0;
+        for (; j < k; j += (uint32_t)c->nlanes, sent++)
+            if (send_record(l, r, j, rec)) return;
+        pthread_mutex_lock(&c->mu);
+        r->done += sent;
+        if (r->done == r->k) atomic_store(&r->state, REQ_DONE);
+        pthread_mutex_unlock(&c->mu);
     }
 }
 
-static void serve(comm *c) {
+/* ---- receiving lanes ---- */
+
+static int busy(comm *c) {
+    int any = 0;
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < MAX_REQS; i++) any |= atomic_load(&c->reqs[i].state) == REQ_PENDING;
+    pthread_mutex_unlock(&c->mu);
+    return any;
+}
+
+/* the posted receive of message msg, checked against the record's view of it; NULL after failing */
+static req *claim_message(lane *l, uint64_t msg, uint64_t size, uint32_t k) {
+    comm *c = l->c;
+    pthread_mutex_lock(&c->mu);
+    req *r = &c->reqs[msg % MAX_REQS];
+    const char *bad = r->msg != msg || atomic_load(&r->state) != REQ_PENDING ? "a record of a finished message"
+                      : (r->k && r->k != k) ? "records of one message disagree on its size" : NULL;
+    size_t cap = r->size;
+    if (!bad && size <= cap && !r->k) r->k = k;
+    pthread_mutex_unlock(&c->mu);
+    if (bad) fail(c, 0, ncclSystemError, "lane %d: %s", l->idx, bad);
+    else if (size > cap)
+        fail(c, 0, ncclSystemError, "the message (%llu bytes) is longer than the posted receive buffer (%zu bytes)",
+             (unsigned long long)size, cap);
+    return bad || size > cap ? NULL : r;
+}
+
+static void recv_lane(lane *l) {
+    comm *c = l->c;
+    uint64_t last_msg = 0;
     for (;;) {
+        uint8_t h[HEADER_BYTES], tag[TAG_BYTES], iv[12];
+        uint64_t seq, msg, size, off;
+        uint32_t n, flags;
+        int eof = 0;
+        if (read_full(l->fd, h, HEADER_BYTES, &eof)) {
+            if (c->stop || failed(c)) return;
+            /* no FIN first: cut short on the wire, or the peer died; loud only when it costs a request */
+            fail(c, !busy(c), ncclRemoteError, "lane %d: %s without closing", l->idx,
+                 eof ? "the peer's socket ended" : strerror(errno));
+            return;
+        }
+        memcpy(&seq, h, 8), memcpy(&msg, h + 8, 8), memcpy(&size, h + 16, 8), memcpy(&off, h + 24, 8);
+        memcpy(&n, h + 32, 4), memcpy(&flags, h + 36, 4);
+        if (flags == FLAG_FIN) {
+            uint8_t none[1];
+            if (n || msg || size || off || seq != l->seq || read_full(l->fd, tag, TAG_BYTES, &eof) ||
+                record_key(l, seq, iv) || gcm_open(l->g, l->epoch_key, iv, h, HEADER_BYTES, none, 0, none, tag)) {
+                fail(c, 0, ncclSystemError, "lane %d: a bad end-of-connection record", l->idx);
+                return;
+            }
+            pthread_mutex_lock(&c->mu);
+            int all = ++c->fins == c->nlanes;
+            pthread_mutex_unlock(&c->mu);
+            if (all) fail(c, !busy(c), ncclRemoteError, "the peer closed the connection");
+            return;
+        }
+        size_t rec;
+        uint32_t k = size <= (1ull << 40) ? record_plan(size, c->nlanes, &rec) : 0;
+        if (seq != l->seq) {
+            fail(c, 0, ncclSystemError, "lane %d: record %llu arrived where %llu was due: replayed, reordered or dropped",
+                 l->idx, (unsigned long long)seq, (unsigned long long)l->seq);
+            return;
+        }
+        if (flags || !k || n > RECORD_MAX || off % (rec ? rec : 1) || off + n > size || msg < last_msg ||
+            (n == 0 && size != 0)) {
+            fail(c, 0, ncclSystemError, "lane %d: malformed record header", l->idx);
+            return;
+        }
+        last_msg = msg;
+        /* a posted receive takes the record in place; one not posted yet (the sender ran ahead) takes it
+         * into the lane's own buffer, authenticated before this lane waits for the post, so a forged
+         * message number fails here instead of waiting for a receive that never comes */
         pthread_mutex_lock(&c->mu);
-        while (!c->stop && c->head == c->tail) pthread_cond_wait(&c->cv, &c->mu);
-        if (c->stop) { pthread_mutex_unlock(&c->mu); return; }
-        req *r = &c->reqs[c->head % MAX_REQS];
+        int ready = msg < atomic_load(&c->posted);
         pthread_mutex_unlock(&c->mu);
-        int ok = c->err == ncclSuccess && (c->sender ? send_message(c, r) : recv_message(c, r)) == 0;
+        req *r = ready ? claim_message(l, msg, size, k) : NULL;
+        if (ready && !r) return;
+        uint8_t *dst = r ? (uint8_t *)r->data + off : l->buf;
+        if (read_full(l->fd, dst, n, &eof) || read_full(l->fd, tag, TAG_BYTES, &eof)) {
+            if (!failed(c))
+                fail(c, 0, ncclRemoteError, "lane %d: %s mid-record", l->idx,
+                     eof ? "the peer closed the connection" : strerror(errno));
+            return;
+        }
+        if (record_key(l, seq, iv) || gcm_open(l->g, l->epoch_key, iv, h, HEADER_BYTES, dst, n, dst, tag)) {
+            fail(c, 0, ncclSystemError, "lane %d: record %llu failed authentication (tampered, or a different key)",
+                 l->idx, (unsigned long long)seq);
+            return;
+        }
+        if (!r) {
+            pthread_mutex_lock(&c->mu);
+            while (!c->stop && !failed(c) && msg >= atomic_load(&c->posted)) pthread_cond_wait(&c->posted_cv, &c->mu);
+            pthread_mutex_unlock(&c->mu);
+            if (c->stop || failed(c) || !(r = claim_message(l, msg, size, k))) return;
+            memcpy((uint8_t *)r->data + off, l->buf, n);
+        }
+        l->seq++;
         pthread_mutex_lock(&c->mu);
-        atomic_store(&r->state, ok ? REQ_DONE : REQ_FAILED);
-        c->head++;
+        if (++r->done == r->k) {
+            r->size = size;
+            atomic_store(&r->state, REQ_DONE);
+        }
         pthread_mutex_unlock(&c->mu);
     }
 }
 
 static void *worker(void *p) {
-    comm *c = p;
-    if ((c->sender && connect_peer(c)) || handshake(c)) {
+    lane *l = p;
+    comm *c = l->c;
+    if ((c->sender && connect_peer(l)) || handshake(l)) {
         atomic_store(&c->state, COMM_FAILED);
         return NULL;
     }
-    wipe(c->secret, KEY_BYTES); /* the connection keys are all it needs now */
-    atomic_store(&c->state, COMM_READY);
-    serve(c);
+    pthread_mutex_lock(&c->mu);
+    if (++c->ready == c->nlanes && !failed(c)) {
+        wipe(c->secret, KEY_BYTES); /* the lanes' keys are all it needs now */
+        atomic_store(&c->state, COMM_READY);
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (c->sender) send_lane(l);
+    else recv_lane(l);
     return NULL;
 }
 
-comm *comm_start(int fd, int sender, const net_addr *peer, const uint8_t secret[KEY_BYTES], const uint8_t listen_id[16]) {
+comm *comm_new(int sender, int nlanes, const net_addr *peer, const uint8_t secret[KEY_BYTES],
+               const uint8_t listen_id[16]) {
+    if (nlanes < 1 || nlanes > MAX_LANES) return NULL;
     comm *c = calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->fd = fd, c->sender = sender;
+    c->sender = sender, c->nlanes = nlanes;
     if (peer) c->peer = *peer;
     memcpy(c->secret, secret, KEY_BYTES);
     memcpy(c->listen_id, listen_id, 16);
+    if (sender && crypto_random(c->conn_id, 16)) { free(c); return NULL; }
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-    c->g = gcm_new();
-    c->buf = sender ? malloc(HEADER_BYTES + RECORD_MAX + TAG_BYTES) : NULL;
-    if (!c->g || (sender && !c->buf) || pthread_create(&c->th, NULL, worker, c) != 0) {
-        gcm_free(c->g);
-        free(c->buf);
-        wipe(c->secret, KEY_BYTES);
-        free(c);
-        return NULL;
+    pthread_cond_init(&c->posted_cv, NULL);
+    for (int i = 0; i < nlanes; i++) {
+        lane *l = &c->lanes[i];
+        l->c = c, l->fd = -1, l->idx = i;
+        pthread_cond_init(&l->cv, NULL);
+        l->g = gcm_new();
+        l->buf = malloc(HEADER_BYTES + RECORD_MAX + TAG_BYTES);
+        if (!l->g || !l->buf) { comm_close(c); return NULL; }
     }
     return c;
+}
+
+static int start_lane(lane *l) {
+    if (pthread_create(&l->th, NULL, worker, l) != 0) {
+        fail(l->c, 0, ncclSystemError, "pthread_create: %s", strerror(errno));
+        atomic_store(&l->c->state, COMM_FAILED);
+        return -1;
+    }
+    l->started = 1;
+    return 0;
+}
+
+int comm_start_lanes(comm *c) {
+    for (int i = 0; i < c->nlanes; i++)
+        if (start_lane(&c->lanes[i])) return -1;
+    return 0;
+}
+
+int comm_add_socket(comm *c, int fd) {
+    lane *l = &c->lanes[c->accepted++];
+    pthread_mutex_lock(&c->mu);
+    l->fd = fd;
+    pthread_mutex_unlock(&c->mu);
+    return start_lane(l);
 }
 
 /* NULL when MAX_REQS are already outstanding (NCCL then retries) */
 req *comm_post(comm *c, void *data, size_t size) {
     pthread_mutex_lock(&c->mu);
-    req *r = &c->reqs[c->tail % MAX_REQS];
+    uint64_t m = atomic_load(&c->posted);
+    req *r = &c->reqs[m % MAX_REQS];
     if (atomic_load(&r->state) != REQ_FREE) { pthread_mutex_unlock(&c->mu); return NULL; }
-    r->c = c, r->data = data, r->size = size;
+    r->c = c, r->data = data, r->size = size, r->msg = m, r->done = 0, r->k = 0, r->first = 0;
+    if (c->sender) {
+        size_t rec;
+        r->k = record_plan(size, c->nlanes, &rec);
+        if (r->k > 1) r->first = (uint32_t)(c->rr++ % (uint64_t)c->nlanes);
+    }
     atomic_store(&r->state, REQ_PENDING);
-    c->tail++;
-    pthread_cond_signal(&c->cv);
+    atomic_store(&c->posted, m + 1);
+    if (c->sender) {
+        for (uint32_t j = 0; j < r->k && j < (uint32_t)c->nlanes; j++)
+            pthread_cond_signal(&c->lanes[(r->first + j) % (uint32_t)c->nlanes].cv);
+    } else {
+        pthread_cond_broadcast(&c->posted_cv);
+    }
     pthread_mutex_unlock(&c->mu);
     return r;
+}
+
+/* a sender's clean end of lane l: an authenticated FIN record, only if the socket takes it at once */
+static void send_fin(lane *l) {
+    uint8_t *h = l->buf, iv[12], none[1];
+    uint32_t flags = FLAG_FIN;
+    memset(h, 0, HEADER_BYTES);
+    memcpy(h, &l->seq, 8), memcpy(h + 36, &flags, 4);
+    if (!record_key(l, l->seq, iv) && !gcm_seal(l->g, l->epoch_key, iv, h, HEADER_BYTES, none, 0, none, h + HEADER_BYTES))
+        (void)!send(l->fd, h, HEADER_BYTES + TAG_BYTES, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 void comm_close(comm *c) {
     pthread_mutex_lock(&c->mu);
     c->stop = 1;
-    pthread_cond_signal(&c->cv);
+    /* a sender with nothing in flight ends its lanes cleanly (after the lane threads stopped);
+     * otherwise (an abort) every socket is shut at once, which wakes lanes blocked on them */
+    int clean = c->sender && atomic_load(&c->state) == COMM_READY && !failed(c);
+    for (int i = 0; clean && i < MAX_REQS; i++) clean = atomic_load(&c->reqs[i].state) != REQ_PENDING;
+    for (int i = 0; i < c->nlanes; i++) {
+        if (!clean && c->lanes[i].fd >= 0) shutdown(c->lanes[i].fd, SHUT_RDWR);
+        pthread_cond_broadcast(&c->lanes[i].cv);
+    }
+    pthread_cond_broadcast(&c->posted_cv);
     pthread_mutex_unlock(&c->mu);
-    if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR); /* wakes a worker blocked on the socket */
-    pthread_join(c->th, NULL);
-    if (c->fd >= 0) close(c->fd);
-    gcm_free(c->g);
-    free(c->buf);
+    for (int i = 0; i < c->nlanes; i++) {
+        lane *l = &c->lanes[i];
+        if (l->started) pthread_join(l->th, NULL);
+        if (clean) send_fin(l);
+        if (l->fd >= 0) close(l->fd);
+        gcm_free(l->g);
+        free(l->buf);
+        pthread_cond_destroy(&l->cv);
+    }
+    pthread_cond_destroy(&c->posted_cv);
+    pthread_mutex_destroy(&c->mu);
     wipe(c, sizeof *c);
     free(c);
 }

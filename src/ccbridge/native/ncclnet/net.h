@@ -42,10 +42,17 @@ int key_load(uint8_t key[KEY_BYTES], char *err, size_t errlen);
 #include <sys/socket.h>
 #include <netinet/in.h>
 
-#define RECORD_MAX (1u << 20)   /* plaintext bytes per record */
-#define HEADER_BYTES 16         /* le32 length | le32 flags | le64 seq: the record's AAD */
-#define FLAG_LAST 1u            /* the message's last record: truncation at a record boundary shows */
-#define EPOCH_SHIFT 16          /* a fresh record key every 2^16 records (<= 64 GiB per key) */
+/* A connection is NLANES TCP sockets ("lanes"), each with its own worker
+ * thread, keys and record sequence: large messages are cut into records
+ * spread over the lanes so that several cores seal, send, receive and open
+ * at once; a message of one record always takes lane 0. */
+#define MAX_LANES 16
+#define DEFAULT_LANES 4
+#define RECORD_MIN (32u << 10)  /* a message up to this size is one record */
+#define RECORD_MAX (256u << 10) /* plaintext bytes per record, at most */
+#define HEADER_BYTES 40         /* le64 seq | le64 msg | le64 size | le64 offset | le32 n | le32 flags: the AAD */
+#define FLAG_FIN 1u             /* the sender's clean end of a lane (no payload) */
+#define EPOCH_SHIFT 16          /* a fresh record key every 2^16 records of a lane (<= 16 GiB per key) */
 #define MAX_REQS NCCL_NET_MAX_REQUESTS
 
 typedef union { struct sockaddr sa; struct sockaddr_in in; struct sockaddr_in6 in6; } net_addr;
@@ -55,41 +62,65 @@ typedef union { struct sockaddr sa; struct sockaddr_in in; struct sockaddr_in6 i
  * with the same buffer until it returns a comm); listen leaves it NULL. */
 typedef struct {
     uint32_t magic, version;
-    uint8_t listen_id[16];   /* bound into the handshake transcript */
+    uint8_t listen_id[16];   /* bound into every lane's handshake transcript */
     net_addr addr;           /* offset 24: where to connect */
-    uint32_t pad;
+    uint32_t nlanes;         /* the listener's choice; the connecting side follows it */
     struct comm *stage;      /* offset 56 */
 } net_handle;
 
-enum { REQ_FREE = 0, REQ_PENDING, REQ_DONE, REQ_FAILED };
+enum { REQ_FREE = 0, REQ_PENDING, REQ_DONE };
 typedef struct req {
     struct comm *c;
     void *data;
     size_t size;             /* send: message length; recv: buffer capacity, then bytes received */
+    uint64_t msg;            /* the message's number on this connection (sends and receives pair in order) */
+    uint32_t k, done;        /* records in the message (send: known at post; recv: from the first record) */
+    uint32_t first;          /* send: the lane of record 0 */
     _Atomic int state;
 } req;
 
+typedef struct lane {
+    struct comm *c;
+    int fd, idx;             /* idx: the sender's lane number (recv: from its hello) */
+    pthread_t th;
+    int started;
+    pthread_cond_t cv;       /* sender: new messages with records for this lane */
+    uint8_t data_key[KEY_BYTES], epoch_key[KEY_BYTES];
+    uint64_t epoch, seq;     /* the record key's epoch, the next record's number on this lane */
+    gcm *g;
+    uint8_t *buf;            /* sender: one sealed record; recv: a record that arrived before its receive was posted */
+} lane;
+
 enum { COMM_HANDSHAKE = 0, COMM_READY = 1, COMM_FAILED = -1 };
 typedef struct comm {
-    int fd, sender;          /* sender: the connecting side; data flows sender -> receiver only */
+    int sender, nlanes, accepted, ready, fins, told;
     net_addr peer;           /* sender: where to connect */
-    uint8_t secret[KEY_BYTES], listen_id[16], data_key[KEY_BYTES], epoch_key[KEY_BYTES];
-    uint64_t epoch, seq;     /* the record key's epoch, the next record's number */
+    uint8_t secret[KEY_BYTES], listen_id[16], conn_id[16];
+    int conn_id_set;
+    uint32_t lanes_seen;     /* recv: the lane numbers whose handshakes passed */
     _Atomic int state;
-    pthread_t th;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t posted_cv; /* recv: a receive was posted */
     int stop;
     req reqs[MAX_REQS];
-    uint64_t head, tail;     /* the worker serves reqs[head % MAX_REQS]; posts go to tail */
-    gcm *g;
-    uint8_t *buf;            /* sender: one sealed record */
-    ncclResult_t err;        /* the first failure, for every later request */
+    _Atomic uint64_t posted; /* messages posted (the next message's number) */
+    uint64_t rr;             /* send: the lane of the next multi-record message's record 0 */
+    _Atomic int err;         /* ncclResult_t: the first failure, for every later request */
     char why[256];
+    lane lanes[MAX_LANES];
 } comm;
 
-comm *comm_start(int fd, int sender, const net_addr *peer, const uint8_t secret[KEY_BYTES], const uint8_t listen_id[16]);
+/* records of a message of `size` bytes over `nlanes`: count and record size */
+uint32_t record_plan(size_t size, int nlanes, size_t *record);
+int lanes_wanted(void);
+comm *comm_new(int sender, int nlanes, const net_addr *peer, const uint8_t secret[KEY_BYTES],
+               const uint8_t listen_id[16]);
+/* sender: start every lane (connect + handshake); recv: one accepted socket */
+int comm_start_lanes(comm *c);
+int comm_add_socket(comm *c, int fd);
 void comm_close(comm *c);
 req *comm_post(comm *c, void *data, size_t size);
+/* the connection's failure (logged once), or ncclSuccess */
+ncclResult_t comm_error(comm *c);
 int handshake_timeout_s(void);
 #endif

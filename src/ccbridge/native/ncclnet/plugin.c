@@ -23,7 +23,7 @@
 #include "net.h"
 
 #define HANDLE_MAGIC 0x4e424343u /* "CCBN" */
-#define HANDLE_VERSION 1
+#define HANDLE_VERSION 2
 
 _Static_assert(sizeof(net_handle) <= NCCL_NET_HANDLE_MAXSIZE, "handle too large for NCCL");
 _Static_assert(offsetof(net_handle, addr) == 24 && offsetof(net_handle, stage) == 56, "handle layout (tests rely on it)");
@@ -174,9 +174,9 @@ static ncclResult_t properties_v10(int dev, ccbNetProperties_v10 *p) {
 /* ---- connection setup: listen, then connect / accept until they return a comm ---- */
 
 typedef struct {
-    int fd;
+    int fd, nlanes;
     uint8_t secret[KEY_BYTES], listen_id[16];
-    comm *pending; /* accepted, still in its handshake */
+    comm *pending; /* its lanes accepted so far, still in their handshakes */
 } listen_comm;
 
 static ncclResult_t do_listen(net_ctx *ctx, int dev, void *handle, void **out) {
@@ -197,7 +197,8 @@ static ncclResult_t do_listen(net_ctx *ctx, int dev, void *handle, void **out) {
         return ncclSystemError;
     }
     memcpy(l->secret, ctx->secret, KEY_BYTES);
-    h->magic = HANDLE_MAGIC, h->version = HANDLE_VERSION, h->addr = a;
+    l->nlanes = lanes_wanted();
+    h->magic = HANDLE_MAGIC, h->version = HANDLE_VERSION, h->addr = a, h->nlanes = (uint32_t)l->nlanes;
     memcpy(h->listen_id, l->listen_id, 16);
     *out = l;
     return ncclSuccess;
@@ -210,7 +211,7 @@ static ncclResult_t settle(comm **pending, void **out) {
     comm *c = *pending;
     *pending = NULL;
     if (s == COMM_READY) { *out = c; return ncclSuccess; }
-    ncclResult_t rc = c->err != ncclSuccess ? c->err : ncclSystemError;
+    ncclResult_t rc = comm_error(c) != ncclSuccess ? comm_error(c) : ncclSystemError;
     comm_close(c);
     return rc;
 }
@@ -219,21 +220,30 @@ static ncclResult_t do_connect(net_ctx *ctx, int dev, void *handle, void **sendC
     net_handle *h = handle;
     *sendComm = NULL;
     if (dev != 0 || !ctx) return ncclInternalError;
-    if (h->magic != HANDLE_MAGIC || h->version != HANDLE_VERSION) {
-        net_log(1, "NET/ccbridge: connect: not a ccbridge handle (every rank needs NCCL_NET_PLUGIN=ccbridge)");
+    if (h->magic != HANDLE_MAGIC || h->version != HANDLE_VERSION || h->nlanes < 1 || h->nlanes > MAX_LANES) {
+        net_log(1, "NET/ccbridge: connect: not a ccbridge handle of this version (every rank needs "
+                   "NCCL_NET_PLUGIN=ccbridge and the same ccbridge)");
         return ncclInvalidUsage;
     }
-    if (!h->stage && !(h->stage = comm_start(-1, 1, &h->addr, ctx->secret, h->listen_id))) return ncclSystemError;
+    if (!h->stage) {
+        if (!(h->stage = comm_new(1, (int)h->nlanes, &h->addr, ctx->secret, h->listen_id))) return ncclSystemError;
+        if (comm_start_lanes(h->stage)) return settle(&h->stage, sendComm);
+    }
     return settle(&h->stage, sendComm);
 }
 
 static ncclResult_t do_accept(void *listenComm, void **recvComm) {
     listen_comm *l = listenComm;
     *recvComm = NULL;
-    if (!l->pending) {
+    if (!l->pending && !(l->pending = comm_new(0, l->nlanes, NULL, l->secret, l->listen_id))) return ncclSystemError;
+    while (l->pending->accepted < l->nlanes) {
         int fd = accept4(l->fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? ncclSuccess : ncclSystemError;
-        if (!(l->pending = comm_start(fd, 0, NULL, l->secret, l->listen_id))) { close(fd); return ncclSystemError; }
+        if (fd < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return ncclSuccess;
+            net_log(1, "NET/ccbridge: accept: %s", strerror(errno));
+            return ncclSystemError;
+        }
+        if (comm_add_socket(l->pending, fd)) return settle(&l->pending, recvComm);
     }
     return settle(&l->pending, recvComm);
 }
@@ -288,7 +298,7 @@ static ncclResult_t dereg_mr(void *c, void *mhandle) {
 static ncclResult_t isend(void *sendComm, void *data, size_t size, int tag, void *mh, void *ph, void **request) {
     (void)tag, (void)mh, (void)ph;
     comm *c = sendComm;
-    if (c->err != ncclSuccess) return c->err;
+    if (comm_error(c) != ncclSuccess) return comm_error(c);
     *request = comm_post(c, data, size);
     return ncclSuccess;
 }
@@ -298,7 +308,7 @@ static ncclResult_t irecv(void *recvComm, int n, void **data, size_t *sizes, int
     (void)tags, (void)mh, (void)ph;
     comm *c = recvComm;
     if (n != 1) return ncclInternalError; /* maxRecvs is 1 */
-    if (c->err != ncclSuccess) return c->err;
+    if (comm_error(c) != ncclSuccess) return comm_error(c);
     *request = comm_post(c, data[0], sizes[0]);
     return ncclSuccess;
 }
@@ -311,16 +321,17 @@ static ncclResult_t iflush(void *recvComm, int n, void **data, int *sizes, void 
 
 static ncclResult_t test(void *request, int *done, int *sizes) {
     req *r = request;
-    int s = atomic_load(&r->state);
     *done = 0;
-    if (s == REQ_PENDING) return ncclSuccess;
-    ncclResult_t rc = s == REQ_DONE ? ncclSuccess : (r->c->err != ncclSuccess ? r->c->err : ncclSystemError);
-    if (s == REQ_DONE) {
+    if (atomic_load(&r->state) == REQ_DONE) {
         *done = 1;
         if (sizes) sizes[0] = (int)r->size;
+        atomic_store(&r->state, REQ_FREE);
+        return ncclSuccess;
     }
-    atomic_store(&r->state, REQ_FREE);
-    return rc;
+    ncclResult_t err = comm_error(r->c);
+    if (err == ncclSuccess) return ncclSuccess; /* still moving */
+    atomic_store(&r->state, REQ_FREE);         /* the connection failed under it */
+    return err;
 }
 
 /* ---- the exported tables ---- */
