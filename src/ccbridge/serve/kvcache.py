@@ -153,6 +153,8 @@ class KVCache:
         self._cond = threading.Condition()
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._drain = DrainWorker(max_pending=4, pin=pin, timeout=timeout)
+        if self.cuda:
+            self._load_kernels()
 
     # -- requests -------------------------------------------------------------------
 
@@ -294,6 +296,23 @@ class KVCache:
         self.close()
 
     # -- internals (the lock is held where a name says so) ------------------------------------
+
+    def _load_kernels(self) -> None:
+        """Launch the device kernels of spills (the gather) and restores (the scatter) once, now.
+
+        CUDA loads a kernel on its first launch (lazy loading, the default since
+        CUDA 12.2), and loading one may synchronize the context: the first spill
+        or restore of a process would then wait for everything the compute
+        stream has queued, holding the calling thread (seen on an H100: the
+        first restore under a busy compute stream did). Scratch rows of one
+        block's bytes, gathered at the alignments pool rows have (rows 0 and 1,
+        0 and 2, one alone), so the kernel variants the real copies pick are
+        the ones loaded here."""
+        w = torch.empty((3, *self._dev_bytes.shape[1:]), dtype=torch.uint8, device=self.device)
+        g = torch.stack([w[0], w[1]])
+        torch.stack([w[0], w[2]])
+        torch.stack([w[1]])
+        torch._foreach_copy_([w[0], w[2]], list(g.unbind(0)))
 
     def _pinned(self, h: bytes) -> _Block:
         b = self._index.get(h)
