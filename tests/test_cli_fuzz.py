@@ -240,6 +240,12 @@ CASES = [
     (["bench", "ddp", "--ngpus", "0"], "argument --ngpus: expected at least 2, got 0"),
     (["bench", "ddp", "--buckets", "-1"], "argument --buckets: expected at least 1, got -1"),
     (["bench", "ddp", "--models", "alexnet"], "argument --models: invalid choice: 'alexnet'"),
+    (["bench", "net", "--lanes", "0"], "argument --lanes: expected at least 1, got 0"),
+    (["bench", "net", "--lanes", "2", "17"], "--lanes: at most 16 (got 17)"),
+    (["bench", "net", "--inflight", "0"], "argument --inflight: expected at least 1, got 0"),
+    (["bench", "net", "--total", "lots"], "argument --total: not a size: 'lots'"),
+    (["bench", "net", "-b", "4M", "-e", "64K"], "-e/--maxbytes (65536) is smaller than -b/--minbytes"),
+    (["bench", "net", "--json", "/nonexistent-dir/x.json"], "--json"),
     # load
     (["load", "--device", "nosuch", "{d}/ok.safetensors"], "argument --device: device must be cpu, cuda or cuda:N"),
     (["load", "--device", "cuda:-1", "{d}/ok.safetensors"], "argument --device: device must be cpu, cuda or cuda:N"),

@@ -420,6 +420,12 @@ def cmd_collectives(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    default = {"net": ("64K", "4M"), "cipher": ("1M", "1G"), "ddp": ("1M", "1G")}[args.what]
+    args.iters = args.iters or (3 if args.what == "net" else 10)
+    args.minbytes = _size(default[0]) if args.minbytes is None else args.minbytes
+    args.maxbytes = _size(default[1]) if args.maxbytes is None else args.maxbytes
+    if args.what == "net":
+        return _bench_net(args)
     if not _secure_ready("bench", args):
         return 2
     from ccbridge.secure import bench
@@ -436,6 +442,32 @@ def cmd_bench(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return 0
+
+
+def _bench_net(args) -> int:
+    """The net plugin's loopback stream: needs neither torch nor a GPU."""
+    import os
+
+    from ccbridge.secure import bench, netbench, netplugin
+
+    if args.maxbytes < args.minbytes:
+        raise UsageError(f"-e/--maxbytes ({args.maxbytes}) is smaller than -b/--minbytes ({args.minbytes})")
+    if args.json:
+        ui.writable_file(args.json, "--json")
+    if max(args.lanes) > 16:
+        raise UsageError(f"--lanes: at most 16 (got {max(args.lanes)})")
+    try:
+        lib = netplugin.library()
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+    print(f"# ccbridge bench net: {lib.name} loopback, two processes, {args.inflight} messages in flight, "
+          f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores", flush=True)
+    res = netbench.loopback(bench.sizes(args.minbytes, args.maxbytes, 8), args.lanes, args.inflight, args.total,
+                            args.iters)
+    print(netbench.render(res))
+    if args.json:
+        res.save(Path(args.json))
+    return 1 if res.errors else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -550,16 +582,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the rows here")
     p.set_defaults(fn=cmd_collectives)
 
-    p = sub.add_parser("bench", help="benchmarks of the encrypted collectives: ddp (training iterations) or cipher")
-    p.add_argument("what", choices=["ddp", "cipher"])
+    p = sub.add_parser("bench", help="benchmarks of the encryption: ddp (training iterations), cipher (the GPU "
+                       "kernels) or net (the NCCL net plugin's loopback stream, CPU only)")
+    p.add_argument("what", choices=["ddp", "cipher", "net"])
     p.add_argument("--models", nargs="+", default=["resnet50", "bert-large", "gpt2-large"], choices=SECURE_MODELS)
     p.add_argument("--ngpus", type=_int(2), nargs="+", default=[2, 4], help="world sizes, each at least 2 (default 2 4)")
     p.add_argument("--buckets", type=_int(1), nargs="+", default=[25, 100, 400, 800],
                    help="bucket_cap_mb sweep for the encrypted runs")
-    p.add_argument("--iters", type=_int(1), default=10)
+    p.add_argument("--iters", type=_int(1), help="ddp, cipher: timed iterations (default 10); net: repeats (default 3)")
     p.add_argument("--warmup", type=_int(0), default=3)
-    p.add_argument("-b", "--minbytes", type=size, default="1M", help="cipher: smallest size")
-    p.add_argument("-e", "--maxbytes", type=size, default="1G", help="cipher: largest size")
+    p.add_argument("-b", "--minbytes", type=size, help="cipher, net: smallest size (default 1M; net 64K)")
+    p.add_argument("-e", "--maxbytes", type=size, help="cipher, net: largest size (default 1G; net 4M)")
+    p.add_argument("--lanes", type=_int(1), nargs="+", default=[1, 2, 4, 8],
+                   help="net: sockets (each with a thread) per connection to compare (default 1 2 4 8; at most 16)")
+    p.add_argument("--inflight", type=_int(1), default=8, help="net: messages in flight (default 8, as NCCL's steps)")
+    p.add_argument("--total", type=size, default="2G", help="net: bytes moved per measurement (default 2G)")
     p.add_argument("--json", help="write the rows here")
     p.set_defaults(fn=cmd_bench)
     return ap

@@ -58,6 +58,33 @@ int lanes_wanted(void) {
     return n < 1 ? DEFAULT_LANES : n > MAX_LANES ? MAX_LANES : n;
 }
 
+/* how long lane 0 (every one-record message's lane) polls before it sleeps: a thread woken from
+ * sleep costs several microseconds per message, which small collectives feel at every hop */
+static long spin_ns(void) {
+    static long ns = -1;
+    if (ns < 0) {
+        const char *s = getenv("CCBRIDGE_NET_SPIN_US");
+        /* a machine of few cores has none to spare for polling (it starves the threads doing the work) */
+        long us = s && *s ? atol(s) : sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? DEFAULT_SPIN_US : 0;
+        ns = (us < 0 ? 0 : us > 100000 ? 100000 : us) * 1000;
+    }
+    return ns;
+}
+
+static long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 uint32_t record_plan(size_t size, int nlanes, size_t *record) {
     if (size <= RECORD_MIN) { *record = size; return 1; }
     size_t r = (size + (size_t)nlanes - 1) / (size_t)nlanes;
@@ -291,7 +318,10 @@ static int send_record(lane *l, const req *r, uint32_t j, size_t rec) {
 
 static void send_lane(lane *l) {
     comm *c = l->c;
+    long spin = l->idx == 0 ? spin_ns() : 0;
     for (uint64_t m = 0;; m++) {
+        if (spin && m >= atomic_load(&c->posted))
+            for (long t0 = now_ns(); m >= atomic_load(&c->posted) && !c->stop && now_ns() - t0 < spin;) relax();
         pthread_mutex_lock(&c->mu);
         while (!c->stop && !failed(c) && m >= atomic_load(&c->posted)) pthread_cond_wait(&l->cv, &c->mu);
         if (c->stop || failed(c)) { pthread_mutex_unlock(&c->mu); return; }
@@ -340,15 +370,29 @@ static req *claim_message(lane *l, uint64_t msg, uint64_t size, uint32_t k) {
     return bad || size > cap ? NULL : r;
 }
 
+/* the next record's header; lane 0 polls the socket for `spin` ns before it blocks */
+static int read_header(lane *l, uint8_t h[HEADER_BYTES], long spin, int *eof) {
+    size_t got = 0;
+    for (long t0 = spin ? now_ns() : 0; spin && got < HEADER_BYTES && now_ns() - t0 < spin && !l->c->stop;) {
+        ssize_t r = recv(l->fd, h + got, HEADER_BYTES - got, MSG_DONTWAIT);
+        if (r > 0) got += (size_t)r;
+        else if (r == 0) { *eof = 1; return -1; }
+        else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) relax();
+        else return -1;
+    }
+    return read_full(l->fd, h + got, HEADER_BYTES - got, eof);
+}
+
 static void recv_lane(lane *l) {
     comm *c = l->c;
     uint64_t last_msg = 0;
+    long spin = l->idx == 0 ? spin_ns() : 0;
     for (;;) {
         uint8_t h[HEADER_BYTES], tag[TAG_BYTES], iv[12];
         uint64_t seq, msg, size, off;
         uint32_t n, flags;
         int eof = 0;
-        if (read_full(l->fd, h, HEADER_BYTES, &eof)) {
+        if (read_header(l, h, spin, &eof)) {
             if (c->stop || failed(c)) return;
             /* no FIN first: cut short on the wire, or the peer died; loud only when it costs a request */
             fail(c, !busy(c), ncclRemoteError, "lane %d: %s without closing", l->idx,

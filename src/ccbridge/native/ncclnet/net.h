@@ -48,6 +48,7 @@ int key_load(uint8_t key[KEY_BYTES], char *err, size_t errlen);
  * at once; a message of one record always takes lane 0. */
 #define MAX_LANES 16
 #define DEFAULT_LANES 4
+#define DEFAULT_SPIN_US 50     /* CCBRIDGE_NET_SPIN_US */
 #define RECORD_MIN (32u << 10)  /* a message up to this size is one record */
 #define RECORD_MAX (256u << 10) /* plaintext bytes per record, at most */
 #define HEADER_BYTES 40         /* le64 seq | le64 msg | le64 size | le64 offset | le32 n | le32 flags: the AAD */
@@ -101,7 +102,7 @@ typedef struct comm {
     _Atomic int state;
     pthread_mutex_t mu;
     pthread_cond_t posted_cv; /* recv: a receive was posted */
-    int stop;
+    _Atomic int stop;
     req reqs[MAX_REQS];
     _Atomic uint64_t posted; /* messages posted (the next message's number) */
     uint64_t rr;             /* send: the lane of the next multi-record message's record 0 */

@@ -1,0 +1,225 @@
+"""`ccbridge bench net`: the NCCL net plugin's own loopback stream between two
+processes, driven through its v11 API as NCCL's proxy thread drives it (no
+GPU, no NCCL): encrypted GB/s per message size and lane count with the cores
+the plugin's threads used on each side, and the half round trip of small
+messages. Received bytes are checked against what was sent (first and last
+round of every measurement, outside the timed loop).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import random
+import resource
+import time
+
+from ccbridge.errors import UsageError
+from ccbridge.results import Result, Row
+from ccbridge.secure import netplugin
+
+DEADLINE_S = 120.0
+# the stream's polling pause: NCCL's proxy thread polls without one, but on a machine of few
+# cores a Python loop that never sleeps takes the plugin threads' CPU
+POLL_S = 0.0 if (os.cpu_count() or 1) >= 8 else 1e-5
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _pattern(seed: int, n: int) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+class _Side:
+    """One process: the plugin, a send comm to the peer and a receive comm from it."""
+
+    def __init__(self, pipe, lanes: int):
+        os.environ["CCBRIDGE_NET_LANES"] = str(lanes)
+        self.net = netplugin.Net()
+        self.net.check("init", self.net.rc)
+        self.pipe = pipe
+        deadline = time.monotonic() + DEADLINE_S
+        handle, self.lcomm = self.net.listen()
+        pipe.send(bytes(handle))
+        peer = pipe.recv()
+        # connect and accept progress together (each side's accept needs the other's connect)
+        sc, rc = ctypes.c_void_p(), ctypes.c_void_p()
+        buf = ctypes.create_string_buffer(peer, netplugin.HANDLE_BYTES)
+        while not (sc.value and rc.value):
+            if not sc.value:
+                self.net.check("connect", self.net.t.connect(self.net.ctx, 0, buf, ctypes.byref(sc), None))
+            if not rc.value:
+                self.net.check("accept", self.net.t.accept(self.lcomm, ctypes.byref(rc), None))
+            if time.monotonic() > deadline:
+                raise TimeoutError("connect/accept")
+            time.sleep(0.001)
+        self.send, self.recv = sc, rc
+
+    def close(self):
+        self.net.t.closeSend(self.send)
+        self.net.t.closeRecv(self.recv)
+        self.net.t.closeListen(self.lcomm)
+        self.net.t.finalize(self.net.ctx)
+
+
+def _stream(side: _Side, sender: bool, size: int, inflight: int, total: int) -> dict:
+    """Move `total` bytes in messages of `size`, `inflight` at a time; the receiver times it."""
+    net, deadline = side.net, time.monotonic() + DEADLINE_S
+    bufs = [(ctypes.c_char * max(size, 1))() for _ in range(inflight)]
+    if sender:
+        for i, b in enumerate(bufs):
+            ctypes.memmove(b, _pattern(i, size), size)
+    count = max(2 * inflight, total // max(size, 1))
+    side.pipe.send("ready")
+    side.pipe.recv()
+    main0, cpu0, t0 = time.thread_time(), _cpu_s(), time.perf_counter()
+    reqs: list = [None] * inflight
+    bad = 0
+    for m in range(count + inflight):
+        slot = m % inflight
+        if reqs[slot] is not None:
+            net.wait(reqs[slot], deadline, pause=POLL_S)
+            if not sender and (m - inflight < inflight or m - inflight >= count - inflight):
+                bad += bufs[slot].raw[:size] != _pattern(slot, size)
+        if m < count:
+            post = net.isend if sender else net.irecv
+            reqs[slot] = post(side.send if sender else side.recv, bufs[slot], size, deadline)
+    wall = time.perf_counter() - t0
+    plugin_cpu = (_cpu_s() - cpu0) - (time.thread_time() - main0)
+    return {"wall": wall, "bytes": count * size, "plugin_cores": plugin_cpu / wall, "bad": bad}
+
+
+def _pingpong(side: _Side, first: bool, size: int, iters: int) -> float:
+    net, deadline = side.net, time.monotonic() + DEADLINE_S
+    out, back = (ctypes.c_char * max(size, 1))(), (ctypes.c_char * max(size, 1))()
+    side.pipe.send("ready")
+    side.pipe.recv()
+    t0 = 0.0
+    for i in range(iters + 50):  # 50 warm-up round trips
+        if i == 50:
+            t0 = time.perf_counter()
+        if first:
+            s = net.isend(side.send, out, size, deadline)
+            r = net.irecv(side.recv, back, size, deadline)
+            net.wait(s, deadline, pause=POLL_S)
+            net.wait(r, deadline, pause=POLL_S)
+        else:
+            net.wait(net.irecv(side.recv, back, size, deadline), deadline, pause=POLL_S)
+            net.wait(net.isend(side.send, out, size, deadline), deadline, pause=POLL_S)
+    return (time.perf_counter() - t0) / iters / 2 * 1e6
+
+
+def _rank(pipe, rank: int, plan: list[tuple]):
+    try:
+        lanes = None
+        side = None
+        for what, lanes_now, size, inflight, amount, repeat in plan:
+            if lanes_now != lanes:
+                if side:
+                    side.close()
+                side, lanes = _Side(pipe, lanes_now), lanes_now
+            for _ in range(repeat):
+                if what == "stream":
+                    r = _stream(side, rank == 0, size, inflight, amount)
+                    pipe.send(("stream", r))
+                else:
+                    pipe.send(("rtt", _pingpong(side, rank == 0, size, amount)))
+        side.close()
+        pipe.send(("end", None))
+    except Exception as e:  # noqa: BLE001 - reported by the parent as one line
+        pipe.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int = 2 << 30, repeat: int = 3,
+             rtt_sizes: tuple[int, ...] = (8, 4096, 65536), rtt_iters: int = 1000,
+             progress=print) -> Result:
+    from ccbridge import env as envmod
+
+    if not lanes or min(lanes) < 1 or max(lanes) > 16:
+        raise UsageError("--lanes: each between 1 and 16")
+    if os.environ.get("CCBRIDGE_KEY") is None and os.environ.get("CCBRIDGE_KEY_FILE") is None:
+        os.environ["CCBRIDGE_KEY"] = os.urandom(32).hex()  # a benchmark key for both processes
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    netplugin.library()
+    plan = [("stream", n, s, inflight, total, repeat) for n in lanes for s in sizes]
+    plan += [("rtt", n, s, 0, rtt_iters, repeat) for n in lanes for s in rtt_sizes]
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe(), ctx.Pipe()
+    procs = [ctx.Process(target=_rank, args=(p[1], r, plan), daemon=True) for r, p in enumerate((a, b))]
+    for p in procs:
+        p.start()
+    ends = [a[0], b[0]]
+    res = Result(env=envmod.stamp(), settings={"bench": "net", "inflight": inflight, "total_bytes": total,
+                                                "repeat": repeat, "spin_us": os.environ.get("CCBRIDGE_NET_SPIN_US"),
+                                                "interface": os.environ["NCCL_SOCKET_IFNAME"]})
+    t_start = time.perf_counter()
+
+    def take(end):
+        if not end.poll(DEADLINE_S * 2):
+            raise TimeoutError("a bench process stopped answering")
+        got = end.recv()
+        if isinstance(got, tuple) and got[0] == "error":
+            raise netplugin.NetError("bench", -1, got[1])
+        return got
+
+    recv = take
+
+    try:
+        lanes_now = None
+        for what, n, size, infl, amount, rep in plan:
+            if n != lanes_now:  # the two handles cross over
+                h0, h1 = take(a[0]), take(b[0])
+                a[0].send(h1), b[0].send(h0)
+                lanes_now = n
+            samples, extra = [], {"plugin_cores_send": [], "plugin_cores_recv": [], "bad": 0}
+            for _ in range(rep):
+                for e in ends:
+                    take(e)  # "ready"
+                for e in ends:
+                    e.send("go")
+                (k0, v0), (k1, v1) = recv(a[0]), recv(b[0])
+                if what == "stream":
+                    samples.append(v1["bytes"] / v1["wall"] / 1e9)
+                    extra["plugin_cores_send"].append(round(v0["plugin_cores"], 2))
+                    extra["plugin_cores_recv"].append(round(v1["plugin_cores"], 2))
+                    extra["bad"] += v1["bad"]
+                else:
+                    samples.append(v0)
+            if what == "stream":
+                row = Row.of("net_loopback", "stream", "GB/s", samples, size=size, lanes=n, inflight=infl)
+                row.extra = extra
+                progress(f"  stream {size:>10} B  lanes {n:>2}: {row.median:6.2f} GB/s  plugin cores "
+                         f"send {max(extra['plugin_cores_send']):.1f} recv {max(extra['plugin_cores_recv']):.1f}"
+                         + ("  WRONG BYTES" if extra["bad"] else ""))
+            else:
+                row = Row.of("net_loopback", "half_rtt", "us", samples, size=size, lanes=n)
+                progress(f"  ping-pong {size:>7} B  lanes {n:>2}: {row.median:7.1f} us per one-way trip")
+            res.rows.append(row)
+        for e in ends:
+            assert recv(e)[0] == "end"
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    res.duration_s = time.perf_counter() - t_start
+    if any(r.extra.get("bad") for r in res.rows):
+        res.errors.append({"test": "net_loopback", "error": "received bytes differ from the sent ones"})
+    return res
+
+
+def render(res: Result) -> str:
+    out = [f"{'size (B)':>10} {'lanes':>5} {'GB/s':>8} {'send cores':>10} {'recv cores':>10}"]
+    for r in res.rows:
+        if r.metric == "stream":
+            out.append(f"{r.params['size']:>10} {r.params['lanes']:>5} {r.median:>8.2f} "
+                       f"{max(r.extra['plugin_cores_send']):>10.1f} {max(r.extra['plugin_cores_recv']):>10.1f}")
+    rtt = [r for r in res.rows if r.metric == "half_rtt"]
+    if rtt:
+        out.append(f"{'size (B)':>10} {'lanes':>5} {'one-way us':>10}")
+        out += [f"{r.params['size']:>10} {r.params['lanes']:>5} {r.median:>10.1f}" for r in rtt]
+    return "\n".join(out)
