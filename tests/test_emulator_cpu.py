@@ -727,3 +727,42 @@ def test_a_graph_upload_is_not_counted_twice_in_the_trace(lib, tmp_path):
                                       if not l.startswith("#")) if r["api"] == "cuGraphLaunch"]
     in_call = sum(int(r["t_return_ns"]) - int(r["t_enter_ns"]) for r in rows) / 1e9
     assert in_call < 1.2 * wall, f"rows sum to {in_call:.4f}s of in-call time for a {wall:.4f}s call"
+
+
+def test_the_framework_loops_pay_each_toll_once_per_iteration(lib):
+    """The hooked calls one iteration of each calibrated framework loop makes through torch and cudart 13
+    (a kernel launch for x.add_(1); cuCtxSynchronize_v2 for torch.cuda.synchronize(); a 32-byte copy from
+    a side stream into the caching host allocator's pinned block for .to("cpu", non_blocking=True); the
+    allocator's event record and query are not hooked) pay the profile's ledger once: pipelined launch =
+    launch toll; launch + synchronize = launch toll + one round trip; 32-byte D2H + synchronize = D2H
+    toll + one round trip (the copy's), the synchronize nothing. Tolls of distinct sizes, so that any
+    toll paid twice, or at the wrong call, shows (bench/framework_ledger.py checks the same on a GPU)."""
+    init(lib, launch_toll_us=1000, sync_toll_us=4000, d2h_toll_us=2000, h2d_toll_us=0)
+    lib.cuCtxSynchronize_v2.argtypes = [c_p]
+    side = lib.ccbemu_fake_stream()
+    dev = lib.ccbemu_fake_alloc(64, DEVICE)
+    out, _ = host(lib, 64, True)  # torch's pinned output tensor (the caching host allocator's block)
+    k, slack = 10, 0.8e-3
+
+    def per_iteration(body):
+        t = time.perf_counter()
+        for _ in range(k):
+            body()
+        return (time.perf_counter() - t) / k
+
+    sync = lambda: lib.cuCtxSynchronize_v2(None) == 0 or pytest.fail("cuCtxSynchronize_v2")
+    busy(lib, None, 0)
+    sync()  # start clean: nothing submitted since the last round trip
+    assert 1e-3 <= per_iteration(lambda: busy(lib, None, 0)) < 1e-3 + slack  # pipelined: the launch toll alone
+    assert timed(lib.cuCtxSynchronize_v2, None) >= 4e-3  # the loop's closing synchronize: one round trip
+    assert 5e-3 <= per_iteration(lambda: (busy(lib, None, 0), sync())) < 5e-3 + slack
+
+    def readback():
+        assert lib.cuMemcpyAsync(out, dev, 32, side) == 0
+        sync()
+
+    assert 6e-3 <= per_iteration(readback) < 6e-3 + slack
+    assert lib.cuMemcpyAsync(out, dev, 32, side) == 0
+    assert timed(lib.cuCtxSynchronize_v2, None) < slack  # the copy was the round trip
+    calls = summary(lib)["calls"]
+    assert calls["cuMemcpyAsync"] == k + 1 and calls["cuLaunchKernel"] == 2 * k + 1
