@@ -80,6 +80,7 @@ def secure_rows(r: Path) -> None:
         print(f"| {f.stem} ({res['backend']}, {res.get('transport')}) at {at['size'] >> 20} MiB: busbw plain / secure | "
               f"{at['plain_busbw']:.1f} / {at['secure_busbw']:.1f} GB/s ({at['secure_busbw'] / at['plain_busbw']:.3f}); "
               f"#wrong {wrong} |")
+    net_rows(r)
     f = r / "ddp.json"
     if f.exists():
         for run in json.loads(f.read_text())["runs"]:
@@ -89,6 +90,45 @@ def secure_rows(r: Path) -> None:
                 b = min(sec, key=lambda x: x["iter_ms"])
                 print(f"| DDP {m} x{run['nranks']}: plain / best encrypted (bucket {b['bucket_cap_mb']} MB) | "
                       f"{plain[m]:.1f} / {b['iter_ms']:.1f} ms ({b['iter_ms'] / plain[m]:.2f}x) |")
+
+
+
+def net_rows(r: Path) -> None:
+    """The NCCL net plugin: its loopback stream, and NCCL over it against NCCL's plaintext sockets."""
+    f = r / "net.json"
+    if f.exists():
+        res = results.load(f)
+        best = max((x for x in res.rows if x.metric == "stream"), key=lambda x: x.median, default=None)
+        if best:
+            print(f"| net plugin loopback, best: {best.params['size'] >> 10} KiB x lanes {best.params['lanes']} | "
+                  f"{best.median:.2f} GB/s, plugin cores send {max(best.extra['plugin_cores_send']):.1f} / recv "
+                  f"{max(best.extra['plugin_cores_recv']):.1f}; bytes wrong {sum(x.extra.get('bad', 0) for x in res.rows)} |")
+        for x in res.rows:
+            if x.metric == "half_rtt" and x.params["size"] == 4096:
+                print(f"| net plugin 4 KiB one-way, lanes {x.params['lanes']} | {x.median:.1f} us |")
+    for f in sorted(r.glob("net-*.json")):
+        res = json.loads(f.read_text())
+        if "rows" not in res or "secure_busbw" not in (res["rows"] or [{}])[0]:
+            continue
+        rows = res["rows"]
+        big = [x for x in rows if x["size"] >= 64 << 20]
+        worst = min(big, key=lambda x: x["secure_busbw"] / x["plain_busbw"]) if big else rows[-1]
+        small = min(rows, key=lambda x: abs(x["size"] - 4096))
+        wrong = sum(x["wrong"] + x["wrong_plain"] for x in rows)
+        print(f"| {f.stem}: busbw ratio >= 64 MiB, worst (at {worst['size'] >> 20} MiB) | "
+              f"{worst['secure_busbw']:.2f} / {worst['plain_busbw']:.2f} GB/s = {worst['secure_busbw'] / worst['plain_busbw']:.3f}; "
+              f"{small['size']} B: {small['secure_us']:.1f} vs {small['plain_us']:.1f} us "
+              f"(+{small['secure_us'] - small['plain_us']:.1f}); #wrong {wrong}; nets {res.get('nets')} |")
+    for name in ("net-ddp.json", "net-fsdp.json"):
+        f = r / name
+        if f.exists():
+            for run in json.loads(f.read_text())["runs"]:
+                base = {x["model"]: x["iter_ms"] for x in run["rows"] if x["mode"] == "nccl-sockets"}
+                for x in run["rows"]:
+                    if x["mode"] == "nccl-ccbridge":
+                        print(f"| {x['wrap']} {x['model']} x{run['nranks']}: NCCL sockets / ccbridge plugin | "
+                              f"{base[x['model']]:.1f} / {x['iter_ms']:.1f} ms ({x['iter_ms'] / base[x['model']]:.2f}x); "
+                              f"grads {x['grads_agree']} |")
 
 
 if __name__ == "__main__":

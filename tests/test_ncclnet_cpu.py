@@ -176,7 +176,9 @@ def test_message_longer_than_the_receive_buffer_fails():
 def test_wrong_key_fails_the_handshake_on_both_sides():
     got, sent = run_pair([10], send_key=OTHER_KEY)
     assert got["where"] == "accept" and "connect" in sent["error"], (got, sent)
-    assert any("confirmation does not verify" in m for m in got["logs"])
+    # the lane that checks first says the confirmation failed; a lane whose peer gave up first says
+    # the peer closed (a different key?): either way the log names the key
+    assert any("confirmation does not verify" in m or "a different key" in m for m in got["logs"]), got["logs"]
 
 
 # ---- faults on the wire ----

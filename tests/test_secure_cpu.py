@@ -295,3 +295,20 @@ def test_gloo_cpu_every_rank_detects_wire_attacks_within_a_deadline(attack, n, t
     import secure_workers
 
     secure_workers.run_attack(n, "gloo", "cpu", attack, tmp_path)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast"])
+def test_collectives_bench_checks_each_result_against_the_exact_value(op, monkeypatch):
+    # the bench's `#wrong` columns count elements differing from a result computed without any
+    # collective; three Gloo ranks on the CPU (uneven splits) must show none
+    from ccbridge.secure import bench
+
+    monkeypatch.setenv("CCBRIDGE_PROGRESS", "0")
+    res = bench.launch(bench._collectives_rank, 3, op, [8, 4096 + 4, 1 << 20], "float", 1, 0, "gloo", False)
+    assert [r["wrong_plain"] for r in res["rows"]] == [0, 0, 0]
+    # and the reference is not trivially satisfied: it is every rank's data, not one rank's
+    import torch
+
+    want = bench._expected(op, 4096, 3, torch.float32, torch.device("cpu"), 1)
+    own = bench._buffers(op, 4096, 3, torch.float32, torch.device("cpu"), 1)[0][: want.numel()]
+    assert want.numel() and not torch.equal(want, own)

@@ -405,18 +405,24 @@ def _secure_ready(cmd: str, args) -> bool:
 
 
 def cmd_collectives(args) -> int:
+    if args.net and (args.backend != "nccl" or args.transport != "default"):
+        raise UsageError("--net compares NCCL's own transports: it takes neither --backend gloo nor --transport")
+    if args.net:
+        _plugin_built()
     if not _secure_ready("collectives", args):
         return 2
     from ccbridge.secure import bench
 
     res = bench.collectives(args.op, args.minbytes, args.maxbytes, args.stepfactor, args.dtype,
-                            args.iters, args.warmup, args.ngpus, args.backend, args.transport)
+                            args.iters, args.warmup, args.ngpus, args.backend, args.transport, args.net)
+    how = ("each encrypted op ends with a host wait" if args.net is None
+           else f"NCCL's log showed networks {res['nets']}")
     print(f"# ccbridge collectives: {args.op} on {res['nranks']} GPUs, backend {res['backend']}, transport "
-          f"{res['transport']}, {args.iters} iterations (each encrypted op ends with a host wait)")
-    print(bench.render_collectives(res["rows"]))
+          f"{res['transport']}, {args.iters} iterations ({how}); #wrong: elements differing from the exact result")
+    print(bench.render_collectives(res["rows"], encrypted=res["encrypted"]))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
-    return 1 if any(r["wrong"] for r in res["rows"]) else 0
+    return 1 if any(r["wrong"] or r["wrong_plain"] for r in res["rows"]) else 0
 
 
 def cmd_bench(args) -> int:
@@ -426,6 +432,12 @@ def cmd_bench(args) -> int:
     args.maxbytes = _size(default[1]) if args.maxbytes is None else args.maxbytes
     if args.what == "net":
         return _bench_net(args)
+    if args.wrap == "fsdp" and (args.what != "ddp" or not args.net):
+        raise UsageError("--wrap fsdp goes with `bench ddp --net ccbridge` (ccbridge.secure's hook is for DDP)")
+    if args.net and args.what != "ddp":
+        raise UsageError("--net goes with `bench ddp` (and `bench net` needs none)")
+    if args.net:
+        _plugin_built()
     if not _secure_ready("bench", args):
         return 2
     from ccbridge.secure import bench
@@ -436,12 +448,26 @@ def cmd_bench(args) -> int:
     else:
         res = {"runs": []}
         for n in args.ngpus:
-            r = bench.ddp(args.models, n, args.buckets, args.iters, args.warmup)
+            r = bench.ddp(args.models, n, args.buckets, args.iters, args.warmup, net=args.net, wrap=args.wrap)
             res["runs"].append(r)
             print(bench.render_ddp(r))
+        if any(row["grads_agree"] is False for r in res["runs"] for row in r["rows"]):
+            print("ccbridge bench: gradients differ across ranks (see the grads column)", file=sys.stderr)
+            if args.json:
+                Path(args.json).write_text(json.dumps(res, indent=1))
+            return 1
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return 0
+
+
+def _plugin_built() -> None:
+    from ccbridge.secure import netplugin
+
+    try:
+        netplugin.library()
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
 
 
 def _bench_net(args) -> int:
@@ -456,11 +482,8 @@ def _bench_net(args) -> int:
         ui.writable_file(args.json, "--json")
     if max(args.lanes) > 16:
         raise UsageError(f"--lanes: at most 16 (got {max(args.lanes)})")
-    try:
-        lib = netplugin.library()
-    except FileNotFoundError as e:
-        raise UsageError(str(e)) from None
-    print(f"# ccbridge bench net: {lib.name} loopback, two processes, {args.inflight} messages in flight, "
+    _plugin_built()
+    print(f"# ccbridge bench net: {netplugin.NAME} loopback, two processes, {args.inflight} messages in flight, "
           f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores", flush=True)
     res = netbench.loopback(bench.sizes(args.minbytes, args.maxbytes, 8), args.lanes, args.inflight, args.total,
                             args.iters)
@@ -579,6 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
     p.add_argument("--transport", default="default", choices=["default", "sockets"],
                    help="sockets: NCCL without P2P or shared memory, a stand-in for crossing nodes")
+    p.add_argument("--net", choices=["ccbridge"],
+                   help="compare NCCL's plaintext socket transport with NCCL on the ccbridge net plugin "
+                        "(both without P2P or shared memory) instead of with ccbridge.secure")
     p.add_argument("--json", help="write the rows here")
     p.set_defaults(fn=cmd_collectives)
 
@@ -593,6 +619,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=_int(0), default=3)
     p.add_argument("-b", "--minbytes", type=size, help="cipher, net: smallest size (default 1M; net 64K)")
     p.add_argument("-e", "--maxbytes", type=size, help="cipher, net: largest size (default 1G; net 4M)")
+    p.add_argument("--net", choices=["ccbridge"], help="ddp: NCCL's plaintext sockets beside NCCL on the ccbridge "
+                   "net plugin (both without P2P or shared memory) instead of ccbridge.secure's hook")
+    p.add_argument("--wrap", choices=["ddp", "fsdp"], default="ddp", help="ddp: DDP (default) or FSDP2 (with --net)")
     p.add_argument("--lanes", type=_int(1), nargs="+", default=[1, 2, 4, 8],
                    help="net: sockets (each with a thread) per connection to compare (default 1 2 4 8; at most 16)")
     p.add_argument("--inflight", type=_int(1), default=8, help="net: messages in flight (default 8, as NCCL's steps)")

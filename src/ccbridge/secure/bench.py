@@ -9,6 +9,7 @@ tensor's dtype, so sums are exact in any order and #wrong counts real errors.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -45,11 +46,51 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+NETS = {"socket": "Socket", "ccbridge": "ccbridge"}  # --net name -> NCCL_NET
+
+
 def transport_env(transport: str) -> dict:
-    """NCCL forced onto sockets (no P2P, no shared memory): a stand-in for crossing nodes."""
-    if transport == "sockets":
-        return {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": "Socket"}
-    return {}
+    """NCCL forced onto the network (no P2P, no shared memory): a stand-in for
+    crossing nodes. "sockets" is NCCL's plaintext socket transport; "ccbridge"
+    is the same traffic through the ccbridge net plugin (AES-256-GCM)."""
+    if transport == "default":
+        return {}
+    if transport not in ("sockets", "ccbridge"):
+        raise ValueError(f"transport must be default, sockets or ccbridge, not {transport!r}")
+    out = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": NETS["socket"],
+           "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}  # both transports on one interface
+    if transport == "ccbridge":
+        from ccbridge.secure import netplugin
+
+        out.update({k: v for k, v in netplugin.env().items() if k in ("NCCL_NET_PLUGIN", "LD_LIBRARY_PATH")})
+        out["NCCL_NET"] = NETS["ccbridge"]  # required: NCCL fails instead of falling back to plaintext
+    return out
+
+
+@contextlib.contextmanager
+def _restored_environ():
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _nccl_log_env(d: str) -> dict:
+    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": os.path.join(d, "nccl.%h.%p.log")}
+
+
+def _nets_in_logs(d: str) -> list[str]:
+    """The networks NCCL said it used ("Using network X"), from every rank's debug log."""
+    import glob
+    import re
+
+    found = set()
+    for f in glob.glob(os.path.join(d, "nccl.*.log")):
+        with open(f, errors="replace") as fh:
+            found.update(re.findall(r"Using network (\S+)", fh.read()))
+    return sorted(found)
 
 
 def launch(fn, nproc: int, *args, env: dict | None = None):
@@ -79,14 +120,20 @@ def _rank_main(rank, nproc, fn, out, args):
             json.dump(res, f)
 
 
-def _init(rank: int, n: int, backend: str):
+def _init(rank: int, n: int, backend: str, secure: bool = True):
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=n)
+    if not secure:
+        return None
     from ccbridge.secure import SecureGroup
 
     return SecureGroup()
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _op(api, op: str, out, inp):
@@ -101,14 +148,21 @@ def _op(api, op: str, out, inp):
         api.broadcast(out, 0)
 
 
+def _count(op: str, nbytes: int, n: int, dtype) -> int:
+    count = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
+    return max(n, count - count % n) if op in ("all_gather", "reduce_scatter") else count
+
+
+def _data(rank: int, count: int, dtype, device):
+    """Rank `rank`'s input: small random integers (exact in every dtype, summed in any order)."""
+    g = torch.Generator(device=device).manual_seed(1234 + rank)
+    return torch.randint(-8, 9, (count,), generator=g, device=device).to(dtype)
+
+
 def _buffers(op: str, nbytes: int, n: int, dtype, device, rank: int):
     """(input, output) of a collective moving nbytes (nccl-tests' size: the larger buffer for gathers)."""
-    es = torch.tensor([], dtype=dtype).element_size()
-    count = max(1, nbytes // es)
-    g = torch.Generator(device="cpu").manual_seed(1234 + rank)
-    if op in ("all_gather", "reduce_scatter"):
-        count = max(n, count - count % n)
-    big = torch.randint(-8, 9, (count,), generator=g).to(dtype).to(device)
+    count = _count(op, nbytes, n, dtype)
+    big = _data(rank, count, dtype, device)
     if op == "all_gather":
         return big[: count // n].clone(), torch.empty(count, dtype=dtype, device=device)
     if op == "reduce_scatter":
@@ -116,54 +170,78 @@ def _buffers(op: str, nbytes: int, n: int, dtype, device, rank: int):
     return big, big.clone()
 
 
+def _expected(op: str, nbytes: int, n: int, dtype, device, rank: int):
+    """The op's exact result on this rank, from every rank's input regenerated here (no collective)."""
+    count = _count(op, nbytes, n, dtype)
+    if op == "broadcast":
+        return _data(0, count, dtype, device)
+    if op == "all_gather":
+        return torch.cat([_data(r, count, dtype, device)[: count // n] for r in range(n)])
+    total = _data(0, count, dtype, device)
+    for r in range(1, n):
+        total += _data(r, count, dtype, device)
+    return total if op == "all_reduce" else total[rank * (count // n):(rank + 1) * (count // n)].clone()
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _time(fn, iters: int, warmup: int) -> float:
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    _sync()
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
-    torch.cuda.synchronize()
+    _sync()
     return (time.perf_counter() - t0) / iters
 
 
-def _collectives_rank(rank, n, op, size_list, dtype_name, iters, warmup, backend):
-    g = _init(rank, n, backend)
-    dtype, dev = DTYPES[dtype_name], g.device
+def _collectives_rank(rank, n, op, size_list, dtype_name, iters, warmup, backend, secure=True):
+    """Times NCCL (and, when secure, the SecureGroup) per size; every result is checked
+    element by element against the exact expected value, before the timed loops."""
+    g = _init(rank, n, backend, secure)
+    dtype, dev = DTYPES[dtype_name], g.device if secure else _device()
     rows = []
     for nbytes in size_list:
         inp, out = _buffers(op, nbytes, n, dtype, dev, rank)
         orig = out.clone()
-
-        def reset():
-            out.copy_(orig)
-
-        reset()
+        want = _expected(op, nbytes, n, dtype, dev, rank)
         _op(dist, op, out, inp)
-        ref = out.clone()
-        reset()
-        _op(g, op, out, inp)
-        wrong = int((out != ref).sum())
+        row = {"wrong_plain": int((out != want).sum())}
+        out.copy_(orig)
+        if secure:
+            _op(g, op, out, inp)
+            row["wrong"] = int((out != want).sum())
         # timings: the op alone, restoring the input outside the timed loop is not
         # possible for in-place ops, so all_reduce/broadcast time on evolving data
         t_plain = _time(lambda: _op(dist, op, out, inp), iters, warmup)
-        t_sec = _time(lambda: _op(g, op, out, inp), iters, warmup)
         size = max(out.numel(), inp.numel()) * out.element_size()
         f = BUSBW[op](n)
-        rows.append({"size": size, "count": max(out.numel(), inp.numel()), "type": dtype_name,
-                     "plain_us": t_plain * 1e6, "plain_algbw": size / t_plain / 1e9,
-                     "plain_busbw": size / t_plain / 1e9 * f,
-                     "secure_us": t_sec * 1e6, "secure_algbw": size / t_sec / 1e9, "secure_busbw": size / t_sec / 1e9 * f,
-                     "wrong": wrong})
+        row.update({"size": size, "count": max(out.numel(), inp.numel()), "type": dtype_name,
+                    "plain_us": t_plain * 1e6, "plain_algbw": size / t_plain / 1e9,
+                    "plain_busbw": size / t_plain / 1e9 * f})
+        if secure:
+            t_sec = _time(lambda: _op(g, op, out, inp), iters, warmup)
+            row.update({"secure_us": t_sec * 1e6, "secure_algbw": size / t_sec / 1e9,
+                        "secure_busbw": size / t_sec / 1e9 * f})
+        rows.append(row)
         if rank == 0 and os.environ.get("CCBRIDGE_PROGRESS", "1") == "1":
-            print(render_collectives([rows[-1]], header=len(rows) == 1), flush=True)
+            print(render_collectives([row], header=len(rows) == 1), flush=True)
     dist.barrier()
     dist.destroy_process_group()
     return {"op": op, "nranks": n, "backend": backend, "rows": rows}
 
 
 def collectives(op: str, begin: int, end: int, factor: int, dtype: str = "float", iters: int = 20, warmup: int = 5,
-                nproc: int | None = None, backend: str = "nccl", transport: str = "default") -> dict:
+                nproc: int | None = None, backend: str = "nccl", transport: str = "default",
+                net: str | None = None) -> dict:
+    """The nccl-tests style table. Without `net`: NCCL (plaintext, on `transport`)
+    beside ccbridge.secure's encrypted collectives. With net="ccbridge": NCCL on its
+    plaintext socket transport beside the same NCCL on the ccbridge net plugin
+    (AES-256-GCM on the wire), each run's NCCL log checked for the network it used."""
     if op not in BUSBW:
         raise ValueError(f"op must be one of {', '.join(BUSBW)}")
     if dtype not in DTYPES:
@@ -171,23 +249,51 @@ def collectives(op: str, begin: int, end: int, factor: int, dtype: str = "float"
     nproc = nproc or torch.cuda.device_count()
     if nproc < 2:
         raise RuntimeError(f"collectives need at least 2 GPUs; this machine has {torch.cuda.device_count()}")
-    res = launch(_collectives_rank, nproc, op, sizes(begin, end, factor), dtype, iters, warmup, backend,
-                 env=transport_env(transport))
-    res["transport"] = transport
-    return res
+    size_list = sizes(begin, end, factor)
+    if net is None:
+        res = launch(_collectives_rank, nproc, op, size_list, dtype, iters, warmup, backend, env=transport_env(transport))
+        res.update(transport=transport, encrypted="ccbridge.secure")
+        return res
+    if net != "ccbridge" or backend != "nccl":
+        raise ValueError("--net ccbridge compares NCCL's transports: it needs --backend nccl")
+    import tempfile
+
+    runs = {}
+    for t in ("sockets", "ccbridge"):
+        with tempfile.TemporaryDirectory() as d:
+            if os.environ.get("CCBRIDGE_PROGRESS", "1") == "1":
+                print(f"# NCCL on {'its plaintext sockets' if t == 'sockets' else 'the ccbridge net plugin'}", flush=True)
+            with _restored_environ():  # launch() sets the transport's variables for the spawned ranks
+                runs[t] = launch(_collectives_rank, nproc, op, size_list, dtype, iters, warmup, backend, False,
+                                 env={**transport_env(t), **_nccl_log_env(d)})
+            runs[t]["nets"] = _nets_in_logs(d)
+    if NETS["ccbridge"] not in runs["ccbridge"]["nets"]:
+        raise RuntimeError(f"NCCL's log does not show the ccbridge plugin in use (networks: {runs['ccbridge']['nets']})")
+    rows = []
+    for a, b in zip(runs["sockets"]["rows"], runs["ccbridge"]["rows"]):
+        rows.append({**a, "wrong": b["wrong_plain"], "secure_us": b["plain_us"], "secure_algbw": b["plain_algbw"],
+                     "secure_busbw": b["plain_busbw"]})
+    return {"op": op, "nranks": nproc, "backend": backend, "transport": "sockets vs ccbridge net plugin",
+            "encrypted": "NCCL + ccbridge net plugin", "rows": rows,
+            "nets": {t: r["nets"] for t, r in runs.items()},
+            "env": {k: v for k, v in transport_env("ccbridge").items() if k != "LD_LIBRARY_PATH"}}
 
 
-def render_collectives(rows: list[dict], header: bool = True) -> str:
+def render_collectives(rows: list[dict], header: bool = True, encrypted: str = "ccbridge.secure") -> str:
     lines = []
     if header:
-        lines.append(f"{'':>34}  {'plaintext':^36}  {'ccbridge.secure (AES-256-GCM)':^36}")
+        lines.append(f"{'':>34}  {'plaintext':^36}  {encrypted + ' (AES-256-GCM)':^36}")
         lines.append(f"{'size':>12} {'count':>12} {'type':>8}  " + "  ".join(
             [f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>7}"] * 2) + f"  {'busbw':>6}")
         lines.append(f"{'(B)':>12} {'(elements)':>12} {'':>8}  " + "  ".join([f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>7}"] * 2)
                      + f"  {'ratio':>6}")
     for r in rows:
+        if "secure_us" not in r:  # a plaintext-only pass (progress while --net runs)
+            lines.append(f"{r['size']:>12} {r['count']:>12} {r['type']:>8}  {r['plain_us']:>9.1f} "
+                         f"{r['plain_algbw']:>7.2f} {r['plain_busbw']:>7.2f} {r['wrong_plain']:>7}")
+            continue
         lines.append(f"{r['size']:>12} {r['count']:>12} {r['type']:>8}  "
-                     f"{r['plain_us']:>9.1f} {r['plain_algbw']:>7.2f} {r['plain_busbw']:>7.2f} {'-':>7}  "
+                     f"{r['plain_us']:>9.1f} {r['plain_algbw']:>7.2f} {r['plain_busbw']:>7.2f} {r['wrong_plain']:>7}  "
                      f"{r['secure_us']:>9.1f} {r['secure_algbw']:>7.2f} {r['secure_busbw']:>7.2f} {r['wrong']:>7}  "
                      f"{r['secure_busbw'] / r['plain_busbw']:>6.3f}")
     return "\n".join(lines)
@@ -226,13 +332,32 @@ def _step(model, name, batch):
     loss.backward()
 
 
-def _ddp_rank(rank, n, models, buckets, iters, warmup, backend):
+def _blocks(model, name: str):
+    """The submodules FSDP2 shards one by one (then the root): transformer blocks, ResNet stages."""
+    if name == "gpt2-large":
+        return list(model.transformer.h)
+    if name == "bert-large":
+        return list(model.bert.encoder.layer)
+    return [model.layer1, model.layer2, model.layer3, model.layer4]
+
+
+def _grads_agree(model) -> bool:
+    """DDP leaves bit-identical gradients on every rank: a wrong byte anywhere on the wire shows here."""
+    sums = torch.stack([p.grad.double().sum() for p in model.parameters() if p.grad is not None][:64])
+    every = [torch.empty_like(sums) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, sums)
+    return all(torch.equal(every[0], e) for e in every)
+
+
+def _ddp_rank(rank, n, models, plan, iters, warmup, backend, wrap="ddp"):
+    """plan: (mode, bucket_cap_mb) pairs; mode "secure" adds ccbridge.secure's hook,
+    any other mode is NCCL as configured (its name says which transport)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ccbridge.secure import allreduce_hook
 
-    g = _init(rank, n, backend)
-    dev = g.device
+    g = _init(rank, n, backend, secure=any(m == "secure" for m, _ in plan))
+    dev = _device()
     rows = []
     for name in models:
         torch.manual_seed(0)
@@ -240,26 +365,37 @@ def _ddp_rank(rank, n, models, buckets, iters, warmup, backend):
         base = base.to(dev)
         params = sum(p.numel() for p in base.parameters())
         batch = make(bsz, dev)
-        for mode, cap in [("plain", 25)] + [("secure", b) for b in buckets]:
-            ddp = DDP(base, device_ids=[dev.index], bucket_cap_mb=cap)
-            if mode == "secure":
-                ddp.register_comm_hook(g, allreduce_hook)
+        for mode, cap in plan:
+            if wrap == "fsdp":
+                from torch.distributed.fsdp import fully_shard
+
+                for blk in _blocks(base, name):
+                    fully_shard(blk)
+                model = fully_shard(base)
+            else:
+                model = DDP(base, device_ids=[dev.index], bucket_cap_mb=cap)
+                if mode == "secure":
+                    model.register_comm_hook(g, allreduce_hook)
             times = []
             for i in range(warmup + iters):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                _step(ddp, name, batch)
+                _step(model, name, batch)
                 torch.cuda.synchronize()
                 if i >= warmup:
                     times.append(time.perf_counter() - t0)
-                base.zero_grad(set_to_none=True)
-            rows.append({"model": name, "params": params, "nranks": n, "mode": mode, "bucket_cap_mb": cap,
-                         "batch_per_gpu": bsz, "iter_ms": statistics.median(times) * 1e3,
-                         "iter_ms_min": min(times) * 1e3, "iter_ms_max": max(times) * 1e3})
+                if i < warmup + iters - 1:
+                    base.zero_grad(set_to_none=True)
+            agree = _grads_agree(base) if wrap == "ddp" else None
+            base.zero_grad(set_to_none=True)
+            rows.append({"model": name, "params": params, "nranks": n, "mode": mode, "wrap": wrap,
+                         "bucket_cap_mb": cap, "batch_per_gpu": bsz, "iter_ms": statistics.median(times) * 1e3,
+                         "iter_ms_min": min(times) * 1e3, "iter_ms_max": max(times) * 1e3, "grads_agree": agree})
             if rank == 0:
                 r = rows[-1]
-                print(f"{name:>11} n={n} {mode:>6} bucket {cap:>4} MB: {r['iter_ms']:8.1f} ms/iter", flush=True)
-            del ddp
+                print(f"{name:>11} n={n} {wrap} {mode:>13} bucket {cap or '-':>4} MB: {r['iter_ms']:8.1f} ms/iter"
+                      + ("" if agree in (True, None) else "  GRADIENTS DIFFER ACROSS RANKS"), flush=True)
+            del model
         del base
         torch.cuda.empty_cache()
     dist.barrier()
@@ -267,19 +403,44 @@ def _ddp_rank(rank, n, models, buckets, iters, warmup, backend):
     return {"nranks": n, "rows": rows}
 
 
-def ddp(models: list[str], nproc: int, buckets: list[int], iters: int = 10, warmup: int = 3, backend: str = "nccl") -> dict:
+def ddp(models: list[str], nproc: int, buckets: list[int], iters: int = 10, warmup: int = 3, backend: str = "nccl",
+        net: str | None = None, wrap: str = "ddp") -> dict:
+    """Training iterations. Without `net`: NCCL (plaintext, default transport) beside
+    ccbridge.secure's DDP hook at each bucket size. With net="ccbridge": NCCL on its
+    plaintext sockets beside NCCL on the ccbridge net plugin, DDP at the default
+    25 MB buckets or FSDP2 (wrap="fsdp")."""
     if nproc < 2 or nproc > torch.cuda.device_count():
         raise RuntimeError(f"ddp bench needs 2..{torch.cuda.device_count()} GPUs, asked for {nproc}")
-    return launch(_ddp_rank, nproc, models, buckets, iters, warmup, backend)
+    if net is None:
+        if wrap != "ddp":
+            raise ValueError("--wrap fsdp goes with --net ccbridge (ccbridge.secure's hook is for DDP)")
+        return launch(_ddp_rank, nproc, models, [("plain", 25)] + [("secure", b) for b in buckets], iters, warmup,
+                      backend)
+    import tempfile
+
+    rows, nets = [], {}
+    for t in ("sockets", "ccbridge"):
+        with tempfile.TemporaryDirectory() as d:
+            with _restored_environ():
+                r = launch(_ddp_rank, nproc, models, [(f"nccl-{t}", 25 if wrap == "ddp" else None)], iters, warmup,
+                           backend, wrap, env={**transport_env(t), **_nccl_log_env(d)})
+            nets[t] = _nets_in_logs(d)
+            rows += r["rows"]
+    if NETS["ccbridge"] not in nets["ccbridge"]:
+        raise RuntimeError(f"NCCL's log does not show the ccbridge plugin in use (networks: {nets['ccbridge']})")
+    return {"nranks": nproc, "rows": rows, "nets": nets}
 
 
 def render_ddp(res: dict) -> str:
     rows = res["rows"]
-    plain = {r["model"]: r["iter_ms"] for r in rows if r["mode"] == "plain"}
-    out = [f"{'model':>11} {'GPUs':>4} {'mode':>6} {'bucket MB':>9} {'ms/iter':>9} {'vs plain':>8}"]
+    base = {r["model"]: r["iter_ms"] for r in rows if r["mode"] in ("plain", "nccl-sockets")}
+    out = [f"{'model':>11} {'GPUs':>4} {'wrap':>4} {'mode':>13} {'bucket MB':>9} {'ms/iter':>9} {'vs plain':>8} "
+           f"{'grads':>6}"]
     for r in rows:
-        out.append(f"{r['model']:>11} {r['nranks']:>4} {r['mode']:>6} {r['bucket_cap_mb']:>9} {r['iter_ms']:>9.1f} "
-                   f"{r['iter_ms'] / plain[r['model']]:>8.2f}x")
+        agree = {True: "agree", False: "DIFFER", None: "-"}[r.get("grads_agree")]
+        out.append(f"{r['model']:>11} {r['nranks']:>4} {r.get('wrap', 'ddp'):>4} {r['mode']:>13} "
+                   f"{r['bucket_cap_mb'] or '-':>9} {r['iter_ms']:>9.1f} {r['iter_ms'] / base[r['model']]:>8.2f}x "
+                   f"{agree:>6}")
     return "\n".join(out)
 
 

@@ -181,7 +181,7 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
                     take(e)  # "ready"
                 for e in ends:
                     e.send("go")
-                (k0, v0), (k1, v1) = recv(a[0]), recv(b[0])
+                (_, v0), (_, v1) = recv(a[0]), recv(b[0])
                 if what == "stream":
                     samples.append(v1["bytes"] / v1["wall"] / 1e9)
                     extra["plugin_cores_send"].append(round(v0["plugin_cores"], 2))
