@@ -30,6 +30,7 @@ only wait for a rank that waits), and the group refuses further use.
 
 from __future__ import annotations
 
+import collections
 import re
 import time
 from contextlib import contextmanager
@@ -51,6 +52,11 @@ STATUS_MAGIC = b"ccbS"
 # so the cipher works on one slice while the next is on the wire. A slice is
 # its own message: step ids are hop * MAX_SLICES + slice.
 MAX_SLICES, SLICE_BYTES = 8, 2 << 20
+# NCCL works the host may run ahead of the GPU by. Without a bound, a stalled peer
+# (dropped or reordered messages, a dead rank) leaves NCCL kernels that never finish,
+# the launch queue behind them fills, and the next kernel launch blocks the host for
+# good; bounded, the host waits on the oldest work under the group's deadline instead.
+MAX_INFLIGHT = 16
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -142,6 +148,7 @@ class SecureGroup:
         self._p2p: dict = {}  # (src, dst) -> [epoch, counter, bytes]
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._completer = None
+        self._inflight: collections.deque = collections.deque()  # NCCL works not yet seen complete
         # made here, on the caller's stream: inside a collective, a host-to-device copy would hold
         # the thread until the group's stream got there, which a dead peer stalls for good
         status = torch.zeros(16, dtype=torch.uint8)
@@ -277,8 +284,12 @@ class SecureGroup:
         if recv is not None:
             staged = torch.empty(recv.shape, dtype=recv.dtype) if cpu_transport else recv
             ops.append(dist.P2POp(dist.irecv, staged, self._global(src), self.pg))
+        if self.backend == "nccl":
+            self._bound_inflight("a ring step")
         with self._transport("a ring step"):
             works = dist.batch_isend_irecv(ops) if ops else []
+        if self.backend == "nccl":
+            self._inflight.extend(works)
 
         def wait():
             if self.backend == "nccl":  # stream-ordered: the deadline is SecureWork.wait's
@@ -293,10 +304,22 @@ class SecureGroup:
     def _exchange(self, send: torch.Tensor | None, dst: int, recv: torch.Tensor | None, src: int) -> None:
         self._post(send, dst, recv, src)()
 
+    def _bound_inflight(self, what: str) -> None:
+        """Keep at most MAX_INFLIGHT NCCL works ahead of the GPU (see MAX_INFLIGHT)."""
+        while self._inflight and self._inflight[0].is_completed():
+            self._inflight.popleft()
+        while len(self._inflight) >= MAX_INFLIGHT:
+            w = self._inflight.popleft()
+            with self._transport(what):
+                self._poll(w.is_completed, what)
+
     def _all_gather_bytes(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         if self.backend == "nccl":
+            self._bound_inflight("the status round")
             with self._transport("the status round"):
-                dist.all_gather_into_tensor(out, inp, group=self.pg)
+                work = dist.all_gather_into_tensor(out, inp, group=self.pg, async_op=True)
+            self._inflight.append(work)
+            work.wait()  # stream-ordered: the host does not wait here
         else:
             parts = [torch.empty_like(inp, device="cpu") for _ in range(self.n)]
             with self._transport("the status round"):

@@ -93,6 +93,49 @@ def _stream(side: _Side, sender: bool, size: int, inflight: int, total: int) -> 
     return {"wall": wall, "bytes": count * size, "plugin_cores": plugin_cpu / wall, "bad": bad}
 
 
+def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int) -> dict:
+    """The same bytes over `streams` plain TCP loopback connections, one thread each, no
+    encryption: what this kernel's loopback carries with as many streams as the plugin's lanes."""
+    import socket
+    import threading
+
+    per = max(1, total // max(size, 1) // streams)
+    buf = bytearray(_pattern(0, size))
+    if sender:
+        pipe.send("ready")
+        port = pipe.recv()
+        socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(streams)]
+    else:
+        ls = socket.create_server(("127.0.0.1", 0), backlog=streams)
+        pipe.send(ls.getsockname()[1])
+        pipe.recv()
+        socks = [ls.accept()[0] for _ in range(streams)]
+        ls.close()
+    cpu0, t0 = _cpu_s(), time.perf_counter()
+
+    def send(s):
+        for _ in range(per):
+            s.sendall(buf)
+
+    def recv(s):
+        view, want = memoryview(bytearray(size)), per * size
+        while want:
+            n = s.recv_into(view, min(size, want))
+            if not n:
+                raise ConnectionError("the peer closed early")
+            want -= n
+
+    threads = [threading.Thread(target=send if sender else recv, args=(s,)) for s in socks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    for s in socks:
+        s.close()
+    return {"wall": wall, "bytes": per * size * streams, "plugin_cores": (_cpu_s() - cpu0) / wall, "bad": 0}
+
+
 def _pingpong(side: _Side, first: bool, size: int, iters: int) -> float:
     net, deadline = side.net, time.monotonic() + DEADLINE_S
     out, back = (ctypes.c_char * max(size, 1))(), (ctypes.c_char * max(size, 1))()
@@ -126,6 +169,8 @@ def _rank(pipe, rank: int, plan: list[tuple]):
                 if what == "stream":
                     r = _stream(side, rank == 0, size, inflight, amount)
                     pipe.send(("stream", r))
+                elif what == "tcp":
+                    pipe.send(("tcp", _tcp_stream(pipe, rank == 0, size, lanes_now, amount)))
                 else:
                     pipe.send(("rtt", _pingpong(side, rank == 0, size, amount)))
         side.close()
@@ -136,7 +181,7 @@ def _rank(pipe, rank: int, plan: list[tuple]):
 
 def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int = 2 << 30, repeat: int = 3,
              rtt_sizes: tuple[int, ...] = (8, 4096, 65536), rtt_iters: int = 1000,
-             progress=print) -> Result:
+             tcp_baseline: bool = True, progress=print) -> Result:
     from ccbridge import env as envmod
 
     if not lanes or min(lanes) < 1 or max(lanes) > 16:
@@ -146,6 +191,8 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     netplugin.library()
     plan = [("stream", n, s, inflight, total, repeat) for n in lanes for s in sizes]
+    if tcp_baseline:
+        plan += [("tcp", n, max(sizes), 0, total, repeat) for n in lanes]
     plan += [("rtt", n, s, 0, rtt_iters, repeat) for n in lanes for s in rtt_sizes]
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe(), ctx.Pipe()
@@ -177,19 +224,22 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
                 lanes_now = n
             samples, extra = [], {"plugin_cores_send": [], "plugin_cores_recv": [], "bad": 0}
             for _ in range(rep):
-                for e in ends:
-                    take(e)  # "ready"
-                for e in ends:
-                    e.send("go")
+                r0, r1 = take(a[0]), take(b[0])  # "ready", or what the peer needs (the TCP baseline's port)
+                a[0].send(r1), b[0].send(r0)
                 (_, v0), (_, v1) = recv(a[0]), recv(b[0])
-                if what == "stream":
+                if what in ("stream", "tcp"):
                     samples.append(v1["bytes"] / v1["wall"] / 1e9)
                     extra["plugin_cores_send"].append(round(v0["plugin_cores"], 2))
                     extra["plugin_cores_recv"].append(round(v1["plugin_cores"], 2))
                     extra["bad"] += v1["bad"]
                 else:
                     samples.append(v0)
-            if what == "stream":
+            if what == "tcp":
+                row = Row.of("net_loopback", "tcp_plaintext", "GB/s", samples, size=size, streams=n)
+                row.extra = {"cores_send": extra["plugin_cores_send"], "cores_recv": extra["plugin_cores_recv"]}
+                progress(f"  plain TCP {size:>7} B streams {n:>2}: {row.median:6.2f} GB/s (no encryption: this "
+                         f"kernel's loopback; Python threads)")
+            elif what == "stream":
                 row = Row.of("net_loopback", "stream", "GB/s", samples, size=size, lanes=n, inflight=infl)
                 row.extra = extra
                 progress(f"  stream {size:>10} B  lanes {n:>2}: {row.median:6.2f} GB/s  plugin cores "
@@ -218,6 +268,10 @@ def render(res: Result) -> str:
         if r.metric == "stream":
             out.append(f"{r.params['size']:>10} {r.params['lanes']:>5} {r.median:>8.2f} "
                        f"{max(r.extra['plugin_cores_send']):>10.1f} {max(r.extra['plugin_cores_recv']):>10.1f}")
+    tcp = [r for r in res.rows if r.metric == "tcp_plaintext"]
+    if tcp:
+        out.append(f"{'size (B)':>10} {'streams':>7} {'plain TCP GB/s':>14}")
+        out += [f"{r.params['size']:>10} {r.params['streams']:>7} {r.median:>14.2f}" for r in tcp]
     rtt = [r for r in res.rows if r.metric == "half_rtt"]
     if rtt:
         out.append(f"{'size (B)':>10} {'lanes':>5} {'one-way us':>10}")
