@@ -154,6 +154,25 @@ class SecureGroup:
         status = torch.zeros(16, dtype=torch.uint8)
         status[:4] = torch.frombuffer(bytearray(STATUS_MAGIC), dtype=torch.uint8)
         self._status = status.to(self.device)
+        if self.device.type == "cuda":
+            self._warm()
+
+    def _warm(self) -> None:
+        """One small encrypted op of every kind and dtype, now. CUDA loads a kernel at its first
+        launch (lazy loading), NCCL connects a pair of ranks at their first point-to-point
+        message, and both wait for the device: behind a collective that a dead or cheating peer
+        stalled, a first launch would hold the host for good, past every deadline (found on
+        2x H200: the drop, reorder and dead-rank attacks on a group's first all_reduce). Costs a
+        few milliseconds per group, on every rank alike (collectives in the same order)."""
+        for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64,
+                   torch.uint8, torch.int8):
+            for per in (8, 11):  # a whole number of 16-byte blocks, and a tail
+                x = torch.zeros(self.n * per, dtype=dt, device=self.device)
+                self.all_reduce(x)
+                self.reduce_scatter_tensor(torch.empty(per, dtype=dt, device=self.device), x)
+                self.all_gather_into_tensor(x, x[:per].clone())
+                self.broadcast(x, 0)
+        torch.cuda.synchronize(self.device)
 
     def _handshake(self, name: str) -> bytes:
         """Agree on a fresh, authenticated session with every rank (handshake.py)."""
