@@ -304,6 +304,15 @@ CASES = [
     (["account", "--profile", "b300", "--set", "lanes=0", "--", "true"], "parameter lanes = 0.0"),
     (["account", "--profile", "b300", "--", "nosuch-command-4c1e"], "command not found: nosuch-command-4c1e"),
     (["account", "{d}/a", "{d}/b", "--out", "/proc/forbidden"], "--out /proc/forbidden: cannot write in /proc"),
+    # advise: every file read and checked before any advice is printed
+    (["advise"], "the following arguments are required: FILE"),
+    (["advise", "{d}/missing.json"], "{d}/missing.json: no such file"),
+    (["advise", "{d}/good.json", "{d}/p_broken.json"], "{d}/p_broken.json: not a JSON document"),
+    (["advise", "{d}/p_unknown.json"], "{d}/p_unknown.json: not a ccbridge result or env stamp"),
+    (["advise", "{d}/median_text.json"], "rows[0] field 'median'"),
+    (["advise", "{d}/folder"], "{d}/folder: is a folder"),
+    (["advise", "{d}/good.json", "--json", "/proc/forbidden/a.json"], "--json /proc/forbidden/a.json: "),
+    (["advise", "{d}/good.json", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
 ]
 
 

@@ -236,6 +236,20 @@ def cmd_account(args) -> int:
     return 0
 
 
+def cmd_advise(args) -> int:
+    """The CC-mode-aware settings for vLLM, SGLang, TRT-LLM, torch and the loader, from stamps and results."""
+    from ccbridge import advise
+
+    if args.json:
+        ui.writable_file(args.json, "--json")
+    inputs, recs = advise.advise(args.files)
+    print(advise.render(inputs, recs))
+    if args.json:
+        Path(args.json).write_text(json.dumps(advise.to_json(inputs, recs), indent=1) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
 def cmd_profiles(args) -> int:
     from ccbridge.emulate import profiles
 
@@ -536,6 +550,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default ccbridge-results/account-<timestamp>)")
     p.add_argument("args", nargs="*", help="BASE OTHER (trace prefixes), or -- CMD [ARGS...] with --profile")
     p.set_defaults(fn=cmd_account)
+
+    p = sub.add_parser("advise", help="CC-aware settings for vLLM, SGLang, TRT-LLM, torch and the loader from env "
+                                      "stamps, probe and account results, each with the number behind it")
+    p.add_argument("files", nargs="+", metavar="FILE", help="result.json of probe or account, or `ccbridge env --json` output")
+    p.add_argument("--json", help="also write the advice and the inputs' env summaries here")
+    p.set_defaults(fn=cmd_advise)
 
     p = sub.add_parser("profiles", help="list emulator profiles; with NAME, each parameter and its source")
     p.add_argument("name", nargs="?")

@@ -1,0 +1,309 @@
+"""`ccbridge advise`: the CC-mode-aware settings for the stacks people run, from files ccbridge wrote.
+
+Each input is an env stamp (`ccbridge env --json`), a probe result (`ccbridge
+probe`) or an account result (`ccbridge account`); its kind is read from its
+content. Every recommendation names the stack, the setting, why (the row key,
+its median and unit: the number behind it) and whether that number is
+EMULATED. A stamp alone carries no number: it says whether CC-aware settings
+apply at all, and what to measure.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ccbridge import env as _env
+from ccbridge import results
+from ccbridge.errors import ResultFileError
+from ccbridge.results import Result, Row
+
+PROBE_TESTS = ("semantics.", "transfer.", "launch.", "framework.", "concurrency.", "smallcopy.", "toll.")
+HOLDS = 0.2  # return fraction above which a non_blocking copy held the host (semantics.ASYNC_BELOW)
+PINNED_WINS = 1.5  # pinned/pageable bandwidth ratio above which pinning pays
+LAUNCH_TOLL_US = 10.0  # pipelined per-kernel launch cost above which graphs are a must
+SCALES = 1.3  # aggregate bandwidth gain over one context that a pool must buy
+TOP_ACCOUNT = 5
+MIN_SHARE = 0.05
+
+
+@dataclass
+class Cite:
+    key: str
+    median: float
+    unit: str
+
+    @classmethod
+    def of(cls, row: Row) -> "Cite":
+        return cls(row.key(), row.median, row.unit)
+
+    def text(self) -> str:
+        return f"{self.key} = {self.median:.4g} {self.unit}"
+
+
+@dataclass
+class Advice:
+    stack: str
+    setting: str
+    why: str
+    source: str
+    emulated: bool
+    cites: list[Cite] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Input:
+    path: str
+    kind: str  # "env", "probe" or "account"
+    env: dict[str, Any]
+    result: Result | None
+    emulated: bool
+
+    def summary(self) -> dict[str, Any]:
+        emu = self.env.get("emulation") or {}
+        return {"file": self.path, "kind": self.kind, "gpu": _env.gpu_name(self.env), "cc_mode": _env.cc_mode(self.env),
+                "tee": (self.env.get("tee") or {}).get("kind", "unknown"), "emulated": self.emulated,
+                "emulation_profile": (_env.emulation_label(emu) if emu.get("active") else
+                                      (self.result.settings.get("profile") if self.result and self.emulated else None)),
+                "cc_applies": self.cc_applies}
+
+    @property
+    def cc_applies(self) -> bool:
+        return _env.cc_mode(self.env) == "on" or self.emulated
+
+
+def read(path: str | Path) -> Input:
+    """One input file, its kind told by its content; every defect is a ResultFileError naming the file."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ResultFileError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise ResultFileError(f"{p}: is a folder; pass a result.json or an env stamp") from None
+    except OSError as e:
+        raise ResultFileError(f"{p}: cannot read ({e.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ResultFileError(f"{p}: not a JSON document ({e})") from None
+    if isinstance(doc, dict) and doc.get("schema") == results.SCHEMA:
+        res = results.load(p)
+        tests = {r.test for r in res.rows}
+        if any(t.startswith("decode.") for t in tests) or "decode" in res.settings:
+            raise ResultFileError(f"{p}: a decode result; advise does not read decode results yet "
+                                  "(give a probe or account result, or an env stamp)")
+        if any(t.startswith("account.") for t in tests):
+            # account --profile: the stamp is the parent's, the OTHER trace ran under the emulator
+            return Input(str(p), "account", res.env, res, res.emulated or bool(res.settings.get("profile")))
+        if any(t.startswith(PROBE_TESTS) for t in tests):
+            return Input(str(p), "probe", res.env, res, res.emulated)
+        raise ResultFileError(f"{p}: a ccbridge result with no rows advise reads (probe families "
+                              f"{', '.join(t.rstrip('.') for t in PROBE_TESTS)}, or account rows)")
+    if isinstance(doc, dict) and "schema" not in doc and isinstance(doc.get("nvml"), dict) and "emulation" in doc:
+        results._check_env(p, doc)
+        return Input(str(p), "env", doc, None, bool(doc["emulation"].get("active")))
+    raise ResultFileError(f"{p}: not a ccbridge result or env stamp (`ccbridge env --json`)")
+
+
+def _size(n: int) -> str:
+    from ccbridge.probe.transfer import human_bytes
+
+    return human_bytes(n)
+
+
+def _one(rows: list[Row], **params) -> Row | None:
+    return next((r for r in rows if all(r.params.get(k) == v for k, v in params.items())), None)
+
+
+def _state(inp: Input) -> str:
+    if inp.emulated:
+        return "CC emulated"
+    return {"on": "CC on (NVML)", "off": "CC off (NVML)"}.get(_env.cc_mode(inp.env), "CC state unknown")
+
+
+def from_env(inp: Input) -> list[Advice]:
+    """What the stamp alone says: whether CC-aware settings apply; no number, so measure."""
+    out, add = _adder(inp)
+    state = _state(inp)
+    if not inp.cc_applies:
+        add("all", "engine defaults (async scheduling, pinned host buffers, CUDA graphs as shipped)",
+            f"{state}, nothing emulated: CC-aware settings do not apply" if _env.cc_mode(inp.env) == "off" else
+            f"{state} (no NVML reading), nothing emulated: CC-aware settings only if this machine runs CC on")
+        return out
+    then = f"{state}, no measurement in this stamp: confirm with `ccbridge probe`"
+    add("vLLM", "--async-scheduling only with readbacks on a ccbridge.serve.DrainWorker; otherwise scheduling sync", then)
+    add("SGLang/TRT-LLM", "drain sampled-token readbacks on a worker (ccbridge.serve.DrainWorker)", then)
+    add("all", "keep CUDA graphs on (vLLM: no --enforce-eager; SGLang: no --disable-cuda-graph)", then)
+    add("torch", "per-step inputs through ccbridge.serve.StagedH2D (packed, idle stream)", then)
+    return out
+
+
+def _adder(inp: Input):
+    """A list of advice for one input, and the function that appends to it."""
+    out: list[Advice] = []
+
+    def add(stack: str, setting: str, why: str, *rows: Row) -> None:
+        out.append(Advice(stack, setting, why, inp.path, inp.emulated, [Cite.of(r) for r in rows]))
+
+    return out, add
+
+
+def from_probe(inp: Input) -> list[Advice]:
+    res = inp.result
+    out, add = _adder(inp)
+    if not inp.cc_applies:
+        add("all", "no CC-specific change; the lines below follow the measurements only",
+            f"{_state(inp)}, nothing emulated")
+    sem = res.by_test("semantics.nonblocking")
+    d2h = _one(sem, dir="d2h", mem="pinned", stream="same")
+    if d2h:
+        if d2h.median > HOLDS:
+            why = f"a pinned D2H on a busy stream held the host for {d2h.median:.0%} of the queued work"
+            add("vLLM", "--async-scheduling off (scheduling sync), or on only with readbacks drained on a "
+                "ccbridge.serve.DrainWorker", why, d2h)
+            add("SGLang", "--disable-overlap-schedule, unless sampled tokens are read back on a DrainWorker", why, d2h)
+            add("TRT-LLM", "disable_overlap_scheduler=True, unless readbacks go to a DrainWorker", why, d2h)
+            add("torch", "read back on ccbridge.serve.DrainWorker, off the thread that launches", why, d2h)
+        else:
+            add("vLLM/SGLang/TRT-LLM", "async / overlap scheduling on (engine default)",
+                f"a pinned D2H on a busy stream returned at once ({d2h.median:.0%} of the queued work)", d2h)
+    h2d, idle = _one(sem, dir="h2d", mem="pinned", stream="same"), _one(sem, dir="h2d", mem="pinned", stream="idle")
+    if h2d and h2d.median > HOLDS:
+        cites = [h2d] + ([idle] if idle else [])
+        add("torch", "per-step inputs through ccbridge.serve.StagedH2D (idle prep stream, one packed crossing)",
+            f"a pinned H2D on a busy stream held the host for {h2d.median:.0%} of the queued work"
+            + (f", on an idle stream {idle.median:.0%}" if idle else ""), *cites)
+
+    bw = [r for r in res.by_test("transfer.sweep") if r.metric == "bandwidth" and r.params.get("dir") == "h2d"]
+    both = {r.params["bytes"] for r in bw if r.params["mem"] == "pinned"} & \
+        {r.params["bytes"] for r in bw if r.params["mem"] == "pageable"}
+    if both:
+        top = max(both)
+        pin, page = _one(bw, mem="pinned", bytes=top), _one(bw, mem="pageable", bytes=top)
+        ratio = pin.median / page.median if page.median else float("inf")
+        why = f"pinned/pageable H2D = {ratio:.2f}x at {_size(top)}"
+        if ratio >= PINNED_WINS:
+            add("torch", "pin host buffers (DataLoader pin_memory=True, persistent pinned staging)", why, pin, page)
+            add("vLLM", "KV offload / swap space in pinned host memory (the default)", why, pin, page)
+            add("loader", "ccbridge load --staging pinned", why, pin, page)
+        else:
+            add("torch", "pageable host buffers: pin_memory buys little here (skip fresh pin_memory() per batch)",
+                why, pin, page)
+            add("vLLM", "KV offload: pinned host memory gains little; size the CPU tier by host RAM, not pin limits",
+                why, pin, page)
+            add("loader", "ccbridge load --staging pageable", why, pin, page)
+
+    launch = {r.params.get("mode"): r for r in res.by_test("launch.cost")}
+    fw = {r.params.get("mode"): r for r in res.by_test("framework.launch")}
+    pipe = launch.get("pipelined") or fw.get("pipelined")
+    if pipe:
+        graph = launch.get("graph")
+        cites = [pipe] + ([graph] if graph else [])
+        why = f"launch toll {pipe.median:.1f} us per kernel" + (f", {graph.median:.2f} us in a graph" if graph else "")
+        if pipe.median >= LAUNCH_TOLL_US:
+            add("vLLM", "CUDA graphs on: no --enforce-eager; raise --max-num-seqs capture sizes to cover decode batches",
+                why, *cites)
+            add("SGLang", "CUDA graphs on (no --disable-cuda-graph); --cuda-graph-max-bs to your decode batch", why, *cites)
+            add("TRT-LLM", "cuda_graph_config enabled with batch sizes covering decode", why, *cites)
+            add("torch", "torch.compile(mode=\"reduce-overhead\") or torch.cuda.CUDAGraph for the step", why, *cites)
+        else:
+            add("all", "CUDA graphs as the engine ships them (the launch toll is small here)", why, *cites)
+
+    conc = res.by_test("concurrency.scaling")
+    ctx = sorted((r for r in conc if r.params.get("mode") == "contexts" and r.params.get("dir") == "h2d"),
+                 key=lambda r: r.params["n"])
+    if ctx and ctx[0].params["n"] == 1:
+        one, best = ctx[0], max(ctx[1:] or ctx, key=lambda r: r.median)
+        gain = best.median / one.median if one.median else 0.0
+        why = f"H2D with {best.params['n']} contexts {gain:.2f}x one context (the best N measured)"
+        if gain >= SCALES:
+            n = best.params["n"]
+            add("loader", f"pool of {n} contexts: ccbridge load --contexts {n} --workers {n}", why, one, best)
+            add("torch", f"DataLoader/loader H2D from {n} processes or contexts, not one", why, one, best)
+        else:
+            add("loader", "one context (ccbridge load --contexts 0): more contexts add nothing", why, one, best)
+
+    small = sorted(res.by_test("smallcopy.d2h32"), key=lambda r: r.params.get("streams", 0))
+    if len(small) >= 2 and inp.cc_applies:
+        one, many = small[0], small[-1]
+        if many.median and one.median / many.median < 1.25:
+            add("torch", "one D2H per step for all sampled tokens (small readbacks serialize across streams)",
+                f"32-byte D2H {many.median:.1f} us per copy at {many.params['streams']} streams vs "
+                f"{one.median:.1f} us at 1", one, many)
+    return out
+
+
+def _stacks(recovery: str) -> list[tuple[str, str]]:
+    """The per-stack settings an account row's recovery calls for."""
+    r = recovery
+    if "CUDA graphs" in r:
+        return [("vLLM", "CUDA graphs on (no --enforce-eager)"), ("SGLang", "CUDA graphs on (no --disable-cuda-graph)"),
+                ("TRT-LLM", "cuda_graph_config enabled"), ("torch", "torch.cuda.CUDAGraph / torch.compile(mode=\"reduce-overhead\")")]
+    if "DrainWorker" in r:
+        return [("vLLM", "--async-scheduling with readbacks on a ccbridge.serve.DrainWorker, else scheduling sync"),
+                ("SGLang", "sampled tokens read back on a DrainWorker, else --disable-overlap-schedule"),
+                ("TRT-LLM", "readbacks on a DrainWorker, else disable_overlap_scheduler=True"),
+                ("torch", "ccbridge.serve.DrainWorker for readbacks and synchronizes")]
+    if "StagedH2D" in r:
+        return [("vLLM/SGLang/TRT-LLM", "per-step metadata (positions, slot mappings, sampling params) through one "
+                 "ccbridge.serve.StagedH2D"), ("torch", "ccbridge.serve.StagedH2D: packed inputs on an idle stream")]
+    if "contexts" in r:
+        return [("loader", "ccbridge load --contexts N --workers N (a context pool)"),
+                ("torch", "H2D from several processes or contexts")]
+    if "fewer crossings" in r:
+        return [("DDP", "larger buckets (bucket_cap_mb 100+; sweep with `ccbridge bench ddp --buckets`)"),
+                ("torch", "batch copies: one large crossing instead of many")]
+    return [("all", r)]
+
+
+def from_account(inp: Input) -> list[Advice]:
+    res = inp.result
+    out, add = _adder(inp)
+    total = next((r for r in res.by_test("account.total") if r.metric == "wall_slowdown"), None)
+    shares = sorted((r for r in res.by_test("account.api") if r.metric == "share_of_slowdown" and r.median >= MIN_SHARE),
+                    key=lambda r: -r.median)[:TOP_ACCOUNT]
+    if not shares:
+        add("all", "no change: no call family explains 5% of the slowdown",
+            f"{_state(inp)}; largest shares under {MIN_SHARE:.0%}", *([total] if total else []))
+        return out
+    for r in shares:
+        p = r.params
+        what = f"{p.get('api')} ({'/'.join(x for x in (p.get('kind'), p.get('dir'), p.get('mem')) if x)})"
+        why = (f"{what}: {r.median:.0%} of the slowdown"
+               + (f" ({total.median * 1e3:.1f} ms)" if total else "") + f"; {r.extra.get('recovery', '')}")
+        for stack, setting in _stacks(str(r.extra.get("recovery", ""))):
+            add(stack, setting, why, *([r] + ([total] if total else [])))
+    return out
+
+
+def advise(paths: list[str]) -> tuple[list[Input], list[Advice]]:
+    inputs = [read(p) for p in paths]  # every file checked before any advice
+    out: list[Advice] = []
+    for inp in inputs:
+        out += {"env": from_env, "probe": from_probe, "account": from_account}[inp.kind](inp)
+    return inputs, out
+
+
+def render(inputs: list[Input], recs: list[Advice]) -> str:
+    lines = []
+    for inp in inputs:
+        s = inp.summary()
+        lines.append(f"# {s['file']}: {s['kind']}, {s['gpu']}, {_state(inp)}"
+                     + (f" (profile {s['emulation_profile']})" if s["emulated"] else "")
+                     + ("" if s["cc_applies"] else ": CC-aware settings do not apply"))
+    w = [max([len(h)] + [len(f(a)) for a in recs]) for h, f in
+         (("stack", lambda a: a.stack), ("setting", lambda a: a.setting), ("source", lambda a: Path(a.source).name))]
+    lines.append(f"{'stack':<{w[0]}}  {'setting':<{w[1]}}  {'emulated':<8}  {'source':<{w[2]}}  why (number)")
+    for a in recs:
+        nums = "; ".join(c.text() for c in a.cites)
+        lines.append(f"{a.stack:<{w[0]}}  {a.setting:<{w[1]}}  {'EMULATED' if a.emulated else 'no':<8}  "
+                     f"{Path(a.source).name:<{w[2]}}  {a.why}" + (f" [{nums}]" if nums else " [no measurement]"))
+    return "\n".join(lines)
+
+
+def to_json(inputs: list[Input], recs: list[Advice]) -> dict[str, Any]:
+    return {"inputs": [i.summary() for i in inputs], "advice": [a.as_dict() for a in recs]}

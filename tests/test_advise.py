@@ -1,0 +1,208 @@
+"""ccbridge advise: settings per stack from stamps, probe and account results, each citing its number."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ccbridge import advise
+from ccbridge.errors import ResultFileError
+from ccbridge.results import Result, Row
+
+
+def stamp(cc="off", emulated=None):
+    return {"ccbridge": "test", "nvml": {"gpus": [{"name": "GPU X"}], "cc": {"mode": cc}},
+            "tee": {"kind": "tdx" if cc == "on" else "none"},
+            "emulation": {"active": bool(emulated), "profile": emulated}}
+
+
+def cc_probe_rows():
+    """What a CC-on (or emulated) bridge looks like: readbacks hold the host, pinned lost its lead,
+    launches are dear, contexts scale, small readbacks serialize."""
+    rows = [Row.of("semantics.nonblocking", "return_fraction", "fraction", [1.0, 0.98, 1.01], dir="d2h", mem="pinned",
+                   stream="same"),
+            Row.of("semantics.nonblocking", "return_fraction", "fraction", [0.95, 0.97], dir="h2d", mem="pinned",
+                   stream="same"),
+            Row.of("semantics.nonblocking", "return_fraction", "fraction", [0.01], dir="h2d", mem="pinned", stream="idle"),
+            Row.of("transfer.sweep", "bandwidth", "GB/s", [4.1, 4.3, 4.2], dir="h2d", mem="pinned", bytes=1 << 30),
+            Row.of("transfer.sweep", "bandwidth", "GB/s", [3.9, 4.0], dir="h2d", mem="pageable", bytes=1 << 30),
+            Row.of("transfer.sweep", "bandwidth", "GB/s", [9.0], dir="h2d", mem="pinned", bytes=4096),
+            Row.of("launch.cost", "time_per_kernel", "us", [26.0, 25.0, 27.5], mode="pipelined"),
+            Row.of("launch.cost", "time_per_kernel", "us", [1.2], mode="graph"),
+            Row.of("smallcopy.d2h32", "per_copy_time", "us", [180.0], streams=1),
+            Row.of("smallcopy.d2h32", "per_copy_time", "us", [176.0], streams=16)]
+    rows += [Row.of("concurrency.scaling", "aggregate_bandwidth", "GB/s", [v], mode="contexts", dir="h2d", n=n)
+             for n, v in ((1, 4.0), (4, 11.5), (8, 13.0), (16, 12.0))]
+    return rows
+
+
+def native_probe_rows():
+    rows = [Row.of("semantics.nonblocking", "return_fraction", "fraction", [0.0001], dir="d2h", mem="pinned",
+                   stream="same"),
+            Row.of("semantics.nonblocking", "return_fraction", "fraction", [0.0], dir="h2d", mem="pinned", stream="same"),
+            Row.of("transfer.sweep", "bandwidth", "GB/s", [54.7], dir="h2d", mem="pinned", bytes=1 << 30),
+            Row.of("transfer.sweep", "bandwidth", "GB/s", [8.6], dir="h2d", mem="pageable", bytes=1 << 30),
+            Row.of("launch.cost", "time_per_kernel", "us", [3.7], mode="pipelined"),
+            Row.of("launch.cost", "time_per_kernel", "us", [0.8], mode="graph"),
+            Row.of("smallcopy.d2h32", "per_copy_time", "us", [7.1], streams=1),
+            Row.of("smallcopy.d2h32", "per_copy_time", "us", [7.0], streams=16)]
+    rows += [Row.of("concurrency.scaling", "aggregate_bandwidth", "GB/s", [v], mode="contexts", dir="h2d", n=n)
+             for n, v in ((1, 54.7), (4, 54.2), (16, 54.6))]
+    return rows
+
+
+def save(tmp_path, name, res_or_doc):
+    p = tmp_path / name
+    if isinstance(res_or_doc, Result):
+        res_or_doc.save(p)
+    else:
+        p.write_text(json.dumps(res_or_doc))
+    return str(p)
+
+
+def find(recs, stack, fragment):
+    return [a for a in recs if a.stack == stack and fragment in a.setting]
+
+
+def medians(res):
+    return {r.key(): r.median for r in res.rows}
+
+
+def test_emulated_cc_probe_calls_for_sync_scheduling_graphs_pool_and_is_labelled(tmp_path):
+    res = Result(env=stamp("off", emulated="b300"), settings={"quick": True}, rows=cc_probe_rows())
+    inputs, recs = advise.advise([save(tmp_path, "x.json", res)])
+    assert inputs[0].kind == "probe" and inputs[0].emulated and inputs[0].summary()["cc_applies"]
+    assert find(recs, "vLLM", "--async-scheduling off")
+    assert find(recs, "SGLang", "--disable-overlap-schedule")
+    assert find(recs, "TRT-LLM", "disable_overlap_scheduler=True")
+    assert find(recs, "torch", "StagedH2D")
+    assert find(recs, "vLLM", "CUDA graphs on") and find(recs, "SGLang", "CUDA graphs on")
+    assert find(recs, "loader", "pool of 8 contexts: ccbridge load --contexts 8 --workers 8")
+    assert find(recs, "loader", "--staging pageable") and not find(recs, "loader", "--staging pinned")
+    assert find(recs, "torch", "one D2H per step")
+    assert not find(recs, "vLLM/SGLang/TRT-LLM", "async / overlap scheduling on")
+    assert not find(recs, "all", "no CC-specific change")
+    assert recs and all(a.emulated for a in recs)
+    # every number cited is the median of the row it names
+    m = medians(res)
+    for a in recs:
+        assert a.cites, a
+        for c in a.cites:
+            assert c.median == m[c.key] and c.unit in ("fraction", "GB/s", "us")
+    vllm = find(recs, "vLLM", "--async-scheduling off")[0]
+    assert [c.key for c in vllm.cites] == ["semantics.nonblocking:return_fraction[dir=d2h,mem=pinned,stream=same]"]
+    assert vllm.cites[0].median == 1.0
+    text = advise.render(inputs, recs)
+    assert "CC emulated (profile b300)" in text
+    for line in text.splitlines()[2:]:
+        assert "EMULATED" in line and "x.json" in line
+    assert "semantics.nonblocking:return_fraction[dir=d2h,mem=pinned,stream=same] = 1 fraction" in text
+
+
+def test_native_cc_off_probe_keeps_defaults_and_says_cc_does_not_apply(tmp_path):
+    res = Result(env=stamp("off"), settings={}, rows=native_probe_rows())
+    inputs, recs = advise.advise([save(tmp_path, "n.json", res)])
+    assert not inputs[0].summary()["cc_applies"]
+    assert find(recs, "all", "no CC-specific change")
+    assert find(recs, "vLLM/SGLang/TRT-LLM", "async / overlap scheduling on")
+    assert find(recs, "loader", "--staging pinned") and find(recs, "torch", "pin host buffers")
+    assert find(recs, "all", "CUDA graphs as the engine ships them")
+    assert find(recs, "loader", "one context")
+    for bad in (("vLLM", "--async-scheduling off"), ("torch", "StagedH2D"), ("loader", "pool of"),
+                ("torch", "one D2H per step"), ("vLLM", "CUDA graphs on")):
+        assert not find(recs, *bad), bad
+    assert not any(a.emulated for a in recs)
+    assert "EMULATED" not in advise.render(inputs, recs)
+    pin = find(recs, "loader", "--staging pinned")[0]
+    assert [(c.median, c.unit) for c in pin.cites] == [(54.7, "GB/s"), (8.6, "GB/s")]
+    assert "6.36x at 1 GiB" in pin.why
+
+
+def test_real_cc_on_is_cc_but_not_emulated(tmp_path):
+    res = Result(env=stamp("on"), settings={}, rows=cc_probe_rows())
+    inputs, recs = advise.advise([save(tmp_path, "on.json", res)])
+    assert inputs[0].summary()["cc_applies"] and not inputs[0].emulated
+    assert find(recs, "vLLM", "--async-scheduling off") and not any(a.emulated for a in recs)
+
+
+def test_bare_env_stamp(tmp_path):
+    inputs, recs = advise.advise([save(tmp_path, "on.json", stamp("on"))])
+    assert inputs[0].kind == "env"
+    assert find(recs, "vLLM", "DrainWorker") and all(not a.cites for a in recs)
+    assert all("no measurement" in a.why for a in recs)
+    inputs, recs = advise.advise([save(tmp_path, "off.json", stamp("off"))])
+    assert [(a.stack, a.setting.split(" (")[0]) for a in recs] == [("all", "engine defaults")]
+    assert "do not apply" in recs[0].why
+    inputs, recs = advise.advise([save(tmp_path, "emu.json", stamp("off", emulated="b300"))])
+    assert find(recs, "vLLM", "DrainWorker") and all(a.emulated for a in recs)
+
+
+def account_result(profile="b300"):
+    rows = [Row.of("account.total", "wall_slowdown", "s", [0.175])]
+    for api, kind, d, m, share, rec in (
+            ("cuMemcpyDtoHAsync_v2", "crossing", "d2h", "pinned", 0.78,
+             "drain on a worker (ccbridge.serve.DrainWorker): the readback waits for the stream"),
+            ("cuLaunchKernel", "launch", "", "", 0.21, "CUDA graphs: one launch toll per graph instead of one per kernel"),
+            ("cuMemcpyHtoD_v2", "crossing", "h2d", "pageable", 0.01, "larger, fewer crossings: each pays a fixed toll")):
+        r = Row.of("account.api", "share_of_slowdown", "fraction", [share], api=api, kind=kind, dir=d, mem=m)
+        r.extra["recovery"] = rec
+        rows.append(r)
+    return Result(env=stamp("off"), settings={"base": "a", "other": "b", "profile": profile}, rows=rows)
+
+
+def test_account_top_rows_map_to_stack_settings(tmp_path):
+    res = account_result()
+    inputs, recs = advise.advise([save(tmp_path, "acc.json", res)])
+    assert inputs[0].kind == "account"
+    assert inputs[0].emulated  # account --profile: the other trace ran under the emulator
+    assert all(a.emulated for a in recs)
+    drain = find(recs, "vLLM", "DrainWorker")
+    assert drain and "78% of the slowdown (175.0 ms)" in drain[0].why
+    assert drain[0].cites[0].key == "account.api:share_of_slowdown[api=cuMemcpyDtoHAsync_v2,dir=d2h,kind=crossing,mem=pinned]"
+    assert drain[0].cites[0].median == 0.78 and drain[0].cites[1].median == 0.175
+    assert find(recs, "TRT-LLM", "cuda_graph_config") and find(recs, "torch", "DrainWorker")
+    assert not find(recs, "DDP", "larger buckets")  # 1% of the slowdown: below the cut
+    assert recs.index(drain[0]) < recs.index(find(recs, "vLLM", "CUDA graphs on")[0])  # largest share first
+
+
+def test_account_of_two_native_traces_is_not_emulated(tmp_path):
+    _, recs = advise.advise([save(tmp_path, "acc.json", account_result(profile=None))])
+    assert recs and not any(a.emulated for a in recs)
+
+
+def test_json_output_has_records_and_env_summaries(tmp_path):
+    emu = save(tmp_path, "emu.json", Result(env=stamp("off", emulated="b300"), settings={}, rows=cc_probe_rows()))
+    st = save(tmp_path, "stamp.json", stamp("off"))
+    out = tmp_path / "advice.json"
+    p = subprocess.run([sys.executable, "-m", "ccbridge.cli", "advise", emu, st, "--json", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    assert [(i["kind"], i["emulated"], i["cc_applies"]) for i in doc["inputs"]] == [("probe", True, True),
+                                                                                     ("env", False, False)]
+    assert doc["inputs"][0]["emulation_profile"] == "b300" and doc["inputs"][1]["cc_mode"] == "off"
+    assert {a["source"] for a in doc["advice"]} == {emu, st}
+    assert all(a["emulated"] == (a["source"] == emu) for a in doc["advice"])
+    assert len(p.stdout.splitlines()) == len(doc["advice"]) + 3  # two input lines, a header, one line per record
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ("{not json", "not a JSON document"),
+    ('{"hello": 1}', "not a ccbridge result or env stamp"),
+    ("[1, 2]", "not a ccbridge result or env stamp"),
+])
+def test_bad_files(tmp_path, content, fragment):
+    p = tmp_path / "f.json"
+    p.write_text(content)
+    with pytest.raises(ResultFileError, match=fragment):
+        advise.read(p)
+
+
+def test_decode_and_unread_results_are_refused(tmp_path):
+    dec = Result(env=stamp(), settings={}, rows=[Row.of("decode.step", "time", "ms", [3.0])])
+    with pytest.raises(ResultFileError, match="decode result; advise does not read decode results yet"):
+        advise.read(save(tmp_path, "d.json", dec))
+    other = Result(env=stamp(), settings={}, rows=[Row.of("hostcrypto.aes256gcm", "throughput", "GB/s", [3.0])])
+    with pytest.raises(ResultFileError, match="no rows advise reads"):
+        advise.read(save(tmp_path, "h.json", other))
