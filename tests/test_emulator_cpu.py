@@ -409,11 +409,14 @@ def test_batch_whose_sizes_overflow_is_invalid(lib):
     dev = lib.ccbemu_fake_alloc(64, DEVICE)
     lib.cuMemcpyBatchAsync_v2.argtypes = [c_p, c_p, c_p, c_sz, c_p, c_p, c_sz, c_p]
     dsts, srcs = (c_u64 * 2)(dev, dev), (c_u64 * 2)(src, src)
+    # a valid batch first: it crosses only if the emulator is on, so a passthrough (which would hand
+    # the bad batches below to the fake driver) fails here instead of reading past the arrays
+    sizes = (c_sz * 2)(16, 48)
+    assert lib.cuMemcpyBatchAsync_v2(dsts, srcs, sizes, 2, None, None, 0, None) == 0
+    assert crossings(lib) == 1
     sizes = (c_sz * 2)(1 << 63, 1 << 63)  # each fits; their sum does not
     assert lib.cuMemcpyBatchAsync_v2(dsts, srcs, sizes, 2, None, None, 0, None) == 1
     assert lib.cuMemcpyBatchAsync_v2(dsts, srcs, sizes, 1 << 60, None, None, 0, None) == 1  # the span table itself
-    sizes = (c_sz * 2)(16, 48)
-    assert lib.cuMemcpyBatchAsync_v2(dsts, srcs, sizes, 2, None, None, 0, None) == 0
     assert crossings(lib) == 1
 
 
