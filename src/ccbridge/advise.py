@@ -10,7 +10,6 @@ apply at all, and what to measure.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,18 +79,9 @@ class Input:
 def read(path: str | Path) -> Input:
     """One input file, its kind told by its content; every defect is a ResultFileError naming the file."""
     p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise ResultFileError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise ResultFileError(f"{p}: is a folder; pass a result.json or an env stamp") from None
-    except OSError as e:
-        raise ResultFileError(f"{p}: cannot read ({e.strerror})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise ResultFileError(f"{p}: not a JSON document ({e})") from None
+    doc = results.read_json(p, "pass a result.json or an env stamp")
     if isinstance(doc, dict) and doc.get("schema") == results.SCHEMA:
-        res = results.load(p)
+        res = results.from_doc(p, doc)
         tests = {r.test for r in res.rows}
         if any(t.startswith("decode.") for t in tests) or "decode" in res.settings:
             raise ResultFileError(f"{p}: a decode result; advise does not read decode results yet "

@@ -166,19 +166,29 @@ def _check_settings(path: Path, settings) -> None:
         raise ResultFileError(f"{path}: settings.missing must map capabilities to reasons (strings)")
 
 
-def load(path: str | Path) -> Result:
-    """Read and validate a result file; every defect is a ResultFileError naming the file and the field."""
+def read_json(path: str | Path, folder: str = "pass the result.json in it"):
+    """A JSON document from a file; every defect is a ResultFileError naming the file."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
         raise ResultFileError(f"{path}: no such file") from None
     except IsADirectoryError:
-        raise ResultFileError(f"{path}: is a folder; pass the result.json in it") from None
+        raise ResultFileError(f"{path}: is a folder; {folder}") from None
     except OSError as e:
         raise ResultFileError(f"{path}: cannot read ({e.strerror})") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ResultFileError(f"{path}: not a JSON document ({e})") from None
+
+
+def load(path: str | Path) -> Result:
+    """Read and validate a result file; every defect is a ResultFileError naming the file and the field."""
+    return from_doc(path, read_json(path))
+
+
+def from_doc(path: str | Path, doc) -> Result:
+    """Validate a result document read from `path` (named in every error)."""
+    path = Path(path)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ResultFileError(f"{path}: not a ccbridge result (schema field missing or wrong)")
     if doc.get("version") != SCHEMA_VERSION:
