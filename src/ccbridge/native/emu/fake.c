@@ -24,8 +24,8 @@ typedef struct { uint64_t t; fstream *s; uint64_t seq; } fevent;
 typedef struct { uintptr_t base; size_t size; int type; } falloc;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static falloc allocs[4096];
-static int nallocs;
+static falloc *allocs; /* every allocation ever made: the tests never free them (addresses stay unique) */
+static size_t nallocs, cap_allocs;
 static fstream default_stream = {.ctx = (CUcontext)1};
 static uintptr_t next_ctx = 2;
 static __thread CUcontext t_cur = (CUcontext)1;
@@ -94,7 +94,15 @@ static CUresult f_EventSynchronize(CUevent e) {
 
 static void remember(void *p, size_t n, int type) {
     pthread_mutex_lock(&mu);
-    if (nallocs < 4096) allocs[nallocs++] = (falloc){(uintptr_t)p, n, type};
+    /* no cap: a full suite makes thousands, and a forgotten device buffer would pass for host memory
+     * (a copy between it and the host then looks like host-to-host and is not emulated) */
+    if (nallocs == cap_allocs) {
+        size_t cap = cap_allocs ? 2 * cap_allocs : 4096;
+        falloc *grown = realloc(allocs, cap * sizeof *grown);
+        if (!grown) abort(); /* a test helper: no way to report it */
+        allocs = grown, cap_allocs = cap;
+    }
+    allocs[nallocs++] = (falloc){(uintptr_t)p, n, type};
     pthread_mutex_unlock(&mu);
 }
 static CUresult f_MemHostAlloc(void **p, size_t n, unsigned flags) {
@@ -108,7 +116,7 @@ static CUresult f_PointerGetAttribute(void *out, int attr, CUdeviceptr p) {
     if (attr != CU_POINTER_ATTRIBUTE_MEMORY_TYPE) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mu);
-    for (int i = 0; i < nallocs; i++)
+    for (size_t i = nallocs; i-- > 0;) /* the newest first: the tests' live buffers */
         if (p >= allocs[i].base && p < allocs[i].base + allocs[i].size) { *(int *)out = allocs[i].type; rc = 0; break; }
     pthread_mutex_unlock(&mu);
     return rc;
