@@ -17,6 +17,9 @@ from ccbridge.errors import UsageError
 # without importing torch (tests/test_cli_fuzz.py checks the two agree).
 SECURE_DTYPES = ["float", "half", "bfloat16", "double", "int32", "int64", "uint8"]
 SECURE_MODELS = ["resnet50", "bert-large", "gpt2-large"]
+# serve/decode.py's PRESETS and MODES, likewise (tests/test_decode_cpu.py checks they agree).
+DECODE_MODELS = ["tiny", "llama-1b", "tinyllama-1.1b", "llama-3b", "llama-8b", "qwen2.5-0.5b", "qwen2.5-3b"]
+DECODE_MODES = ["sync", "async", "staged", "drain"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -440,6 +443,11 @@ def cmd_collectives(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.what == "decode":
+        return _bench_decode(args)
+    if args.graphs or args.model or args.batch or args.modes or args.device:
+        raise UsageError("--model, --batch, --prompt, --output, --modes, --graphs and --device go with `bench decode`")
+    args.warmup = 3 if args.warmup is None else args.warmup
     default = {"net": ("64K", "4M"), "cipher": ("1M", "1G"), "ddp": ("1M", "1G")}[args.what]
     args.iters = args.iters or (3 if args.what == "net" else 10)
     args.minbytes = _size(default[0]) if args.minbytes is None else args.minbytes
@@ -473,6 +481,32 @@ def cmd_bench(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return 0
+
+
+def _bench_decode(args) -> int:
+    """Greedy decode of a transformer (random weights) in each scheduling mode; tokens must agree."""
+    if args.json:
+        ui.writable_file(args.json, "--json")
+    if args.graphs and args.device == "cpu":
+        raise UsageError("--graphs captures CUDA graphs: it needs a CUDA device (not --device cpu)")
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        print("ccbridge bench: decode needs torch (pip install torch)", file=sys.stderr)
+        return 2
+    from ccbridge.serve import decode
+
+    batches = args.batch or [1, 8, 32, 128]
+    res = decode.bench(args.model or "llama-1b", batches, args.prompt, args.output, args.modes or list(DECODE_MODES),
+                       args.device or "cuda", iters=args.iters or 3, warmup=1 if args.warmup is None else args.warmup,
+                       graphs=args.graphs, log=lambda m: print(f"ccbridge bench: {m}", file=sys.stderr, flush=True))
+    print(decode.render(res))
+    if args.json:
+        res.save(Path(args.json))
+        print(f"wrote {args.json}", file=sys.stderr)
+    for e in res.errors:
+        print(f"ccbridge bench: {e['error']}", file=sys.stderr)
+    return 1 if res.errors else 0
 
 
 def _plugin_built() -> None:
@@ -629,14 +663,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_collectives)
 
     p = sub.add_parser("bench", help="benchmarks of the encryption: ddp (training iterations), cipher (the GPU "
-                       "kernels) or net (the NCCL net plugin's loopback stream, CPU only)")
-    p.add_argument("what", choices=["ddp", "cipher", "net"])
+                       "kernels) or net (the NCCL net plugin's loopback stream, CPU only); decode: a transformer's "
+                       "greedy decode under sync/async/staged/drain scheduling")
+    p.add_argument("what", choices=["ddp", "cipher", "net", "decode"])
     p.add_argument("--models", nargs="+", default=["resnet50", "bert-large", "gpt2-large"], choices=SECURE_MODELS)
     p.add_argument("--ngpus", type=_int(2), nargs="+", default=[2, 4], help="world sizes, each at least 2 (default 2 4)")
     p.add_argument("--buckets", type=_int(1), nargs="+", default=[25, 100, 400, 800],
                    help="bucket_cap_mb sweep for the encrypted runs")
-    p.add_argument("--iters", type=_int(1), help="ddp, cipher: timed iterations (default 10); net: repeats (default 3)")
-    p.add_argument("--warmup", type=_int(0), default=3)
+    p.add_argument("--iters", type=_int(1), help="ddp, cipher: timed iterations (default 10); net: repeats (default 3); "
+                                                 "decode: timed runs per batch and mode (default 3)")
+    p.add_argument("--warmup", type=_int(0), help="ddp: warm-up iterations (default 3); decode: warm-up runs (default 1)")
     p.add_argument("-b", "--minbytes", type=size, help="cipher, net: smallest size (default 1M; net 64K)")
     p.add_argument("-e", "--maxbytes", type=size, help="cipher, net: largest size (default 1G; net 4M)")
     p.add_argument("--net", choices=["ccbridge"], help="ddp: NCCL's plaintext sockets beside NCCL on the ccbridge "
@@ -646,7 +682,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="net: sockets (each with a thread) per connection to compare (default 1 2 4 8; at most 16)")
     p.add_argument("--inflight", type=_int(1), default=8, help="net: messages in flight (default 8, as NCCL's steps)")
     p.add_argument("--total", type=size, default="2G", help="net: bytes moved per measurement (default 2G)")
-    p.add_argument("--json", help="write the rows here")
+    p.add_argument("--model", choices=DECODE_MODELS, help="decode: model shape, random weights (default llama-1b)")
+    p.add_argument("--batch", type=_int(1), nargs="+", help="decode: batch sizes (default 1 8 32 128)")
+    p.add_argument("--prompt", type=_int(1), default=128, help="decode: prompt tokens (default 128)")
+    p.add_argument("--output", type=_int(2), default=64, help="decode: tokens generated per sequence, the first by "
+                                                              "prefill (default 64)")
+    p.add_argument("--modes", nargs="+", choices=DECODE_MODES, help="decode: scheduling modes (default all)")
+    p.add_argument("--graphs", action="store_true", help="decode: CUDA-graph decode steps (not implemented yet)")
+    p.add_argument("--device", type=_checked(_device_spec), help="decode: cuda, cuda:N or cpu (default cuda)")
+    p.add_argument("--json", help="write the rows here (decode: a result file `ccbridge compare` reads)")
     p.set_defaults(fn=cmd_bench)
     return ap
 

@@ -1,0 +1,377 @@
+"""A decode harness on a real transformer: one model, four ways to schedule its steps.
+
+A Hugging Face causal LM (Llama or Qwen2 shapes) is built from a config with
+seeded random weights (bf16 on CUDA, fp32 on the CPU), given seeded random
+prompts, and decoded greedily. Each mode produces the same tokens; only the
+order of host work and crossings differs:
+
+- sync: read step N's tokens back to the host, then build and copy step N+1's
+  inputs (ids and positions) and launch it. Every step waits for the GPU.
+- async: launch N+1 before reading N. N+1's input ids are N's device-side
+  argmax; its positions are copied from pinned host memory on the compute
+  stream (non_blocking); N's tokens are read back on a side stream after N+1
+  is enqueued. Today's engines' default.
+- staged: async, with the per-step host inputs (positions, and cache_position
+  where the model takes one) packed through ccbridge.serve.StagedH2D on an
+  idle stream instead of copied on the busy compute stream.
+- drain: staged, with the readbacks submitted to a ccbridge.serve.DrainWorker
+  as each step's argmax is enqueued; the scheduler thread takes step N's
+  tokens only after launching N+2 (two readbacks in flight), so it never holds
+  a crossing itself.
+
+Under GPU-CC (or the emulator: `ccbridge run --profile b300 -- ...`) a copy
+holds the thread that issues it until its stream reaches it (bridge law,
+property 2), which is what separates the modes. On the CPU the modes are the
+same loops without streams; their tokens must still agree.
+
+Timing: a run is a prefill (not timed) and output - 1 decode steps; its wall
+time runs from the end of prefill to the last token on the host. tok/s is
+batch x (output - 1) / wall; a step time is the interval between successive
+steps' tokens reaching the host; gpu_busy (CUDA) is the summed time between
+each step's start and end event on the compute stream over the wall time
+(launch gaps inside a step count as busy, gaps between steps do not).
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ccbridge.errors import UsageError
+
+MODES = ("sync", "async", "staged", "drain")
+DRAIN_LAG = 2  # drain mode: readbacks in flight before the scheduler thread takes the oldest
+
+# Shapes of published models (config.json of each); the weights are random.
+PRESETS: dict[str, dict] = {
+    "tiny": dict(arch="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=4096, rope_theta=10000.0,
+                 tie_word_embeddings=False),
+    "llama-1b": dict(arch="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,  # Llama 3.2 1B
+                     num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                     max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=True),
+    "tinyllama-1.1b": dict(arch="llama", hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                           num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+                           max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=False),
+    "llama-3b": dict(arch="llama", hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,  # Llama 3.2 3B
+                     num_attention_heads=24, num_key_value_heads=8, vocab_size=128256,
+                     max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=True),
+    "llama-8b": dict(arch="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,  # Llama 3.1 8B
+                     num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                     max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=False),
+    "qwen2.5-0.5b": dict(arch="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                         max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True),
+    "qwen2.5-3b": dict(arch="qwen2", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                       num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
+                       max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True),
+}
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError("needs Hugging Face transformers (pip install transformers)") from None
+    return transformers
+
+
+def check(model: str, batches: list[int], prompt: int, output: int, modes: list[str], device: str,
+          graphs: bool) -> torch.device:
+    """Every argument checked before a model is built; the torch device to run on."""
+    if model not in PRESETS:
+        raise UsageError(f"unknown model {model!r} (one of {', '.join(PRESETS)})")
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise UsageError(f"unknown mode {bad[0]!r} (one of {', '.join(MODES)})")
+    if not batches or min(batches) < 1:
+        raise UsageError("batch sizes must be at least 1")
+    if prompt < 1 or output < 2:
+        raise UsageError("prompt needs at least 1 token and output at least 2 (the first comes from prefill)")
+    limit = PRESETS[model]["max_position_embeddings"]
+    if prompt + output > limit:
+        raise UsageError(f"prompt + output = {prompt + output} tokens, {model} holds {limit}")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {device}: torch sees no GPU (give --device cpu)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s)")
+    if graphs:
+        if dev.type != "cuda":
+            raise UsageError("--graphs captures CUDA graphs: it needs a CUDA device")
+        raise UsageError("--graphs: CUDA-graph decode (StaticCache, one graph per batch size) is not implemented "
+                         "yet; run eager (without --graphs)")
+    return dev
+
+
+def build(model: str, device, seed: int = 0) -> torch.nn.Module:
+    """The preset's causal LM with seeded random weights, in eval mode (bf16 on CUDA, fp32 on the CPU)."""
+    tf = _transformers()
+    spec = dict(PRESETS[model])
+    arch = spec.pop("arch")
+    cfg_cls, model_cls = ((tf.LlamaConfig, tf.LlamaForCausalLM) if arch == "llama"
+                          else (tf.Qwen2Config, tf.Qwen2ForCausalLM))
+    cfg = cfg_cls(**spec, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    dev = torch.device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    torch.manual_seed(seed)
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with dev:
+            m = model_cls(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    return m.to(device=dev, dtype=dtype).eval()
+
+
+def prompts(vocab: int, batch: int, length: int, seed: int = 0) -> torch.Tensor:
+    """Seeded random prompt ids on the host, (batch, length); the same for every mode."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, length), generator=g, dtype=torch.int64)
+
+
+@dataclass
+class Run:
+    tokens: torch.Tensor              # (batch, output) on the host
+    wall_s: float
+    step_s: list[float]
+    gpu_busy: float | None = None
+    stats: dict = field(default_factory=dict)  # what crossed how: h2d, staged, readback, drained counts
+
+
+class _Stepper:
+    """One model's forward with the keyword arguments its transformers version takes."""
+
+    def __init__(self, model):
+        inner = getattr(model, "model", model)
+        self.model = model
+        self.cache_position = "cache_position" in inspect.signature(inner.forward).parameters
+        params = inspect.signature(model.forward).parameters
+        self.keep = ({"logits_to_keep": 1} if "logits_to_keep" in params else
+                     {"num_logits_to_keep": 1} if "num_logits_to_keep" in params else {})
+
+    def host_inputs(self, batch: int, p: int) -> list[torch.Tensor]:
+        pos = torch.full((batch, 1), p, dtype=torch.int64)
+        return [pos, torch.tensor([p], dtype=torch.int64)] if self.cache_position else [pos]
+
+    def prefill(self, ids: torch.Tensor):
+        out = self.model(input_ids=ids, use_cache=True, **self.keep)
+        return out.logits[:, -1].argmax(-1), out.past_key_values
+
+    def step(self, ids: torch.Tensor, inputs: list[torch.Tensor], cache):
+        kw = {"cache_position": inputs[1]} if self.cache_position else {}
+        out = self.model(input_ids=ids, position_ids=inputs[0], past_key_values=cache, use_cache=True, **kw,
+                         **self.keep)
+        return out.logits[:, -1].argmax(-1), out.past_key_values
+
+
+@torch.no_grad()
+def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, drain=None,
+           trace: list | None = None) -> Run:
+    """Greedy decode of output tokens per sequence after the host prompt (batch, length), scheduled as mode.
+
+    stage (a StagedH2D) and drain (a DrainWorker) are made per call when not given.
+    trace, when given, gets ("launch", n) as step n's forward is enqueued and ("read", n) as
+    token n reaches the host (token 0 comes from prefill, step n makes token n).
+    """
+    if mode not in MODES:
+        raise UsageError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
+    from ccbridge.serve import DrainWorker, StagedH2D, layout
+
+    dev = next(model.parameters()).device
+    cuda = dev.type == "cuda"
+    st = _Stepper(model)
+    batch, plen = prompt.shape
+    steps = output - 1
+    log = trace.append if trace is not None else (lambda _: None)
+    stats = {"h2d": 0, "staged": 0, "readback": 0, "drained": 0}
+    own_drain = own_stage = None
+    if mode in ("staged", "drain") and stage is None:
+        stage = own_stage = StagedH2D(capacity=layout(st.host_inputs(batch, 0))[1], device=dev)
+    if mode == "drain" and drain is None:
+        drain = own_drain = DrainWorker(max_pending=DRAIN_LAG + 2)
+    compute = torch.cuda.current_stream(dev) if cuda else None
+    side = torch.cuda.Stream(dev) if cuda and mode in ("async", "staged") else None
+    marks: list = []
+
+    def to_dev(t: torch.Tensor) -> torch.Tensor:
+        stats["h2d"] += 1
+        if not cuda:
+            return t.clone()
+        return t.pin_memory().to(dev, non_blocking=True)
+
+    def inputs_for(n: int) -> list[torch.Tensor]:  # step n feeds token n - 1 at position plen + n - 1
+        host = st.host_inputs(batch, plen + n - 1)
+        if mode in ("staged", "drain"):
+            stats["staged"] += 1
+            return stage.put(host)
+        return [to_dev(t) for t in host]
+
+    def launch(n: int, ids: torch.Tensor, cache):
+        inputs = inputs_for(n)
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(compute)
+        nxt, cache = st.step(ids, inputs, cache)
+        if cuda:
+            end.record(compute)
+            marks.append((start, end))
+        log(("launch", n))
+        return nxt, cache
+
+    def read(t: torch.Tensor, ready) -> torch.Tensor:  # async, staged: on the side stream, after `ready`
+        stats["readback"] += 1
+        if not cuda:
+            return t.clone()
+        if side is None:
+            return t.cpu()
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        with torch.cuda.stream(side):
+            side.wait_event(ready)
+            host.copy_(t, non_blocking=True)
+        side.synchronize()
+        return host
+
+    def event():
+        if not cuda:
+            return None
+        e = torch.cuda.Event()
+        e.record(compute)
+        return e
+
+    toks: list[torch.Tensor] = [None] * output  # type: ignore[list-item]
+    stamps: list[float] = []
+
+    def got(n: int, t: torch.Tensor) -> None:
+        toks[n] = t
+        stamps.append(time.perf_counter())
+        log(("read", n))
+
+    try:
+        first, cache = st.prefill(prompt.to(dev))
+        if cuda:
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        if mode == "sync":
+            tok = first.cpu()
+            stats["readback"] += 1
+            got(0, tok)
+            for n in range(1, output):
+                nxt, cache = launch(n, to_dev(tok[:, None]), cache)
+                tok = nxt.cpu()
+                stats["readback"] += 1
+                got(n, tok)
+        elif mode in ("async", "staged"):
+            prev, ready = first, event()
+            for n in range(1, output):
+                nxt, cache = launch(n, prev[:, None], cache)  # N+1 enqueued from N's device-side argmax
+                nxt_ready = event()
+                got(n - 1, read(prev, ready))                 # then N read back
+                prev, ready = nxt, nxt_ready
+            got(steps, read(prev, ready))
+        else:  # drain
+            pending = [(0, drain.submit(first))]
+            stats["drained"] += 1
+            prev = first
+            for n in range(1, output):
+                nxt, cache = launch(n, prev[:, None], cache)
+                pending.append((n, drain.submit(nxt)))
+                stats["drained"] += 1
+                prev = nxt
+                while len(pending) > DRAIN_LAG:
+                    k, fut = pending.pop(0)
+                    got(k, fut.result())
+            for k, fut in pending:
+                got(k, fut.result())
+        wall = time.perf_counter() - t0
+    finally:
+        if own_drain is not None:
+            own_drain.close()
+    busy = None
+    if cuda and marks and wall > 0:
+        torch.cuda.synchronize(dev)
+        busy = min(1.0, sum(s.elapsed_time(e) for s, e in marks) / 1e3 / wall)
+    del own_stage
+    tokens = torch.stack([t.reshape(batch).to("cpu", torch.int64) for t in toks], dim=1)
+    return Run(tokens, wall, [b - a for a, b in zip(stamps, stamps[1:])], busy, stats)
+
+
+def _mismatch(a: torch.Tensor, b: torch.Tensor) -> str:
+    diff = (a != b).nonzero()
+    seq, step = diff[0].tolist()
+    return f"{len(diff)} of {a.numel()} tokens (first: sequence {seq}, token {step})"
+
+
+def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[str], device: str = "cuda",
+          iters: int = 3, warmup: int = 1, graphs: bool = False, seed: int = 0,
+          log: Callable[[str], None] = lambda _: None):
+    """Every (batch, mode): warmup + iters runs; a Result of rows decode:tok_per_s and decode:step_ms.
+
+    Tokens of every run are checked against the first run of the first mode at that batch size;
+    each disagreement is an entry in Result.errors."""
+    from ccbridge import env
+    from ccbridge.results import Result, Row
+
+    dev = check(model, batches, prompt, output, modes, device, graphs)
+    tf = _transformers()
+    stamp = env.stamp()
+    t_start = time.monotonic()
+    log(f"building {model} (random weights, seed {seed}) on {dev}")
+    m = build(model, dev, seed)
+    settings = {"decode": {"model": model, "device": str(dev), "dtype": str(next(m.parameters()).dtype).split(".")[-1],
+                           "prompt": prompt, "output": output, "batches": list(batches), "modes": list(modes),
+                           "iters": iters, "warmup": warmup, "graphs": graphs, "seed": seed,
+                           "transformers": tf.__version__, "drain_lag": DRAIN_LAG}}
+    res = Result(env=stamp, settings=settings)
+    for b in batches:
+        ids = prompts(PRESETS[model]["vocab_size"], b, prompt, seed)
+        want = None
+        for mode in modes:
+            log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs")
+            runs = [decode(m, ids, output, mode) for _ in range(warmup + iters)]
+            bad = None
+            for r in runs:
+                if want is None:
+                    want = (mode, r.tokens)
+                elif not torch.equal(r.tokens, want[1]):
+                    bad = bad or f"batch {b}, mode {mode}: tokens differ from {want[0]}'s in " + _mismatch(r.tokens, want[1])
+            if bad:
+                res.errors.append({"test": "decode", "error": bad})
+            timed = runs[warmup:]
+            params = dict(model=model, batch=b, mode=mode, graphs=graphs)
+            busy = [r.gpu_busy for r in timed if r.gpu_busy is not None]
+            extra = {"gpu_busy": sorted(busy)[len(busy) // 2] if busy else None, "tokens_match": bad is None,
+                     **timed[-1].stats}
+            res.rows.append(Row.of("decode", "tok_per_s", "tok/s", [b * (output - 1) / r.wall_s for r in timed],
+                                   **params))
+            res.rows[-1].extra = extra
+            res.rows.append(Row.of("decode", "step_ms", "ms", [s * 1e3 for r in timed for s in r.step_s], **params))
+    res.duration_s = time.monotonic() - t_start
+    return res
+
+
+def render(res) -> str:
+    """A table: one line per (batch, mode)."""
+    s = res.settings["decode"]
+    head = (f"# ccbridge bench decode: {s['model']} (random weights), {s['dtype']} on {s['device']}, prompt "
+            f"{s['prompt']}, output {s['output']}, {'CUDA graphs' if s['graphs'] else 'eager'}, {s['iters']} timed runs")
+    if res.emulated:
+        from ccbridge import env
+
+        head += f"\n# EMULATED CC bridge (profile {env.emulation_label(res.env['emulation'])}): not a CC hardware measurement"
+    lines = [head, f"{'batch':>6} {'mode':<7} {'tok/s':>10} {'step ms':>9} {'p90 ms':>8} {'gpu busy':>8}  tokens"]
+    steps = {(r.params["batch"], r.params["mode"]): r for r in res.rows if r.metric == "step_ms"}
+    for r in res.rows:
+        if r.metric != "tok_per_s":
+            continue
+        st = steps[(r.params["batch"], r.params["mode"])]
+        busy = r.extra.get("gpu_busy")
+        lines.append(f"{r.params['batch']:>6} {r.params['mode']:<7} {r.median:>10.1f} {st.median:>9.3f} {st.p90:>8.3f} "
+                     f"{'-' if busy is None else f'{busy:.2f}':>8}  {'same' if r.extra['tokens_match'] else 'DIFFER'}")
+    return "\n".join(lines)

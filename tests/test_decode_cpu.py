@@ -1,0 +1,163 @@
+"""`ccbridge bench decode` on the CPU: the tiny model, every mode, the same tokens as a plain greedy loop."""
+
+import json
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the decode harness needs torch")
+pytest.importorskip("transformers", reason="the decode harness builds a Hugging Face transformers model "
+                                           "(pip install transformers)")
+
+from ccbridge import cli, results  # noqa: E402
+from ccbridge.errors import UsageError  # noqa: E402
+from ccbridge.serve import decode  # noqa: E402
+
+PROMPT, OUTPUT = 12, 9
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return decode.build("tiny", "cpu", seed=0)
+
+
+@torch.no_grad()
+def _greedy_without_cache(model, ids, n):
+    """Each token from a full forward over everything so far: no KV cache, no positions passed."""
+    out = []
+    for _ in range(n):
+        nxt = model(input_ids=ids).logits[:, -1].argmax(-1)
+        out.append(nxt)
+        ids = torch.cat([ids, nxt[:, None]], dim=1)
+    return torch.stack(out, dim=1)
+
+
+def test_cli_names_the_harness_presets_and_modes():
+    assert cli.DECODE_MODELS == list(decode.PRESETS)
+    assert cli.DECODE_MODES == list(decode.MODES)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_every_mode_gives_the_reference_tokens(tiny, batch):
+    ids = decode.prompts(decode.PRESETS["tiny"]["vocab_size"], batch, PROMPT, seed=5)
+    want = _greedy_without_cache(tiny, ids, OUTPUT)
+    for mode in decode.MODES:
+        r = decode.decode(tiny, ids, OUTPUT, mode)
+        assert r.tokens.shape == (batch, OUTPUT) and r.tokens.dtype == torch.int64
+        assert torch.equal(r.tokens, want), mode
+        assert len(r.step_s) == OUTPUT - 1 and r.wall_s > 0 and r.gpu_busy is None
+
+
+def test_tokens_equal_generate(tiny):
+    ids = decode.prompts(decode.PRESETS["tiny"]["vocab_size"], 2, PROMPT, seed=1)
+    try:
+        got = tiny.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=OUTPUT, do_sample=False,
+                            min_new_tokens=OUTPUT)
+    except (TypeError, ValueError) as e:  # generation API drift across transformers versions
+        pytest.skip(f"generate() refused the arguments here: {e}")
+    assert torch.equal(decode.decode(tiny, ids, OUTPUT, "drain").tokens, got[:, PROMPT:])
+
+
+def test_each_mode_schedules_as_named(tiny):
+    """sync reads N before launching N+1; async/staged launch N+1 first; drain launches N+2 first."""
+    ids = decode.prompts(decode.PRESETS["tiny"]["vocab_size"], 2, PROMPT)
+    order = {}
+    for mode in decode.MODES:
+        trace = []
+        r = decode.decode(tiny, ids, OUTPUT, mode, trace=trace)
+        order[mode] = {ev: i for i, ev in enumerate(trace)}
+        assert sorted(e for e in trace if e[0] == "read") == [("read", n) for n in range(OUTPUT)]
+        assert sorted(e for e in trace if e[0] == "launch") == [("launch", n) for n in range(1, OUTPUT)]
+        if mode in ("staged", "drain"):
+            assert r.stats["staged"] == OUTPUT - 1 and r.stats["h2d"] == 0
+        else:
+            assert r.stats["staged"] == 0 and r.stats["h2d"] >= OUTPUT - 1
+        assert r.stats["drained"] == (OUTPUT if mode == "drain" else 0)
+    lag = {"sync": 0, "async": 1, "staged": 1, "drain": decode.DRAIN_LAG}
+    for mode, pos in order.items():
+        for n in range(1, OUTPUT - lag[mode]):
+            # step n + lag is launched before token n - 1 ... read; sync reads token n - 1 before launching n
+            if lag[mode]:
+                assert pos[("launch", n + lag[mode] - 1)] < pos[("read", n - 1)], (mode, n)
+            else:
+                assert pos[("read", n - 1)] < pos[("launch", n)], (mode, n)
+        if lag[mode] > 1:  # and no later: the thread takes each token once it is lag steps behind
+            assert pos[("read", 0)] < pos[("launch", lag[mode] + 1)]
+
+
+def test_bench_result_rows_and_compare(tmp_path, capsys):
+    rc = cli.main(["bench", "decode", "--model", "tiny", "--device", "cpu", "--batch", "1", "2", "--prompt", "8",
+                   "--output", "5", "--iters", "2", "--warmup", "0", "--modes", "sync", "drain",
+                   "--json", str(tmp_path / "d.json")])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "EMULATED" not in out.out and "DIFFER" not in out.out
+    assert len([l for l in out.out.splitlines() if l.split()[:1] in (["1"], ["2"])]) == 4
+    res = results.load(tmp_path / "d.json")
+    assert not res.errors and not res.emulated and res.settings["decode"]["model"] == "tiny"
+    keys = {(r.metric, r.params["batch"], r.params["mode"]) for r in res.rows}
+    assert keys == {(m, b, mode) for m in ("tok_per_s", "step_ms") for b in (1, 2) for mode in ("sync", "drain")}
+    for r in res.rows:
+        assert r.test == "decode" and r.params["model"] == "tiny" and r.params["graphs"] is False
+        assert r.unit == {"tok_per_s": "tok/s", "step_ms": "ms"}[r.metric] and r.median > 0
+        assert r.n == (2 if r.metric == "tok_per_s" else 2 * 4)
+    assert cli.main(["compare", str(tmp_path / "d.json"), str(tmp_path / "d.json")]) == 0
+
+
+def test_emulated_runs_say_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CCBRIDGE_EMULATION_PROFILE", "b300")
+    monkeypatch.setenv("CCBRIDGE_EMU_CONFIG", str(tmp_path / "none.conf"))
+    rc = cli.main(["bench", "decode", "--model", "tiny", "--device", "cpu", "--batch", "1", "--prompt", "4",
+                   "--output", "3", "--iters", "1", "--warmup", "0", "--modes", "async",
+                   "--json", str(tmp_path / "d.json")])
+    assert rc == 0
+    assert "EMULATED CC bridge (profile b300)" in capsys.readouterr().out
+    assert results.load(tmp_path / "d.json").emulated
+
+
+def test_mismatched_tokens_fail_the_run(tmp_path, monkeypatch, capsys):
+    real = decode.decode
+
+    def flipped(model, ids, output, mode, **kw):
+        r = real(model, ids, output, mode, **kw)
+        if mode == "staged":
+            r.tokens[0, -1] += 1
+        return r
+
+    monkeypatch.setattr(decode, "decode", flipped)
+    rc = cli.main(["bench", "decode", "--model", "tiny", "--device", "cpu", "--batch", "2", "--prompt", "4",
+                   "--output", "3", "--iters", "1", "--warmup", "0", "--json", str(tmp_path / "d.json")])
+    out = capsys.readouterr()
+    assert rc == 1
+    assert "batch 2, mode staged: tokens differ from sync's in 1 of 6 tokens (first: sequence 0, token 2)" in out.err
+    assert "DIFFER" in out.out
+    doc = json.loads((tmp_path / "d.json").read_text())
+    assert doc["errors"] and doc["errors"][0]["test"] == "decode"
+
+
+def test_api_checks():
+    with pytest.raises(UsageError, match="unknown model 'gpt5'"):
+        decode.check("gpt5", [1], 4, 4, ["sync"], "cpu", False)
+    with pytest.raises(UsageError, match="unknown mode 'eager'"):
+        decode.check("tiny", [1], 4, 4, ["eager"], "cpu", False)
+    with pytest.raises(UsageError, match="at least 1"):
+        decode.check("tiny", [0], 4, 4, ["sync"], "cpu", False)
+    with pytest.raises(UsageError, match="output at least 2"):
+        decode.check("tiny", [1], 4, 1, ["sync"], "cpu", False)
+    with pytest.raises(UsageError, match="tiny holds 4096"):
+        decode.check("tiny", [1], 4000, 100, ["sync"], "cpu", False)
+    with pytest.raises(UsageError, match="needs a CUDA device"):
+        decode.check("tiny", [1], 4, 4, ["sync"], "cpu", True)
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="torch sees no GPU"):
+            decode.check("tiny", [1], 4, 4, ["sync"], "cuda", False)
+    with pytest.raises(UsageError, match="unknown mode"):
+        decode.decode(None, torch.zeros(1, 1, dtype=torch.int64), 2, "nosuch")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_default_device_without_gpu_is_one_line(capsys):
+    assert cli.main(["bench", "decode", "--model", "tiny", "--batch", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "ccbridge bench: --device cuda: torch sees no GPU (give --device cpu)", err
+    assert sys.modules.get("ccbridge.serve.decode") is decode

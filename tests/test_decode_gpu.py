@@ -1,0 +1,77 @@
+"""`ccbridge bench decode` on a GPU: every mode gives the same tokens, and each schedules as named."""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the decode harness needs torch")
+pytest.importorskip("transformers", reason="the decode harness builds a Hugging Face transformers model")
+
+from ccbridge import cli, results  # noqa: E402
+from ccbridge.serve import decode  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no GPU")]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return decode.build("tiny", "cuda", seed=0)
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_modes_agree_on_cuda(tiny, batch):
+    assert next(tiny.parameters()).dtype == torch.bfloat16
+    ids = decode.prompts(decode.PRESETS["tiny"]["vocab_size"], batch, 32, seed=3)
+    runs = {m: decode.decode(tiny, ids, 24, m) for m in decode.MODES}
+    for mode, r in runs.items():
+        assert torch.equal(r.tokens, runs["sync"].tokens), mode
+        assert r.gpu_busy is not None and 0 < r.gpu_busy <= 1
+
+
+def test_async_launches_the_next_step_before_reading(tiny, monkeypatch):
+    """async: step N+1 is enqueued before N's readback is issued; no Tensor.cpu() (a compute-stream sync)
+    happens in the loop; the readback waits on a side stream. sync: one .cpu() per token."""
+    ids = decode.prompts(decode.PRESETS["tiny"]["vocab_size"], 4, 16)
+    calls = {"cpu": 0}
+    real_cpu = torch.Tensor.cpu
+
+    def counting_cpu(self, *a, **k):
+        calls["cpu"] += 1
+        return real_cpu(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", counting_cpu)
+    for mode, want in (("sync", 16), ("async", 0), ("staged", 0)):
+        calls["cpu"] = 0
+        trace = []
+        r = decode.decode(tiny, ids, 16, mode, trace=trace)
+        assert calls["cpu"] == want, mode
+        pos = {ev: i for i, ev in enumerate(trace)}
+        if mode != "sync":
+            assert all(pos[("launch", n + 1)] < pos[("read", n)] for n in range(1, 15)), mode
+        assert r.stats["readback"] == 16
+
+
+def test_drain_keeps_the_scheduler_ahead(tiny):
+    """drain: the host has launched step n + DRAIN_LAG - 1 before it takes token n - 1; the GPU is still
+    working when the scheduler thread launches (it never waited for the stream)."""
+    ids = decode.prompts(decode.PRESETS["tiny"]["vocab_size"], 4, 16)
+    trace = []
+    r = decode.decode(tiny, ids, 32, "drain", trace=trace)
+    pos = {ev: i for i, ev in enumerate(trace)}
+    assert all(pos[("launch", n + decode.DRAIN_LAG - 1)] < pos[("read", n - 1)] for n in range(1, 30))
+    assert r.stats["drained"] == 32 and r.stats["h2d"] == 0
+
+
+def test_bench_llama_shape_small_batch(tmp_path, capsys):
+    """A real preset (llama-1b shapes) through the CLI, two batch sizes, every mode, tokens checked."""
+    rc = cli.main(["bench", "decode", "--model", "llama-1b", "--batch", "1", "8", "--prompt", "64", "--output", "16",
+                   "--iters", "2", "--json", str(tmp_path / "d.json")])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    res = results.load(tmp_path / "d.json")
+    assert not res.errors and len(res.rows) == 2 * 2 * len(decode.MODES)
+    assert all(r.extra["gpu_busy"] is not None for r in res.rows if r.metric == "tok_per_s")
+
+
+def test_graphs_are_refused_clearly():
+    with pytest.raises(Exception, match="--graphs: CUDA-graph decode .* is not implemented"):
+        decode.check("tiny", [1], 4, 4, ["sync"], "cuda", True)
