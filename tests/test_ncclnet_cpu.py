@@ -9,6 +9,7 @@ deadline, and no request may complete with wrong data.
 
 import ctypes
 import hashlib
+import hmac
 import multiprocessing as mp
 import os
 import random
@@ -285,6 +286,10 @@ class Proxy:
             return r[:-2]
         if f == "drop_fin":
             return r[:-1]
+        if f == "wrap_offset":  # offset + n wraps to 0 (passes `offset + n <= size`): 256 KiB before the buffer
+            b = bytearray(r[1])
+            b[24:32] = struct.pack("<Q", (1 << 64) - RECORD)
+            return [r[0], bytes(b), *r[2:]]
         raise AssertionError(f)
 
 
@@ -355,6 +360,15 @@ def test_lost_fin_after_complete_messages_costs_nothing():
     assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True)], got
 
 
+def test_offset_that_wraps_is_refused_before_a_byte_is_written():
+    # no key needed: the header is read and checked before the tag, and the payload lands at
+    # buffer + offset first; an offset of 2^64 - 256 KiB made offset + n wrap to 0 and wrote
+    # 256 KiB of attacker bytes below the posted buffer before the tag failed
+    got = run_through_proxy("wrap_offset", MESSAGE)
+    assert got["error"] is not None and got["where"] in ("test", "irecv") and got["completed"] == [], got
+    assert any("malformed record header" in m for m in got["logs"]), got["logs"]
+
+
 def test_replayed_connection_fails():
     recorded = {}
     got = run_through_proxy("record", MESSAGE, recorded)
@@ -366,6 +380,193 @@ def test_replayed_connection_fails():
     # the old connection's whole byte stream, handshake included: the confirmation fails
     got = run_through_proxy("replay_handshake", MESSAGE, recorded)
     assert got["where"] == "accept" and got["completed"] == [], got
+
+
+# ---- a peer with the key that sends what it is told (the buggy-but-keyed peer), and the handle ----
+
+MAGIC = b"CCBNET\x00\x02"
+
+
+class RoguePeer:
+    """The sending side of conn.c's protocol in Python, every lane's handshake honest, then records
+    with whatever headers a test writes: what a buggy rank holding the key could put on the wire."""
+
+    def __init__(self, handle, key=KEY, lanes=None):
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+        self.aesgcm = AESGCM
+        port = struct.unpack(">H", handle[ADDR_OFF + 2:ADDR_OFF + 4])[0]
+        self.nlanes = struct.unpack("<I", handle[LANES_OFF:LANES_OFF + 4])[0]
+        self.listen_id, self.conn_id, secret = bytes(handle[8:24]), os.urandom(16), bytes.fromhex(key)
+        self.socks, self.keys, self.seq = [], [], []
+        for i in range(self.nlanes if lanes is None else lanes):
+            s = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE)
+            mine = self.hello(i)
+            s.sendall(mine)
+            theirs = Proxy._read(s, HELLO)
+            th = hashlib.sha256(b"ccbridge/net/v2" + mine + theirs).digest()
+            confirm = keys.hkdf(secret, th, b"ccbridge/net/v2 confirm sender")
+            s.sendall(hmac.new(confirm, th, hashlib.sha256).digest())
+            Proxy._read(s, CONFIRM)
+            self.socks.append(s)
+            self.keys.append(keys.hkdf(secret, th, b"ccbridge/net/v2 data sender->receiver"))
+            self.seq.append(0)
+
+    def hello(self, lane):
+        return MAGIC + struct.pack("<IHH", 1, lane, self.nlanes) + os.urandom(32) + self.listen_id + self.conn_id
+
+    def record(self, lane, msg, size, offset, data, n=None, flags=0):
+        seq = self.seq[lane]
+        h = struct.pack("<QQQQII", seq, msg, size, offset, len(data) if n is None else n, flags)
+        epoch = keys.hkdf(self.keys[lane], bytes(32), b"ccbridge/net/v2 epoch" + struct.pack("<Q", seq >> 16))
+        self.socks[lane].sendall(h + self.aesgcm(epoch).encrypt(bytes(4) + struct.pack("<Q", seq), data, h))
+        self.seq[lane] += 1
+
+    def close(self):
+        for s in self.socks:
+            s.close()
+
+
+def run_rogue(sizes, script, capacity=None, lanes=LANES):
+    """The plugin receives `sizes` (one receive at a time) from a RoguePeer that runs `script`."""
+    lib = str(netplugin.library())
+    ctx = mp.get_context("spawn")
+    rp, rc = ctx.Pipe()
+    os.environ["CCBRIDGE_NET_LANES"] = str(lanes)
+    try:
+        r = ctx.Process(target=receiver, args=(rc, lib, KEY, sizes, capacity, 1))
+        r.start()
+    finally:
+        del os.environ["CCBRIDGE_NET_LANES"]
+    rc.close()  # a receiver that dies (a wild write) reads as EOF here, not as a wait
+    peer = None
+    try:
+        assert rp.poll(DEADLINE), "receiver never listened"
+        peer = RoguePeer(bytearray(rp.recv()))
+        try:
+            script(peer)
+        except OSError:  # the receiver already failed the connection and closed
+            pass
+        assert rp.poll(20), "the receiver neither failed nor finished"
+        try:
+            return rp.recv()
+        except EOFError:
+            raise AssertionError(f"the receiver died (exit code {r.join(5) or r.exitcode})") from None
+    finally:
+        if peer:
+            peer.close()
+        r.join(timeout=5)
+        if r.is_alive():
+            r.kill()
+            r.join()
+
+
+def honest(peer, i, size):
+    """Message i as conn.c's sender cuts it (first lane 0)."""
+    data, rec = payload(i, size), size if size <= RECORD_MIN else RECORD  # RECORD for 2 lanes and >= 512 KiB
+    for j in range(max(1, -(-size // rec) if rec else 1)):
+        peer.record(j % peer.nlanes, i, size, j * rec, data[j * rec:(j + 1) * rec])
+
+
+def test_rogue_peer_speaks_the_protocol():
+    got = run_rogue(MESSAGE + [0, 7], lambda p: [honest(p, i, n) for i, n in enumerate(MESSAGE + [0, 7])])
+    assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True), (1, 0, True), (2, 7, True)], got
+
+
+def _dup(p):  # record 0 nine times on lane 0: nine records counted, bytes 256 KiB.. never written
+    for _ in range(9):
+        p.record(0, 0, MESSAGE[0], 0, payload(0, RECORD))
+
+
+def _short(p):  # every record one byte short of its slot: the message completes with holes
+    data = payload(0, MESSAGE[0])
+    for j in range(9):
+        p.record(j % 2, 0, MESSAGE[0], j * RECORD, data[j * RECORD:(j + 1) * RECORD][:-1] or data[-1:])
+
+
+def _wrong_lane(p):  # records 0 and 1 both on lane 0, then 1..8 as planned: 1 counted twice, 8 never
+    data = payload(0, MESSAGE[0])
+    p.record(0, 0, MESSAGE[0], RECORD, data[RECORD:2 * RECORD])
+    for j in range(8):
+        p.record(j % 2, 0, MESSAGE[0], j * RECORD, data[j * RECORD:(j + 1) * RECORD])
+
+
+def _sizes_disagree(p):  # lane 1 claims the same message is one byte longer (the same record count)
+    data = payload(0, MESSAGE[0] + 1)
+    for j in range(9):
+        p.record(j % 2, 0, MESSAGE[0] + (j % 2), j * RECORD, data[j * RECORD:(j + 1) * RECORD][:MESSAGE[0] - j * RECORD])
+
+
+def _wrap_empty(p):  # a zero-byte message with 4 KiB at offset 2^64 - 4096 (authentic: the keyed peer sealed it)
+    p.record(0, 0, 0, (1 << 64) - 4096, payload(0, 4096))
+
+
+@pytest.mark.parametrize("script", [_dup, _short, _wrong_lane, _sizes_disagree, _wrap_empty],
+                         ids=["duplicate", "short", "wrong_lane", "sizes_disagree", "wrap_empty"])
+def test_keyed_peer_cannot_complete_a_message_out_of_place(script):
+    # authentic records that do not tile the message exactly once, as the plan cuts it, fail the
+    # connection: none may complete a receive with holes, or write outside the posted buffer
+    sizes = [0] if script is _wrap_empty else MESSAGE
+    got = run_rogue(sizes, script, capacity=None if script is not _wrap_empty else 0)
+    assert got["error"] is not None and got["completed"] == [], got
+    assert any("connection recv" in m for m in got["logs"]), got["logs"]
+
+
+def test_extra_sockets_after_the_lanes_change_nothing():
+    # a stranger connects once every lane was accepted, replaying lane 0's hello: it is never
+    # accepted (the connection has its lanes), and the messages arrive
+    def script(p):
+        extra = socket.create_connection(p.socks[0].getpeername(), timeout=DEADLINE)
+        extra.sendall(p.hello(0))
+        honest(p, 0, MESSAGE[0])
+        extra.close()
+    got = run_rogue(MESSAGE, script)
+    assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True)], got
+
+
+def connect_with_stage(pipe, lib_path, key, stage):
+    out = {"error": None}
+    try:
+        net = Net(lib_path, key)
+        handle = bytearray(pipe.recv())
+        handle[56:64] = struct.pack("<Q", stage)  # net_handle.stage: what a tampered bootstrap could carry
+        scomm = net.connect(handle, time.monotonic() + DEADLINE)
+        buf = buffer(7)
+        ctypes.memmove(buf, payload(0, 7), 7)
+        net.wait(net.isend(scomm, buf, 7, time.monotonic() + DEADLINE), time.monotonic() + DEADLINE)
+        net.t.closeSend(scomm)
+    except (netplugin.NetError, TimeoutError) as e:
+        out["error"] = str(e)
+    pipe.send(out)
+
+
+def test_handle_from_the_wire_is_not_trusted_as_a_pointer():
+    # the listen handle crosses NCCL's bootstrap (plain TCP): a connecting rank that took a non-zero
+    # stage field as its own half-made connection dereferenced (and later freed) an attacker's pointer
+    lib = str(netplugin.library())
+    ctx = mp.get_context("spawn")
+    rp, rc = ctx.Pipe()
+    sp, sc = ctx.Pipe()
+    r = ctx.Process(target=receiver, args=(rc, lib, KEY, [7], None, 1))
+    s = ctx.Process(target=connect_with_stage, args=(sc, lib, KEY, 0x4141414141414140))
+    r.start(), s.start()
+    rc.close(), sc.close()
+    try:
+        assert rp.poll(DEADLINE)
+        sp.send(rp.recv())
+        assert sp.poll(DEADLINE + 5)
+        try:
+            sent = sp.recv()
+        except EOFError:
+            raise AssertionError(f"the connecting rank died (exit code {s.join(5) or s.exitcode})") from None
+        assert rp.poll(DEADLINE + 5)
+        got = rp.recv()
+        assert sent["error"] is None and got["completed"] == [(0, 7, True)], (sent, got)
+    finally:
+        for p in (r, s):
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
 
 
 # ---- keys: the plugin and ccbridge.secure refuse the same material ----

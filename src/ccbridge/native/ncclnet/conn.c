@@ -22,9 +22,14 @@
  * 0^4 | le64(seq) under the lane's key (a fresh record key every
  * 2^EPOCH_SHIFT records). A message of size bytes is k = record_plan(size)
  * records; record j travels on lane (first + j) % nlanes. A receiving lane
- * wants its seq exactly in order, known flags, a record inside the message
- * and the message inside the posted buffer, and a good tag; the request
- * completes when all k records have arrived. A sender that closes cleanly
+ * wants its seq exactly in order, known flags, exactly one of the plan's
+ * records (offset j * rec, the plan's length, on the plan's lane, each
+ * lane's records of a message in the plan's order, every record of a
+ * message agreeing on its size and first lane), checked before any payload
+ * byte is written, the message inside the posted buffer, and a good tag; so
+ * the request completes when all k records have arrived, each once. The
+ * header is sent in the clear: message sizes, counts and timing are visible
+ * on the wire. A sender that closes cleanly
  * ends every lane with a FIN record (flags 1, no payload), so a lane cut
  * short (truncated, or the peer died) is told from the peer's normal end.
  * Anything else fails the connection and every request on it.
@@ -216,6 +221,11 @@ static int claim_lane(lane *l, const uint8_t theirs[HELLO_BYTES]) {
     return ok ? 0 : -1;
 }
 
+/* a peer that gave up mid-handshake (its side of a lane failed, which ends all its lanes) closes or
+ * resets the socket: our write may see EPIPE/ECONNRESET rather than our read an EOF */
+static int closed(int eof) { return eof || errno == EPIPE || errno == ECONNRESET; }
+#define PEER_GONE "the peer closed the connection (a different key?)"
+
 static int handshake(lane *l) {
     comm *c = l->c;
     uint8_t rnd[32], mine[HELLO_BYTES], theirs[HELLO_BYTES], t[15 + 2 * HELLO_BYTES], th[32];
@@ -227,7 +237,7 @@ static int handshake(lane *l) {
     hello(mine, role, c->sender ? (uint16_t)l->idx : 0xffff, (uint16_t)c->nlanes, rnd, c->listen_id,
           c->sender ? c->conn_id : (const uint8_t[16]){0});
     if (write_full(l->fd, mine, HELLO_BYTES) || read_full(l->fd, theirs, HELLO_BYTES, &eof)) {
-        fail(c, 0, ncclRemoteError, "handshake: %s", eof ? "peer closed the connection" : strerror(errno));
+        fail(c, 0, ncclRemoteError, "handshake: %s", closed(eof) ? PEER_GONE : strerror(errno));
         goto out;
     }
     if (memcmp(theirs, MAGIC, 8) || memcmp(theirs + 8, &peer_role, 4) || memcmp(theirs + 48, c->listen_id, 16)) {
@@ -252,8 +262,7 @@ static int handshake(lane *l) {
         goto out;
     }
     if (write_full(l->fd, cmine, 32) || read_full(l->fd, cgot, 32, &eof)) {
-        fail(c, 0, ncclRemoteError, "handshake: %s",
-             eof ? "peer closed the connection (a different key?)" : strerror(errno));
+        fail(c, 0, ncclRemoteError, "handshake: %s", closed(eof) ? PEER_GONE : strerror(errno));
         goto out;
     }
     volatile uint8_t diff = 0; /* constant time */
@@ -353,15 +362,17 @@ static int busy(comm *c) {
     return any;
 }
 
-/* the posted receive of message msg, checked against the record's view of it; NULL after failing */
-static req *claim_message(lane *l, uint64_t msg, uint64_t size, uint32_t k) {
+/* the posted receive of message msg, checked against the record's view of it (its size, and the
+ * lane of its record 0 implied by where this record came); NULL after failing */
+static req *claim_message(lane *l, uint64_t msg, uint64_t size, uint32_t k, uint32_t first) {
     comm *c = l->c;
     pthread_mutex_lock(&c->mu);
     req *r = &c->reqs[msg % MAX_REQS];
     const char *bad = r->msg != msg || atomic_load(&r->state) != REQ_PENDING ? "a record of a finished message"
-                      : (r->k && r->k != k) ? "records of one message disagree on its size" : NULL;
+                      : r->k && (r->total != size || r->first != first) ? "records of one message disagree on its size or layout"
+                                                                         : NULL;
     size_t cap = r->size;
-    if (!bad && size <= cap && !r->k) r->k = k;
+    if (!bad && size <= cap && !r->k) r->k = k, r->total = size, r->first = first;
     pthread_mutex_unlock(&c->mu);
     if (bad) fail(c, 0, ncclSystemError, "lane %d: %s", l->idx, bad);
     else if (size > cap)
@@ -385,7 +396,8 @@ static int read_header(lane *l, uint8_t h[HEADER_BYTES], long spin, int *eof) {
 
 static void recv_lane(lane *l) {
     comm *c = l->c;
-    uint64_t last_msg = 0;
+    uint64_t last_msg = 0, last_j = 0;
+    int any = 0;            /* a record came on this lane: last_msg and last_j hold its place */
     long spin = l->idx == 0 ? spin_ns() : 0;
     for (;;) {
         uint8_t h[HEADER_BYTES], tag[TAG_BYTES], iv[12];
@@ -414,26 +426,35 @@ static void recv_lane(lane *l) {
             if (all) fail(c, !busy(c), ncclRemoteError, "the peer closed the connection");
             return;
         }
-        size_t rec;
+        /* the record must be exactly one of the plan's records: record j = offset / rec of the k that
+         * record_plan cuts `size` into, of the length the plan gives it (so offset + n never passes size,
+         * never wraps), on the lane the plan puts it (first + j), and on this lane the records of one
+         * message come as the plan deals them (j, j + nlanes, ...): each record counts once, and k
+         * counted records fill the message exactly. Checked before a byte of payload is read. */
+        size_t rec = 0;
         uint32_t k = size <= (1ull << 40) ? record_plan(size, c->nlanes, &rec) : 0;
         if (seq != l->seq) {
             fail(c, 0, ncclSystemError, "lane %d: record %llu arrived where %llu was due: replayed, reordered or dropped",
                  l->idx, (unsigned long long)seq, (unsigned long long)l->seq);
             return;
         }
-        if (flags || !k || n > RECORD_MAX || off % (rec ? rec : 1) || off + n > size || msg < last_msg ||
-            (n == 0 && size != 0)) {
+        uint64_t j = rec ? off / rec : 0;
+        int nl = c->nlanes;
+        if (flags || !k || (rec ? off % rec != 0 : off != 0) || j >= k ||
+            n != (size - off < rec ? size - off : rec) || (any && msg < last_msg) ||
+            ((any && msg == last_msg) ? j != last_j + (uint64_t)nl : j >= (uint64_t)nl)) {
             fail(c, 0, ncclSystemError, "lane %d: malformed record header", l->idx);
             return;
         }
-        last_msg = msg;
+        uint32_t first = (uint32_t)((l->idx - (int)(j % (uint64_t)nl) + nl) % nl);
+        last_msg = msg, last_j = j, any = 1;
         /* a posted receive takes the record in place; one not posted yet (the sender ran ahead) takes it
          * into the lane's own buffer, authenticated before this lane waits for the post, so a forged
          * message number fails here instead of waiting for a receive that never comes */
         pthread_mutex_lock(&c->mu);
         int ready = msg < atomic_load(&c->posted);
         pthread_mutex_unlock(&c->mu);
-        req *r = ready ? claim_message(l, msg, size, k) : NULL;
+        req *r = ready ? claim_message(l, msg, size, k, first) : NULL;
         if (ready && !r) return;
         uint8_t *dst = r ? (uint8_t *)r->data + off : l->buf;
         if (read_full(l->fd, dst, n, &eof) || read_full(l->fd, tag, TAG_BYTES, &eof)) {
@@ -451,7 +472,7 @@ static void recv_lane(lane *l) {
             pthread_mutex_lock(&c->mu);
             while (!c->stop && !failed(c) && msg >= atomic_load(&c->posted)) pthread_cond_wait(&c->posted_cv, &c->mu);
             pthread_mutex_unlock(&c->mu);
-            if (c->stop || failed(c) || !(r = claim_message(l, msg, size, k))) return;
+            if (c->stop || failed(c) || !(r = claim_message(l, msg, size, k, first))) return;
             memcpy((uint8_t *)r->data + off, l->buf, n);
         }
         l->seq++;

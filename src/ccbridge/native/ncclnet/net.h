@@ -58,15 +58,19 @@ int key_load(uint8_t key[KEY_BYTES], char *err, size_t errlen);
 
 typedef union { struct sockaddr sa; struct sockaddr_in in; struct sockaddr_in6 in6; } net_addr;
 
-/* The listen handle NCCL carries to the connecting rank (<= 128 bytes).
- * stage is the connecting side's own progress (connect is called again
- * with the same buffer until it returns a comm); listen leaves it NULL. */
+/* The listen handle NCCL carries to the connecting rank (<= 128 bytes), over
+ * NCCL's bootstrap (plain TCP: nothing in it is trusted, the handshake checks
+ * what matters). stage names the connecting side's own progress (connect is
+ * called again with the same buffer until it returns a comm): a random token
+ * that plugin.c looks up among its own half-made connections, never a
+ * pointer, so a handle altered on the wire cannot point the plugin at memory
+ * of the attacker's choosing; listen leaves it 0. */
 typedef struct {
     uint32_t magic, version;
     uint8_t listen_id[16];   /* bound into every lane's handshake transcript */
     net_addr addr;           /* offset 24: where to connect */
     uint32_t nlanes;         /* the listener's choice; the connecting side follows it */
-    struct comm *stage;      /* offset 56 */
+    uint64_t stage;          /* offset 56: a token of the connecting side, 0 for none */
 } net_handle;
 
 enum { REQ_FREE = 0, REQ_PENDING, REQ_DONE };
@@ -76,7 +80,8 @@ typedef struct req {
     size_t size;             /* send: message length; recv: buffer capacity, then bytes received */
     uint64_t msg;            /* the message's number on this connection (sends and receives pair in order) */
     uint32_t k, done;        /* records in the message (send: known at post; recv: from the first record) */
-    uint32_t first;          /* send: the lane of record 0 */
+    uint32_t first;          /* the lane of record 0 (recv: implied by the first record to arrive) */
+    uint64_t total;          /* recv: the message's size, from its first record */
     _Atomic int state;
 } req;
 

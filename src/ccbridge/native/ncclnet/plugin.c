@@ -216,6 +216,44 @@ static ncclResult_t settle(comm **pending, void **out) {
     return rc;
 }
 
+/* the connecting side's half-made connections, by the token it keeps in its copy of the handle */
+typedef struct staged { uint64_t token; comm *c; struct staged *next; } staged;
+static pthread_mutex_t stage_mu = PTHREAD_MUTEX_INITIALIZER;
+static staged *stages;
+
+static comm *stage_find(uint64_t token) {
+    comm *c = NULL;
+    pthread_mutex_lock(&stage_mu);
+    for (staged *s = stages; token && s && !c; s = s->next) if (s->token == token) c = s->c;
+    pthread_mutex_unlock(&stage_mu);
+    return c;
+}
+
+static uint64_t stage_add(comm *c) {
+    staged *s = calloc(1, sizeof *s);
+    if (!s) return 0;
+    while (!s->token)
+        if (crypto_random(&s->token, sizeof s->token)) { free(s); return 0; }
+    s->c = c;
+    pthread_mutex_lock(&stage_mu);
+    s->next = stages, stages = s;
+    pthread_mutex_unlock(&stage_mu);
+    return s->token;
+}
+
+static void stage_remove(uint64_t token) {
+    pthread_mutex_lock(&stage_mu);
+    for (staged **p = &stages; *p; p = &(*p)->next) {
+        if ((*p)->token == token) {
+            staged *s = *p;
+            *p = s->next;
+            free(s);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&stage_mu);
+}
+
 static ncclResult_t do_connect(net_ctx *ctx, int dev, void *handle, void **sendComm) {
     net_handle *h = handle;
     *sendComm = NULL;
@@ -225,11 +263,16 @@ static ncclResult_t do_connect(net_ctx *ctx, int dev, void *handle, void **sendC
                    "NCCL_NET_PLUGIN=ccbridge and the same ccbridge)");
         return ncclInvalidUsage;
     }
-    if (!h->stage) {
-        if (!(h->stage = comm_new(1, (int)h->nlanes, &h->addr, ctx->secret, h->listen_id))) return ncclSystemError;
-        if (comm_start_lanes(h->stage)) return settle(&h->stage, sendComm);
+    /* a token not ours (the listener writes 0; anything else came from the wire) starts afresh */
+    comm *c = stage_find(h->stage);
+    if (!c) {
+        if (!(c = comm_new(1, (int)h->nlanes, &h->addr, ctx->secret, h->listen_id))) return ncclSystemError;
+        if (!(h->stage = stage_add(c))) { comm_close(c); return ncclSystemError; }
+        comm_start_lanes(c); /* a failure shows in c's state */
     }
-    return settle(&h->stage, sendComm);
+    ncclResult_t rc = settle(&c, sendComm);
+    if (!c) { stage_remove(h->stage); h->stage = 0; }
+    return rc;
 }
 
 static ncclResult_t do_accept(void *listenComm, void **recvComm) {
