@@ -67,6 +67,17 @@ def _int(lo: int, hi: int | None = None):
     return _checked(integer)
 
 
+def _float_ge0(text: str) -> float:
+    """A finite number >= 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise UsageError(f"not a number: {text!r}") from None
+    if not (v >= 0 and v < float("inf")):
+        raise UsageError(f"expected a finite number >= 0, got {text}")
+    return v
+
+
 def _what_if(args, default: str | None = None):
     """The profile args names, with its --set what-ifs applied; `default` when none is named
     (None: no profile). --set without a profile is refused here, for every command."""
@@ -442,11 +453,23 @@ def cmd_collectives(args) -> int:
     return 1 if any(r["wrong"] or r["wrong_plain"] for r in res["rows"]) else 0
 
 
+# bench kv's own options (None when not given), refused by every other benchmark.
+KV_OPTIONS = {"prefixes": "--prefixes", "prefix_len": "--prefix-len", "suffix_len": "--suffix-len",
+              "requests": "--requests", "thresholds": "--thresholds", "zipf": "--zipf",
+              "device_blocks": "--device-blocks", "gpu_fraction": "--gpu-fraction"}
+
+
 def cmd_bench(args) -> int:
+    given_kv = [flag for name, flag in KV_OPTIONS.items() if getattr(args, name) is not None]
+    if args.what != "kv" and given_kv:
+        raise UsageError(f"{given_kv[0]} goes with `bench kv`")
     if args.what == "decode":
         return _bench_decode(args)
-    if args.graphs or args.model or args.batch or args.modes or args.device:
-        raise UsageError("--model, --batch, --prompt, --output, --modes, --graphs and --device go with `bench decode`")
+    if args.what == "kv":
+        return _bench_kv(args)
+    if args.graphs or args.model or args.batch or args.modes or args.device or args.prompt or args.output:
+        raise UsageError("--model, --batch, --prompt, --output, --modes, --graphs and --device go with `bench decode` "
+                         "(--model, --modes and --device also with `bench kv`)")
     args.warmup = 3 if args.warmup is None else args.warmup
     default = {"net": ("64K", "4M"), "cipher": ("1M", "1G"), "ddp": ("1M", "1G")}[args.what]
     args.iters = args.iters or (3 if args.what == "net" else 10)
@@ -497,10 +520,39 @@ def _bench_decode(args) -> int:
     from ccbridge.serve import decode
 
     batches = args.batch or [1, 8, 32, 128]
-    res = decode.bench(args.model or "llama-1b", batches, args.prompt, args.output, args.modes or list(DECODE_MODES),
-                       args.device or "cuda", iters=args.iters or 3, warmup=1 if args.warmup is None else args.warmup,
-                       graphs=args.graphs, log=lambda m: print(f"ccbridge bench: {m}", file=sys.stderr, flush=True))
+    res = decode.bench(args.model or "llama-1b", batches, args.prompt or 128, args.output or 64,
+                       args.modes or list(DECODE_MODES), args.device or "cuda", iters=args.iters or 3,
+                       warmup=1 if args.warmup is None else args.warmup, graphs=args.graphs, seed=args.seed,
+                       log=lambda m: print(f"ccbridge bench: {m}", file=sys.stderr, flush=True))
     print(decode.render(res))
+    if args.json:
+        res.save(Path(args.json))
+        print(f"wrote {args.json}", file=sys.stderr)
+    for e in res.errors:
+        print(f"ccbridge bench: {e['error']}", file=sys.stderr)
+    return 1 if res.errors else 0
+
+
+def _bench_kv(args) -> int:
+    """Prefix-reuse churn through a KVCache with a host tier, per store threshold and sync/async crossings."""
+    if args.graphs or args.batch or args.prompt or args.output:
+        raise UsageError("--batch, --prompt, --output and --graphs go with `bench decode` (kv: --prefix-len, "
+                         "--suffix-len, --requests)")
+    if args.json:
+        ui.writable_file(args.json, "--json")
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        print("ccbridge bench: kv needs torch (pip install torch)", file=sys.stderr)
+        return 2
+    from ccbridge.serve import kvbench
+
+    res = kvbench.bench(args.model or "llama-1b", args.prefixes, args.prefix_len, args.suffix_len, args.requests,
+                        args.thresholds, args.modes, args.device or "cuda", zipf=args.zipf,
+                        gpu_fraction=args.gpu_fraction, device_blocks=args.device_blocks, seed=args.seed,
+                        warmup=args.warmup, iters=args.iters,
+                        log=lambda m: print(f"ccbridge bench: {m}", file=sys.stderr, flush=True))
+    print(kvbench.render(res))
     if args.json:
         res.save(Path(args.json))
         print(f"wrote {args.json}", file=sys.stderr)
@@ -664,15 +716,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks of the encryption: ddp (training iterations), cipher (the GPU "
                        "kernels) or net (the NCCL net plugin's loopback stream, CPU only); decode: a transformer's "
-                       "greedy decode under sync/async/staged/drain scheduling")
-    p.add_argument("what", choices=["ddp", "cipher", "net", "decode"])
+                       "greedy decode under sync/async/staged/drain scheduling; kv: prefix-reuse churn through a "
+                       "KV cache with a host tier (TTFT, spill and restore bytes, hit rates per store threshold)")
+    p.add_argument("what", choices=["ddp", "cipher", "net", "decode", "kv"])
     p.add_argument("--models", nargs="+", default=["resnet50", "bert-large", "gpt2-large"], choices=SECURE_MODELS)
     p.add_argument("--ngpus", type=_int(2), nargs="+", default=[2, 4], help="world sizes, each at least 2 (default 2 4)")
     p.add_argument("--buckets", type=_int(1), nargs="+", default=[25, 100, 400, 800],
                    help="bucket_cap_mb sweep for the encrypted runs")
     p.add_argument("--iters", type=_int(1), help="ddp, cipher: timed iterations (default 10); net: repeats (default 3); "
-                                                 "decode: timed runs per batch and mode (default 3)")
-    p.add_argument("--warmup", type=_int(0), help="ddp: warm-up iterations (default 3); decode: warm-up runs (default 1)")
+                                                 "decode: timed runs per batch and mode (default 3); kv: passes of "
+                                                 "the request stream, each with fresh suffixes (default 1)")
+    p.add_argument("--warmup", type=_int(0), help="ddp: warm-up iterations (default 3); decode: warm-up runs (default 1); "
+                   "kv: untimed passes over every prefix before the stream (default 1)")
     p.add_argument("-b", "--minbytes", type=size, help="cipher, net: smallest size (default 1M; net 64K)")
     p.add_argument("-e", "--maxbytes", type=size, help="cipher, net: largest size (default 1G; net 4M)")
     p.add_argument("--net", choices=["ccbridge"], help="ddp: NCCL's plaintext sockets beside NCCL on the ccbridge "
@@ -682,15 +737,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="net: sockets (each with a thread) per connection to compare (default 1 2 4 8; at most 16)")
     p.add_argument("--inflight", type=_int(1), default=8, help="net: messages in flight (default 8, as NCCL's steps)")
     p.add_argument("--total", type=size, default="2G", help="net: bytes moved per measurement (default 2G)")
-    p.add_argument("--model", choices=DECODE_MODELS, help="decode: model shape, random weights (default llama-1b)")
+    p.add_argument("--model", choices=DECODE_MODELS, help="decode, kv: model shape, random weights (default llama-1b)")
     p.add_argument("--batch", type=_int(1), nargs="+", help="decode: batch sizes (default 1 8 32 128)")
-    p.add_argument("--prompt", type=_int(1), default=128, help="decode: prompt tokens (default 128)")
-    p.add_argument("--output", type=_int(2), default=64, help="decode: tokens generated per sequence, the first by "
-                                                              "prefill (default 64)")
-    p.add_argument("--modes", nargs="+", choices=DECODE_MODES, help="decode: scheduling modes (default all)")
+    p.add_argument("--prompt", type=_int(1), help="decode: prompt tokens (default 128)")
+    p.add_argument("--output", type=_int(2), help="decode: tokens generated per sequence, the first by prefill "
+                                                  "(default 64)")
+    p.add_argument("--modes", nargs="+", choices=DECODE_MODES, help="decode: scheduling modes (default all); kv: "
+                   "sync (wait for each restore and spill crossing) and/or async (default both)")
     p.add_argument("--graphs", action="store_true", help="decode: CUDA-graph decode steps (not implemented yet)")
-    p.add_argument("--device", type=_checked(_device_spec), help="decode: cuda, cuda:N or cpu (default cuda)")
-    p.add_argument("--json", help="write the rows here (decode: a result file `ccbridge compare` reads)")
+    p.add_argument("--device", type=_checked(_device_spec), help="decode, kv: cuda, cuda:N or cpu (default cuda)")
+    p.add_argument("--seed", type=_int(0), default=0, help="decode, kv: seed of the weights, prompts and the kv "
+                                                           "request stream (default 0)")
+    p.add_argument("--prefixes", type=_int(1), help="kv: distinct shared prefixes (default 8)")
+    p.add_argument("--prefix-len", type=_int(1), help="kv: tokens per prefix (default 1024 on CUDA, 64 on the CPU)")
+    p.add_argument("--suffix-len", type=_int(1), help="kv: unique tokens after the prefix per request (default 32)")
+    p.add_argument("--requests", type=_int(1), help="kv: timed requests per pass, each generating 1 token (default 64; "
+                                                    "--iters passes, --warmup passes over every prefix first)")
+    p.add_argument("--thresholds", type=_int(1), nargs="+", help="kv: store thresholds to sweep: a block is spilled "
+                   "to the host on eviction only if looked up this often (default 1 2 3)")
+    p.add_argument("--zipf", type=_checked(_float_ge0), help="kv: reuse skew, prefix i drawn with weight "
+                   "1/(i+1)^S (default 1; 0 uniform)")
+    p.add_argument("--gpu-fraction", type=_checked(_float_ge0), help="kv: device KV blocks as a fraction of the "
+                   "distinct prefixes' blocks (default 1/3)")
+    p.add_argument("--device-blocks", type=_int(1), help="kv: device KV blocks (16 tokens each), instead of "
+                   "--gpu-fraction")
+    p.add_argument("--json", help="write the rows here (decode, kv: a result file `ccbridge compare` reads)")
     p.set_defaults(fn=cmd_bench)
     return ap
 
