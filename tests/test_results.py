@@ -14,6 +14,8 @@ def test_row_key_is_order_independent():
     assert a.median == 2 and a.n == 3 and a.higher_is_better
     assert not Row.of("t.x", "latency", "us", [1]).higher_is_better
     assert Row.of("decode", "tok_per_s", "tok/s", [1]).higher_is_better  # compare reads a faster decode as better
+    assert Row.of("kv", "host_hit_rate", "hit fraction", [1]).higher_is_better
+    assert not Row.of("kv", "miss_rate", "fraction", [1]).higher_is_better
 
 
 def test_save_load_round_trip(tmp_path):

@@ -21,7 +21,7 @@ SCHEMA = "ccbridge.result"
 SCHEMA_VERSION = 1
 
 # Units where a larger number is better; for every other unit smaller is.
-HIGHER_IS_BETTER = {"GB/s", "TFLOP/s", "tok/s"}
+HIGHER_IS_BETTER = {"GB/s", "TFLOP/s", "tok/s", "hit fraction"}
 
 
 @dataclass

@@ -312,9 +312,10 @@ def _sweep(res, m, wl, refs, shape, dtype, blocks, host_blocks, thresholds, mode
             res.rows.append(Row.of("kv", "request_ms", "ms", total, **params))
             res.rows.append(Row.of("kv", "spill_bytes", "B", [c["spill_bytes"]], **params))
             res.rows.append(Row.of("kv", "restore_bytes", "B", [c["restore_bytes"]], **params))
-            for name, v in (("device_hit_rate", c["device_hits"]), ("host_hit_rate", c["host_hits"]),
-                            ("miss_rate", c["misses"])):
-                res.rows.append(Row.of("kv", name, "fraction", [v / n], **params))
+            for name, v, unit in (("device_hit_rate", c["device_hits"], "hit fraction"),
+                                  ("host_hit_rate", c["host_hits"], "hit fraction"),
+                                  ("miss_rate", c["misses"], "fraction")):  # compare: more hits, fewer misses
+                res.rows.append(Row.of("kv", name, unit, [v / n], **params))
             if bad:
                 res.errors.append({"test": "kv", "error": f"threshold {th}, {mode}: the first token differs from a "
                                    f"full prefill's in {len(bad)} of {len(checked)} checked requests (first: request "
