@@ -81,6 +81,7 @@ def secure_rows(r: Path) -> None:
               f"{at['plain_busbw']:.1f} / {at['secure_busbw']:.1f} GB/s ({at['secure_busbw'] / at['plain_busbw']:.3f}); "
               f"#wrong {wrong} |")
     net_rows(r)
+    serve_rows(r)
     f = r / "ddp.json"
     if f.exists():
         for run in json.loads(f.read_text())["runs"]:
@@ -129,6 +130,29 @@ def net_rows(r: Path) -> None:
                         print(f"| {x['wrap']} {x['model']} x{run['nranks']}: NCCL sockets / ccbridge plugin | "
                               f"{base[x['model']]:.1f} / {x['iter_ms']:.1f} ms ({x['iter_ms'] / base[x['model']]:.2f}x); "
                               f"grads {x['grads_agree']} |")
+
+
+
+def serve_rows(r: Path) -> None:
+    """Decode tok/s per mode at the largest batch and KV TTFT per threshold, native beside EMULATED b300."""
+    runs = {k: results.load(r / f"decode-{k}.json") for k in ("native", "b300") if (r / f"decode-{k}.json").exists()}
+    if runs:
+        big = max(x.params["batch"] for x in next(iter(runs.values())).rows)
+        for mode in ("sync", "async", "staged", "drain"):
+            got = {k: next((x.median for x in res.rows if x.metric == "tok_per_s" and x.params["batch"] == big
+                            and x.params["mode"] == mode), None) for k, res in runs.items()}
+            print(f"| decode batch {big} {mode}: tok/s native / EMULATED b300 | "
+                  + " / ".join(f"{v:.0f}" if v else "-" for v in got.values()) + " |")
+    for k in ("native", "b300"):
+        f = r / f"kv-{k}.json"
+        if f.exists():
+            res = results.load(f)
+            for x in res.rows:
+                if x.metric == "ttft_ms":
+                    spill = next(y.median for y in res.rows if y.metric == "spill_bytes" and y.params == x.params)
+                    print(f"| kv {'EMULATED b300' if k == 'b300' else 'native'} threshold {x.params['threshold']} "
+                          f"{x.params['mode']}: TTFT p50 / p99, spill | {x.median:.1f} / {x.extra['p99']:.1f} ms, "
+                          f"{spill / 2**20:.1f} MiB |")
 
 
 if __name__ == "__main__":
