@@ -283,6 +283,22 @@ CASES = [
     (["bench", "kv", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
     (["bench", "decode", "--thresholds", "2"], "--thresholds goes with `bench kv`"),
     (["bench", "net", "--prefix-len", "64"], "--prefix-len goes with `bench kv`"),
+    # every benchmark's own options are refused by the others, not accepted and ignored
+    (["bench", "net", "--models", "resnet50"], "--models goes with `bench ddp`"),
+    (["bench", "net", "--wrap", "fsdp"], "--wrap goes with `bench ddp`"),
+    (["bench", "net", "--warmup", "5"], "--warmup goes with `bench ddp` or `bench decode` or `bench kv`"),
+    (["bench", "decode", "--lanes", "2"], "--lanes goes with `bench net`"),
+    (["bench", "decode", "--net", "ccbridge"], "--net goes with `bench ddp`"),
+    (["bench", "kv", "--total", "1M"], "--total goes with `bench net`"),
+    (["bench", "kv", "-b", "1M"], "-b/--minbytes goes with `bench cipher` or `bench net`"),
+    (["bench", "ddp", "-e", "1M"], "-e/--maxbytes goes with `bench cipher` or `bench net`"),
+    (["bench", "cipher", "--seed", "1"], "--seed goes with `bench decode` or `bench kv`"),
+    (["bench", "cipher", "--ngpus", "2"], "--ngpus goes with `bench ddp`"),
+    # a value given twice would make two rows of one key
+    (["bench", "decode", "--batch", "1", "1"], "--batch 1 is given twice"),
+    (["bench", "kv", "--thresholds", "2", "1", "2"], "--thresholds 2 is given twice"),
+    (["bench", "kv", "--modes", "sync", "sync"], "--modes sync is given twice"),
+    (["bench", "net", "--lanes", "4", "4"], "--lanes 4 is given twice"),
     # load
     (["load", "--device", "nosuch", "{d}/ok.safetensors"], "argument --device: device must be cpu, cuda or cuda:N"),
     (["load", "--device", "cuda:-1", "{d}/ok.safetensors"], "argument --device: device must be cpu, cuda or cuda:N"),

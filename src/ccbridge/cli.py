@@ -459,10 +459,35 @@ KV_OPTIONS = {"prefixes": "--prefixes", "prefix_len": "--prefix-len", "suffix_le
               "device_blocks": "--device-blocks", "gpu_fraction": "--gpu-fraction"}
 
 
+# The other benchmarks' own options (None when not given) and the benchmarks that read them: any other
+# refuses them rather than run without them.
+BENCH_OPTIONS = {"models": ("--models", ("ddp",)), "ngpus": ("--ngpus", ("ddp",)), "buckets": ("--buckets", ("ddp",)),
+                 "net": ("--net", ("ddp",)), "wrap": ("--wrap", ("ddp",)), "lanes": ("--lanes", ("net",)),
+                 "inflight": ("--inflight", ("net",)), "total": ("--total", ("net",)),
+                 "minbytes": ("-b/--minbytes", ("cipher", "net")), "maxbytes": ("-e/--maxbytes", ("cipher", "net")),
+                 "warmup": ("--warmup", ("ddp", "decode", "kv")), "seed": ("--seed", ("decode", "kv"))}
+# list options whose values each make a row or a run: one given twice would make two rows of one key
+BENCH_LISTS = {"models": "--models", "ngpus": "--ngpus", "buckets": "--buckets", "lanes": "--lanes",
+               "batch": "--batch", "modes": "--modes", "thresholds": "--thresholds"}
+
+
 def cmd_bench(args) -> int:
     given_kv = [flag for name, flag in KV_OPTIONS.items() if getattr(args, name) is not None]
     if args.what != "kv" and given_kv:
         raise UsageError(f"{given_kv[0]} goes with `bench kv`")
+    for name, (flag, whats) in BENCH_OPTIONS.items():
+        if getattr(args, name) is not None and args.what not in whats:
+            raise UsageError(f"{flag} goes with " + " or ".join(f"`bench {w}`" for w in whats))
+    for name, flag in BENCH_LISTS.items():
+        values = getattr(args, name) or []
+        twice = [v for i, v in enumerate(values) if v in values[:i]]
+        if twice:
+            raise UsageError(f"{flag} {twice[0]} is given twice")
+    defaults = {"models": list(SECURE_MODELS), "ngpus": [2, 4], "buckets": [25, 100, 400, 800], "wrap": "ddp",
+                "lanes": [1, 2, 4, 8], "inflight": 8, "total": _size("2G"), "seed": 0}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.what == "decode":
         return _bench_decode(args)
     if args.what == "kv":
@@ -590,6 +615,9 @@ def _bench_net(args) -> int:
     print(netbench.render(res))
     if args.json:
         res.save(Path(args.json))
+        print(f"wrote {args.json}", file=sys.stderr)
+    for e in res.errors:
+        print(f"ccbridge bench: {e['error']}", file=sys.stderr)
     return 1 if res.errors else 0
 
 
@@ -719,10 +747,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "greedy decode under sync/async/staged/drain scheduling; kv: prefix-reuse churn through a "
                        "KV cache with a host tier (TTFT, spill and restore bytes, hit rates per store threshold)")
     p.add_argument("what", choices=["ddp", "cipher", "net", "decode", "kv"])
-    p.add_argument("--models", nargs="+", default=["resnet50", "bert-large", "gpt2-large"], choices=SECURE_MODELS)
-    p.add_argument("--ngpus", type=_int(2), nargs="+", default=[2, 4], help="world sizes, each at least 2 (default 2 4)")
-    p.add_argument("--buckets", type=_int(1), nargs="+", default=[25, 100, 400, 800],
-                   help="bucket_cap_mb sweep for the encrypted runs")
+    p.add_argument("--models", nargs="+", choices=SECURE_MODELS, help="ddp: models (default all three)")
+    p.add_argument("--ngpus", type=_int(2), nargs="+", help="ddp: world sizes, each at least 2 (default 2 4)")
+    p.add_argument("--buckets", type=_int(1), nargs="+",
+                   help="ddp: bucket_cap_mb sweep for the encrypted runs (default 25 100 400 800)")
     p.add_argument("--iters", type=_int(1), help="ddp, cipher: timed iterations (default 10); net: repeats (default 3); "
                                                  "decode: timed runs per batch and mode (default 3); kv: passes of "
                                                  "the request stream, each with fresh suffixes (default 1)")
@@ -732,11 +760,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-e", "--maxbytes", type=size, help="cipher, net: largest size (default 1G; net 4M)")
     p.add_argument("--net", choices=["ccbridge"], help="ddp: NCCL's plaintext sockets beside NCCL on the ccbridge "
                    "net plugin (both without P2P or shared memory) instead of ccbridge.secure's hook")
-    p.add_argument("--wrap", choices=["ddp", "fsdp"], default="ddp", help="ddp: DDP (default) or FSDP2 (with --net)")
-    p.add_argument("--lanes", type=_int(1), nargs="+", default=[1, 2, 4, 8],
+    p.add_argument("--wrap", choices=["ddp", "fsdp"], help="ddp: DDP (default) or FSDP2 (with --net)")
+    p.add_argument("--lanes", type=_int(1), nargs="+",
                    help="net: sockets (each with a thread) per connection to compare (default 1 2 4 8; at most 16)")
-    p.add_argument("--inflight", type=_int(1), default=8, help="net: messages in flight (default 8, as NCCL's steps)")
-    p.add_argument("--total", type=size, default="2G", help="net: bytes moved per measurement (default 2G)")
+    p.add_argument("--inflight", type=_int(1), help="net: messages in flight (default 8, as NCCL's steps)")
+    p.add_argument("--total", type=size, help="net: bytes moved per measurement (default 2G)")
     p.add_argument("--model", choices=DECODE_MODELS, help="decode, kv: model shape, random weights (default llama-1b)")
     p.add_argument("--batch", type=_int(1), nargs="+", help="decode: batch sizes (default 1 8 32 128)")
     p.add_argument("--prompt", type=_int(1), help="decode: prompt tokens (default 128)")
@@ -746,7 +774,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "sync (wait for each restore and spill crossing) and/or async (default both)")
     p.add_argument("--graphs", action="store_true", help="decode: CUDA-graph decode steps (not implemented yet)")
     p.add_argument("--device", type=_checked(_device_spec), help="decode, kv: cuda, cuda:N or cpu (default cuda)")
-    p.add_argument("--seed", type=_int(0), default=0, help="decode, kv: seed of the weights, prompts and the kv "
+    p.add_argument("--seed", type=_int(0), help="decode, kv: seed of the weights, prompts and the kv "
                                                            "request stream (default 0)")
     p.add_argument("--prefixes", type=_int(1), help="kv: distinct shared prefixes (default 8)")
     p.add_argument("--prefix-len", type=_int(1), help="kv: tokens per prefix (default 1024 on CUDA, 64 on the CPU)")
