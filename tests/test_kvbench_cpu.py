@@ -161,3 +161,10 @@ def test_api_checks():
         with pytest.raises(UsageError, match="torch sees no GPU"):
             kvbench.check(**{**ok, "device": "cuda"})
     assert kvbench.device_budget(8, 1024, 32, 1 / 3, None) == 171  # defaults: a third of 8 x 64 prefix blocks
+
+
+def test_a_huge_zipf_exponent_draws_prefix_0_only():
+    # 1/(i+1)^s overflowed (OverflowError traceback from `bench kv --zipf 1e308`); the weights now underflow to 0
+    wl = kvbench.workload(512, 3, 16, 1, 8, 1e308)
+    assert [i for i, _ in wl.stream] == [0] * 8
+    assert len({i for i, _ in kvbench.workload(512, 3, 16, 1, 64, 0.0).stream}) > 1  # 0: uniform still

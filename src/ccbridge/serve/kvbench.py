@@ -63,7 +63,8 @@ def workload(vocab: int, prefixes: int, prefix_len: int, suffix_len: int, reques
     """Seeded prefixes, a warm-up pass over them and iters passes of requests (each suffix drawn afresh)."""
     g = torch.Generator().manual_seed(seed)
     pre = [torch.randint(0, vocab, (prefix_len,), generator=g).tolist() for _ in range(prefixes)]
-    weights = torch.tensor([1.0 / (i + 1) ** zipf for i in range(prefixes)], dtype=torch.float64)
+    # exp(-s log(i+1)) rather than 1/(i+1)^s: a large s underflows to 0 (prefix 0 only) instead of overflowing
+    weights = torch.tensor([math.exp(-zipf * math.log(i + 1)) for i in range(prefixes)], dtype=torch.float64)
 
     def suffix() -> list[int]:
         return torch.randint(0, vocab, (suffix_len,), generator=g).tolist()
