@@ -549,13 +549,7 @@ def _bench_decode(args) -> int:
                        args.modes or list(DECODE_MODES), args.device or "cuda", iters=args.iters or 3,
                        warmup=1 if args.warmup is None else args.warmup, graphs=args.graphs, seed=args.seed,
                        log=lambda m: print(f"ccbridge bench: {m}", file=sys.stderr, flush=True))
-    print(decode.render(res))
-    if args.json:
-        res.save(Path(args.json))
-        print(f"wrote {args.json}", file=sys.stderr)
-    for e in res.errors:
-        print(f"ccbridge bench: {e['error']}", file=sys.stderr)
-    return 1 if res.errors else 0
+    return _bench_done(res, decode.render(res), args.json)
 
 
 def _bench_kv(args) -> int:
@@ -577,10 +571,15 @@ def _bench_kv(args) -> int:
                         gpu_fraction=args.gpu_fraction, device_blocks=args.device_blocks, seed=args.seed,
                         warmup=args.warmup, iters=args.iters,
                         log=lambda m: print(f"ccbridge bench: {m}", file=sys.stderr, flush=True))
-    print(kvbench.render(res))
-    if args.json:
-        res.save(Path(args.json))
-        print(f"wrote {args.json}", file=sys.stderr)
+    return _bench_done(res, kvbench.render(res), args.json)
+
+
+def _bench_done(res, table: str, json_path: str | None) -> int:
+    """A bench Result's ending: its table, the file, its errors on stderr; 1 if it had any."""
+    print(table)
+    if json_path:
+        res.save(Path(json_path))
+        print(f"wrote {json_path}", file=sys.stderr)
     for e in res.errors:
         print(f"ccbridge bench: {e['error']}", file=sys.stderr)
     return 1 if res.errors else 0
@@ -612,13 +611,7 @@ def _bench_net(args) -> int:
           f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores", flush=True)
     res = netbench.loopback(bench.sizes(args.minbytes, args.maxbytes, 8), args.lanes, args.inflight, args.total,
                             args.iters)
-    print(netbench.render(res))
-    if args.json:
-        res.save(Path(args.json))
-        print(f"wrote {args.json}", file=sys.stderr)
-    for e in res.errors:
-        print(f"ccbridge bench: {e['error']}", file=sys.stderr)
-    return 1 if res.errors else 0
+    return _bench_done(res, netbench.render(res), args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -190,10 +190,11 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
         os.environ["CCBRIDGE_KEY"] = os.urandom(32).hex()  # a benchmark key for both processes
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     netplugin.library()
-    plan = [("stream", n, s, inflight, total, repeat) for n in lanes for s in sizes]
-    if tcp_baseline:
-        plan += [("tcp", n, max(sizes), 0, total, repeat) for n in lanes]
-    plan += [("rtt", n, s, 0, rtt_iters, repeat) for n in lanes for s in rtt_sizes]
+    plan = []  # grouped by lane count: each group uses one pair of connections
+    for n in lanes:
+        plan += [("stream", n, s, inflight, total, repeat) for s in sizes]
+        plan += [("tcp", n, max(sizes), 0, total, repeat)] if tcp_baseline else []
+        plan += [("rtt", n, s, 0, rtt_iters, repeat) for s in rtt_sizes]
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe(), ctx.Pipe()
     procs = [ctx.Process(target=_rank, args=(p[1], r, plan), daemon=True) for r, p in enumerate((a, b))]
@@ -213,8 +214,6 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
             raise netplugin.NetError("bench", -1, got[1])
         return got
 
-    recv = take
-
     try:
         lanes_now = None
         for what, n, size, infl, amount, rep in plan:
@@ -226,7 +225,7 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
             for _ in range(rep):
                 r0, r1 = take(a[0]), take(b[0])  # "ready", or what the peer needs (the TCP baseline's port)
                 a[0].send(r1), b[0].send(r0)
-                (_, v0), (_, v1) = recv(a[0]), recv(b[0])
+                (_, v0), (_, v1) = take(a[0]), take(b[0])
                 if what in ("stream", "tcp"):
                     samples.append(v1["bytes"] / v1["wall"] / 1e9)
                     extra["plugin_cores_send"].append(round(v0["plugin_cores"], 2))
@@ -250,7 +249,8 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
                 progress(f"  ping-pong {size:>7} B  lanes {n:>2}: {row.median:7.1f} us per one-way trip")
             res.rows.append(row)
         for e in ends:
-            assert recv(e)[0] == "end"
+            if take(e)[0] != "end":
+                raise netplugin.NetError("bench", -1, "a bench process ran past the plan")
     finally:
         for p in procs:
             p.join(timeout=10)
