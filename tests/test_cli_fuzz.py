@@ -354,6 +354,8 @@ CASES = [
     # advise: every file read and checked before any advice is printed
     (["advise"], "the following arguments are required: FILE"),
     (["advise", "{d}/missing.json"], "{d}/missing.json: no such file"),
+    (["advise", "{d}/good.json", "{d}/good.json"], "{d}/good.json is given twice"),
+    (["advise", "{d}/good.json", "--json", "{d}/good.json"], "--json {d}/good.json is one of the inputs"),
     (["advise", "{d}/good.json", "{d}/p_broken.json"], "{d}/p_broken.json: not a JSON document"),
     (["advise", "{d}/p_unknown.json"], "{d}/p_unknown.json: not a ccbridge result or env stamp"),
     (["advise", "{d}/median_text.json"], "rows[0] field 'median'"),

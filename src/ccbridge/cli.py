@@ -252,9 +252,19 @@ def cmd_account(args) -> int:
 
 def cmd_advise(args) -> int:
     """The CC-mode-aware settings for vLLM, SGLang, TRT-LLM, torch and the loader, from stamps and results."""
+    import os
+
     from ccbridge import advise
 
+    seen: dict = {}
+    for f in args.files:  # the same file twice would print every line twice
+        key = os.path.realpath(f)
+        if key in seen:
+            raise UsageError(f"{f} is given twice (as {seen[key]})")
+        seen[key] = f
     if args.json:
+        if os.path.realpath(args.json) in seen:
+            raise UsageError(f"--json {args.json} is one of the inputs: it would be overwritten")
         ui.writable_file(args.json, "--json")
     inputs, recs = advise.advise(args.files)
     print(advise.render(inputs, recs))
