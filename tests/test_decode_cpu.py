@@ -96,11 +96,16 @@ def test_bench_result_rows_and_compare(tmp_path, capsys):
     res = results.load(tmp_path / "d.json")
     assert not res.errors and not res.emulated and res.settings["decode"]["model"] == "tiny"
     keys = {(r.metric, r.params["batch"], r.params["mode"]) for r in res.rows}
-    assert keys == {(m, b, mode) for m in ("tok_per_s", "step_ms") for b in (1, 2) for mode in ("sync", "drain")}
+    assert keys == {(m, b, mode) for m in ("tok_per_s", "step_ms", "token_gap_ms") for b in (1, 2)
+                    for mode in ("sync", "drain")}
     for r in res.rows:
         assert r.test == "decode" and r.params["model"] == "tiny" and r.params["graphs"] is False
-        assert r.unit == {"tok_per_s": "tok/s", "step_ms": "ms"}[r.metric] and r.median > 0
-        assert r.n == (2 if r.metric == "tok_per_s" else 2 * 4)
+        assert r.unit == {"tok_per_s": "tok/s", "step_ms": "ms", "token_gap_ms": "ms"}[r.metric] and r.median > 0
+        assert r.n == (2 * 4 if r.metric == "token_gap_ms" else 2)  # one per run, or one per step
+    by = {(r.metric, r.params["batch"], r.params["mode"]): r for r in res.rows}
+    for b in (1, 2):  # a step is the run's wall time over its steps: tok/s and step ms say the same thing
+        tok, step = by[("tok_per_s", b, "sync")], by[("step_ms", b, "sync")]
+        assert tok.median == pytest.approx(b * 1e3 / step.median, rel=0.5)
     assert cli.main(["compare", str(tmp_path / "d.json"), str(tmp_path / "d.json")]) == 0
 
 

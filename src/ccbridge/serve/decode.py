@@ -26,8 +26,10 @@ same loops without streams; their tokens must still agree.
 
 Timing: a run is a prefill (not timed) and output - 1 decode steps; its wall
 time runs from the end of prefill to the last token on the host. tok/s is
-batch x (output - 1) / wall; a step time is the interval between successive
-steps' tokens reaching the host; gpu_busy (CUDA) is the summed time between
+batch x (output - 1) / wall; step_ms is wall / (output - 1), one value per run,
+the same measure in every mode; token_gap_ms is the interval between
+successive steps' tokens reaching the host (what a streaming client sees: the
+drain mode takes tokens in bursts, so its gaps are short and uneven); gpu_busy (CUDA) is the summed time between
 each step's start and end event on the compute stream over the wall time
 (launch gaps inside a step count as busy, gaps between steps do not).
 """
@@ -351,7 +353,8 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
             res.rows.append(Row.of("decode", "tok_per_s", "tok/s", [b * (output - 1) / r.wall_s for r in timed],
                                    **params))
             res.rows[-1].extra = extra
-            res.rows.append(Row.of("decode", "step_ms", "ms", [s * 1e3 for r in timed for s in r.step_s], **params))
+            res.rows.append(Row.of("decode", "step_ms", "ms", [r.wall_s / (output - 1) * 1e3 for r in timed], **params))
+            res.rows.append(Row.of("decode", "token_gap_ms", "ms", [s * 1e3 for r in timed for s in r.step_s], **params))
     res.duration_s = time.monotonic() - t_start
     return res
 
@@ -365,13 +368,15 @@ def render(res) -> str:
         from ccbridge import env
 
         head += f"\n# EMULATED CC bridge (profile {env.emulation_label(res.env['emulation'])}): not a CC hardware measurement"
-    lines = [head, f"{'batch':>6} {'mode':<7} {'tok/s':>10} {'step ms':>9} {'p90 ms':>8} {'gpu busy':>8}  tokens"]
-    steps = {(r.params["batch"], r.params["mode"]): r for r in res.rows if r.metric == "step_ms"}
+    lines = [head, f"{'batch':>6} {'mode':<7} {'tok/s':>10} {'step ms':>9} {'gap p50':>8} {'gap p90':>8} "
+                   f"{'gpu busy':>8}  tokens"]
+    by = {(r.params["batch"], r.params["mode"], r.metric): r for r in res.rows}
     for r in res.rows:
         if r.metric != "tok_per_s":
             continue
-        st = steps[(r.params["batch"], r.params["mode"])]
+        st, gap = (by[(r.params["batch"], r.params["mode"], m)] for m in ("step_ms", "token_gap_ms"))
         busy = r.extra.get("gpu_busy")
-        lines.append(f"{r.params['batch']:>6} {r.params['mode']:<7} {r.median:>10.1f} {st.median:>9.3f} {st.p90:>8.3f} "
-                     f"{'-' if busy is None else f'{busy:.2f}':>8}  {'same' if r.extra['tokens_match'] else 'DIFFER'}")
+        lines.append(f"{r.params['batch']:>6} {r.params['mode']:<7} {r.median:>10.1f} {st.median:>9.3f} "
+                     f"{gap.median:>8.3f} {gap.p90:>8.3f} {'-' if busy is None else f'{busy:.2f}':>8}  "
+                     f"{'same' if r.extra['tokens_match'] else 'DIFFER'}")
     return "\n".join(lines)
