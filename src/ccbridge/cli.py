@@ -384,8 +384,7 @@ def cmd_load(args) -> int:
         return 2
     overrides = {k: v for k, v in dict(workers=args.workers, contexts=args.contexts, staging=args.staging,
                                        chunk_bytes=args.chunk, buffers=args.buffers).items() if v is not None}
-    emu = env.emulation_info()
-    label = f"EMULATED CC bridge (profile {emu['profile']}): not a CC hardware measurement" if emu.get("active") else None
+    label = env.emulated_banner(env.emulation_info())
     if label:
         print(f"ccbridge load: {label}", file=sys.stderr)
     if args.bench:

@@ -235,6 +235,13 @@ def emulation_label(emu: dict[str, Any]) -> str:
     return f"{emu.get('profile')}" + (f" with --set {', '.join(sets)}" if sets else "")
 
 
+def emulated_banner(emu: dict[str, Any]) -> str | None:
+    """The line every emulated figure's output carries, or None for a native run."""
+    if not emu.get("active"):
+        return None
+    return f"EMULATED CC bridge (profile {emulation_label(emu)}): not a CC hardware measurement"
+
+
 def stamp() -> dict[str, Any]:
     """The full stamp; tolerant of every missing piece."""
     cpu = cpu_info()

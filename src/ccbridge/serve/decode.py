@@ -367,7 +367,7 @@ def render(res) -> str:
     if res.emulated:
         from ccbridge import env
 
-        head += f"\n# EMULATED CC bridge (profile {env.emulation_label(res.env['emulation'])}): not a CC hardware measurement"
+        head += f"\n# {env.emulated_banner(res.env['emulation'])}"
     lines = [head, f"{'batch':>6} {'mode':<7} {'tok/s':>10} {'step ms':>9} {'gap p50':>8} {'gap p90':>8} "
                    f"{'gpu busy':>8}  tokens"]
     by = {(r.params["batch"], r.params["mode"], r.metric): r for r in res.rows}

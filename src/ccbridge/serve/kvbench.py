@@ -343,7 +343,7 @@ def render(res) -> str:
     if res.emulated:
         from ccbridge import env
 
-        head += f"\n# EMULATED CC bridge (profile {env.emulation_label(res.env['emulation'])}): not a CC hardware measurement"
+        head += f"\n# {env.emulated_banner(res.env['emulation'])}"
     lines = [head, f"{'thresh':>6} {'mode':<5} {'TTFT p50':>9} {'p99 ms':>8} {'req ms':>8} {'spill D2H':>10} "
                    f"{'restore H2D':>11} {'dev hit':>7} {'host hit':>8} {'miss':>6}  tokens"]
     rows = {(r.params["threshold"], r.params["mode"], r.metric): r for r in res.rows}
