@@ -168,3 +168,12 @@ def test_a_huge_zipf_exponent_draws_prefix_0_only():
     wl = kvbench.workload(512, 3, 16, 1, 8, 1e308)
     assert [i for i, _ in wl.stream] == [0] * 8
     assert len({i for i, _ in kvbench.workload(512, 3, 16, 1, 64, 0.0).stream}) > 1  # 0: uniform still
+
+
+def test_a_long_pass_says_where_it_is(tiny, monkeypatch):
+    monkeypatch.setattr(kvbench, "PROGRESS_S", 0.0)  # every request is "long enough" for a line
+    lines = []
+    kvbench.bench("tiny", **{**SMALL, "check_every": 0}, thresholds=[2], modes=["async"], _model=tiny,
+                  log=lines.append)
+    assert any(f"request {SMALL['requests']}/{SMALL['requests']}" in x for x in lines)
+    assert any("warm-up 1/" in x for x in lines)

@@ -270,6 +270,22 @@ def bench(model: str = "llama-1b", prefixes: int | None = None, prefix_len: int 
     return res
 
 
+PROGRESS_S = 10.0  # a progress line at most this often during a pass (a long pass says where it is)
+
+
+class _Every:
+    """Calls log(text) when PROGRESS_S has passed since the last line (outside the timed section's cost)."""
+
+    def __init__(self, log: Callable[[str], None], period: float):
+        self.log, self.period, self.last = log, period, time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.period:
+            self.log(text)
+            self.last = now
+
+
 def _sweep(res, m, wl, refs, shape, dtype, blocks, host_blocks, thresholds, modes, tol, model, log) -> None:
     from ccbridge.results import Row
     from ccbridge.serve import KVCache
@@ -282,13 +298,16 @@ def _sweep(res, m, wl, refs, shape, dtype, blocks, host_blocks, thresholds, mode
             with KVCache(shape, dtype, device_blocks=blocks, host_blocks=host_blocks, block_tokens=BLOCK_TOKENS,
                          device=dev, threshold=th) as kv:
                 srv = Server(m, kv, mode)
-                for toks in wl.warm:
+                every = _Every(log, PROGRESS_S)
+                for n, toks in enumerate(wl.warm):
                     srv.serve(toks)
+                    every(f"threshold {th}, {mode}: warm-up {n + 1}/{len(wl.warm)}")
                 kv.flush()
                 before = kv.stats()
                 ttft, total, bad, ties = [], [], [], 0
                 for i, (_, toks) in enumerate(wl.stream):
                     tok, t1, t2 = srv.serve(toks)
+                    every(f"threshold {th}, {mode}: request {i + 1}/{len(wl.stream)}")
                     ttft.append(t1 * 1e3)
                     total.append(t2 * 1e3)
                     if i in refs and tok != int(refs[i].argmax()):
