@@ -115,6 +115,17 @@ def sender(pipe, lib_path, key, sizes, concurrent, port):
     pipe.send(out)
 
 
+def _reap(*procs):
+    """Join each spawned rank (None: never started), killing one that outlives a 5 s grace."""
+    for p in procs:
+        if p is None:
+            continue
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def run_pair(sizes, key=KEY, send_key=None, capacity=None, concurrent=1, port=0):
     """Both ranks in processes of their own; killed at the deadline."""
     lib = str(netplugin.library())
@@ -134,11 +145,7 @@ def run_pair(sizes, key=KEY, send_key=None, capacity=None, concurrent=1, port=0)
         assert sp.poll(max(0, end - time.monotonic())), "sender missed the deadline"
         return got, sp.recv()
     finally:
-        for p in (r, s):
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        _reap(r, s)
 
 
 # ---- plain runs ----
@@ -324,13 +331,7 @@ def run_through_proxy(fault, sizes, recorded=None):
         got["elapsed"] = time.monotonic() - t0
         return got
     finally:
-        for p in (r, s):
-            if p is None:
-                continue
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        _reap(r, s)
 
 
 MESSAGE = [(2 << 20) + 5]  # nine records of 256 KiB (the last 5 bytes): five on lane 0, four on lane 1
@@ -562,11 +563,7 @@ def test_handle_from_the_wire_is_not_trusted_as_a_pointer():
         got = rp.recv()
         assert sent["error"] is None and got["completed"] == [(0, 7, True)], (sent, got)
     finally:
-        for p in (r, s):
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        _reap(r, s)
 
 
 # ---- keys: the plugin and ccbridge.secure refuse the same material ----
