@@ -745,13 +745,17 @@ def test_the_framework_loops_pay_each_toll_once_per_iteration(lib):
     side = lib.ccbemu_fake_stream()
     dev = lib.ccbemu_fake_alloc(64, DEVICE)
     out, _ = host(lib, 64, True)  # torch's pinned output tensor (the caching host allocator's block)
-    k, slack = 10, 0.8e-3
+    # Any toll paid twice or at the wrong call adds >= 1 ms; the fastest of k iterations is the one
+    # a loaded CI machine disturbed least (its mean once overshot a 0.8 ms slack by 0.02 ms).
+    k, slack = 10, 0.9e-3
 
     def per_iteration(body):
-        t = time.perf_counter()
+        times = []
         for _ in range(k):
+            t = time.perf_counter()
             body()
-        return (time.perf_counter() - t) / k
+            times.append(time.perf_counter() - t)
+        return min(times)
 
     sync = lambda: lib.cuCtxSynchronize_v2(None) == 0 or pytest.fail("cuCtxSynchronize_v2")
     busy(lib, None, 0)
@@ -766,6 +770,6 @@ def test_the_framework_loops_pay_each_toll_once_per_iteration(lib):
 
     assert 6e-3 <= per_iteration(readback) < 6e-3 + slack
     assert lib.cuMemcpyAsync(out, dev, 32, side) == 0
-    assert timed(lib.cuCtxSynchronize_v2, None) < slack  # the copy was the round trip
+    assert timed(lib.cuCtxSynchronize_v2, None) < 4e-3 - slack  # the copy was the round trip
     calls = summary(lib)["calls"]
     assert calls["cuMemcpyAsync"] == k + 1 and calls["cuLaunchKernel"] == 2 * k + 1
