@@ -199,10 +199,96 @@ def test_bad_files(tmp_path, content, fragment):
         advise.read(p)
 
 
-def test_decode_and_unread_results_are_refused(tmp_path):
-    dec = Result(env=stamp(), settings={}, rows=[Row.of("decode.step", "time", "ms", [3.0])])
-    with pytest.raises(ResultFileError, match="decode result; advise does not read decode results yet"):
+def decode_result(tok: dict, emulated=None, graphs=False, match=True):
+    """bench decode's rows: tok:{(batch, mode): tok/s}."""
+    rows = []
+    for (b, mode), v in tok.items():
+        r = Row.of("decode", "tok_per_s", "tok/s", [v * 0.99, v, v * 1.01], model="tiny", batch=b, mode=mode,
+                   graphs=graphs)
+        r.extra = {"tokens_match": match, "gpu_busy": 0.5}
+        rows += [r, Row.of("decode", "step_ms", "ms", [b * 1e3 / v], model="tiny", batch=b, mode=mode, graphs=graphs)]
+    return Result(env=stamp("off", emulated), settings={"decode": {"model": "tiny", "graphs": graphs}}, rows=rows)
+
+
+def test_decode_under_emulation_picks_the_drain_and_maps_it_to_the_engines(tmp_path):
+    res = decode_result({(1, "sync"): 40.0, (1, "async"): 41.0, (1, "staged"): 41.5, (1, "drain"): 41.2,
+                         (64, "sync"): 900.0, (64, "async"): 910.0, (64, "staged"): 930.0, (64, "drain"): 1500.0},
+                        emulated="b300")
+    inputs, recs = advise.advise([save(tmp_path, "dec.json", res)])
+    assert inputs[0].kind == "decode" and inputs[0].emulated and all(a.emulated for a in recs)
+    # batch 1: nothing beats async by 5%, so the engine default stays; batch 64: the drain (1.65x async)
+    assert find(recs, "torch", "batch 1: async scheduling")
+    b64 = find(recs, "torch", "batch 64: drain scheduling")
+    assert b64 and "1.65x async" in b64[0].why and len(b64[0].cites) == 4
+    vllm = find(recs, "vLLM", "DrainWorker")
+    assert vllm and "batch 64: drain 1500 tok/s vs async 910" in vllm[0].why
+    assert not find(recs, "vLLM", "scheduling sync: leave")
+    assert find(recs, "all", "--graphs")  # eager under CC: graphs are the next thing to measure
+    text = advise.render(inputs, recs)
+    assert "EMULATED" in text and "decode:tok_per_s[" in text
+
+
+def test_decode_natively_keeps_async_and_sync_wins_only_by_margin(tmp_path):
+    native = decode_result({(8, "sync"): 500.0, (8, "async"): 700.0, (8, "drain"): 710.0})
+    _, recs = advise.advise([save(tmp_path, "n.json", native)])
+    assert find(recs, "torch", "batch 8: async scheduling") and find(recs, "vLLM/SGLang/TRT-LLM", "engine default")
+    assert not any(a.emulated for a in recs) and not find(recs, "all", "--graphs")  # CC off: no CC advice
+    slow = decode_result({(8, "sync"): 800.0, (8, "async"): 700.0}, emulated="b300", graphs=True)
+    _, recs = advise.advise([save(tmp_path, "s.json", slow)])
+    assert find(recs, "SGLang", "--disable-overlap-schedule") and find(recs, "vLLM", "leave --async-scheduling off")
+    assert not find(recs, "all", "--graphs")  # this run already used graphs
+
+
+def test_decode_with_differing_tokens_gives_no_schedule(tmp_path):
+    res = decode_result({(8, "sync"): 500.0, (8, "drain"): 900.0}, emulated="b300", match=False)
+    _, recs = advise.advise([save(tmp_path, "bad.json", res)])
+    assert len(recs) == 1 and "different tokens" in recs[0].setting
+
+
+def kv_result(ttft: dict, spill: dict, emulated="b300", mismatches=0):
+    """bench kv's rows: ttft:{(threshold, mode): ms}, spill:{threshold: bytes}."""
+    rows = []
+    for (th, mode), v in ttft.items():
+        r = Row.of("kv", "ttft_ms", "ms", [v * 0.98, v, v * 1.05], model="tiny", threshold=th, mode=mode)
+        r.extra = {"p99": v * 1.2, "mismatches": mismatches, "near_ties": 0}
+        rows += [r, Row.of("kv", "spill_bytes", "B", [spill[th]], model="tiny", threshold=th, mode=mode)]
+    return Result(env=stamp("off", emulated), settings={"kv": {"model": "tiny"}}, rows=rows)
+
+
+def test_kv_recommends_the_store_threshold_that_earns_its_crossings(tmp_path):
+    spill = {1: 2.3 * (1 << 30), 2: 2.3 * (1 << 20), 3: 2.2 * (1 << 20)}
+    res = kv_result({(1, "sync"): 1615.0, (2, "sync"): 544.0, (3, "sync"): 540.0,
+                     (1, "async"): 1900.0, (2, "async"): 700.0, (3, "async"): 705.0}, spill)
+    inputs, recs = advise.advise([save(tmp_path, "kv.json", res)])
+    assert inputs[0].kind == "kv" and all(a.emulated for a in recs)
+    # threshold 3 (540 ms) is within 5% of 2 (544 ms): the smaller filter, which drops fewer reused blocks
+    v = find(recs, "vLLM", 'OffloadingConnector kv_connector_extra_config {"store_threshold": 2}')
+    v = [a for a in v if a.setting.startswith("sync ")]
+    assert len(v) == 1 and "544.0 ms at threshold 2 vs 1615.0 ms at 1" in v[0].why
+    assert "spill D2H 2.3 MiB vs 2.3 GiB" in v[0].why
+    assert find(recs, "torch", "async scheduling: ccbridge.serve.KVCache(threshold=")
+    assert find(recs, "vLLM", "scheduling sync while KV restores")  # sync 544 vs async 700 at their best
+    close = kv_result({(1, "sync"): 100.0, (1, "async"): 103.0}, {1: 1 << 20})
+    _, recs = advise.advise([save(tmp_path, "close.json", close)])
+    assert find(recs, "vLLM", "async scheduling (the default)")  # sync is not 5% faster: the default stays
+
+
+def test_kv_without_a_gain_keeps_no_filter_and_mismatches_give_none(tmp_path):
+    res = kv_result({(1, "sync"): 100.0, (2, "sync"): 98.0}, {1: 1 << 20, 2: 1 << 10}, emulated=None)
+    _, recs = advise.advise([save(tmp_path, "kv.json", res)])
+    assert find(recs, "vLLM", "no store_threshold") and find(recs, "torch", "KVCache(threshold=1)")
+    bad = kv_result({(1, "sync"): 100.0, (2, "sync"): 50.0}, {1: 1, 2: 1}, mismatches=3)
+    _, recs = advise.advise([save(tmp_path, "bad.json", bad)])
+    assert len(recs) == 1 and "different first tokens" in recs[0].setting
+
+
+def test_empty_serving_and_unread_results_are_refused(tmp_path):
+    dec = Result(env=stamp(), settings={"decode": {}}, rows=[])
+    with pytest.raises(ResultFileError, match="a decode result with no decode:tok_per_s rows"):
         advise.read(save(tmp_path, "d.json", dec))
+    kv = Result(env=stamp(), settings={"kv": {}}, rows=[Row.of("kv", "spill_bytes", "B", [1.0], threshold=1)])
+    with pytest.raises(ResultFileError, match="a kv result with no kv:ttft_ms rows"):
+        advise.read(save(tmp_path, "k.json", kv))
     other = Result(env=stamp(), settings={}, rows=[Row.of("hostcrypto.aes256gcm", "throughput", "GB/s", [3.0])])
     with pytest.raises(ResultFileError, match="no rows advise reads"):
         advise.read(save(tmp_path, "h.json", other))

@@ -95,6 +95,8 @@ FILES = {
     "told.1.csv": lambda: ("t_enter_ns,t_return_ns,tid,ctx,stream,api,dir,mem,bytes,blocked_channel_ns,"  # schema 1
                            "blocked_stream_ns,toll_ns\n1,2,3,0x1,(nil),cuMemcpyHtoD_v2,h2d,pinned,4,0,0,0\n"),
     "ts.1.summary.json": lambda: "{not json",
+    "decode_empty.json": lambda: _result(settings={"decode": {"model": "tiny"}}, rows=[]),
+    "kv_no_ttft.json": lambda: _result(settings={"kv": {}}, rows__0__test="kv", rows__0__metric="spill_bytes"),
 }
 
 
@@ -360,6 +362,8 @@ CASES = [
     (["advise", "{d}/p_unknown.json"], "{d}/p_unknown.json: not a ccbridge result or env stamp"),
     (["advise", "{d}/median_text.json"], "rows[0] field 'median'"),
     (["advise", "{d}/folder"], "{d}/folder: is a folder"),
+    (["advise", "{d}/decode_empty.json"], "a decode result with no decode:tok_per_s rows (an interrupted"),
+    (["advise", "{d}/good.json", "{d}/kv_no_ttft.json"], "a kv result with no kv:ttft_ms rows"),
     (["advise", "{d}/good.json", "--json", "/proc/forbidden/a.json"], "--json /proc/forbidden/a.json: "),
     (["advise", "{d}/good.json", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
 ]

@@ -1,8 +1,9 @@
 """`ccbridge advise`: the CC-mode-aware settings for the stacks people run, from files ccbridge wrote.
 
 Each input is an env stamp (`ccbridge env --json`), a probe result (`ccbridge
-probe`) or an account result (`ccbridge account`); its kind is read from its
-content. Every recommendation names the stack, the setting, why (the row key,
+probe`), an account result (`ccbridge account`), a decode result (`ccbridge
+bench decode`) or a KV-offload result (`ccbridge bench kv`); its kind is read
+from its content. Every recommendation names the stack, the setting, why (the row key,
 its median and unit: the number behind it) and whether that number is
 EMULATED. A stamp alone carries no number: it says whether CC-aware settings
 apply at all, and what to measure.
@@ -18,6 +19,7 @@ from ccbridge import env as _env
 from ccbridge import results
 from ccbridge.errors import ResultFileError
 from ccbridge.results import Result, Row
+from ccbridge.ui import approx_bytes
 
 PROBE_TESTS = ("semantics.", "transfer.", "launch.", "framework.", "concurrency.", "smallcopy.", "toll.")
 HOLDS = 0.2  # return fraction above which a non_blocking copy held the host (semantics.ASYNC_BELOW)
@@ -26,6 +28,7 @@ LAUNCH_TOLL_US = 10.0  # pipelined per-kernel launch cost above which graphs are
 SCALES = 1.3  # aggregate bandwidth gain over one context that a pool must buy
 TOP_ACCOUNT = 5
 MIN_SHARE = 0.05
+MARGIN = 1.05  # a mode or threshold must beat the engine default by this much to be worth a change (run noise)
 
 
 @dataclass
@@ -58,7 +61,7 @@ class Advice:
 @dataclass
 class Input:
     path: str
-    kind: str  # "env", "probe" or "account"
+    kind: str  # "env", "probe", "account", "decode" or "kv"
     env: dict[str, Any]
     result: Result | None
     emulated: bool
@@ -83,16 +86,19 @@ def read(path: str | Path) -> Input:
     if isinstance(doc, dict) and doc.get("schema") == results.SCHEMA:
         res = results.from_doc(p, doc)
         tests = {r.test for r in res.rows}
-        if any(t.startswith("decode.") for t in tests) or "decode" in res.settings:
-            raise ResultFileError(f"{p}: a decode result; advise does not read decode results yet "
-                                  "(give a probe or account result, or an env stamp)")
+        for kind, metric in (("decode", "tok_per_s"), ("kv", "ttft_ms")):
+            if kind in res.settings or kind in tests:
+                if not any(r.test == kind and r.metric == metric for r in res.rows):
+                    raise ResultFileError(f"{p}: a {kind} result with no {kind}:{metric} rows (an interrupted "
+                                          f"`ccbridge bench {kind}`?): nothing to advise from")
+                return Input(str(p), kind, res.env, res, res.emulated)
         if any(t.startswith("account.") for t in tests):
             # account --profile: the stamp is the parent's, the OTHER trace ran under the emulator
             return Input(str(p), "account", res.env, res, res.emulated or bool(res.settings.get("profile")))
         if any(t.startswith(PROBE_TESTS) for t in tests):
             return Input(str(p), "probe", res.env, res, res.emulated)
         raise ResultFileError(f"{p}: a ccbridge result with no rows advise reads (probe families "
-                              f"{', '.join(t.rstrip('.') for t in PROBE_TESTS)}, or account rows)")
+                              f"{', '.join(t.rstrip('.') for t in PROBE_TESTS)}; account, decode or kv rows)")
     if isinstance(doc, dict) and "schema" not in doc and isinstance(doc.get("nvml"), dict) and "emulation" in doc:
         results._check_env(p, doc)
         return Input(str(p), "env", doc, None, bool(doc["emulation"].get("active")))
@@ -270,11 +276,104 @@ def from_account(inp: Input) -> list[Advice]:
     return out
 
 
+# What each decode scheduling mode means in the engines people run (bench decode's modes, ccbridge.serve.decode).
+_MODE_STACKS = {
+    "sync": [("vLLM", "scheduling sync: leave --async-scheduling off"),
+             ("SGLang", "--disable-overlap-schedule"), ("TRT-LLM", "disable_overlap_scheduler=True"),
+             ("torch", "read step N's tokens before preparing step N+1")],
+    "async": [("vLLM/SGLang/TRT-LLM", "async / overlap scheduling on (the engine default)"),
+              ("torch", "launch step N+1 before reading step N")],
+    "staged": [("vLLM/SGLang/TRT-LLM", "async scheduling, with per-step inputs (positions, slot mappings) through "
+                "one ccbridge.serve.StagedH2D"), ("torch", "ccbridge.serve.StagedH2D: packed inputs on an idle stream")],
+    "drain": _stacks("DrainWorker") + [("torch", "per-step inputs through ccbridge.serve.StagedH2D as well")],
+}
+
+
+def _pick(measured: dict, order: list, gain):
+    """The first choice in order (the engine default first, then the least change) within MARGIN of the best
+    measured (gain(a, b): how many times a beats b), so run noise never turns into a recommendation."""
+    ref = next(iter(measured.values()))
+    best = measured[max(measured, key=lambda k: gain(measured[k], ref))]
+    return next(k for k in order if k in measured and gain(best, measured[k]) < MARGIN)
+
+
+def from_decode(inp: Input) -> list[Advice]:
+    """Per batch size, the scheduling mode to run (the engine default, async, unless another beats it by
+    MARGIN); the engines' settings for the largest batch measured, where serving concurrency lives."""
+    res = inp.result
+    out, add = _adder(inp)
+    tok = {(r.params["batch"], r.params["mode"]): r for r in res.rows if r.test == "decode" and r.metric == "tok_per_s"}
+    batches = sorted({b for b, _ in tok})
+    if res.errors or not all(r.extra.get("tokens_match", True) for r in tok.values()):
+        add("all", "none from this run: its modes generated different tokens",
+            f"{_state(inp)}; a result whose modes disagree measures a bug, not a schedule (see its errors)")
+        return out
+    picks = {}
+    for b in batches:
+        modes = {m: r for (bb, m), r in tok.items() if bb == b}
+        pick = _pick(modes, ["async", "sync", "staged", "drain"], lambda a, b: a.median / b.median if b.median else float("inf"))
+        picks[b] = pick
+        others = ", ".join(f"{m} {r.median:.0f}" for m, r in modes.items())
+        add("torch", f"batch {b}: {pick} scheduling",
+            f"{_state(inp)}; tok/s {others}" + ("" if pick == "async" or "async" not in modes else
+                                              f" ({modes[pick].median / modes['async'].median:.2f}x async)"),
+            *modes.values())
+    top = batches[-1]
+    modes = {m: r for (bb, m), r in tok.items() if bb == top}
+    why = f"batch {top}: {picks[top]} {modes[picks[top]].median:.0f} tok/s" + (
+        "" if picks[top] == "async" or "async" not in modes else f" vs async {modes['async'].median:.0f}")
+    for stack, setting in _MODE_STACKS[picks[top]]:
+        add(stack, setting, why, *modes.values())
+    if not res.settings.get("decode", {}).get("graphs") and inp.cc_applies:
+        add("all", "measure CUDA graphs too (`ccbridge bench decode --graphs`): one launch toll per step",
+            "this run decoded eager; under CC every kernel launch pays the toll")
+    return out
+
+
+def from_kv(inp: Input) -> list[Advice]:
+    """Per scheduling mode, the store threshold to run: the lowest warm TTFT p50, preferring the engine
+    default (threshold 1: no filter) unless another beats it by MARGIN; spill volumes cited beside."""
+    res = inp.result
+    out, add = _adder(inp)
+    rows = {(r.params["threshold"], r.params["mode"], r.metric): r for r in res.rows if r.test == "kv"}
+    ttft = {k[:2]: r for k, r in rows.items() if k[2] == "ttft_ms"}
+    if res.errors or any(r.extra.get("mismatches") for r in ttft.values()):
+        add("all", "none from this run: restored KV gave different first tokens",
+            f"{_state(inp)}; a result with token mismatches measures a bug, not a threshold (see its errors)")
+        return out
+    best = {}
+    for mode in sorted({m for _, m in ttft}):
+        by_th = {t: r for (t, m), r in sorted(ttft.items()) if m == mode}
+        th = _pick(by_th, sorted(by_th), lambda a, b: b.median / a.median if a.median else float("inf"))
+        best[mode] = (th, by_th[th])
+        base = by_th.get(min(by_th))
+        spill = rows.get((th, mode, "spill_bytes"))
+        spill0 = rows.get((min(by_th), mode, "spill_bytes"))
+        why = (f"{_state(inp)}, scheduling {mode}: warm TTFT p50 {by_th[th].median:.1f} ms at threshold {th}"
+               + (f" vs {base.median:.1f} ms at {min(by_th)}" if th != min(by_th) else "")
+               + (f"; spill D2H {approx_bytes(spill.median)}" if spill else "")
+               + (f" vs {approx_bytes(spill0.median)}" if spill and spill0 and th != min(by_th) else ""))
+        cites = [by_th[th]] + ([base] if th != min(by_th) else []) + [r for r in (spill, spill0) if r]
+        cfg = '{"store_threshold": %d}' % th if th >= 2 else "no store_threshold (every evicted block is stored)"
+        add("vLLM", f"{mode} scheduling: OffloadingConnector kv_connector_extra_config {cfg}", why, *cites)
+        add("torch", f"{mode} scheduling: ccbridge.serve.KVCache(threshold={th})", why, *cites)
+    if len(best) > 1:
+        at_best = {m: row for m, (_, row) in best.items()}
+        mode = _pick(at_best, ["async", "sync"], lambda a, b: b.median / a.median if a.median else float("inf"))
+        other = "sync" if mode == "async" else "async"
+        a, b = at_best[mode], at_best[other]
+        add("vLLM", "scheduling sync while KV restores are frequent (leave --async-scheduling off)" if mode == "sync"
+            else "async scheduling (the default) with the offload tier", f"{_state(inp)}: warm TTFT p50 {a.median:.1f} "
+            f"ms {mode} vs {b.median:.1f} ms {other}, each at its best threshold", a, b)
+    return out
+
+
 def advise(paths: list[str]) -> tuple[list[Input], list[Advice]]:
     inputs = [read(p) for p in paths]  # every file checked before any advice
     out: list[Advice] = []
     for inp in inputs:
-        out += {"env": from_env, "probe": from_probe, "account": from_account}[inp.kind](inp)
+        out += {"env": from_env, "probe": from_probe, "account": from_account, "decode": from_decode,
+                "kv": from_kv}[inp.kind](inp)
     return inputs, out
 
 

@@ -668,8 +668,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_account)
 
     p = sub.add_parser("advise", help="CC-aware settings for vLLM, SGLang, TRT-LLM, torch and the loader from env "
-                                      "stamps, probe and account results, each with the number behind it")
-    p.add_argument("files", nargs="+", metavar="FILE", help="result.json of probe or account, or `ccbridge env --json` output")
+                                      "stamps and probe, account, bench decode and bench kv results, each with the "
+                                      "number behind it")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="result.json of probe, account, bench decode or bench kv, or `ccbridge env --json` output")
     p.add_argument("--json", help="also write the advice and the inputs' env summaries here")
     p.set_defaults(fn=cmd_advise)
 

@@ -16,6 +16,15 @@ from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progre
 from ccbridge.errors import UsageError
 
 
+def approx_bytes(n: float) -> str:
+    """A volume for people: 2.3 GiB, 512 B (exact sizes of messages and copies: probe.transfer.human_bytes)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
 def writable_folder(path: str | os.PathLike, what: str, create: bool = True) -> Path:
     """`path` as a folder a command can write in, checked before its work starts.
 

@@ -42,6 +42,7 @@ import torch
 
 from ccbridge.errors import UsageError
 from ccbridge.serve import decode
+from ccbridge.ui import approx_bytes
 
 MODES = ("sync", "async")
 BLOCK_TOKENS = 16
@@ -342,21 +343,13 @@ def _sweep(res, m, wl, refs, shape, dtype, blocks, host_blocks, thresholds, mode
                                    f"{bad[0]})"})
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n}"
-
-
 def render(res) -> str:
     """A table: one line per (threshold, mode)."""
     s = res.settings["kv"]
     head = (f"# ccbridge bench kv: {s['model']} (random weights), {s['dtype']} on {s['device']}; {s['prefixes']} "
             f"prefixes of {s['prefix_len']} tokens, Zipf s={s['zipf']:g}, {s['requests']} requests x {s['iters']} "
             f"(+{s['prefixes'] * s['warmup']} warm-up) with {s['suffix_len']}-token unique suffixes, 1 token each\n"
-            f"# KV blocks of {s['block_tokens']} tokens ({_size(s['block_bytes'])}): {s['device_blocks']} on the "
+            f"# KV blocks of {s['block_tokens']} tokens ({approx_bytes(s['block_bytes'])}): {s['device_blocks']} on the "
             f"device ({s['gpu_fraction']:.0%} of the prefixes' blocks), {s['host_blocks']} on the host; first tokens "
             f"of {s['checked']} requests checked against a full prefill")
     if res.emulated:
@@ -377,6 +370,6 @@ def render(res) -> str:
         if e["near_ties"]:
             ok += f" ({e['near_ties']} near ties)"
         lines.append(f"{k[0]:>6} {k[1]:<5} {r.median:>9.2f} {e['p99']:>8.2f} {g['request_ms']:>8.2f} "
-                     f"{_size(g['spill_bytes']):>10} {_size(g['restore_bytes']):>11} {g['device_hit_rate']:>7.1%} "
+                     f"{approx_bytes(g['spill_bytes']):>10} {approx_bytes(g['restore_bytes']):>11} {g['device_hit_rate']:>7.1%} "
                      f"{g['host_hit_rate']:>8.1%} {g['miss_rate']:>6.1%}  {ok}")
     return "\n".join(lines)
