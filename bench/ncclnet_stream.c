@@ -8,16 +8,22 @@
  * `ccbridge bench net` reports as cores at a throughput, without the noise
  * of a loaded machine's wall clock.
  *
- *   cc -O2 -o /tmp/ncclnet_stream bench/ncclnet_stream.c -ldl
+ *   cc -O2 -rdynamic -o /tmp/ncclnet_stream bench/ncclnet_stream.c -ldl -lpthread
  *   CCBRIDGE_KEY=$(openssl rand -hex 32) /tmp/ncclnet_stream \
- *       src/ccbridge/lib/libnccl-net-ccbridge.so -l 1,2,8 -s 64K,512K,4M -t 256M [-i 8] [-r 3] [-p 20]
+ *       src/ccbridge/lib/libnccl-net-ccbridge.so -l 1,2,8 -s 64K,512K,4M -t 256M [-i 8] [-r 3] [-p 20] [-P]
  *
  * -p: microseconds the polling thread sleeps after a pass that found nothing
  * (0 = spin, as NCCL does; give a machine of few cores a pause, or the two
  * polling threads take its cores from the plugin's).
+ * -P: where the plugin threads' time goes: this program interposes the libc
+ * calls the plugin makes (read, recv, send, pthread_cond_wait,
+ * pthread_mutex_lock; build with -rdynamic) and adds up their calls, wall
+ * time and CPU time per side; the CPU outside them is the plugin's own
+ * (AES-GCM, copies, bookkeeping).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +37,82 @@
 #include "../src/ccbridge/native/ncclnet/ncclnet.h"
 
 static ccbNet_v11 *net;
+
+/* ---- -P: the plugin threads' libc calls, counted (the polling thread's are not) ---- */
+enum { C_READ, C_RECV, C_SEND, C_CONDWAIT, C_LOCK, C_N };
+static const char *cname[C_N] = {"read", "recv", "send", "cond_wait", "mutex_lock"};
+typedef struct { _Atomic long calls, wall_ns, cpu_ns; } counter;
+static counter counters[C_N];
+static int profiling;
+static _Thread_local int polling; /* the bench's own thread */
+
+static long ns(clockid_t id) {
+    struct timespec t;
+    clock_gettime(id, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+#define COUNTED(which, call)                                                                          \
+    do {                                                                                              \
+        if (!profiling || polling) return call;                                                      \
+        long w0 = ns(CLOCK_MONOTONIC), c0 = ns(CLOCK_THREAD_CPUTIME_ID);                              \
+        __typeof__(call) rv = call;                                                                   \
+        counters[which].cpu_ns += ns(CLOCK_THREAD_CPUTIME_ID) - c0;                                    \
+        counters[which].wall_ns += ns(CLOCK_MONOTONIC) - w0;                                          \
+        counters[which].calls++;                                                                      \
+        return rv;                                                                                    \
+    } while (0)
+
+static void *next(const char *name, const char *version) {
+    void *f = version ? dlvsym(RTLD_NEXT, name, version) : NULL;
+    return f ? f : dlsym(RTLD_NEXT, name);
+}
+
+ssize_t read(int fd, void *b, size_t n) {
+    static ssize_t (*f)(int, void *, size_t);
+    if (!f) f = next("read", NULL);
+    COUNTED(C_READ, f(fd, b, n));
+}
+ssize_t recv(int fd, void *b, size_t n, int flags) {
+    static ssize_t (*f)(int, void *, size_t, int);
+    if (!f) f = next("recv", NULL);
+    COUNTED(C_RECV, f(fd, b, n, flags));
+}
+ssize_t send(int fd, const void *b, size_t n, int flags) {
+    static ssize_t (*f)(int, const void *, size_t, int);
+    if (!f) f = next("send", NULL);
+    COUNTED(C_SEND, f(fd, b, n, flags));
+}
+int pthread_cond_wait(pthread_cond_t *cv, pthread_mutex_t *mu) {
+    static int (*f)(pthread_cond_t *, pthread_mutex_t *);
+    if (!f) f = next("pthread_cond_wait", "GLIBC_2.3.2"); /* not the pre-NPTL compat version */
+    COUNTED(C_CONDWAIT, f(cv, mu));
+}
+int pthread_mutex_lock(pthread_mutex_t *mu) {
+    static int (*f)(pthread_mutex_t *);
+    if (!f) f = next("pthread_mutex_lock", NULL);
+    COUNTED(C_LOCK, f(mu));
+}
+
+typedef struct { long calls[C_N], wall_ns[C_N], cpu_ns[C_N]; } profile;
+
+static void snap(profile *p) {
+    for (int i = 0; i < C_N; i++)
+        p->calls[i] = counters[i].calls, p->wall_ns[i] = counters[i].wall_ns, p->cpu_ns[i] = counters[i].cpu_ns;
+}
+
+static void show(const char *who, const profile *a, const profile *b, size_t bytes, double cpu) {
+    double mib = (double)bytes / (1 << 20), in = 0;
+    printf("      %s:", who);
+    for (int i = 0; i < C_N; i++) {
+        long calls = b->calls[i] - a->calls[i];
+        if (!calls) continue;
+        in += (double)(b->cpu_ns[i] - a->cpu_ns[i]);
+        printf(" %s %.1f/MiB wall %.3f cpu %.3f ns/B;", cname[i], calls / mib,
+               (double)(b->wall_ns[i] - a->wall_ns[i]) / (double)bytes, (double)(b->cpu_ns[i] - a->cpu_ns[i]) / (double)bytes);
+    }
+    printf(" outside them %.3f ns/B\n", (cpu * 1e9 - in) / (double)bytes);
+}
 static void *ctx;
 
 static void die(const char *what, int rc) {
@@ -73,7 +155,7 @@ static void xfer(int fd, void *p, size_t n, int out) {
     }
 }
 
-typedef struct { double cpu, wall; long vcsw, ivcsw; } sample;
+typedef struct { double cpu, wall; long vcsw, ivcsw; profile p0, p1; } sample;
 
 /* this process less its polling (calling) thread */
 static void take(sample *s) {
@@ -100,6 +182,7 @@ static size_t stream(void *comm, int sender, size_t size, int inflight, size_t t
     size_t count = total / (size ? size : 1);
     if (count < 2 * (size_t)inflight) count = 2 * (size_t)inflight;
     sample a, b;
+    snap(&d->p0);
     take(&a);
     size_t posted = 0, done = 0;
     while (done < count) {
@@ -131,6 +214,7 @@ static size_t stream(void *comm, int sender, size_t size, int inflight, size_t t
         if (!progress) nap(poll_us);
     }
     take(&b);
+    snap(&d->p1);
     d->cpu = b.cpu - a.cpu, d->wall = b.wall - a.wall, d->vcsw = b.vcsw - a.vcsw, d->ivcsw = b.ivcsw - a.ivcsw;
     for (int i = 0; i < inflight; i++) free(bufs[i]);
     free(bufs), free(reqs);
@@ -176,6 +260,10 @@ static void side(int fd, int sender, const char *lib, size_t *lanes, int nl, siz
                        bytes / d.wall / 1e9, peer.cpu / (double)bytes * 1e9, d.cpu / (double)bytes * 1e9,
                        peer.cpu / peer.wall, d.cpu / d.wall, (peer.vcsw + peer.ivcsw) / mib,
                        (d.vcsw + d.ivcsw) / mib, bad ? "  WRONG BYTES" : "");
+                if (profiling) {
+                    show("send", &peer.p0, &peer.p1, bytes, peer.cpu);
+                    show("recv", &d.p0, &d.p1, bytes, d.cpu);
+                }
                 fflush(stdout);
             }
         }
@@ -189,7 +277,8 @@ int main(int argc, char **argv) {
     size_t lanes[16] = {1, 2, 8}, sizes[16] = {64 << 10, 512 << 10, 4 << 20}, total = 256 << 20;
     int nl = 3, ns = 3, inflight = 8, repeat = 3, opt;
     long poll_us = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 0 : 20;
-    while ((opt = getopt(argc, argv, "l:s:t:i:r:p:")) != -1) {
+    polling = 1;
+    while ((opt = getopt(argc, argv, "l:s:t:i:r:p:P")) != -1) {
         switch (opt) {
         case 'l': nl = parse_list(optarg, lanes, 16); break;
         case 's': ns = parse_list(optarg, sizes, 16); break;
@@ -197,12 +286,13 @@ int main(int argc, char **argv) {
         case 'i': inflight = atoi(optarg); break;
         case 'r': repeat = atoi(optarg); break;
         case 'p': poll_us = atol(optarg); break;
+        case 'P': profiling = 1; break;
         default: optind = argc + 1;
         }
     }
     if (optind != argc - 1 || inflight < 1 || inflight > NCCL_NET_MAX_REQUESTS || !getenv("CCBRIDGE_KEY")) {
         fprintf(stderr, "usage: CCBRIDGE_KEY=<64 hex> %s PLUGIN.so [-l lanes,..] [-s size,..] [-t total] "
-                        "[-i inflight] [-r repeat] [-p poll_us]\n", argv[0]);
+                        "[-i inflight] [-r repeat] [-p poll_us] [-P]\n", argv[0]);
         return 2;
     }
     setenv("NCCL_SOCKET_IFNAME", "lo", 0);
