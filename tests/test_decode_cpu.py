@@ -48,6 +48,21 @@ def test_every_mode_gives_the_reference_tokens(tiny, batch):
         assert len(r.step_s) == OUTPUT - 1 and r.wall_s > 0 and r.gpu_busy is None
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_static_cache_path_of_graphs_gives_the_reference_tokens(tiny, batch):
+    """--graphs decodes over a StaticCache through persistent input buffers (on the CPU without the capture,
+    which needs CUDA): every mode, the same tokens as the dynamic cache's."""
+    ids = decode.prompts(decode.PRESETS["tiny"]["vocab_size"], batch, PROMPT, seed=7)
+    want = _greedy_without_cache(tiny, ids, OUTPUT)
+    for mode in decode.MODES:
+        assert torch.equal(decode.decode(tiny, ids, OUTPUT, mode, graphs=True).tokens, want), mode
+
+
+def test_graphs_on_the_cpu_are_refused():
+    with pytest.raises(UsageError, match="--graphs captures CUDA graphs: it needs a CUDA device"):
+        decode.check("tiny", [1], 4, 4, ["sync"], "cpu", True)
+
+
 def test_tokens_equal_generate(tiny):
     ids = decode.prompts(decode.PRESETS["tiny"]["vocab_size"], 2, PROMPT, seed=1)
     try:
@@ -103,9 +118,9 @@ def test_bench_result_rows_and_compare(tmp_path, capsys):
         assert r.unit == {"tok_per_s": "tok/s", "step_ms": "ms", "token_gap_ms": "ms"}[r.metric] and r.median > 0
         assert r.n == (2 * 4 if r.metric == "token_gap_ms" else 2)  # one per run, or one per step
     by = {(r.metric, r.params["batch"], r.params["mode"]): r for r in res.rows}
-    for b in (1, 2):  # a step is the run's wall time over its steps: tok/s and step ms say the same thing
-        tok, step = by[("tok_per_s", b, "sync")], by[("step_ms", b, "sync")]
-        assert tok.median == pytest.approx(b * 1e3 / step.median, rel=0.5)
+    for b in (1, 2):  # a step is the run's wall time over its steps: tok/s and step ms say the same thing, run
+        tok, step = by[("tok_per_s", b, "sync")], by[("step_ms", b, "sync")]  # by run (the fastest is both)
+        assert tok.max == pytest.approx(b * 1e3 / step.min, rel=1e-9)
     assert cli.main(["compare", str(tmp_path / "d.json"), str(tmp_path / "d.json")]) == 0
 
 

@@ -72,6 +72,34 @@ def test_bench_llama_shape_small_batch(tmp_path, capsys):
     assert all(r.extra["gpu_busy"] is not None for r in res.rows if r.metric == "tok_per_s")
 
 
-def test_graphs_are_refused_clearly():
-    with pytest.raises(Exception, match="--graphs: CUDA-graph decode .* is not implemented"):
-        decode.check("tiny", [1], 4, 4, ["sync"], "cuda", True)
+@pytest.mark.parametrize("batch", [1, 8])
+def test_graph_decode_agrees_with_eager_and_replays(tiny, batch):
+    """--graphs: every mode replays one captured CUDA graph per step and gives the eager sync tokens
+    (bf16: the same kernels in a graph give the same bits)."""
+    ids = decode.prompts(decode.PRESETS["tiny"]["vocab_size"], batch, 32, seed=3)
+    want = decode.decode(tiny, ids, 24, "sync").tokens
+    for mode in decode.MODES:
+        r = decode.decode(tiny, ids, 24, mode, graphs=True)
+        assert torch.equal(r.tokens, want), mode
+        assert r.gpu_busy is not None and 0 < r.gpu_busy <= 1
+
+
+def test_graph_step_is_one_replay(tiny, monkeypatch):
+    """The timed loop replays the captured graph once per step and launches the model's forward never."""
+    replays, forwards = [], []
+    real_replay, real_forward = torch.cuda.CUDAGraph.replay, decode._GraphStepper._forward
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: (replays.append(1), real_replay(self))[1])
+    monkeypatch.setattr(decode._GraphStepper, "_forward", lambda self: (forwards.append(1), real_forward(self))[1])
+    ids = decode.prompts(decode.PRESETS["tiny"]["vocab_size"], 2, 16)
+    decode.decode(tiny, ids, 12, "async", graphs=True)
+    assert len(replays) == 11 and len(forwards) == 3  # 2 warm-up forwards + the capture, then replays only
+
+
+def test_bench_graphs_through_the_cli(tmp_path, capsys):
+    rc = cli.main(["bench", "decode", "--model", "tiny", "--graphs", "--batch", "4", "--prompt", "32", "--output",
+                   "16", "--iters", "2", "--json", str(tmp_path / "g.json")])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    res = results.load(tmp_path / "g.json")
+    assert not res.errors and res.settings["decode"]["graphs"] is True and "CUDA graphs" in out.out
+    assert all(r.params["graphs"] is True for r in res.rows)

@@ -776,7 +776,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "(default 64)")
     p.add_argument("--modes", nargs="+", choices=DECODE_MODES, help="decode: scheduling modes (default all); kv: "
                    "sync (wait for each restore and spill crossing) and/or async (default both)")
-    p.add_argument("--graphs", action="store_true", help="decode: CUDA-graph decode steps (not implemented yet)")
+    p.add_argument("--graphs", action="store_true", help="decode: each step one CUDA-graph replay over a static KV cache (captured per run, "
+                        "outside the timing); needs a CUDA device")
     p.add_argument("--device", type=_checked(_device_spec), help="decode, kv: cuda, cuda:N or cpu (default cuda)")
     p.add_argument("--seed", type=_int(0), help="decode, kv: seed of the weights, prompts and the kv "
                                                            "request stream (default 0)")

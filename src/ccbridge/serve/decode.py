@@ -19,6 +19,10 @@ order of host work and crossings differs:
   tokens only after launching N+2 (two readbacks in flight), so it never holds
   a crossing itself.
 
+With graphs, each step is one replay of a CUDA graph captured over a
+transformers StaticCache (the inputs cross into persistent buffers first):
+one launch toll per step instead of one per kernel.
+
 Under GPU-CC (or the emulator: `ccbridge run --profile b300 -- ...`) a copy
 holds the thread that issues it until its stream reaches it (bridge law,
 property 2), which is what separates the modes. On the CPU the modes are the
@@ -103,11 +107,8 @@ def check(model: str, batches: list[int], prompt: int, output: int, modes: list[
             raise UsageError(f"--device {device}: torch sees no GPU (give --device cpu)")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise UsageError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s)")
-    if graphs:
-        if dev.type != "cuda":
-            raise UsageError("--graphs captures CUDA graphs: it needs a CUDA device")
-        raise UsageError("--graphs: CUDA-graph decode (StaticCache, one graph per batch size) is not implemented "
-                         "yet; run eager (without --graphs)")
+    if graphs and dev.type != "cuda":
+        raise UsageError("--graphs captures CUDA graphs: it needs a CUDA device")
     return dev
 
 
@@ -173,14 +174,79 @@ class _Stepper:
         return out.logits[:, -1].argmax(-1), out.past_key_values
 
 
+class _GraphStepper(_Stepper):
+    """Decode steps over a transformers StaticCache, replayed from one CUDA graph per run: the step's ids,
+    positions and cache position are copied into persistent buffers the graph reads (the inputs' own
+    crossings stay outside the graph, as in an engine), then one replay. On the CPU the same buffers and
+    cache run eagerly (no capture), so CPU tests check everything but the capture itself."""
+
+    def __init__(self, model, batch: int, max_len: int):
+        super().__init__(model)
+        dev = next(model.parameters()).device
+        self.cache = _transformers().StaticCache(config=model.config, max_cache_len=max_len)
+        self.ids = torch.zeros((batch, 1), dtype=torch.int64, device=dev)
+        self.pos = torch.zeros((batch, 1), dtype=torch.int64, device=dev)
+        self.cp = torch.zeros((1,), dtype=torch.int64, device=dev)
+        self.graph = self.out = None
+
+    def host_inputs(self, batch: int, p: int) -> list[torch.Tensor]:
+        # cache_position always: older transformers index the static cache by it (newer ones take and ignore it)
+        return [torch.full((batch, 1), p, dtype=torch.int64), torch.tensor([p], dtype=torch.int64)]
+
+    def prefill(self, ids: torch.Tensor):
+        cp = torch.arange(ids.shape[1], device=ids.device)
+        out = self.model(input_ids=ids, past_key_values=self.cache, cache_position=cp, use_cache=True, **self.keep)
+        return out.logits[:, -1].argmax(-1), self.cache
+
+    def _forward(self) -> torch.Tensor:
+        out = self.model(input_ids=self.ids, position_ids=self.pos, past_key_values=self.cache,
+                         cache_position=self.cp, use_cache=True, **self.keep)
+        return out.logits[:, -1].argmax(-1)
+
+    def _load(self, ids: torch.Tensor, inputs: list[torch.Tensor]) -> None:
+        for buf, t in ((self.ids, ids), (self.pos, inputs[0]), (self.cp, inputs[1])):
+            buf.copy_(t, non_blocking=True)
+
+    def capture(self, ids: torch.Tensor, inputs: list[torch.Tensor]) -> None:
+        """Capture the step from step 1's device inputs. The warm-up forwards (cuBLAS workspaces, lazy kernel
+        loads must not happen inside a capture) write step 1's own KV at its position, which step 1 rewrites."""
+        if self.ids.device.type != "cuda":
+            return
+        self._load(ids, inputs)
+        # Newer transformers keep the static cache's write position in small device tensors that each
+        # forward advances (cache_position is then ignored): the warm-up must leave them as prefill did.
+        counters = [t for layer in getattr(self.cache, "layers", []) for t in vars(layer).values()
+                    if isinstance(t, torch.Tensor) and t.numel() <= 16]
+        saved = [t.clone() for t in counters]
+        side, main = torch.cuda.Stream(self.ids.device), torch.cuda.current_stream(self.ids.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._forward()
+            for t, v in zip(counters, saved):
+                t.copy_(v)
+        main.wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self._forward()
+
+    def step(self, ids: torch.Tensor, inputs: list[torch.Tensor], cache):
+        self._load(ids, inputs)
+        if self.graph is None:
+            return self._forward(), cache
+        self.graph.replay()
+        return self.out.clone(), cache  # the next replay overwrites self.out while this step's tokens are read
+
+
 @torch.no_grad()
 def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, drain=None,
-           trace: list | None = None) -> Run:
+           trace: list | None = None, graphs: bool = False) -> Run:
     """Greedy decode of output tokens per sequence after the host prompt (batch, length), scheduled as mode.
 
     stage (a StagedH2D) and drain (a DrainWorker) are made per call when not given.
     trace, when given, gets ("launch", n) as step n's forward is enqueued and ("read", n) as
     token n reaches the host (token 0 comes from prefill, step n makes token n).
+    graphs: each step one CUDA-graph replay over a StaticCache, captured after prefill, before the timing.
     """
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
@@ -188,8 +254,8 @@ def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, d
 
     dev = next(model.parameters()).device
     cuda = dev.type == "cuda"
-    st = _Stepper(model)
     batch, plen = prompt.shape
+    st = _GraphStepper(model, batch, plen + output) if graphs else _Stepper(model)
     steps = output - 1
     log = trace.append if trace is not None else (lambda _: None)
     stats = {"h2d": 0, "staged": 0, "readback": 0, "drained": 0}
@@ -257,6 +323,8 @@ def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, d
 
     try:
         first, cache = st.prefill(prompt.to(dev))
+        if graphs:
+            st.capture(first[:, None], [t.to(dev) for t in st.host_inputs(batch, plen)])
         if cuda:
             torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
@@ -336,7 +404,7 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
         want = None
         for mode in modes:
             log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs")
-            runs = [decode(m, ids, output, mode) for _ in range(warmup + iters)]
+            runs = [decode(m, ids, output, mode, graphs=graphs) for _ in range(warmup + iters)]
             bad = None
             for r in runs:
                 if want is None:
