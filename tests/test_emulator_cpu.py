@@ -475,8 +475,12 @@ def test_emulator_refuses_to_start_on_a_bad_profile_value(tmp_path):
 
 
 @pytest.mark.parametrize("case", [
-    # pinned D2H: the 3rd event wait (after the copy's place in its stream and chunk 0) fails with chunks 1, 2 issued
+    # pinned D2H: the one wait for the stream and chunk 0 fails with chunks 0, 1 queued behind 20 ms of the stream's work
+    dict(dir="d2h", pinned=True, fail="cuEventSynchronize", nth=1, busy_us=20000),
+    # pinned D2H: the 3rd event wait (chunk 2's) fails with chunks 2, 3 issued
     dict(dir="d2h", pinned=True, fail="cuEventSynchronize", nth=3),
+    # pageable D2H: the channel stream cannot wait for the copy's place: nothing issued
+    dict(dir="d2h", pinned=False, fail="cuStreamWaitEvent", nth=1, busy_us=20000),
     # pageable H2D: the 3rd chunk's copy is refused with chunks 0, 1 issued from the bounce buffers
     dict(dir="h2d", pinned=False, fail="cuMemcpyHtoDAsync_v2", nth=3),
     # pageable D2H: the 2nd chunk's readback is refused with chunk 0 issued
@@ -493,6 +497,7 @@ def test_a_failed_crossing_returns_only_once_its_copies_are_done(lib, case):
     lib.ccbemu_fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_int]
     assert lib.cuMemcpyHtoDAsync_v2(dev, buf, 64, s) == 0  # the channel exists before the count starts
     before = lib.ccbemu_fake_unwaited()  # earlier tests' passthrough copies on their own streams
+    busy(lib, s, case.get("busy_us", 0))
     lib.ccbemu_fake_fail(case["fail"].encode(), case["nth"])
     rc = (lib.cuMemcpyHtoDAsync_v2(dev, buf, n, s) if case["dir"] == "h2d" else lib.cuMemcpyDtoHAsync_v2(buf, dev, n, s))
     lib.ccbemu_fake_fail(b"", 0)
@@ -773,3 +778,89 @@ def test_the_framework_loops_pay_each_toll_once_per_iteration(lib):
     assert timed(lib.cuCtxSynchronize_v2, None) < 4e-3 - slack  # the copy was the round trip
     calls = summary(lib)["calls"]
     assert calls["cuMemcpyAsync"] == k + 1 and calls["cuLaunchKernel"] == 2 * k + 1
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_a_d2h_crossing_makes_the_host_wait_once_for_its_stream_and_its_first_bytes(lib, pinned):
+    """The channel's copies wait on the GPU for the copy's place in its stream, so the host waits once per
+    chunk: the first wait covers the queued work too. (A host wait for the place, then one for the copies
+    issued after it, cost a second wake-up and submission: +11 us per 32-byte D2H on an H200.)"""
+    init(lib, chunk_bytes=4096, lanes=2, d2h_toll_us=0, sync_toll_us=0, d2h_pinned_gbps=0, d2h_pageable_gbps=0)
+    lib.ccbemu_fake_host_waits.restype = ctypes.c_longlong
+    lib.cuMemcpy2DAsync_v2.argtypes = [c_p, c_p]
+    s = lib.ccbemu_fake_stream()
+    n = 3 * 4096 + 5
+    data = os.urandom(n)
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    ctypes.memmove(dev, data, n)
+    dst, _keep = host(lib, n, pinned)
+    w, h = 37, 5
+    desc = Memcpy2D(srcMemoryType=DEVICE_MEM, srcDevice=dev, srcPitch=w, dstMemoryType=HOST_MEM, dstHost=dst,
+                    dstPitch=w, WidthInBytes=w, Height=h)
+    for name, stream, call, nbytes, waits in (
+        ("32 bytes", s, lambda: lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s), 32, 1),
+        ("4 chunks", s, lambda: lib.cuMemcpyDtoHAsync_v2(dst, dev, n, s), n, 4),
+        ("blocking API", None, lambda: lib.cuMemcpyDtoH_v2(dst, dev, n), n, 4),
+        ("generic", s, lambda: lib.cuMemcpyAsync(dst, dev, 32, s), 32, 1),
+        ("2D", s, lambda: lib.cuMemcpy2DAsync_v2(ctypes.byref(desc), s), w * h, 1),
+    ):
+        ctypes.memset(dst, 0, n)
+        busy(lib, stream, 20000)
+        before = lib.ccbemu_fake_host_waits()
+        took = timed(call)
+        assert lib.ccbemu_fake_host_waits() - before == waits, name
+        assert took >= 0.02, f"{name}: returned before the stream reached it"
+        assert ctypes.string_at(dst, nbytes) == data[:nbytes], name
+
+
+def test_a_d2h_behind_a_busy_stream_reports_its_stream_wait_and_paces_from_it(lib, tmp_path):
+    """The host no longer wakes when the stream reaches the copy; the channel's timing events say when it did.
+    The trace's stream wait is the queued work, not the copy's own GPU time after it, and the pacing starts
+    there: 30 ms queued + 42 ms of bytes at the channel's 0.2 GB/s, the fake's 21 ms copy inside the pacing
+    (pacing from the host's wake-up would be 93 ms)."""
+    prefix = tmp_path / "t"
+    init(lib, trace=str(prefix), d2h_pinned_gbps=0.2, d2h_toll_us=0, sync_toll_us=0, chunk_bytes=8 << 20)
+    lib.ccbemu_fake_copy_gbps.argtypes = [ctypes.c_double]
+    n = 8 << 20
+    data = os.urandom(n)
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    ctypes.memmove(dev, data, n)
+    dst, _ = host(lib, n, True)
+    s = lib.ccbemu_fake_stream()
+    lib.ccbemu_fake_copy_gbps(0.4)  # the channel's copy holds its stream 21 ms
+    try:
+        t0 = time.monotonic_ns()  # the trace's clock
+        busy(lib, s, 30000)
+        t1 = time.monotonic_ns()
+        assert lib.cuMemcpyDtoHAsync_v2(dst, dev, n, s) == 0
+    finally:
+        lib.ccbemu_fake_copy_gbps(0)
+    assert ctypes.string_at(dst, n) == data
+    lib.ccbemu_trace_flush()
+    rows = [r for r in csv.DictReader(l for l in Path(f"{prefix}.{os.getpid()}.csv").read_text().splitlines()
+                                      if not l.startswith("#")) if r["api"] == "cuMemcpyDtoHAsync_v2"]
+    assert len(rows) == 1
+    r = {k: int(rows[0][k]) for k in ("t_enter_ns", "t_return_ns", "blocked_channel_ns", "blocked_stream_ns")}
+    reached = r["t_enter_ns"] + r["blocked_channel_ns"] + r["blocked_stream_ns"]  # the stream reached the copy
+    assert t0 + 30e6 <= reached < t1 + 30e6 + 6e6, r  # from the host's wake-up: + 21 ms
+    paced = n / 0.2e9 * 1e9
+    assert reached + paced <= r["t_return_ns"] < reached + paced + 12e6, r
+
+
+def test_a_d2h_whose_stream_wait_cannot_be_timed_still_crosses_and_says_so(lib, capfd):
+    """cuEventElapsedTime failing is not the caller's error (the bytes are in): the crossing succeeds, its
+    stream wait taken to end when its bytes landed (pacing later, never earlier), with one line on stderr."""
+    init(lib, d2h_toll_us=0, sync_toll_us=0)
+    lib.ccbemu_fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    n = 4096
+    data = os.urandom(n)
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    ctypes.memmove(dev, data, n)
+    dst, _ = host(lib, n, True)
+    s = lib.ccbemu_fake_stream()
+    busy(lib, s, 10000)
+    lib.ccbemu_fake_fail(b"cuEventElapsedTime", 1)
+    assert timed(lib.cuMemcpyDtoHAsync_v2, dst, dev, n, s) >= 0.01
+    lib.ccbemu_fake_fail(b"", 0)
+    assert ctypes.string_at(dst, n) == data
+    assert "cuEventElapsedTime failed (999)" in capfd.readouterr().err

@@ -7,7 +7,12 @@
  *     processes) have channels of their own.
  *  2. Asynchrony revoked: an event marks the copy's place in its stream. A
  *     D2H (and any blocking API) waits until the stream reaches it; an H2D
- *     waits only if work is still queued ahead of it.
+ *     waits only if work is still queued ahead of it. A D2H that moves bytes
+ *     waits on the GPU: its channel copies queue behind the place, and the
+ *     host waits once, for the bytes (a host wait for the place and then one
+ *     for the copies cost a second wake-up and submission, ~11 us on an H200,
+ *     that a native D2H does not pay). The channel's timing events say when
+ *     the place was reached, for the trace and the pacing.
  *  3. The transfer: pinned memory is copied by DMA on the channel's private
  *     stream while the lanes seal the same bytes with AES-256-GCM; pageable
  *     memory is staged through two pinned bounce buffers, chunk by chunk.
@@ -28,7 +33,7 @@ typedef struct channel {
     pthread_cond_t cv;
     uint64_t next_ticket, serving;
     CUstream pstream;
-    CUevent pos, ev[2];
+    CUevent pos, mark, ev[2]; /* mark, ev: timed (mark: the channel stream got past a D2H's place) */
     void *bounce[2];
     lanes *lanes;
     struct channel *next;
@@ -86,10 +91,10 @@ static channel *channel_get(CUcontext ctx, CUresult *rc) {
         pushed = 1;
     }
     if ((*rc = drv.StreamCreate(&ch->pstream, 1 /* CU_STREAM_NON_BLOCKING */)) != CUDA_SUCCESS) goto fail;
-    for (int i = 0; i < 3; i++) {
-        CUevent *e = i == 0 ? &ch->pos : &ch->ev[i - 1];
-        if ((*rc = drv.EventCreate(e, 2 /* CU_EVENT_DISABLE_TIMING */)) != CUDA_SUCCESS) goto fail;
-    }
+    if ((*rc = drv.EventCreate(&ch->pos, 2 /* CU_EVENT_DISABLE_TIMING */)) != CUDA_SUCCESS) goto fail;
+    CUevent *timed[] = {&ch->mark, &ch->ev[0], &ch->ev[1]};
+    for (int i = 0; i < 3; i++)
+        if ((*rc = drv.EventCreate(timed[i], 0)) != CUDA_SUCCESS) goto fail;
     if (!(ch->lanes = emu_lanes_new(cfg.lanes))) { *rc = CUDA_ERROR_OUT_OF_MEMORY; goto fail; }
     if (pushed) drv.CtxPopCurrent(&popped);
     ch->next = g_channels;
@@ -163,8 +168,32 @@ static CUresult bounce_ready(channel *ch) {
         if ((call) != 0) return CUDA_ERROR_UNKNOWN; \
     } while (0)
 
+/* A D2H's first host wait: for `landed`, recorded after its first copy on the channel stream, which
+ * waited on the GPU for the copy's place in the caller's stream (cross()). When the place was reached:
+ * the host's wake-up less the GPU's time from ch->mark (the stream got past the place) to `landed`.
+ * The wake-up is late by the host's own latency only, so the estimate is never early. */
+static CUresult first_wait(channel *ch, CUevent landed, uint64_t *t_ready) {
+    static int warned;
+    CUresult rc = drv.EventSynchronize(landed);
+    if (rc != CUDA_SUCCESS) return rc;
+    uint64_t wake = emu_now();
+    float ms = 0;
+    CUresult e = drv.EventElapsedTime(&ms, ch->mark, landed);
+    if (e == CUDA_SUCCESS) {
+        uint64_t d = emu_ns((double)ms * 1e6);
+        *t_ready = d < wake ? wake - d : 0;
+        return CUDA_SUCCESS;
+    }
+    /* the bytes are in: not the caller's error; the late estimate only moves the pacing later */
+    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        fprintf(stderr, "ccbridge emulator: cuEventElapsedTime failed (%d); a D2H's stream wait is taken to end "
+                        "when its first bytes landed\n", e);
+    *t_ready = wake;
+    return CUDA_SUCCESS;
+}
+
 /* Pageable memory: through the two bounce buffers, chunk by chunk. */
-static CUresult staged(channel *ch, const emu_copy *c, uint64_t *cipher) {
+static CUresult staged(channel *ch, const emu_copy *c, uint64_t *cipher, uint64_t *t_ready) {
     CUresult rc;
     const size_t C = cfg.chunk_bytes;
     size_t nchunks = (c->bytes + C - 1) / C;
@@ -189,7 +218,7 @@ static CUresult staged(channel *ch, const emu_copy *c, uint64_t *cipher) {
     for (size_t i = 0; i < nchunks; i++) {
         int b = (int)(i & 1);
         size_t off = i * C, n = c->bytes - off < C ? c->bytes - off : C;
-        TRY(drv.EventSynchronize(ch->ev[b]));
+        TRY(i == 0 ? first_wait(ch, ch->ev[0], t_ready) : drv.EventSynchronize(ch->ev[b]));
         TRY_CIPHER(emu_lanes_run(ch->lanes, ch->bounce[b], host + off, n, cipher));
         size_t nx = off + 2 * C;
         if (nx < c->bytes) {
@@ -203,7 +232,7 @@ static CUresult staged(channel *ch, const emu_copy *c, uint64_t *cipher) {
 
 /* Pinned memory: DMA straight from/to the caller's buffer; the lanes seal the
  * bytes (H2D: while the DMA runs; D2H: each chunk as it lands). */
-static CUresult direct(channel *ch, const emu_copy *c, uint64_t *cipher) {
+static CUresult direct(channel *ch, const emu_copy *c, uint64_t *cipher, uint64_t *t_ready) {
     CUresult rc;
     unsigned char *host = c->host;
     if (c->dir == DIR_H2D) {
@@ -221,7 +250,7 @@ static CUresult direct(channel *ch, const emu_copy *c, uint64_t *cipher) {
     for (size_t i = 0; i < nchunks; i++) {
         int b = (int)(i & 1);
         size_t off = i * C, n = c->bytes - off < C ? c->bytes - off : C;
-        TRY(drv.EventSynchronize(ch->ev[b]));
+        TRY(i == 0 ? first_wait(ch, ch->ev[0], t_ready) : drv.EventSynchronize(ch->ev[b]));
         size_t nx = off + 2 * C;
         if (nx < c->bytes) {
             size_t m = c->bytes - nx < C ? c->bytes - nx : C;
@@ -233,12 +262,15 @@ static CUresult direct(channel *ch, const emu_copy *c, uint64_t *cipher) {
     return CUDA_SUCCESS;
 }
 
-static CUresult opaque_work(channel *ch, const emu_opaque *o, uint64_t *cipher) {
+static CUresult opaque_work(channel *ch, const emu_opaque *o, uint64_t *cipher, uint64_t *t_ready) {
     CUresult rc;
     TRY(o->issue(o->arg, ch->pstream));
-    if (o->dir == DIR_D2H) TRY(drv.StreamSynchronize(ch->pstream));
+    if (o->dir == DIR_D2H) {
+        TRY(drv.EventRecord(ch->ev[0], ch->pstream));
+        TRY(first_wait(ch, ch->ev[0], t_ready)); /* all of the copy is in */
+    }
     for (size_t i = 0; i < o->nspans; i++) TRY_CIPHER(emu_lanes_run(ch->lanes, o->spans[i].p, NULL, o->spans[i].len, cipher));
-    return drv.StreamSynchronize(ch->pstream);
+    return o->dir == DIR_D2H ? CUDA_SUCCESS : drv.StreamSynchronize(ch->pstream);
 }
 
 typedef struct {
@@ -251,12 +283,14 @@ typedef struct {
 
 /* On an error the copies issued before it may still be reading or writing
  * the caller's memory (and the bounce buffers the next crossing reuses): wait
- * for all of them before the caller gets its buffers back. (The lanes never
- * outlive emu_lanes_run, error or not.) */
-static CUresult transfer(channel *ch, const crossing *x, uint64_t *cipher) {
+ * for all of them before the caller gets its buffers back (a D2H's copies
+ * wait on the GPU for their stream: so does this). (The lanes never outlive
+ * emu_lanes_run, error or not.) A D2H sets *t_ready: when its stream reached
+ * it. */
+static CUresult transfer(channel *ch, const crossing *x, uint64_t *cipher, uint64_t *t_ready) {
     if (!x->copy && !x->opaque) return CUDA_SUCCESS; /* a charge: the bytes move elsewhere (a graph's copy node) */
-    CUresult rc = x->copy ? (x->mem == MEM_PINNED ? direct(ch, x->copy, cipher) : staged(ch, x->copy, cipher))
-                          : opaque_work(ch, x->opaque, cipher);
+    CUresult rc = x->copy ? (x->mem == MEM_PINNED ? direct(ch, x->copy, cipher, t_ready) : staged(ch, x->copy, cipher, t_ready))
+                          : opaque_work(ch, x->opaque, cipher, t_ready);
     if (rc != CUDA_SUCCESS) drv.StreamSynchronize(ch->pstream);
     return rc;
 }
@@ -273,8 +307,15 @@ static CUresult cross(const crossing *x) {
     /* Asynchrony revoked: find (and, where the law says so, wait for) the copy's place in its stream. */
     /* (a graph's H2D is staged when the graph is submitted, before anything in its stream: no place to wait for) */
     int charge_h2d = !x->copy && !x->opaque && x->dir == DIR_H2D;
+    /* a D2H that moves bytes: the channel stream waits for the place on the GPU; transfer() waits on the host
+     * (mark: when the channel stream got past the place) */
+    int gpu_wait = x->dir == DIR_D2H && (x->copy || x->opaque);
     rc = charge_h2d ? CUDA_SUCCESS : drv.EventRecord(ch->pos, x->stream);
-    if (rc == CUDA_SUCCESS && !charge_h2d) {
+    if (rc == CUDA_SUCCESS && gpu_wait) {
+        rc = drv.StreamWaitEvent(ch->pstream, ch->pos, 0);
+        /* (should the mark fail, the channel stream holds a wait and no copy: nothing touches the caller's memory) */
+        if (rc == CUDA_SUCCESS) rc = drv.EventRecord(ch->mark, ch->pstream);
+    } else if (rc == CUDA_SUCCESS && !charge_h2d) {
         int wait = x->dir == DIR_D2H || x->sync_call;
         if (!wait) {
             CUresult q = drv.EventQuery(ch->pos);
@@ -283,11 +324,14 @@ static CUresult cross(const crossing *x) {
         }
         if (wait && rc == CUDA_SUCCESS) rc = drv.EventSynchronize(ch->pos);
     }
-    uint64_t t_ready = emu_now();
+    uint64_t t_ready = emu_now(); /* a GPU-side wait: transfer() finds it */
     uint64_t bus_end = 0;
     if (rc == CUDA_SUCCESS) {
-        if (cfg.system_gbps[x->dir] > 0) bus_end = emu_bus_reserve(x->dir, emu_ns((double)x->bytes / cfg.system_gbps[x->dir]));
-        rc = transfer(ch, x, &cipher);
+        rc = transfer(ch, x, &cipher, &t_ready);
+        if (t_ready < t_lock) t_ready = t_lock; /* (the place was recorded after t_lock) */
+        /* the bridge is shared from when the stream reached the copy, as the channel's pacing */
+        if (rc == CUDA_SUCCESS && cfg.system_gbps[x->dir] > 0)
+            bus_end = emu_bus_reserve(x->dir, t_ready, emu_ns((double)x->bytes / cfg.system_gbps[x->dir]));
     }
     uint64_t toll = 0;
     if (rc == CUDA_SUCCESS) {

@@ -35,6 +35,7 @@ typedef unsigned long long CUdeviceptr;
 #define CUDA_ERROR_INVALID_VALUE 1
 #define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_NOT_INITIALIZED 3
+#define CUDA_ERROR_INVALID_HANDLE 400
 #define CUDA_ERROR_NOT_READY 600
 #define CUDA_ERROR_NOT_SUPPORTED 801
 #define CUDA_ERROR_UNKNOWN 999
@@ -96,6 +97,8 @@ typedef struct {
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventQuery)(CUevent);
     CUresult (*EventSynchronize)(CUevent);
+    CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
+    CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
     CUresult (*MemHostAlloc)(void **, size_t, unsigned);
     CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
     CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
@@ -146,8 +149,9 @@ void emu_spin_for(uint64_t ns);
 #define EMU_NS_MAX (1ull << 60)
 uint64_t emu_ns(double ns);
 /* Reserve `ns` of a machine-wide timeline (a direction of the bridge, or
- * EMU_LIFECYCLE); returns the end of the reservation. */
-uint64_t emu_bus_reserve(int dir, uint64_t ns);
+ * EMU_LIFECYCLE), starting no sooner than `from` (a crossing's: when its
+ * stream reached it, which may be past); returns the end of the reservation. */
+uint64_t emu_bus_reserve(int dir, uint64_t from, uint64_t ns);
 /* Context create/destroy tolls go one at a time, machine-wide: the driver's
  * resource manager serializes these calls under a global lock, and no
  * published figure says secure contexts can be made in parallel; so a pool
@@ -287,5 +291,7 @@ EMU_API void ccbemu_fake_capture(CUstream s, int on);
 EMU_API void *ccbemu_fake_graph(CUstream s); /* the graph s is (or was last) capturing into */
 EMU_API void ccbemu_fake_fail(const char *name, int nth);
 EMU_API long long ccbemu_fake_unwaited(void);
+EMU_API long long ccbemu_fake_host_waits(void);
+EMU_API void ccbemu_fake_copy_gbps(double gbps);
 void *ccbemu_fake_lookup(const char *name); /* internal: the fake's driver table */
 #endif

@@ -6,10 +6,15 @@
  * "Device" memory is host memory the fake knows as device memory; copies are
  * memcpy. A stream is a clock: a kernel launched with grid.x = N keeps it
  * busy N microseconds; events complete when their stream's clock passes them.
- * Copies complete at once, but each stream counts the async copies issued on
+ * Copies move their bytes at once and take no stream time (unless a test
+ * gives them a bandwidth), but each stream counts the async copies issued on
  * it that nobody has waited for yet (a stream or an event synchronize after
  * them), so that tests can see whether an error path returned with copies
  * "in flight"; and one call of a chosen fake function can be made to fail.
+ * cuStreamWaitEvent holds a stream's clock until the event's time (so what
+ * is queued behind it completes no sooner), events made without
+ * CU_EVENT_DISABLE_TIMING can be timed, and every synchronize is counted
+ * (how many times a call made the host wait).
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -20,7 +25,7 @@
 #include "emu.h"
 
 typedef struct { CUcontext ctx; uint64_t busy_until; int capturing; uint64_t issued, waited; CUgraph graph; unsigned long long capture; } fstream;
-typedef struct { uint64_t t; fstream *s; uint64_t seq; } fevent;
+typedef struct { uint64_t t; fstream *s; uint64_t seq; unsigned flags; int recorded; } fevent;
 typedef struct { uintptr_t base; size_t size; int type; } falloc;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -35,6 +40,8 @@ static fstream *streams[4096];
 static int nstreams;
 static char fail_name[64];
 static int fail_in; /* the fail_in-th next call of fail_name fails */
+static uint64_t host_waits;   /* synchronize calls (event, stream, context) */
+static double copy_gbps;      /* > 0: an async host<->device copy holds its stream n / copy_gbps ns */
 
 static int injected(const char *name) {
     int hit = 0;
@@ -66,18 +73,48 @@ static CUresult f_StreamCreate(CUstream *s, unsigned flags) {
     *s = f;
     return 0;
 }
+static void count_wait(void) { __atomic_fetch_add(&host_waits, 1, __ATOMIC_RELAXED); }
 static CUresult f_StreamSynchronize(CUstream s) {
     if (S(s)->capturing) return CUDA_ERROR_INVALID_VALUE;
+    count_wait();
     sleep_until(S(s)->busy_until);
     waited(S(s), S(s)->issued);
     return 0;
 }
 static CUresult f_StreamIsCapturing(CUstream s, int *st) { *st = S(s)->capturing; return 0; }
 static CUresult f_EventCreate(CUevent *e, unsigned flags) {
-    (void)flags;
-    return (*e = calloc(1, sizeof(fevent))) ? 0 : CUDA_ERROR_OUT_OF_MEMORY;
+    fevent *f = calloc(1, sizeof *f);
+    if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
+    f->flags = flags;
+    *e = f;
+    return 0;
 }
-static CUresult f_EventRecord(CUevent e, CUstream s) { *(fevent *)e = (fevent){S(s)->busy_until, S(s), S(s)->issued}; return 0; }
+/* An event completes when its stream's clock passes it, and no sooner than it was recorded (its timestamp). */
+static CUresult f_EventRecord(CUevent e, CUstream s) {
+    fevent *f = e;
+    uint64_t now = emu_now();
+    f->t = S(s)->busy_until > now ? S(s)->busy_until : now;
+    f->s = S(s), f->seq = S(s)->issued, f->recorded = 1;
+    return 0;
+}
+/* Real ordering: what is queued on s after the wait starts no sooner than e completes (a never-recorded event is complete). */
+static CUresult f_StreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
+    (void)flags;
+    INJECT("cuStreamWaitEvent");
+    fevent *f = e;
+    if (!S(s)->capturing && f->recorded && S(s)->busy_until < f->t) S(s)->busy_until = f->t;
+    return 0;
+}
+static CUresult f_EventElapsedTime(float *ms, CUevent a, CUevent b) {
+    fevent *x = a, *y = b;
+    INJECT("cuEventElapsedTime");
+    if (!x->recorded || !y->recorded || ((x->flags | y->flags) & 2 /* CU_EVENT_DISABLE_TIMING */))
+        return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = emu_now();
+    if (now < x->t || now < y->t) return CUDA_ERROR_NOT_READY;
+    *ms = (float)(((double)y->t - (double)x->t) / 1e6);
+    return 0;
+}
 static CUresult f_EventQuery(CUevent e) {
     fevent *f = e;
     if (emu_now() < f->t) return CUDA_ERROR_NOT_READY;
@@ -87,6 +124,7 @@ static CUresult f_EventQuery(CUevent e) {
 static CUresult f_EventSynchronize(CUevent e) {
     fevent *f = e;
     INJECT("cuEventSynchronize");
+    count_wait();
     sleep_until(f->t);
     waited(f->s, f->seq);
     return 0;
@@ -121,16 +159,23 @@ static CUresult f_PointerGetAttribute(void *out, int attr, CUdeviceptr p) {
     pthread_mutex_unlock(&mu);
     return rc;
 }
+static void copy_issued(fstream *s, size_t n) {
+    s->issued++;
+    if (copy_gbps > 0 && !s->capturing) {
+        uint64_t now = emu_now();
+        s->busy_until = (s->busy_until > now ? s->busy_until : now) + emu_ns((double)n / copy_gbps);
+    }
+}
 static CUresult f_HtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) {
     INJECT("cuMemcpyHtoDAsync_v2");
     memcpy((void *)(uintptr_t)d, s, n);
-    S(st)->issued++;
+    copy_issued(S(st), n);
     return 0;
 }
 static CUresult f_DtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st) {
     INJECT("cuMemcpyDtoHAsync_v2");
     memcpy(d, (void *)(uintptr_t)s, n);
-    S(st)->issued++;
+    copy_issued(S(st), n);
     return 0;
 }
 static CUresult f_HtoDAsync_ptsz(CUdeviceptr d, const void *s, size_t n, CUstream st) { return f_HtoDAsync(d, s, n, st); }
@@ -184,7 +229,7 @@ static CUresult f_LaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
     s->busy_until = (s->busy_until > now ? s->busy_until : now) + (uint64_t)gx * 1000;
     return 0;
 }
-static CUresult f_CtxSynchronize(void) { sleep_until(default_stream.busy_until); return 0; }
+static CUresult f_CtxSynchronize(void) { count_wait(); sleep_until(default_stream.busy_until); return 0; }
 static CUresult f_CtxSynchronize_v2(CUcontext c) { (void)c; return f_CtxSynchronize(); }
 static CUresult f_HtoD_v1(CUdeviceptr d, const void *s, unsigned n) { return f_HtoD(d, s, n); } /* CUDA 2's 32-bit size */
 static CUresult f_GetExportTable(const void **t, const void *id) { (void)id; *t = NULL; return CUDA_ERROR_NOT_SUPPORTED; }
@@ -237,7 +282,8 @@ static const struct { const char *name; void *fn; } kFake[] = {
     {"cuStreamCreate", f_StreamCreate}, {"cuStreamSynchronize", f_StreamSynchronize},
     {"cuStreamSynchronize_ptsz", f_StreamSynchronize}, {"cuStreamIsCapturing", f_StreamIsCapturing},
     {"cuEventCreate", f_EventCreate}, {"cuEventRecord", f_EventRecord}, {"cuEventQuery", f_EventQuery},
-    {"cuEventSynchronize", f_EventSynchronize}, {"cuMemHostAlloc", f_MemHostAlloc},
+    {"cuEventSynchronize", f_EventSynchronize}, {"cuStreamWaitEvent", f_StreamWaitEvent},
+    {"cuEventElapsedTime", f_EventElapsedTime}, {"cuMemHostAlloc", f_MemHostAlloc},
     {"cuMemAllocHost_v2", f_MemAllocHost}, {"cuPointerGetAttribute", f_PointerGetAttribute},
     {"cuMemcpyHtoDAsync_v2", f_HtoDAsync}, {"cuMemcpyHtoDAsync_v2_ptsz", f_HtoDAsync_ptsz},
     {"cuMemcpyDtoHAsync_v2", f_DtoHAsync}, {"cuMemcpyDtoHAsync_v2_ptsz", f_DtoHAsync},
@@ -302,7 +348,8 @@ void ccbemu_fake_capture(CUstream s, int on) {
     S(s)->capturing = on != 0;
 }
 void *ccbemu_fake_graph(CUstream s) { return S(s)->graph; }
-/* The nth next call of the fake's `name` (cuEventSynchronize, cuMemcpyHtoDAsync_v2, cuMemcpyDtoHAsync_v2) fails. */
+/* The nth next call of the fake's `name` (cuEventSynchronize, cuMemcpyHtoDAsync_v2, cuMemcpyDtoHAsync_v2,
+ * cuStreamWaitEvent, cuEventElapsedTime) fails. */
 void ccbemu_fake_fail(const char *name, int nth) {
     pthread_mutex_lock(&mu);
     snprintf(fail_name, sizeof fail_name, "%s", name);
@@ -317,3 +364,7 @@ long long ccbemu_fake_unwaited(void) {
     pthread_mutex_unlock(&mu);
     return n;
 }
+/* Synchronize calls (event, stream, context) so far: the host waits a call made. */
+long long ccbemu_fake_host_waits(void) { return (long long)__atomic_load_n(&host_waits, __ATOMIC_RELAXED); }
+/* From now on an async host<->device copy holds its stream bytes / gbps ns (0: copies take no stream time). */
+void ccbemu_fake_copy_gbps(double gbps) { copy_gbps = gbps; }

@@ -106,6 +106,7 @@ static void fill(lookup_fn look) {
         D(StreamCreate, "cuStreamCreate"), D(StreamSynchronize, "cuStreamSynchronize"),
         D(StreamIsCapturing, "cuStreamIsCapturing"), D(EventCreate, "cuEventCreate"),
         D(EventRecord, "cuEventRecord"), D(EventQuery, "cuEventQuery"), D(EventSynchronize, "cuEventSynchronize"),
+        D(StreamWaitEvent, "cuStreamWaitEvent"), D(EventElapsedTime, "cuEventElapsedTime"),
         D(MemHostAlloc, "cuMemHostAlloc"), D(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
         D(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"), D(PointerGetAttribute, "cuPointerGetAttribute"),
         D(DevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState"),
@@ -971,7 +972,7 @@ EMU_API CUresult cuCtxSynchronize_v2(CUcontext c) { ENTER(cuCtxSynchronize_v2); 
 
 /* ---- secure context lifecycle ---- */
 static CUresult lifecycle_toll(CUresult rc, double ns) {
-    if (rc == CUDA_SUCCESS && cfg.emulate && ns > 0) emu_wait_until(emu_bus_reserve(EMU_LIFECYCLE, emu_ns(ns)));
+    if (rc == CUDA_SUCCESS && cfg.emulate && ns > 0) emu_wait_until(emu_bus_reserve(EMU_LIFECYCLE, emu_now(), emu_ns(ns)));
     return rc;
 }
 typedef CUresult cuCtxCreate_v2_t(CUcontext *, unsigned, CUdevice);

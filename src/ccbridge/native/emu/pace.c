@@ -75,12 +75,11 @@ static void bus_open(void) {
     }
 }
 
-uint64_t emu_bus_reserve(int dir, uint64_t ns) {
+uint64_t emu_bus_reserve(int dir, uint64_t from, uint64_t ns) {
     pthread_once(&g_bus_once, bus_open);
-    uint64_t now = emu_now();
     uint64_t old = atomic_load(&g_bus->free_at[dir]);
     for (;;) {
-        uint64_t start = old > now ? old : now;
+        uint64_t start = old > from ? old : from;
         if (atomic_compare_exchange_weak(&g_bus->free_at[dir], &old, start + ns)) return start + ns;
     }
 }
