@@ -117,7 +117,6 @@ static void fail(comm *c, int quiet, ncclResult_t code, const char *fmt, ...) {
             if (c->lanes[i].fd >= 0) shutdown(c->lanes[i].fd, SHUT_RDWR);
             pthread_cond_broadcast(&c->lanes[i].cv);
         }
-        pthread_cond_broadcast(&c->posted_cv);
     }
     pthread_mutex_unlock(&c->mu);
 }
@@ -282,14 +281,16 @@ out:
     return rc;
 }
 
-/* the record key and nonce of record seq on lane l */
+/* the nonce of record seq on lane l, with l->g keyed for its epoch */
 static int record_key(lane *l, uint64_t seq, uint8_t iv[12]) {
     uint64_t e = seq >> EPOCH_SHIFT;
     if (e != l->epoch) {
-        uint8_t info[29], zero[32] = {0};
+        uint8_t info[29], zero[32] = {0}, key[KEY_BYTES];
         memcpy(info, "ccbridge/net/v2 epoch", 21);
         memcpy(info + 21, &e, 8);
-        if (crypto_hkdf(l->data_key, KEY_BYTES, zero, info, sizeof info, l->epoch_key)) return -1;
+        int rc = crypto_hkdf(l->data_key, KEY_BYTES, zero, info, sizeof info, key) || gcm_key(l->g, key, l->c->sender);
+        wipe(key, sizeof key);
+        if (rc) return -1;
         l->epoch = e;
     }
     memset(iv, 0, 4);
@@ -312,8 +313,8 @@ static int send_record(lane *l, const req *r, uint32_t j, size_t rec) {
     uint8_t iv[12], *h = l->buf;
     memcpy(h, &l->seq, 8), memcpy(h + 8, &r->msg, 8), memcpy(h + 16, &size, 8), memcpy(h + 24, &off64, 8);
     memcpy(h + 32, &n32, 4), memcpy(h + 36, &flags, 4);
-    if (record_key(l, l->seq, iv) || gcm_seal(l->g, l->epoch_key, iv, h, HEADER_BYTES, (uint8_t *)r->data + off, n,
-                                              h + HEADER_BYTES, h + HEADER_BYTES + n)) {
+    if (record_key(l, l->seq, iv) ||
+        gcm_seal(l->g, iv, h, HEADER_BYTES, (uint8_t *)r->data + off, n, h + HEADER_BYTES, h + HEADER_BYTES + n)) {
         fail(l->c, 0, ncclSystemError, "AES-GCM seal failed");
         return -1;
     }
@@ -325,30 +326,33 @@ static int send_record(lane *l, const req *r, uint32_t j, size_t rec) {
     return 0;
 }
 
+/* the next message with records for lane l (its queue's head), or NULL once the connection stops
+ * or fails; lane 0 polls `spin` ns before it sleeps, the others sleep at once */
+static req *next_message(lane *l, long spin) {
+    comm *c = l->c;
+    if (spin && l->qtail == atomic_load(&l->qhead))
+        for (long t0 = now_ns(); l->qtail == atomic_load(&l->qhead) && !c->stop && now_ns() - t0 < spin;) relax();
+    if (l->qtail == atomic_load(&l->qhead)) {
+        pthread_mutex_lock(&c->mu); /* comm_post pushes and signals under it: no wakeup is lost */
+        while (!c->stop && !failed(c) && l->qtail == atomic_load(&l->qhead)) pthread_cond_wait(&l->cv, &c->mu);
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (c->stop || failed(c)) return NULL;
+    return &c->reqs[l->q[l->qtail++ % MAX_REQS] % MAX_REQS];
+}
+
 static void send_lane(lane *l) {
     comm *c = l->c;
     long spin = l->idx == 0 ? spin_ns() : 0;
-    for (uint64_t m = 0;; m++) {
-        if (spin && m >= atomic_load(&c->posted))
-            for (long t0 = now_ns(); m >= atomic_load(&c->posted) && !c->stop && now_ns() - t0 < spin;) relax();
-        pthread_mutex_lock(&c->mu);
-        while (!c->stop && !failed(c) && m >= atomic_load(&c->posted)) pthread_cond_wait(&l->cv, &c->mu);
-        if (c->stop || failed(c)) { pthread_mutex_unlock(&c->mu); return; }
-        req *r = &c->reqs[m % MAX_REQS];
-        /* a slot holding another message: m completed (and was freed) without this lane */
-        uint32_t j = r->msg == m && atomic_load(&r->state) == REQ_PENDING ? first_share(r, l->idx, c->nlanes) : 0;
-        uint32_t k = r->msg == m && atomic_load(&r->state) == REQ_PENDING ? r->k : 0;
-        pthread_mutex_unlock(&c->mu);
+    for (req *r; (r = next_message(l, spin));) {
+        /* r's fields were written before its queue entry was published, and stay until every
+         * lane with a share (this one too) has counted its records */
         size_t rec;
-        if (j >= k) continue;
         record_plan(r->size, c->nlanes, &rec);
-        uint32_t sent = 0;
-        for (; j < k; j += (uint32_t)c->nlanes, sent++)
+        uint32_t k = r->k, sent = 0;
+        for (uint32_t j = first_share(r, l->idx, c->nlanes); j < k; j += (uint32_t)c->nlanes, sent++)
             if (send_record(l, r, j, rec)) return;
-        pthread_mutex_lock(&c->mu);
-        r->done += sent;
-        if (r->done == r->k) atomic_store(&r->state, REQ_DONE);
-        pthread_mutex_unlock(&c->mu);
+        if (atomic_fetch_add(&r->done, sent) + sent == k) atomic_store(&r->state, REQ_DONE);
     }
 }
 
@@ -363,7 +367,9 @@ static int busy(comm *c) {
 }
 
 /* the posted receive of message msg, checked against the record's view of it (its size, and the
- * lane of its record 0 implied by where this record came); NULL after failing */
+ * lane of its record 0 implied by where this record came); NULL after failing. A lane claims each
+ * message once, at its first record of it; the message cannot finish before the lane counts that
+ * record, so the lane keeps r for the message's later records. */
 static req *claim_message(lane *l, uint64_t msg, uint64_t size, uint32_t k, uint32_t first) {
     comm *c = l->c;
     pthread_mutex_lock(&c->mu);
@@ -381,9 +387,12 @@ static req *claim_message(lane *l, uint64_t msg, uint64_t size, uint32_t k, uint
     return bad || size > cap ? NULL : r;
 }
 
-/* the next record's header; lane 0 polls the socket for `spin` ns before it blocks */
+/* the next record's header (into h): what the last payload's read brought of it, then the rest;
+ * lane 0 polls the socket for `spin` ns before it blocks */
 static int read_header(lane *l, uint8_t h[HEADER_BYTES], long spin, int *eof) {
-    size_t got = 0;
+    size_t got = l->have;
+    memcpy(h, l->next, got);
+    l->have = 0;
     for (long t0 = spin ? now_ns() : 0; spin && got < HEADER_BYTES && now_ns() - t0 < spin && !l->c->stop;) {
         ssize_t r = recv(l->fd, h + got, HEADER_BYTES - got, MSG_DONTWAIT);
         if (r > 0) got += (size_t)r;
@@ -394,10 +403,44 @@ static int read_header(lane *l, uint8_t h[HEADER_BYTES], long spin, int *eof) {
     return read_full(l->fd, h + got, HEADER_BYTES - got, eof);
 }
 
+/* a record's n payload bytes into dst and its tag, in as few reads as the socket allows; a read
+ * may also take (part of) the next record's header, kept in l->next, but never waits for it */
+static int read_body(lane *l, void *dst, size_t n, uint8_t tag[TAG_BYTES], int *eof) {
+    struct iovec iov[3] = {{dst, n}, {tag, TAG_BYTES}, {l->next, HEADER_BYTES}};
+    int i = n ? 0 : 1;
+    while (i < 2) {
+        ssize_t r = readv(l->fd, iov + i, 3 - i);
+        if (r <= 0) {
+            if (r < 0 && errno == EINTR) continue;
+            *eof = r == 0;
+            return -1;
+        }
+        for (size_t got = (size_t)r; got;) {
+            size_t take = got < iov[i].iov_len ? got : iov[i].iov_len;
+            iov[i].iov_base = (uint8_t *)iov[i].iov_base + take, iov[i].iov_len -= take, got -= take;
+            if (i == 2) l->have += take;
+            else if (!iov[i].iov_len) i++;
+        }
+    }
+    return 0;
+}
+
+/* recv: wait until message msg was posted (its record came first); 0, or -1 once stopped or failed */
+static int wait_posted(lane *l, uint64_t msg) {
+    comm *c = l->c;
+    pthread_mutex_lock(&c->mu);
+    l->want = msg, l->waiting = 1; /* comm_post wakes this lane alone, once msg is posted */
+    while (!c->stop && !failed(c) && msg >= atomic_load(&c->posted)) pthread_cond_wait(&l->cv, &c->mu);
+    l->waiting = 0;
+    pthread_mutex_unlock(&c->mu);
+    return c->stop || failed(c) ? -1 : 0;
+}
+
 static void recv_lane(lane *l) {
     comm *c = l->c;
     uint64_t last_msg = 0, last_j = 0;
     int any = 0;            /* a record came on this lane: last_msg and last_j hold its place */
+    req *cur = NULL;        /* the receive of message last_msg, once this lane claimed it */
     long spin = l->idx == 0 ? spin_ns() : 0;
     for (;;) {
         uint8_t h[HEADER_BYTES], tag[TAG_BYTES], iv[12];
@@ -415,8 +458,8 @@ static void recv_lane(lane *l) {
         memcpy(&n, h + 32, 4), memcpy(&flags, h + 36, 4);
         if (flags == FLAG_FIN) {
             uint8_t none[1];
-            if (n || msg || size || off || seq != l->seq || read_full(l->fd, tag, TAG_BYTES, &eof) ||
-                record_key(l, seq, iv) || gcm_open(l->g, l->epoch_key, iv, h, HEADER_BYTES, none, 0, none, tag)) {
+            if (n || msg || size || off || seq != l->seq || read_body(l, none, 0, tag, &eof) ||
+                record_key(l, seq, iv) || gcm_open(l->g, iv, h, HEADER_BYTES, none, 0, none, tag)) {
                 fail(c, 0, ncclSystemError, "lane %d: a bad end-of-connection record", l->idx);
                 return;
             }
@@ -440,48 +483,49 @@ static void recv_lane(lane *l) {
         }
         uint64_t j = rec ? off / rec : 0;
         int nl = c->nlanes;
+        int same = any && msg == last_msg;
         if (flags || !k || (rec ? off % rec != 0 : off != 0) || j >= k ||
             n != (size - off < rec ? size - off : rec) || (any && msg < last_msg) ||
-            ((any && msg == last_msg) ? j != last_j + (uint64_t)nl : j >= (uint64_t)nl)) {
+            (same ? j != last_j + (uint64_t)nl : j >= (uint64_t)nl)) {
             fail(c, 0, ncclSystemError, "lane %d: malformed record header", l->idx);
             return;
         }
         uint32_t first = (uint32_t)((l->idx - (int)(j % (uint64_t)nl) + nl) % nl);
         last_msg = msg, last_j = j, any = 1;
+        /* a later record of a message this lane claimed: the claim's checks, against what it recorded */
+        req *r = same ? cur : NULL;
+        if (r && (r->total != size || r->first != first)) {
+            fail(c, 0, ncclSystemError, "lane %d: records of one message disagree on its size or layout", l->idx);
+            return;
+        }
+        if (!same) cur = NULL;
         /* a posted receive takes the record in place; one not posted yet (the sender ran ahead) takes it
          * into the lane's own buffer, authenticated before this lane waits for the post, so a forged
          * message number fails here instead of waiting for a receive that never comes */
-        pthread_mutex_lock(&c->mu);
-        int ready = msg < atomic_load(&c->posted);
-        pthread_mutex_unlock(&c->mu);
-        req *r = ready ? claim_message(l, msg, size, k, first) : NULL;
-        if (ready && !r) return;
+        if (!r && msg < atomic_load(&c->posted) && !(r = cur = claim_message(l, msg, size, k, first))) return;
         uint8_t *dst = r ? (uint8_t *)r->data + off : l->buf;
-        if (read_full(l->fd, dst, n, &eof) || read_full(l->fd, tag, TAG_BYTES, &eof)) {
+        if (read_body(l, dst, n, tag, &eof)) {
             if (!failed(c))
                 fail(c, 0, ncclRemoteError, "lane %d: %s mid-record", l->idx,
                      eof ? "the peer closed the connection" : strerror(errno));
             return;
         }
-        if (record_key(l, seq, iv) || gcm_open(l->g, l->epoch_key, iv, h, HEADER_BYTES, dst, n, dst, tag)) {
+        if (record_key(l, seq, iv) || gcm_open(l->g, iv, h, HEADER_BYTES, dst, n, dst, tag)) {
             fail(c, 0, ncclSystemError, "lane %d: record %llu failed authentication (tampered, or a different key)",
                  l->idx, (unsigned long long)seq);
             return;
         }
         if (!r) {
-            pthread_mutex_lock(&c->mu);
-            while (!c->stop && !failed(c) && msg >= atomic_load(&c->posted)) pthread_cond_wait(&c->posted_cv, &c->mu);
-            pthread_mutex_unlock(&c->mu);
-            if (c->stop || failed(c) || !(r = claim_message(l, msg, size, k, first))) return;
+            if (wait_posted(l, msg) || !(r = cur = claim_message(l, msg, size, k, first))) return;
             memcpy((uint8_t *)r->data + off, l->buf, n);
         }
         l->seq++;
-        pthread_mutex_lock(&c->mu);
-        if (++r->done == r->k) {
+        /* this lane's last record of the message: r may finish (and be reused) once it is counted */
+        if (j + (uint64_t)nl >= k) cur = NULL;
+        if (atomic_fetch_add(&r->done, 1) + 1 == k) {
             r->size = size;
             atomic_store(&r->state, REQ_DONE);
         }
-        pthread_mutex_unlock(&c->mu);
     }
 }
 
@@ -514,7 +558,6 @@ comm *comm_new(int sender, int nlanes, const net_addr *peer, const uint8_t secre
     memcpy(c->listen_id, listen_id, 16);
     if (sender && crypto_random(c->conn_id, 16)) { free(c); return NULL; }
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->posted_cv, NULL);
     for (int i = 0; i < nlanes; i++) {
         lane *l = &c->lanes[i];
         l->c = c, l->fd = -1, l->idx = i;
@@ -556,7 +599,8 @@ req *comm_post(comm *c, void *data, size_t size) {
     uint64_t m = atomic_load(&c->posted);
     req *r = &c->reqs[m % MAX_REQS];
     if (atomic_load(&r->state) != REQ_FREE) { pthread_mutex_unlock(&c->mu); return NULL; }
-    r->c = c, r->data = data, r->size = size, r->msg = m, r->done = 0, r->k = 0, r->first = 0;
+    r->c = c, r->data = data, r->size = size, r->msg = m, r->k = 0, r->first = 0;
+    atomic_store(&r->done, 0);
     if (c->sender) {
         size_t rec;
         r->k = record_plan(size, c->nlanes, &rec);
@@ -565,10 +609,18 @@ req *comm_post(comm *c, void *data, size_t size) {
     atomic_store(&r->state, REQ_PENDING);
     atomic_store(&c->posted, m + 1);
     if (c->sender) {
-        for (uint32_t j = 0; j < r->k && j < (uint32_t)c->nlanes; j++)
-            pthread_cond_signal(&c->lanes[(r->first + j) % (uint32_t)c->nlanes].cv);
+        /* only the lanes with records in m hear of it; at most MAX_REQS messages are outstanding, so
+         * a lane's queue (which holds only those) never overflows */
+        for (uint32_t j = 0; j < r->k && j < (uint32_t)c->nlanes; j++) {
+            lane *l = &c->lanes[(r->first + j) % (uint32_t)c->nlanes];
+            uint64_t head = atomic_load_explicit(&l->qhead, memory_order_relaxed);
+            l->q[head % MAX_REQS] = m;
+            atomic_store_explicit(&l->qhead, head + 1, memory_order_release);
+            pthread_cond_signal(&l->cv);
+        }
     } else {
-        pthread_cond_broadcast(&c->posted_cv);
+        for (int i = 0; i < c->nlanes; i++)
+            if (c->lanes[i].waiting && c->lanes[i].want <= m) pthread_cond_signal(&c->lanes[i].cv);
     }
     pthread_mutex_unlock(&c->mu);
     return r;
@@ -580,7 +632,7 @@ static void send_fin(lane *l) {
     uint32_t flags = FLAG_FIN;
     memset(h, 0, HEADER_BYTES);
     memcpy(h, &l->seq, 8), memcpy(h + 36, &flags, 4);
-    if (!record_key(l, l->seq, iv) && !gcm_seal(l->g, l->epoch_key, iv, h, HEADER_BYTES, none, 0, none, h + HEADER_BYTES))
+    if (!record_key(l, l->seq, iv) && !gcm_seal(l->g, iv, h, HEADER_BYTES, none, 0, none, h + HEADER_BYTES))
         (void)!send(l->fd, h, HEADER_BYTES + TAG_BYTES, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
@@ -595,7 +647,6 @@ void comm_close(comm *c) {
         if (!clean && c->lanes[i].fd >= 0) shutdown(c->lanes[i].fd, SHUT_RDWR);
         pthread_cond_broadcast(&c->lanes[i].cv);
     }
-    pthread_cond_broadcast(&c->posted_cv);
     pthread_mutex_unlock(&c->mu);
     for (int i = 0; i < c->nlanes; i++) {
         lane *l = &c->lanes[i];
@@ -606,7 +657,6 @@ void comm_close(comm *c) {
         free(l->buf);
         pthread_cond_destroy(&l->cv);
     }
-    pthread_cond_destroy(&c->posted_cv);
     pthread_mutex_destroy(&c->mu);
     wipe(c, sizeof *c);
     free(c);

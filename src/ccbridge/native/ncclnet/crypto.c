@@ -56,23 +56,28 @@ void gcm_free(gcm *g) {
     free(g);
 }
 
-/* Records are at most a few MiB, well inside EVP's int lengths. */
-int gcm_seal(gcm *g, const uint8_t key[32], const uint8_t iv[12], const void *aad, size_t aadlen,
-             const void *in, size_t n, void *out, uint8_t tag[TAG_BYTES]) {
+/* Records are at most a few MiB, well inside EVP's int lengths. Per record only the IV is set:
+ * EVP keeps the key schedule from gcm_key. */
+int gcm_key(gcm *g, const uint8_t key[32], int enc) {
+    return (enc ? ossl.enc_init : ossl.dec_init)(g->ctx, ossl.aes_256_gcm(), NULL, key, NULL) == 1 ? 0 : -1;
+}
+
+int gcm_seal(gcm *g, const uint8_t iv[12], const void *aad, size_t aadlen, const void *in, size_t n, void *out,
+             uint8_t tag[TAG_BYTES]) {
     int len = 0;
-    if (ossl.enc_init(g->ctx, ossl.aes_256_gcm(), NULL, key, iv) != 1) return -1;
+    if (ossl.enc_init(g->ctx, NULL, NULL, NULL, iv) != 1) return -1;
     if (ossl.enc_update(g->ctx, NULL, &len, aad, (int)aadlen) != 1) return -1;
     if (n && ossl.enc_update(g->ctx, out, &len, in, (int)n) != 1) return -1;
     if (ossl.enc_final(g->ctx, (unsigned char *)out + n, &len) != 1) return -1;
     return ossl.ctrl(g->ctx, OSSL_GCM_GET_TAG, TAG_BYTES, tag) == 1 ? 0 : -1;
 }
 
-int gcm_open(gcm *g, const uint8_t key[32], const uint8_t iv[12], const void *aad, size_t aadlen,
-             const void *in, size_t n, void *out, const uint8_t tag[TAG_BYTES]) {
+int gcm_open(gcm *g, const uint8_t iv[12], const void *aad, size_t aadlen, const void *in, size_t n, void *out,
+             const uint8_t tag[TAG_BYTES]) {
     int len = 0;
     uint8_t t[TAG_BYTES];
     memcpy(t, tag, TAG_BYTES);
-    if (ossl.dec_init(g->ctx, ossl.aes_256_gcm(), NULL, key, iv) != 1) return -1;
+    if (ossl.dec_init(g->ctx, NULL, NULL, NULL, iv) != 1) return -1;
     if (ossl.dec_update(g->ctx, NULL, &len, aad, (int)aadlen) != 1) return -1;
     if (n && ossl.dec_update(g->ctx, out, &len, in, (int)n) != 1) return -1;
     if (ossl.ctrl(g->ctx, OSSL_GCM_SET_TAG, TAG_BYTES, t) != 1) return -1;

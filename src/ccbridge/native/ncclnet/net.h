@@ -23,11 +23,14 @@ int crypto_hkdf(const uint8_t *ikm, size_t ikmlen, const uint8_t salt[32], const
 typedef struct gcm gcm;
 gcm *gcm_new(void);
 void gcm_free(gcm *g);
-/* seal/open one record: in may equal out; open returns -1 on a bad tag */
-int gcm_seal(gcm *g, const uint8_t key[32], const uint8_t iv[12], const void *aad, size_t aadlen,
-             const void *in, size_t n, void *out, uint8_t tag[TAG_BYTES]);
-int gcm_open(gcm *g, const uint8_t key[32], const uint8_t iv[12], const void *aad, size_t aadlen,
-             const void *in, size_t n, void *out, const uint8_t tag[TAG_BYTES]);
+/* key g for sealing (enc) or opening: once per key, not per record (the key schedule and GHASH
+ * tables cost about a microsecond) */
+int gcm_key(gcm *g, const uint8_t key[32], int enc);
+/* seal/open one record under g's key: in may equal out; open returns -1 on a bad tag */
+int gcm_seal(gcm *g, const uint8_t iv[12], const void *aad, size_t aadlen, const void *in, size_t n, void *out,
+             uint8_t tag[TAG_BYTES]);
+int gcm_open(gcm *g, const uint8_t iv[12], const void *aad, size_t aadlen, const void *in, size_t n, void *out,
+             const uint8_t tag[TAG_BYTES]);
 void wipe(void *p, size_t n);
 
 /* keys.c: the group secret, with ccbridge.secure's formats and rules */
@@ -79,7 +82,8 @@ typedef struct req {
     void *data;
     size_t size;             /* send: message length; recv: buffer capacity, then bytes received */
     uint64_t msg;            /* the message's number on this connection (sends and receives pair in order) */
-    uint32_t k, done;        /* records in the message (send: known at post; recv: from the first record) */
+    uint32_t k;              /* records in the message (send: known at post; recv: from the first record) */
+    _Atomic uint32_t done;   /* records moved; the lane that moves the k-th completes the request */
     uint32_t first;          /* the lane of record 0 (recv: implied by the first record to arrive) */
     uint64_t total;          /* recv: the message's size, from its first record */
     _Atomic int state;
@@ -90,10 +94,19 @@ typedef struct lane {
     int fd, idx;             /* idx: the sender's lane number (recv: from its hello) */
     pthread_t th;
     int started;
-    pthread_cond_t cv;       /* sender: new messages with records for this lane */
-    uint8_t data_key[KEY_BYTES], epoch_key[KEY_BYTES];
+    pthread_cond_t cv;       /* sender: new messages in q; recv: message `want` was posted */
+    /* sender: the messages with records for this lane, in order (comm_post pushes under c->mu, the
+     * lane pops without a lock): a lane never visits a message it has no share of */
+    uint64_t q[MAX_REQS];
+    _Atomic uint64_t qhead;
+    uint64_t qtail;
+    uint64_t want;           /* recv: the message this lane waits to see posted (a record came first) */
+    int waiting;
+    uint8_t next[HEADER_BYTES]; /* recv: the next record's header, `have` bytes of it read with the last payload */
+    size_t have;
+    uint8_t data_key[KEY_BYTES];
     uint64_t epoch, seq;     /* the record key's epoch, the next record's number on this lane */
-    gcm *g;
+    gcm *g;                  /* keyed with the epoch's record key */
     uint8_t *buf;            /* sender: one sealed record; recv: a record that arrived before its receive was posted */
 } lane;
 
@@ -106,7 +119,6 @@ typedef struct comm {
     uint32_t lanes_seen;     /* recv: the lane numbers whose handshakes passed */
     _Atomic int state;
     pthread_mutex_t mu;
-    pthread_cond_t posted_cv; /* recv: a receive was posted */
     _Atomic int stop;
     req reqs[MAX_REQS];
     _Atomic uint64_t posted; /* messages posted (the next message's number) */
