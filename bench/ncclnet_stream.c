@@ -16,7 +16,7 @@
  * (0 = spin, as NCCL does; give a machine of few cores a pause, or the two
  * polling threads take its cores from the plugin's).
  * -P: where the plugin threads' time goes: this program interposes the libc
- * calls the plugin makes (read, recv, send, pthread_cond_wait,
+ * calls the plugin makes (read, readv, recv, send, pthread_cond_wait,
  * pthread_mutex_lock; build with -rdynamic) and adds up their calls, wall
  * time and CPU time per side; the CPU outside them is the plugin's own
  * (AES-GCM, copies, bookkeeping).
@@ -30,6 +30,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,8 +40,8 @@
 static ccbNet_v11 *net;
 
 /* ---- -P: the plugin threads' libc calls, counted (the polling thread's are not) ---- */
-enum { C_READ, C_RECV, C_SEND, C_CONDWAIT, C_LOCK, C_N };
-static const char *cname[C_N] = {"read", "recv", "send", "cond_wait", "mutex_lock"};
+enum { C_READ, C_READV, C_RECV, C_SEND, C_CONDWAIT, C_LOCK, C_N };
+static const char *cname[C_N] = {"read", "readv", "recv", "send", "cond_wait", "mutex_lock"};
 typedef struct { _Atomic long calls, wall_ns, cpu_ns; } counter;
 static counter counters[C_N];
 static int profiling;
@@ -72,6 +73,11 @@ ssize_t read(int fd, void *b, size_t n) {
     static ssize_t (*f)(int, void *, size_t);
     if (!f) f = next("read", NULL);
     COUNTED(C_READ, f(fd, b, n));
+}
+ssize_t readv(int fd, const struct iovec *iov, int n) {
+    static ssize_t (*f)(int, const struct iovec *, int);
+    if (!f) f = next("readv", NULL);
+    COUNTED(C_READV, f(fd, iov, n));
 }
 ssize_t recv(int fd, void *b, size_t n, int flags) {
     static ssize_t (*f)(int, void *, size_t, int);
