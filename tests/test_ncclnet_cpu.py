@@ -57,8 +57,9 @@ def buffer(n):
 
 # ---- the two ranks (spawned) ----
 
-def receiver(pipe, lib_path, key, sizes, capacity, concurrent):
-    """Listen, hand the handle over, accept, receive `sizes`; report what happened."""
+def receiver(pipe, lib_path, key, sizes, capacity, concurrent, delays=None):
+    """Listen, hand the handle over, accept, receive `sizes`; report what happened. delays: seconds
+    to sleep before posting each batch (so that records arrive before their receive is posted)."""
     deadline = time.monotonic() + DEADLINE
     out = {"completed": [], "error": None, "where": None}
     try:
@@ -73,6 +74,8 @@ def receiver(pipe, lib_path, key, sizes, capacity, concurrent):
         t0 = time.monotonic()
         try:
             for start in range(0, len(sizes), concurrent):
+                if delays:
+                    time.sleep(delays[start // concurrent % len(delays)])
                 posted = [(i, net.irecv(rcomm, bufs[i], len(bufs[i]) if capacity or n else 0, deadline))
                           for i, n in list(enumerate(sizes))[start:start + concurrent]]
                 received += [(i, net.wait(req, deadline)) for i, req in posted]
@@ -126,13 +129,14 @@ def _reap(*procs):
             p.join()
 
 
-def run_pair(sizes, key=KEY, send_key=None, capacity=None, concurrent=1, port=0):
+def run_pair(sizes, key=KEY, send_key=None, capacity=None, concurrent=1, port=0, recv_concurrent=None,
+             delays=None):
     """Both ranks in processes of their own; killed at the deadline."""
     lib = str(netplugin.library())
     ctx = mp.get_context("spawn")
     rp, rc = ctx.Pipe()
     sp, sc = ctx.Pipe()
-    r = ctx.Process(target=receiver, args=(rc, lib, key, sizes, capacity, concurrent))
+    r = ctx.Process(target=receiver, args=(rc, lib, key, sizes, capacity, recv_concurrent or concurrent, delays))
     s = ctx.Process(target=sender, args=(sc, lib, send_key or key, sizes, concurrent, port))
     r.start()
     s.start()
@@ -167,6 +171,21 @@ def test_concurrent_requests_and_bandwidth():
     total = sum(sizes)
     print(f"\nccbridge net plugin, loopback, encrypted: {total / got['seconds'] / 1e9:.2f} GB/s "
           f"({total >> 20} MiB, 8 requests in flight, 1 connection, {os.cpu_count()} cores)")
+
+
+@pytest.mark.parametrize("lanes", [3, 8])
+def test_sender_far_ahead_of_late_receives(lanes, monkeypatch):
+    # 32 sends in flight (NCCL's most) against receives posted one at a time, some only after a
+    # pause longer than a lane waits with a record in its socket (conn.c EARLY_WAIT_MS, 20 ms): records
+    # arrive before their receive in both ways (left in the socket until the post, and read and
+    # authenticated into the lane's buffer first); sizes off the record grid, empty, one-record
+    monkeypatch.setenv("CCBRIDGE_NET_LANES", str(lanes))
+    odd = [0, 1, RECORD_MIN - 1, RECORD_MIN + 1, RECORD - 1, RECORD + 4095, 3 * RECORD + 1, (1 << 20) + 5, 7,
+           (2 << 20) - 3, 0, lanes * RECORD + 17]
+    sizes = [odd[i % len(odd)] for i in range(96)]
+    got, sent = run_pair(sizes, concurrent=32, recv_concurrent=1, delays=[0.05, 0, 0, 0.002, 0, 0])
+    assert got["error"] is None and sent["error"] is None, (got, sent)
+    assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
 
 
 def test_short_message_into_larger_buffer_reports_its_size():

@@ -56,6 +56,7 @@ int key_load(uint8_t key[KEY_BYTES], char *err, size_t errlen);
 #define RECORD_MAX (256u << 10) /* plaintext bytes per record, at most */
 #define HEADER_BYTES 40         /* le64 seq | le64 msg | le64 size | le64 offset | le32 n | le32 flags: the AAD */
 #define FLAG_FIN 1u             /* the sender's clean end of a lane (no payload) */
+#define EARLY_WAIT_MS 20        /* recv: how long a record whose receive is not posted yet waits in the socket */
 #define EPOCH_SHIFT 16          /* a fresh record key every 2^16 records of a lane (<= 16 GiB per key) */
 #define MAX_REQS NCCL_NET_MAX_REQUESTS
 
