@@ -667,5 +667,6 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
     assert sorted((r.params["lanes"], r.params["size"]) for r in streams) == [(1, 65536), (1, 524288),
                                                                              (3, 65536), (3, 524288)]
     assert all(r.median > 0 and r.extra["bad"] == 0 for r in streams) and not res.errors
+    assert all(r.extra["cpu_s_per_gb_send"] > 0 and r.extra["cpu_s_per_gb_recv"] > 0 for r in streams)
     assert {r.params["size"] for r in res.rows if r.metric == "half_rtt"} == {8, 4096, 65536}
-    assert res.env and "GB/s" in p.stdout
+    assert res.env and "GB/s" in p.stdout and "CPU-s/GB" in p.stdout

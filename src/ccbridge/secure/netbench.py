@@ -240,9 +240,15 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
                          f"kernel's loopback; Python threads)")
             elif what == "stream":
                 row = Row.of("net_loopback", "stream", "GB/s", samples, size=size, lanes=n, inflight=infl)
+                # the cost per byte, which a loaded machine's wall clock does not blur: CPU-seconds of the
+                # plugin's threads per GB moved (cores / GB/s), the median over the repeats, per side
+                for side in ("send", "recv"):
+                    per = sorted(c / g for c, g in zip(extra[f"plugin_cores_{side}"], samples) if g > 0)
+                    extra[f"cpu_s_per_gb_{side}"] = round(per[len(per) // 2], 3) if per else None
                 row.extra = extra
                 progress(f"  stream {size:>10} B  lanes {n:>2}: {row.median:6.2f} GB/s  plugin cores "
-                         f"send {max(extra['plugin_cores_send']):.1f} recv {max(extra['plugin_cores_recv']):.1f}"
+                         f"send {max(extra['plugin_cores_send']):.1f} recv {max(extra['plugin_cores_recv']):.1f}  "
+                         f"CPU-s/GB send {extra['cpu_s_per_gb_send']} recv {extra['cpu_s_per_gb_recv']}"
                          + ("  WRONG BYTES" if extra["bad"] else ""))
             else:
                 row = Row.of("net_loopback", "half_rtt", "us", samples, size=size, lanes=n)
@@ -263,11 +269,14 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
 
 
 def render(res: Result) -> str:
-    out = [f"{'size (B)':>10} {'lanes':>5} {'GB/s':>8} {'send cores':>10} {'recv cores':>10}"]
+    out = [f"{'size (B)':>10} {'lanes':>5} {'GB/s':>8} {'send cores':>10} {'recv cores':>10} "
+           f"{'send CPU-s/GB':>13} {'recv CPU-s/GB':>13}"]
     for r in res.rows:
         if r.metric == "stream":
+            per = [r.extra.get(f"cpu_s_per_gb_{side}") for side in ("send", "recv")]
             out.append(f"{r.params['size']:>10} {r.params['lanes']:>5} {r.median:>8.2f} "
-                       f"{max(r.extra['plugin_cores_send']):>10.1f} {max(r.extra['plugin_cores_recv']):>10.1f}")
+                       f"{max(r.extra['plugin_cores_send']):>10.1f} {max(r.extra['plugin_cores_recv']):>10.1f} "
+                       + " ".join(f"{'-' if v is None else format(v, '.3f'):>13}" for v in per))
     tcp = [r for r in res.rows if r.metric == "tcp_plaintext"]
     if tcp:
         out.append(f"{'size (B)':>10} {'streams':>7} {'plain TCP GB/s':>14}")
