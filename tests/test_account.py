@@ -11,7 +11,7 @@ def write_trace(prefix, lines, pid=1, profile="passthrough", emulate=0):
     """A trace file as the interposer writes it; lines: (t_enter_us, dur_us, api, kind, dir, mem, bytes, stream_us, toll_us)."""
     rows = [f"# ccbridge trace schema {trace.SCHEMA}, profile {profile}, emulate {emulate}", ",".join(trace.COLUMNS)]
     for t, dur, api, kind, d, m, n, sw, tl in lines:
-        rows.append(f"{int(t * 1e3)},{int((t + dur) * 1e3)},7,,,{api},{kind},{d},{m},{n},0,{int(sw * 1e3)},{int(tl * 1e3)},0")
+        rows.append(f"{int(t * 1e3)},{int((t + dur) * 1e3)},7,,,{api},{kind},{d},{m},{n},0,{int(sw * 1e3)},{int(tl * 1e3)},0,")
     (prefix.parent / f"{prefix.name}.{pid}.csv").write_text("\n".join(rows) + "\n")
 
 

@@ -89,9 +89,10 @@ FILES = {
                                                                "data_offsets": [0, 1]}}).encode(), b"\x01"),
     "notexec": lambda: "#!/bin/sh\necho hi\n",
     "afile": lambda: "a file where a folder is expected\n",
-    "tr.1.csv": lambda: ("# ccbridge trace schema 2, profile b300, emulate 1\n"
+    "tr.1.csv": lambda: (f"# ccbridge trace schema {__import__('ccbridge.emulate.trace', fromlist=['SCHEMA']).SCHEMA}, "
+                         "profile b300, emulate 1\n"
                          + ",".join(__import__("ccbridge.emulate.trace", fromlist=["COLUMNS"]).COLUMNS)
-                         + "\n1,2,3,,,cuMemcpyHtoD_v2,crossing,h2d,pinned,lots,0,0,0,0\n"),
+                         + "\n1,2,3,,,cuMemcpyHtoD_v2,crossing,h2d,pinned,lots,0,0,0,0,\n"),
     "told.1.csv": lambda: ("t_enter_ns,t_return_ns,tid,ctx,stream,api,dir,mem,bytes,blocked_channel_ns,"  # schema 1
                            "blocked_stream_ns,toll_ns\n1,2,3,0x1,(nil),cuMemcpyHtoD_v2,h2d,pinned,4,0,0,0\n"),
     "ts.1.summary.json": lambda: "{not json",
@@ -223,7 +224,7 @@ CASES = [
     (["trace", "{d}/none"], "no trace files {d}/none.<pid>.csv or .summary.json"),
     (["trace", "/nonexistent/dir/t"], "no trace files /nonexistent/dir/t.<pid>.csv"),
     (["trace", "{d}/tr"], "unreadable trace {d}/tr.1.csv, line 3"),
-    (["trace", "{d}/told"], "trace {d}/told.1.csv: written by an older ccbridge (schema 1); this ccbridge reads trace schema 2"),
+    (["trace", "{d}/told"], "trace {d}/told.1.csv: written by an older ccbridge (schema 1); this ccbridge reads trace schema 3"),
     (["trace", "{d}/ts"], "unreadable trace summary {d}/ts.1.summary.json"),
     # collectives and bench: arguments checked before the GPU is looked for
     (["collectives", "-b", "foo"], "argument -b/--minbytes: not a size: 'foo'; expected a positive number"),
@@ -354,6 +355,9 @@ CASES = [
     (["account", "--profile", "b300", "--", "nosuch-command-4c1e"], "command not found: nosuch-command-4c1e"),
     (["account", "{d}/a", "{d}/b", "--out", "/proc/forbidden"], "--out /proc/forbidden: cannot write in /proc"),
     # advise: every file read and checked before any advice is printed
+    # call sites: beside a trace only
+    (["run", "--profile", "b300", "--sites", "--", "true"], "--sites notes call sites beside a trace: give --record T too"),
+    (["account", "{d}/a", "{d}/b", "--no-sites"], "--no-sites goes with --profile NAME -- CMD"),
     (["advise"], "the following arguments are required: FILE"),
     (["advise", "{d}/missing.json"], "{d}/missing.json: no such file"),
     (["advise", "{d}/good.json", "{d}/good.json"], "{d}/good.json is given twice"),

@@ -68,12 +68,12 @@ def test_the_interposer_writes_that_schema_record_only_or_emulated(lib, tmp_path
 def test_a_trace_of_another_schema_is_refused(tmp_path):
     cols = ",".join(trace.COLUMNS)
     (tmp_path / "a.1.csv").write_text(f"# ccbridge trace schema 99, profile b300, emulate 1\n{cols}\n")
-    with pytest.raises(ResultFileError, match="trace schema 99; this ccbridge reads schema 2"):
+    with pytest.raises(ResultFileError, match=f"trace schema 99; this ccbridge reads schema {trace.SCHEMA}"):
         trace.summarize(str(tmp_path / "a"))
     (tmp_path / "b.1.csv").write_text("t_enter_ns,t_return_ns,tid,ctx,stream,api,dir,mem,bytes\n1,2,3,,,x,h2d,pinned,4\n")
     with pytest.raises(ResultFileError, match=r"older ccbridge \(schema 1\)"):
         trace.summarize(str(tmp_path / "b"))
-    (tmp_path / "c.1.csv").write_text(f"# ccbridge trace schema 2, profile x, emulate 0\n{cols},extra\n")
+    (tmp_path / "c.1.csv").write_text(f"# ccbridge trace schema {trace.SCHEMA}, profile x, emulate 0\n{cols},extra\n")
     with pytest.raises(ResultFileError, match="columns are not those"):
         trace.summarize(str(tmp_path / "c"))
 

@@ -39,6 +39,7 @@ class Line:
     bytes: int
     share: float  # of the wall-time slowdown
     recovery: str
+    site: str = ""  # the Python call site (file:line function -> callee) where the traces noted sites
 
     @property
     def delta_ms(self) -> float:
@@ -71,33 +72,58 @@ def attribute(base: TraceSummary, other: TraceSummary, base_wall_s: float | None
     (the programs' own wall times where given, else the traces' spans)."""
     wall = ((other_wall_s if other_wall_s is not None else other.span_ns / 1e9)
             - (base_wall_s if base_wall_s is not None else base.span_ns / 1e9))
+    return _lines(base.by_api, other.by_api, wall), wall
+
+
+def attribute_sites(base: TraceSummary, other: TraceSummary, wall_s: float) -> list[Line]:
+    """The same per Python call site and API, where both runs noted sites (else none)."""
+    if not base.by_site or not other.by_site:
+        return []
+    return _lines(base.by_site, other.by_site, wall_s)
+
+
+def _lines(btab: dict, otab: dict, wall: float) -> list[Line]:
     lines = []
-    for key in set(base.by_api) | set(other.by_api):
-        b, o = base.by_api.get(key, {}), other.by_api.get(key, {})
+    for key in set(btab) | set(otab):
+        b, o = btab.get(key, {}), otab.get(key, {})
         calls = (b.get("count", 0), o.get("count", 0))
         in_call = (b.get("blocked_ns", 0) / 1e6, o.get("blocked_ns", 0) / 1e6)
         sw, cw, tl = (o.get(k, 0) / 1e6 for k in ("stream_wait_ns", "channel_wait_ns", "toll_ns"))
         kind = o.get("kind") or b.get("kind", "")
-        api, d, m = key
+        site, (api, d, m) = (key[0], key[1:]) if len(key) == 4 else ("", key)
         lines.append(Line(api, kind, d, m, calls, in_call, sw, cw, tl, o.get("bytes", 0),
                           (in_call[1] - in_call[0]) / (wall * 1e3) if wall > 0 else 0.0,
-                          recovery(kind, d, calls[1], o.get("bytes", 0), sw, cw, tl)))
+                          recovery(kind, d, calls[1], o.get("bytes", 0), sw, cw, tl), site))
     lines.sort(key=lambda x: -x.delta_ms)
-    return lines, wall
+    return lines
 
 
-def rows(lines: list[Line], wall_s: float) -> list[Row]:
-    """The account as Rows of a Result (one format for compare, advise and reports)."""
+def rows(lines: list[Line], wall_s: float, site_lines: list[Line] = ()) -> list[Row]:
+    """The account as Rows of a Result (one format for compare, advise and reports): account.api per API,
+    account.site per call site and API."""
     out = [Row.of("account.total", "wall_slowdown", "s", [wall_s])]
-    for x in lines:
-        p = dict(api=x.api, kind=x.kind, dir=x.dir, mem=x.mem)
-        out += [Row.of("account.api", "in_call_delta", "ms", [x.delta_ms], **p),
-                Row.of("account.api", "per_call_base", "us", [x.per_call_us(0)], **p),
-                Row.of("account.api", "per_call_other", "us", [x.per_call_us(1)], **p),
-                Row.of("account.api", "share_of_slowdown", "fraction", [x.share], **p)]
-        out[-1].extra["recovery"] = x.recovery
-        out[-1].extra["calls"] = list(x.calls)
+    for test, group in (("account.api", lines), ("account.site", site_lines)):
+        for x in group:
+            p = dict(api=x.api, kind=x.kind, dir=x.dir, mem=x.mem, **({"site": x.site} if x.site else {}))
+            out += [Row.of(test, "in_call_delta", "ms", [x.delta_ms], **p),
+                    Row.of(test, "per_call_base", "us", [x.per_call_us(0)], **p),
+                    Row.of(test, "per_call_other", "us", [x.per_call_us(1)], **p),
+                    Row.of(test, "share_of_slowdown", "fraction", [x.share], **p)]
+            out[-1].extra["recovery"] = x.recovery
+            out[-1].extra["calls"] = list(x.calls)
     return out
+
+
+def render_sites(lines: list[Line], top: int = 10) -> str:
+    """The call sites whose calls grew most: where in the program to apply each recovery."""
+    if not lines:
+        return ""
+    out = [f"by call site (the innermost frame outside torch and the stdlib; top {min(top, len(lines))}):",
+           f"{'+ms':>9} {'share':>6} {'calls':>13} {'us/call':>17}  {'api':<24} site"]
+    for x in lines[:top]:
+        out.append(f"{x.delta_ms:>9.2f} {x.share:>6.0%} {x.calls[0]:>6}/{x.calls[1]:<6} "
+                   f"{x.per_call_us(0):>8.1f}/{x.per_call_us(1):<8.1f}  {x.api:<24} {x.site}")
+    return "\n".join(out)
 
 
 def render(lines: list[Line], wall_s: float, top: int = 15) -> str:

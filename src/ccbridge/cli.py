@@ -192,10 +192,12 @@ def cmd_run(args) -> int:
     cmd = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not args.profile and not args.record and not args.coverage:
         raise UsageError("give --profile NAME (emulate), --record T (record only) or --coverage FILE")
+    if args.sites and not args.record:
+        raise UsageError("--sites notes call sites beside a trace: give --record T too")
     prof = _what_if(args, "passthrough")  # without a profile: the interposer records, adds no cost
     launcher.check(prof, cmd, args.record, args.coverage)
     print(launcher.banner(prof), file=sys.stderr)
-    rc = launcher.run(prof, cmd, trace=args.record, coverage=args.coverage)
+    rc = launcher.run(prof, cmd, trace=args.record, coverage=args.coverage, sites=args.sites)
     if args.record:
         print(trace.render(trace.summarize(str(Path(args.record).resolve()))), file=sys.stderr)
     if args.coverage:
@@ -225,12 +227,14 @@ def cmd_account(args) -> int:
         for i, (p, prefix) in enumerate(runs):
             print(f"ccbridge account: run {i + 1} of 2, {launcher.banner(p)}", file=sys.stderr)
             t = time.monotonic()
-            rc = launcher.run(p, rest, trace=prefix)
+            rc = launcher.run(p, rest, trace=prefix, sites=not args.no_sites)
             walls[i] = time.monotonic() - t
             if rc:
                 raise UsageError(f"{' '.join(rest)} exited with status {rc} in run {i + 1}; nothing to compare")
         prefixes = [prefix for _, prefix in runs]
     else:
+        if args.no_sites:
+            raise UsageError("--no-sites goes with --profile NAME -- CMD (traces keep the sites they were recorded with)")
         if len(rest) != 2:
             raise UsageError("give two trace prefixes (BASE OTHER, from `ccbridge run --record`), "
                              "or --profile NAME -- CMD")
@@ -241,11 +245,14 @@ def cmd_account(args) -> int:
             raise UsageError(f"{' '.join(rest)} made no CUDA driver call: nothing to attribute" if args.profile else
                              f"no trace lines under {x}.<pid>.csv: record with `ccbridge run --record {x} -- CMD`")
     lines, wall = account.attribute(base, other, *walls)
+    at_sites = account.attribute_sites(base, other, wall)
     res = Result(env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": args.profile,
                                              "overrides": args.overrides, "command": rest if args.profile else None},
-                 rows=account.rows(lines, wall))
+                 rows=account.rows(lines, wall, at_sites))
     paths = _write_reports(res, out)
     print(account.render(lines, wall))
+    if at_sites:
+        print(account.render_sites(at_sites))
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
 
@@ -655,13 +662,19 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "program is only recorded, not emulated")
     p.add_argument("--coverage", metavar="FILE", help="write every driver entry point the program resolved, classified "
                                                       "hooked/harmless/MISSING/unclassified, to FILE (JSON) and print it")
+    p.add_argument("--sites", action="store_true", help="with --record: also note which Python line issued each call "
+                                                        "(T.<pid>.sites.json; a profile hook in every Python process "
+                                                        "of the run, which slows Python-heavy loops)")
     _add_set(p)
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]", help="the program to run")
     p.set_defaults(fn=cmd_run)
 
     p = sub.add_parser("account", help="which calls a workload's CC tax goes to: two traces compared, or CMD "
                                        "natively vs emulated (ccbridge account --profile b300 -- CMD)")
-    p.add_argument("--profile", help="record CMD natively, then under this emulator profile, and compare")
+    p.add_argument("--profile", help="record CMD natively, then under this emulator profile, and compare (both "
+                                     "runs note Python call sites unless --no-sites)")
+    p.add_argument("--no-sites", action="store_true", help="with --profile: per API only, no Python call sites "
+                                                           "(no profile hook in CMD)")
     _add_set(p)
     p.add_argument("--out", help="output folder (default ccbridge-results/account-<timestamp>)")
     p.add_argument("args", nargs="*", help="BASE OTHER (trace prefixes), or -- CMD [ARGS...] with --profile")

@@ -79,9 +79,11 @@ def check_trace(trace: str) -> str:
     return prefix
 
 
-def run(profile: Profile, cmd: list[str], trace: str | None = None, coverage: str | None = None) -> int:
+def run(profile: Profile, cmd: list[str], trace: str | None = None, coverage: str | None = None,
+        sites: bool = False) -> int:
     """Run cmd under the emulator; its exit status. coverage: write the driver
-    coverage report (emulate/coverage.py) of every process of the run to this JSON file."""
+    coverage report (emulate/coverage.py) of every process of the run to this JSON file.
+    sites (with trace): every Python process of the run notes its call sites beside the trace."""
     check(profile, cmd, trace, coverage)
     with tempfile.TemporaryDirectory(prefix="ccbridge-emu-") as tmp:
         cfg = Path(tmp) / "profile.conf"
@@ -90,7 +92,12 @@ def run(profile: Profile, cmd: list[str], trace: str | None = None, coverage: st
         cov_prefix = str(Path(tmp) / "cov")
         cfg.write_text(text + (f"coverage={cov_prefix}\n" if coverage else ""))
         try:
-            rc = subprocess.call(cmd, env=environment(profile, str(cfg)))
+            env = environment(profile, str(cfg))
+            if sites and trace:
+                from ccbridge.emulate import sites as _sites
+
+                env = _sites.environment(env, check_trace(trace))
+            rc = subprocess.call(cmd, env=env)
         except OSError as e:  # checked above; what is left: it changed since, or exec refused it
             raise EmulatorError(f"cannot run {cmd[0]}: {e.strerror or e}") from None
         except KeyboardInterrupt:

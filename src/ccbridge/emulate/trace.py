@@ -7,7 +7,7 @@ compare. The interposer writes it (native/emu/trace.c, EMU_TRACE_SCHEMA and
 EMU_TRACE_COLUMNS in emu.h); tests/test_trace_schema.py holds the C side to
 SCHEMA and COLUMNS here. Each CSV starts with
 
-    # ccbridge trace schema 2, profile NAME, emulate 0|1
+    # ccbridge trace schema 3, profile NAME, emulate 0|1
     t_enter_ns,t_return_ns,...
 
 and has one line per crossing (a host<->device copy), launch (kernel, graph,
@@ -23,9 +23,10 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from ccbridge.emulate import sites
 from ccbridge.errors import ResultFileError
 
-SCHEMA = 2
+SCHEMA = 3
 # column -> what it holds; the order is the file's
 COLUMNS: dict[str, str] = {
     "t_enter_ns": "CLOCK_MONOTONIC ns when the call began",
@@ -43,6 +44,8 @@ COLUMNS: dict[str, str] = {
                          "the driver's own waits are inside t_return - t_enter)",
     "toll_ns": "fixed cost the emulator added (crossing toll + round trip, launch toll, synchronize round trip)",
     "rc": "the CUresult returned",
+    "site": "the Python call site that issued it: an id in <prefix>.<pid>.sites.json (empty: none noted; "
+            "`ccbridge run --record T --sites`)",
 }
 SCHEMA_LINE = re.compile(r"# ccbridge trace schema (\d+)(?:, profile ([^,]*), emulate (\d))?")
 
@@ -54,6 +57,8 @@ class TraceSummary:
     crossings: dict[str, dict[str, float]] = field(default_factory=dict)
     # (api, dir, mem) -> count, bytes, blocked_ns (time in the call), stream_wait_ns, channel_wait_ns, toll_ns, kind
     by_api: dict[tuple[str, str, str], dict] = field(default_factory=dict)
+    # (site, api, dir, mem) -> as by_api, where the run noted Python call sites (emulate/sites.py)
+    by_site: dict[tuple[str, str, str, str], dict] = field(default_factory=dict)
     profiles: set[str] = field(default_factory=set)  # profile of each traced process ("passthrough": record-only)
     span_ns: int = 0  # summed over processes: first call's entry to last call's return in each trace file
 
@@ -78,6 +83,17 @@ def check_header(path: str, first: str, second: str) -> re.Match:
     return m
 
 
+def _add(table: dict, key: tuple, row: dict, in_call_ns: int) -> None:
+    agg = table.setdefault(key, {"kind": row["kind"], "count": 0, "bytes": 0, "blocked_ns": 0,
+                                 "stream_wait_ns": 0, "channel_wait_ns": 0, "toll_ns": 0})
+    agg["count"] += 1
+    agg["bytes"] += int(row["bytes"])
+    agg["blocked_ns"] += in_call_ns
+    agg["stream_wait_ns"] += int(row["blocked_stream_ns"])
+    agg["channel_wait_ns"] += int(row["blocked_channel_ns"])
+    agg["toll_ns"] += int(row["toll_ns"])
+
+
 def summarize(prefix: str) -> TraceSummary:
     """Fold every <prefix>.<pid>.summary.json and .csv into one summary; ResultFileError
     naming the file and the line for one the interposer did not write or of another schema."""
@@ -97,6 +113,7 @@ def summarize(prefix: str) -> TraceSummary:
         s.processes += 1
     for path in sorted(glob.glob(f"{glob.escape(prefix)}.*.csv")):
         line = 1
+        site_of = sites.for_trace(path)
         try:
             with open(path, newline="") as f:
                 m = check_header(path, f.readline(), f.readline())
@@ -107,14 +124,9 @@ def summarize(prefix: str) -> TraceSummary:
                     t0, t1 = int(row["t_enter_ns"]), int(row["t_return_ns"])
                     first, last = t0 if first is None else min(first, t0), t1 if last is None else max(last, t1)
                     key = (row["api"], row["dir"] or "-", row["mem"] or "-")
-                    agg = s.by_api.setdefault(key, {"kind": row["kind"], "count": 0, "bytes": 0, "blocked_ns": 0,
-                                                    "stream_wait_ns": 0, "channel_wait_ns": 0, "toll_ns": 0})
-                    agg["count"] += 1
-                    agg["bytes"] += int(row["bytes"])
-                    agg["blocked_ns"] += t1 - t0
-                    agg["stream_wait_ns"] += int(row["blocked_stream_ns"])
-                    agg["channel_wait_ns"] += int(row["blocked_channel_ns"])
-                    agg["toll_ns"] += int(row["toll_ns"])
+                    _add(s.by_api, key, row, t1 - t0)
+                    if site_of is not None:
+                        _add(s.by_site, (site_of.label(row["site"]), *key), row, t1 - t0)
                 if first is not None:
                     s.span_ns += last - first
         except ResultFileError:

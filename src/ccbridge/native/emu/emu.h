@@ -224,10 +224,12 @@ void emu_channels_reset(void);
  * kind: crossing (a host<->device copy), launch (kernel, graph, host function),
  * sync (a synchronize); dir and mem are empty for launches and syncs, ctx where
  * unknown. blocked_channel_ns / blocked_stream_ns: what the emulator waited for
- * (0 when not emulating: the driver's own waits are inside t_return - t_enter). */
-#define EMU_TRACE_SCHEMA 2
+ * (0 when not emulating: the driver's own waits are inside t_return - t_enter).
+ * site: the calling thread's Python call site when the call was recorded (set through
+ * ccbemu_site_slot by emulate/siteboot/ccbridge_sites.py; empty where none was noted). */
+#define EMU_TRACE_SCHEMA 3
 #define EMU_TRACE_COLUMNS \
-    "t_enter_ns,t_return_ns,tid,ctx,stream,api,kind,dir,mem,bytes,blocked_channel_ns,blocked_stream_ns,toll_ns,rc"
+    "t_enter_ns,t_return_ns,tid,ctx,stream,api,kind,dir,mem,bytes,blocked_channel_ns,blocked_stream_ns,toll_ns,rc,site"
 enum { REC_CROSSING = 0, REC_LAUNCH, REC_SYNC };
 typedef struct {
     int api, dir, mem;   /* dir -1: none */
@@ -277,6 +279,7 @@ void emu_fail(const char *fmt, ...);  /* fatal set-up error: message and exit */
 EMU_API void *dlsym(void *handle, const char *name);
 EMU_API int ccbemu_test_init(const char *config_text, char *err, int errlen); /* fake driver, this config */
 EMU_API void ccbemu_trace_flush(void);
+EMU_API int *ccbemu_site_slot(void);           /* this thread's Python call site id, -1: none */
 EMU_API int ccbemu_summary(char *buf, int len);
 EMU_API int ccbemu_coverage(char *buf, int len); /* coverage JSON, as written at exit */
 EMU_API const char *ccbemu_hook_name(int i);   /* hook table row i; NULL past the end */

@@ -100,7 +100,7 @@ static void csv_write(const char *p, size_t n) {
 
 /* ---- per-thread buffers ---- */
 #define TBUF_BYTES (64 << 10)
-#define LINE_MAX_BYTES 400 /* a line's most bytes: 13 numbers, two pointers, a hook name */
+#define LINE_MAX_BYTES 400 /* a line's most bytes: 14 numbers, two pointers, a hook name */
 #define MAX_THREADS 1024
 typedef struct {
     pthread_mutex_t mu;
@@ -178,6 +178,11 @@ static char *put_str(char *o, const char *s) {
     return o + n;
 }
 
+/* The Python call site the site recorder last noted on this thread: it writes the slot, format() reads
+ * it on the same thread, which is inside a driver call and cannot run Python meanwhile. */
+static __thread int t_site = -1;
+int *ccbemu_site_slot(void) { return &t_site; }
+
 static const char *const kKind[] = {"crossing", "launch", "sync"};
 static size_t format(char *o0, const emu_record *r, long tid) {
     char *o = o0;
@@ -196,7 +201,9 @@ static size_t format(char *o0, const emu_record *r, long tid) {
     o = put_u64(o, r->blocked_channel_ns), *o++ = ',';
     o = put_u64(o, r->blocked_stream_ns), *o++ = ',';
     o = put_u64(o, r->toll_ns), *o++ = ',';
-    o = put_u64(o, (uint64_t)(unsigned)r->rc), *o++ = '\n';
+    o = put_u64(o, (uint64_t)(unsigned)r->rc), *o++ = ',';
+    if (t_site >= 0) o = put_u64(o, (uint64_t)t_site);
+    *o++ = '\n';
     return (size_t)(o - o0);
 }
 

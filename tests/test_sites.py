@@ -1,0 +1,147 @@
+"""Python call sites beside a trace: which line issued each driver call (emulate/sites.py and its recorder)."""
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ccbridge import account, cli
+from ccbridge.emulate import sites, trace
+from ccbridge.errors import ResultFileError
+
+# A traced program: the interposer (ctypes, its fake driver) writes the trace; the recorder, switched on by
+# sites.environment() through the siteboot sitecustomize, notes the sites. Each readback goes through a
+# Python function, as a torch op would (a ctypes call itself is not a Python call).
+PROGRAM = textwrap.dedent("""
+    import ctypes, os, sys, threading
+    L = ctypes.CDLL(os.environ["CCBRIDGE_EMU_LIB"])  # no ccbridge import: any Python can run it
+    c_p = ctypes.c_void_p
+    L.ccbemu_fake_alloc.restype = c_p
+    L.ccbemu_fake_alloc.argtypes = [ctypes.c_size_t, ctypes.c_int]
+    L.ccbemu_fake_stream.restype = c_p
+    L.cuMemcpyDtoHAsync_v2.argtypes = [c_p, ctypes.c_uint64, ctypes.c_size_t, c_p]
+    text = f"profile=test\\nemulate=1\\nlanes=1\\nchunk_bytes=65536\\nd2h_toll_us={sys.argv[2]}\\ntrace={sys.argv[1]}\\n"
+    err = ctypes.create_string_buffer(256)
+    assert L.ccbemu_test_init(text.encode(), err, 256) == 0, err.value
+    dev, host, s = L.ccbemu_fake_alloc(64, 2), L.ccbemu_fake_alloc(64, 1), L.ccbemu_fake_stream()
+
+    def read_token():
+        assert L.cuMemcpyDtoHAsync_v2(host, dev, 32, s) == 0   # TOKEN_LINE
+
+    def read_logits():
+        assert L.cuMemcpyDtoHAsync_v2(host, dev, 64, s) == 0   # LOGITS_LINE
+
+    def worker():
+        read_logits()                      # WORKER_LINE
+
+    for _ in range(3):
+        read_token()                       # LOOP_LINE
+    t = threading.Thread(target=worker)
+    t.start(); t.join()
+    L.ccbemu_trace_flush()
+""")
+
+
+def line_of(marker: str) -> int:
+    return next(i for i, text in enumerate(PROGRAM.splitlines(), start=1) if marker in text)
+
+
+def pythons() -> list[tuple[str, bool]]:
+    """This interpreter, and others here whose hook differs: (path, whether it has sys.monitoring, 3.12+)."""
+    have = sys.version_info[:2]
+    found = [(sys.executable, have >= (3, 12))]
+    for minor in (11, 12, 13):
+        v = f"3.{minor}"
+        for exe in glob.glob(os.path.expanduser(f"~/.pyenv/versions/{v}*/bin/python{v}")) + [shutil.which(f"python{v}")]:
+            if (3, minor) != have and exe and subprocess.run([exe, "-c", ""], capture_output=True).returncode == 0:
+                found.append((exe, minor >= 12))
+                break
+    return found
+
+
+def record(tmp_path, name: str, toll_us: int, env=None, python=sys.executable) -> str:
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM)
+    prefix = str(tmp_path / name)
+    run = subprocess.run([python, str(prog), prefix, str(toll_us)], capture_output=True, text=True,
+                         env=sites.environment(env or dict(os.environ), prefix), timeout=60, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert not run.stderr, run.stderr  # no warning: the recorder found the interposer's slot
+    return prefix
+
+
+def expected(monitoring: bool) -> tuple[str, str]:
+    """The sites of the loop's and the worker's readbacks."""
+    if monitoring:  # sys.monitoring sees every call, the ctypes one too: the innermost line is the call itself
+        return (f"prog.py:{line_of('TOKEN_LINE')} read_token -> ctypes._FuncPtr",
+                f"prog.py:{line_of('LOGITS_LINE')} read_logits -> ctypes._FuncPtr")
+    # sys.setprofile sees Python and builtin calls: the lines that called the readback functions
+    return (f"prog.py:{line_of('LOOP_LINE')} <module> -> __main__.read_token",
+            f"prog.py:{line_of('WORKER_LINE')} worker -> __main__.read_logits")
+
+
+@pytest.mark.parametrize("python,monitoring", pythons())
+def test_each_call_gets_the_line_that_issued_it_on_its_own_thread(tmp_path, python, monitoring):
+    s = trace.summarize(record(tmp_path, "t", 0, python=python))
+    got = {site: agg["count"] for (site, api, d, m), agg in s.by_site.items()}
+    loop, worker = expected(monitoring)
+    assert got == {loop: 3, worker: 1}, got
+    by = {site: (api, d, agg["bytes"]) for (site, api, d, m), agg in s.by_site.items()}
+    assert by[loop] == ("cuMemcpyDtoHAsync_v2", "d2h", 96) and by[worker][2] == 64
+    # the per-API table is what it was without sites
+    assert sum(a["count"] for a in s.by_api.values()) == 4
+
+
+def test_account_names_the_site_whose_calls_grew(tmp_path, capsys):
+    base, other = record(tmp_path, "native", 0), record(tmp_path, "cc", 20000)
+    rc = cli.main(["account", base, other, "--out", str(tmp_path / "acc")])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "by call site" in out and expected(sys.version_info >= (3, 12))[0] in out
+    res = json.loads((tmp_path / "acc" / "result.json").read_text())
+    site_rows = [r for r in res["rows"] if r["test"] == "account.site" and r["metric"] == "in_call_delta"]
+    top = max(site_rows, key=lambda r: r["median"])
+    assert "read_token" in top["params"]["site"] and top["median"] >= 3 * 20 - 1  # 3 calls, 20 ms toll each
+    lines, wall = account.attribute(trace.summarize(base), trace.summarize(other))
+    assert lines[0].api == "cuMemcpyDtoHAsync_v2"
+
+
+def test_a_programs_own_sitecustomize_still_runs(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "sitecustomize.py").write_text("import os\nos.environ['MINE_RAN'] = '1'\n")
+    env = dict(os.environ, PYTHONPATH=str(mine))
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('MINE_RAN'))"], capture_output=True,
+                         text=True, env=sites.environment(env, str(tmp_path / "x")), timeout=60)
+    assert out.stdout.strip() == "1", out.stderr
+
+
+def test_frames_in_torch_and_the_stdlib_are_not_sites():
+    from ccbridge.emulate.siteboot import ccbridge_sites as rec
+
+    import json as stdlib_module
+
+    assert not rec._is_site(stdlib_module.__file__) and not rec._is_site(rec.__file__)
+    assert not rec._is_site("<frozen importlib._bootstrap>")
+    assert rec._is_site("<string>") and rec._is_site(account.__file__)
+    torch = pytest.importorskip("torch")
+    assert not rec._is_site(torch.__file__)
+    transformers = pytest.importorskip("transformers")
+    assert rec._is_site(transformers.__file__)  # installed, but outside torch: the issuing frame people read
+
+
+def test_damaged_sites_files_are_clear_errors(tmp_path):
+    prefix = record(tmp_path, "t", 0)
+    path = next(tmp_path.glob("t.*.sites.json"))
+    path.write_text("{broken")
+    with pytest.raises(ResultFileError, match="unreadable call sites .*sites.json"):
+        trace.summarize(prefix)
+    path.write_text(json.dumps({"schema": 99}))
+    with pytest.raises(ResultFileError, match="schema 99"):
+        trace.summarize(prefix)
+
