@@ -311,7 +311,7 @@ def test_trace_records_every_crossing(lib, tmp_path):
     dev = lib.ccbemu_fake_alloc(n, DEVICE)
     src, _k = host(lib, n, False, os.urandom(n))
     s = lib.ccbemu_fake_stream()
-    busy(lib, s, 5000)
+    busy(lib, s, 50000)  # long beside any descheduling of this thread on a loaded machine (5 ms was not)
     for _ in range(3):
         assert lib.cuMemcpyHtoDAsync_v2(dev, src, n, s) == 0
     assert lib.cuMemcpyDtoHAsync_v2(src, dev, n, s) == 0
