@@ -255,10 +255,10 @@ def test_a_channel_never_beats_native_times_the_published_ratio(lib):
     n = 1 << 20
     dev = lib.ccbemu_fake_alloc(n, DEVICE)
     src, _ = host(lib, n, True, os.urandom(n))
-    floor_s = n / (0.1e9 * 0.5)  # a slow host: 0.1 GB/s natively, x 0.5 published: 21 ms
+    floor_s = n / (0.02e9 * 0.5)  # a slow host: 0.02 GB/s natively, x 0.5 published: 105 ms (far above load noise)
     init(lib, h2d_pinned_gbps=10, h2d_pinned_ratio=0.5, h2d_toll_us=0)  # native unknown: the profile's 10 GB/s
     assert timed(lib.cuMemcpyHtoDAsync_v2, dev, src, n, None) < floor_s / 2
-    init(lib, h2d_pinned_gbps=10, h2d_pinned_ratio=0.5, native_h2d_pinned_gbps=0.1, h2d_toll_us=0)
+    init(lib, h2d_pinned_gbps=10, h2d_pinned_ratio=0.5, native_h2d_pinned_gbps=0.02, h2d_toll_us=0)
     assert timed(lib.cuMemcpyHtoDAsync_v2, dev, src, n, None) >= floor_s
 
 
@@ -664,7 +664,7 @@ def test_copies_captured_into_a_graph_are_paid_at_every_launch(lib):
 def test_a_graph_handle_captured_again_does_not_inherit_the_old_copies(lib):
     """A capture that was never instantiated (it failed, or was abandoned) leaves its copies noted
     under its graph's handle; a new capture at that handle must not pay them at its launches."""
-    init(lib, h2d_pinned_gbps=1, h2d_toll_us=0, d2h_toll_us=0, sync_toll_us=0)
+    init(lib, h2d_pinned_gbps=0.25, h2d_toll_us=0, d2h_toll_us=0, sync_toll_us=0)
     n = 8 << 20
     dev = lib.ccbemu_fake_alloc(n, DEVICE)
     src, _ = host(lib, n, True, os.urandom(n))
@@ -680,7 +680,7 @@ def test_a_graph_handle_captured_again_does_not_inherit_the_old_copies(lib):
     lib.cuGraphInstantiateWithFlags.argtypes = [ctypes.POINTER(c_p), c_p, c_u64]
     assert lib.cuGraphInstantiateWithFlags(ctypes.byref(exe), lib.ccbemu_fake_graph(s), 0) == 0
     lib.cuGraphLaunch.argtypes = [c_p, c_p]
-    assert timed(lib.cuGraphLaunch, exe, s) < n / 1e9 / 2  # 4 KiB paid, not the old 8 MiB (8.4 ms)
+    assert timed(lib.cuGraphLaunch, exe, s) < n / 0.25e9 / 2  # 4 KiB paid, not the old 8 MiB (34 ms)
     assert summary(lib)["crossings"]["h2d_pinned"]["bytes"] == 4096
 
 
@@ -842,9 +842,10 @@ def test_a_d2h_behind_a_busy_stream_reports_its_stream_wait_and_paces_from_it(li
     assert len(rows) == 1
     r = {k: int(rows[0][k]) for k in ("t_enter_ns", "t_return_ns", "blocked_channel_ns", "blocked_stream_ns")}
     reached = r["t_enter_ns"] + r["blocked_channel_ns"] + r["blocked_stream_ns"]  # the stream reached the copy
-    assert t0 + 30e6 <= reached < t1 + 30e6 + 6e6, r  # from the host's wake-up: + 21 ms
+    # the slack (15 ms, 18 ms) is what a loaded machine may add, short of the 21 ms a wrong reading adds
+    assert t0 + 30e6 <= reached < t1 + 30e6 + 15e6, r  # from the host's wake-up: + 21 ms
     paced = n / 0.2e9 * 1e9
-    assert reached + paced <= r["t_return_ns"] < reached + paced + 12e6, r
+    assert reached + paced <= r["t_return_ns"] < reached + paced + 18e6, r
 
 
 def test_a_d2h_whose_stream_wait_cannot_be_timed_still_crosses_and_says_so(lib, capfd):
