@@ -134,15 +134,28 @@ def net_rows(r: Path) -> None:
 
 
 def serve_rows(r: Path) -> None:
-    """Decode tok/s per mode at the largest batch and KV TTFT per threshold, native beside EMULATED b300."""
-    runs = {k: results.load(r / f"decode-{k}.json") for k in ("native", "b300") if (r / f"decode-{k}.json").exists()}
-    if runs:
+    """Decode tok/s per mode at the largest batch (eager and graphs), the account of the async mode, and KV
+    TTFT per threshold, native beside EMULATED b300."""
+    for tag in ("decode", "decode-graphs"):
+        runs = {k: results.load(r / f"{tag}-{k}.json") for k in ("native", "b300") if (r / f"{tag}-{k}.json").exists()}
+        if not runs:
+            continue
         big = max(x.params["batch"] for x in next(iter(runs.values())).rows)
         for mode in ("sync", "async", "staged", "drain"):
             got = {k: next((x.median for x in res.rows if x.metric == "tok_per_s" and x.params["batch"] == big
                             and x.params["mode"] == mode), None) for k, res in runs.items()}
-            print(f"| decode batch {big} {mode}: tok/s native / EMULATED b300 | "
+            print(f"| {tag} batch {big} {mode}: tok/s native / EMULATED b300 | "
                   + " / ".join(f"{v:.0f}" if v else "-" for v in got.values()) + " |")
+    acc = r / "account-decode" / "result.json"
+    if acc.exists():
+        res = results.load(acc)
+        wall = next((x.median for x in res.rows if x.test == "account.total"), None)
+        for test in ("account.api", "account.site"):
+            top = sorted((x for x in res.rows if x.test == test and x.metric == "share_of_slowdown"),
+                         key=lambda x: -x.median)[:3]
+            for x in top:
+                print(f"| account decode async ({test.split('.')[1]}): {x.params.get('site') or x.params['api']} "
+                      f"{x.params.get('dir') or ''} | {x.median:.0%} of {wall * 1e3 if wall else 0:.0f} ms |")
     for k in ("native", "b300"):
         f = r / f"kv-{k}.json"
         if f.exists():
