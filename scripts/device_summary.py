@@ -142,8 +142,8 @@ def serve_rows(r: Path) -> None:
             continue
         big = max(x.params["batch"] for x in next(iter(runs.values())).rows)
         for mode in ("sync", "async", "staged", "drain"):
-            got = {k: next((x.median for x in res.rows if x.metric == "tok_per_s" and x.params["batch"] == big
-                            and x.params["mode"] == mode), None) for k, res in runs.items()}
+            got = {k: next((x.median for x in runs[k].rows if x.metric == "tok_per_s" and x.params["batch"] == big
+                            and x.params["mode"] == mode), None) if k in runs else None for k in ("native", "b300")}
             print(f"| {tag} batch {big} {mode}: tok/s native / EMULATED b300 | "
                   + " / ".join(f"{v:.0f}" if v else "-" for v in got.values()) + " |")
     acc = r / "account-decode" / "result.json"
