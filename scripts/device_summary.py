@@ -19,7 +19,9 @@ def main(r: Path) -> None:
     over = r / "emu_overhead.json"
     if over.exists() and over.read_text().strip():
         o = json.loads(over.read_text())
-        for k in ("passthrough", "record"):
+        for k in ("passthrough", "record", "record_sites"):
+            if k + "_loop_overhead_pct" not in o:
+                continue
             print(f"| {k} overhead: GPU-bound loop / eager decode loop / per launch / per 4 KiB copy | "
                   f"{o[k + '_loop_overhead_pct']:.2f}% / {o[k + '_decode_overhead_pct']:.2f}% / "
                   f"{o[k + '_launch_overhead_us']:.2f} us / {o[k + '_copy_overhead_us']:.2f} us |")
