@@ -64,7 +64,10 @@ int lanes_wanted(void) {
 }
 
 /* how long lane 0 (every one-record message's lane) polls before it sleeps: a thread woken from
- * sleep costs several microseconds per message, which small collectives feel at every hop */
+ * sleep costs several microseconds per message, which small collectives feel at every hop. Only
+ * after a message that was all lane 0's (one record, or one lane): a message spread over lanes
+ * waits on lanes that never poll, so lane 0 polling after one gains little latency, and in a
+ * stream of them it kept up to a core busy per side that the other lanes need */
 static long spin_ns(void) {
     static long ns = -1;
     if (ns < 0) {
@@ -344,12 +347,14 @@ static req *next_message(lane *l, long spin) {
 static void send_lane(lane *l) {
     comm *c = l->c;
     long spin = l->idx == 0 ? spin_ns() : 0;
-    for (req *r; (r = next_message(l, spin));) {
+    uint32_t k = 1; /* the last message's records */
+    for (req *r; (r = next_message(l, k == 1 || c->nlanes == 1 ? spin : 0));) {
         /* r's fields were written before its queue entry was published, and stay until every
          * lane with a share (this one too) has counted its records */
         size_t rec;
         record_plan(r->size, c->nlanes, &rec);
-        uint32_t k = r->k, sent = 0;
+        uint32_t sent = 0;
+        k = r->k;
         for (uint32_t j = first_share(r, l->idx, c->nlanes); j < k; j += (uint32_t)c->nlanes, sent++)
             if (send_record(l, r, j, rec)) return;
         if (atomic_fetch_add(&r->done, sent) + sent == k) atomic_store(&r->state, REQ_DONE);
@@ -450,12 +455,13 @@ static void recv_lane(lane *l) {
     int any = 0;            /* a record came on this lane: last_msg and last_j hold its place */
     req *cur = NULL;        /* the receive of message last_msg, once this lane claimed it */
     long spin = l->idx == 0 ? spin_ns() : 0;
+    uint32_t last_k = 1;    /* records in the last record's message */
     for (;;) {
         uint8_t h[HEADER_BYTES], tag[TAG_BYTES], iv[12];
         uint64_t seq, msg, size, off;
         uint32_t n, flags;
         int eof = 0;
-        if (read_header(l, h, spin, &eof)) {
+        if (read_header(l, h, last_k == 1 || c->nlanes == 1 ? spin : 0, &eof)) {
             if (c->stop || failed(c)) return;
             /* no FIN first: cut short on the wire, or the peer died; loud only when it costs a request */
             fail(c, !busy(c), ncclRemoteError, "lane %d: %s without closing", l->idx,
@@ -499,7 +505,7 @@ static void recv_lane(lane *l) {
             return;
         }
         uint32_t first = (uint32_t)((l->idx - (int)(j % (uint64_t)nl) + nl) % nl);
-        last_msg = msg, last_j = j, any = 1;
+        last_msg = msg, last_j = j, last_k = k, any = 1;
         /* a later record of a message this lane claimed: the claim's checks, against what it recorded */
         req *r = same ? cur : NULL;
         if (r && (r->total != size || r->first != first)) {
