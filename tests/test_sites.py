@@ -107,6 +107,8 @@ def test_account_names_the_site_whose_calls_grew(tmp_path, capsys):
     site_rows = [r for r in res["rows"] if r["test"] == "account.site" and r["metric"] == "in_call_delta"]
     top = max(site_rows, key=lambda r: r["median"])
     assert "read_token" in top["params"]["site"] and top["median"] >= 3 * 20 - 1  # 3 calls, 20 ms toll each
+    html = (tmp_path / "acc" / "report.html").read_text()
+    assert "Where the time went" in html and "data:image/png;base64," in html  # the plot of the growth
     lines, wall = account.attribute(trace.summarize(base), trace.summarize(other))
     assert lines[0].api == "cuMemcpyDtoHAsync_v2"
 

@@ -105,8 +105,9 @@ def rows(lines: list[Line], wall_s: float, site_lines: list[Line] = ()) -> list[
     for test, group in (("account.api", lines), ("account.site", site_lines)):
         for x in group:
             p = dict(api=x.api, kind=x.kind, dir=x.dir, mem=x.mem, **({"site": x.site} if x.site else {}))
-            out += [Row.of(test, "in_call_delta", "ms", [x.delta_ms], **p),
-                    Row.of(test, "per_call_base", "us", [x.per_call_us(0)], **p),
+            out.append(Row.of(test, "in_call_delta", "ms", [x.delta_ms], **p))
+            out[-1].extra.update(stream_wait_ms=x.stream_wait_ms, channel_wait_ms=x.channel_wait_ms, toll_ms=x.toll_ms)
+            out += [Row.of(test, "per_call_base", "us", [x.per_call_us(0)], **p),
                     Row.of(test, "per_call_other", "us", [x.per_call_us(1)], **p),
                     Row.of(test, "share_of_slowdown", "fraction", [x.share], **p)]
             out[-1].extra["recovery"] = x.recovery

@@ -106,8 +106,36 @@ def hostcrypto(res: Result):
                  "CPU AES-256-GCM (OpenSSL)") if rows else None
 
 
+def account(res: Result, top: int = 10):
+    """Where a CC tax went: the calls that grew most (per API, then per call site), each bar split into the
+    other trace's waits for the stream and the channel, its tolls, and the rest of the growth."""
+    groups = [(t, sorted((r for r in res.by_test(t) if r.metric == "in_call_delta" and r.median > 0),
+                         key=lambda r: -r.median)[:top]) for t in ("account.api", "account.site")]
+    groups = [(t, rows) for t, rows in groups if rows]
+    if not groups:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(len(groups), 1, figsize=(10, sum(0.35 * len(g) + 1.3 for _, g in groups)), squeeze=False)
+    for ax, (test, rows) in zip(axes[:, 0], groups):
+        labels = [(r.params.get("site") or f"{r.params['api']} {r.params.get('dir') or ''}")[-70:] for r in rows]
+        left = [0.0] * len(rows)
+        for part, color in (("stream_wait_ms", "#c0504d"), ("channel_wait_ms", "#f79646"), ("toll_ms", "#8064a2")):
+            vals = [min(r.extra.get(part, 0.0), r.median) for r in rows]
+            ax.barh(labels, vals, left=left, color=color, label=part.replace("_ms", "").replace("_", " "))
+            left = [a + b for a, b in zip(left, vals)]
+        ax.barh(labels, [max(r.median - lo, 0.0) for r, lo in zip(rows, left)], left=left, color="#4f81bd",
+                label="rest of the growth")
+        ax.set_xlabel("ms more in the call than in the base trace")
+        ax.set_title("by call site" if test == "account.site" else "by API")
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _png(fig)
+
+
 PLOTS = (("Bandwidth and latency vs size", transfer), ("Scaling vs N", concurrency), ("Launch costs", launch),
-         ("Small-copy serialization", smallcopy), ("Host AES-256-GCM", hostcrypto))
+         ("Small-copy serialization", smallcopy), ("Host AES-256-GCM", hostcrypto),
+         ("Where the time went", account))
 
 
 def all_plots(res: Result) -> list[tuple[str, bytes]]:
