@@ -98,7 +98,7 @@ def test_each_call_gets_the_line_that_issued_it_on_its_own_thread(tmp_path, pyth
 
 
 def test_account_names_the_site_whose_calls_grew(tmp_path, capsys):
-    base, other = record(tmp_path, "native", 0), record(tmp_path, "cc", 20000)
+    base, other = record(tmp_path, "native", 0), record(tmp_path, "cc", 50000)  # tolls far above load noise
     rc = cli.main(["account", base, other, "--out", str(tmp_path / "acc")])
     out = capsys.readouterr().out
     assert rc == 0
@@ -106,7 +106,7 @@ def test_account_names_the_site_whose_calls_grew(tmp_path, capsys):
     res = json.loads((tmp_path / "acc" / "result.json").read_text())
     site_rows = [r for r in res["rows"] if r["test"] == "account.site" and r["metric"] == "in_call_delta"]
     top = max(site_rows, key=lambda r: r["median"])
-    assert "read_token" in top["params"]["site"] and top["median"] >= 3 * 20 - 1  # 3 calls, 20 ms toll each
+    assert "read_token" in top["params"]["site"] and top["median"] >= 100  # 3 calls, 50 ms toll each
     html = (tmp_path / "acc" / "report.html").read_text()
     assert "Where the time went" in html and "data:image/png;base64," in html  # the plot of the growth
     lines, wall = account.attribute(trace.summarize(base), trace.summarize(other))
