@@ -531,6 +531,21 @@ def test_keyed_peer_cannot_complete_a_message_out_of_place(script):
     assert any("connection recv" in m for m in got["logs"]), got["logs"]
 
 
+@pytest.mark.parametrize("claimed,why", [(10 * RECORD, "a record of a finished message"),
+                                         (MESSAGE[0], "malformed record header")], ids=["longer", "same_size"])
+def test_keyed_peer_record_after_its_message_finished_fails(claimed, why):
+    # a receiving lane keeps the receive it claimed for a message's later records: once its share
+    # is in (and the message done, its slot free), one more record of that message on the lane must
+    # not reach the old receive; the next message's receive fails instead, message 0 stands
+    def script(p):
+        honest(p, 0, MESSAGE[0])
+        time.sleep(0.5)  # message 0 completes and the receive of message 1 is posted
+        p.record(1, 0, claimed, 9 * RECORD, payload(0, 10 * RECORD)[9 * RECORD:10 * RECORD])
+    got = run_rogue(MESSAGE * 2, script)
+    assert got["error"] is not None and got["completed"] == [(0, MESSAGE[0], True)], got
+    assert any(why in m for m in got["logs"]), got["logs"]
+
+
 def test_extra_sockets_after_the_lanes_change_nothing():
     # a stranger connects once every lane was accepted, replaying lane 0's hello: it is never
     # accepted (the connection has its lanes), and the messages arrive
