@@ -33,6 +33,13 @@
  * ends every lane with a FIN record (flags 1, no payload), so a lane cut
  * short (truncated, or the peer died) is told from the peer's normal end.
  * Anything else fails the connection and every request on it.
+ *
+ * Hand-off, kept off the per-record path: isend puts a message on the queue
+ * of each lane with records in it (the lanes read their queues without the
+ * lock and work out their records from the plan); a receiving lane takes the
+ * lock once per message, at its first record of it; every lane counts its
+ * records with one atomic add, and the one that adds the k-th completes the
+ * request.
  */
 #define _GNU_SOURCE
 #include <errno.h>
