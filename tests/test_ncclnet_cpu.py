@@ -685,3 +685,11 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
     assert all(r.extra["cpu_s_per_gb_send"] > 0 and r.extra["cpu_s_per_gb_recv"] > 0 for r in streams)
     assert {r.params["size"] for r in res.rows if r.metric == "half_rtt"} == {8, 4096, 65536}
     assert res.env and "GB/s" in p.stdout and "CPU-s/GB" in p.stdout
+
+
+def test_bench_net_refuses_more_in_flight_than_the_plugin_holds():
+    from ccbridge.errors import UsageError
+    from ccbridge.secure import netbench
+
+    with pytest.raises(UsageError, match="at most 32"):
+        netbench.loopback([1 << 16], [1], inflight=33)

@@ -227,6 +227,8 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
 
     if not lanes or min(lanes) < 1 or max(lanes) > 16:
         raise UsageError("--lanes: each between 1 and 16")
+    if inflight > 32:  # the plugin holds NCCL_NET_MAX_REQUESTS; more would wait out the deadline
+        raise UsageError(f"--inflight: at most 32, the plugin's requests per connection (got {inflight})")
     if os.environ.get("CCBRIDGE_KEY") is None and os.environ.get("CCBRIDGE_KEY_FILE") is None:
         os.environ["CCBRIDGE_KEY"] = os.urandom(32).hex()  # a benchmark key for both processes
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
