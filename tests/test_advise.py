@@ -239,6 +239,24 @@ def test_decode_natively_keeps_async_and_sync_wins_only_by_margin(tmp_path):
     assert not find(recs, "all", "--graphs")  # this run already used graphs
 
 
+def test_a_native_and_an_emulated_decode_give_the_tax_and_the_gap_each_mode_closes(tmp_path):
+    native = decode_result({(8, "sync"): 600.0, (8, "async"): 1000.0, (8, "drain"): 1010.0,
+                            (64, "sync"): 3000.0, (64, "async"): 5000.0, (64, "staged"): 5000.0, (64, "drain"): 5000.0})
+    cc = decode_result({(8, "sync"): 500.0, (8, "async"): 520.0, (8, "drain"): 900.0,
+                        (64, "sync"): 2500.0, (64, "async"): 2600.0, (64, "staged"): 2700.0, (64, "drain"): 4760.0},
+                       emulated="b300")
+    other = decode_result({(64, "async"): 100.0}, emulated="b300", graphs=True)  # another run: not paired
+    _, recs = advise.advise([save(tmp_path, "n.json", native), save(tmp_path, "c.json", cc),
+                             save(tmp_path, "g.json", other)])
+    tax = {a.setting: a for a in recs if "CC tax" in a.setting}
+    assert set(tax) == {"batch 64, sync: CC tax 17%", "batch 64, async: CC tax 48%", "batch 64, staged: CC tax 46%",
+                        "batch 64, drain: CC tax 5%"}  # the largest batch both measured
+    drain = tax["batch 64, drain: CC tax 5%"]
+    assert "closes 90% of the gap to native async (5000)" in drain.why and drain.emulated  # (4760-2600)/2400
+    assert "closes" not in tax["batch 64, async: CC tax 48%"].why
+    assert len(drain.cites) == 2
+
+
 def test_decode_with_differing_tokens_gives_no_schedule(tmp_path):
     res = decode_result({(8, "sync"): 500.0, (8, "drain"): 900.0}, emulated="b300", match=False)
     _, recs = advise.advise([save(tmp_path, "bad.json", res)])

@@ -368,12 +368,50 @@ def from_kv(inp: Input) -> list[Advice]:
     return out
 
 
+_SAME_RUN = ("model", "prompt", "output", "graphs")  # decode settings two results must share to be compared
+MODES_ORDER = ("sync", "async", "staged", "drain")  # bench decode's modes, as its tables list them
+
+
+def from_decode_pair(native: Input, cc: Input) -> list[Advice]:
+    """A CC-off decode result beside a CC-on (or emulated) one of the same run: per mode at the largest batch
+    both measured, the CC tax against the same mode natively and the share of the gap to native async
+    that the mode closes (issue 14's recovery hierarchy)."""
+    out, add = _adder(cc)
+    tok = [{(r.params["batch"], r.params["mode"]): r for r in x.result.rows if r.test == "decode"
+            and r.metric == "tok_per_s"} for x in (native, cc)]
+    both = {b for b, _ in tok[0]} & {b for b, _ in tok[1]}
+    if not both:
+        return out
+    b = max(both)
+    nat_async, cc_async = tok[0].get((b, "async")), tok[1].get((b, "async"))
+    gap = nat_async.median - cc_async.median if nat_async and cc_async else 0.0
+    for mode in MODES_ORDER:
+        n, c = tok[0].get((b, mode)), tok[1].get((b, mode))
+        if not n or not c or not n.median:
+            continue
+        why = f"{_state(cc)} vs {Path(native.path).name}: {c.median:.0f} vs {n.median:.0f} tok/s"
+        if gap > 0 and mode != "async":
+            why += f"; closes {(c.median - cc_async.median) / gap:.0%} of the gap to native async ({nat_async.median:.0f})"
+        add("torch", f"batch {b}, {mode}: CC tax {1 - c.median / n.median:.0%}", why, c, n)
+    return out
+
+
+def _pairs(inputs: list[Input]) -> list[tuple[Input, Input]]:
+    """Each CC (or emulated) decode result with the first CC-off one of the same settings."""
+    dec = [i for i in inputs if i.kind == "decode"]
+    key = lambda i: tuple(i.result.settings.get("decode", {}).get(k) for k in _SAME_RUN)  # noqa: E731
+    return [(n, c) for c in dec if c.cc_applies
+            for n in [next((n for n in dec if not n.cc_applies and key(n) == key(c)), None)] if n]
+
+
 def advise(paths: list[str]) -> tuple[list[Input], list[Advice]]:
     inputs = [read(p) for p in paths]  # every file checked before any advice
     out: list[Advice] = []
     for inp in inputs:
         out += {"env": from_env, "probe": from_probe, "account": from_account, "decode": from_decode,
                 "kv": from_kv}[inp.kind](inp)
+    for native, cc in _pairs(inputs):
+        out += from_decode_pair(native, cc)
     return inputs, out
 
 
