@@ -45,7 +45,9 @@ def test_the_readback_that_waits_for_the_stream_is_the_top_cause(tmp_path):
 def test_recovery_follows_the_dominant_cost():
     r = account.recovery
     assert "StagedH2D" in r("crossing", "h2d", 10, 10 << 20, stream_ms=5, channel_ms=1, toll_ms=1)
-    assert "pack small" in r("crossing", "h2d", 1000, 1000 * 512, stream_ms=0, channel_ms=1, toll_ms=5)
+    assert "pack small crossings" in r("crossing", "h2d", 1000, 1000 * 512, stream_ms=0, channel_ms=1, toll_ms=5)
+    small_d2h = r("crossing", "d2h", 1000, 1000 * 8, stream_ms=0, channel_ms=1, toll_ms=5)
+    assert "small readbacks" in small_d2h and "StagedH2D" not in small_d2h  # an H2D tool does nothing for a D2H
     assert "contexts" in r("crossing", "h2d", 10, 10 << 24, stream_ms=0, channel_ms=9, toll_ms=1)
     assert "fewer crossings" in r("crossing", "d2h", 10, 10 << 24, stream_ms=0, channel_ms=1, toll_ms=9)
     assert "synchronizes" in r("sync", "-", 10, 0, 0, 0, 5)

@@ -1,6 +1,7 @@
 """ccbridge advise: settings per stack from stamps, probe and account results, each citing its number."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -166,6 +167,15 @@ def test_account_top_rows_map_to_stack_settings(tmp_path):
     assert recs.index(drain[0]) < recs.index(find(recs, "vLLM", "CUDA graphs on")[0])  # largest share first
 
 
+def test_small_readbacks_are_packed_on_the_device_not_staged(tmp_path):
+    rows = [Row.of("account.total", "wall_slowdown", "s", [0.1])]
+    r = Row.of("account.api", "share_of_slowdown", "fraction", [0.9], api="cuMemcpyDtoHAsync_v2", kind="crossing",
+               dir="d2h", mem="pinned")
+    r.extra["recovery"] = "pack small readbacks into one (gather a step's results on the device, one D2H)"
+    _, recs = advise.advise([save(tmp_path, "a.json", Result(env=stamp("on"), settings={}, rows=rows + [r]))])
+    assert find(recs, "vLLM/SGLang/TRT-LLM", "one D2H per step") and not any("StagedH2D" in a.setting for a in recs)
+
+
 def test_account_of_two_native_traces_is_not_emulated(tmp_path):
     _, recs = advise.advise([save(tmp_path, "acc.json", account_result(profile=None))])
     assert recs and not any(a.emulated for a in recs)
@@ -263,6 +273,36 @@ def test_decode_with_differing_tokens_gives_no_schedule(tmp_path):
     assert len(recs) == 1 and "different tokens" in recs[0].setting
 
 
+def test_decode_advice_needs_the_default_a_gpu_and_a_clean_run(tmp_path):
+    only_sync = decode_result({(8, "sync"): 500.0, (8, "drain"): 900.0}, emulated="b300")
+    _, recs = advise.advise([save(tmp_path, "s.json", only_sync)])
+    assert len(recs) == 1 and "measure async too" in recs[0].setting  # nothing to compare a change with
+    cpu = decode_result({(8, "sync"): 500.0, (8, "async"): 900.0})
+    cpu.settings["decode"]["device"] = "cpu"
+    _, recs = advise.advise([save(tmp_path, "c.json", cpu)])
+    assert len(recs) == 1 and "measured on the CPU" in recs[0].setting
+    failed = decode_result({(8, "sync"): 500.0, (8, "async"): 900.0})
+    failed.errors.append({"test": "decode", "error": "out of memory at batch 256"})
+    _, recs = advise.advise([save(tmp_path, "f.json", failed)])
+    assert len(recs) == 1 and "it recorded errors" in recs[0].setting and "out of memory" in recs[0].why
+
+
+@pytest.mark.parametrize("change,fragment", [
+    (lambda r: setattr(r.rows[0], "median", 0.0), "decode:tok_per_s median must be positive, not 0.0"),
+    (lambda r: setattr(r.rows[0], "median", -5.0), "median must be positive, not -5.0"),
+    (lambda r: r.rows[0].params.update(mode="turbo"), "params.mode must be one of sync, async, staged, drain, not 'turbo'"),
+    (lambda r: r.rows[0].params.update(batch="8"), "params.batch must be a positive integer, not '8'"),
+    (lambda r: r.rows[0].params.pop("batch"), "params.batch must be a positive integer, not None"),
+    (lambda r: r.rows.append(r.rows[0]), "repeats decode:tok_per_s[batch=8"),
+    (lambda r: r.settings.update(decode=[1]), "settings.decode must be an object"),
+])
+def test_malformed_decode_rows_are_refused(tmp_path, change, fragment):
+    res = decode_result({(8, "sync"): 500.0, (8, "async"): 900.0})
+    change(res)
+    with pytest.raises(ResultFileError, match=re.escape(fragment)):
+        advise.read(save(tmp_path, "d.json", res))
+
+
 def kv_result(ttft: dict, spill: dict, emulated="b300", mismatches=0):
     """bench kv's rows: ttft:{(threshold, mode): ms}, spill:{threshold: bytes}."""
     rows = []
@@ -298,6 +338,19 @@ def test_kv_without_a_gain_keeps_no_filter_and_mismatches_give_none(tmp_path):
     bad = kv_result({(1, "sync"): 100.0, (2, "sync"): 50.0}, {1: 1, 2: 1}, mismatches=3)
     _, recs = advise.advise([save(tmp_path, "bad.json", bad)])
     assert len(recs) == 1 and "different first tokens" in recs[0].setting
+
+
+def test_kv_needs_threshold_one_and_sane_rows(tmp_path):
+    res = kv_result({(2, "sync"): 100.0, (3, "sync"): 90.0}, {2: 1, 3: 1})
+    _, recs = advise.advise([save(tmp_path, "k.json", res)])
+    assert len(recs) == 1 and "measure threshold 1 too" in recs[0].setting
+    for change, fragment in ((lambda r: r.rows[0].params.update(threshold=2.5), "params.threshold must be a positive "
+                              "integer, not 2.5"), (lambda r: r.rows[0].params.update(mode="x"), "not 'x'"),
+                             (lambda r: r.rows[0].params.update(threshold=-3), "not -3")):
+        bad = kv_result({(1, "sync"): 100.0}, {1: 1})
+        change(bad)
+        with pytest.raises(ResultFileError, match=re.escape(fragment)):
+            advise.read(save(tmp_path, "b.json", bad))
 
 
 def test_empty_serving_and_unread_results_are_refused(tmp_path):

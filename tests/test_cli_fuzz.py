@@ -357,6 +357,9 @@ CASES = [
     # advise: every file read and checked before any advice is printed
     # call sites: beside a trace only
     (["run", "--profile", "b300", "--sites", "--", "true"], "--sites notes call sites beside a trace: give --record T too"),
+    (["run", "--sites", "--", "true"], "--sites notes call sites beside a trace: give --record T too"),
+    (["run", "--record", "{d}/tr", "--", "true"],
+     "trace prefix {d}/tr: 1 trace file(s) of an earlier run are there (tr.1.csv, ...): give another prefix or remove"),
     (["account", "{d}/a", "{d}/b", "--no-sites"], "--no-sites goes with --profile NAME -- CMD"),
     (["advise"], "the following arguments are required: FILE"),
     (["advise", "{d}/missing.json"], "{d}/missing.json: no such file"),

@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -97,6 +98,50 @@ def test_each_call_gets_the_line_that_issued_it_on_its_own_thread(tmp_path, pyth
     assert sum(a["count"] for a in s.by_api.values()) == 4
 
 
+RACE = PROGRAM.split("def read_token():")[0] + textwrap.dedent("""
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can: a race in the recorder shows
+    threads = []
+    for i in range(8):  # 150 distinct functions a thread, so new sites all the time; thread i copies i + 1 bytes
+        src = "".join(f"def f_{i}_{j}():\\n    assert L.cuMemcpyDtoHAsync_v2(host, dev, {i + 1}, s) == 0\\n"
+                      for j in range(150))
+        exec(src + f"def run_{i}():\\n" + "".join(f"    f_{i}_{j}()\\n" for j in range(150)), globals())
+        threads.append(threading.Thread(target=globals()[f"run_{i}"]))
+    for t in threads: t.start()
+    for t in threads: t.join()
+    L.ccbemu_trace_flush()
+""")
+
+
+@pytest.mark.parametrize("python,monitoring", pythons())
+def test_threads_seeing_new_sites_at_once_never_share_an_id(tmp_path, python, monitoring):
+    prog = tmp_path / "race.py"
+    prog.write_text(RACE)
+    prefix = str(tmp_path / "r")
+    run = subprocess.run([python, str(prog), prefix, "0"], capture_output=True, text=True, timeout=120,
+                         env=sites.environment(dict(os.environ), prefix), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    got = trace.summarize(prefix).by_site
+    assert sum(a["count"] for a in got.values()) == 8 * 150
+    for (site, *_), agg in got.items():
+        # the site's function f_i_j (monitoring) or its callee __main__.f_i_j (setprofile)
+        i = int(re.search(r"f_(\d+)_\d+", site).group(1))
+        assert agg["bytes"] == agg["count"] * (i + 1), (site, agg)
+
+
+@pytest.mark.skipif(not any(m for _, m in pythons()), reason="no Python 3.12+ here (sys.monitoring)")
+def test_a_profiler_in_the_program_still_works(tmp_path):
+    """The recorder's monitoring tool id leaves the profiler's free: python -m cProfile runs and sites are noted."""
+    python = next(p for p, m in pythons() if m)
+    prog = tmp_path / "prog.py"
+    prog.write_text(PROGRAM)
+    prefix = str(tmp_path / "p")
+    run = subprocess.run([python, "-m", "cProfile", str(prog), prefix, "0"], capture_output=True, text=True,
+                         timeout=60, env=sites.environment(dict(os.environ), prefix), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "function calls" in run.stdout  # cProfile's own report
+    assert trace.summarize(prefix).by_site
+
+
 def test_account_names_the_site_whose_calls_grew(tmp_path, capsys):
     base, other = record(tmp_path, "native", 0), record(tmp_path, "cc", 50000)  # tolls far above load noise
     rc = cli.main(["account", base, other, "--out", str(tmp_path / "acc")])
@@ -118,9 +163,10 @@ def test_a_programs_own_sitecustomize_still_runs(tmp_path):
     mine.mkdir()
     (mine / "sitecustomize.py").write_text("import os\nos.environ['MINE_RAN'] = '1'\n")
     env = dict(os.environ, PYTHONPATH=str(mine))
-    out = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('MINE_RAN'))"], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", "import os, sitecustomize; print(os.environ.get('MINE_RAN'), "
+                          "sitecustomize.__file__.endswith('mine/sitecustomize.py'))"], capture_output=True,
                          text=True, env=sites.environment(env, str(tmp_path / "x")), timeout=60)
-    assert out.stdout.strip() == "1", out.stderr
+    assert out.stdout.strip() == "1 True", out.stderr
 
 
 def test_frames_in_torch_and_the_stdlib_are_not_sites():
@@ -145,5 +191,8 @@ def test_damaged_sites_files_are_clear_errors(tmp_path):
         trace.summarize(prefix)
     path.write_text(json.dumps({"schema": 99}))
     with pytest.raises(ResultFileError, match="schema 99"):
+        trace.summarize(prefix)
+    path.write_text(json.dumps({"schema": 1, "pid": 1, "cwd": "/", "sites": [["a.py", 1, "f", "g"]] * 64}))
+    with pytest.raises(ResultFileError, match="written by process 1, not .* different runs"):
         trace.summarize(prefix)
 

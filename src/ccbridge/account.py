@@ -60,7 +60,8 @@ def recovery(kind: str, direction: str, calls: int, nbytes: int, stream_ms: floa
         return ("drain on a worker (ccbridge.serve.DrainWorker): the readback waits for the stream" if direction == "d2h"
                 else "stage on an idle stream (ccbridge.serve.StagedH2D): the copy waits for queued work")
     if calls and nbytes / calls < SMALL:
-        return "pack small crossings into one (ccbridge.serve.StagedH2D packs a step's inputs)"
+        return ("pack small readbacks into one (gather a step's results on the device, one D2H)" if direction == "d2h"
+                else "pack small crossings into one (ccbridge.serve.StagedH2D packs a step's inputs)")
     if channel_ms >= toll_ms:
         return "more contexts (a context pool, as ccbridge's loader keeps): one context's channel is serialized"
     return "larger, fewer crossings: each pays a fixed toll"

@@ -91,6 +91,7 @@ def read(path: str | Path) -> Input:
                 if not any(r.test == kind and r.metric == metric for r in res.rows):
                     raise ResultFileError(f"{p}: a {kind} result with no {kind}:{metric} rows (an interrupted "
                                           f"`ccbridge bench {kind}`?): nothing to advise from")
+                _check_serving(p, kind, res)
                 return Input(str(p), kind, res.env, res, res.emulated)
         if any(t.startswith("account.") for t in tests):
             # account --profile: the stamp is the parent's, the OTHER trace ran under the emulator
@@ -103,6 +104,33 @@ def read(path: str | Path) -> Input:
         results._check_env(p, doc)
         return Input(str(p), "env", doc, None, bool(doc["emulation"].get("active")))
     raise ResultFileError(f"{p}: not a ccbridge result or env stamp (`ccbridge env --json`)")
+
+
+# What bench decode and bench kv write, per row: the parameter that tells rows apart and its values.
+_SERVING = {"decode": ("batch", ("sync", "async", "staged", "drain")), "kv": ("threshold", ("sync", "async"))}
+
+
+def _check_serving(p: Path, kind: str, res: Result) -> None:
+    """Rows as bench decode / bench kv write them: a positive integer batch or threshold, a known mode, a
+    positive median, one row per quantity; ResultFileError naming the row otherwise."""
+    if not isinstance(res.settings.get(kind, {}), dict):
+        raise ResultFileError(f"{p}: settings.{kind} must be an object")
+    by, modes = _SERVING[kind]
+    seen = set()
+    for i, r in enumerate(res.rows):
+        if r.test != kind:
+            continue
+        v, mode = r.params.get(by), r.params.get("mode")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ResultFileError(f"{p}: rows[{i}] params.{by} must be a positive integer, not {v!r}")
+        if mode not in modes:
+            raise ResultFileError(f"{p}: rows[{i}] params.mode must be one of {', '.join(modes)}, not {mode!r}")
+        if r.metric in ("tok_per_s", "ttft_ms") and not r.median > 0:
+            raise ResultFileError(f"{p}: rows[{i}] {kind}:{r.metric} median must be positive, not {r.median!r}")
+        key = (r.metric, v, mode, tuple(sorted((k, str(x)) for k, x in r.params.items())))
+        if key in seen:
+            raise ResultFileError(f"{p}: rows[{i}] repeats {r.key()}: which one holds?")
+        seen.add(key)
 
 
 def _size(n: int) -> str:
@@ -244,6 +272,9 @@ def _stacks(recovery: str) -> list[tuple[str, str]]:
                 ("SGLang", "sampled tokens read back on a DrainWorker, else --disable-overlap-schedule"),
                 ("TRT-LLM", "readbacks on a DrainWorker, else disable_overlap_scheduler=True"),
                 ("torch", "ccbridge.serve.DrainWorker for readbacks and synchronizes")]
+    if "small readbacks" in r:
+        return [("vLLM/SGLang/TRT-LLM", "one D2H per step for all sampled tokens and logprobs (gathered on the device)"),
+                ("torch", "torch.cat a step's small results on the device, then one .to(\"cpu\") per step")]
     if "StagedH2D" in r:
         return [("vLLM/SGLang/TRT-LLM", "per-step metadata (positions, slot mappings, sampling params) through one "
                  "ccbridge.serve.StagedH2D"), ("torch", "ccbridge.serve.StagedH2D: packed inputs on an idle stream")]
@@ -304,30 +335,51 @@ def from_decode(inp: Input) -> list[Advice]:
     out, add = _adder(inp)
     tok = {(r.params["batch"], r.params["mode"]): r for r in res.rows if r.test == "decode" and r.metric == "tok_per_s"}
     batches = sorted({b for b, _ in tok})
-    if res.errors or not all(r.extra.get("tokens_match", True) for r in tok.values()):
-        add("all", "none from this run: its modes generated different tokens",
-            f"{_state(inp)}; a result whose modes disagree measures a bug, not a schedule (see its errors)")
+    if not _trustworthy(inp, add, not all(r.extra.get("tokens_match", True) for r in tok.values()),
+                        "its modes generated different tokens"):
+        return out
+    if "async" not in {m for _, m in tok}:
+        add("all", "none yet: measure async too (`--modes ... async`), the engines' default a change must beat",
+            f"{_state(inp)}; modes measured: {', '.join(sorted({m for _, m in tok}))}", *tok.values())
         return out
     picks = {}
     for b in batches:
         modes = {m: r for (bb, m), r in tok.items() if bb == b}
-        pick = _pick(modes, ["async", "sync", "staged", "drain"], lambda a, b: a.median / b.median if b.median else float("inf"))
+        if "async" not in modes:
+            continue
+        pick = _pick(modes, ["async", "sync", "staged", "drain"], lambda a, b: a.median / b.median)
         picks[b] = pick
         others = ", ".join(f"{m} {r.median:.0f}" for m, r in modes.items())
         add("torch", f"batch {b}: {pick} scheduling",
-            f"{_state(inp)}; tok/s {others}" + ("" if pick == "async" or "async" not in modes else
+            f"{_state(inp)}; tok/s {others}" + ("" if pick == "async" else
                                               f" ({modes[pick].median / modes['async'].median:.2f}x async)"),
             *modes.values())
-    top = batches[-1]
+    top = max(picks)
     modes = {m: r for (bb, m), r in tok.items() if bb == top}
     why = f"batch {top}: {picks[top]} {modes[picks[top]].median:.0f} tok/s" + (
-        "" if picks[top] == "async" or "async" not in modes else f" vs async {modes['async'].median:.0f}")
+        "" if picks[top] == "async" else f" vs async {modes['async'].median:.0f}")
     for stack, setting in _MODE_STACKS[picks[top]]:
         add(stack, setting, why, *modes.values())
     if not res.settings.get("decode", {}).get("graphs") and inp.cc_applies:
         add("all", "measure CUDA graphs too (`ccbridge bench decode --graphs`): one launch toll per step",
             "this run decoded eager; under CC every kernel launch pays the toll")
     return out
+
+
+def _trustworthy(inp: Input, add, mismatch: bool, what: str) -> bool:
+    """A serving result advice can stand on: no recorded errors, no token mismatch; measured on a GPU."""
+    res = inp.result
+    if res.errors or mismatch:
+        first = res.errors[0].get("error", "") if res.errors else what
+        add("all", f"none from this run: {what if mismatch else 'it recorded errors'}",
+            f"{_state(inp)}; a failed run measures a bug, not a setting (first: {first})")
+        return False
+    device = str((res.settings.get(inp.kind) or {}).get("device", ""))
+    if device.startswith("cpu"):
+        add("all", "none for GPU engines: measured on the CPU, where nothing crosses a bridge",
+            f"run `ccbridge bench {inp.kind}` on a GPU, natively and under `ccbridge run --profile NAME --`")
+        return False
+    return True
 
 
 def from_kv(inp: Input) -> list[Advice]:
@@ -337,14 +389,17 @@ def from_kv(inp: Input) -> list[Advice]:
     out, add = _adder(inp)
     rows = {(r.params["threshold"], r.params["mode"], r.metric): r for r in res.rows if r.test == "kv"}
     ttft = {k[:2]: r for k, r in rows.items() if k[2] == "ttft_ms"}
-    if res.errors or any(r.extra.get("mismatches") for r in ttft.values()):
-        add("all", "none from this run: restored KV gave different first tokens",
-            f"{_state(inp)}; a result with token mismatches measures a bug, not a threshold (see its errors)")
+    if not _trustworthy(inp, add, any(r.extra.get("mismatches") for r in ttft.values()),
+                        "restored KV gave different first tokens"):
         return out
     best = {}
     for mode in sorted({m for _, m in ttft}):
         by_th = {t: r for (t, m), r in sorted(ttft.items()) if m == mode}
-        th = _pick(by_th, sorted(by_th), lambda a, b: b.median / a.median if a.median else float("inf"))
+        if 1 not in by_th:
+            add("all", f"{mode} scheduling: none yet: measure threshold 1 too (no filter, the engines' default)",
+                f"{_state(inp)}; thresholds measured: {', '.join(map(str, by_th))}", *by_th.values())
+            continue
+        th = _pick(by_th, sorted(by_th), lambda a, b: b.median / a.median)
         best[mode] = (th, by_th[th])
         base = by_th.get(min(by_th))
         spill = rows.get((th, mode, "spill_bytes"))

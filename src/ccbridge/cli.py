@@ -190,10 +190,10 @@ def cmd_run(args) -> int:
     from ccbridge.emulate import launcher, trace
 
     cmd = args.program[1:] if args.program[:1] == ["--"] else args.program
-    if not args.profile and not args.record and not args.coverage:
-        raise UsageError("give --profile NAME (emulate), --record T (record only) or --coverage FILE")
     if args.sites and not args.record:
         raise UsageError("--sites notes call sites beside a trace: give --record T too")
+    if not args.profile and not args.record and not args.coverage:
+        raise UsageError("give --profile NAME (emulate), --record T (record only) or --coverage FILE")
     prof = _what_if(args, "passthrough")  # without a profile: the interposer records, adds no cost
     launcher.check(prof, cmd, args.record, args.coverage)
     print(launcher.banner(prof), file=sys.stderr)
@@ -253,6 +253,9 @@ def cmd_account(args) -> int:
     print(account.render(lines, wall))
     if at_sites:
         print(account.render_sites(at_sites))
+    elif base.by_site or other.by_site:
+        print(f"no per-site table: only {'the base' if base.by_site else 'the other'} trace noted call sites "
+              "(record both with --sites)")
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
 import os
@@ -71,9 +72,14 @@ def check(profile: Profile, cmd: list[str], trace: str | None = None, coverage: 
 
 
 def check_trace(trace: str) -> str:
-    """The absolute trace prefix; its folder must exist (it is not made) and take files."""
+    """The absolute trace prefix; its folder must exist (it is not made) and take files, and hold no trace
+    at this prefix already (a second run's files would fold into the first's)."""
     prefix = str(Path(trace).resolve())
     ui.writable_file(prefix, "trace prefix")
+    old = [p for pat in ("csv", "summary.json", "sites.json") for p in glob.glob(f"{glob.escape(prefix)}.*.{pat}")]
+    if old:
+        raise UsageError(f"trace prefix {trace}: {len(old)} trace file(s) of an earlier run are there "
+                         f"({Path(old[0]).name}, ...): give another prefix or remove them")
     if len(prefix) + len(".4294967295.summary.json") >= TRACE_MAX:
         raise UsageError(f"trace prefix {trace}: longer than the interposer's {TRACE_MAX}-byte limit")
     return prefix

@@ -41,7 +41,7 @@ def short(path: str, cwd: str | None) -> str:
 class Sites:
     """One process's sites: label(id column) -> "file:line function -> callee", or NONE."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, pid: int | None = None):
         self.path = path
         try:
             with open(path) as f:
@@ -49,6 +49,9 @@ class Sites:
             if doc.get("schema") != recorder.SCHEMA:
                 raise ResultFileError(f"call sites {path}: schema {doc.get('schema')}; this ccbridge reads "
                                       f"{recorder.SCHEMA}: record again")
+            if pid is not None and doc.get("pid") != pid:
+                raise ResultFileError(f"call sites {path}: written by process {doc.get('pid')}, not {pid} whose "
+                                      "trace it sits beside (files of different runs?)")
             self.labels = [f"{short(f, doc.get('cwd'))}:{line} {func} -> {callee}"
                            for f, line, func, callee in doc["sites"]]
         except ResultFileError:
@@ -69,4 +72,5 @@ class Sites:
 def for_trace(csv_path: str) -> Sites | None:
     """The sites file beside <prefix>.<pid>.csv, if the run noted sites."""
     path = csv_path[: -len(".csv")] + ".sites.json"
-    return Sites(path) if os.path.exists(path) else None
+    pid = path.rsplit(".", 3)[-3]  # <prefix>.<pid>.sites.json
+    return Sites(path, int(pid) if pid.isdigit() else None) if os.path.exists(path) else None

@@ -3,13 +3,20 @@
 Loaded into the program by this folder's sitecustomize when CCBRIDGE_SITES names
 a trace prefix (`ccbridge run --record T --sites`, `ccbridge account --profile
 P -- CMD`); standalone, because the program's interpreter need not have
-ccbridge. A profile hook notes each call made from a frame outside torch and the
-standard library in the interposer's per-thread site slot (ccbemu_site_slot),
-as an id for that frame's file, line and function and the callee's name (the
-torch op where the callee is one). The interposer writes the slot into every
-trace line the thread makes, so each driver call carries the innermost frame
-outside torch that led to it. The table of ids is written at exit to
-<prefix>.<pid>.sites.json.
+ccbridge. A hook on calls notes each call made from a frame outside torch and
+the standard library in the interposer's per-thread site slot
+(ccbemu_site_slot), as an id for that frame's file, line and function and the
+callee's name (the torch op where the callee is one). The interposer writes the
+slot into every trace line the thread makes, so each driver call carries the
+innermost call outside torch that led to it. A driver call that no explicit
+call leads to (an operator, `if tensor:`) carries the thread's last site. The
+table of ids is written at exit to <prefix>.<pid>.sites.json.
+
+Python 3.12+: a sys.monitoring CALL hook under a tool id of its own (the
+profiler's stays free for cProfile and the like); a call location outside the
+sites, or one calling a Python function that is itself in the sites (whose own
+calls are then the sites), is switched off after its first call. Before 3.12:
+sys.setprofile, which every call pays and which another profiler replaces.
 """
 
 import atexit
@@ -24,12 +31,14 @@ import threading
 SCHEMA = 1
 ENV = "CCBRIDGE_SITES"
 LIB_ENV = "CCBRIDGE_EMU_LIB"
+TOOL = "ccbridge call sites"
 _PACKAGES = ("site-packages", "dist-packages")
 
-_prefix = _cwd = None
+_prefix = _cwd = _tool = None
 _user = {}       # code object -> issued from a frame that counts as a site (outside torch and the stdlib)
-_ids = {}        # (code, line, callee key) -> site id
+_ids = {}        # location (code, line or offset[, callee]) -> site id
 _sites = []      # site id -> [file, line, function, callee]
+_new = threading.Lock()  # site ids: two threads seeing new sites at once must not share one
 _slot_of = None  # the interposer's ccbemu_site_slot: this thread's slot
 
 
@@ -66,63 +75,67 @@ class _Thread(threading.local):
 _here = None  # this thread's _Thread, once started
 
 
-def _profile(frame, event, arg):
-    """sys.setprofile hook (before Python 3.12): every call and C call pays it."""
-    if event == "call":  # frame: the callee's
-        caller, callee, describe = frame.f_back, frame.f_code, _frame_name
-        if caller is None:
-            return
-    elif event == "c_call":  # frame: the caller's; arg: the C function
-        caller, callee, describe = frame, getattr(arg, "__qualname__", None) or type(arg).__name__, None
-    else:
-        return
-    code = caller.f_code
+def _is_site_code(code):
     site = _user.get(code)
     if site is None:
         site = _user[code] = _is_site(code.co_filename)
-    if site:
-        _note(code, caller.f_lineno, callee, describe or str, frame if describe else callee)
+    return site
 
 
-def _on_call(code, offset, callable_, arg0):
-    """sys.monitoring CALL (Python 3.12+): a call location outside the sites is switched off for good."""
-    site = _user.get(code)
-    if site is None:
-        site = _user[code] = _is_site(code.co_filename)
-    if not site:
-        return _DISABLE
-    line = _lines.get((code, offset))
-    if line is None:
-        line = _lines[(code, offset)] = next((ln for a, b, ln in code.co_lines() if a <= offset < b), None) or 0
-    func = getattr(callable_, "__func__", callable_)  # bound methods are new objects on every call
-    _note(code, line, getattr(func, "__code__", None) or getattr(func, "__qualname__", None) or type(func).__name__,
-          _callable_name, func)
+def _new_site(key, code, line, callee):
+    with _new:
+        sid = _ids.get(key)
+        if sid is None:
+            sid = _ids[key] = len(_sites)
+            _sites.append([code.co_filename, line, getattr(code, "co_qualname", code.co_name), callee])
+    return sid
 
 
-def _note(code, line, callee, describe, what):
-    """This thread's slot says site (code, line, callee) from now on; describe(what) names a new callee."""
-    key = (code, line, callee)
-    sid = _ids.get(key)
-    if sid is None:
-        sid = _ids[key] = len(_sites)
-        _sites.append([code.co_filename, line, getattr(code, "co_qualname", code.co_name), describe(what)])
+def _set(sid):
     t = _here
     if sid != t.last:
         t.last = t.slot[0] = sid
 
 
-def _frame_name(frame):
-    """A called Python function as module.function."""
-    mod = frame.f_globals.get("__name__", "")
-    return f"{mod}.{getattr(frame.f_code, 'co_qualname', frame.f_code.co_name)}"
+def _profile(frame, event, arg):
+    """sys.setprofile hook (before Python 3.12): every call and C call pays it."""
+    if event == "call":  # frame: the callee's
+        caller, callee = frame.f_back, frame.f_code
+        if caller is None:
+            return
+    elif event == "c_call":  # frame: the caller's; arg: the C function
+        caller, callee = frame, getattr(arg, "__qualname__", None) or type(arg).__name__
+    else:
+        return
+    code = caller.f_code
+    if not _is_site_code(code):
+        return
+    key = (code, caller.f_lineno, callee)
+    sid = _ids.get(key)
+    if sid is None:
+        name = callee if isinstance(callee, str) else \
+            f"{frame.f_globals.get('__name__', '')}.{getattr(callee, 'co_qualname', callee.co_name)}"
+        sid = _new_site(key, code, caller.f_lineno, name)
+    _set(sid)
 
 
-def _callable_name(func):
-    mod, name = getattr(func, "__module__", None), getattr(func, "__qualname__", None) or type(func).__name__
-    return f"{mod}.{name}" if mod and mod != "builtins" else name
+def _on_call(code, offset, callable_, arg0):
+    """sys.monitoring CALL (Python 3.12+). A location's site is its first callee's; the location is switched
+    off where it is outside the sites or calls a Python function in them (that function's calls are sites)."""
+    sid = _ids.get((code, offset))
+    if sid is None:
+        if not _is_site_code(code):
+            return _DISABLE
+        func = getattr(callable_, "__func__", callable_)  # bound methods are new objects on every call
+        inner = getattr(func, "__code__", None)
+        if inner is not None and _is_site_code(inner):
+            return _DISABLE
+        line = next((ln for a, b, ln in code.co_lines() if a <= offset < b), None) or 0
+        mod, name = getattr(func, "__module__", None), getattr(func, "__qualname__", None) or type(func).__name__
+        sid = _new_site((code, offset), code, line, f"{mod}.{name}" if mod and mod != "builtins" else name)
+    _set(sid)
 
 
-_lines = {}
 _DISABLE = getattr(getattr(sys, "monitoring", None), "DISABLE", None)
 
 
@@ -130,9 +143,12 @@ def _write():
     if _prefix is None:
         return
     mon = getattr(sys, "monitoring", None)
-    if mon is not None and mon.get_tool(mon.PROFILER_ID) == "ccbridge call sites":
-        mon.set_events(mon.PROFILER_ID, 0)
+    if _tool is not None:
+        mon.set_events(_tool, 0)
     else:
+        if sys.getprofile() is not _profile:
+            print("ccbridge: another profiler replaced the call-site hook on the main thread; its later driver "
+                  "calls carry the last site noted before that", file=sys.stderr)
         sys.setprofile(None)
         threading.setprofile(None)
     doc = {"schema": SCHEMA, "pid": os.getpid(), "cwd": _cwd, "sites": _sites}
@@ -146,7 +162,7 @@ def _write():
 
 def start(prefix):
     """Note sites for the trace at prefix; a warning and nothing more where the interposer is not loaded."""
-    global _prefix, _cwd, _slot_of, _here
+    global _prefix, _cwd, _slot_of, _here, _tool
     if _prefix is not None:
         return
     try:
@@ -160,10 +176,13 @@ def start(prefix):
     _prefix, _cwd = prefix, os.getcwd()  # sites' relative file names are relative to where the program began
     atexit.register(_write)
     mon = getattr(sys, "monitoring", None)
-    if mon is not None and mon.get_tool(mon.PROFILER_ID) is None:  # 3.12+: locations outside the sites cost nothing
-        mon.use_tool_id(mon.PROFILER_ID, "ccbridge call sites")
-        mon.register_callback(mon.PROFILER_ID, mon.events.CALL, _on_call)
-        mon.set_events(mon.PROFILER_ID, mon.events.CALL)
-    else:
-        threading.setprofile(_profile)
-        sys.setprofile(_profile)
+    if mon is not None:  # 3.12+: a tool id the profiler and debugger ids leave free
+        free = [i for i in (4, 3) if mon.get_tool(i) is None]
+        if free:
+            _tool = free[0]
+            mon.use_tool_id(_tool, TOOL)
+            mon.register_callback(_tool, mon.events.CALL, _on_call)
+            mon.set_events(_tool, mon.events.CALL)
+            return
+    threading.setprofile(_profile)
+    sys.setprofile(_profile)

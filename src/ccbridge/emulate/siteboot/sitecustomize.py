@@ -17,3 +17,4 @@ _spec = importlib.machinery.PathFinder.find_spec(
 if _spec is not None and _spec.loader is not None:
     _shadowed = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_shadowed)
+    sys.modules["sitecustomize"] = _shadowed  # `import sitecustomize` finds the program's own, as without ccbridge
