@@ -109,6 +109,8 @@ def d(tmp_path_factory) -> Path:
         content = make()
         (root / name).write_bytes(content if isinstance(content, bytes) else content.encode())
     (root / "folder").mkdir()
+    (root / "acc_old").mkdir()  # an account folder whose emulated trace is there already
+    (root / "acc_old" / "emulated.7.csv").write_text("")
     return root
 
 
@@ -353,6 +355,8 @@ CASES = [
     (["account", "--profile", "b300"], "no command given"),
     (["account", "--profile", "b300", "--set", "lanes=0", "--", "true"], "parameter lanes = 0.0"),
     (["account", "--profile", "b300", "--", "nosuch-command-4c1e"], "command not found: nosuch-command-4c1e"),
+    (["account", "--profile", "b300", "--out", "{d}/acc_old", "--", "true"],
+     "trace prefix {d}/acc_old/emulated: 1 trace file(s) of an earlier run are there (emulated.7.csv"),
     (["account", "{d}/a", "{d}/b", "--out", "/proc/forbidden"], "--out /proc/forbidden: cannot write in /proc"),
     # advise: every file read and checked before any advice is printed
     # call sites: beside a trace only

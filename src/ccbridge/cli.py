@@ -221,8 +221,9 @@ def cmd_account(args) -> int:
     prof = _what_if(args)
     if prof:
         runs = [(profiles.load("passthrough"), str(out / "native")), (prof, str(out / "emulated"))]
-        for p, _ in runs:
+        for p, prefix in runs:  # both, before the first starts (an old trace at either refuses the run)
             launcher.check(p, rest)
+            launcher.refuse_old_trace(prefix)
         out.mkdir(parents=True, exist_ok=True)  # the traces go there
         for i, (p, prefix) in enumerate(runs):
             print(f"ccbridge account: run {i + 1} of 2, {launcher.banner(p)}", file=sys.stderr)

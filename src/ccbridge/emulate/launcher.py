@@ -71,15 +71,21 @@ def check(profile: Profile, cmd: list[str], trace: str | None = None, coverage: 
         check_libcrypto()
 
 
+def refuse_old_trace(trace: str) -> None:
+    """UsageError where trace files of an earlier run sit at this prefix: a second run's would fold into them."""
+    prefix = str(Path(trace).resolve())
+    old = [p for pat in ("csv", "summary.json", "sites.json") for p in glob.glob(f"{glob.escape(prefix)}.*.{pat}")]
+    if old:
+        raise UsageError(f"trace prefix {trace}: {len(old)} trace file(s) of an earlier run are there "
+                         f"({Path(old[0]).name}, ...): give another prefix or remove them")
+
+
 def check_trace(trace: str) -> str:
     """The absolute trace prefix; its folder must exist (it is not made) and take files, and hold no trace
     at this prefix already (a second run's files would fold into the first's)."""
     prefix = str(Path(trace).resolve())
     ui.writable_file(prefix, "trace prefix")
-    old = [p for pat in ("csv", "summary.json", "sites.json") for p in glob.glob(f"{glob.escape(prefix)}.*.{pat}")]
-    if old:
-        raise UsageError(f"trace prefix {trace}: {len(old)} trace file(s) of an earlier run are there "
-                         f"({Path(old[0]).name}, ...): give another prefix or remove them")
+    refuse_old_trace(trace)
     if len(prefix) + len(".4294967295.summary.json") >= TRACE_MAX:
         raise UsageError(f"trace prefix {trace}: longer than the interposer's {TRACE_MAX}-byte limit")
     return prefix
