@@ -51,6 +51,7 @@ def test_recovery_follows_the_dominant_cost():
     assert "contexts" in r("crossing", "h2d", 10, 10 << 24, stream_ms=0, channel_ms=9, toll_ms=1)
     assert "fewer crossings" in r("crossing", "d2h", 10, 10 << 24, stream_ms=0, channel_ms=1, toll_ms=9)
     assert "synchronizes" in r("sync", "-", 10, 0, 0, 0, 5)
+    assert "contexts once" in r("context", "-", 1, 0, 0, 0, 600) and "pinned buffers once" in r("alloc", "-", 9, 0, 0, 0, 5)
 
 
 def test_the_cli_writes_a_result_that_compare_can_read(tmp_path):

@@ -323,6 +323,25 @@ def test_trace_records_every_crossing(lib, tmp_path):
     assert "cuMemcpyDtoHAsync_v2" in trace.render(t)
 
 
+def test_contexts_and_pinned_allocations_are_trace_lines_with_their_tolls(lib, tmp_path):
+    """An account can only name a cost the trace holds: a context's CC setup and a pinned allocation's toll
+    are lines of kind context and alloc, their toll in toll_ns."""
+    prefix = tmp_path / "c"
+    init(lib, trace=str(prefix), ctx_create_s=0.02, host_alloc_toll_us=5000)
+    lib.cuCtxCreate_v2.argtypes = [ctypes.POINTER(c_p), ctypes.c_uint, ctypes.c_int]
+    lib.cuMemHostAlloc.argtypes = [ctypes.POINTER(c_p), c_sz, ctypes.c_uint]
+    ctx, buf = c_p(), c_p()
+    assert lib.cuCtxCreate_v2(ctypes.byref(ctx), 0, 0) == 0
+    assert lib.cuMemHostAlloc(ctypes.byref(buf), 1 << 20, 0) == 0
+    lib.ccbemu_trace_flush()
+    t = trace.summarize(str(prefix))
+    made = t.by_api[("cuCtxCreate_v2", "-", "-")]
+    pinned = t.by_api[("cuMemHostAlloc", "-", "-")]
+    assert made["kind"] == "context" and made["count"] == 1 and made["toll_ns"] >= 20e6 and made["blocked_ns"] >= 20e6
+    assert pinned["kind"] == "alloc" and pinned["bytes"] == 1 << 20 and pinned["toll_ns"] >= 5e6
+    assert "1 context and 1 pinned-allocation calls" in trace.render(t)
+
+
 @pytest.mark.parametrize("name", profiles.names())
 def test_shipped_profiles_parse_and_the_interposer_accepts_them(lib, name):
     p = profiles.load(name)

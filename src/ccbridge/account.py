@@ -56,6 +56,10 @@ def recovery(kind: str, direction: str, calls: int, nbytes: int, stream_ms: floa
         return "CUDA graphs: one launch toll per graph instead of one per kernel"
     if kind == "sync":
         return "fewer synchronizes on the critical thread: read back on a ccbridge.serve.DrainWorker"
+    if kind == "context":
+        return "create contexts once and keep them (each pays the CC context setup; ccbridge's loader pools them)"
+    if kind == "alloc":
+        return "allocate pinned buffers once and reuse them (each allocation pays the CC toll)"
     if stream_ms >= max(channel_ms, toll_ms):
         return ("drain on a worker (ccbridge.serve.DrainWorker): the readback waits for the stream" if direction == "d2h"
                 else "stage on an idle stream (ccbridge.serve.StagedH2D): the copy waits for queued work")

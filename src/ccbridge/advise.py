@@ -278,6 +278,12 @@ def _stacks(recovery: str) -> list[tuple[str, str]]:
     if "StagedH2D" in r:
         return [("vLLM/SGLang/TRT-LLM", "per-step metadata (positions, slot mappings, sampling params) through one "
                  "ccbridge.serve.StagedH2D"), ("torch", "ccbridge.serve.StagedH2D: packed inputs on an idle stream")]
+    if "create contexts once" in r:
+        return [("all", "create CUDA contexts once per process and keep them (no context per request or per worker "
+                 "restart)")]
+    if "pinned buffers once" in r:
+        return [("torch", "allocate pinned host buffers once and reuse them (no fresh pin_memory() per step)"),
+                ("vLLM", "keep swap / KV-offload space allocated at startup (its default), not per request")]
     if "contexts" in r:
         return [("loader", "ccbridge load --contexts N --workers N (a context pool)"),
                 ("torch", "H2D from several processes or contexts")]

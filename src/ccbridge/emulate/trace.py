@@ -11,7 +11,8 @@ SCHEMA and COLUMNS here. Each CSV starts with
     t_enter_ns,t_return_ns,...
 
 and has one line per crossing (a host<->device copy), launch (kernel, graph,
-host function) and synchronize.
+host function), synchronize, context created or destroyed, and pinned host
+allocation.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ COLUMNS: dict[str, str] = {
     "ctx": "the context whose channel a crossing used (empty when not known: launches, syncs, not emulated)",
     "stream": "the stream as the program gave it (empty: the legacy default stream)",
     "api": "the driver entry point",
-    "kind": "crossing | launch | sync",
+    "kind": "crossing | launch | sync | context (created or destroyed) | alloc (pinned host memory)",
     "dir": "h2d | d2h (crossings only)",
     "mem": "pinned | pageable (crossings only)",
     "bytes": "bytes crossing",
@@ -138,7 +139,8 @@ def summarize(prefix: str) -> TraceSummary:
 
 def render(s: TraceSummary) -> str:
     lines = [f"trace: {s.processes} process(es)" + (f" ({', '.join(sorted(s.profiles))})" if s.profiles else "")
-             + f", {s.total('crossing')} crossings, {s.total('launch')} launches, {s.total('sync')} synchronizes"]
+             + f", {s.total('crossing')} crossings, {s.total('launch')} launches, {s.total('sync')} synchronizes"
+             + f", {s.total('context')} context and {s.total('alloc')} pinned-allocation calls"]
     if s.by_api:
         lines.append(f"{'api':<30} {'kind':<8} {'dir':<4} {'mem':<9} {'count':>8} {'MiB':>10} {'in call ms':>11} "
                      f"{'stream wait':>12} {'channel wait':>13} {'toll ms':>9}")

@@ -222,7 +222,8 @@ void emu_channels_reset(void);
  * One trace schema for record-only, emulated and real CC-on runs; Python's
  * emulate/trace.py holds the same version and columns (tests/test_trace_schema.py).
  * kind: crossing (a host<->device copy), launch (kernel, graph, host function),
- * sync (a synchronize); dir and mem are empty for launches and syncs, ctx where
+ * sync (a synchronize), context (one created or destroyed), alloc (pinned host
+ * memory; bytes its size); dir and mem are empty but for crossings, ctx where
  * unknown. blocked_channel_ns / blocked_stream_ns: what the emulator waited for
  * (0 when not emulating: the driver's own waits are inside t_return - t_enter).
  * site: the calling thread's Python call site when the call was recorded (set through
@@ -230,7 +231,7 @@ void emu_channels_reset(void);
 #define EMU_TRACE_SCHEMA 3
 #define EMU_TRACE_COLUMNS \
     "t_enter_ns,t_return_ns,tid,ctx,stream,api,kind,dir,mem,bytes,blocked_channel_ns,blocked_stream_ns,toll_ns,rc,site"
-enum { REC_CROSSING = 0, REC_LAUNCH, REC_SYNC };
+enum { REC_CROSSING = 0, REC_LAUNCH, REC_SYNC, REC_CONTEXT, REC_ALLOC };
 typedef struct {
     int api, dir, mem;   /* dir -1: none */
     uint64_t t_enter, t_return, blocked_stream_ns, blocked_channel_ns, toll_ns;

@@ -971,10 +971,19 @@ EMU_API CUresult cuCtxSynchronize(void) { ENTER(cuCtxSynchronize); return SYNC_D
 EMU_API CUresult cuCtxSynchronize_v2(CUcontext c) { ENTER(cuCtxSynchronize_v2); return SYNC_DONE(cuCtxSynchronize_v2, REAL(cuCtxSynchronize_v2)(c), NULL); }
 
 /* ---- secure context lifecycle ---- */
-static CUresult lifecycle_toll(CUresult rc, double ns) {
-    if (rc == CUDA_SUCCESS && cfg.emulate && ns > 0) emu_wait_until(emu_bus_reserve(EMU_LIFECYCLE, emu_now(), emu_ns(ns)));
+/* A context created or destroyed, or pinned host memory allocated: its CC toll (serialized machine-wide),
+ * and a trace line (kind context or alloc) so that an account of two runs can name where that time went. */
+static CUresult lifecycle(int api, uint64_t t0, int kind, size_t bytes, CUresult rc, double ns) {
+    uint64_t toll = 0;
+    if (rc == CUDA_SUCCESS && cfg.emulate && ns > 0) {
+        uint64_t a = emu_now();
+        emu_wait_until(emu_bus_reserve(EMU_LIFECYCLE, a, emu_ns(ns)));
+        toll = emu_now() - a;
+    }
+    if (t0) rec(api, kind, -1, 0, bytes, NULL, t0, emu_now(), toll, rc);
     return rc;
 }
+#define LIFECYCLE(n, rc, ns) lifecycle(H_##n, t0_, REC_CONTEXT, 0, rc, ns)
 typedef CUresult cuCtxCreate_v2_t(CUcontext *, unsigned, CUdevice);
 typedef CUresult cuCtxCreate_v3_t(CUcontext *, void *, int, unsigned, CUdevice);
 typedef CUresult cuCtxCreate_v4_t(CUcontext *, void *, unsigned, CUdevice);
@@ -986,20 +995,20 @@ typedef cuDevicePrimaryCtxRelease_v2_t cuDevicePrimaryCtxRelease_t; /* the pre-1
 typedef cuDevicePrimaryCtxRelease_v2_t cuDevicePrimaryCtxReset_t;
 EMU_API CUresult cuCtxCreate_v2(CUcontext *c, unsigned f, CUdevice d) {
     ENTER(cuCtxCreate_v2);
-    return lifecycle_toll(REAL(cuCtxCreate_v2)(c, f, d), cfg.ctx_create_ns);
+    return LIFECYCLE(cuCtxCreate_v2, REAL(cuCtxCreate_v2)(c, f, d), cfg.ctx_create_ns);
 }
 EMU_API CUresult cuCtxCreate_v3(CUcontext *c, void *p, int n, unsigned f, CUdevice d) {
     ENTER(cuCtxCreate_v3);
-    return lifecycle_toll(REAL(cuCtxCreate_v3)(c, p, n, f, d), cfg.ctx_create_ns);
+    return LIFECYCLE(cuCtxCreate_v3, REAL(cuCtxCreate_v3)(c, p, n, f, d), cfg.ctx_create_ns);
 }
 EMU_API CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned f, CUdevice d) {
     ENTER(cuCtxCreate_v4);
-    return lifecycle_toll(REAL(cuCtxCreate_v4)(c, p, f, d), cfg.ctx_create_ns);
+    return LIFECYCLE(cuCtxCreate_v4, REAL(cuCtxCreate_v4)(c, p, f, d), cfg.ctx_create_ns);
 }
 EMU_API CUresult cuCtxDestroy_v2(CUcontext c) {
     ENTER(cuCtxDestroy_v2);
     emu_channel_forget(c);
-    return lifecycle_toll(REAL(cuCtxDestroy_v2)(c), cfg.ctx_destroy_ns);
+    return LIFECYCLE(cuCtxDestroy_v2, REAL(cuCtxDestroy_v2)(c), cfg.ctx_destroy_ns);
 }
 
 #define MAX_DEV 64
@@ -1014,17 +1023,18 @@ EMU_API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     int was = primary_active(d);
     CUresult rc = REAL(cuDevicePrimaryCtxRetain)(c, d);
     if (rc == CUDA_SUCCESS && d >= 0 && d < MAX_DEV) g_primary[d] = *c;
-    return was ? rc : lifecycle_toll(rc, cfg.ctx_create_ns);
+    return LIFECYCLE(cuDevicePrimaryCtxRetain, rc, was ? 0 : cfg.ctx_create_ns);
 }
-static CUresult primary_down(CUresult rc, CUdevice d) {
-    if (rc != CUDA_SUCCESS || primary_active(d)) return rc;
-    if (d >= 0 && d < MAX_DEV && g_primary[d]) emu_channel_forget(g_primary[d]);
-    return lifecycle_toll(rc, cfg.ctx_destroy_ns);
+static CUresult primary_down(int api, uint64_t t0, CUresult rc, CUdevice d) {
+    int gone = rc == CUDA_SUCCESS && !primary_active(d);
+    if (gone && d >= 0 && d < MAX_DEV && g_primary[d]) emu_channel_forget(g_primary[d]);
+    return lifecycle(api, t0, REC_CONTEXT, 0, rc, gone ? cfg.ctx_destroy_ns : 0);
 }
-EMU_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { ENTER(cuDevicePrimaryCtxRelease_v2); return primary_down(REAL(cuDevicePrimaryCtxRelease_v2)(d), d); }
-EMU_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { ENTER(cuDevicePrimaryCtxReset_v2); return primary_down(REAL(cuDevicePrimaryCtxReset_v2)(d), d); }
-EMU_API CUresult cuDevicePrimaryCtxRelease(CUdevice d) { ENTER(cuDevicePrimaryCtxRelease); return primary_down(REAL(cuDevicePrimaryCtxRelease)(d), d); }
-EMU_API CUresult cuDevicePrimaryCtxReset(CUdevice d) { ENTER(cuDevicePrimaryCtxReset); return primary_down(REAL(cuDevicePrimaryCtxReset)(d), d); }
+#define PRIMARY_DOWN(n, d) primary_down(H_##n, t0_, REAL(n)(d), d)
+EMU_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { ENTER(cuDevicePrimaryCtxRelease_v2); return PRIMARY_DOWN(cuDevicePrimaryCtxRelease_v2, d); }
+EMU_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { ENTER(cuDevicePrimaryCtxReset_v2); return PRIMARY_DOWN(cuDevicePrimaryCtxReset_v2, d); }
+EMU_API CUresult cuDevicePrimaryCtxRelease(CUdevice d) { ENTER(cuDevicePrimaryCtxRelease); return PRIMARY_DOWN(cuDevicePrimaryCtxRelease, d); }
+EMU_API CUresult cuDevicePrimaryCtxReset(CUdevice d) { ENTER(cuDevicePrimaryCtxReset); return PRIMARY_DOWN(cuDevicePrimaryCtxReset, d); }
 
 /* ---- host memory: no registration of ordinary memory under CC ---- */
 typedef CUresult cuMemHostRegister_t(void *, size_t, unsigned);
@@ -1041,11 +1051,11 @@ EMU_API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned f) {
 }
 EMU_API CUresult cuMemHostAlloc(void **p, size_t n, unsigned f) {
     ENTER(cuMemHostAlloc);
-    return lifecycle_toll(REAL(cuMemHostAlloc)(p, n, f), cfg.host_alloc_toll_ns);
+    return lifecycle(H_cuMemHostAlloc, t0_, REC_ALLOC, n, REAL(cuMemHostAlloc)(p, n, f), cfg.host_alloc_toll_ns);
 }
 EMU_API CUresult cuMemAllocHost_v2(void **p, size_t n) {
     ENTER(cuMemAllocHost_v2);
-    return lifecycle_toll(REAL(cuMemAllocHost_v2)(p, n), cfg.host_alloc_toll_ns);
+    return lifecycle(H_cuMemAllocHost_v2, t0_, REC_ALLOC, n, REAL(cuMemAllocHost_v2)(p, n), cfg.host_alloc_toll_ns);
 }
 
 static void *kHooks[H_COUNT] = {

@@ -183,7 +183,7 @@ static char *put_str(char *o, const char *s) {
 static __thread int t_site = -1;
 int *ccbemu_site_slot(void) { return &t_site; }
 
-static const char *const kKind[] = {"crossing", "launch", "sync"};
+static const char *const kKind[] = {"crossing", "launch", "sync", "context", "alloc"};
 static size_t format(char *o0, const emu_record *r, long tid) {
     char *o = o0;
     o = put_u64(o, r->t_enter), *o++ = ',';
