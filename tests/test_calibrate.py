@@ -148,6 +148,25 @@ def test_framework_targets_hold_at_the_framework_level():
     assert checks["never_faster_driver"].ok is None  # no transfer.sweep rows here: not counted as holding
 
 
+def test_pinned_copy_ratios_divide_by_the_native_fastest_run_and_ceilings_by_the_median():
+    """H100, 2026-11-22: three native 256 MiB pinned H2D copy_ runs gave 30-52 GB/s (median 35.2); the emulated
+    11.02 GB/s is 0.200 of the link's 52 (holds), 0.313 of the median (missed on host noise)."""
+    native = framework_result(**NATIVE)
+    slow = [r for r in native.rows if r.test == framework.COPY and r.params["bytes"] == 256 * MiB
+            and r.params["mem"] == "pinned" and r.params["dir"] == "h2d"][0]
+    slow.median, slow.max = 35.2, 55.0
+    emu = as_cc_b300(gbps={("h2d", "pinned", 256 * MiB): 11.02})
+    checks = {c.id: c for c in calibrate.evaluate(profiles.load("b300"), native, emu)}
+    assert checks["framework_h2d_pinned_ratio"].measured == pytest.approx(11.02 / 55.0)
+    assert checks["framework_h2d_pinned_ratio"].ok is True
+    page = [r for r in native.rows if r.test == framework.COPY and r.params["mem"] == "pageable"
+            and r.params["dir"] == "h2d" and r.params["bytes"] == 16 * MiB][0]
+    page.max = 20.0  # a fast outlier must not loosen the never-faster ceiling: it stays against the median
+    missed = as_cc_b300(gbps={("h2d", "pageable", 16 * MiB): 11.3})
+    c = {c.id: c for c in calibrate.evaluate(profiles.load("b300"), native, missed)}["framework_h2d_pageable_ratio"]
+    assert c.measured == pytest.approx(11.3 / 9.2) and c.ok is False
+
+
 def test_framework_targets_fail_where_the_emulator_misses():
     native = framework_result(**NATIVE)
     # issue 13, measured on an H100: no toll on torch.cuda.synchronize(), +5.3 us per launch, pageable faster than native

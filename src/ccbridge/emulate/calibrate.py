@@ -105,21 +105,26 @@ def _delta(test: str, metric: str, **params) -> Callable[[Result, Result], float
     return f
 
 
-def _copy_ratios(nat: Result, emu: Result, direction: str, mem: str) -> dict[int, float]:
-    """{bytes: emulated / native GB/s} of the framework's copy_ rows of one kind."""
+def _copy_ratios(nat: Result, emu: Result, direction: str, mem: str, native_best: bool) -> dict[int, float]:
+    """{bytes: emulated / native GB/s} of the framework's copy_ rows of one kind; native_best: against the
+    native row's fastest sample (the link's capability) instead of its median."""
     out = {}
     for b in framework.COPY_BYTES:
-        r = _ratio(_one(emu, framework.COPY, "bandwidth", dir=direction, mem=mem, bytes=b),
-                   _one(nat, framework.COPY, "bandwidth", dir=direction, mem=mem, bytes=b))
+        rows = _rows(nat, framework.COPY, "bandwidth", dir=direction, mem=mem, bytes=b)
+        native = (rows[0].max if native_best else rows[0].median) if rows else None
+        r = _ratio(_one(emu, framework.COPY, "bandwidth", dir=direction, mem=mem, bytes=b), native)
         if r is not None:
             out[b] = r
     return out
 
 
 def _framework_ratio(direction: str, mem: str, worst: bool = False) -> Callable[[Result, Result], float | None]:
-    """At the largest size (sustained bandwidth); worst: the highest ratio over the sizes (for a ceiling)."""
+    """At the largest size, against native's fastest sample: a native 256 MiB pinned copy_ spread 30-52 GB/s
+    over three runs on an H100 (the driver's own loop: 55), and a slow run is the host's noise, not the link's
+    rate a CC ratio applies to. worst: the highest ratio over the sizes, against native medians (a ceiling
+    that must hold against what native usually does)."""
     def f(nat: Result, emu: Result):
-        r = _copy_ratios(nat, emu, direction, mem)
+        r = _copy_ratios(nat, emu, direction, mem, native_best=not worst)
         return (max(r.values()) if worst else r.get(max(framework.COPY_BYTES))) if r else None
     return f
 
@@ -179,10 +184,10 @@ TARGETS: dict[str, Rule] = {
         "32-byte .to('cpu', non_blocking=True) + torch.cuda.synchronize(), 1 stream: emulated - native (us)",
         FRAMEWORK, _delta(framework.D2H32, "per_copy_time", streams=1, sync="each")),
     "framework_h2d_pinned_ratio": Rule(
-        f"pinned H2D copy_, {max(framework.COPY_BYTES) >> 20} MiB: emulated / native", FRAMEWORK,
+        f"pinned H2D copy_, {max(framework.COPY_BYTES) >> 20} MiB: emulated / native (its fastest run)", FRAMEWORK,
         _framework_ratio("h2d", "pinned")),
     "framework_d2h_pinned_ratio": Rule(
-        f"pinned D2H copy_, {max(framework.COPY_BYTES) >> 20} MiB: emulated / native", FRAMEWORK,
+        f"pinned D2H copy_, {max(framework.COPY_BYTES) >> 20} MiB: emulated / native (its fastest run)", FRAMEWORK,
         _framework_ratio("d2h", "pinned")),
     "framework_h2d_pageable_ratio": Rule(
         "pageable H2D copy_, 16 and 256 MiB: the higher emulated / native (a ceiling)", FRAMEWORK,
