@@ -154,3 +154,38 @@ def test_probe_under_profile_is_labelled_emulated(tmp_path):
     assert "EMULATED" in (tmp_path / "report.md").read_text()
     verdict = {(r.params["dir"], r.params["mem"], r.params["stream"]): r.extra["verdict"] for r in res.by_test("semantics.nonblocking")}
     assert verdict[("d2h", "pinned", "same")] == "blocks" and verdict[("d2d", "device", "same")] == "async"
+
+
+SITES_PROGRAM = """
+import torch
+x = torch.ones(1024, device="cuda")
+torch.cuda.synchronize()
+def step(i):
+    y = (x * i).sum()
+    return y.item()                               # READBACK
+for i in range(20):
+    step(i)
+torch.cuda.synchronize()                          # FINAL
+"""
+
+
+@pytest.mark.parametrize("profile", [None, "b300"])
+def test_call_sites_name_the_torch_lines_that_cross(tmp_path, profile):
+    """--sites on a torch program (sys.monitoring on the device's Python 3.12): the 20 token readbacks are
+    attributed to the .item() line, the closing synchronize to its own line, natively and emulated."""
+    prog = tmp_path / "prog.py"
+    prog.write_text(SITES_PROGRAM)
+    prefix = tmp_path / "t"
+    args = ["run", "--record", str(prefix), "--sites"] + (["--profile", profile] if profile else [])
+    p = ccbridge(*args, "--", sys.executable, str(prog), timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = {m: n for n, text in enumerate(SITES_PROGRAM.splitlines(), start=1) for m in ("READBACK", "FINAL")
+            if m in text}
+    sites = {}
+    for (site, api, d, m), agg in trace.summarize(str(prefix)).by_site.items():
+        sites.setdefault(site, []).append((api, agg["kind"], agg["count"]))
+    readback = [s for s in sites if s.startswith(f"prog.py:{line['READBACK']} step -> ") and "item" in s]
+    assert readback, sites
+    assert any(kind == "crossing" and n == 20 for _, kind, n in sites[readback[0]]), sites[readback[0]]
+    final = [s for s in sites if s.startswith(f"prog.py:{line['FINAL']} <module> -> ")]
+    assert final and any(kind == "sync" for _, kind, _ in sites[final[0]]), sites
