@@ -167,6 +167,20 @@ def test_account_top_rows_map_to_stack_settings(tmp_path):
     assert recs.index(drain[0]) < recs.index(find(recs, "vLLM", "CUDA graphs on")[0])  # largest share first
 
 
+def test_account_advice_names_the_lines_where_the_time_went(tmp_path):
+    res = account_result()
+    for site, share in (("serve.py:88 step -> TensorBase.item", 0.70), ("serve.py:12 warmup -> TensorBase.cpu", 0.06),
+                        ("serve.py:99 log -> TensorBase.tolist", 0.02)):
+        r = Row.of("account.site", "share_of_slowdown", "fraction", [share], api="cuMemcpyDtoHAsync_v2",
+                   kind="crossing", dir="d2h", mem="pinned", site=site)
+        res.rows.append(r)
+    _, recs = advise.advise([save(tmp_path, "acc.json", res)])
+    drain = find(recs, "vLLM", "DrainWorker")[0]
+    assert "70% at serve.py:88 step -> TensorBase.item; 6% at serve.py:12 warmup" in drain.why
+    assert "tolist" not in drain.why  # under 5% of the slowdown: not worth a line
+    assert any("site=serve.py:88" in c.key for c in drain.cites)
+
+
 def test_small_readbacks_are_packed_on_the_device_not_staged(tmp_path):
     rows = [Row.of("account.total", "wall_slowdown", "s", [0.1])]
     r = Row.of("account.api", "share_of_slowdown", "fraction", [0.9], api="cuMemcpyDtoHAsync_v2", kind="crossing",

@@ -303,13 +303,19 @@ def from_account(inp: Input) -> list[Advice]:
         add("all", "no change: no call family explains 5% of the slowdown",
             f"{_state(inp)}; largest shares under {MIN_SHARE:.0%}", *([total] if total else []))
         return out
+    at_sites = [x for x in res.by_test("account.site") if x.metric == "share_of_slowdown"]
     for r in shares:
         p = r.params
         what = f"{p.get('api')} ({'/'.join(x for x in (p.get('kind'), p.get('dir'), p.get('mem')) if x)})"
+        # where in the program: the call sites of this API that explain most of the slowdown
+        where = sorted((x for x in at_sites if all(x.params.get(k) == p.get(k) for k in ("api", "dir", "mem"))
+                        and x.median >= MIN_SHARE), key=lambda x: -x.median)[:2]
         why = (f"{what}: {r.median:.0%} of the slowdown"
-               + (f" ({total.median * 1e3:.1f} ms)" if total else "") + f"; {r.extra.get('recovery', '')}")
+               + (f" ({total.median * 1e3:.1f} ms)" if total else "")
+               + "".join(f"; {x.median:.0%} at {x.params['site']}" for x in where)
+               + f"; {r.extra.get('recovery', '')}")
         for stack, setting in _stacks(str(r.extra.get("recovery", ""))):
-            add(stack, setting, why, *([r] + ([total] if total else [])))
+            add(stack, setting, why, *([r] + where + ([total] if total else [])))
     return out
 
 
