@@ -209,8 +209,6 @@ def cmd_run(args) -> int:
 
 def cmd_account(args) -> int:
     """Attribute the wall-time difference of two traces (or of CMD natively vs emulated) to the calls that grew."""
-    import time
-
     from ccbridge import account, env
     from ccbridge.emulate import launcher, profiles, trace
     from ccbridge.results import Result
@@ -227,9 +225,7 @@ def cmd_account(args) -> int:
         out.mkdir(parents=True, exist_ok=True)  # the traces go there
         for i, (p, prefix) in enumerate(runs):
             print(f"ccbridge account: run {i + 1} of 2, {launcher.banner(p)}", file=sys.stderr)
-            t = time.monotonic()
-            rc = launcher.run(p, rest, trace=prefix, sites=not args.no_sites)
-            walls[i] = time.monotonic() - t
+            rc, walls[i] = launcher.run_timed(p, rest, trace=prefix, sites=not args.no_sites)
             if rc:
                 raise UsageError(f"{' '.join(rest)} exited with status {rc} in run {i + 1}; nothing to compare")
         prefixes = [prefix for _, prefix in runs]

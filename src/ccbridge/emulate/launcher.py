@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from ccbridge import ui
@@ -96,6 +97,13 @@ def run(profile: Profile, cmd: list[str], trace: str | None = None, coverage: st
     """Run cmd under the emulator; its exit status. coverage: write the driver
     coverage report (emulate/coverage.py) of every process of the run to this JSON file.
     sites (with trace): every Python process of the run notes its call sites beside the trace."""
+    return run_timed(profile, cmd, trace, coverage, sites)[0]
+
+
+def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, coverage: str | None = None,
+              sites: bool = False) -> tuple[int, float]:
+    """run(), and the program's own wall time in seconds (without the native floor's measurement before it,
+    about 1-2 s, which an account of two runs must not count as the program's slowdown)."""
     check(profile, cmd, trace, coverage)
     with tempfile.TemporaryDirectory(prefix="ccbridge-emu-") as tmp:
         cfg = Path(tmp) / "profile.conf"
@@ -109,16 +117,18 @@ def run(profile: Profile, cmd: list[str], trace: str | None = None, coverage: st
                 from ccbridge.emulate import sites as _sites
 
                 env = _sites.environment(env, check_trace(trace))
+            t = time.monotonic()
             rc = subprocess.call(cmd, env=env)
+            wall = time.monotonic() - t
         except OSError as e:  # checked above; what is left: it changed since, or exec refused it
             raise EmulatorError(f"cannot run {cmd[0]}: {e.strerror or e}") from None
         except KeyboardInterrupt:
-            return 130
+            return 130, 0.0
         if coverage:
             from ccbridge.emulate import coverage as cov
 
             Path(coverage).write_text(json.dumps(cov.merge(cov_prefix), indent=1) + "\n")
-        return rc
+        return rc, wall
 
 
 def banner(profile: Profile) -> str:
