@@ -102,6 +102,20 @@ def test_emulation_flag_from_environment(monkeypatch, tmp_path):
     assert info["interposer_loaded"] is ("_emu_native" in Path("/proc/self/maps").read_text())
 
 
+def test_a_record_only_or_passthrough_run_is_not_emulated(monkeypatch, tmp_path):
+    """Hooks on, nothing emulated (`ccbridge run --record T`, account's native run, real CC-on machines):
+    the profile is named, the figures are not EMULATED."""
+    cfg = tmp_path / "profile.conf"
+    cfg.write_text("profile=passthrough\nemulate=0\ntrace=/tmp/t\n")
+    monkeypatch.setenv(env.EMULATION_VAR, "passthrough")
+    monkeypatch.setenv("CCBRIDGE_EMU_CONFIG", str(cfg))
+    info = env.emulation_info()
+    assert info["active"] is False and info["profile"] == "passthrough"
+    assert env.emulated_banner(info) is None
+    cfg.write_text("profile=b300\nemulate=1\n")
+    assert env.emulation_info()["active"] is True
+
+
 def test_no_emulation_without_the_variable(monkeypatch):
     monkeypatch.delenv(env.EMULATION_VAR, raising=False)
     assert env.emulation_info() == {"active": False, "profile": None}

@@ -192,7 +192,8 @@ def openssl_info() -> dict[str, Any]:
 
 
 def emulation_info() -> dict[str, Any]:
-    """Whether this process runs under the emulator, with its parameters and the evidence."""
+    """Whether this process runs under the emulator (active: a profile that emulates; a passthrough or
+    record-only run has its profile named but is not active), with its parameters and the evidence."""
     profile = os.environ.get(EMULATION_VAR)
     info: dict[str, Any] = {"active": bool(profile), "profile": profile or None}
     if not profile:
@@ -200,6 +201,9 @@ def emulation_info() -> dict[str, Any]:
     try:
         text = Path(os.environ.get("CCBRIDGE_EMU_CONFIG", "")).read_text()
         info["params"] = dict(l.split("=", 1) for l in text.splitlines() if "=" in l and not l.startswith("#"))
+        # hooks on without emulating (passthrough, `ccbridge run --record`): the figures are the machine's own,
+        # native or real CC-on, and must not be labelled EMULATED
+        info["active"] = info["params"].get("emulate", "1").strip() != "0"
         overrides = _overrides(text, info["params"])
         if overrides:
             info["overrides"] = overrides
