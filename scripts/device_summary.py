@@ -131,7 +131,8 @@ def net_rows(r: Path) -> None:
                     if x["mode"] == "nccl-ccbridge":
                         print(f"| {x['wrap']} {x['model']} x{run['nranks']}: NCCL sockets / ccbridge plugin | "
                               f"{base[x['model']]:.1f} / {x['iter_ms']:.1f} ms ({x['iter_ms'] / base[x['model']]:.2f}x); "
-                              f"grads {x['grads_agree']} |")
+                              f"grads {x['grads_agree']}; losses equal to sockets' {x.get('loss_equal')} "
+                              f"(max rel diff {x.get('loss_max_rel_diff')}) |")
 
 
 

@@ -322,7 +322,8 @@ def _model(name: str):
     return m, lambda b, dev: (torch.randint(0, vocab, (b, seq), device=dev), None), 8
 
 
-def _step(model, name, batch):
+def _step(model, name, batch, opt):
+    """One training iteration: forward, backward (the gradients' all-reduce), optimizer step; the loss."""
     x, y = batch
     with torch.autocast("cuda", dtype=torch.bfloat16):
         if name == "resnet50":
@@ -330,6 +331,22 @@ def _step(model, name, batch):
         else:
             loss = model(input_ids=x, labels=x).loss
     loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def compare_losses(rows: list[dict]) -> None:
+    """Each row's per-iteration losses beside those of its model's plaintext row (NCCL plain, or NCCL on
+    sockets): loss_equal (bit for bit, every step) and loss_max_rel_diff, in the row. An optimizer step
+    feeds each step's reduced gradients into the next step's loss, so a wrong byte on the wire shows."""
+    base = {r["model"]: r["losses"] for r in rows if r["mode"] in ("plain", "nccl-sockets") and r.get("losses")}
+    for r in rows:
+        ref, got = base.get(r["model"]), r.get("losses")
+        if not ref or not got or len(ref) != len(got):
+            r["loss_equal"], r["loss_max_rel_diff"] = None, None
+            continue
+        r["loss_equal"] = ref == got
+        r["loss_max_rel_diff"] = max(abs(a - b) / max(abs(a), 1e-30) for a, b in zip(ref, got))
 
 
 def _blocks(model, name: str):
@@ -365,7 +382,9 @@ def _ddp_rank(rank, n, models, plan, iters, warmup, backend, wrap="ddp"):
         base = base.to(dev)
         params = sum(p.numel() for p in base.parameters())
         batch = make(bsz, dev)
+        start = {k: v.detach().clone() for k, v in base.state_dict().items()}  # every mode trains from here
         for mode, cap in plan:
+            base.load_state_dict(start)
             if wrap == "fsdp":
                 from torch.distributed.fsdp import fully_shard
 
@@ -376,21 +395,23 @@ def _ddp_rank(rank, n, models, plan, iters, warmup, backend, wrap="ddp"):
                 model = DDP(base, device_ids=[dev.index], bucket_cap_mb=cap)
                 if mode == "secure":
                     model.register_comm_hook(g, allreduce_hook)
-            times = []
+            opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+            times, losses = [], []
             for i in range(warmup + iters):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                _step(model, name, batch)
+                losses.append(_step(model, name, batch, opt))
                 torch.cuda.synchronize()
                 if i >= warmup:
                     times.append(time.perf_counter() - t0)
                 if i < warmup + iters - 1:
-                    base.zero_grad(set_to_none=True)
-            agree = _grads_agree(base) if wrap == "ddp" else None
-            base.zero_grad(set_to_none=True)
+                    opt.zero_grad(set_to_none=True)
+            agree = _grads_agree(base) if wrap == "ddp" else None  # the last step's gradients
+            opt.zero_grad(set_to_none=True)
             rows.append({"model": name, "params": params, "nranks": n, "mode": mode, "wrap": wrap,
                          "bucket_cap_mb": cap, "batch_per_gpu": bsz, "iter_ms": statistics.median(times) * 1e3,
-                         "iter_ms_min": min(times) * 1e3, "iter_ms_max": max(times) * 1e3, "grads_agree": agree})
+                         "iter_ms_min": min(times) * 1e3, "iter_ms_max": max(times) * 1e3, "grads_agree": agree,
+                         "losses": [float(x) for x in losses]})
             if rank == 0:
                 r = rows[-1]
                 print(f"{name:>11} n={n} {wrap} {mode:>13} bucket {cap or '-':>4} MB: {r['iter_ms']:8.1f} ms/iter"
@@ -414,8 +435,10 @@ def ddp(models: list[str], nproc: int, buckets: list[int], iters: int = 10, warm
     if net is None:
         if wrap != "ddp":
             raise ValueError("--wrap fsdp goes with --net ccbridge (ccbridge.secure's hook is for DDP)")
-        return launch(_ddp_rank, nproc, models, [("plain", 25)] + [("secure", b) for b in buckets], iters, warmup,
-                      backend)
+        res = launch(_ddp_rank, nproc, models, [("plain", 25)] + [("secure", b) for b in buckets], iters, warmup,
+                     backend)
+        compare_losses(res["rows"])
+        return res
     import tempfile
 
     rows, nets = [], {}
@@ -428,6 +451,7 @@ def ddp(models: list[str], nproc: int, buckets: list[int], iters: int = 10, warm
             rows += r["rows"]
     if NETS["ccbridge"] not in nets["ccbridge"]:
         raise RuntimeError(f"NCCL's log does not show the ccbridge plugin in use (networks: {nets['ccbridge']})")
+    compare_losses(rows)
     return {"nranks": nproc, "rows": rows, "nets": nets}
 
 
@@ -435,12 +459,14 @@ def render_ddp(res: dict) -> str:
     rows = res["rows"]
     base = {r["model"]: r["iter_ms"] for r in rows if r["mode"] in ("plain", "nccl-sockets")}
     out = [f"{'model':>11} {'GPUs':>4} {'wrap':>4} {'mode':>13} {'bucket MB':>9} {'ms/iter':>9} {'vs plain':>8} "
-           f"{'grads':>6}"]
+           f"{'grads':>6}  losses vs plain"]
     for r in rows:
         agree = {True: "agree", False: "DIFFER", None: "-"}[r.get("grads_agree")]
+        eq, rel = r.get("loss_equal"), r.get("loss_max_rel_diff")
+        losses = "-" if eq is None else "equal" if eq else f"max rel diff {rel:.1e}"
         out.append(f"{r['model']:>11} {r['nranks']:>4} {r.get('wrap', 'ddp'):>4} {r['mode']:>13} "
                    f"{r['bucket_cap_mb'] or '-':>9} {r['iter_ms']:>9.1f} {r['iter_ms'] / base[r['model']]:>8.2f}x "
-                   f"{agree:>6}")
+                   f"{agree:>6}  {losses}")
     return "\n".join(out)
 
 

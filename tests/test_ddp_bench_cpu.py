@@ -1,0 +1,31 @@
+"""bench ddp's loss comparison (the training runs themselves need GPUs: tests/test_secure_gpu.py, device-check)."""
+
+import pytest
+
+pytest.importorskip("torch", reason="ccbridge.secure.bench imports torch")
+
+from ccbridge.secure import bench  # noqa: E402
+
+
+def row(model, mode, losses):
+    return {"model": model, "mode": mode, "losses": losses}
+
+
+def test_each_row_is_compared_with_its_models_plaintext_run_step_by_step():
+    rows = [row("gpt2-large", "nccl-sockets", [10.0, 9.5, 9.1]), row("gpt2-large", "nccl-ccbridge", [10.0, 9.5, 9.1]),
+            row("resnet50", "plain", [7.0, 6.0]), row("resnet50", "secure", [7.0, 6.006]),
+            row("bert-large", "secure", [3.0])]  # no plaintext row for it: nothing to compare
+    bench.compare_losses(rows)
+    assert rows[1]["loss_equal"] is True and rows[1]["loss_max_rel_diff"] == 0.0
+    assert rows[0]["loss_equal"] is True  # the plaintext row against itself
+    assert rows[3]["loss_equal"] is False and rows[3]["loss_max_rel_diff"] == pytest.approx(0.001)
+    assert rows[4]["loss_equal"] is None and rows[4]["loss_max_rel_diff"] is None
+    assert "max rel diff 1.0e-03" in bench.render_ddp({"rows": [dict(r, nranks=2, wrap="ddp", bucket_cap_mb=25,
+                                                                      iter_ms=1.0, grads_agree=True)
+                                                                 for r in rows[2:4]]})
+
+
+def test_a_run_that_stopped_early_is_not_called_equal():
+    rows = [row("m", "plain", [1.0, 2.0, 3.0]), row("m", "secure", [1.0, 2.0])]
+    bench.compare_losses(rows)
+    assert rows[1]["loss_equal"] is None
