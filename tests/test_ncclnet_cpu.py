@@ -693,3 +693,82 @@ def test_bench_net_refuses_more_in_flight_than_the_plugin_holds():
 
     with pytest.raises(UsageError, match="at most 32"):
         netbench.loopback([1 << 16], [1], inflight=33)
+
+
+# ---- the plugin's threads under ThreadSanitizer ----
+
+_RACE_SCRIPT = r'''
+import ctypes, os, sys, time
+from ccbridge.secure import netplugin
+
+def pair(net, lanes):
+    os.environ["CCBRIDGE_NET_LANES"] = str(lanes)
+    handle, lcomm = net.listen()
+    buf = ctypes.create_string_buffer(bytes(handle), 128)
+    s, r, deadline = ctypes.c_void_p(), ctypes.c_void_p(), time.monotonic() + 60
+    while not (s.value and r.value):
+        if not s.value:
+            net.check("connect", net.t.connect(net.ctx, 0, buf, ctypes.byref(s), None))
+        if not r.value:
+            net.check("accept", net.t.accept(lcomm, ctypes.byref(r), None))
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    return lcomm, s, r
+
+net = netplugin.Net(sys.argv[1])
+assert net.rc == 0, net.logs
+sizes = [0, 1, 4099, (1 << 20) + 5, 300001, 1 << 20]
+for lanes in (1, 2, 8):
+    for how in ("clean", "abort_recv", "abort_send"):
+        for _ in range(8):
+            lcomm, s, r = pair(net, lanes)
+            sb = [ctypes.create_string_buffer(b"x" * n, max(n, 1)) for n in sizes]
+            rb = [ctypes.create_string_buffer(max(n, 1)) for n in sizes]
+            deadline = time.monotonic() + 60
+            rq = [net.irecv(r, rb[i], n, deadline) for i, n in enumerate(sizes)]
+            sq = [net.isend(s, sb[i], n, deadline) for i, n in enumerate(sizes)]
+            if how == "clean":  # every message in; the FINs reach lanes while closeRecv runs
+                for q in sq + rq:
+                    net.wait(q, deadline, 0)
+                assert all(rb[i].raw[:n] == b"x" * n for i, n in enumerate(sizes))
+                net.t.closeSend(s), net.t.closeRecv(r)
+            else:  # closed with records in flight: lanes fail while the close runs
+                time.sleep(0.002)
+                first, second = (r, s) if how == "abort_recv" else (s, r)
+                (net.t.closeRecv if first is r else net.t.closeSend)(first)
+                (net.t.closeSend if second is s else net.t.closeRecv)(second)
+            net.t.closeListen(lcomm)
+net.t.finalize(net.ctx)
+print("ok")
+'''
+
+
+def test_lanes_and_close_are_race_free_under_thread_sanitizer(tmp_path):
+    # both ends of connections in one process (as NCCL holds many), messages on and off the record
+    # grid, then closes that race the lanes: a clean close while the peer's FINs arrive, aborts with
+    # records in flight on either side. comm_close destroyed lane i's condition variable and closed
+    # its socket (the fd number free for reuse) while lane i+1 could still fail() the connection,
+    # which broadcasts every lane's cv and shuts every lane's fd
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    gcc = shutil.which("gcc")
+    tsan = subprocess.run([gcc, "-print-file-name=libtsan.so"], capture_output=True, text=True).stdout.strip() if gcc else ""
+    if not tsan or not os.path.isabs(tsan):
+        pytest.skip("gcc with ThreadSanitizer (libtsan) is not here")
+    src = Path(__file__).resolve().parent.parent / "src" / "ccbridge" / "native"
+    lib = tmp_path / "libnccl-net-ccbridge-tsan.so"
+    subprocess.run([gcc, "-fsanitize=thread", "-g", "-O1", "-std=gnu11", "-fvisibility=hidden", "-shared", "-fPIC",
+                    "-o", str(lib), *sorted(str(p) for p in (src / "ncclnet").glob("*.c")), str(src / "ossl.c"),
+                    "-ldl", "-lpthread"], check=True)
+    log = tmp_path / "tsan"
+    env = {**os.environ, "CCBRIDGE_KEY": KEY, "NCCL_SOCKET_IFNAME": "lo", "LD_PRELOAD": tsan,
+           "TSAN_OPTIONS": f"halt_on_error=0 exitcode=0 history_size=4 log_path={log}"}
+    p = subprocess.run([sys.executable, "-c", _RACE_SCRIPT, str(lib)], capture_output=True, text=True, timeout=600,
+                       env=env)
+    assert p.returncode == 0 and "ok" in p.stdout, p.stdout + p.stderr
+    # the plugin's reports only (the interpreter is not instrumented)
+    reports = [r for f in tmp_path.glob("tsan.*") for r in f.read_text().split("==================") if "ncclnet/" in r]
+    assert not reports, "\n".join(reports)

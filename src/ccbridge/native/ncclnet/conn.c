@@ -683,9 +683,13 @@ void comm_close(comm *c) {
         pthread_cond_broadcast(&c->lanes[i].cv);
     }
     pthread_mutex_unlock(&c->mu);
+    /* every lane stops before any is torn down: a lane still running may fail() the connection
+     * (its peer's FINs, a socket error), which shuts every lane's socket and wakes every lane's cv,
+     * so a lane closed (fd number free for reuse) or destroyed while another runs is not safe */
+    for (int i = 0; i < c->nlanes; i++)
+        if (c->lanes[i].started) pthread_join(c->lanes[i].th, NULL);
     for (int i = 0; i < c->nlanes; i++) {
         lane *l = &c->lanes[i];
-        if (l->started) pthread_join(l->th, NULL);
         if (clean) send_fin(l);
         if (l->fd >= 0) close(l->fd);
         gcm_free(l->g);
