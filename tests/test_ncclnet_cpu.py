@@ -695,6 +695,43 @@ def test_bench_net_refuses_more_in_flight_than_the_plugin_holds():
         netbench.loopback([1 << 16], [1], inflight=33)
 
 
+
+def test_closing_with_records_in_flight_blames_no_peer():
+    # an abort (closeRecv or closeSend with requests in flight) shuts the lanes' sockets under them:
+    # a lane cut mid-record or mid-send by its own side's close must not log that the peer closed
+    # the connection or that a send failed (a false lead in NCCL's log when a job aborts)
+    net = Net(str(netplugin.library()), KEY)
+    assert net.rc == 0
+    sizes, blamed = [4 << 20] * 8, []
+    for lanes, first in ((2, "recv"), (8, "recv"), (2, "send"), (8, "send")):
+        os.environ["CCBRIDGE_NET_LANES"] = str(lanes)
+        try:
+            handle, lcomm = net.listen()
+        finally:
+            del os.environ["CCBRIDGE_NET_LANES"]
+        hbuf = ctypes.create_string_buffer(bytes(handle), len(handle))
+        s, r, deadline = P(), P(), time.monotonic() + DEADLINE
+        while not (s.value and r.value):
+            if not s.value:
+                net.check("connect", net.t.connect(net.ctx, 0, hbuf, ctypes.byref(s), None))
+            if not r.value:
+                net.check("accept", net.t.accept(lcomm, ctypes.byref(r), None))
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        sb, rb = [buffer(n) for n in sizes], [buffer(n) for n in sizes]
+        for i, n in enumerate(sizes):
+            net.irecv(r, rb[i], n, deadline)
+            net.isend(s, sb[i], n, deadline)
+        time.sleep(0.02)  # records moving on every lane
+        before = len(net.logs)
+        (net.t.closeRecv if first == "recv" else net.t.closeSend)(r if first == "recv" else s)
+        # the closed side's own lanes say nothing (the other side's may: its peer did go away)
+        blamed += [m for _, m in net.logs[before:] if f"connection {first}:" in m]
+        (net.t.closeSend if first == "recv" else net.t.closeRecv)(s if first == "recv" else r)
+        net.t.closeListen(lcomm)
+    assert not blamed, blamed
+    net.t.finalize(net.ctx)
+
 # ---- the plugin's threads under ThreadSanitizer ----
 
 _RACE_SCRIPT = r'''

@@ -333,7 +333,8 @@ static int send_record(lane *l, const req *r, uint32_t j, size_t rec) {
         return -1;
     }
     if (write_full(l->fd, h, HEADER_BYTES + n + TAG_BYTES)) {
-        if (!failed(l->c)) fail(l->c, 0, ncclRemoteError, "send: %s", strerror(errno));
+        /* a socket shut by our own close (an abort with sends in flight) is no failure of the peer */
+        if (!failed(l->c) && !l->c->stop) fail(l->c, 0, ncclRemoteError, "send: %s", strerror(errno));
         return -1;
     }
     l->seq++;
@@ -533,7 +534,7 @@ static void recv_lane(lane *l) {
         if (!r && msg < atomic_load(&c->posted) && !(r = cur = claim_message(l, msg, size, k, first))) return;
         uint8_t *dst = r ? (uint8_t *)r->data + off : l->buf;
         if (read_body(l, dst, n, tag, &eof)) {
-            if (!failed(c))
+            if (!failed(c) && !c->stop) /* not when our own close shut the socket */
                 fail(c, 0, ncclRemoteError, "lane %d: %s mid-record", l->idx,
                      eof ? "the peer closed the connection" : strerror(errno));
             return;
