@@ -58,6 +58,25 @@ def test_the_static_cache_path_of_graphs_gives_the_reference_tokens(tiny, batch)
         assert torch.equal(decode.decode(tiny, ids, OUTPUT, mode, graphs=True).tokens, want), mode
 
 
+def test_any_hf_causal_lm_decodes_as_generate_does():
+    """decode() is a generate loop for any Hugging Face causal LM, not only the presets: a tiny GPT-2 (no
+    cache_position, learned positions) gives generate()'s greedy tokens in every mode, static cache too."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=300, n_positions=128,
+                                  bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(0)
+    m = transformers.GPT2LMHeadModel(cfg).eval()
+    ids = torch.randint(0, 300, (2, 10), generator=torch.Generator().manual_seed(1))
+    try:
+        want = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, min_new_tokens=8,
+                          do_sample=False, pad_token_id=0)[:, 10:]
+    except (TypeError, ValueError) as e:  # generation API drift across transformers versions
+        pytest.skip(f"generate() refused the arguments here: {e}")
+    for mode in decode.MODES:
+        for graphs in (False, True):
+            assert torch.equal(decode.decode(m, ids, 8, mode, graphs=graphs).tokens, want), (mode, graphs)
+
+
 def test_graphs_on_the_cpu_are_refused():
     with pytest.raises(UsageError, match="--graphs captures CUDA graphs: it needs a CUDA device"):
         decode.check("tiny", [1], 4, 4, ["sync"], "cpu", True)
