@@ -77,6 +77,36 @@ def test_any_hf_causal_lm_decodes_as_generate_does():
             assert torch.equal(decode.decode(m, ids, 8, mode, graphs=graphs).tokens, want), (mode, graphs)
 
 
+def test_a_checkpoint_folder_is_decoded_with_its_own_weights(tiny, tmp_path, capsys):
+    """--checkpoint DIR: a Hugging Face folder (config.json, model.safetensors) whose weights ccbridge's loader
+    reads; the tokens are those of the model that was saved, and the result names the checkpoint."""
+    tiny.save_pretrained(tmp_path / "ck", safe_serialization=True)
+    ids = decode.prompts(decode.PRESETS["tiny"]["vocab_size"], 2, PROMPT, seed=0)
+    want = decode.decode(tiny, ids, OUTPUT, "sync").tokens
+    m, label, vocab = decode.from_checkpoint(str(tmp_path / "ck"), "cpu", PROMPT + OUTPUT)
+    assert label == "checkpoint ck" and vocab == decode.PRESETS["tiny"]["vocab_size"]
+    assert torch.equal(decode.decode(m, ids, OUTPUT, "drain").tokens, want)
+    rc = cli.main(["bench", "decode", "--checkpoint", str(tmp_path / "ck"), "--device", "cpu", "--batch", "2",
+                   "--prompt", str(PROMPT), "--output", str(OUTPUT), "--iters", "1", "--warmup", "0",
+                   "--modes", "sync", "async", "--json", str(tmp_path / "d.json")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "checkpoint ck (its weights)" in out
+    res = results.load(tmp_path / "d.json")
+    assert res.settings["decode"]["checkpoint"] == str(tmp_path / "ck") and not res.errors
+
+
+def test_a_checkpoint_whose_weights_do_not_fit_is_refused(tiny, tmp_path):
+    from safetensors.torch import save_file
+
+    tiny.save_pretrained(tmp_path / "ck", safe_serialization=True)
+    state = {k: v.contiguous() for k, v in tiny.state_dict().items() if "layers.1." not in k}
+    save_file(state, str(tmp_path / "ck" / "model.safetensors"))  # a layer's weights missing
+    with pytest.raises(UsageError, match="its weights do not fit its config.json: missing model.layers.1"):
+        decode.from_checkpoint(str(tmp_path / "ck"), "cpu", 16)
+    with pytest.raises(UsageError, match="holds 4096"):
+        decode.from_checkpoint(str(tmp_path / "ck"), "cpu", 5000)
+
+
 def test_graphs_on_the_cpu_are_refused():
     with pytest.raises(UsageError, match="--graphs captures CUDA graphs: it needs a CUDA device"):
         decode.check("tiny", [1], 4, 4, ["sync"], "cpu", True)

@@ -508,9 +508,10 @@ def cmd_bench(args) -> int:
         return _bench_decode(args)
     if args.what == "kv":
         return _bench_kv(args)
-    if args.graphs or args.model or args.batch or args.modes or args.device or args.prompt or args.output:
-        raise UsageError("--model, --batch, --prompt, --output, --modes, --graphs and --device go with `bench decode` "
-                         "(--model, --modes and --device also with `bench kv`)")
+    if args.graphs or args.model or args.batch or args.modes or args.device or args.prompt or args.output or \
+            args.checkpoint:
+        raise UsageError("--model, --checkpoint, --batch, --prompt, --output, --modes, --graphs and --device go with "
+                         "`bench decode` (--model, --modes and --device also with `bench kv`)")
     args.warmup = 3 if args.warmup is None else args.warmup
     default = {"net": ("64K", "4M"), "cipher": ("1M", "1G"), "ddp": ("1M", "1G")}[args.what]
     args.iters = args.iters or (3 if args.what == "net" else 10)
@@ -553,6 +554,8 @@ def _bench_decode(args) -> int:
         ui.writable_file(args.json, "--json")
     if args.graphs and args.device == "cpu":
         raise UsageError("--graphs captures CUDA graphs: it needs a CUDA device (not --device cpu)")
+    if args.checkpoint and args.model:
+        raise UsageError("give --model (a preset with random weights) or --checkpoint DIR (real weights), not both")
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
@@ -564,15 +567,16 @@ def _bench_decode(args) -> int:
     res = decode.bench(args.model or "llama-1b", batches, args.prompt or 128, args.output or 64,
                        args.modes or list(DECODE_MODES), args.device or "cuda", iters=args.iters or 3,
                        warmup=1 if args.warmup is None else args.warmup, graphs=args.graphs, seed=args.seed,
-                       log=lambda m: print(f"ccbridge bench: {m}", file=sys.stderr, flush=True))
+                       log=lambda m: print(f"ccbridge bench: {m}", file=sys.stderr, flush=True),
+                       checkpoint=args.checkpoint)
     return _bench_done(res, decode.render(res), args.json)
 
 
 def _bench_kv(args) -> int:
     """Prefix-reuse churn through a KVCache with a host tier, per store threshold and sync/async crossings."""
-    if args.graphs or args.batch or args.prompt or args.output:
-        raise UsageError("--batch, --prompt, --output and --graphs go with `bench decode` (kv: --prefix-len, "
-                         "--suffix-len, --requests)")
+    if args.graphs or args.batch or args.prompt or args.output or args.checkpoint:
+        raise UsageError("--batch, --prompt, --output, --checkpoint and --graphs go with `bench decode` "
+                         "(kv: --prefix-len, --suffix-len, --requests)")
     if args.json:
         ui.writable_file(args.json, "--json")
     import importlib.util
@@ -783,6 +787,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inflight", type=_int(1), help="net: messages in flight (default 8, as NCCL's steps)")
     p.add_argument("--total", type=size, help="net: bytes moved per measurement (default 2G)")
     p.add_argument("--model", choices=DECODE_MODELS, help="decode, kv: model shape, random weights (default llama-1b)")
+    p.add_argument("--checkpoint", metavar="DIR", help="decode: a local Hugging Face model folder (config.json, "
+                                                       "*.safetensors) read by ccbridge's loader, instead of --model")
     p.add_argument("--batch", type=_int(1), nargs="+", help="decode: batch sizes (default 1 8 32 128)")
     p.add_argument("--prompt", type=_int(1), help="decode: prompt tokens (default 128)")
     p.add_argument("--output", type=_int(2), help="decode: tokens generated per sequence, the first by prefill "

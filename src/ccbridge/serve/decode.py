@@ -86,10 +86,11 @@ def _transformers():
     return transformers
 
 
-def check(model: str, batches: list[int], prompt: int, output: int, modes: list[str], device: str,
+def check(model: str | None, batches: list[int], prompt: int, output: int, modes: list[str], device: str,
           graphs: bool) -> torch.device:
-    """Every argument checked before a model is built; the torch device to run on."""
-    if model not in PRESETS:
+    """Every argument checked before a model is built; the torch device to run on. model None: a checkpoint
+    (from_checkpoint checks its own length limit)."""
+    if model is not None and model not in PRESETS:
         raise UsageError(f"unknown model {model!r} (one of {', '.join(PRESETS)})")
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -98,9 +99,8 @@ def check(model: str, batches: list[int], prompt: int, output: int, modes: list[
         raise UsageError("batch sizes must be at least 1")
     if prompt < 1 or output < 2:
         raise UsageError("prompt needs at least 1 token and output at least 2 (the first comes from prefill)")
-    limit = PRESETS[model]["max_position_embeddings"]
-    if prompt + output > limit:
-        raise UsageError(f"prompt + output = {prompt + output} tokens, {model} holds {limit}")
+    if model is not None:
+        _fits(model, PRESETS[model]["max_position_embeddings"], prompt + output)
     dev = torch.device(device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
@@ -110,6 +110,61 @@ def check(model: str, batches: list[int], prompt: int, output: int, modes: list[
     if graphs and dev.type != "cuda":
         raise UsageError("--graphs captures CUDA graphs: it needs a CUDA device")
     return dev
+
+
+def _fits(name: str, limit: int | None, tokens: int) -> None:
+    if limit is not None and tokens > limit:
+        raise UsageError(f"prompt + output = {tokens} tokens, {name} holds {limit}")
+
+
+def check_checkpoint(path: str):
+    """The folder as a Path, if it looks like a Hugging Face model folder; UsageError otherwise."""
+    from pathlib import Path
+
+    p = Path(path)
+    what = "give a Hugging Face model folder: config.json and *.safetensors"
+    if not p.is_dir():
+        raise UsageError(f"--checkpoint {path}: not a folder ({what})")
+    if not (p / "config.json").is_file() or not any(p.glob("*.safetensors")):
+        raise UsageError(f"--checkpoint {path}: no config.json or no *.safetensors in it ({what})")
+    return p
+
+
+def from_checkpoint(path: str, device, tokens: int) -> tuple[torch.nn.Module, str, int]:
+    """A Hugging Face causal LM from a local model folder (config.json and *.safetensors), its weights read
+    by ccbridge's loader onto the device: (model in eval mode, its label, its vocabulary size). Every defect
+    of the folder is a UsageError naming it; nothing is fetched from the network."""
+    tf = _transformers()
+    p = check_checkpoint(path)
+    try:
+        cfg = tf.AutoConfig.from_pretrained(str(p), local_files_only=True)
+        _fits(p.name, getattr(cfg, "max_position_embeddings", None), tokens)
+        dev = torch.device(device)
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with dev:
+                m = tf.AutoModelForCausalLM.from_config(cfg)
+        finally:
+            torch.set_default_dtype(old)
+    except UsageError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"--checkpoint {path}: transformers cannot build a causal LM from its config.json: {e}") from None
+    from ccbridge.load import load_safetensors
+
+    weights = load_safetensors(str(p), device=str(dev))
+    got = m.load_state_dict(weights, strict=False)
+    loaded = {id(t) for k, t in m.named_parameters(remove_duplicate=False) if k in weights}
+    params = dict(m.named_parameters(remove_duplicate=False))
+    missing = [k for k in got.missing_keys if not (k in params and id(params[k]) in loaded)]  # tied: not missing
+    if missing or got.unexpected_keys:
+        bad = missing or got.unexpected_keys
+        raise UsageError(f"--checkpoint {path}: its weights do not fit its config.json: "
+                         f"{'missing' if missing else 'unexpected'} {', '.join(bad[:3])}"
+                         + (f" and {len(bad) - 3} more" if len(bad) > 3 else ""))
+    return m.to(dtype=dtype).eval(), f"checkpoint {p.name}", int(cfg.vocab_size)
 
 
 def build(model: str, device, seed: int = 0) -> torch.nn.Module:
@@ -380,27 +435,36 @@ def _mismatch(a: torch.Tensor, b: torch.Tensor) -> str:
 
 def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[str], device: str = "cuda",
           iters: int = 3, warmup: int = 1, graphs: bool = False, seed: int = 0,
-          log: Callable[[str], None] = lambda _: None):
+          log: Callable[[str], None] = lambda _: None, checkpoint: str | None = None):
     """Every (batch, mode): warmup + iters runs; a Result of rows decode:tok_per_s and decode:step_ms.
+    checkpoint: a local Hugging Face model folder whose weights ccbridge's loader reads (instead of a
+    preset with random weights).
 
     Tokens of every run are checked against the first run of the first mode at that batch size;
     each disagreement is an entry in Result.errors."""
     from ccbridge import env
     from ccbridge.results import Result, Row
 
-    dev = check(model, batches, prompt, output, modes, device, graphs)
+    dev = check(None if checkpoint else model, batches, prompt, output, modes, device, graphs)
+    if checkpoint:
+        check_checkpoint(checkpoint)
     tf = _transformers()
     stamp = env.stamp()
     t_start = time.monotonic()
-    log(f"building {model} (random weights, seed {seed}) on {dev}")
-    m = build(model, dev, seed)
-    settings = {"decode": {"model": model, "device": str(dev), "dtype": str(next(m.parameters()).dtype).split(".")[-1],
+    if checkpoint:
+        log(f"loading {checkpoint} onto {dev} (ccbridge's loader)")
+        m, model, vocab = from_checkpoint(checkpoint, dev, prompt + output)
+    else:
+        log(f"building {model} (random weights, seed {seed}) on {dev}")
+        m, vocab = build(model, dev, seed), PRESETS[model]["vocab_size"]
+    settings = {"decode": {"model": model, "checkpoint": checkpoint, "device": str(dev),
+                           "dtype": str(next(m.parameters()).dtype).split(".")[-1],
                            "prompt": prompt, "output": output, "batches": list(batches), "modes": list(modes),
                            "iters": iters, "warmup": warmup, "graphs": graphs, "seed": seed,
                            "transformers": tf.__version__, "drain_lag": DRAIN_LAG}}
     res = Result(env=stamp, settings=settings)
     for b in batches:
-        ids = prompts(PRESETS[model]["vocab_size"], b, prompt, seed)
+        ids = prompts(vocab, b, prompt, seed)
         want = None
         for mode in modes:
             log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs")
@@ -430,7 +494,8 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
 def render(res) -> str:
     """A table: one line per (batch, mode)."""
     s = res.settings["decode"]
-    head = (f"# ccbridge bench decode: {s['model']} (random weights), {s['dtype']} on {s['device']}, prompt "
+    weights = "its weights" if s.get("checkpoint") else "random weights"
+    head = (f"# ccbridge bench decode: {s['model']} ({weights}), {s['dtype']} on {s['device']}, prompt "
             f"{s['prompt']}, output {s['output']}, {'CUDA graphs' if s['graphs'] else 'eager'}, {s['iters']} timed runs")
     if res.emulated:
         from ccbridge import env
