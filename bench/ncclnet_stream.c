@@ -15,8 +15,8 @@
  * -p: microseconds the polling thread sleeps after a pass that found nothing
  * (0 = spin, as NCCL does; give a machine of few cores a pause, or the two
  * polling threads take its cores from the plugin's).
- * -P: where the plugin threads' time goes: this program interposes the libc
- * calls the plugin makes (read, readv, recv, send, pthread_cond_wait,
+ * -P: where the plugin threads' time goes (not in a -DCCB_NO_INTERPOSE build, the
+ * one for sanitizers): this program interposes the libc calls the plugin makes (read, readv, recv, send, pthread_cond_wait,
  * pthread_mutex_lock; build with -rdynamic) and adds up their calls, wall
  * time and CPU time per side; the CPU outside them is the plugin's own
  * (AES-GCM, copies, bookkeeping).
@@ -69,6 +69,7 @@ static void *next(const char *name, const char *version) {
     return f ? f : dlsym(RTLD_NEXT, name);
 }
 
+#ifndef CCB_NO_INTERPOSE /* -DCCB_NO_INTERPOSE for sanitizer builds: the interposers hide libc from them */
 ssize_t read(int fd, void *b, size_t n) {
     static ssize_t (*f)(int, void *, size_t);
     if (!f) f = next("read", NULL);
@@ -99,6 +100,7 @@ int pthread_mutex_lock(pthread_mutex_t *mu) {
     if (!f) f = next("pthread_mutex_lock", NULL);
     COUNTED(C_LOCK, f(mu));
 }
+#endif
 
 typedef struct { long calls[C_N], wall_ns[C_N], cpu_ns[C_N]; } profile;
 
@@ -292,7 +294,13 @@ int main(int argc, char **argv) {
         case 'i': inflight = atoi(optarg); break;
         case 'r': repeat = atoi(optarg); break;
         case 'p': poll_us = atol(optarg); break;
-        case 'P': profiling = 1; break;
+        case 'P':
+#ifdef CCB_NO_INTERPOSE
+            fprintf(stderr, "-P needs the interposers: this build has CCB_NO_INTERPOSE\n");
+            return 2;
+#endif
+            profiling = 1;
+            break;
         default: optind = argc + 1;
         }
     }
