@@ -704,20 +704,8 @@ def test_closing_with_records_in_flight_blames_no_peer():
     assert net.rc == 0
     sizes, blamed = [4 << 20] * 8, []
     for lanes, first in ((2, "recv"), (8, "recv"), (2, "send"), (8, "send")):
-        os.environ["CCBRIDGE_NET_LANES"] = str(lanes)
-        try:
-            handle, lcomm = net.listen()
-        finally:
-            del os.environ["CCBRIDGE_NET_LANES"]
-        hbuf = ctypes.create_string_buffer(bytes(handle), len(handle))
-        s, r, deadline = P(), P(), time.monotonic() + DEADLINE
-        while not (s.value and r.value):
-            if not s.value:
-                net.check("connect", net.t.connect(net.ctx, 0, hbuf, ctypes.byref(s), None))
-            if not r.value:
-                net.check("accept", net.t.accept(lcomm, ctypes.byref(r), None))
-            assert time.monotonic() < deadline
-            time.sleep(0.001)
+        deadline = time.monotonic() + DEADLINE
+        lcomm, s, r = net.pair(deadline, lanes)
         sb, rb = [buffer(n) for n in sizes], [buffer(n) for n in sizes]
         for i, n in enumerate(sizes):
             net.irecv(r, rb[i], n, deadline)
@@ -738,27 +726,13 @@ _RACE_SCRIPT = r'''
 import ctypes, os, sys, time
 from ccbridge.secure import netplugin
 
-def pair(net, lanes):
-    os.environ["CCBRIDGE_NET_LANES"] = str(lanes)
-    handle, lcomm = net.listen()
-    buf = ctypes.create_string_buffer(bytes(handle), 128)
-    s, r, deadline = ctypes.c_void_p(), ctypes.c_void_p(), time.monotonic() + 60
-    while not (s.value and r.value):
-        if not s.value:
-            net.check("connect", net.t.connect(net.ctx, 0, buf, ctypes.byref(s), None))
-        if not r.value:
-            net.check("accept", net.t.accept(lcomm, ctypes.byref(r), None))
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
-    return lcomm, s, r
-
 net = netplugin.Net(sys.argv[1])
 assert net.rc == 0, net.logs
 sizes = [0, 1, 4099, (1 << 20) + 5, 300001, 1 << 20]
 for lanes in (1, 2, 8):
     for how in ("clean", "abort_recv", "abort_send"):
         for _ in range(8):
-            lcomm, s, r = pair(net, lanes)
+            lcomm, s, r = net.pair(time.monotonic() + 60, lanes)
             sb = [ctypes.create_string_buffer(b"x" * n, max(n, 1)) for n in sizes]
             rb = [ctypes.create_string_buffer(max(n, 1)) for n in sizes]
             deadline = time.monotonic() + 60

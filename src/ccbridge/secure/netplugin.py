@@ -152,6 +152,30 @@ class Net:
     def accept(self, lcomm, deadline: float):
         return self.poll("accept", lambda o: self.t.accept(lcomm, o, None), deadline)
 
+    def pair(self, deadline: float, lanes: int | None = None):
+        """Both ends of one connection in this process: a listen (its handle carrying `lanes`, the
+        listener's choice, where given), then connect and accept polled in turn, since neither completes
+        without the other; (listen comm, send comm, recv comm)."""
+        old = os.environ.get("CCBRIDGE_NET_LANES")
+        if lanes is not None:
+            os.environ["CCBRIDGE_NET_LANES"] = str(lanes)
+        try:
+            handle, lcomm = self.listen()
+        finally:
+            if lanes is not None:
+                os.environ.pop("CCBRIDGE_NET_LANES") if old is None else os.environ.update(CCBRIDGE_NET_LANES=old)
+        buf = ctypes.create_string_buffer(bytes(handle), HANDLE_BYTES)
+        s, r = ctypes.c_void_p(), ctypes.c_void_p()
+        while not (s.value and r.value):
+            if not s.value:
+                self.check("connect", self.t.connect(self.ctx, 0, buf, ctypes.byref(s), None))
+            if not r.value:
+                self.check("accept", self.t.accept(lcomm, ctypes.byref(r), None))
+            if time.monotonic() > deadline:
+                raise TimeoutError("connect/accept")
+            time.sleep(0.001)
+        return lcomm, s, r
+
     def isend(self, comm, buf, n: int, deadline: float):
         return self.poll("isend", lambda o: self.t.isend(comm, buf, n, 0, None, None, o), deadline)
 
