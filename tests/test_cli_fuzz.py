@@ -270,6 +270,7 @@ CASES = [
     (["bench", "decode", "--checkpoint", "{d}/nosuch", "--device", "cpu"], "--checkpoint {d}/nosuch: not a folder (give a Hugging Face model folder"),
     (["bench", "decode", "--checkpoint", "{d}/folder", "--device", "cpu"], "--checkpoint {d}/folder: no config.json or no *.safetensors in it"),
     (["bench", "decode", "--checkpoint", "{d}/folder", "--model", "tiny"], "give --model (a preset with random weights) or --checkpoint DIR"),
+    (["bench", "decode", "--checkpoint", "", "--device", "cpu"], "--checkpoint : not a folder"),
     (["bench", "kv", "--modes", "staged"], "--modes staged: bench kv schedules sync or async"),
     (["bench", "kv", "--modes", "eager"], "argument --modes: invalid choice: 'eager'"),
     (["bench", "kv", "--model", "gpt5"], "argument --model: invalid choice: 'gpt5'"),

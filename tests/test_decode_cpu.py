@@ -92,7 +92,7 @@ def test_a_checkpoint_folder_is_decoded_with_its_own_weights(tiny, tmp_path, cap
     out = capsys.readouterr().out
     assert rc == 0 and "checkpoint ck (its weights)" in out
     res = results.load(tmp_path / "d.json")
-    assert res.settings["decode"]["checkpoint"] == str(tmp_path / "ck") and not res.errors
+    assert res.settings["decode"]["checkpoint"] == str((tmp_path / "ck").resolve()) and not res.errors
 
 
 def test_a_checkpoint_whose_weights_do_not_fit_is_refused(tiny, tmp_path):
@@ -105,6 +105,23 @@ def test_a_checkpoint_whose_weights_do_not_fit_is_refused(tiny, tmp_path):
         decode.from_checkpoint(str(tmp_path / "ck"), "cpu", 16)
     with pytest.raises(UsageError, match="holds 4096"):
         decode.from_checkpoint(str(tmp_path / "ck"), "cpu", 5000)
+    state = {k: v.contiguous() for k, v in tiny.state_dict().items()}
+    name = next(k for k in state if k.endswith("mlp.up_proj.weight"))
+    state[name] = state[name][: state[name].shape[0] // 2].contiguous()
+    save_file(state, str(tmp_path / "ck" / "model.safetensors"))  # a tensor of the wrong shape
+    with pytest.raises(UsageError, match=rf"{name} is \(64, 64\), its config makes it \(128, 64\)"):
+        decode.from_checkpoint(str(tmp_path / "ck"), "cpu", 16)
+
+
+def test_a_checkpoint_that_is_not_a_causal_lm_is_refused(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                  vocab_size=100)
+    transformers.BertForMaskedLM(cfg).save_pretrained(tmp_path / "bert", safe_serialization=True)
+    with pytest.raises(UsageError, match="a BertForMaskedLM model, not a causal LM"):
+        decode.from_checkpoint(str(tmp_path / "bert"), "cpu", 16)
+    with pytest.raises(UsageError, match="--checkpoint : not a folder"):
+        decode.bench("tiny", [1], 4, 2, ["sync"], "cpu", checkpoint="")  # an empty path is not "no checkpoint"
 
 
 def test_graphs_on_the_cpu_are_refused():

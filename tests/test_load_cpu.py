@@ -159,6 +159,15 @@ def test_bad_header_loads_nothing(tmp_path):
         load_safetensors(good, device="cpu")
 
 
+def test_a_pipe_in_a_checkpoints_place_is_refused_not_waited_on(tmp_path):
+    """A FIFO named like a shard blocked the loader's open() forever (no writer ever comes)."""
+    import os
+
+    os.mkfifo(tmp_path / "model.safetensors")
+    with pytest.raises(HeaderError, match="not a regular file"):
+        load_safetensors(tmp_path / "model.safetensors", device="cpu")
+
+
 def test_f6_dtype_has_no_torch_dtype(tmp_path):
     import json
     import struct

@@ -509,7 +509,7 @@ def cmd_bench(args) -> int:
     if args.what == "kv":
         return _bench_kv(args)
     if args.graphs or args.model or args.batch or args.modes or args.device or args.prompt or args.output or \
-            args.checkpoint:
+            args.checkpoint is not None:
         raise UsageError("--model, --checkpoint, --batch, --prompt, --output, --modes, --graphs and --device go with "
                          "`bench decode` (--model, --modes and --device also with `bench kv`)")
     args.warmup = 3 if args.warmup is None else args.warmup
@@ -554,7 +554,7 @@ def _bench_decode(args) -> int:
         ui.writable_file(args.json, "--json")
     if args.graphs and args.device == "cpu":
         raise UsageError("--graphs captures CUDA graphs: it needs a CUDA device (not --device cpu)")
-    if args.checkpoint and args.model:
+    if args.checkpoint is not None and args.model:
         raise UsageError("give --model (a preset with random weights) or --checkpoint DIR (real weights), not both")
     import importlib.util
 
@@ -574,7 +574,7 @@ def _bench_decode(args) -> int:
 
 def _bench_kv(args) -> int:
     """Prefix-reuse churn through a KVCache with a host tier, per store threshold and sync/async crossings."""
-    if args.graphs or args.batch or args.prompt or args.output or args.checkpoint:
+    if args.graphs or args.batch or args.prompt or args.output or args.checkpoint is not None:
         raise UsageError("--batch, --prompt, --output, --checkpoint and --graphs go with `bench decode` "
                          "(kv: --prefix-len, --suffix-len, --requests)")
     if args.json:

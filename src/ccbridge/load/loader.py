@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -117,11 +118,14 @@ def _open_all(files: list[str]) -> tuple[list[int], list[header.Header]]:
     fds, headers = [], []
     try:
         for f in files:
-            try:
-                fd = os.open(f, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:  # O_NONBLOCK: a FIFO or a device in a checkpoint's place must not block the open
+                fd = os.open(f, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
             except OSError as e:
                 raise header.HeaderError(f, "unreadable", e.strerror or str(e)) from None
             fds.append(fd)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise header.HeaderError(f, "unreadable", "not a regular file (a pipe, device or socket)")
+            os.set_blocking(fd, True)
             headers.append(header.parse(fd, f))
     except BaseException:
         for fd in fds:

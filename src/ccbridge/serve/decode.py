@@ -43,6 +43,7 @@ from __future__ import annotations
 import inspect
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -117,17 +118,18 @@ def _fits(name: str, limit: int | None, tokens: int) -> None:
         raise UsageError(f"prompt + output = {tokens} tokens, {name} holds {limit}")
 
 
-def check_checkpoint(path: str):
+def check_checkpoint(path: str) -> Path:
     """The folder as a Path, if it looks like a Hugging Face model folder; UsageError otherwise."""
-    from pathlib import Path
-
     p = Path(path)
     what = "give a Hugging Face model folder: config.json and *.safetensors"
-    if not p.is_dir():
+    if not path or not p.is_dir():  # "" would be the current folder
         raise UsageError(f"--checkpoint {path}: not a folder ({what})")
     if not (p / "config.json").is_file() or not any(p.glob("*.safetensors")):
         raise UsageError(f"--checkpoint {path}: no config.json or no *.safetensors in it ({what})")
     return p
+
+
+_CAUSAL = ("ForCausalLM", "LMHeadModel")  # class-name endings of causal LMs in a config's "architectures"
 
 
 def from_checkpoint(path: str, device, tokens: int) -> tuple[torch.nn.Module, str, int]:
@@ -136,32 +138,47 @@ def from_checkpoint(path: str, device, tokens: int) -> tuple[torch.nn.Module, st
     of the folder is a UsageError naming it; nothing is fetched from the network."""
     tf = _transformers()
     p = check_checkpoint(path)
+    where = f"--checkpoint {path}"
     try:
         cfg = tf.AutoConfig.from_pretrained(str(p), local_files_only=True)
-        _fits(p.name, getattr(cfg, "max_position_embeddings", None), tokens)
-        dev = torch.device(device)
-        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-        old = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            with dev:
-                m = tf.AutoModelForCausalLM.from_config(cfg)
-        finally:
-            torch.set_default_dtype(old)
-    except UsageError:
-        raise
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UsageError(f"--checkpoint {path}: transformers cannot build a causal LM from its config.json: {e}") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UsageError(f"{where}: its config.json is not one transformers reads: {str(e).splitlines()[0]}") from None
+    archs = getattr(cfg, "architectures", None) or []
+    if archs and not any(a.endswith(_CAUSAL) for a in archs) or getattr(cfg, "is_encoder_decoder", False):
+        raise UsageError(f"{where}: a {', '.join(archs) or cfg.model_type} model, not a causal LM "
+                         f"(decode runs *ForCausalLM / *LMHeadModel checkpoints)")
+    _fits(p.name, getattr(cfg, "max_position_embeddings", None), tokens)
+    dev = torch.device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with dev:
+            m = tf.AutoModelForCausalLM.from_config(cfg)
+    except (ValueError, KeyError, TypeError) as e:  # a config class AutoModelForCausalLM has no model for
+        raise UsageError(f"{where}: transformers builds no causal LM from its config.json: "
+                         f"{str(e).splitlines()[0][:200]}") from None
+    except (RuntimeError, MemoryError) as e:  # its config asks for more memory than the device has
+        raise UsageError(f"{where}: the model its config.json describes does not fit on {dev}: "
+                         f"{str(e).splitlines()[0][:200]}") from None
+    finally:
+        torch.set_default_dtype(old)
     from ccbridge.load import load_safetensors
 
     weights = load_safetensors(str(p), device=str(dev))
-    got = m.load_state_dict(weights, strict=False)
-    loaded = {id(t) for k, t in m.named_parameters(remove_duplicate=False) if k in weights}
     params = dict(m.named_parameters(remove_duplicate=False))
+    state = m.state_dict()
+    wrong = [f"{k} is {tuple(t.shape)}, its config makes it {tuple(state[k].shape)}" for k, t in weights.items()
+             if k in state and t.shape != state[k].shape]
+    if wrong:
+        raise UsageError(f"{where}: its weights do not fit its config.json: {wrong[0]}"
+                         + (f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""))
+    got = m.load_state_dict(weights, strict=False)
+    loaded = {id(t) for k, t in params.items() if k in weights}
     missing = [k for k in got.missing_keys if not (k in params and id(params[k]) in loaded)]  # tied: not missing
     if missing or got.unexpected_keys:
         bad = missing or got.unexpected_keys
-        raise UsageError(f"--checkpoint {path}: its weights do not fit its config.json: "
+        raise UsageError(f"{where}: its weights do not fit its config.json: "
                          f"{'missing' if missing else 'unexpected'} {', '.join(bad[:3])}"
                          + (f" and {len(bad) - 3} more" if len(bad) > 3 else ""))
     return m.to(dtype=dtype).eval(), f"checkpoint {p.name}", int(cfg.vocab_size)
@@ -445,19 +462,20 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
     from ccbridge import env
     from ccbridge.results import Result, Row
 
-    dev = check(None if checkpoint else model, batches, prompt, output, modes, device, graphs)
-    if checkpoint:
+    dev = check(None if checkpoint is not None else model, batches, prompt, output, modes, device, graphs)
+    if checkpoint is not None:
         check_checkpoint(checkpoint)
     tf = _transformers()
     stamp = env.stamp()
     t_start = time.monotonic()
-    if checkpoint:
+    if checkpoint is not None:
         log(f"loading {checkpoint} onto {dev} (ccbridge's loader)")
         m, model, vocab = from_checkpoint(checkpoint, dev, prompt + output)
     else:
         log(f"building {model} (random weights, seed {seed}) on {dev}")
         m, vocab = build(model, dev, seed), PRESETS[model]["vocab_size"]
-    settings = {"decode": {"model": model, "checkpoint": checkpoint, "device": str(dev),
+    settings = {"decode": {"model": model, "device": str(dev),
+                           "checkpoint": None if checkpoint is None else str(Path(checkpoint).resolve()),
                            "dtype": str(next(m.parameters()).dtype).split(".")[-1],
                            "prompt": prompt, "output": output, "batches": list(batches), "modes": list(modes),
                            "iters": iters, "warmup": warmup, "graphs": graphs, "seed": seed,
