@@ -281,6 +281,22 @@ def test_a_native_and_an_emulated_decode_give_the_tax_and_the_gap_each_mode_clos
     assert len(drain.cites) == 2
 
 
+def test_runs_that_are_not_the_same_or_not_clean_are_not_compared(tmp_path):
+    tok = {(8, "sync"): 600.0, (8, "async"): 1000.0}
+    native, cc = decode_result(tok), decode_result({(8, "sync"): 500.0, (8, "async"): 520.0}, emulated="b300")
+    native.settings["decode"].update(device="cuda:0", seed=0, dtype="bfloat16")
+    for change in ({"seed": 1}, {"device": "cpu"}, {"dtype": "float32"}, {"checkpoint": "/a/llama"}):
+        cc.settings["decode"].update({"device": "cuda", "seed": 0, "dtype": "bfloat16", "checkpoint": None, **change})
+        _, recs = advise.advise([save(tmp_path, "n.json", native), save(tmp_path, "c.json", cc)])
+        assert not any("CC tax" in a.setting for a in recs), change
+    cc.settings["decode"].update(device="cuda", seed=0, dtype="bfloat16", checkpoint=None)
+    _, recs = advise.advise([save(tmp_path, "n.json", native), save(tmp_path, "c.json", cc)])
+    assert any("CC tax" in a.setting for a in recs)  # cuda and cuda:0 are the same kind of device
+    cc.errors.append({"test": "decode", "error": "tokens differ"})
+    _, recs = advise.advise([save(tmp_path, "n.json", native), save(tmp_path, "c.json", cc)])
+    assert not any("CC tax" in a.setting for a in recs)  # a failed run is no half of a comparison
+
+
 def test_decode_with_differing_tokens_gives_no_schedule(tmp_path):
     res = decode_result({(8, "sync"): 500.0, (8, "drain"): 900.0}, emulated="b300", match=False)
     _, recs = advise.advise([save(tmp_path, "bad.json", res)])

@@ -347,8 +347,7 @@ def from_decode(inp: Input) -> list[Advice]:
     out, add = _adder(inp)
     tok = {(r.params["batch"], r.params["mode"]): r for r in res.rows if r.test == "decode" and r.metric == "tok_per_s"}
     batches = sorted({b for b, _ in tok})
-    if not _trustworthy(inp, add, not all(r.extra.get("tokens_match", True) for r in tok.values()),
-                        "its modes generated different tokens"):
+    if not _trustworthy(inp, add):
         return out
     if "async" not in {m for _, m in tok}:
         add("all", "none yet: measure async too (`--modes ... async`), the engines' default a change must beat",
@@ -378,20 +377,31 @@ def from_decode(inp: Input) -> list[Advice]:
     return out
 
 
-def _trustworthy(inp: Input, add, mismatch: bool, what: str) -> bool:
-    """A serving result advice can stand on: no recorded errors, no token mismatch; measured on a GPU."""
+_MISMATCH = {"decode": "its modes generated different tokens", "kv": "restored KV gave different first tokens"}
+
+
+def _clean(inp: Input) -> tuple[str, str] | None:
+    """Why a serving result can carry no advice (setting, reason), or None: recorded errors, a token
+    mismatch, or a CPU run."""
     res = inp.result
+    mismatch = any((not r.extra.get("tokens_match", True)) if inp.kind == "decode" else r.extra.get("mismatches")
+                   for r in res.rows if r.test == inp.kind and r.metric in ("tok_per_s", "ttft_ms"))
     if res.errors or mismatch:
-        first = res.errors[0].get("error", "") if res.errors else what
-        add("all", f"none from this run: {what if mismatch else 'it recorded errors'}",
-            f"{_state(inp)}; a failed run measures a bug, not a setting (first: {first})")
-        return False
-    device = str((res.settings.get(inp.kind) or {}).get("device", ""))
-    if device.startswith("cpu"):
-        add("all", "none for GPU engines: measured on the CPU, where nothing crosses a bridge",
-            f"run `ccbridge bench {inp.kind}` on a GPU, natively and under `ccbridge run --profile NAME --`")
-        return False
-    return True
+        first = res.errors[0].get("error", "") if res.errors else _MISMATCH[inp.kind]
+        return (f"none from this run: {_MISMATCH[inp.kind] if mismatch else 'it recorded errors'}",
+                f"{_state(inp)}; a failed run measures a bug, not a setting (first: {first})")
+    if str((res.settings.get(inp.kind) or {}).get("device", "")).startswith("cpu"):
+        return ("none for GPU engines: measured on the CPU, where nothing crosses a bridge",
+                f"run `ccbridge bench {inp.kind}` on a GPU, natively and under `ccbridge run --profile NAME --`")
+    return None
+
+
+def _trustworthy(inp: Input, add) -> bool:
+    """A serving result advice can stand on (else the one line saying why)."""
+    why = _clean(inp)
+    if why:
+        add("all", *why)
+    return why is None
 
 
 def from_kv(inp: Input) -> list[Advice]:
@@ -401,8 +411,7 @@ def from_kv(inp: Input) -> list[Advice]:
     out, add = _adder(inp)
     rows = {(r.params["threshold"], r.params["mode"], r.metric): r for r in res.rows if r.test == "kv"}
     ttft = {k[:2]: r for k, r in rows.items() if k[2] == "ttft_ms"}
-    if not _trustworthy(inp, add, any(r.extra.get("mismatches") for r in ttft.values()),
-                        "restored KV gave different first tokens"):
+    if not _trustworthy(inp, add):
         return out
     best = {}
     for mode in sorted({m for _, m in ttft}):
@@ -435,7 +444,8 @@ def from_kv(inp: Input) -> list[Advice]:
     return out
 
 
-_SAME_RUN = ("model", "prompt", "output", "graphs")  # decode settings two results must share to be compared
+# decode settings two results must share to be compared (the device by its kind: cuda vs cuda:0 is one run)
+_SAME_RUN = ("model", "checkpoint", "prompt", "output", "graphs", "dtype", "seed")
 MODES_ORDER = ("sync", "async", "staged", "drain")  # bench decode's modes, as its tables list them
 
 
@@ -464,9 +474,14 @@ def from_decode_pair(native: Input, cc: Input) -> list[Advice]:
 
 
 def _pairs(inputs: list[Input]) -> list[tuple[Input, Input]]:
-    """Each CC (or emulated) decode result with the first CC-off one of the same settings."""
-    dec = [i for i in inputs if i.kind == "decode"]
-    key = lambda i: tuple(i.result.settings.get("decode", {}).get(k) for k in _SAME_RUN)  # noqa: E731
+    """Each CC (or emulated) decode result with the first CC-off one of the same settings, both clean runs
+    on a GPU (what _trustworthy says no advice of its own for is no half of a comparison either)."""
+    dec = [i for i in inputs if i.kind == "decode" and _clean(i) is None]
+
+    def key(i: Input) -> tuple:
+        s = i.result.settings.get("decode", {})
+        return tuple(s.get(k) for k in _SAME_RUN) + (str(s.get("device", "")).split(":")[0],)
+
     return [(n, c) for c in dec if c.cc_applies
             for n in [next((n for n in dec if not n.cc_applies and key(n) == key(c)), None)] if n]
 
