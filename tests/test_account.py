@@ -66,3 +66,20 @@ def test_the_cli_writes_a_result_that_compare_can_read(tmp_path):
     share = [r for r in res.rows if r.metric == "share_of_slowdown" and r.params["api"] == "cuMemcpyDtoHAsync_v2"]
     assert len(share) == 1 and share[0].extra["recovery"].startswith("drain on a worker")
     assert (out / "report.md").exists() and (out / "report.html").exists()
+    # the OTHER trace's header says it was emulated (b300): the result and its report say so
+    assert res.settings["profile"] == "b300"
+    md = (out / "report.md").read_text()
+    assert md.startswith("# ccbridge account") and "OTHER ran under the emulator, profile b300" in md
+    assert "Findings" not in md  # a probe's section, not an account's
+
+
+def test_swapped_traces_are_flagged_and_nothing_that_did_not_grow_gets_a_recovery(tmp_path):
+    decode_loop(tmp_path / "native", d2h_us=30, launch_us=5)
+    decode_loop(tmp_path / "cc", d2h_us=1400, launch_us=24, profile="b300", emulate=1)
+    p = subprocess.run([sys.executable, "-m", "ccbridge.cli", "account", str(tmp_path / "cc"), str(tmp_path / "native"),
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "BASE ran under the emulator and OTHER did not" in p.stderr and "OTHER was not slower" in p.stderr
+    res = results.load(tmp_path / "out" / "result.json")
+    assert res.settings["profile"] is None  # OTHER is the native trace
+    assert all(not r.extra.get("recovery") for r in res.rows if r.metric == "share_of_slowdown")

@@ -96,9 +96,10 @@ def _lines(btab: dict, otab: dict, wall: float) -> list[Line]:
         sw, cw, tl = (o.get(k, 0) / 1e6 for k in ("stream_wait_ns", "channel_wait_ns", "toll_ns"))
         kind = o.get("kind") or b.get("kind", "")
         site, (api, d, m) = (key[0], key[1:]) if len(key) == 4 else ("", key)
+        grew = in_call[1] > in_call[0]  # a call that did not grow calls for no recovery
         lines.append(Line(api, kind, d, m, calls, in_call, sw, cw, tl, o.get("bytes", 0),
                           (in_call[1] - in_call[0]) / (wall * 1e3) if wall > 0 else 0.0,
-                          recovery(kind, d, calls[1], o.get("bytes", 0), sw, cw, tl), site))
+                          recovery(kind, d, calls[1], o.get("bytes", 0), sw, cw, tl) if grew else "", site))
     lines.sort(key=lambda x: -x.delta_ms)
     return lines
 

@@ -243,11 +243,18 @@ def cmd_account(args) -> int:
                              f"no trace lines under {x}.<pid>.csv: record with `ccbridge run --record {x} -- CMD`")
     lines, wall = account.attribute(base, other, *walls)
     at_sites = account.attribute_sites(base, other, wall)
-    res = Result(env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": args.profile,
+    # two traces given: what the OTHER trace's own header says it ran under is what the rows are made of
+    emulated_as = args.profile or (", ".join(sorted(other.profiles - {"passthrough"})) if other.emulated else None)
+    res = Result(env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
                                              "overrides": args.overrides, "command": rest if args.profile else None},
                  rows=account.rows(lines, wall, at_sites))
     paths = _write_reports(res, out)
     print(account.render(lines, wall))
+    if base.emulated and not other.emulated:
+        print("note: BASE ran under the emulator and OTHER did not: give the CC-off (or record-only) trace first",
+              file=sys.stderr)
+    if wall <= 0:
+        print(f"note: OTHER was not slower than BASE ({wall * 1e3:+.1f} ms): nothing to recover", file=sys.stderr)
     if at_sites:
         print(account.render_sites(at_sites))
     elif base.by_site or other.by_site:
@@ -661,7 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "or record it: ccbridge run --record T -- CMD")
     p.add_argument("--profile", help="emulate with this profile: name or .json path (see `ccbridge profiles`); "
                                      "without it the program runs natively (with --record or --coverage)")
-    p.add_argument("--record", metavar="T", help="trace every crossing, launch and synchronize to T.<pid>.csv and a "
+    p.add_argument("--record", metavar="T", help="trace every crossing, launch, synchronize, context and pinned allocation to T.<pid>.csv and a "
                                                  "summary per process (T's folder must exist); without --profile the "
                                                  "program is only recorded, not emulated")
     p.add_argument("--coverage", metavar="FILE", help="write every driver entry point the program resolved, classified "

@@ -61,6 +61,7 @@ class TraceSummary:
     # (site, api, dir, mem) -> as by_api, where the run noted Python call sites (emulate/sites.py)
     by_site: dict[tuple[str, str, str, str], dict] = field(default_factory=dict)
     profiles: set[str] = field(default_factory=set)  # profile of each traced process ("passthrough": record-only)
+    emulated: bool = False  # a traced process ran under an emulating profile (its header says emulate 1)
     span_ns: int = 0  # summed over processes: first call's entry to last call's return in each trace file
 
     def total_crossings(self) -> int:
@@ -120,6 +121,7 @@ def summarize(prefix: str) -> TraceSummary:
                 m = check_header(path, f.readline(), f.readline())
                 if m.group(2):
                     s.profiles.add(m.group(2))
+                s.emulated |= m.group(3) == "1"
                 first = last = None
                 for line, row in enumerate(csv.DictReader(f, fieldnames=list(COLUMNS)), start=3):
                     t0, t1 = int(row["t_enter_ns"]), int(row["t_return_ns"])

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ccbridge.findings import shown
-from ccbridge.report.tables import (Table, emulation_banner, errors_table, headline_table, machine_table, run_line,
-                                    skipped_table, test_tables, title)
+from ccbridge.report.tables import (Table, command, emulation_banner, errors_table, headline_table, machine_table,
+                                    run_line, skipped_table, test_tables, title)
 from ccbridge.results import Result
 
 
@@ -30,9 +30,10 @@ def render(res: Result) -> str:
     if banner:
         parts += [f"> **{banner}**", ""]
     parts += [run_line(res), ""]
-    parts += ["## Findings", ""]
-    parts += [f"- {f.text}" for f in shown(res)] or ["- No GPU family ran, so there are no bridge findings."]
-    parts.append("")
+    if command(res) == "probe":
+        parts += ["## Findings", ""]
+        parts += [f"- {f.text}" for f in shown(res)] or ["- No GPU family ran, so there are no bridge findings."]
+        parts.append("")
     if res.no_gpu:
         parts += [f"The GPU families need a GPU and were skipped: {res.no_gpu}.", ""]
     for t in (headline_table(res), errors_table(res), machine_table(res.env), *test_tables(res), skipped_table(res)):

@@ -47,16 +47,35 @@ def row_cells(r: Row) -> list[str]:
 ROW_HEADERS = ["parameters", "metric", "median", "p10 – p90", "n", "unit", "verdict"]
 
 
+def command(res: Result) -> str:
+    """The command that wrote a result, told by its content: account, bench decode, bench kv or probe."""
+    if any(r.test.startswith("account.") for r in res.rows):
+        return "account"
+    for kind in ("decode", "kv"):
+        if kind in res.settings:
+            return f"bench {kind}"
+    return "probe"
+
+
 def title(res: Result) -> str:
-    base = f"ccbridge probe — {envmod.gpu_name(res.env)} — {res.created[:10]}"
+    base = f"ccbridge {command(res)} — {envmod.gpu_name(res.env)} — {res.created[:10]}"
     if res.emulated:
         base += f" — EMULATED (profile {envmod.emulation_label(res.env['emulation'])})"
+    elif command(res) == "account" and res.settings.get("profile"):
+        base += f" — OTHER EMULATED (profile {res.settings['profile']})"
     return base
 
 
 def run_line(res: Result) -> str:
-    mode = "quick" if res.settings.get("quick") else "full"
-    return (f"Run: {mode} suite on device {res.settings.get('device', 0)}, {res.duration_s:.0f} s, "
+    s = res.settings
+    if command(res) == "account":
+        return (f"Account: BASE {s.get('base')} vs OTHER {s.get('other')}"
+                + (f" (OTHER ran under the emulator, profile {s['profile']})" if s.get("profile") else "")
+                + f"; {len(res.rows)} rows, created {res.created}.")
+    if command(res) != "probe":
+        return f"Run: {len(res.rows)} rows in {res.duration_s:.0f} s, created {res.created}."
+    mode = "quick" if s.get("quick") else "full"
+    return (f"Run: {mode} suite on device {s.get('device', 0)}, {res.duration_s:.0f} s, "
             f"{len(res.rows)} rows, created {res.created}.")
 
 
