@@ -668,9 +668,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "or record it: ccbridge run --record T -- CMD")
     p.add_argument("--profile", help="emulate with this profile: name or .json path (see `ccbridge profiles`); "
                                      "without it the program runs natively (with --record or --coverage)")
-    p.add_argument("--record", metavar="T", help="trace every crossing, launch, synchronize, context and pinned allocation to T.<pid>.csv and a "
-                                                 "summary per process (T's folder must exist); without --profile the "
-                                                 "program is only recorded, not emulated")
+    p.add_argument("--record", metavar="T", help="trace every crossing, launch, synchronize, context and pinned "
+                                                 "allocation to T.<pid>.csv and a summary per process (T's folder "
+                                                 "must exist); without --profile the program is only recorded, not "
+                                                 "emulated")
     p.add_argument("--coverage", metavar="FILE", help="write every driver entry point the program resolved, classified "
                                                       "hooked/harmless/MISSING/unclassified, to FILE (JSON) and print it")
     p.add_argument("--sites", action="store_true", help="with --record: also note which Python line issued each call "
