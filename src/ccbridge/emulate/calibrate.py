@@ -292,7 +292,7 @@ def render(profile: Profile, checks: list[Check], native: Result, emulated: Resu
     passed = sum(c.ok is True for c in checks)
     what_if = f", what-if: {', '.join(profile.overrides)} set on the command line" if profile.overrides else ""
     lines = [f"# Calibration of profile `{profile.name}` (EMULATED{what_if})", "",
-             f"> Every emulated figure here was produced by the ccbridge emulator on a CC-off GPU, "
+             "> Every emulated figure here was produced by the ccbridge emulator on a CC-off GPU, "
              "not measured on confidential-computing hardware.", "",
              f"- native run: {run_line(native)}", f"- emulated run: {run_line(emulated)}",
              f"- emulated under: profile {emulation_label(emulated.env.get('emulation', {}))}", "",
