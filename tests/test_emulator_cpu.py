@@ -342,6 +342,18 @@ def test_contexts_and_pinned_allocations_are_trace_lines_with_their_tolls(lib, t
     assert "1 context and 1 pinned-allocation calls" in trace.render(t)
 
 
+def test_a_refused_host_registration_is_a_trace_line(lib, tmp_path):
+    """Under CC pinning ordinary memory is refused (801): the trace says where a program tried it."""
+    prefix = tmp_path / "r"
+    init(lib, trace=str(prefix), refuse_host_register=1)
+    buf = ctypes.create_string_buffer(8192)
+    assert lib.cuMemHostRegister_v2(buf, 8192, 0) == 801
+    lib.ccbemu_trace_flush()
+    rows = [r for r in csv.DictReader(l for l in Path(f"{prefix}.{os.getpid()}.csv").read_text().splitlines()
+                                      if not l.startswith("#")) if r["api"] == "cuMemHostRegister_v2"]
+    assert len(rows) == 1 and rows[0]["kind"] == "alloc" and rows[0]["rc"] == "801" and rows[0]["bytes"] == "8192"
+
+
 @pytest.mark.parametrize("name", profiles.names())
 def test_shipped_profiles_parse_and_the_interposer_accepts_them(lib, name):
     p = profiles.load(name)

@@ -36,7 +36,8 @@ COLUMNS: dict[str, str] = {
     "ctx": "the context whose channel a crossing used (empty when not known: launches, syncs, not emulated)",
     "stream": "the stream as the program gave it (empty: the legacy default stream)",
     "api": "the driver entry point",
-    "kind": "crossing | launch | sync | context (created or destroyed) | alloc (pinned host memory)",
+    "kind": "crossing | launch | sync | context (created or destroyed) | alloc (pinned host memory allocated or "
+            "registered, refused ones too)",
     "dir": "h2d | d2h (crossings only)",
     "mem": "pinned | pageable (crossings only)",
     "bytes": "bytes crossing",

@@ -1041,13 +1041,18 @@ typedef CUresult cuMemHostRegister_t(void *, size_t, unsigned);
 typedef cuMemHostRegister_t cuMemHostRegister_v2_t;
 typedef CUresult cuMemHostAlloc_t(void **, size_t, unsigned);
 typedef CUresult cuMemAllocHost_v2_t(void **, size_t);
+/* Pinning ordinary memory: an alloc line either way, so a trace shows where a program tried it (and, under
+ * CC, was refused: rc 801) without a toll of its own. */
+#define HOST_REGISTER(n, p, b, f)                                                                          \
+    lifecycle(H_##n, t0_, REC_ALLOC, b,                                                                    \
+              cfg.emulate && cfg.refuse_host_register ? CUDA_ERROR_NOT_SUPPORTED : REAL(n)(p, b, f), 0)
 EMU_API CUresult cuMemHostRegister(void *p, size_t n, unsigned f) {
     ENTER(cuMemHostRegister);
-    return cfg.emulate && cfg.refuse_host_register ? CUDA_ERROR_NOT_SUPPORTED : REAL(cuMemHostRegister)(p, n, f);
+    return HOST_REGISTER(cuMemHostRegister, p, n, f);
 }
 EMU_API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned f) {
     ENTER(cuMemHostRegister_v2);
-    return cfg.emulate && cfg.refuse_host_register ? CUDA_ERROR_NOT_SUPPORTED : REAL(cuMemHostRegister_v2)(p, n, f);
+    return HOST_REGISTER(cuMemHostRegister_v2, p, n, f);
 }
 EMU_API CUresult cuMemHostAlloc(void **p, size_t n, unsigned f) {
     ENTER(cuMemHostAlloc);
