@@ -223,8 +223,8 @@ void emu_channels_reset(void);
  * emulate/trace.py holds the same version and columns (tests/test_trace_schema.py).
  * kind: crossing (a host<->device copy), launch (kernel, graph, host function),
  * sync (a synchronize), context (one created or destroyed), alloc (pinned host
- * memory; bytes its size); dir and mem are empty but for crossings, ctx where
- * unknown. blocked_channel_ns / blocked_stream_ns: what the emulator waited for
+ * memory allocated or registered, refused ones too; bytes its size); dir and
+ * mem are empty but for crossings, ctx where unknown. blocked_channel_ns / blocked_stream_ns: what the emulator waited for
  * (0 when not emulating: the driver's own waits are inside t_return - t_enter).
  * site: the calling thread's Python call site when the call was recorded (set through
  * ccbemu_site_slot by emulate/siteboot/ccbridge_sites.py; empty where none was noted). */
