@@ -107,7 +107,8 @@ def read(path: str | Path) -> Input:
 
 
 # What bench decode and bench kv write, per row: the parameter that tells rows apart and its values.
-_SERVING = {"decode": ("batch", ("sync", "async", "staged", "drain")), "kv": ("threshold", ("sync", "async"))}
+DECODE_MODES = ("sync", "async", "staged", "drain")  # bench decode's modes, as its tables list them
+_SERVING = {"decode": ("batch", DECODE_MODES), "kv": ("threshold", ("sync", "async"))}
 
 
 def _check_serving(p: Path, kind: str, res: Result) -> None:
@@ -332,6 +333,16 @@ _MODE_STACKS = {
 }
 
 
+def _more(a: Row, b: Row) -> float:
+    """How many times a beats b where more is better (tok/s); medians are positive (read checks them)."""
+    return a.median / b.median
+
+
+def _less(a: Row, b: Row) -> float:
+    """How many times a beats b where less is better (TTFT)."""
+    return b.median / a.median
+
+
 def _pick(measured: dict, order: list, gain):
     """The first choice in order (the engine default first, then the least change) within MARGIN of the best
     measured (gain(a, b): how many times a beats b), so run noise never turns into a recommendation."""
@@ -358,7 +369,7 @@ def from_decode(inp: Input) -> list[Advice]:
         modes = {m: r for (bb, m), r in tok.items() if bb == b}
         if "async" not in modes:
             continue
-        pick = _pick(modes, ["async", "sync", "staged", "drain"], lambda a, b: a.median / b.median)
+        pick = _pick(modes, ["async", "sync", "staged", "drain"], _more)
         picks[b] = pick
         others = ", ".join(f"{m} {r.median:.0f}" for m, r in modes.items())
         add("torch", f"batch {b}: {pick} scheduling",
@@ -420,7 +431,7 @@ def from_kv(inp: Input) -> list[Advice]:
             add("all", f"{mode} scheduling: none yet: measure threshold 1 too (no filter, the engines' default)",
                 f"{_state(inp)}; thresholds measured: {', '.join(map(str, by_th))}", *by_th.values())
             continue
-        th = _pick(by_th, sorted(by_th), lambda a, b: b.median / a.median)
+        th = _pick(by_th, sorted(by_th), _less)
         best[mode] = (th, by_th[th])
         base = by_th.get(min(by_th))
         spill = rows.get((th, mode, "spill_bytes"))
@@ -435,7 +446,7 @@ def from_kv(inp: Input) -> list[Advice]:
         add("torch", f"{mode} scheduling: ccbridge.serve.KVCache(threshold={th})", why, *cites)
     if len(best) > 1:
         at_best = {m: row for m, (_, row) in best.items()}
-        mode = _pick(at_best, ["async", "sync"], lambda a, b: b.median / a.median if a.median else float("inf"))
+        mode = _pick(at_best, ["async", "sync"], _less)
         other = "sync" if mode == "async" else "async"
         a, b = at_best[mode], at_best[other]
         add("vLLM", "scheduling sync while KV restores are frequent (leave --async-scheduling off)" if mode == "sync"
@@ -446,7 +457,6 @@ def from_kv(inp: Input) -> list[Advice]:
 
 # decode settings two results must share to be compared (the device by its kind: cuda vs cuda:0 is one run)
 _SAME_RUN = ("model", "checkpoint", "prompt", "output", "graphs", "dtype", "seed")
-MODES_ORDER = ("sync", "async", "staged", "drain")  # bench decode's modes, as its tables list them
 
 
 def from_decode_pair(native: Input, cc: Input) -> list[Advice]:
@@ -462,7 +472,7 @@ def from_decode_pair(native: Input, cc: Input) -> list[Advice]:
     b = max(both)
     nat_async, cc_async = tok[0].get((b, "async")), tok[1].get((b, "async"))
     gap = nat_async.median - cc_async.median if nat_async and cc_async else 0.0
-    for mode in MODES_ORDER:
+    for mode in DECODE_MODES:
         n, c = tok[0].get((b, mode)), tok[1].get((b, mode))
         if not n or not c or not n.median:
             continue
