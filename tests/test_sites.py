@@ -128,6 +128,38 @@ def test_threads_seeing_new_sites_at_once_never_share_an_id(tmp_path, python, mo
         assert agg["bytes"] == agg["count"] * (i + 1), (site, agg)
 
 
+# Callables whose attributes misbehave, as libraries make them: transformers' doc.copy_func calls
+# types.FunctionType (whose class attribute __code__ is a descriptor, not code), a lazy module's
+# __getattr__ imports or raises, a __call__ object, a builtin bound method.
+ODD = PROGRAM.split("for _ in range(3):")[0] + textwrap.dedent("""
+    import types
+
+    class Lazy:
+        def __getattr__(self, name):
+            raise ModuleNotFoundError(f"Could not import module {name!r}")
+        def __call__(self):
+            read_token()                   # CALLABLE_LINE
+
+    copy = types.FunctionType(read_token.__code__, read_token.__globals__, name="copy")
+    copy()                                 # COPY_LINE
+    Lazy()()
+    [].append(1)
+    L.ccbemu_trace_flush()
+""")
+
+
+@pytest.mark.parametrize("python,monitoring", pythons())
+def test_odd_callables_never_break_the_program(tmp_path, python, monitoring):
+    prog = tmp_path / "odd.py"
+    prog.write_text(ODD)
+    prefix = str(tmp_path / "o")
+    run = subprocess.run([python, str(prog), prefix, "0"], capture_output=True, text=True, timeout=60,
+                         env=sites.environment(dict(os.environ), prefix), cwd=tmp_path)
+    assert run.returncode == 0 and not run.stderr, run.stderr
+    got = sum(a["count"] for a in trace.summarize(prefix).by_site.values())
+    assert got == 2  # both readbacks noted, each at a site
+
+
 @pytest.mark.skipif(not any(m for _, m in pythons()), reason="no Python 3.12+ here (sys.monitoring)")
 def test_a_profiler_in_the_program_still_works(tmp_path):
     """The recorder's monitoring tool id leaves the profiler's free: python -m cProfile runs and sites are noted."""

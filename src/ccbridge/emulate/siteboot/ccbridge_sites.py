@@ -27,6 +27,7 @@ import os
 import sys
 import sysconfig
 import threading
+import types
 
 SCHEMA = 1
 ENV = "CCBRIDGE_SITES"
@@ -119,20 +120,35 @@ def _profile(frame, event, arg):
     _set(sid)
 
 
+def _callee(callable_):
+    """(its code where it is a Python function, else None; a name): read off functions, methods, builtins and
+    classes only. Any other callable is named by its type: its own attributes may be descriptors or run a
+    __getattr__ (a lazy module, types.FunctionType's __code__) and are never touched."""
+    func = callable_.__func__ if isinstance(callable_, types.MethodType) else callable_
+    if isinstance(func, (types.FunctionType, types.BuiltinFunctionType, type)):
+        mod, name = func.__module__, func.__qualname__
+        code = func.__code__ if isinstance(func, types.FunctionType) else None
+    else:
+        mod, name, code = type(func).__module__, type(func).__name__, None
+    return code, f"{mod}.{name}" if isinstance(mod, str) and mod != "builtins" else name
+
+
 def _on_call(code, offset, callable_, arg0):
     """sys.monitoring CALL (Python 3.12+). A location's site is its first callee's; the location is switched
-    off where it is outside the sites or calls a Python function in them (that function's calls are sites)."""
+    off where it is outside the sites or calls a Python function in them (that function's calls are sites).
+    Never raises into the program: a location whose callee cannot be read is switched off."""
     sid = _ids.get((code, offset))
     if sid is None:
-        if not _is_site_code(code):
+        try:
+            if not _is_site_code(code):
+                return _DISABLE
+            inner, name = _callee(callable_)
+            if inner is not None and _is_site_code(inner):
+                return _DISABLE
+            line = next((ln for a, b, ln in code.co_lines() if a <= offset < b), None) or 0
+            sid = _new_site((code, offset), code, line, name)
+        except Exception:  # noqa: BLE001 - the hook must not change what the traced program does
             return _DISABLE
-        func = getattr(callable_, "__func__", callable_)  # bound methods are new objects on every call
-        inner = getattr(func, "__code__", None)
-        if inner is not None and _is_site_code(inner):
-            return _DISABLE
-        line = next((ln for a, b, ln in code.co_lines() if a <= offset < b), None) or 0
-        mod, name = getattr(func, "__module__", None), getattr(func, "__qualname__", None) or type(func).__name__
-        sid = _new_site((code, offset), code, line, f"{mod}.{name}" if mod and mod != "builtins" else name)
     _set(sid)
 
 
