@@ -62,7 +62,9 @@ def child():
 
 
 def run(cmd):
-    p = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} exited with {p.returncode}:\n{p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -72,13 +74,13 @@ def main():
     me = [sys.executable, __file__, "--child"]
     cc = [sys.executable, "-m", "ccbridge", "run"]
     rec = tempfile.mkdtemp(prefix="ccb-overhead-")
-    kinds = {"native": me, "passthrough": cc + ["--profile", "passthrough", "--"] + me,
-             "record": cc + ["--record", f"{rec}/t", "--"] + me,
-             "record_sites": cc + ["--record", f"{rec}/s", "--sites", "--"] + me}
+    kinds = {"native": lambda i: me, "passthrough": lambda i: cc + ["--profile", "passthrough", "--"] + me,
+             "record": lambda i: cc + ["--record", f"{rec}/t{i}", "--"] + me,  # a trace prefix is never reused
+             "record_sites": lambda i: cc + ["--record", f"{rec}/s{i}", "--sites", "--"] + me}
     runs = {k: [] for k in kinds}
-    for _ in range(5):  # alternate, so drift hits all
+    for i in range(5):  # alternate, so drift hits all
         for k, cmd in kinds.items():
-            runs[k].append(run(cmd))
+            runs[k].append(run(cmd(i)))
     med = lambda xs, k: statistics.median(x[k] for x in xs)
     out = {m: {k: med(runs[k], m) for k in kinds} for m in runs["native"][0]}
     for k in ("passthrough", "record", "record_sites"):
