@@ -166,6 +166,23 @@ def test_each_mode_schedules_as_named(tiny):
             assert pos[("read", 0)] < pos[("launch", lag[mode] + 1)]
 
 
+@pytest.mark.parametrize("mode", decode.MODES)
+def test_host_prep_runs_before_each_launch_and_changes_no_token(tiny, mode):
+    """host_prep_us: that much CPU time per step, after the step's inputs exist and before its launch."""
+    ids = decode.prompts(decode.PRESETS["tiny"]["vocab_size"], 2, PROMPT)
+    plain = decode.decode(tiny, ids, OUTPUT, mode)
+    calls = []
+    real = decode._busy
+    try:
+        decode._busy = lambda s: (calls.append(s), real(s))
+        r = decode.decode(tiny, ids, OUTPUT, mode, host_prep_us=20_000)
+    finally:
+        decode._busy = real
+    assert torch.equal(r.tokens, plain.tokens)
+    assert calls == [0.02] * (OUTPUT - 1)  # one per decode step
+    assert r.wall_s >= 0.02 * (OUTPUT - 1)
+
+
 def test_bench_result_rows_and_compare(tmp_path, capsys):
     rc = cli.main(["bench", "decode", "--model", "tiny", "--device", "cpu", "--batch", "1", "2", "--prompt", "8",
                    "--output", "5", "--iters", "2", "--warmup", "0", "--modes", "sync", "drain",

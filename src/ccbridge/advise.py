@@ -490,7 +490,7 @@ def _pairs(inputs: list[Input]) -> list[tuple[Input, Input]]:
 
     def key(i: Input) -> tuple:
         s = i.result.settings.get("decode", {})
-        return tuple(s.get(k) for k in _SAME_RUN) + (str(s.get("device", "")).split(":")[0],)
+        return tuple(s.get(k) for k in _SAME_RUN) + (str(s.get("device", "")).split(":")[0], s.get("host_prep_us") or 0)
 
     return [(n, c) for c in dec if c.cc_applies
             for n in [next((n for n in dec if not n.cc_applies and key(n) == key(c)), None)] if n]

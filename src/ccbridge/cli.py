@@ -488,7 +488,8 @@ BENCH_OPTIONS = {"models": ("--models", ("ddp",)), "ngpus": ("--ngpus", ("ddp",)
                  "net": ("--net", ("ddp",)), "wrap": ("--wrap", ("ddp",)), "lanes": ("--lanes", ("net",)),
                  "inflight": ("--inflight", ("net",)), "total": ("--total", ("net",)),
                  "minbytes": ("-b/--minbytes", ("cipher", "net")), "maxbytes": ("-e/--maxbytes", ("cipher", "net")),
-                 "warmup": ("--warmup", ("ddp", "decode", "kv")), "seed": ("--seed", ("decode", "kv"))}
+                 "warmup": ("--warmup", ("ddp", "decode", "kv")), "seed": ("--seed", ("decode", "kv")),
+                 "host_prep_us": ("--host-prep-us", ("decode",))}
 # list options whose values each make a row or a run: one given twice would make two rows of one key
 BENCH_LISTS = {"models": "--models", "ngpus": "--ngpus", "buckets": "--buckets", "lanes": "--lanes",
                "batch": "--batch", "modes": "--modes", "thresholds": "--thresholds"}
@@ -575,7 +576,7 @@ def _bench_decode(args) -> int:
                        args.modes or list(DECODE_MODES), args.device or "cuda", iters=args.iters or 3,
                        warmup=1 if args.warmup is None else args.warmup, graphs=args.graphs, seed=args.seed,
                        log=lambda m: print(f"ccbridge bench: {m}", file=sys.stderr, flush=True),
-                       checkpoint=args.checkpoint)
+                       checkpoint=args.checkpoint, host_prep_us=args.host_prep_us or 0.0)
     return _bench_done(res, decode.render(res), args.json)
 
 
@@ -805,6 +806,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "sync (wait for each restore and spill crossing) and/or async (default both)")
     p.add_argument("--graphs", action="store_true", help="decode: each step one CUDA-graph replay over a static KV cache (captured per run, "
                         "outside the timing); needs a CUDA device")
+    p.add_argument("--host-prep-us", type=_checked(_float_ge0), metavar="US",
+                   help="decode: an engine's host work per step (scheduling, metadata), as CPU time between the "
+                        "step's input crossings and its launch (default 0: the harness's own few us)")
     p.add_argument("--device", type=_checked(_device_spec), help="decode, kv: cuda, cuda:N or cpu (default cuda)")
     p.add_argument("--seed", type=_int(0), help="decode, kv: seed of the weights, prompts and the kv "
                                                            "request stream (default 0)")

@@ -19,6 +19,15 @@ order of host work and crossings differs:
   tokens only after launching N+2 (two readbacks in flight), so it never holds
   a crossing itself.
 
+An engine does far more host work per step than this harness (scheduling,
+block tables, sampling metadata: milliseconds at high batch in Python
+engines). host_prep_us models it: that much CPU work (the thread busy, the
+GIL held, as an engine's Python is) between a step's first input crossing and
+its launch. Natively async hides it behind the running forward; under CC the
+first crossing holds the thread until the forward is done, so the work runs
+with the GPU idle (the head-of-line loss the published vLLM accounting
+found), unless the crossing is staged on an idle stream.
+
 With graphs, each step is one replay of a CUDA graph captured over a
 transformers StaticCache (the inputs cross into persistent buffers first):
 one launch toll per step instead of one per kernel.
@@ -51,6 +60,7 @@ import torch
 from ccbridge.errors import UsageError
 
 MODES = ("sync", "async", "staged", "drain")
+MAX_HOST_PREP_US = 1e6  # a second of host work per step is no engine's
 DRAIN_LAG = 2  # drain mode: readbacks in flight before the scheduler thread takes the oldest
 
 # Shapes of published models (config.json of each); the weights are random.
@@ -311,14 +321,22 @@ class _GraphStepper(_Stepper):
 
 
 @torch.no_grad()
+def _busy(seconds: float) -> None:
+    """CPU work for seconds, holding the GIL (an engine's Python prep does; sleeping would free it)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, drain=None,
-           trace: list | None = None, graphs: bool = False) -> Run:
+           trace: list | None = None, graphs: bool = False, host_prep_us: float = 0.0) -> Run:
     """Greedy decode of output tokens per sequence after the host prompt (batch, length), scheduled as mode.
 
     stage (a StagedH2D) and drain (a DrainWorker) are made per call when not given.
     trace, when given, gets ("launch", n) as step n's forward is enqueued and ("read", n) as
     token n reaches the host (token 0 comes from prefill, step n makes token n).
     graphs: each step one CUDA-graph replay over a StaticCache, captured after prefill, before the timing.
+    host_prep_us: CPU work per step between its input crossings and its launch (an engine's host preparation).
     """
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
@@ -355,6 +373,8 @@ def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, d
 
     def launch(n: int, ids: torch.Tensor, cache):
         inputs = inputs_for(n)
+        if host_prep_us:
+            _busy(host_prep_us / 1e6)
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(compute)
@@ -452,10 +472,10 @@ def _mismatch(a: torch.Tensor, b: torch.Tensor) -> str:
 
 def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[str], device: str = "cuda",
           iters: int = 3, warmup: int = 1, graphs: bool = False, seed: int = 0,
-          log: Callable[[str], None] = lambda _: None, checkpoint: str | None = None):
+          log: Callable[[str], None] = lambda _: None, checkpoint: str | None = None, host_prep_us: float = 0.0):
     """Every (batch, mode): warmup + iters runs; a Result of rows decode:tok_per_s and decode:step_ms.
     checkpoint: a local Hugging Face model folder whose weights ccbridge's loader reads (instead of a
-    preset with random weights).
+    preset with random weights). host_prep_us: an engine's host work per step (see decode()).
 
     Tokens of every run are checked against the first run of the first mode at that batch size;
     each disagreement is an entry in Result.errors."""
@@ -463,6 +483,8 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
     from ccbridge.results import Result, Row
 
     dev = check(None if checkpoint is not None else model, batches, prompt, output, modes, device, graphs)
+    if not (0 <= host_prep_us <= MAX_HOST_PREP_US):
+        raise UsageError(f"--host-prep-us {host_prep_us:g}: expected 0 to {MAX_HOST_PREP_US:g} us of host work per step")
     if checkpoint is not None:
         check_checkpoint(checkpoint)
     tf = _transformers()
@@ -479,14 +501,15 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
                            "dtype": str(next(m.parameters()).dtype).split(".")[-1],
                            "prompt": prompt, "output": output, "batches": list(batches), "modes": list(modes),
                            "iters": iters, "warmup": warmup, "graphs": graphs, "seed": seed,
-                           "transformers": tf.__version__, "drain_lag": DRAIN_LAG}}
+                           "transformers": tf.__version__, "drain_lag": DRAIN_LAG, "host_prep_us": host_prep_us}}
     res = Result(env=stamp, settings=settings)
     for b in batches:
         ids = prompts(vocab, b, prompt, seed)
         want = None
         for mode in modes:
             log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs")
-            runs = [decode(m, ids, output, mode, graphs=graphs) for _ in range(warmup + iters)]
+            runs = [decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us)
+                    for _ in range(warmup + iters)]
             bad = None
             for r in runs:
                 if want is None:
@@ -515,6 +538,8 @@ def render(res) -> str:
     weights = "its weights" if s.get("checkpoint") else "random weights"
     head = (f"# ccbridge bench decode: {s['model']} ({weights}), {s['dtype']} on {s['device']}, prompt "
             f"{s['prompt']}, output {s['output']}, {'CUDA graphs' if s['graphs'] else 'eager'}, {s['iters']} timed runs")
+    if s.get("host_prep_us"):
+        head += f", {s['host_prep_us']:g} us of host preparation per step (modelled engine work)"
     if res.emulated:
         from ccbridge import env
 
