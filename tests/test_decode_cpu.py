@@ -238,6 +238,28 @@ def test_mismatched_tokens_fail_the_run(tmp_path, monkeypatch, capsys):
     assert doc["errors"] and doc["errors"][0]["test"] == "decode"
 
 
+def test_a_sequence_parting_at_a_near_tie_is_not_a_mismatch():
+    """The judge reads the reference's logits where a sequence first parts: a near tie counts apart,
+    any other token is wrong (later steps of a parted sequence are not compared)."""
+    import types
+
+    class Flat(torch.nn.Module):  # every position: tokens 3 and 5 tie (within 1e-6), 2 is far below
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, input_ids, use_cache=False, **kw):
+            lg = torch.zeros(1, input_ids.shape[1], 8)
+            lg[..., 3], lg[..., 5] = 1.0, 1.0 - 1e-6
+            return types.SimpleNamespace(logits=lg)
+
+    judge = decode._Judge(Flat(), torch.tensor([[1, 2], [1, 2]]))
+    want = torch.tensor([[3, 3, 3], [3, 3, 3]])
+    assert judge(want, want.clone()) == (False, set())
+    assert judge(want, torch.tensor([[3, 5, 0], [3, 3, 3]])) == (False, {(0, 1)})
+    assert judge(want, torch.tensor([[3, 3, 3], [2, 3, 3]])) == (True, set())
+
+
 def test_api_checks():
     with pytest.raises(UsageError, match="unknown model 'gpt5'"):
         decode.check("gpt5", [1], 4, 4, ["sync"], "cpu", False)

@@ -46,7 +46,7 @@ from ccbridge.ui import approx_bytes
 
 MODES = ("sync", "async")
 BLOCK_TOKENS = 16
-TIE_TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 1e-2}
+TIE_TOL = decode.TIE_TOL
 
 DEFAULTS = dict(prefixes=8, prefix_len_cuda=1024, prefix_len_cpu=64, suffix_len=32, requests=64, zipf=1.0,
                 gpu_fraction=1 / 3, thresholds=(1, 2, 3), modes=MODES, warmup=1, iters=1, check_every=8)
