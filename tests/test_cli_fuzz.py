@@ -276,6 +276,8 @@ CASES = [
     (["bench", "decode", "--host-prep-us", "2e6", "--device", "cpu", "--model", "tiny"],
      "--host-prep-us 2e+06: expected 0 to 1e+06 us of host work per step"),
     (["bench", "kv", "--host-prep-us", "100"], "--host-prep-us goes with `bench decode`"),
+    (["bench", "kv", "--churn", "-1"], "argument --churn: expected at least 0, got -1"),
+    (["bench", "decode", "--churn", "2"], "--churn goes with `bench kv`"),
     (["bench", "kv", "--modes", "staged"], "--modes staged: bench kv schedules sync or async"),
     (["bench", "kv", "--modes", "eager"], "argument --modes: invalid choice: 'eager'"),
     (["bench", "kv", "--model", "gpt5"], "argument --model: invalid choice: 'gpt5'"),

@@ -14,7 +14,7 @@ from ccbridge.errors import UsageError  # noqa: E402
 from ccbridge.serve import KVCache, decode, kvbench  # noqa: E402
 
 BT = kvbench.BLOCK_TOKENS
-SMALL = dict(prefixes=6, prefix_len=64, suffix_len=16, requests=20, device="cpu", check_every=1)
+SMALL = dict(prefixes=6, prefix_len=64, suffix_len=16, requests=20, device="cpu", check_every=1, churn=0, warmup=1)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_server_matches_reference_per_request_including_a_fully_cached_prompt(ti
 def test_threshold_2_spills_far_less_with_one_off_prefixes(tiny):
     # 16 prefixes, skewed reuse, no warm-up pass: many prefixes (and every suffix) are seen once
     res = kvbench.bench("tiny", prefixes=16, prefix_len=64, suffix_len=32, requests=24, zipf=1.2, warmup=0,
-                        thresholds=[1, 2], modes=["async"], device="cpu", check_every=4, _model=tiny)
+                        churn=0, thresholds=[1, 2], modes=["async"], device="cpu", check_every=4, _model=tiny)
     assert not res.errors
     rows = _rows(res)
     s1, s2 = rows[(1, "async", "spill_bytes")].median, rows[(2, "async", "spill_bytes")].median
@@ -74,6 +74,24 @@ def test_threshold_2_spills_far_less_with_one_off_prefixes(tiny):
     assert rows[(2, "async", "ttft_ms")].extra["dropped_threshold"] > 0
     # what threshold 1 spilled but nobody asked for again is what threshold 2 saved: the same host hits or fewer
     assert rows[(2, "async", "host_hit_rate")].median <= rows[(1, "async", "host_hit_rate")].median
+
+
+def test_under_churn_threshold_2_keeps_the_shared_prefixes_and_spills_almost_nothing(tiny):
+    """The default workload's shape (churn 3, two warm-up passes): in the steady state threshold 1 spills every
+    evicted one-off block, threshold 2 spills none of them; the shared prefixes come back from the host."""
+    res = kvbench.bench("tiny", prefixes=4, prefix_len=64, suffix_len=16, requests=16, thresholds=[1, 2],
+                        modes=["async"], device="cpu", check_every=2, _model=tiny)
+    assert not res.errors and res.settings["kv"]["churn"] == 3 and res.settings["kv"]["warmup"] == 2
+    rows = _rows(res)
+    s1, s2 = rows[(1, "async", "spill_bytes")].median, rows[(2, "async", "spill_bytes")].median
+    one_off = 16 * 3 * (64 + 16) // BT * res.settings["kv"]["block_bytes"]  # the churn's blocks in the window
+    assert s1 >= one_off and s2 * 100 <= s1, (s1, s2)
+    e1, e2 = rows[(1, "async", "ttft_ms")].extra, rows[(2, "async", "ttft_ms")].extra
+    assert e2["dropped_threshold"] >= 16 * 3 * (64 + 16) // BT  # every one-off block dropped, none spilled
+    assert e1["blocks_looked_up"] == e2["blocks_looked_up"] == 16 * (64 + 16) // BT  # the measured requests only
+    assert rows[(2, "async", "host_hit_rate")].median >= rows[(1, "async", "host_hit_rate")].median
+    assert rows[(2, "async", "host_hit_rate")].median > 0.5  # the prefixes came back from the host tier
+    assert rows[(1, "async", "ttft_ms")].n == 16  # churn requests are not timed
 
 
 def test_counters_add_up_to_the_requests_blocks(tiny):

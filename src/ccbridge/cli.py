@@ -479,7 +479,7 @@ def cmd_collectives(args) -> int:
 # bench kv's own options (None when not given), refused by every other benchmark.
 KV_OPTIONS = {"prefixes": "--prefixes", "prefix_len": "--prefix-len", "suffix_len": "--suffix-len",
               "requests": "--requests", "thresholds": "--thresholds", "zipf": "--zipf",
-              "device_blocks": "--device-blocks", "gpu_fraction": "--gpu-fraction"}
+              "device_blocks": "--device-blocks", "gpu_fraction": "--gpu-fraction", "churn": "--churn"}
 
 
 # The other benchmarks' own options (None when not given) and the benchmarks that read them: any other
@@ -597,7 +597,7 @@ def _bench_kv(args) -> int:
     res = kvbench.bench(args.model or "llama-1b", args.prefixes, args.prefix_len, args.suffix_len, args.requests,
                         args.thresholds, args.modes, args.device or "cuda", zipf=args.zipf,
                         gpu_fraction=args.gpu_fraction, device_blocks=args.device_blocks, seed=args.seed,
-                        warmup=args.warmup, iters=args.iters,
+                        warmup=args.warmup, iters=args.iters, churn=args.churn,
                         log=lambda m: print(f"ccbridge bench: {m}", file=sys.stderr, flush=True))
     return _bench_done(res, kvbench.render(res), args.json)
 
@@ -785,7 +785,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "decode: timed runs per batch and mode (default 3); kv: passes of "
                                                  "the request stream, each with fresh suffixes (default 1)")
     p.add_argument("--warmup", type=_int(0), help="ddp: warm-up iterations (default 3); decode: warm-up runs (default 1); "
-                   "kv: untimed passes over every prefix before the stream (default 1)")
+                   "kv: untimed passes over every prefix, with its churn, before the stream (default 2)")
     p.add_argument("-b", "--minbytes", type=size, help="cipher, net: smallest size (default 1M; net 64K)")
     p.add_argument("-e", "--maxbytes", type=size, help="cipher, net: largest size (default 1G; net 4M)")
     p.add_argument("--net", choices=["ccbridge"], help="ddp: NCCL's plaintext sockets beside NCCL on the ccbridge "
@@ -813,6 +813,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_int(0), help="decode, kv: seed of the weights, prompts and the kv "
                                                            "request stream (default 0)")
     p.add_argument("--prefixes", type=_int(1), help="kv: distinct shared prefixes (default 8)")
+    p.add_argument("--churn", type=_int(0), help="kv: one-off requests (prefix + suffix tokens, never reused) after "
+                                                 "each request, not timed (default 3)")
     p.add_argument("--prefix-len", type=_int(1), help="kv: tokens per prefix (default 1024 on CUDA, 64 on the CPU)")
     p.add_argument("--suffix-len", type=_int(1), help="kv: unique tokens after the prefix per request (default 32)")
     p.add_argument("--requests", type=_int(1), help="kv: timed requests per pass, each generating 1 token (default 64; "

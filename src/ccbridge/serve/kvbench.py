@@ -2,11 +2,17 @@
 
 D distinct shared prefixes of P tokens; a seeded stream of requests, each one
 prefix (drawn Zipf-like: prefix i with weight 1/(i+1)^s) plus a short unique
-suffix, generating one token (time to first token is the metric). The KV of a
-request lives in a ccbridge.serve.KVCache whose device pool holds about a
-third of the distinct prefixes (--gpu-fraction), so blocks are evicted,
-spilled to the host tier when the store threshold allows (looked up at least
-N times) and restored from it.
+suffix, generating one token (warm time to first token is the metric). After
+each of them come C churn requests (--churn, default 3 as the published
+setup): one-off prompts of P + suffix tokens that nobody asks for again, as a
+busy server's other traffic. The KV of a request lives in a
+ccbridge.serve.KVCache whose device pool holds about a third of the distinct
+prefixes (--gpu-fraction), so blocks are evicted, spilled to the host tier
+when the store threshold allows (looked up at least N times) and restored
+from it. The host tier holds the shared prefixes twice over (HOST_FRACTION):
+one-off blocks spilled into it compete with them. Two warm-up passes over
+every prefix (with their churn) come first: the timed window is the steady
+state in which each shared prefix has been seen reused.
 
 One request:
   lookup(tokens)        chained block hashes; the cached prefix of the chain is pinned
@@ -49,19 +55,22 @@ BLOCK_TOKENS = 16
 TIE_TOL = decode.TIE_TOL
 
 DEFAULTS = dict(prefixes=8, prefix_len_cuda=1024, prefix_len_cpu=64, suffix_len=32, requests=64, zipf=1.0,
-                gpu_fraction=1 / 3, thresholds=(1, 2, 3), modes=MODES, warmup=1, iters=1, check_every=8)
+                gpu_fraction=1 / 3, thresholds=(1, 2, 3), modes=MODES, warmup=2, iters=1, check_every=8, churn=3)
+HOST_FRACTION = 2.0  # host tier blocks: the shared prefixes' blocks twice over (plus one request's)
+CHURN = -1  # a stream entry's prefix index for a churn request
 
 
 @dataclass
 class Workload:
     prefixes: list[list[int]]
-    stream: list[tuple[int, list[int]]]   # (prefix index, full tokens) per timed request, passes concatenated
-    warm: list[list[int]]                  # the warm-up requests: every prefix once (per warm-up pass)
+    stream: list[tuple[int, list[int]]]   # (prefix index or CHURN, full tokens), passes concatenated
+    warm: list[list[int]]                  # the warm-up requests: every prefix once per pass, each with its churn
 
 
 def workload(vocab: int, prefixes: int, prefix_len: int, suffix_len: int, requests: int, zipf: float,
-             seed: int = 0, warmup: int = 1, iters: int = 1) -> Workload:
-    """Seeded prefixes, a warm-up pass over them and iters passes of requests (each suffix drawn afresh)."""
+             seed: int = 0, warmup: int = 1, iters: int = 1, churn: int = 0) -> Workload:
+    """Seeded prefixes, warm-up passes over them and iters passes of requests (each suffix drawn afresh),
+    each request followed by churn one-off requests of the same length."""
     g = torch.Generator().manual_seed(seed)
     pre = [torch.randint(0, vocab, (prefix_len,), generator=g).tolist() for _ in range(prefixes)]
     # exp(-s log(i+1)) rather than 1/(i+1)^s: a large s underflows to 0 (prefix 0 only) instead of overflowing
@@ -70,11 +79,15 @@ def workload(vocab: int, prefixes: int, prefix_len: int, suffix_len: int, reques
     def suffix() -> list[int]:
         return torch.randint(0, vocab, (suffix_len,), generator=g).tolist()
 
-    warm = [p + suffix() for _ in range(warmup) for p in pre]
+    def one_off() -> list[int]:
+        return torch.randint(0, vocab, (prefix_len + suffix_len,), generator=g).tolist()
+
+    warm = [t for _ in range(warmup) for p in pre for t in [p + suffix()] + [one_off() for _ in range(churn)]]
     stream = []
     for _ in range(iters):
         for i in torch.multinomial(weights, requests, replacement=True, generator=g).tolist():
             stream.append((i, pre[i] + suffix()))
+            stream += [(CHURN, one_off()) for _ in range(churn)]
     return Workload(pre, stream, warm)
 
 
@@ -92,7 +105,7 @@ def device_budget(prefixes: int, prefix_len: int, suffix_len: int, gpu_fraction:
 
 def check(model: str, prefixes: int, prefix_len: int, suffix_len: int, requests: int, thresholds: list[int],
           modes: list[str], device: str, zipf: float = 1.0, gpu_fraction: float | None = None,
-          device_blocks: int | None = None) -> torch.device:
+          device_blocks: int | None = None, churn: int = 0) -> torch.device:
     """Every argument checked before a model is built; the torch device to run on."""
     if model not in decode.PRESETS:
         raise UsageError(f"unknown model {model!r} (one of {', '.join(decode.PRESETS)})")
@@ -103,6 +116,8 @@ def check(model: str, prefixes: int, prefix_len: int, suffix_len: int, requests:
         raise UsageError("give at least one mode and thresholds of at least 1")
     if prefixes < 1 or requests < 1 or suffix_len < 1:
         raise UsageError("--prefixes, --requests and --suffix-len must be at least 1")
+    if churn < 0:
+        raise UsageError(f"--churn {churn}: one-off requests per request must be 0 or more")
     if prefix_len < BLOCK_TOKENS:
         raise UsageError(f"--prefix-len {prefix_len}: shorter than one KV block ({BLOCK_TOKENS} tokens), "
                          "nothing could be reused")
@@ -150,6 +165,7 @@ class Server:
         kv, bt = self.kv, self.kv.block_tokens
         t0 = time.perf_counter()
         lk = kv.lookup(tokens)
+        self.split = (len(lk.device), len(lk.host), len(lk.misses))  # this request's blocks, by where they were
         try:
             hits = lk.hits
             if len(hits) * bt >= len(tokens):  # the whole prompt is cached: recompute its last block for logits
@@ -207,7 +223,7 @@ def bench(model: str = "llama-1b", prefixes: int | None = None, prefix_len: int 
           modes: list[str] | None = None, device: str = "cuda", zipf: float | None = None,
           gpu_fraction: float | None = None, device_blocks: int | None = None, seed: int = 0,
           warmup: int | None = None, iters: int | None = None, check_every: int | None = None,
-          log: Callable[[str], None] = lambda _: None, _model=None):
+          churn: int | None = None, log: Callable[[str], None] = lambda _: None, _model=None):
     """Every (threshold, mode) on a fresh KVCache: a warm-up pass, then the timed stream; a Result.
 
     Rows per (threshold, mode): kv:ttft_ms (median = p50, extra p99), kv:request_ms (lookup to stored),
@@ -227,10 +243,11 @@ def bench(model: str = "llama-1b", prefixes: int | None = None, prefix_len: int 
     warmup = d["warmup"] if warmup is None else warmup
     iters = d["iters"] if iters is None else iters
     check_every = d["check_every"] if check_every is None else check_every
+    churn = d["churn"] if churn is None else churn
     if prefix_len is None:
         prefix_len = d["prefix_len_cuda"] if torch.device(device).type == "cuda" else d["prefix_len_cpu"]
     dev = check(model, prefixes, prefix_len, suffix_len, requests, thresholds, modes, device, zipf, gpu_fraction,
-                device_blocks)
+                device_blocks, churn)
     blocks = device_budget(prefixes, prefix_len, suffix_len,
                            d["gpu_fraction"] if gpu_fraction is None else gpu_fraction, device_blocks)
     stamp = env.stamp()
@@ -244,16 +261,18 @@ def bench(model: str = "llama-1b", prefixes: int | None = None, prefix_len: int 
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     dtype = next(m.parameters()).dtype
     shape = (cfg.num_hidden_layers, 2, heads, BLOCK_TOKENS, head_dim)
-    wl = workload(cfg.vocab_size, prefixes, prefix_len, suffix_len, requests, zipf, seed, warmup, iters)
+    wl = workload(cfg.vocab_size, prefixes, prefix_len, suffix_len, requests, zipf, seed, warmup, iters, churn)
     per_req = (prefix_len + suffix_len) // BLOCK_TOKENS
-    host_blocks = prefixes * (prefix_len // BLOCK_TOKENS) + (len(wl.stream) + len(wl.warm)) * (per_req - prefix_len // BLOCK_TOKENS + 1)
-    checked = [i for i in range(len(wl.stream)) if check_every and i % check_every == 0]
-    log(f"reference prefills (no cache) of {len(checked)} of {len(wl.stream)} requests")
+    host_blocks = math.ceil(HOST_FRACTION * prefixes * (prefix_len // BLOCK_TOKENS)) + per_req
+    measured = [i for i, (p, _) in enumerate(wl.stream) if p != CHURN]
+    checked = [i for n, i in enumerate(measured) if check_every and n % check_every == 0]
+    log(f"reference prefills (no cache) of {len(checked)} of {len(measured)} requests")
     refs = {i: reference(m, wl.stream[i][1]) for i in checked}
     tol = TIE_TOL.get(dtype, 2e-2)
     block_bytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
     settings = {"kv": {"model": model, "device": str(dev), "dtype": str(dtype).split(".")[-1], "prefixes": prefixes,
                        "prefix_len": prefix_len, "suffix_len": suffix_len, "requests": requests, "zipf": zipf,
+                       "churn": churn, "host_fraction": HOST_FRACTION,
                        "block_tokens": BLOCK_TOKENS, "block_bytes": block_bytes, "device_blocks": blocks,
                        "host_blocks": host_blocks, "gpu_fraction": blocks / (prefixes * (prefix_len // BLOCK_TOKENS)),
                        "thresholds": thresholds, "modes": modes, "warmup": warmup, "iters": iters, "seed": seed,
@@ -306,9 +325,13 @@ def _sweep(res, m, wl, refs, shape, dtype, blocks, host_blocks, thresholds, mode
                 kv.flush()
                 before = kv.stats()
                 ttft, total, bad, ties = [], [], [], 0
-                for i, (_, toks) in enumerate(wl.stream):
+                split = [0, 0, 0]  # the measured requests' blocks: device hits, host hits, misses
+                for i, (p, toks) in enumerate(wl.stream):
                     tok, t1, t2 = srv.serve(toks)
                     every(f"threshold {th}, {mode}: request {i + 1}/{len(wl.stream)}")
+                    if p == CHURN:  # served for its traffic; neither timed nor checked
+                        continue
+                    split = [a + b for a, b in zip(split, srv.split)]
                     ttft.append(t1 * 1e3)
                     total.append(t2 * 1e3)
                     if i in refs and tok != int(refs[i].argmax()):
@@ -319,8 +342,9 @@ def _sweep(res, m, wl, refs, shape, dtype, blocks, host_blocks, thresholds, mode
                             bad.append(i)
                 kv.flush()
                 after = kv.stats()
-            c = {k: after[k] - before[k] for k in ("blocks_looked_up", "device_hits", "host_hits", "misses",
-                                                    "spill_bytes", "spilled_blocks", "spill_crossings",
+            # the lookups of the measured requests; crossings and drops of the whole window, churn included
+            c = dict(zip(("device_hits", "host_hits", "misses"), split), blocks_looked_up=sum(split))
+            c |= {k: after[k] - before[k] for k in ("spill_bytes", "spilled_blocks", "spill_crossings",
                                                     "restore_bytes", "restored_blocks", "restore_crossings",
                                                     "dropped_threshold", "dropped_host_full", "host_evictions")}
             n = max(1, c["blocks_looked_up"])
@@ -343,12 +367,19 @@ def _sweep(res, m, wl, refs, shape, dtype, blocks, host_blocks, thresholds, mode
                                    f"{bad[0]})"})
 
 
+def _churn_words(s: dict) -> str:
+    c = s.get("churn", 0)
+    return (f", each followed by {c} one-off request{'s' if c > 1 else ''} of {s['prefix_len'] + s['suffix_len']} "
+            "tokens (churn, not timed)") if c else ""
+
+
 def render(res) -> str:
     """A table: one line per (threshold, mode)."""
     s = res.settings["kv"]
     head = (f"# ccbridge bench kv: {s['model']} (random weights), {s['dtype']} on {s['device']}; {s['prefixes']} "
             f"prefixes of {s['prefix_len']} tokens, Zipf s={s['zipf']:g}, {s['requests']} requests x {s['iters']} "
-            f"(+{s['prefixes'] * s['warmup']} warm-up) with {s['suffix_len']}-token unique suffixes, 1 token each\n"
+            f"(+{s['prefixes'] * s['warmup']} warm-up) with {s['suffix_len']}-token unique suffixes, 1 token each"
+            f"{_churn_words(s)}\n"
             f"# KV blocks of {s['block_tokens']} tokens ({approx_bytes(s['block_bytes'])}): {s['device_blocks']} on the "
             f"device ({s['gpu_fraction']:.0%} of the prefixes' blocks), {s['host_blocks']} on the host; first tokens "
             f"of {s['checked']} requests checked against a full prefill")
