@@ -139,16 +139,17 @@ def net_rows(r: Path) -> None:
 def serve_rows(r: Path) -> None:
     """Decode tok/s per mode at the largest batch (eager and graphs), the account of the async mode, and KV
     TTFT per threshold, native beside EMULATED b300."""
-    for tag in ("decode", "decode-graphs"):
+    for tag in ("decode", "decode-graphs", "decode-prep"):
         runs = {k: results.load(r / f"{tag}-{k}.json") for k in ("native", "b300") if (r / f"{tag}-{k}.json").exists()}
         if not runs:
             continue
         big = max(x.params["batch"] for x in next(iter(runs.values())).rows)
         for mode in ("sync", "async", "staged", "drain"):
-            got = {k: next((x.median for x in runs[k].rows if x.metric == "tok_per_s" and x.params["batch"] == big
+            got = {k: next((x for x in runs[k].rows if x.metric == "tok_per_s" and x.params["batch"] == big
                             and x.params["mode"] == mode), None) if k in runs else None for k in ("native", "b300")}
-            print(f"| {tag} batch {big} {mode}: tok/s native / EMULATED b300 | "
-                  + " / ".join(f"{v:.0f}" if v else "-" for v in got.values()) + " |")
+            print(f"| {tag} batch {big} {mode}: tok/s native / EMULATED b300 (tokens) | "
+                  + " / ".join(f"{v.median:.0f} ({'same' if v.extra.get('tokens_match') else 'DIFFER'}, "
+                               f"{v.extra.get('near_ties', 0)} near ties)" if v else "-" for v in got.values()) + " |")
     acc = r / "account-decode" / "result.json"
     if acc.exists():
         res = results.load(acc)
