@@ -16,10 +16,12 @@ tolls shows as the unexplained rest. Prints JSON last. EMULATED figures.
 
 A D2H crossing makes the host wait once: its channel copies wait on the GPU
 for the copy's place in its stream, and its stream wait is read off the
-channel's timing events. The d2h32 loop's unexplained rest was +11.1 us on an
-H200 while the emulator waited on the host twice (for the place, then for the
-copy it re-issued). With one wait, the rest should be the few driver calls
-the channel adds (a stream wait, two event records, a timing read).
+channel's timing events. With one wait the d2h32 loop's unexplained rest was
+still +22 us on an H100 (2026-11-22, session 4): 7 us of GPU-side waiting on
+an idle stream and the channel's own calls. Now an idle stream skips the
+GPU-side wait, and a D2H's tolls start where this machine's native small D2H
+(measured per channel) would have ended, so the channel's work is inside the
+tolls: the rest should be near 0.
 """
 
 from __future__ import annotations

@@ -828,6 +828,7 @@ def test_a_d2h_crossing_makes_the_host_wait_once_for_its_stream_and_its_first_by
     w, h = 37, 5
     desc = Memcpy2D(srcMemoryType=DEVICE_MEM, srcDevice=dev, srcPitch=w, dstMemoryType=HOST_MEM, dstHost=dst,
                     dstPitch=w, WidthInBytes=w, Height=h)
+    assert lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s) == 0  # the channel and its native floor exist before the counts
     for name, stream, call, nbytes, waits in (
         ("32 bytes", s, lambda: lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s), 32, 1),
         ("4 chunks", s, lambda: lib.cuMemcpyDtoHAsync_v2(dst, dev, n, s), n, 4),
@@ -842,6 +843,42 @@ def test_a_d2h_crossing_makes_the_host_wait_once_for_its_stream_and_its_first_by
         assert lib.ccbemu_fake_host_waits() - before == waits, name
         assert took >= 0.02, f"{name}: returned before the stream reached it"
         assert ctypes.string_at(dst, nbytes) == data[:nbytes], name
+
+
+def test_a_d2h_on_an_idle_stream_waits_for_nothing_on_the_gpu(lib):
+    """An idle stream is at the copy's place already: the channel issues no GPU-side wait (a failure injected
+    into cuStreamWaitEvent is never met); behind queued work it still waits on the GPU (and meets it)."""
+    init(lib, chunk_bytes=4096, d2h_toll_us=0, sync_toll_us=0)
+    lib.ccbemu_fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    dev = lib.ccbemu_fake_alloc(64, DEVICE)
+    dst, _keep = host(lib, 64, True)
+    s = lib.ccbemu_fake_stream()
+    try:
+        lib.ccbemu_fake_fail(b"cuStreamWaitEvent", 1)
+        assert lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s) == 0
+        busy(lib, s, 5000)
+        assert lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s) == 999  # the injected error: it waited on the GPU
+    finally:
+        lib.ccbemu_fake_fail(b"", 0)
+
+
+def test_d2h_tolls_start_where_a_native_copy_would_have_ended(lib):
+    """The channel's own work (here a fake copy holding the channel stream 4 ms where the paced bytes take 1 ms)
+    is inside the tolls, not on top: 1 ms paced + 5 ms toll = 6 ms (tolls after the channel's work: 9 ms).
+    Never less than the paced bytes plus the toll."""
+    init(lib, chunk_bytes=8192, d2h_pinned_gbps=0.004096, d2h_toll_us=5000, sync_toll_us=0)
+    lib.ccbemu_fake_copy_gbps.argtypes = [ctypes.c_double]
+    n = 4096
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    dst, _keep = host(lib, n, True)
+    s = lib.ccbemu_fake_stream()
+    assert lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s) == 0  # the channel's native floor, measured at full speed
+    lib.ccbemu_fake_copy_gbps(0.001024)  # 4096 bytes hold the channel stream 4 ms
+    try:
+        took = min(timed(lib.cuMemcpyDtoHAsync_v2, dst, dev, n, s) for _ in range(3))
+    finally:
+        lib.ccbemu_fake_copy_gbps(0)
+    assert 0.006 <= took < 0.0085, took
 
 
 def test_a_d2h_behind_a_busy_stream_reports_its_stream_wait_and_paces_from_it(lib, tmp_path):

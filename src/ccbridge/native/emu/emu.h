@@ -93,6 +93,7 @@ typedef struct {
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamSynchronize)(CUstream);
     CUresult (*StreamIsCapturing)(CUstream, int *);
+    CUresult (*StreamQuery)(CUstream);
     CUresult (*EventCreate)(CUevent *, unsigned);
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventQuery)(CUevent);
@@ -167,9 +168,11 @@ double emu_chan_gbps(int dir, int mem);
 /* Host-GPU round trips under CC (sync_toll): launches and crossings mark work
  * submitted; a synchronize pays a round trip only if work was submitted since
  * the last one, and a D2H crossing always pays one (the host waits for the
- * GPU and the bytes). Returns the ns it waited. */
+ * GPU and the bytes). Returns the ns it waited; _due returns the ns owed
+ * without waiting (the caller folds them into a wait of its own). */
 void emu_work_submitted(void);
 uint64_t emu_roundtrip(int always);
+uint64_t emu_roundtrip_due(int always);
 
 /* ---- cipher and lanes (cipher.c) ---- */
 int emu_cipher_load(char *err, size_t errlen);

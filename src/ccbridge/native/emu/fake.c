@@ -82,6 +82,11 @@ static CUresult f_StreamSynchronize(CUstream s) {
     return 0;
 }
 static CUresult f_StreamIsCapturing(CUstream s, int *st) { *st = S(s)->capturing; return 0; }
+/* Idle once its clock has passed (what it holds is done); not counted as a host wait: it never waits. */
+static CUresult f_StreamQuery(CUstream s) {
+    INJECT("cuStreamQuery");
+    return S(s)->busy_until <= emu_now() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
 static CUresult f_EventCreate(CUevent *e, unsigned flags) {
     fevent *f = calloc(1, sizeof *f);
     if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -280,7 +285,7 @@ static const struct { const char *name; void *fn; } kFake[] = {
     {"cuCtxGetCurrent", f_CtxGetCurrent}, {"cuCtxPushCurrent_v2", f_CtxPushCurrent},
     {"cuCtxPopCurrent_v2", f_CtxPopCurrent}, {"cuStreamGetCtx", f_StreamGetCtx},
     {"cuStreamCreate", f_StreamCreate}, {"cuStreamSynchronize", f_StreamSynchronize},
-    {"cuStreamSynchronize_ptsz", f_StreamSynchronize}, {"cuStreamIsCapturing", f_StreamIsCapturing},
+    {"cuStreamSynchronize_ptsz", f_StreamSynchronize}, {"cuStreamIsCapturing", f_StreamIsCapturing}, {"cuStreamQuery", f_StreamQuery},
     {"cuEventCreate", f_EventCreate}, {"cuEventRecord", f_EventRecord}, {"cuEventQuery", f_EventQuery},
     {"cuEventSynchronize", f_EventSynchronize}, {"cuStreamWaitEvent", f_StreamWaitEvent},
     {"cuEventElapsedTime", f_EventElapsedTime}, {"cuMemHostAlloc", f_MemHostAlloc},

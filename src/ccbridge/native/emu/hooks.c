@@ -104,7 +104,7 @@ static void fill(lookup_fn look) {
         D(CtxGetCurrent, "cuCtxGetCurrent"), D(CtxPushCurrent, "cuCtxPushCurrent_v2"),
         D(CtxPopCurrent, "cuCtxPopCurrent_v2"), D(StreamGetCtx, "cuStreamGetCtx"),
         D(StreamCreate, "cuStreamCreate"), D(StreamSynchronize, "cuStreamSynchronize"),
-        D(StreamIsCapturing, "cuStreamIsCapturing"), D(EventCreate, "cuEventCreate"),
+        D(StreamIsCapturing, "cuStreamIsCapturing"), D(StreamQuery, "cuStreamQuery"), D(EventCreate, "cuEventCreate"),
         D(EventRecord, "cuEventRecord"), D(EventQuery, "cuEventQuery"), D(EventSynchronize, "cuEventSynchronize"),
         D(StreamWaitEvent, "cuStreamWaitEvent"), D(EventElapsedTime, "cuEventElapsedTime"),
         D(MemHostAlloc, "cuMemHostAlloc"), D(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),

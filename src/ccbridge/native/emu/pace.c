@@ -93,12 +93,15 @@ double emu_chan_gbps(int dir, int mem) {
 static uint64_t g_submitted;        /* submissions of this process, counted */
 static __thread uint64_t t_seen;    /* g_submitted at this thread's last round trip */
 void emu_work_submitted(void) { __atomic_fetch_add(&g_submitted, 1, __ATOMIC_RELAXED); }
-uint64_t emu_roundtrip(int always) {
+uint64_t emu_roundtrip_due(int always) {
     uint64_t now = __atomic_load_n(&g_submitted, __ATOMIC_RELAXED);
     int was = now != t_seen;
     t_seen = now;
     if (!cfg.emulate || !(was || always)) return 0;
-    uint64_t ns = emu_ns(cfg.sync_toll_ns);
-    emu_spin_for(ns);
+    return emu_ns(cfg.sync_toll_ns);
+}
+uint64_t emu_roundtrip(int always) {
+    uint64_t ns = emu_roundtrip_due(always);
+    if (ns) emu_spin_for(ns);
     return ns;
 }
