@@ -120,13 +120,19 @@ def _profile(frame, event, arg):
     _set(sid)
 
 
+# callables whose __module__/__qualname__ are plain slots: Python functions, builtins, classes, and the C
+# method descriptors torch's tensor methods are (Tensor.item, .cpu, .to: "TensorBase.item")
+_READABLE = (types.FunctionType, types.BuiltinFunctionType, type, types.MethodDescriptorType,
+             types.WrapperDescriptorType, types.MethodWrapperType, types.ClassMethodDescriptorType)
+
+
 def _callee(callable_):
     """(its code where it is a Python function, else None; a name): read off functions, methods, builtins and
     classes only. Any other callable is named by its type: its own attributes may be descriptors or run a
     __getattr__ (a lazy module, types.FunctionType's __code__) and are never touched."""
     func = callable_.__func__ if isinstance(callable_, types.MethodType) else callable_
-    if isinstance(func, (types.FunctionType, types.BuiltinFunctionType, type)):
-        mod, name = func.__module__, func.__qualname__
+    if isinstance(func, _READABLE):
+        mod, name = getattr(func, "__module__", None), func.__qualname__  # (C descriptors have no module)
         code = func.__code__ if isinstance(func, types.FunctionType) else None
     else:
         mod, name, code = type(func).__module__, type(func).__name__, None
