@@ -57,9 +57,10 @@ def buffer(n):
 
 # ---- the two ranks (spawned) ----
 
-def receiver(pipe, lib_path, key, sizes, capacity, concurrent, delays=None):
+def receiver(pipe, lib_path, key, sizes, capacity, concurrent, delays=None, die_after=None):
     """Listen, hand the handle over, accept, receive `sizes`; report what happened. delays: seconds
-    to sleep before posting each batch (so that records arrive before their receive is posted)."""
+    to sleep before posting each batch (so that records arrive before their receive is posted).
+    die_after: report, then end the process abruptly (no close) once that many messages arrived."""
     deadline = time.monotonic() + DEADLINE
     out = {"completed": [], "error": None, "where": None}
     try:
@@ -79,6 +80,10 @@ def receiver(pipe, lib_path, key, sizes, capacity, concurrent, delays=None):
                 posted = [(i, net.irecv(rcomm, bufs[i], len(bufs[i]) if capacity or n else 0, deadline))
                           for i, n in list(enumerate(sizes))[start:start + concurrent]]
                 received += [(i, net.wait(req, deadline)) for i, req in posted]
+                if die_after is not None and len(received) >= die_after:
+                    out["completed"] = [(i, got, True) for i, got in received]
+                    pipe.send(out)
+                    os._exit(9)  # a killed rank: its sockets close under the peer, nothing said
             out["seconds"] = time.monotonic() - t0
         finally:  # checked outside the timed loop, and also when a later request failed
             out["completed"] = [(i, got, got == sizes[i] and bufs[i].raw[:got] == payload(i, got))
@@ -114,7 +119,8 @@ def sender(pipe, lib_path, key, sizes, concurrent, port):
                 net.wait(req, deadline)
         net.t.closeSend(scomm)
     except (netplugin.NetError, TimeoutError) as e:
-        out["error"] = str(e)
+        out["error"], out["where"] = str(e), getattr(e, "where", "timeout")
+    out["elapsed"] = time.monotonic() - (deadline - DEADLINE)
     pipe.send(out)
 
 
@@ -130,13 +136,14 @@ def _reap(*procs):
 
 
 def run_pair(sizes, key=KEY, send_key=None, capacity=None, concurrent=1, port=0, recv_concurrent=None,
-             delays=None):
+             delays=None, die_after=None):
     """Both ranks in processes of their own; killed at the deadline."""
     lib = str(netplugin.library())
     ctx = mp.get_context("spawn")
     rp, rc = ctx.Pipe()
     sp, sc = ctx.Pipe()
-    r = ctx.Process(target=receiver, args=(rc, lib, key, sizes, capacity, recv_concurrent or concurrent, delays))
+    r = ctx.Process(target=receiver, args=(rc, lib, key, sizes, capacity, recv_concurrent or concurrent, delays,
+                                           die_after))
     s = ctx.Process(target=sender, args=(sc, lib, send_key or key, sizes, concurrent, port))
     r.start()
     s.start()
@@ -186,6 +193,17 @@ def test_sender_far_ahead_of_late_receives(lanes, monkeypatch):
     got, sent = run_pair(sizes, concurrent=32, recv_concurrent=1, delays=[0.05, 0, 0, 0.002, 0, 0])
     assert got["error"] is None and sent["error"] is None, (got, sent)
     assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
+
+
+def test_a_killed_receiver_fails_the_sender_with_an_error_not_a_hang():
+    """The receiving rank dies (no close) after two messages of a long stream: the sender's requests fail
+    with the plugin's error well inside the deadline (NCCL then aborts that rank too), never complete
+    into nowhere and never wait out the deadline."""
+    sizes = [1 << 20] * 400
+    got, sent = run_pair(sizes, concurrent=8, die_after=2)
+    assert got["error"] is None and len(got["completed"]) >= 2, got
+    assert sent["error"] is not None and sent["where"] != "timeout", sent
+    assert sent["elapsed"] < DEADLINE / 2, sent
 
 
 def test_short_message_into_larger_buffer_reports_its_size():
