@@ -260,6 +260,34 @@ def test_a_sequence_parting_at_a_near_tie_is_not_a_mismatch():
     assert judge(want, torch.tensor([[3, 3, 3], [2, 3, 3]])) == (True, set())
 
 
+def test_the_benches_run_without_cudnn_attention_and_restore_it(tiny, monkeypatch):
+    """cuDNN's attention kernels parted bf16 runs on an H100; both benches switch them off while they run."""
+    from ccbridge.serve import kvbench
+
+    seen, real = [], decode.decode
+
+    def spy(*a, **kw):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*a, **kw)
+
+    monkeypatch.setattr(decode, "decode", spy)
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    res = decode.bench("tiny", [1], 4, 3, ["sync"], "cpu", iters=1, warmup=0)
+    assert seen == [False] and torch.backends.cuda.cudnn_sdp_enabled()
+    assert res.settings["decode"]["cudnn_attention"] is False
+    served = []
+
+    def serve(self, tokens):
+        served.append(torch.backends.cuda.cudnn_sdp_enabled())
+        self.split = (0, 0, 1)
+        return 0, 1e-3, 1e-3
+
+    monkeypatch.setattr(kvbench.Server, "serve", serve)
+    kvbench.bench("tiny", prefixes=1, prefix_len=16, suffix_len=4, requests=1, thresholds=[1], modes=["sync"],
+                  device="cpu", churn=0, warmup=0, check_every=0, _model=tiny)
+    assert served and not any(served) and torch.backends.cuda.cudnn_sdp_enabled()
+
+
 def test_api_checks():
     with pytest.raises(UsageError, match="unknown model 'gpt5'"):
         decode.check("gpt5", [1], 4, 4, ["sync"], "cpu", False)

@@ -49,6 +49,7 @@ each step's start and end event on the compute stream over the wall time
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from dataclasses import dataclass, field
@@ -321,6 +322,20 @@ class _GraphStepper(_Stepper):
 
 
 @torch.no_grad()
+@contextlib.contextmanager
+def deterministic_attention():
+    """cuDNN's attention kernels off (PyTorch picks flash, memory-efficient or math instead), restored after.
+    With them on, two bf16 decodes of llama-1b on an H100 (torch 2.11) parted run to run from batch 8, eager
+    and graphs alike, prefill logits equal; with them off every run agreed bit for bit (diag, 2026-11-22).
+    The benches compare tokens across modes and runs, so they need the deterministic kernels."""
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+
+
 def _busy(seconds: float) -> None:
     """CPU work for seconds, holding the GIL (an engine's Python prep does; sleeping would free it)."""
     end = time.perf_counter() + seconds
@@ -542,35 +557,37 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
                            "dtype": str(next(m.parameters()).dtype).split(".")[-1],
                            "prompt": prompt, "output": output, "batches": list(batches), "modes": list(modes),
                            "iters": iters, "warmup": warmup, "graphs": graphs, "seed": seed,
-                           "transformers": tf.__version__, "drain_lag": DRAIN_LAG, "host_prep_us": host_prep_us}}
+                           "transformers": tf.__version__, "drain_lag": DRAIN_LAG, "host_prep_us": host_prep_us,
+                           "cudnn_attention": False}}
     res = Result(env=stamp, settings=settings)
-    for b in batches:
-        ids = prompts(vocab, b, prompt, seed)
-        want, judge = None, _Judge(m, ids)
-        for mode in modes:
-            log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs")
-            runs = [decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us)
-                    for _ in range(warmup + iters)]
-            if want is None:
-                want = (mode, runs[0].tokens)
-            bad, ties = None, set()
-            for r in runs:
-                wrong, tied = judge(want[1], r.tokens)
-                ties |= tied
-                if wrong and bad is None:
-                    bad = f"batch {b}, mode {mode}: tokens differ from {want[0]}'s in " + _mismatch(r.tokens, want[1])
-            if bad:
-                res.errors.append({"test": "decode", "error": bad})
-            timed = runs[warmup:]
-            params = dict(model=model, batch=b, mode=mode, graphs=graphs)
-            busy = [r.gpu_busy for r in timed if r.gpu_busy is not None]
-            extra = {"gpu_busy": sorted(busy)[len(busy) // 2] if busy else None, "tokens_match": bad is None,
-                     "near_ties": len(ties), **timed[-1].stats}
-            res.rows.append(Row.of("decode", "tok_per_s", "tok/s", [b * (output - 1) / r.wall_s for r in timed],
-                                   **params))
-            res.rows[-1].extra = extra
-            res.rows.append(Row.of("decode", "step_ms", "ms", [r.wall_s / (output - 1) * 1e3 for r in timed], **params))
-            res.rows.append(Row.of("decode", "token_gap_ms", "ms", [s * 1e3 for r in timed for s in r.step_s], **params))
+    with deterministic_attention():  # every mode's tokens comparable bit for bit
+        for b in batches:
+            ids = prompts(vocab, b, prompt, seed)
+            want, judge = None, _Judge(m, ids)
+            for mode in modes:
+                log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs")
+                runs = [decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us)
+                        for _ in range(warmup + iters)]
+                if want is None:
+                    want = (mode, runs[0].tokens)
+                bad, ties = None, set()
+                for r in runs:
+                    wrong, tied = judge(want[1], r.tokens)
+                    ties |= tied
+                    if wrong and bad is None:
+                        bad = f"batch {b}, mode {mode}: tokens differ from {want[0]}'s in " + _mismatch(r.tokens, want[1])
+                if bad:
+                    res.errors.append({"test": "decode", "error": bad})
+                timed = runs[warmup:]
+                params = dict(model=model, batch=b, mode=mode, graphs=graphs)
+                busy = [r.gpu_busy for r in timed if r.gpu_busy is not None]
+                extra = {"gpu_busy": sorted(busy)[len(busy) // 2] if busy else None, "tokens_match": bad is None,
+                         "near_ties": len(ties), **timed[-1].stats}
+                res.rows.append(Row.of("decode", "tok_per_s", "tok/s", [b * (output - 1) / r.wall_s for r in timed],
+                                       **params))
+                res.rows[-1].extra = extra
+                res.rows.append(Row.of("decode", "step_ms", "ms", [r.wall_s / (output - 1) * 1e3 for r in timed], **params))
+                res.rows.append(Row.of("decode", "token_gap_ms", "ms", [s * 1e3 for r in timed for s in r.step_s], **params))
     res.duration_s = time.monotonic() - t_start
     return res
 

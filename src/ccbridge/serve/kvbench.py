@@ -267,7 +267,8 @@ def bench(model: str = "llama-1b", prefixes: int | None = None, prefix_len: int 
     measured = [i for i, (p, _) in enumerate(wl.stream) if p != CHURN]
     checked = [i for n, i in enumerate(measured) if check_every and n % check_every == 0]
     log(f"reference prefills (no cache) of {len(checked)} of {len(measured)} requests")
-    refs = {i: reference(m, wl.stream[i][1]) for i in checked}
+    with decode.deterministic_attention():
+        refs = {i: reference(m, wl.stream[i][1]) for i in checked}
     tol = TIE_TOL.get(dtype, 2e-2)
     block_bytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
     settings = {"kv": {"model": model, "device": str(dev), "dtype": str(dtype).split(".")[-1], "prefixes": prefixes,
@@ -276,14 +277,16 @@ def bench(model: str = "llama-1b", prefixes: int | None = None, prefix_len: int 
                        "block_tokens": BLOCK_TOKENS, "block_bytes": block_bytes, "device_blocks": blocks,
                        "host_blocks": host_blocks, "gpu_fraction": blocks / (prefixes * (prefix_len // BLOCK_TOKENS)),
                        "thresholds": thresholds, "modes": modes, "warmup": warmup, "iters": iters, "seed": seed,
-                       "checked": len(checked), "transformers": decode._transformers().__version__}}
+                       "checked": len(checked), "transformers": decode._transformers().__version__,
+                       "cudnn_attention": False}}
     res = Result(env=stamp, settings=settings)
     threads = torch.get_num_threads()
     if dev.type == "cpu":  # the drain thread's copies beside a multi-threaded forward make OpenMP spin (100s of ms)
         torch.set_num_threads(1)
         settings["kv"]["cpu_threads"] = 1
     try:
-        _sweep(res, m, wl, refs, shape, dtype, blocks, host_blocks, thresholds, modes, tol, model, log)
+        with decode.deterministic_attention():
+            _sweep(res, m, wl, refs, shape, dtype, blocks, host_blocks, thresholds, modes, tol, model, log)
     finally:
         torch.set_num_threads(threads)
     res.duration_s = time.monotonic() - t_start
