@@ -154,6 +154,8 @@ def serve_rows(r: Path) -> None:
     if acc.exists():
         res = results.load(acc)
         wall = next((x.median for x in res.rows if x.test == "account.total"), None)
+        grew = sum(x.median for x in res.rows if x.test == "account.api" and x.metric == "share_of_slowdown" and x.median > 0)
+        print(f"| account decode async: calls that grew explain | {grew:.0%} of the slowdown |")
         for test in ("account.api", "account.site"):
             top = sorted((x for x in res.rows if x.test == test and x.metric == "share_of_slowdown"),
                          key=lambda x: -x.median)[:3]
