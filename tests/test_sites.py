@@ -65,12 +65,14 @@ def pythons() -> list[tuple[str, bool]]:
     return found
 
 
-def record(tmp_path, name: str, toll_us: int, env=None, python=sys.executable) -> str:
-    prog = tmp_path / "prog.py"
-    prog.write_text(PROGRAM)
+def record(tmp_path, name: str, toll_us: int, env=None, python=sys.executable, program=PROGRAM, file="prog.py",
+           timeout=60) -> str:
+    """Run program (saved as file) with the recorder on; the trace prefix. It must exit 0 and say nothing."""
+    prog = tmp_path / file
+    prog.write_text(program)
     prefix = str(tmp_path / name)
     run = subprocess.run([python, str(prog), prefix, str(toll_us)], capture_output=True, text=True,
-                         env=sites.environment(env or dict(os.environ), prefix), timeout=60, cwd=tmp_path)
+                         env=sites.environment(env or dict(os.environ), prefix), timeout=timeout, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert not run.stderr, run.stderr  # no warning: the recorder found the interposer's slot
     return prefix
@@ -114,13 +116,7 @@ RACE = PROGRAM.split("def read_token():")[0] + textwrap.dedent("""
 
 @pytest.mark.parametrize("python,monitoring", pythons())
 def test_threads_seeing_new_sites_at_once_never_share_an_id(tmp_path, python, monitoring):
-    prog = tmp_path / "race.py"
-    prog.write_text(RACE)
-    prefix = str(tmp_path / "r")
-    run = subprocess.run([python, str(prog), prefix, "0"], capture_output=True, text=True, timeout=120,
-                         env=sites.environment(dict(os.environ), prefix), cwd=tmp_path)
-    assert run.returncode == 0, run.stderr
-    got = trace.summarize(prefix).by_site
+    got = trace.summarize(record(tmp_path, "r", 0, python=python, program=RACE, file="race.py", timeout=120)).by_site
     assert sum(a["count"] for a in got.values()) == 8 * 150
     for (site, *_), agg in got.items():
         # the site's function f_i_j (monitoring) or its callee __main__.f_i_j (setprofile)
@@ -154,13 +150,7 @@ ODD = PROGRAM.split("for _ in range(3):")[0] + textwrap.dedent("""
 
 @pytest.mark.parametrize("python,monitoring", pythons())
 def test_odd_callables_never_break_the_program(tmp_path, python, monitoring):
-    prog = tmp_path / "odd.py"
-    prog.write_text(ODD)
-    prefix = str(tmp_path / "o")
-    run = subprocess.run([python, str(prog), prefix, "0"], capture_output=True, text=True, timeout=60,
-                         env=sites.environment(dict(os.environ), prefix), cwd=tmp_path)
-    assert run.returncode == 0 and not run.stderr, run.stderr
-    by_site = trace.summarize(prefix).by_site
+    by_site = trace.summarize(record(tmp_path, "o", 0, python=python, program=ODD, file="odd.py")).by_site
     assert sum(a["count"] for a in by_site.values()) == 3  # every readback noted, each at a site
     if monitoring:  # the descriptor call was a site of its own, named as the tensor methods torch has are
         rec = json.loads(next(tmp_path.glob("o.*.sites.json")).read_text())
