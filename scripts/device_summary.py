@@ -162,14 +162,14 @@ def serve_rows(r: Path) -> None:
             for x in top:
                 print(f"| account decode async ({test.split('.')[1]}): {x.params.get('site') or x.params['api']} "
                       f"{x.params.get('dir') or ''} | {x.median:.0%} of {wall * 1e3 if wall else 0:.0f} ms |")
-    for k in ("native", "b300"):
-        f = r / f"kv-{k}.json"
+    for tag, k in ((t, k) for t in ("kv", "kvpub") for k in ("native", "b300")):
+        f = r / f"{tag}-{k}.json"
         if f.exists():
             res = results.load(f)
             for x in res.rows:
                 if x.metric == "ttft_ms":
                     spill = next(y.median for y in res.rows if y.metric == "spill_bytes" and y.params == x.params)
-                    print(f"| kv {'EMULATED b300' if k == 'b300' else 'native'} threshold {x.params['threshold']} "
+                    print(f"| {tag} {'EMULATED b300' if k == 'b300' else 'native'} threshold {x.params['threshold']} "
                           f"{x.params['mode']}: TTFT p50 / p99, spill | {x.median:.1f} / {x.extra['p99']:.1f} ms, "
                           f"{spill / 2**20:.1f} MiB |")
 
