@@ -288,6 +288,25 @@ def test_the_benches_run_without_cudnn_attention_and_restore_it(tiny, monkeypatc
     assert served and not any(served) and torch.backends.cuda.cudnn_sdp_enabled()
 
 
+def test_out_of_memory_keeps_the_rows_so_far_and_says_where(tmp_path, monkeypatch, capsys):
+    real = decode.decode
+
+    def oom_at_batch_2(model, ids, output, mode, **kw):
+        if ids.shape[0] == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 24.00 MiB. GPU 0 has ...")
+        return real(model, ids, output, mode, **kw)
+
+    monkeypatch.setattr(decode, "decode", oom_at_batch_2)
+    rc = cli.main(["bench", "decode", "--model", "tiny", "--device", "cpu", "--batch", "1", "2", "4", "--prompt", "4",
+                   "--output", "3", "--iters", "1", "--warmup", "0", "--modes", "sync", "async",
+                   "--json", str(tmp_path / "d.json")])
+    out = capsys.readouterr()
+    assert rc == 1 and "Traceback" not in out.err
+    assert "batch 2, mode sync: CUDA out of memory; the larger batches and later modes did not run" in out.err
+    res = results.load(tmp_path / "d.json")
+    assert {(r.params["batch"], r.params["mode"]) for r in res.rows} == {(1, "sync"), (1, "async")}
+
+
 def test_api_checks():
     with pytest.raises(UsageError, match="unknown model 'gpt5'"):
         decode.check("gpt5", [1], 4, 4, ["sync"], "cpu", False)

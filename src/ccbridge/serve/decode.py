@@ -336,6 +336,13 @@ def deterministic_attention():
         torch.backends.cuda.enable_cudnn_sdp(was)
 
 
+def _memory(dev) -> str:
+    """' (GPU memory allocated by PyTorch: X GiB)' on CUDA, for progress lines and out-of-memory errors."""
+    if dev.type != "cuda":
+        return ""
+    return f" (GPU memory allocated by PyTorch: {torch.cuda.memory_allocated(dev) / 2**30:.2f} GiB)"
+
+
 def _busy(seconds: float) -> None:
     """CPU work for seconds, holding the GIL (an engine's Python prep does; sleeping would free it)."""
     end = time.perf_counter() + seconds
@@ -565,9 +572,15 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
             ids = prompts(vocab, b, prompt, seed)
             want, judge = None, _Judge(m, ids)
             for mode in modes:
-                log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs")
-                runs = [decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us)
-                        for _ in range(warmup + iters)]
+                log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs{_memory(dev)}")
+                try:
+                    runs = [decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us)
+                            for _ in range(warmup + iters)]
+                except torch.OutOfMemoryError as e:  # the rows so far stand; the result says where it stopped
+                    first = str(e).split(". ")[0]
+                    res.errors.append({"test": "decode", "error": f"batch {b}, mode {mode}: {first}{_memory(dev)}; "
+                                                                  "the larger batches and later modes did not run"})
+                    break
                 if want is None:
                     want = (mode, runs[0].tokens)
                 bad, ties = None, set()
@@ -588,6 +601,9 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
                 res.rows[-1].extra = extra
                 res.rows.append(Row.of("decode", "step_ms", "ms", [r.wall_s / (output - 1) * 1e3 for r in timed], **params))
                 res.rows.append(Row.of("decode", "token_gap_ms", "ms", [s * 1e3 for r in timed for s in r.step_s], **params))
+            else:
+                continue
+            break  # out of memory: no larger batch will fit
     res.duration_s = time.monotonic() - t_start
     return res
 
