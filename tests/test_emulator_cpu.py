@@ -846,8 +846,9 @@ def test_a_d2h_crossing_makes_the_host_wait_once_for_its_stream_and_its_first_by
 
 
 def test_a_d2h_on_an_idle_stream_waits_for_nothing_on_the_gpu(lib):
-    """An idle stream is at the copy's place already: the channel issues no GPU-side wait (a failure injected
-    into cuStreamWaitEvent is never met); behind queued work it still waits on the GPU (and meets it)."""
+    """An idle non-blocking stream is at the copy's place already: the channel issues no GPU-side wait (a failure
+    injected into cuStreamWaitEvent is never met); behind queued work it still waits on the GPU (and meets it),
+    and so it does on the legacy default stream, idle or not (a copy there also waits for other streams)."""
     init(lib, chunk_bytes=4096, d2h_toll_us=0, sync_toll_us=0)
     lib.ccbemu_fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_int]
     dev = lib.ccbemu_fake_alloc(64, DEVICE)
@@ -858,6 +859,8 @@ def test_a_d2h_on_an_idle_stream_waits_for_nothing_on_the_gpu(lib):
         assert lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s) == 0
         busy(lib, s, 5000)
         assert lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s) == 999  # the injected error: it waited on the GPU
+        lib.ccbemu_fake_fail(b"cuStreamWaitEvent", 1)
+        assert lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, None) == 999  # the legacy stream, idle: still the GPU wait
     finally:
         lib.ccbemu_fake_fail(b"", 0)
 

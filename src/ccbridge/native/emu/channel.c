@@ -317,6 +317,12 @@ static CUresult d2h_floor(channel *ch, CUdeviceptr src, size_t bytes) {
     return CUDA_SUCCESS;
 }
 
+static int nonblocking(CUstream s) {
+    unsigned flags = 0;
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return 0;
+    return drv.StreamGetFlags(s, &flags) == CUDA_SUCCESS && (flags & 1 /* CU_STREAM_NON_BLOCKING */);
+}
+
 static CUresult cross(const crossing *x) {
     uint64_t t_enter = emu_now(), cipher = 0;
     CUcontext ctx = NULL;
@@ -342,8 +348,10 @@ static CUresult cross(const crossing *x) {
     /* a D2H that moves bytes: the channel stream waits for the place on the GPU; transfer() waits on the host
      * (mark: when the channel stream got past the place) */
     int gpu_wait = x->dir == DIR_D2H && (x->copy || x->opaque);
-    /* an idle stream (everything before the copy done) is at the copy's place now: nothing to wait for */
-    ch->idle = gpu_wait && drv.StreamQuery(x->stream) == CUDA_SUCCESS;
+    /* an idle non-blocking stream (everything before the copy done) is at the copy's place now: nothing to wait
+     * for. Not the legacy or per-thread default stream, nor a blocking one: a copy there also waits for work
+     * in other streams (the legacy stream's implicit synchronization) that the stream's own query does not see */
+    ch->idle = gpu_wait && nonblocking(x->stream) && drv.StreamQuery(x->stream) == CUDA_SUCCESS;
     if (ch->idle) gpu_wait = 0;
     rc = charge_h2d || ch->idle ? CUDA_SUCCESS : drv.EventRecord(ch->pos, x->stream);
     if (rc == CUDA_SUCCESS && gpu_wait) {

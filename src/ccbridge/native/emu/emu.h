@@ -94,6 +94,7 @@ typedef struct {
     CUresult (*StreamSynchronize)(CUstream);
     CUresult (*StreamIsCapturing)(CUstream, int *);
     CUresult (*StreamQuery)(CUstream);
+    CUresult (*StreamGetFlags)(CUstream, unsigned *);
     CUresult (*EventCreate)(CUevent *, unsigned);
     CUresult (*EventRecord)(CUevent, CUstream);
     CUresult (*EventQuery)(CUevent);

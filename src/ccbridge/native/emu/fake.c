@@ -24,7 +24,7 @@
 
 #include "emu.h"
 
-typedef struct { CUcontext ctx; uint64_t busy_until; int capturing; uint64_t issued, waited; CUgraph graph; unsigned long long capture; } fstream;
+typedef struct { CUcontext ctx; uint64_t busy_until; int capturing; uint64_t issued, waited; CUgraph graph; unsigned long long capture; unsigned flags; } fstream;
 typedef struct { uint64_t t; fstream *s; uint64_t seq; unsigned flags; int recorded; } fevent;
 typedef struct { uintptr_t base; size_t size; int type; } falloc;
 
@@ -63,10 +63,10 @@ static CUresult f_CtxPushCurrent(CUcontext c) { if (t_depth == 16) return CUDA_E
 static CUresult f_CtxPopCurrent(CUcontext *c) { if (!t_depth) return CUDA_ERROR_INVALID_VALUE; if (c) *c = t_cur; t_cur = t_stack[--t_depth]; return 0; }
 static CUresult f_StreamGetCtx(CUstream s, CUcontext *c) { *c = S(s) == &default_stream ? t_cur : S(s)->ctx; return 0; }
 static CUresult f_StreamCreate(CUstream *s, unsigned flags) {
-    (void)flags;
     fstream *f = calloc(1, sizeof *f);
     if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
     f->ctx = t_cur;
+    f->flags = flags;
     pthread_mutex_lock(&mu);
     if (nstreams < 4096) streams[nstreams++] = f;
     pthread_mutex_unlock(&mu);
@@ -82,6 +82,7 @@ static CUresult f_StreamSynchronize(CUstream s) {
     return 0;
 }
 static CUresult f_StreamIsCapturing(CUstream s, int *st) { *st = S(s)->capturing; return 0; }
+static CUresult f_StreamGetFlags(CUstream s, unsigned *flags) { *flags = S(s)->flags; return 0; }
 /* Idle once its clock has passed (what it holds is done); not counted as a host wait: it never waits. */
 static CUresult f_StreamQuery(CUstream s) {
     INJECT("cuStreamQuery");
@@ -285,7 +286,7 @@ static const struct { const char *name; void *fn; } kFake[] = {
     {"cuCtxGetCurrent", f_CtxGetCurrent}, {"cuCtxPushCurrent_v2", f_CtxPushCurrent},
     {"cuCtxPopCurrent_v2", f_CtxPopCurrent}, {"cuStreamGetCtx", f_StreamGetCtx},
     {"cuStreamCreate", f_StreamCreate}, {"cuStreamSynchronize", f_StreamSynchronize},
-    {"cuStreamSynchronize_ptsz", f_StreamSynchronize}, {"cuStreamIsCapturing", f_StreamIsCapturing}, {"cuStreamQuery", f_StreamQuery},
+    {"cuStreamSynchronize_ptsz", f_StreamSynchronize}, {"cuStreamIsCapturing", f_StreamIsCapturing}, {"cuStreamQuery", f_StreamQuery}, {"cuStreamGetFlags", f_StreamGetFlags},
     {"cuEventCreate", f_EventCreate}, {"cuEventRecord", f_EventRecord}, {"cuEventQuery", f_EventQuery},
     {"cuEventSynchronize", f_EventSynchronize}, {"cuStreamWaitEvent", f_StreamWaitEvent},
     {"cuEventElapsedTime", f_EventElapsedTime}, {"cuMemHostAlloc", f_MemHostAlloc},
@@ -335,7 +336,8 @@ void *ccbemu_fake_alloc(size_t n, int type) {
     if (p) remember(p, n, type);
     return p;
 }
-CUstream ccbemu_fake_stream(void) { CUstream s = NULL; f_StreamCreate(&s, 0); return s; }
+/* non-blocking, as PyTorch's and the probe's streams are (the default stream stays the blocking legacy one) */
+CUstream ccbemu_fake_stream(void) { CUstream s = NULL; f_StreamCreate(&s, 1 /* CU_STREAM_NON_BLOCKING */); return s; }
 CUcontext ccbemu_fake_ctx_new(void) {
     pthread_mutex_lock(&mu);
     CUcontext c = (CUcontext)next_ctx++;
