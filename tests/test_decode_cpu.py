@@ -307,6 +307,20 @@ def test_out_of_memory_keeps_the_rows_so_far_and_says_where(tmp_path, monkeypatc
     assert {(r.params["batch"], r.params["mode"]) for r in res.rows} == {(1, "sync"), (1, "async")}
 
 
+def test_decode_runs_without_autograd(tiny):
+    """Every forward of decode() runs with autograd off (d97fad8 slid a helper between decode and its
+    torch.no_grad(): each step's activations then stayed alive through the KV cache, and the H100's eager
+    batch 128 ran out of memory)."""
+    modes = []
+    hook = tiny.register_forward_pre_hook(lambda mod, args: modes.append(torch.is_grad_enabled()))
+    try:
+        with torch.enable_grad():
+            decode.decode(tiny, decode.prompts(decode.PRESETS["tiny"]["vocab_size"], 2, PROMPT), 4, "sync")
+    finally:
+        hook.remove()
+    assert modes and not any(modes)
+
+
 def test_api_checks():
     with pytest.raises(UsageError, match="unknown model 'gpt5'"):
         decode.check("gpt5", [1], 4, 4, ["sync"], "cpu", False)

@@ -321,7 +321,6 @@ class _GraphStepper(_Stepper):
         return self.out.clone(), cache  # the next replay overwrites self.out while this step's tokens are read
 
 
-@torch.no_grad()
 @contextlib.contextmanager
 def deterministic_attention():
     """cuDNN's attention kernels off (PyTorch picks flash, memory-efficient or math instead), restored after.
@@ -350,6 +349,7 @@ def _busy(seconds: float) -> None:
         pass
 
 
+@torch.no_grad()
 def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, drain=None,
            trace: list | None = None, graphs: bool = False, host_prep_us: float = 0.0) -> Run:
     """Greedy decode of output tokens per sequence after the host prompt (batch, length), scheduled as mode.
