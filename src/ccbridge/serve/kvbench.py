@@ -224,7 +224,7 @@ def bench(model: str = "llama-1b", prefixes: int | None = None, prefix_len: int 
           gpu_fraction: float | None = None, device_blocks: int | None = None, seed: int = 0,
           warmup: int | None = None, iters: int | None = None, check_every: int | None = None,
           churn: int | None = None, log: Callable[[str], None] = lambda _: None, _model=None):
-    """Every (threshold, mode) on a fresh KVCache: a warm-up pass, then the timed stream; a Result.
+    """Every (threshold, mode) on a fresh KVCache: the warm-up passes, then the timed stream; a Result.
 
     Rows per (threshold, mode): kv:ttft_ms (median = p50, extra p99), kv:request_ms (lookup to stored),
     kv:spill_bytes, kv:restore_bytes, kv:device_hit_rate, kv:host_hit_rate, kv:miss_rate (of the blocks the
