@@ -12,6 +12,7 @@ import json
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -882,6 +883,30 @@ def test_d2h_tolls_start_where_a_native_copy_would_have_ended(lib):
     finally:
         lib.ccbemu_fake_copy_gbps(0)
     assert 0.006 <= took < 0.0085, took
+
+
+def test_an_idle_stream_d2h_pays_its_toll_from_its_call_not_after_the_emulators_own_work(lib):
+    """On an idle stream the copy's place is reached when it is called: the emulator's own work before the
+    transfer (here a stream query made to take 3 ms) lies inside the 5 ms toll, not on top (8 ms); a crossing
+    that finds the channel held still starts its toll only once the channel is free (two threads: >= 10 ms)."""
+    init(lib, d2h_toll_us=5000, sync_toll_us=0, d2h_pinned_gbps=0)
+    lib.ccbemu_fake_query_ns.argtypes = [ctypes.c_uint64]
+    dev = lib.ccbemu_fake_alloc(64, DEVICE)
+    dst, _keep = host(lib, 64, True)
+    s = lib.ccbemu_fake_stream()
+    assert lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s) == 0  # the channel and its native floor
+    lib.ccbemu_fake_query_ns(3_000_000)
+    try:
+        took = min(timed(lib.cuMemcpyDtoHAsync_v2, dst, dev, 32, s) for _ in range(3))
+    finally:
+        lib.ccbemu_fake_query_ns(0)
+    assert 0.005 <= took < 0.0075, took
+    s2 = lib.ccbemu_fake_stream()
+    with ThreadPoolExecutor(2) as pool:
+        t = time.perf_counter()
+        rcs = list(pool.map(lambda st: lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, st), (s, s2)))
+        both = time.perf_counter() - t
+    assert rcs == [0, 0] and both >= 0.010, both
 
 
 def test_a_d2h_behind_a_busy_stream_reports_its_stream_wait_and_paces_from_it(lib, tmp_path):

@@ -84,8 +84,10 @@ static CUresult f_StreamSynchronize(CUstream s) {
 static CUresult f_StreamIsCapturing(CUstream s, int *st) { *st = S(s)->capturing; return 0; }
 static CUresult f_StreamGetFlags(CUstream s, unsigned *flags) { *flags = S(s)->flags; return 0; }
 /* Idle once its clock has passed (what it holds is done); not counted as a host wait: it never waits. */
+static uint64_t query_ns; /* > 0: a stream query takes this long (the emulator's own work before a crossing) */
 static CUresult f_StreamQuery(CUstream s) {
     INJECT("cuStreamQuery");
+    if (query_ns) sleep_until(emu_now() + query_ns);
     return S(s)->busy_until <= emu_now() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 static CUresult f_EventCreate(CUevent *e, unsigned flags) {
@@ -375,3 +377,5 @@ long long ccbemu_fake_unwaited(void) {
 long long ccbemu_fake_host_waits(void) { return (long long)__atomic_load_n(&host_waits, __ATOMIC_RELAXED); }
 /* From now on an async host<->device copy holds its stream bytes / gbps ns (0: copies take no stream time). */
 void ccbemu_fake_copy_gbps(double gbps) { copy_gbps = gbps; }
+/* From now on cuStreamQuery takes ns (0: no time). */
+void ccbemu_fake_query_ns(uint64_t ns) { query_ns = ns; }
