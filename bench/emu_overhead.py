@@ -7,10 +7,17 @@ The passthrough profile keeps every hook on and adds no cost, so the
 difference is the interposer's own; record-only adds a trace line per
 crossing, launch and synchronize (issue 13's bounds: <= 2% on GPU-bound
 work, <= 5% on an eager decode loop); record_sites adds the Python call-site
-hook (`--sites`). The decode loop is the fastest of 5 rounds per process.
+hook (`--sites`). The decode loop is the fastest of 5 rounds per process; its
+processes alone varied 0.11-0.18 s on an H100, so the recorded children also
+run it 10 times recording and 10 times paused (`trace.paused()`), alternating,
+in one process: the median ratio of those pairs is the recording's cost on
+this loop, free of process-to-process variance
+(`record_decode_paired_overhead_pct`; the interposer's own cost without
+recording is the passthrough row).
 """
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -38,8 +45,7 @@ def child():
     h = torch.randn(1, 512, device=dev)
     for _ in range(20):
         torch.cuda.synchronize()
-    rounds = []
-    for _ in range(5):  # the fastest of 5 rounds: one-off stalls of a ~0.2 s loop swamped a 5% bound before
+    def step_round():
         t = time.perf_counter()
         for _ in range(300):
             x = h
@@ -48,7 +54,19 @@ def child():
                 x = x * 0.5
                 x = torch.nn.functional.layer_norm(x, (512,))
             int(x.argmax())  # the token: one D2H readback per step
-        rounds.append(time.perf_counter() - t)
+        return time.perf_counter() - t
+
+    rounds = [step_round() for _ in range(5)]  # the fastest of 5: one-off stalls of a ~0.2 s loop swamp 5%
+    paired = None
+    if os.environ.get("CCB_OVERHEAD_PAIRED"):  # recorded: the same loop in this process, recording vs paused
+        from ccbridge.emulate import trace
+
+        ratios = []
+        for _ in range(10):
+            with trace.paused():
+                off = step_round()
+            ratios.append(step_round() / off)
+        paired = (statistics.median(ratios) - 1) * 100
     decode_s = min(rounds)
     # per call, from the probe's C loops (no Python in the timed region)
     from ccbridge import native
@@ -58,11 +76,15 @@ def child():
         launch_us = min(s.launch(native.LAUNCH_PIPELINED, 20000) for _ in range(5)) / 1e3
         s.copy("h2d", 4096, 200, sync_every=1)
         copy_us = min(s.copy("h2d", 4096, 2000)[0].seconds / 2000 * 1e6 for _ in range(5))
-    print(json.dumps({"loop_s": loop_s, "decode_s": decode_s, "launch_us": launch_us, "copy4k_us": copy_us}))
+    out = {"loop_s": loop_s, "decode_s": decode_s, "launch_us": launch_us, "copy4k_us": copy_us}
+    if paired is not None:
+        out["decode_paired_pct"] = paired
+    print(json.dumps(out))
 
 
-def run(cmd):
-    p = subprocess.run(cmd, capture_output=True, text=True)
+def run(cmd, paired=False):
+    env = {**os.environ, "CCB_OVERHEAD_PAIRED": "1"} if paired else None
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         sys.exit(f"{' '.join(cmd)} exited with {p.returncode}:\n{p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -80,9 +102,12 @@ def main():
     runs = {k: [] for k in kinds}
     for i in range(5):  # alternate, so drift hits all
         for k, cmd in kinds.items():
-            runs[k].append(run(cmd(i)))
+            runs[k].append(run(cmd(i), paired=k == "record"))
     med = lambda xs, k: statistics.median(x[k] for x in xs)
     out = {m: {k: med(runs[k], m) for k in kinds} for m in runs["native"][0]}
+    # within each recorded process: recording vs paused rounds, median of processes (not --sites: its Python
+    # hook runs paused or not)
+    out["record_decode_paired_overhead_pct"] = med(runs["record"], "decode_paired_pct")
     for k in ("passthrough", "record", "record_sites"):
         out[f"{k}_loop_overhead_pct"] = (out["loop_s"][k] / out["loop_s"]["native"] - 1) * 100
         out[f"{k}_decode_overhead_pct"] = (out["decode_s"][k] / out["decode_s"]["native"] - 1) * 100

@@ -25,6 +25,9 @@ def main(r: Path) -> None:
             print(f"| {k} overhead: GPU-bound loop / eager decode loop / per launch / per 4 KiB copy | "
                   f"{o[k + '_loop_overhead_pct']:.2f}% / {o[k + '_decode_overhead_pct']:.2f}% / "
                   f"{o[k + '_launch_overhead_us']:.2f} us / {o[k + '_copy_overhead_us']:.2f} us |")
+        if "record_decode_paired_overhead_pct" in o:
+            print(f"| record overhead, eager decode loop, recording vs paused in one process | "
+                  f"{o['record_decode_paired_overhead_pct']:.2f}% |")
     for cal in sorted(r.glob("calib-*/calibration.json")):
         checks = json.loads(cal.read_text())
         bad = [c["id"] for c in checks if c["ok"] is not True]

@@ -17,15 +17,18 @@ allocation.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import ctypes
 import glob
 import json
+import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ccbridge.emulate import sites
-from ccbridge.errors import ResultFileError
+from ccbridge.errors import EmulatorError, ResultFileError
 
 SCHEMA = 3
 # column -> what it holds; the order is the file's
@@ -49,6 +52,34 @@ COLUMNS: dict[str, str] = {
     "site": "the Python call site that issued it: an id in <prefix>.<pid>.sites.json (empty: none noted; "
             "`ccbridge run --record T --sites`)",
 }
+LIB_ENV = "CCBRIDGE_EMU_LIB"  # set by `ccbridge run` in the program's environment: the interposer's path
+
+
+@contextlib.contextmanager
+def paused():
+    """Inside, a program run under `ccbridge run --record T` writes no trace lines (emulation, if any, goes
+    on): record only the steps you care about, e.g. a decode loop without its model load and warm-up.
+
+        with ccbridge.emulate.trace.paused():
+            load_and_warm_up()
+        serve()   # recorded
+    """
+    path = os.environ.get(LIB_ENV)
+    if not path:
+        raise EmulatorError("trace.paused() works inside `ccbridge run --record T -- CMD` only (no interposer here)")
+    try:
+        pause = ctypes.CDLL(path).ccbemu_trace_pause
+    except (OSError, AttributeError) as e:
+        raise EmulatorError(f"cannot reach the interposer's trace switch in {path}: {e}") from e
+    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+    was = pause(1)
+    try:
+        yield
+    finally:
+        if was:
+            pause(0)
+
+
 SCHEMA_LINE = re.compile(r"# ccbridge trace schema (\d+)(?:, profile ([^,]*), emulate (\d))?")
 
 

@@ -284,6 +284,7 @@ void emu_fail(const char *fmt, ...);  /* fatal set-up error: message and exit */
 EMU_API void *dlsym(void *handle, const char *name);
 EMU_API int ccbemu_test_init(const char *config_text, char *err, int errlen); /* fake driver, this config */
 EMU_API void ccbemu_trace_flush(void);
+EMU_API int ccbemu_trace_pause(int paused);    /* 1: hooks stop writing trace lines, 0: again; was it recording */
 EMU_API int *ccbemu_site_slot(void);           /* this thread's Python call site id, -1: none */
 EMU_API int ccbemu_summary(char *buf, int len);
 EMU_API int ccbemu_coverage(char *buf, int len); /* coverage JSON, as written at exit */

@@ -272,6 +272,15 @@ void emu_trace_open(const char *prefix) {
     pthread_mutex_unlock(&g_mu);
 }
 
+/* Recording of a region: paused, hooks write no lines (the trace stays open). Returns 1 if it was recording. */
+int ccbemu_trace_pause(int paused) {
+    pthread_mutex_lock(&g_mu);
+    int was = emu_tracing;
+    emu_tracing = !paused && g_prefix[0] != 0;
+    pthread_mutex_unlock(&g_mu);
+    return was;
+}
+
 int emu_summary_json(char *buf, size_t len) {
     size_t n = 0;
 #define PUT(...) do { int k_ = snprintf(buf + n, n < len ? len - n : 0, __VA_ARGS__); if (k_ > 0) n += (size_t)k_; } while (0)
