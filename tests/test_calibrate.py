@@ -216,6 +216,33 @@ def test_calibrate_runs_the_framework_family():
     assert "framework" in calibrate.PROBE_TESTS.split(",")
 
 
+def test_the_rounds_run_every_test_a_delta_check_reads_and_no_other():
+    """--rounds re-runs DELTA_TESTS: each names registered tests, and together they are the tests of the
+    paired (delta) rules, so no delta check reads a first-pair-only row."""
+    from ccbridge.probe import registry
+
+    chosen = {t.name for t in registry.select(calibrate.DELTA_TESTS)}
+    read = set()
+    for rule in calibrate.TARGETS.values():
+        if rule.paired:
+            probe = framework_result(**NATIVE)
+            probe.rows += [Row.of(n, m, "us", [1.0], **p) for n, m, p in (
+                ("smallcopy.d2h32", "per_copy_time", {"streams": 1}),
+                ("launch.cost", "time_per_kernel", {"mode": "pipelined"}),
+                ("launch.cost", "time_per_kernel", {"mode": "launch+wait"}))]
+            used = [r.test for r in probe.rows if rule.get(probe, probe) is not None and
+                    rule.get(_without(probe, r.test), probe) is None]
+            read |= set(used)
+    assert read and read <= chosen, (read, chosen)
+    assert framework.COPY not in chosen  # the 256 MiB copies feed ratio checks: not re-run
+
+
+def _without(res: Result, test: str) -> Result:
+    out = copy.deepcopy(res)
+    out.rows = [r for r in out.rows if r.test != test]
+    return out
+
+
 @pytest.mark.parametrize("native_pageable,emu_pageable,ok", [
     (19.2, 15.0, True),    # a B300-like host: room above pinned, and the emulator uses it
     (19.2, 10.0, False),   # room, but the emulated pageable path stays under pinned
@@ -233,3 +260,22 @@ def test_pageable_over_pinned_only_where_the_native_floor_leaves_room(native_pag
     assert c.ok is ok
     if ok is None:
         assert "not applicable on this host" in c.measured and "7.02 <= emulated pinned 11.20" in c.measured
+
+
+def test_delta_checks_take_the_median_of_the_rounds_pairs_and_the_rest_do_not():
+    """Three pairs of processes: the pipelined launch delta read 15, 25 and 18.6 us; the check says 18.6 (the
+    median) and keeps each pair's value; ratio checks read the first pair only; a round's sides are checked too."""
+    native = framework_result(**NATIVE)
+    pairs = [(native, as_cc_b300(launch={"pipelined": 10.2 + d})) for d in (15.0, 25.0, 18.6)]
+    (nat0, emu0), rounds = pairs[0], pairs[1:]
+    checks = {c.id: c for c in calibrate.evaluate(profiles.load("b300"), nat0, emu0, rounds)}
+    c = checks["framework_launch_pipelined_delta_us"]
+    assert c.measured == pytest.approx(18.6) and c.ok is True
+    assert c.rounds == pytest.approx([15.0, 25.0, 18.6])
+    assert checks["framework_h2d_pinned_ratio"].rounds is None
+    alone = {c.id: c for c in calibrate.evaluate(profiles.load("b300"), nat0, emu0)}
+    assert alone["framework_launch_pipelined_delta_us"].measured == pytest.approx(15.0)
+    assert alone["framework_launch_pipelined_delta_us"].ok is False
+    assert "median of 3 pairs" in calibrate.render(profiles.load("b300"), list(checks.values()), nat0, emu0)
+    with pytest.raises(calibrate.UsageError, match="not made under the emulator"):
+        calibrate.evaluate(profiles.load("b300"), nat0, emu0, [(native, native)])

@@ -222,6 +222,9 @@ CASES = [
     (["calibrate", "--profile", "b300", "--set", "launch_toll_us=inf"], "parameter launch_toll_us = inf"),
     (["calibrate", "--profile", "b300", "--set", "launch_toll_us=x"], "launch_toll_us needs a number"),
     (["calibrate", "--profile", "b300", "--set", "launch_toll_us"], "expected KEY=VALUE"),
+    (["calibrate", "--profile", "b300", "--rounds", "0"], "--rounds: expected 1..20, got 0"),
+    (["calibrate", "--profile", "b300", "--rounds", "21"], "--rounds: expected 1..20, got 21"),
+    (["calibrate", "--profile", "b300", "--rounds", "two"], "--rounds: not an integer: 'two'"),
     # trace
     (["trace", "{d}/none"], "no trace files {d}/none.<pid>.csv or .summary.json"),
     (["trace", "/nonexistent/dir/t"], "no trace files /nonexistent/dir/t.<pid>.csv"),

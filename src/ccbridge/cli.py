@@ -332,7 +332,22 @@ def cmd_calibrate(args) -> int:
         launcher.run(prof, launcher.python_cmd(*probe, "--out", str(out / "emulated")))
         given["emulated"] = results.load(out / "emulated" / "result.json")
     native, emulated = given["native"], given["emulated"]
-    checks = calibrate.evaluate(prof, native, emulated)
+    rounds = []  # more pairs of the delta tests, alternating, when this command runs the emulated probe
+    extra = args.rounds - 1 if args.emulated is None else 0
+    for i in range(2, extra + 2):
+        pair = []
+        for kind in ("native", "emulated"):
+            print(f"ccbridge calibrate: delta tests, round {i} of {args.rounds}, {kind}", file=sys.stderr)
+            probe_i = probe[:]
+            probe_i[probe_i.index("--tests") + 1] = calibrate.DELTA_TESTS
+            cmd = launcher.python_cmd(*probe_i, "--out", str(out / f"round{i}" / kind))
+            if kind == "native":
+                subprocess.call(cmd)
+            else:
+                launcher.run(prof, cmd)
+            pair.append(results.load(out / f"round{i}" / kind / "result.json"))
+        rounds.append(tuple(pair))
+    checks = calibrate.evaluate(prof, native, emulated, rounds)
     md = calibrate.render(prof, checks, native, emulated)
     out.mkdir(parents=True, exist_ok=True)
     (out / "calibration.md").write_text(md)
@@ -711,6 +726,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--native", help="use this native result.json instead of running the probe")
     p.add_argument("--emulated", help="use this emulated result.json instead of running the probe")
     p.add_argument("--full", action="store_true", help="full probe suite instead of --quick")
+    p.add_argument("--rounds", type=_int(1, 20), default=3,
+                   help="pairs of native and emulated runs of the delta tests (launch, 32-byte D2H), alternating; "
+                        "the delta checks take their median (default 3; 1 when --emulated is given)")
     p.add_argument("--device", type=device_index, default=0)
     p.add_argument("--out", help="output folder (default ccbridge-results/calibrate-<profile>-<timestamp>)")
     _add_set(p)
