@@ -156,9 +156,15 @@ def serve_rows(r: Path) -> None:
     acc = r / "account-decode" / "result.json"
     if acc.exists():
         res = results.load(acc)
-        wall = next((x.median for x in res.rows if x.test == "account.total"), None)
+        total = {x.metric: x.median for x in res.rows if x.test == "account.total"}
+        wall, net = total.get("wall_slowdown"), total.get("net_in_calls")
         grew = sum(x.median for x in res.rows if x.test == "account.api" and x.metric == "share_of_slowdown" and x.median > 0)
         print(f"| account decode async: calls that grew explain | {grew:.0%} of the slowdown |")
+        where = {x.params["phase"]: x.median for x in res.rows if x.test == "account.phase"}
+        if where and net is not None:
+            span = where.get("driver calls", 0)
+            print(f"| account decode async: slowdown by phase (ms) | " + ", ".join(f"{k} {v * 1e3:+.0f}" for k, v in where.items())
+                  + f"; calls hold {net * 1e3:.0f} ms net" + (f" = {net / span:.0%} of the driver-call span's" if span > 0 else "") + " |")
         for test in ("account.api", "account.site"):
             top = sorted((x for x in res.rows if x.test == test and x.metric == "share_of_slowdown"),
                          key=lambda x: -x.median)[:3]

@@ -83,3 +83,37 @@ def test_swapped_traces_are_flagged_and_nothing_that_did_not_grow_gets_a_recover
     res = results.load(tmp_path / "out" / "result.json")
     assert res.settings["profile"] is None  # OTHER is the native trace
     assert all(not r.extra.get("recovery") for r in res.rows if r.metric == "share_of_slowdown")
+
+
+def test_a_wait_that_moved_counts_once_and_the_phases_say_where_the_rest_fell(tmp_path):
+    """Head-of-line: natively each step's synchronize waits 5 ms; under CC the H2D before it waits 6 ms and the
+    synchronize nothing. The H2D grew 600 ms, the synchronizes shrank 500: 100 ms net, all of the driver-call
+    span's slowdown; 2 s more at start-up lie outside any call, and the phases say so."""
+    def run(prefix, h2d_us, sync_us, **kw):
+        lines, t = [], 1000.0
+        for _ in range(100):
+            lines.append((t, h2d_us, "cuMemcpyHtoDAsync_v2", "crossing", "h2d", "pinned", 4096, h2d_us - 5, 0))
+            t += h2d_us
+            lines.append((t, sync_us, "cuStreamSynchronize", "sync", "", "", 0, 0, 0))
+            t += sync_us
+        write_trace(prefix, lines, **kw)
+        return t
+    end_n = run(tmp_path / "n", 5, 5000)
+    end_c = run(tmp_path / "c", 6000, 0.001, profile="b300", emulate=1)
+    base, other = trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c"))
+    # launched at 0 (native) and at -2 s (CC: 2 s longer before its first call), each ending 0.5 ms after its last
+    base_run, other_run = (0, int((end_n + 500) * 1e3)), (-2_000_000_000, int((end_c + 500) * 1e3))
+    walls = [(r[1] - r[0]) / 1e9 for r in (base_run, other_run)]
+    lines, wall = account.attribute(base, other, *walls)
+    where = account.phases(base, other, base_run, other_run)
+    assert abs(wall - 2.1) < 0.002
+    assert abs(account.net_in_calls_s(lines) - 0.1) < 0.001
+    assert abs(where["start-up"] - 2.0) < 1e-6 and abs(where["driver calls"] - 0.1) < 0.001
+    assert abs(where["teardown"]) < 1e-6
+    assert lines[0].api == "cuMemcpyHtoDAsync_v2" and "StagedH2D" in lines[0].recovery
+    text = account.render(lines, wall, where=where)
+    assert "start-up +2000.0 ms" in text and "the calls hold 99.5 ms (100%)" in text, text
+    rows = {(r.test, r.metric, r.params.get("phase")): r.median for r in account.rows(lines, wall, where=where)}
+    assert abs(rows[("account.total", "net_in_calls", None)] - 0.1) < 0.001
+    assert abs(rows[("account.phase", "slowdown", "start-up")] - 2.0) < 1e-6
+    assert account.phases(base, other, None, None) == {}  # two traces given: no launch times

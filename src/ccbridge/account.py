@@ -71,6 +71,9 @@ def recovery(kind: str, direction: str, calls: int, nbytes: int, stream_ms: floa
     return "larger, fewer crossings: each pays a fixed toll"
 
 
+PHASES = ("start-up", "driver calls", "teardown")  # launch -> first call -> last call -> exit
+
+
 def attribute(base: TraceSummary, other: TraceSummary, base_wall_s: float | None = None,
               other_wall_s: float | None = None) -> tuple[list[Line], float]:
     """The lines, largest growth first, and the wall-time slowdown (s) they are shares of
@@ -78,6 +81,24 @@ def attribute(base: TraceSummary, other: TraceSummary, base_wall_s: float | None
     wall = ((other_wall_s if other_wall_s is not None else other.span_ns / 1e9)
             - (base_wall_s if base_wall_s is not None else base.span_ns / 1e9))
     return _lines(base.by_api, other.by_api, wall), wall
+
+
+def phases(base: TraceSummary, other: TraceSummary, base_run: tuple[int, int] | None,
+           other_run: tuple[int, int] | None) -> dict[str, float]:
+    """Where the slowdown fell (s, other minus base): from the program's launch to its first driver call
+    (start-up: imports, model building on the host, anything before CUDA), from the first driver call to
+    the last (where the calls can explain it), from the last to the program's end (teardown). Empty
+    without the runs' launch and end times (two traces given) or a trace without calls."""
+    if not (base_run and other_run and base.first_ns and other.first_ns):
+        return {}
+    cut = [(t.first_ns - r[0], t.last_ns - t.first_ns, r[1] - t.last_ns) for t, r in ((base, base_run), (other, other_run))]
+    return {name: (o - b) / 1e9 for name, b, o in zip(PHASES, *cut)}
+
+
+def net_in_calls_s(lines: list[Line]) -> float:
+    """The change of time inside driver calls, growth less shrinkage (a wait that moved from one call to
+    another, as a synchronize's into a head-of-line H2D, counts once)."""
+    return sum(x.delta_ms for x in lines) / 1e3
 
 
 def attribute_sites(base: TraceSummary, other: TraceSummary, wall_s: float) -> list[Line]:
@@ -104,10 +125,12 @@ def _lines(btab: dict, otab: dict, wall: float) -> list[Line]:
     return lines
 
 
-def rows(lines: list[Line], wall_s: float, site_lines: list[Line] = ()) -> list[Row]:
+def rows(lines: list[Line], wall_s: float, site_lines: list[Line] = (), where: dict[str, float] | None = None) -> list[Row]:
     """The account as Rows of a Result (one format for compare, advise and reports): account.api per API,
-    account.site per call site and API."""
-    out = [Row.of("account.total", "wall_slowdown", "s", [wall_s])]
+    account.site per call site and API, account.phase per phase of the run (where: phases())."""
+    out = [Row.of("account.total", "wall_slowdown", "s", [wall_s]),
+           Row.of("account.total", "net_in_calls", "s", [net_in_calls_s(lines)])]
+    out += [Row.of("account.phase", "slowdown", "s", [v], phase=k) for k, v in (where or {}).items()]
     for test, group in (("account.api", lines), ("account.site", site_lines)):
         for x in group:
             p = dict(api=x.api, kind=x.kind, dir=x.dir, mem=x.mem, **({"site": x.site} if x.site else {}))
@@ -133,11 +156,19 @@ def render_sites(lines: list[Line], top: int = 10) -> str:
     return "\n".join(out)
 
 
-def render(lines: list[Line], wall_s: float, top: int = 15) -> str:
+def render(lines: list[Line], wall_s: float, top: int = 15, where: dict[str, float] | None = None) -> str:
     explained = sum(x.delta_ms for x in lines if x.delta_ms > 0) / 1e3
-    head = (f"wall time slowdown {wall_s * 1e3:.1f} ms; calls that grew explain {explained * 1e3:.1f} ms"
-            + (f" ({explained / wall_s:.0%})" if wall_s > 0 else ""))
-    out = [head, f"{'api':<28} {'kind':<8} {'dir':<4} {'mem':<9} {'calls':>13} {'us/call':>17} {'+ms':>9} "
+    net = net_in_calls_s(lines)
+    pct = lambda v, of: f" ({v / of:.0%})" if of > 0 else ""
+    head = [f"wall time slowdown {wall_s * 1e3:.1f} ms; calls that grew explain {explained * 1e3:.1f} ms"
+            + pct(explained, wall_s) + f"; net of the calls that shrank, the driver calls hold {net * 1e3:.1f} ms"
+            + pct(net, wall_s)]
+    if where:
+        span = where["driver calls"]
+        head.append("by phase: " + ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in where.items())
+                    + f"; of the slowdown between the first and the last driver call, the calls hold {net * 1e3:.1f} ms"
+                    + pct(net, span))
+    out = [*head, f"{'api':<28} {'kind':<8} {'dir':<4} {'mem':<9} {'calls':>13} {'us/call':>17} {'+ms':>9} "
                  f"{'share':>6} {'stream':>8} {'channel':>8} {'toll':>8}  recovery"]
     for x in lines[:top]:
         out.append(f"{x.api:<28} {x.kind:<8} {x.dir:<4} {x.mem:<9} {x.calls[0]:>6}/{x.calls[1]:<6} "

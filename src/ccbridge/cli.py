@@ -215,7 +215,7 @@ def cmd_account(args) -> int:
 
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
     out = ui.writable_folder(args.out or Path("ccbridge-results") / f"account-{dt.datetime.now():%Y%m%d-%H%M%S}", "--out")
-    walls: list[float | None] = [None, None]
+    runs_at: list[tuple[int, int] | None] = [None, None]  # each run's launch and end (ns)
     prof = _what_if(args)
     if prof:
         runs = [(profiles.load("passthrough"), str(out / "native")), (prof, str(out / "emulated"))]
@@ -225,7 +225,7 @@ def cmd_account(args) -> int:
         out.mkdir(parents=True, exist_ok=True)  # the traces go there
         for i, (p, prefix) in enumerate(runs):
             print(f"ccbridge account: run {i + 1} of 2, {launcher.banner(p)}", file=sys.stderr)
-            rc, walls[i] = launcher.run_timed(p, rest, trace=prefix, sites=not args.no_sites)
+            rc, runs_at[i] = launcher.run_timed(p, rest, trace=prefix, sites=not args.no_sites)
             if rc:
                 raise UsageError(f"{' '.join(rest)} exited with status {rc} in run {i + 1}; nothing to compare")
         prefixes = [prefix for _, prefix in runs]
@@ -241,15 +241,17 @@ def cmd_account(args) -> int:
         if not s.by_api:
             raise UsageError(f"{' '.join(rest)} made no CUDA driver call: nothing to attribute" if args.profile else
                              f"no trace lines under {x}.<pid>.csv: record with `ccbridge run --record {x} -- CMD`")
+    walls = [(r[1] - r[0]) / 1e9 if r else None for r in runs_at]
     lines, wall = account.attribute(base, other, *walls)
+    where = account.phases(base, other, *runs_at)
     at_sites = account.attribute_sites(base, other, wall)
     # two traces given: what the OTHER trace's own header says it ran under is what the rows are made of
     emulated_as = args.profile or (", ".join(sorted(other.profiles - {"passthrough"})) if other.emulated else None)
     res = Result(env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
                                              "overrides": args.overrides, "command": rest if args.profile else None},
-                 rows=account.rows(lines, wall, at_sites))
+                 rows=account.rows(lines, wall, at_sites, where))
     paths = _write_reports(res, out)
-    print(account.render(lines, wall))
+    print(account.render(lines, wall, where=where))
     if base.emulated and not other.emulated:
         print("note: BASE ran under the emulator and OTHER did not: give the CC-off (or record-only) trace first",
               file=sys.stderr)

@@ -101,9 +101,9 @@ def run(profile: Profile, cmd: list[str], trace: str | None = None, coverage: st
 
 
 def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, coverage: str | None = None,
-              sites: bool = False) -> tuple[int, float]:
-    """run(), and the program's own wall time in seconds (without the native floor's measurement before it,
-    about 1-2 s, which an account of two runs must not count as the program's slowdown)."""
+              sites: bool = False) -> tuple[int, tuple[int, int]]:
+    """run(), and when the program started and ended (CLOCK_MONOTONIC ns, the trace's clock; without the native
+    floor's measurement before it, about 1-2 s, which an account of two runs must not count as the program's)."""
     check(profile, cmd, trace, coverage)
     with tempfile.TemporaryDirectory(prefix="ccbridge-emu-") as tmp:
         cfg = Path(tmp) / "profile.conf"
@@ -117,18 +117,18 @@ def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, covera
                 from ccbridge.emulate import sites as _sites
 
                 env = _sites.environment(env, check_trace(trace))
-            t = time.monotonic()
+            t = time.monotonic_ns()
             rc = subprocess.call(cmd, env=env)
-            wall = time.monotonic() - t
+            bounds = (t, time.monotonic_ns())
         except OSError as e:  # checked above; what is left: it changed since, or exec refused it
             raise EmulatorError(f"cannot run {cmd[0]}: {e.strerror or e}") from None
         except KeyboardInterrupt:
-            return 130, 0.0
+            return 130, (0, 0)
         if coverage:
             from ccbridge.emulate import coverage as cov
 
             Path(coverage).write_text(json.dumps(cov.merge(cov_prefix), indent=1) + "\n")
-        return rc, wall
+        return rc, bounds
 
 
 def banner(profile: Profile) -> str:

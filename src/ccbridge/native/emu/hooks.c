@@ -133,7 +133,11 @@ static void load_config(const char *text, const char *origin) {
     if (cfg.trace[0]) emu_trace_open(cfg.trace);
 }
 
-static void at_exit(void) { emu_trace_close(); emu_coverage_write(); }
+static void at_exit(void) {
+    emu_t_exit = emu_now();
+    emu_trace_close();
+    emu_coverage_write();
+}
 
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -158,6 +162,7 @@ void emu_init(void) {
         g_libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
         if (g_libcuda) fill(cuda_lookup);
         atexit(at_exit);
+        emu_t_init = emu_now();
         __sync_synchronize();
         g_ready = 1;
     }

@@ -39,6 +39,7 @@ static int g_fd = -1;
 static int g_failed;              /* this process's CSV failed: no more lines */
 static _Atomic unsigned g_gen;    /* bumped by fork (in the child) and by every (re)open of a trace */
 int emu_tracing;                  /* a trace prefix is set: record */
+uint64_t emu_t_init, emu_t_exit;
 
 /* A trace that cannot be written is said once, not lost silently; err is the errno of the failure. */
 static void write_failed(const char *what, const char *path, int err) {
@@ -284,7 +285,8 @@ int ccbemu_trace_pause(int paused) {
 int emu_summary_json(char *buf, size_t len) {
     size_t n = 0;
 #define PUT(...) do { int k_ = snprintf(buf + n, n < len ? len - n : 0, __VA_ARGS__); if (k_ > 0) n += (size_t)k_; } while (0)
-    PUT("{\"pid\": %d, \"profile\": \"%s\", \"emulate\": %d, \"calls\": {", (int)getpid(), cfg.profile, cfg.emulate);
+    PUT("{\"pid\": %d, \"profile\": \"%s\", \"emulate\": %d, \"t_init_ns\": %llu, \"t_exit_ns\": %llu, \"calls\": {",
+        (int)getpid(), cfg.profile, cfg.emulate, (unsigned long long)emu_t_init, (unsigned long long)emu_t_exit);
     int first = 1;
     for (int i = 0; i < MAX_API; i++) {
         uint64_t c = atomic_load(&g_calls[i]);
