@@ -171,7 +171,7 @@ def serve_rows(r: Path) -> None:
             for x in top:
                 print(f"| account decode async ({test.split('.')[1]}): {x.params.get('site') or x.params['api']} "
                       f"{x.params.get('dir') or ''} | {x.median:.0%} of {wall * 1e3 if wall else 0:.0f} ms |")
-    for tag, k in ((t, k) for t in ("kv", "kvpub") for k in ("native", "b300")):
+    for tag, k in ((t, k) for t in ("kv", "kvsmall") for k in ("native", "b300")):
         f = r / f"{tag}-{k}.json"
         if f.exists():
             res = results.load(f)

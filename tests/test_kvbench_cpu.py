@@ -195,3 +195,15 @@ def test_a_long_pass_says_where_it_is(tiny, monkeypatch):
                   log=lines.append)
     assert any(f"request {SMALL['requests']}/{SMALL['requests']}" in x for x in lines)
     assert any("warm-up 1/" in x for x in lines)
+
+
+def test_the_cuda_default_is_the_published_shape():
+    """bench kv's CUDA default is the published setup's: Qwen2.5-3B and a 1.1 GiB prefix per request (bf16 K and V
+    of 36 layers x 2 KV heads x 128 dims = 36 KiB a token), within the model's context with the suffix."""
+    d = kvbench.DEVICE_DEFAULTS["cuda"]
+    cfg = decode.PRESETS[d["model"]]
+    per_token = cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["hidden_size"] // cfg["num_attention_heads"] * 2 * 2
+    assert d["model"] == "qwen2.5-3b" and per_token == 36 << 10
+    assert abs(d["prefix_len"] * per_token / 2**30 - 1.1) < 0.05
+    assert d["prefix_len"] + kvbench.DEFAULTS["suffix_len"] <= cfg["max_position_embeddings"]
+    assert kvbench.DEFAULTS["churn"] == 3

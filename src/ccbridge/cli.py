@@ -611,7 +611,7 @@ def _bench_kv(args) -> int:
         return 2
     from ccbridge.serve import kvbench
 
-    res = kvbench.bench(args.model or "llama-1b", args.prefixes, args.prefix_len, args.suffix_len, args.requests,
+    res = kvbench.bench(args.model, args.prefixes, args.prefix_len, args.suffix_len, args.requests,
                         args.thresholds, args.modes, args.device or "cuda", zipf=args.zipf,
                         gpu_fraction=args.gpu_fraction, device_blocks=args.device_blocks, seed=args.seed,
                         warmup=args.warmup, iters=args.iters, churn=args.churn,
@@ -815,7 +815,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="net: sockets (each with a thread) per connection to compare (default 1 2 4 8; at most 16)")
     p.add_argument("--inflight", type=_int(1), help="net: messages in flight (default 8, as NCCL's steps)")
     p.add_argument("--total", type=size, help="net: bytes moved per measurement (default 2G)")
-    p.add_argument("--model", choices=DECODE_MODELS, help="decode, kv: model shape, random weights (default llama-1b)")
+    p.add_argument("--model", choices=DECODE_MODELS, help="decode, kv: model shape, random weights (default llama-1b; kv on CUDA: qwen2.5-3b, "
+                        "the published setup's)")
     p.add_argument("--checkpoint", metavar="DIR", help="decode: a local Hugging Face model folder (config.json, "
                                                        "*.safetensors) read by ccbridge's loader, instead of --model")
     p.add_argument("--batch", type=_int(1), nargs="+", help="decode: batch sizes (default 1 8 32 128)")
@@ -832,12 +833,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", type=_checked(_device_spec), help="decode, kv: cuda, cuda:N or cpu (default cuda)")
     p.add_argument("--seed", type=_int(0), help="decode, kv: seed of the weights, prompts and the kv "
                                                            "request stream (default 0)")
-    p.add_argument("--prefixes", type=_int(1), help="kv: distinct shared prefixes (default 8)")
+    p.add_argument("--prefixes", type=_int(1), help="kv: distinct shared prefixes (default 4 on CUDA, 8 on the CPU)")
     p.add_argument("--churn", type=_int(0), help="kv: one-off requests (prefix + suffix tokens, never reused) after "
                                                  "each request, not timed (default 3)")
-    p.add_argument("--prefix-len", type=_int(1), help="kv: tokens per prefix (default 1024 on CUDA, 64 on the CPU)")
+    p.add_argument("--prefix-len", type=_int(1), help="kv: tokens per prefix (default 31744 on CUDA, "
+                   "a 1.1 GiB prefix of qwen2.5-3b as published; 64 on the CPU)")
     p.add_argument("--suffix-len", type=_int(1), help="kv: unique tokens after the prefix per request (default 32)")
-    p.add_argument("--requests", type=_int(1), help="kv: timed requests per pass, each generating 1 token (default 64; "
+    p.add_argument("--requests", type=_int(1), help="kv: timed requests per pass, each generating 1 token (default 12 on CUDA, 64 on the CPU; "
                                                     "--iters passes, --warmup passes over every prefix first)")
     p.add_argument("--thresholds", type=_int(1), nargs="+", help="kv: store thresholds to sweep: a block is spilled "
                    "to the host on eviction only if looked up this often (default 1 2 3)")

@@ -54,8 +54,13 @@ MODES = ("sync", "async")
 BLOCK_TOKENS = 16
 TIE_TOL = decode.TIE_TOL
 
-DEFAULTS = dict(prefixes=8, prefix_len_cuda=1024, prefix_len_cpu=64, suffix_len=32, requests=64, zipf=1.0,
-                gpu_fraction=1 / 3, thresholds=(1, 2, 3), modes=MODES, warmup=2, iters=1, check_every=8, churn=3)
+DEFAULTS = dict(suffix_len=32, zipf=1.0, gpu_fraction=1 / 3, thresholds=(1, 2, 3), modes=MODES, warmup=2, iters=1,
+                check_every=8, churn=3)
+# On CUDA the published setup's shape: Qwen2.5-3B, a 1.1 GiB prefix per request (31744 tokens x 36 KiB), churn 3;
+# 4 prefixes and 12 timed requests keep a run to a few minutes on an H100 (with 1B-model, 1024-token prefixes a
+# miss recomputes in a few ms and no threshold moves TTFT much: H100, 2026-11-22). On the CPU, a small shape.
+DEVICE_DEFAULTS = {"cuda": dict(model="qwen2.5-3b", prefixes=4, prefix_len=31744, requests=12),
+                   "cpu": dict(model="llama-1b", prefixes=8, prefix_len=64, requests=64)}
 HOST_FRACTION = 2.0  # host tier blocks: the shared prefixes' blocks twice over (plus one request's)
 CHURN = -1  # a stream entry's prefix index for a churn request
 
@@ -218,7 +223,7 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
-def bench(model: str = "llama-1b", prefixes: int | None = None, prefix_len: int | None = None,
+def bench(model: str | None = None, prefixes: int | None = None, prefix_len: int | None = None,
           suffix_len: int | None = None, requests: int | None = None, thresholds: list[int] | None = None,
           modes: list[str] | None = None, device: str = "cuda", zipf: float | None = None,
           gpu_fraction: float | None = None, device_blocks: int | None = None, seed: int = 0,
@@ -233,7 +238,8 @@ def bench(model: str = "llama-1b", prefixes: int | None = None, prefix_len: int 
     from ccbridge import env
     from ccbridge.results import Result
 
-    d = DEFAULTS
+    d = {**DEFAULTS, **DEVICE_DEFAULTS["cuda" if str(device).split(":")[0] == "cuda" else "cpu"]}
+    model = d["model"] if model is None else model
     prefixes = d["prefixes"] if prefixes is None else prefixes
     suffix_len = d["suffix_len"] if suffix_len is None else suffix_len
     requests = d["requests"] if requests is None else requests
@@ -244,8 +250,7 @@ def bench(model: str = "llama-1b", prefixes: int | None = None, prefix_len: int 
     iters = d["iters"] if iters is None else iters
     check_every = d["check_every"] if check_every is None else check_every
     churn = d["churn"] if churn is None else churn
-    if prefix_len is None:
-        prefix_len = d["prefix_len_cuda"] if torch.device(device).type == "cuda" else d["prefix_len_cpu"]
+    prefix_len = d["prefix_len"] if prefix_len is None else prefix_len
     dev = check(model, prefixes, prefix_len, suffix_len, requests, thresholds, modes, device, zipf, gpu_fraction,
                 device_blocks, churn)
     blocks = device_budget(prefixes, prefix_len, suffix_len,
