@@ -347,3 +347,32 @@ def test_default_device_without_gpu_is_one_line(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "ccbridge bench: --device cuda: torch sees no GPU (give --device cpu)", err
     assert sys.modules.get("ccbridge.serve.decode") is decode
+
+
+def test_bench_traces_only_its_timed_runs(tiny, monkeypatch):
+    """Under `ccbridge run --record` (ccbridge account) the model build, references and warm-up runs write no
+    trace lines: recording is paused from the start, resumed for each (batch, mode)'s timed runs, paused
+    after them (an error inside too), and given back as it was at the end."""
+    events, real = [], decode.decode
+    state = {"on": True}
+
+    def pause(required=True):
+        was, state["on"] = state["on"], False
+        events.append("pause")
+        return was
+
+    def resume(was):
+        if was:
+            state["on"] = True
+        events.append("resume" if was else "resume(no)")
+
+    def spy(*a, **kw):
+        events.append("timed" if state["on"] else "untraced")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(decode.trace, "pause", pause)
+    monkeypatch.setattr(decode.trace, "resume", resume)
+    monkeypatch.setattr(decode, "decode", spy)
+    decode.bench("tiny", [1, 2], 4, 3, ["sync", "async"], "cpu", iters=2, warmup=1)
+    group = ["untraced", "resume", "timed", "timed", "pause"]
+    assert events == ["pause"] + group * 4 + ["resume"] and state["on"]

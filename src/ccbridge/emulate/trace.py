@@ -55,8 +55,36 @@ COLUMNS: dict[str, str] = {
 LIB_ENV = "CCBRIDGE_EMU_LIB"  # set by `ccbridge run` in the program's environment: the interposer's path
 
 
+def _switch(required: bool):
+    """The interposer's trace switch (ccbemu_trace_pause), or None outside `ccbridge run` when not required."""
+    path = os.environ.get(LIB_ENV)
+    if not path:
+        if not required:
+            return None
+        raise EmulatorError("trace.paused() works inside `ccbridge run --record T -- CMD` only (no interposer here)")
+    try:
+        fn = ctypes.CDLL(path).ccbemu_trace_pause
+    except (OSError, AttributeError) as e:
+        raise EmulatorError(f"cannot reach the interposer's trace switch in {path}: {e}") from e
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def pause(required: bool = True) -> bool:
+    """Stop writing trace lines; True if a trace was being written (give it to resume()). required=False:
+    outside `ccbridge run` (or with no trace) nothing happens and the answer is False."""
+    fn = _switch(required)
+    return bool(fn(1)) if fn else False
+
+
+def resume(was_recording: bool) -> None:
+    """Write trace lines again, if pause() stopped a trace."""
+    if was_recording:
+        _switch(True)(0)
+
+
 @contextlib.contextmanager
-def paused():
+def paused(required: bool = True):
     """Inside, a program run under `ccbridge run --record T` writes no trace lines (emulation, if any, goes
     on): record only the steps you care about, e.g. a decode loop without its model load and warm-up.
 
@@ -64,20 +92,11 @@ def paused():
             load_and_warm_up()
         serve()   # recorded
     """
-    path = os.environ.get(LIB_ENV)
-    if not path:
-        raise EmulatorError("trace.paused() works inside `ccbridge run --record T -- CMD` only (no interposer here)")
-    try:
-        pause = ctypes.CDLL(path).ccbemu_trace_pause
-    except (OSError, AttributeError) as e:
-        raise EmulatorError(f"cannot reach the interposer's trace switch in {path}: {e}") from e
-    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
-    was = pause(1)
+    was = pause(required)
     try:
         yield
     finally:
-        if was:
-            pause(0)
+        resume(was)
 
 
 SCHEMA_LINE = re.compile(r"# ccbridge trace schema (\d+)(?:, profile ([^,]*), emulate (\d))?")

@@ -58,6 +58,7 @@ from typing import Callable
 
 import torch
 
+from ccbridge.emulate import trace
 from ccbridge.errors import UsageError
 
 MODES = ("sync", "async", "staged", "drain")
@@ -541,9 +542,9 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
 
     Tokens of every run are checked against the first run of the first mode at that batch size (see
     _Judge: a sequence that parts at a near tie of the reference's logits is counted apart, in the row's
-    extra near_ties); each real disagreement is an entry in Result.errors."""
+    extra near_ties); each real disagreement is an entry in Result.errors. Under `ccbridge run --record` only
+    the timed runs write trace lines."""
     from ccbridge import env
-    from ccbridge.results import Result, Row
 
     dev = check(None if checkpoint is not None else model, batches, prompt, output, modes, device, graphs)
     if not (0 <= host_prep_us <= MAX_HOST_PREP_US):
@@ -553,6 +554,20 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
     tf = _transformers()
     stamp = env.stamp()
     t_start = time.monotonic()
+    # under `ccbridge run --record` (and so `ccbridge account`) only the timed runs are traced: the model build,
+    # the reference forwards and the warm-up runs are not what the account of a decode loop is about
+    recording = trace.pause(required=False)
+    try:
+        return _bench(model, batches, prompt, output, modes, dev, iters, warmup, graphs, seed, log, checkpoint,
+                      host_prep_us, tf, stamp, t_start, recording)
+    finally:
+        trace.resume(recording)
+
+
+def _bench(model, batches, prompt, output, modes, dev, iters, warmup, graphs, seed, log, checkpoint, host_prep_us,
+           tf, stamp, t_start, recording):
+    from ccbridge.results import Result, Row
+
     if checkpoint is not None:
         log(f"loading {checkpoint} onto {dev} (ccbridge's loader)")
         m, model, vocab = from_checkpoint(checkpoint, dev, prompt + output)
@@ -574,8 +589,14 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
             for mode in modes:
                 log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs{_memory(dev)}")
                 try:
-                    runs = [decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us)
-                            for _ in range(warmup + iters)]
+                    runs = []
+                    try:
+                        for i in range(warmup + iters):
+                            if i == warmup:
+                                trace.resume(recording)
+                            runs.append(decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us))
+                    finally:
+                        trace.pause(required=False)
                 except torch.OutOfMemoryError as e:  # the rows so far stand; the result says where it stopped
                     first = str(e).split(". ")[0]
                     res.errors.append({"test": "decode", "error": f"batch {b}, mode {mode}: {first}{_memory(dev)}; "
