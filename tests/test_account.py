@@ -1,6 +1,7 @@
 """ccbridge account: two traces in the trace schema, attributed call by call."""
 
 import subprocess
+from pathlib import Path
 import sys
 
 from ccbridge import account, results
@@ -117,3 +118,29 @@ def test_a_wait_that_moved_counts_once_and_the_phases_say_where_the_rest_fell(tm
     assert abs(rows[("account.total", "net_in_calls", None)] - 0.1) < 0.001
     assert abs(rows[("account.phase", "slowdown", "start-up")] - 2.0) < 1e-6
     assert account.phases(base, other, None, None) == {}  # two traces given: no launch times
+
+
+def test_account_of_a_command_gives_shares_of_the_driver_call_span(tmp_path, monkeypatch, capsys):
+    """`account --profile P -- CMD`: the runs' launch and end times split the slowdown into phases, and each
+    row's share is of the driver-call span's slowdown (a cold start of one process, 2 s here, is no call's)."""
+    from ccbridge import cli
+    from ccbridge.emulate import launcher
+
+    ends = {}
+
+    def run_timed(profile, cmd, trace=None, sites=False, **kw):
+        emulated = profile.name != "passthrough"
+        decode_loop(Path(trace), d2h_us=1400 if emulated else 30, launch_us=5, profile=profile.name, emulate=int(emulated))
+        last = max(int(l.split(",")[1]) for l in Path(f"{trace}.1.csv").read_text().splitlines()[2:])
+        ends[emulated] = last
+        return 0, (0 if emulated else -2_000_000_000, last + 1000)  # the native run started 2 s before its first call
+
+    monkeypatch.setattr(launcher, "run_timed", run_timed)
+    monkeypatch.setattr(launcher, "check", lambda *a, **k: None)
+    assert cli.main(["account", "--profile", "b300", "--out", str(tmp_path / "o"), "--", "true"]) == 0
+    out = capsys.readouterr().out
+    assert "start-up -2000.0 ms" in out and "shares below are of the driver-call span's slowdown" in out
+    res = results.load(tmp_path / "o" / "result.json")
+    share = next(r.median for r in res.rows if r.metric == "share_of_slowdown" and r.params["api"] == "cuMemcpyDtoHAsync_v2")
+    assert abs(share - 1.0) < 0.01  # all of the span's slowdown, where the wall time's share would be ~6%
+    assert any(r.test == "account.phase" and r.params["phase"] == "start-up" for r in res.rows)

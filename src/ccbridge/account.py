@@ -37,7 +37,7 @@ class Line:
     channel_wait_ms: float
     toll_ms: float
     bytes: int
-    share: float  # of the wall-time slowdown
+    share: float  # of the slowdown: the driver-call span's where the runs' phases are known, else the wall time's
     recovery: str
     site: str = ""  # the Python call site (file:line function -> callee) where the traces noted sites
 
@@ -89,7 +89,7 @@ def phases(base: TraceSummary, other: TraceSummary, base_run: tuple[int, int] | 
     (start-up: imports, model building on the host, anything before CUDA), from the first driver call to
     the last (where the calls can explain it), from the last to the program's end (teardown). Empty
     without the runs' launch and end times (two traces given) or a trace without calls."""
-    if not (base_run and other_run and base.first_ns and other.first_ns):
+    if not (base_run and other_run and base.first_ns is not None and other.first_ns is not None):
         return {}
     cut = [(t.first_ns - r[0], t.last_ns - t.first_ns, r[1] - t.last_ns) for t, r in ((base, base_run), (other, other_run))]
     return {name: (o - b) / 1e9 for name, b, o in zip(PHASES, *cut)}
@@ -162,7 +162,7 @@ def render(lines: list[Line], wall_s: float, top: int = 15, where: dict[str, flo
     pct = lambda v, of: f" ({v / of:.0%})" if of > 0 else ""
     head = [f"wall time slowdown {wall_s * 1e3:.1f} ms; calls that grew explain {explained * 1e3:.1f} ms"
             + pct(explained, wall_s) + f"; net of the calls that shrank, the driver calls hold {net * 1e3:.1f} ms"
-            + pct(net, wall_s)]
+            + pct(net, wall_s) + ("; shares below are of the driver-call span's slowdown" if where else "")]
     if where:
         span = where["driver calls"]
         head.append("by phase: " + ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in where.items())

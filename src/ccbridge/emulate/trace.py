@@ -114,12 +114,12 @@ class TraceSummary:
     profiles: set[str] = field(default_factory=set)  # profile of each traced process ("passthrough": record-only)
     emulated: bool = False  # a traced process ran under an emulating profile (its header says emulate 1)
     span_ns: int = 0  # summed over processes: first call's entry to last call's return in each trace file
-    # over all processes (CLOCK_MONOTONIC ns; 0: none): the first call's entry, the last call's return, the first
-    # interposer start and the last interposer exit (the summaries of traces made since they carry them)
-    first_ns: int = 0
-    last_ns: int = 0
-    init_ns: int = 0
-    exit_ns: int = 0
+    # over all processes (CLOCK_MONOTONIC ns; None: none): the first call's entry, the last call's return, the
+    # first interposer start and the last interposer exit (the summaries of traces made since they carry them)
+    first_ns: int | None = None
+    last_ns: int | None = None
+    init_ns: int | None = None
+    exit_ns: int | None = None
 
     def total_crossings(self) -> int:
         return int(sum(c["count"] for c in self.crossings.values()))
@@ -165,8 +165,9 @@ def summarize(prefix: str) -> TraceSummary:
                 s.calls[k] += v
             t_init, t_exit = int(d.get("t_init_ns") or 0), int(d.get("t_exit_ns") or 0)
             if t_init:
-                s.init_ns = min(s.init_ns or t_init, t_init)
-            s.exit_ns = max(s.exit_ns, t_exit)
+                s.init_ns = t_init if s.init_ns is None else min(s.init_ns, t_init)
+            if t_exit:
+                s.exit_ns = t_exit if s.exit_ns is None else max(s.exit_ns, t_exit)
             for k, v in d.get("crossings", {}).items():
                 agg = s.crossings.setdefault(k, {"count": 0, "bytes": 0, "blocked_ns": 0})
                 for name in agg:
@@ -193,8 +194,8 @@ def summarize(prefix: str) -> TraceSummary:
                         _add(s.by_site, (site_of.label(row["site"]), *key), row, t1 - t0)
                 if first is not None:
                     s.span_ns += last - first
-                    s.first_ns = min(s.first_ns or first, first)
-                    s.last_ns = max(s.last_ns, last)
+                    s.first_ns = first if s.first_ns is None else min(s.first_ns, first)
+                    s.last_ns = last if s.last_ns is None else max(s.last_ns, last)
         except ResultFileError:
             raise
         except (OSError, UnicodeDecodeError, csv.Error, KeyError, ValueError, TypeError) as e:
