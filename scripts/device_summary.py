@@ -157,7 +157,7 @@ def serve_rows(r: Path) -> None:
     if acc.exists():
         res = results.load(acc)
         total = {x.metric: x.median for x in res.rows if x.test == "account.total"}
-        wall, net = total.get("wall_slowdown"), total.get("net_in_calls")
+        wall, net = total.get("share_base", total.get("wall_slowdown")), total.get("net_in_calls")
         grew = sum(x.median for x in res.rows if x.test == "account.api" and x.metric == "share_of_slowdown" and x.median > 0)
         print(f"| account decode async: calls that grew explain | {grew:.0%} of the slowdown |")
         where = {x.params["phase"]: x.median for x in res.rows if x.test == "account.phase"}

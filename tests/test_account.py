@@ -143,4 +143,6 @@ def test_account_of_a_command_gives_shares_of_the_driver_call_span(tmp_path, mon
     res = results.load(tmp_path / "o" / "result.json")
     share = next(r.median for r in res.rows if r.metric == "share_of_slowdown" and r.params["api"] == "cuMemcpyDtoHAsync_v2")
     assert abs(share - 1.0) < 0.01  # all of the span's slowdown, where the wall time's share would be ~6%
+    base = next(r for r in res.rows if r.test == "account.total" and r.metric == "share_base")
+    assert abs(base.median - 0.137) < 0.001 and base.extra["of"] == "the driver-call span's slowdown"
     assert any(r.test == "account.phase" and r.params["phase"] == "start-up" for r in res.rows)

@@ -75,12 +75,24 @@ PHASES = ("start-up", "driver calls", "teardown")  # launch -> first call -> las
 
 
 def attribute(base: TraceSummary, other: TraceSummary, base_wall_s: float | None = None,
-              other_wall_s: float | None = None) -> tuple[list[Line], float]:
-    """The lines, largest growth first, and the wall-time slowdown (s) they are shares of
-    (the programs' own wall times where given, else the traces' spans)."""
-    wall = ((other_wall_s if other_wall_s is not None else other.span_ns / 1e9)
+              other_wall_s: float | None = None, share_of_s: float | None = None) -> tuple[list[Line], float]:
+    """The lines, largest growth first, and the wall-time slowdown (wall_slowdown()); each line's share is of
+    share_of_s (default: that wall-time slowdown)."""
+    wall = wall_slowdown(base, other, base_wall_s, other_wall_s)
+    return _lines(base.by_api, other.by_api, wall if share_of_s is None else share_of_s), wall
+
+
+def wall_slowdown(base: TraceSummary, other: TraceSummary, base_wall_s: float | None = None,
+                  other_wall_s: float | None = None) -> float:
+    """Other's wall time less base's (s): the programs' own where given, else the traces' spans."""
+    return ((other_wall_s if other_wall_s is not None else other.span_ns / 1e9)
             - (base_wall_s if base_wall_s is not None else base.span_ns / 1e9))
-    return _lines(base.by_api, other.by_api, wall), wall
+
+
+def share_base(wall_s: float, where: dict[str, float]) -> float:
+    """The slowdown the shares are of: between the first and the last driver call where the phases are
+    known (what calls can explain; a cold start of one process is no call's), else the wall time's."""
+    return where["driver calls"] if where else wall_s
 
 
 def phases(base: TraceSummary, other: TraceSummary, base_run: tuple[int, int] | None,
@@ -129,7 +141,9 @@ def rows(lines: list[Line], wall_s: float, site_lines: list[Line] = (), where: d
     """The account as Rows of a Result (one format for compare, advise and reports): account.api per API,
     account.site per call site and API, account.phase per phase of the run (where: phases())."""
     out = [Row.of("account.total", "wall_slowdown", "s", [wall_s]),
-           Row.of("account.total", "net_in_calls", "s", [net_in_calls_s(lines)])]
+           Row.of("account.total", "net_in_calls", "s", [net_in_calls_s(lines)]),
+           Row.of("account.total", "share_base", "s", [share_base(wall_s, where or {})])]
+    out[-1].extra["of"] = "the driver-call span's slowdown" if where else "the wall-time slowdown"
     out += [Row.of("account.phase", "slowdown", "s", [v], phase=k) for k, v in (where or {}).items()]
     for test, group in (("account.api", lines), ("account.site", site_lines)):
         for x in group:

@@ -297,7 +297,9 @@ def _stacks(recovery: str) -> list[tuple[str, str]]:
 def from_account(inp: Input) -> list[Advice]:
     res = inp.result
     out, add = _adder(inp)
-    total = next((r for r in res.by_test("account.total") if r.metric == "wall_slowdown"), None)
+    # the slowdown the shares are of (the driver-call span's since share_base exists; before, the wall time's)
+    totals = {r.metric: r for r in res.by_test("account.total")}
+    total = totals.get("share_base") or totals.get("wall_slowdown")
     shares = sorted((r for r in res.by_test("account.api") if r.metric == "share_of_slowdown" and r.median >= MIN_SHARE),
                     key=lambda r: -r.median)[:TOP_ACCOUNT]
     if not shares:

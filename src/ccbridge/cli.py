@@ -242,11 +242,10 @@ def cmd_account(args) -> int:
             raise UsageError(f"{' '.join(rest)} made no CUDA driver call: nothing to attribute" if args.profile else
                              f"no trace lines under {x}.<pid>.csv: record with `ccbridge run --record {x} -- CMD`")
     walls = [(r[1] - r[0]) / 1e9 if r else None for r in runs_at]
-    lines, wall = account.attribute(base, other, *walls)
     where = account.phases(base, other, *runs_at)
-    if where:  # shares of what the calls can explain: the slowdown between the first and the last driver call
-        lines, _ = account.attribute(base, other, 0.0, where["driver calls"])
-    at_sites = account.attribute_sites(base, other, where["driver calls"] if where else wall)
+    of = account.share_base(account.wall_slowdown(base, other, *walls), where)
+    lines, wall = account.attribute(base, other, *walls, share_of_s=of)
+    at_sites = account.attribute_sites(base, other, of)
     # two traces given: what the OTHER trace's own header says it ran under is what the rows are made of
     emulated_as = args.profile or (", ".join(sorted(other.profiles - {"passthrough"})) if other.emulated else None)
     res = Result(env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
@@ -257,9 +256,8 @@ def cmd_account(args) -> int:
     if base.emulated and not other.emulated:
         print("note: BASE ran under the emulator and OTHER did not: give the CC-off (or record-only) trace first",
               file=sys.stderr)
-    slower = where["driver calls"] if where else wall
-    if slower <= 0:
-        print(f"note: OTHER was not slower than BASE ({slower * 1e3:+.1f} ms{' between the first and the last driver call' if where else ''}): "
+    if of <= 0:
+        print(f"note: OTHER was not slower than BASE ({of * 1e3:+.1f} ms{' between the first and the last driver call' if where else ''}): "
               "nothing to recover", file=sys.stderr)
     if at_sites:
         print(account.render_sites(at_sites))
