@@ -114,12 +114,9 @@ class TraceSummary:
     profiles: set[str] = field(default_factory=set)  # profile of each traced process ("passthrough": record-only)
     emulated: bool = False  # a traced process ran under an emulating profile (its header says emulate 1)
     span_ns: int = 0  # summed over processes: first call's entry to last call's return in each trace file
-    # over all processes (CLOCK_MONOTONIC ns; None: none): the first call's entry, the last call's return, the
-    # first interposer start and the last interposer exit (the summaries of traces made since they carry them)
+    # over all processes (CLOCK_MONOTONIC ns; None: none): the first call's entry, the last call's return
     first_ns: int | None = None
     last_ns: int | None = None
-    init_ns: int | None = None
-    exit_ns: int | None = None
 
     def total_crossings(self) -> int:
         return int(sum(c["count"] for c in self.crossings.values()))
@@ -163,11 +160,6 @@ def summarize(prefix: str) -> TraceSummary:
                 d = json.load(f)
             for k, v in d.get("calls", {}).items():
                 s.calls[k] += v
-            t_init, t_exit = int(d.get("t_init_ns") or 0), int(d.get("t_exit_ns") or 0)
-            if t_init:
-                s.init_ns = t_init if s.init_ns is None else min(s.init_ns, t_init)
-            if t_exit:
-                s.exit_ns = t_exit if s.exit_ns is None else max(s.exit_ns, t_exit)
             for k, v in d.get("crossings", {}).items():
                 agg = s.crossings.setdefault(k, {"count": 0, "bytes": 0, "blocked_ns": 0})
                 for name in agg:

@@ -183,7 +183,7 @@ static CUresult bounce_ready(channel *ch) {
 static CUresult first_wait(channel *ch, CUevent landed, uint64_t *t_ready) {
     static int warned;
     CUresult rc = drv.EventSynchronize(landed);
-    if (rc != CUDA_SUCCESS || ch->idle) return rc; /* idle: the place was reached when the lock was */
+    if (rc != CUDA_SUCCESS || ch->idle) return rc; /* idle: the place was reached at the call (or when the channel came free) */
     uint64_t wake = emu_now();
     float ms = 0;
     CUresult e = drv.EventElapsedTime(&ms, ch->mark, landed);
@@ -329,12 +329,13 @@ static CUresult d2h_floor(channel *ch, CUdeviceptr src, size_t bytes) {
     return CUDA_SUCCESS;
 }
 
-/* Where a D2H's tolls start, after its stream reached it: a blocking call (its own host wait inside, as
- * natively) the whole native copy; an async one the copy less the host wait its caller's synchronize
- * will still pay (H100, torch's 32-byte .to() + synchronize: natively 1.5 us in the copy and 2.8 in the
- * synchronize; the whole floor here made the loop ~4 us dearer than the toll). */
-static uint64_t floor_of(const channel *ch, int sync_call) {
-    return sync_call ? ch->d2h_floor_ns : ch->d2h_floor_ns - ch->idle_wait_ns;
+/* Where a D2H's tolls start, after its stream reached it: a copy that natively holds the host until its
+ * bytes are in (a blocking call; an async one into pageable memory) the whole native copy; an async one
+ * into pinned memory the copy less the host wait its caller's synchronize will still pay (H100, torch's
+ * 32-byte .to() + synchronize: natively 1.5 us in the copy and 2.8 in the synchronize; the whole floor
+ * made the loop ~4 us dearer than the toll). */
+static uint64_t floor_of(const channel *ch, const crossing *x) {
+    return x->sync_call || x->mem == MEM_PAGEABLE ? ch->d2h_floor_ns : ch->d2h_floor_ns - ch->idle_wait_ns;
 }
 
 static int nonblocking(CUstream s) {
@@ -410,7 +411,7 @@ static CUresult cross(const crossing *x) {
         if (x->dir == DIR_D2H) {
             /* the tolls (the copy's and the round trip's) start where a native copy would have ended; the
              * channel's own work until then (done by `end`) is inside them, never on top */
-            uint64_t model = ch->d2h_floor_ns ? t_ready + floor_of(ch, x->sync_call) : end; /* (unmeasured: as before) */
+            uint64_t model = ch->d2h_floor_ns ? t_ready + floor_of(ch, x) : end; /* (unmeasured: as before) */
             if (paced > model) model = paced;
             if (bus_end > model) model = bus_end;
             toll += emu_roundtrip_due(1);

@@ -245,8 +245,7 @@ typedef struct {
     int kind;
     CUresult rc;
 } emu_record;
-extern int emu_tracing;  /* a trace is being written: hooks record */
-extern uint64_t emu_t_init, emu_t_exit; /* CLOCK_MONOTONIC ns: the interposer's start in this process, its exit */
+extern int emu_tracing;  /* a trace is being written and not paused: hooks record (atomic loads and stores) */
 void emu_trace_open(const char *prefix);
 void emu_trace_record(const emu_record *r);
 void emu_count(int api);

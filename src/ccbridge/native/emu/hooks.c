@@ -133,11 +133,7 @@ static void load_config(const char *text, const char *origin) {
     if (cfg.trace[0]) emu_trace_open(cfg.trace);
 }
 
-static void at_exit(void) {
-    emu_t_exit = emu_now();
-    emu_trace_close();
-    emu_coverage_write();
-}
+static void at_exit(void) { emu_trace_close(); emu_coverage_write(); }
 
 static char *read_file(const char *path) {
     FILE *f = fopen(path, "rb");
@@ -162,7 +158,6 @@ void emu_init(void) {
         g_libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
         if (g_libcuda) fill(cuda_lookup);
         atexit(at_exit);
-        emu_t_init = emu_now();
         __sync_synchronize();
         g_ready = 1;
     }
@@ -232,7 +227,7 @@ void *ccbemu_lookup(const char *name) {
 #define ENTER(n)                                                            \
     emu_init();                                                             \
     emu_count(H_##n);                                                       \
-    __attribute__((unused)) const uint64_t t0_ = emu_tracing ? emu_now() : 0; \
+    __attribute__((unused)) const uint64_t t0_ = __atomic_load_n(&emu_tracing, __ATOMIC_RELAXED) ? emu_now() : 0; \
     if (!g_real[H_##n]) return CUDA_ERROR_NOT_INITIALIZED
 
 /* ---- the trace of calls the channel does not see (record-only, launches, syncs) ---- */

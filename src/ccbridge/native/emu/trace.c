@@ -38,8 +38,7 @@ static char g_csv_path[600];
 static int g_fd = -1;
 static int g_failed;              /* this process's CSV failed: no more lines */
 static _Atomic unsigned g_gen;    /* bumped by fork (in the child) and by every (re)open of a trace */
-int emu_tracing;                  /* a trace prefix is set: record */
-uint64_t emu_t_init, emu_t_exit;
+int emu_tracing;                  /* a trace prefix is set and not paused: record (atomic loads and stores) */
 
 /* A trace that cannot be written is said once, not lost silently; err is the errno of the failure. */
 static void write_failed(const char *what, const char *path, int err) {
@@ -209,7 +208,7 @@ static size_t format(char *o0, const emu_record *r, long tid) {
 }
 
 void emu_trace_record(const emu_record *r) {
-    if (!emu_tracing) return;
+    if (!__atomic_load_n(&emu_tracing, __ATOMIC_RELAXED)) return;
     tbuf *b = my_buf();
     if (!b) {
         char line[LINE_MAX_BYTES];
@@ -267,17 +266,18 @@ void emu_trace_open(const char *prefix) {
     g_opened = 0;
     atomic_fetch_add(&g_gen, 1); /* the buffers start again */
     snprintf(g_prefix, sizeof g_prefix, "%s", prefix);
-    emu_tracing = prefix[0] != 0;
+    __atomic_store_n(&emu_tracing, prefix[0] != 0, __ATOMIC_RELAXED);
     static int registered;
     if (!registered++) pthread_atfork(before_fork, after_fork_parent, after_fork_child);
     pthread_mutex_unlock(&g_mu);
 }
 
-/* Recording of a region: paused, hooks write no lines (the trace stays open). Returns 1 if it was recording. */
+/* Recording of a region: paused, hooks write no lines (the trace stays open; the summary's per-hook call
+ * counts and crossing totals still count every call). Returns 1 if it was recording. */
 int ccbemu_trace_pause(int paused) {
     pthread_mutex_lock(&g_mu);
-    int was = emu_tracing;
-    emu_tracing = !paused && g_prefix[0] != 0;
+    int was = __atomic_load_n(&emu_tracing, __ATOMIC_RELAXED);
+    __atomic_store_n(&emu_tracing, !paused && g_prefix[0] != 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g_mu);
     return was;
 }
@@ -285,8 +285,7 @@ int ccbemu_trace_pause(int paused) {
 int emu_summary_json(char *buf, size_t len) {
     size_t n = 0;
 #define PUT(...) do { int k_ = snprintf(buf + n, n < len ? len - n : 0, __VA_ARGS__); if (k_ > 0) n += (size_t)k_; } while (0)
-    PUT("{\"pid\": %d, \"profile\": \"%s\", \"emulate\": %d, \"t_init_ns\": %llu, \"t_exit_ns\": %llu, \"calls\": {",
-        (int)getpid(), cfg.profile, cfg.emulate, (unsigned long long)emu_t_init, (unsigned long long)emu_t_exit);
+    PUT("{\"pid\": %d, \"profile\": \"%s\", \"emulate\": %d, \"calls\": {", (int)getpid(), cfg.profile, cfg.emulate);
     int first = 1;
     for (int i = 0; i < MAX_API; i++) {
         uint64_t c = atomic_load(&g_calls[i]);
