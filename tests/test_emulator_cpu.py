@@ -239,25 +239,29 @@ def test_launch_toll_is_added_and_a_synchronize_pays_one_round_trip(lib):
 
 
 def test_a_paused_trace_records_nothing_and_resumes(lib, tmp_path, monkeypatch):
-    """trace.paused() (a region left out of a --record run): no lines for the launches inside, lines again
-    after, the launch toll charged throughout (emulation goes on); outside `ccbridge run` it is a clear error."""
+    """trace.paused() (a region left out of a --record run): no lines for the launches inside but the one under
+    trace.resumed(), lines again after, the launch toll charged throughout (emulation goes on); outside
+    `ccbridge run` it is a clear error."""
     prefix = tmp_path / "p"
     init(lib, trace=str(prefix), launch_toll_us=1000, sync_toll_us=0)
     s = lib.ccbemu_fake_stream()
     monkeypatch.setenv(trace.LIB_ENV, lib._name)
     busy(lib, s, 0)
-    with trace.paused():
+    with trace.paused() as was:
         t = time.perf_counter()
         for _ in range(3):
             busy(lib, s, 0)
         assert time.perf_counter() - t >= 3e-3
+        with trace.resumed(was):  # one recorded launch inside the paused region
+            busy(lib, s, 0)
+        busy(lib, s, 0)
     busy(lib, s, 0)
     lib.ccbemu_trace_flush()
     rows = [l for l in Path(f"{prefix}.{os.getpid()}.csv").read_text().splitlines()
             if not l.startswith("#") and ",launch," in l]
-    assert len(rows) == 2, rows
+    assert was is True and len(rows) == 3, rows
     monkeypatch.delenv(trace.LIB_ENV)
-    with pytest.raises(trace.EmulatorError, match="ccbridge run --record"):
+    with pytest.raises(trace.EmulatorError, match="works inside `ccbridge run`"):
         with trace.paused():
             pass
 

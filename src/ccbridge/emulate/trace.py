@@ -61,7 +61,8 @@ def _switch(required: bool):
     if not path:
         if not required:
             return None
-        raise EmulatorError("trace.paused() works inside `ccbridge run --record T -- CMD` only (no interposer here)")
+        raise EmulatorError("trace.paused() works inside `ccbridge run` (with --record T to have a trace to "
+                            "pause); no interposer here")
     try:
         fn = ctypes.CDLL(path).ccbemu_trace_pause
     except (OSError, AttributeError) as e:
@@ -72,7 +73,8 @@ def _switch(required: bool):
 
 def pause(required: bool = True) -> bool:
     """Stop writing trace lines; True if a trace was being written (give it to resume()). required=False:
-    outside `ccbridge run` (or with no trace) nothing happens and the answer is False."""
+    outside `ccbridge run` nothing happens and the answer is False. Without --record there is no trace:
+    False. The per-process summary's call counts still count the paused calls."""
     fn = _switch(required)
     return bool(fn(1)) if fn else False
 
@@ -86,7 +88,7 @@ def resume(was_recording: bool) -> None:
 @contextlib.contextmanager
 def paused(required: bool = True):
     """Inside, a program run under `ccbridge run --record T` writes no trace lines (emulation, if any, goes
-    on): record only the steps you care about, e.g. a decode loop without its model load and warm-up.
+    on); yields whether a trace was being written. Record only the steps you care about:
 
         with ccbridge.emulate.trace.paused():
             load_and_warm_up()
@@ -94,9 +96,20 @@ def paused(required: bool = True):
     """
     was = pause(required)
     try:
-        yield
+        yield was
     finally:
         resume(was)
+
+
+@contextlib.contextmanager
+def resumed(was_recording: bool):
+    """Inside a paused() block, record again for a while (given paused()'s answer)."""
+    resume(was_recording)
+    try:
+        yield
+    finally:
+        if was_recording:
+            pause()
 
 
 SCHEMA_LINE = re.compile(r"# ccbridge trace schema (\d+)(?:, profile ([^,]*), emulate (\d))?")

@@ -545,6 +545,7 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
     extra near_ties); each real disagreement is an entry in Result.errors. Under `ccbridge run --record` only
     the timed runs write trace lines."""
     from ccbridge import env
+    from ccbridge.results import Result, Row
 
     dev = check(None if checkpoint is not None else model, batches, prompt, output, modes, device, graphs)
     if not (0 <= host_prep_us <= MAX_HOST_PREP_US):
@@ -556,77 +557,63 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
     t_start = time.monotonic()
     # under `ccbridge run --record` (and so `ccbridge account`) only the timed runs are traced: the model build,
     # the reference forwards and the warm-up runs are not what the account of a decode loop is about
-    recording = trace.pause(required=False)
-    try:
-        return _bench(model, batches, prompt, output, modes, dev, iters, warmup, graphs, seed, log, checkpoint,
-                      host_prep_us, tf, stamp, t_start, recording)
-    finally:
-        trace.resume(recording)
-
-
-def _bench(model, batches, prompt, output, modes, dev, iters, warmup, graphs, seed, log, checkpoint, host_prep_us,
-           tf, stamp, t_start, recording):
-    from ccbridge.results import Result, Row
-
-    if checkpoint is not None:
-        log(f"loading {checkpoint} onto {dev} (ccbridge's loader)")
-        m, model, vocab = from_checkpoint(checkpoint, dev, prompt + output)
-    else:
-        log(f"building {model} (random weights, seed {seed}) on {dev}")
-        m, vocab = build(model, dev, seed), PRESETS[model]["vocab_size"]
-    settings = {"decode": {"model": model, "device": str(dev),
-                           "checkpoint": None if checkpoint is None else str(Path(checkpoint).resolve()),
-                           "dtype": str(next(m.parameters()).dtype).split(".")[-1],
-                           "prompt": prompt, "output": output, "batches": list(batches), "modes": list(modes),
-                           "iters": iters, "warmup": warmup, "graphs": graphs, "seed": seed,
-                           "transformers": tf.__version__, "drain_lag": DRAIN_LAG, "host_prep_us": host_prep_us,
-                           "cudnn_attention": False}}
-    res = Result(env=stamp, settings=settings)
-    with deterministic_attention():  # every mode's tokens comparable bit for bit
-        for b in batches:
-            ids = prompts(vocab, b, prompt, seed)
-            want, judge = None, _Judge(m, ids)
-            for mode in modes:
-                log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs{_memory(dev)}")
-                try:
-                    runs = []
+    with trace.paused(required=False) as recording:
+        if checkpoint is not None:
+            log(f"loading {checkpoint} onto {dev} (ccbridge's loader)")
+            m, model, vocab = from_checkpoint(checkpoint, dev, prompt + output)
+        else:
+            log(f"building {model} (random weights, seed {seed}) on {dev}")
+            m, vocab = build(model, dev, seed), PRESETS[model]["vocab_size"]
+        settings = {"decode": {"model": model, "device": str(dev),
+                               "checkpoint": None if checkpoint is None else str(Path(checkpoint).resolve()),
+                               "dtype": str(next(m.parameters()).dtype).split(".")[-1],
+                               "prompt": prompt, "output": output, "batches": list(batches), "modes": list(modes),
+                               "iters": iters, "warmup": warmup, "graphs": graphs, "seed": seed,
+                               "transformers": tf.__version__, "drain_lag": DRAIN_LAG, "host_prep_us": host_prep_us,
+                               "cudnn_attention": False}}
+        res = Result(env=stamp, settings=settings)
+        with deterministic_attention():  # every mode's tokens comparable bit for bit
+            for b in batches:
+                ids = prompts(vocab, b, prompt, seed)
+                want, judge = None, _Judge(m, ids)
+                for mode in modes:
+                    log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs{_memory(dev)}")
                     try:
-                        for i in range(warmup + iters):
-                            if i == warmup:
-                                trace.resume(recording)
-                            runs.append(decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us))
-                    finally:
-                        trace.pause(required=False)
-                except torch.OutOfMemoryError as e:  # the rows so far stand; the result says where it stopped
-                    first = str(e).split(". ")[0]
-                    res.errors.append({"test": "decode", "error": f"batch {b}, mode {mode}: {first}{_memory(dev)}; "
-                                                                  "the larger batches and later modes did not run"})
-                    break
-                if want is None:
-                    want = (mode, runs[0].tokens)
-                bad, ties = None, set()
-                for r in runs:
-                    wrong, tied = judge(want[1], r.tokens)
-                    ties |= tied
-                    if wrong and bad is None:
-                        bad = f"batch {b}, mode {mode}: tokens differ from {want[0]}'s in " + _mismatch(r.tokens, want[1])
-                if bad:
-                    res.errors.append({"test": "decode", "error": bad})
-                timed = runs[warmup:]
-                params = dict(model=model, batch=b, mode=mode, graphs=graphs)
-                busy = [r.gpu_busy for r in timed if r.gpu_busy is not None]
-                extra = {"gpu_busy": sorted(busy)[len(busy) // 2] if busy else None, "tokens_match": bad is None,
-                         "near_ties": len(ties), **timed[-1].stats}
-                res.rows.append(Row.of("decode", "tok_per_s", "tok/s", [b * (output - 1) / r.wall_s for r in timed],
-                                       **params))
-                res.rows[-1].extra = extra
-                res.rows.append(Row.of("decode", "step_ms", "ms", [r.wall_s / (output - 1) * 1e3 for r in timed], **params))
-                res.rows.append(Row.of("decode", "token_gap_ms", "ms", [s * 1e3 for r in timed for s in r.step_s], **params))
-            else:
-                continue
-            break  # out of memory: no larger batch will fit
-    res.duration_s = time.monotonic() - t_start
-    return res
+                        runs = [decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us)
+                                for _ in range(warmup)]
+                        with trace.resumed(recording):
+                            runs += [decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us)
+                                     for _ in range(iters)]
+                    except torch.OutOfMemoryError as e:  # the rows so far stand; the result says where it stopped
+                        first = str(e).split(". ")[0]
+                        res.errors.append({"test": "decode", "error": f"batch {b}, mode {mode}: {first}{_memory(dev)}; "
+                                                                      "the larger batches and later modes did not run"})
+                        break
+                    if want is None:
+                        want = (mode, runs[0].tokens)
+                    bad, ties = None, set()
+                    for r in runs:
+                        wrong, tied = judge(want[1], r.tokens)
+                        ties |= tied
+                        if wrong and bad is None:
+                            bad = f"batch {b}, mode {mode}: tokens differ from {want[0]}'s in " + _mismatch(r.tokens, want[1])
+                    if bad:
+                        res.errors.append({"test": "decode", "error": bad})
+                    timed = runs[warmup:]
+                    params = dict(model=model, batch=b, mode=mode, graphs=graphs)
+                    busy = [r.gpu_busy for r in timed if r.gpu_busy is not None]
+                    extra = {"gpu_busy": sorted(busy)[len(busy) // 2] if busy else None, "tokens_match": bad is None,
+                             "near_ties": len(ties), **timed[-1].stats}
+                    res.rows.append(Row.of("decode", "tok_per_s", "tok/s", [b * (output - 1) / r.wall_s for r in timed],
+                                           **params))
+                    res.rows[-1].extra = extra
+                    res.rows.append(Row.of("decode", "step_ms", "ms", [r.wall_s / (output - 1) * 1e3 for r in timed], **params))
+                    res.rows.append(Row.of("decode", "token_gap_ms", "ms", [s * 1e3 for r in timed for s in r.step_s], **params))
+                else:
+                    continue
+                break  # out of memory: no larger batch will fit
+        res.duration_s = time.monotonic() - t_start
+        return res
 
 
 def _tokens_word(extra: dict) -> str:
