@@ -225,6 +225,8 @@ CASES = [
     (["calibrate", "--profile", "b300", "--rounds", "0"], "--rounds: expected 1..20, got 0"),
     (["calibrate", "--profile", "b300", "--rounds", "21"], "--rounds: expected 1..20, got 21"),
     (["calibrate", "--profile", "b300", "--rounds", "two"], "--rounds: not an integer: 'two'"),
+    (["calibrate", "--profile", "b300", "--rounds", "2", "--native", "{d}/good.json", "--emulated", "{d}/good.json"],
+     "with --emulated given this command runs no emulated probe"),
     # trace
     (["trace", "{d}/none"], "no trace files {d}/none.<pid>.csv or .summary.json"),
     (["trace", "/nonexistent/dir/t"], "no trace files /nonexistent/dir/t.<pid>.csv"),

@@ -315,6 +315,9 @@ def cmd_profiles(args) -> int:
     return 0
 
 
+DEFAULT_ROUNDS = 3  # calibrate's native/emulated pairs for the delta checks
+
+
 def cmd_calibrate(args) -> int:
     from ccbridge import results
     from ccbridge.emulate import calibrate, launcher, profiles
@@ -322,34 +325,37 @@ def cmd_calibrate(args) -> int:
     prof = profiles.override(profiles.load(args.profile), args.overrides)
     out = ui.writable_folder(args.out or Path("ccbridge-results") / f"calibrate-{prof.name}-{dt.datetime.now():%Y%m%d-%H%M%S}",
                              "--out")
+    if args.rounds is not None and args.emulated:
+        raise UsageError("--rounds pairs fresh native and emulated runs of the delta tests; with --emulated given "
+                         "this command runs no emulated probe")
     # Given results are read first: a bad one fails now, not after a probe run of minutes.
     given = {k: results.load(p) for k, p in (("native", args.native), ("emulated", args.emulated)) if p}
-    probe = ["probe", "--tests", calibrate.PROBE_TESTS, "--device", str(args.device)] + ([] if args.full else ["--quick"])
     if "emulated" not in given:
         launcher.check(prof, launcher.python_cmd())
-    if "native" not in given:
-        print("ccbridge calibrate: native probe run", file=sys.stderr)
-        subprocess.call(launcher.python_cmd(*probe, "--out", str(out / "native")))
-        given["native"] = results.load(out / "native" / "result.json")
-    if "emulated" not in given:
-        print(f"ccbridge calibrate: emulated probe run ({launcher.banner(prof)})", file=sys.stderr)
-        launcher.run(prof, launcher.python_cmd(*probe, "--out", str(out / "emulated")))
-        given["emulated"] = results.load(out / "emulated" / "result.json")
+
+    def probe(kind: str, tests: str, folder: Path):
+        """One probe run, natively or under the profile; its result."""
+        cmd = launcher.python_cmd("probe", "--tests", tests, "--device", str(args.device),
+                                  *([] if args.full else ["--quick"]), "--out", str(folder))
+        if kind == "native":
+            subprocess.call(cmd)
+        else:
+            launcher.run(prof, cmd)
+        return results.load(folder / "result.json")
+
+    for kind in ("native", "emulated"):
+        if kind not in given:
+            print(f"ccbridge calibrate: {kind} probe run" + (f" ({launcher.banner(prof)})" if kind == "emulated" else ""),
+                  file=sys.stderr)
+            given[kind] = probe(kind, calibrate.PROBE_TESTS, out / kind)
     native, emulated = given["native"], given["emulated"]
+    n = 1 if args.emulated else args.rounds or DEFAULT_ROUNDS
     rounds = []  # more pairs of the delta tests, alternating, when this command runs the emulated probe
-    extra = args.rounds - 1 if args.emulated is None else 0
-    for i in range(2, extra + 2):
+    for i in range(2, n + 1):
         pair = []
         for kind in ("native", "emulated"):
-            print(f"ccbridge calibrate: delta tests, round {i} of {args.rounds}, {kind}", file=sys.stderr)
-            probe_i = probe[:]
-            probe_i[probe_i.index("--tests") + 1] = calibrate.DELTA_TESTS
-            cmd = launcher.python_cmd(*probe_i, "--out", str(out / f"round{i}" / kind))
-            if kind == "native":
-                subprocess.call(cmd)
-            else:
-                launcher.run(prof, cmd)
-            pair.append(results.load(out / f"round{i}" / kind / "result.json"))
+            print(f"ccbridge calibrate: delta tests, round {i} of {n}, {kind}", file=sys.stderr)
+            pair.append(probe(kind, calibrate.DELTA_TESTS, out / f"round{i}" / kind))
         rounds.append(tuple(pair))
     checks = calibrate.evaluate(prof, native, emulated, rounds)
     md = calibrate.render(prof, checks, native, emulated)
@@ -730,9 +736,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--native", help="use this native result.json instead of running the probe")
     p.add_argument("--emulated", help="use this emulated result.json instead of running the probe")
     p.add_argument("--full", action="store_true", help="full probe suite instead of --quick")
-    p.add_argument("--rounds", type=_int(1, 20), default=3,
+    p.add_argument("--rounds", type=_int(1, 20),
                    help="pairs of native and emulated runs of the delta tests (launch, 32-byte D2H), alternating; "
-                        "the delta checks take their median (default 3; 1 when --emulated is given)")
+                        f"the delta checks take their median (default {DEFAULT_ROUNDS}; not with --emulated)")
     p.add_argument("--device", type=device_index, default=0)
     p.add_argument("--out", help="output folder (default ccbridge-results/calibrate-<profile>-<timestamp>)")
     _add_set(p)

@@ -17,6 +17,7 @@ from ccbridge import ui
 from ccbridge.env import EMULATION_VAR
 from ccbridge.errors import EmulatorError, UsageError
 from ccbridge.emulate import native_floor
+from ccbridge.emulate.siteboot import ccbridge_sites
 from ccbridge.emulate.profiles import Profile
 
 CONFIG_VAR = "CCBRIDGE_EMU_CONFIG"
@@ -45,7 +46,7 @@ def environment(profile: Profile, config_path: str, base: dict[str, str] | None 
     preload = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = lib + (":" + preload if preload and lib not in preload else "")
     env[CONFIG_VAR] = config_path
-    env["CCBRIDGE_EMU_LIB"] = lib  # lets tools in the child read the interposer's counters
+    env[ccbridge_sites.LIB_ENV] = lib  # lets tools in the child reach the interposer (counters, trace switch)
     env[EMULATION_VAR] = profile.name
     return env
 

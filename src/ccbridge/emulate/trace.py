@@ -52,7 +52,7 @@ COLUMNS: dict[str, str] = {
     "site": "the Python call site that issued it: an id in <prefix>.<pid>.sites.json (empty: none noted; "
             "`ccbridge run --record T --sites`)",
 }
-LIB_ENV = "CCBRIDGE_EMU_LIB"  # set by `ccbridge run` in the program's environment: the interposer's path
+LIB_ENV = sites.recorder.LIB_ENV  # set by `ccbridge run` in the program's environment: the interposer's path
 
 
 def _switch(required: bool):
