@@ -9,10 +9,22 @@ stream, for the channel, tolls), the share of the slowdown the growth
 explains, and the recovery that fits it. `ccbridge account --profile b300 --
 CMD` records CMD natively, then under the emulator, and compares the two.
 
+Of which slowdown: with `--profile` the runs' launch and end times split
+the wall time into start-up (to the first traced driver call), the span of
+traced calls, and teardown; the shares are of the span's slowdown, which
+calls can explain (a cold start of one process swung the wall time by +-3 s
+on an H100). Two traces given: of the traces' spans. A program that pauses
+its trace (trace.paused(); bench decode traces only its timed runs) leaves
+the paused stretches before its first and after its last traced call out of
+the span, but not those between: account one configuration at a time.
+
 The shares are of time spent inside calls, summed over threads: where one
 thread's calls hold the program's critical path (a serving loop's scheduler,
 a training step's host side) they explain the wall time; where several
-threads wait at once they can add up to more than the slowdown.
+threads wait at once they can add up to more than the slowdown. A wait that
+moved (a step's synchronize natively, the head-of-line H2D before it under
+CC) shows as growth in one row and shrinkage in another; the rows sum to the
+calls' net change.
 """
 
 from __future__ import annotations
@@ -97,10 +109,10 @@ def share_base(wall_s: float, where: dict[str, float]) -> float:
 
 def phases(base: TraceSummary, other: TraceSummary, base_run: tuple[int, int] | None,
            other_run: tuple[int, int] | None) -> dict[str, float]:
-    """Where the slowdown fell (s, other minus base): from the program's launch to its first driver call
-    (start-up: imports, model building on the host, anything before CUDA), from the first driver call to
-    the last (where the calls can explain it), from the last to the program's end (teardown). Empty
-    without the runs' launch and end times (two traces given) or a trace without calls."""
+    """Where the slowdown fell (s, other minus base): from the program's launch to its first traced driver
+    call (start-up: imports, model building, and whatever the program ran with its trace paused), from the
+    first traced call to the last (where the calls can explain it), from the last to the program's end
+    (teardown). Empty without the runs' launch and end times (two traces given) or a trace without calls."""
     if not (base_run and other_run and base.first_ns is not None and other.first_ns is not None):
         return {}
     cut = [(t.first_ns - r[0], t.last_ns - t.first_ns, r[1] - t.last_ns) for t, r in ((base, base_run), (other, other_run))]
