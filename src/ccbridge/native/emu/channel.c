@@ -37,7 +37,6 @@ typedef struct channel {
     void *bounce[2];
     lanes *lanes;
     uint64_t d2h_floor_ns; /* this machine's native small D2H, copy to host wait (0: not measured yet) */
-    uint64_t idle_wait_ns; /* a host wait on an idle stream here: what a caller's own synchronize costs anyway */
     int idle;              /* the crossing in hand found its stream idle: no GPU-side wait, no mark */
     uint64_t released_at;  /* when the last crossing gave the channel up (ticket_done) */
     struct channel *next;
@@ -306,36 +305,21 @@ static CUresult transfer(channel *ch, const crossing *x, uint64_t *cipher, uint6
 /* A native small D2H on this machine, copy to host wait, the fastest of a few: what a CC-off copy of a
  * few bytes costs here. A D2H crossing's tolls start from it, so the channel's own mechanics (its events,
  * its stream, its host wait) stand in for the native copy instead of adding to the toll (on an H100 they
- * made a 32-byte crossing 35 us dearer than native where the profile charges 23). Also the fastest host wait
- * on the idle channel stream: an async copy's caller synchronizes after it, natively where the copy's wait
- * is spent, and still pays that call once the emulated copy is in (see floor_of()). */
+ * made a 32-byte crossing 35 us dearer than native where the profile charges 23). */
 static CUresult d2h_floor(channel *ch, CUdeviceptr src, size_t bytes) {
     CUresult rc;
     TRY(bounce_ready(ch));
-    uint64_t best = UINT64_MAX, idle = UINT64_MAX;
+    uint64_t best = UINT64_MAX;
     for (int i = 0; i < 5; i++) {
         uint64_t t0 = emu_now();
         TRY(drv.MemcpyDtoHAsync(ch->bounce[0], src, bytes < 32 ? bytes : 32, ch->pstream));
         TRY(drv.EventRecord(ch->ev[0], ch->pstream));
         TRY(drv.EventSynchronize(ch->ev[0]));
-        uint64_t t1 = emu_now();
-        TRY(drv.StreamSynchronize(ch->pstream));
-        uint64_t t2 = emu_now();
-        if (t1 - t0 < best) best = t1 - t0;
-        if (t2 - t1 < idle) idle = t2 - t1;
+        uint64_t d = emu_now() - t0;
+        if (d < best) best = d;
     }
     ch->d2h_floor_ns = best ? best : 1;
-    ch->idle_wait_ns = idle < ch->d2h_floor_ns ? idle : ch->d2h_floor_ns;
     return CUDA_SUCCESS;
-}
-
-/* Where a D2H's tolls start, after its stream reached it: a copy that natively holds the host until its
- * bytes are in (a blocking call; an async one into pageable memory) the whole native copy; an async one
- * into pinned memory the copy less the host wait its caller's synchronize will still pay (H100, torch's
- * 32-byte .to() + synchronize: natively 1.5 us in the copy and 2.8 in the synchronize; the whole floor
- * made the loop ~4 us dearer than the toll). */
-static uint64_t floor_of(const channel *ch, const crossing *x) {
-    return x->sync_call || x->mem == MEM_PAGEABLE ? ch->d2h_floor_ns : ch->d2h_floor_ns - ch->idle_wait_ns;
 }
 
 static int nonblocking(CUstream s) {
@@ -411,7 +395,7 @@ static CUresult cross(const crossing *x) {
         if (x->dir == DIR_D2H) {
             /* the tolls (the copy's and the round trip's) start where a native copy would have ended; the
              * channel's own work until then (done by `end`) is inside them, never on top */
-            uint64_t model = ch->d2h_floor_ns ? t_ready + floor_of(ch, x) : end; /* (unmeasured: as before) */
+            uint64_t model = ch->d2h_floor_ns ? t_ready + ch->d2h_floor_ns : end; /* (unmeasured: as before) */
             if (paced > model) model = paced;
             if (bus_end > model) model = bus_end;
             toll += emu_roundtrip_due(1);

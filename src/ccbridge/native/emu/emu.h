@@ -303,6 +303,5 @@ EMU_API long long ccbemu_fake_unwaited(void);
 EMU_API long long ccbemu_fake_host_waits(void);
 EMU_API void ccbemu_fake_copy_gbps(double gbps);
 EMU_API void ccbemu_fake_query_ns(uint64_t ns);
-EMU_API void ccbemu_fake_wake_ns(uint64_t ns);
 void *ccbemu_fake_lookup(const char *name); /* internal: the fake's driver table */
 #endif

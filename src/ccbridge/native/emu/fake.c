@@ -74,13 +74,10 @@ static CUresult f_StreamCreate(CUstream *s, unsigned flags) {
     return 0;
 }
 static void count_wait(void) { __atomic_fetch_add(&host_waits, 1, __ATOMIC_RELAXED); }
-static uint64_t wake_ns; /* > 0: a host wait (stream or event synchronize) takes at least this long */
-static void wake_up(void) { if (wake_ns) sleep_until(emu_now() + wake_ns); }
 static CUresult f_StreamSynchronize(CUstream s) {
     if (S(s)->capturing) return CUDA_ERROR_INVALID_VALUE;
     count_wait();
     sleep_until(S(s)->busy_until);
-    wake_up();
     waited(S(s), S(s)->issued);
     return 0;
 }
@@ -137,7 +134,6 @@ static CUresult f_EventSynchronize(CUevent e) {
     INJECT("cuEventSynchronize");
     count_wait();
     sleep_until(f->t);
-    wake_up();
     waited(f->s, f->seq);
     return 0;
 }
@@ -383,5 +379,3 @@ long long ccbemu_fake_host_waits(void) { return (long long)__atomic_load_n(&host
 void ccbemu_fake_copy_gbps(double gbps) { copy_gbps = gbps; }
 /* From now on cuStreamQuery takes ns (0: no time). */
 void ccbemu_fake_query_ns(uint64_t ns) { query_ns = ns; }
-/* From now on a stream or event synchronize takes at least ns more (a host's wake-up; 0: none). */
-void ccbemu_fake_wake_ns(uint64_t ns) { wake_ns = ns; }
