@@ -114,6 +114,7 @@ def test_a_wait_that_moved_counts_once_and_the_phases_say_where_the_rest_fell(tm
     assert lines[0].api == "cuMemcpyHtoDAsync_v2" and "StagedH2D" in lines[0].recovery
     text = account.render(lines, wall, where=where)
     assert "start-up +2000.0 ms" in text and "the calls hold 99.5 ms (100%)" in text, text
+    assert "cuStreamSynchronize shrank 500.0 ms: natively it waited for the GPU" in text, text
     rows = {(r.test, r.metric, r.params.get("phase")): r.median for r in account.rows(lines, wall, where=where)}
     assert abs(rows[("account.total", "net_in_calls", None)] - 0.1) < 0.001
     assert abs(rows[("account.phase", "slowdown", "start-up")] - 2.0) < 1e-6

@@ -200,4 +200,10 @@ def render(lines: list[Line], wall_s: float, top: int = 15, where: dict[str, flo
         out.append(f"{x.api:<28} {x.kind:<8} {x.dir:<4} {x.mem:<9} {x.calls[0]:>6}/{x.calls[1]:<6} "
                    f"{x.per_call_us(0):>8.1f}/{x.per_call_us(1):<8.1f} {x.delta_ms:>9.2f} {x.share:>6.0%} "
                    f"{x.stream_wait_ms:>8.2f} {x.channel_wait_ms:>8.2f} {x.toll_ms:>8.2f}  {x.recovery}")
+    waited = sum(x.stream_wait_ms for x in lines if x.delta_ms > 0)
+    for x in lines:  # a synchronize that shrank while crossings grew waiting for their streams: the same wait, moved
+        if x.kind == "sync" and x.delta_ms < 0 and waited >= -x.delta_ms / 2:
+            out.append(f"{x.api} shrank {-x.delta_ms:.1f} ms: natively it waited for the GPU; under CC the crossings "
+                       f"above wait for their streams instead ({waited:.1f} ms), ahead of the host work they used to "
+                       "overlap (head-of-line)")
     return "\n".join(out)
