@@ -98,6 +98,21 @@ FILES = {
     "ts.1.summary.json": lambda: "{not json",
     "decode_empty.json": lambda: _result(settings={"decode": {"model": "tiny"}}, rows=[]),
     "kv_no_ttft.json": lambda: _result(settings={"kv": {}}, rows__0__test="kv", rows__0__metric="spill_bytes"),
+    "ts2.1.csv": lambda: (f"# ccbridge trace schema {__import__('ccbridge.emulate.trace', fromlist=['SCHEMA']).SCHEMA}, "
+                          "profile b300, emulate 1\n"
+                          + ",".join(__import__("ccbridge.emulate.trace", fromlist=["COLUMNS"]).COLUMNS)
+                          + "\n1,2,3,,,cuMemcpyHtoD_v2,crossing,h2d,pinned,4,0,0,0,0,0\n"),
+    "ts2.1.sites.json": lambda: "[" * 100_000 + "]" * 100_000,
+    "emu_h200.json": lambda: _result(env__emulation={"active": True, "profile": "h200"}),
+    "no_gpu.json": lambda: _result(settings__missing={"gpu": "no NVIDIA driver"}, skipped=[{"test": "x", "reason": "no GPU"}]),
+    "tr_back.1.csv": lambda: (f"# ccbridge trace schema {__import__('ccbridge.emulate.trace', fromlist=['SCHEMA']).SCHEMA}, "
+                              "profile b300, emulate 1\n"
+                              + ",".join(__import__("ccbridge.emulate.trace", fromlist=["COLUMNS"]).COLUMNS)
+                              + "\n5,2,3,,,cuMemcpyHtoD_v2,crossing,h2d,pinned,4,0,0,0,0,\n"),
+    "tr_huge.1.csv": lambda: (f"# ccbridge trace schema {__import__('ccbridge.emulate.trace', fromlist=['SCHEMA']).SCHEMA}, "
+                              "profile b300, emulate 1\n"
+                              + ",".join(__import__("ccbridge.emulate.trace", fromlist=["COLUMNS"]).COLUMNS)
+                              + "\n1," + "9" * 4000 + ",3,,,cuMemcpyHtoD_v2,crossing,h2d,pinned,4,0,0,0,0,\n"),
 }
 
 
@@ -153,7 +168,8 @@ CASES = [
     # run
     (["run", "--profile", "b300", "--", "{d}/notexec"], "{d}/notexec is not executable"),
     (["run", "--profile", "b300", "--", "nosuch-command-4c1e"], "command not found: nosuch-command-4c1e"),
-    (["run", "--profile", "b300"], "no command given: ccbridge run --profile NAME -- CMD"),
+    (["run", "--profile", "b300"], "no command given: put the program after --, as in `-- CMD [ARGS...]`"),
+    (["account", "--profile", "b300"], "no command given: put the program after --"),
     (["run", "--profile", "b300", "--"], "no command given"),
     (["run", "--profile", "b300", "--", "{d}/folder"], "{d}/folder is a folder, not a program"),
     (["run", "--profile", "b300", "--record", "/nonexistent/dir/t", "--", "true"],
@@ -227,10 +243,22 @@ CASES = [
     (["calibrate", "--profile", "b300", "--rounds", "two"], "--rounds: not an integer: 'two'"),
     (["calibrate", "--profile", "b300", "--rounds", "2", "--native", "{d}/good.json", "--emulated", "{d}/good.json"],
      "with --emulated given this command runs no emulated probe"),
+    (["calibrate", "--profile", "b300", "--native", "{d}/kv_no_ttft.json"], "a `ccbridge bench kv` result, not a probe's"),
+    (["calibrate", "--profile", "b300", "--native", "{d}/good.json", "--emulated", "{d}/emu_h200.json"],
+     "emulated under profile h200, not b300"),
+    (["calibrate", "--profile", "b300", "--native", "{d}/emu_h200.json"], "the 'native' result was made under the emulator"),
+    (["calibrate", "--profile", "b300", "--native", "{d}/no_gpu.json"], "the probe ran none of its GPU tests"),
     # trace
     (["trace", "{d}/none"], "no trace files {d}/none.<pid>.csv or .summary.json"),
     (["trace", "/nonexistent/dir/t"], "no trace files /nonexistent/dir/t.<pid>.csv"),
     (["trace", "{d}/tr"], "unreadable trace {d}/tr.1.csv, line 3"),
+    (["trace", "{d}/tr_back"], "unreadable trace {d}/tr_back.1.csv, line 3: ValueError: t_return_ns 2 is before t_enter_ns 5"),
+    (["trace", "{d}/tr_huge"], "unreadable trace {d}/tr_huge.1.csv, line 3: ValueError: t_return_ns 999999999999999999999999"),
+    (["account", "{d}/tr", "{d}/tr_huge"], "unreadable trace {d}/tr"),
+    (["trace", "{d}/ts2"], "unreadable call sites {d}/ts2.1.sites.json: RecursionError"),
+    (["trace", "{d}/tr.1.csv"], "{d}/tr.1.csv: give the trace's prefix, without .<pid>.csv ({d}/tr)"),
+    (["account", "{d}/tr.1.csv", "{d}/tr"], "{d}/tr.1.csv: give the trace's prefix, without .<pid>.csv"),
+    (["calibrate", "--profile", "b300", "--native", ""], ".: is a folder; pass the result.json in it"),
     (["trace", "{d}/told"], "trace {d}/told.1.csv: written by an older ccbridge (schema 1); this ccbridge reads trace schema 3"),
     (["trace", "{d}/ts"], "unreadable trace summary {d}/ts.1.summary.json"),
     # collectives and bench: arguments checked before the GPU is looked for
@@ -282,6 +310,14 @@ CASES = [
      "--host-prep-us 2e+06: expected 0 to 1e+06 us of host work per step"),
     (["bench", "kv", "--host-prep-us", "100"], "--host-prep-us goes with `bench decode`"),
     (["bench", "kv", "--churn", "-1"], "argument --churn: expected at least 0, got -1"),
+    (["bench", "kv", "--churn", "101", "--device", "cpu", "--model", "tiny"], "--churn 101: one-off requests per request must be 0 to 100"),
+    (["bench", "kv", "--requests", "100000000000", "--device", "cpu", "--model", "tiny"],
+     "--prefixes and --requests must be 1 to 100000"),
+    (["bench", "kv", "--prefixes", "1000000000000", "--device", "cpu", "--model", "tiny"],
+     "--prefixes and --requests must be 1 to 100000"),
+    (["bench", "kv", "--device-blocks", "100000000000000", "--device", "cpu", "--model", "tiny"],
+     "--device-blocks 100000000000000: at most 10000000"),
+    (["bench", "decode", "--batch", "100000000000", "--device", "cpu", "--model", "tiny"], "batch sizes must be 1 to 4096"),
     (["bench", "decode", "--churn", "2"], "--churn goes with `bench kv`"),
     (["bench", "kv", "--modes", "staged"], "--modes staged: bench kv schedules sync or async"),
     (["bench", "kv", "--modes", "eager"], "argument --modes: invalid choice: 'eager'"),

@@ -326,8 +326,10 @@ def test_api_checks():
         decode.check("gpt5", [1], 4, 4, ["sync"], "cpu", False)
     with pytest.raises(UsageError, match="unknown mode 'eager'"):
         decode.check("tiny", [1], 4, 4, ["eager"], "cpu", False)
-    with pytest.raises(UsageError, match="at least 1"):
+    with pytest.raises(UsageError, match="batch sizes must be 1 to 4096"):
         decode.check("tiny", [0], 4, 4, ["sync"], "cpu", False)
+    with pytest.raises(UsageError, match="batch sizes must be 1 to 4096"):
+        decode.check("tiny", [4097], 4, 4, ["sync"], "cpu", False)
     with pytest.raises(UsageError, match="output at least 2"):
         decode.check("tiny", [1], 4, 1, ["sync"], "cpu", False)
     with pytest.raises(UsageError, match="tiny holds 4096"):

@@ -193,7 +193,7 @@ def test_a_long_pass_says_where_it_is(tiny, monkeypatch):
     lines = []
     kvbench.bench("tiny", **{**SMALL, "check_every": 0}, thresholds=[2], modes=["async"], _model=tiny,
                   log=lines.append)
-    assert any(f"request {SMALL['requests']}/{SMALL['requests']}" in x for x in lines)
+    assert any(f"served {SMALL['requests']}/{SMALL['requests']}" in x for x in lines)
     assert any("warm-up 1/" in x for x in lines)
 
 

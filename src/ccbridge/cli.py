@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -144,7 +145,8 @@ def cmd_probe(args) -> int:
     prof = _what_if(args, "passthrough" if args.record else None)
     tests = registry.select(args.tests)
     registry.check_device(args.device)
-    out = ui.writable_folder(args.out or Path("ccbridge-results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"), "--out")
+    out = ui.writable_folder(args.out or Path("ccbridge-results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"), "--out",
+                             fresh=("result.json",))
     if prof:
         return _probe_under(args, prof, out)
     console = Console(stderr=True)
@@ -207,6 +209,16 @@ def cmd_run(args) -> int:
     return rc
 
 
+def _ended(rc: int) -> str:
+    """How a child process ended, for a message: its status, or the signal that killed it."""
+    if rc >= 0:
+        return f"exited with status {rc}"
+    try:
+        return f"was killed by {signal.Signals(-rc).name}"
+    except ValueError:
+        return f"was killed by signal {-rc}"
+
+
 def cmd_account(args) -> int:
     """Attribute the wall-time difference of two traces (or of CMD natively vs emulated) to the calls that grew."""
     from ccbridge import account, env
@@ -214,7 +226,8 @@ def cmd_account(args) -> int:
     from ccbridge.results import Result
 
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
-    out = ui.writable_folder(args.out or Path("ccbridge-results") / f"account-{dt.datetime.now():%Y%m%d-%H%M%S}", "--out")
+    out = ui.writable_folder(args.out or Path("ccbridge-results") / f"account-{dt.datetime.now():%Y%m%d-%H%M%S}", "--out",
+                             fresh=("result.json",))
     runs_at: list[tuple[int, int] | None] = [None, None]  # each run's launch and end (ns)
     prof = _what_if(args)
     if prof:
@@ -227,7 +240,7 @@ def cmd_account(args) -> int:
             print(f"ccbridge account: run {i + 1} of 2, {launcher.banner(p)}", file=sys.stderr)
             rc, runs_at[i] = launcher.run_timed(p, rest, trace=prefix, sites=not args.no_sites)
             if rc:
-                raise UsageError(f"{' '.join(rest)} exited with status {rc} in run {i + 1}; nothing to compare")
+                raise UsageError(f"{' '.join(rest)} {_ended(rc)} in run {i + 1}; nothing to compare")
         prefixes = [prefix for _, prefix in runs]
     else:
         if args.no_sites:
@@ -324,24 +337,24 @@ def cmd_calibrate(args) -> int:
 
     prof = profiles.override(profiles.load(args.profile), args.overrides)
     out = ui.writable_folder(args.out or Path("ccbridge-results") / f"calibrate-{prof.name}-{dt.datetime.now():%Y%m%d-%H%M%S}",
-                             "--out")
-    if args.rounds is not None and args.emulated:
+                             "--out", fresh=("calibration.json",))
+    if args.rounds is not None and args.emulated is not None:
         raise UsageError("--rounds pairs fresh native and emulated runs of the delta tests; with --emulated given "
                          "this command runs no emulated probe")
-    # Given results are read first: a bad one fails now, not after a probe run of minutes.
-    given = {k: results.load(p) for k, p in (("native", args.native), ("emulated", args.emulated)) if p}
+    # Given results are read and checked first: a bad one fails now, not after a probe run of minutes.
+    given = {k: calibrate.check_side(results.load(p), k, prof, f"--{k} {p}")
+             for k, p in (("native", args.native), ("emulated", args.emulated)) if p is not None}
     if "emulated" not in given:
         launcher.check(prof, launcher.python_cmd())
 
     def probe(kind: str, tests: str, folder: Path):
-        """One probe run, natively or under the profile; its result."""
+        """One probe run, natively or under the profile; its result, checked."""
         cmd = launcher.python_cmd("probe", "--tests", tests, "--device", str(args.device),
                                   *([] if args.full else ["--quick"]), "--out", str(folder))
-        if kind == "native":
-            subprocess.call(cmd)
-        else:
-            launcher.run(prof, cmd)
-        return results.load(folder / "result.json")
+        rc = subprocess.call(cmd) if kind == "native" else launcher.run(prof, cmd)
+        if not (folder / "result.json").exists():
+            raise UsageError(f"the {kind} probe run exited with status {rc} and wrote no result (its message is above)")
+        return calibrate.check_side(results.load(folder / "result.json"), kind, prof, f"the {kind} probe run")
 
     for kind in ("native", "emulated"):
         if kind not in given:
@@ -349,7 +362,7 @@ def cmd_calibrate(args) -> int:
                   file=sys.stderr)
             given[kind] = probe(kind, calibrate.PROBE_TESTS, out / kind)
     native, emulated = given["native"], given["emulated"]
-    n = 1 if args.emulated else args.rounds or DEFAULT_ROUNDS
+    n = 1 if args.emulated is not None else args.rounds or DEFAULT_ROUNDS
     rounds = []  # more pairs of the delta tests, alternating, when this command runs the emulated probe
     for i in range(2, n + 1):
         pair = []

@@ -25,16 +25,21 @@ def approx_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def writable_folder(path: str | os.PathLike, what: str, create: bool = True) -> Path:
+def writable_folder(path: str | os.PathLike, what: str, create: bool = True, fresh: tuple[str, ...] = ()) -> Path:
     """`path` as a folder a command can write in, checked before its work starts.
 
     create: the folder may be missing (the command makes it) as long as its
     nearest existing parent takes a new folder; otherwise it must exist. The
     test is making and removing a folder there, not permission bits, so that
     root, read-only mounts and /proc answer truthfully; nothing is left behind.
-    what: the option, for the message (e.g. "--out").
+    what: the option, for the message (e.g. "--out"). fresh: files the command
+    writes there that must not exist yet (an earlier run's result is never
+    overwritten).
     """
     _check_folder(Path(path), f"{what} {path}", create)
+    for name in fresh:
+        if (Path(path) / name).exists():
+            raise UsageError(f"{what} {path}: already holds {name} from an earlier run; give a new folder")
     return Path(path)
 
 

@@ -282,6 +282,27 @@ def law_checks(native: Result, emulated: Result) -> list[Check]:
     return out
 
 
+def check_side(res: Result, kind: str, profile: Profile, where: str) -> Result:
+    """A result calibrate can use as its native or emulated side, or a UsageError naming where it came from:
+    a probe's (not an account's or a bench's), native or emulated as said (emulated: under this profile), made
+    with a GPU."""
+    from ccbridge.report.tables import command
+
+    if command(res) != "probe":
+        raise UsageError(f"{where}: a `ccbridge {command(res)}` result, not a probe's")
+    if kind == "native" and res.emulated:
+        raise UsageError(f"{where}: the 'native' result was made under the emulator")
+    if kind == "emulated":
+        made_under = (res.env.get("emulation") or {}).get("profile")
+        if not res.emulated:
+            raise UsageError(f"{where}: the 'emulated' result was not made under the emulator (its env stamp says native)")
+        if made_under != profile.name:
+            raise UsageError(f"{where}: emulated under profile {made_under}, not {profile.name}")
+    if res.no_gpu:
+        raise UsageError(f"{where}: the probe ran none of its GPU tests ({res.no_gpu}); calibrate needs a GPU")
+    return res
+
+
 def evaluate(profile: Profile, native: Result, emulated: Result,
              rounds: Sequence[tuple[Result, Result]] = ()) -> list[Check]:
     """rounds: more (native, emulated) pairs of the delta tests; the delta checks take the median of all pairs."""

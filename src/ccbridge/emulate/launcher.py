@@ -56,7 +56,7 @@ def check(profile: Profile, cmd: list[str], trace: str | None = None, coverage: 
     executed, a trace folder, a coverage file to write, the library, libcrypto when
     the profile emulates."""
     if not cmd:
-        raise EmulatorError("no command given: ccbridge run --profile NAME -- CMD [ARGS...]")
+        raise EmulatorError("no command given: put the program after --, as in `-- CMD [ARGS...]`")
     exe = cmd[0] if os.sep in cmd[0] else shutil.which(cmd[0])
     if exe is None or not os.path.exists(exe):
         raise EmulatorError(f"command not found: {cmd[0]}")

@@ -56,7 +56,7 @@ class Sites:
                            for f, line, func, callee in doc["sites"]]
         except ResultFileError:
             raise
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
             raise ResultFileError(f"unreadable call sites {path}: {type(e).__name__}: {e}") from None
 
     def label(self, column: str) -> str:

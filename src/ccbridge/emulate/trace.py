@@ -152,20 +152,33 @@ def check_header(path: str, first: str, second: str) -> re.Match:
     return m
 
 
+def _u64(row: dict, column: str) -> int:
+    """A number column as the interposer writes it: a 64-bit unsigned integer."""
+    v = int(row[column])
+    if not 0 <= v < 1 << 64:
+        raise ValueError(f"{column} {row[column][:24]}{'...' if len(row[column]) > 24 else ''} is not a 64-bit count")
+    return v
+
+
 def _add(table: dict, key: tuple, row: dict, in_call_ns: int) -> None:
     agg = table.setdefault(key, {"kind": row["kind"], "count": 0, "bytes": 0, "blocked_ns": 0,
                                  "stream_wait_ns": 0, "channel_wait_ns": 0, "toll_ns": 0})
     agg["count"] += 1
-    agg["bytes"] += int(row["bytes"])
+    agg["bytes"] += _u64(row, "bytes")
     agg["blocked_ns"] += in_call_ns
-    agg["stream_wait_ns"] += int(row["blocked_stream_ns"])
-    agg["channel_wait_ns"] += int(row["blocked_channel_ns"])
-    agg["toll_ns"] += int(row["toll_ns"])
+    agg["stream_wait_ns"] += _u64(row, "blocked_stream_ns")
+    agg["channel_wait_ns"] += _u64(row, "blocked_channel_ns")
+    agg["toll_ns"] += _u64(row, "toll_ns")
 
 
 def summarize(prefix: str) -> TraceSummary:
     """Fold every <prefix>.<pid>.summary.json and .csv into one summary; ResultFileError
     naming the file and the line for one the interposer did not write or of another schema."""
+    if not os.path.basename(prefix):
+        raise ResultFileError(f"{prefix!r}: give a trace prefix (T of `ccbridge run --record T`)")
+    if re.search(r"\.\d+\.(csv|summary\.json|sites\.json)$", prefix):
+        raise ResultFileError(f"{prefix}: give the trace's prefix, without .<pid>.csv "
+                              f"({re.sub(r'[.][0-9]+[.].*$', '', prefix)})")
     s = TraceSummary()
     for path in sorted(glob.glob(f"{glob.escape(prefix)}.*.summary.json")):
         try:
@@ -191,7 +204,9 @@ def summarize(prefix: str) -> TraceSummary:
                 s.emulated |= m.group(3) == "1"
                 first = last = None
                 for line, row in enumerate(csv.DictReader(f, fieldnames=list(COLUMNS)), start=3):
-                    t0, t1 = int(row["t_enter_ns"]), int(row["t_return_ns"])
+                    t0, t1 = _u64(row, "t_enter_ns"), _u64(row, "t_return_ns")
+                    if t1 < t0:
+                        raise ValueError(f"t_return_ns {t1} is before t_enter_ns {t0}")
                     first, last = t0 if first is None else min(first, t0), t1 if last is None else max(last, t1)
                     key = (row["api"], row["dir"] or "-", row["mem"] or "-")
                     _add(s.by_api, key, row, t1 - t0)

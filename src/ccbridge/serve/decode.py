@@ -63,6 +63,7 @@ from ccbridge.errors import UsageError
 
 MODES = ("sync", "async", "staged", "drain")
 MAX_HOST_PREP_US = 1e6  # a second of host work per step is no engine's
+MAX_BATCH = 4096  # sequences per step: beyond what a serving engine batches (and a host's memory at 2048 tokens)
 DRAIN_LAG = 2  # drain mode: readbacks in flight before the scheduler thread takes the oldest
 
 # Shapes of published models (config.json of each); the weights are random.
@@ -108,8 +109,8 @@ def check(model: str | None, batches: list[int], prompt: int, output: int, modes
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise UsageError(f"unknown mode {bad[0]!r} (one of {', '.join(MODES)})")
-    if not batches or min(batches) < 1:
-        raise UsageError("batch sizes must be at least 1")
+    if not batches or min(batches) < 1 or max(batches) > MAX_BATCH:
+        raise UsageError(f"batch sizes must be 1 to {MAX_BATCH}")
     if prompt < 1 or output < 2:
         raise UsageError("prompt needs at least 1 token and output at least 2 (the first comes from prefill)")
     if model is not None:

@@ -63,6 +63,7 @@ DEVICE_DEFAULTS = {"cuda": dict(model="qwen2.5-3b", prefixes=4, prefix_len=31744
                    "cpu": dict(model="llama-1b", prefixes=8, prefix_len=64, requests=64)}
 HOST_FRACTION = 2.0  # host tier blocks: the shared prefixes' blocks twice over (plus one request's)
 CHURN = -1  # a stream entry's prefix index for a churn request
+MAX_COUNT, MAX_CHURN, MAX_BLOCKS = 100_000, 100, 10_000_000  # bounds of a run that can finish (and fit a host)
 
 
 @dataclass
@@ -119,10 +120,12 @@ def check(model: str, prefixes: int, prefix_len: int, suffix_len: int, requests:
         raise UsageError(f"--modes {bad[0]}: bench kv schedules {' or '.join(MODES)}")
     if not modes or not thresholds or min(thresholds) < 1:
         raise UsageError("give at least one mode and thresholds of at least 1")
-    if prefixes < 1 or requests < 1 or suffix_len < 1:
-        raise UsageError("--prefixes, --requests and --suffix-len must be at least 1")
-    if churn < 0:
-        raise UsageError(f"--churn {churn}: one-off requests per request must be 0 or more")
+    if not (1 <= prefixes <= MAX_COUNT and 1 <= requests <= MAX_COUNT and suffix_len >= 1):
+        raise UsageError(f"--prefixes and --requests must be 1 to {MAX_COUNT}, --suffix-len at least 1")
+    if not 0 <= churn <= MAX_CHURN:
+        raise UsageError(f"--churn {churn}: one-off requests per request must be 0 to {MAX_CHURN}")
+    if device_blocks is not None and device_blocks > MAX_BLOCKS:
+        raise UsageError(f"--device-blocks {device_blocks}: at most {MAX_BLOCKS}")
     if prefix_len < BLOCK_TOKENS:
         raise UsageError(f"--prefix-len {prefix_len}: shorter than one KV block ({BLOCK_TOKENS} tokens), "
                          "nothing could be reused")
@@ -322,7 +325,9 @@ def _sweep(res, m, wl, refs, shape, dtype, blocks, host_blocks, thresholds, mode
     checked = sorted(refs)
     for th in thresholds:
         for mode in modes:
-            log(f"threshold {th}, {mode}: {len(wl.warm)} warm-up + {len(wl.stream)} timed requests")
+            timed = sum(p != CHURN for p, _ in wl.stream)
+            log(f"threshold {th}, {mode}: {len(wl.warm)} warm-up + {len(wl.stream)} requests served, "
+                f"{timed} of them timed (the rest churn)")
             with KVCache(shape, dtype, device_blocks=blocks, host_blocks=host_blocks, block_tokens=BLOCK_TOKENS,
                          device=dev, threshold=th) as kv:
                 srv = Server(m, kv, mode)
@@ -336,7 +341,7 @@ def _sweep(res, m, wl, refs, shape, dtype, blocks, host_blocks, thresholds, mode
                 split = [0, 0, 0]  # the measured requests' blocks: device hits, host hits, misses
                 for i, (p, toks) in enumerate(wl.stream):
                     tok, t1, t2 = srv.serve(toks)
-                    every(f"threshold {th}, {mode}: request {i + 1}/{len(wl.stream)}")
+                    every(f"threshold {th}, {mode}: served {i + 1}/{len(wl.stream)}")
                     if p == CHURN:  # served for its traffic; neither timed nor checked
                         continue
                     split = [a + b for a, b in zip(split, srv.split)]
