@@ -71,6 +71,7 @@ def test_the_cli_writes_a_result_that_compare_can_read(tmp_path):
     assert res.settings["profile"] == "b300"
     md = (out / "report.md").read_text()
     assert md.startswith("# ccbridge account") and "OTHER ran under the emulator, profile b300" in md
+    assert "the shares below are of the traces' spans' slowdown" in md and "(the machine below read the traces)" in md
     assert "Findings" not in md  # a probe's section, not an account's
 
 
@@ -147,3 +148,5 @@ def test_account_of_a_command_gives_shares_of_the_driver_call_span(tmp_path, mon
     base = next(r for r in res.rows if r.test == "account.total" and r.metric == "share_base")
     assert abs(base.median - 0.137) < 0.001 and base.extra["of"] == "the driver-call span's slowdown"
     assert any(r.test == "account.phase" and r.params["phase"] == "start-up" for r in res.rows)
+    md = (tmp_path / "o" / "report.md").read_text()
+    assert "start-up -2000.0 ms" in md and "the shares below are of the driver-call span's slowdown (+137.0 ms)" in md

@@ -149,13 +149,16 @@ def _lines(btab: dict, otab: dict, wall: float) -> list[Line]:
     return lines
 
 
-def rows(lines: list[Line], wall_s: float, site_lines: list[Line] = (), where: dict[str, float] | None = None) -> list[Row]:
+def rows(lines: list[Line], wall_s: float, site_lines: list[Line] = (), where: dict[str, float] | None = None,
+         spans: bool = False) -> list[Row]:
     """The account as Rows of a Result (one format for compare, advise and reports): account.api per API,
-    account.site per call site and API, account.phase per phase of the run (where: phases())."""
+    account.site per call site and API, account.phase per phase of the run (where: phases()). spans: the
+    slowdown is of two given traces' spans, not of the programs' wall times."""
     out = [Row.of("account.total", "wall_slowdown", "s", [wall_s]),
            Row.of("account.total", "net_in_calls", "s", [net_in_calls_s(lines)]),
            Row.of("account.total", "share_base", "s", [share_base(wall_s, where or {})])]
-    out[-1].extra["of"] = "the driver-call span's slowdown" if where else "the wall-time slowdown"
+    out[-1].extra["of"] = ("the driver-call span's slowdown" if where else
+                           "the traces' spans' slowdown (first to last call)" if spans else "the wall-time slowdown")
     out += [Row.of("account.phase", "slowdown", "s", [v], phase=k) for k, v in (where or {}).items()]
     for test, group in (("account.api", lines), ("account.site", site_lines)):
         for x in group:

@@ -263,7 +263,7 @@ def cmd_account(args) -> int:
     emulated_as = args.profile or (", ".join(sorted(other.profiles - {"passthrough"})) if other.emulated else None)
     res = Result(env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
                                              "overrides": args.overrides, "command": rest if args.profile else None},
-                 rows=account.rows(lines, wall, at_sites, where))
+                 rows=account.rows(lines, wall, at_sites, where, spans=not args.profile))
     paths = _write_reports(res, out)
     print(account.render(lines, wall, where=where))
     if base.emulated and not other.emulated:

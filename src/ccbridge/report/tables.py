@@ -69,9 +69,20 @@ def title(res: Result) -> str:
 def run_line(res: Result) -> str:
     s = res.settings
     if command(res) == "account":
+        total = {r.metric: r for r in res.rows if r.test == "account.total"}
+        phases = {r.params.get("phase"): r.median for r in res.rows if r.test == "account.phase"}
+        ms = lambda m: f"{total[m].median * 1e3:+.1f} ms" if m in total else "?"
+        where = ""
+        if "share_base" in total:
+            where = (f" Slowdown {ms('wall_slowdown')}"
+                     + (" (" + ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in phases.items()) + ")" if phases else "")
+                     + f"; the shares below are of {total['share_base'].extra.get('of', 'the slowdown')} "
+                     f"({ms('share_base')}), of which the driver calls' net change holds {ms('net_in_calls')}.")
         return (f"Account: BASE {s.get('base')} vs OTHER {s.get('other')}"
                 + (f" (OTHER ran under the emulator, profile {s['profile']})" if s.get("profile") else "")
-                + f"; {len(res.rows)} rows, created {res.created}.")
+                + f"; {len(res.rows)} rows, created {res.created}" + ("" if s.get("command") else
+                                                                      " (the machine below read the traces)")
+                + "." + where)
     if command(res) != "probe":
         return f"Run: {len(res.rows)} rows in {res.duration_s:.0f} s, created {res.created}."
     mode = "quick" if s.get("quick") else "full"
