@@ -306,11 +306,9 @@ def check_side(res: Result, kind: str, profile: Profile, where: str) -> Result:
 def evaluate(profile: Profile, native: Result, emulated: Result,
              rounds: Sequence[tuple[Result, Result]] = ()) -> list[Check]:
     """rounds: more (native, emulated) pairs of the delta tests; the delta checks take the median of all pairs."""
-    for nat, emu in [(native, emulated), *rounds]:
-        if not emu.emulated:
-            raise UsageError("the 'emulated' result was not made under the emulator (its env stamp says native)")
-        if nat.emulated:
-            raise UsageError("the 'native' result was made under the emulator")
+    for i, pair in enumerate([(native, emulated), *rounds]):
+        for kind, res in zip(("native", "emulated"), pair):
+            check_side(res, kind, profile, f"the {kind} result" + (f" of round {i + 1}" if i else ""))
     return profile_checks(profile, native, emulated, rounds) + law_checks(native, emulated)
 
 
