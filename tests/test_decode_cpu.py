@@ -372,8 +372,8 @@ def test_bench_traces_only_its_timed_runs(tiny, monkeypatch):
         events.append("timed" if state["on"] else "untraced")
         return real(*a, **kw)
 
-    monkeypatch.setattr(decode.trace, "pause", pause)
-    monkeypatch.setattr(decode.trace, "resume", resume)
+    monkeypatch.setattr(decode.emu_trace, "pause", pause)
+    monkeypatch.setattr(decode.emu_trace, "resume", resume)
     monkeypatch.setattr(decode, "decode", spy)
     decode.bench("tiny", [1, 2], 4, 3, ["sync", "async"], "cpu", iters=2, warmup=1)
     group = ["untraced", "resume", "timed", "timed", "pause"]

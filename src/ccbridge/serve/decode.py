@@ -58,7 +58,7 @@ from typing import Callable
 
 import torch
 
-from ccbridge.emulate import trace
+from ccbridge.emulate import trace as emu_trace  # (decode()'s own `trace` is its event list)
 from ccbridge.errors import UsageError
 
 MODES = ("sync", "async", "staged", "drain")
@@ -558,7 +558,7 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
     t_start = time.monotonic()
     # under `ccbridge run --record` (and so `ccbridge account`) only the timed runs are traced: the model build,
     # the reference forwards and the warm-up runs are not what the account of a decode loop is about
-    with trace.paused(required=False) as recording:
+    with emu_trace.paused(required=False) as recording:
         if checkpoint is not None:
             log(f"loading {checkpoint} onto {dev} (ccbridge's loader)")
             m, model, vocab = from_checkpoint(checkpoint, dev, prompt + output)
@@ -582,7 +582,7 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
                     try:
                         runs = [decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us)
                                 for _ in range(warmup)]
-                        with trace.resumed(recording):
+                        with emu_trace.resumed(recording):
                             runs += [decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us)
                                      for _ in range(iters)]
                     except torch.OutOfMemoryError as e:  # the rows so far stand; the result says where it stopped
