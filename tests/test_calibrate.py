@@ -183,6 +183,29 @@ def test_framework_targets_fail_where_the_emulator_misses():
     assert checks["framework_d2h32_delta_us"].ok is True  # untouched rows still hold
 
 
+def test_framework_deltas_take_the_emulated_processs_own_paused_samples_as_native():
+    """Under emulation the framework loops also run with emulation paused in the same process (framework.PAUSED
+    twins): the delta is against those, not against another process's run (on an H100 two native processes of
+    the d2h32 loop read 27.7 and 43.7 us). Without twins (an older result) the native run is the baseline."""
+    native = framework_result(**NATIVE)
+    slow = framework_result(**{**NATIVE, "d2h32": {**NATIVE["d2h32"], (1, "each"): 33.0}})  # a slow native process
+    emu = as_cc_b300()
+    assert check(calibrate.profile_checks(profiles.load("b300"), slow, emu), "framework_d2h32_delta_us").ok is False
+    emu.rows += [Row.of(framework.D2H32, "per_copy_time" + framework.PAUSED, "us", [17.5], streams=1, sync="each"),
+                 Row.of(framework.LAUNCH, "time_per_op" + framework.PAUSED, "us", [9.0], mode="pipelined")]
+    checks = calibrate.profile_checks(profiles.load("b300"), slow, emu)
+    assert check(checks, "framework_d2h32_delta_us").measured == pytest.approx(40.0 - 17.5)
+    assert check(checks, "framework_d2h32_delta_us").ok is True
+    assert check(checks, "framework_launch_pipelined_delta_us").measured == pytest.approx(10.2 + 18.6 - 9.0)
+    assert check(checks, "framework_launch_sync_delta_us").measured == pytest.approx(41.0)  # no twin: the native run
+    assert "emulation paused" in check(checks, "framework_d2h32_delta_us").what
+    # a twin of another case (16 streams, no synchronize) is not this row's baseline
+    other = as_cc_b300()
+    other.rows.append(Row.of(framework.D2H32, "per_copy_time" + framework.PAUSED, "us", [1.0], streams=16, sync="none"))
+    assert check(calibrate.profile_checks(profiles.load("b300"), native, other), "framework_d2h32_delta_us").measured \
+        == pytest.approx(23.0)
+
+
 def test_a_ceiling_target_holds_below_and_within_tolerance_above():
     native = framework_result(**NATIVE)
     for ratio, ok in ((0.3, True), (0.78 * 1.14, True), (0.78 * 1.16, False)):

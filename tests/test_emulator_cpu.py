@@ -913,6 +913,96 @@ def test_d2h_tolls_start_where_a_native_copy_would_have_ended(lib):
     assert 0.006 <= took < 0.0085, took
 
 
+def test_d2h_tolls_start_at_the_native_calls_return_and_its_completion_lies_inside_them(lib):
+    """The channel's floor is a native small D2H's call, not its completion: natively the copy completes while
+    its caller goes on (through torch, inside the Python before its synchronize); under CC the call blocks for
+    the round trip, the completion within it. Here every copy holds its stream 2 ms, the floor measurement's
+    too: a 5 ms toll ends the crossing 5 ms after its call (starting it after copy + host wait: 7 ms)."""
+    init(lib, d2h_toll_us=5000, sync_toll_us=0, d2h_pinned_gbps=0)
+    lib.ccbemu_fake_copy_gbps.argtypes = [ctypes.c_double]
+    dev = lib.ccbemu_fake_alloc(64, DEVICE)
+    data = os.urandom(32)
+    ctypes.memmove(dev, data, 32)
+    dst, _keep = host(lib, 64, True)
+    s = lib.ccbemu_fake_stream()
+    lib.ccbemu_fake_copy_gbps(32 / 2e6)  # 32 bytes hold the stream 2 ms
+    try:
+        first = timed(lib.cuMemcpyDtoHAsync_v2, dst, dev, 32, s)  # + the floor's 12 copies: >= 24 ms
+        took = min(timed(lib.cuMemcpyDtoHAsync_v2, dst, dev, 32, s) for _ in range(3))
+    finally:
+        lib.ccbemu_fake_copy_gbps(0)
+    assert first >= 0.024 and 0.005 <= took < 0.0065, (first, took)
+    assert ctypes.string_at(dst, 32) == data
+
+
+def test_paused_emulation_passes_calls_through_and_resumes(lib, monkeypatch):
+    """interposer.emulation_paused() (calibrate's paired framework rows): inside, no launch toll, no D2H round
+    trip, bytes still exact; after, the tolls again; it answers whether it was emulating, and under the
+    passthrough profile (emulate 0) it changes nothing. Outside `ccbridge run` it is a clear error."""
+    from ccbridge.emulate import interposer
+
+    init(lib, launch_toll_us=3000, sync_toll_us=4000, d2h_toll_us=0, d2h_pinned_gbps=0)
+    monkeypatch.setenv(interposer.LIB_ENV, lib._name)
+    s = lib.ccbemu_fake_stream()
+    dev = lib.ccbemu_fake_alloc(64, DEVICE)
+    dst, _keep = host(lib, 64, True)
+
+    def round_trip():
+        data = os.urandom(32)
+        ctypes.memmove(dev, data, 32)
+        t = time.perf_counter()
+        busy(lib, s, 0)
+        assert lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s) == 0
+        took = time.perf_counter() - t
+        assert ctypes.string_at(dst, 32) == data
+        return took
+
+    assert round_trip() >= 0.007  # launch toll 3 ms + the D2H's round trip 4 ms
+    with interposer.emulation_paused() as was:
+        assert was is True and round_trip() < 0.003
+        with interposer.emulation_paused() as again:  # nested: already paused, and stays so after
+            assert again is False
+        assert round_trip() < 0.003
+    assert round_trip() >= 0.007
+    init(lib, emulate=0)
+    with interposer.emulation_paused() as was:
+        assert was is False
+    monkeypatch.delenv(interposer.LIB_ENV)
+    with pytest.raises(interposer.EmulatorError, match="works inside `ccbridge run --profile P`"):
+        with interposer.emulation_paused():
+            pass
+    with interposer.emulation_paused(required=False) as was:
+        assert was is False
+
+
+def test_the_framework_loops_pair_emulated_and_paused_samples_in_one_process(lib, monkeypatch):
+    """framework.paired_us: under an emulating interposer each sample has a twin taken with emulation paused,
+    which goes first alternating; the twins pay no toll. Outside `ccbridge run`: one loop, no twins."""
+    from ccbridge.emulate import interposer
+    from ccbridge.probe import framework
+
+    init(lib, launch_toll_us=2000, sync_toll_us=0)
+    s = lib.ccbemu_fake_stream()
+    order = []
+
+    def body():
+        busy(lib, s, 0)
+
+    def finish():
+        order.append(interposer.switch("ccbemu_emulate_pause", True, "")(1))  # was it emulating? (as it was, after)
+        interposer.switch("ccbemu_emulate_pause", True, "")(0 if order[-1] else 1)
+
+    monkeypatch.setenv(interposer.LIB_ENV, lib._name)
+    on, off = framework.paired_us(body, finish, 4, 4)
+    assert len(on) == len(off) == 4
+    assert min(on) >= 2000 and max(off) < 1000, (on, off)  # us per iteration
+    timed_states = order[1::2]  # each sample follows its untimed warm-up, one finish each
+    assert timed_states == [1, 0, 0, 1, 1, 0, 0, 1], order
+    monkeypatch.delenv(interposer.LIB_ENV)
+    on, off = framework.paired_us(body, lambda: None, 4, 2)
+    assert off is None and len(on) == 2
+
+
 def test_an_idle_stream_d2h_pays_its_toll_from_its_call_not_after_the_emulators_own_work(lib):
     """On an idle stream the copy's place is reached when it is called: the emulator's own work before the
     transfer (here a stream query made to take 3 ms) lies inside the 5 ms toll, not on top (8 ms); a crossing

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import ctypes
 import glob
 import json
 import os
@@ -27,7 +26,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ccbridge.emulate import sites
+from ccbridge.emulate import interposer, sites
 from ccbridge.errors import EmulatorError, ResultFileError
 
 SCHEMA = 3
@@ -52,23 +51,13 @@ COLUMNS: dict[str, str] = {
     "site": "the Python call site that issued it: an id in <prefix>.<pid>.sites.json (empty: none noted; "
             "`ccbridge run --record T --sites`)",
 }
-LIB_ENV = sites.recorder.LIB_ENV  # set by `ccbridge run` in the program's environment: the interposer's path
+LIB_ENV = interposer.LIB_ENV
 
 
 def _switch(required: bool):
     """The interposer's trace switch (ccbemu_trace_pause), or None outside `ccbridge run` when not required."""
-    path = os.environ.get(LIB_ENV)
-    if not path:
-        if not required:
-            return None
-        raise EmulatorError("trace.paused() works inside `ccbridge run` (with --record T to have a trace to "
-                            "pause); no interposer here")
-    try:
-        fn = ctypes.CDLL(path).ccbemu_trace_pause
-    except (OSError, AttributeError) as e:
-        raise EmulatorError(f"cannot reach the interposer's trace switch in {path}: {e}") from e
-    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
-    return fn
+    return interposer.switch("ccbemu_trace_pause", required,
+                             "trace.paused() works inside `ccbridge run` (with --record T to have a trace to pause)")
 
 
 def pause(required: bool = True) -> bool:

@@ -6,14 +6,22 @@ published 32-byte D2H with a loop of small copies, so `ccbridge calibrate`
 checks the emulator against these rows as well as against the C probe's
 driver-level ones. Row names (test, metric, params) are fixed: calibrate reads
 them by name.
+
+Under an emulating profile the launch and 32-byte D2H loops also run with
+emulation paused, alternating sample by sample in the same process (the
+`*_emulation_paused` rows): the bridge's cost on these loops is a few us, and
+two processes of the same loop differ by more than that on a shared host (an
+H100's native d2h32 loop read 27.7 and 43.7 us in two processes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from typing import Callable
 
+from ccbridge.emulate.interposer import emulation_paused
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 from ccbridge.stats import plan_iters
@@ -26,6 +34,7 @@ D2H32 = "framework.d2h32"
 # (streams, sync): "none" is a serving loop's readback (no synchronize between
 # copies); "each" synchronizes after every copy, as the published harness did
 D2H32_CASES = ((1, "none"), (16, "none"), (1, "each"))
+PAUSED = "_emulation_paused"  # metric suffix of a loop's twin row: the same process, emulation paused
 COPY = "framework.copy"
 COPY_BYTES = (16 * MiB, 256 * MiB)
 
@@ -40,6 +49,34 @@ def per_iteration_us(body: Callable[[], object], finish: Callable[[], object], n
         finish()
         samples.append((time.perf_counter() - t0) / n * 1e6)
     return samples
+
+
+def paired_us(body: Callable[[], object], finish: Callable[[], object], n: int,
+              reps: int) -> tuple[list[float], list[float] | None]:
+    """per_iteration_us; under an emulating interposer also the same loop with emulation paused, sample by
+    sample, which of the two goes first alternating (each after a few untimed iterations in its state):
+    (samples, paused samples or None where nothing emulates)."""
+    with emulation_paused(required=False) as emulating:
+        pass
+    if not emulating:
+        return per_iteration_us(body, finish, n, reps), None
+    on, off = [], []
+    for i in range(reps):
+        for paused in ((False, True) if i % 2 == 0 else (True, False)):
+            with emulation_paused() if paused else contextlib.nullcontext():
+                per_iteration_us(body, finish, 5, 1)
+                (off if paused else on).extend(per_iteration_us(body, finish, n, 1))
+    return on, off
+
+
+def paired_rows(test_id: str, metric: str, samples: tuple[list[float], list[float] | None], **params) -> list[Row]:
+    on, off = samples
+    row = Row.of(test_id, metric, "us", on, **params)
+    if off is None:
+        return [row]
+    twin = Row.of(test_id, metric + PAUSED, "us", off, **params)
+    twin.extra["note"] = "the same loop in the same process with emulation paused, alternating with the row's samples"
+    return [row, twin]
 
 
 def launch_bodies(torch, x, stream) -> dict[str, Callable[[], object]]:
@@ -82,11 +119,11 @@ def launches(ctx):
         ctx.step(mode)
         n = counts.get(mode, ctx.pick(500, 300))
         per_iteration_us(body, torch.cuda.synchronize, 20, 1)  # warm: kernel load, caches
-        samples = per_iteration_us(body, torch.cuda.synchronize, n, reps)
-        done += 20 + n * reps
-        row = Row.of(LAUNCH, "time_per_op", "us", samples, mode=mode)
-        row.extra["headline"] = mode in ("pipelined", "launch+synchronize")
-        rows.append(row)
+        samples = paired_us(body, torch.cuda.synchronize, n, reps)
+        done += 20 + (n * reps if samples[1] is None else 2 * reps * (n + 5))  # paired: both states, each warmed
+        got = paired_rows(LAUNCH, "time_per_op", samples, mode=mode)
+        got[0].extra["headline"] = mode in ("pipelined", "launch+synchronize")
+        rows += got
     if x.item() != done:  # every launch ran, in order (float32 counts exactly far beyond this)
         raise RuntimeError(f"x.add_(1) ran {x.item():.0f} times, expected {done}")
     return rows
@@ -114,12 +151,12 @@ def small_d2h(ctx):
                 torch.cuda.synchronize()
 
         per_iteration_us(readback, torch.cuda.synchronize, 20, 1)  # warm: the pinned host allocator's cache
-        samples = per_iteration_us(readback, torch.cuda.synchronize, n, reps)
+        samples = paired_us(readback, torch.cuda.synchronize, n, reps)
         if not torch.equal(last[0], src.cpu()):
             raise RuntimeError("a 32-byte D2H copy is not byte-exact")
-        row = Row.of(D2H32, "per_copy_time", "us", samples, streams=k, sync=sync)
-        row.extra["headline"] = (k, sync) == (1, "none")
-        rows.append(row)
+        got = paired_rows(D2H32, "per_copy_time", samples, streams=k, sync=sync)
+        got[0].extra["headline"] = (k, sync) == (1, "none")
+        rows += got
     return rows
 
 

@@ -36,7 +36,7 @@ typedef struct channel {
     CUevent pos, mark, ev[2]; /* mark, ev: timed (mark: the channel stream got past a D2H's place) */
     void *bounce[2];
     lanes *lanes;
-    uint64_t d2h_floor_ns; /* this machine's native small D2H, copy to host wait (0: not measured yet) */
+    uint64_t d2h_call_ns;  /* this machine's native small async D2H, its call (0: not measured yet) */
     int idle;              /* the crossing in hand found its stream idle: no GPU-side wait, no mark */
     uint64_t released_at;  /* when the last crossing gave the channel up (ticket_done) */
     struct channel *next;
@@ -302,23 +302,26 @@ static CUresult transfer(channel *ch, const crossing *x, uint64_t *cipher, uint6
     return rc;
 }
 
-/* A native small D2H on this machine, copy to host wait, the fastest of a few: what a CC-off copy of a
- * few bytes costs here. A D2H crossing's tolls start from it, so the channel's own mechanics (its events,
- * its stream, its host wait) stand in for the native copy instead of adding to the toll (on an H100 they
- * made a 32-byte crossing 35 us dearer than native where the profile charges 23). */
-static CUresult d2h_floor(channel *ch, CUdeviceptr src, size_t bytes) {
+/* A native small async D2H on this machine, its call: the fastest of a few. A D2H crossing's tolls start
+ * where the native copy would have returned to its caller. Natively its completion then overlaps whatever the
+ * caller does until it synchronizes (through torch, the ~5 us of Python before the synchronize hide nearly all
+ * of it: the synchronize waits 0.7 us longer than an empty one on an H100); under CC the call blocks for the
+ * round trip, and the tolls are that round trip's cost over CC-off, the copy's own mechanics inside them.
+ * (Starting them after the copy and a host wait for it, ~7.6 us, put a 32-byte `.to()` + synchronize 5-6 us
+ * over its published delta, which was taken at that level: a 17 us CC-off copy is no C loop.) */
+static CUresult measure_d2h_call(channel *ch, CUdeviceptr src, size_t bytes) {
     CUresult rc;
     TRY(bounce_ready(ch));
     uint64_t best = UINT64_MAX;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 12; i++) { /* (the first calls on a fresh stream are slower) */
         uint64_t t0 = emu_now();
         TRY(drv.MemcpyDtoHAsync(ch->bounce[0], src, bytes < 32 ? bytes : 32, ch->pstream));
-        TRY(drv.EventRecord(ch->ev[0], ch->pstream));
-        TRY(drv.EventSynchronize(ch->ev[0]));
         uint64_t d = emu_now() - t0;
         if (d < best) best = d;
+        TRY(drv.EventRecord(ch->ev[0], ch->pstream));
+        TRY(drv.EventSynchronize(ch->ev[0]));
     }
-    ch->d2h_floor_ns = best ? best : 1;
+    ch->d2h_call_ns = best ? best : 1;
     return CUDA_SUCCESS;
 }
 
@@ -338,8 +341,8 @@ static CUresult cross(const crossing *x) {
     uint64_t freed = ticket_take(ch);
     /* (on the channel's first copy, either way: a D2H reads its source, an H2D its destination before the
      * crossing writes it, into the channel's own bounce buffer) */
-    if (!ch->d2h_floor_ns && x->copy && x->copy->bytes && cfg.emulate) {
-        rc = d2h_floor(ch, x->copy->dev, x->copy->bytes);
+    if (!ch->d2h_call_ns && x->copy && x->copy->bytes && emu_on()) {
+        rc = measure_d2h_call(ch, x->copy->dev, x->copy->bytes);
         if (rc != CUDA_SUCCESS) {
             drv.StreamSynchronize(ch->pstream); /* nothing of ours left reading into the bounce buffer */
             ticket_done(ch);
@@ -393,9 +396,9 @@ static CUresult cross(const crossing *x) {
         uint64_t paced = t_ready + (gbps > 0 ? emu_ns((double)x->bytes / gbps) : 0);
         toll = emu_ns(cfg.toll_ns[x->dir]);
         if (x->dir == DIR_D2H) {
-            /* the tolls (the copy's and the round trip's) start where a native copy would have ended; the
-             * channel's own work until then (done by `end`) is inside them, never on top */
-            uint64_t model = ch->d2h_floor_ns ? t_ready + ch->d2h_floor_ns : end; /* (unmeasured: as before) */
+            /* the tolls (the copy's and the round trip's) start where a native copy's call would have returned
+             * (measure_d2h_call says why); the channel's own work until then (done by `end`) is inside them, never on top */
+            uint64_t model = ch->d2h_call_ns ? t_ready + ch->d2h_call_ns : end; /* (unmeasured: as before) */
             if (paced > model) model = paced;
             if (bus_end > model) model = bus_end;
             toll += emu_roundtrip_due(1);

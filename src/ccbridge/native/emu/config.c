@@ -6,6 +6,15 @@
 #include "emu.h"
 
 emu_config cfg;
+int emu_paused;
+
+/* For measurements paired within one process (calibrate's framework rows): the same process with and without
+ * the bridge's costs, free of the few-us differences between processes. */
+int ccbemu_emulate_pause(int paused) {
+    int was = emu_on();
+    __atomic_store_n(&emu_paused, paused != 0, __ATOMIC_RELAXED);
+    return was;
+}
 
 void emu_config_defaults(emu_config *c) {
     memset(c, 0, sizeof *c);

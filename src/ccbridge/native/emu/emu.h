@@ -137,6 +137,10 @@ typedef struct {
 } emu_config;
 
 extern emu_config cfg;
+/* Emulation paused (ccbemu_emulate_pause): the hooks pass calls through, as under the passthrough profile.
+ * Calls take the state at their entry. */
+extern int emu_paused;
+static inline int emu_on(void) { return cfg.emulate && !__atomic_load_n(&emu_paused, __ATOMIC_RELAXED); }
 /* Parse "key=value" lines; unknown keys or bad values -> -1 with a message. */
 int emu_config_parse(emu_config *c, const char *text, char *err, size_t errlen);
 void emu_config_defaults(emu_config *c);
@@ -285,6 +289,7 @@ EMU_API void *dlsym(void *handle, const char *name);
 EMU_API int ccbemu_test_init(const char *config_text, char *err, int errlen); /* fake driver, this config */
 EMU_API void ccbemu_trace_flush(void);
 EMU_API int ccbemu_trace_pause(int paused);    /* 1: hooks stop writing trace lines, 0: again; was it recording */
+EMU_API int ccbemu_emulate_pause(int paused);  /* 1: hooks pass through (no costs), 0: emulate again; was it emulating */
 EMU_API int *ccbemu_site_slot(void);           /* this thread's Python call site id, -1: none */
 EMU_API int ccbemu_summary(char *buf, int len);
 EMU_API int ccbemu_coverage(char *buf, int len); /* coverage JSON, as written at exit */

@@ -176,6 +176,7 @@ int ccbemu_test_init(const char *config_text, char *err, int errlen) {
         emu_stats_reset();
         emu_coverage_reset();
         emu_bus_local();
+        ccbemu_emulate_pause(0);
         fill(ccbemu_fake_lookup);
         emu_trace_open(cfg.trace); /* "" ends an earlier test's trace */
         g_ready = 1;
@@ -242,14 +243,14 @@ static void graph_note(CUstream st, int dir, int mem, size_t bytes);
 static CUresult pass_rec(int api, int dir, int mem, size_t bytes, CUstream st, uint64_t t0, uint64_t t1, CUresult rc) {
     if (!bytes) return rc;
     if (emu_capturing(st)) {
-        if (cfg.emulate && rc == CUDA_SUCCESS) graph_note(st, dir, mem, bytes);
+        if (emu_on() && rc == CUDA_SUCCESS) graph_note(st, dir, mem, bytes);
     } else if (t0) {
         rec(api, REC_CROSSING, dir, mem, bytes, st, t0, t1, 0, rc);
     }
     return rc;
 }
 /* what a passed copy needs looked at: when tracing, or emulating (then it was captured, or moved no bytes) */
-#define PASS_LOOK(t0) ((t0) || cfg.emulate)
+#define PASS_LOOK(t0) ((t0) || emu_on())
 static CUresult pass_done(int api, int dir, const void *host, size_t bytes, CUstream st, uint64_t t0, CUresult rc) {
     uint64_t t1 = t0 ? emu_now() : 0;
     return PASS_LOOK(t0) && bytes ? pass_rec(api, dir, emu_host_kind(host), bytes, st, t0, t1, rc) : rc;
@@ -295,7 +296,7 @@ static CUresult copy_d2h(int api, void *d, CUdeviceptr s, size_t n, CUstream st,
     emu_copy c = {api, DIR_D2H, d, s, n, st, sync_call};
     return emu_cross(&c);
 }
-static int emulating(size_t n, CUstream st) { return cfg.emulate && n && !emu_capturing(st); }
+static int emulating(size_t n, CUstream st) { return emu_on() && n && !emu_capturing(st); }
 
 typedef CUresult cuMemcpyHtoD_v2_t(CUdeviceptr, const void *, size_t);
 typedef CUresult cuMemcpyDtoH_v2_t(void *, CUdeviceptr, size_t);
@@ -696,8 +697,8 @@ DEF_BATCH3D_V2(cuMemcpy3DBatchAsync_v2_ptsz)
  * captured into a graph is not submitted, so it pays nothing. */
 static CUresult launch_done(int api, uint64_t t0, CUresult rc, CUstream st) {
     uint64_t toll = 0, returned = emu_now(); /* the toll counts from here: our own checks below are inside it */
-    if (rc == CUDA_SUCCESS && (cfg.emulate || t0) && !emu_capturing(st)) {
-        if (cfg.emulate) {
+    if (rc == CUDA_SUCCESS && (emu_on() || t0) && !emu_capturing(st)) {
+        if (emu_on()) {
             emu_work_submitted();
             if ((toll = emu_ns(cfg.launch_toll_ns))) emu_wait_until(returned + toll);
         }
@@ -832,7 +833,7 @@ static size_t graph_copies(CUgraphExec e, graph_copy **out) {
 /* The charges are costs only: they never change what the launch returns. */
 static CUresult graph_launch(int api, uint64_t t0, CUgraphExec g, CUstream raw, CUstream st, cuGraphLaunch_t *real) {
     graph_copy *c = NULL;
-    size_t n = cfg.emulate && !emu_capturing(st) ? graph_copies(g, &c) : 0;
+    size_t n = emu_on() && !emu_capturing(st) ? graph_copies(g, &c) : 0;
     for (size_t i = 0; i < n; i++)
         if (c[i].dir == DIR_H2D) emu_charge(api, DIR_H2D, c[i].mem, c[i].bytes, st);
     if (t0 && n) t0 = emu_now(); /* the launch row starts after the H2D rows: no time counted twice */
@@ -918,7 +919,7 @@ static void host_fn_wrapper(void *p) { run_host_call(p, NULL, CUDA_SUCCESS); }
 static void stream_cb_wrapper(CUstream st, CUresult status, void *p) { run_host_call(p, st, status); }
 /* A wrapper for this call, or NULL to pass the caller's function through. */
 static host_call *host_call_new(host_fn fn, stream_cb cb, void *user, CUstream st) {
-    if (!cfg.emulate || emu_capturing(st)) return NULL;
+    if (!emu_on() || emu_capturing(st)) return NULL;
     host_call *h = malloc(sizeof *h);
     if (h) *h = (host_call){fn, cb, user};
     return h;
@@ -976,7 +977,7 @@ EMU_API CUresult cuCtxSynchronize_v2(CUcontext c) { ENTER(cuCtxSynchronize_v2); 
  * and a trace line (kind context or alloc) so that an account of two runs can name where that time went. */
 static CUresult lifecycle(int api, uint64_t t0, int kind, size_t bytes, CUresult rc, double ns) {
     uint64_t toll = 0;
-    if (rc == CUDA_SUCCESS && cfg.emulate && ns > 0) {
+    if (rc == CUDA_SUCCESS && emu_on() && ns > 0) {
         uint64_t a = emu_now();
         emu_wait_until(emu_bus_reserve(EMU_LIFECYCLE, a, emu_ns(ns)));
         toll = emu_now() - a;
@@ -1046,7 +1047,7 @@ typedef CUresult cuMemAllocHost_v2_t(void **, size_t);
  * CC, was refused: rc 801) without a toll of its own. */
 #define HOST_REGISTER(n, p, b, f)                                                                          \
     lifecycle(H_##n, t0_, REC_ALLOC, b,                                                                    \
-              cfg.emulate && cfg.refuse_host_register ? CUDA_ERROR_NOT_SUPPORTED : REAL(n)(p, b, f), 0)
+              emu_on() && cfg.refuse_host_register ? CUDA_ERROR_NOT_SUPPORTED : REAL(n)(p, b, f), 0)
 EMU_API CUresult cuMemHostRegister(void *p, size_t n, unsigned f) {
     ENTER(cuMemHostRegister);
     return HOST_REGISTER(cuMemHostRegister, p, n, f);

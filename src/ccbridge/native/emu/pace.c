@@ -97,7 +97,7 @@ uint64_t emu_roundtrip_due(int always) {
     uint64_t now = __atomic_load_n(&g_submitted, __ATOMIC_RELAXED);
     int was = now != t_seen;
     t_seen = now;
-    if (!cfg.emulate || !(was || always)) return 0;
+    if (!emu_on() || !(was || always)) return 0;
     return emu_ns(cfg.sync_toll_ns);
 }
 uint64_t emu_roundtrip(int always) {

@@ -1,0 +1,56 @@
+"""Switches of the interposer a program runs under (`ccbridge run`), reached from inside that program.
+
+`ccbridge run` puts the interposer's path in the program's environment (LIB_ENV); its switches are
+exported functions of that library (EMU_API in native/emu/emu.h), each taking 1 (off) or 0 (on again)
+and answering whether it was on:
+
+- ccbemu_trace_pause: the trace stops writing lines (trace.paused());
+- ccbemu_emulate_pause: the hooks pass calls through without the bridge's costs, as under the passthrough
+  profile (emulation_paused()): the same process with and without CC, for measurements paired within one
+  process, free of the few-us differences between processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+
+from ccbridge.emulate import sites
+from ccbridge.errors import EmulatorError
+
+LIB_ENV = sites.recorder.LIB_ENV  # set by `ccbridge run` in the program's environment: the interposer's path
+
+
+def switch(name: str, required: bool, needs: str):
+    """The interposer's function `name` (int -> int), or None outside `ccbridge run` when not required.
+    needs: what a caller outside `ccbridge run` is told it takes."""
+    path = os.environ.get(LIB_ENV)
+    if not path:
+        if not required:
+            return None
+        raise EmulatorError(f"{needs}; no interposer here")
+    try:
+        fn = getattr(ctypes.CDLL(path), name)
+    except (OSError, AttributeError) as e:
+        raise EmulatorError(f"cannot reach the interposer's {name} in {path}: {e}") from e
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def _emulation(required: bool):
+    return switch("ccbemu_emulate_pause", required, "emulation_paused() works inside `ccbridge run --profile P`")
+
+
+@contextlib.contextmanager
+def emulation_paused(required: bool = True):
+    """Inside, the interposer adds none of the bridge's costs (a call takes the state at its entry; calls in
+    flight on other threads finish as they began). Yields whether it was emulating. The trace, if any, goes
+    on recording."""
+    fn = _emulation(required)
+    was = bool(fn(1)) if fn else False
+    try:
+        yield was
+    finally:
+        if fn and was:
+            fn(0)
