@@ -238,6 +238,19 @@ def test_launch_toll_is_added_and_a_synchronize_pays_one_round_trip(lib):
     assert timed(lib.cuStreamSynchronize, s) < 1e-3  # nothing new to wait for: none
 
 
+def test_a_launch_pays_its_toll_before_the_gpu_sees_the_kernel(lib):
+    """Under CC the work reaches the GPU only after its submission crossed the bridge: a 5 ms toll and a 4 ms
+    kernel make a launch + wait 9 ms, not 5 (the kernel running during a toll paid after the launch)."""
+    init(lib, launch_toll_us=5000, sync_toll_us=0)
+    s = lib.ccbemu_fake_stream()
+    for _ in range(2):
+        t = time.perf_counter()
+        busy(lib, s, 4000)
+        assert lib.cuStreamSynchronize(s) == 0
+        took = time.perf_counter() - t
+        assert 0.009 <= took < 0.0115, took
+
+
 def test_a_paused_trace_records_nothing_and_resumes(lib, tmp_path, monkeypatch):
     """trace.paused() (a region left out of a --record run): no lines for the launches inside but the one under
     trace.resumed(), lines again after, the launch toll charged throughout (emulation goes on); outside

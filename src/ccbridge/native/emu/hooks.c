@@ -693,20 +693,32 @@ DEF_BATCH3D_V2(cuMemcpy3DBatchAsync_v2_ptsz)
 /* ---- launches: a fixed toll added to each launch; a graph pays once ----
  * Additive, as the published figures are (CC-on minus CC-off per launch,
  * measured at the framework level): a multiple of this machine's driver
- * submission would scale with a cost CC does not add to. A launch being
- * captured into a graph is not submitted, so it pays nothing. */
-static CUresult launch_done(int api, uint64_t t0, CUresult rc, CUstream st) {
-    uint64_t toll = 0, returned = emu_now(); /* the toll counts from here: our own checks below are inside it */
-    if (rc == CUDA_SUCCESS && (emu_on() || t0) && !emu_capturing(st)) {
-        if (emu_on()) {
-            emu_work_submitted();
-            if ((toll = emu_ns(cfg.launch_toll_ns))) emu_wait_until(returned + toll);
-        }
-        if (t0) rec(api, REC_LAUNCH, -1, 0, 0, st, t0, emu_now(), toll, rc);
-    }
+ * submission would scale with a cost CC does not add to. Paid before the real
+ * launch: under CC the GPU sees the work only once its submission has crossed
+ * the bridge, so a launch + wait waits for the kernel after the toll (paid
+ * after the launch, the kernel ran during it and an empty kernel's ~3 us of
+ * native completion vanished from every launch + wait). A launch being
+ * captured into a graph is not submitted, so it pays nothing; a launch the
+ * driver refuses has paid it (the submission was made). */
+typedef struct { int on; uint64_t toll; } launch_charge;
+static launch_charge launch_begin(CUstream st) {
+    launch_charge c = {0, 0};
+    if (!emu_on()) return c;
+    uint64_t from = emu_now(); /* our own check below is inside the toll */
+    if (emu_capturing(st)) return c;
+    c.on = 1;
+    if ((c.toll = emu_ns(cfg.launch_toll_ns))) emu_wait_until(from + c.toll);
+    return c;
+}
+static CUresult launch_done(int api, uint64_t t0, CUresult rc, CUstream st, launch_charge c) {
+    if (rc != CUDA_SUCCESS) return rc;
+    if (c.on) emu_work_submitted();
+    if (t0 && (c.on || !emu_capturing(st))) rec(api, REC_LAUNCH, -1, 0, 0, st, t0, emu_now(), c.toll, rc);
     return rc;
 }
-#define LAUNCH_DONE(n, rc, st) launch_done(H_##n, t0_, rc, st)
+/* (a GNU statement expression: the toll is paid before `call` runs) */
+#define LAUNCH_DONE(n, call, st) \
+    ({ CUstream st_ = (st); launch_charge c_ = launch_begin(st_); launch_done(H_##n, t0_, (call), st_, c_); })
 typedef CUresult cuLaunchKernel_t(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                   CUstream, void **, void **);
 typedef CUresult cuLaunchCooperativeKernel_t(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -837,7 +849,8 @@ static CUresult graph_launch(int api, uint64_t t0, CUgraphExec g, CUstream raw, 
     for (size_t i = 0; i < n; i++)
         if (c[i].dir == DIR_H2D) emu_charge(api, DIR_H2D, c[i].mem, c[i].bytes, st);
     if (t0 && n) t0 = emu_now(); /* the launch row starts after the H2D rows: no time counted twice */
-    CUresult rc = launch_done(api, t0, real(g, raw), st);
+    launch_charge lc = launch_begin(st);
+    CUresult rc = launch_done(api, t0, real(g, raw), st, lc);
     for (size_t i = 0; i < n && rc == CUDA_SUCCESS; i++)
         if (c[i].dir == DIR_D2H) emu_charge(api, DIR_D2H, c[i].mem, c[i].bytes, st);
     free(c);
@@ -924,9 +937,9 @@ static host_call *host_call_new(host_fn fn, stream_cb cb, void *user, CUstream s
     if (h) *h = (host_call){fn, cb, user};
     return h;
 }
-static CUresult host_call_done(int api, uint64_t t0, CUresult rc, host_call *h, CUstream st) {
+static CUresult host_call_done(int api, uint64_t t0, CUresult rc, host_call *h, CUstream st, launch_charge c) {
     if (rc != CUDA_SUCCESS) free(h); /* never enqueued: never called */
-    return launch_done(api, t0, rc, st);
+    return launch_done(api, t0, rc, st, c);
 }
 typedef CUresult cuLaunchHostFunc_t(CUstream, host_fn, void *);
 typedef CUresult cuStreamAddCallback_t(CUstream, stream_cb, void *, unsigned);
@@ -936,15 +949,17 @@ typedef cuStreamAddCallback_t cuStreamAddCallback_ptsz_t;
     EMU_API CUresult n(CUstream st, host_fn fn, void *user) {                                   \
         ENTER(n);                                                                               \
         host_call *h = host_call_new(fn, NULL, user, NORM(st));                                 \
+        launch_charge c_ = launch_begin(NORM(st));                                              \
         CUresult rc = h ? REAL(n)(st, host_fn_wrapper, h) : REAL(n)(st, fn, user);              \
-        return host_call_done(H_##n, t0_, rc, h, NORM(st));                                                 \
+        return host_call_done(H_##n, t0_, rc, h, NORM(st), c_);                                 \
     }
 #define DEF_STREAM_CB(n, NORM)                                                                   \
     EMU_API CUresult n(CUstream st, stream_cb cb, void *user, unsigned flags) {                 \
         ENTER(n);                                                                               \
         host_call *h = host_call_new(NULL, cb, user, NORM(st));                                 \
+        launch_charge c_ = launch_begin(NORM(st));                                              \
         CUresult rc = h ? REAL(n)(st, stream_cb_wrapper, h, flags) : REAL(n)(st, cb, user, flags); \
-        return host_call_done(H_##n, t0_, rc, h, NORM(st));                                                 \
+        return host_call_done(H_##n, t0_, rc, h, NORM(st), c_);                                 \
     }
 DEF_HOST_FUNC(cuLaunchHostFunc, AS_IS)
 DEF_HOST_FUNC(cuLaunchHostFunc_ptsz, PT)
