@@ -30,8 +30,9 @@ def main(r: Path) -> None:
                   f"{o['record_decode_paired_overhead_pct']:.2f}% |")
     for cal in sorted(r.glob("calib-*/calibration.json")):
         checks = json.loads(cal.read_text())
-        bad = [c["id"] for c in checks if c["ok"] is not True]
-        print(f"| calibration {cal.parent.name} (EMULATED) | {len(checks) - len(bad)}/{len(checks)} hold; not: {bad} |")
+        held = sum(c["ok"] is True for c in checks)
+        bad, na = ([c["id"] for c in checks if c["ok"] is v] for v in (False, None))
+        print(f"| calibration {cal.parent.name} (EMULATED) | {held}/{len(checks)} hold; not: {bad}; n/a: {na} |")
     for name in ("native", "b300"):
         f = r / f"load-{name}.json"
         if f.exists():
