@@ -206,6 +206,29 @@ def test_framework_deltas_take_the_emulated_processs_own_paused_samples_as_nativ
         == pytest.approx(23.0)
 
 
+def test_copy_ratios_take_the_emulated_processs_own_paused_copies_as_native():
+    """The framework copy_ rows' twins too (run F, H100: a native process's 256 MiB pageable copy_ ran 6.63
+    GB/s, another's 7.73; the emulated 6.43 read 0.97 of the slow one). A twin of one case is the native side of
+    that case only; cases without one read the native run."""
+    native = framework_result(**NATIVE)
+    key = ("h2d", "pageable", 256 * MiB)
+    slow = framework_result(**{**NATIVE, "gbps": {**NATIVE_GBPS, key: 6.63}})
+    emu = as_cc_b300(gbps={key: 6.43})
+    assert check(calibrate.evaluate(profiles.load("b300"), slow, emu), "framework_h2d_pageable_ratio").ok is False
+    emu.rows.append(Row.of(framework.COPY, "bandwidth" + framework.PAUSED, "GB/s", [8.1], dir="h2d", mem="pageable",
+                           bytes=256 * MiB))
+    checks = {c.id: c for c in calibrate.evaluate(profiles.load("b300"), slow, emu)}
+    c = checks["framework_h2d_pageable_ratio"]
+    assert c.ok is True and c.measured == pytest.approx(max(6.43 / 8.1, 0.7))  # 16 MiB: 0.7 of the native run's
+    assert "emulation paused" in c.what
+    assert checks["never_faster_framework"].measured == pytest.approx(max(0.7, 6.43 / 8.1, 0.211))
+    pinned = as_cc_b300()
+    pinned.rows.append(Row.of(framework.COPY, "bandwidth" + framework.PAUSED, "GB/s", [40.0], dir="h2d", mem="pinned",
+                              bytes=256 * MiB))
+    got = check(calibrate.profile_checks(profiles.load("b300"), native, pinned), "framework_h2d_pinned_ratio")
+    assert got.measured == pytest.approx(53.0 * 0.203 / 40.0)  # against the twin's fastest sample
+
+
 def test_a_ceiling_target_holds_below_and_within_tolerance_above():
     native = framework_result(**NATIVE)
     for ratio, ok in ((0.3, True), (0.78 * 1.14, True), (0.78 * 1.16, False)):

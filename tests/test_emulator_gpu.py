@@ -156,6 +156,30 @@ def test_probe_under_profile_is_labelled_emulated(tmp_path):
     assert verdict[("d2h", "pinned", "same")] == "blocks" and verdict[("d2d", "device", "same")] == "async"
 
 
+def test_framework_loops_under_a_profile_take_paused_twins_in_the_same_process(tmp_path):
+    """calibrate's framework deltas and copy ratios read these twins: each loop's row has one, taken with
+    emulation paused in the same process, and it runs without the tolls (b300's 18.6 us launch toll, 23 us
+    D2H round trip, and a pinned channel at ~0.2 of native)."""
+    from ccbridge.probe import framework
+
+    p = ccbridge("probe", "--profile", "b300", "--tests", "framework", "--quick", "--out", str(tmp_path), timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = results.load(tmp_path / "result.json")
+    assert not res.errors, res.errors
+    rows = {(r.test, r.metric, tuple(sorted(r.params.items()))): r for r in res.rows}
+    twins = {k: r for k, r in rows.items() if k[1].endswith(framework.PAUSED)}
+    assert len(twins) == len(rows) - len(twins) == 4 + 3 + 8
+    for (test, metric, params), twin in twins.items():
+        row = rows[(test, metric[: -len(framework.PAUSED)], params)]
+        if ("mem", "pageable") in params:  # capped at native x 0.78 from the launcher's run: never faster
+            assert row.median <= twin.median * 1.05, (params, row.median, twin.median)
+            continue
+        faster = twin.median > row.median if twin.higher_is_better else twin.median < row.median
+        assert faster, (test, metric, params, row.median, twin.median)
+    pipelined = rows[(framework.LAUNCH, "time_per_op", (("mode", "pipelined"),))]
+    assert pipelined.median - rows[(framework.LAUNCH, "time_per_op" + framework.PAUSED, (("mode", "pipelined"),))].median > 12
+
+
 SITES_PROGRAM = """
 import torch
 x = torch.ones(1024, device="cuda")

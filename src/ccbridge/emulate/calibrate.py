@@ -78,6 +78,13 @@ def _largest(res: Result, direction: str, mem: str) -> tuple[int, float] | None:
     return r.params["bytes"], r.median
 
 
+def _native_rows(nat: Result, emu: Result, test: str, metric: str, **params) -> list[Row]:
+    """The native side of an emulated row: the emulated process's own samples with emulation paused where it
+    took them (the framework loops' twins, framework.PAUSED: two processes of one loop differ by more than a
+    few-us toll, or a tenth of a pageable copy's bandwidth, on a shared host), else the native run's row."""
+    return _rows(emu, test, metric + framework.PAUSED, **params) or _rows(nat, test, metric, **params)
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
@@ -104,15 +111,11 @@ def _gain(res: Result, mode: str, direction: str) -> float | None:
 
 
 def _delta(test: str, metric: str, **params) -> Callable[[Result, Result], float | None]:
-    """Emulated minus native median of one row: the toll CC adds, as the published CC-on minus CC-off. Where
-    the emulated run also measured the row with emulation paused in the same process (the framework loops'
-    twins, framework.PAUSED), that is the native side: two processes of one loop differ by more than a
-    few-us toll on a shared host."""
+    """Emulated minus native median of one row (native: _native_rows): the toll CC adds, as the published
+    CC-on minus CC-off."""
     def f(nat: Result, emu: Result):
-        e, n = _one(emu, test, metric, **params), _one(emu, test, metric + framework.PAUSED, **params)
-        if n is None:
-            n = _one(nat, test, metric, **params)
-        return e - n if e is not None and n is not None else None
+        e, n = _one(emu, test, metric, **params), _native_rows(nat, emu, test, metric, **params)
+        return e - n[0].median if e is not None and n else None
     return f
 
 
@@ -121,7 +124,7 @@ def _copy_ratios(nat: Result, emu: Result, direction: str, mem: str, native_best
     native row's fastest sample (the link's capability) instead of its median."""
     out = {}
     for b in framework.COPY_BYTES:
-        rows = _rows(nat, framework.COPY, "bandwidth", dir=direction, mem=mem, bytes=b)
+        rows = _native_rows(nat, emu, framework.COPY, "bandwidth", dir=direction, mem=mem, bytes=b)
         native = (rows[0].max if native_best else rows[0].median) if rows else None
         r = _ratio(_one(emu, framework.COPY, "bandwidth", dir=direction, mem=mem, bytes=b), native)
         if r is not None:
@@ -159,6 +162,7 @@ class Rule:
     paired: bool = False  # a delta of one native and one emulated process: the median over the rounds' pairs
 
 
+# (a result made before the framework loops took twins reads its native run instead)
 IN_PROCESS = "; native: the same process with emulation paused, alternating sample by sample"
 # target id -> how calibrate measures it; a profile's targets name these ids.
 TARGETS: dict[str, Rule] = {
@@ -197,13 +201,13 @@ TARGETS: dict[str, Rule] = {
         "32-byte .to('cpu', non_blocking=True) + torch.cuda.synchronize(), 1 stream: emulated - native (us)" + IN_PROCESS,
         FRAMEWORK, _delta(framework.D2H32, "per_copy_time", streams=1, sync="each"), paired=True),
     "framework_h2d_pinned_ratio": Rule(
-        f"pinned H2D copy_, {max(framework.COPY_BYTES) >> 20} MiB: emulated / native (its fastest run)", FRAMEWORK,
+        f"pinned H2D copy_, {max(framework.COPY_BYTES) >> 20} MiB: emulated / native (its fastest run)" + IN_PROCESS, FRAMEWORK,
         _framework_ratio("h2d", "pinned")),
     "framework_d2h_pinned_ratio": Rule(
-        f"pinned D2H copy_, {max(framework.COPY_BYTES) >> 20} MiB: emulated / native (its fastest run)", FRAMEWORK,
+        f"pinned D2H copy_, {max(framework.COPY_BYTES) >> 20} MiB: emulated / native (its fastest run)" + IN_PROCESS, FRAMEWORK,
         _framework_ratio("d2h", "pinned")),
     "framework_h2d_pageable_ratio": Rule(
-        "pageable H2D copy_, 16 and 256 MiB: the higher emulated / native (a ceiling)", FRAMEWORK,
+        "pageable H2D copy_, 16 and 256 MiB: the higher emulated / native (a ceiling)" + IN_PROCESS, FRAMEWORK,
         _framework_ratio("h2d", "pageable", worst=True), ceiling=True),
 }
 
@@ -232,7 +236,7 @@ def _never_faster(native: Result, emulated: Result, test: str, level: str) -> Ch
     ratios = {}
     for e in _rows(emulated, test, "bandwidth"):
         if e.params["bytes"] >= SUSTAINED_BYTES:
-            n = _one(native, test, "bandwidth", **e.params)
+            n = next((r.median for r in _native_rows(native, emulated, test, "bandwidth", **e.params)), None)
             if n:
                 ratios[f"{e.params['dir']} {e.params['mem']} {e.params['bytes'] >> 20} MiB"] = e.median / n
     worst = max(ratios, key=ratios.get) if ratios else None

@@ -7,11 +7,12 @@ checks the emulator against these rows as well as against the C probe's
 driver-level ones. Row names (test, metric, params) are fixed: calibrate reads
 them by name.
 
-Under an emulating profile the launch and 32-byte D2H loops also run with
-emulation paused, alternating sample by sample in the same process (the
-`*_emulation_paused` rows): the bridge's cost on these loops is a few us, and
-two processes of the same loop differ by more than that on a shared host (an
-H100's native d2h32 loop read 27.7 and 43.7 us in two processes).
+Under an emulating profile every loop here also runs with emulation paused,
+alternating sample by sample in the same process (the `*_emulation_paused`
+rows): the bridge's cost on the launch and 32-byte D2H loops is a few us, and
+two processes of one loop differ by more than that on a shared host (an
+H100's native d2h32 loop read 27.1 and 43.0 us in two processes); a 256 MiB
+pageable copy_ read 6.6 and 7.7 GB/s in two native processes.
 """
 
 from __future__ import annotations
@@ -51,10 +52,10 @@ def per_iteration_us(body: Callable[[], object], finish: Callable[[], object], n
     return samples
 
 
-def paired_us(body: Callable[[], object], finish: Callable[[], object], n: int,
-              reps: int) -> tuple[list[float], list[float] | None]:
+def paired_us(body: Callable[[], object], finish: Callable[[], object], n: int, reps: int,
+              warm: int = 5) -> tuple[list[float], list[float] | None]:
     """per_iteration_us; under an emulating interposer also the same loop with emulation paused, sample by
-    sample, which of the two goes first alternating (each after a few untimed iterations in its state):
+    sample, which of the two goes first alternating (each after `warm` untimed iterations in its state):
     (samples, paused samples or None where nothing emulates)."""
     with emulation_paused(required=False) as emulating:
         pass
@@ -64,17 +65,20 @@ def paired_us(body: Callable[[], object], finish: Callable[[], object], n: int,
     for i in range(reps):
         for paused in ((False, True) if i % 2 == 0 else (True, False)):
             with emulation_paused() if paused else contextlib.nullcontext():
-                per_iteration_us(body, finish, 5, 1)
+                per_iteration_us(body, finish, warm, 1)
                 (off if paused else on).extend(per_iteration_us(body, finish, n, 1))
     return on, off
 
 
-def paired_rows(test_id: str, metric: str, samples: tuple[list[float], list[float] | None], **params) -> list[Row]:
+def paired_rows(test_id: str, metric: str, unit: str, samples: tuple[list[float], list[float] | None],
+                per: Callable[[float], float] = lambda us: us, **params) -> list[Row]:
+    """The row of paired_us's samples, each through `per` (us per iteration -> the row's unit), and its twin
+    with emulation paused where there is one."""
     on, off = samples
-    row = Row.of(test_id, metric, "us", on, **params)
+    row = Row.of(test_id, metric, unit, [per(x) for x in on], **params)
     if off is None:
         return [row]
-    twin = Row.of(test_id, metric + PAUSED, "us", off, **params)
+    twin = Row.of(test_id, metric + PAUSED, unit, [per(x) for x in off], **params)
     twin.extra["note"] = "the same loop in the same process with emulation paused, alternating with the row's samples"
     return [row, twin]
 
@@ -121,7 +125,7 @@ def launches(ctx):
         per_iteration_us(body, torch.cuda.synchronize, 20, 1)  # warm: kernel load, caches
         samples = paired_us(body, torch.cuda.synchronize, n, reps)
         done += 20 + (n * reps if samples[1] is None else 2 * reps * (n + 5))  # paired: both states, each warmed
-        got = paired_rows(LAUNCH, "time_per_op", samples, mode=mode)
+        got = paired_rows(LAUNCH, "time_per_op", "us", samples, mode=mode)
         got[0].extra["headline"] = mode in ("pipelined", "launch+synchronize")
         rows += got
     if x.item() != done:  # every launch ran, in order (float32 counts exactly far beyond this)
@@ -154,7 +158,7 @@ def small_d2h(ctx):
         samples = paired_us(readback, torch.cuda.synchronize, n, reps)
         if not torch.equal(last[0], src.cpu()):
             raise RuntimeError("a 32-byte D2H copy is not byte-exact")
-        got = paired_rows(D2H32, "per_copy_time", samples, streams=k, sync=sync)
+        got = paired_rows(D2H32, "per_copy_time", "us", samples, streams=k, sync=sync)
         got[0].extra["headline"] = (k, sync) == (1, "none")
         rows += got
     return rows
@@ -190,10 +194,9 @@ def copies(ctx):
 
                 pilot = per_iteration_us(one, torch.cuda.synchronize, 1, 1)[0] * 1e-6
                 k = plan_iters(pilot, ctx.pick(0.2, 0.05), 2, 200)
-                per_copy = per_iteration_us(one, torch.cuda.synchronize, k, reps)
-                row = Row.of(COPY, "bandwidth", "GB/s", [nbytes / (us * 1e-6) / 1e9 for us in per_copy],
-                             dir=direction, mem=mem, bytes=nbytes)
-                row.extra["headline"] = nbytes == size
-                rows.append(row)
+                got = paired_rows(COPY, "bandwidth", "GB/s", paired_us(one, torch.cuda.synchronize, k, reps, warm=1),
+                                  lambda us: nbytes / (us * 1e-6) / 1e9, dir=direction, mem=mem, bytes=nbytes)
+                got[0].extra["headline"] = nbytes == size
+                rows += got
         del host, back
     return rows
