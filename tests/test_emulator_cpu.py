@@ -734,6 +734,42 @@ def test_copies_captured_into_a_graph_are_paid_at_every_launch(lib):
     assert lib.cuGraphExecDestroy(exe) == 0
 
 
+def test_a_graph_captured_while_emulation_is_paused_still_pays_its_copies_when_launched_emulating(lib, monkeypatch):
+    """What a graph holds does not depend on the pause: only its launches do (paused: free; emulating: charged)."""
+    from ccbridge.emulate import interposer
+
+    init(lib, h2d_pinned_gbps=0, d2h_pinned_gbps=0, h2d_toll_us=0, d2h_toll_us=3000, sync_toll_us=0)
+    monkeypatch.setenv(interposer.LIB_ENV, lib._name)
+    dev = lib.ccbemu_fake_alloc(64, DEVICE)
+    dst, _ = host(lib, 64, True)
+    s = lib.ccbemu_fake_stream()
+    lib.cuGraphLaunch.argtypes = [c_p, c_p]
+    with interposer.emulation_paused():
+        exe = capture_graph(lib, s, [lambda st: lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, st)])
+        assert timed(lib.cuGraphLaunch, exe, s) < 0.002
+    assert timed(lib.cuGraphLaunch, exe, s) >= 0.003
+    assert summary(lib)["crossings"]["d2h_pinned"]["count"] == 1
+
+
+def test_a_refused_launch_that_paid_its_toll_keeps_its_trace_line(lib, tmp_path):
+    prefix = tmp_path / "r"
+    init(lib, trace=str(prefix), launch_toll_us=2000, sync_toll_us=0)
+    lib.ccbemu_fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    s = lib.ccbemu_fake_stream()
+    lib.ccbemu_fake_fail(b"cuLaunchKernel", 1)
+    try:
+        t = time.perf_counter()
+        assert lib.cuLaunchKernel(None, 0, 1, 1, 1, 1, 1, 0, s, None, None) == 999
+        assert time.perf_counter() - t >= 0.002  # the submission crossed before the driver refused it
+    finally:
+        lib.ccbemu_fake_fail(b"", 0)
+    lib.ccbemu_trace_flush()
+    rows = list(csv.DictReader(l for l in Path(f"{prefix}.{os.getpid()}.csv").read_text().splitlines()
+                               if not l.startswith("#")))
+    launches = [r for r in rows if r["kind"] == "launch"]
+    assert len(launches) == 1 and launches[0]["rc"] == "999" and int(launches[0]["toll_ns"]) >= 2_000_000
+
+
 def test_a_graph_handle_captured_again_does_not_inherit_the_old_copies(lib):
     """A capture that was never instantiated (it failed, or was abandoned) leaves its copies noted
     under its graph's handle; a new capture at that handle must not pay them at its launches."""
@@ -1002,8 +1038,9 @@ def test_the_framework_loops_pair_emulated_and_paused_samples_in_one_process(lib
         busy(lib, s, 0)
 
     def finish():
-        order.append(interposer.switch("ccbemu_emulate_pause", True, "")(1))  # was it emulating? (as it was, after)
-        interposer.switch("ccbemu_emulate_pause", True, "")(0 if order[-1] else 1)
+        knob = interposer.switch("ccbemu_emulate_pause", True, "")
+        order.append(knob(1))  # was it emulating? (a pause held and released: as it was, after)
+        knob(0)
 
     monkeypatch.setenv(interposer.LIB_ENV, lib._name)
     on, off = framework.paired_us(body, finish, 4, 4)

@@ -44,13 +44,13 @@ def _emulation(required: bool):
 
 @contextlib.contextmanager
 def emulation_paused(required: bool = True):
-    """Inside, the interposer adds none of the bridge's costs (a call takes the state at its entry; calls in
-    flight on other threads finish as they began). Yields whether it was emulating. The trace, if any, goes
-    on recording."""
+    """Inside, the interposer adds none of the bridge's costs; emulation resumes when the last of nested or
+    concurrent regions ends. Meant for regions between CUDA calls: a call in flight on another thread may see
+    either state. Yields whether it was emulating. The trace, if any, goes on recording."""
     fn = _emulation(required)
     was = bool(fn(1)) if fn else False
     try:
         yield was
     finally:
-        if fn and was:
+        if fn:
             fn(0)

@@ -9,10 +9,19 @@ emu_config cfg;
 int emu_paused;
 
 /* For measurements paired within one process (calibrate's framework rows): the same process with and without
- * the bridge's costs, free of the few-us differences between processes. */
-int ccbemu_emulate_pause(int paused) {
+ * the bridge's costs, free of the few-us differences between processes. A count of the pauses held, so nested
+ * and concurrent regions end only when the last one does; the configuration is loaded first, so a pause taken
+ * before the program's first CUDA call answers as the profile says. */
+int ccbemu_emulate_pause(int pause) {
+    emu_init();
     int was = emu_on();
-    __atomic_store_n(&emu_paused, paused != 0, __ATOMIC_RELAXED);
+    if (pause) {
+        __atomic_fetch_add(&emu_paused, 1, __ATOMIC_RELAXED);
+    } else {
+        int n = __atomic_load_n(&emu_paused, __ATOMIC_RELAXED);
+        while (n > 0 && !__atomic_compare_exchange_n(&emu_paused, &n, n - 1, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        }
+    }
     return was;
 }
 

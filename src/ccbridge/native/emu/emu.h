@@ -137,8 +137,9 @@ typedef struct {
 } emu_config;
 
 extern emu_config cfg;
-/* Emulation paused (ccbemu_emulate_pause): the hooks pass calls through, as under the passthrough profile.
- * Calls take the state at their entry. */
+/* Emulation paused (ccbemu_emulate_pause; the pauses held): the hooks pass calls through, as under the
+ * passthrough profile. Meant to be set between calls: a call in flight on another thread may see either state
+ * for its remaining steps. */
 extern int emu_paused;
 static inline int emu_on(void) { return cfg.emulate && !__atomic_load_n(&emu_paused, __ATOMIC_RELAXED); }
 /* Parse "key=value" lines; unknown keys or bad values -> -1 with a message. */
@@ -289,7 +290,7 @@ EMU_API void *dlsym(void *handle, const char *name);
 EMU_API int ccbemu_test_init(const char *config_text, char *err, int errlen); /* fake driver, this config */
 EMU_API void ccbemu_trace_flush(void);
 EMU_API int ccbemu_trace_pause(int paused);    /* 1: hooks stop writing trace lines, 0: again; was it recording */
-EMU_API int ccbemu_emulate_pause(int paused);  /* 1: hooks pass through (no costs), 0: emulate again; was it emulating */
+EMU_API int ccbemu_emulate_pause(int pause);   /* 1: hold a pause (no costs), 0: release one; was it emulating */
 EMU_API int *ccbemu_site_slot(void);           /* this thread's Python call site id, -1: none */
 EMU_API int ccbemu_summary(char *buf, int len);
 EMU_API int ccbemu_coverage(char *buf, int len); /* coverage JSON, as written at exit */

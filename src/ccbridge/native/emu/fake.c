@@ -229,6 +229,7 @@ static CUresult f_MemcpyBatchAsync(CUdeviceptr *d, CUdeviceptr *s, size_t *n, si
 static CUresult f_LaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                unsigned sh, CUstream st, void **p, void **e) {
     (void)f; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)sh; (void)p; (void)e;
+    INJECT("cuLaunchKernel");
     uint64_t t0 = emu_now();
     while (emu_now() - t0 < 2000) { /* the native submission: 2 us of CPU */ }
     if (S(st)->capturing) return 0;

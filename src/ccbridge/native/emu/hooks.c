@@ -176,7 +176,7 @@ int ccbemu_test_init(const char *config_text, char *err, int errlen) {
         emu_stats_reset();
         emu_coverage_reset();
         emu_bus_local();
-        ccbemu_emulate_pause(0);
+        __atomic_store_n(&emu_paused, 0, __ATOMIC_RELAXED);
         fill(ccbemu_fake_lookup);
         emu_trace_open(cfg.trace); /* "" ends an earlier test's trace */
         g_ready = 1;
@@ -243,14 +243,14 @@ static void graph_note(CUstream st, int dir, int mem, size_t bytes);
 static CUresult pass_rec(int api, int dir, int mem, size_t bytes, CUstream st, uint64_t t0, uint64_t t1, CUresult rc) {
     if (!bytes) return rc;
     if (emu_capturing(st)) {
-        if (emu_on() && rc == CUDA_SUCCESS) graph_note(st, dir, mem, bytes);
+        if (cfg.emulate && rc == CUDA_SUCCESS) graph_note(st, dir, mem, bytes); /* (paused or not: the graph holds it) */
     } else if (t0) {
         rec(api, REC_CROSSING, dir, mem, bytes, st, t0, t1, 0, rc);
     }
     return rc;
 }
 /* what a passed copy needs looked at: when tracing, or emulating (then it was captured, or moved no bytes) */
-#define PASS_LOOK(t0) ((t0) || emu_on())
+#define PASS_LOOK(t0) ((t0) || cfg.emulate)
 static CUresult pass_done(int api, int dir, const void *host, size_t bytes, CUstream st, uint64_t t0, CUresult rc) {
     uint64_t t1 = t0 ? emu_now() : 0;
     return PASS_LOOK(t0) && bytes ? pass_rec(api, dir, emu_host_kind(host), bytes, st, t0, t1, rc) : rc;
@@ -711,9 +711,9 @@ static launch_charge launch_begin(CUstream st) {
     return c;
 }
 static CUresult launch_done(int api, uint64_t t0, CUresult rc, CUstream st, launch_charge c) {
-    if (rc != CUDA_SUCCESS) return rc;
-    if (c.on) emu_work_submitted();
-    if (t0 && (c.on || !emu_capturing(st))) rec(api, REC_LAUNCH, -1, 0, 0, st, t0, emu_now(), c.toll, rc);
+    if (rc == CUDA_SUCCESS && c.on) emu_work_submitted();
+    /* (a refused launch that paid its toll keeps its line, so an account can say where the time went) */
+    if (t0 && (c.on || (rc == CUDA_SUCCESS && !emu_capturing(st)))) rec(api, REC_LAUNCH, -1, 0, 0, st, t0, emu_now(), c.toll, rc);
     return rc;
 }
 /* (a GNU statement expression: the toll is paid before `call` runs) */
