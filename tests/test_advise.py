@@ -101,6 +101,19 @@ def test_emulated_cc_probe_calls_for_sync_scheduling_graphs_pool_and_is_labelled
     assert "semantics.nonblocking:return_fraction[dir=d2h,mem=pinned,stream=same] = 1 fraction" in text
 
 
+def test_a_framework_only_emulated_probe_cites_the_emulated_launch_not_its_paused_twin(tmp_path):
+    """Under a profile the framework loops also write *_emulation_paused twins (the same params): the launch
+    toll advice reads the emulated row."""
+    rows = [r for r in cc_probe_rows() if r.test != "launch.cost"]
+    rows += [Row.of("framework.launch", "time_per_op", "us", [27.0], mode="pipelined"),
+             Row.of("framework.launch", "time_per_op_emulation_paused", "us", [8.0], mode="pipelined")]
+    res = Result(env=stamp("off", emulated="b300"), settings={}, rows=rows)
+    _, recs = advise.advise([save(tmp_path, "f.json", res)])
+    graphs = find(recs, "vLLM", "CUDA graphs on")
+    assert graphs and graphs[0].cites[0].key == "framework.launch:time_per_op[mode=pipelined]" and graphs[0].cites[0].median == 27.0
+    assert not find(recs, "all", "the launch toll is small here")
+
+
 def test_native_cc_off_probe_keeps_defaults_and_says_cc_does_not_apply(tmp_path):
     res = Result(env=stamp("off"), settings={}, rows=native_probe_rows())
     inputs, recs = advise.advise([save(tmp_path, "n.json", res)])

@@ -190,7 +190,9 @@ def test_framework_deltas_take_the_emulated_processs_own_paused_samples_as_nativ
     native = framework_result(**NATIVE)
     slow = framework_result(**{**NATIVE, "d2h32": {**NATIVE["d2h32"], (1, "each"): 33.0}})  # a slow native process
     emu = as_cc_b300()
-    assert check(calibrate.profile_checks(profiles.load("b300"), slow, emu), "framework_d2h32_delta_us").ok is False
+    before = calibrate.profile_checks(profiles.load("b300"), slow, emu)
+    assert check(before, "framework_d2h32_delta_us").ok is False
+    assert "emulation paused" not in check(before, "framework_d2h32_delta_us").what  # no twins: the native run
     emu.rows += [Row.of(framework.D2H32, "per_copy_time" + framework.PAUSED, "us", [17.5], streams=1, sync="each"),
                  Row.of(framework.LAUNCH, "time_per_op" + framework.PAUSED, "us", [9.0], mode="pipelined")]
     checks = calibrate.profile_checks(profiles.load("b300"), slow, emu)
@@ -199,6 +201,7 @@ def test_framework_deltas_take_the_emulated_processs_own_paused_samples_as_nativ
     assert check(checks, "framework_launch_pipelined_delta_us").measured == pytest.approx(10.2 + 18.6 - 9.0)
     assert check(checks, "framework_launch_sync_delta_us").measured == pytest.approx(41.0)  # no twin: the native run
     assert "emulation paused" in check(checks, "framework_d2h32_delta_us").what
+    assert "emulation paused" not in check(checks, "matmul_ratio").what  # compute parity reads the native run
     # a twin of another case (16 streams, no synchronize) is not this row's baseline
     other = as_cc_b300()
     other.rows.append(Row.of(framework.D2H32, "per_copy_time" + framework.PAUSED, "us", [1.0], streams=16, sync="none"))

@@ -223,7 +223,7 @@ def from_probe(inp: Input) -> list[Advice]:
             add("loader", "ccbridge load --staging pageable", why, pin, page)
 
     launch = {r.params.get("mode"): r for r in res.by_test("launch.cost")}
-    fw = {r.params.get("mode"): r for r in res.by_test("framework.launch")}
+    fw = {r.params.get("mode"): r for r in res.by_test("framework.launch") if r.metric == "time_per_op"}
     pipe = launch.get("pipelined") or fw.get("pipelined")
     if pipe:
         graph = launch.get("graph")
