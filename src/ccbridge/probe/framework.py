@@ -36,6 +36,7 @@ D2H32 = "framework.d2h32"
 # copies); "each" synchronizes after every copy, as the published harness did
 D2H32_CASES = ((1, "none"), (16, "none"), (1, "each"))
 PAUSED = "_emulation_paused"  # metric suffix of a loop's twin row: the same process, emulation paused
+PAIR_WARM = 5  # untimed iterations before each paired sample, in its state
 COPY = "framework.copy"
 COPY_BYTES = (16 * MiB, 256 * MiB)
 
@@ -53,7 +54,7 @@ def per_iteration_us(body: Callable[[], object], finish: Callable[[], object], n
 
 
 def paired_us(body: Callable[[], object], finish: Callable[[], object], n: int, reps: int,
-              warm: int = 5) -> tuple[list[float], list[float] | None]:
+              warm: int = PAIR_WARM) -> tuple[list[float], list[float] | None]:
     """per_iteration_us; under an emulating interposer also the same loop with emulation paused, sample by
     sample, which of the two goes first alternating (each after `warm` untimed iterations in its state):
     (samples, paused samples or None where nothing emulates)."""
@@ -124,7 +125,7 @@ def launches(ctx):
         n = counts.get(mode, ctx.pick(500, 300))
         per_iteration_us(body, torch.cuda.synchronize, 20, 1)  # warm: kernel load, caches
         samples = paired_us(body, torch.cuda.synchronize, n, reps)
-        done += 20 + (n * reps if samples[1] is None else 2 * reps * (n + 5))  # paired: both states, each warmed
+        done += 20 + (n * reps if samples[1] is None else 2 * reps * (n + PAIR_WARM))  # paired: both states, each warmed
         got = paired_rows(LAUNCH, "time_per_op", "us", samples, mode=mode)
         got[0].extra["headline"] = mode in ("pipelined", "launch+synchronize")
         rows += got
