@@ -328,3 +328,21 @@ def test_delta_checks_take_the_median_of_the_rounds_pairs_and_the_rest_do_not():
     assert "median of 3 pairs" in calibrate.render(profiles.load("b300"), list(checks.values()), nat0, emu0)
     with pytest.raises(calibrate.UsageError, match="not made under the emulator"):
         calibrate.evaluate(profiles.load("b300"), nat0, emu0, [(native, native)])
+
+
+@pytest.mark.parametrize("native_us,added,ok", [
+    (6.4, 23.0, True),    # the whole figure on top: nothing hidden
+    (6.4, 19.5, True),    # the figure less the ~3.5 us of native completion a framework loop hides
+    (6.4, 16.0, False),   # less than the figure less the whole native copy: the toll went missing
+    (6.4, 27.0, False),   # over the figure +15%: a toll paid twice
+    (17.0, 7.0, True),    # a slow native copy hides more
+])
+def test_the_driver_32_byte_d2h_delta_lies_between_the_framework_figure_less_the_native_copy_and_the_figure(
+        native_us, added, ok):
+    """The published 32-byte D2H delta is framework-level: the driver loop's delta may fall short of it by what a
+    framework loop hides of the native copy, never by more than that copy, and never exceed it +tolerance."""
+    native = synthetic([Row.of("smallcopy.d2h32", "per_copy_time", "us", [native_us], streams=1)])
+    emu = synthetic([Row.of("smallcopy.d2h32", "per_copy_time", "us", [native_us + added], streams=1)], emulated="b300")
+    c = check(calibrate.profile_checks(profiles.load("b300"), native, emu), "smallcopy_1stream_delta_us")
+    assert c.measured == pytest.approx(added) and c.ok is ok
+    assert c.target == f"{23 - native_us:.3g} to 26.4 (23 less the native copy's {native_us:.3g}, to +15%)"

@@ -161,6 +161,9 @@ class Rule:
     ceiling: bool = False  # the figure is an upper bound: holds at or under value x (1 + tolerance)
     paired: bool = False  # a delta of one native and one emulated process: the median over the rounds' pairs
     twinned: bool = False  # its native side is the emulated process's paused twin where there is one (_native_rows)
+    # a delta whose figure was measured at the other level: how much of the native loop that level could hide
+    # (from the native result); the delta holds from the figure less that up to the figure +tolerance
+    hidden: Callable[[Result], float | None] | None = None
 
 
 IN_PROCESS = "; native: the same process with emulation paused, alternating sample by sample"
@@ -172,8 +175,12 @@ TARGETS: dict[str, Rule] = {
                                   lambda nat, emu: (_largest(emu, "h2d", "pinned") or (0, None))[1]),
     "smallcopy_flatness": Rule("32-byte D2H per copy, 16 streams / 1 stream (emulated)", DRIVER,
                                lambda nat, emu: _ratio(_smallcopy(emu).get(16), _smallcopy(emu).get(1))),
+    # The published 32-byte D2H delta is the framework's (framework_d2h32_delta_us): a framework loop hides some of
+    # the native copy behind its own Python, which under CC the blocking copy exposes, so the delta a driver loop
+    # sees is the figure less that hidden part, at most the whole native copy.
     "smallcopy_1stream_delta_us": Rule("32-byte D2H per copy, 1 stream: emulated - native (us)", DRIVER,
-                                       _delta("smallcopy.d2h32", "per_copy_time", streams=1), paired=True),
+                                       _delta("smallcopy.d2h32", "per_copy_time", streams=1), paired=True,
+                                       hidden=lambda nat: _one(nat, "smallcopy.d2h32", "per_copy_time", streams=1)),
     "launch_pipelined_delta_us": Rule("empty-kernel launches, one final synchronize: emulated - native (us per launch)",
                                       DRIVER, _delta("launch.cost", "time_per_kernel", mode="pipelined"), paired=True),
     "launch_wait_delta_us": Rule("empty-kernel launch + stream synchronize: emulated - native (us per launch)", DRIVER,
@@ -223,8 +230,13 @@ def profile_checks(profile: Profile, native: Result, emulated: Result,
         if rule.paired and rounds:
             per = [x for x in (rule.get(n, e) for n, e in [(native, emulated), *rounds]) if x is not None]
             v = statistics.median(per) if per else None
+        hidden = rule.hidden(native) if rule.hidden else None
         if rule.ceiling:
             ok, target = None if v is None else v <= t.value * (1 + t.tolerance), f"<= {t.value:g} (+{t.tolerance:.0%})"
+        elif hidden is not None:
+            lo, hi = t.value - hidden, t.value * (1 + t.tolerance)
+            ok = None if v is None else lo <= v <= hi
+            target = f"{lo:.3g} to {hi:.3g} ({t.value:g} less the native copy's {hidden:.3g}, to +{t.tolerance:.0%})"
         else:
             ok, target = None if v is None else abs(v / t.value - 1) <= t.tolerance, f"{t.value:g} ±{t.tolerance:.0%}"
         # the framework loops' twins, where the emulated run took them (an older result reads its native run)
