@@ -304,6 +304,44 @@ def test_a_channel_never_beats_native_times_the_published_ratio(lib):
     assert timed(lib.cuMemcpyHtoDAsync_v2, dev, src, n, None) >= floor_s
 
 
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+def test_a_pageable_crossing_lasts_its_own_native_copy_over_the_ratio_as_the_host_drifts(lib, direction):
+    """A pageable crossing goes through the driver's own pageable path and lasts at least that copy's time over
+    the published ratio, timed crossing by crossing: when the host's native path slows (here the fake's copies
+    go from 8 to 16 ms), the crossing slows with it (16 -> 32 ms at ratio 0.5), whatever the profile's own
+    bandwidth (unpaced here). A launcher's snapshot of the native rate could not follow (bench/RESULTS.md,
+    runs K and L: 15-30% between minutes on an H100 host)."""
+    n = 8192
+    init(lib, lanes=2, h2d_pageable_ratio=0.5, d2h_pageable_ratio=0.5, h2d_pageable_gbps=0, d2h_pageable_gbps=0,
+         h2d_toll_us=0, d2h_toll_us=0, sync_toll_us=0)
+    lib.ccbemu_fake_copy_gbps.argtypes = [ctypes.c_double]
+    dev = lib.ccbemu_fake_alloc(n, DEVICE)
+    data = os.urandom(n)
+    buf, _keep = host(lib, n, False, data)
+    s = lib.ccbemu_fake_stream()
+    copy = ((lambda: lib.cuMemcpyHtoDAsync_v2(dev, buf, n, s)) if direction == "h2d" else
+            (lambda: lib.cuMemcpyDtoHAsync_v2(buf, dev, n, s)))
+    ctypes.memmove(dev, data, n)
+    assert copy() == 0  # the channel and its native D2H call exist before the timing
+    took = {}
+    try:
+        for native_ms in (8, 16):
+            lib.ccbemu_fake_copy_gbps(n / (native_ms * 1e6))
+            took[native_ms] = min(timed(copy) for _ in range(2))
+    finally:
+        lib.ccbemu_fake_copy_gbps(0)
+    for native_ms, t in took.items():
+        assert 2 * native_ms / 1e3 <= t < 2 * native_ms / 1e3 + 0.006, took
+    assert ctypes.string_at(buf if direction == "d2h" else dev, n) == data
+    init(lib, h2d_pageable_ratio=1, d2h_pageable_ratio=1, h2d_pageable_gbps=0, d2h_pageable_gbps=0,
+         h2d_toll_us=0, d2h_toll_us=0, sync_toll_us=0)
+    lib.ccbemu_fake_copy_gbps(n / 8e6)
+    try:  # ratio 1: the native copy's own time, nothing on top
+        assert timed(copy) < 0.008 + 0.006
+    finally:
+        lib.ccbemu_fake_copy_gbps(0)
+
+
 def test_host_register_is_refused_under_cc_and_allowed_in_passthrough(lib):
     buf = ctypes.create_string_buffer(4096)
     init(lib, refuse_host_register=1)
@@ -554,10 +592,12 @@ def test_emulator_refuses_to_start_on_a_bad_profile_value(tmp_path):
     dict(dir="d2h", pinned=True, fail="cuEventSynchronize", nth=3),
     # pageable D2H: the channel stream cannot wait for the copy's place: nothing issued
     dict(dir="d2h", pinned=False, fail="cuStreamWaitEvent", nth=1, busy_us=20000),
-    # pageable H2D: the 3rd chunk's copy is refused with chunks 0, 1 issued from the bounce buffers
-    dict(dir="h2d", pinned=False, fail="cuMemcpyHtoDAsync_v2", nth=3),
-    # pageable D2H: the 2nd chunk's readback is refused with chunk 0 issued
-    dict(dir="d2h", pinned=False, fail="cuMemcpyDtoHAsync_v2", nth=2),
+    # pageable H2D: the driver's copy is refused
+    dict(dir="h2d", pinned=False, fail="cuMemcpyHtoDAsync_v2", nth=1),
+    # pageable D2H: the driver's copy is refused, queued behind 20 ms of the stream's work
+    dict(dir="d2h", pinned=False, fail="cuMemcpyDtoHAsync_v2", nth=1, busy_us=20000),
+    # pageable D2H: the wait for its landing fails
+    dict(dir="d2h", pinned=False, fail="cuEventSynchronize", nth=1, busy_us=20000),
 ])
 def test_a_failed_crossing_returns_only_once_its_copies_are_done(lib, case):
     """An error mid-crossing must not hand the caller's buffers back with copies still in flight."""
@@ -892,7 +932,7 @@ def test_the_framework_loops_pay_each_toll_once_per_iteration(lib):
 @pytest.mark.parametrize("pinned", [True, False])
 def test_a_d2h_crossing_makes_the_host_wait_once_for_its_stream_and_its_first_bytes(lib, pinned):
     """The channel's copies wait on the GPU for the copy's place in its stream, so the host waits once per
-    chunk: the first wait covers the queued work too. (A host wait for the place, then one for the copies
+    chunk (a pageable copy is one, through the driver's pageable path): the first wait covers the queued work too. (A host wait for the place, then one for the copies
     issued after it, cost a second wake-up and submission: +11 us per 32-byte D2H on an H200.)"""
     init(lib, chunk_bytes=4096, lanes=2, d2h_toll_us=0, sync_toll_us=0, d2h_pinned_gbps=0, d2h_pageable_gbps=0)
     lib.ccbemu_fake_host_waits.restype = ctypes.c_longlong
@@ -909,8 +949,9 @@ def test_a_d2h_crossing_makes_the_host_wait_once_for_its_stream_and_its_first_by
     assert lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s) == 0  # the channel and its native floor exist before the counts
     for name, stream, call, nbytes, waits in (
         ("32 bytes", s, lambda: lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s), 32, 1),
-        ("4 chunks", s, lambda: lib.cuMemcpyDtoHAsync_v2(dst, dev, n, s), n, 4),
-        ("blocking API", None, lambda: lib.cuMemcpyDtoH_v2(dst, dev, n), n, 4),
+        # pinned: one wait per chunk as it lands; pageable: one driver copy, then one wait for its event
+        ("4 chunks", s, lambda: lib.cuMemcpyDtoHAsync_v2(dst, dev, n, s), n, 4 if pinned else 1),
+        ("blocking API", None, lambda: lib.cuMemcpyDtoH_v2(dst, dev, n), n, 4 if pinned else 1),
         ("generic", s, lambda: lib.cuMemcpyAsync(dst, dev, 32, s), 32, 1),
         ("2D", s, lambda: lib.cuMemcpy2DAsync_v2(ctypes.byref(desc), s), w * h, 1),
     ):

@@ -28,8 +28,8 @@ PARAMS: dict[str, tuple[str, str]] = {
     "d2h_toll_us": ("us", "fixed cost of one D2H crossing"),
     "h2d_pinned_ratio": ("x", "published CC-on / CC-off pinned H2D bandwidth: a channel never beats this machine's native times this"),
     "d2h_pinned_ratio": ("x", "published CC-on / CC-off pinned D2H bandwidth (the same floor)"),
-    "h2d_pageable_ratio": ("x", "published CC-on / CC-off pageable H2D bandwidth (the same floor)"),
-    "d2h_pageable_ratio": ("x", "published CC-on / CC-off pageable D2H bandwidth (the same floor)"),
+    "h2d_pageable_ratio": ("x", "published CC-on / CC-off pageable H2D bandwidth: a crossing lasts at least its native copy over this"),
+    "d2h_pageable_ratio": ("x", "published CC-on / CC-off pageable D2H bandwidth: a crossing lasts at least its native copy over this"),
     "launch_toll_us": ("us", "added to each kernel or graph launch (CC-on minus CC-off, framework level)"),
     "sync_toll_us": ("us", "one host-GPU round trip: added to a synchronize that waits for submitted work, and to every D2H crossing"),
     "ctx_create_s": ("s", "added to each context creation (secure context set-up)"),
@@ -37,7 +37,7 @@ PARAMS: dict[str, tuple[str, str]] = {
     "host_alloc_toll_us": ("us", "added to each pinned host allocation"),
     "refuse_host_register": ("0/1", "cuMemHostRegister returns CUDA_ERROR_NOT_SUPPORTED, as under CC"),
     "lanes": ("threads", "CPU threads that share one crossing's staging and AES-GCM work"),
-    "chunk_bytes": ("bytes", "bounce-buffer chunk for pageable staging (the lanes seal it in 256 KiB slices)"),
+    "chunk_bytes": ("bytes", "a pinned D2H lands in chunks of this size, each sealed as it lands"),
 }
 
 # name -> (min, max), inclusive, in the unit above. Every value must also be finite:
@@ -64,7 +64,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "host_alloc_toll_us": (0, 1e7),
     "refuse_host_register": (0, 1),
     "lanes": (1, 64),  # the interposer's most lane threads
-    "chunk_bytes": (4096, 1 << 30),  # two bounce buffers of this size per context
+    "chunk_bytes": (4096, 1 << 30),
 }
 WHOLE = {"emulate", "refuse_host_register", "lanes", "chunk_bytes"}  # integers: flags and counts
 

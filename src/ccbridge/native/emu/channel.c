@@ -15,9 +15,11 @@
  *     the place was reached, for the trace and the pacing.
  *  3. The transfer: pinned memory is copied by DMA on the channel's private
  *     stream while the lanes seal the same bytes with AES-256-GCM; pageable
- *     memory is staged through two pinned bounce buffers, chunk by chunk.
+ *     memory goes through the driver's own pageable path (it stages through
+ *     pinned buffers of its own), timed, and the lanes seal it on the host.
  *  4. Pacing: the crossing ends no sooner than its bytes over the channel's
- *     bandwidth, and than its share of the machine-wide bridge, plus the
+ *     bandwidth, than its share of the machine-wide bridge, and (pageable)
+ *     than its native copy's time over the published CC ratio, plus the
  *     toll. Real work that takes longer (a busy CPU) makes it longer.
  */
 #define _GNU_SOURCE
@@ -34,7 +36,7 @@ typedef struct channel {
     uint64_t next_ticket, serving;
     CUstream pstream;
     CUevent pos, mark, ev[2]; /* mark, ev: timed (mark: the channel stream got past a D2H's place) */
-    void *bounce[2];
+    void *scratch;         /* pinned: measure_d2h_call's copies land here */
     lanes *lanes;
     uint64_t d2h_call_ns;  /* this machine's native small async D2H, its call (0: not measured yet) */
     int idle;              /* the crossing in hand found its stream idle: no GPU-side wait, no mark */
@@ -156,15 +158,6 @@ static void ticket_done(channel *ch) {
     pthread_mutex_unlock(&ch->mu);
 }
 
-static CUresult bounce_ready(channel *ch) {
-    for (int i = 0; i < 2; i++) {
-        if (ch->bounce[i]) continue;
-        CUresult rc = drv.MemHostAlloc(&ch->bounce[i], cfg.chunk_bytes, 0);
-        if (rc != CUDA_SUCCESS) return rc;
-    }
-    return CUDA_SUCCESS;
-}
-
 #define TRY(call)                         \
     do {                                  \
         if ((rc = (call)) != CUDA_SUCCESS) \
@@ -199,41 +192,35 @@ static CUresult first_wait(channel *ch, CUevent landed, uint64_t *t_ready) {
     return CUDA_SUCCESS;
 }
 
-/* Pageable memory: through the two bounce buffers, chunk by chunk. */
-static CUresult staged(channel *ch, const emu_copy *c, uint64_t *cipher, uint64_t *t_ready) {
+/* When a pageable crossing may end: its native copy, from `from` to `landed`, over the published CC-on/CC-off
+ * ratio. Timed on every crossing, so the cap follows this host's pageable path as it drifts (15-30% between
+ * minutes and machines on an H100 host, where a snapshot at the program's start let a copy beat native x ratio:
+ * bench/RESULTS.md, runs K and L). */
+static uint64_t pageable_floor(int dir, uint64_t from, uint64_t landed) {
+    return from + emu_ns((double)(landed > from ? landed - from : 0) / cfg.cc_ratio[dir][MEM_PAGEABLE]);
+}
+
+/* Pageable memory: the driver's own pageable copy (blocking: the driver stages it), timed for the floor; the lanes
+ * seal the bytes on the host, an H2D's before its copy (the guest encrypts before the DMA), a D2H's after it lands.
+ * A D2H's copy starts when its stream reaches it (the channel stream waits on the GPU, as a pinned one's does). */
+static CUresult pageable(channel *ch, const emu_copy *c, uint64_t *cipher, uint64_t *t_ready, uint64_t *floor_end) {
     CUresult rc;
-    const size_t C = cfg.chunk_bytes;
-    size_t nchunks = (c->bytes + C - 1) / C;
-    TRY(bounce_ready(ch));
-    unsigned char *host = c->host;
+    uint64_t t0 = emu_now();
     if (c->dir == DIR_H2D) {
-        for (size_t i = 0; i < nchunks; i++) {
-            int b = (int)(i & 1);
-            size_t off = i * C, n = c->bytes - off < C ? c->bytes - off : C;
-            if (i >= 2) TRY(drv.EventSynchronize(ch->ev[b])); /* bounce b is free again */
-            TRY_CIPHER(emu_lanes_run(ch->lanes, host + off, ch->bounce[b], n, cipher));
-            TRY(drv.MemcpyHtoDAsync(c->dev + off, ch->bounce[b], n, ch->pstream));
-            TRY(drv.EventRecord(ch->ev[b], ch->pstream));
-        }
-        return drv.StreamSynchronize(ch->pstream);
+        TRY_CIPHER(emu_lanes_run(ch->lanes, c->host, NULL, c->bytes, cipher));
+        uint64_t t1 = emu_now();
+        TRY(drv.MemcpyHtoDAsync(c->dev, c->host, c->bytes, ch->pstream));
+        TRY(drv.StreamSynchronize(ch->pstream));
+        /* (the cipher ran first: the floor counts from the crossing's start, so it overlaps the copy as a
+         * pipelined seal-and-send would, and only a cipher slower than the floor shows) */
+        *floor_end = pageable_floor(DIR_H2D, t0, t0 + (emu_now() - t1));
+        return CUDA_SUCCESS;
     }
-    for (size_t i = 0; i < nchunks && i < 2; i++) {
-        size_t off = i * C, n = c->bytes - off < C ? c->bytes - off : C;
-        TRY(drv.MemcpyDtoHAsync(ch->bounce[i], c->dev + off, n, ch->pstream));
-        TRY(drv.EventRecord(ch->ev[i], ch->pstream));
-    }
-    for (size_t i = 0; i < nchunks; i++) {
-        int b = (int)(i & 1);
-        size_t off = i * C, n = c->bytes - off < C ? c->bytes - off : C;
-        TRY(i == 0 ? first_wait(ch, ch->ev[0], t_ready) : drv.EventSynchronize(ch->ev[b]));
-        TRY_CIPHER(emu_lanes_run(ch->lanes, ch->bounce[b], host + off, n, cipher));
-        size_t nx = off + 2 * C;
-        if (nx < c->bytes) {
-            size_t m = c->bytes - nx < C ? c->bytes - nx : C;
-            TRY(drv.MemcpyDtoHAsync(ch->bounce[b], c->dev + nx, m, ch->pstream));
-            TRY(drv.EventRecord(ch->ev[b], ch->pstream));
-        }
-    }
+    TRY(drv.MemcpyDtoHAsync(c->host, c->dev, c->bytes, ch->pstream));
+    TRY(drv.EventRecord(ch->ev[0], ch->pstream));
+    TRY(first_wait(ch, ch->ev[0], t_ready));
+    *floor_end = pageable_floor(DIR_D2H, *t_ready > t0 ? *t_ready : t0, emu_now());
+    TRY_CIPHER(emu_lanes_run(ch->lanes, c->host, NULL, c->bytes, cipher));
     return CUDA_SUCCESS;
 }
 
@@ -269,15 +256,22 @@ static CUresult direct(channel *ch, const emu_copy *c, uint64_t *cipher, uint64_
     return CUDA_SUCCESS;
 }
 
-static CUresult opaque_work(channel *ch, const emu_opaque *o, uint64_t *cipher, uint64_t *t_ready) {
+/* A 2D/3D/batch copy, issued as the caller described it; pageable host memory is timed for the floor, as
+ * pageable() is (an H2D's cipher then runs after its copy, not beside it). */
+static CUresult opaque_work(channel *ch, const emu_opaque *o, uint64_t *cipher, uint64_t *t_ready, uint64_t *floor_end) {
     CUresult rc;
+    uint64_t t0 = emu_now();
     TRY(o->issue(o->arg, ch->pstream));
     if (o->dir == DIR_D2H) {
         TRY(drv.EventRecord(ch->ev[0], ch->pstream));
         TRY(first_wait(ch, ch->ev[0], t_ready)); /* all of the copy is in */
+        if (o->mem == MEM_PAGEABLE) *floor_end = pageable_floor(DIR_D2H, *t_ready > t0 ? *t_ready : t0, emu_now());
+    } else if (o->mem == MEM_PAGEABLE) {
+        TRY(drv.StreamSynchronize(ch->pstream));
+        *floor_end = pageable_floor(DIR_H2D, t0, emu_now());
     }
     for (size_t i = 0; i < o->nspans; i++) TRY_CIPHER(emu_lanes_run(ch->lanes, o->spans[i].p, NULL, o->spans[i].len, cipher));
-    return o->dir == DIR_D2H ? CUDA_SUCCESS : drv.StreamSynchronize(ch->pstream);
+    return o->dir == DIR_D2H || o->mem == MEM_PAGEABLE ? CUDA_SUCCESS : drv.StreamSynchronize(ch->pstream);
 }
 
 typedef struct {
@@ -289,15 +283,16 @@ typedef struct {
 } crossing;
 
 /* On an error the copies issued before it may still be reading or writing
- * the caller's memory (and the bounce buffers the next crossing reuses): wait
- * for all of them before the caller gets its buffers back (a D2H's copies
- * wait on the GPU for their stream: so does this). (The lanes never outlive
+ * the caller's memory: wait for all of them before the caller gets its
+ * buffers back (a D2H's copies wait on the GPU for their stream: so does
+ * this). (The lanes never outlive
  * emu_lanes_run, error or not.) A D2H sets *t_ready: when its stream reached
- * it. */
-static CUresult transfer(channel *ch, const crossing *x, uint64_t *cipher, uint64_t *t_ready) {
+ * it; a pageable crossing sets *floor_end (pageable_floor). */
+static CUresult transfer(channel *ch, const crossing *x, uint64_t *cipher, uint64_t *t_ready, uint64_t *floor_end) {
     if (!x->copy && !x->opaque) return CUDA_SUCCESS; /* a charge: the bytes move elsewhere (a graph's copy node) */
-    CUresult rc = x->copy ? (x->mem == MEM_PINNED ? direct(ch, x->copy, cipher, t_ready) : staged(ch, x->copy, cipher, t_ready))
-                          : opaque_work(ch, x->opaque, cipher, t_ready);
+    CUresult rc = x->copy ? (x->mem == MEM_PINNED ? direct(ch, x->copy, cipher, t_ready)
+                                                  : pageable(ch, x->copy, cipher, t_ready, floor_end))
+                          : opaque_work(ch, x->opaque, cipher, t_ready, floor_end);
     if (rc != CUDA_SUCCESS) drv.StreamSynchronize(ch->pstream);
     return rc;
 }
@@ -311,11 +306,11 @@ static CUresult transfer(channel *ch, const crossing *x, uint64_t *cipher, uint6
  * over its published delta, which was taken at that level: a 17 us CC-off copy is no C loop.) */
 static CUresult measure_d2h_call(channel *ch, CUdeviceptr src, size_t bytes) {
     CUresult rc;
-    TRY(bounce_ready(ch));
+    if (!ch->scratch) TRY(drv.MemHostAlloc(&ch->scratch, 32, 0));
     uint64_t best = UINT64_MAX;
     for (int i = 0; i < 12; i++) { /* (the first calls on a fresh stream are slower) */
         uint64_t t0 = emu_now();
-        TRY(drv.MemcpyDtoHAsync(ch->bounce[0], src, bytes < 32 ? bytes : 32, ch->pstream));
+        TRY(drv.MemcpyDtoHAsync(ch->scratch, src, bytes < 32 ? bytes : 32, ch->pstream));
         uint64_t d = emu_now() - t0;
         if (d < best) best = d;
         TRY(drv.EventRecord(ch->ev[0], ch->pstream));
@@ -340,11 +335,11 @@ static CUresult cross(const crossing *x) {
     if (!ch) return rc;
     uint64_t freed = ticket_take(ch);
     /* (on the channel's first copy, either way: a D2H reads its source, an H2D its destination before the
-     * crossing writes it, into the channel's own bounce buffer) */
+     * crossing writes it, into the channel's own scratch buffer) */
     if (!ch->d2h_call_ns && x->copy && x->copy->bytes && emu_on()) {
         rc = measure_d2h_call(ch, x->copy->dev, x->copy->bytes);
         if (rc != CUDA_SUCCESS) {
-            drv.StreamSynchronize(ch->pstream); /* nothing of ours left reading into the bounce buffer */
+            drv.StreamSynchronize(ch->pstream); /* nothing of ours left reading into the scratch buffer */
             ticket_done(ch);
             return rc;
         }
@@ -381,9 +376,9 @@ static CUresult cross(const crossing *x) {
      * the bridge's cost: on an H100 it put a 32-byte D2H 4-5 us over its published delta). Otherwise a
      * GPU-side wait: transfer() finds it. */
     uint64_t t_ready = ch->idle ? (freed > t_enter ? freed : t_enter) : emu_now();
-    uint64_t bus_end = 0;
+    uint64_t bus_end = 0, floor_end = 0;
     if (rc == CUDA_SUCCESS) {
-        rc = transfer(ch, x, &cipher, &t_ready);
+        rc = transfer(ch, x, &cipher, &t_ready, &floor_end);
         if (t_ready < t_lock && !ch->idle) t_ready = t_lock; /* (the place was recorded after t_lock) */
         /* the bridge is shared from when the stream reached the copy, as the channel's pacing */
         if (rc == CUDA_SUCCESS && cfg.system_gbps[x->dir] > 0)
@@ -394,6 +389,7 @@ static CUresult cross(const crossing *x) {
         double gbps = emu_chan_gbps(x->dir, x->mem);
         uint64_t end = emu_now();
         uint64_t paced = t_ready + (gbps > 0 ? emu_ns((double)x->bytes / gbps) : 0);
+        if (floor_end > paced) paced = floor_end;
         toll = emu_ns(cfg.toll_ns[x->dir]);
         if (x->dir == DIR_D2H) {
             /* the tolls (the copy's and the round trip's) start where a native copy's call would have returned

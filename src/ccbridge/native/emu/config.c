@@ -66,11 +66,9 @@ static const struct { const char *key; ktype t; size_t off; size_t cap; double m
     F("chunk_bytes", T_SIZE, chunk_bytes, 4096, 1 << 30),
     STR("trace", trace),
     STR("coverage", coverage),
-    /* machine facts measured by the launcher, not profile parameters */
-    F("native_h2d_pinned_gbps", T_DOUBLE, native_gbps[DIR_H2D][MEM_PINNED], 0, 1e4),
-    F("native_d2h_pinned_gbps", T_DOUBLE, native_gbps[DIR_D2H][MEM_PINNED], 0, 1e4),
-    F("native_h2d_pageable_gbps", T_DOUBLE, native_gbps[DIR_H2D][MEM_PAGEABLE], 0, 1e4),
-    F("native_d2h_pageable_gbps", T_DOUBLE, native_gbps[DIR_D2H][MEM_PAGEABLE], 0, 1e4),
+    /* machine facts measured by the launcher, not profile parameters (pageable: timed on each crossing) */
+    F("native_h2d_pinned_gbps", T_DOUBLE, native_pinned_gbps[DIR_H2D], 0, 1e4),
+    F("native_d2h_pinned_gbps", T_DOUBLE, native_pinned_gbps[DIR_D2H], 0, 1e4),
 #undef F
 #undef STR
 };

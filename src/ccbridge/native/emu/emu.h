@@ -9,7 +9,7 @@
  *   hooks.c    the one hook table; dlsym / cuGetProcAddress interposition;
  *              the exported driver-API entry points
  *   channel.c  per-context secure channel: FIFO order, revoked asynchrony,
- *              staging through bounce buffers, toll and bandwidth pacing
+ *              pinned DMA or the driver's pageable path, toll and pacing
  *   cipher.c   AES-256-GCM through the system libcrypto, and the lanes
  *              (threads) that share a crossing's CPU work
  *   pace.c     clocks, waits, the machine-wide bus shared by all processes
@@ -124,14 +124,15 @@ typedef struct {
     double system_gbps[2];       /* [dir] machine-wide bridge, 0 = unshared */
     double toll_ns[2];           /* [dir] fixed cost per crossing */
     double cc_ratio[2][2];       /* [dir][mem] published CC-on / CC-off bandwidth: the floor against native */
-    double native_gbps[2][2];    /* [dir][mem] this machine's native bandwidth (launcher), 0 = unknown */
+    double native_pinned_gbps[2]; /* [dir] this machine's native pinned bandwidth (launcher), 0 = unknown; a pageable
+                                     crossing times its own native copy instead (channel.c, pageable_floor) */
     double launch_toll_ns;       /* added to each kernel or graph launch */
     double sync_toll_ns;         /* one host-GPU round trip: a synchronize that waits for work, a D2H */
     double ctx_create_ns, ctx_destroy_ns;
     double host_alloc_toll_ns;   /* per pinned host allocation */
     int refuse_host_register;    /* cuMemHostRegister -> CUDA_ERROR_NOT_SUPPORTED */
     int lanes;                   /* threads sharing a crossing's CPU work (>= 1) */
-    size_t chunk_bytes;          /* bounce-buffer chunk */
+    size_t chunk_bytes;          /* a pinned D2H lands in chunks of this size */
     char trace[512];             /* trace file prefix, "" = off */
     char coverage[512];          /* coverage file prefix, "" = off */
 } emu_config;

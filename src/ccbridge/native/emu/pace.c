@@ -86,7 +86,7 @@ uint64_t emu_bus_reserve(int dir, uint64_t from, uint64_t ns) {
 
 
 double emu_chan_gbps(int dir, int mem) {
-    double g = cfg.chan_gbps[dir][mem], floor = cfg.native_gbps[dir][mem] * cfg.cc_ratio[dir][mem];
+    double g = cfg.chan_gbps[dir][mem], floor = mem == MEM_PINNED ? cfg.native_pinned_gbps[dir] * cfg.cc_ratio[dir][mem] : 0;
     return g > 0 && floor > 0 && floor < g ? floor : g;
 }
 
