@@ -346,3 +346,18 @@ def test_the_driver_32_byte_d2h_delta_lies_between_the_framework_figure_less_the
     c = check(calibrate.profile_checks(profiles.load("b300"), native, emu), "smallcopy_1stream_delta_us")
     assert c.measured == pytest.approx(added) and c.ok is ok
     assert c.target == f"{23 - native_us:.3g} to 26.4 (23 less the native copy's {native_us:.3g}, to +15%)"
+
+
+def test_never_faster_at_the_driver_level_reads_the_sweeps_paused_twins():
+    """A native process's pageable H2D at 16 MiB read 6.95 GB/s while the emulated process's own native copies
+    ran ~12.4 (an H100, 2026-11-23): against its twin the emulated 9.65 is 0.78 of native, as the profile says;
+    against the other process it would read 1.39."""
+    p = dict(dir="h2d", mem="pageable", bytes=16 * MiB)
+    native = synthetic([Row.of("transfer.sweep", "bandwidth", "GB/s", [6.95], **p)])
+    emu = synthetic([Row.of("transfer.sweep", "bandwidth", "GB/s", [9.65], **p)], emulated="b300")
+    alone = {c.id: c for c in calibrate.law_checks(native, emu)}["never_faster_driver"]
+    assert alone.ok is False and alone.measured == pytest.approx(9.65 / 6.95)
+    emu.rows.append(Row.of("transfer.sweep", "bandwidth" + framework.PAUSED, "GB/s", [12.4], **p))
+    twinned = {c.id: c for c in calibrate.law_checks(native, emu)}["never_faster_driver"]
+    assert twinned.ok is True and twinned.measured == pytest.approx(9.65 / 12.4)
+    assert twinned.what.endswith(calibrate.IN_PROCESS) and not alone.what.endswith(calibrate.IN_PROCESS)

@@ -1,13 +1,26 @@
-"""Transfer: H2D and D2H latency and sustained bandwidth over sizes and memory kinds."""
+"""Transfer: H2D and D2H latency and sustained bandwidth over sizes and memory kinds.
+
+Under an emulating profile the bandwidth of sizes from SUSTAINED_BYTES on is also
+taken with emulation paused, alternating sample by sample in the same process
+(the `bandwidth_emulation_paused` rows), as the framework loops do: calibrate's
+never-faster check compares each emulated copy with its own process's native
+one. Two native processes' pageable H2D at 16 MiB read 6.95 and 12-14 GB/s on
+one H100 host (bench/RESULTS.md, 2026-11-23 session 7).
+"""
 
 from __future__ import annotations
 
+import contextlib
+
 from ccbridge import native
+from ccbridge.emulate.interposer import emulation_paused
+from ccbridge.probe.framework import paired_rows
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 from ccbridge.stats import plan_iters
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+SUSTAINED_BYTES = 16 * MiB  # sizes from here on are bandwidth-bound: calibrate compares them with native
 SIZES_FULL = [4 * KiB * 4**k for k in range(10)]  # 4 KiB .. 1 GiB
 SIZES_QUICK = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB]
 
@@ -24,6 +37,8 @@ def sweep(ctx):
     sizes = ctx.pick(SIZES_FULL, SIZES_QUICK)
     reps = ctx.pick(5, 3)
     rows = []
+    with emulation_paused(required=False) as emulating:
+        pass
     for mem in ("pinned", "pageable"):
         ctx.step(f"allocating {human_bytes(max(sizes))} {mem}")
         with native.Session(ctx.device, mem, max(sizes)) as s:
@@ -37,13 +52,19 @@ def sweep(ctx):
                     p = dict(dir=direction, mem=mem, bytes=size)
                     rows.append(Row.of("transfer.sweep", "latency", "us", [x / 1e3 for x in lat], **p))
                     k = plan_iters(t_one, ctx.pick(0.03, 0.015), 2, 1000)
-                    bw, frac = [], []
-                    for _ in range(reps):
-                        out, _ = s.copy(direction, size, k)
-                        bw.append(out.bytes / (out.end_ns - out.start_ns))
-                        frac.append(out.incall_ns / (out.end_ns - out.start_ns))
-                    row = Row.of("transfer.sweep", "bandwidth", "GB/s", bw, **p)
-                    row.extra["headline"] = size == max(sizes)
-                    rows.append(row)
+                    twins = emulating and size >= SUSTAINED_BYTES
+                    bw, frac, off = [], [], []
+                    for i in range(reps):  # twins: which state goes first alternates, each after one untimed copy
+                        for paused in ((i % 2 == 1, i % 2 == 0) if twins else (False,)):
+                            with emulation_paused() if paused else contextlib.nullcontext():
+                                if twins:
+                                    s.copy(direction, size, 1)
+                                out, _ = s.copy(direction, size, k)
+                            (off if paused else bw).append(out.bytes / (out.end_ns - out.start_ns))
+                            if not paused:
+                                frac.append(out.incall_ns / (out.end_ns - out.start_ns))
+                    got = paired_rows("transfer.sweep", "bandwidth", "GB/s", (bw, off if twins else None), **p)
+                    got[0].extra["headline"] = size == max(sizes)
+                    rows += got
                     rows.append(Row.of("transfer.sweep", "in_call_fraction", "fraction", frac, **p))
     return rows
