@@ -26,8 +26,9 @@ def main(r: Path) -> None:
                   f"{o[k + '_loop_overhead_pct']:.2f}% / {o[k + '_decode_overhead_pct']:.2f}% / "
                   f"{o[k + '_launch_overhead_us']:.2f} us / {o[k + '_copy_overhead_us']:.2f} us |")
         if "record_decode_paired_overhead_pct" in o:
-            print(f"| record overhead, eager decode loop, recording vs paused in one process | "
-                  f"{o['record_decode_paired_overhead_pct']:.2f}% |")
+            loop = o.get("record_loop_paired_overhead_pct")
+            print(f"| record overhead, recording vs paused in one process: GPU-bound loop / eager decode loop | "
+                  f"{'n/a' if loop is None else f'{loop:.2f}%'} / {o['record_decode_paired_overhead_pct']:.2f}% |")
     for cal in sorted(r.glob("calib-*/calibration.json")):
         checks = json.loads(cal.read_text())
         held = sum(c["ok"] is True for c in checks)
