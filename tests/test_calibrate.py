@@ -336,6 +336,8 @@ def test_delta_checks_take_the_median_of_the_rounds_pairs_and_the_rest_do_not():
     (6.4, 16.0, False),   # less than the figure less the whole native copy: the toll went missing
     (6.4, 27.0, False),   # over the figure +15%: a toll paid twice
     (17.0, 7.0, True),    # a slow native copy hides more
+    (17.0, 5.0, False),   # ...but not more than itself
+    (23.0, 0.0, None),    # a native copy as long as the figure: this host cannot tell
 ])
 def test_the_driver_32_byte_d2h_delta_lies_between_the_framework_figure_less_the_native_copy_and_the_figure(
         native_us, added, ok):
@@ -346,6 +348,18 @@ def test_the_driver_32_byte_d2h_delta_lies_between_the_framework_figure_less_the
     c = check(calibrate.profile_checks(profiles.load("b300"), native, emu), "smallcopy_1stream_delta_us")
     assert c.measured == pytest.approx(added) and c.ok is ok
     assert c.target == f"{23 - native_us:.3g} to 26.4 (23 less the native copy's {native_us:.3g}, to +15%)"
+
+
+def test_the_driver_32_byte_d2h_band_takes_the_median_native_copy_over_the_rounds():
+    """One slow native process must not widen the band: the rounds' native copies, 6.4, 30 and 6.6 us, give 6.6."""
+    def pair(native_us, added):
+        return (synthetic([Row.of("smallcopy.d2h32", "per_copy_time", "us", [native_us], streams=1)]),
+                synthetic([Row.of("smallcopy.d2h32", "per_copy_time", "us", [native_us + added], streams=1)],
+                          emulated="b300"))
+    (n1, e1), *rounds = pair(6.4, 12.0), pair(30.0, 12.0), pair(6.6, 12.0)
+    c = check(calibrate.profile_checks(profiles.load("b300"), n1, e1, rounds), "smallcopy_1stream_delta_us")
+    assert c.measured == pytest.approx(12.0) and c.ok is False  # 12 < 23 - 6.6
+    assert c.target.startswith("16.4 to 26.4")
 
 
 def test_never_faster_at_the_driver_level_reads_the_sweeps_paused_twins():

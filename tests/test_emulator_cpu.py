@@ -306,12 +306,13 @@ def test_a_channel_never_beats_native_times_the_published_ratio(lib):
 
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
 def test_a_pageable_crossing_lasts_its_own_native_copy_over_the_ratio_as_the_host_drifts(lib, direction):
-    """A pageable crossing goes through the driver's own pageable path and lasts at least that copy's time over
-    the published ratio, timed crossing by crossing: when the host's native path slows (here the fake's copies
-    go from 8 to 16 ms), the crossing slows with it (16 -> 32 ms at ratio 0.5), whatever the profile's own
-    bandwidth (unpaced here). A launcher's snapshot of the native rate could not follow (bench/RESULTS.md,
-    runs K and L: 15-30% between minutes on an H100 host)."""
-    n = 8192
+    """A sustained pageable crossing (16 MiB and more) goes through the driver's own pageable path and lasts at
+    least that copy's time over the published ratio, timed crossing by crossing: when the host's native path slows
+    (here the fake's copies go from 8 to 16 ms), the crossing slows with it (16 -> 32 ms at ratio 0.5), whatever
+    the profile's own bandwidth (unpaced here). A launcher's snapshot of the native rate could not follow
+    (bench/RESULTS.md, runs K and L: 15-30% between minutes on an H100 host). A small copy is floored by that
+    rate for its bytes, not by its own time over the ratio: its fixed latency (here 4 ms) is not scaled."""
+    n, small = 16 << 20, 4096
     init(lib, lanes=2, h2d_pageable_ratio=0.5, d2h_pageable_ratio=0.5, h2d_pageable_gbps=0, d2h_pageable_gbps=0,
          h2d_toll_us=0, d2h_toll_us=0, sync_toll_us=0)
     lib.ccbemu_fake_copy_gbps.argtypes = [ctypes.c_double]
@@ -319,25 +320,34 @@ def test_a_pageable_crossing_lasts_its_own_native_copy_over_the_ratio_as_the_hos
     data = os.urandom(n)
     buf, _keep = host(lib, n, False, data)
     s = lib.ccbemu_fake_stream()
-    copy = ((lambda: lib.cuMemcpyHtoDAsync_v2(dev, buf, n, s)) if direction == "h2d" else
-            (lambda: lib.cuMemcpyDtoHAsync_v2(buf, dev, n, s)))
+
+    def copy(nbytes):
+        rc = (lib.cuMemcpyHtoDAsync_v2(dev, buf, nbytes, s) if direction == "h2d" else
+              lib.cuMemcpyDtoHAsync_v2(buf, dev, nbytes, s))
+        assert rc == 0
+        return 0
+
     ctypes.memmove(dev, data, n)
-    assert copy() == 0  # the channel and its native D2H call exist before the timing
+    copy(small)  # the channel and its native D2H call exist before the timing
     took = {}
     try:
         for native_ms in (8, 16):
             lib.ccbemu_fake_copy_gbps(n / (native_ms * 1e6))
-            took[native_ms] = min(timed(copy) for _ in range(2))
+            took[native_ms] = min(timed(copy, n) for _ in range(2))
+        lib.ccbemu_fake_copy_gbps(small / 4e6)  # a 4 KiB copy holds its stream 4 ms: latency, not bandwidth
+        took_small = timed(copy, small)
     finally:
         lib.ccbemu_fake_copy_gbps(0)
     for native_ms, t in took.items():
         assert 2 * native_ms / 1e3 <= t < 2 * native_ms / 1e3 + 0.006, took
+    assert 0.004 <= took_small < 0.004 + 0.003, took_small  # not 8 ms: 4 KiB at the 16 MiB copy's rate is ~0
     assert ctypes.string_at(buf if direction == "d2h" else dev, n) == data
     init(lib, h2d_pageable_ratio=1, d2h_pageable_ratio=1, h2d_pageable_gbps=0, d2h_pageable_gbps=0,
          h2d_toll_us=0, d2h_toll_us=0, sync_toll_us=0)
+    copy(small)
     lib.ccbemu_fake_copy_gbps(n / 8e6)
     try:  # ratio 1: the native copy's own time, nothing on top
-        assert timed(copy) < 0.008 + 0.006
+        assert timed(copy, n) < 0.008 + 0.006
     finally:
         lib.ccbemu_fake_copy_gbps(0)
 
@@ -932,8 +942,9 @@ def test_the_framework_loops_pay_each_toll_once_per_iteration(lib):
 @pytest.mark.parametrize("pinned", [True, False])
 def test_a_d2h_crossing_makes_the_host_wait_once_for_its_stream_and_its_first_bytes(lib, pinned):
     """The channel's copies wait on the GPU for the copy's place in its stream, so the host waits once per
-    chunk (a pageable copy is one, through the driver's pageable path): the first wait covers the queued work too. (A host wait for the place, then one for the copies
-    issued after it, cost a second wake-up and submission: +11 us per 32-byte D2H on an H200.)"""
+    chunk: the first wait covers the queued work too. (A host wait for the place, then one for the copies
+    issued after it, cost a second wake-up and submission: +11 us per 32-byte D2H on an H200.) A pageable D2H
+    is the driver's blocking copy, which waits for the stream, then an event wait on a copy already landed."""
     init(lib, chunk_bytes=4096, lanes=2, d2h_toll_us=0, sync_toll_us=0, d2h_pinned_gbps=0, d2h_pageable_gbps=0)
     lib.ccbemu_fake_host_waits.restype = ctypes.c_longlong
     lib.cuMemcpy2DAsync_v2.argtypes = [c_p, c_p]
@@ -948,11 +959,11 @@ def test_a_d2h_crossing_makes_the_host_wait_once_for_its_stream_and_its_first_by
                     dstPitch=w, WidthInBytes=w, Height=h)
     assert lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s) == 0  # the channel and its native floor exist before the counts
     for name, stream, call, nbytes, waits in (
-        ("32 bytes", s, lambda: lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s), 32, 1),
-        # pinned: one wait per chunk as it lands; pageable: one driver copy, then one wait for its event
-        ("4 chunks", s, lambda: lib.cuMemcpyDtoHAsync_v2(dst, dev, n, s), n, 4 if pinned else 1),
-        ("blocking API", None, lambda: lib.cuMemcpyDtoH_v2(dst, dev, n), n, 4 if pinned else 1),
-        ("generic", s, lambda: lib.cuMemcpyAsync(dst, dev, 32, s), 32, 1),
+        ("32 bytes", s, lambda: lib.cuMemcpyDtoHAsync_v2(dst, dev, 32, s), 32, 1 if pinned else 2),
+        # pinned: one wait per chunk as it lands; pageable: the driver's blocking copy, then its event's
+        ("4 chunks", s, lambda: lib.cuMemcpyDtoHAsync_v2(dst, dev, n, s), n, 4 if pinned else 2),
+        ("blocking API", None, lambda: lib.cuMemcpyDtoH_v2(dst, dev, n), n, 4 if pinned else 2),
+        ("generic", s, lambda: lib.cuMemcpyAsync(dst, dev, 32, s), 32, 1 if pinned else 2),
         ("2D", s, lambda: lib.cuMemcpy2DAsync_v2(ctypes.byref(desc), s), w * h, 1),
     ):
         ctypes.memset(dst, 0, n)

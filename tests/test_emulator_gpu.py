@@ -200,6 +200,49 @@ def test_the_sweeps_sustained_copies_under_a_profile_take_paused_twins_and_never
         assert emulated <= native * (0.35 if m == "pinned" else 1.05), (d, m, b, emulated, native)
 
 
+SMALL_READBACK_PROGRAM = """
+import statistics, time, torch
+from ccbridge.emulate.interposer import emulation_paused
+x = torch.arange(4, device="cuda", dtype=torch.float32)  # 16 bytes, as a token readback
+pinned = torch.empty(4, pin_memory=True)
+def pageable():
+    return x.cpu()  # a fresh pageable tensor
+def into_pinned():
+    pinned.copy_(x)
+def us(fn, n=200):
+    for _ in range(20):
+        fn()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n * 1e6
+out = {}
+for name, fn in (("pageable", pageable), ("pinned", into_pinned)):
+    deltas = []
+    for _ in range(5):
+        on = us(fn)
+        with emulation_paused():
+            off = us(fn)
+        deltas.append(on - off)
+    out[name] = statistics.median(deltas)
+assert torch.equal(x.cpu(), torch.arange(4, dtype=torch.float32))
+print(out["pageable"], out["pinned"])
+"""
+
+
+def test_a_small_pageable_readback_costs_about_what_a_pinned_one_does(tmp_path):
+    """A 16-byte `.cpu()` (pageable) and a 16-byte copy into pinned memory pay the same round trip under b300:
+    the pageable floor scales a crossing's bytes by the bandwidth ratio, not a small copy's fixed latency (which
+    at the unpublished D2H ratio 0.211 put the pageable one ~60 us over the pinned one on an H100)."""
+    prog = tmp_path / "readback.py"
+    prog.write_text(SMALL_READBACK_PROGRAM)
+    p = ccbridge("run", "--profile", "b300", "--", sys.executable, str(prog), timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    pageable, pinned = (float(v) for v in p.stdout.split()[-2:])
+    assert pinned > 15, (pageable, pinned)  # the round trip is charged at all
+    assert pageable < pinned + 15, (pageable, pinned)
+
+
 SITES_PROGRAM = """
 import torch
 x = torch.ones(1024, device="cuda")

@@ -39,6 +39,7 @@ typedef struct channel {
     void *scratch;         /* pinned: measure_d2h_call's copies land here */
     lanes *lanes;
     uint64_t d2h_call_ns;  /* this machine's native small async D2H, its call (0: not measured yet) */
+    double pageable_ns_per_byte[2]; /* [dir] the last sustained pageable crossing's native copy (pageable_floor) */
     int idle;              /* the crossing in hand found its stream idle: no GPU-side wait, no mark */
     uint64_t released_at;  /* when the last crossing gave the channel up (ticket_done) */
     struct channel *next;
@@ -192,34 +193,44 @@ static CUresult first_wait(channel *ch, CUevent landed, uint64_t *t_ready) {
     return CUDA_SUCCESS;
 }
 
-/* When a pageable crossing may end: its native copy, from `from` to `landed`, over the published CC-on/CC-off
- * ratio. Timed on every crossing, so the cap follows this host's pageable path as it drifts (15-30% between
- * minutes and machines on an H100 host, where a snapshot at the program's start let a copy beat native x ratio:
- * bench/RESULTS.md, runs K and L). */
-static uint64_t pageable_floor(int dir, uint64_t from, uint64_t landed) {
-    return from + emu_ns((double)(landed > from ? landed - from : 0) / cfg.cc_ratio[dir][MEM_PAGEABLE]);
+/* A pageable crossing of at least this many bytes is bandwidth-bound: its native copy's time sets the rate. Below
+ * it the copy's fixed latency dominates, which the published bandwidth ratio does not scale (0.211 for a D2H put
+ * a 16-byte `.cpu()` ~60 us over a pinned one's toll on an H100). */
+#define SUSTAINED_BYTES (16u << 20)
+
+/* When a pageable crossing of `bytes` may end, its native copy having run from `from` to `landed`: its bytes at
+ * this host's native pageable rate times the published CC-on/CC-off ratio. The rate is the crossing's own where
+ * it is sustained (which sets the channel's rate for smaller ones), else the channel's last sustained crossing's
+ * (none yet: no floor). Timed crossing by crossing, so the cap follows this host's pageable path as it drifts
+ * (15-30% between minutes on an H100 host, where a snapshot at the program's start let copies beat native x
+ * ratio: bench/RESULTS.md, runs K and L). 0: no floor. */
+static uint64_t pageable_floor(channel *ch, int dir, size_t bytes, uint64_t from, uint64_t landed) {
+    if (bytes >= SUSTAINED_BYTES && landed > from) ch->pageable_ns_per_byte[dir] = (double)(landed - from) / (double)bytes;
+    double per = ch->pageable_ns_per_byte[dir];
+    return per > 0 ? from + emu_ns((double)bytes * per / cfg.cc_ratio[dir][MEM_PAGEABLE]) : 0;
 }
 
-/* Pageable memory: the driver's own pageable copy (blocking: the driver stages it), timed for the floor; the lanes
- * seal the bytes on the host, an H2D's before its copy (the guest encrypts before the DMA), a D2H's after it lands.
- * A D2H's copy starts when its stream reaches it (the channel stream waits on the GPU, as a pinned one's does). */
+/* Pageable memory: the driver's own pageable copy, timed for the floor (a pageable D2H returns once its bytes are
+ * in; an H2D once they are staged, and the stream synchronize covers its DMA). The lanes seal the bytes on the host
+ * after the copy, so that the copy meets the caches as a native one would (sealing first, the cipher's read warmed
+ * them for it); the floor counts from the copy's start, so the seal is hidden while it takes less than the floor's
+ * margin, T x (1/ratio - 1). A D2H's copy starts when its stream reaches it (the channel stream waits on the GPU,
+ * as a pinned one's does). */
 static CUresult pageable(channel *ch, const emu_copy *c, uint64_t *cipher, uint64_t *t_ready, uint64_t *floor_end) {
     CUresult rc;
     uint64_t t0 = emu_now();
     if (c->dir == DIR_H2D) {
-        TRY_CIPHER(emu_lanes_run(ch->lanes, c->host, NULL, c->bytes, cipher));
-        uint64_t t1 = emu_now();
         TRY(drv.MemcpyHtoDAsync(c->dev, c->host, c->bytes, ch->pstream));
         TRY(drv.StreamSynchronize(ch->pstream));
-        /* (the cipher ran first: the floor counts from the crossing's start, so it overlaps the copy as a
-         * pipelined seal-and-send would, and only a cipher slower than the floor shows) */
-        *floor_end = pageable_floor(DIR_H2D, t0, t0 + (emu_now() - t1));
+        *floor_end = pageable_floor(ch, DIR_H2D, c->bytes, t0, emu_now());
+        TRY_CIPHER(emu_lanes_run(ch->lanes, c->host, NULL, c->bytes, cipher));
         return CUDA_SUCCESS;
     }
     TRY(drv.MemcpyDtoHAsync(c->host, c->dev, c->bytes, ch->pstream));
+    uint64_t landed = emu_now();
     TRY(drv.EventRecord(ch->ev[0], ch->pstream));
     TRY(first_wait(ch, ch->ev[0], t_ready));
-    *floor_end = pageable_floor(DIR_D2H, *t_ready > t0 ? *t_ready : t0, emu_now());
+    *floor_end = pageable_floor(ch, DIR_D2H, c->bytes, *t_ready > t0 ? *t_ready : t0, landed);
     TRY_CIPHER(emu_lanes_run(ch->lanes, c->host, NULL, c->bytes, cipher));
     return CUDA_SUCCESS;
 }
@@ -263,12 +274,14 @@ static CUresult opaque_work(channel *ch, const emu_opaque *o, uint64_t *cipher, 
     uint64_t t0 = emu_now();
     TRY(o->issue(o->arg, ch->pstream));
     if (o->dir == DIR_D2H) {
+        uint64_t issued = emu_now(); /* (pageable: the bytes are in) */
         TRY(drv.EventRecord(ch->ev[0], ch->pstream));
         TRY(first_wait(ch, ch->ev[0], t_ready)); /* all of the copy is in */
-        if (o->mem == MEM_PAGEABLE) *floor_end = pageable_floor(DIR_D2H, *t_ready > t0 ? *t_ready : t0, emu_now());
+        if (o->mem == MEM_PAGEABLE)
+            *floor_end = pageable_floor(ch, DIR_D2H, o->bytes, *t_ready > t0 ? *t_ready : t0, issued);
     } else if (o->mem == MEM_PAGEABLE) {
         TRY(drv.StreamSynchronize(ch->pstream));
-        *floor_end = pageable_floor(DIR_H2D, t0, emu_now());
+        *floor_end = pageable_floor(ch, DIR_H2D, o->bytes, t0, emu_now());
     }
     for (size_t i = 0; i < o->nspans; i++) TRY_CIPHER(emu_lanes_run(ch->lanes, o->spans[i].p, NULL, o->spans[i].len, cipher));
     return o->dir == DIR_D2H || o->mem == MEM_PAGEABLE ? CUDA_SUCCESS : drv.StreamSynchronize(ch->pstream);
@@ -306,7 +319,7 @@ static CUresult transfer(channel *ch, const crossing *x, uint64_t *cipher, uint6
  * over its published delta, which was taken at that level: a 17 us CC-off copy is no C loop.) */
 static CUresult measure_d2h_call(channel *ch, CUdeviceptr src, size_t bytes) {
     CUresult rc;
-    if (!ch->scratch) TRY(drv.MemHostAlloc(&ch->scratch, 32, 0));
+    if (!ch->scratch) TRY(drv.MemHostAlloc(&ch->scratch, 32, 1 /* CU_MEMHOSTALLOC_PORTABLE: pinned for ch->ctx too */));
     uint64_t best = UINT64_MAX;
     for (int i = 0; i < 12; i++) { /* (the first calls on a fresh stream are slower) */
         uint64_t t0 = emu_now();

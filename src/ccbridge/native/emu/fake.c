@@ -10,8 +10,8 @@
  * gives them a bandwidth), but each stream counts the async copies issued on
  * it that nobody has waited for yet (a stream or an event synchronize after
  * them), so that tests can see whether an error path returned with copies
- * "in flight" (a copy to or from pageable memory returns done, as the real
- * driver's does); and one call of a chosen fake function can be made to fail.
+ * "in flight" (a D2H to pageable memory returns done, as the real driver's
+ * does); and one call of a chosen fake function can be made to fail.
  * cuStreamWaitEvent holds a stream's clock until the event's time (so what
  * is queued behind it completes no sooner), events made without
  * CU_EVENT_DISABLE_TIMING can be timed, and every synchronize is counted
@@ -175,29 +175,27 @@ static void copy_issued(fstream *s, size_t n) {
         s->busy_until = (s->busy_until > now ? s->busy_until : now) + emu_ns((double)n / copy_gbps);
     }
 }
-/* As the real driver's: a copy to or from pageable memory returns once it is done, after its stream's queued work. */
-static int pageable(const void *host) {
-    int type = 0;
-    return f_PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)host) != 0 ||
-           type != CU_MEMORYTYPE_HOST;
+static CUresult f_HtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) {
+    INJECT("cuMemcpyHtoDAsync_v2");
+    memcpy((void *)(uintptr_t)d, s, n);
+    copy_issued(S(st), n);
+    return 0;
 }
-static void async_copy(void *d, const void *s, size_t n, CUstream st, const void *host) {
+/* As the real driver's: a D2H to pageable memory returns once its bytes are in, after its stream's queued work
+ * (a host wait). */
+static CUresult f_DtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st) {
+    INJECT("cuMemcpyDtoHAsync_v2");
+    memcpy(d, (void *)(uintptr_t)s, n);
     fstream *f = S(st);
     copy_issued(f, n);
-    if (pageable(host) && !f->capturing) {
+    int type = 0;
+    int pinned = f_PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)d) == 0 &&
+                 type == CU_MEMORYTYPE_HOST;
+    if (!pinned && !f->capturing) {
+        count_wait();
         sleep_until(f->busy_until);
         waited(f, f->issued);
     }
-    memcpy(d, s, n);
-}
-static CUresult f_HtoDAsync(CUdeviceptr d, const void *s, size_t n, CUstream st) {
-    INJECT("cuMemcpyHtoDAsync_v2");
-    async_copy((void *)(uintptr_t)d, s, n, st, s);
-    return 0;
-}
-static CUresult f_DtoHAsync(void *d, CUdeviceptr s, size_t n, CUstream st) {
-    INJECT("cuMemcpyDtoHAsync_v2");
-    async_copy(d, (const void *)(uintptr_t)s, n, st, d);
     return 0;
 }
 static CUresult f_HtoDAsync_ptsz(CUdeviceptr d, const void *s, size_t n, CUstream st) { return f_HtoDAsync(d, s, n, st); }
