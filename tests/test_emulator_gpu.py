@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ccbridge import results
-from ccbridge.emulate import trace
+from ccbridge.emulate import profiles, trace
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("need_gpu")]
 HERE = Path(__file__).parent
@@ -53,7 +53,7 @@ def test_stress_native_is_exact(stress):
     assert "all byte-exact" in p.stdout and "cuMemHostRegister: rc 0" in p.stdout
 
 
-@pytest.mark.parametrize("profile", ["b300", "passthrough"])
+@pytest.mark.parametrize("profile", profiles.names())
 def test_stress_under_emulator_is_exact_and_every_api_is_seen(stress, profile, tmp_path):
     prefix = tmp_path / "t"
     p = ccbridge("run", "--profile", profile, "--record", str(prefix), "--", stress, *STRESS_ARGS, timeout=420)
@@ -66,7 +66,7 @@ def test_stress_under_emulator_is_exact_and_every_api_is_seen(stress, profile, t
         assert s.calls.get(api, 0) > 0, f"{api} not seen: {dict(s.calls)}"
     if "batch copies: used" in p.stdout:
         assert s.calls.get("cuMemcpyBatchAsync_v2", 0) > 0
-    if profile == "b300":
+    if profiles.load(profile).emulates:
         assert "cuMemHostRegister: rc 801" in p.stdout  # refused, as under CC
         for kind in ("h2d_pinned", "h2d_pageable", "d2h_pinned", "d2h_pageable"):
             assert s.crossings[kind]["count"] > 0, kind
