@@ -345,11 +345,22 @@ def test_a_pageable_crossing_lasts_its_own_native_copy_over_the_ratio_as_the_hos
     init(lib, h2d_pageable_ratio=1, d2h_pageable_ratio=1, h2d_pageable_gbps=0, d2h_pageable_gbps=0,
          h2d_toll_us=0, d2h_toll_us=0, sync_toll_us=0)
     copy(small)
-    lib.ccbemu_fake_copy_gbps(n / 8e6)
-    try:  # ratio 1: the native copy's own time, nothing on top
-        assert timed(copy, n) < 0.008 + 0.006
+    lib.ccbemu_fake_copy_gbps(n / 16e6)
+    try:  # ratio 1: the native copy's own 16 ms and the seal of 16 MiB after it (a few ms), not 32 ms
+        assert 0.016 <= timed(copy, n) < 0.016 + 0.010
     finally:
         lib.ccbemu_fake_copy_gbps(0)
+
+
+def test_the_channels_sustained_size_is_the_probes():
+    """A pageable crossing sets its channel's native rate from this size on, where calibrate compares bandwidths."""
+    import re
+
+    from ccbridge.probe import transfer
+
+    src = (Path(launcher.__file__).parents[1] / "native" / "emu" / "channel.c").read_text()
+    base, shift = re.search(r"#define SUSTAINED_BYTES \((\d+)u << (\d+)\)", src).groups()
+    assert int(base) << int(shift) == transfer.SUSTAINED_BYTES
 
 
 def test_host_register_is_refused_under_cc_and_allowed_in_passthrough(lib):
@@ -1059,16 +1070,21 @@ def test_paused_emulation_passes_calls_through_and_resumes(lib, monkeypatch):
         return took
 
     assert round_trip() >= 0.007  # launch toll 3 ms + the D2H's round trip 4 ms
+    assert interposer.emulating() is True
     with interposer.emulation_paused() as was:
         assert was is True and round_trip() < 0.003
+        assert interposer.emulating() is False
         with interposer.emulation_paused() as again:  # nested: already paused, and stays so after
             assert again is False
         assert round_trip() < 0.003
     assert round_trip() >= 0.007
+    assert interposer.emulating() is True  # (asking does not pause it)
     init(lib, emulate=0)
     with interposer.emulation_paused() as was:
         assert was is False
+    assert interposer.emulating() is False
     monkeypatch.delenv(interposer.LIB_ENV)
+    assert interposer.emulating() is False
     with pytest.raises(interposer.EmulatorError, match="works inside `ccbridge run --profile P`"):
         with interposer.emulation_paused():
             pass

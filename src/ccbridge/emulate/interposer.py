@@ -54,3 +54,9 @@ def emulation_paused(required: bool = True):
     finally:
         if fn:
             fn(0)
+
+
+def emulating() -> bool:
+    """Whether the interposer adds the bridge's costs now (False outside `ccbridge run --profile P`)."""
+    with emulation_paused(required=False) as was:
+        return was

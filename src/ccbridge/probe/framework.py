@@ -22,7 +22,7 @@ import itertools
 import time
 from typing import Callable
 
-from ccbridge.emulate.interposer import emulation_paused
+from ccbridge.emulate.interposer import emulating, emulation_paused
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 from ccbridge.stats import plan_iters
@@ -58,9 +58,7 @@ def paired_us(body: Callable[[], object], finish: Callable[[], object], n: int, 
     """per_iteration_us; under an emulating interposer also the same loop with emulation paused, sample by
     sample, which of the two goes first alternating (each after `warm` untimed iterations in its state):
     (samples, paused samples or None where nothing emulates)."""
-    with emulation_paused(required=False) as emulating:
-        pass
-    if not emulating:
+    if not emulating():
         return per_iteration_us(body, finish, n, reps), None
     on, off = [], []
     for i in range(reps):

@@ -4,8 +4,8 @@ Under an emulating profile the bandwidth of sizes from SUSTAINED_BYTES on is als
 taken with emulation paused, alternating sample by sample in the same process
 (the `bandwidth_emulation_paused` rows), as the framework loops do: calibrate's
 never-faster check compares each emulated copy with its own process's native
-one. Two native processes' pageable H2D at 16 MiB read 6.95 and 12-14 GB/s on
-one H100 host (bench/RESULTS.md, 2026-11-23 session 7).
+one: one native process's pageable H2D at 16 MiB read 6.95 GB/s where others
+read 12-14 on lent H100s (bench/RESULTS.md, 2026-11-23, run N).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 
 from ccbridge import native
-from ccbridge.emulate.interposer import emulation_paused
+from ccbridge.emulate.interposer import emulating, emulation_paused
 from ccbridge.probe.framework import paired_rows
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
@@ -37,8 +37,7 @@ def sweep(ctx):
     sizes = ctx.pick(SIZES_FULL, SIZES_QUICK)
     reps = ctx.pick(5, 3)
     rows = []
-    with emulation_paused(required=False) as emulating:
-        pass
+    twinned = emulating()
     for mem in ("pinned", "pageable"):
         ctx.step(f"allocating {human_bytes(max(sizes))} {mem}")
         with native.Session(ctx.device, mem, max(sizes)) as s:
@@ -52,7 +51,7 @@ def sweep(ctx):
                     p = dict(dir=direction, mem=mem, bytes=size)
                     rows.append(Row.of("transfer.sweep", "latency", "us", [x / 1e3 for x in lat], **p))
                     k = plan_iters(t_one, ctx.pick(0.03, 0.015), 2, 1000)
-                    twins = emulating and size >= SUSTAINED_BYTES
+                    twins = twinned and size >= SUSTAINED_BYTES
                     bw, frac, off = [], [], []
                     for i in range(reps):  # twins: which state goes first alternates, each after one untimed copy
                         for paused in ((i % 2 == 1, i % 2 == 0) if twins else (False,)):

@@ -195,7 +195,8 @@ static CUresult first_wait(channel *ch, CUevent landed, uint64_t *t_ready) {
 
 /* A pageable crossing of at least this many bytes is bandwidth-bound: its native copy's time sets the rate. Below
  * it the copy's fixed latency dominates, which the published bandwidth ratio does not scale (0.211 for a D2H put
- * a 16-byte `.cpu()` ~60 us over a pinned one's toll on an H100). */
+ * a 16-byte `.cpu()` ~60 us over a pinned one's toll on an H100). The probe's SUSTAINED_BYTES, where calibrate
+ * compares bandwidths with native (probe/transfer.py; a CPU test holds the two equal). */
 #define SUSTAINED_BYTES (16u << 20)
 
 /* When a pageable crossing of `bytes` may end, its native copy having run from `from` to `landed`: its bytes at
@@ -267,8 +268,8 @@ static CUresult direct(channel *ch, const emu_copy *c, uint64_t *cipher, uint64_
     return CUDA_SUCCESS;
 }
 
-/* A 2D/3D/batch copy, issued as the caller described it; pageable host memory is timed for the floor, as
- * pageable() is (an H2D's cipher then runs after its copy, not beside it). */
+/* A 2D/3D/batch copy, issued as the caller described it; pageable host memory is timed for the floor and sealed
+ * after its copy, as pageable() does. */
 static CUresult opaque_work(channel *ch, const emu_opaque *o, uint64_t *cipher, uint64_t *t_ready, uint64_t *floor_end) {
     CUresult rc;
     uint64_t t0 = emu_now();
@@ -298,9 +299,9 @@ typedef struct {
 /* On an error the copies issued before it may still be reading or writing
  * the caller's memory: wait for all of them before the caller gets its
  * buffers back (a D2H's copies wait on the GPU for their stream: so does
- * this). (The lanes never outlive
- * emu_lanes_run, error or not.) A D2H sets *t_ready: when its stream reached
- * it; a pageable crossing sets *floor_end (pageable_floor). */
+ * this). (The lanes never outlive emu_lanes_run, error or not.) A D2H sets
+ * *t_ready: when its stream reached it; a pageable crossing sets *floor_end
+ * (pageable_floor). */
 static CUresult transfer(channel *ch, const crossing *x, uint64_t *cipher, uint64_t *t_ready, uint64_t *floor_end) {
     if (!x->copy && !x->opaque) return CUDA_SUCCESS; /* a charge: the bytes move elsewhere (a graph's copy node) */
     CUresult rc = x->copy ? (x->mem == MEM_PINNED ? direct(ch, x->copy, cipher, t_ready)
