@@ -45,7 +45,7 @@ def test_sustained_sizes_take_paused_twins_in_the_same_process_under_emulation(m
             state["paused"] = was
 
     monkeypatch.setattr(transfer, "emulating", lambda: emulating)
-    monkeypatch.setattr(transfer, "emulation_paused", paused)
+    monkeypatch.setattr(framework, "emulation_paused", paused)
     monkeypatch.setattr(transfer.native, "Session", lambda *a: FakeSession(state, *a))
     ctx = registry.ProbeContext(registry.Settings(quick=True), registry.Machine(gpu_count=1))
     rows = transfer.sweep(ctx)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 from ccbridge.emulate.interposer import emulating, emulation_paused
 from ccbridge.probe.registry import test
@@ -35,6 +35,7 @@ D2H32 = "framework.d2h32"
 # (streams, sync): "none" is a serving loop's readback (no synchronize between
 # copies); "each" synchronizes after every copy, as the published harness did
 D2H32_CASES = ((1, "none"), (16, "none"), (1, "each"))
+T = TypeVar("T")
 PAUSED = "_emulation_paused"  # metric suffix of a loop's twin row: the same process, emulation paused
 PAIR_WARM = 5  # untimed iterations before each paired sample, in its state
 COPY = "framework.copy"
@@ -53,26 +54,33 @@ def per_iteration_us(body: Callable[[], object], finish: Callable[[], object], n
     return samples
 
 
-def paired_us(body: Callable[[], object], finish: Callable[[], object], n: int, reps: int,
-              warm: int = PAIR_WARM) -> tuple[list[float], list[float] | None]:
-    """per_iteration_us; under an emulating interposer also the same loop with emulation paused, sample by
-    sample, which of the two goes first alternating (each after `warm` untimed iterations in its state):
-    (samples, paused samples or None where nothing emulates)."""
-    if not emulating():
-        return per_iteration_us(body, finish, n, reps), None
+def alternating(sample: Callable[[], T], warm: Callable[[], object], reps: int) -> tuple[list[T], list[T]]:
+    """reps samples with emulation on and reps with it paused, which of the two goes first alternating, each
+    after warm() in its state: (on, paused)."""
     on, off = [], []
     for i in range(reps):
         for paused in ((False, True) if i % 2 == 0 else (True, False)):
             with emulation_paused() if paused else contextlib.nullcontext():
-                per_iteration_us(body, finish, warm, 1)
-                (off if paused else on).extend(per_iteration_us(body, finish, n, 1))
+                warm()
+                (off if paused else on).append(sample())
     return on, off
 
 
-def paired_rows(test_id: str, metric: str, unit: str, samples: tuple[list[float], list[float] | None],
-                per: Callable[[float], float] = lambda us: us, **params) -> list[Row]:
-    """The row of paired_us's samples, each through `per` (us per iteration -> the row's unit), and its twin
-    with emulation paused where there is one."""
+def paired_us(body: Callable[[], object], finish: Callable[[], object], n: int, reps: int,
+              warm: int = PAIR_WARM) -> tuple[list[float], list[float] | None]:
+    """per_iteration_us; under an emulating interposer also the same loop with emulation paused, sample by
+    sample (alternating, each after `warm` untimed iterations in its state): (samples, paused samples or None
+    where nothing emulates)."""
+    if not emulating():
+        return per_iteration_us(body, finish, n, reps), None
+    return alternating(lambda: per_iteration_us(body, finish, n, 1)[0],
+                       lambda: per_iteration_us(body, finish, warm, 1), reps)
+
+
+def paired_rows(test_id: str, metric: str, unit: str, samples: tuple[list, list | None],
+                per: Callable[[object], float] = lambda us: us, **params) -> list[Row]:
+    """The row of paired samples (paired_us's, alternating's), each through `per` (a sample -> the row's
+    unit; paired_us's are us per iteration), and its twin with emulation paused where there is one."""
     on, off = samples
     row = Row.of(test_id, metric, unit, [per(x) for x in on], **params)
     if off is None:

@@ -10,11 +10,9 @@ read 12-14 on lent H100s (bench/RESULTS.md, 2026-11-23, run N).
 
 from __future__ import annotations
 
-import contextlib
-
 from ccbridge import native
-from ccbridge.emulate.interposer import emulating, emulation_paused
-from ccbridge.probe.framework import paired_rows
+from ccbridge.emulate.interposer import emulating
+from ccbridge.probe.framework import alternating, paired_rows
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 from ccbridge.stats import plan_iters
@@ -51,19 +49,18 @@ def sweep(ctx):
                     p = dict(dir=direction, mem=mem, bytes=size)
                     rows.append(Row.of("transfer.sweep", "latency", "us", [x / 1e3 for x in lat], **p))
                     k = plan_iters(t_one, ctx.pick(0.03, 0.015), 2, 1000)
-                    twins = twinned and size >= SUSTAINED_BYTES
-                    bw, frac, off = [], [], []
-                    for i in range(reps):  # twins: which state goes first alternates, each after one untimed copy
-                        for paused in ((i % 2 == 1, i % 2 == 0) if twins else (False,)):
-                            with emulation_paused() if paused else contextlib.nullcontext():
-                                if twins:
-                                    s.copy(direction, size, 1)
-                                out, _ = s.copy(direction, size, k)
-                            (off if paused else bw).append(out.bytes / (out.end_ns - out.start_ns))
-                            if not paused:
-                                frac.append(out.incall_ns / (out.end_ns - out.start_ns))
-                    got = paired_rows("transfer.sweep", "bandwidth", "GB/s", (bw, off if twins else None), **p)
+
+                    def timed():
+                        return s.copy(direction, size, k)[0]
+
+                    if twinned and size >= SUSTAINED_BYTES:  # each after one untimed copy in its state
+                        outs, off = alternating(timed, lambda: s.copy(direction, size, 1), reps)
+                    else:
+                        outs, off = [timed() for _ in range(reps)], None
+                    got = paired_rows("transfer.sweep", "bandwidth", "GB/s", (outs, off),
+                                      lambda o: o.bytes / (o.end_ns - o.start_ns), **p)
                     got[0].extra["headline"] = size == max(sizes)
                     rows += got
-                    rows.append(Row.of("transfer.sweep", "in_call_fraction", "fraction", frac, **p))
+                    rows.append(Row.of("transfer.sweep", "in_call_fraction", "fraction",
+                                       [o.incall_ns / (o.end_ns - o.start_ns) for o in outs], **p))
     return rows
