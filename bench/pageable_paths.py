@@ -1,10 +1,11 @@
 """A 256 MiB pageable H2D through torch (as torch places the buffer, page-aligned, page + 64, a fresh tensor)
 and through the launcher's C copy loop (ccbridge.native.Session), in one torch process: GB/s, median and best of 7.
 
-Why: the emulator caps a pageable crossing at this machine's native rate x the published ratio, the native
-rate measured by `ccbridge run`'s launcher in its own process before the program starts. On an H100 (2026-11-23)
-that process read 8.7 GB/s while every path here read 6.6-7.4, so an emulated torch copy_ could run at 0.99 of
-native where the law allows 0.78. Run: python3 bench/pageable_paths.py (a GPU, torch).
+Why: the emulator capped a pageable crossing at this machine's native rate x the published ratio, the native
+rate measured by `ccbridge run`'s launcher in its own process before the program started. On an H100 (2026-11-23,
+runs K and L) that process read 8.7 GB/s while every path here read 6.6-7.4, so an emulated torch copy_ could run
+at 0.99 of native where the law allows 0.78; the emulator now times each pageable crossing's own native copy
+(native/emu/channel.c, pageable_floor). Run: python3 bench/pageable_paths.py (a GPU, torch).
 """
 
 import statistics
