@@ -31,6 +31,18 @@ PARAMS: dict[str, tuple[str, str]] = {
     "h2d_pageable_ratio": ("x", "published CC-on / CC-off pageable H2D bandwidth: a crossing lasts at least its native copy over this"),
     "d2h_pageable_ratio": ("x", "published CC-on / CC-off pageable D2H bandwidth: a crossing lasts at least its native copy over this"),
     "launch_toll_us": ("us", "added to each kernel or graph launch (CC-on minus CC-off, framework level)"),
+    "mgpu_launch_factor": ("x", "the launch toll's multiple once the process is multi-GPU (a communicator of 2+ ranks, "
+                                "peer access enabled, or multi_gpu=1)"),
+    "multi_gpu": ("0/1", "1: the system is in multi-GPU CC mode from the start (every launch pays the multi-GPU toll); "
+                         "0: from the first communicator of 2+ ranks or peer access on"),
+    "nccl_toll_us": ("us", "device-side time per NCCL operation (a group is one), on its stream before it: the secure "
+                           "firmware's per-operation set-up"),
+    "nccl_toll_max_bytes": ("bytes", "the per-operation toll applies to operations of at most this many bytes; "
+                                     "0: to every one"),
+    "nvlink_kept": ("x", "published CC-on / CC-off GPU-GPU bandwidth for large transfers: an operation also pays its "
+                         "wire bytes x (1/kept - 1) at this machine's measured NVLink rate"),
+    "nvls": ("0/1", "0: NVLink multicast (NVLS) off, as CC turns it off: cuMulticast* refused, the device attribute "
+                    "says unsupported, NCCL_NVLS_ENABLE=0 in the program's environment"),
     "sync_toll_us": ("us", "one host-GPU round trip: added to a synchronize that waits for submitted work, and to every D2H crossing"),
     "ctx_create_s": ("s", "added to each context creation (secure context set-up)"),
     "ctx_destroy_s": ("s", "added to each context destruction"),
@@ -58,6 +70,12 @@ RANGES: dict[str, tuple[float, float]] = {
     "h2d_pageable_ratio": (1e-3, 1),
     "d2h_pageable_ratio": (1e-3, 1),
     "launch_toll_us": (0, 1e7),
+    "mgpu_launch_factor": (1, 100),  # CC never makes a launch cheaper
+    "multi_gpu": (0, 1),
+    "nccl_toll_us": (0, 1e7),
+    "nccl_toll_max_bytes": (0, 2 ** 50),
+    "nvlink_kept": (1e-3, 1),
+    "nvls": (0, 1),
     "sync_toll_us": (0, 1e7),
     "ctx_create_s": (0, 600),
     "ctx_destroy_s": (0, 600),
@@ -66,7 +84,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "lanes": (1, 64),  # the interposer's most lane threads
     "chunk_bytes": (4096, 1 << 30),
 }
-WHOLE = {"emulate", "refuse_host_register", "lanes", "chunk_bytes"}  # integers: flags and counts
+WHOLE = {"emulate", "refuse_host_register", "lanes", "chunk_bytes", "multi_gpu", "nccl_toll_max_bytes", "nvls"}  # integers: flags and counts
 
 
 def check_value(key: str, value) -> float:

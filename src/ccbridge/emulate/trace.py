@@ -7,12 +7,12 @@ compare. The interposer writes it (native/emu/trace.c, EMU_TRACE_SCHEMA and
 EMU_TRACE_COLUMNS in emu.h); tests/test_trace_schema.py holds the C side to
 SCHEMA and COLUMNS here. Each CSV starts with
 
-    # ccbridge trace schema 3, profile NAME, emulate 0|1
+    # ccbridge trace schema 4, profile NAME, emulate 0|1
     t_enter_ns,t_return_ns,...
 
 and has one line per crossing (a host<->device copy), launch (kernel, graph,
-host function), synchronize, context created or destroyed, and pinned host
-allocation.
+host function), synchronize, context created or destroyed, pinned host
+allocation, and NCCL collective.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from ccbridge.emulate import interposer, sites
 from ccbridge.errors import EmulatorError, ResultFileError
 
-SCHEMA = 3
+SCHEMA = 4
 # column -> what it holds; the order is the file's
 COLUMNS: dict[str, str] = {
     "t_enter_ns": "CLOCK_MONOTONIC ns when the call began",
@@ -39,17 +39,22 @@ COLUMNS: dict[str, str] = {
     "stream": "the stream as the program gave it (empty: the legacy default stream)",
     "api": "the driver entry point",
     "kind": "crossing | launch | sync | context (created or destroyed) | alloc (pinned host memory allocated or "
-            "registered, refused ones too)",
+            "registered, refused ones too) | collective (an NCCL operation: api is its NCCL name)",
     "dir": "h2d | d2h (crossings only)",
     "mem": "pinned | pageable (crossings only)",
     "bytes": "bytes crossing",
     "blocked_channel_ns": "time the emulator waited for the context's channel (0 when not emulating)",
     "blocked_stream_ns": "time the emulator waited for the stream to reach the copy (0 when not emulating: "
                          "the driver's own waits are inside t_return - t_enter)",
-    "toll_ns": "fixed cost the emulator added (crossing toll + round trip, launch toll, synchronize round trip)",
+    "toll_ns": "fixed cost the emulator added (crossing toll + round trip, launch toll, synchronize round trip); "
+               "collectives: device-side time queued on the op's stream ahead of it (per-op toll + bandwidth kept), "
+               "not time the host waited",
     "rc": "the CUresult returned",
     "site": "the Python call site that issued it: an id in <prefix>.<pid>.sites.json (empty: none noted; "
             "`ccbridge run --record T --sites`)",
+    "ranks": "collectives: the communicator's size (empty on other lines)",
+    "wire_bytes": "collectives: bytes each rank puts on the links by the ring algorithm (nccl-tests' bus bytes: "
+                  "all_reduce 2(n-1)/n x bytes, all_gather/reduce_scatter (n-1)/n x the whole, others x 1)",
 }
 LIB_ENV = interposer.LIB_ENV
 

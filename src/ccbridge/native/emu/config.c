@@ -32,6 +32,9 @@ void emu_config_defaults(emu_config *c) {
         for (int m = 0; m < 2; m++) c->cc_ratio[d][m] = 1.0;
     c->lanes = 1;
     c->chunk_bytes = 4u << 20;
+    c->mgpu_launch_factor = 1.0;
+    c->nvlink_kept = 1.0;
+    c->nvls = 1;
 }
 
 typedef enum { T_DOUBLE, T_INT, T_SIZE, T_US, T_S, T_STR } ktype;
@@ -57,6 +60,12 @@ static const struct { const char *key; ktype t; size_t off; size_t cap; double m
     F("h2d_pageable_ratio", T_DOUBLE, cc_ratio[DIR_H2D][MEM_PAGEABLE], 1e-3, 1),
     F("d2h_pageable_ratio", T_DOUBLE, cc_ratio[DIR_D2H][MEM_PAGEABLE], 1e-3, 1),
     F("launch_toll_us", T_US, launch_toll_ns, 0, 1e7),
+    F("mgpu_launch_factor", T_DOUBLE, mgpu_launch_factor, 1, 100),
+    F("multi_gpu", T_INT, multi_gpu, 0, 1),
+    F("nccl_toll_us", T_US, nccl_toll_ns, 0, 1e7),
+    F("nccl_toll_max_bytes", T_SIZE, nccl_toll_max_bytes, 0, 1ull << 50),
+    F("nvlink_kept", T_DOUBLE, nvlink_kept, 1e-3, 1),
+    F("nvls", T_INT, nvls, 0, 1),
     F("sync_toll_us", T_US, sync_toll_ns, 0, 1e7),
     F("ctx_create_s", T_S, ctx_create_ns, 0, 600),
     F("ctx_destroy_s", T_S, ctx_destroy_ns, 0, 600),
@@ -69,6 +78,7 @@ static const struct { const char *key; ktype t; size_t off; size_t cap; double m
     /* machine facts measured by the launcher, not profile parameters (pageable: timed on each crossing) */
     F("native_h2d_pinned_gbps", T_DOUBLE, native_pinned_gbps[DIR_H2D], 0, 1e4),
     F("native_d2h_pinned_gbps", T_DOUBLE, native_pinned_gbps[DIR_D2H], 0, 1e4),
+    F("native_nvlink_gbps", T_DOUBLE, native_nvlink_gbps, 0, 1e5),
 #undef F
 #undef STR
 };

@@ -34,7 +34,7 @@ static const char *const kHarmless[] = {
     "cuInit", "cuDriverGetVersion", "cuGetErrorString", "cuGetErrorName", "cuDeviceGet*", "cuDeviceTotalMem",
     "cuDeviceComputeCapability", "cuDeviceCanAccessPeer", "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxSetFlags",
     "cuCtxGet*", "cuCtxSetCurrent", "cuCtxPushCurrent", "cuCtxPopCurrent", "cuCtxSetLimit", "cuCtxSetCacheConfig",
-    "cuCtxSetFlags", "cuCtxEnablePeerAccess", "cuCtxDisablePeerAccess", "cuCtxResetPersistingL2Cache",
+    "cuCtxSetFlags", "cuCtxDisablePeerAccess", "cuCtxResetPersistingL2Cache",
     "cuCtxRecordEvent", "cuCtxWaitEvent", "cuModule*", "cuLibrary*", "cuKernel*", "cuLink*", "cuFunc*",
     "cuOccupancy*", "cuMemAlloc", "cuMemAllocPitch", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFree",
     "cuMemFreeAsync", "cuMemFreeHost", "cuMemGetInfo", "cuMemGetAddressRange", "cuMemHostGetDevicePointer",

@@ -28,7 +28,7 @@
 
 typedef int CUresult;
 typedef int CUdevice;
-typedef void *CUcontext, *CUstream, *CUevent, *CUfunction, *CUgraph, *CUgraphExec, *CUarray;
+typedef void *CUcontext, *CUstream, *CUevent, *CUfunction, *CUgraph, *CUgraphExec, *CUarray, *CUmodule;
 typedef unsigned long long CUdeviceptr;
 
 #define CUDA_SUCCESS 0
@@ -106,6 +106,11 @@ typedef struct {
     CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
     CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
     CUresult (*DevicePrimaryCtxGetState)(CUdevice, unsigned *, int *);
+    /* the device-side wait a collective's charge runs as (collective.c): a kernel loaded from PTX */
+    CUresult (*ModuleLoadData)(CUmodule *, const void *);
+    CUresult (*ModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void **, void **);
     /* optional: cuStreamGetCaptureInfo_v3 (v3 = 1) or _v2 (v3 = 0); NULL if the driver has neither */
     void *StreamGetCaptureInfo;
     int capture_info_v3;
@@ -127,6 +132,13 @@ typedef struct {
     double native_pinned_gbps[2]; /* [dir] this machine's native pinned bandwidth (launcher), 0 = unknown; a pageable
                                      crossing times its own native copy instead (channel.c, pageable_floor) */
     double launch_toll_ns;       /* added to each kernel or graph launch */
+    double mgpu_launch_factor;   /* the launch toll's multiple once the process is multi-GPU (emu_mgpu) */
+    int multi_gpu;               /* 1: multi-GPU CC mode from the start (the system's setting), 0: detected */
+    double nccl_toll_ns;         /* per NCCL operation (a group is one), device-side, before the op */
+    size_t nccl_toll_max_bytes;  /* the toll applies to operations of at most this many bytes; 0: every one */
+    double nvlink_kept;          /* published CC-on / CC-off GPU-GPU bandwidth for large transfers */
+    int nvls;                    /* 0: NVLink multicast off (cuMulticast* refused, the attribute says unsupported) */
+    double native_nvlink_gbps;   /* this machine's GPU-GPU copy rate (launcher), 0 = unknown: no bandwidth term */
     double sync_toll_ns;         /* one host-GPU round trip: a synchronize that waits for work, a D2H */
     double ctx_create_ns, ctx_destroy_ns;
     double host_alloc_toll_ns;   /* per pinned host allocation */
@@ -180,6 +192,32 @@ double emu_chan_gbps(int dir, int mem);
 void emu_work_submitted(void);
 uint64_t emu_roundtrip(int always);
 uint64_t emu_roundtrip_due(int always);
+
+/* ---- multi-GPU: collectives on the GPU timeline (collective.c) ----
+ * An NCCL operation pays, on its stream and ahead of it, device-side time (a kernel that waits on the GPU's
+ * global timer): the profile's per-operation toll plus its wire bytes x (1/nvlink_kept - 1) at this machine's
+ * NVLink rate. The host is not held. A group (ncclGroupStart..End) is one operation: NCCL launches it as one
+ * plan. An operation captured into a CUDA graph leaves its wait in the graph, so every replay pays it. */
+enum { OP_ALLREDUCE, OP_BROADCAST, OP_REDUCE, OP_ALLGATHER, OP_REDUCESCATTER, OP_SEND, OP_RECV };
+size_t emu_nccl_type_size(int dtype);              /* ncclDataType_t -> bytes; 0: unknown */
+size_t emu_wire_bytes(int op, size_t bytes, int ranks);
+/* An operation about to be issued (its real call next): charged now, or noted for its group's end. */
+typedef struct {
+    int api, op, ranks, site;
+    size_t bytes, wire;
+    CUstream stream;
+    uint64_t t_enter, charged;
+} emu_coll;
+void emu_coll_begin(emu_coll *c, int api, int op, size_t count, int dtype, void *comm, CUstream st, uint64_t t0,
+                    void *real_fn);
+void emu_coll_end(emu_coll *c, int rc);  /* after the real call: its trace line, or held for the group's */
+void emu_group_start(void);
+void emu_group_end(void);                /* before the real ncclGroupEnd: the outermost charges its group */
+int emu_mgpu(void);                      /* multi-GPU: a communicator of 2+ ranks, peer access, or multi_gpu=1 */
+void emu_mgpu_on(void);
+void emu_mgpu_reset(void);               /* tests: a fresh process's state */
+/* Queue ns of GPU time on stream st (a one-thread kernel spinning on %globaltimer); returns ns queued. */
+uint64_t emu_device_wait(CUstream st, uint64_t ns);
 
 /* ---- cipher and lanes (cipher.c) ---- */
 int emu_cipher_load(char *err, size_t errlen);
@@ -236,12 +274,16 @@ void emu_channels_reset(void);
  * memory allocated or registered, refused ones too; bytes its size); dir and
  * mem are empty but for crossings, ctx where unknown. blocked_channel_ns / blocked_stream_ns: what the emulator waited for
  * (0 when not emulating: the driver's own waits are inside t_return - t_enter).
+ * collective: an NCCL operation (api its NCCL name); bytes its payload, ranks the communicator's size,
+ * wire_bytes what each rank puts on the links (the ring algorithm's, nccl-tests' bus bytes), toll_ns the
+ * device-side time queued on its stream ahead of it (per-operation toll + bandwidth kept); ranks and
+ * wire_bytes are empty on other lines.
  * site: the calling thread's Python call site when the call was recorded (set through
  * ccbemu_site_slot by emulate/siteboot/ccbridge_sites.py; empty where none was noted). */
-#define EMU_TRACE_SCHEMA 3
+#define EMU_TRACE_SCHEMA 4
 #define EMU_TRACE_COLUMNS \
-    "t_enter_ns,t_return_ns,tid,ctx,stream,api,kind,dir,mem,bytes,blocked_channel_ns,blocked_stream_ns,toll_ns,rc,site"
-enum { REC_CROSSING = 0, REC_LAUNCH, REC_SYNC, REC_CONTEXT, REC_ALLOC };
+    "t_enter_ns,t_return_ns,tid,ctx,stream,api,kind,dir,mem,bytes,blocked_channel_ns,blocked_stream_ns,toll_ns,rc,site,ranks,wire_bytes"
+enum { REC_CROSSING = 0, REC_LAUNCH, REC_SYNC, REC_CONTEXT, REC_ALLOC, REC_COLLECTIVE };
 typedef struct {
     int api, dir, mem;   /* dir -1: none */
     uint64_t t_enter, t_return, blocked_stream_ns, blocked_channel_ns, toll_ns;
@@ -250,6 +292,8 @@ typedef struct {
     CUstream stream;
     int kind;
     CUresult rc;
+    int ranks;           /* collectives: the communicator's size (0: not a collective) */
+    size_t wire_bytes;
 } emu_record;
 extern int emu_tracing;  /* a trace is being written and not paused: hooks record (atomic loads and stores) */
 void emu_trace_open(const char *prefix);
@@ -310,5 +354,7 @@ EMU_API long long ccbemu_fake_unwaited(void);
 EMU_API long long ccbemu_fake_host_waits(void);
 EMU_API void ccbemu_fake_copy_gbps(double gbps);
 EMU_API void ccbemu_fake_query_ns(uint64_t ns);
+EMU_API long long ccbemu_fake_multicast_calls(void);
+EMU_API void ccbemu_fake_modules_fail(int on);
 void *ccbemu_fake_lookup(const char *name); /* internal: the fake's driver table */
 #endif

@@ -238,18 +238,40 @@ static CUresult f_MemcpyBatchAsync(CUdeviceptr *d, CUdeviceptr *s, size_t *n, si
     for (size_t i = 0; i < count; i++) memcpy((void *)(uintptr_t)d[i], (const void *)(uintptr_t)s[i], n[i]);
     return 0;
 }
+/* Modules: one, whose one function is the emulator's device-side wait (its first parameter: ns to hold the
+ * stream); a module whose text does not name it is refused, as a driver refuses PTX it cannot compile. */
+static char spin_fn; /* its handle */
+static int modules_fail; /* 1: every module load fails (a driver without a PTX JIT) */
+static CUresult f_ModuleLoadData(void **m, const void *image) {
+    if (modules_fail || !strstr(image, ".entry ccbemu_spin")) return 218; /* CUDA_ERROR_INVALID_PTX */
+    *m = &spin_fn;
+    return 0;
+}
+static CUresult f_ModuleGetFunction(CUfunction *f, void *m, const char *name) {
+    if (m != &spin_fn || strcmp(name, "ccbemu_spin")) return 500; /* CUDA_ERROR_NOT_FOUND */
+    *f = &spin_fn;
+    return 0;
+}
 static CUresult f_LaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                unsigned sh, CUstream st, void **p, void **e) {
-    (void)f; (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)sh; (void)p; (void)e;
+    (void)gy; (void)gz; (void)bx; (void)by; (void)bz; (void)sh; (void)e;
     INJECT("cuLaunchKernel");
     uint64_t t0 = emu_now();
     while (emu_now() - t0 < 2000) { /* the native submission: 2 us of CPU */ }
     if (S(st)->capturing) return 0;
     fstream *s = S(st);
     uint64_t now = emu_now();
-    s->busy_until = (s->busy_until > now ? s->busy_until : now) + (uint64_t)gx * 1000;
+    uint64_t ns = f == &spin_fn ? *(unsigned long long *)p[0] : (uint64_t)gx * 1000;
+    s->busy_until = (s->busy_until > now ? s->busy_until : now) + ns;
     return 0;
 }
+/* Multi-GPU: a device that says it supports multicast, and multicast entry points that count their calls
+ * (the emulator must refuse them without reaching the driver under a profile without NVLS). */
+static long long multicast_calls;
+static CUresult f_DeviceGetAttribute(int *v, int attr, CUdevice d) { (void)d; *v = attr == 132 ? 1 : 0; return 0; }
+static CUresult f_CtxEnablePeerAccess(CUcontext c, unsigned flags) { (void)c; (void)flags; return 0; }
+static CUresult f_MulticastCreate(unsigned long long *h, const void *p) { (void)p; multicast_calls++; *h = 1; return 0; }
+static CUresult f_MulticastGetGranularity(size_t *g, const void *p, int o) { (void)p; (void)o; multicast_calls++; *g = 2 << 20; return 0; }
 static CUresult f_CtxSynchronize(void) { count_wait(); sleep_until(default_stream.busy_until); return 0; }
 static CUresult f_CtxSynchronize_v2(CUcontext c) { (void)c; return f_CtxSynchronize(); }
 static CUresult f_HtoD_v1(CUdeviceptr d, const void *s, unsigned n) { return f_HtoD(d, s, n); } /* CUDA 2's 32-bit size */
@@ -319,6 +341,9 @@ static const struct { const char *name; void *fn; } kFake[] = {
     {"cuGraphExecDestroy", f_GraphExecDestroy}, {"cuGraphDestroy", f_GraphDestroy}, {"cuGraphLaunch", f_GraphLaunch},
     {"cuCtxCreate_v2", f_CtxCreate}, {"cuCtxDestroy_v2", f_CtxDestroy},
     {"cuMemHostRegister_v2", f_MemHostRegister}, {"cuDevicePrimaryCtxGetState", f_PrimaryGetState},
+    {"cuModuleLoadData", f_ModuleLoadData}, {"cuModuleGetFunction", f_ModuleGetFunction},
+    {"cuDeviceGetAttribute", f_DeviceGetAttribute}, {"cuCtxEnablePeerAccess", f_CtxEnablePeerAccess},
+    {"cuMulticastCreate", f_MulticastCreate}, {"cuMulticastGetGranularity", f_MulticastGetGranularity},
 };
 
 static void *fake_table(const char *name);
@@ -392,3 +417,7 @@ long long ccbemu_fake_host_waits(void) { return (long long)__atomic_load_n(&host
 void ccbemu_fake_copy_gbps(double gbps) { copy_gbps = gbps; }
 /* From now on cuStreamQuery takes ns (0: no time). */
 void ccbemu_fake_query_ns(uint64_t ns) { query_ns = ns; }
+/* Calls that reached the fake's multicast entry points. */
+long long ccbemu_fake_multicast_calls(void) { return multicast_calls; }
+/* 1: every module load fails from now on (the device-side wait cannot be loaded); 0: they work again. */
+void ccbemu_fake_modules_fail(int on) { modules_fail = on; }

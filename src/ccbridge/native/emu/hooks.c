@@ -47,7 +47,15 @@ typedef unsigned long long cuuint64_t;
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2)                \
     X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxReset)                                                  \
     X(cuMemHostRegister) X(cuMemHostRegister_v2) X(cuMemHostAlloc) X(cuMemAllocHost_v2)                      \
-    X(cuGetProcAddress) X(cuGetProcAddress_v2)
+    X(cuGetProcAddress) X(cuGetProcAddress_v2)                                                               \
+    X(cuCtxEnablePeerAccess) X(cuDeviceGetAttribute)                                                         \
+    X(cuMulticastCreate) X(cuMulticastGetGranularity) X(cuMulticastAddDevice) X(cuMulticastBindMem)         \
+    X(cuMulticastBindAddr) X(cuMulticastUnbind)                                                              \
+    NCCL_HOOKS(X)
+/* NCCL's public API (nccl.h): the same table, but the real entry points come from libnccl (collective.c) */
+#define NCCL_HOOKS(X)                                                                                         \
+    X(ncclAllReduce) X(ncclReduceScatter) X(ncclAllGather) X(ncclBroadcast) X(ncclBcast) X(ncclReduce)       \
+    X(ncclSend) X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd)
 
 enum {
 #define X(n) H_##n,
@@ -94,11 +102,13 @@ static void find_real_dlsym(void) {
 }
 
 static lookup_fn g_lookup; /* the backend's lookup: libcuda's or the fake's */
+static int is_nccl_name(const char *name) { return strncmp(name, "nccl", 4) == 0; }
 int emu_driver_has(const char *name) { return g_lookup && g_lookup(name) != NULL; }
 
 static void fill(lookup_fn look) {
     g_lookup = look;
-    for (int i = 0; i < H_COUNT; i++) g_real[i] = look(kNames[i]);
+    for (int i = 0; i < H_COUNT; i++)
+        if (!is_nccl_name(kNames[i])) g_real[i] = look(kNames[i]); /* libnccl's come from dlsym or RTLD_NEXT */
     static const struct { size_t off; const char *name; } d[] = {
 #define D(f, n) {offsetof(emu_driver, f), n}
         D(CtxGetCurrent, "cuCtxGetCurrent"), D(CtxPushCurrent, "cuCtxPushCurrent_v2"),
@@ -110,7 +120,8 @@ static void fill(lookup_fn look) {
         D(StreamWaitEvent, "cuStreamWaitEvent"), D(EventElapsedTime, "cuEventElapsedTime"),
         D(MemHostAlloc, "cuMemHostAlloc"), D(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
         D(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"), D(PointerGetAttribute, "cuPointerGetAttribute"),
-        D(DevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState"),
+        D(DevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState"), D(ModuleLoadData, "cuModuleLoadData"),
+        D(ModuleGetFunction, "cuModuleGetFunction"), D(LaunchKernel, "cuLaunchKernel"),
 #undef D
     };
     for (size_t i = 0; i < sizeof d / sizeof d[0]; i++) {
@@ -175,6 +186,7 @@ int ccbemu_test_init(const char *config_text, char *err, int errlen) {
         emu_channels_reset();
         emu_stats_reset();
         emu_coverage_reset();
+        emu_mgpu_reset();
         emu_bus_local();
         __atomic_store_n(&emu_paused, 0, __ATOMIC_RELAXED);
         fill(ccbemu_fake_lookup);
@@ -196,7 +208,7 @@ int ccbemu_seal(const uint8_t *key, const uint8_t *iv, const void *in, size_t le
 }
 
 int emu_hook_index(const char *name) {
-    if (!name || name[0] != 'c' || name[1] != 'u') return -1;
+    if (!name || !(emu_is_driver_name(name) || is_nccl_name(name))) return -1;
     for (int i = 0; i < H_COUNT; i++) if (strcmp(kNames[i], name) == 0) return i;
     return -1;
 }
@@ -206,7 +218,15 @@ int emu_hook_index(const char *name) {
 void *dlsym(void *handle, const char *name) {
     find_real_dlsym();
     void *p = real_dlsym(handle, name);
-    if (!p || !emu_is_driver_name(name)) return p;
+    if (!p) return p;
+    if (is_nccl_name(name)) { /* a program that loads libnccl itself (vLLM's pynccl: ctypes) */
+        int k = emu_hook_index(name);
+        if (k < 0) return p;
+        emu_init();
+        if (p != kHooks[k]) __atomic_store_n(&g_real[k], p, __ATOMIC_RELAXED); /* not our own export (RTLD_DEFAULT) */
+        return kHooks[k];
+    }
+    if (!emu_is_driver_name(name)) return p;
     int i = emu_hook_index(name);
     if (i < 0) { /* not hooked: coverage notes the driver's own (no set-up here: libcuda's loading may call dlsym) */
         Dl_info info;
@@ -707,7 +727,7 @@ static launch_charge launch_begin(CUstream st) {
     uint64_t from = emu_now(); /* our own check below is inside the toll */
     if (emu_capturing(st)) return c;
     c.on = 1;
-    if ((c.toll = emu_ns(cfg.launch_toll_ns))) emu_wait_until(from + c.toll);
+    if ((c.toll = emu_ns(cfg.launch_toll_ns * (emu_mgpu() ? cfg.mgpu_launch_factor : 1.0)))) emu_wait_until(from + c.toll);
     return c;
 }
 static CUresult launch_done(int api, uint64_t t0, CUresult rc, CUstream st, launch_charge c) {
@@ -1079,6 +1099,126 @@ EMU_API CUresult cuMemAllocHost_v2(void **p, size_t n) {
     ENTER(cuMemAllocHost_v2);
     return lifecycle(H_cuMemAllocHost_v2, t0_, REC_ALLOC, n, REAL(cuMemAllocHost_v2)(p, n), cfg.host_alloc_toll_ns);
 }
+
+/* ---- multi-GPU: peer access, NVLink multicast ---- */
+/* Peer access on: the process is multi-GPU (its launches pay the multi-GPU launch toll from now on). */
+typedef CUresult cuCtxEnablePeerAccess_t(CUcontext, unsigned);
+EMU_API CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned flags) {
+    ENTER(cuCtxEnablePeerAccess);
+    CUresult rc = REAL(cuCtxEnablePeerAccess)(peer, flags);
+    if (rc == CUDA_SUCCESS || rc == 704 /* CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED */) emu_mgpu_on();
+    return rc;
+}
+/* Under a profile without NVLS, multicast is what CC makes it: unsupported. The attribute says so (NCCL and
+ * PyTorch's symmetric memory ask it before they try) and the entry points refuse without reaching the driver:
+ * a multicast object can take a shared host's GPUs out of service, so an emulated run never makes one. */
+#define CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED 132
+static int multicast_off(void) { return emu_on() && !cfg.nvls; }
+typedef CUresult cuDeviceGetAttribute_t(int *, int, CUdevice);
+EMU_API CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
+    ENTER(cuDeviceGetAttribute);
+    CUresult rc = REAL(cuDeviceGetAttribute)(v, attr, d);
+    if (rc == CUDA_SUCCESS && attr == CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED && multicast_off()) *v = 0;
+    return rc;
+}
+typedef unsigned long long cu_handle;
+typedef CUresult cuMulticastCreate_t(cu_handle *, const void *);
+typedef CUresult cuMulticastGetGranularity_t(size_t *, const void *, int);
+typedef CUresult cuMulticastAddDevice_t(cu_handle, CUdevice);
+typedef CUresult cuMulticastBindMem_t(cu_handle, size_t, cu_handle, size_t, size_t, unsigned long long);
+typedef CUresult cuMulticastBindAddr_t(cu_handle, size_t, CUdeviceptr, size_t, unsigned long long);
+typedef CUresult cuMulticastUnbind_t(cu_handle, CUdevice, size_t, size_t);
+#define MULTICAST(n, call) do { ENTER(n); return multicast_off() ? CUDA_ERROR_NOT_SUPPORTED : REAL(n) call; } while (0)
+EMU_API CUresult cuMulticastCreate(cu_handle *h, const void *p) { MULTICAST(cuMulticastCreate, (h, p)); }
+EMU_API CUresult cuMulticastGetGranularity(size_t *g, const void *p, int o) { MULTICAST(cuMulticastGetGranularity, (g, p, o)); }
+EMU_API CUresult cuMulticastAddDevice(cu_handle h, CUdevice d) { MULTICAST(cuMulticastAddDevice, (h, d)); }
+EMU_API CUresult cuMulticastBindMem(cu_handle h, size_t o, cu_handle m, size_t mo, size_t n, unsigned long long f) {
+    MULTICAST(cuMulticastBindMem, (h, o, m, mo, n, f));
+}
+EMU_API CUresult cuMulticastBindAddr(cu_handle h, size_t o, CUdeviceptr p, size_t n, unsigned long long f) {
+    MULTICAST(cuMulticastBindAddr, (h, o, p, n, f));
+}
+EMU_API CUresult cuMulticastUnbind(cu_handle h, CUdevice d, size_t o, size_t n) { MULTICAST(cuMulticastUnbind, (h, d, o, n)); }
+
+/* ---- NCCL: each operation is charged on its stream ahead of the real one (collective.c) ---- */
+typedef int ncclResult_t;
+#define NCCL_INTERNAL_ERROR 3
+/* The real entry point: dlsym handed it out (a program that loads libnccl itself), or the next library that
+ * defines it (a program linked against libnccl: our export won the lookup). */
+static void *nccl_real(int i) {
+    void *p = __atomic_load_n(&g_real[i], __ATOMIC_RELAXED);
+    if (!p && (p = real_dlsym(RTLD_NEXT, kNames[i]))) __atomic_store_n(&g_real[i], p, __ATOMIC_RELAXED);
+    if (!p) fprintf(stderr, "ccbridge emulator: %s called, but no NCCL library defines it\n", kNames[i]);
+    return p;
+}
+#define NCCL_ENTER(n)                                                       \
+    emu_init();                                                             \
+    emu_count(H_##n);                                                       \
+    const uint64_t t0_ = __atomic_load_n(&emu_tracing, __ATOMIC_RELAXED) ? emu_now() : 0; \
+    n##_t *real_ = (n##_t *)nccl_real(H_##n);                               \
+    if (!real_) return NCCL_INTERNAL_ERROR
+/* (GNU statement expression) charge, make the real call, write or hold the trace line */
+#define NCCL_OP(n, op, count, dtype, comm, st, call)                                                            \
+    ({ emu_coll c_; emu_coll_begin(&c_, H_##n, op, count, dtype, comm, (CUstream)(st), t0_, (void *)real_);    \
+       ncclResult_t r_ = (call); emu_coll_end(&c_, r_); r_; })
+typedef ncclResult_t ncclAllReduce_t(const void *, void *, size_t, int, int, void *, CUstream);
+typedef ncclResult_t ncclReduceScatter_t(const void *, void *, size_t, int, int, void *, CUstream);
+typedef ncclResult_t ncclAllGather_t(const void *, void *, size_t, int, void *, CUstream);
+typedef ncclResult_t ncclBroadcast_t(const void *, void *, size_t, int, int, void *, CUstream);
+typedef ncclResult_t ncclBcast_t(void *, size_t, int, int, void *, CUstream);
+typedef ncclResult_t ncclReduce_t(const void *, void *, size_t, int, int, int, void *, CUstream);
+typedef ncclResult_t ncclSend_t(const void *, size_t, int, int, void *, CUstream);
+typedef ncclResult_t ncclRecv_t(void *, size_t, int, int, void *, CUstream);
+typedef ncclResult_t ncclGroupStart_t(void);
+typedef ncclResult_t ncclGroupEnd_t(void);
+EMU_API ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, int t, int op, void *comm, CUstream st) {
+    NCCL_ENTER(ncclAllReduce);
+    return NCCL_OP(ncclAllReduce, OP_ALLREDUCE, n, t, comm, st, real_(s, r, n, t, op, comm, st));
+}
+EMU_API ncclResult_t ncclReduceScatter(const void *s, void *r, size_t n, int t, int op, void *comm, CUstream st) {
+    NCCL_ENTER(ncclReduceScatter);
+    return NCCL_OP(ncclReduceScatter, OP_REDUCESCATTER, n, t, comm, st, real_(s, r, n, t, op, comm, st));
+}
+EMU_API ncclResult_t ncclAllGather(const void *s, void *r, size_t n, int t, void *comm, CUstream st) {
+    NCCL_ENTER(ncclAllGather);
+    return NCCL_OP(ncclAllGather, OP_ALLGATHER, n, t, comm, st, real_(s, r, n, t, comm, st));
+}
+EMU_API ncclResult_t ncclBroadcast(const void *s, void *r, size_t n, int t, int root, void *comm, CUstream st) {
+    NCCL_ENTER(ncclBroadcast);
+    return NCCL_OP(ncclBroadcast, OP_BROADCAST, n, t, comm, st, real_(s, r, n, t, root, comm, st));
+}
+EMU_API ncclResult_t ncclBcast(void *b, size_t n, int t, int root, void *comm, CUstream st) {
+    NCCL_ENTER(ncclBcast);
+    return NCCL_OP(ncclBcast, OP_BROADCAST, n, t, comm, st, real_(b, n, t, root, comm, st));
+}
+EMU_API ncclResult_t ncclReduce(const void *s, void *r, size_t n, int t, int op, int root, void *comm, CUstream st) {
+    NCCL_ENTER(ncclReduce);
+    return NCCL_OP(ncclReduce, OP_REDUCE, n, t, comm, st, real_(s, r, n, t, op, root, comm, st));
+}
+EMU_API ncclResult_t ncclSend(const void *s, size_t n, int t, int peer, void *comm, CUstream st) {
+    NCCL_ENTER(ncclSend);
+    return NCCL_OP(ncclSend, OP_SEND, n, t, comm, st, real_(s, n, t, peer, comm, st));
+}
+EMU_API ncclResult_t ncclRecv(void *r, size_t n, int t, int peer, void *comm, CUstream st) {
+    NCCL_ENTER(ncclRecv);
+    return NCCL_OP(ncclRecv, OP_RECV, n, t, comm, st, real_(r, n, t, peer, comm, st));
+}
+EMU_API ncclResult_t ncclGroupStart(void) {
+    NCCL_ENTER(ncclGroupStart);
+    (void)t0_;
+    ncclResult_t rc = real_();
+    if (rc == 0) emu_group_start();
+    return rc;
+}
+/* the group's charge is queued before NCCL launches the group's work, inside the real call */
+EMU_API ncclResult_t ncclGroupEnd(void) {
+    NCCL_ENTER(ncclGroupEnd);
+    (void)t0_;
+    emu_group_end();
+    return real_();
+}
+
+_Static_assert(H_COUNT <= 160, "trace.c counts calls of at most MAX_API hook rows");
 
 static void *kHooks[H_COUNT] = {
 #define X(n) (void *)n,

@@ -183,7 +183,7 @@ static char *put_str(char *o, const char *s) {
 static __thread int t_site = -1;
 int *ccbemu_site_slot(void) { return &t_site; }
 
-static const char *const kKind[] = {"crossing", "launch", "sync", "context", "alloc"};
+static const char *const kKind[] = {"crossing", "launch", "sync", "context", "alloc", "collective"};
 static size_t format(char *o0, const emu_record *r, long tid) {
     char *o = o0;
     o = put_u64(o, r->t_enter), *o++ = ',';
@@ -203,6 +203,10 @@ static size_t format(char *o0, const emu_record *r, long tid) {
     o = put_u64(o, r->toll_ns), *o++ = ',';
     o = put_u64(o, (uint64_t)(unsigned)r->rc), *o++ = ',';
     if (t_site >= 0) o = put_u64(o, (uint64_t)t_site);
+    *o++ = ',';
+    if (r->kind == REC_COLLECTIVE) o = put_u64(o, (uint64_t)r->ranks);
+    *o++ = ',';
+    if (r->kind == REC_COLLECTIVE) o = put_u64(o, r->wire_bytes);
     *o++ = '\n';
     return (size_t)(o - o0);
 }

@@ -1,0 +1,191 @@
+/*
+ * Multi-GPU CC: NCCL operations on the GPU timeline, the multi-GPU mode.
+ *
+ * Published (bridge-law section 6): under multi-GPU CC every cross-GPU operation pays a fixed toll (+10-15 us
+ * on B300, +9-13 us on H200, messages <= 1 MB), attributed to the GPU secure firmware's set-up of each
+ * operation, and large transfers keep 0.89x / 0.94x of NVLink's bandwidth. Both are GPU time: the host that
+ * issues an all_reduce is not held, the stream is. So the charge is a wait the GPU executes, queued on the
+ * operation's stream ahead of the real operation: a one-thread kernel that spins on %globaltimer. Compute on
+ * other streams overlaps it as it would overlap the firmware's work; a CUDA graph that captures the operation
+ * captures the wait too, so each replay pays it (collectives in graphs still move data and pay per operation).
+ *
+ * A group (ncclGroupStart..ncclGroupEnd) is one operation: NCCL collects the group's tasks and launches them at
+ * the outermost ncclGroupEnd as one plan (one kernel per channel set, src/enqueue.cc ncclLaunchPrepare in NCCL
+ * 2.28), so the group pays one toll, plus each operation's bandwidth term, on its first operation's stream
+ * (NCCL makes every stream of a group wait for the others). A send and its matching recv are one exchange:
+ * the send carries the bytes on the wire, the recv none (the receiver waits for the sender's stream).
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "emu.h"
+
+/* ---- the multi-GPU mode ---- */
+static int g_mgpu;
+int emu_mgpu(void) { return cfg.multi_gpu || __atomic_load_n(&g_mgpu, __ATOMIC_RELAXED); }
+void emu_mgpu_on(void) { __atomic_store_n(&g_mgpu, 1, __ATOMIC_RELAXED); }
+void emu_mgpu_reset(void) { __atomic_store_n(&g_mgpu, 0, __ATOMIC_RELAXED); }
+
+/* ---- sizes ---- */
+size_t emu_nccl_type_size(int dtype) {
+    /* ncclDataType_t (nccl.h): int8, uint8, int32, uint32, int64, uint64, float16, float32, float64, bfloat16,
+     * float8e4m3, float8e5m2 */
+    static const unsigned char k[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+    return dtype >= 0 && dtype < (int)sizeof k ? k[dtype] : 0;
+}
+
+/* What each rank puts on the links, by the ring algorithms (nccl-tests' bus bytes): the basis of the
+ * bandwidth term. bytes: all_gather's send count, reduce_scatter's receive count, else the buffer. */
+size_t emu_wire_bytes(int op, size_t bytes, int ranks) {
+    if (ranks < 2) return 0;
+    size_t n = (size_t)ranks;
+    switch (op) {
+    case OP_ALLREDUCE: return (size_t)((double)bytes * 2.0 * (double)(n - 1) / (double)n);
+    case OP_ALLGATHER:
+    case OP_REDUCESCATTER: return bytes * (n - 1);
+    case OP_BROADCAST:
+    case OP_REDUCE:
+    case OP_SEND: return bytes;
+    default: return 0; /* OP_RECV: the peer's send carries it */
+    }
+}
+
+static uint64_t bandwidth_ns(size_t wire) {
+    if (!wire || cfg.native_nvlink_gbps <= 0 || cfg.nvlink_kept >= 1) return 0;
+    return emu_ns((double)wire / cfg.native_nvlink_gbps * (1.0 / cfg.nvlink_kept - 1.0));
+}
+static uint64_t toll_ns(size_t bytes) {
+    return cfg.nccl_toll_max_bytes && bytes > cfg.nccl_toll_max_bytes ? 0 : emu_ns(cfg.nccl_toll_ns);
+}
+
+/* ---- the device-side wait ---- */
+/* PTX, JIT-compiled by the driver for whatever GPU it runs on: spin until %globaltimer (ns) has advanced ns. */
+static const char kSpinPtx[] =
+    ".version 6.0\n.target sm_60\n.address_size 64\n"
+    ".visible .entry ccbemu_spin(.param .u64 ns)\n{\n"
+    "  .reg .u64 %rd<5>;\n  .reg .pred %p;\n"
+    "  ld.param.u64 %rd1, [ns];\n  mov.u64 %rd2, %globaltimer;\n  add.u64 %rd3, %rd2, %rd1;\n"
+    "WAIT:\n  mov.u64 %rd4, %globaltimer;\n  setp.lt.u64 %p, %rd4, %rd3;\n  @%p bra WAIT;\n  ret;\n}\n";
+
+#define MAX_SPIN_CTX 64
+static struct { CUcontext ctx; CUfunction fn; } g_spin[MAX_SPIN_CTX];
+static int g_nspin;
+static pthread_mutex_t g_spin_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static CUfunction spin_fn(CUstream st) {
+    CUcontext ctx = NULL, popped;
+    CUresult rc = st == NULL || st == CU_STREAM_LEGACY || st == CU_STREAM_PER_THREAD ? drv.CtxGetCurrent(&ctx)
+                                                                                      : drv.StreamGetCtx(st, &ctx);
+    if (rc != CUDA_SUCCESS || !ctx) return NULL;
+    CUfunction fn = NULL;
+    pthread_mutex_lock(&g_spin_mu);
+    for (int i = 0; i < g_nspin && !fn; i++)
+        if (g_spin[i].ctx == ctx) fn = g_spin[i].fn;
+    if (!fn && g_nspin < MAX_SPIN_CTX && drv.CtxPushCurrent(ctx) == CUDA_SUCCESS) {
+        CUmodule mod;
+        if (drv.ModuleLoadData(&mod, kSpinPtx) == CUDA_SUCCESS && drv.ModuleGetFunction(&fn, mod, "ccbemu_spin") == CUDA_SUCCESS)
+            g_spin[g_nspin].ctx = ctx, g_spin[g_nspin++].fn = fn;
+        else
+            fn = NULL;
+        drv.CtxPopCurrent(&popped);
+    }
+    pthread_mutex_unlock(&g_spin_mu);
+    return fn;
+}
+
+uint64_t emu_device_wait(CUstream st, uint64_t ns) {
+    if (!ns) return 0;
+    CUfunction fn = spin_fn(st);
+    unsigned long long arg = ns;
+    void *params[] = {&arg};
+    if (fn && drv.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, params, NULL) == CUDA_SUCCESS) return ns;
+    /* No kernel (a driver that refuses the PTX): the host pays instead, which over-charges overlap; say so once. */
+    static int warned;
+    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+        fprintf(stderr, "ccbridge emulator: cannot queue the collectives' device-side wait; their tolls are paid "
+                        "on the host instead\n");
+    emu_wait_until(emu_now() + ns);
+    return ns;
+}
+
+/* ---- operations and groups ---- */
+typedef int (*comm_count_fn)(void *, int *);
+/* The communicator's size through the same library's ncclCommCount (real_fn: the operation's real entry). */
+static int ranks_of(void *comm, void *real_fn) {
+    static comm_count_fn count;
+    if (!count && real_fn) {
+        Dl_info info;
+        void *h = dladdr(real_fn, &info) && info.dli_fname ? dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD) : NULL;
+        if (h) __atomic_store_n(&count, (comm_count_fn)dlsym(h, "ncclCommCount"), __ATOMIC_RELAXED);
+    }
+    int n = 0;
+    return count && comm && count(comm, &n) == 0 ? n : 0;
+}
+
+/* NCCL's groups are per thread: this thread's nesting, and the operations its open group holds (grown on
+ * demand: most threads never group, and a thread-local array would cost every thread of the program). */
+typedef struct { emu_coll c; uint64_t t_return; int rc; } held;
+static __thread int t_depth;
+static __thread held *t_group;
+static __thread int t_ngroup, t_cap;
+
+static void record(const emu_coll *c, uint64_t t_return, int rc) {
+    if (!__atomic_load_n(&emu_tracing, __ATOMIC_RELAXED) || !c->t_enter) return;
+    emu_record r = {c->api, -1, 0, c->t_enter, t_return, 0, 0, c->charged, c->bytes, NULL, c->stream,
+                    REC_COLLECTIVE, rc, c->ranks, c->wire};
+    int *slot = ccbemu_site_slot(), now = *slot;
+    *slot = c->site; /* the line names the call that issued the operation, also when its group's end writes it */
+    emu_trace_record(&r);
+    *slot = now;
+}
+
+void emu_coll_begin(emu_coll *c, int api, int op, size_t count, int dtype, void *comm, CUstream st, uint64_t t0,
+                    void *real_fn) {
+    size_t size = emu_nccl_type_size(dtype);
+    memset(c, 0, sizeof *c);
+    c->api = api, c->op = op, c->stream = st, c->t_enter = t0, c->site = *ccbemu_site_slot();
+    c->bytes = size && count <= SIZE_MAX / size ? count * size : 0;
+    c->ranks = ranks_of(comm, real_fn);
+    c->wire = emu_wire_bytes(op, c->bytes, c->ranks);
+    if (c->ranks > 1) emu_mgpu_on();
+    if (t_depth > 0 || !emu_on()) return; /* grouped: charged at the group's end */
+    c->charged = emu_device_wait(st, toll_ns(c->bytes) + bandwidth_ns(c->wire));
+    emu_work_submitted();
+}
+
+void emu_coll_end(emu_coll *c, int rc) {
+    uint64_t t1 = c->t_enter ? emu_now() : 0;
+    if (t_depth > 0) {
+        if (t_ngroup == t_cap) {
+            held *grown = realloc(t_group, (size_t)(t_cap ? 2 * t_cap : 16) * sizeof *grown);
+            if (!grown) return; /* out of memory: this operation goes uncharged and unrecorded */
+            t_group = grown, t_cap = t_cap ? 2 * t_cap : 16;
+        }
+        t_group[t_ngroup++] = (held){*c, t1, rc};
+        return;
+    }
+    record(c, t1, rc);
+}
+
+void emu_group_start(void) { t_depth++; }
+
+void emu_group_end(void) {
+    if (t_depth == 0 || --t_depth > 0) return; /* an unmatched end is NCCL's to refuse; an inner one waits */
+    if (emu_on() && t_ngroup > 0) {
+        size_t bytes = 0;
+        for (int i = 0; i < t_ngroup; i++) bytes += t_group[i].c.bytes;
+        uint64_t total = t_group[0].c.charged = toll_ns(bytes);
+        for (int i = 0; i < t_ngroup; i++) {
+            uint64_t b = bandwidth_ns(t_group[i].c.wire);
+            t_group[i].c.charged += b;
+            total += b;
+        }
+        emu_device_wait(t_group[0].c.stream, total);
+        emu_work_submitted();
+    }
+    for (int i = 0; i < t_ngroup; i++) record(&t_group[i].c, t_group[i].t_return, t_group[i].rc);
+    t_ngroup = 0;
+}

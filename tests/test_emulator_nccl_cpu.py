@@ -1,0 +1,382 @@
+"""The multi-GPU side of the emulator on the CPU: NCCL hooks over a fake libnccl and the fake driver.
+
+A fake libnccl (tests/fake_nccl.c, built here as libnccl.so.2) answers NCCL's public API on host buffers; the
+interposer is reached the two ways programs reach NCCL: dlsym on a handle (vLLM's pynccl loads libnccl with
+ctypes) and linking (torch): a small C program linked against the fake, run with the interposer preloaded.
+The fake driver's streams are clocks, so the device-side charge shows as stream time a synchronize waits for,
+while the call that issued the operation returns at once.
+"""
+
+import csv
+import ctypes
+import json
+import math
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ccbridge.emulate import launcher, trace
+from test_emulator_cpu import DEVICE, busy, init, lib  # noqa: F401 - the fixture
+
+HERE = Path(__file__).resolve().parent
+c_p, c_sz, c_int = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+INT32, FLOAT32, SUM = 2, 7, 0
+TOLL_US = 30000  # 30 ms: far above the fake's few-us call costs and a loaded CI machine's jitter
+
+
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+SIGS = {
+    "ncclAllReduce": [c_p, c_p, c_sz, c_int, c_int, c_p, c_p],
+    "ncclReduceScatter": [c_p, c_p, c_sz, c_int, c_int, c_p, c_p],
+    "ncclAllGather": [c_p, c_p, c_sz, c_int, c_p, c_p],
+    "ncclBroadcast": [c_p, c_p, c_sz, c_int, c_int, c_p, c_p],
+    "ncclReduce": [c_p, c_p, c_sz, c_int, c_int, c_int, c_p, c_p],
+    "ncclSend": [c_p, c_sz, c_int, c_int, c_p, c_p],
+    "ncclRecv": [c_p, c_sz, c_int, c_int, c_p, c_p],
+    "ncclGroupStart": [],
+    "ncclGroupEnd": [],
+}
+
+
+def cc():
+    return shutil.which("cc") or shutil.which("gcc")
+
+
+@pytest.fixture(scope="module")
+def fake_nccl(tmp_path_factory):
+    if not cc():
+        pytest.skip("no C compiler to build the fake libnccl")
+    d = tmp_path_factory.mktemp("nccl")
+    so = d / "libnccl.so.2"
+    subprocess.run([cc(), "-shared", "-fPIC", "-O1", "-Wl,-soname,libnccl.so.2", "-o", str(so),
+                    str(HERE / "fake_nccl.c")], check=True)
+    (d / "libnccl.so").symlink_to(so.name)
+    return d
+
+
+@pytest.fixture(scope="module")
+def nccl(lib, fake_nccl):  # noqa: F811
+    """The hooked entry points, as a program that dlopens libnccl gets them (through the interposer's dlsym)."""
+    F = ctypes.CDLL(str(fake_nccl / "libnccl.so.2"))
+    hooks = {}
+    for name, args in SIGS.items():
+        addr = lib.dlsym(F._handle, name.encode())
+        assert addr and addr == lib.ccbemu_lookup(name.encode()), f"{name}: dlsym did not hand out the hook"
+        hooks[name] = ctypes.CFUNCTYPE(c_int, *args)(addr)
+    F.fake_nccl_ops.restype = ctypes.c_longlong
+    F.fake_nccl_groups.restype = ctypes.c_longlong
+    lib.ccbemu_fake_multicast_calls.restype = ctypes.c_longlong
+    lib.cuDeviceGetAttribute.argtypes = [ctypes.POINTER(c_int), c_int, c_int]
+    lib.cuMulticastCreate.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), c_p]
+    lib.cuMulticastGetGranularity.argtypes = [ctypes.POINTER(c_sz), c_p, c_int]
+    lib.cuCtxEnablePeerAccess.argtypes = [c_p, ctypes.c_uint]
+    return F, hooks
+
+
+def comm(F, nranks, rank=0):
+    c = c_p()
+    assert F.ncclCommInitRank(ctypes.byref(c), nranks, UniqueId(), rank) == 0
+    return c
+
+
+def ints(lib, values):  # noqa: F811
+    """Fake device memory holding these int32s."""
+    p = lib.ccbemu_fake_alloc(4 * len(values), DEVICE)
+    ctypes.memmove(p, (ctypes.c_int32 * len(values))(*values), 4 * len(values))
+    return p
+
+
+def read_ints(p, n):
+    return list((ctypes.c_int32 * n).from_address(p))
+
+
+def rows(lib, prefix):  # noqa: F811
+    lib.ccbemu_trace_flush()
+    lines = Path(f"{prefix}.{os.getpid()}.csv").read_text().splitlines()
+    return [r for r in csv.DictReader(lines[1:]) if r["kind"] == "collective"]
+
+
+def sync_seconds(lib, s):  # noqa: F811
+    t = time.perf_counter()
+    assert lib.cuStreamSynchronize(s) == 0
+    return time.perf_counter() - t
+
+
+def test_every_operation_reaches_libnccl_once_and_results_are_exact(lib, nccl):  # noqa: F811
+    F, h = nccl
+    init(lib, nccl_toll_us=50, sync_toll_us=0, native_nvlink_gbps=100, nvlink_kept=0.5)
+    rng = __import__("random").Random(3)
+    n, ranks = 257, 4
+    c = comm(F, ranks, rank=1)
+    s = lib.ccbemu_fake_stream()
+    x = [rng.randrange(-1000, 1000) for _ in range(n * ranks)]
+    src, dst = ints(lib, x), lib.ccbemu_fake_alloc(4 * n * ranks, DEVICE)
+    before = F.fake_nccl_ops()
+    assert h["ncclAllReduce"](src, dst, n, INT32, SUM, c, s) == 0
+    assert read_ints(dst, n) == [v * ranks for v in x[:n]]
+    assert h["ncclReduceScatter"](src, dst, n, INT32, SUM, c, s) == 0
+    assert read_ints(dst, n) == [v * ranks for v in x[n:2 * n]]  # rank 1's slice
+    assert h["ncclAllGather"](src, dst, n, INT32, c, s) == 0
+    assert read_ints(dst, n * ranks) == x[:n] * ranks
+    assert h["ncclBroadcast"](src, dst, n, INT32, 0, c, s) == 0
+    assert read_ints(dst, n) == x[:n]
+    assert h["ncclReduce"](src, dst, n, INT32, SUM, 0, c, s) == 0
+    assert read_ints(dst, n) == [v * ranks for v in x[:n]]
+    assert h["ncclGroupStart"]() == 0
+    assert h["ncclSend"](src, n, INT32, 2, c, s) == 0
+    assert h["ncclRecv"](dst, n, INT32, 0, c, s) == 0
+    assert h["ncclGroupEnd"]() == 0
+    assert read_ints(dst, n) == x[:n]
+    assert F.fake_nccl_ops() - before == 7
+    assert lib.cuStreamSynchronize(s) == 0
+
+
+def test_the_charge_is_device_time_on_the_stream_not_host_time(lib, nccl):  # noqa: F811
+    F, h = nccl
+    c = comm(F, 2)
+    s = lib.ccbemu_fake_stream()
+    buf = ints(lib, list(range(1024)))
+    for emulate, want in ((1, TOLL_US / 1e6), (0, 0.0)):
+        init(lib, emulate=emulate, nccl_toll_us=TOLL_US, sync_toll_us=0, launch_toll_us=0)
+        t = time.perf_counter()
+        assert h["ncclAllReduce"](buf, buf, 1024, INT32, SUM, c, s) == 0
+        issued = time.perf_counter() - t
+        waited = sync_seconds(lib, s)
+        assert issued < 0.5 * TOLL_US / 1e6, "the host was held by the charge"
+        if emulate:
+            assert want * 0.9 <= waited <= want + 0.02, f"stream held {waited:.4f} s, toll {want} s"
+        else:
+            assert waited < 0.005, "passthrough charged a collective"
+
+
+def test_bandwidth_term_is_wire_bytes_over_the_nvlink_rate_times_the_loss(lib, nccl):  # noqa: F811
+    F, h = nccl
+    ranks, count = 4, 1 << 20  # 4 MiB of int32: all_reduce puts 2(n-1)/n x 4 MiB = 6 MiB on the wire
+    gbps, kept = 0.1, 0.5  # 6 MiB at 0.1 GB/s x (1/0.5 - 1) = 63 ms, far above the fake's own ~2 ms
+    init(lib, nccl_toll_us=0, sync_toll_us=0, native_nvlink_gbps=gbps, nvlink_kept=kept)
+    c = comm(F, ranks)
+    s = lib.ccbemu_fake_stream()
+    buf = lib.ccbemu_fake_alloc(4 * count, DEVICE)
+    ctypes.memset(buf, 1, 4 * count)  # touched: no first-touch page faults inside the timed call
+    t = time.perf_counter()
+    assert h["ncclAllReduce"](buf, buf, count, INT32, SUM, c, s) == 0
+    assert lib.cuStreamSynchronize(s) == 0
+    waited = time.perf_counter() - t  # the device time runs from the issue: the call's own time is inside it
+    want = 2 * (ranks - 1) / ranks * 4 * count / (gbps * 1e9) * (1 / kept - 1)
+    assert want * 0.9 <= waited <= want + 0.03
+    # no measured NVLink rate (a one-GPU machine): no bandwidth term, and the toll alone
+    init(lib, nccl_toll_us=0, sync_toll_us=0, native_nvlink_gbps=0, nvlink_kept=kept)
+    assert h["ncclAllReduce"](buf, buf, count, INT32, SUM, c, s) == 0
+    assert sync_seconds(lib, s) < 0.003
+
+
+@pytest.mark.parametrize("op,ranks,want", [
+    ("ncclAllReduce", 8, 2 * 7 / 8 * 4096), ("ncclAllGather", 8, 7 * 4096), ("ncclReduceScatter", 8, 7 * 4096),
+    ("ncclBroadcast", 8, 4096), ("ncclReduce", 8, 4096), ("ncclSend", 2, 4096), ("ncclRecv", 2, 0),
+    ("ncclAllReduce", 1, 0)])
+def test_trace_line_per_operation_with_ranks_wire_bytes_and_charge(lib, nccl, tmp_path, op, ranks, want):  # noqa: F811
+    F, h = nccl
+    prefix = tmp_path / "t"
+    init(lib, trace=str(prefix), nccl_toll_us=40, sync_toll_us=0, native_nvlink_gbps=0)
+    c = comm(F, ranks)
+    s = lib.ccbemu_fake_stream()
+    a, b = lib.ccbemu_fake_alloc(4096 * 8, DEVICE), lib.ccbemu_fake_alloc(4096 * 8, DEVICE)
+    args = {"ncclAllReduce": (a, b, 1024, INT32, SUM, c, s), "ncclAllGather": (a, b, 1024, INT32, c, s),
+            "ncclReduceScatter": (a, b, 1024, INT32, SUM, c, s), "ncclBroadcast": (a, b, 1024, INT32, 0, c, s),
+            "ncclReduce": (a, b, 1024, INT32, SUM, 0, c, s), "ncclSend": (a, 1024, INT32, 1, c, s),
+            "ncclRecv": (b, 1024, INT32, 0, c, s)}[op]
+    assert h[op](*args) == 0
+    lib.cuStreamSynchronize(s)
+    (r,) = rows(lib, prefix)
+    assert (r["api"], r["bytes"], r["ranks"], r["wire_bytes"]) == (op, "4096", str(ranks), str(int(want)))
+    assert int(r["toll_ns"]) == 40000 and r["dir"] == r["mem"] == "" and r["rc"] == "0"
+    s_ = trace.summarize(str(prefix))
+    assert s_.total("collective") == 1
+
+
+def test_a_group_is_one_operation_one_toll_on_its_first_stream(lib, nccl, tmp_path):  # noqa: F811
+    F, h = nccl
+    prefix = tmp_path / "g"
+    init(lib, trace=str(prefix), nccl_toll_us=TOLL_US, sync_toll_us=0)
+    c = comm(F, 2)
+    s1, s2 = lib.ccbemu_fake_stream(), lib.ccbemu_fake_stream()
+    buf = ints(lib, list(range(64)))
+    t = time.perf_counter()
+    assert h["ncclGroupStart"]() == 0
+    assert h["ncclGroupStart"]() == 0  # nested: only the outermost end charges
+    for _ in range(3):
+        assert h["ncclSend"](buf, 64, INT32, 1, c, s1) == 0
+    assert h["ncclGroupEnd"]() == 0
+    assert sync_seconds(lib, s1) < 0.003, "an inner group end charged"
+    assert h["ncclRecv"](buf, 64, INT32, 1, c, s2) == 0
+    assert h["ncclGroupEnd"]() == 0
+    assert time.perf_counter() - t < 0.5 * TOLL_US / 1e6
+    assert TOLL_US / 1e6 * 0.9 <= sync_seconds(lib, s1) <= TOLL_US / 1e6 + 0.02  # one toll, not four
+    assert sync_seconds(lib, s2) < 0.003
+    lines = rows(lib, prefix)
+    assert [r["api"] for r in lines] == ["ncclSend"] * 3 + ["ncclRecv"]
+    assert [int(r["toll_ns"]) for r in lines] == [TOLL_US * 1000, 0, 0, 0]
+
+
+def test_an_operation_being_captured_leaves_its_wait_in_the_graph_not_on_the_stream(lib, nccl, tmp_path):  # noqa: F811
+    F, h = nccl
+    prefix = tmp_path / "c"
+    init(lib, trace=str(prefix), nccl_toll_us=TOLL_US, sync_toll_us=0, launch_toll_us=0)
+    c = comm(F, 2)
+    s = lib.ccbemu_fake_stream()
+    buf = ints(lib, list(range(64)))
+    lib.ccbemu_fake_capture(s, 1)
+    assert h["ncclAllReduce"](buf, buf, 64, INT32, SUM, c, s) == 0
+    lib.ccbemu_fake_capture(s, 0)
+    assert sync_seconds(lib, s) < 0.003  # captured, not run (the fake's graph replays run nothing)
+    (r,) = rows(lib, prefix)
+    assert int(r["toll_ns"]) == TOLL_US * 1000  # what every replay of the graph pays
+
+
+def test_without_a_device_wait_kernel_the_host_pays_and_says_so(lib, nccl, capfd):  # noqa: F811
+    F, h = nccl
+    init(lib, nccl_toll_us=TOLL_US, sync_toll_us=0)
+    lib.ccbemu_fake_modules_fail(1)
+    try:
+        c = comm(F, 2)
+        s = lib.ccbemu_fake_ctx_new()
+        lib.ccbemu_fake_set_ctx(s)  # a context with no wait kernel loaded yet
+        st = lib.ccbemu_fake_stream()
+        buf = ints(lib, list(range(64)))
+        t = time.perf_counter()
+        assert h["ncclAllReduce"](buf, buf, 64, INT32, SUM, c, st) == 0
+        assert time.perf_counter() - t >= TOLL_US / 1e6 * 0.9
+    finally:
+        lib.ccbemu_fake_modules_fail(0)
+        lib.ccbemu_fake_set_ctx(1)
+    assert "collectives' device-side wait" in capfd.readouterr().err
+
+
+def test_multicast_is_refused_without_reaching_the_driver_where_the_profile_has_no_nvls(lib, nccl):  # noqa: F811
+    v, handle, gran = c_int(), ctypes.c_ulonglong(), c_sz()
+    for emulate, nvls, refused in ((1, 0, True), (1, 1, False), (0, 0, False)):
+        init(lib, emulate=emulate, nvls=nvls)
+        calls = lib.ccbemu_fake_multicast_calls()
+        assert lib.cuDeviceGetAttribute(ctypes.byref(v), 132, 0) == 0
+        assert v.value == (0 if refused else 1)
+        rc = lib.cuMulticastCreate(ctypes.byref(handle), None), lib.cuMulticastGetGranularity(ctypes.byref(gran), None, 0)
+        assert rc == ((801, 801) if refused else (0, 0))
+        assert lib.ccbemu_fake_multicast_calls() - calls == (0 if refused else 2)
+    init(lib, emulate=1, nvls=0)
+    assert lib.cuDeviceGetAttribute(ctypes.byref(v), 75, 0) == 0  # other attributes pass untouched
+
+
+def launch_toll_s(lib):  # noqa: F811
+    s = lib.ccbemu_fake_stream()
+    t = time.perf_counter()
+    assert lib.cuLaunchKernel(None, 1, 1, 1, 1, 1, 1, 0, s, None, None) == 0
+    return time.perf_counter() - t
+
+
+@pytest.mark.parametrize("how", ["communicator", "peer_access", "multi_gpu"])
+def test_the_launch_toll_grows_once_the_process_is_multi_gpu(lib, nccl, how):  # noqa: F811
+    F, h = nccl
+    toll = 0.02
+    init(lib, launch_toll_us=toll * 1e6, mgpu_launch_factor=2, sync_toll_us=0, nccl_toll_us=0,
+         multi_gpu=int(how == "multi_gpu"))
+    first = launch_toll_s(lib)
+    if how == "multi_gpu":
+        assert first >= 2 * toll * 0.95
+        return
+    assert toll * 0.95 <= first < 1.5 * toll
+    one = comm(F, 1)
+    buf = ints(lib, [1, 2])
+    assert h["ncclAllReduce"](buf, buf, 2, INT32, SUM, one, None) == 0
+    assert launch_toll_s(lib) < 1.5 * toll, "a one-rank communicator made the process multi-GPU"
+    if how == "communicator":
+        assert h["ncclAllReduce"](buf, buf, 2, INT32, SUM, comm(F, 8), None) == 0
+    else:
+        assert lib.cuCtxEnablePeerAccess(lib.ccbemu_fake_ctx_new(), 0) == 0
+    assert launch_toll_s(lib) >= 2 * toll * 0.95
+
+
+def test_passthrough_leaves_collectives_alone_but_records_them(lib, nccl, tmp_path):  # noqa: F811
+    F, h = nccl
+    prefix = tmp_path / "p"
+    init(lib, emulate=0, trace=str(prefix), nccl_toll_us=TOLL_US, nvls=0)
+    c = comm(F, 4)
+    s = lib.ccbemu_fake_stream()
+    buf = ints(lib, list(range(256)))
+    assert h["ncclAllReduce"](buf, buf, 256, INT32, SUM, c, s) == 0
+    assert read_ints(buf, 256) == [4 * v for v in range(256)]
+    assert sync_seconds(lib, s) < 0.003
+    (r,) = rows(lib, prefix)
+    assert (r["toll_ns"], r["ranks"], r["wire_bytes"]) == ("0", "4", str(int(2 * 3 / 4 * 1024)))
+
+
+PROGRAM = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+typedef struct { char internal[128]; } ncclUniqueId;
+int ncclCommInitRank(void **, int, ncclUniqueId, int);
+int ncclAllReduce(const void *, void *, size_t, int, int, void *, void *);
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec / 1e9; }
+int main(int argc, char **argv) {
+    int (*init)(const char *, char *, int) = dlsym(RTLD_DEFAULT, "ccbemu_test_init");
+    void *(*alloc)(size_t, int) = dlsym(RTLD_DEFAULT, "ccbemu_fake_alloc");
+    void *(*stream)(void) = dlsym(RTLD_DEFAULT, "ccbemu_fake_stream");
+    int (*cuStreamSynchronize)(void *) = dlsym(RTLD_DEFAULT, "cuStreamSynchronize");
+    char err[256];
+    if (!init || init(argv[1], err, sizeof err)) { printf("{\"error\": \"no interposer or bad config\"}\n"); return 1; }
+    void *comm; ncclUniqueId id; memset(&id, 0, sizeof id);
+    ncclCommInitRank(&comm, 2, id, 0);
+    int *buf = alloc(64 * sizeof(int), 2);
+    for (int i = 0; i < 64; i++) buf[i] = i * 7 - 100;
+    void *s = stream();
+    double t0 = now();
+    int rc = ncclAllReduce(buf, buf, 64, 2, 0, comm, s);
+    double t1 = now();
+    cuStreamSynchronize(s);
+    double t2 = now();
+    int exact = 1;
+    for (int i = 0; i < 64; i++) exact &= buf[i] == 2 * (i * 7 - 100);
+    printf("{\"rc\": %d, \"issue_s\": %f, \"sync_s\": %f, \"exact\": %d}\n", rc, t1 - t0, t2 - t1, exact);
+    return 0;
+}
+"""
+
+
+def test_a_program_linked_against_libnccl_is_charged_through_the_preloaded_exports(fake_nccl, tmp_path):
+    src = tmp_path / "prog.c"
+    src.write_text(PROGRAM)
+    exe = tmp_path / "prog"
+    subprocess.run([cc(), "-O1", "-o", str(exe), str(src), f"-L{fake_nccl}", "-lnccl", "-ldl",
+                    f"-Wl,-rpath,{fake_nccl}"], check=True)
+    env = {**os.environ, "LD_PRELOAD": launcher.library()}
+    for emulate in (1, 0):
+        config = f"profile=test\nemulate={emulate}\nnccl_toll_us={TOLL_US}\nsync_toll_us=0\n"
+        out = subprocess.run([str(exe), config], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        got = json.loads(out.stdout)
+        assert got["rc"] == 0 and got["exact"] == 1
+        assert got["issue_s"] < 0.5 * TOLL_US / 1e6
+        if emulate:
+            assert TOLL_US / 1e6 * 0.9 <= got["sync_s"] <= TOLL_US / 1e6 + 0.05
+        else:
+            assert got["sync_s"] < 0.005
+
+
+@pytest.mark.parametrize("key,value", [("nccl_toll_us", "-1"), ("nvlink_kept", "1.5"), ("nvlink_kept", "nan"),
+                                       ("mgpu_launch_factor", "0.5"), ("nvls", "2"), ("nccl_toll_max_bytes", "1.5")])
+def test_bad_multi_gpu_values_are_refused_by_both_parsers(lib, key, value):  # noqa: F811
+    from ccbridge.emulate import profiles
+
+    with pytest.raises(ValueError, match=key):
+        init(lib, **{key: value})
+    with pytest.raises(profiles.ProfileError, match=key):
+        profiles.override(profiles.load("b300"), [f"{key}={value}"])
+    assert not math.isnan(profiles.load("b300").params["nvlink_kept"].value)
