@@ -1,5 +1,7 @@
-import types
+import pynvml
+import pytest
 
+import fake_nvml
 from ccbridge import env
 
 CPUINFO = """processor\t: 0
@@ -30,55 +32,55 @@ def test_tee_detection(tmp_path):
     assert env.tee_guest("/nonexistent-root", {"sev", "hypervisor"})["kind"] == "sev"
 
 
-class FakeNVMLError(Exception):
-    pass
-
-
-def fake_nvml(settings_rc=0, state_raises=False):
-    nv = types.SimpleNamespace(
-        NVML_SUCCESS=0, NVML_CC_SYSTEM_ENVIRONMENT_PROD=2, NVML_CC_SYSTEM_ENVIRONMENT_SIM=1,
-        NVML_CC_SYSTEM_FEATURE_ENABLED=1, NVML_CC_SYSTEM_DEVTOOLS_MODE_ON=1,
-        NVML_CC_SYSTEM_MULTIGPU_NONE=0, NVML_CC_SYSTEM_MULTIGPU_PROTECTED_PCIE=1, NVML_CC_SYSTEM_MULTIGPU_NVLE=2,
-        NVML_CC_ACCEPTING_CLIENT_REQUESTS_TRUE=1, NVML_CC_SYSTEM_CPU_CAPS_NONE=0, NVML_CC_SYSTEM_CPU_CAPS_AMD_SEV=1,
-        NVML_CC_SYSTEM_CPU_CAPS_INTEL_TDX=2, NVML_CC_SYSTEM_CPU_CAPS_AMD_SEV_SNP=3, NVML_CC_SYSTEM_CPU_CAPS_AMD_SNP_VTOM=4,
-        NVML_CC_SYSTEM_GPUS_CC_CAPABLE=1, nvmlSystemConfComputeSettings_v1=0x1000014)
-
-    def state():
-        if state_raises:
-            raise FakeNVMLError("Not Supported")
-        return types.SimpleNamespace(environment=2, ccFeature=1, devToolsMode=0)
-
-    class Settings:
-        version = 0
-        multiGpuMode = 0
-
-    def get_settings(s):
-        s.multiGpuMode = 1
-        return settings_rc
-
-    nv.nvmlSystemGetConfComputeState = state
-    nv.c_nvmlSystemConfComputeSettings_v1_t = Settings
-    nv.nvmlSystemGetConfComputeSettings = get_settings
-    nv.nvmlErrorString = lambda rc: b"Not Supported"
-    nv.nvmlSystemGetConfComputeGpusReadyState = lambda: 1
-    nv.nvmlSystemGetConfComputeCapabilities = lambda: types.SimpleNamespace(cpuCaps=2, gpusCaps=1)
-    return nv
-
-
 def test_cc_state_on():
-    cc = env.cc_state(fake_nvml())
-    assert cc["mode"] == "on"
+    cc = env.cc_state(fake_nvml.make(fake_nvml.Scenario(multi_gpu=pynvml.NVML_CC_SYSTEM_MULTIGPU_PROTECTED_PCIE)))
+    assert cc["mode"] == "on" and env.cc_label(cc) == "on"
     assert cc["state"] == {"environment": "prod", "cc_feature": "enabled", "devtools_mode": "off"}
-    assert cc["multi_gpu_mode"] == "protected-pcie"
+    assert cc["multi_gpu_mode"] == "protected-pcie" and "settings_error" not in cc
     assert cc["gpus_ready"] is True
     assert cc["capabilities"] == {"cpu": "intel-tdx", "gpus": "cc-capable"}
 
 
-def test_cc_state_errors_are_recorded_not_raised():
-    cc = env.cc_state(fake_nvml(settings_rc=3, state_raises=True))
-    assert cc["mode"] == "unknown"
-    assert "Not Supported" in cc["state_error"]
-    assert "returned 3" in cc["settings_error"] and "multi_gpu_mode" not in cc
+@pytest.mark.parametrize("mode, name", [(pynvml.NVML_CC_SYSTEM_MULTIGPU_NONE, "none"),
+                                        (pynvml.NVML_CC_SYSTEM_MULTIGPU_PROTECTED_PCIE, "protected-pcie"),
+                                        (pynvml.NVML_CC_SYSTEM_MULTIGPU_NVLE, "nvle")])
+def test_every_multi_gpu_mode_is_read_through_the_versioned_struct(mode, name):
+    """The fake driver answers 25 (argument version mismatch) unless it gets a pointer to a v1 struct,
+    as the real one did to the by-value call on the lent H100."""
+    assert env.cc_state(fake_nvml.make(fake_nvml.Scenario(multi_gpu=mode)))["multi_gpu_mode"] == name
+
+
+@pytest.mark.parametrize("cc, label", [("off", "off"), ("devtools", "devtools"), ("raise", "unknown")])
+def test_cc_off_devtools_and_unanswered(cc, label):
+    out = env.cc_state(fake_nvml.make(fake_nvml.Scenario(cc=cc)))
+    assert env.cc_label(out) == label
+    assert ("state_error" in out) is (cc == "raise")
+
+
+@pytest.mark.parametrize("scenario, reason", [
+    (fake_nvml.Scenario(settings_versions=()), "returned 25"),  # a driver that takes no struct version we have
+    (fake_nvml.Scenario(settings=pynvml.NVML_ERROR_NOT_SUPPORTED), "returned 3: Not Supported"),
+    (fake_nvml.Scenario(multi_gpu=9), "multiGpuMode 9 is not a mode this nvidia-ml-py knows"),
+])
+def test_an_unanswered_settings_call_gives_its_reason_never_a_mode(scenario, reason):
+    cc = env.cc_state(fake_nvml.make(scenario))
+    assert "multi_gpu_mode" not in cc and reason in cc["settings_error"]
+    assert cc["mode"] == "on" and cc["gpus_ready"] is True  # the other calls' answers stay
+
+
+def test_a_binding_without_the_settings_struct_says_so():
+    nv = fake_nvml.make(fake_nvml.Scenario())
+    del nv.c_nvmlSystemConfComputeSettings_v1_t
+    assert "no nvmlSystemConfComputeSettings_v1 struct" in env.cc_state(nv)["settings_error"]
+
+
+def test_the_stamp_carries_cc_and_fabric_from_the_nvml_it_is_given():
+    s = env.stamp(fake_nvml.make(fake_nvml.b300_tenant(2)))
+    assert s["nvml"]["cc"]["multi_gpu_mode"] == "nvle"
+    assert [g["fabric"]["state"] for g in s["nvml"]["gpus"]] == ["completed", "completed"]
+    assert s["nvml"]["fabric"]["gpus_per_clique"] == [2]
+    off = env.nvml_info(fake_nvml.make(fake_nvml.Scenario(init=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)))
+    assert off["available"] is False and "Driver Not Loaded" in off["error"]
 
 
 def test_stamp_tolerates_missing_pieces():

@@ -6,6 +6,7 @@ as an error string in the stamp and the rest is still filled in.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import platform
@@ -70,7 +71,7 @@ def tee_guest(root: str = "/", cpu_flags: set[str] | None = None) -> dict[str, A
     return {"kind": "none", "evidence": []}
 
 
-def _nvml_call(fn, *args):
+def nvml_call(fn, *args):
     """Call an NVML function; return (value, None) or (None, error text)."""
     try:
         return fn(*args), None
@@ -78,14 +79,36 @@ def _nvml_call(fn, *args):
         return None, f"{type(e).__name__}: {e}"
 
 
+def nvml_name(nv, prefix: str, value: int) -> str:
+    """The NVML constant's name for a value, e.g. NVML_ERROR_NOT_READY for a status code."""
+    names = [k for k in dir(nv) if k.startswith(prefix) and getattr(nv, k) == value and not k.endswith("_")]
+    return min(names, key=len) if names else f"{prefix}{value}"
+
+
 def _decode(v):
     return v.decode() if isinstance(v, bytes) else v
+
+
+def _settings(nv) -> tuple[Any, str | None]:
+    """nvmlSystemGetConfComputeSettings with the versioned struct, passed by pointer: the binding hands
+    its argument to the driver unchecked, and a struct passed by value reaches the driver as garbage,
+    which it answers 25 (argument version mismatch). Returns (settings, None) or (None, the reason)."""
+    if not hasattr(nv, "c_nvmlSystemConfComputeSettings_v1_t"):
+        return None, "this nvidia-ml-py has no nvmlSystemConfComputeSettings_v1 struct"
+    settings = nv.c_nvmlSystemConfComputeSettings_v1_t()
+    settings.version = nv.nvmlSystemConfComputeSettings_v1
+    rc, err = nvml_call(nv.nvmlSystemGetConfComputeSettings, ctypes.byref(settings))
+    if err is not None:
+        return None, err
+    if rc != nv.NVML_SUCCESS:
+        return None, f"nvmlSystemGetConfComputeSettings returned {rc}: {_decode(nv.nvmlErrorString(rc))}"
+    return settings, None
 
 
 def cc_state(nv) -> dict[str, Any]:
     """The confidential-computing state from NVML, every call's outcome kept."""
     out: dict[str, Any] = {}
-    st, err = _nvml_call(nv.nvmlSystemGetConfComputeState)
+    st, err = nvml_call(nv.nvmlSystemGetConfComputeState)
     if st is not None:
         out["state"] = {
             "environment": {nv.NVML_CC_SYSTEM_ENVIRONMENT_PROD: "prod", nv.NVML_CC_SYSTEM_ENVIRONMENT_SIM: "sim"}.get(st.environment, "unavailable"),
@@ -94,25 +117,19 @@ def cc_state(nv) -> dict[str, Any]:
         }
     else:
         out["state_error"] = err
-    # The Python binding returns this one's code unchecked: check it here.
-    try:
-        settings = nv.c_nvmlSystemConfComputeSettings_v1_t()
-        settings.version = nv.nvmlSystemConfComputeSettings_v1
-        rc = nv.nvmlSystemGetConfComputeSettings(settings)
-        if rc == nv.NVML_SUCCESS:
-            out["multi_gpu_mode"] = {nv.NVML_CC_SYSTEM_MULTIGPU_NONE: "none",
-                                     nv.NVML_CC_SYSTEM_MULTIGPU_PROTECTED_PCIE: "protected-pcie",
-                                     getattr(nv, "NVML_CC_SYSTEM_MULTIGPU_NVLE", -1): "nvle"}.get(settings.multiGpuMode, f"unknown({settings.multiGpuMode})")
-        else:
-            out["settings_error"] = f"nvmlSystemGetConfComputeSettings returned {rc}: {_decode(nv.nvmlErrorString(rc))}"
-    except Exception as e:
-        out["settings_error"] = f"{type(e).__name__}: {e}"
-    ready, err = _nvml_call(nv.nvmlSystemGetConfComputeGpusReadyState)
+    settings, err = _settings(nv)
+    mode = {nv.NVML_CC_SYSTEM_MULTIGPU_NONE: "none", nv.NVML_CC_SYSTEM_MULTIGPU_PROTECTED_PCIE: "protected-pcie",
+            getattr(nv, "NVML_CC_SYSTEM_MULTIGPU_NVLE", -1): "nvle"}.get(settings.multiGpuMode) if settings else None
+    if mode is not None:
+        out["multi_gpu_mode"] = mode
+    else:  # never a guessed mode: the reason, or the value the binding cannot name
+        out["settings_error"] = err or f"multiGpuMode {settings.multiGpuMode} is not a mode this nvidia-ml-py knows"
+    ready, err = nvml_call(nv.nvmlSystemGetConfComputeGpusReadyState)
     if ready is not None:
         out["gpus_ready"] = bool(ready == nv.NVML_CC_ACCEPTING_CLIENT_REQUESTS_TRUE)
     else:
         out["gpus_ready_error"] = err
-    caps, err = _nvml_call(nv.nvmlSystemGetConfComputeCapabilities)
+    caps, err = nvml_call(nv.nvmlSystemGetConfComputeCapabilities)
     if caps is not None:
         out["capabilities"] = {
             "cpu": {nv.NVML_CC_SYSTEM_CPU_CAPS_NONE: "none", nv.NVML_CC_SYSTEM_CPU_CAPS_AMD_SEV: "amd-sev",
@@ -128,10 +145,27 @@ def cc_state(nv) -> dict[str, Any]:
     return out
 
 
-def nvml_info() -> dict[str, Any]:
+def cc_label(cc: dict[str, Any]) -> str:
+    """'on', 'off', 'devtools' (CC on with the GPU open to debugging tools) or 'unknown', from cc_state."""
+    if cc.get("mode") == "on" and cc.get("state", {}).get("devtools_mode") == "on":
+        return "devtools"
+    return cc.get("mode", "unknown")
+
+
+def load_nvml():
+    """The NVML binding (pynvml), or None where nvidia-ml-py is not installed."""
     try:
-        import pynvml as nv
+        import pynvml
     except ImportError:
+        return None
+    return pynvml
+
+
+def nvml_info(nv=None) -> dict[str, Any]:
+    """NVML's view: driver, GPUs (with their fabric), CC state and the fabric partition. nv: the NVML
+    module (default pynvml); NVML is initialised here and shut down after."""
+    nv = nv or load_nvml()
+    if nv is None:
         return {"available": False, "error": "nvidia-ml-py is not installed"}
     try:
         nv.nvmlInit()
@@ -139,31 +173,38 @@ def nvml_info() -> dict[str, Any]:
         return {"available": False, "error": f"NVML unavailable ({type(e).__name__}: {e}); no NVIDIA driver?"}
     try:
         info: dict[str, Any] = {"available": True}
-        info["driver"], _ = _nvml_call(lambda: _decode(nv.nvmlSystemGetDriverVersion()))
-        cuda, _ = _nvml_call(nv.nvmlSystemGetCudaDriverVersion_v2)
+        info["driver"], _ = nvml_call(lambda: _decode(nv.nvmlSystemGetDriverVersion()))
+        cuda, _ = nvml_call(nv.nvmlSystemGetCudaDriverVersion_v2)
         info["cuda_driver"] = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None
-        gpus = []
-        count, err = _nvml_call(nv.nvmlDeviceGetCount)
+        from ccbridge import fabric
+
+        gpus, handles = [], []
+        count, err = nvml_call(nv.nvmlDeviceGetCount)
         for i in range(count or 0):
             h = nv.nvmlDeviceGetHandleByIndex(i)
+            handles.append(h)
             g = {"index": i}
             for key, fn in (("name", nv.nvmlDeviceGetName), ("uuid", nv.nvmlDeviceGetUUID),
                             ("pcie_gen_max", nv.nvmlDeviceGetMaxPcieLinkGeneration),
                             ("pcie_width_max", nv.nvmlDeviceGetMaxPcieLinkWidth),
                             ("pcie_gen", nv.nvmlDeviceGetCurrPcieLinkGeneration),
                             ("pcie_width", nv.nvmlDeviceGetCurrPcieLinkWidth)):
-                v, e = _nvml_call(fn, h)
+                v, e = nvml_call(fn, h)
                 g[key] = _decode(v) if v is not None else None
-            mem, _ = _nvml_call(nv.nvmlDeviceGetMemoryInfo, h)
+            mem, _ = nvml_call(nv.nvmlDeviceGetMemoryInfo, h)
             g["memory_gib"] = round(mem.total / 2**30, 1) if mem else None
             gpus.append(g)
+        fabric.add_to_gpus(nv, handles, gpus)
         info["gpus"] = gpus
         if err:
             info["device_count_error"] = err
+            info["fabric"] = {"error": f"no GPU list: {err}"}
+        else:
+            info["fabric"] = fabric.partition(gpus)
         info["cc"] = cc_state(nv)
         return info
     finally:
-        _nvml_call(nv.nvmlShutdown)
+        nvml_call(nv.nvmlShutdown)
 
 
 def torch_info() -> dict[str, Any]:
@@ -246,8 +287,8 @@ def emulated_banner(emu: dict[str, Any]) -> str | None:
     return f"EMULATED CC bridge (profile {emulation_label(emu)}): not a CC hardware measurement"
 
 
-def stamp() -> dict[str, Any]:
-    """The full stamp; tolerant of every missing piece."""
+def stamp(nv=None) -> dict[str, Any]:
+    """The full stamp; tolerant of every missing piece. nv: the NVML module (default pynvml)."""
     cpu = cpu_info()
     return {
         "ccbridge": __version__,
@@ -257,7 +298,7 @@ def stamp() -> dict[str, Any]:
         "cpu": cpu,
         "tee": tee_guest(),
         "openssl": openssl_info(),
-        "nvml": nvml_info(),
+        "nvml": nvml_info(nv),
         "torch": torch_info(),
         "emulation": emulation_info(),
         "nccl_net_plugin": _nccl_plugin(),

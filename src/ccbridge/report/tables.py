@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ccbridge import env as envmod
+from ccbridge import fabric
 from ccbridge.results import Result, Row
 
 
@@ -115,7 +116,7 @@ def machine_table(env: dict) -> Table:
     gpus = "; ".join(f"{g['index']}: {g.get('name')} ({g.get('memory_gib')} GiB, PCIe gen {g.get('pcie_gen')} x{g.get('pcie_width')})"
                      for g in nv.get("gpus", [])) or nv.get("error", "none")
     cc = nv.get("cc", {})
-    cc_text = cc.get("mode", "unknown")
+    cc_text = envmod.cc_label(cc)
     if cc.get("state"):
         cc_text += f" (feature {cc['state']['cc_feature']}, environment {cc['state']['environment']}, devtools {cc['state']['devtools_mode']})"
     if "multi_gpu_mode" in cc:
@@ -130,6 +131,7 @@ def machine_table(env: dict) -> Table:
         ["GPUs", gpus],
         ["driver / CUDA", f"{nv.get('driver')} / {nv.get('cuda_driver')}" if nv.get("available") else "n/a"],
         ["GPU CC mode (NVML)", cc_text if nv.get("available") else "n/a (no NVML)"],
+        ["NVLink fabric (NVML)", fabric.summary(nv) if nv.get("available") else "n/a (no NVML)"],
         ["CPU TEE guest", f"{tee.get('kind')} {('(' + ', '.join(tee.get('evidence', [])) + ')') if tee.get('evidence') else ''}".strip()],
         ["CPU", f"{cpu.get('model')} x{cpu.get('cores')}; " + " ".join(f"{k}{'+' if v else '-'}" for k, v in flags.items())],
         ["OpenSSL", ssl.get("version") or ssl.get("error", "n/a")],
