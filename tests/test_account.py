@@ -8,11 +8,14 @@ from ccbridge import account, results
 from ccbridge.emulate import trace
 
 
-def write_trace(prefix, lines, pid=1, profile="passthrough", emulate=0):
-    """A trace file as the interposer writes it; lines: (t_enter_us, dur_us, api, kind, dir, mem, bytes, stream_us, toll_us)."""
+def write_trace(prefix, lines, pid=1, profile="passthrough", emulate=0, ranks=8):
+    """A trace file as the interposer writes it; lines: (t_enter_us, dur_us, api, kind, dir, mem, bytes, stream_us, toll_us).
+    Collective lines carry the communicator's size and an all-reduce's ring bus bytes, 2(n-1)/n x bytes."""
     rows = [f"# ccbridge trace schema {trace.SCHEMA}, profile {profile}, emulate {emulate}", ",".join(trace.COLUMNS)]
     for t, dur, api, kind, d, m, n, sw, tl in lines:
-        rows.append(f"{int(t * 1e3)},{int((t + dur) * 1e3)},7,,,{api},{kind},{d},{m},{n},0,{int(sw * 1e3)},{int(tl * 1e3)},0,")
+        mgpu = f"{ranks},{2 * (ranks - 1) * n // ranks}" if kind == "collective" else ","
+        rows.append(f"{int(t * 1e3)},{int((t + dur) * 1e3)},7,,,{api},{kind},{d},{m},{n},0,{int(sw * 1e3)},"
+                    f"{int(tl * 1e3)},0,,{mgpu}")
     (prefix.parent / f"{prefix.name}.{pid}.csv").write_text("\n".join(rows) + "\n")
 
 
@@ -62,7 +65,11 @@ def test_the_cli_writes_a_result_that_compare_can_read(tmp_path):
     p = subprocess.run([sys.executable, "-m", "ccbridge.cli", "account", str(tmp_path / "native"), str(tmp_path / "cc"),
                         "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert "cuMemcpyDtoHAsync_v2" in p.stdout.splitlines()[2] and "DrainWorker" in p.stdout
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("EMULATED: OTHER ran under the emulator (profile b300)")  # the trace's header says so
+    table = next(i for i, l in enumerate(lines) if l.startswith("api "))
+    assert lines[table + 1].startswith("cuMemcpyDtoHAsync_v2") and lines[table + 1].endswith("DrainWorker")
+    assert all(len(l) <= 120 for l in lines), max(lines, key=len)
     res = results.load(out / "result.json")
     share = [r for r in res.rows if r.metric == "share_of_slowdown" and r.params["api"] == "cuMemcpyDtoHAsync_v2"]
     assert len(share) == 1 and share[0].extra["recovery"].startswith("drain on a worker")
@@ -150,3 +157,66 @@ def test_account_of_a_command_gives_shares_of_the_driver_call_span(tmp_path, mon
     assert any(r.test == "account.phase" and r.params["phase"] == "start-up" for r in res.rows)
     md = (tmp_path / "o" / "report.md").read_text()
     assert "start-up -2000.0 ms" in md and "the shares below are of the driver-call span's slowdown (+137.0 ms)" in md
+
+
+def tp_step_loop(prefix, sync_us, allreduce_toll_us, steps=50, emulated=False):
+    """A TP decode step: 20 launches, 4 small all-reduces (64 KiB; their toll is GPU time the host does not wait
+    for in the call), then one synchronize that waits for the GPU: natively 100 us, under the emulator longer by
+    the all-reduces' queued time plus its own 22 us round trip."""
+    lines, t = [], 0.0
+    for _ in range(steps):
+        for _ in range(20):
+            lines.append((t, 5, "cuLaunchKernel", "launch", "", "", 0, 0, 0))
+            t += 6
+        for _ in range(4):
+            lines.append((t, 8, "ncclAllReduce", "collective", "", "", 64 << 10, 0, allreduce_toll_us))
+            t += 9
+        lines.append((t, sync_us, "cuStreamSynchronize", "sync", "", "", 0, 0, 22 if emulated else 0))
+        t += sync_us + 1
+    write_trace(prefix, lines, profile="b300" if emulated else "passthrough", emulate=int(emulated))
+
+
+def test_collectives_are_charged_the_waits_their_gpu_time_caused_once(tmp_path):
+    """Under the emulator each all-reduce queues 30 us of GPU time; the step's synchronize grows by 4 x 30 us for
+    them plus its own 22 us round trip. The 120 us per step belong to the all-reduces, not to the synchronize,
+    and the rows still sum to the calls' net change."""
+    tp_step_loop(tmp_path / "n", sync_us=100, allreduce_toll_us=0)
+    tp_step_loop(tmp_path / "c", sync_us=100 + 4 * 30 + 22, allreduce_toll_us=30, emulated=True)
+    base, other = trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c"))
+    lines, wall = account.attribute(base, other)
+    by = {x.api: x for x in lines}
+    ar, sync = by["ncclAllReduce"], by["cuStreamSynchronize"]
+    assert ar.kind == "collective" and ar.calls == (200, 200) and ar.in_call_delta_ms == 0  # the host calls did not grow
+    assert abs(ar.device_ms[1] - 6.0) < 1e-6 and ar.device_ms[0] == 0  # 200 x 30 us of GPU time
+    assert abs(ar.moved_ms - 6.0) < 1e-6 and abs(sync.moved_ms + 6.0) < 1e-6
+    assert abs(sync.delta_ms - 50 * 22e-3) < 1e-6  # what is left on the synchronize: its own round trips
+    assert lines[0] is ar and "fewer, larger collectives" in ar.recovery
+    assert abs(account.net_in_calls_s(lines) - (sync.in_call_delta_ms / 1e3)) < 1e-9  # nothing counted twice
+    assert abs(ar.share - 6.0 / (wall * 1e3)) < 1e-9
+    text = account.render(lines, wall, emulated="b300")
+    assert all(len(l) <= 120 for l in text.splitlines()), text
+    assert "collectives: 6.0 ms more GPU time" in text and "the host waited for 6.0 ms of it" in text
+    row = next(l for l in text.splitlines() if l.startswith("ncclAllReduce"))
+    assert "64.0 KiB/op" in row and row.endswith("fewer collectives")
+    rows = {(r.test, r.metric, r.params.get("api")): r for r in account.rows(lines, wall)}
+    assert abs(rows[("account.api", "gpu_time", "ncclAllReduce")].median - 6.0) < 1e-6
+    assert rows[("account.api", "payload_per_op", "ncclAllReduce")].median == 64 << 10
+    assert abs(rows[("account.api", "waits_moved", "cuStreamSynchronize")].median + 6.0) < 1e-6
+    assert abs(rows[("account.total", "collective_waits", None)].median - 0.006) < 1e-9
+    why = account.render_why(lines)
+    assert all(len(l) <= 120 for l in why.splitlines()) and "GPU time 0.00 -> 6.00 ms, 64.0 KiB per operation" in why
+
+
+def test_gpu_time_no_wait_grew_by_is_not_slowdown(tmp_path):
+    """The host never waited for the collectives (no synchronize grew): their GPU time moves nothing, and a
+    large all-reduce (8 MiB) calls for overlap, not for more of them fused."""
+    def loop(prefix, toll, **kw):
+        write_trace(prefix, [(i * 50.0, 8, "ncclAllReduce", "collective", "", "", 8 << 20, 0, toll) for i in range(10)]
+                    + [(600.0, 5, "cuStreamSynchronize", "sync", "", "", 0, 0, 0)], **kw)
+    loop(tmp_path / "n", 0)
+    loop(tmp_path / "c", 400, profile="b300", emulate=1)
+    lines, _ = account.attribute(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
+    ar = next(x for x in lines if x.kind == "collective")
+    assert ar.moved_ms == 0 and ar.delta_ms == 0 and ar.recovery == ""
+    assert account.recovery("collective", "-", 10, 10 * (8 << 20), 0, 0, 4).startswith("overlap collectives")
+    assert account.collectives_gpu_ms(lines) == (4.0, 0.0)

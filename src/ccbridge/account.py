@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 from ccbridge.emulate.trace import TraceSummary
 from ccbridge.results import Row
+from ccbridge.textfit import WIDTH, cut as _cut, wrap as _wrap
+from ccbridge.ui import approx_bytes
 
 SMALL = 64 << 10  # bytes: a crossing this small is mostly toll
 
@@ -52,35 +54,108 @@ class Line:
     share: float  # of the slowdown: the driver-call span's where the runs' phases are known, else the wall time's
     recovery: str
     site: str = ""  # the Python call site (file:line function -> callee) where the traces noted sites
+    device_ms: tuple[float, float] = (0.0, 0.0)  # collectives: GPU time queued ahead of them (toll_ns), each trace
+    moved_ms: float = 0.0  # host waits the collectives' GPU time explains: + on collectives, - on the waits
+
+    @property
+    def in_call_delta_ms(self) -> float:
+        return self.in_call_ms[1] - self.in_call_ms[0]
 
     @property
     def delta_ms(self) -> float:
-        return self.in_call_ms[1] - self.in_call_ms[0]
+        """The growth this line is charged with: its time in calls, plus the waits moved to it (collective_waits())."""
+        return self.in_call_delta_ms + self.moved_ms
+
+    @property
+    def what(self) -> str:
+        """dir/mem in a few characters; a collective's mean payload per operation."""
+        if self.kind == "collective":
+            return f"{approx_bytes(self.bytes / self.calls[1])}/op" if self.calls[1] else "-"
+        return " ".join(v for v in (self.dir, self.mem) if v not in ("", "-")) or "-"
 
     def per_call_us(self, i: int) -> float:
         return self.in_call_ms[i] * 1e3 / self.calls[i] if self.calls[i] else 0.0
 
 
+# What each recovery is called in the 120-column table (the full text goes to --why, --json and the reports).
+RECOVERIES = {
+    "CUDA graphs": "CUDA graphs: one launch toll per graph instead of one per kernel",
+    "fewer syncs": "fewer synchronizes on the critical thread: read back on a ccbridge.serve.DrainWorker",
+    "keep contexts": "create contexts once and keep them (each pays the CC context setup; ccbridge's loader pools them)",
+    "reuse pinned": "allocate pinned buffers once and reuse them (each allocation pays the CC toll)",
+    "DrainWorker": "drain on a worker (ccbridge.serve.DrainWorker): the readback waits for the stream",
+    "StagedH2D": "stage on an idle stream (ccbridge.serve.StagedH2D): the copy waits for queued work",
+    "pack readbacks": "pack small readbacks into one (gather a step's results on the device, one D2H)",
+    "pack crossings": "pack small crossings into one (ccbridge.serve.StagedH2D packs a step's inputs)",
+    "context pool": "more contexts (a context pool, as ccbridge's loader keeps): one context's channel is serialized",
+    "fewer crossings": "larger, fewer crossings: each pays a fixed toll",
+    "fewer collectives": "fewer, larger collectives: each pays a per-operation toll (DDP bucket_cap_mb, a fused "
+                         "all-reduce, a narrower TP degree); CUDA graphs drop their launch tolls, not this one",
+    "overlap collectives": "overlap collectives with compute, or a narrower TP degree: large ones pay for the link "
+                           "bandwidth CC keeps",
+}
+COLLECTIVE_SMALL = 1 << 20  # bytes per operation up to which the per-operation toll dominates (bridge law, section 6)
+
+
 def recovery(kind: str, direction: str, calls: int, nbytes: int, stream_ms: float, channel_ms: float,
              toll_ms: float) -> str:
     """The recovery a row's dominant cost calls for (bridge law; ccbridge.serve)."""
-    if kind == "launch":
-        return "CUDA graphs: one launch toll per graph instead of one per kernel"
-    if kind == "sync":
-        return "fewer synchronizes on the critical thread: read back on a ccbridge.serve.DrainWorker"
-    if kind == "context":
-        return "create contexts once and keep them (each pays the CC context setup; ccbridge's loader pools them)"
-    if kind == "alloc":
-        return "allocate pinned buffers once and reuse them (each allocation pays the CC toll)"
+    return RECOVERIES[_recovery(kind, direction, calls, nbytes, stream_ms, channel_ms, toll_ms)]
+
+
+def recovery_name(text: str) -> str:
+    """A recovery's name in RECOVERIES ("" for none)."""
+    return next((k for k, v in RECOVERIES.items() if v == text), "")
+
+
+def _recovery(kind, direction, calls, nbytes, stream_ms, channel_ms, toll_ms) -> str:
+    if kind == "collective":
+        return "fewer collectives" if calls and nbytes / calls <= COLLECTIVE_SMALL else "overlap collectives"
+    if kind in ("launch", "sync", "context", "alloc"):
+        return {"launch": "CUDA graphs", "sync": "fewer syncs", "context": "keep contexts", "alloc": "reuse pinned"}[kind]
     if stream_ms >= max(channel_ms, toll_ms):
-        return ("drain on a worker (ccbridge.serve.DrainWorker): the readback waits for the stream" if direction == "d2h"
-                else "stage on an idle stream (ccbridge.serve.StagedH2D): the copy waits for queued work")
+        return "DrainWorker" if direction == "d2h" else "StagedH2D"
     if calls and nbytes / calls < SMALL:
-        return ("pack small readbacks into one (gather a step's results on the device, one D2H)" if direction == "d2h"
-                else "pack small crossings into one (ccbridge.serve.StagedH2D packs a step's inputs)")
+        return "pack readbacks" if direction == "d2h" else "pack crossings"
     if channel_ms >= toll_ms:
-        return "more contexts (a context pool, as ccbridge's loader keeps): one context's channel is serialized"
-    return "larger, fewer crossings: each pays a fixed toll"
+        return "context pool"
+    return "fewer crossings"
+
+
+def collective_waits(lines: list["Line"]) -> float:
+    """Move the host waits that collectives' GPU time explains onto the collectives; the ms moved.
+
+    A collective's toll_ns is device time: the emulator queued it on the op's stream ahead of the op, and the
+    host's call returned without waiting for it. The host meets it later, as a synchronize or a readback that
+    waits longer for the stream. Counted as it falls, that time would sit in those waits and the collectives
+    would look free; counted on both, twice. The rule: the collectives' growth of device time (other less base,
+    summed) is taken, up to the room the waits grew by, from the waits and given to the collectives, each
+    collective in proportion to its own device growth, each wait in proportion to its room. A wait's room is
+    what of its growth can be waiting for the GPU: a synchronize's growth beyond its own round-trip tolls, a
+    crossing's up to what it waited for its stream. Device time no wait grew by (the GPU was busy with it but
+    the host never waited: overlapped) stays with the waits' rows, that is nowhere: it is shown as GPU time,
+    not as slowdown. The rows still sum to the calls' net change. A record-only trace (CC-on hardware) has
+    no toll_ns, so nothing moves there: its collectives hold only their host calls."""
+    gpu = {id(x): x.device_ms[1] - x.device_ms[0] for x in lines
+           if x.kind == "collective" and x.device_ms[1] > x.device_ms[0]}
+    room = {id(x): r for x in lines if (r := _wait_room(x)) > 0}
+    moved = min(sum(gpu.values()), sum(room.values()))
+    if moved > 0:
+        g, r = sum(gpu.values()), sum(room.values())
+        for x in lines:
+            x.moved_ms += moved * (gpu.get(id(x), 0.0) / g - room.get(id(x), 0.0) / r)
+    return max(moved, 0.0)
+
+
+def _wait_room(x: "Line") -> float:
+    grew = x.in_call_delta_ms
+    if grew <= 0:
+        return 0.0
+    if x.kind == "sync":
+        return max(0.0, grew - x.toll_ms)
+    if x.kind == "crossing":
+        return min(grew, x.stream_wait_ms)
+    return 0.0
 
 
 PHASES = ("start-up", "driver calls", "teardown")  # launch -> first call -> last call -> exit
@@ -141,10 +216,14 @@ def _lines(btab: dict, otab: dict, wall: float) -> list[Line]:
         sw, cw, tl = (o.get(k, 0) / 1e6 for k in ("stream_wait_ns", "channel_wait_ns", "toll_ns"))
         kind = o.get("kind") or b.get("kind", "")
         site, (api, d, m) = (key[0], key[1:]) if len(key) == 4 else ("", key)
-        grew = in_call[1] > in_call[0]  # a call that did not grow calls for no recovery
-        lines.append(Line(api, kind, d, m, calls, in_call, sw, cw, tl, o.get("bytes", 0),
-                          (in_call[1] - in_call[0]) / (wall * 1e3) if wall > 0 else 0.0,
-                          recovery(kind, d, calls[1], o.get("bytes", 0), sw, cw, tl) if grew else "", site))
+        device = (b.get("toll_ns", 0) / 1e6, tl) if kind == "collective" else (0.0, 0.0)
+        lines.append(Line(api, kind, d, m, calls, in_call, sw, cw, tl, o.get("bytes", 0), 0.0, "", site, device))
+    collective_waits(lines)
+    for x in lines:
+        x.share = x.delta_ms / (wall * 1e3) if wall > 0 else 0.0
+        # a call that did not grow calls for no recovery
+        x.recovery = recovery(x.kind, x.dir, x.calls[1], x.bytes, x.stream_wait_ms, x.channel_wait_ms,
+                              x.toll_ms) if x.delta_ms > 0 else ""
     lines.sort(key=lambda x: -x.delta_ms)
     return lines
 
@@ -153,18 +232,31 @@ def rows(lines: list[Line], wall_s: float, site_lines: list[Line] = (), where: d
          spans: bool = False) -> list[Row]:
     """The account as Rows of a Result (one format for compare, advise and reports): account.api per API,
     account.site per call site and API, account.phase per phase of the run (where: phases()). spans: the
-    slowdown is of two given traces' spans, not of the programs' wall times."""
+    slowdown is of two given traces' spans, not of the programs' wall times. A line's share is of its
+    in_call_delta plus its waits_moved (collective_waits()); collectives add their gpu_time and payload_per_op."""
     out = [Row.of("account.total", "wall_slowdown", "s", [wall_s]),
            Row.of("account.total", "net_in_calls", "s", [net_in_calls_s(lines)]),
            Row.of("account.total", "share_base", "s", [share_base(wall_s, where or {})])]
     out[-1].extra["of"] = ("the driver-call span's slowdown" if where else
                            "the traces' spans' slowdown (first to last call)" if spans else "the wall-time slowdown")
+    if any(x.kind == "collective" for x in lines):
+        gpu, seen = collectives_gpu_ms(lines)
+        out += [Row.of("account.total", "collective_gpu_growth", "s", [gpu / 1e3]),
+                Row.of("account.total", "collective_waits", "s", [seen / 1e3])]
+        out[-2].extra["what"] = "device time queued ahead of the collectives, other less base (EMULATED toll_ns)"
+        out[-1].extra["what"] = "of it, what the host waited for in synchronizes and readbacks (moved to them)"
     out += [Row.of("account.phase", "slowdown", "s", [v], phase=k) for k, v in (where or {}).items()]
     for test, group in (("account.api", lines), ("account.site", site_lines)):
         for x in group:
             p = dict(api=x.api, kind=x.kind, dir=x.dir, mem=x.mem, **({"site": x.site} if x.site else {}))
-            out.append(Row.of(test, "in_call_delta", "ms", [x.delta_ms], **p))
+            out.append(Row.of(test, "in_call_delta", "ms", [x.in_call_delta_ms], **p))
             out[-1].extra.update(stream_wait_ms=x.stream_wait_ms, channel_wait_ms=x.channel_wait_ms, toll_ms=x.toll_ms)
+            if x.moved_ms:
+                out.append(Row.of(test, "waits_moved", "ms", [x.moved_ms], **p))
+            if x.kind == "collective":
+                out.append(Row.of(test, "gpu_time", "ms", [x.device_ms[1]], **p))
+                out[-1].extra["base_ms"] = x.device_ms[0]
+                out.append(Row.of(test, "payload_per_op", "B", [x.bytes / x.calls[1] if x.calls[1] else 0.0], **p))
             out += [Row.of(test, "per_call_base", "us", [x.per_call_us(0)], **p),
                     Row.of(test, "per_call_other", "us", [x.per_call_us(1)], **p),
                     Row.of(test, "share_of_slowdown", "fraction", [x.share], **p)]
@@ -173,40 +265,82 @@ def rows(lines: list[Line], wall_s: float, site_lines: list[Line] = (), where: d
     return out
 
 
+def collectives_gpu_ms(lines: list[Line]) -> tuple[float, float]:
+    """The collectives' device time growth (ms, other less base) and what of it the host waited for (moved)."""
+    col = [x for x in lines if x.kind == "collective"]
+    return sum(x.device_ms[1] - x.device_ms[0] for x in col), sum(x.moved_ms for x in col)
+
+
 def render_sites(lines: list[Line], top: int = 10) -> str:
-    """The call sites whose calls grew most: where in the program to apply each recovery."""
+    """The call sites whose calls grew most: where in the program to apply each recovery (the full site: --why)."""
     if not lines:
         return ""
     out = [f"by call site (the innermost frame outside torch and the stdlib; top {min(top, len(lines))}):",
-           f"{'+ms':>9} {'share':>6} {'calls':>13} {'us/call':>17}  {'api':<24} site"]
+           f"{'+ms':>9} {'share':>6} {'calls':>13} {'us/call':>17}  {'api':<22} site"]
     for x in lines[:top]:
         out.append(f"{x.delta_ms:>9.2f} {x.share:>6.0%} {x.calls[0]:>6}/{x.calls[1]:<6} "
-                   f"{x.per_call_us(0):>8.1f}/{x.per_call_us(1):<8.1f}  {x.api:<24} {x.site}")
+                   f"{x.per_call_us(0):>8.1f}/{x.per_call_us(1):<8.1f}  {_cut(x.api, 22):<22} {_cut(x.site, WIDTH - 94)}")
     return "\n".join(out)
 
 
-def render(lines: list[Line], wall_s: float, top: int = 15, where: dict[str, float] | None = None) -> str:
+def render(lines: list[Line], wall_s: float, top: int = 15, where: dict[str, float] | None = None,
+           emulated: str | None = None) -> str:
+    """The account in 120 columns: the head, one row per call family, the recovery's name (emulated: the OTHER
+    trace's profile, which every figure below is of)."""
     explained = sum(x.delta_ms for x in lines if x.delta_ms > 0) / 1e3
     net = net_in_calls_s(lines)
     pct = lambda v, of: f" ({v / of:.0%})" if of > 0 else ""
-    head = [f"wall time slowdown {wall_s * 1e3:.1f} ms; calls that grew explain {explained * 1e3:.1f} ms"
-            + pct(explained, wall_s) + f"; net of the calls that shrank, the driver calls hold {net * 1e3:.1f} ms"
-            + pct(net, wall_s) + ("; shares below are of the driver-call span's slowdown" if where else "")]
+    head = ([f"EMULATED: OTHER ran under the emulator (profile {emulated}); no figure below is a CC hardware "
+             "measurement"] if emulated else [])
+    head.append(f"wall time slowdown {wall_s * 1e3:.1f} ms; calls that grew explain {explained * 1e3:.1f} ms"
+                + pct(explained, wall_s) + f"; net of the calls that shrank, the driver calls hold {net * 1e3:.1f} ms"
+                + pct(net, wall_s) + ("; shares below are of the driver-call span's slowdown" if where else ""))
     if where:
         span = where["driver calls"]
         head.append("by phase: " + ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in where.items())
                     + f"; of the slowdown between the first and the last driver call, the calls hold {net * 1e3:.1f} ms"
                     + pct(net, span))
-    out = [*head, f"{'api':<28} {'kind':<8} {'dir':<4} {'mem':<9} {'calls':>13} {'us/call':>17} {'+ms':>9} "
-                 f"{'share':>6} {'stream':>8} {'channel':>8} {'toll':>8}  recovery"]
+    out = [*_wrap(head), f"{'api':<24} {'kind':<10} {'dir/mem':<14} {'calls':>13} {'us/call':>17} {'+ms':>9} "
+                         f"{'share':>6}  recovery (--why)"]
     for x in lines[:top]:
-        out.append(f"{x.api:<28} {x.kind:<8} {x.dir:<4} {x.mem:<9} {x.calls[0]:>6}/{x.calls[1]:<6} "
-                   f"{x.per_call_us(0):>8.1f}/{x.per_call_us(1):<8.1f} {x.delta_ms:>9.2f} {x.share:>6.0%} "
-                   f"{x.stream_wait_ms:>8.2f} {x.channel_wait_ms:>8.2f} {x.toll_ms:>8.2f}  {x.recovery}")
+        out.append(f"{_cut(x.api, 24):<24} {x.kind:<10} {x.what:<14} {x.calls[0]:>6}/{x.calls[1]:<6} "
+                   f"{x.per_call_us(0):>8.1f}/{x.per_call_us(1):<8.1f} {x.delta_ms:>9.2f} {x.share:>6.0%}  "
+                   f"{recovery_name(x.recovery)}")
+    notes = []
+    if any(x.kind == "collective" for x in lines):
+        gpu, seen = collectives_gpu_ms(lines)
+        notes.append(f"collectives: {gpu:.1f} ms more GPU time (the emulator's per-operation toll and bandwidth, "
+                     f"queued on their streams: EMULATED); the host waited for {seen:.1f} ms of it in synchronizes "
+                     "and readbacks, which the rows above charge to the collectives, not to the waits"
+                     if gpu > 0 else "collectives: no device time recorded (a record-only trace): their rows hold "
+                     "only the host calls")
     waited = sum(x.stream_wait_ms for x in lines if x.delta_ms > 0)
     for x in lines:  # a synchronize that shrank while crossings grew waiting for their streams: the same wait, moved
         if x.kind == "sync" and x.delta_ms < 0 and waited >= -x.delta_ms / 2:
-            out.append(f"{x.api} shrank {-x.delta_ms:.1f} ms: natively it waited for the GPU; under CC the crossings "
-                       f"above wait for their streams instead ({waited:.1f} ms), ahead of the host work they used to "
-                       "overlap (head-of-line)")
+            notes.append(f"{x.api} shrank {-x.delta_ms:.1f} ms: natively it waited for the GPU; under CC the "
+                         f"crossings above wait for their streams instead ({waited:.1f} ms), ahead of the host work "
+                         "they used to overlap (head-of-line)")
+    return "\n".join(out + _wrap(notes))
+
+
+def render_why(lines: list[Line], site_lines: list[Line] = (), top: int = 15) -> str:
+    """--why: the evidence behind each row of the tables, wrapped to 120 columns."""
+    out = []
+    for title, group in (("by API", lines), ("by call site", site_lines)):
+        if group:
+            out.append(f"{title}:")
+        for x in group[:top]:
+            what = "/".join(v for v in (x.kind, x.dir, x.mem) if v not in ("", "-"))
+            text = (f"{x.api} ({what})" + (f" at {x.site}" if x.site else "")
+                    + f": calls {x.calls[0]} -> {x.calls[1]}, {x.per_call_us(0):.1f} -> {x.per_call_us(1):.1f} us per "
+                    f"call; in calls {x.in_call_delta_ms:+.2f} ms")
+            if x.moved_ms:
+                text += f", waits moved {x.moved_ms:+.2f} ms (collective_waits)"
+            text += (f"; charged {x.delta_ms:+.2f} ms, {x.share:.1%} of the slowdown; in the other trace waiting for "
+                     f"the stream {x.stream_wait_ms:.2f} ms, the channel {x.channel_wait_ms:.2f} ms, tolls "
+                     f"{x.toll_ms:.2f} ms")
+            if x.kind == "collective":
+                text += (f"; GPU time {x.device_ms[0]:.2f} -> {x.device_ms[1]:.2f} ms, "
+                         f"{approx_bytes(x.bytes / x.calls[1]) if x.calls[1] else '-'} per operation")
+            out += _wrap([text + (f"; recovery: {x.recovery}" if x.recovery else "")], indent="    ")
     return "\n".join(out)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ccbridge import env as _env
-from ccbridge import results
+from ccbridge import results, textfit
 from ccbridge.errors import ResultFileError
 from ccbridge.results import Result, Row
 from ccbridge.ui import approx_bytes
@@ -53,6 +53,7 @@ class Advice:
     source: str
     emulated: bool
     cites: list[Cite] = field(default_factory=list)
+    brief: str = ""  # the number behind it in a few words, for the 120-column table (why and cites: --why, --json)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,6 +66,7 @@ class Input:
     env: dict[str, Any]
     result: Result | None
     emulated: bool
+    test: str = ""  # its serving rows' test and settings key: kind, or decode_tp for `bench decode --tp`
 
     def summary(self) -> dict[str, Any]:
         emu = self.env.get("emulation") or {}
@@ -86,13 +88,14 @@ def read(path: str | Path) -> Input:
     if isinstance(doc, dict) and doc.get("schema") == results.SCHEMA:
         res = results.from_doc(p, doc)
         tests = {r.test for r in res.rows}
-        for kind, metric in (("decode", "tok_per_s"), ("kv", "ttft_ms")):
+        for kind, metric in (("decode_tp", "tok_per_s"), ("decode", "tok_per_s"), ("kv", "ttft_ms")):
             if kind in res.settings or kind in tests:
                 if not any(r.test == kind and r.metric == metric for r in res.rows):
                     raise ResultFileError(f"{p}: a {kind} result with no {kind}:{metric} rows (an interrupted "
                                           f"`ccbridge bench {kind}`?): nothing to advise from")
                 _check_serving(p, kind, res)
-                return Input(str(p), kind, res.env, res, res.emulated)
+                # serve/tp.py's rows are decode's with a tp param, under their own test name
+                return Input(str(p), "kv" if kind == "kv" else "decode", res.env, res, res.emulated, kind)
         if any(t.startswith("account.") for t in tests):
             # account --profile: the stamp is the parent's, the OTHER trace ran under the emulator
             return Input(str(p), "account", res.env, res, res.emulated or bool(res.settings.get("profile")))
@@ -108,7 +111,7 @@ def read(path: str | Path) -> Input:
 
 # What bench decode and bench kv write, per row: the parameter that tells rows apart and its values.
 DECODE_MODES = ("sync", "async", "staged", "drain")  # bench decode's modes, as its tables list them
-_SERVING = {"decode": ("batch", DECODE_MODES), "kv": ("threshold", ("sync", "async"))}
+_SERVING = {"decode": ("batch", DECODE_MODES), "decode_tp": ("batch", DECODE_MODES), "kv": ("threshold", ("sync", "async"))}
 
 
 def _check_serving(p: Path, kind: str, res: Result) -> None:
@@ -126,6 +129,9 @@ def _check_serving(p: Path, kind: str, res: Result) -> None:
             raise ResultFileError(f"{p}: rows[{i}] params.{by} must be a positive integer, not {v!r}")
         if mode not in modes:
             raise ResultFileError(f"{p}: rows[{i}] params.mode must be one of {', '.join(modes)}, not {mode!r}")
+        tp = r.params.get("tp")  # bench decode --tp: the tensor-parallel degree
+        if tp is not None and (not isinstance(tp, int) or isinstance(tp, bool) or tp < 1):
+            raise ResultFileError(f"{p}: rows[{i}] params.tp must be a positive integer, not {tp!r}")
         if r.metric in ("tok_per_s", "ttft_ms") and not r.median > 0:
             raise ResultFileError(f"{p}: rows[{i}] {kind}:{r.metric} median must be positive, not {r.median!r}")
         key = (r.metric, v, mode, tuple(sorted((k, str(x)) for k, x in r.params.items())))
@@ -159,6 +165,9 @@ def from_env(inp: Input) -> list[Advice]:
             f"{state}, nothing emulated: CC-aware settings do not apply" if _env.cc_mode(inp.env) == "off" else
             f"{state} (no NVML reading), nothing emulated: CC-aware settings only if this machine runs CC on")
         return out
+    from ccbridge import advise_mgpu
+
+    advise_mgpu.no_multicast(inp, add, "engines that want a multicast workspace must do without")
     then = f"{state}, no measurement in this stamp: confirm with `ccbridge probe`"
     add("vLLM", "--async-scheduling only with readbacks on a ccbridge.serve.DrainWorker; otherwise scheduling sync", then)
     add("SGLang/TRT-LLM", "drain sampled-token readbacks on a worker (ccbridge.serve.DrainWorker)", then)
@@ -171,10 +180,21 @@ def _adder(inp: Input):
     """A list of advice for one input, and the function that appends to it."""
     out: list[Advice] = []
 
-    def add(stack: str, setting: str, why: str, *rows: Row) -> None:
-        out.append(Advice(stack, setting, why, inp.path, inp.emulated, [Cite.of(r) for r in rows]))
+    def add(stack: str, setting: str, why: str, *rows: Row, brief: str | None = None) -> None:
+        cites = [Cite.of(r) for r in rows]
+        out.append(Advice(stack, setting, why, inp.path, inp.emulated, cites,
+                          brief if brief is not None else _brief(cites)))
 
     return out, add
+
+
+def _brief(cites: list[Cite]) -> str:
+    """The first number cited, in a few words: its metric and median (fractions as percentages)."""
+    if not cites:
+        return "no measurement"
+    c = cites[0]
+    value = f"{c.median:.0%}" if c.unit == "fraction" else f"{c.median:.3g} {c.unit}"
+    return f"{c.key.split(':')[1].split('[')[0].replace('_', ' ')} {value}"
 
 
 def from_probe(inp: Input) -> list[Advice]:
@@ -307,7 +327,10 @@ def from_account(inp: Input) -> list[Advice]:
             f"{_state(inp)}; largest shares under {MIN_SHARE:.0%}", *([total] if total else []))
         return out
     at_sites = [x for x in res.by_test("account.site") if x.metric == "share_of_slowdown"]
-    for r in shares:
+    from ccbridge import advise_mgpu
+
+    advise_mgpu.from_collectives(inp, add, [r for r in shares if r.params.get("kind") == "collective"], total)
+    for r in (r for r in shares if r.params.get("kind") != "collective"):
         p = r.params
         what = f"{p.get('api')} ({'/'.join(x for x in (p.get('kind'), p.get('dir'), p.get('mem')) if x)})"
         # where in the program: the call sites of this API that explain most of the slowdown
@@ -317,8 +340,9 @@ def from_account(inp: Input) -> list[Advice]:
                + (f" ({total.median * 1e3:.1f} ms)" if total else "")
                + "".join(f"; {x.median:.0%} at {x.params['site']}" for x in where)
                + f"; {r.extra.get('recovery', '')}")
+        brief = f"{r.median:.0%} of slowdown" + (f" ({total.median * 1e3:.1f} ms)" if total else "")
         for stack, setting in _stacks(str(r.extra.get("recovery", ""))):
-            add(stack, setting, why, *([r] + where + ([total] if total else [])))
+            add(stack, setting, why, *([r] + where + ([total] if total else [])), brief=brief)
     return out
 
 
@@ -356,12 +380,21 @@ def _pick(measured: dict, order: list, gain):
 def from_decode(inp: Input) -> list[Advice]:
     """Per batch size, the scheduling mode to run (the engine default, async, unless another beats it by
     MARGIN); the engines' settings for the largest batch measured, where serving concurrency lives."""
+    from ccbridge import advise_mgpu
+
     res = inp.result
     out, add = _adder(inp)
-    tok = {(r.params["batch"], r.params["mode"]): r for r in res.rows if r.test == "decode" and r.metric == "tok_per_s"}
-    batches = sorted({b for b, _ in tok})
+    by_tp = _tok(inp)
     if not _trustworthy(inp, add):
         return out
+    at_tp = None  # several TP degrees: the modes at the one advised
+    if len({t for t, _, _ in by_tp}) > 1:
+        at_tp = advise_mgpu.from_tp(inp, add, by_tp)
+    elif any(t and t > 1 for t, _, _ in by_tp):
+        advise_mgpu.no_multicast(inp, add, "TP above 1 runs its all-reduces on this fabric", *by_tp.values())
+    tok = {(b, m): r for (t, b, m), r in by_tp.items() if at_tp is None or t == at_tp}
+    at = f"TP {at_tp}, " if at_tp else ""
+    batches = sorted({b for b, _ in tok})
     if "async" not in {m for _, m in tok}:
         add("all", "none yet: measure async too (`--modes ... async`), the engines' default a change must beat",
             f"{_state(inp)}; modes measured: {', '.join(sorted({m for _, m in tok}))}", *tok.values())
@@ -374,17 +407,16 @@ def from_decode(inp: Input) -> list[Advice]:
         pick = _pick(modes, ["async", "sync", "staged", "drain"], _more)
         picks[b] = pick
         others = ", ".join(f"{m} {r.median:.0f}" for m, r in modes.items())
-        add("torch", f"batch {b}: {pick} scheduling",
-            f"{_state(inp)}; tok/s {others}" + ("" if pick == "async" else
-                                              f" ({modes[pick].median / modes['async'].median:.2f}x async)"),
-            *modes.values())
+        gain = "" if pick == "async" else f" ({modes[pick].median / modes['async'].median:.2f}x async)"
+        add("torch", f"{at}batch {b}: {pick} scheduling", f"{_state(inp)}; tok/s {others}" + gain, *modes.values(),
+            brief=f"{pick} {modes[pick].median:.0f} tok/s{gain}")
     top = max(picks)
     modes = {m: r for (bb, m), r in tok.items() if bb == top}
-    why = f"batch {top}: {picks[top]} {modes[picks[top]].median:.0f} tok/s" + (
+    why = f"{at}batch {top}: {picks[top]} {modes[picks[top]].median:.0f} tok/s" + (
         "" if picks[top] == "async" else f" vs async {modes['async'].median:.0f}")
     for stack, setting in _MODE_STACKS[picks[top]]:
-        add(stack, setting, why, *modes.values())
-    if not res.settings.get("decode", {}).get("graphs") and inp.cc_applies:
+        add(stack, setting, why, *modes.values(), brief=why)
+    if not res.settings.get(inp.test, {}).get("graphs") and inp.cc_applies:
         add("all", "measure CUDA graphs too (`ccbridge bench decode --graphs`): one launch toll per step",
             "this run decoded eager; under CC every kernel launch pays the toll")
     return out
@@ -398,12 +430,12 @@ def _clean(inp: Input) -> tuple[str, str] | None:
     mismatch, or a CPU run."""
     res = inp.result
     mismatch = any((not r.extra.get("tokens_match", True)) if inp.kind == "decode" else r.extra.get("mismatches")
-                   for r in res.rows if r.test == inp.kind and r.metric in ("tok_per_s", "ttft_ms"))
+                   for r in res.rows if r.test == inp.test and r.metric in ("tok_per_s", "ttft_ms"))
     if res.errors or mismatch:
         first = res.errors[0].get("error", "") if res.errors else _MISMATCH[inp.kind]
         return (f"none from this run: {_MISMATCH[inp.kind] if mismatch else 'it recorded errors'}",
                 f"{_state(inp)}; a failed run measures a bug, not a setting (first: {first})")
-    if str((res.settings.get(inp.kind) or {}).get("device", "")).startswith("cpu"):
+    if str((res.settings.get(inp.test) or {}).get("device", "")).startswith("cpu"):
         return ("none for GPU engines: measured on the CPU, where nothing crosses a bridge",
                 f"run `ccbridge bench {inp.kind}` on a GPU, natively and under `ccbridge run --profile NAME --`")
     return None
@@ -461,16 +493,31 @@ def from_kv(inp: Input) -> list[Advice]:
 _SAME_RUN = ("model", "checkpoint", "prompt", "output", "graphs", "dtype", "seed")
 
 
+def _tok(inp: Input) -> dict[tuple, Row]:
+    """A decode result's tok/s rows by (TP degree or None, batch, mode)."""
+    return {(r.params.get("tp"), r.params["batch"], r.params["mode"]): r for r in inp.result.rows
+            if r.test == inp.test and r.metric == "tok_per_s"}
+
+
 def from_decode_pair(native: Input, cc: Input) -> list[Advice]:
-    """A CC-off decode result beside a CC-on (or emulated) one of the same run: per mode at the largest batch
-    both measured, the CC tax against the same mode natively and the share of the gap to native async
-    that the mode closes (issue 14's recovery hierarchy)."""
+    """A CC-off decode result beside a CC-on (or emulated) one of the same run: per TP degree (where given)
+    and mode at the largest batch both measured, the CC tax against the same mode natively and the share of
+    the gap to native async that the mode closes (issue 14's recovery hierarchy); per TP degree, what is kept."""
+    from ccbridge import advise_mgpu
+
     out, add = _adder(cc)
-    tok = [{(r.params["batch"], r.params["mode"]): r for r in x.result.rows if r.test == "decode"
-            and r.metric == "tok_per_s"} for x in (native, cc)]
+    by_tp = [_tok(x) for x in (native, cc)]
+    for tp in sorted({t for t, _, _ in by_tp[1]}, key=lambda t: t or 0):
+        tok = [{(b, m): r for (t, b, m), r in x.items() if t == tp} for x in by_tp]
+        _pair_modes(native, cc, add, tok, f"TP {tp}, " if tp else "")
+    advise_mgpu.tp_kept(native, cc, add, by_tp)
+    return out
+
+
+def _pair_modes(native: Input, cc: Input, add, tok: list[dict], at: str) -> None:
     both = {b for b, _ in tok[0]} & {b for b, _ in tok[1]}
     if not both:
-        return out
+        return
     b = max(both)
     nat_async, cc_async = tok[0].get((b, "async")), tok[1].get((b, "async"))
     gap = nat_async.median - cc_async.median if nat_async and cc_async else 0.0
@@ -481,8 +528,8 @@ def from_decode_pair(native: Input, cc: Input) -> list[Advice]:
         why = f"{_state(cc)} vs {Path(native.path).name}: {c.median:.0f} vs {n.median:.0f} tok/s"
         if gap > 0 and mode != "async":
             why += f"; closes {(c.median - cc_async.median) / gap:.0%} of the gap to native async ({nat_async.median:.0f})"
-        add("torch", f"batch {b}, {mode}: CC tax {1 - c.median / n.median:.0%}", why, c, n)
-    return out
+        add("torch", f"{at}batch {b}, {mode}: CC tax {1 - c.median / n.median:.0%}", why, c, n,
+            brief=f"{c.median:.0f} vs {n.median:.0f} tok/s")
 
 
 def _pairs(inputs: list[Input]) -> list[tuple[Input, Input]]:
@@ -491,7 +538,7 @@ def _pairs(inputs: list[Input]) -> list[tuple[Input, Input]]:
     dec = [i for i in inputs if i.kind == "decode" and _clean(i) is None]
 
     def key(i: Input) -> tuple:
-        s = i.result.settings.get("decode", {})
+        s = i.result.settings.get(i.test, {})
         return tuple(s.get(k) for k in _SAME_RUN) + (str(s.get("device", "")).split(":")[0], s.get("host_prep_us") or 0)
 
     return [(n, c) for c in dec if c.cc_applies
@@ -509,20 +556,43 @@ def advise(paths: list[str]) -> tuple[list[Input], list[Advice]]:
     return inputs, out
 
 
+def _header(inp: Input) -> str:
+    s = inp.summary()
+    return (f"# {s['file']}: {s['kind']}, {s['gpu']}, {_state(inp)}"
+            + (f" (profile {s['emulation_profile']})" if s["emulated"] else "")
+            + ("" if s["cc_applies"] else ": CC-aware settings do not apply"))
+
+
+def _label(a: Advice) -> str:
+    return "EMULATED" if a.emulated else "measured" if a.cites else "-"
+
+
+# stack, setting, emulated or measured, the number in a few words: 19 + 56 + 8 + 31 and three gaps of 2 = 120
+COLUMNS = (("stack", 19), ("setting", 56), ("figure", 8), ("number behind it (--why)", 31))
+
+
 def render(inputs: list[Input], recs: list[Advice]) -> str:
+    """The advice in 120 columns, under the input it came from: setting, EMULATED or measured, and the number
+    behind it in a few words (the row keys and the reasoning: render_why, --json)."""
     lines = []
     for inp in inputs:
-        s = inp.summary()
-        lines.append(f"# {s['file']}: {s['kind']}, {s['gpu']}, {_state(inp)}"
-                     + (f" (profile {s['emulation_profile']})" if s["emulated"] else "")
-                     + ("" if s["cc_applies"] else ": CC-aware settings do not apply"))
-    w = [max([len(h)] + [len(f(a)) for a in recs]) for h, f in
-         (("stack", lambda a: a.stack), ("setting", lambda a: a.setting), ("source", lambda a: Path(a.source).name))]
-    lines.append(f"{'stack':<{w[0]}}  {'setting':<{w[1]}}  {'emulated':<8}  {'source':<{w[2]}}  why (number)")
-    for a in recs:
-        nums = "; ".join(c.text() for c in a.cites)
-        lines.append(f"{a.stack:<{w[0]}}  {a.setting:<{w[1]}}  {'EMULATED' if a.emulated else 'no':<8}  "
-                     f"{Path(a.source).name:<{w[2]}}  {a.why}" + (f" [{nums}]" if nums else " [no measurement]"))
+        lines += textfit.wrap([_header(inp)])
+        mine = [a for a in recs if a.source == inp.path]
+        if mine:
+            lines += textfit.table([h for h, _ in COLUMNS], [[a.stack, a.setting, _label(a), a.brief] for a in mine],
+                                   [w for _, w in COLUMNS])
+    return "\n".join(lines)
+
+
+def render_why(inputs: list[Input], recs: list[Advice]) -> str:
+    """--why: per line, the setting, why, and each row key with its median behind it, wrapped to 120 columns."""
+    lines = []
+    for inp in inputs:
+        lines += textfit.wrap([_header(inp)])
+        for a in (a for a in recs if a.source == inp.path):
+            lines += textfit.wrap([f"{a.stack}: {a.setting} [{_label(a)}]"])
+            lines += textfit.wrap([f"  why: {a.why}"], indent="    ")
+            lines += textfit.wrap([f"  [{c.text()}]" for c in a.cites] or ["  [no measurement]"], indent="    ")
     return "\n".join(lines)
 
 

@@ -1,0 +1,34 @@
+"""Text that fits a terminal: what a person reads is at most WIDTH columns; the evidence behind a number goes
+to --why (wrapped here too), --json and the reports."""
+
+from __future__ import annotations
+
+import textwrap
+from itertools import zip_longest
+
+WIDTH = 120
+
+
+def wrap(paragraphs: list[str], indent: str = "  ", width: int = WIDTH) -> list[str]:
+    """Each paragraph in lines of at most `width` columns, the continuations indented (a word longer than a
+    line, as a row key, is broken)."""
+    return [line for p in paragraphs
+            for line in textwrap.wrap(p, width, subsequent_indent=indent, break_on_hyphens=False) or [""]]
+
+
+def cut(text: str, width: int) -> str:
+    """text in at most `width` columns, its end replaced by ... where it is longer."""
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def table(header: list[str], rows: list[list[str]], widths: list[int]) -> list[str]:
+    """Columns of the given widths, two spaces apart, each cell wrapped within its column (a row takes as many
+    lines as its tallest cell); the last column may be narrower than its width."""
+    def line(cells):
+        return "  ".join(f"{c:<{w}}" for c, w in zip(cells, widths)).rstrip()
+
+    out = [line(header)]
+    for row in rows:
+        cols = [textwrap.wrap(c, w, break_on_hyphens=False) or [""] for c, w in zip(row, widths)]
+        out += [line([c or "" for c in cells]) for cells in zip_longest(*cols)]
+    return out
