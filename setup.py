@@ -71,7 +71,7 @@ setup(
         Extension(
             "ccbridge._native",
             sources=[f"src/ccbridge/native/{n}.c" for n in ("cudrv", "probe", "load", "gcm/gcm_host")],
-            depends=["src/ccbridge/native/cudrv.h", "src/ccbridge/native/gcm/gcm.h"],
+            depends=["src/ccbridge/native/cudrv.h", "src/ccbridge/native/gcm/gcm.h", "src/ccbridge/native/spin_ptx.h"],
             libraries=["dl", "pthread"],
             # exports only what is marked CCB_API (cudrv.h): the ctypes API
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-fvisibility=hidden"],
@@ -81,7 +81,7 @@ setup(
         Extension(
             "ccbridge._emu_native",
             sources=sorted(str(p) for p in Path("src/ccbridge/native/emu").glob("*.c")) + [OSSL_SRC],
-            depends=["src/ccbridge/native/emu/emu.h", OSSL_SRC.replace(".c", ".h")],
+            depends=["src/ccbridge/native/emu/emu.h", "src/ccbridge/native/spin_ptx.h", OSSL_SRC.replace(".c", ".h")],
             libraries=["dl", "pthread"],
             # exports only the hooked driver API, dlsym and the ccbemu_* API (EMU_API, emu.h):
             # nothing internal leaks into the programs it is preloaded into

@@ -380,3 +380,14 @@ def test_bad_multi_gpu_values_are_refused_by_both_parsers(lib, key, value):  # n
     with pytest.raises(profiles.ProfileError, match=key):
         profiles.override(profiles.load("b300"), [f"{key}={value}"])
     assert not math.isnan(profiles.load("b300").params["nvlink_kept"].value)
+
+
+def test_a_profile_without_nvls_runs_the_program_with_multicast_off_in_every_library():
+    from ccbridge.emulate import profiles
+
+    user = {"NCCL_NVLS_ENABLE": "1", "PATH": os.environ.get("PATH", "")}
+    env = launcher.environment(profiles.load("b300"), "/nonexistent.conf", base=user)
+    assert {k: env[k] for k in launcher.NVLS_OFF} == launcher.NVLS_OFF
+    assert launcher.environment(profiles.load("h200"), "/x", base=user)["NCCL_NVLS_ENABLE"] == "1"  # NVLS kept
+    kept = profiles.override(profiles.load("b300"), ["nvls=1"])
+    assert launcher.environment(kept, "/x", base=user)["NCCL_NVLS_ENABLE"] == "1"

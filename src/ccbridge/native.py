@@ -46,6 +46,7 @@ def lib() -> ctypes.CDLL:
     so.ccb_now_ns.restype = c_double
     so.ccb_open.restype = c_int
     so.ccb_device_count.argtypes = [POINTER(c_int)]
+    so.ccb_peer_rate.argtypes = [c_int, c_int, c_size_t, c_int, POINTER(ctypes.c_double)]
     so.ccb_session_open.restype = c_void_p
     so.ccb_session_open.argtypes = [c_int, c_int, c_int, c_size_t, c_int]
     so.ccb_session_close.argtypes = [c_void_p]
@@ -74,6 +75,14 @@ def device_count() -> int:
     n = c_int(0)
     _check(lib().ccb_device_count(ctypes.byref(n)))
     return n.value
+
+
+def peer_rate(src: int, dst: int, nbytes: int, iters: int) -> float:
+    """GPU src -> GPU dst copy rate over peer access, bytes per second; GpuError where there is none."""
+    _check(lib().ccb_open())
+    out = ctypes.c_double(0)
+    _check(lib().ccb_peer_rate(src, dst, nbytes, iters, ctypes.byref(out)))
+    return out.value
 
 
 class Session:

@@ -21,7 +21,9 @@ from ccbridge.emulate.siteboot import ccbridge_sites
 from ccbridge.emulate.profiles import Profile
 
 CONFIG_VAR = "CCBRIDGE_EMU_CONFIG"
-TRACE_MAX = 512  # the interposer's trace path buffer (emu.h), with its terminating NUL
+TRACE_MAX = 512
+# What a job sees under a profile without NVLS: NVLink multicast off in each library that would use it.
+NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}  # the interposer's trace path buffer (emu.h), with its terminating NUL
 
 
 def library() -> str:
@@ -48,6 +50,8 @@ def environment(profile: Profile, config_path: str, base: dict[str, str] | None 
     env[CONFIG_VAR] = config_path
     env[ccbridge_sites.LIB_ENV] = lib  # lets tools in the child reach the interposer (counters, trace switch)
     env[EMULATION_VAR] = profile.name
+    if profile.emulates and not profile.params["nvls"].value:
+        env.update(NVLS_OFF)  # CC turns multicast off: the program's NCCL, PyTorch and NVSHMEM must not try it
     return env
 
 

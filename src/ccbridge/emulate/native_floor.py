@@ -1,4 +1,4 @@
-"""This machine's native pinned bandwidths, for the emulator's floor.
+"""This machine's native pinned bandwidths, for the emulator's floor, and its GPU-GPU rate.
 
 A profile holds published CC-on figures; an emulated channel must also never
 beat this machine's own native path times the published CC-on/CC-off ratio.
@@ -9,6 +9,10 @@ crossing goes through the driver's own pageable path and is capped by that
 copy's time, crossing by crossing (native/emu/channel.c, pageable_floor): a
 host's pageable rate drifts 15-30% between minutes (bench/RESULTS.md, runs K
 and L), so a snapshot taken here let copies beat native x ratio.
+
+With two or more GPUs it also times a GPU 0 -> GPU 1 copy over peer access (NVLink where there is one): a
+collective's bandwidth-kept term is its wire bytes at that rate x (1/kept - 1) (native/emu/collective.c).
+Without a second GPU, or without peer access, there is no rate and no such term (the per-operation toll stays).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from ccbridge.errors import GpuError
 
 # The slower of two sizes, so the floor holds at both. About 0.1 s in all at PCIe speeds.
 SIZES, ITERS = (64 << 20, 256 << 20), 3
+PEER_BYTES, PEER_ITERS = 256 << 20, 5  # a few ms over NVLink
 
 
 def measure(device: int = 0) -> dict[str, float]:
@@ -34,4 +39,9 @@ def measure(device: int = 0) -> dict[str, float]:
                     out[key] = min(out.get(key, gbps), gbps)
     except GpuError:
         return {}
+    try:
+        if native.device_count() >= 2:
+            out["native_nvlink_gbps"] = round(native.peer_rate(0, 1, PEER_BYTES, PEER_ITERS) / 1e9, 3)
+    except GpuError:
+        pass  # no peer access: the collectives pay their toll without a bandwidth term
     return out

@@ -90,6 +90,8 @@ CCB_API int ccb_open(void) {
         {(void **)&cu.GraphDestroy, "cuGraphDestroy"},
         {(void **)&cu.MemcpyPeerAsync, "cuMemcpyPeerAsync"},
         {(void **)&cu.EventSynchronize, "cuEventSynchronize"},
+        {(void **)&cu.CtxEnablePeerAccess, "cuCtxEnablePeerAccess"},
+        {(void **)&cu.DeviceCanAccessPeer, "cuDeviceCanAccessPeer"},
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         *syms[i].slot = dlsym(h, syms[i].name);

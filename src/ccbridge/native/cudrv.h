@@ -55,6 +55,8 @@ typedef struct {
     CUresult (*GraphDestroy)(CUgraph);
     CUresult (*MemcpyPeerAsync)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
     CUresult (*EventSynchronize)(CUevent);
+    CUresult (*CtxEnablePeerAccess)(CUcontext, unsigned);
+    CUresult (*DeviceCanAccessPeer)(int *, CUdevice, CUdevice);
 } ccb_driver;
 extern ccb_driver cu;
 

@@ -11,6 +11,7 @@
  * their own, or one session per process.
  */
 #include "cudrv.h"
+#include "spin_ptx.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -33,17 +34,7 @@
 #define CCB_LAUNCH_GRAPH 2
 #define CCB_MAX_STREAMS 64
 
-static const char kPtx[] =
-    ".version 7.0\n.target sm_75\n.address_size 64\n"
-    ".visible .entry ccb_noop()\n{\n\tret;\n}\n"
-    ".visible .entry ccb_spin(.param .u64 ccb_spin_ns)\n{\n"
-    "\t.reg .pred %p<2>;\n\t.reg .b64 %rd<6>;\n"
-    "\tld.param.u64 %rd1, [ccb_spin_ns];\n"
-    "\tmov.u64 %rd2, %globaltimer;\n"
-    "$L_loop:\n\tmov.u64 %rd3, %globaltimer;\n"
-    "\tsub.s64 %rd4, %rd3, %rd2;\n"
-    "\tsetp.lt.u64 %p1, %rd4, %rd1;\n"
-    "\t@%p1 bra $L_loop;\n\tret;\n}\n";
+static const char kPtx[] = CCB_PTX_HEADER ".visible .entry ccb_noop()\n{\n\tret;\n}\n" CCB_PTX_SPIN("ccb_spin");
 
 CCB_API int ccb_device_count(int *count) {
     CK(cu.DeviceGetCount(count));
@@ -431,4 +422,47 @@ CCB_API int ccb_pinned_slots(ccb_session *s, size_t bytes, int count, double *al
 fail:
     for (int i = 0; i < made; i++) if (p[i]) cu.MemFreeHost(p[i]);
     return -1;
+}
+
+/* GPU-to-GPU copy rate src -> dst over peer access (NVLink where the GPUs have it): bytes per second over iters
+ * back-to-back copies of `bytes`, after one warm-up. The emulator's launcher hands it to the interposer as the
+ * rate a collective's bandwidth-kept term is computed at. -1 with the reason where the GPUs have no peer access
+ * (the copy would be staged through the host: not the link CC's figure is about). */
+CCB_API int ccb_peer_rate(int src, int dst, size_t bytes, int iters, double *bytes_per_s) {
+    CUdevice ds, dd;
+    CUcontext cs = NULL, cd = NULL, popped;
+    CUdeviceptr a = 0, b = 0;
+    CUstream st = NULL;
+    int can = 0, ok = -1;
+    CK(cu.DeviceGet(&ds, src));
+    CK(cu.DeviceGet(&dd, dst));
+    CK(cu.DeviceCanAccessPeer(&can, dd, ds));
+    if (!can) {
+        set_err("GPU %d cannot access GPU %d as a peer (no NVLink or P2P path)", dst, src);
+        return -1;
+    }
+    CK(cu.DevicePrimaryCtxRetain(&cs, ds));
+    CK(cu.DevicePrimaryCtxRetain(&cd, dd));
+    CK(cu.CtxSetCurrent(cs));
+    CK(cu.MemAlloc(&a, bytes));
+    CK(cu.CtxSetCurrent(cd));
+    CK(cu.MemAlloc(&b, bytes));
+    CUresult rc = cu.CtxEnablePeerAccess(cs, 0);
+    if (rc != 0 && rc != 704 /* CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED */) CK(rc);
+    CK(cu.StreamCreate(&st, 1));
+    CK(cu.MemcpyPeerAsync(b, cd, a, cs, bytes, st));
+    CK(cu.StreamSynchronize(st));
+    double t0 = ccb_now_ns();
+    for (int i = 0; i < iters; i++) CK(cu.MemcpyPeerAsync(b, cd, a, cs, bytes, st));
+    CK(cu.StreamSynchronize(st));
+    *bytes_per_s = (double)bytes * iters / ((ccb_now_ns() - t0) * 1e-9);
+    ok = 0;
+fail:
+    if (st) cu.StreamDestroy(st);
+    if (b) cu.MemFree(b);
+    if (a && cu.CtxSetCurrent(cs) == 0) cu.MemFree(a);
+    if (cs) cu.DevicePrimaryCtxRelease(ds);
+    if (cd) cu.DevicePrimaryCtxRelease(dd);
+    cu.CtxPopCurrent(&popped);
+    return ok;
 }

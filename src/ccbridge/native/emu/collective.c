@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "emu.h"
+#include "../spin_ptx.h"
 
 /* ---- the multi-GPU mode ---- */
 static int g_mgpu;
@@ -62,13 +63,7 @@ static uint64_t toll_ns(size_t bytes) {
 }
 
 /* ---- the device-side wait ---- */
-/* PTX, JIT-compiled by the driver for whatever GPU it runs on: spin until %globaltimer (ns) has advanced ns. */
-static const char kSpinPtx[] =
-    ".version 6.0\n.target sm_60\n.address_size 64\n"
-    ".visible .entry ccbemu_spin(.param .u64 ns)\n{\n"
-    "  .reg .u64 %rd<5>;\n  .reg .pred %p;\n"
-    "  ld.param.u64 %rd1, [ns];\n  mov.u64 %rd2, %globaltimer;\n  add.u64 %rd3, %rd2, %rd1;\n"
-    "WAIT:\n  mov.u64 %rd4, %globaltimer;\n  setp.lt.u64 %p, %rd4, %rd3;\n  @%p bra WAIT;\n  ret;\n}\n";
+static const char kSpinPtx[] = CCB_PTX_HEADER CCB_PTX_SPIN("ccbemu_spin");
 
 #define MAX_SPIN_CTX 64
 static struct { CUcontext ctx; CUfunction fn; } g_spin[MAX_SPIN_CTX];
