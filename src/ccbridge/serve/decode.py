@@ -126,6 +126,11 @@ def check(model: str | None, batches: list[int], prompt: int, output: int, modes
     return dev
 
 
+def check_host_prep(host_prep_us: float) -> None:
+    if not (0 <= host_prep_us <= MAX_HOST_PREP_US):
+        raise UsageError(f"--host-prep-us {host_prep_us:g}: expected 0 to {MAX_HOST_PREP_US:g} us of host work per step")
+
+
 def _fits(name: str, limit: int | None, tokens: int) -> None:
     if limit is not None and tokens > limit:
         raise UsageError(f"prompt + output = {tokens} tokens, {name} holds {limit}")
@@ -162,7 +167,7 @@ def from_checkpoint(path: str, device, tokens: int) -> tuple[torch.nn.Module, st
                          f"(decode runs *ForCausalLM / *LMHeadModel checkpoints)")
     _fits(p.name, getattr(cfg, "max_position_embeddings", None), tokens)
     dev = torch.device(device)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dtype = dtype_for(dev)
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -197,6 +202,11 @@ def from_checkpoint(path: str, device, tokens: int) -> tuple[torch.nn.Module, st
     return m.to(dtype=dtype).eval(), f"checkpoint {p.name}", int(cfg.vocab_size)
 
 
+def dtype_for(dev: torch.device) -> torch.dtype:
+    """The models' dtype: bf16 on CUDA (as served), fp32 on the CPU (bf16 matmuls there are slow and inexact)."""
+    return torch.bfloat16 if dev.type == "cuda" else torch.float32
+
+
 def build(model: str, device, seed: int = 0) -> torch.nn.Module:
     """The preset's causal LM with seeded random weights, in eval mode (bf16 on CUDA, fp32 on the CPU)."""
     tf = _transformers()
@@ -206,7 +216,7 @@ def build(model: str, device, seed: int = 0) -> torch.nn.Module:
                           else (tf.Qwen2Config, tf.Qwen2ForCausalLM))
     cfg = cfg_cls(**spec, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     dev = torch.device(device)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dtype = dtype_for(dev)
     torch.manual_seed(seed)
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -312,7 +322,9 @@ class _GraphStepper(_Stepper):
                 t.copy_(v)
         main.wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # thread_local: under tensor parallelism (serve/tp.py) NCCL's watchdog thread queries events while this
+        # thread captures the step's all-reduces; one GPU has no other thread on CUDA then, so nothing changes
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.out = self._forward()
 
     def step(self, ids: torch.Tensor, inputs: list[torch.Tensor], cache):
@@ -534,6 +546,53 @@ def _mismatch(a: torch.Tensor, b: torch.Tensor) -> str:
     return f"{len(diff)} of {a.numel()} tokens (first: sequence {seq}, token {step})"
 
 
+def measure(m, ids: torch.Tensor, output: int, mode: str, warmup: int, iters: int, recording: bool,
+            **kw) -> list[Run]:
+    """warmup runs, then iters timed runs of decode() (kw: its graphs, host_prep_us). Called inside
+    emu_trace.paused(): only the timed runs are traced where `ccbridge run --record` is recording."""
+    runs = [decode(m, ids, output, mode, **kw) for _ in range(warmup)]
+    with emu_trace.resumed(recording):
+        runs += [decode(m, ids, output, mode, **kw) for _ in range(iters)]
+    return runs
+
+
+def verdict(judge: _Judge, want: tuple[str, torch.Tensor], runs: list[Run], what: str) -> tuple[str | None, set]:
+    """Every run's tokens judged against want (its label, its tokens): the first real disagreement as an
+    error line starting with what (None if none), and the near ties where sequences parted."""
+    bad, ties = None, set()
+    for r in runs:
+        wrong, tied = judge(want[1], r.tokens)
+        ties |= tied
+        if wrong and bad is None:
+            bad = f"{what}: tokens differ from {want[0]}'s in " + _mismatch(r.tokens, want[1])
+    return bad, ties
+
+
+def rows_of(test: str, timed: list[Run], output: int, extra: dict, **params) -> list:
+    """The rows of one (batch, mode)'s timed runs: tok_per_s (with extra, the median GPU busy and the last
+    run's crossing counts), step_ms and token_gap_ms."""
+    from ccbridge.results import Row
+
+    b = timed[0].tokens.shape[0]
+    busy = [r.gpu_busy for r in timed if r.gpu_busy is not None]
+    tok = Row.of(test, "tok_per_s", "tok/s", [b * (output - 1) / r.wall_s for r in timed], **params)
+    tok.extra = {"gpu_busy": sorted(busy)[len(busy) // 2] if busy else None, **extra, **timed[-1].stats}
+    return [tok, Row.of(test, "step_ms", "ms", [r.wall_s / (output - 1) * 1e3 for r in timed], **params),
+            Row.of(test, "token_gap_ms", "ms", [s * 1e3 for r in timed for s in r.step_s], **params)]
+
+
+def settings_of(model: str, dev, dtype, prompt: int, output: int, batches: list[int], modes: list[str], iters: int,
+                warmup: int, graphs: bool, seed: int, host_prep_us: float, checkpoint: str | None = None) -> dict:
+    """What a decode result says it ran (its settings["decode"]; the tensor-parallel bench adds its own)."""
+    return {"model": model, "device": str(dev),
+            "checkpoint": None if checkpoint is None else str(Path(checkpoint).resolve()),
+            "dtype": str(dtype).split(".")[-1],
+            "prompt": prompt, "output": output, "batches": list(batches), "modes": list(modes),
+            "iters": iters, "warmup": warmup, "graphs": graphs, "seed": seed,
+            "transformers": _transformers().__version__, "drain_lag": DRAIN_LAG, "host_prep_us": host_prep_us,
+            "cudnn_attention": False}
+
+
 def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[str], device: str = "cuda",
           iters: int = 3, warmup: int = 1, graphs: bool = False, seed: int = 0,
           log: Callable[[str], None] = lambda _: None, checkpoint: str | None = None, host_prep_us: float = 0.0):
@@ -546,14 +605,13 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
     extra near_ties); each real disagreement is an entry in Result.errors. Under `ccbridge run --record` only
     the timed runs write trace lines."""
     from ccbridge import env
-    from ccbridge.results import Result, Row
+    from ccbridge.results import Result
 
     dev = check(None if checkpoint is not None else model, batches, prompt, output, modes, device, graphs)
-    if not (0 <= host_prep_us <= MAX_HOST_PREP_US):
-        raise UsageError(f"--host-prep-us {host_prep_us:g}: expected 0 to {MAX_HOST_PREP_US:g} us of host work per step")
+    check_host_prep(host_prep_us)
     if checkpoint is not None:
         check_checkpoint(checkpoint)
-    tf = _transformers()
+    _transformers()  # missing: said before the model is built
     stamp = env.stamp()
     t_start = time.monotonic()
     # under `ccbridge run --record` (and so `ccbridge account`) only the timed runs are traced: the model build,
@@ -565,13 +623,8 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
         else:
             log(f"building {model} (random weights, seed {seed}) on {dev}")
             m, vocab = build(model, dev, seed), PRESETS[model]["vocab_size"]
-        settings = {"decode": {"model": model, "device": str(dev),
-                               "checkpoint": None if checkpoint is None else str(Path(checkpoint).resolve()),
-                               "dtype": str(next(m.parameters()).dtype).split(".")[-1],
-                               "prompt": prompt, "output": output, "batches": list(batches), "modes": list(modes),
-                               "iters": iters, "warmup": warmup, "graphs": graphs, "seed": seed,
-                               "transformers": tf.__version__, "drain_lag": DRAIN_LAG, "host_prep_us": host_prep_us,
-                               "cudnn_attention": False}}
+        settings = {"decode": settings_of(model, dev, next(m.parameters()).dtype, prompt, output, batches, modes, iters,
+                                          warmup, graphs, seed, host_prep_us, checkpoint)}
         res = Result(env=stamp, settings=settings)
         with deterministic_attention():  # every mode's tokens comparable bit for bit
             for b in batches:
@@ -580,11 +633,8 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
                 for mode in modes:
                     log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs{_memory(dev)}")
                     try:
-                        runs = [decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us)
-                                for _ in range(warmup)]
-                        with emu_trace.resumed(recording):
-                            runs += [decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us)
-                                     for _ in range(iters)]
+                        runs = measure(m, ids, output, mode, warmup, iters, recording, graphs=graphs,
+                                       host_prep_us=host_prep_us)
                     except torch.OutOfMemoryError as e:  # the rows so far stand; the result says where it stopped
                         first = str(e).split(". ")[0]
                         res.errors.append({"test": "decode", "error": f"batch {b}, mode {mode}: {first}{_memory(dev)}; "
@@ -592,24 +642,12 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
                         break
                     if want is None:
                         want = (mode, runs[0].tokens)
-                    bad, ties = None, set()
-                    for r in runs:
-                        wrong, tied = judge(want[1], r.tokens)
-                        ties |= tied
-                        if wrong and bad is None:
-                            bad = f"batch {b}, mode {mode}: tokens differ from {want[0]}'s in " + _mismatch(r.tokens, want[1])
+                    bad, ties = verdict(judge, want, runs, f"batch {b}, mode {mode}")
                     if bad:
                         res.errors.append({"test": "decode", "error": bad})
-                    timed = runs[warmup:]
-                    params = dict(model=model, batch=b, mode=mode, graphs=graphs)
-                    busy = [r.gpu_busy for r in timed if r.gpu_busy is not None]
-                    extra = {"gpu_busy": sorted(busy)[len(busy) // 2] if busy else None, "tokens_match": bad is None,
-                             "near_ties": len(ties), **timed[-1].stats}
-                    res.rows.append(Row.of("decode", "tok_per_s", "tok/s", [b * (output - 1) / r.wall_s for r in timed],
-                                           **params))
-                    res.rows[-1].extra = extra
-                    res.rows.append(Row.of("decode", "step_ms", "ms", [r.wall_s / (output - 1) * 1e3 for r in timed], **params))
-                    res.rows.append(Row.of("decode", "token_gap_ms", "ms", [s * 1e3 for r in timed for s in r.step_s], **params))
+                    res.rows += rows_of("decode", runs[warmup:], output, {"tokens_match": bad is None,
+                                                                          "near_ties": len(ties)},
+                                        model=model, batch=b, mode=mode, graphs=graphs)
                 else:
                     continue
                 break  # out of memory: no larger batch will fit
