@@ -166,9 +166,28 @@ def peer(res: Result):
         yield Finding("peer.p2p", "measured", f"GPU-to-GPU copies: {lo.median:.0f} to {hi.median:.0f} GB/s over "
                       f"{len(p2p)} ordered pairs (slowest GPU{lo.params['src']}->GPU{lo.params['dst']}).")
     for r in res.by_test("peer.allreduce"):
-        yield Finding(f"peer.allreduce.{r.params['bytes']}", "measured",
-                      f"NCCL all-reduce of {_size(r.params['bytes'])} on {r.params['gpus']} GPUs: {r.median:.0f} us "
-                      f"(bus bandwidth {r.extra.get('busbw_GBps', 0):.1f} GB/s).")
+        if r.metric == "time":  # a result from before the eager/graph rows
+            yield Finding(f"peer.allreduce.{r.params['bytes']}", "measured",
+                          f"NCCL all-reduce of {_size(r.params['bytes'])} on {r.params['gpus']} GPUs: {r.median:.0f} us "
+                          f"(bus bandwidth {r.extra.get('busbw_GBps', 0):.1f} GB/s).")
+    for test, what in (("peer.allreduce", "all_reduce"), ("peer.sendrecv", "send/recv ring"),
+                       ("peer.allreduce_1rank", "one-rank all_reduce")):
+        yield from _nccl(res, test, what)
+
+
+def _nccl(res: Result, test: str, what: str):
+    """Per-op time of the smallest message (graph-replayed and eager) and bus bandwidth of the largest."""
+    ops = [r for r in res.by_test(test) if r.metric == "time_per_op"]
+    if not ops:
+        return
+    b = min(r.params["bytes"] for r in ops)
+    graph, eager = (_one(ops, bytes=b, mode=m) for m in ("graph", "eager"))
+    if not (graph and eager):
+        return
+    bus = max((r for r in res.by_test(test) if r.metric == "busbw"), key=lambda r: r.params["bytes"], default=None)
+    yield Finding(test, "measured", f"NCCL {what}, {graph.params['ranks']} GPU(s), {_size(b)}: {graph.median:.1f} us "
+                  f"per op in a CUDA graph, {eager.median:.1f} eager"
+                  + (f"; bus bandwidth {bus.median:.0f} GB/s at {_size(bus.params['bytes'])}." if bus else "."))
 
 
 RULES = (small_copies, semantics, transfer, concurrency, launch, toll, hostcrypto, lifecycle, peer)

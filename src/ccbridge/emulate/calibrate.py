@@ -8,7 +8,9 @@ profile: verdicts of the semantics family, no bandwidth from streams, more
 from contexts and processes, pageable above pinned, never faster than native.
 Every check says the level its rows were measured at, and each target is
 checked at the level where its source measured it: `driver` (the C probe's
-loops on the CUDA driver API) or `framework` (through torch). A toll paid in
+loops on the CUDA driver API), `framework` (through torch) or `device` (the
+GPU's time per NCCL operation, replayed in a CUDA graph or bandwidth-bound:
+the published NCCL toll is set-up work of the GPU's firmware). A toll paid in
 the driver shows the same delta at both levels; a ratio does not carry over
 (the native driver launch is ~2 us, the framework's ~7-10). Every figure here
 comes from the emulator and is labelled so.
@@ -17,23 +19,25 @@ comes from the emulator and is labelled so.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 from ccbridge.emulate.profiles import Profile
 from ccbridge.errors import ProfileError, UsageError
-from ccbridge.probe import framework
-from ccbridge.probe.transfer import SUSTAINED_BYTES  # a ratio above 1 there is not timer noise
+from ccbridge.probe import framework, peer
+from ccbridge.probe.transfer import SUSTAINED_BYTES, human_bytes  # a ratio above 1 there is not timer noise
 from ccbridge.results import Result, Row
 
-PROBE_TESTS = "transfer,smallcopy,semantics,launch,framework,compute,concurrency,lifecycle"
+PROBE_TESTS = (f"transfer,smallcopy,semantics,launch,framework,compute,concurrency,lifecycle,{peer.ALLREDUCE},"
+               f"{peer.ONE_RANK}")
 # The tests behind the delta checks (emulated minus native, a few us): a native and an emulated process differ
 # by a few us of their own on these loops (on an H100 the framework pipelined launch read 8.7 in one native
 # process and 5-9 us off it in others), so `--rounds N` measures them in N alternating pairs of processes and
 # the checks take the median of the pairs' deltas.
 DELTA_TESTS = "smallcopy,launch,framework.launch,framework.d2h32"
-DRIVER, FRAMEWORK = "driver", "framework"  # the level a check's rows were measured at
+DRIVER, FRAMEWORK, DEVICE = "driver", "framework", "device"  # the level a check's rows were measured at
 
 # bridge-law section 2, property 2: what each non_blocking copy does under CC.
 LAW_VERDICTS = {
@@ -46,6 +50,7 @@ LAW_VERDICTS = {
 RISE_AT_LEAST = 1.5   # aggregate at the largest N over N=1, for contexts and processes
 FLAT_AT_MOST = 1.15   # the same for streams
 NATIVE_AT_MOST = 1.05  # emulated / native bandwidth of one copy kind and size: CC never speeds a crossing (noise aside)
+ONE_RANK_TOLERANCE = 0.15  # the one-rank NCCL delta against the profile's own nccl_toll_us
 
 
 @dataclass
@@ -56,8 +61,10 @@ class Check:
     target: str
     ok: bool | None  # None: the rows it needs are missing
     source: str = ""
-    level: str = ""  # DRIVER or FRAMEWORK: where the rows were measured
+    level: str = ""  # DRIVER, FRAMEWORK or DEVICE: where the rows were measured
     rounds: list[float] | None = None  # a delta check's value in each pair of runs; measured is their median
+    each: dict[str, float] | None = None  # a check over several sizes: each one's value; measured is the farthest
+    at: str = ""  # ...from the target, at this size
 
 
 def _rows(res: Result, test: str, metric: str, **params) -> list[Row]:
@@ -158,10 +165,24 @@ def _compute(metric: str):
     return lambda nat, emu: _ratio(_peak(emu, metric), _peak(nat, metric))
 
 
+def _by_size(test: str, metric: str, keep: Callable[[int], bool], value: Callable[[float, float], float],
+             **params) -> Callable[[Result, Result], dict[str, float] | None]:
+    """{size: value(emulated, native median)} over the emulated rows of test/metric whose bytes `keep` takes (native:
+    _native_rows of the same parameters, the rank count included), in size order."""
+    def f(nat: Result, emu: Result):
+        out = {}
+        for e in sorted(_rows(emu, test, metric, **params), key=lambda r: r.params["bytes"]):
+            n = _native_rows(nat, emu, test, metric, **e.params)
+            if keep(e.params["bytes"]) and n:
+                out[human_bytes(e.params["bytes"])] = value(e.median, n[0].median)
+        return out or None
+    return f
+
+
 @dataclass(frozen=True)
 class Rule:
     what: str
-    level: str  # DRIVER or FRAMEWORK
+    level: str  # DRIVER, FRAMEWORK or DEVICE
     get: Callable[[Result, Result], float | None]  # the measured value from (native, emulated)
     ceiling: bool = False  # the figure is an upper bound: holds at or under value x (1 + tolerance)
     paired: bool = False  # a delta of one native and one emulated process: the median over the rounds' pairs
@@ -169,6 +190,7 @@ class Rule:
     # a delta whose figure was measured at the other level: how much of the native loop that level could hide
     # (from the native result); the delta holds from the figure less that up to the figure +tolerance
     hidden: Callable[[Result], float | None] | None = None
+    reads: tuple[str, ...] = ()  # probe tests that may be skipped on this machine: their reason is the check's n/a
 
 
 IN_PROCESS = "; native: the same process with emulation paused, alternating sample by sample"
@@ -221,6 +243,16 @@ TARGETS: dict[str, Rule] = {
     "framework_h2d_pageable_ratio": Rule(
         "pageable H2D copy_, 16 and 256 MiB: the higher emulated / native (a ceiling)", FRAMEWORK,
         _framework_ratio("h2d", "pageable", worst=True), ceiling=True, twinned=True),
+    # Per-size checks: each size must hold; the check shows the one farthest from the target.
+    "nccl_small_delta_us": Rule(
+        f"NCCL all_reduce, 2+ GPUs, {human_bytes(min(peer.SMALL_BYTES))}-{human_bytes(max(peer.SMALL_BYTES))}, per op in "
+        "a replayed CUDA graph: emulated - native (us), every size", DEVICE,
+        _by_size(peer.ALLREDUCE, "time_per_op", lambda b: b <= max(peer.SMALL_BYTES), lambda e, n: e - n, mode="graph"),
+        reads=(peer.ALLREDUCE,)),
+    "nccl_busbw_kept": Rule(
+        f"NCCL all_reduce bus bandwidth, 2+ GPUs, {human_bytes(min(peer.LARGE_BYTES))} and up: emulated / native, "
+        "every size", DEVICE,
+        _by_size(peer.ALLREDUCE, "busbw", lambda b: b >= min(peer.LARGE_BYTES), _ratio), reads=(peer.ALLREDUCE,)),
 }
 
 
@@ -236,19 +268,56 @@ def profile_checks(profile: Profile, native: Result, emulated: Result,
             per = [x for x in (rule.get(n, e) for n, e in [(native, emulated), *rounds]) if x is not None]
             v = statistics.median(per) if per else None
         hidden = _median_of([rule.hidden(n) for n, _ in [(native, emulated), *rounds]]) if rule.hidden else None
+        # holds(x): the verdict on one value; off(x): how far it is from holding (the farthest size is shown)
         if rule.ceiling:
-            ok, target = None if v is None else v <= t.value * (1 + t.tolerance), f"<= {t.value:g} (+{t.tolerance:.0%})"
+            target, holds, off = f"<= {t.value:g} (+{t.tolerance:.0%})", lambda x: x <= t.value * (1 + t.tolerance), float
         elif hidden is not None:
             lo, hi = t.value - hidden, t.value * (1 + t.tolerance)
             # a native copy as long as the figure could hide all of it: this host cannot tell
-            ok = None if v is None or lo <= 0 else lo <= v <= hi
+            holds = (lambda x: lo <= x <= hi) if lo > 0 else (lambda x: None)
+            off = lambda x: max(lo - x, x - hi)  # noqa: E731
             target = f"{lo:.3g} to {hi:.3g} ({t.value:g} less the native copy's {hidden:.3g}, to +{t.tolerance:.0%})"
         else:
-            ok, target = None if v is None else abs(v / t.value - 1) <= t.tolerance, f"{t.value:g} ±{t.tolerance:.0%}"
+            target, off = f"{t.value:g} ±{t.tolerance:.0%}", lambda x: abs(x / t.value - 1)
+            holds = lambda x: off(x) <= t.tolerance  # noqa: E731
+        each, at = (v, max(v, key=lambda k: off(v[k]))) if isinstance(v, dict) else (None, "")
+        v = each[at] if each else v
+        ok = None if v is None else holds(v)
         # the framework loops' twins, where the emulated run took them (an older result reads its native run)
         twins = rule.twinned and any(r.metric.endswith(framework.PAUSED) for r in emulated.rows)
-        out.append(Check(tid, rule.what + (IN_PROCESS if twins else ""), v, target, ok, t.source, rule.level, per))
+        why = _skipped([native, emulated], rule.reads) if v is None else None
+        out.append(Check(tid, rule.what + (IN_PROCESS if twins else ""), f"n/a: {why}" if why else v, target, ok,
+                         t.source, rule.level, per, each, at))
     return out
+
+
+def _skipped(sides: Sequence[Result], tests: Sequence[str]) -> str | None:
+    """Why a side's probe skipped one of these tests (the machine lacked what it needs), or None."""
+    for res in sides:
+        for s in res.skipped:
+            if s["test"] in tests:
+                gpus = re.fullmatch(r"needs 2\+ GPUs, (\d+) visible", s["reason"])  # the registry's multi_gpu reason
+                return f"needs 2+ GPUs (found {gpus[1]})" if gpus else s["reason"]
+    return None
+
+
+def one_rank_toll(profile: Profile, native: Result, emulated: Result) -> Check:
+    """The emulator's NCCL charge alone: a one-rank all_reduce of 4 KiB, graph-replayed, emulated - native, against
+    the profile's own nccl_toll_us (no published figure: real CC hardware may not charge a one-rank op)."""
+    nbytes = min(peer.SMALL_BYTES)
+    what = (f"NCCL all_reduce of {human_bytes(nbytes)} on a one-rank communicator, per op in a replayed CUDA graph: "
+            "emulated - native (us)")
+    source = ("emulator design: a one-rank op shows the emulator's per-operation charge alone; this checks the "
+              "emulator against its profile, not a published figure")
+    toll, cap = (profile.params[k].value if k in profile.params else None for k in ("nccl_toll_us", "nccl_toll_max_bytes"))
+    target = f"{toll:g} ±{ONE_RANK_TOLERANCE:.0%} (nccl_toll_us)" if toll else "nccl_toll_us"
+    if not toll or (cap and cap < nbytes):
+        why = f"the profile's toll stops at {cap:g} bytes" if toll else "the profile charges no NCCL toll"
+        return Check("nccl_1rank_toll", what, f"n/a: {why}", target, None, source, DEVICE)
+    v = _delta(peer.ONE_RANK, "time_per_op", mode="graph", bytes=nbytes, ranks=1)(native, emulated)
+    why = _skipped([native, emulated], (peer.ONE_RANK,)) if v is None else None
+    return Check("nccl_1rank_toll", what, f"n/a: {why}" if why else v, target,
+                 None if v is None else abs(v / toll - 1) <= ONE_RANK_TOLERANCE, source, DEVICE)
 
 
 def _never_faster(native: Result, emulated: Result, test: str, level: str) -> Check:
@@ -340,7 +409,8 @@ def evaluate(profile: Profile, native: Result, emulated: Result,
     for i, pair in enumerate([(native, emulated), *rounds]):
         for kind, res in zip(("native", "emulated"), pair):
             check_side(res, kind, profile, f"the {kind} result" + (f" of round {i + 1}" if i else ""))
-    return profile_checks(profile, native, emulated, rounds) + law_checks(native, emulated)
+    return profile_checks(profile, native, emulated, rounds) + [one_rank_toll(profile, native, emulated)] + \
+        law_checks(native, emulated)
 
 
 def _fmt(v) -> str:
@@ -363,13 +433,15 @@ def render(profile: Profile, checks: list[Check], native: Result, emulated: Resu
              f"{passed} of {len(checks)} checks hold.", "",
              "Level: where a check's rows were measured, the level its published source measured at: "
              "`driver`, the C probe's loops on the CUDA driver API; `framework`, through torch "
-             "(eager ops, synchronizes, `.to()` and `copy_`, cuBLAS). Deltas are emulated minus native, the median over "
+             "(eager ops, synchronizes, `.to()` and `copy_`, cuBLAS); `device`, the GPU's time per NCCL operation "
+             "(replayed in a CUDA graph, or bandwidth-bound). Deltas are emulated minus native, the median over "
              "pairs of runs where `--rounds` made more than one.", "",
              "| check | level | what | emulated | target | holds | source |", "|---|---|---|---|---|---|---|"]
     for c in checks:
         mark = {True: "yes", False: "NO", None: "n/a"}[c.ok]
         got = _fmt(c.measured) + (f" (median of {len(c.rounds)} pairs: {', '.join(_fmt(x) for x in c.rounds)})"
                                   if c.rounds and len(c.rounds) > 1 else "")
+        got += f" at {c.at}, farthest of {len(c.each)} sizes" if c.each else ""
         lines.append(f"| {c.id} | {c.level} | {c.what} | {got} | {c.target} | {mark} | {c.source} |")
     return "\n".join(lines) + "\n"
 

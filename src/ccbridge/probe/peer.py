@@ -1,18 +1,41 @@
-"""Peer (2+ GPUs): P2P copy bandwidth matrix, small-message latency, NCCL all-reduce time."""
+"""Peer: GPU-to-GPU copies and NCCL operations, at the level bridge-law section 6 publishes them.
+
+Under CC each cross-GPU operation pays a fixed device-side toll (the secure firmware sets it up) and large
+transfers keep a fraction of NVLink's bandwidth (Tinfoil, NCCL 2.28.9). So per-op latency (4 KiB-1 MiB) is
+timed two ways: `eager`, N back-to-back ops between CUDA events (the host's launches are in it, and under CC
+their toll), and `graph`, the same N ops captured into one CUDA graph and replayed (the GPU's time per op:
+where `ccbridge calibrate` compares the published toll); bandwidth at 256 MiB and 1 GiB as nccl-tests defines it.
+Every rank checks every sample exactly: random integers 1..15 (no zeros, so a missed contribution shows),
+restored before each sample, each op on its own buffer, sums exact in float32.
+One process per GPU, spawned (never fork a CUDA process); ranks inherit the environment, so an emulator's
+preload applies to every rank. Rank 0's times make the rows.
+"""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue as queue_mod
+import statistics
 import tempfile
 import time
+import warnings
+from dataclasses import dataclass
 
+from ccbridge.errors import GpuError
 from ccbridge.probe._torch import event_time_ms
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 
-P2P_BYTES = 256 << 20
-ALLREDUCE_BYTES = (4 << 10, 256 << 20)
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+P2P_BYTES = 256 * MiB
+SMALL_BYTES = (4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB)  # the published toll: messages <= 1 MB
+LARGE_BYTES = (256 * MiB, GiB)  # the published bandwidth kept: large transfers (quick: 256 MiB only)
+MODES = ("eager", "graph")
+ALLREDUCE, SENDRECV, ONE_RANK = "peer.allreduce", "peer.sendrecv", "peer.allreduce_1rank"
+MODE_NOTE = {"eager": "N back-to-back ops between CUDA events: host launches included",
+             "graph": "N ops captured in one CUDA graph, replayed: device time per op"}
+RANK_TIMEOUT_S = 900
 
 
 @test("peer.p2p", "GPU-to-GPU copy bandwidth matrix and 8-byte exchange latency", needs=("gpu", "torch", "multi_gpu"))
@@ -33,7 +56,7 @@ def p2p(ctx):
             dst.copy_(bufs[i])
             torch.cuda.synchronize(j)
             if not torch.equal(dst.cpu()[:4096], bufs[i].cpu()[:4096]):
-                raise RuntimeError(f"GPU{i}->GPU{j} copy is not byte-exact")
+                raise GpuError(f"GPU{i}->GPU{j} copy is not byte-exact")
             with torch.cuda.device(j):
                 ms = event_time_ms(torch, lambda: dst.copy_(bufs[i]), reps=reps)
             rows.append(Row.of("peer.p2p", "bandwidth", "GB/s", [P2P_BYTES / (t * 1e-3) / 1e9 for t in ms], src=i, dst=j))
@@ -49,60 +72,209 @@ def p2p(ctx):
     return rows
 
 
-def _allreduce_rank(rank: int, world: int, init_file: str, sizes, reps: int, queue) -> None:
-    import torch
-    import torch.distributed as dist
+@dataclass(frozen=True)
+class Plan:
+    """What each rank runs: op ("all_reduce" or "sendrecv": each rank sends to the next, receives from the
+    previous, one NCCL group), the latency and bandwidth sizes, ops per latency sample, samples per case."""
+    op: str
+    small: tuple[int, ...]
+    large: tuple[int, ...]
+    ops: int
+    reps: int
 
+
+def bus_factor(op: str, world: int) -> float:
+    """nccl-tests' bus bandwidth over algorithm bandwidth: all_reduce 2(n-1)/n; send/recv 1."""
+    return 2 * (world - 1) / world if op == "all_reduce" else 1.0
+
+
+class _Case:
+    """`n` ops of `nbytes` each, every op on its own slice of one flat buffer; restore() puts the inputs back,
+    check() compares every slice with the exact expected result."""
+
+    def __init__(self, torch, dist, op: str, nbytes: int, n: int, rank: int, world: int):
+        self.torch, self.dist, self.op, self.n = torch, dist, op, n
+        self.rank, self.world, self.count = rank, world, nbytes // 4
+        dev = torch.device("cuda", torch.cuda.current_device())
+
+        def data(r):  # rank r's input, regenerated on any rank from its seed
+            g = torch.Generator(device=dev).manual_seed(1_000_003 * nbytes + r)
+            return torch.randint(1, 16, (n * self.count,), generator=g, device=dev, dtype=torch.float32)
+
+        self.input = data(rank)
+        if op == "all_reduce":
+            self.buf, self.expect = torch.empty_like(self.input), data(0)
+            for r in range(1, world):
+                self.expect += data(r)
+        else:
+            self.buf, self.expect = torch.empty_like(self.input), data((rank - 1) % world)
+        self.peers = ((rank + 1) % world, (rank - 1) % world)
+
+    def restore(self) -> None:
+        if self.op == "all_reduce":
+            self.buf.copy_(self.input)
+        else:
+            self.buf.zero_()
+
+    def run(self, i: int) -> None:
+        part = slice(i * self.count, (i + 1) * self.count)
+        if self.op == "all_reduce":
+            self.dist.all_reduce(self.buf[part])
+            return
+        d = self.dist
+        for req in d.batch_isend_irecv([d.P2POp(d.isend, self.input[part], self.peers[0]),
+                                        d.P2POp(d.irecv, self.buf[part], self.peers[1])]):
+            req.wait()
+
+    def run_all(self) -> None:
+        for i in range(self.n):
+            self.run(i)
+
+    def check(self) -> None:
+        if not self.torch.equal(self.buf, self.expect):
+            bad = int((self.buf != self.expect).sum())
+            raise GpuError(f"{self.op} of {self.count * 4} B on rank {self.rank} of {self.world}: {bad} of "
+                           f"{self.buf.numel()} values differ from the exact result")
+
+    def sample_ms(self, body) -> float:
+        """Device time per op (ms) of body() (all n ops), between CUDA events, inputs restored first, checked after."""
+        torch = self.torch
+        self.restore()
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        body()
+        b.record()
+        b.synchronize()
+        self.check()
+        return a.elapsed_time(b) / self.n
+
+    def graph(self):
+        """The n ops captured into one CUDA graph (thread-local capture: NCCL's watchdog thread may query
+        events while this thread captures)."""
+        g = self.torch.cuda.CUDAGraph()
+        with warnings.catch_warnings():
+            # natively a one-rank in-place all_reduce is no work at all: its graph is rightly empty
+            warnings.filterwarnings("ignore", "The CUDA Graph is empty")
+            with self.torch.cuda.graph(g, capture_error_mode="thread_local"):
+                self.run_all()
+        return g
+
+
+def _measure(torch, dist, plan: Plan, rank: int, world: int) -> dict:
+    """{"small": {mode: {bytes: [ms per op]}}, "large": {bytes: [ms per op]}}; the first sample of each case
+    (communicator set-up, graph upload) is not kept."""
+    out: dict = {"small": {m: {} for m in MODES}, "large": {}}
+    for nbytes in plan.small:
+        case = _Case(torch, dist, plan.op, nbytes, plan.ops, rank, world)
+        for mode in MODES:
+            body = case.graph().replay if mode == "graph" else case.run_all
+            out["small"][mode][nbytes] = [case.sample_ms(body) for _ in range(plan.reps + 1)][1:]
+    for nbytes in plan.large:
+        case = _Case(torch, dist, plan.op, nbytes, 1, rank, world)
+        out["large"][nbytes] = [case.sample_ms(case.run_all) for _ in range(plan.reps + 1)][1:]
+        del case
+        torch.cuda.empty_cache()
+    return out
+
+
+def _rank(rank: int, devices: list[int], init_file: str, plan: Plan, answers) -> None:
+    # never NVLink multicast unless the caller chose: on shared machines it can take the host's GPUs down
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     try:
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        result = {}
-        for size in sizes:
-            x = torch.full((size // 4,), float(rank + 1), device=f"cuda:{rank}")
-            dist.all_reduce(x)
-            expect = world * (world + 1) / 2
-            if not torch.all(x == expect):
-                raise RuntimeError(f"all-reduce of {size} B gave a wrong sum")
-            for _ in range(3):
-                dist.all_reduce(x)
-            torch.cuda.synchronize()
-            result[size] = event_time_ms(torch, lambda: dist.all_reduce(x), reps=reps, inner=5)
-        queue.put((rank, "ok", result))
-        dist.destroy_process_group()
+        import torch
+        import torch.distributed as dist
+
+        if not 0 <= devices[rank] < torch.cuda.device_count():  # torch would only fail at the first op, if at all
+            raise GpuError(f"GPU {devices[rank]} is not visible ({torch.cuda.device_count()} GPUs)")
+        torch.cuda.set_device(devices[rank])
+        dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=len(devices))
+        try:
+            answers.put((rank, "ok", _measure(torch, dist, plan, rank, len(devices))))
+        finally:
+            dist.destroy_process_group()
     except Exception as e:
-        queue.put((rank, "error", f"{type(e).__name__}: {e}"))
+        answers.put((rank, "error", f"{type(e).__name__}: {e}"))
 
 
-@test("peer.allreduce", "NCCL all-reduce time, small and large messages, all GPUs", needs=("gpu", "torch", "multi_gpu"))
-def allreduce(ctx):
-    import torch
-
-    world = torch.cuda.device_count()
-    reps = ctx.pick(10, 5)
-    ctx.step(f"NCCL all-reduce on {world} GPUs")
+def run_ranks(devices: list[int], plan: Plan, timeout_s: float = RANK_TIMEOUT_S) -> dict:
+    """Run `plan` on one spawned rank per device (rank r on devices[r]); rank 0's measurements, or a GpuError
+    naming the first rank that failed, died or did not answer in time."""
     mpc = mp.get_context("spawn")
-    queue = mpc.Queue()
+    answers = mpc.Queue()
+    got: dict[int, tuple[str, object]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        init = os.path.join(tmp, "init")
-        procs = [mpc.Process(target=_allreduce_rank, args=(r, world, init, ALLREDUCE_BYTES, reps, queue), daemon=True)
-                 for r in range(world)]
+        procs = [mpc.Process(target=_rank, args=(r, devices, os.path.join(tmp, "init"), plan, answers), daemon=True)
+                 for r in range(len(devices))]
         for p in procs:
             p.start()
         try:
-            answers = [queue.get(timeout=300) for _ in range(world)]
+            deadline = time.monotonic() + timeout_s
+            while len(got) < len(procs):
+                try:
+                    r, status, payload = answers.get(timeout=2)
+                    got[r] = (status, payload)
+                    if status == "error":
+                        raise GpuError(f"{plan.op} rank {r}: {payload}")
+                    continue
+                except queue_mod.Empty:
+                    pass
+                # a rank that exited flushed its answer first: one that died without one is a failure
+                dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in got]
+                if dead and answers.empty():
+                    raise GpuError(f"{plan.op} rank {dead[0]} exited with status {procs[dead[0]].exitcode} "
+                                   "without an answer")
+                if time.monotonic() > deadline:
+                    raise GpuError(f"{plan.op} ranks did not answer within {timeout_s:.0f} s "
+                                   f"(answered: {sorted(got) or 'none'})")
         finally:
+            ok = len(got) == len(procs) and all(s == "ok" for s, _ in got.values())
             for p in procs:
-                p.join(timeout=30)
+                p.join(timeout=60 if ok else 0)  # a failed rank's peers may wait in a collective forever
                 if p.is_alive():
                     p.terminate()
-    errors = [a for a in answers if a[1] == "error"]
-    if errors:
-        raise RuntimeError(f"rank {errors[0][0]}: {errors[0][2]}")
-    rank0 = next(a[2] for a in answers if a[0] == 0)
-    rows = []
-    for size, ms in rank0.items():
-        row = Row.of("peer.allreduce", "time", "us", [t * 1e3 for t in ms], bytes=size, gpus=world)
-        # nccl-tests' bus bandwidth for all-reduce: size/time * 2(n-1)/n
-        row.extra["busbw_GBps"] = size / (row.median * 1e-6) * 2 * (world - 1) / world / 1e9
-        rows.append(row)
-    return rows
+                    p.join()
+    return got[0][1]
+
+
+def rows(test_id: str, op: str, payload: dict, world: int, ops: int) -> list[Row]:
+    """Rows of one rank's measurements: us per op by size and mode; GB/s (bus bandwidth) at the large sizes."""
+    out = []
+    for mode, by_size in payload["small"].items():
+        for nbytes, ms in by_size.items():
+            r = Row.of(test_id, "time_per_op", "us", [t * 1e3 for t in ms], bytes=nbytes, mode=mode, ranks=world)
+            r.extra.update(ops_per_sample=ops, note=MODE_NOTE[mode])
+            out.append(r)
+    for nbytes, ms in payload["large"].items():
+        r = Row.of(test_id, "busbw", "GB/s", [nbytes / (t * 1e-3) / 1e9 * bus_factor(op, world) for t in ms],
+                   bytes=nbytes, ranks=world)
+        r.extra.update(time_us=statistics.median(ms) * 1e3, note="nccl-tests' bus bandwidth: bytes / time x "
+                       + ("2(n-1)/n" if op == "all_reduce" else "1"))
+        out.append(r)
+    return out
+
+
+def _collective(ctx, test_id: str, op: str, devices: list[int], small, large) -> list[Row]:
+    plan = Plan(op, tuple(small), tuple(large), ops=ctx.pick(50, 20), reps=ctx.pick(20, 10))
+    ctx.step(f"NCCL {op} on {len(devices)} GPU(s)")
+    return rows(test_id, op, run_ranks(devices, plan), len(devices), plan.ops)
+
+
+@test(ALLREDUCE, "NCCL all_reduce on all GPUs: per-op time 4 KiB-1 MiB (eager and graph), bus bandwidth from 256 MiB",
+      needs=("gpu", "torch", "multi_gpu"))
+def allreduce(ctx):
+    return _collective(ctx, ALLREDUCE, "all_reduce", list(range(ctx.machine.gpu_count)), SMALL_BYTES,
+                       ctx.pick(LARGE_BYTES, LARGE_BYTES[:1]))
+
+
+@test(SENDRECV, "NCCL send/recv ring on all GPUs: per-op time 4 KiB-1 MiB (eager and graph), bandwidth from 256 MiB",
+      needs=("gpu", "torch", "multi_gpu"))
+def sendrecv(ctx):
+    return _collective(ctx, SENDRECV, "sendrecv", list(range(ctx.machine.gpu_count)), SMALL_BYTES,
+                       ctx.pick(LARGE_BYTES, LARGE_BYTES[:1]))
+
+
+@test(ONE_RANK, "NCCL all_reduce of 4 KiB on a one-rank communicator: per-op time, eager and graph (an emulator's "
+      "per-op charge alone)", needs=("gpu", "torch"))
+def allreduce_1rank(ctx):
+    return _collective(ctx, ONE_RANK, "all_reduce", [ctx.device], SMALL_BYTES[:1], ())
