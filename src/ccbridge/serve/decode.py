@@ -128,7 +128,8 @@ def check(model: str | None, batches: list[int], prompt: int, output: int, modes
 
 def check_host_prep(host_prep_us: float) -> None:
     if not (0 <= host_prep_us <= MAX_HOST_PREP_US):
-        raise UsageError(f"--host-prep-us {host_prep_us:g}: expected 0 to {MAX_HOST_PREP_US:g} us of host work per step")
+        raise UsageError(f"--host-prep-us {host_prep_us:g}: expected 0 to {MAX_HOST_PREP_US:g} us of host work "
+                         "per step")
 
 
 def _fits(name: str, limit: int | None, tokens: int) -> None:
