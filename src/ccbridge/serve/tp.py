@@ -153,7 +153,9 @@ def _first_line(e: BaseException) -> str:
 
 def _rank_main(rank: int, n: int, port: int, device: str, timeout_s: float, q, target, args) -> None:
     """A spawned rank: join the group, run target, hand its answer (or its error, one line) to the parent."""
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast unless chosen: CC B300 has none
+    # never NVLink multicast unless the caller chose it: on shared machines it can take the host's GPUs down,
+    # and a CC B300 tenant has none (bridge law, section 6)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     try:
         dev = torch.device(device)
         if dev.type == "cuda":
