@@ -63,7 +63,27 @@ int ncclBroadcast(const void *s, void *r, size_t n, int t, int root, comm *c, vo
     memmove(r, s, n * tsize(t));
     return 0;
 }
-int ncclBcast(void *b, size_t n, int t, int root, comm *c, void *st) { (void)b; (void)n; (void)t; (void)root; (void)c; (void)st; g_ops++; return 0; }
+/* As the real one (NCCL 2.28): ncclBcast is ncclBroadcast in place, called through the PLT, so a preloaded
+ * interposer sees that inner call too */
+int ncclBcast(void *b, size_t n, int t, int root, comm *c, void *st) { return ncclBroadcast(b, b, n, t, root, c, st); }
+int ncclAlltoAll(const void *s, void *r, size_t n, int t, comm *c, void *st) {
+    (void)st;
+    g_ops++;
+    for (int k = 0; k < c->nranks; k++) memmove((char *)r + (size_t)k * n * tsize(t), (const char *)s + (size_t)c->rank * n * tsize(t), n * tsize(t));
+    return 0;
+}
+int ncclGather(const void *s, void *r, size_t n, int t, int root, comm *c, void *st) {
+    (void)root; (void)st;
+    g_ops++;
+    for (int k = 0; k < c->nranks; k++) memmove((char *)r + (size_t)k * n * tsize(t), s, n * tsize(t));
+    return 0;
+}
+int ncclScatter(const void *s, void *r, size_t n, int t, int root, comm *c, void *st) {
+    (void)root; (void)st;
+    g_ops++;
+    memmove(r, (const char *)s + (size_t)c->rank * n * tsize(t), n * tsize(t));
+    return 0;
+}
 int ncclReduce(const void *s, void *r, size_t n, int t, int op, int root, comm *c, void *st) {
     (void)root; (void)st;
     g_ops++;
@@ -86,6 +106,7 @@ int ncclRecv(void *r, size_t n, int t, int peer, comm *c, void *st) {
 }
 int ncclGroupStart(void) { g_group_starts++; return 0; }
 int ncclGroupEnd(void) { g_group_ends++; return 0; }
+int ncclGroupSimulateEnd(void *info) { (void)info; g_group_ends++; return 0; }
 
 long long fake_nccl_ops(void) { return g_ops; }
 long long fake_nccl_groups(void) { return g_group_starts * 1000 + g_group_ends; }

@@ -21,9 +21,9 @@ from ccbridge.emulate.siteboot import ccbridge_sites
 from ccbridge.emulate.profiles import Profile
 
 CONFIG_VAR = "CCBRIDGE_EMU_CONFIG"
-TRACE_MAX = 512
+TRACE_MAX = 512  # the interposer's trace path buffer (emu.h), with its terminating NUL
 # What a job sees under a profile without NVLS: NVLink multicast off in each library that would use it.
-NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}  # the interposer's trace path buffer (emu.h), with its terminating NUL
+NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def library() -> str:

@@ -49,7 +49,8 @@ COLUMNS: dict[str, str] = {
     "toll_ns": "fixed cost the emulator added (crossing toll + round trip, launch toll, synchronize round trip); "
                "collectives: device-side time queued on the op's stream ahead of it (per-op toll + bandwidth kept), "
                "not time the host waited",
-    "rc": "the CUresult returned",
+    "rc": "the CUresult returned (collectives: the ncclResult_t; 7, in progress, is a non-blocking communicator's "
+          "success)",
     "site": "the Python call site that issued it: an id in <prefix>.<pid>.sites.json (empty: none noted; "
             "`ccbridge run --record T --sites`)",
     "ranks": "collectives: the communicator's size (empty on other lines)",

@@ -430,10 +430,11 @@ fail:
  * (the copy would be staged through the host: not the link CC's figure is about). */
 CCB_API int ccb_peer_rate(int src, int dst, size_t bytes, int iters, double *bytes_per_s) {
     CUdevice ds, dd;
-    CUcontext cs = NULL, cd = NULL, popped;
+    CUcontext cs = NULL, cd = NULL, was = NULL;
     CUdeviceptr a = 0, b = 0;
     CUstream st = NULL;
     int can = 0, ok = -1;
+    CK(cu.CtxGetCurrent(&was));
     CK(cu.DeviceGet(&ds, src));
     CK(cu.DeviceGet(&dd, dst));
     CK(cu.DeviceCanAccessPeer(&can, dd, ds));
@@ -463,6 +464,6 @@ fail:
     if (a && cu.CtxSetCurrent(cs) == 0) cu.MemFree(a);
     if (cs) cu.DevicePrimaryCtxRelease(ds);
     if (cd) cu.DevicePrimaryCtxRelease(dd);
-    cu.CtxPopCurrent(&popped);
+    cu.CtxSetCurrent(was); /* the caller's context as it was (peer access stays on, as the driver keeps it) */
     return ok;
 }

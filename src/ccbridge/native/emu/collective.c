@@ -9,11 +9,14 @@
  * other streams overlaps it as it would overlap the firmware's work; a CUDA graph that captures the operation
  * captures the wait too, so each replay pays it (collectives in graphs still move data and pay per operation).
  *
- * A group (ncclGroupStart..ncclGroupEnd) is one operation: NCCL collects the group's tasks and launches them at
- * the outermost ncclGroupEnd as one plan (one kernel per channel set, src/enqueue.cc ncclLaunchPrepare in NCCL
- * 2.28), so the group pays one toll, plus each operation's bandwidth term, on its first operation's stream
- * (NCCL makes every stream of a group wait for the others). A send and its matching recv are one exchange:
- * the send carries the bytes on the wire, the recv none (the receiver waits for the sender's stream).
+ * A group (ncclGroupStart..ncclGroupEnd) is one operation per GPU: NCCL collects the group's tasks and launches
+ * them at the outermost ncclGroupEnd as one plan per communicator (src/group.cc, src/enqueue.cc ncclLaunchPrepare
+ * in NCCL 2.28), so each GPU of the group pays one toll, plus its operations' bandwidth terms, on its first
+ * operation's stream (NCCL makes a GPU's streams of a group wait for each other). GPUs driven from one thread
+ * (ncclCommInitAll, nccl-tests -g) work in parallel and are charged in parallel. A send and its matching recv
+ * are one exchange: the send carries the bytes on the wire, the recv none (it waits for the sender's stream).
+ * An operation that fails before it is queued (its rc is neither success nor in-progress) is not charged in a
+ * group; outside one the charge was already queued, as a refused launch's toll is paid.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -47,6 +50,8 @@ size_t emu_wire_bytes(int op, size_t bytes, int ranks) {
     case OP_ALLREDUCE: return (size_t)((double)bytes * 2.0 * (double)(n - 1) / (double)n);
     case OP_ALLGATHER:
     case OP_REDUCESCATTER: return bytes * (n - 1);
+    case OP_ALLTOALL: return bytes * (n - 1);          /* count to each other rank */
+    case OP_GATHER: return bytes * (n - 1) / n;        /* gather/scatter: count per rank, one root; the mean rank's */
     case OP_BROADCAST:
     case OP_REDUCE:
     case OP_SEND: return bytes;
@@ -67,25 +72,40 @@ static const char kSpinPtx[] = CCB_PTX_HEADER CCB_PTX_SPIN("ccbemu_spin");
 
 #define MAX_SPIN_CTX 64
 static struct { CUcontext ctx; CUfunction fn; } g_spin[MAX_SPIN_CTX];
-static int g_nspin;
+static int g_nspin, g_next_evict;
 static pthread_mutex_t g_spin_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static CUfunction spin_fn(CUstream st) {
-    CUcontext ctx = NULL, popped;
+static CUcontext ctx_of(CUstream st) {
+    CUcontext ctx = NULL;
     CUresult rc = st == NULL || st == CU_STREAM_LEGACY || st == CU_STREAM_PER_THREAD ? drv.CtxGetCurrent(&ctx)
                                                                                       : drv.StreamGetCtx(st, &ctx);
-    if (rc != CUDA_SUCCESS || !ctx) return NULL;
+    return rc == CUDA_SUCCESS ? ctx : NULL;
+}
+
+/* A context destroyed (its handle may come back for a new one): its module went with it. */
+void emu_spin_forget(CUcontext ctx) {
+    pthread_mutex_lock(&g_spin_mu);
+    for (int i = 0; i < g_nspin; i++)
+        if (g_spin[i].ctx == ctx) g_spin[i] = g_spin[--g_nspin], i--;
+    pthread_mutex_unlock(&g_spin_mu);
+}
+
+static CUfunction spin_fn(CUcontext ctx) {
+    CUcontext popped;
     CUfunction fn = NULL;
+    if (!ctx) return NULL;
     pthread_mutex_lock(&g_spin_mu);
     for (int i = 0; i < g_nspin && !fn; i++)
         if (g_spin[i].ctx == ctx) fn = g_spin[i].fn;
-    if (!fn && g_nspin < MAX_SPIN_CTX && drv.CtxPushCurrent(ctx) == CUDA_SUCCESS) {
+    if (!fn && drv.CtxPushCurrent(ctx) == CUDA_SUCCESS) {
         CUmodule mod;
-        if (drv.ModuleLoadData(&mod, kSpinPtx) == CUDA_SUCCESS && drv.ModuleGetFunction(&fn, mod, "ccbemu_spin") == CUDA_SUCCESS)
-            g_spin[g_nspin].ctx = ctx, g_spin[g_nspin++].fn = fn;
-        else
+        if (drv.ModuleLoadData(&mod, kSpinPtx) != CUDA_SUCCESS || drv.ModuleGetFunction(&fn, mod, "ccbemu_spin") != CUDA_SUCCESS)
             fn = NULL;
         drv.CtxPopCurrent(&popped);
+        if (fn) { /* full: the slots are reused in turn (a process of more than 64 live contexts reloads) */
+            int slot = g_nspin < MAX_SPIN_CTX ? g_nspin++ : g_next_evict++ % MAX_SPIN_CTX;
+            g_spin[slot].ctx = ctx, g_spin[slot].fn = fn;
+        }
     }
     pthread_mutex_unlock(&g_spin_mu);
     return fn;
@@ -93,10 +113,17 @@ static CUfunction spin_fn(CUstream st) {
 
 uint64_t emu_device_wait(CUstream st, uint64_t ns) {
     if (!ns) return 0;
-    CUfunction fn = spin_fn(st);
+    CUcontext ctx = ctx_of(st);
     unsigned long long arg = ns;
     void *params[] = {&arg};
-    if (fn && drv.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, params, NULL) == CUDA_SUCCESS) return ns;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        CUfunction fn = spin_fn(ctx);
+        if (!fn) break;
+        CUresult rc = drv.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, params, NULL);
+        if (rc == CUDA_SUCCESS) return ns;
+        if (rc != 400 && rc != 201 && rc != 709) break; /* a stale module (invalid handle / context): load anew */
+        emu_spin_forget(ctx);
+    }
     /* No kernel (a driver that refuses the PTX): the host pays instead, which over-charges overlap; say so once. */
     static int warned;
     if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
@@ -108,14 +135,25 @@ uint64_t emu_device_wait(CUstream st, uint64_t ns) {
 
 /* ---- operations and groups ---- */
 typedef int (*comm_count_fn)(void *, int *);
-/* The communicator's size through the same library's ncclCommCount (real_fn: the operation's real entry). */
+/* The communicator's size through the same library's ncclCommCount (real_fn: the operation's real entry, so a
+ * second libnccl in the process answers for its own communicators), cached per entry point, misses too. */
+#define MAX_LIBS 8
+static struct { void *real; comm_count_fn count; } g_count[MAX_LIBS];
+static int g_ncount;
+static pthread_mutex_t g_count_mu = PTHREAD_MUTEX_INITIALIZER;
 static int ranks_of(void *comm, void *real_fn) {
-    static comm_count_fn count;
-    if (!count && real_fn) {
+    comm_count_fn count = NULL;
+    int found = 0;
+    pthread_mutex_lock(&g_count_mu);
+    for (int i = 0; i < g_ncount && !found; i++)
+        if (g_count[i].real == real_fn) count = g_count[i].count, found = 1;
+    if (!found) {
         Dl_info info;
-        void *h = dladdr(real_fn, &info) && info.dli_fname ? dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD) : NULL;
-        if (h) __atomic_store_n(&count, (comm_count_fn)dlsym(h, "ncclCommCount"), __ATOMIC_RELAXED);
+        void *h = real_fn && dladdr(real_fn, &info) && info.dli_fname ? dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD) : NULL;
+        if (h) count = (comm_count_fn)dlsym(h, "ncclCommCount"), dlclose(h);
+        if (g_ncount < MAX_LIBS) g_count[g_ncount].real = real_fn, g_count[g_ncount++].count = count;
     }
+    pthread_mutex_unlock(&g_count_mu);
     int n = 0;
     return count && comm && count(comm, &n) == 0 ? n : 0;
 }
@@ -142,13 +180,14 @@ void emu_coll_begin(emu_coll *c, int api, int op, size_t count, int dtype, void 
     size_t size = emu_nccl_type_size(dtype);
     memset(c, 0, sizeof *c);
     c->api = api, c->op = op, c->stream = st, c->t_enter = t0, c->site = *ccbemu_site_slot();
+    c->ctx = t_depth > 0 ? ctx_of(st) : NULL;
     c->bytes = size && count <= SIZE_MAX / size ? count * size : 0;
     c->ranks = ranks_of(comm, real_fn);
     c->wire = emu_wire_bytes(op, c->bytes, c->ranks);
     if (c->ranks > 1) emu_mgpu_on();
     if (t_depth > 0 || !emu_on()) return; /* grouped: charged at the group's end */
     c->charged = emu_device_wait(st, toll_ns(c->bytes) + bandwidth_ns(c->wire));
-    emu_work_submitted();
+    if (!emu_capturing(st)) emu_work_submitted();
 }
 
 void emu_coll_end(emu_coll *c, int rc) {
@@ -167,20 +206,36 @@ void emu_coll_end(emu_coll *c, int rc) {
 
 void emu_group_start(void) { t_depth++; }
 
+/* rc of an operation that was queued: success, or in progress on a non-blocking communicator */
+static int queued(int rc) { return rc == 0 || rc == 7; }
+
 void emu_group_end(void) {
     if (t_depth == 0 || --t_depth > 0) return; /* an unmatched end is NCCL's to refuse; an inner one waits */
-    if (emu_on() && t_ngroup > 0) {
-        size_t bytes = 0;
-        for (int i = 0; i < t_ngroup; i++) bytes += t_group[i].c.bytes;
-        uint64_t total = t_group[0].c.charged = toll_ns(bytes);
+    if (emu_on()) {
+        /* one charge per GPU (context): its first operation carries the toll, each its own bandwidth term */
         for (int i = 0; i < t_ngroup; i++) {
-            uint64_t b = bandwidth_ns(t_group[i].c.wire);
-            t_group[i].c.charged += b;
-            total += b;
+            emu_coll *first = &t_group[i].c;
+            if (!queued(t_group[i].rc)) continue;
+            int seen = 0;
+            for (int j = 0; j < i && !seen; j++) seen = queued(t_group[j].rc) && t_group[j].c.ctx == first->ctx;
+            if (seen) continue;
+            size_t bytes = 0;
+            for (int j = i; j < t_ngroup; j++)
+                if (queued(t_group[j].rc) && t_group[j].c.ctx == first->ctx) bytes += t_group[j].c.bytes;
+            uint64_t total = first->charged = toll_ns(bytes);
+            for (int j = i; j < t_ngroup; j++)
+                if (queued(t_group[j].rc) && t_group[j].c.ctx == first->ctx) {
+                    uint64_t b = bandwidth_ns(t_group[j].c.wire);
+                    t_group[j].c.charged += b, total += b;
+                }
+            emu_device_wait(first->stream, total);
+            if (!emu_capturing(first->stream)) emu_work_submitted();
         }
-        emu_device_wait(t_group[0].c.stream, total);
-        emu_work_submitted();
     }
     for (int i = 0; i < t_ngroup; i++) record(&t_group[i].c, t_group[i].t_return, t_group[i].rc);
     t_ngroup = 0;
+}
+
+void emu_group_drop(void) {
+    if (t_depth > 0 && --t_depth == 0) t_ngroup = 0;
 }

@@ -197,8 +197,8 @@ uint64_t emu_roundtrip_due(int always);
  * An NCCL operation pays, on its stream and ahead of it, device-side time (a kernel that waits on the GPU's
  * global timer): the profile's per-operation toll plus its wire bytes x (1/nvlink_kept - 1) at this machine's
  * NVLink rate. The host is not held. A group (ncclGroupStart..End) is one operation: NCCL launches it as one
- * plan. An operation captured into a CUDA graph leaves its wait in the graph, so every replay pays it. */
-enum { OP_ALLREDUCE, OP_BROADCAST, OP_REDUCE, OP_ALLGATHER, OP_REDUCESCATTER, OP_SEND, OP_RECV };
+ * plan, one per GPU. An operation captured into a CUDA graph leaves its wait in the graph, so every replay pays it. */
+enum { OP_ALLREDUCE, OP_BROADCAST, OP_REDUCE, OP_ALLGATHER, OP_REDUCESCATTER, OP_ALLTOALL, OP_GATHER, OP_SEND, OP_RECV };
 size_t emu_nccl_type_size(int dtype);              /* ncclDataType_t -> bytes; 0: unknown */
 size_t emu_wire_bytes(int op, size_t bytes, int ranks);
 /* An operation about to be issued (its real call next): charged now, or noted for its group's end. */
@@ -206,6 +206,7 @@ typedef struct {
     int api, op, ranks, site;
     size_t bytes, wire;
     CUstream stream;
+    CUcontext ctx;        /* the stream's: a group's operations on several GPUs are charged per GPU */
     uint64_t t_enter, charged;
 } emu_coll;
 void emu_coll_begin(emu_coll *c, int api, int op, size_t count, int dtype, void *comm, CUstream st, uint64_t t0,
@@ -213,6 +214,8 @@ void emu_coll_begin(emu_coll *c, int api, int op, size_t count, int dtype, void 
 void emu_coll_end(emu_coll *c, int rc);  /* after the real call: its trace line, or held for the group's */
 void emu_group_start(void);
 void emu_group_end(void);                /* before the real ncclGroupEnd: the outermost charges its group */
+void emu_group_drop(void);               /* ncclGroupSimulateEnd: the group ran nothing, nothing is charged */
+void emu_spin_forget(CUcontext ctx);     /* a context gone: its wait kernel with it */
 int emu_mgpu(void);                      /* multi-GPU: a communicator of 2+ ranks, peer access, or multi_gpu=1 */
 void emu_mgpu_on(void);
 void emu_mgpu_reset(void);               /* tests: a fresh process's state */

@@ -14,6 +14,8 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +57,8 @@ typedef unsigned long long cuuint64_t;
 /* NCCL's public API (nccl.h): the same table, but the real entry points come from libnccl (collective.c) */
 #define NCCL_HOOKS(X)                                                                                         \
     X(ncclAllReduce) X(ncclReduceScatter) X(ncclAllGather) X(ncclBroadcast) X(ncclBcast) X(ncclReduce)       \
-    X(ncclSend) X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd)
+    X(ncclAlltoAll) X(ncclGather) X(ncclScatter) X(ncclSend) X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd)    \
+    X(ncclGroupSimulateEnd)
 
 enum {
 #define X(n) H_##n,
@@ -213,6 +216,8 @@ int emu_hook_index(const char *name) {
     return -1;
 }
 
+static void *defined_elsewhere(const char *name, void *self);
+
 /* Names the loader asks for get their hook. RTLD_NEXT lookups are answered
  * relative to this library (glibc hides the caller's identity from us). */
 void *dlsym(void *handle, const char *name) {
@@ -223,7 +228,10 @@ void *dlsym(void *handle, const char *name) {
         int k = emu_hook_index(name);
         if (k < 0) return p;
         emu_init();
-        if (p != kHooks[k]) __atomic_store_n(&g_real[k], p, __ATOMIC_RELAXED); /* not our own export (RTLD_DEFAULT) */
+        /* our own export, found through RTLD_DEFAULT: NCCL is there only if some library defines it (a program
+         * that probes for NCCL must not find it because the interposer is preloaded) */
+        if (p == kHooks[k] && !(p = defined_elsewhere(name, kHooks[k]))) return NULL;
+        __atomic_store_n(&g_real[k], p, __ATOMIC_RELAXED);
         return kHooks[k];
     }
     if (!emu_is_driver_name(name)) return p;
@@ -1045,6 +1053,7 @@ EMU_API CUresult cuCtxCreate_v4(CUcontext *c, void *p, unsigned f, CUdevice d) {
 EMU_API CUresult cuCtxDestroy_v2(CUcontext c) {
     ENTER(cuCtxDestroy_v2);
     emu_channel_forget(c);
+    emu_spin_forget(c);
     return LIFECYCLE(cuCtxDestroy_v2, REAL(cuCtxDestroy_v2)(c), cfg.ctx_destroy_ns);
 }
 
@@ -1064,7 +1073,7 @@ EMU_API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
 }
 static CUresult primary_down(int api, uint64_t t0, CUresult rc, CUdevice d) {
     int gone = rc == CUDA_SUCCESS && !primary_active(d);
-    if (gone && d >= 0 && d < MAX_DEV && g_primary[d]) emu_channel_forget(g_primary[d]);
+    if (gone && d >= 0 && d < MAX_DEV && g_primary[d]) emu_channel_forget(g_primary[d]), emu_spin_forget(g_primary[d]);
     return lifecycle(api, t0, REC_CONTEXT, 0, rc, gone ? cfg.ctx_destroy_ns : 0);
 }
 #define PRIMARY_DOWN(n, d) primary_down(H_##n, t0_, REAL(n)(d), d)
@@ -1143,34 +1152,106 @@ EMU_API CUresult cuMulticastUnbind(cu_handle h, CUdevice d, size_t o, size_t n) 
 /* ---- NCCL: each operation is charged on its stream ahead of the real one (collective.c) ---- */
 typedef int ncclResult_t;
 #define NCCL_INTERNAL_ERROR 3
-/* The real entry point: dlsym handed it out (a program that loads libnccl itself), or the next library that
- * defines it (a program linked against libnccl: our export won the lookup). */
-static void *nccl_real(int i) {
-    void *p = __atomic_load_n(&g_real[i], __ATOMIC_RELAXED);
-    if (!p && (p = real_dlsym(RTLD_NEXT, kNames[i]))) __atomic_store_n(&g_real[i], p, __ATOMIC_RELAXED);
-    if (!p) fprintf(stderr, "ccbridge emulator: %s called, but no NCCL library defines it\n", kNames[i]);
+#define NCCL_FIRST H_ncclAllReduce /* NCCL_HOOKS are the table's last rows */
+#define N_NCCL (H_COUNT - NCCL_FIRST)
+
+/* Where a name is defined other than by us: the global scope after this library, else any loaded object
+ * (libnccl's first). The loaded objects' paths are collected first and opened after the walk: dlopen inside
+ * dl_iterate_phdr's callback would take the loader's locks in the other order than a concurrent dlopen. */
+typedef struct { char paths[32][512]; int n; } loaded;
+static int collect(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    loaded *l = arg;
+    if (info->dlpi_name && info->dlpi_name[0] && l->n < 32) snprintf(l->paths[l->n++], 512, "%s", info->dlpi_name);
+    return 0;
+}
+static void *in_object(const char *path, const char *name, void *self) {
+    void *h = path && path[0] ? dlopen(path, RTLD_LAZY | RTLD_NOLOAD) : NULL;
+    void *p = h ? real_dlsym(h, name) : NULL;
+    if (h) dlclose(h);
+    return p == self ? NULL : p;
+}
+static void *defined_elsewhere(const char *name, void *self) {
+    void *p = real_dlsym(RTLD_NEXT, name);
+    if (p && p != self) return p;
+    static loaded l; /* (static: 16 KiB is too much for a caller's stack) */
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&mu);
+    l.n = 0;
+    dl_iterate_phdr(collect, &l);
+    p = NULL;
+    for (int pass = 0; pass < 2 && !p; pass++)
+        for (int i = 0; i < l.n && !p; i++) {
+            const char *base = strrchr(l.paths[i], '/');
+            int is_nccl = strncmp(base ? base + 1 : l.paths[i], "libnccl", 7) == 0;
+            if (is_nccl == !pass) p = in_object(l.paths[i], name, self);
+        }
+    pthread_mutex_unlock(&mu);
     return p;
 }
+
+/* The real entry point a call meant, resolved per call site (return address) and cached: in the caller's own
+ * scope first (PyTorch's libnccl is a dependency of an extension Python loaded RTLD_LOCAL, out of the global
+ * scope; a second libnccl in the process stays the caller's own); else what dlsym handed out (a program that
+ * loads libnccl itself, through ctypes); else anywhere. */
+#define NCCL_SITES 32
+static struct { void *ret, *real; } g_nccl_site[N_NCCL][NCCL_SITES];
+static int g_nccl_nsite[N_NCCL];
+static pthread_mutex_t g_nccl_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *nccl_real(int i, void *ret) {
+    int k = i - NCCL_FIRST, n = __atomic_load_n(&g_nccl_nsite[k], __ATOMIC_ACQUIRE);
+    for (int j = 0; j < n; j++)
+        if (g_nccl_site[k][j].ret == ret) return g_nccl_site[k][j].real;
+    Dl_info info;
+    void *p = ret && dladdr(ret, &info) ? in_object(info.dli_fname, kNames[i], kHooks[i]) : NULL;
+    if (!p) p = __atomic_load_n(&g_real[i], __ATOMIC_RELAXED);
+    if (!p) p = defined_elsewhere(kNames[i], kHooks[i]);
+    if (!p) {
+        static int said;
+        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+            fprintf(stderr, "ccbridge emulator: %s called, but no loaded NCCL library defines it\n", kNames[i]);
+        return NULL;
+    }
+    pthread_mutex_lock(&g_nccl_mu);
+    if ((n = g_nccl_nsite[k]) < NCCL_SITES) {
+        g_nccl_site[k][n].ret = ret, g_nccl_site[k][n].real = p;
+        __atomic_store_n(&g_nccl_nsite[k], n + 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_nccl_mu);
+    return p;
+}
+
+/* Inside a real NCCL call: NCCL's own calls of its API (ncclBcast calls ncclBroadcast, ncclAlltoAll a group of
+ * sends and recvs, through its PLT, so into our exports) pass straight through, neither charged nor traced. */
+static __thread int t_in_nccl;
 #define NCCL_ENTER(n)                                                       \
     emu_init();                                                             \
     emu_count(H_##n);                                                       \
     const uint64_t t0_ = __atomic_load_n(&emu_tracing, __ATOMIC_RELAXED) ? emu_now() : 0; \
-    n##_t *real_ = (n##_t *)nccl_real(H_##n);                               \
+    n##_t *real_ = (n##_t *)nccl_real(H_##n, __builtin_return_address(0));  \
     if (!real_) return NCCL_INTERNAL_ERROR
+#define NCCL_INNER(call) ({ t_in_nccl++; ncclResult_t r_ = (call); t_in_nccl--; r_; })
 /* (GNU statement expression) charge, make the real call, write or hold the trace line */
-#define NCCL_OP(n, op, count, dtype, comm, st, call)                                                            \
-    ({ emu_coll c_; emu_coll_begin(&c_, H_##n, op, count, dtype, comm, (CUstream)(st), t0_, (void *)real_);    \
-       ncclResult_t r_ = (call); emu_coll_end(&c_, r_); r_; })
+#define NCCL_OP(n, op, count, dtype, comm, st, call)                                                             \
+    ({ ncclResult_t r_;                                                                                         \
+       if (t_in_nccl) r_ = (call);                                                                              \
+       else { emu_coll c_; emu_coll_begin(&c_, H_##n, op, count, dtype, comm, (CUstream)(st), t0_, (void *)real_); \
+              r_ = NCCL_INNER(call); emu_coll_end(&c_, r_); }                                                   \
+       r_; })
 typedef ncclResult_t ncclAllReduce_t(const void *, void *, size_t, int, int, void *, CUstream);
 typedef ncclResult_t ncclReduceScatter_t(const void *, void *, size_t, int, int, void *, CUstream);
 typedef ncclResult_t ncclAllGather_t(const void *, void *, size_t, int, void *, CUstream);
 typedef ncclResult_t ncclBroadcast_t(const void *, void *, size_t, int, int, void *, CUstream);
 typedef ncclResult_t ncclBcast_t(void *, size_t, int, int, void *, CUstream);
 typedef ncclResult_t ncclReduce_t(const void *, void *, size_t, int, int, int, void *, CUstream);
+typedef ncclResult_t ncclAlltoAll_t(const void *, void *, size_t, int, void *, CUstream);
+typedef ncclResult_t ncclGather_t(const void *, void *, size_t, int, int, void *, CUstream);
+typedef ncclResult_t ncclScatter_t(const void *, void *, size_t, int, int, void *, CUstream);
 typedef ncclResult_t ncclSend_t(const void *, size_t, int, int, void *, CUstream);
 typedef ncclResult_t ncclRecv_t(void *, size_t, int, int, void *, CUstream);
 typedef ncclResult_t ncclGroupStart_t(void);
 typedef ncclResult_t ncclGroupEnd_t(void);
+typedef ncclResult_t ncclGroupSimulateEnd_t(void *);
 EMU_API ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, int t, int op, void *comm, CUstream st) {
     NCCL_ENTER(ncclAllReduce);
     return NCCL_OP(ncclAllReduce, OP_ALLREDUCE, n, t, comm, st, real_(s, r, n, t, op, comm, st));
@@ -1195,6 +1276,18 @@ EMU_API ncclResult_t ncclReduce(const void *s, void *r, size_t n, int t, int op,
     NCCL_ENTER(ncclReduce);
     return NCCL_OP(ncclReduce, OP_REDUCE, n, t, comm, st, real_(s, r, n, t, op, root, comm, st));
 }
+EMU_API ncclResult_t ncclAlltoAll(const void *s, void *r, size_t n, int t, void *comm, CUstream st) {
+    NCCL_ENTER(ncclAlltoAll);
+    return NCCL_OP(ncclAlltoAll, OP_ALLTOALL, n, t, comm, st, real_(s, r, n, t, comm, st));
+}
+EMU_API ncclResult_t ncclGather(const void *s, void *r, size_t n, int t, int root, void *comm, CUstream st) {
+    NCCL_ENTER(ncclGather);
+    return NCCL_OP(ncclGather, OP_GATHER, n, t, comm, st, real_(s, r, n, t, root, comm, st));
+}
+EMU_API ncclResult_t ncclScatter(const void *s, void *r, size_t n, int t, int root, void *comm, CUstream st) {
+    NCCL_ENTER(ncclScatter);
+    return NCCL_OP(ncclScatter, OP_GATHER, n, t, comm, st, real_(s, r, n, t, root, comm, st));
+}
 EMU_API ncclResult_t ncclSend(const void *s, size_t n, int t, int peer, void *comm, CUstream st) {
     NCCL_ENTER(ncclSend);
     return NCCL_OP(ncclSend, OP_SEND, n, t, comm, st, real_(s, n, t, peer, comm, st));
@@ -1206,6 +1299,7 @@ EMU_API ncclResult_t ncclRecv(void *r, size_t n, int t, int peer, void *comm, CU
 EMU_API ncclResult_t ncclGroupStart(void) {
     NCCL_ENTER(ncclGroupStart);
     (void)t0_;
+    if (t_in_nccl) return real_();
     ncclResult_t rc = real_();
     if (rc == 0) emu_group_start();
     return rc;
@@ -1214,8 +1308,17 @@ EMU_API ncclResult_t ncclGroupStart(void) {
 EMU_API ncclResult_t ncclGroupEnd(void) {
     NCCL_ENTER(ncclGroupEnd);
     (void)t0_;
+    if (t_in_nccl) return real_();
     emu_group_end();
-    return real_();
+    return NCCL_INNER(real_());
+}
+/* a simulated group (a cost estimate: PyTorch's collective time estimator) runs nothing: nothing is charged */
+EMU_API ncclResult_t ncclGroupSimulateEnd(void *info) {
+    NCCL_ENTER(ncclGroupSimulateEnd);
+    (void)t0_;
+    if (t_in_nccl) return real_(info);
+    emu_group_drop();
+    return NCCL_INNER(real_(info));
 }
 
 _Static_assert(H_COUNT <= 160, "trace.c counts calls of at most MAX_API hook rows");
