@@ -14,7 +14,7 @@ def test_every_family_is_registered_once():
 
 
 def test_select_by_family_and_name():
-    assert [t.name for t in registry.select("peer")] == ["peer.p2p", "peer.allreduce"]
+    assert [t.name for t in registry.select("peer")] == ["peer.p2p", "peer.allreduce", "peer.sendrecv", "peer.allreduce_1rank"]
     assert [t.name for t in registry.select("launch.cost,launch")] == ["launch.cost"]
     with pytest.raises(ValueError, match="no probe test or family named 'bogus'; known:"):
         registry.select("bogus")

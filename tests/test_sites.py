@@ -173,10 +173,12 @@ def test_a_profiler_in_the_program_still_works(tmp_path):
 
 def test_account_names_the_site_whose_calls_grew(tmp_path, capsys):
     base, other = record(tmp_path, "native", 0), record(tmp_path, "cc", 50000)  # tolls far above load noise
-    rc = cli.main(["account", base, other, "--out", str(tmp_path / "acc")])
+    rc = cli.main(["account", base, other, "--out", str(tmp_path / "acc"), "--why"])
     out = capsys.readouterr().out
     assert rc == 0
+    # the table names the site within 120 columns; --why gives its whole chain
     assert "by call site" in out and expected(sys.version_info >= (3, 12))[0] in out
+    assert max(len(line) for line in out.splitlines()) <= 120
     res = json.loads((tmp_path / "acc" / "result.json").read_text())
     site_rows = [r for r in res["rows"] if r["test"] == "account.site" and r["metric"] == "in_call_delta"]
     top = max(site_rows, key=lambda r: r["median"])
