@@ -97,6 +97,8 @@ FILES = {
                            "blocked_stream_ns,toll_ns\n1,2,3,0x1,(nil),cuMemcpyHtoD_v2,h2d,pinned,4,0,0,0\n"),
     "ts.1.summary.json": lambda: "{not json",
     "decode_empty.json": lambda: _result(settings={"decode": {"model": "tiny"}}, rows=[]),
+    "decode_tp0.json": lambda: _result(settings={"decode": {"model": "tiny"}}, rows__0__test="decode",
+                                       rows__0__metric="tok_per_s", rows__0__params={"batch": 1, "mode": "async", "tp": 0}),
     "kv_no_ttft.json": lambda: _result(settings={"kv": {}}, rows__0__test="kv", rows__0__metric="spill_bytes"),
     "ts2.1.csv": lambda: (f"# ccbridge trace schema {__import__('ccbridge.emulate.trace', fromlist=['SCHEMA']).SCHEMA}, "
                           "profile b300, emulate 1\n"
@@ -113,6 +115,10 @@ FILES = {
                               "profile b300, emulate 1\n"
                               + ",".join(__import__("ccbridge.emulate.trace", fromlist=["COLUMNS"]).COLUMNS)
                               + "\n1," + "9" * 4000 + ",3,,,cuMemcpyHtoD_v2,crossing,h2d,pinned,4,0,0,0,0,\n"),
+    "stamp_nofabric.json": lambda: _result(env__nvml__cc__multi_gpu_mode="nvle"),
+    "stamp_mgpu_none.json": lambda: _result(env__nvml__cc__multi_gpu_mode="none"),
+    "stamp_clique_bad.json": lambda: _result(env__nvml__cc__multi_gpu_mode="nvle",
+                                             env__nvml__fabric={"cliques": [{"clique_id": 1, "gpus": [0, 1]}]}),
 }
 
 
@@ -135,6 +141,13 @@ def _no_torch() -> bool:
     except ImportError:
         return True
     return False
+
+
+def _attest_sdk() -> bool:
+    """NVIDIA's attestation SDK is installed: --verify would run it."""
+    import importlib.util
+
+    return importlib.util.find_spec("nv_attestation_sdk") is not None
 
 
 def _terabyte_fits() -> bool:
@@ -181,6 +194,12 @@ CASES = [
     (["run", "--profile", "b300", "--set", "warps=2", "--", "true"], "--set 'warps=2': unknown parameter 'warps' (known: "),
     (["run", "--profile", "b300", "--set", "launch_toll_us=fast", "--", "true"], "launch_toll_us needs a number, got 'fast'"),
     (["run", "--profile", "b300", "--set", "launch_toll_us=nan", "--", "true"], "parameter launch_toll_us = nan"),
+    # the multi-GPU parameters (issue 25): a negative toll, a bandwidth kept above 1, NaN, a fractional flag
+    (["run", "--profile", "b300", "--set", "nccl_toll_us=-1", "--", "true"], "parameter nccl_toll_us = -1.0: expected a number in [0, "),
+    (["run", "--profile", "b300", "--set", "nvlink_kept=1.5", "--", "true"], "parameter nvlink_kept = 1.5: expected a number in [0.001, 1]"),
+    (["run", "--profile", "h200", "--set", "nvlink_kept=nan", "--", "true"], "parameter nvlink_kept = nan"),
+    (["run", "--profile", "b300", "--set", "mgpu_launch_factor=0.5", "--", "true"], "parameter mgpu_launch_factor = 0.5"),
+    (["run", "--profile", "b300", "--set", "nvls=0.5", "--", "true"], "parameter nvls = 0.5: expected a whole number in [0, 1]"),
     (["run", "--profile", "b300", "--set", "h2d_pinned_ratio=2", "--", "true"],
      "parameter h2d_pinned_ratio = 2.0: expected a number in [0.001, 1]"),
     (["run", "--profile", "b300", "--set", "launch_toll_us", "--", "true"], "--set 'launch_toll_us': expected KEY=VALUE"),
@@ -259,7 +278,7 @@ CASES = [
     (["trace", "{d}/tr.1.csv"], "{d}/tr.1.csv: give the trace's prefix, without .<pid>.csv ({d}/tr)"),
     (["account", "{d}/tr.1.csv", "{d}/tr"], "{d}/tr.1.csv: give the trace's prefix, without .<pid>.csv"),
     (["calibrate", "--profile", "b300", "--native", ""], ".: is a folder; pass the result.json in it"),
-    (["trace", "{d}/told"], "trace {d}/told.1.csv: written by an older ccbridge (schema 1); this ccbridge reads trace schema 3"),
+    (["trace", "{d}/told"], "trace {d}/told.1.csv: written by an older ccbridge (schema 1); this ccbridge reads trace schema 4"),
     (["trace", "{d}/ts"], "unreadable trace summary {d}/ts.1.summary.json"),
     # collectives and bench: arguments checked before the GPU is looked for
     (["collectives", "-b", "foo"], "argument -b/--minbytes: not a size: 'foo'; expected a positive number"),
@@ -309,6 +328,20 @@ CASES = [
     (["bench", "decode", "--host-prep-us", "2e6", "--device", "cpu", "--model", "tiny"],
      "--host-prep-us 2e+06: expected 0 to 1e+06 us of host work per step"),
     (["bench", "kv", "--host-prep-us", "100"], "--host-prep-us goes with `bench decode`"),
+    # bench decode --tp: degrees checked before a rank is spawned or a GPU looked for
+    (["bench", "decode", "--tp", "0"], "argument --tp: expected at least 1, got 0"),
+    (["bench", "decode", "--tp", "two"], "argument --tp: not an integer: 'two'"),
+    (["bench", "decode", "--tp", "5", "--device", "cpu", "--model", "tiny"], "--tp 5: at most 4 ranks on --device cpu"),
+    (["bench", "decode", "--tp", "4", "--device", "cpu", "--model", "tiny"],
+     "--tp 4: tiny has 2 key-value heads, which 4 ranks cannot split evenly"),
+    (["bench", "decode", "--tp", "1", "3", "--device", "cpu", "--model", "tiny"], "--tp 3: tiny has 4 attention heads"),
+    (["bench", "decode", "--tp", "2", "--device", "cuda:1"], "--device cuda:1: --tp puts rank r on cuda:r"),
+    (["bench", "decode", "--tp", "2", "--device", "cpu", "--graphs"], "--graphs captures CUDA graphs: it needs a CUDA device"),
+    (["bench", "decode", "--tp", "2", "--checkpoint", "{d}/folder", "--device", "cpu"],
+     "--tp splits a preset's layers (--model, random weights); --checkpoint runs on one GPU"),
+    (["bench", "decode", "--tp", "2", "--device", "cpu", "--model", "tiny", "--json", "{d}/folder"],
+     "--json {d}/folder: is a folder, not a file"),
+    (["bench", "kv", "--tp", "2"], "--tp goes with `bench decode`"),
     (["bench", "kv", "--churn", "-1"], "argument --churn: expected at least 0, got -1"),
     (["bench", "kv", "--churn", "101", "--device", "cpu", "--model", "tiny"], "--churn 101: one-off requests per request must be 0 to 100"),
     (["bench", "kv", "--requests", "100000000000", "--device", "cpu", "--model", "tiny"],
@@ -355,6 +388,7 @@ CASES = [
     (["bench", "cipher", "--ngpus", "2"], "--ngpus goes with `bench ddp`"),
     # a value given twice would make two rows of one key
     (["bench", "decode", "--batch", "1", "1"], "--batch 1 is given twice"),
+    (["bench", "decode", "--tp", "2", "1", "2"], "--tp 2 is given twice"),
     (["bench", "kv", "--thresholds", "2", "1", "2"], "--thresholds 2 is given twice"),
     (["bench", "kv", "--modes", "sync", "sync"], "--modes sync is given twice"),
     (["bench", "net", "--lanes", "4", "4"], "--lanes 4 is given twice"),
@@ -431,6 +465,49 @@ CASES = [
     (["advise", "{d}/good.json", "{d}/kv_no_ttft.json"], "a kv result with no kv:ttft_ms rows"),
     (["advise", "{d}/good.json", "--json", "/proc/forbidden/a.json"], "--json /proc/forbidden/a.json: "),
     (["advise", "{d}/good.json", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
+    (["advise", "--why"], "the following arguments are required: FILE"),
+    (["advise", "--why", "{d}/good.json", "{d}/p_broken.json"], "{d}/p_broken.json: not a JSON document"),
+    (["advise", "{d}/decode_tp0.json"], "rows[0] params.tp must be a positive integer, not 0"),
+    (["account", "--why", "{d}/a"], "give two trace prefixes"),
+    (["account", "--why", "{d}/nosuch", "{d}/nosuch2"], "no trace lines under {d}/nosuch.<pid>.csv"),
+    # attest: the nonce, the bundle's file and the verifier checked before any evidence is collected
+    (["attest"], "the following arguments are required: --nonce"),
+    (["attest", "--nonce", "zz"], "argument --nonce: not hex: 'zz'"),
+    (["attest", "--nonce", "00"], "argument --nonce: expected 32 bytes (64 hex digits), got 1"),
+    (["attest", "--nonce", "0000000000000000000000000000000000000000000000000000000000000000", "--out", "/proc/forbidden/b.json"], "--out /proc/forbidden/b.json: "),
+    (["attest", "--nonce", "0000000000000000000000000000000000000000000000000000000000000000", "--out", "{d}/folder"], "--out {d}/folder: is a folder, not a file"),
+    (["attest", "--nonce", "0000000000000000000000000000000000000000000000000000000000000000", "--out", "{d}/nosuch/b.json"], "the folder {d}/nosuch does not exist"),
+    (["attest", "--nonce", "0000000000000000000000000000000000000000000000000000000000000000", "--verify", "nowhere"], "argument --verify: invalid choice: 'nowhere'"),
+    (["attest", "--nonce", "0000000000000000000000000000000000000000000000000000000000000000", "--verifier-url", "https://v.example"], "--verifier-url names the remote verifier: "
+     "it goes with --verify remote"),
+    (["attest", "--nonce", "0000000000000000000000000000000000000000000000000000000000000000", "--verify", "local", "--verifier-url", "https://v.example"], "goes with --verify remote"),
+    (["attest", "--nonce", "0000000000000000000000000000000000000000000000000000000000000000", "--verify", "remote"], "pip install 'ccbridge[attest]'", {"skip": _attest_sdk}),
+    (["attest", "--nonce", "0000000000000000000000000000000000000000000000000000000000000000", "--allow-unprotected", "yes"], "unrecognized arguments: yes"),
+    # plan-tenants: sizes, node, mode and busy GPUs checked, the stamp read whole, before a plan is printed
+    (["plan-tenants"], "the following arguments are required: --request"),
+    (["plan-tenants", "--request", "3"], "tenant size 3: a fabric partition holds 1, 2, 4 or 8 GPUs"),
+    (["plan-tenants", "--request", "0"], "argument --request: expected at least 1, got 0"),
+    (["plan-tenants", "--request", "two"], "argument --request: not an integer: 'two'"),
+    (["plan-tenants", "--request", *["1"] * 65], "65 tenants requested: at most 64"),
+    (["plan-tenants", "--request", "1", "--gpus", "3"], "3 GPUs: a node is partitioned in aligned halves"),
+    (["plan-tenants", "--request", "1", "--gpus", "0"], "argument --gpus: expected at least 1, got 0"),
+    (["plan-tenants", "--request", "1", "--mode", "nvlink"], "argument --mode: invalid choice: 'nvlink'"),
+    (["plan-tenants", "--request", "1", "--busy", "x"], "argument --busy: expected GPU indices such as 0,1, got 'x'"),
+    (["plan-tenants", "--request", "1", "--busy", "8"], "busy GPU 8: the node's GPUs are 0..7"),
+    (["plan-tenants", "--request", "1", "--busy", "1,1"], "busy GPUs 1,1: a GPU is given twice"),
+    (["plan-tenants", "--request", "1", "--from-stamp", "{d}/missing.json"], "{d}/missing.json: no such file"),
+    (["plan-tenants", "--request", "1", "--from-stamp", "{d}/folder"], "{d}/folder: is a folder"),
+    (["plan-tenants", "--request", "1", "--from-stamp", "{d}/p_unknown.json"], "not a ccbridge result or env stamp"),
+    (["plan-tenants", "--request", "1", "--from-stamp", "{d}/median_text.json"], "rows[0] field 'median'"),
+    (["plan-tenants", "--request", "1", "--from-stamp", "{d}/good.json"], "the stamp has no multi-GPU CC mode"),
+    (["plan-tenants", "--request", "1", "--from-stamp", "{d}/stamp_nofabric.json"], "the stamp has no fabric state"),
+    (["plan-tenants", "--request", "1", "--from-stamp", "{d}/stamp_mgpu_none.json"], "multi-GPU CC mode is none"),
+    (["plan-tenants", "--request", "1", "--from-stamp", "{d}/stamp_clique_bad.json"],
+     "nvml.fabric.cliques[0].gpus must list GPU indices 0..0"),
+    (["plan-tenants", "--request", "1", "--from-stamp", "{d}/good.json", "--busy", "0"],
+     "--busy and --from-stamp: the stamp gives the GPUs, mode and busy GPUs"),
+    (["plan-tenants", "--request", "1", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
+    (["plan-tenants", "--request", "1", "--json", "/proc/forbidden/p.json"], "--json /proc/forbidden/p.json: "),
 ]
 
 

@@ -128,6 +128,42 @@ def cmd_env(args) -> int:
     return 0
 
 
+def _nonce(text: str) -> bytes:
+    from ccbridge.attest import parse_nonce
+
+    return parse_nonce(text)
+
+
+def cmd_attest(args) -> int:
+    from ccbridge import attest
+
+    if args.verifier_url and args.verify != "remote":
+        raise UsageError("--verifier-url names the remote verifier: it goes with --verify remote")
+    out = ui.writable_file(args.out, "--out") if args.out else None
+    sdk = attest.load_sdk(required=bool(args.verify))
+    b = attest.bundle(args.nonce, sdk=sdk)
+    if args.verify:
+        b["verification"] = attest.verify(sdk, args.nonce, b["gpu_evidence"], args.verify, args.verifier_url)
+    b["protection"]["unprotected_allowed"] = bool(args.allow_unprotected)
+    text = json.dumps(b, indent=1)
+    if out:
+        out.write_text(text + "\n")
+        print("\n".join(attest.summary(b)) + f"\nbundle: {out}")
+    else:
+        print(text)
+    failed = []
+    if not b["protection"]["protected"] and not args.allow_unprotected:
+        pr = b["protection"]
+        failed.append(f"not protected (CPU TEE {pr['tee']}, GPU CC {pr['gpu_cc']}): the bundle's protection.why "
+                      "says why (--allow-unprotected accepts it)")
+    if args.verify and not b["verification"]["result"]:
+        failed.append(f"{b['verification']['verifier']} did not pass the GPU evidence")
+    if failed:
+        print(f"ccbridge attest: {'; '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_probe(args) -> int:
     from rich.console import Console
 
@@ -265,7 +301,7 @@ def cmd_account(args) -> int:
                                              "overrides": args.overrides, "command": rest if args.profile else None},
                  rows=account.rows(lines, wall, at_sites, where, spans=not args.profile))
     paths = _write_reports(res, out)
-    print(account.render(lines, wall, where=where))
+    print(account.render(lines, wall, where=where, emulated=emulated_as))
     if base.emulated and not other.emulated:
         print("note: BASE ran under the emulator and OTHER did not: give the CC-off (or record-only) trace first",
               file=sys.stderr)
@@ -277,6 +313,8 @@ def cmd_account(args) -> int:
     elif base.by_site or other.by_site:
         print(f"no per-site table: only {'the base' if base.by_site else 'the other'} trace noted call sites "
               "(record both with --sites)")
+    if args.why:
+        print(account.render_why(lines, at_sites))
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
 
@@ -298,9 +336,38 @@ def cmd_advise(args) -> int:
             raise UsageError(f"--json {args.json} is one of the inputs: it would be overwritten")
         ui.writable_file(args.json, "--json")
     inputs, recs = advise.advise(args.files)
-    print(advise.render(inputs, recs))
+    print(advise.render_why(inputs, recs) if args.why else advise.render(inputs, recs))
     if args.json:
         Path(args.json).write_text(json.dumps(advise.to_json(inputs, recs), indent=1) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def _gpu_list(text: str) -> list[int]:
+    """GPU indices, comma-separated: 0,1."""
+    try:
+        return [int(g) for g in text.split(",")]
+    except ValueError:
+        raise UsageError(f"expected GPU indices such as 0,1, got {text!r}") from None
+
+
+def cmd_plan_tenants(args) -> int:
+    """Confidential tenants placed on the node's fabric partitions (or its whole complex, protected PCIe)."""
+    from ccbridge import tenants
+
+    if args.from_stamp:
+        given = [o for o, v in (("--gpus", args.gpus), ("--mode", args.mode), ("--busy", args.busy)) if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} and --from-stamp: the stamp gives the GPUs, mode and busy GPUs")
+        n, mode, busy = tenants.from_stamp(args.from_stamp)
+    else:
+        n, mode, busy = args.gpus or 8, args.mode or "nvle", args.busy or []
+    if args.json:
+        ui.writable_file(args.json, "--json")
+    plan = tenants.plan(n, args.request, mode, busy, source=args.from_stamp)
+    print(tenants.render(plan))
+    if args.json:
+        Path(args.json).write_text(json.dumps(plan.as_dict(), indent=1) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 
@@ -527,10 +594,10 @@ BENCH_OPTIONS = {"models": ("--models", ("ddp",)), "ngpus": ("--ngpus", ("ddp",)
                  "inflight": ("--inflight", ("net",)), "total": ("--total", ("net",)),
                  "minbytes": ("-b/--minbytes", ("cipher", "net")), "maxbytes": ("-e/--maxbytes", ("cipher", "net")),
                  "warmup": ("--warmup", ("ddp", "decode", "kv")), "seed": ("--seed", ("decode", "kv")),
-                 "host_prep_us": ("--host-prep-us", ("decode",))}
+                 "host_prep_us": ("--host-prep-us", ("decode",)), "tp": ("--tp", ("decode",))}
 # list options whose values each make a row or a run: one given twice would make two rows of one key
 BENCH_LISTS = {"models": "--models", "ngpus": "--ngpus", "buckets": "--buckets", "lanes": "--lanes",
-               "batch": "--batch", "modes": "--modes", "thresholds": "--thresholds"}
+               "batch": "--batch", "modes": "--modes", "thresholds": "--thresholds", "tp": "--tp"}
 
 
 def cmd_bench(args) -> int:
@@ -610,6 +677,17 @@ def _bench_decode(args) -> int:
     from ccbridge.serve import decode
 
     batches = args.batch or [1, 8, 32, 128]
+    if args.tp:
+        if args.checkpoint is not None:
+            raise UsageError("--tp splits a preset's layers (--model, random weights); --checkpoint runs on one GPU")
+        from ccbridge.serve import tp
+
+        res = tp.bench(args.model or "llama-1b", args.tp, batches, args.prompt or 128, args.output or 64,
+                       args.modes or list(DECODE_MODES), args.device or "cuda", iters=args.iters or 3,
+                       warmup=1 if args.warmup is None else args.warmup, graphs=args.graphs, seed=args.seed,
+                       log=lambda m: print(f"ccbridge bench: {m}", file=sys.stderr, flush=True),
+                       host_prep_us=args.host_prep_us or 0.0)
+        return _bench_done(res, tp.render(res), args.json)
     res = decode.bench(args.model or "llama-1b", batches, args.prompt or 128, args.output or 64,
                        args.modes or list(DECODE_MODES), args.device or "cuda", iters=args.iters or 3,
                        warmup=1 if args.warmup is None else args.warmup, graphs=args.graphs, seed=args.seed,
@@ -691,6 +769,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the raw stamp as JSON")
     p.set_defaults(fn=cmd_env)
 
+    p = sub.add_parser("attest", help="one JSON bundle of GPU evidence, CPU TEE report, CC settings and fabric state, "
+                                      "bound to a verifier's nonce; verification is NVIDIA's and the CPU vendor's")
+    p.add_argument("--nonce", required=True, type=_checked(_nonce), metavar="HEX",
+                   help="the verifier's fresh 32-byte nonce, as 64 hex digits")
+    p.add_argument("--out", metavar="FILE", help="write the bundle here and print a summary (default: the bundle "
+                                                 "to stdout)")
+    p.add_argument("--verify", choices=["local", "remote"], help="hand the GPU evidence to NVIDIA's attestation SDK "
+                   "(pip install 'ccbridge[attest]'): its local verifier, or NVIDIA's remote service")
+    p.add_argument("--verifier-url", metavar="URL", help="with --verify remote: another remote verifier's URL")
+    p.add_argument("--allow-unprotected", action="store_true", help="exit 0 where this is not a CVM or GPU CC is "
+                   "off (the bundle says so either way)")
+    p.set_defaults(fn=cmd_attest)
+
     p = sub.add_parser("probe", help="measure the bridge; writes result.json, report.md, report.html")
     p.add_argument("--tests", help="comma list of test or family names (see --list); default all")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (under a minute)")
@@ -728,6 +819,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "(no profile hook in CMD)")
     _add_set(p)
     p.add_argument("--out", help="output folder (default ccbridge-results/account-<timestamp>)")
+    p.add_argument("--why", action="store_true", help="also print the evidence behind each row (waits, tolls, "
+                                                      "GPU time, the full recovery and call site)")
     p.add_argument("args", nargs="*", help="BASE OTHER (trace prefixes), or -- CMD [ARGS...] with --profile")
     p.set_defaults(fn=cmd_account)
 
@@ -737,7 +830,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", metavar="FILE",
                    help="result.json of probe, account, bench decode or bench kv, or `ccbridge env --json` output")
     p.add_argument("--json", help="also write the advice and the inputs' env summaries here")
+    p.add_argument("--why", action="store_true", help="print the full evidence per line (the row keys and "
+                                                      "medians behind each number) instead of the table")
     p.set_defaults(fn=cmd_advise)
+
+    from ccbridge import tenants  # its MODES; it imports no GPU library
+
+    p = sub.add_parser("plan-tenants", help="place confidential tenants of the requested sizes on a multi-GPU node's "
+                                            "fabric partitions; what does not fit and the free GPUs left")
+    p.add_argument("--request", type=_int(1), nargs="+", required=True, metavar="SIZE",
+                   help="tenant sizes in GPUs, each 1, 2, 4 or 8 (aligned fabric partitions)")
+    p.add_argument("--gpus", type=_int(1), help="GPUs of the node: 1, 2, 4 or 8 (default 8, an HGX baseboard)")
+    p.add_argument("--mode", choices=tenants.MODES, help="multi-GPU CC mode: nvle (B300: a tenant "
+                   "is a fabric partition; default) or protected-pcie (Hopper: one tenant takes every GPU)")
+    p.add_argument("--busy", type=_checked(_gpu_list), help="GPUs other tenants hold, e.g. 0,1")
+    p.add_argument("--from-stamp", metavar="FILE", help="`ccbridge env --json` output or a result.json taken on "
+                   "the node: GPUs, mode and busy GPUs from its NVML multi-GPU mode and fabric cliques")
+    p.add_argument("--json", help="also write the plan here")
+    p.set_defaults(fn=cmd_plan_tenants)
 
     p = sub.add_parser("profiles", help="list emulator profiles; with NAME, each parameter and its source")
     p.add_argument("name", nargs="?")
@@ -851,6 +961,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-prep-us", type=_checked(_float_ge0), metavar="US",
                    help="decode: an engine's host work per step (scheduling, metadata), as CPU time between the "
                         "step's input crossings and its launch (default 0: the harness's own few us)")
+    p.add_argument("--tp", type=_int(1), nargs="+", metavar="N",
+                   help="decode: tensor-parallel degrees, e.g. 1 2 4 8: one process per GPU over NCCL (gloo, at most "
+                        "4 ranks, on --device cpu), an all-reduce after each layer's attention and MLP; tokens "
+                        "checked across degrees and modes")
     p.add_argument("--device", type=_checked(_device_spec), help="decode, kv: cuda, cuda:N or cpu (default cuda)")
     p.add_argument("--seed", type=_int(0), help="decode, kv: seed of the weights, prompts and the kv "
                                                            "request stream (default 0)")
