@@ -49,6 +49,7 @@ def main(r: Path) -> None:
             for k, v in others.items():
                 print(f"| load{tag}: {k} | {v:.2f} GB/s (ccbridge x{mine / v:.1f}) |")
     secure_rows(r)
+    mgpu_rows(r)
     full = r / "full1" / "result.json"
     if not full.exists():
         return
@@ -70,6 +71,38 @@ def main(r: Path) -> None:
         rat = [x.ratio for x in c.ratios if x.ratio == x.ratio]
         print(f"| compare run1/run2 | {len(rat)} rows, median ratio {statistics.median(rat):.3f}, "
               f"middle 80% {sorted(rat)[len(rat) // 10]:.3f}-{sorted(rat)[len(rat) * 9 // 10]:.3f} |")
+
+
+def mgpu_rows(r: Path) -> None:
+    """The one-rank NCCL job under each profile against native; bench decode vs --tp 1 (PARTS=mgpu)."""
+    def job(name):
+        f = r / f"nccl1-{name}.json"
+        text = f.read_text().strip().splitlines() if f.exists() else []
+        return json.loads(text[-1]) if text and text[-1].startswith("{") else None
+
+    native = job("native")
+    for name in ("passthrough", "b300", "h200"):
+        got = job(name)
+        if not (native and got):
+            continue
+        tag = "" if name == "passthrough" else " (EMULATED)"
+        cells = []
+        for way, key in (("torch", "eager_device_us"), ("torch", "graph_device_us_per_op"), ("ctypes", "eager_device_us")):
+            cells.append(f"{way} {key.split('_')[0]} {got[way][key] - native[way][key]:+.2f}")
+        loop = got["torch"]["loop_host_us"] / native["torch"]["loop_host_us"] - 1
+        exact = all(got[w]["exact"] for w in ("torch", "ctypes"))
+        print(f"| one-rank all_reduce 4 KiB, {name}{tag}: GPU time vs native (us) | {', '.join(cells)}; "
+              f"host loop {loop:+.1%}; exact {exact} |")
+    for t in ("eager", "graphs"):
+        one, tp1 = r / f"decode1-{t}.json", r / f"decodetp1-{t}.json"
+        if one.exists() and tp1.exists():
+            a, b = results.load(one), results.load(tp1)
+            toks = {(x.params["batch"], x.params["mode"]): x.median for x in a.rows if x.metric == "tok_per_s"}
+            pairs = [(x.median, toks.get((x.params["batch"], x.params["mode"]))) for x in b.rows if x.metric == "tok_per_s"]
+            ratios = [tp / single for tp, single in pairs if single]
+            if ratios:
+                print(f"| bench decode --tp 1 / bench decode, {t}: tok/s ratio over {len(ratios)} rows | median "
+                      f"{statistics.median(ratios):.3f}, {min(ratios):.3f}-{max(ratios):.3f} |")
 
 
 def secure_rows(r: Path) -> None:
