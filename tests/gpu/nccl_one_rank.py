@@ -5,7 +5,8 @@ Per way: whether every all_reduce gave the exact sum (a one-rank sum is the inpu
 time on the GPU timeline, median of REPS: CUDA events around one all_reduce, recorded while a sleep kernel
 queued ahead keeps the GPU busy, so the host's own launch costs (and the emulator's launch toll) are hidden
 and the events see only device time. torch also replays GRAPH_OPS all_reduces captured in one CUDA graph
-(per-op device time: a replay pays each captured op's charge again), and times LOOP back-to-back all_reduces
+(per-op device time: a replay pays each captured op's charge again; natively a one-rank in-place all_reduce
+launches nothing, so the native graph is empty and PyTorch warns so), and times LOOP back-to-back all_reduces
 on the host clock (what the interposer's own bookkeeping costs a pipelined loop).
 
     python tests/gpu/nccl_one_rank.py [REPS]
@@ -79,7 +80,8 @@ def with_torch(x):
         return out
     finally:
         dist.destroy_process_group()
-        os.unlink(path)
+        if os.path.exists(path):  # (the file store removes it itself once every rank has left)
+            os.unlink(path)
 
 
 def libnccl_path():
