@@ -54,6 +54,7 @@ def lib() -> ctypes.CDLL:
     so.ccb_copy.argtypes = [c_void_p, c_int, c_size_t, c_int, c_int, c_int, POINTER(c_double), POINTER(CopyOut)]
     so.ccb_workers.argtypes = [POINTER(c_void_p), c_int, c_int, c_size_t, c_int, c_int, POINTER(CopyOut)]
     so.ccb_launch.argtypes = [c_void_p, c_int, c_int, POINTER(c_double)]
+    so.ccb_kernel_gap.argtypes = [c_void_p, c_int, POINTER(c_double)]
     so.ccb_semantics.argtypes = [c_void_p, c_int, c_int, c_size_t, c_double, POINTER(SemOut)]
     so.ccb_ctx_lifecycle.argtypes = [c_int, c_int, POINTER(c_double), POINTER(c_double)]
     so.ccb_pinned_slots.argtypes = [c_void_p, c_size_t, c_int, POINTER(c_double), POINTER(c_double)]
@@ -121,6 +122,12 @@ class Session:
     def launch(self, mode: int, n: int) -> float:
         ns = c_double()
         _check(lib().ccb_launch(self.handle, mode, n, ctypes.byref(ns)))
+        return ns.value
+
+    def kernel_gap(self, reps: int) -> float:
+        """ns of GPU time one more (empty) kernel adds to a busy stream, median of reps."""
+        ns = c_double()
+        _check(lib().ccb_kernel_gap(self.handle, reps, ctypes.byref(ns)))
         return ns.value
 
     def semantics(self, direction: str, relation: int, nbytes: int, spin_ns: float) -> SemOut:

@@ -92,6 +92,7 @@ CCB_API int ccb_open(void) {
         {(void **)&cu.EventSynchronize, "cuEventSynchronize"},
         {(void **)&cu.CtxEnablePeerAccess, "cuCtxEnablePeerAccess"},
         {(void **)&cu.DeviceCanAccessPeer, "cuDeviceCanAccessPeer"},
+        {(void **)&cu.EventElapsedTime, "cuEventElapsedTime"},
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         *syms[i].slot = dlsym(h, syms[i].name);

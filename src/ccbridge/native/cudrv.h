@@ -57,6 +57,7 @@ typedef struct {
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*CtxEnablePeerAccess)(CUcontext, unsigned);
     CUresult (*DeviceCanAccessPeer)(int *, CUdevice, CUdevice);
+    CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
 } ccb_driver;
 extern ccb_driver cu;
 

@@ -79,6 +79,7 @@ static const struct { const char *key; ktype t; size_t off; size_t cap; double m
     F("native_h2d_pinned_gbps", T_DOUBLE, native_pinned_gbps[DIR_H2D], 0, 1e4),
     F("native_d2h_pinned_gbps", T_DOUBLE, native_pinned_gbps[DIR_D2H], 0, 1e4),
     F("native_nvlink_gbps", T_DOUBLE, native_nvlink_gbps, 0, 1e5),
+    F("native_kernel_ns", T_DOUBLE, native_kernel_ns, 0, 1e6),
 #undef F
 #undef STR
 };

@@ -139,6 +139,8 @@ typedef struct {
     double nvlink_kept;          /* published CC-on / CC-off GPU-GPU bandwidth for large transfers */
     int nvls;                    /* 0: NVLink multicast off (cuMulticast* refused, the attribute says unsupported) */
     double native_nvlink_gbps;   /* this machine's GPU-GPU copy rate (launcher), 0 = unknown: no bandwidth term */
+    double native_kernel_ns;     /* GPU time one more empty kernel adds to a busy stream (launcher): the device-side
+                                    wait is that much shorter than its charge */
     double sync_toll_ns;         /* one host-GPU round trip: a synchronize that waits for work, a D2H */
     double ctx_create_ns, ctx_destroy_ns;
     double host_alloc_toll_ns;   /* per pinned host allocation */
