@@ -520,16 +520,15 @@ def test_a_profile_without_nvls_runs_the_program_with_multicast_off_in_every_lib
 
 
 def test_the_wait_is_shortened_by_its_own_dispatch_as_the_launcher_measured_it(lib, nccl):  # noqa: F811
-    """On a GPU one more kernel costs its dispatch (native_kernel_ns, timed by the launcher); the fake's kernels
-    cost none, so the stream is held for the charge less that."""
+    """On a GPU one more kernel costs its dispatch (native_kernel_ns, timed by the launcher): the wait kernel is
+    asked for the charge less that, and a charge below it queues no kernel at all."""
     F, h = nccl
-    own = TOLL_US / 3
-    init(lib, nccl_toll_us=TOLL_US, sync_toll_us=0, native_kernel_ns=own * 1e3)
+    lib.ccbemu_fake_last_spin_ns.restype = ctypes.c_ulonglong
+    init(lib, nccl_toll_us=12.5, sync_toll_us=0, native_kernel_ns=1500)
     c, s, buf = comm(F, 2), lib.ccbemu_fake_stream(), ints(lib, [5, 6])
-    t = time.perf_counter()
     assert h["ncclAllReduce"](buf, buf, 2, INT32, SUM, c, s) == 0
-    assert lib.cuStreamSynchronize(s) == 0
-    assert (TOLL_US - own) / 1e6 * 0.9 <= time.perf_counter() - t < (TOLL_US - own / 2) / 1e6
-    init(lib, nccl_toll_us=1, sync_toll_us=0, native_kernel_ns=2000)  # a charge below the dispatch: no kernel
+    assert lib.ccbemu_fake_last_spin_ns() == 12500 - 1500
+    init(lib, nccl_toll_us=1, sync_toll_us=0, native_kernel_ns=2000)
     assert h["ncclAllReduce"](buf, buf, 2, INT32, SUM, c, s) == 0
-    assert sync_seconds(lib, s) < QUIET
+    assert lib.ccbemu_fake_last_spin_ns() == 12500 - 1500  # no kernel launched
+    lib.cuStreamSynchronize(s)

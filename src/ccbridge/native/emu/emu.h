@@ -361,5 +361,6 @@ EMU_API void ccbemu_fake_copy_gbps(double gbps);
 EMU_API void ccbemu_fake_query_ns(uint64_t ns);
 EMU_API long long ccbemu_fake_multicast_calls(void);
 EMU_API void ccbemu_fake_modules_fail(int on);
+EMU_API unsigned long long ccbemu_fake_last_spin_ns(void);
 void *ccbemu_fake_lookup(const char *name); /* internal: the fake's driver table */
 #endif

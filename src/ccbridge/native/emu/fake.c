@@ -241,6 +241,7 @@ static CUresult f_MemcpyBatchAsync(CUdeviceptr *d, CUdeviceptr *s, size_t *n, si
 /* Modules: one, whose one function is the emulator's device-side wait (its first parameter: ns to hold the
  * stream); a module whose text does not name it is refused, as a driver refuses PTX it cannot compile. */
 static char spin_fn; /* its handle */
+static uint64_t last_spin_ns; /* what the last wait kernel was asked to hold its stream for */
 static int modules_fail; /* 1: every module load fails (a driver without a PTX JIT) */
 static CUresult f_ModuleLoadData(void **m, const void *image) {
     if (modules_fail || !strstr(image, ".entry ccbemu_spin")) return 218; /* CUDA_ERROR_INVALID_PTX */
@@ -261,7 +262,7 @@ static CUresult f_LaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
     if (S(st)->capturing) return 0;
     fstream *s = S(st);
     uint64_t now = emu_now();
-    uint64_t ns = f == &spin_fn ? *(unsigned long long *)p[0] : (uint64_t)gx * 1000;
+    uint64_t ns = f == &spin_fn ? (last_spin_ns = *(unsigned long long *)p[0]) : (uint64_t)gx * 1000;
     s->busy_until = (s->busy_until > now ? s->busy_until : now) + ns;
     return 0;
 }
@@ -421,3 +422,5 @@ void ccbemu_fake_query_ns(uint64_t ns) { query_ns = ns; }
 long long ccbemu_fake_multicast_calls(void) { return multicast_calls; }
 /* 1: every module load fails from now on (the device-side wait cannot be loaded); 0: they work again. */
 void ccbemu_fake_modules_fail(int on) { modules_fail = on; }
+/* ns the last device-side wait kernel was launched with (0: none yet). */
+unsigned long long ccbemu_fake_last_spin_ns(void) { return last_spin_ns; }
