@@ -41,7 +41,8 @@ def make(sc: Scenario, tee=TDX, tmp_path=None, sdk=None, **tsm):
 def test_a_protected_tenant_bundle_binds_each_gpus_evidence_and_the_cpu_report_to_the_nonce(tmp_path):
     b, nv = make(fake_nvml.b300_tenant(2), tmp_path=tmp_path)
     assert b["format"] == attest.FORMAT and b["nonce"] == NONCE.hex()
-    assert b["protection"] == {"cvm": True, "tee": "tdx", "gpu_cc": "on", "protected": True, "why": []}
+    assert b["protection"] == {"cvm": True, "tee": "tdx", "gpu_cc": "on", "protected": True, "why": [],
+                               "evidence_bound": ["GPU 0", "GPU 1", "CPU report (tdx_guest)"]}
     gpu = b["gpu_evidence"]
     assert gpu["collector"] == "nvml" and gpu["gpus"] == [0, 1] and gpu["errors"] == []
     assert [c for c in nv.calls if c[0] == "report"] == [("report", 0, NONCE), ("report", 1, NONCE)]
@@ -69,6 +70,18 @@ def test_the_h100_as_lent_says_cc_off_and_not_a_cvm():
     assert b["gpu_evidence"]["evidences"] == [] and "NotSupported" in b["gpu_evidence"]["errors"][0]["error"]
     assert "configfs-tsm report interface" in b["cpu_report"]["error"]
     assert b["env"]["nvml"]["gpus"][0]["fabric"] == {"error": "NVMLError_NotSupported: Not Supported"}
+
+
+def test_a_cvm_with_cc_on_but_no_evidence_is_not_protected(tmp_path):
+    """The TEE kind and the CC mode are unsigned readings: without the nonce-bound evidence beside them the bundle
+    says not protected (and the command exits non-zero), whatever they read."""
+    b, _ = make(Scenario(gpus=[GPU(), GPU(echo_nonce=False)]), tmp_path=tmp_path)  # GPU 1's report is refused
+    p = b["protection"]
+    assert p["gpu_cc"] == "on" and p["cvm"] and not p["protected"]
+    assert p["why"] == ["GPU evidence for 1 of 2 visible GPU(s)"] and p["evidence_bound"][0] == "GPU 0"
+    b, _ = make(fake_nvml.b300_tenant(2))  # no configfs-tsm report
+    assert not b["protection"]["protected"]
+    assert b["protection"]["why"] == ["no CPU TEE report bound to the nonce"]
 
 
 def test_devtools_is_not_protected():

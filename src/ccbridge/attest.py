@@ -197,8 +197,11 @@ def cpu_report(nonce: bytes, root: Path = TSM_REPORTS, name: str | None = None) 
     return out
 
 
-def protection(stamp: dict[str, Any]) -> dict[str, Any]:
-    """Whether this tenant runs protected (a TDX or SEV-SNP guest with GPU CC on), and if not, why."""
+def protection(stamp: dict[str, Any], gpu: dict[str, Any] | None = None, cpu: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Whether this tenant runs protected (a TDX or SEV-SNP guest with GPU CC on) and the bundle holds the evidence
+    for it (every visible GPU's report and the CPU TEE report, each bound to the nonce), and if not, why. The CC
+    state and TEE kind are the machine's own unsigned readings: without the signed evidence beside them a bundle
+    says "not protected", never "yes" on their word alone. evidence_bound names the pieces that carry the nonce."""
     tee = stamp.get("tee", {}).get("kind", "none")
     nvml = stamp.get("nvml", {})
     cc = envmod.cc_label(nvml.get("cc", {})) if nvml.get("available") else "unknown"
@@ -215,7 +218,17 @@ def protection(stamp: dict[str, Any]) -> dict[str, Any]:
         why.append("GPU CC is in devtools mode: the GPU is open to debugging tools, not for production")
     elif cc != "on" and nvml.get("available"):
         why.append(f"GPU CC state unknown ({nvml.get('cc', {}).get('state_error', 'unread')})")
-    return {"cvm": tee in CVM_KINDS, "tee": tee, "gpu_cc": cc, "protected": not why, "why": why}
+    bound = [f"GPU {i}" for i in (gpu or {}).get("gpus", [])]
+    if cpu and "provider" in cpu:
+        bound.append(f"CPU report ({cpu['provider']})")
+    if gpu is not None:
+        n = len(nvml.get("gpus") or [])
+        if len(gpu.get("evidences", [])) < n:
+            why.append(f"GPU evidence for {len(gpu.get('evidences', []))} of {n} visible GPU(s)")
+    if cpu is not None and "provider" not in cpu and tee in CVM_KINDS:
+        why.append("no CPU TEE report bound to the nonce")
+    return {"cvm": tee in CVM_KINDS, "tee": tee, "gpu_cc": cc, "protected": not why, "why": why,
+            "evidence_bound": bound}
 
 
 def bundle(nonce: bytes, nv=None, sdk=None, tsm_root: Path = TSM_REPORTS, tsm_name: str | None = None,
@@ -240,13 +253,14 @@ def bundle(nonce: bytes, nv=None, sdk=None, tsm_root: Path = TSM_REPORTS, tsm_na
             gpu = gpu_evidence_nvml(nv, nonce, nvml.get("driver"))
         finally:
             envmod.nvml_call(nv.nvmlShutdown)
+    cpu = cpu_report(nonce, tsm_root, tsm_name)
     return {
         "format": FORMAT,
         "nonce": nonce.hex(),
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "protection": protection(stamp),
+        "protection": protection(stamp, gpu, cpu),
         "gpu_evidence": gpu,
-        "cpu_report": cpu_report(nonce, tsm_root, tsm_name),
+        "cpu_report": cpu,
         "cannot_vouch_for": CANNOT_VOUCH,
         "env": stamp,
     }
