@@ -261,6 +261,10 @@ def render(p: Plan) -> str:
     lines.append(f"free GPUs: {_gpus(p.free)} ({len(p.free)}); largest tenant still placeable: "
                  + (f"{p.largest_placeable} GPU{'s' * (p.largest_placeable > 1)}" if p.largest_placeable else "none"))
     lines += p.notes
+    if p.source:  # what a stamp can and cannot see
+        lines.append("busy = GPUs the stamp saw in an active fabric partition (clique); a stamp sees only the GPUs of "
+                     "the machine or")
+        lines.append("  tenant it ran in, never another tenant's: take it where the whole baseboard is visible")
     lines.append(f"partition {_id_legend(p.n)}")
     lines.append(f"{ACTIVATION}: context, not measured here")
     return "\n".join(lines)
