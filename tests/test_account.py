@@ -90,7 +90,8 @@ def test_swapped_traces_are_flagged_and_nothing_that_did_not_grow_gets_a_recover
     assert p.returncode == 0, p.stderr
     assert "BASE ran under the emulator and OTHER did not" in p.stderr and "OTHER was not slower" in p.stderr
     res = results.load(tmp_path / "out" / "result.json")
-    assert res.settings["profile"] is None  # OTHER is the native trace
+    assert res.settings["profile"] == "b300"  # BASE's figures are emulated: the result says so (advise labels them)
+    assert "EMULATED" in p.stdout.splitlines()[0]
     assert all(not r.extra.get("recovery") for r in res.rows if r.metric == "share_of_slowdown")
 
 

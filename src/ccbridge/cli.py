@@ -295,8 +295,10 @@ def cmd_account(args) -> int:
     of = account.share_base(account.wall_slowdown(base, other, *walls), where)
     lines, wall = account.attribute(base, other, *walls, share_of_s=of)
     at_sites = account.attribute_sites(base, other, of)
-    # two traces given: what the OTHER trace's own header says it ran under is what the rows are made of
-    emulated_as = args.profile or (", ".join(sorted(other.profiles - {"passthrough"})) if other.emulated else None)
+    # two traces given: what their own headers say they ran under is what the rows are made of; either emulated
+    # makes every figure an emulated one (a BASE emulated and OTHER not is also noted below)
+    emulated_as = args.profile or (", ".join(sorted((base.profiles | other.profiles) - {"passthrough"}))
+                                   if base.emulated or other.emulated else None)
     res = Result(env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
                                              "overrides": args.overrides, "command": rest if args.profile else None},
                  rows=account.rows(lines, wall, at_sites, where, spans=not args.profile))
