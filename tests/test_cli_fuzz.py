@@ -191,7 +191,8 @@ CASES = [
      "the folder {d}/folder/sub does not exist"),
     (["run", "--profile", "{d}/p_nan.json", "--", "true"], "parameter h2d_toll_us = nan: expected a number in [0, 10000000]"),
     (["run"], "give --profile NAME (emulate), --record T (record only) or --coverage FILE"),
-    (["run", "--profile", "b300", "--set", "warps=2", "--", "true"], "--set 'warps=2': unknown parameter 'warps' (known: "),
+    (["run", "--profile", "b300", "--set", "warps=2", "--", "true"], "--set 'warps=2': unknown parameter 'warps'; `ccbridge profiles NAME` lists them"),
+    (["run", "--profile", "b300", "--set", "nccltoll=1", "--", "true"], "unknown parameter 'nccltoll' (did you mean nccl_toll_us"),
     (["run", "--profile", "b300", "--set", "launch_toll_us=fast", "--", "true"], "launch_toll_us needs a number, got 'fast'"),
     (["run", "--profile", "b300", "--set", "launch_toll_us=nan", "--", "true"], "parameter launch_toll_us = nan"),
     # the multi-GPU parameters (issue 25): a negative toll, a bandwidth kept above 1, NaN, a fractional flag

@@ -30,7 +30,7 @@ def test_no_settings_is_the_profile():
 
 
 @pytest.mark.parametrize("setting,match", [
-    ("warps=2", r"--set 'warps=2': unknown parameter 'warps' \(known: emulate, .*launch_toll_us"),
+    ("warps=2", r"--set 'warps=2': unknown parameter 'warps'; `ccbridge profiles NAME` lists them"),
     ("launch_toll_us", "expected KEY=VALUE"),
     ("=3", "expected KEY=VALUE"),
     ("launch_toll_us=", "expected KEY=VALUE"),

@@ -384,16 +384,20 @@ def cmd_profiles(args) -> int:
             print(f"{p.name:<12} {p.title}")
         print("\n`ccbridge profiles NAME` shows each parameter, what it is and where its value comes from.")
         return 0
+    from ccbridge.textfit import wrap
+
     p = profiles.override(profiles.load(args.name), args.overrides)
-    print(f"# profile {p.name}: {p.title}" + (f" (what-if: {', '.join(p.overrides)} set on the command line)"
-                                              if p.overrides else "") + "\n")
+    out = wrap([f"# profile {p.name}: {p.title}"]
+               + ([f"# what-if: {', '.join(p.overrides)} set on the command line"] if p.overrides else [])) + [""]
     for key, (unit, what) in profiles.PARAMS.items():
         v = p.params[key].value
-        print(f"{key} = {v:g} {unit}\n    what:   {what}\n    source: {p.params[key].source}")
+        out.append(f"{key} = {profiles.show(key, v)} {unit}")
+        out += wrap([f"    what:   {what}", f"    source: {p.params[key].source}"], indent=" " * 12)
     if p.targets:
-        print("\npublished targets checked by `ccbridge calibrate`:")
-        for key, t in p.targets.items():
-            print(f"  {key} = {t.value:g} (±{t.tolerance:.0%}): {t.source}")
+        out.append("\npublished targets checked by `ccbridge calibrate`:")
+        out += wrap([f"  {key} = {t.value:g} (±{t.tolerance:.0%}): {t.source}" for key, t in p.targets.items()],
+                    indent="    ")
+    print("\n".join(out))
     return 0
 
 

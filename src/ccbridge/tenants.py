@@ -206,8 +206,10 @@ def from_stamp(path: str | Path) -> tuple[int, str, frozenset[int]]:
     cc = nv.get("cc") if isinstance(nv.get("cc"), dict) else {}
     mode = cc.get("multi_gpu_mode")
     if mode is None:
-        raise ResultFileError(f"{path}: the stamp has no multi-GPU CC mode (nvml.cc.multi_gpu_mode"
-                              f"{': ' + str(cc['settings_error'])[:80] if cc.get('settings_error') else ''})")
+        stale = "returned 25" in str(cc.get("settings_error", ""))  # ccbridge before 2026-11-25 passed the struct wrong
+        raise ResultFileError(f"{path}: the stamp has no multi-GPU CC mode" + (
+            " (an older ccbridge could not read it: take the stamp again)" if stale else
+            f" (nvml.cc.multi_gpu_mode{': ' + str(cc['settings_error'])[:60] if cc.get('settings_error') else ''})"))
     if mode == "none":
         raise ResultFileError(f"{path}: multi-GPU CC mode is none: this node gives no confidential tenant "
                               "more than one GPU, so there are no partitions to plan")

@@ -137,10 +137,14 @@ def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, covera
 
 
 def banner(profile: Profile) -> str:
+    """One line (two where what-ifs make it long: 120 columns each); the profile's title is `ccbridge profiles`'."""
+    from ccbridge.emulate.profiles import show
+    from ccbridge.textfit import wrap
+
     what = "EMULATED CC bridge" if profile.emulates else "interposer on, no costs (passthrough)"
-    whatif = "".join(f" --set {k}={profile.params[k].value:g}" for k in profile.overrides)
-    return (f"ccbridge run: {what}, profile {profile.name}{' with' + whatif if whatif else ''} ({profile.title}); "
-            "figures are not CC hardware measurements")
+    whatif = "".join(f" --set {k}={show(k, profile.params[k].value)}" for k in profile.overrides)
+    return "\n".join(wrap([f"ccbridge run: {what}, profile {profile.name}{' with' + whatif if whatif else ''} "
+                            f"({profile.name}.json); figures are not CC hardware measurements"]))
 
 
 def python_cmd(*args: str) -> list[str]:

@@ -7,6 +7,7 @@ What each parameter means is defined once, here.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -42,7 +43,8 @@ PARAMS: dict[str, tuple[str, str]] = {
     "nvlink_kept": ("x", "published CC-on / CC-off GPU-GPU bandwidth for large transfers: an operation also pays its "
                          "wire bytes x (1/kept - 1) at this machine's measured NVLink rate"),
     "nvls": ("0/1", "0: NVLink multicast (NVLS) off, as CC turns it off: cuMulticast* refused, the device attribute "
-                    "says unsupported, NCCL_NVLS_ENABLE=0 in the program's environment"),
+                    "says unsupported, NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and "
+                    "NVSHMEM_DISABLE_NVLS=1 in the program's environment; 1: multicast left as the machine has it"),
     "sync_toll_us": ("us", "one host-GPU round trip: added to a synchronize that waits for submitted work, and to every D2H crossing"),
     "ctx_create_s": ("s", "added to each context creation (secure context set-up)"),
     "ctx_destroy_s": ("s", "added to each context destruction"),
@@ -85,6 +87,11 @@ RANGES: dict[str, tuple[float, float]] = {
     "chunk_bytes": (4096, 1 << 30),
 }
 WHOLE = {"emulate", "refuse_host_register", "lanes", "chunk_bytes", "multi_gpu", "nccl_toll_max_bytes", "nvls"}  # integers: flags and counts
+
+
+def show(key: str, value: float) -> str:
+    """A parameter's value as a person reads it: whole numbers in full (chunk_bytes 8388608, not 8.38861e+06)."""
+    return str(int(value)) if key in WHOLE or float(value).is_integer() else f"{value:g}"
 
 
 def check_value(key: str, value) -> float:
@@ -155,7 +162,10 @@ def override(profile: Profile, settings: list[str] | None) -> Profile:
         if not eq or not key or not value:
             raise ProfileError(f"--set {text!r}: expected KEY=VALUE, e.g. launch_toll_us=0")
         if key not in PARAMS:
-            raise ProfileError(f"--set {text!r}: unknown parameter {key!r} (known: {', '.join(PARAMS)})")
+            close = difflib.get_close_matches(key, PARAMS, n=3)
+            raise ProfileError(f"--set {text!r}: unknown parameter {key!r}"
+                               + (f" (did you mean {', '.join(close)}?)" if close else "")
+                               + "; `ccbridge profiles NAME` lists them")
         try:
             number = float(value)
         except ValueError:
