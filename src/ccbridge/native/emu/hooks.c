@@ -1252,22 +1252,25 @@ typedef ncclResult_t ncclRecv_t(void *, size_t, int, int, void *, CUstream);
 typedef ncclResult_t ncclGroupStart_t(void);
 typedef ncclResult_t ncclGroupEnd_t(void);
 typedef ncclResult_t ncclGroupSimulateEnd_t(void *);
-EMU_API ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, int t, int op, void *comm, CUstream st) {
-    NCCL_ENTER(ncclAllReduce);
-    return NCCL_OP(ncclAllReduce, OP_ALLREDUCE, n, t, comm, st, real_(s, r, n, t, op, comm, st));
-}
-EMU_API ncclResult_t ncclReduceScatter(const void *s, void *r, size_t n, int t, int op, void *comm, CUstream st) {
-    NCCL_ENTER(ncclReduceScatter);
-    return NCCL_OP(ncclReduceScatter, OP_REDUCESCATTER, n, t, comm, st, real_(s, r, n, t, op, comm, st));
-}
-EMU_API ncclResult_t ncclAllGather(const void *s, void *r, size_t n, int t, void *comm, CUstream st) {
-    NCCL_ENTER(ncclAllGather);
-    return NCCL_OP(ncclAllGather, OP_ALLGATHER, n, t, comm, st, real_(s, r, n, t, comm, st));
-}
-EMU_API ncclResult_t ncclBroadcast(const void *s, void *r, size_t n, int t, int root, void *comm, CUstream st) {
-    NCCL_ENTER(ncclBroadcast);
-    return NCCL_OP(ncclBroadcast, OP_BROADCAST, n, t, comm, st, real_(s, r, n, t, root, comm, st));
-}
+/* the two shapes most operations share: (send, recv, count, type, op or root, comm, stream) and the same without
+ * the op or root */
+#define DEF_NCCL_X(n, OP)                                                                                          \
+    EMU_API ncclResult_t n(const void *s, void *r, size_t c, int t, int x, void *comm, CUstream st) {              \
+        NCCL_ENTER(n);                                                                                             \
+        return NCCL_OP(n, OP, c, t, comm, st, real_(s, r, c, t, x, comm, st));                                     \
+    }
+#define DEF_NCCL(n, OP)                                                                                            \
+    EMU_API ncclResult_t n(const void *s, void *r, size_t c, int t, void *comm, CUstream st) {                     \
+        NCCL_ENTER(n);                                                                                             \
+        return NCCL_OP(n, OP, c, t, comm, st, real_(s, r, c, t, comm, st));                                        \
+    }
+DEF_NCCL_X(ncclAllReduce, OP_ALLREDUCE)
+DEF_NCCL_X(ncclReduceScatter, OP_REDUCESCATTER)
+DEF_NCCL_X(ncclBroadcast, OP_BROADCAST)
+DEF_NCCL_X(ncclGather, OP_GATHER)
+DEF_NCCL_X(ncclScatter, OP_GATHER) /* (the same wire bytes per rank as a gather) */
+DEF_NCCL(ncclAllGather, OP_ALLGATHER)
+DEF_NCCL(ncclAlltoAll, OP_ALLTOALL)
 EMU_API ncclResult_t ncclBcast(void *b, size_t n, int t, int root, void *comm, CUstream st) {
     NCCL_ENTER(ncclBcast);
     return NCCL_OP(ncclBcast, OP_BROADCAST, n, t, comm, st, real_(b, n, t, root, comm, st));
@@ -1275,18 +1278,6 @@ EMU_API ncclResult_t ncclBcast(void *b, size_t n, int t, int root, void *comm, C
 EMU_API ncclResult_t ncclReduce(const void *s, void *r, size_t n, int t, int op, int root, void *comm, CUstream st) {
     NCCL_ENTER(ncclReduce);
     return NCCL_OP(ncclReduce, OP_REDUCE, n, t, comm, st, real_(s, r, n, t, op, root, comm, st));
-}
-EMU_API ncclResult_t ncclAlltoAll(const void *s, void *r, size_t n, int t, void *comm, CUstream st) {
-    NCCL_ENTER(ncclAlltoAll);
-    return NCCL_OP(ncclAlltoAll, OP_ALLTOALL, n, t, comm, st, real_(s, r, n, t, comm, st));
-}
-EMU_API ncclResult_t ncclGather(const void *s, void *r, size_t n, int t, int root, void *comm, CUstream st) {
-    NCCL_ENTER(ncclGather);
-    return NCCL_OP(ncclGather, OP_GATHER, n, t, comm, st, real_(s, r, n, t, root, comm, st));
-}
-EMU_API ncclResult_t ncclScatter(const void *s, void *r, size_t n, int t, int root, void *comm, CUstream st) {
-    NCCL_ENTER(ncclScatter);
-    return NCCL_OP(ncclScatter, OP_GATHER, n, t, comm, st, real_(s, r, n, t, root, comm, st));
 }
 EMU_API ncclResult_t ncclSend(const void *s, size_t n, int t, int peer, void *comm, CUstream st) {
     NCCL_ENTER(ncclSend);
