@@ -112,10 +112,6 @@ def from_collectives(inp: "_a.Input", add, shares: list[Row], total: Row | None)
         no_multicast(inp, add, "the collectives above run on this fabric", *shares[:1])
 
 
-def degree(r: Row) -> int | None:
-    """A decode row's tensor-parallel degree (None: one GPU)."""
-    return r.params.get("tp")
-
 
 def from_tp(inp: "_a.Input", add, tok: dict) -> int:
     """Several TP degrees in one decode result: the narrowest within MARGIN of the best tok/s at the largest

@@ -20,6 +20,7 @@ from typing import Any
 
 from ccbridge import env as envmod
 from ccbridge.errors import UsageError
+from ccbridge.textfit import cut
 
 FORMAT = "ccbridge-attest/1"
 NONCE_BYTES = 32  # what the GPU's SPDM request carries (NVML_CC_GPU_CEC_NONCE_SIZE), as nvattest takes it
@@ -272,13 +273,13 @@ def summary(b: dict[str, Any]) -> list[str]:
     n = len(b["env"].get("nvml", {}).get("gpus") or [])
     lines = [f"nonce {b['nonce'][:16]}...; protected: {'yes' if p['protected'] else 'NO'} "
              f"(CPU TEE {p['tee']}, GPU CC {p['gpu_cc']})"]
-    lines += [f"  not protected: {w}"[:120] for w in p["why"]]
+    lines += [cut(f"  not protected: {w}", 120) for w in p["why"]]
     lines.append(f"GPU evidence: {len(gpu['evidences'])} of {n} GPU(s), collected by {gpu['collector']}")
-    lines += [f"  GPU {e['index'] if e['index'] is not None else '-'}: {e['error']}"[:120] for e in gpu["errors"]]
-    lines.append(f"CPU report: {cpu['provider'] + ' via configfs-tsm' if 'provider' in cpu else cpu['error']}"[:120])
+    lines += [cut(f"  GPU {e['index'] if e['index'] is not None else '-'}: {e['error']}", 120) for e in gpu["errors"]]
+    lines.append(cut(f"CPU report: {cpu['provider'] + ' via configfs-tsm' if 'provider' in cpu else cpu['error']}", 120))
     if "verification" in b:
         v = b["verification"]
-        lines.append((f"verification ({v['verifier']}): {'passed' if v['result'] else 'FAILED'}"
-                      + (f" ({v['error']})" if v.get("error") else ""))[:120])
+        lines.append(cut(f"verification ({v['verifier']}): {'passed' if v['result'] else 'FAILED'}"
+                         + (f" ({v['error']})" if v.get("error") else ""), 120))
     lines.append(f"cannot vouch for: Fabric Manager, NVSwitch routing; {len(b['cannot_vouch_for'])} items in the bundle")
     return lines

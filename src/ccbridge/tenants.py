@@ -30,6 +30,7 @@ from typing import Any
 
 from ccbridge import results
 from ccbridge.errors import ResultFileError, UsageError
+from ccbridge.textfit import wrap
 
 GPU_COUNTS = (1, 2, 4, 8)  # an HGX baseboard holds 8; partitions halve it
 SIZES = (1, 2, 4, 8)
@@ -264,9 +265,9 @@ def render(p: Plan) -> str:
                  + (f"{p.largest_placeable} GPU{'s' * (p.largest_placeable > 1)}" if p.largest_placeable else "none"))
     lines += p.notes
     if p.source:  # what a stamp can and cannot see
-        lines.append("busy = GPUs the stamp saw in an active fabric partition (clique); a stamp sees only the GPUs of "
-                     "the machine or")
-        lines.append("  tenant it ran in, never another tenant's: take it where the whole baseboard is visible")
+        lines += wrap(["busy = GPUs the stamp saw in an active fabric partition (clique); a stamp sees only the GPUs "
+                       "of the machine or tenant it ran in, never another tenant's: take it where the whole baseboard "
+                       "is visible"])
     lines.append(f"partition {_id_legend(p.n)}")
     lines.append(f"{ACTIVATION}: context, not measured here")
     return "\n".join(lines)

@@ -112,7 +112,9 @@ def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, covera
     check(profile, cmd, trace, coverage)
     with tempfile.TemporaryDirectory(prefix="ccbridge-emu-") as tmp:
         cfg = Path(tmp) / "profile.conf"
-        floor = native_floor.measure() if profile.emulates else {}
+        v = {k: profile.params[k].value for k in ("nccl_toll_us", "nvlink_kept")}
+        floor = native_floor.measure(collectives=v["nccl_toll_us"] > 0 or v["nvlink_kept"] < 1,
+                                     links=v["nvlink_kept"] < 1) if profile.emulates else {}
         text = profile.config_text(check_trace(trace) if trace else None, floor)
         cov_prefix = str(Path(tmp) / "cov")
         cfg.write_text(text + (f"coverage={cov_prefix}\n" if coverage else ""))

@@ -29,8 +29,10 @@ PEER_BYTES, PEER_ITERS = 256 << 20, 5  # a few ms over NVLink
 GAP_REPS = 21  # 200 us each
 
 
-def measure(device: int = 0) -> dict[str, float]:
-    """{native_<dir>_pinned_gbps: GB/s}; empty when no GPU is usable (no floor then)."""
+def measure(device: int = 0, collectives: bool = True, links: bool = True) -> dict[str, float]:
+    """{native_<dir>_pinned_gbps: GB/s, native_kernel_ns, native_nvlink_gbps}; empty when no GPU is usable (no
+    floor then). collectives / links: the profile charges NCCL operations at all / a bandwidth-kept term (else
+    the kernel gap / the GPU-GPU rate, unused, are not timed: no second GPU touched for nothing)."""
     out: dict[str, float] = {}
     try:
         with native.Session(device, "pinned", max(SIZES)) as s:
@@ -41,11 +43,12 @@ def measure(device: int = 0) -> dict[str, float]:
                     gbps = round(res.bytes / res.seconds / 1e9, 3)
                     key = f"native_{d}_pinned_gbps"
                     out[key] = min(out.get(key, gbps), gbps)
-            out["native_kernel_ns"] = round(s.kernel_gap(GAP_REPS), 1)
+            if collectives:
+                out["native_kernel_ns"] = round(s.kernel_gap(GAP_REPS), 1)
     except GpuError:
         return {}
     try:
-        if native.device_count() >= 2:
+        if collectives and links and native.device_count() >= 2:
             out["native_nvlink_gbps"] = round(native.peer_rate(0, 1, PEER_BYTES, PEER_ITERS) / 1e9, 3)
     except GpuError:
         pass  # no peer access: the collectives pay their toll without a bandwidth term

@@ -71,7 +71,7 @@ static uint64_t toll_ns(size_t bytes) {
 static const char kSpinPtx[] = CCB_PTX_HEADER CCB_PTX_SPIN("ccbemu_spin");
 
 #define MAX_SPIN_CTX 64
-static struct { CUcontext ctx; CUfunction fn; } g_spin[MAX_SPIN_CTX];
+static struct { CUcontext ctx; CUfunction fn; } g_spin[MAX_SPIN_CTX]; /* fn NULL: its load failed (not retried) */
 static int g_nspin, g_next_evict;
 static pthread_mutex_t g_spin_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -94,18 +94,18 @@ static CUfunction spin_fn(CUcontext ctx) {
     CUcontext popped;
     CUfunction fn = NULL;
     if (!ctx) return NULL;
+    int known = 0;
     pthread_mutex_lock(&g_spin_mu);
-    for (int i = 0; i < g_nspin && !fn; i++)
-        if (g_spin[i].ctx == ctx) fn = g_spin[i].fn;
-    if (!fn && drv.CtxPushCurrent(ctx) == CUDA_SUCCESS) {
+    for (int i = 0; i < g_nspin && !known; i++)
+        if (g_spin[i].ctx == ctx) fn = g_spin[i].fn, known = 1;
+    if (!known && drv.CtxPushCurrent(ctx) == CUDA_SUCCESS) {
         CUmodule mod;
         if (drv.ModuleLoadData(&mod, kSpinPtx) != CUDA_SUCCESS || drv.ModuleGetFunction(&fn, mod, "ccbemu_spin") != CUDA_SUCCESS)
-            fn = NULL;
+            fn = NULL; /* remembered: a driver that refused the PTX once is not asked on every operation */
         drv.CtxPopCurrent(&popped);
-        if (fn) { /* full: the slots are reused in turn (a process of more than 64 live contexts reloads) */
-            int slot = g_nspin < MAX_SPIN_CTX ? g_nspin++ : g_next_evict++ % MAX_SPIN_CTX;
-            g_spin[slot].ctx = ctx, g_spin[slot].fn = fn;
-        }
+        /* full: the slots are reused in turn (a process of more than 64 live contexts reloads) */
+        int slot = g_nspin < MAX_SPIN_CTX ? g_nspin++ : g_next_evict++ % MAX_SPIN_CTX;
+        g_spin[slot].ctx = ctx, g_spin[slot].fn = fn;
     }
     pthread_mutex_unlock(&g_spin_mu);
     return fn;
@@ -182,6 +182,7 @@ void emu_coll_begin(emu_coll *c, int api, int op, size_t count, int dtype, void 
                     void *real_fn) {
     size_t size = emu_nccl_type_size(dtype);
     memset(c, 0, sizeof *c);
+    if (!emu_on() && !t0) return; /* neither a charge nor a line: no lookups on the program's path */
     c->api = api, c->op = op, c->stream = st, c->t_enter = t0, c->site = *ccbemu_site_slot();
     c->ctx = t_depth > 0 ? ctx_of(st) : NULL;
     c->bytes = size && count <= SIZE_MAX / size ? count * size : 0;
