@@ -130,7 +130,7 @@ def test_a_new_entry_is_made_and_removed(tmp_path):
 
 
 @pytest.mark.parametrize("text, fragment", [("zz", "not hex"), ("00", "expected 32 bytes (64 hex digits), got 1"),
-                                            ("ab" * 33, "got 33")])
+                                            ("ab" * 33, "got 33"), ("a" * 65, "an odd number of hex digits (65)")])
 def test_bad_nonces(text, fragment):
     with pytest.raises(attest.UsageError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         attest.parse_nonce(text)

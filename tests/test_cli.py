@@ -119,3 +119,25 @@ def test_the_emulator_banner_names_the_what_if():
     b = launcher.banner(profiles.override(profiles.load("b300"), ["launch_toll_us=0", "h2d_pinned_gbps=20"]))
     assert "profile b300 with --set launch_toll_us=0 --set h2d_pinned_gbps=20 (" in b and "not CC hardware" in b
     assert " with --set" not in launcher.banner(profiles.load("b300"))
+
+
+def test_a_reader_that_stops_early_is_no_error(monkeypatch, capsys):
+    """`ccbridge ... | head -1`: the pipe closes under the output; the command ends quietly, status 0."""
+    import os
+
+    r, w = os.pipe()
+
+    class Closed:  # stdout whose reader has gone
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+        def fileno(self):
+            return w
+
+    with capsys.disabled():
+        monkeypatch.setattr(sys, "stdout", Closed())
+        assert main(["profiles", "b300"]) == 0
+    os.close(r)

@@ -474,6 +474,7 @@ CASES = [
     # attest: the nonce, the bundle's file and the verifier checked before any evidence is collected
     (["attest"], "the following arguments are required: --nonce"),
     (["attest", "--nonce", "zz"], "argument --nonce: not hex: 'zz'"),
+    (["attest", "--nonce", "a" * 65], "argument --nonce: an odd number of hex digits (65): a nonce is whole bytes, 64 hex digits"),
     (["attest", "--nonce", "00"], "argument --nonce: expected 32 bytes (64 hex digits), got 1"),
     (["attest", "--nonce", "0000000000000000000000000000000000000000000000000000000000000000", "--out", "/proc/forbidden/b.json"], "--out /proc/forbidden/b.json: "),
     (["attest", "--nonce", "0000000000000000000000000000000000000000000000000000000000000000", "--out", "{d}/folder"], "--out {d}/folder: is a folder, not a file"),

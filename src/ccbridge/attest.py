@@ -42,11 +42,14 @@ CANNOT_VOUCH = [
 
 def parse_nonce(text: str) -> bytes:
     """--nonce: exactly NONCE_BYTES bytes as hex, the verifier's fresh challenge."""
-    t = text.strip().lower().removeprefix("0x")
+    t = text.strip().lower().removeprefix("0x")  # (a 0x prefix, as verifiers print nonces, is taken)
+    if len(t) % 2:
+        raise UsageError(f"an odd number of hex digits ({len(t)}): a nonce is whole bytes, "
+                         f"{2 * NONCE_BYTES} hex digits")
     try:
         nonce = bytes.fromhex(t)
     except ValueError:
-        raise UsageError(f"not hex: {text!r}") from None
+        raise UsageError(f"not hex: {text!r:.80}") from None
     if len(nonce) != NONCE_BYTES:
         raise UsageError(f"expected {NONCE_BYTES} bytes ({2 * NONCE_BYTES} hex digits), got {len(nonce)}")
     return nonce

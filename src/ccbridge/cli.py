@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -1008,6 +1009,9 @@ def main(argv: list[str] | None = None) -> int:
     except CCBridgeError as e:  # say why, lose nothing
         print(f"ccbridge {args.command}: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader stopped (`| head`): nothing went wrong, and nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python's own flush at exit would fail)
+        return 0
     except OSError as e:  # the machine refused after the checks passed: a full disk, a lost mount
         where = f": {e.filename}" if e.filename else ""
         print(f"ccbridge {args.command}: {e.strerror or e}{where}", file=sys.stderr)
