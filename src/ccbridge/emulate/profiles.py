@@ -36,8 +36,8 @@ PARAMS: dict[str, tuple[str, str]] = {
                                 "peer access enabled, or multi_gpu=1)"),
     "multi_gpu": ("0/1", "1: the system is in multi-GPU CC mode from the start (every launch pays the multi-GPU toll); "
                          "0: from the first communicator of 2+ ranks or peer access on"),
-    "nccl_toll_us": ("us", "device-side time per NCCL operation (a group is one), on its stream before it: the secure "
-                           "firmware's per-operation set-up"),
+    "nccl_toll_us": ("us", "device-side time per NCCL operation (a group is one per GPU), on its stream before "
+                           "it: the secure firmware's per-operation set-up"),
     "nccl_toll_max_bytes": ("bytes", "the per-operation toll applies to operations of at most this many bytes; "
                                      "0: to every one"),
     "nvlink_kept": ("x", "published CC-on / CC-off GPU-GPU bandwidth for large transfers: an operation also pays its "
