@@ -84,9 +84,8 @@ class Input:
 def read(path: str | Path) -> Input:
     """One input file, its kind told by its content; every defect is a ResultFileError naming the file."""
     p = Path(path)
-    doc = results.read_json(p, "pass a result.json or an env stamp")
-    if isinstance(doc, dict) and doc.get("schema") == results.SCHEMA:
-        res = results.from_doc(p, doc)
+    stamp, res = results.read_stamped(p, "pass a result.json or an env stamp")
+    if res is not None:
         tests = {r.test for r in res.rows}
         for kind, metric in (("decode_tp", "tok_per_s"), ("decode", "tok_per_s"), ("kv", "ttft_ms")):
             if kind in res.settings or kind in tests:
@@ -103,9 +102,8 @@ def read(path: str | Path) -> Input:
             return Input(str(p), "probe", res.env, res, res.emulated)
         raise ResultFileError(f"{p}: a ccbridge result with no rows advise reads (probe families "
                               f"{', '.join(t.rstrip('.') for t in PROBE_TESTS)}; account, decode or kv rows)")
-    if isinstance(doc, dict) and "schema" not in doc and isinstance(doc.get("nvml"), dict) and "emulation" in doc:
-        results._check_env(p, doc)
-        return Input(str(p), "env", doc, None, bool(doc["emulation"].get("active")))
+    if "emulation" in stamp:
+        return Input(str(p), "env", stamp, None, bool(stamp["emulation"].get("active")))
     raise ResultFileError(f"{p}: not a ccbridge result or env stamp (`ccbridge env --json`)")
 
 

@@ -186,6 +186,20 @@ def load(path: str | Path) -> Result:
     return from_doc(path, read_json(path))
 
 
+def read_stamped(path: str | Path, hint: str) -> tuple[dict, Result | None]:
+    """A result.json (its stamp and the Result) or an env stamp (`ccbridge env --json`: the stamp and None), as
+    advise and plan-tenants take either; anything else a ResultFileError naming the file."""
+    path = Path(path)
+    doc = read_json(path, hint)
+    if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
+        res = from_doc(path, doc)
+        return res.env, res
+    if isinstance(doc, dict) and "schema" not in doc and isinstance(doc.get("nvml"), dict):
+        _check_env(path, doc)
+        return doc, None
+    raise ResultFileError(f"{path}: not a ccbridge result or env stamp (`ccbridge env --json`)")
+
+
 def from_doc(path: str | Path, doc) -> Result:
     """Validate a result document read from `path` (named in every error)."""
     path = Path(path)

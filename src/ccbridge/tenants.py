@@ -188,14 +188,7 @@ def from_stamp(path: str | Path) -> tuple[int, str, frozenset[int]]:
     and nvml.fabric.cliques (each {"cluster_uuid", "clique_id", "gpus": [indices]}: an active partition,
     its GPUs held by a tenant).
     """
-    doc = results.read_json(path, "pass a result.json or `ccbridge env --json` output")
-    if isinstance(doc, dict) and doc.get("schema") == results.SCHEMA:
-        env = results.from_doc(path, doc).env
-    elif isinstance(doc, dict) and isinstance(doc.get("nvml"), dict):
-        results._check_env(Path(path), doc)
-        env = doc
-    else:
-        raise ResultFileError(f"{path}: not a ccbridge result or env stamp (`ccbridge env --json`)")
+    env, _ = results.read_stamped(path, "pass a result.json or `ccbridge env --json` output")
     nv = env.get("nvml") or {}
     gpus = nv.get("gpus")
     if not nv.get("available") or not isinstance(gpus, list) or not gpus:
