@@ -684,22 +684,18 @@ def _bench_decode(args) -> int:
     from ccbridge.serve import decode
 
     batches = args.batch or [1, 8, 32, 128]
+    common = dict(iters=args.iters or 3, warmup=1 if args.warmup is None else args.warmup, graphs=args.graphs,
+                  seed=args.seed, log=lambda m: print(f"ccbridge bench: {m}", file=sys.stderr, flush=True),
+                  host_prep_us=args.host_prep_us or 0.0)
+    shape = (batches, args.prompt or 128, args.output or 64, args.modes or list(DECODE_MODES), args.device or "cuda")
     if args.tp:
         if args.checkpoint is not None:
             raise UsageError("--tp splits a preset's layers (--model, random weights); --checkpoint runs on one GPU")
         from ccbridge.serve import tp
 
-        res = tp.bench(args.model or "llama-1b", args.tp, batches, args.prompt or 128, args.output or 64,
-                       args.modes or list(DECODE_MODES), args.device or "cuda", iters=args.iters or 3,
-                       warmup=1 if args.warmup is None else args.warmup, graphs=args.graphs, seed=args.seed,
-                       log=lambda m: print(f"ccbridge bench: {m}", file=sys.stderr, flush=True),
-                       host_prep_us=args.host_prep_us or 0.0)
+        res = tp.bench(args.model or "llama-1b", args.tp, *shape, **common)
         return _bench_done(res, tp.render(res), args.json)
-    res = decode.bench(args.model or "llama-1b", batches, args.prompt or 128, args.output or 64,
-                       args.modes or list(DECODE_MODES), args.device or "cuda", iters=args.iters or 3,
-                       warmup=1 if args.warmup is None else args.warmup, graphs=args.graphs, seed=args.seed,
-                       log=lambda m: print(f"ccbridge bench: {m}", file=sys.stderr, flush=True),
-                       checkpoint=args.checkpoint, host_prep_us=args.host_prep_us or 0.0)
+    res = decode.bench(args.model or "llama-1b", *shape, checkpoint=args.checkpoint, **common)
     return _bench_done(res, decode.render(res), args.json)
 
 
