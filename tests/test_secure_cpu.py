@@ -3,6 +3,7 @@ keys and nonces, and the encrypted collectives on Gloo with CPU ranks."""
 
 import os
 import random
+from pathlib import Path
 
 import pytest
 
@@ -160,6 +161,22 @@ WEAK = {
 }
 
 
+PACKAGE = Path(keys.__file__).resolve().parents[1]  # src/ccbridge, wherever the checkout lives
+
+
+def in_package(filename: str) -> bool:
+    """A frame of ccbridge's own code: under the installed package's folder, not any folder named ccbridge
+    (a checkout cloned as `ccbridge/` holds the tests too)."""
+    return Path(filename).resolve().is_relative_to(PACKAGE)
+
+
+def test_frame_filter_sees_the_package_not_a_folder_name(tmp_path):
+    assert in_package(keys.__file__) and in_package(gcm.__file__)
+    assert not in_package(__file__)  # this test is not library code, whatever its checkout is called
+    assert not in_package(str(tmp_path / "ccbridge" / "tests" / "test_x.py"))
+    assert not in_package(str(tmp_path / "ccbridge" / "src" / "ccbridge" / "keys.py"))
+
+
 @pytest.mark.parametrize("what", list(WEAK))
 def test_weak_or_ambiguous_key_material_is_refused_and_never_quoted(what, tmp_path, monkeypatch):
     m = WEAK[what]
@@ -185,8 +202,7 @@ def test_weak_or_ambiguous_key_material_is_refused_and_never_quoted(what, tmp_pa
         # nor do the locals of ccbridge's frames it passed through (a traceback printed with its locals)
         tb = e.tb
         while tb is not None:
-            inside = "ccbridge" in tb.tb_frame.f_code.co_filename.replace("\\", "/").split("/")
-            for name, v in tb.tb_frame.f_locals.items() if inside else ():
+            for name, v in tb.tb_frame.f_locals.items() if in_package(tb.tb_frame.f_code.co_filename) else ():
                 if isinstance(v, (bytes, bytearray, str)) and len(v) >= 16:
                     assert bytes(v.encode("latin-1") if isinstance(v, str) else v) not in (m, m.hex().encode()), \
                         f"{what}: the material is in local {name!r} of {tb.tb_frame.f_code.co_name}"
