@@ -279,7 +279,7 @@ CASES = [
     (["trace", "{d}/tr.1.csv"], "{d}/tr.1.csv: give the trace's prefix, without .<pid>.csv ({d}/tr)"),
     (["account", "{d}/tr.1.csv", "{d}/tr"], "{d}/tr.1.csv: give the trace's prefix, without .<pid>.csv"),
     (["calibrate", "--profile", "b300", "--native", ""], ".: is a folder; pass the result.json in it"),
-    (["trace", "{d}/told"], "trace {d}/told.1.csv: written by an older ccbridge (schema 1); this ccbridge reads trace schema 4"),
+    (["trace", "{d}/told"], "trace {d}/told.1.csv: written by an older ccbridge (schema 1); this ccbridge reads trace schema 5"),
     (["trace", "{d}/ts"], "unreadable trace summary {d}/ts.1.summary.json"),
     # collectives and bench: arguments checked before the GPU is looked for
     (["collectives", "-b", "foo"], "argument -b/--minbytes: not a size: 'foo'; expected a positive number"),
