@@ -59,13 +59,20 @@ size_t emu_wire_bytes(int op, size_t bytes, int ranks) {
     }
 }
 
+/* The time the wire bytes take beyond this machine's own transfer: at the kept fraction of the link, and, projected,
+ * in dilated time at the target's link rate (r x wire / (target x kept)) less what this GPU's transfer took. */
 static uint64_t bandwidth_ns(size_t wire) {
-    if (!wire || cfg.native_nvlink_gbps <= 0 || cfg.nvlink_kept >= 1) return 0;
-    return emu_ns((double)wire / cfg.native_nvlink_gbps * (1.0 / cfg.nvlink_kept - 1.0));
+    if (!wire || cfg.native_nvlink_gbps <= 0) return 0;
+    double local = (double)wire / cfg.native_nvlink_gbps;
+    double target = cfg.target_nvlink_gbps > 0 ? cfg.target_nvlink_gbps : cfg.native_nvlink_gbps;
+    double want = cfg.dilation * (double)wire / (target * (cfg.nvlink_kept > 0 ? cfg.nvlink_kept : 1.0));
+    return want > local ? emu_ns(want - local) : 0;
 }
 static uint64_t toll_ns(size_t bytes) {
-    return cfg.nccl_toll_max_bytes && bytes > cfg.nccl_toll_max_bytes ? 0 : emu_ns(cfg.nccl_toll_ns);
+    return !emu_on() || (cfg.nccl_toll_max_bytes && bytes > cfg.nccl_toll_max_bytes) ? 0 : emu_ns(cfg.nccl_toll_ns);
 }
+/* what charges an operation: the emulated CC costs, or, projected without them (CC off), the link's dilated time */
+static int charging(void) { return emu_on() || cfg.dilation > 1; }
 
 /* ---- the device-side wait ---- */
 static const char kSpinPtx[] = CCB_PTX_HEADER CCB_PTX_SPIN("ccbemu_spin");
@@ -198,7 +205,7 @@ static void write_line(const emu_coll *c, uint64_t t_return, int rc, int graph) 
 /* An operation done (its group's end for a grouped one): one captured into a graph is noted under the graph, so
  * that each launch of it writes the line again (its GPU time is paid then, not now); then its line. */
 static void record(const emu_coll *c, uint64_t t_return, int rc) {
-    if (!c->t_enter && !emu_on()) return; /* neither a charge nor a line (no lookups on the program's path) */
+    if (!c->t_enter && !charging()) return; /* neither a charge nor a line (no lookups on the program's path) */
     int captured = queued(rc) && emu_capturing(c->stream);
     if (captured) emu_graph_note_coll(c);
     if (__atomic_load_n(&emu_tracing, __ATOMIC_RELAXED) && c->t_enter)
@@ -216,14 +223,14 @@ void emu_coll_begin(emu_coll *c, int api, int op, size_t count, int dtype, void 
                     void *real_fn) {
     size_t size = emu_nccl_type_size(dtype);
     memset(c, 0, sizeof *c);
-    if (!emu_on() && !t0) return; /* neither a charge nor a line: no lookups on the program's path */
+    if (!charging() && !t0) return; /* neither a charge nor a line: no lookups on the program's path */
     c->api = api, c->op = op, c->stream = st, c->t_enter = t0, c->site = *ccbemu_site_slot();
     c->ctx = t_depth > 0 ? ctx_of(st) : NULL;
     c->bytes = size && count <= SIZE_MAX / size ? count * size : 0;
     c->ranks = ranks_of(comm, real_fn);
     c->wire = emu_wire_bytes(op, c->bytes, c->ranks);
     if (c->ranks > 1) emu_mgpu_on();
-    if (t_depth > 0 || !emu_on() || !pays(c)) return; /* grouped: charged at the group's end */
+    if (t_depth > 0 || !charging() || !pays(c)) return; /* grouped: charged at the group's end */
     c->charged = emu_device_wait(st, toll_ns(c->bytes) + bandwidth_ns(c->wire));
     if (!emu_capturing(st)) emu_work_submitted();
 }
@@ -250,7 +257,7 @@ static int charged_in_group(int i) { return queued(t_group[i].rc) && pays(&t_gro
 
 void emu_group_end(void) {
     if (t_depth == 0 || --t_depth > 0) return; /* an unmatched end is NCCL's to refuse; an inner one waits */
-    if (emu_on()) {
+    if (charging()) {
         /* one charge per GPU (context): its first operation carries the toll, each its own bandwidth term */
         for (int i = 0; i < t_ngroup; i++) {
             emu_coll *first = &t_group[i].c;

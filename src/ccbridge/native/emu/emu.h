@@ -143,6 +143,12 @@ typedef struct {
     double native_nvlink_gbps;   /* this machine's GPU-GPU copy rate (launcher), 0 = unknown: no bandwidth term */
     double native_kernel_ns;     /* GPU time one more empty kernel adds to a busy stream (launcher): the device-side
                                     wait is that much shorter than its charge */
+    /* Projection to a faster GPU (ccbridge run --project): time dilated by r = target / this GPU. Every emulated
+     * cost is r times longer (tolls x r, bridge rates / r: applied once, at load, emu_dilate), host work between
+     * hooked calls is stretched by r on its thread (emu_dilate_enter/leave), so that the GPU, left at its own
+     * speed, runs r times faster than everything around it: the target's proportions. 1: no projection. */
+    double dilation;
+    double target_nvlink_gbps;   /* the target's GPU-GPU link rate (its datasheet); 0: this machine's */
     double sync_toll_ns;         /* one host-GPU round trip: a synchronize that waits for work, a D2H */
     double ctx_create_ns, ctx_destroy_ns;
     double host_alloc_toll_ns;   /* per pinned host allocation */
@@ -163,6 +169,12 @@ static inline int emu_on(void) { return cfg.emulate && !__atomic_load_n(&emu_pau
 /* Parse "key=value" lines; unknown keys or bad values -> -1 with a message. */
 int emu_config_parse(emu_config *c, const char *text, char *err, size_t errlen);
 void emu_config_defaults(emu_config *c);
+void emu_dilate(emu_config *c);            /* scale the costs by c->dilation (once, after parsing) */
+int emu_dilate_enter(void);                /* a hooked call begins: stretch this thread's host work since the last */
+void emu_dilate_leave(int *unused);        /* (cleanup of the hook's scope) it returns: host work starts again */
+void emu_dilate_reset(void);               /* tests: this thread starts afresh (no host work timed yet) */
+/* every hook: host work stretched on entry and timed again from its return (a GNU cleanup runs at any return) */
+#define EMU_DILATE_SCOPE __attribute__((cleanup(emu_dilate_leave), unused)) int dil_ = emu_dilate_enter()
 
 /* ---- clocks and pacing (pace.c) ---- */
 uint64_t emu_now(void);                 /* CLOCK_MONOTONIC ns, shared by processes */

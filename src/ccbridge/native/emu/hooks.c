@@ -145,6 +145,7 @@ static void load_config(const char *text, const char *origin) {
     emu_config_defaults(&cfg);
     if (text && emu_config_parse(&cfg, text, err, sizeof err) != 0) emu_fail("bad configuration (%s): %s", origin, err);
     if (cfg.emulate && emu_cipher_load(err, sizeof err) != 0) emu_fail("%s", err);
+    emu_dilate(&cfg);
     if (cfg.trace[0]) emu_trace_open(cfg.trace);
 }
 
@@ -186,11 +187,13 @@ int ccbemu_test_init(const char *config_text, char *err, int errlen) {
     emu_config_defaults(&cfg);
     int rc = emu_config_parse(&cfg, config_text, err, (size_t)errlen);
     if (rc == 0 && cfg.emulate) rc = emu_cipher_load(err, (size_t)errlen);
+    if (rc == 0) emu_dilate(&cfg);
     if (rc == 0) {
         emu_channels_reset();
         emu_stats_reset();
         emu_coverage_reset();
         emu_mgpu_reset();
+        emu_dilate_reset();
         emu_bus_local();
         __atomic_store_n(&emu_paused, 0, __ATOMIC_RELAXED);
         fill(ccbemu_fake_lookup);
@@ -256,6 +259,7 @@ void *ccbemu_lookup(const char *name) {
 /* t0_: when the call began, for the trace (0: not tracing) */
 #define ENTER(n)                                                            \
     emu_init();                                                             \
+    EMU_DILATE_SCOPE;                                                       \
     emu_count(H_##n);                                                       \
     __attribute__((unused)) const uint64_t t0_ = __atomic_load_n(&emu_tracing, __ATOMIC_RELAXED) ? emu_now() : 0; \
     if (!g_real[H_##n]) return CUDA_ERROR_NOT_INITIALIZED
@@ -269,17 +273,31 @@ static void rec(int api, int kind, int dir, int mem, size_t bytes, CUstream st, 
 static void graph_note(CUstream st, int dir, int mem, size_t bytes);
 /* A host<->device copy passed to the driver (not emulated): a crossing of the
  * trace; or, captured into a graph while emulating, a copy its launches pay for. */
+static void dilate_copy(int dir, size_t bytes, CUstream st, int host_waits);
 static CUresult pass_rec(int api, int dir, int mem, size_t bytes, CUstream st, uint64_t t0, uint64_t t1, CUresult rc) {
     if (!bytes) return rc;
     if (emu_capturing(st)) {
         if (cfg.emulate && rc == CUDA_SUCCESS) graph_note(st, dir, mem, bytes); /* (paused or not: the graph holds it) */
-    } else if (t0) {
-        rec(api, REC_CROSSING, dir, mem, bytes, st, t0, t1, 0, rc);
+        return rc;
     }
+    if (rc == CUDA_SUCCESS && !cfg.emulate) dilate_copy(dir, bytes, st, dir == DIR_D2H);
+    if (t0) rec(api, REC_CROSSING, dir, mem, bytes, st, t0, t1, 0, rc);
     return rc;
 }
-/* what a passed copy needs looked at: when tracing, or emulating (then it was captured, or moved no bytes) */
-#define PASS_LOOK(t0) ((t0) || cfg.emulate)
+/* what a passed copy needs looked at: when tracing, emulating (then it was captured, or moved no bytes) or
+ * projecting */
+#define PASS_LOOK(t0) ((t0) || cfg.emulate || cfg.dilation > 1)
+/* Projected without emulation (CC off: passthrough --project): a crossing's bytes move at this machine's native
+ * rate, and in dilated time they take r times as long (the target's PCIe is no faster): the rest, (r - 1) x
+ * bytes at the native pinned rate, is waited for where the copy's end is met: on the host for a readback, on
+ * the stream (a GPU-side wait after it) for an upload. No native rate measured: not dilated (README). */
+static void dilate_copy(int dir, size_t bytes, CUstream st, int host_waits) {
+    double rate = cfg.native_pinned_gbps[dir];
+    if (!(cfg.dilation > 1) || !(rate > 0)) return;
+    uint64_t ns = emu_ns((double)bytes / rate * (cfg.dilation - 1));
+    if (host_waits) emu_spin_for(ns);
+    else emu_device_wait(st, ns);
+}
 static CUresult pass_done(int api, int dir, const void *host, size_t bytes, CUstream st, uint64_t t0, CUresult rc) {
     uint64_t t1 = t0 ? emu_now() : 0;
     return PASS_LOOK(t0) && bytes ? pass_rec(api, dir, emu_host_kind(host), bytes, st, t0, t1, rc) : rc;
@@ -1306,6 +1324,7 @@ static void *nccl_real(int i, void *ret) {
 static __thread int t_in_nccl;
 #define NCCL_ENTER(n)                                                       \
     emu_init();                                                             \
+    EMU_DILATE_SCOPE;                                                       \
     emu_count(H_##n);                                                       \
     const uint64_t t0_ = __atomic_load_n(&emu_tracing, __ATOMIC_RELAXED) ? emu_now() : 0; \
     n##_t *real_ = (n##_t *)nccl_real(H_##n, __builtin_return_address(0));  \
