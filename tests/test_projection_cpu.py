@@ -74,3 +74,47 @@ def test_a_crossing_paced_by_the_channel_takes_r_times_as_long(lib):  # noqa: F8
 def test_a_ratio_below_one_or_out_of_range_is_refused(lib, bad):  # noqa: F811
     with pytest.raises(ValueError, match="dilation"):
         init(lib, dilation=bad)
+
+
+# ---- the targets and the ratio (emulate/targets.py) ----
+
+def test_the_local_gpu_is_found_by_its_nvml_name_and_r_compares_datasheets():
+    from ccbridge.emulate import targets
+
+    assert targets.identify("NVIDIA H100 80GB HBM3").key == "h100"
+    assert targets.identify("NVIDIA H100 PCIe").key == "h100-pcie"
+    assert targets.identify("NVIDIA H100 NVL").key == "h100-nvl"
+    assert targets.identify("NVIDIA H200").key == "h200"
+    assert targets.identify("Tesla T4") is None
+    p = targets.project("b300", "NVIDIA H100 80GB HBM3")
+    assert p.by == "hbm" and p.r == pytest.approx(8.0 / 3.35)
+    assert p.ratio("flops") == pytest.approx(2250 / 989.5)
+    assert "PROJECTED to B300" in p.describe() and "x2.39" in p.describe()
+    assert targets.project("h200", "NVIDIA H100 80GB HBM3", "flops").r == pytest.approx(1.0)
+    assert p.link_gbps(360.0) == pytest.approx(720.0)  # NVLink 5 over NVLink 4: x2 of this machine's measured rate
+    assert targets.project("b300", "Tesla T4", 2.5).r == 2.5  # a ratio given by hand needs no table entry
+
+
+@pytest.mark.parametrize("args,msg", [
+    (("h100", "NVIDIA H200"), "a slower GPU"),             # r < 1
+    (("rtxpro6000", "NVIDIA H100 80GB HBM3"), "a slower GPU"),
+    (("b300", "NVIDIA H100 80GB HBM3", 0.5), "the ratio is 0.5"),
+    (("b300", "Tesla T4"), "no datasheet for this GPU"),
+    (("nosuch", "NVIDIA H100 80GB HBM3"), "unknown GPU 'nosuch'"),
+    (("rtxpro6000", "NVIDIA H100 PCIe", "flops"), "no dense BF16 figure"),
+    (("b300", "x" * 300), "no datasheet for this GPU"),
+])
+def test_projection_refuses_what_it_cannot_do_in_one_line(args, msg):
+    from ccbridge.emulate import targets
+    from ccbridge.errors import UsageError
+
+    with pytest.raises(UsageError, match=msg) as e:
+        targets.project(*args)
+    assert "\n" not in str(e.value) and len(f"ccbridge run: {e.value}") <= 120, str(e.value)
+
+
+def test_every_target_names_its_source():
+    from ccbridge.emulate import targets
+
+    for g in targets.GPUS.values():
+        assert "datasheet" in g.source and g.hbm_tbps > 0
