@@ -272,6 +272,29 @@ def _process(path: str, s: TraceSummary, meta: dict) -> ProcessTrace:
                         sum(b - a for a, b in spans) if spans else own.span_ns, own)
 
 
+def _summary_doc(path: str) -> dict:
+    """A process's summary as the interposer writes it; a ResultFileError naming the field otherwise."""
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ResultFileError(f"unreadable trace summary {path}: {getattr(e, 'strerror', None) or e}") from None
+    count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    checks = [(isinstance(d, dict), "", "an object"), ]
+    if isinstance(d, dict):
+        checks += [(isinstance(d.get("pid"), int) and not isinstance(d.get("pid"), bool), "pid", "a process id"),
+                   (isinstance(d.get("calls"), dict) and all(count(v) for v in d["calls"].values()), "calls",
+                    "an object of call counts"),
+                   (isinstance(d.get("crossings"), dict) and all(
+                       isinstance(v, dict) and all(count(x) for x in v.values()) for v in d["crossings"].values()),
+                    "crossings", "an object of per-direction counts"),
+                   (count(d.get("ranks", 0)) and isinstance(d.get("rank", -1), int), "rank", "whole numbers")]
+    for ok, field_, want in checks:
+        if not ok:
+            raise ResultFileError(f"trace summary {path}: {field_ or 'the document'} must be {want}")
+    return d
+
+
 def summarize(prefix: str) -> TraceSummary:
     """Fold every <prefix>.<pid>.summary.json and .csv into one summary, and each process on its own (procs);
     ResultFileError naming the file and the line for one the interposer did not write or of another schema."""
@@ -283,18 +306,14 @@ def summarize(prefix: str) -> TraceSummary:
     s = TraceSummary()
     meta = {}  # pid -> the summary's rank and ranks
     for path in sorted(glob.glob(f"{glob.escape(prefix)}.*.summary.json")):
-        try:
-            with open(path) as f:
-                d = json.load(f)
-            for k, v in d.get("calls", {}).items():
-                s.calls[k] += v
-            for k, v in d.get("crossings", {}).items():
-                agg = s.crossings.setdefault(k, {"count": 0, "bytes": 0, "blocked_ns": 0})
-                for name in agg:
-                    agg[name] += v.get(name, 0)
-            meta[int(d.get("pid", -1))] = {"rank": d.get("rank", -1), "ranks": d.get("ranks", 0)}
-        except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError, RecursionError) as e:
-            raise ResultFileError(f"unreadable trace summary {path}: {e}") from None
+        d = _summary_doc(path)
+        for k, v in d["calls"].items():
+            s.calls[k] += v
+        for k, v in d["crossings"].items():
+            agg = s.crossings.setdefault(k, {"count": 0, "bytes": 0, "blocked_ns": 0})
+            for name in agg:
+                agg[name] += v.get(name, 0)
+        meta[d["pid"]] = {"rank": d.get("rank", -1), "ranks": d.get("ranks", 0)}
         s.processes += 1
     for path in sorted(glob.glob(f"{glob.escape(prefix)}.*.csv")):
         s.procs.append(_process(path, s, meta))
