@@ -548,15 +548,6 @@ def test_run_is_named_run_and_passes_the_status(tmp_path):
     assert r.returncode == 3 and "Traceback" not in r.stderr
 
 
-def test_secure_dtypes_match_the_bench():
-    """The CLI names secure/bench.py's dtypes so that argparse refuses others without importing torch."""
-    pytest.importorskip("torch")
-    from ccbridge import cli
-    from ccbridge.secure import bench
-
-    assert sorted(cli.SECURE_DTYPES) == sorted(bench.DTYPES)
-
-
 def test_interrupted_make_checkpoint_leaves_nothing(tmp_path):
     """Ctrl-C mid-write (SIGINT to the whole process group): one line, exit 130, no shard, no .partial, no folder."""
     out = tmp_path / "ckpt"

@@ -12,16 +12,8 @@ import sys
 from pathlib import Path
 
 from ccbridge import __version__, ui
+from ccbridge.choices import DDP_MODELS, DECODE_MODES, DECODE_PRESETS, SECURE_DTYPES
 from ccbridge.errors import UsageError
-
-
-# secure/bench.py's DTYPES and models, named here so that argparse refuses others
-# without importing torch (tests/test_cli_fuzz.py checks the two agree).
-SECURE_DTYPES = ["float", "half", "bfloat16", "double", "int32", "int64", "uint8"]
-SECURE_MODELS = ["resnet50", "bert-large", "gpt2-large"]
-# serve/decode.py's PRESETS and MODES, likewise (tests/test_decode_cpu.py checks they agree).
-DECODE_MODELS = ["tiny", "llama-1b", "tinyllama-1.1b", "llama-3b", "llama-8b", "qwen2.5-0.5b", "qwen2.5-3b"]
-DECODE_MODES = ["sync", "async", "staged", "drain"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -619,7 +611,7 @@ def cmd_bench(args) -> int:
         twice = [v for i, v in enumerate(values) if v in values[:i]]
         if twice:
             raise UsageError(f"{flag} {twice[0]} is given twice")
-    defaults = {"models": list(SECURE_MODELS), "ngpus": [2, 4], "buckets": [25, 100, 400, 800], "wrap": "ddp",
+    defaults = {"models": list(DDP_MODELS), "ngpus": [2, 4], "buckets": [25, 100, 400, 800], "wrap": "ddp",
                 "lanes": [1, 2, 4, 8], "inflight": 8, "total": _size("2G"), "seed": 0}
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -913,7 +905,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--minbytes", type=size, default="8", help="smallest size (default 8)")
     p.add_argument("-e", "--maxbytes", type=size, default="256M", help="largest size (default 256M)")
     p.add_argument("-f", "--stepfactor", type=_int(2), default=2, help="size multiplier, at least 2 (default 2)")
-    p.add_argument("-d", "--dtype", default="float", choices=SECURE_DTYPES)
+    p.add_argument("-d", "--dtype", default="float", choices=list(SECURE_DTYPES))
     p.add_argument("-n", "--iters", type=_int(1), default=20)
     p.add_argument("-w", "--warmup", type=_int(0), default=5)
     p.add_argument("-g", "--ngpus", type=_int(2), help="ranks, at least 2 (default: every GPU)")
@@ -931,7 +923,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "greedy decode under sync/async/staged/drain scheduling; kv: prefix-reuse churn through a "
                        "KV cache with a host tier (TTFT, spill and restore bytes, hit rates per store threshold)")
     p.add_argument("what", choices=["ddp", "cipher", "net", "decode", "kv"])
-    p.add_argument("--models", nargs="+", choices=SECURE_MODELS, help="ddp: models (default all three)")
+    p.add_argument("--models", nargs="+", choices=DDP_MODELS, help="ddp: models (default all three)")
     p.add_argument("--ngpus", type=_int(2), nargs="+", help="ddp: world sizes, each at least 2 (default 2 4)")
     p.add_argument("--buckets", type=_int(1), nargs="+",
                    help="ddp: bucket_cap_mb sweep for the encrypted runs (default 25 100 400 800)")
@@ -949,7 +941,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="net: sockets (each with a thread) per connection to compare (default 1 2 4 8; at most 16)")
     p.add_argument("--inflight", type=_int(1), help="net: messages in flight (default 8, as NCCL's steps)")
     p.add_argument("--total", type=size, help="net: bytes moved per measurement (default 2G)")
-    p.add_argument("--model", choices=DECODE_MODELS, help="decode, kv: model shape, random weights (default llama-1b; kv on CUDA: qwen2.5-3b, "
+    p.add_argument("--model", choices=list(DECODE_PRESETS), help="decode, kv: model shape, random weights (default llama-1b; kv on CUDA: qwen2.5-3b, "
                         "the published setup's)")
     p.add_argument("--checkpoint", metavar="DIR", help="decode: a local Hugging Face model folder (config.json, "
                                                        "*.safetensors) read by ccbridge's loader, instead of --model")
