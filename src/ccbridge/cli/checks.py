@@ -1,0 +1,35 @@
+"""Checks that collectives and the benchmarks share, made before any work starts."""
+
+from __future__ import annotations
+
+import sys
+
+from ccbridge import ui
+from ccbridge.errors import UsageError
+
+
+def secure_ready(cmd: str, args) -> bool:
+    """The arguments first (they need no GPU), then torch and GPUs."""
+    if args.maxbytes < args.minbytes:
+        raise UsageError(f"-e/--maxbytes ({args.maxbytes}) is smaller than -b/--minbytes ({args.minbytes})")
+    if args.json:
+        ui.writable_file(args.json, "--json")
+    try:
+        import torch  # (deferred: torch, a heavy optional dependency, only once the arguments are good)
+    except ImportError:
+        print(f"ccbridge {cmd}: needs torch (pip install torch)", file=sys.stderr)
+        return False
+    if not torch.cuda.is_available():
+        print(f"ccbridge {cmd}: needs NVIDIA GPUs; torch sees none", file=sys.stderr)
+        return False
+    return True
+
+
+def plugin_built() -> None:
+    """The ccbridge NCCL net plugin is built (a command that loads it says so before it starts)."""
+    from ccbridge.secure import netplugin  # (deferred: ccbridge.secure's key providers, 40 ms of start-up)
+
+    try:
+        netplugin.library()
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
