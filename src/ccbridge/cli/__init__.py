@@ -21,7 +21,7 @@ def build_parser() -> Parser:
     ap = Parser(prog="ccbridge", description="Measure the CPU<->GPU bridge of GPU confidential computing.")
     ap.add_argument("--version", action="version", version=f"ccbridge {__version__}")
     # dest "command": a subcommand's own arguments must not reuse the name (run's program did).
-    sub = ap.add_subparsers(dest="command", required=True)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for group in GROUPS:
         group.add_parsers(sub)
     return ap

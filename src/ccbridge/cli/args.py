@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 
 from ccbridge.errors import UsageError
 
+WIDTH = 120  # columns of --help, at most (a narrower terminal: its own)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    def __init__(self, prog, **kw):
+        kw.setdefault("width", min(shutil.get_terminal_size().columns, WIDTH) - 2)  # argparse's own margin
+        super().__init__(prog, **kw)
+
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose errors read like every other: one line `ccbridge CMD: reason`, exit 2.
-    Subcommands' parsers (and theirs) are of this class too: add_subparsers makes them of the parent's."""
+    """argparse whose errors read like every other: one line `ccbridge CMD: reason`, exit 2, and whose --help
+    fits WIDTH. Subcommands' parsers (and theirs) are of this class too: add_subparsers makes them the parent's."""
+
+    def __init__(self, *args, **kw):
+        kw.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kw)
 
     def error(self, message):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
@@ -76,6 +89,17 @@ def _float_ge0(text: str) -> float:
 
 
 float_ge0 = checked(_float_ge0)
+
+
+class Distinct(argparse.Action):
+    """A list option whose values each make a row or a run: a value given twice, which would make two rows of
+    one key, is refused (`--batch 1 is given twice`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        twice = [v for i, v in enumerate(values) if v in values[:i]]
+        if twice:
+            raise argparse.ArgumentError(None, f"{'/'.join(self.option_strings)} {twice[0]} is given twice")
+        setattr(namespace, self.dest, values)
 
 
 def what_if(args, default: str | None = None):

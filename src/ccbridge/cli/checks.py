@@ -8,12 +8,16 @@ from ccbridge import ui
 from ccbridge.errors import UsageError
 
 
-def secure_ready(cmd: str, args) -> bool:
-    """The arguments first (they need no GPU), then torch and GPUs."""
+def sizes_in_order(args) -> None:
+    """-b/--minbytes no larger than -e/--maxbytes."""
     if args.maxbytes < args.minbytes:
         raise UsageError(f"-e/--maxbytes ({args.maxbytes}) is smaller than -b/--minbytes ({args.minbytes})")
-    if args.json:
-        ui.writable_file(args.json, "--json")
+
+
+def gpus_ready(cmd: str, json_path: str | None) -> bool:
+    """The --json file can be written (that needs no GPU), then torch and GPUs are there."""
+    if json_path:
+        ui.writable_file(json_path, "--json")
     try:
         import torch  # (deferred: torch, a heavy optional dependency, only once the arguments are good)
     except ImportError:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ccbridge.choices import SECURE_DTYPES
 from ccbridge.cli.args import command, integer, size
-from ccbridge.cli.checks import plugin_built, secure_ready
+from ccbridge.cli.checks import gpus_ready, plugin_built, sizes_in_order
 from ccbridge.errors import UsageError
 
 
@@ -16,7 +16,8 @@ def cmd_collectives(args) -> int:
         raise UsageError("--net compares NCCL's own transports: it takes neither --backend gloo nor --transport")
     if args.net:
         plugin_built()
-    if not secure_ready("collectives", args):
+    sizes_in_order(args)
+    if not gpus_ready("collectives", args.json):
         return 2
     from ccbridge.secure import bench
 
