@@ -124,7 +124,7 @@ def cmd_calibrate(args) -> int:
         """One probe run, natively or under the profile; its result, checked."""
         cmd = launcher.python_cmd("probe", "--tests", tests, "--device", str(args.device),
                                   *([] if args.full else ["--quick"]), "--out", str(folder))
-        rc = subprocess.call(cmd) if kind == "native" else launcher.run(prof, cmd)
+        rc = subprocess.call(cmd) if kind == "native" else launcher.run(calibrate.probe_profile(prof), cmd)
         if not (folder / "result.json").exists():
             raise UsageError(f"the {kind} probe run exited with status {rc} and wrote no result (its message is above)")
         return calibrate.check_side(results.load(folder / "result.json"), kind, prof, f"the {kind} probe run")
