@@ -1,6 +1,7 @@
 """ccbridge.ranks, the one launcher of rank processes, on gloo CPU ranks: every failure of a rank (it raises, dies by
-exit or signal, hangs past its user's limit, ends without an answer) is one line naming it, with no hang, no process
-left behind and the caller's environment untouched."""
+exit or signal, hangs past its user's limit, ends without an answer) is one line naming it, through each of its
+users' entry points (serve.tp, the peer family's settings), with no hang, no process left behind and the caller's
+environment untouched."""
 
 import os
 import re
@@ -14,6 +15,7 @@ import torch.distributed as dist  # noqa: E402
 
 from ccbridge import ranks  # noqa: E402
 from ccbridge.errors import GpuError, SecureError  # noqa: E402
+from ccbridge.serve import tp  # noqa: E402
 
 HANG_S = 8  # each user's stall or overall limit when a rank hangs (a rank's start takes a few seconds here)
 LIMIT_S = 120  # and when none should: a failure must be seen at once, not at the limit
@@ -67,12 +69,16 @@ def _fail(rank, n, dev, send, kind):
     return rank
 
 
+def _tp(kind, limit_s):
+    return tp.run_ranks(2, _fail, kind, device="cpu", stall_s=limit_s)
+
+
 def _peer(kind, limit_s):
     # the peer family's rendezvous (a file) and overall deadline, on gloo ranks (its measurements need CUDA)
     return ranks.run(2, _fail, kind, label="all_reduce", backend="gloo", rendezvous="file", timeout_s=limit_s)
 
 
-USERS = {"peer": (_peer, "all_reduce", "not all answered within")}
+USERS = {"tp": (_tp, "tensor-parallel", "none spoke for"), "peer": (_peer, "all_reduce", "not all answered within")}
 WHAT = {"raise": "rank 1 of 2 failed: ValueError: boom", "exit": "rank 1 of 2 died (exit status 3) without a word",
         "kill": f"rank 1 of 2 died (signal {signal.SIGKILL.value}) without a word",
         "quiet": "rank 1 of 2 ended (exit status 0) without a word"}
