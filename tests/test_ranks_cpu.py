@@ -1,7 +1,7 @@
 """ccbridge.ranks, the one launcher of rank processes, on gloo CPU ranks: every failure of a rank (it raises, dies by
 exit or signal, hangs past its user's limit, ends without an answer) is one line naming it, through each of its
-users' entry points (serve.tp, the peer family's settings), with no hang, no process left behind and the caller's
-environment untouched."""
+users' entry points (serve.tp, the peer family's settings, secure.bench's collectives and DDP), with no hang, no
+process left behind and the caller's environment untouched."""
 
 import os
 import re
@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch", reason="process groups need torch")
 import torch.distributed as dist  # noqa: E402
 
 from ccbridge import ranks  # noqa: E402
-from ccbridge.errors import GpuError, SecureError  # noqa: E402
+from ccbridge.errors import CCBridgeError, GpuError, SecureError  # noqa: E402
+from ccbridge.secure import bench  # noqa: E402
 from ccbridge.serve import tp  # noqa: E402
 
 HANG_S = 8  # each user's stall or overall limit when a rank hangs (a rank's start takes a few seconds here)
@@ -69,6 +70,12 @@ def _fail(rank, n, dev, send, kind):
     return rank
 
 
+def _bench_fail(rank, n, kind, say):
+    """secure.bench's rank shape: it joins its group itself, as under torchrun."""
+    bench._init(rank, n, "gloo", secure=False)
+    return _fail(rank, n, None, say, kind)
+
+
 def _tp(kind, limit_s):
     return tp.run_ranks(2, _fail, kind, device="cpu", stall_s=limit_s)
 
@@ -78,7 +85,12 @@ def _peer(kind, limit_s):
     return ranks.run(2, _fail, kind, label="all_reduce", backend="gloo", rendezvous="file", timeout_s=limit_s)
 
 
-USERS = {"tp": (_tp, "tensor-parallel", "none spoke for"), "peer": (_peer, "all_reduce", "not all answered within")}
+def _bench(kind, limit_s):  # limit_s: bench.STALL_S, which the test sets
+    return bench.launch(_bench_fail, 2, kind, label="collectives")
+
+
+USERS = {"tp": (_tp, "tensor-parallel", "none spoke for"), "peer": (_peer, "all_reduce", "not all answered within"),
+         "bench": (_bench, "collectives", "none spoke for")}
 WHAT = {"raise": "rank 1 of 2 failed: ValueError: boom", "exit": "rank 1 of 2 died (exit status 3) without a word",
         "kill": f"rank 1 of 2 died (signal {signal.SIGKILL.value}) without a word",
         "quiet": "rank 1 of 2 ended (exit status 0) without a word"}
@@ -86,10 +98,11 @@ WHAT = {"raise": "rank 1 of 2 failed: ValueError: boom", "exit": "rank 1 of 2 di
 
 @pytest.mark.parametrize("kind", ["raise", "exit", "hang", "quiet"])
 @pytest.mark.parametrize("user", USERS)
-def test_a_failing_rank_is_one_line_naming_it(user, kind, clean):
+def test_a_failing_rank_is_one_line_naming_it(user, kind, clean, monkeypatch):
     """Each user's ranks, each failure: the rank's own line, or (hanging) the user's limit's, at once and alone."""
     run, label, stalled = USERS[user]
     limit_s = HANG_S if kind == "hang" else LIMIT_S
+    monkeypatch.setattr(bench, "STALL_S", limit_s)
     with pytest.raises(GpuError) as e:
         run(kind, limit_s)
     if kind == "hang":  # rank 0 has answered, unless the ranks' start took the limit
@@ -162,3 +175,20 @@ def test_what_cannot_reach_a_rank_fails_before_any_starts(clean):
         ranks.run(2, lambda *a: None, label="test")
     with pytest.raises(ValueError, match="rendezvous must be one of tcp, file"):
         ranks.run(2, _no_group, label="test", rendezvous="env")
+
+
+def test_the_ddp_bench_rank_failure_is_one_line(clean):
+    """secure.bench's DDP ranks on gloo: a model no rank knows fails every rank, and the first is named."""
+    pytest.importorskip("transformers", reason="bench ddp's models other than resnet50 come from transformers")
+    with pytest.raises(CCBridgeError, match=r"^ddp bench rank [01] of 2 failed: ValueError: unknown model nothing "):
+        bench.launch(bench._ddp_rank, 2, ["nothing"], [("plain", 25)], 1, 0, "gloo", label="ddp bench")
+
+
+def test_the_collectives_bench_answers_through_the_launcher(clean, monkeypatch, capfd):
+    """Rank 0's progress lines are printed by the parent as they come; the benchmark key is the ranks' alone."""
+    monkeypatch.delenv("CCBRIDGE_KEY", raising=False)
+    monkeypatch.setenv("CCBRIDGE_PROGRESS", "1")
+    res = bench.launch(bench._collectives_rank, 2, "all_reduce", [64, 4096], "float", 1, 0, "gloo", False)
+    assert [r["size"] for r in res["rows"]] == [64, 4096] and all(r["wrong_plain"] == 0 for r in res["rows"])
+    out = capfd.readouterr().out.splitlines()
+    assert len(out) == 5 and out[3].split()[:3] == ["64", "16", "float"], out
