@@ -1,7 +1,7 @@
 """ccbridge.ranks, the one launcher of rank processes, on gloo CPU ranks: every failure of a rank (it raises, dies by
 exit or signal, hangs past its user's limit, ends without an answer) is one line naming it, through each of its
-users' entry points (serve.tp, the peer family's settings, secure.bench's collectives and DDP), with no hang, no
-process left behind and the caller's environment untouched."""
+users' entry points (serve.tp, the peer family's settings, secure.bench's collectives and DDP, the net bench), with
+no hang, no process left behind and the caller's environment untouched."""
 
 import os
 import re
@@ -192,3 +192,35 @@ def test_the_collectives_bench_answers_through_the_launcher(clean, monkeypatch, 
     assert [r["size"] for r in res["rows"]] == [64, 4096] and all(r["wrong_plain"] == 0 for r in res["rows"])
     out = capfd.readouterr().out.splitlines()
     assert len(out) == 5 and out[3].split()[:3] == ["64", "16", "float"], out
+
+
+def test_the_net_bench_runs_its_pair_through_the_launcher(clean, monkeypatch):
+    from ccbridge.secure import netbench, netplugin
+
+    try:
+        netplugin.library()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    monkeypatch.delenv("CCBRIDGE_KEY", raising=False)
+    monkeypatch.delenv("CCBRIDGE_KEY_FILE", raising=False)
+    lines = []
+    res = netbench.loopback([1 << 16], [1, 2], inflight=4, total=1 << 20, repeat=2, rtt_sizes=(8,), rtt_iters=10,
+                            progress=lines.append)
+    assert not res.errors and res.settings["interface"] == "lo"
+    assert [(r.metric, r.params.get("lanes", r.params.get("streams")), r.n) for r in res.rows] == [
+        (m, n, 2) for n in (1, 2) for m in ("stream", "tcp_plaintext", "half_rtt")]
+    assert len(lines) == 6 and "ping-pong" in lines[2]
+
+
+def test_a_net_bench_process_that_fails_is_one_line(clean, monkeypatch):
+    from ccbridge.secure import netbench, netplugin
+
+    try:
+        netplugin.library()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    monkeypatch.setenv("CCBRIDGE_KEY", "not hex")
+    with pytest.raises(SecureError) as e:
+        netbench.loopback([1 << 16], [1], total=1 << 20, repeat=1, rtt_sizes=(), progress=lambda _: None)
+    assert str(e.value).startswith(("net bench rank 0 of 2 failed: NetError: ", "net bench rank 1 of 2 failed: "))
+    assert "\n" not in str(e.value)
