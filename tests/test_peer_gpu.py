@@ -146,10 +146,11 @@ def test_sendrecv_ring_on_every_gpu_is_exact_and_gives_latency_and_bandwidth_row
 
 
 @pytest.mark.gpu
-def test_nvls_stays_off_in_the_ranks_unless_the_caller_chose(need_gpu, monkeypatch, tmp_path):
-    """On shared machines NVLink multicast must stay off: the ranks set NCCL_NVLS_ENABLE=0 when it is unset,
-    and NCCL's own log says so (a one-rank communicator reads it too)."""
-    monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
+def test_nvls_stays_off_in_the_ranks_whatever_the_caller_chose(need_gpu, monkeypatch, tmp_path):
+    """On shared machines NVLink multicast must stay off: the ranks run with NCCL_NVLS_ENABLE=0 even where the
+    caller's environment turns it on (ccbridge.ranks), and NCCL's own log says so (a one-rank communicator reads it
+    too)."""
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
     monkeypatch.setenv("NCCL_DEBUG", "INFO")
     monkeypatch.setenv("NCCL_DEBUG_FILE", str(tmp_path / "nccl.%h.%p.log"))
     peer.run_ranks([0], peer.Plan("all_reduce", (4096,), (), ops=2, reps=1))

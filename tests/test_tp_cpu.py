@@ -189,7 +189,7 @@ def test_ranks_answer_in_one_group(monkeypatch):
     monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
     seen = []
     got = tp.run_ranks(2, _answer, device="cpu", on_message=lambda r, obj: seen.append((r, obj)))
-    assert got == [(0, 3.0, "0"), (1, 3.0, "0")]  # NVLink multicast off in the ranks unless chosen
+    assert got == [(0, 3.0, "0"), (1, 3.0, "0")]  # NVLink multicast off in the ranks
     assert sorted(r for r, _ in seen) == [0, 1]
     assert all(obj[1] == max(1, (os.cpu_count() or 1) // 2) for _, obj in seen)
 

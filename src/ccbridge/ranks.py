@@ -62,7 +62,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def first_line(e: BaseException) -> str:
+def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [""])[0][:400]
 
 
@@ -130,7 +130,7 @@ def rank_main(link: Connection) -> None:
         _send(link, ("done", out))
     except BaseException as e:  # noqa: BLE001 - every failure goes to the parent as one line
         try:
-            _send(link, ("error", (type(e).__name__, first_line(e), time.monotonic())))
+            _send(link, ("error", (type(e).__name__, _first_line(e), time.monotonic())))
         except OSError:
             pass  # the parent is gone: nobody to tell
         sys.exit(1)  # SystemExit: no traceback printed
