@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the tensor-parallel bench needs torch")
 
-from ccbridge import cli, results  # noqa: E402
+from ccbridge import cli, ranks, results  # noqa: E402
 from ccbridge.errors import GpuError, UsageError  # noqa: E402
 from ccbridge.serve import decode, tp  # noqa: E402
 
@@ -189,7 +189,7 @@ def test_ranks_answer_in_one_group(monkeypatch):
     monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
     seen = []
     got = tp.run_ranks(2, _answer, device="cpu", on_message=lambda r, obj: seen.append((r, obj)))
-    assert got == [(0, 3.0, "0"), (1, 3.0, "0")]  # NVLink multicast off in the ranks unless chosen
+    assert got == [(0, 3.0, "0"), (1, 3.0, "0")]  # NVLink multicast off in the ranks
     assert sorted(r for r, _ in seen) == [0, 1]
     assert all(obj[1] == max(1, (os.cpu_count() or 1) // 2) for _, obj in seen)
 
@@ -204,9 +204,9 @@ def test_a_rank_that_raises_is_one_line_and_no_hang():
 
 
 def test_a_ccbridge_error_in_a_rank_keeps_its_class():
-    e = tp._rank_error(1, 2, "UsageError", "--tp 2: no")
+    e = ranks.rank_error("tensor-parallel", 1, 2, "UsageError", "--tp 2: no")
     assert type(e) is UsageError and str(e) == "tensor-parallel rank 1 of 2: --tp 2: no"
-    e = tp._rank_error(0, 2, "OSError", "disk full")
+    e = ranks.rank_error("tensor-parallel", 0, 2, "OSError", "disk full")
     assert type(e) is GpuError and str(e) == "tensor-parallel rank 0 of 2 failed: OSError: disk full"
 
 

@@ -19,11 +19,10 @@ from ccbridge.errors import EmulatorError, UsageError
 from ccbridge.emulate import native_floor
 from ccbridge.emulate.siteboot import ccbridge_sites
 from ccbridge.emulate.profiles import Profile
+from ccbridge.ranks import NVLS_OFF  # what a job sees under a profile without NVLS, as every rank ccbridge starts
 
 CONFIG_VAR = "CCBRIDGE_EMU_CONFIG"
 TRACE_MAX = 512  # the interposer's trace path buffer (emu.h), with its terminating NUL
-# What a job sees under a profile without NVLS: NVLink multicast off in each library that would use it.
-NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def library() -> str:

@@ -7,21 +7,18 @@ their toll), and `graph`, the same N ops captured into one CUDA graph and replay
 where `ccbridge calibrate` compares the published toll); bandwidth at 256 MiB and 1 GiB as nccl-tests defines it.
 Every rank checks every sample exactly: random integers 1..15 (no zeros, so a missed contribution shows),
 restored before each sample, each op on its own buffer, sums exact in float32.
-One process per GPU, spawned (never fork a CUDA process); ranks inherit the environment, so an emulator's
-preload applies to every rank. Rank 0's times make the rows.
+One process per GPU, started by ccbridge.ranks (never a fork of a CUDA process); ranks inherit the environment,
+so an emulator's preload applies to every rank. Rank 0's times make the rows.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import queue as queue_mod
 import statistics
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
 
+from ccbridge import busbw, ranks
 from ccbridge.errors import GpuError
 from ccbridge.probe._torch import event_time_ms
 from ccbridge.probe.registry import test
@@ -81,11 +78,6 @@ class Plan:
     large: tuple[int, ...]
     ops: int
     reps: int
-
-
-def bus_factor(op: str, world: int) -> float:
-    """nccl-tests' bus bandwidth over algorithm bandwidth: all_reduce 2(n-1)/n; send/recv 1."""
-    return 2 * (world - 1) / world if op == "all_reduce" else 1.0
 
 
 class _Case:
@@ -178,63 +170,20 @@ def _measure(torch, dist, plan: Plan, rank: int, world: int) -> dict:
     return out
 
 
-def _rank(rank: int, devices: list[int], init_file: str, plan: Plan, answers) -> None:
-    # never NVLink multicast unless the caller chose: on shared machines it can take the host's GPUs down
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    try:
-        import torch
-        import torch.distributed as dist
+def _rank(rank: int, world: int, dev, send, plan: Plan) -> dict:
+    """One rank, on its GPU and in its NCCL group (ccbridge.ranks joined them): its measurements."""
+    import torch  # deferred: torch (the probe registry imports this module where torch may be missing)
+    import torch.distributed as dist
 
-        if not 0 <= devices[rank] < torch.cuda.device_count():  # torch would only fail at the first op, if at all
-            raise GpuError(f"GPU {devices[rank]} is not visible ({torch.cuda.device_count()} GPUs)")
-        torch.cuda.set_device(devices[rank])
-        dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=len(devices))
-        try:
-            answers.put((rank, "ok", _measure(torch, dist, plan, rank, len(devices))))
-        finally:
-            dist.destroy_process_group()
-    except Exception as e:
-        answers.put((rank, "error", f"{type(e).__name__}: {e}"))
+    return _measure(torch, dist, plan, rank, world)
 
 
 def run_ranks(devices: list[int], plan: Plan, timeout_s: float = RANK_TIMEOUT_S) -> dict:
-    """Run `plan` on one spawned rank per device (rank r on devices[r]); rank 0's measurements, or a GpuError
-    naming the first rank that failed, died or did not answer in time."""
-    mpc = mp.get_context("spawn")
-    answers = mpc.Queue()
-    got: dict[int, tuple[str, object]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        procs = [mpc.Process(target=_rank, args=(r, devices, os.path.join(tmp, "init"), plan, answers), daemon=True)
-                 for r in range(len(devices))]
-        for p in procs:
-            p.start()
-        try:
-            deadline = time.monotonic() + timeout_s
-            while len(got) < len(procs):
-                try:
-                    r, status, payload = answers.get(timeout=2)
-                    got[r] = (status, payload)
-                    if status == "error":
-                        raise GpuError(f"{plan.op} rank {r}: {payload}")
-                    continue
-                except queue_mod.Empty:
-                    pass
-                # a rank that exited flushed its answer first: one that died without one is a failure
-                dead = [r for r, p in enumerate(procs) if p.exitcode is not None and r not in got]
-                if dead and answers.empty():
-                    raise GpuError(f"{plan.op} rank {dead[0]} exited with status {procs[dead[0]].exitcode} "
-                                   "without an answer")
-                if time.monotonic() > deadline:
-                    raise GpuError(f"{plan.op} ranks did not answer within {timeout_s:.0f} s "
-                                   f"(answered: {sorted(got) or 'none'})")
-        finally:
-            ok = len(got) == len(procs) and all(s == "ok" for s, _ in got.values())
-            for p in procs:
-                p.join(timeout=60 if ok else 0)  # a failed rank's peers may wait in a collective forever
-                if p.is_alive():
-                    p.terminate()
-                    p.join()
-    return got[0][1]
+    """Run `plan` on one rank per device, started by ccbridge.ranks (rank r on devices[r], one NCCL group met
+    through a file); rank 0's measurements, or a GpuError naming the first rank that failed, died or did not
+    answer in time."""
+    return ranks.run(len(devices), _rank, plan, label=plan.op, backend="nccl", devices=devices, rendezvous="file",
+                     timeout_s=timeout_s)[0]
 
 
 def rows(test_id: str, op: str, payload: dict, world: int, ops: int) -> list[Row]:
@@ -246,10 +195,10 @@ def rows(test_id: str, op: str, payload: dict, world: int, ops: int) -> list[Row
             r.extra.update(ops_per_sample=ops, note=MODE_NOTE[mode])
             out.append(r)
     for nbytes, ms in payload["large"].items():
-        r = Row.of(test_id, "busbw", "GB/s", [nbytes / (t * 1e-3) / 1e9 * bus_factor(op, world) for t in ms],
+        r = Row.of(test_id, "busbw", "GB/s", [nbytes / (t * 1e-3) / 1e9 * busbw.factor(op, world) for t in ms],
                    bytes=nbytes, ranks=world)
-        r.extra.update(time_us=statistics.median(ms) * 1e3, note="nccl-tests' bus bandwidth: bytes / time x "
-                       + ("2(n-1)/n" if op == "all_reduce" else "1"))
+        r.extra.update(time_us=statistics.median(ms) * 1e3,
+                       note=f"nccl-tests' bus bandwidth: bytes / time x {busbw.formula(op)}")
         out.append(r)
     return out
 

@@ -2,33 +2,27 @@
 (plaintext torch.distributed vs ccbridge.secure, side by side) and DDP
 training iterations plain vs encrypted.
 
-Both spawn one process per GPU (or run as one rank under torchrun when
-RANK/WORLD_SIZE are set). Data are random small integers stored in the
-tensor's dtype, so sums are exact in any order and #wrong counts real errors.
+Both run one process per GPU, started by ccbridge.ranks (or run as one rank
+under torchrun when RANK/WORLD_SIZE are set). Data are random small integers
+stored in the tensor's dtype, so sums are exact in any order and #wrong counts
+real errors.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import socket
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
-from ccbridge import choices
+from ccbridge import busbw, choices, ranks
 from ccbridge.probe._torch import event_time_ms
 from ccbridge.secure import keys as keymod
 
-BUSBW = {  # nccl-tests' bus bandwidth factors
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-}
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+STALL_S = 600.0  # no word from any rank this long: stuck (rank 0 speaks after each size or each model's mode)
 DTYPES = {name: getattr(torch, dtype) for name, dtype in choices.SECURE_DTYPES.items()}
 
 
@@ -38,12 +32,6 @@ def sizes(begin: int, end: int, factor: int) -> list[int]:
         out.append(s)
         s *= factor
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 NETS = {"socket": "Socket", "ccbridge": "ccbridge"}  # --net name -> NCCL_NET
@@ -67,16 +55,6 @@ def transport_env(transport: str) -> dict:
     return out
 
 
-@contextlib.contextmanager
-def _restored_environ():
-    saved = dict(os.environ)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
 def _nccl_log_env(d: str) -> dict:
     return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET", "NCCL_DEBUG_FILE": os.path.join(d, "nccl.%h.%p.log")}
 
@@ -93,31 +71,30 @@ def _nets_in_logs(d: str) -> list[str]:
     return sorted(found)
 
 
-def launch(fn, nproc: int, *args, env: dict | None = None):
-    """Run fn(rank, nproc, *args) on nproc spawned ranks; returns rank 0's result."""
+def launch(fn, nproc: int, *args, env: dict | None = None, label: str = "bench"):
+    """fn(rank, nproc, *args) as this torchrun rank (RANK and WORLD_SIZE set), or on nproc ranks started by
+    ccbridge.ranks with `env` on top of this process's environment: rank 0's result. A started rank joins its group
+    as a torchrun rank does (_init, env://), at a free port of 127.0.0.1; rank 0's progress lines are printed here
+    as they come. label names the ranks in errors."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return fn(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), *args)
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    os.environ.update(env or {})
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(_free_port())
-    os.environ.setdefault(keymod.ENV_VAR, os.urandom(32).hex())  # a benchmark key, shared by the spawned ranks
-    with tempfile.TemporaryDirectory() as d:
-        out = os.path.join(d, "rank0.json")
-        mp.spawn(_rank_main, args=(nproc, fn, out, args), nprocs=nproc, join=True)
-        with open(out) as f:
-            return json.load(f)
+    env = {**(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ranks.free_port())}
+    if keymod.ENV_VAR not in os.environ:  # a benchmark key, shared by the ranks
+        env.setdefault(keymod.ENV_VAR, os.urandom(32).hex())
+    return ranks.run(nproc, _started, fn, *args, label=label, env=env,
+                     on_message=lambda rank, line: _show(line), stall_s=STALL_S)[0]
 
 
-def _rank_main(rank, nproc, fn, out, args):
-    os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"] = str(rank), str(nproc), str(rank)
-    res = fn(rank, nproc, *args)
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(res, f)
+def _show(line: str | None) -> None:
+    """Rank 0's progress: a line to print, or None (a sign of life alone)."""
+    if line is not None:
+        print(line, flush=True)
+
+
+def _started(rank, n, dev, send, fn, *args):
+    """A rank started by launch(): fn as under torchrun, its progress lines sent to the parent."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank))  # this rank's own environment
+    return fn(rank, n, *args, say=send)
 
 
 def _init(rank: int, n: int, backend: str, secure: bool = True):
@@ -199,9 +176,11 @@ def _time(fn, iters: int, warmup: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def _collectives_rank(rank, n, op, size_list, dtype_name, iters, warmup, backend, secure=True):
+def _collectives_rank(rank, n, op, size_list, dtype_name, iters, warmup, backend, secure=True, say=_show):
     """Times NCCL (and, when secure, the SecureGroup) per size; every result is checked
-    element by element against the exact expected value, before the timed loops."""
+    element by element against the exact expected value, before the timed loops. Rank 0
+    says each size's row, or None with CCBRIDGE_PROGRESS=0 (say: _show, or launch()'s
+    parent's, for whom it is a sign of life either way)."""
     g = _init(rank, n, backend, secure)
     dtype, dev = DTYPES[dtype_name], g.device if secure else _device()
     rows = []
@@ -219,7 +198,7 @@ def _collectives_rank(rank, n, op, size_list, dtype_name, iters, warmup, backend
         # possible for in-place ops, so all_reduce/broadcast time on evolving data
         t_plain = _time(lambda: _op(dist, op, out, inp), iters, warmup)
         size = max(out.numel(), inp.numel()) * out.element_size()
-        f = BUSBW[op](n)
+        f = busbw.factor(op, n)
         row.update({"size": size, "count": max(out.numel(), inp.numel()), "type": dtype_name,
                     "plain_us": t_plain * 1e6, "plain_algbw": size / t_plain / 1e9,
                     "plain_busbw": size / t_plain / 1e9 * f})
@@ -228,8 +207,9 @@ def _collectives_rank(rank, n, op, size_list, dtype_name, iters, warmup, backend
             row.update({"secure_us": t_sec * 1e6, "secure_algbw": size / t_sec / 1e9,
                         "secure_busbw": size / t_sec / 1e9 * f})
         rows.append(row)
-        if rank == 0 and os.environ.get("CCBRIDGE_PROGRESS", "1") == "1":
-            print(render_collectives([row], header=len(rows) == 1), flush=True)
+        if rank == 0:
+            say(render_collectives([row], header=len(rows) == 1)
+                if os.environ.get("CCBRIDGE_PROGRESS", "1") == "1" else None)
     dist.barrier()
     dist.destroy_process_group()
     return {"op": op, "nranks": n, "backend": backend, "rows": rows}
@@ -242,8 +222,8 @@ def collectives(op: str, begin: int, end: int, factor: int, dtype: str = "float"
     beside ccbridge.secure's encrypted collectives. With net="ccbridge": NCCL on its
     plaintext socket transport beside the same NCCL on the ccbridge net plugin
     (AES-256-GCM on the wire), each run's NCCL log checked for the network it used."""
-    if op not in BUSBW:
-        raise ValueError(f"op must be one of {', '.join(BUSBW)}")
+    if op not in OPS:
+        raise ValueError(f"op must be one of {', '.join(OPS)}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
     nproc = nproc or torch.cuda.device_count()
@@ -251,7 +231,8 @@ def collectives(op: str, begin: int, end: int, factor: int, dtype: str = "float"
         raise RuntimeError(f"collectives need at least 2 GPUs; this machine has {torch.cuda.device_count()}")
     size_list = sizes(begin, end, factor)
     if net is None:
-        res = launch(_collectives_rank, nproc, op, size_list, dtype, iters, warmup, backend, env=transport_env(transport))
+        res = launch(_collectives_rank, nproc, op, size_list, dtype, iters, warmup, backend,
+                     env=transport_env(transport), label="collectives")
         res.update(transport=transport, encrypted="ccbridge.secure")
         return res
     if net != "ccbridge" or backend != "nccl":
@@ -263,9 +244,8 @@ def collectives(op: str, begin: int, end: int, factor: int, dtype: str = "float"
         with tempfile.TemporaryDirectory() as d:
             if os.environ.get("CCBRIDGE_PROGRESS", "1") == "1":
                 print(f"# NCCL on {'its plaintext sockets' if t == 'sockets' else 'the ccbridge net plugin'}", flush=True)
-            with _restored_environ():  # launch() sets the transport's variables for the spawned ranks
-                runs[t] = launch(_collectives_rank, nproc, op, size_list, dtype, iters, warmup, backend, False,
-                                 env={**transport_env(t), **_nccl_log_env(d)})
+            runs[t] = launch(_collectives_rank, nproc, op, size_list, dtype, iters, warmup, backend, False,
+                             env={**transport_env(t), **_nccl_log_env(d)}, label="collectives")
             runs[t]["nets"] = _nets_in_logs(d)
     if NETS["ccbridge"] not in runs["ccbridge"]["nets"]:
         raise RuntimeError(f"NCCL's log does not show the ccbridge plugin in use (networks: {runs['ccbridge']['nets']})")
@@ -366,9 +346,10 @@ def _grads_agree(model) -> bool:
     return all(torch.equal(every[0], e) for e in every)
 
 
-def _ddp_rank(rank, n, models, plan, iters, warmup, backend, wrap="ddp"):
+def _ddp_rank(rank, n, models, plan, iters, warmup, backend, wrap="ddp", say=_show):
     """plan: (mode, bucket_cap_mb) pairs; mode "secure" adds ccbridge.secure's hook,
-    any other mode is NCCL as configured (its name says which transport)."""
+    any other mode is NCCL as configured (its name says which transport). Rank 0 says
+    each row's line (say: _show, or launch()'s parent's)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ccbridge.secure import allreduce_hook
@@ -414,8 +395,8 @@ def _ddp_rank(rank, n, models, plan, iters, warmup, backend, wrap="ddp"):
                          "losses": [float(x) for x in losses]})
             if rank == 0:
                 r = rows[-1]
-                print(f"{name:>11} n={n} {wrap} {mode:>13} bucket {cap or '-':>4} MB: {r['iter_ms']:8.1f} ms/iter"
-                      + ("" if agree in (True, None) else "  GRADIENTS DIFFER ACROSS RANKS"), flush=True)
+                say(f"{name:>11} n={n} {wrap} {mode:>13} bucket {cap or '-':>4} MB: {r['iter_ms']:8.1f} ms/iter"
+                    + ("" if agree in (True, None) else "  GRADIENTS DIFFER ACROSS RANKS"))
             del model
         del base
         torch.cuda.empty_cache()
@@ -436,7 +417,7 @@ def ddp(models: list[str], nproc: int, buckets: list[int], iters: int = 10, warm
         if wrap != "ddp":
             raise ValueError("--wrap fsdp goes with --net ccbridge (ccbridge.secure's hook is for DDP)")
         res = launch(_ddp_rank, nproc, models, [("plain", 25)] + [("secure", b) for b in buckets], iters, warmup,
-                     backend)
+                     backend, label="ddp bench")
         compare_losses(res["rows"])
         return res
     import tempfile
@@ -444,9 +425,8 @@ def ddp(models: list[str], nproc: int, buckets: list[int], iters: int = 10, warm
     rows, nets = [], {}
     for t in ("sockets", "ccbridge"):
         with tempfile.TemporaryDirectory() as d:
-            with _restored_environ():
-                r = launch(_ddp_rank, nproc, models, [(f"nccl-{t}", 25 if wrap == "ddp" else None)], iters, warmup,
-                           backend, wrap, env={**transport_env(t), **_nccl_log_env(d)})
+            r = launch(_ddp_rank, nproc, models, [(f"nccl-{t}", 25 if wrap == "ddp" else None)], iters, warmup,
+                       backend, wrap, env={**transport_env(t), **_nccl_log_env(d)}, label="ddp bench")
             nets[t] = _nets_in_logs(d)
             rows += r["rows"]
     if NETS["ccbridge"] not in nets["ccbridge"]:

@@ -1,22 +1,24 @@
 """`ccbridge bench net`: the NCCL net plugin's own loopback stream between two
-processes, driven through its v11 API as NCCL's proxy thread drives it (no
-GPU, no NCCL): encrypted GB/s per message size and lane count with the cores
-the plugin's threads used on each side, and the half round trip of small
-messages. Received bytes are checked against what was sent (first and last
-round of every measurement, by memcmp against patterns made before the clock
-starts).
+processes (started by ccbridge.ranks, linked by a socket of their own), driven
+through its v11 API as NCCL's proxy thread drives it (no GPU, no NCCL):
+encrypted GB/s per message size and lane count with the cores the plugin's
+threads used on each side, and the half round trip of small messages.
+Received bytes are checked against what was sent (first and last round of
+every measurement, by memcmp against patterns made before the clock starts).
 """
 
 from __future__ import annotations
 
 import ctypes
-import multiprocessing as mp
 import os
 import random
 import resource
+import tempfile
 import time
+from multiprocessing.connection import Client, Connection, Listener
 
-from ccbridge.errors import UsageError
+from ccbridge import ranks
+from ccbridge.errors import SecureError, UsageError
 from ccbridge.results import Result, Row
 from ccbridge.secure import netplugin
 
@@ -197,27 +199,95 @@ def _pingpong(side: _Side, first: bool, size: int, iters: int) -> float:
     return (time.perf_counter() - t0) / iters / 2 * 1e6
 
 
-def _rank(pipe, rank: int, plan: list[tuple]):
-    try:
-        lanes = None
-        side = None
-        for what, lanes_now, size, inflight, amount, repeat in plan:
-            if lanes_now != lanes:
-                if side:
-                    side.close()
-                side, lanes = _Side(pipe, lanes_now), lanes_now
-            for _ in range(repeat):
-                if what == "stream":
-                    r = _stream(side, rank == 0, size, inflight, amount)
-                    pipe.send(("stream", r))
-                elif what == "tcp":
-                    pipe.send(("tcp", _tcp_stream(pipe, rank == 0, size, lanes_now, amount)))
-                else:
-                    pipe.send(("rtt", _pingpong(side, rank == 0, size, amount)))
-        side.close()
-        pipe.send(("end", None))
-    except Exception as e:  # noqa: BLE001 - reported by the parent as one line
-        pipe.send(("error", f"{type(e).__name__}: {e}"))
+def _meet(rank: int, path: str) -> Connection:
+    """The link to the other process, a Unix socket at `path` (in the parent's private folder): rank 0 listens,
+    rank 1 calls until it answers. The two agree on each step over it (the plugin's handles, the TCP baseline's
+    port, "ready"); their results go to the parent."""
+    if rank == 0:
+        with Listener(path, family="AF_UNIX") as ls:
+            return ls.accept()
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        try:
+            return Client(path, family="AF_UNIX")
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the other bench process did not listen") from None
+            time.sleep(0.01)
+
+
+def _rank(rank: int, n: int, dev, send, plan: list[tuple], meet: str) -> None:
+    """One of the two bench processes (ccbridge.ranks started it, no process group): rank 0 sends, rank 1
+    receives; each result goes to the parent through send."""
+    pipe = _meet(rank, meet)
+    lanes = None
+    side = None
+    for what, lanes_now, size, inflight, amount, repeat in plan:
+        if lanes_now != lanes:
+            if side:
+                side.close()
+            side, lanes = _Side(pipe, lanes_now), lanes_now
+        for _ in range(repeat):
+            if what == "stream":
+                send(("stream", _stream(side, rank == 0, size, inflight, amount)))
+            elif what == "tcp":
+                send(("tcp", _tcp_stream(pipe, rank == 0, size, lanes_now, amount)))
+            else:
+                send(("rtt", _pingpong(side, rank == 0, size, amount)))
+    side.close()
+
+
+class _Rows:
+    """The two processes' results, paired in plan order (each sends one per repeat of each step): a row, and its
+    progress line, as soon as both gave every repeat of a step."""
+
+    def __init__(self, plan: list[tuple], progress):
+        self.plan, self.progress = list(plan), progress
+        self.got: tuple[list, list] = ([], [])
+        self.rows: list[Row] = []
+
+    def take(self, rank: int, msg: tuple) -> None:
+        self.got[rank].append(msg[1])
+        while len(self.rows) < len(self.plan) and min(map(len, self.got)) >= self.plan[len(self.rows)][5]:
+            rep = self.plan[len(self.rows)][5]
+            pairs = list(zip(self.got[0][:rep], self.got[1][:rep]))
+            del self.got[0][:rep], self.got[1][:rep]
+            self.rows.append(self._row(self.plan[len(self.rows)], pairs))
+        if len(self.rows) == len(self.plan) and any(self.got):
+            raise netplugin.NetError("bench", -1, "a bench process ran past the plan")
+
+    def _row(self, step: tuple, pairs: list[tuple]) -> Row:
+        what, n, size, infl, _, _ = step
+        samples, extra = [], {"plugin_cores_send": [], "plugin_cores_recv": [], "bad": 0}
+        for v0, v1 in pairs:
+            if what in ("stream", "tcp"):
+                samples.append(v1["bytes"] / v1["wall"] / 1e9)
+                extra["plugin_cores_send"].append(round(v0["plugin_cores"], 2))
+                extra["plugin_cores_recv"].append(round(v1["plugin_cores"], 2))
+                extra["bad"] += v1["bad"]
+            else:
+                samples.append(v0)
+        if what == "tcp":
+            row = Row.of("net_loopback", "tcp_plaintext", "GB/s", samples, size=size, streams=n)
+            row.extra = {"cores_send": extra["plugin_cores_send"], "cores_recv": extra["plugin_cores_recv"]}
+            self.progress(f"  plain TCP {size:>7} B streams {n:>2}: {row.median:6.2f} GB/s (no encryption: this "
+                          f"kernel's loopback; Python threads)")
+        elif what == "stream":
+            row = Row.of("net_loopback", "stream", "GB/s", samples, size=size, lanes=n, inflight=infl)
+            # the cost per byte, which a loaded machine's wall clock does not blur: CPU-seconds of the
+            # plugin's threads per GB moved (cores / GB/s), the median over the repeats, per side
+            for side in ("send", "recv"):
+                per = sorted(c / g for c, g in zip(extra[f"plugin_cores_{side}"], samples) if g > 0)
+                extra[f"cpu_s_per_gb_{side}"] = round(per[len(per) // 2], 3) if per else None
+            row.extra = extra
+            self.progress(f"  stream {size:>10} B  lanes {n:>2}: {row.median:6.2f} GB/s  plugin cores "
+                          f"send {max(extra['plugin_cores_send']):.1f} recv {max(extra['plugin_cores_recv']):.1f}  "
+                          f"CPU-s/GB send {extra['cpu_s_per_gb_send']} recv {extra['cpu_s_per_gb_recv']}"
+                          + ("  WRONG BYTES" if extra["bad"] else ""))
+        else:
+            row = Row.of("net_loopback", "half_rtt", "us", samples, size=size, lanes=n)
+            self.progress(f"  ping-pong {size:>7} B  lanes {n:>2}: {row.median:7.1f} us per one-way trip")
+        return row
 
 
 def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int = 2 << 30, repeat: int = 3,
@@ -229,82 +299,27 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
         raise UsageError("--lanes: each between 1 and 16")
     if inflight > 32:  # the plugin holds NCCL_NET_MAX_REQUESTS; more would wait out the deadline
         raise UsageError(f"--inflight: at most 32, the plugin's requests per connection (got {inflight})")
+    env = {"NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}  # the two processes', not this one's
     if os.environ.get("CCBRIDGE_KEY") is None and os.environ.get("CCBRIDGE_KEY_FILE") is None:
-        os.environ["CCBRIDGE_KEY"] = os.urandom(32).hex()  # a benchmark key for both processes
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        env["CCBRIDGE_KEY"] = os.urandom(32).hex()  # a benchmark key for both processes
     netplugin.library()
     plan = []  # grouped by lane count: each group uses one pair of connections
     for n in lanes:
         plan += [("stream", n, s, inflight, total, repeat) for s in sizes]
         plan += [("tcp", n, max(sizes), 0, total, repeat)] if tcp_baseline else []
         plan += [("rtt", n, s, 0, rtt_iters, repeat) for s in rtt_sizes]
-    ctx = mp.get_context("spawn")
-    a, b = ctx.Pipe(), ctx.Pipe()
-    procs = [ctx.Process(target=_rank, args=(p[1], r, plan), daemon=True) for r, p in enumerate((a, b))]
-    for p in procs:
-        p.start()
-    ends = [a[0], b[0]]
     res = Result(env=envmod.stamp(), settings={"bench": "net", "inflight": inflight, "total_bytes": total,
                                                 "repeat": repeat, "spin_us": os.environ.get("CCBRIDGE_NET_SPIN_US"),
-                                                "interface": os.environ["NCCL_SOCKET_IFNAME"]})
+                                                "interface": env["NCCL_SOCKET_IFNAME"]})
     t_start = time.perf_counter()
-
-    def take(end):
-        if not end.poll(DEADLINE_S * 2):
-            raise TimeoutError("a bench process stopped answering")
-        got = end.recv()
-        if isinstance(got, tuple) and got[0] == "error":
-            raise netplugin.NetError("bench", -1, got[1])
-        return got
-
-    try:
-        lanes_now = None
-        for what, n, size, infl, amount, rep in plan:
-            if n != lanes_now:  # the two handles cross over
-                h0, h1 = take(a[0]), take(b[0])
-                a[0].send(h1), b[0].send(h0)
-                lanes_now = n
-            samples, extra = [], {"plugin_cores_send": [], "plugin_cores_recv": [], "bad": 0}
-            for _ in range(rep):
-                r0, r1 = take(a[0]), take(b[0])  # "ready", or what the peer needs (the TCP baseline's port)
-                a[0].send(r1), b[0].send(r0)
-                (_, v0), (_, v1) = take(a[0]), take(b[0])
-                if what in ("stream", "tcp"):
-                    samples.append(v1["bytes"] / v1["wall"] / 1e9)
-                    extra["plugin_cores_send"].append(round(v0["plugin_cores"], 2))
-                    extra["plugin_cores_recv"].append(round(v1["plugin_cores"], 2))
-                    extra["bad"] += v1["bad"]
-                else:
-                    samples.append(v0)
-            if what == "tcp":
-                row = Row.of("net_loopback", "tcp_plaintext", "GB/s", samples, size=size, streams=n)
-                row.extra = {"cores_send": extra["plugin_cores_send"], "cores_recv": extra["plugin_cores_recv"]}
-                progress(f"  plain TCP {size:>7} B streams {n:>2}: {row.median:6.2f} GB/s (no encryption: this "
-                         f"kernel's loopback; Python threads)")
-            elif what == "stream":
-                row = Row.of("net_loopback", "stream", "GB/s", samples, size=size, lanes=n, inflight=infl)
-                # the cost per byte, which a loaded machine's wall clock does not blur: CPU-seconds of the
-                # plugin's threads per GB moved (cores / GB/s), the median over the repeats, per side
-                for side in ("send", "recv"):
-                    per = sorted(c / g for c, g in zip(extra[f"plugin_cores_{side}"], samples) if g > 0)
-                    extra[f"cpu_s_per_gb_{side}"] = round(per[len(per) // 2], 3) if per else None
-                row.extra = extra
-                progress(f"  stream {size:>10} B  lanes {n:>2}: {row.median:6.2f} GB/s  plugin cores "
-                         f"send {max(extra['plugin_cores_send']):.1f} recv {max(extra['plugin_cores_recv']):.1f}  "
-                         f"CPU-s/GB send {extra['cpu_s_per_gb_send']} recv {extra['cpu_s_per_gb_recv']}"
-                         + ("  WRONG BYTES" if extra["bad"] else ""))
-            else:
-                row = Row.of("net_loopback", "half_rtt", "us", samples, size=size, lanes=n)
-                progress(f"  ping-pong {size:>7} B  lanes {n:>2}: {row.median:7.1f} us per one-way trip")
-            res.rows.append(row)
-        for e in ends:
-            if take(e)[0] != "end":
-                raise netplugin.NetError("bench", -1, "a bench process ran past the plan")
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+    got = _Rows(plan, progress)
+    with tempfile.TemporaryDirectory(prefix="ccbridge-net-") as d:
+        # two processes, no process group: they meet over their own socket, which no parent relays
+        ranks.run(2, _rank, plan, os.path.join(d, "meet"), label="net bench", env=env, on_message=got.take,
+                  stall_s=2 * DEADLINE_S, failure=SecureError)
+    if len(got.rows) < len(plan):
+        raise netplugin.NetError("bench", -1, "a bench process stopped before the end of the plan")
+    res.rows = got.rows
     res.duration_s = time.perf_counter() - t_start
     if any(r.extra.get("bad") for r in res.rows):
         res.errors.append({"test": "net_loopback", "error": "received bytes differ from the sent ones"})

@@ -14,8 +14,8 @@ all-reduces per layer per step. Embeddings, norms and lm_head stay replicated (t
 logits, hence the greedy token, are computed whole on every rank from the same all-reduced hidden state),
 so TP=1 and TP=N compute the same function up to the order of the sums.
 
-Ranks: multiprocessing's spawn context, rank r on cuda:r over NCCL (gloo ranks in float32 on
---device cpu, so CI tests TP=2 without a GPU), MASTER at 127.0.0.1 on a free port. --tp 1 runs the same
+Ranks: one process each, started by ccbridge.ranks, rank r on cuda:r over NCCL (gloo ranks in float32 on
+--device cpu, so CI tests TP=2 without a GPU), meeting at 127.0.0.1 on a free port. --tp 1 runs the same
 code (a one-rank group, its all-reduces NCCL's too) so one GPU tests the path; natively it measures what
 the single-GPU bench does, but under an emulator profile its one-rank all-reduces are charged the
 per-operation toll as every NCCL operation is (the cost of the split's code, not of one GPU). Each (batch, mode) runs as
@@ -35,19 +35,14 @@ says nothing for STALL_S is stopped rather than waited for.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import queue
-import sys
 import time
-from datetime import timedelta
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ccbridge import errors
+from ccbridge import ranks
 from ccbridge.emulate import trace as emu_trace
 from ccbridge.errors import GpuError, UsageError
 from ccbridge.serve import decode
@@ -55,8 +50,6 @@ from ccbridge.serve import decode
 TEST = "decode_tp"  # rows' test name: not decode's, whose readers (advise) key its rows by batch and mode alone
 MAX_CPU_RANKS = 4  # gloo ranks on --device cpu: enough to test a split, few enough for a CI runner
 STALL_S = 600.0  # no word from any rank this long: stuck (a build of llama-8b or one (batch, mode) takes far less)
-POLL_S = 0.2  # how often the parent looks at its ranks while none speaks
-GRACE_S = 3.0  # after a rank's failure, how long the others may take to say (or show) theirs
 _SPLIT = (("num_attention_heads", "attention heads"), ("num_key_value_heads", "key-value heads"),
           ("intermediate_size", "MLP intermediate features"))
 
@@ -147,117 +140,15 @@ def shard(model, rank: int, n: int):
     return model
 
 
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0][:400]
-
-
-def _rank_main(rank: int, n: int, port: int, device: str, timeout_s: float, q, target, args) -> None:
-    """A spawned rank: join the group, run target, hand its answer (or its error, one line) to the parent."""
-    # never NVLink multicast unless the caller chose it: on shared machines it can take the host's GPUs down,
-    # and a CC B300 tenant has none (bridge law, section 6)
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    try:
-        dev = torch.device(device)
-        if dev.type == "cuda":
-            torch.cuda.set_device(rank)
-            dev = torch.device("cuda", rank)
-        else:  # CPU ranks share the host's cores: n ranks of all-core thread pools would fight over them
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // n))
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                rank=rank, world_size=n, timeout=timedelta(seconds=timeout_s))
-        out = target(rank, n, dev, lambda obj: q.put((rank, "msg", obj)), *args)
-        dist.destroy_process_group()  # on success only: a failed group's peers may wait in a collective
-        q.put((rank, "done", out))
-    except BaseException as e:  # noqa: BLE001 - every failure goes to the parent as one line
-        q.put((rank, "error", (type(e).__name__, _first_line(e))))
-        sys.exit(1)  # SystemExit: no traceback printed; the queue is flushed on the way out
-
-
-def _rank_error(rank: int, n: int, name: str, text: str) -> errors.CCBridgeError:
-    cls = getattr(errors, name, None)
-    if isinstance(cls, type) and issubclass(cls, errors.CCBridgeError):
-        return cls(f"tensor-parallel rank {rank} of {n}: {text}")
-    return GpuError(f"tensor-parallel rank {rank} of {n} failed: {name}: {text}")
-
-
-def _failure(procs: list, failed: dict, q, on_message) -> errors.CCBridgeError:
-    """The error to raise once a rank failed. The others get GRACE_S to speak or end first: a rank that died
-    without a word is then the cause (its peers' errors are a lost connection), else the first error sent."""
-    deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline and any(p.exitcode is None and r not in failed for r, p in enumerate(procs)):
-        try:
-            rank, kind, body = q.get(timeout=POLL_S)
-        except queue.Empty:
-            continue
-        if kind == "error":
-            failed.setdefault(rank, body)
-        elif kind == "msg":
-            on_message(rank, body)
-    n = len(procs)
-    for r, p in enumerate(procs):
-        if p.exitcode not in (None, 0) and r not in failed:
-            how = f"signal {-p.exitcode}" if p.exitcode < 0 else f"exit status {p.exitcode}"
-            return GpuError(f"tensor-parallel rank {r} of {n} died ({how}) without a word")
-    rank, (name, text) = next(iter(failed.items()))
-    return _rank_error(rank, n, name, text)
-
-
-def _stop(procs: list, grace_s: float) -> None:
-    for p in procs:
-        p.join(timeout=grace_s)
-        if p.is_alive():
-            p.terminate()
-            p.join(timeout=5)
-        if p.is_alive():
-            p.kill()
-            p.join()
-
-
 def run_ranks(n: int, target: Callable, *args, device: str = "cpu", on_message: Callable = lambda rank, obj: None,
-              stall_s: float | None = None) -> list:
-    """target(rank, n, dev, send, *args) on n spawned ranks in one process group (rank r on cuda:r over NCCL,
-    or gloo on the CPU); their return values, by rank. send(obj) in a rank calls on_message(rank, obj) here.
-    target and args must pickle (a module-level function). The first error in any rank is raised here as
-    one line (a ccbridge error keeps its class, anything else is a GpuError) and the other ranks are
-    stopped; so are all of them when a rank dies without a word or none speaks for stall_s seconds."""
-    from ccbridge.secure.bench import _free_port
-
-    stall_s = STALL_S if stall_s is None else stall_s
-    ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, n, port, device, stall_s, q, target, args),
-                         name=f"ccbridge-tp-rank{r}", daemon=True) for r in range(n)]
-    for p in procs:
-        p.start()
-    done: dict[int, object] = {}
-    failed: dict[int, tuple[str, str]] = {}  # rank -> its error (class name, line), in arrival order
-    ok = False
-    try:
-        heard = time.monotonic()
-        while len(done) < n:
-            try:
-                rank, kind, body = q.get(timeout=POLL_S)
-            except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise _failure(procs, failed, q, on_message) from None
-                if time.monotonic() - heard > stall_s:
-                    raise GpuError(f"tensor-parallel ranks: none spoke for {stall_s:g} s (answered: "
-                                   f"{sorted(done) or 'none'} of {n}); stopped them") from None
-                continue
-            heard = time.monotonic()
-            if kind == "error":
-                failed[rank] = body
-                raise _failure(procs, failed, q, on_message)
-            if kind == "done":
-                done[rank] = body
-            else:
-                on_message(rank, body)
-        ok = True
-    finally:
-        _stop(procs, grace_s=60 if ok else 0)
-        q.close()
-    return [done[r] for r in range(n)]
+              stall_s: float = STALL_S) -> list:
+    """target(rank, n, dev, send, *args) on n tensor-parallel ranks started by ccbridge.ranks: rank r on cuda:r over
+    NCCL, or gloo ranks on the CPU, meeting at a free port; their return values, by rank. send(obj) in a rank calls
+    on_message(rank, obj) here. A rank's failure is one line (its class kept when it is ccbridge's, else a
+    GpuError); ranks that say nothing for stall_s seconds are stopped."""
+    cuda = torch.device(device).type == "cuda"
+    return ranks.run(n, target, *args, label="tensor-parallel", backend="nccl" if cuda else "gloo",
+                     devices=list(range(n)) if cuda else None, on_message=on_message, stall_s=stall_s)
 
 
 def _agree(runs: list, dev) -> int:

@@ -1,0 +1,226 @@
+"""ccbridge.ranks, the one launcher of rank processes, on gloo CPU ranks: every failure of a rank (it raises, dies by
+exit or signal, hangs past its user's limit, ends without an answer) is one line naming it, through each of its
+users' entry points (serve.tp, the peer family's settings, secure.bench's collectives and DDP, the net bench), with
+no hang, no process left behind and the caller's environment untouched."""
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="process groups need torch")
+import torch.distributed as dist  # noqa: E402
+
+from ccbridge import ranks  # noqa: E402
+from ccbridge.errors import CCBridgeError, GpuError, SecureError  # noqa: E402
+from ccbridge.secure import bench  # noqa: E402
+from ccbridge.serve import tp  # noqa: E402
+
+HANG_S = 8  # each user's stall or overall limit when a rank hangs (a rank's start takes a few seconds here)
+LIMIT_S = 120  # and when none should: a failure must be seen at once, not at the limit
+
+
+def _children() -> set[int]:
+    """This process's live children (zombies are not: nothing runs there)."""
+    out = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+        except OSError:
+            continue
+        if int(ppid) == os.getpid() and state != "Z":
+            out.add(int(pid))
+    return out
+
+
+@pytest.fixture
+def clean():
+    """The test's call must leave no child running and os.environ as it found it, and not take long."""
+    def environ():
+        return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}  # pytest's own, per phase
+
+    before, env, t0 = _children(), environ(), time.monotonic()
+    yield
+    assert time.monotonic() - t0 < 60
+    assert _children() <= before, "a rank was left running"
+    assert environ() == env, "the caller's environment changed"
+
+
+# Rank targets: module level, so that the started ranks can import them.
+def _fail(rank, n, dev, send, kind):
+    """Rank 1 fails as `kind` says once every rank has joined; rank 0 then waits on it in a collective (or, for
+    "hang", has answered)."""
+    dist.barrier()
+    if rank == 1:
+        if kind == "raise":
+            raise ValueError("boom\nsecond line")
+        if kind == "exit":
+            os._exit(3)
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "hang":
+            time.sleep(600)
+        if kind == "quiet":
+            os._exit(0)  # ends well, without an answer
+    if kind != "hang":
+        dist.all_reduce(torch.ones(1))
+    return rank
+
+
+def _bench_fail(rank, n, kind, say):
+    """secure.bench's rank shape: it joins its group itself, as under torchrun."""
+    bench._init(rank, n, "gloo", secure=False)
+    return _fail(rank, n, None, say, kind)
+
+
+def _tp(kind, limit_s):
+    return tp.run_ranks(2, _fail, kind, device="cpu", stall_s=limit_s)
+
+
+def _peer(kind, limit_s):
+    # the peer family's rendezvous (a file) and overall deadline, on gloo ranks (its measurements need CUDA)
+    return ranks.run(2, _fail, kind, label="all_reduce", backend="gloo", rendezvous="file", timeout_s=limit_s)
+
+
+def _bench(kind, limit_s):  # limit_s: bench.STALL_S, which the test sets
+    return bench.launch(_bench_fail, 2, kind, label="collectives")
+
+
+USERS = {"tp": (_tp, "tensor-parallel", "none spoke for"), "peer": (_peer, "all_reduce", "not all answered within"),
+         "bench": (_bench, "collectives", "none spoke for")}
+WHAT = {"raise": "rank 1 of 2 failed: ValueError: boom", "exit": "rank 1 of 2 died (exit status 3) without a word",
+        "kill": f"rank 1 of 2 died (signal {signal.SIGKILL.value}) without a word",
+        "quiet": "rank 1 of 2 ended (exit status 0) without a word"}
+
+
+@pytest.mark.parametrize("kind", ["raise", "exit", "hang", "quiet"])
+@pytest.mark.parametrize("user", USERS)
+def test_a_failing_rank_is_one_line_naming_it(user, kind, clean, monkeypatch):
+    """Each user's ranks, each failure: the rank's own line, or (hanging) the user's limit's, at once and alone."""
+    run, label, stalled = USERS[user]
+    limit_s = HANG_S if kind == "hang" else LIMIT_S
+    monkeypatch.setattr(bench, "STALL_S", limit_s)
+    with pytest.raises(GpuError) as e:
+        run(kind, limit_s)
+    if kind == "hang":  # rank 0 has answered, unless the ranks' start took the limit
+        assert re.fullmatch(rf"{label} ranks: {stalled} {HANG_S} s \(answered: (\[0\]|none) of 2\); stopped them",
+                            str(e.value)), str(e.value)
+    else:
+        assert str(e.value) == f"{label} {WHAT[kind]}"
+
+
+def test_a_rank_killed_by_a_signal_is_named_with_it(clean):
+    with pytest.raises(GpuError) as e:
+        _peer("kill", LIMIT_S)
+    assert str(e.value) == f"all_reduce {WHAT['kill']}"
+
+
+def _answer(rank, n, dev, send, var):
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    send(("hello", rank))
+    send(("threads", torch.get_num_threads()))
+    return rank, float(t), str(dev), {k: os.environ.get(k) for k in [*ranks.NVLS_OFF, var, "MASTER_PORT"]}
+
+
+@pytest.mark.parametrize("rendezvous", ranks.RENDEZVOUS)
+def test_ranks_answer_by_rank_with_their_environment_and_multicast_off(rendezvous, clean, monkeypatch):
+    """The caller's NCCL_NVLS_ENABLE=1 does not reach the ranks (nor does its absence of the others); `env` does,
+    without touching os.environ; each rank's messages arrive in order."""
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")
+    monkeypatch.delenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", raising=False)
+    seen = []
+    got = ranks.run(2, _answer, "CCB_RANKS_TEST", label="test", backend="gloo", rendezvous=rendezvous,
+                    env={"CCB_RANKS_TEST": "yes", "NCCL_NVLS_ENABLE": "1"}, on_message=lambda r, m: seen.append((r, m)))
+    env = {**ranks.NVLS_OFF, "CCB_RANKS_TEST": "yes", "MASTER_PORT": None}
+    assert got == [(0, 3.0, "cpu", env), (1, 3.0, "cpu", env)]
+    for r in (0, 1):
+        assert [m for rank, m in seen if rank == r] == [("hello", r), ("threads", max(1, (os.cpu_count() or 1) // 2))]
+
+
+def _no_group(rank, n, dev, send):
+    return rank, dev, dist.is_initialized()
+
+
+def test_ranks_without_a_group(clean):
+    assert ranks.run(3, _no_group, label="test") == [(r, None, False) for r in range(3)]
+
+
+def _chatty(rank, n, dev, send):
+    while True:
+        send("tick")
+        time.sleep(0.2)
+
+
+def test_ranks_that_talk_but_never_answer_are_stopped_at_the_deadline(clean):
+    heard = []
+    with pytest.raises(GpuError, match=rf"^test ranks: not all answered within {HANG_S} s \(answered: none of 2\); "
+                                       r"stopped them$"):
+        ranks.run(2, _chatty, label="test", on_message=lambda r, m: heard.append(r), timeout_s=HANG_S)
+    assert {0, 1} <= set(heard)
+
+
+def test_a_ccbridge_error_keeps_its_class_and_the_caller_may_name_the_others():
+    e = ranks.rank_error("net bench", 0, 2, "KeyMaterialError", "no key")
+    assert type(e).__name__ == "KeyMaterialError" and str(e) == "net bench rank 0 of 2: no key"
+    e = ranks.rank_error("net bench", 0, 2, "NetError", "init returned NCCL error 2", failure=SecureError)
+    assert type(e) is SecureError and str(e) == "net bench rank 0 of 2 failed: NetError: init returned NCCL error 2"
+
+
+def test_what_cannot_reach_a_rank_fails_before_any_starts(clean):
+    with pytest.raises(Exception, match="pickle|local object"):
+        ranks.run(2, lambda *a: None, label="test")
+    with pytest.raises(ValueError, match="rendezvous must be one of tcp, file"):
+        ranks.run(2, _no_group, label="test", rendezvous="env")
+
+
+def test_the_ddp_bench_rank_failure_is_one_line(clean):
+    """secure.bench's DDP ranks on gloo: a model no rank knows fails every rank, and the first is named."""
+    pytest.importorskip("transformers", reason="bench ddp's models other than resnet50 come from transformers")
+    with pytest.raises(CCBridgeError, match=r"^ddp bench rank [01] of 2 failed: ValueError: unknown model nothing "):
+        bench.launch(bench._ddp_rank, 2, ["nothing"], [("plain", 25)], 1, 0, "gloo", label="ddp bench")
+
+
+def test_the_collectives_bench_answers_through_the_launcher(clean, monkeypatch, capfd):
+    """Rank 0's progress lines are printed by the parent as they come; the benchmark key is the ranks' alone."""
+    monkeypatch.delenv("CCBRIDGE_KEY", raising=False)
+    monkeypatch.setenv("CCBRIDGE_PROGRESS", "1")
+    res = bench.launch(bench._collectives_rank, 2, "all_reduce", [64, 4096], "float", 1, 0, "gloo", False)
+    assert [r["size"] for r in res["rows"]] == [64, 4096] and all(r["wrong_plain"] == 0 for r in res["rows"])
+    out = capfd.readouterr().out.splitlines()
+    assert len(out) == 5 and out[3].split()[:3] == ["64", "16", "float"], out
+
+
+def test_the_net_bench_runs_its_pair_through_the_launcher(clean, monkeypatch):
+    from ccbridge.secure import netbench, netplugin
+
+    try:
+        netplugin.library()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    monkeypatch.delenv("CCBRIDGE_KEY", raising=False)
+    monkeypatch.delenv("CCBRIDGE_KEY_FILE", raising=False)
+    lines = []
+    res = netbench.loopback([1 << 16], [1, 2], inflight=4, total=1 << 20, repeat=2, rtt_sizes=(8,), rtt_iters=10,
+                            progress=lines.append)
+    assert not res.errors and res.settings["interface"] == "lo"
+    assert [(r.metric, r.params.get("lanes", r.params.get("streams")), r.n) for r in res.rows] == [
+        (m, n, 2) for n in (1, 2) for m in ("stream", "tcp_plaintext", "half_rtt")]
+    assert len(lines) == 6 and "ping-pong" in lines[2]
+
+
+def test_a_net_bench_process_that_fails_is_one_line(clean, monkeypatch):
+    from ccbridge.secure import netbench, netplugin
+
+    try:
+        netplugin.library()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    monkeypatch.setenv("CCBRIDGE_KEY", "not hex")
+    with pytest.raises(SecureError) as e:
+        netbench.loopback([1 << 16], [1], total=1 << 20, repeat=1, rtt_sizes=(), progress=lambda _: None)
+    assert str(e.value).startswith(("net bench rank 0 of 2 failed: NetError: ", "net bench rank 1 of 2 failed: "))
+    assert "\n" not in str(e.value)
