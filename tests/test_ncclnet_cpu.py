@@ -790,7 +790,7 @@ def test_lanes_and_close_are_race_free_under_thread_sanitizer(tmp_path):
     src = Path(__file__).resolve().parent.parent / "src" / "ccbridge" / "native"
     lib = tmp_path / "libnccl-net-ccbridge-tsan.so"
     subprocess.run([gcc, "-fsanitize=thread", "-g", "-O1", "-std=gnu11", "-fvisibility=hidden", "-shared", "-fPIC",
-                    "-o", str(lib), *sorted(str(p) for p in (src / "ncclnet").glob("*.c")), str(src / "ossl.c"),
+                    "-o", str(lib), *sorted(str(p) for p in (src / "ncclnet").glob("*.c")), str(src / "common" / "ossl.c"),
                     "-ldl", "-lpthread"], check=True)
     log = tmp_path / "tsan"
     env = {**os.environ, "CCBRIDGE_KEY": KEY, "NCCL_SOCKET_IFNAME": "lo", "LD_PRELOAD": tsan,
