@@ -9,7 +9,6 @@ pool and the GPU AES-GCM host side) exports the CCB_API declarations of its
 parts' headers (core/core.h, loader/loader.h, gcm/gcm.h) and nothing else.
 """
 
-import ctypes
 import importlib.util
 import re
 import shutil
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ccbridge.bindings import emu
 from ccbridge.emulate import launcher
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "ccbridge"
@@ -43,8 +43,7 @@ def marked(header: Path, macro: str) -> set[str]:
 
 def test_emulator_exports_only_its_hooks_dlsym_and_its_declared_api():
     path = launcher.library()
-    lib = ctypes.CDLL(path)
-    lib.ccbemu_hook_name.restype = ctypes.c_char_p
+    lib = emu.load(path)
     hooks = set()
     while (name := lib.ccbemu_hook_name(len(hooks))) is not None:
         hooks.add(name.decode())

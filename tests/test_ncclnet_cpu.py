@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from ccbridge.bindings import ncclnet
 from ccbridge.secure import keys, netplugin
 
 DEADLINE = 60.0
@@ -32,7 +33,7 @@ LANES_OFF = 52  # net_handle.nlanes
 
 R = ctypes.c_int
 P = ctypes.c_void_p
-Net11, Props11 = netplugin.Net11, netplugin.Props11
+Net11, Props11 = ncclnet.Net11, ncclnet.Props11
 
 
 class Net(netplugin.Net):
