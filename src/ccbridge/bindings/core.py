@@ -127,13 +127,15 @@ class Session:
     def verify(self, nbytes: int) -> None:
         _check(lib().ccb_verify(self.handle, nbytes))
 
-    def copy(self, direction: str, nbytes: int, iters: int, nstreams: int = 1, sync_every: int = 0) -> tuple[CopyOut, list[float]]:
+    def copy(self, direction: str, nbytes: int, iters: int, nstreams: int = 1,
+             sync_every: int = 0) -> tuple[CopyOut, list[float]]:
         """iters copies over nstreams streams; with sync_every=k, all streams are
         waited for after every k copies and each wait gives one sample (ns)."""
         groups = iters // sync_every if sync_every else 0
         samples = (c_double * max(groups, 1))()
         out = CopyOut()
-        _check(lib().ccb_copy(self.handle, DIRS[direction], nbytes, nstreams, iters, sync_every, samples, ctypes.byref(out)))
+        _check(lib().ccb_copy(self.handle, DIRS[direction], nbytes, nstreams, iters, sync_every, samples,
+                              ctypes.byref(out)))
         return out, list(samples[:groups])
 
     def launch(self, mode: int, n: int) -> float:

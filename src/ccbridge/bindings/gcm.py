@@ -22,7 +22,7 @@ FUNCTIONS = {
     "ccb_gcm_msg": (c_int, [c_void_p, c_void_p, _U64, c_uint32, c_char_p, c_char_p]),
     "ccb_gcm_raw_msg": (c_int, [c_void_p, c_void_p, _U64, c_char_p, c_char_p, _U64]),
     "ccb_gcm_model": (c_int, [c_void_p, c_void_p, c_int, c_void_p, c_void_p, c_void_p]),
-    "ccb_gcm_load": (c_int, [c_int, c_char_p]),
+    "ccb_gcm_load": (c_int, [c_int, c_void_p]),
     "ccb_gcm_crypt": (c_int, [c_uint, c_void_p, _U64, c_void_p, c_int, _U64, _U64, _U64, _U64]),
     "ccb_gcm_reduce": (c_int, [c_uint, c_void_p, _U64, c_void_p, c_void_p, c_int] + [_U64] * 7),
 }

@@ -54,12 +54,12 @@ def _skipped():
 
 _SKIP, _STDLIB = _skipped()
 # the emulator's ctypes binding, loaded by its path: this interpreter may not have ccbridge to import
-_BINDING = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "bindings", "emu.py")
+EMU_BINDING = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "bindings", "emu.py")
 
 
 def _site_slot_fn(lib):
     """The interposer's ccbemu_site_slot (declared by bindings/emu.py) in the library at lib."""
-    spec = importlib.util.spec_from_file_location("ccbridge_sites_emu_binding", _BINDING)
+    spec = importlib.util.spec_from_file_location("ccbridge_sites_emu_binding", EMU_BINDING)
     binding = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(binding)
     return binding.function(lib, "ccbemu_site_slot")
