@@ -57,6 +57,7 @@ def status(environ: dict[str, str] | None = None) -> dict:
 
 # ---- the plugin's v11 API, as NCCL's proxy thread drives it (declared in ccbridge.bindings.ncclnet) ----
 
+
 class NetError(SecureError):
     """A plugin call returned an NCCL error code (the plugin logged why)."""
 
@@ -73,7 +74,8 @@ class Net:
     def __init__(self, lib_path: str | None = None):
         self.lib, self.t = ncclnet.load(str(lib_path or library()))
         self.logs: list[tuple[int, str]] = []
-        self._log = ncclnet.LOGGER(lambda lvl, flags, f, line, fmt, msg: self.logs.append((lvl, (msg or b"").decode())))
+        self._log = ncclnet.LOGGER(lambda lvl, flags, f, line, fmt, msg:
+                                   self.logs.append((lvl, (msg or b"").decode())))
         self.ctx = ctypes.c_void_p()
         self.rc = self.t.init(ctypes.byref(self.ctx), 7, None, ctypes.cast(self._log, ctypes.c_void_p), None)
 
