@@ -12,10 +12,10 @@ def write_trace(prefix, lines, pid=1, profile="passthrough", emulate=0, ranks=8)
     """A trace file as the interposer writes it; lines: (t_enter_us, dur_us, api, kind, dir, mem, bytes, stream_us, toll_us).
     Collective lines carry the communicator's size and an all-reduce's ring bus bytes, 2(n-1)/n x bytes."""
     rows = [f"# ccbridge trace schema {trace.SCHEMA}, profile {profile}, emulate {emulate}", ",".join(trace.COLUMNS)]
-    for t, dur, api, kind, d, m, n, sw, tl in lines:
+    for t, dur, api, kind, d, m, n, sw, tl, *graph in lines:  # graph: capture or replay (collectives)
         mgpu = f"{ranks},{2 * (ranks - 1) * n // ranks}" if kind == "collective" else ","
         rows.append(f"{int(t * 1e3)},{int((t + dur) * 1e3)},7,,,{api},{kind},{d},{m},{n},0,{int(sw * 1e3)},"
-                    f"{int(tl * 1e3)},0,,{mgpu}")
+                    f"{int(tl * 1e3)},0,,{mgpu},{graph[0] if graph else ''}")
     (prefix.parent / f"{prefix.name}.{pid}.csv").write_text("\n".join(rows) + "\n")
 
 
@@ -221,3 +221,85 @@ def test_gpu_time_no_wait_grew_by_is_not_slowdown(tmp_path):
     assert ar.moved_ms == 0 and ar.delta_ms == 0 and ar.recovery == ""
     assert account.recovery("collective", "-", 10, 10 * (8 << 20), 0, 0, 4).startswith("overlap collectives")
     assert account.collectives_gpu_ms(lines) == (4.0, 0.0)
+
+
+# ---- multi-process jobs: per rank, on each rank's steady-state window ----
+
+def write_rank(prefix, rank, pid, steps, toll_us, sync_us, startup_us=0.0, marks=True, **kw):
+    """One TP rank: a start-up of host work (a model build: a context and an allocation), then steps of one graph
+    launch replaying 4 all-reduces and a readback that waits for their GPU time, between begin/end marks."""
+    lines, t = [(0.0, 10, "cuCtxCreate_v2", "context", "", "", 0, 0, 0), (startup_us, 5, "cuMemHostAlloc", "alloc",
+                                                                         "", "", 1 << 20, 0, 0)], startup_us + 100
+    lines.append((t, 1, "cuGraphLaunch", "launch", "", "", 0, 0, 0))  # capture of the step's collectives
+    lines += [(t + 1, 1, "ncclAllReduce", "collective", "", "", 8192, 0, toll_us, "capture")] * 4
+    t += 50
+    if marks:
+        lines.append((t, 0, "begin", "mark", "", "", 0, 0, 0))
+    for _ in range(steps):
+        lines.append((t, 5, "cuGraphLaunch", "launch", "", "", 0, 0, 0))
+        lines += [(t + 5, 0, "ncclAllReduce", "collective", "", "", 8192, 0, toll_us, "replay")] * 4
+        lines.append((t + 6, sync_us, "cuMemcpyDtoHAsync_v2", "crossing", "d2h", "pinned", 8, sync_us * 0.9, 0))
+        t += 6 + sync_us + 2
+    if marks:
+        lines.append((t, 0, "end", "mark", "", "", 0, 0, 0))
+    lines.append((t + 5000, 10, "cuCtxDestroy_v2", "context", "", "", 0, 0, 0))  # teardown, outside the window
+    write_trace(prefix, lines, pid=pid, ranks=2, **kw)
+    (prefix.parent / f"{prefix.name}.{pid}.summary.json").write_text(
+        f'{{"pid": {pid}, "calls": {{}}, "crossings": {{}}, "rank": {rank}, "ranks": 2}}\n')
+
+
+def two_ranks(prefix, toll_us, sync_us, startup_us, slow_rank_us=0.0, **kw):
+    for rank in (0, 1):
+        write_rank(prefix, rank, 100 + rank, 50, toll_us, sync_us + (slow_rank_us if rank == 1 else 0),
+                   startup_us, **kw)
+    write_trace(prefix, [(0.0, 3, "cuInit", "launch", "", "", 0, 0, 0)], pid=99)  # the launcher: no rank
+
+
+def test_each_rank_is_accounted_on_its_own_window_with_graph_replays_charged(tmp_path):
+    """The emulated run built its model 2 s slower (start-up) and each step's readback waited for 4 replayed
+    all-reduces of 12.5 us: per rank the slowdown is the window's alone, and the collectives explain it."""
+    two_ranks(tmp_path / "n", 0, 100, 1000)
+    two_ranks(tmp_path / "c", 12.5, 100 + 50 + 3, 2_001_000, slow_rank_us=4, profile="b300", emulate=1)
+    base, other = trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c"))
+    assert account.multi_process(base, other)
+    ranks, notes = account.per_rank(base, other)
+    assert [a.rank for a in ranks] == [0, 1] and notes == [] and {a.window for a in ranks} == {"marks"}
+    r0 = ranks[0]
+    assert abs(r0.slowdown_ms - 50 * 53e-3) < 1e-6  # 50 steps x 53 us: the 2 s start-up is not in it
+    ar = next(x for x in r0.lines if x.api == "ncclAllReduce")
+    assert ar.calls == (200, 200) and ar.replays == 200  # 4 captured collectives x 50 replays, not the 4 captures
+    assert abs(ar.device_ms[1] - 200 * 12.5e-3) < 1e-9  # every replay's GPU time
+    assert abs(r0.by_kind()["collective"] - 2.5) < 1e-6  # moved from the readbacks that waited for it
+    assert abs(r0.explained_ms / r0.slowdown_ms - 1) < 0.01
+    assert account.straggler(ranks).rank == 1
+    text = account.render_ranks(ranks, notes)
+    assert all(len(l) <= 120 for l in text.splitlines()), text
+    assert "straggler: rank 1" in text and "ncclAllReduce 200 operations (200 replayed from CUDA graphs)" in text
+    rows = {(r.test, r.metric, r.params.get("rank"), r.params.get("kind")): r for r in account.rank_rows(ranks)}
+    assert abs(rows[("account.rank", "slowdown", 0, None)].median - r0.slowdown_ms) < 1e-9
+    assert abs(rows[("account.rank", "explained", 0, "collective")].median - 2.5) < 1e-6
+
+
+def test_without_marks_the_window_is_first_to_last_collective(tmp_path):
+    two_ranks(tmp_path / "n", 0, 100, 1000, marks=False)
+    two_ranks(tmp_path / "c", 12.5, 153, 900_000, marks=False, profile="b300", emulate=1)
+    ranks, _ = account.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
+    assert {a.window for a in ranks} == {"collectives"}
+    # the window runs from the first replay to the last: 49 steps of 53 us more (the last readback is after it)
+    assert abs(ranks[0].slowdown_ms - 49 * 53e-3) < 1e-6
+
+
+def test_a_rank_that_did_not_slow_down_gets_one_plain_line_and_no_shares(tmp_path):
+    two_ranks(tmp_path / "n", 0, 100, 1000)
+    two_ranks(tmp_path / "c", 0, 90, 1000, profile="b300", emulate=1)  # faster: a negative slowdown
+    ranks, _ = account.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
+    assert all(a.slowdown_ms < 0 and not a.measurable for a in ranks)
+    assert all(x.share == 0 for a in ranks for x in a.lines)
+    text = account.render_ranks(ranks, [])
+    assert text.count("no measurable slowdown: no shares") == 2 and "%" not in text
+
+
+def test_a_single_process_trace_is_not_a_multi_process_job(tmp_path):
+    write_trace(tmp_path / "one", [(0.0, 5, "cuLaunchKernel", "launch", "", "", 0, 0, 0)])
+    one = trace.summarize(str(tmp_path / "one"))
+    assert not account.multi_process(one, one) and one.procs[0].rank is None

@@ -524,3 +524,19 @@ def test_calibrate_probes_the_nccl_rows_it_checks():
 
     chosen = {t.name for t in registry.select(calibrate.PROBE_TESTS)}
     assert {peer.ALLREDUCE, peer.ONE_RANK} <= chosen and peer.SENDRECV not in chosen and "peer.p2p" not in chosen
+
+
+def test_calibrates_own_emulated_probe_charges_one_rank_operations_and_a_result_without_it_is_na():
+    from ccbridge.emulate import calibrate as cal, profiles
+
+    b300 = profiles.load("b300")
+    assert b300.params["nccl_one_rank"].value == 0  # shipped: one-rank operations pay nothing
+    probe = cal.probe_profile(b300)
+    assert probe.params["nccl_one_rank"].value == 1 and "nccl_one_rank" in probe.overrides
+    assert cal.probe_profile(profiles.override(b300, ["nccl_one_rank=0"])).params["nccl_one_rank"].value == 0
+    assert "nccl_one_rank=1" in probe.config_text()
+    native = nccl_result(added_us=0, kept=1, eager_added=0, one_rank_us=0)
+    without = nccl_result(emulated="b300", one_rank_us=0)
+    without.env["emulation"]["params"] = {"nccl_one_rank": "0"}  # a probe run under plain b300: nothing charged
+    check = nccl_checks("b300", native, without)["nccl_1rank_toll"]
+    assert check.ok is None and "nccl_one_rank=0" in str(check.measured)

@@ -143,3 +143,52 @@ def test_a_reader_that_stops_early_is_no_error(monkeypatch, capsys):
         monkeypatch.setattr(sys, "stdout", Closed())
         assert main(["profiles", "b300"]) == 0
     os.close(r)
+
+
+BENCH_OPTIONS = {  # each bench's own options, and only those: another bench's is refused by argparse
+    "ddp": {"--models", "--ngpus", "--buckets", "--iters", "--warmup", "--net", "--wrap", "--json"},
+    "cipher": {"-b", "--minbytes", "-e", "--maxbytes", "--iters", "--json"},
+    "net": {"--lanes", "--inflight", "--total", "-b", "--minbytes", "-e", "--maxbytes", "--iters", "--json"},
+    "decode": {"--model", "--checkpoint", "--batch", "--prompt", "--output", "--modes", "--graphs", "--host-prep-us",
+               "--tp", "--device", "--seed", "--iters", "--warmup", "--json"},
+    "kv": {"--model", "--prefixes", "--prefix-len", "--suffix-len", "--requests", "--churn", "--thresholds", "--modes",
+           "--zipf", "--gpu-fraction", "--device-blocks", "--device", "--seed", "--iters", "--warmup", "--json"},
+}
+
+
+def _help(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--help"])
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bench", sorted(BENCH_OPTIONS))
+def test_bench_help_lists_only_its_own_options(bench, capsys, monkeypatch):
+    import re
+
+    monkeypatch.setenv("COLUMNS", "300")  # a wide terminal: --help still fits 120 columns
+    text = _help(["bench", bench], capsys)
+    options = text[text.index("\noptions:"):]
+    listed = set(re.findall(r"^ {2}(-[\w-]+)|, (-[\w-]+)", options, re.M))
+    assert {o for pair in listed for o in pair if o} - {"-h", "--help"} == BENCH_OPTIONS[bench], text
+    assert all(len(line) <= 120 for line in text.splitlines()), text
+    mine = {"decode": "--batch", "net": "--lanes", "kv": "--thresholds", "ddp": "--buckets", "cipher": "--minbytes"}
+    for other, option in mine.items():
+        assert (option in text) == (option in BENCH_OPTIONS[bench]), (bench, option)
+
+
+def test_every_help_fits_120_columns(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    for argv in [[], ["bench"], ["collectives"], ["load"], ["run"], ["account"], ["advise"], ["plan-tenants"]]:
+        text = _help(argv, capsys)
+        assert all(len(line) <= 120 for line in text.splitlines()), (argv, text)
+
+
+def test_bench_help_imports_no_torch():
+    """`--help` answers from argparse and ccbridge.choices, without importing torch (seconds of start-up)."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "ccbridge.cli", "bench", "decode", "--help"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "--batch" in r.stdout, r.stderr
+    imported = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
+    assert "torch" not in imported and "ccbridge.cli.bench" in imported

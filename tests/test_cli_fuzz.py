@@ -154,6 +154,12 @@ def _terabyte_fits() -> bool:
     return shutil.disk_usage("/tmp").free > 2**40 + (1 << 30)
 
 
+def _not_its(bench: str, *words: str) -> tuple[list[str], str]:
+    """Another bench's option given to this one: argparse refuses it, naming this bench."""
+    return (["bench", bench, *words],
+            f"ccbridge bench {bench}: unrecognized arguments: {' '.join(words)} (see ccbridge bench {bench} --help)")
+
+
 # (argv with {d} for the fixture folder, expected fragment of the one stderr line[, extra]).
 # extra: absent = paths that must not exist after the case; skip = a precondition callable.
 CASES = [
@@ -279,7 +285,7 @@ CASES = [
     (["trace", "{d}/tr.1.csv"], "{d}/tr.1.csv: give the trace's prefix, without .<pid>.csv ({d}/tr)"),
     (["account", "{d}/tr.1.csv", "{d}/tr"], "{d}/tr.1.csv: give the trace's prefix, without .<pid>.csv"),
     (["calibrate", "--profile", "b300", "--native", ""], ".: is a folder; pass the result.json in it"),
-    (["trace", "{d}/told"], "trace {d}/told.1.csv: written by an older ccbridge (schema 1); this ccbridge reads trace schema 4"),
+    (["trace", "{d}/told"], "trace {d}/told.1.csv: written by an older ccbridge (schema 1); this ccbridge reads trace schema 5"),
     (["trace", "{d}/ts"], "unreadable trace summary {d}/ts.1.summary.json"),
     # collectives and bench: arguments checked before the GPU is looked for
     (["collectives", "-b", "foo"], "argument -b/--minbytes: not a size: 'foo'; expected a positive number"),
@@ -302,7 +308,7 @@ CASES = [
     (["collectives", "--net", "ccbridge", "--transport", "sockets"], "--net compares NCCL's own transports"),
     (["collectives", "--net", "tls"], "argument --net: invalid choice: 'tls'"),
     (["bench", "ddp", "--wrap", "fsdp"], "--wrap fsdp goes with `bench ddp --net ccbridge`"),
-    (["bench", "cipher", "--net", "ccbridge"], "--net goes with `bench ddp`"),
+    _not_its("cipher", "--net", "ccbridge"),
     (["bench", "ddp", "--wrap", "zero3"], "argument --wrap: invalid choice: 'zero3'"),
     (["bench", "net", "--lanes", "0"], "argument --lanes: expected at least 1, got 0"),
     (["bench", "net", "--lanes", "2", "17"], "--lanes: at most 16 (got 17)"),
@@ -318,8 +324,8 @@ CASES = [
     (["bench", "decode", "--device", "tpu"], "argument --device: device must be cpu, cuda or cuda:N"),
     (["bench", "decode", "--device", "cpu", "--graphs"], "--graphs captures CUDA graphs: it needs a CUDA device"),
     (["bench", "decode", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
-    (["bench", "cipher", "--model", "tiny"], "--model, --checkpoint, --batch, --prompt, --output, --modes, --graphs and --device go with `bench decode`"),
-    (["bench", "net", "--checkpoint", "{d}/folder"], "--model, --checkpoint, --batch"),
+    _not_its("cipher", "--model", "tiny"),
+    _not_its("net", "--checkpoint", "{d}/folder"),
     (["bench", "decode", "--checkpoint", "{d}/nosuch", "--device", "cpu"], "--checkpoint {d}/nosuch: not a folder (give a Hugging Face model folder"),
     (["bench", "decode", "--checkpoint", "{d}/folder", "--device", "cpu"], "--checkpoint {d}/folder: no config.json or no *.safetensors in it"),
     (["bench", "decode", "--checkpoint", "{d}/folder", "--model", "tiny"], "give --model (a preset with random weights) or --checkpoint DIR"),
@@ -328,7 +334,7 @@ CASES = [
     (["bench", "decode", "--host-prep-us", "x"], "argument --host-prep-us: not a number: 'x'"),
     (["bench", "decode", "--host-prep-us", "2e6", "--device", "cpu", "--model", "tiny"],
      "--host-prep-us 2e+06: expected 0 to 1e+06 us of host work per step"),
-    (["bench", "kv", "--host-prep-us", "100"], "--host-prep-us goes with `bench decode`"),
+    _not_its("kv", "--host-prep-us", "100"),
     # bench decode --tp: degrees checked before a rank is spawned or a GPU looked for
     (["bench", "decode", "--tp", "0"], "argument --tp: expected at least 1, got 0"),
     (["bench", "decode", "--tp", "two"], "argument --tp: not an integer: 'two'"),
@@ -342,7 +348,7 @@ CASES = [
      "--tp splits a preset's layers (--model, random weights); --checkpoint runs on one GPU"),
     (["bench", "decode", "--tp", "2", "--device", "cpu", "--model", "tiny", "--json", "{d}/folder"],
      "--json {d}/folder: is a folder, not a file"),
-    (["bench", "kv", "--tp", "2"], "--tp goes with `bench decode`"),
+    _not_its("kv", "--tp", "2"),
     (["bench", "kv", "--churn", "-1"], "argument --churn: expected at least 0, got -1"),
     (["bench", "kv", "--churn", "101", "--device", "cpu", "--model", "tiny"], "--churn 101: one-off requests per request must be 0 to 100"),
     (["bench", "kv", "--requests", "100000000000", "--device", "cpu", "--model", "tiny"],
@@ -352,7 +358,7 @@ CASES = [
     (["bench", "kv", "--device-blocks", "100000000000000", "--device", "cpu", "--model", "tiny"],
      "--device-blocks 100000000000000: at most 10000000"),
     (["bench", "decode", "--batch", "100000000000", "--device", "cpu", "--model", "tiny"], "batch sizes must be 1 to 4096"),
-    (["bench", "decode", "--churn", "2"], "--churn goes with `bench kv`"),
+    _not_its("decode", "--churn", "2"),
     (["bench", "kv", "--modes", "staged"], "--modes staged: bench kv schedules sync or async"),
     (["bench", "kv", "--modes", "eager"], "argument --modes: invalid choice: 'eager'"),
     (["bench", "kv", "--model", "gpt5"], "argument --model: invalid choice: 'gpt5'"),
@@ -370,25 +376,31 @@ CASES = [
     (["bench", "kv", "--gpu-fraction", "0.5", "--device-blocks", "99", "--device", "cpu"],
      "give --gpu-fraction or --device-blocks, not both"),
     (["bench", "kv", "--device-blocks", "3", "--device", "cpu"], "--device-blocks 3: one request holds 6 blocks"),
-    (["bench", "kv", "--batch", "2"], "--batch, --prompt, --output, --checkpoint and --graphs go with `bench decode`"),
-    (["bench", "kv", "--checkpoint", "{d}/folder"], "--batch, --prompt, --output, --checkpoint and --graphs go with `bench decode`"),
+    _not_its("kv", "--batch", "2"),
+    _not_its("kv", "--checkpoint", "{d}/folder"),
     (["bench", "kv", "--device", "tpu"], "argument --device: device must be cpu, cuda or cuda:N"),
     (["bench", "kv", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
-    (["bench", "decode", "--thresholds", "2"], "--thresholds goes with `bench kv`"),
-    (["bench", "net", "--prefix-len", "64"], "--prefix-len goes with `bench kv`"),
+    _not_its("decode", "--thresholds", "2"),
+    _not_its("net", "--prefix-len", "64"),
     # every benchmark's own options are refused by the others, not accepted and ignored
-    (["bench", "net", "--models", "resnet50"], "--models goes with `bench ddp`"),
-    (["bench", "net", "--wrap", "fsdp"], "--wrap goes with `bench ddp`"),
-    (["bench", "net", "--warmup", "5"], "--warmup goes with `bench ddp` or `bench decode` or `bench kv`"),
-    (["bench", "decode", "--lanes", "2"], "--lanes goes with `bench net`"),
-    (["bench", "decode", "--net", "ccbridge"], "--net goes with `bench ddp`"),
-    (["bench", "kv", "--total", "1M"], "--total goes with `bench net`"),
-    (["bench", "kv", "-b", "1M"], "-b/--minbytes goes with `bench cipher` or `bench net`"),
-    (["bench", "ddp", "-e", "1M"], "-e/--maxbytes goes with `bench cipher` or `bench net`"),
-    (["bench", "cipher", "--seed", "1"], "--seed goes with `bench decode` or `bench kv`"),
-    (["bench", "cipher", "--ngpus", "2"], "--ngpus goes with `bench ddp`"),
+    _not_its("net", "--models", "resnet50"),
+    _not_its("net", "--wrap", "fsdp"),
+    _not_its("net", "--warmup", "5"),
+    _not_its("decode", "--lanes", "2"),
+    _not_its("decode", "--net", "ccbridge"),
+    _not_its("kv", "--total", "1M"),
+    _not_its("kv", "-b", "1M"),
+    _not_its("ddp", "-e", "1M"),
+    _not_its("cipher", "--seed", "1"),
+    _not_its("cipher", "--ngpus", "2"),
+    (["bench"], "ccbridge bench: the following arguments are required: BENCH (see ccbridge bench --help)"),
+    (["bench", "gemm"], "ccbridge bench: argument BENCH: invalid choice: 'gemm'"),
     # a value given twice would make two rows of one key
-    (["bench", "decode", "--batch", "1", "1"], "--batch 1 is given twice"),
+    (["bench", "decode", "--batch", "1", "1"], "ccbridge bench decode: --batch 1 is given twice"),
+    (["bench", "decode", "--modes", "sync", "async", "sync"], "--modes sync is given twice"),
+    (["bench", "ddp", "--models", "resnet50", "resnet50"], "--models resnet50 is given twice"),
+    (["bench", "ddp", "--ngpus", "2", "2"], "--ngpus 2 is given twice"),
+    (["bench", "ddp", "--buckets", "25", "25"], "--buckets 25 is given twice"),
     (["bench", "decode", "--tp", "2", "1", "2"], "--tp 2 is given twice"),
     (["bench", "kv", "--thresholds", "2", "1", "2"], "--thresholds 2 is given twice"),
     (["bench", "kv", "--modes", "sync", "sync"], "--modes sync is given twice"),
@@ -534,7 +546,9 @@ def test_bad_input_is_one_clear_line(d, case):
     lines = r.stderr.splitlines()
     assert "Traceback" not in r.stdout + r.stderr, r.stderr
     assert r.returncode == 2, r.stderr
-    assert len(lines) == 1 and lines[0].startswith(f"ccbridge {argv[0]}: "), r.stderr
+    # bench's argparse errors name the bench too (`ccbridge bench kv: argument ...`); its own checks, `ccbridge bench:`
+    heads = (f"ccbridge {argv[0]}: ",) + ((f"ccbridge bench {argv[1]}: ",) if argv[:1] == ["bench"] and argv[1:] else ())
+    assert len(lines) == 1 and lines[0].startswith(heads), r.stderr
     assert fragment in lines[0]
     assert r.stdout == ""
     assert _tree(d) == before  # nothing made, nothing removed: no output folder, .partial or check folder
@@ -546,15 +560,6 @@ def test_run_is_named_run_and_passes_the_status(tmp_path):
     """`run` errors used to be prefixed with the program's argv (one dest for two things)."""
     r = run_cli(["run", "--profile", "passthrough", "--", sys.executable, "-c", "import sys; sys.exit(3)"], tmp_path)
     assert r.returncode == 3 and "Traceback" not in r.stderr
-
-
-def test_secure_dtypes_match_the_bench():
-    """The CLI names secure/bench.py's dtypes so that argparse refuses others without importing torch."""
-    pytest.importorskip("torch")
-    from ccbridge import cli
-    from ccbridge.secure import bench
-
-    assert sorted(cli.SECURE_DTYPES) == sorted(bench.DTYPES)
 
 
 def test_interrupted_make_checkpoint_leaves_nothing(tmp_path):

@@ -211,7 +211,9 @@ def test_trace_line_per_operation_with_ranks_wire_bytes_and_charge(lib, nccl, tm
     lib.cuStreamSynchronize(s)
     (r,) = rows(lib, prefix)
     assert (r["api"], r["bytes"], r["ranks"], r["wire_bytes"]) == (op, "4096", str(ranks), str(int(want)))
-    assert int(r["toll_ns"]) == 40000 and r["dir"] == r["mem"] == "" and r["rc"] == "0"
+    # a one-rank communicator crosses no GPU: no charge (nccl_one_rank is off in every shipped profile)
+    assert int(r["toll_ns"]) == (40000 if ranks > 1 else 0) and r["dir"] == r["mem"] == "" and r["rc"] == "0"
+    assert r["graph"] == ""
     s_ = trace.summarize(str(prefix))
     assert s_.total("collective") == 1
 
@@ -240,6 +242,66 @@ def test_a_group_is_one_operation_one_toll_on_its_first_stream(lib, nccl, tmp_pa
     assert [int(r["toll_ns"]) for r in lines] == [TOLL_US * 1000, 0, 0, 0]
 
 
+@pytest.mark.parametrize("one_rank", [0, 1])
+def test_a_one_rank_communicator_pays_only_where_the_profile_asks(lib, nccl, tmp_path, one_rank):  # noqa: F811
+    F, h = nccl
+    prefix = tmp_path / "one"
+    init(lib, trace=str(prefix), nccl_toll_us=TOLL_US, sync_toll_us=0, nccl_one_rank=one_rank)
+    c, s = comm(F, 1), lib.ccbemu_fake_stream()
+    buf = ints(lib, list(range(64)))
+    assert h["ncclAllReduce"](buf, buf, 64, INT32, SUM, c, s) == 0
+    assert h["ncclGroupStart"]() == 0  # grouped too
+    assert h["ncclAllReduce"](buf, buf, 64, INT32, SUM, c, s) == 0
+    assert h["ncclGroupEnd"]() == 0
+    waited = sync_seconds(lib, s)
+    assert [int(r["toll_ns"]) for r in rows(lib, prefix)] == [TOLL_US * 1000 * one_rank] * 2
+    assert (waited >= 2 * TOLL_US / 1e6 * 0.9) if one_rank else (waited < QUIET)
+    assert read_ints(buf, 4) == [0, 1, 2, 3]  # x1 each time: results untouched
+
+
+def graph_of(lib, s):  # noqa: F811
+    """The fake's last captured graph on s, instantiated."""
+    lib.ccbemu_fake_graph.restype, lib.ccbemu_fake_graph.argtypes = c_p, [c_p]
+    exe = c_p()
+    lib.cuGraphInstantiateWithFlags.argtypes = [ctypes.POINTER(c_p), c_p, ctypes.c_uint64]
+    assert lib.cuGraphInstantiateWithFlags(ctypes.byref(exe), lib.ccbemu_fake_graph(s), 0) == 0
+    lib.cuGraphLaunch.argtypes = [c_p, c_p]
+    return exe
+
+
+@pytest.mark.parametrize("emulate", [1, 0])
+def test_each_graph_replay_writes_the_collectives_it_captured(lib, nccl, tmp_path, emulate):  # noqa: F811
+    """A graph that captured N collectives and is launched R times: N capture lines (no GPU time) and N x R replay
+    lines, each with the toll the GPU pays on that replay; record-only (emulate 0) the same lines with no toll."""
+    F, h = nccl
+    prefix = tmp_path / "g"
+    init(lib, trace=str(prefix), emulate=emulate, nccl_toll_us=TOLL_US, sync_toll_us=0, launch_toll_us=0)
+    c, s = comm(F, 4), lib.ccbemu_fake_stream()
+    buf = ints(lib, list(range(64)))
+    lib.ccbemu_fake_capture(s, 1)
+    for op in ("ncclAllReduce", "ncclAllReduce", "ncclAllGather"):
+        args = (buf, buf, 16, INT32, SUM, c, s) if op == "ncclAllReduce" else (buf, buf, 16, INT32, c, s)
+        assert h[op](*args) == 0
+    lib.ccbemu_fake_capture(s, 0)
+    exe = graph_of(lib, s)
+    replays = 5
+    for _ in range(replays):
+        assert lib.cuGraphLaunch(exe, s) == 0
+    got = rows(lib, prefix)
+    captured = [r for r in got if r["graph"] == "capture"]
+    replayed = [r for r in got if r["graph"] == "replay"]
+    assert [r["api"] for r in captured] == ["ncclAllReduce", "ncclAllReduce", "ncclAllGather"]
+    assert len(replayed) == 3 * replays and len(got) == 3 + 3 * replays
+    assert [r["api"] for r in replayed[:3]] == [r["api"] for r in captured]
+    toll = TOLL_US * 1000 if emulate else 0
+    assert {int(r["toll_ns"]) for r in replayed} == {toll} and {r["ranks"] for r in replayed} == {"4"}
+    assert all(r["t_enter_ns"] == r["t_return_ns"] for r in replayed)  # no host time: the launch's line holds it
+    s_ = trace.summarize(str(prefix))
+    agg = s_.by_api[("ncclAllReduce", "-", "-")]
+    assert (agg["count"], agg["captured"], agg["replays"]) == (2 * replays, 2, 2 * replays)
+    assert agg["toll_ns"] == 2 * replays * toll  # the GPU time of every replay, none for the capture
+
+
 def test_an_operation_being_captured_leaves_its_wait_in_the_graph_not_on_the_stream(lib, nccl, tmp_path):  # noqa: F811
     F, h = nccl
     prefix = tmp_path / "c"
@@ -252,7 +314,7 @@ def test_an_operation_being_captured_leaves_its_wait_in_the_graph_not_on_the_str
     lib.ccbemu_fake_capture(s, 0)
     assert sync_seconds(lib, s) < QUIET  # captured, not run (the fake's graph replays run nothing)
     (r,) = rows(lib, prefix)
-    assert int(r["toll_ns"]) == TOLL_US * 1000  # what every replay of the graph pays
+    assert int(r["toll_ns"]) == TOLL_US * 1000 and r["graph"] == "capture"  # what every replay of the graph pays
 
 
 def test_without_a_device_wait_kernel_the_host_pays_and_says_so(lib, nccl, capfd):  # noqa: F811

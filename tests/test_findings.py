@@ -59,6 +59,12 @@ def test_real_run_findings(h100):
     assert {"launch.cost", "hostcrypto", "lifecycle"} <= set(fs)
 
 
+def test_hostcrypto_names_the_paths_each_variant_masks(h100):
+    text = by_id(h100)["hostcrypto"].text
+    assert "with the wide-vector (VAES/VPCLMUL) paths masked" in text and "with every AES-NI path masked" in text
+    assert "no wide vector" not in text and "no aes ni" not in text  # the variant's name read as its effect
+
+
 def test_no_rows_no_findings():
     assert findings(synthetic([])) == []
 

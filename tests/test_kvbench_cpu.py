@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch", reason="the kv bench needs torch")
 pytest.importorskip("transformers", reason="the kv bench builds a Hugging Face transformers model "
                                            "(pip install transformers)")
 
-from ccbridge import cli, results  # noqa: E402
+from ccbridge import choices, cli, results  # noqa: E402
 from ccbridge.errors import UsageError  # noqa: E402
 from ccbridge.serve import KVCache, decode, kvbench  # noqa: E402
 
@@ -30,7 +30,7 @@ def _rows(res):
 
 
 def test_cli_modes_cover_the_bench():
-    assert set(kvbench.MODES) <= set(cli.DECODE_MODES)  # `--modes` is shared with bench decode
+    assert set(kvbench.MODES) <= set(choices.DECODE_MODES)  # bench kv's --modes offers decode's
 
 
 @pytest.mark.parametrize("suffix", [16, 8, 21])  # whole blocks, less than a block, a partial last block

@@ -204,3 +204,18 @@ def test_policy_follows_the_cc_state():
     assert policy.choose(-1).config.device == -1
     forced = policy.override(policy.choose(0, ("off", {})), contexts=3)
     assert forced.config.contexts == 3 and "overridden" in forced.why
+
+
+def test_make_checkpoint_refuses_a_folder_that_holds_a_checkpoint(tmp_path):
+    """New shards beside an old layout's would load as one checkpoint of both (a duplicate tensor)."""
+    from ccbridge.errors import UsageError
+    from ccbridge.load import synth
+
+    synth.make_checkpoint(tmp_path / "c", 4 << 20, 2 << 20, jobs=1)
+    before = sorted(p.name for p in (tmp_path / "c").iterdir())
+    with pytest.raises(UsageError, match="already holds model"):
+        synth.make_checkpoint(tmp_path / "c", 6 << 20, 2 << 20, jobs=1)
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == before  # nothing touched
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "notes.txt").write_text("a folder of other files is fine")
+    assert synth.make_checkpoint(tmp_path / "d", 4 << 20, 2 << 20, jobs=1)

@@ -20,7 +20,8 @@ EMU_H = Path(__file__).resolve().parent.parent / "src" / "ccbridge" / "native" /
 def c_header():
     text = EMU_H.read_text()
     version = int(re.search(r"#define EMU_TRACE_SCHEMA (\d+)", text).group(1))
-    columns = re.search(r'#define EMU_TRACE_COLUMNS \\\s*"([^"]+)"', text).group(1)
+    body = re.search(r'#define EMU_TRACE_COLUMNS((?:[^\n]*\\\n)*[^\n]*)', text).group(1)  # the macro's lines
+    columns = "".join(re.findall(r'"([^"]*)"', body))  # adjacent string literals, joined as C joins them
     return version, columns.split(",")
 
 

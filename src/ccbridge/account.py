@@ -56,6 +56,7 @@ class Line:
     site: str = ""  # the Python call site (file:line function -> callee) where the traces noted sites
     device_ms: tuple[float, float] = (0.0, 0.0)  # collectives: GPU time queued ahead of them (toll_ns), each trace
     moved_ms: float = 0.0  # host waits the collectives' GPU time explains: + on collectives, - on the waits
+    replays: int = 0  # collectives: of the other trace's operations, those a CUDA graph launch ran again
 
     @property
     def in_call_delta_ms(self) -> float:
@@ -217,7 +218,8 @@ def _lines(btab: dict, otab: dict, wall: float) -> list[Line]:
         kind = o.get("kind") or b.get("kind", "")
         site, (api, d, m) = (key[0], key[1:]) if len(key) == 4 else ("", key)
         device = (b.get("toll_ns", 0) / 1e6, tl) if kind == "collective" else (0.0, 0.0)
-        lines.append(Line(api, kind, d, m, calls, in_call, sw, cw, tl, o.get("bytes", 0), 0.0, "", site, device))
+        lines.append(Line(api, kind, d, m, calls, in_call, sw, cw, tl, o.get("bytes", 0), 0.0, "", site, device,
+                          replays=o.get("replays", 0)))
     collective_waits(lines)
     for x in lines:
         x.share = x.delta_ms / (wall * 1e3) if wall > 0 else 0.0
@@ -263,6 +265,126 @@ def rows(lines: list[Line], wall_s: float, site_lines: list[Line] = (), where: d
             out[-1].extra["recovery"] = x.recovery
             out[-1].extra["calls"] = list(x.calls)
     return out
+
+
+# ---- multi-process jobs: each rank on its own steady-state window ----
+
+NOISE = 0.01  # a window's slowdown within this fraction of its base window (or NOISE_MS) is no slowdown
+NOISE_MS = 0.05
+EXPLAINED_KINDS = ("collective", "launch", "crossing", "sync")  # the rest: context, alloc, query, timing
+
+
+@dataclass
+class RankAccount:
+    """One rank of a multi-process job: its window in each trace, and its calls' lines over that window."""
+    rank: int
+    window: str  # how the window was found: marks (ccbridge.mark) or collectives (first to last)
+    base_ms: float
+    other_ms: float
+    lines: list[Line]
+
+    @property
+    def slowdown_ms(self) -> float:
+        """The measured wall-time difference of the rank's window: the denominator of its shares."""
+        return self.other_ms - self.base_ms
+
+    @property
+    def measurable(self) -> bool:
+        return self.slowdown_ms > max(NOISE * self.base_ms, NOISE_MS)
+
+    def by_kind(self) -> dict[str, float]:
+        """ms of the slowdown each kind of call explains (net: growth less shrinkage), 'other' for the rest."""
+        out = dict.fromkeys(EXPLAINED_KINDS + ("other",), 0.0)
+        for x in self.lines:
+            out[x.kind if x.kind in EXPLAINED_KINDS else "other"] += x.delta_ms
+        return out
+
+    @property
+    def explained_ms(self) -> float:
+        return sum(self.by_kind().values())
+
+
+def multi_process(base: TraceSummary, other: TraceSummary) -> bool:
+    """A job of several ranks (processes that named a rank: NCCL's, or the launcher's RANK) in either trace."""
+    return any(sum(p.rank is not None for p in t.procs) > 1 for t in (base, other))
+
+
+def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount], list[str]]:
+    """Each rank of both traces compared over its own window; notes on what could not be paired."""
+    b = {p.rank: p for p in base.procs if p.rank is not None}
+    o = {p.rank: p for p in other.procs if p.rank is not None}
+    notes = [f"rank {r} is only in the {'BASE' if r in b else 'OTHER'} trace: not compared"
+             for r in sorted(set(b) ^ set(o))]
+    out = []
+    for r in sorted(set(b) & set(o)):
+        pb, po = b[r], o[r]
+        if not (pb.window and po.window):
+            notes.append(f"rank {r}: no steady-state window (no marks, no collectives) in "
+                         f"{'BASE' if not pb.window else 'OTHER'}: not compared")
+            continue
+        acc = RankAccount(r, po.window, pb.window_ns / 1e6, po.window_ns / 1e6, [])
+        acc.lines = _lines(pb.summary.by_api, po.summary.by_api, acc.slowdown_ms / 1e3 if acc.measurable else 0.0)
+        out.append(acc)
+    return out, notes
+
+
+def straggler(ranks: list[RankAccount]) -> RankAccount | None:
+    """The rank whose emulated window is longest: the one the others wait for at each collective."""
+    return max(ranks, key=lambda a: a.other_ms) if ranks else None
+
+
+def rank_rows(ranks: list[RankAccount]) -> list[Row]:
+    """account.rank rows per rank (window base/other/slowdown, what each kind explains) and account.rank_api
+    rows per rank and API; every number the rank table prints, with its row key."""
+    out = []
+    for a in ranks:
+        p = dict(rank=a.rank)
+        out += [Row.of("account.rank", "window_base", "ms", [a.base_ms], **p),
+                Row.of("account.rank", "window_other", "ms", [a.other_ms], **p),
+                Row.of("account.rank", "slowdown", "ms", [a.slowdown_ms], **p)]
+        out[-1].extra.update(window=a.window, measurable=a.measurable)
+        for kind, ms in a.by_kind().items():
+            out.append(Row.of("account.rank", "explained", "ms", [ms], kind=kind, **p))
+        for x in a.lines:
+            q = dict(p, api=x.api, kind=x.kind, dir=x.dir, mem=x.mem)
+            out.append(Row.of("account.rank_api", "delta", "ms", [x.delta_ms], **q))
+            out[-1].extra.update(calls=list(x.calls), share=x.share if a.measurable else None,
+                                 recovery=x.recovery, replays=x.replays)
+    return out
+
+
+def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float | None = None) -> str:
+    """The per-rank table in 120 columns: each rank's window, its slowdown and the share each kind of call
+    explains (of that slowdown: the measured difference of the window's wall time), the straggler, and the
+    collectives behind the largest share."""
+    out = ["per rank, each on its steady-state window (marks, else first to last collective); shares of its "
+           "measured slowdown",
+           f"{'rank':>4} {'window':<11} {'base ms':>10} {'other ms':>10} {'slowdown':>10} {'explained':>9} "
+           f"{'collect.':>8} {'launch':>7} {'crossing':>8} {'sync':>7} {'other':>7}"]
+    for a in ranks:
+        k = a.by_kind()
+        if a.measurable:
+            pct = lambda v: f"{v / a.slowdown_ms:>7.0%}"
+            tail = (f"{a.explained_ms / a.slowdown_ms:>9.0%} {pct(k['collective']):>8} {pct(k['launch'])} "
+                    f"{pct(k['crossing']):>8} {pct(k['sync'])} {pct(k['other'])}")
+        else:
+            tail = "  no measurable slowdown: no shares"
+        out.append(f"{a.rank:>4} {a.window:<11} {a.base_ms:>10.2f} {a.other_ms:>10.2f} {a.slowdown_ms:>+10.2f} {tail}")
+    s = straggler(ranks)
+    if s and len(ranks) > 1:
+        out.append(f"straggler: rank {s.rank} ({s.other_ms:.2f} ms emulated; the others wait for it at each "
+                   "collective)")
+    for a in ranks:
+        col = [x for x in a.lines if x.kind == "collective" and x.calls[1]]
+        if col and a.measurable:
+            x = max(col, key=lambda y: y.delta_ms)
+            out += _wrap([f"rank {a.rank}: {x.api} {x.calls[1]} operations ({x.replays} replayed from CUDA graphs), "
+                          f"{x.what}, GPU time {x.device_ms[0]:.2f} -> {x.device_ms[1]:.2f} ms, charged "
+                          f"{x.delta_ms:+.2f} ms ({x.delta_ms / a.slowdown_ms:.0%}); {recovery_name(x.recovery)}"])
+    if mgpu_factor and mgpu_factor != 1:
+        out.append(f"launch: each launch paid the launch toll x {mgpu_factor:g} (mgpu_launch_factor: the process "
+                   "is multi-GPU)")
+    return "\n".join(out + _wrap(notes))
 
 
 def collectives_gpu_ms(lines: list[Line]) -> tuple[float, float]:

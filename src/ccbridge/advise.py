@@ -17,6 +17,7 @@ from typing import Any
 
 from ccbridge import env as _env
 from ccbridge import results, textfit
+from ccbridge.choices import DECODE_MODES  # bench decode's modes, as its tables list them
 from ccbridge.errors import ResultFileError
 from ccbridge.results import Result, Row
 from ccbridge.ui import approx_bytes
@@ -108,7 +109,6 @@ def read(path: str | Path) -> Input:
 
 
 # What bench decode and bench kv write, per row: the parameter that tells rows apart and its values.
-DECODE_MODES = ("sync", "async", "staged", "drain")  # bench decode's modes, as its tables list them
 _SERVING = {"decode": ("batch", DECODE_MODES), "decode_tp": ("batch", DECODE_MODES), "kv": ("threshold", ("sync", "async"))}
 
 

@@ -34,12 +34,14 @@ def writable_folder(path: str | os.PathLike, what: str, create: bool = True, fre
     root, read-only mounts and /proc answer truthfully; nothing is left behind.
     what: the option, for the message (e.g. "--out"). fresh: files the command
     writes there that must not exist yet (an earlier run's result is never
-    overwritten).
+    overwritten); a name may be a glob pattern (model-*.safetensors).
     """
     _check_folder(Path(path), f"{what} {path}", create)
     for name in fresh:
-        if (Path(path) / name).exists():
-            raise UsageError(f"{what} {path}: already holds {name} from an earlier run; give a new folder")
+        found = sorted(Path(path).glob(name)) if any(c in name for c in "*?[") else \
+            [Path(path) / name] if (Path(path) / name).exists() else []
+        if found:
+            raise UsageError(f"{what} {path}: already holds {found[0].name} from an earlier run; give a new folder")
     return Path(path)
 
 

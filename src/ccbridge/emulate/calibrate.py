@@ -24,7 +24,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
-from ccbridge.emulate.profiles import Profile
+from ccbridge.emulate.profiles import Profile, override
 from ccbridge.errors import ProfileError, UsageError
 from ccbridge.probe import framework, peer
 from ccbridge.probe.transfer import SUSTAINED_BYTES, human_bytes  # a ratio above 1 there is not timer noise
@@ -301,6 +301,17 @@ def _skipped(sides: Sequence[Result], tests: Sequence[str]) -> str | None:
     return None
 
 
+# What calibrate's own emulated probe sets on top of the profile: one-rank operations charge nothing in every
+# shipped profile (they cross no GPU), but on one GPU the one-rank all_reduce is where the charge can be read.
+PROBE_SETTINGS = ("nccl_one_rank=1",)
+
+
+def probe_profile(profile: Profile) -> Profile:
+    """The profile calibrate's emulated probe runs under: the user's, with PROBE_SETTINGS (unless set already)."""
+    todo = [s for s in PROBE_SETTINGS if s.split("=")[0] not in profile.overrides]
+    return override(profile, todo) if todo else profile
+
+
 def one_rank_toll(profile: Profile, native: Result, emulated: Result) -> Check:
     """The emulator's NCCL charge alone: a one-rank all_reduce of 4 KiB, graph-replayed, emulated - native, against
     the profile's own nccl_toll_us (no published figure: real CC hardware may not charge a one-rank op)."""
@@ -314,6 +325,9 @@ def one_rank_toll(profile: Profile, native: Result, emulated: Result) -> Check:
     if not toll or (cap and cap < nbytes):
         why = f"the profile's toll stops at {cap:g} bytes" if toll else "the profile charges no NCCL toll"
         return Check("nccl_1rank_toll", what, f"n/a: {why}", target, None, source, DEVICE)
+    if str((emulated.env.get("emulation") or {}).get("params", {}).get("nccl_one_rank", "1")).strip() == "0":
+        return Check("nccl_1rank_toll", what, "n/a: the emulated probe ran with nccl_one_rank=0 (one-rank operations "
+                     "charge nothing; calibrate's own emulated run sets it to 1)", target, None, source, DEVICE)
     v = _delta(peer.ONE_RANK, "time_per_op", mode="graph", bytes=nbytes, ranks=1)(native, emulated)
     why = _skipped([native, emulated], (peer.ONE_RANK,)) if v is None else None
     return Check("nccl_1rank_toll", what, f"n/a: {why}" if why else v, target,

@@ -40,6 +40,8 @@ PARAMS: dict[str, tuple[str, str]] = {
                            "it: the secure firmware's per-operation set-up"),
     "nccl_toll_max_bytes": ("bytes", "the per-operation toll applies to operations of at most this many bytes; "
                                      "0: to every one"),
+    "nccl_one_rank": ("0/1", "1: operations on a one-rank communicator pay the toll too (they cross no GPU; "
+                             "calibration's one-GPU check of the charge); 0: they pay nothing"),
     "nvlink_kept": ("x", "published CC-on / CC-off GPU-GPU bandwidth for large transfers: an operation also pays its "
                          "wire bytes x (1/kept - 1) at this machine's measured NVLink rate"),
     "nvls": ("0/1", "0: NVLink multicast (NVLS) off, as CC turns it off: cuMulticast* refused, the device attribute "
@@ -50,6 +52,9 @@ PARAMS: dict[str, tuple[str, str]] = {
     "ctx_destroy_s": ("s", "added to each context destruction"),
     "host_alloc_toll_us": ("us", "added to each pinned host allocation"),
     "refuse_host_register": ("0/1", "cuMemHostRegister returns CUDA_ERROR_NOT_SUPPORTED, as under CC"),
+    "pinned_reports_managed": ("0/1", "1: the program's pointer-attribute queries (cuPointerGetAttribute[s]) answer "
+                                      "'managed' for pinned host memory, as CC drivers do (torch's is_pinned() is "
+                                      "then False); the emulator's own classification still asks the driver"),
     "lanes": ("threads", "CPU threads that share one crossing's staging and AES-GCM work"),
     "chunk_bytes": ("bytes", "a pinned D2H lands in chunks of this size, each sealed as it lands"),
 }
@@ -76,6 +81,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "multi_gpu": (0, 1),
     "nccl_toll_us": (0, 1e7),
     "nccl_toll_max_bytes": (0, 2 ** 50),
+    "nccl_one_rank": (0, 1),
     "nvlink_kept": (1e-3, 1),
     "nvls": (0, 1),
     "sync_toll_us": (0, 1e7),
@@ -83,10 +89,15 @@ RANGES: dict[str, tuple[float, float]] = {
     "ctx_destroy_s": (0, 600),
     "host_alloc_toll_us": (0, 1e7),
     "refuse_host_register": (0, 1),
+    "pinned_reports_managed": (0, 1),
     "lanes": (1, 64),  # the interposer's most lane threads
     "chunk_bytes": (4096, 1 << 30),
 }
-WHOLE = {"emulate", "refuse_host_register", "lanes", "chunk_bytes", "multi_gpu", "nccl_toll_max_bytes", "nvls"}  # integers: flags and counts
+WHOLE = {"emulate", "refuse_host_register", "lanes", "chunk_bytes", "multi_gpu", "nccl_toll_max_bytes", "nvls",
+         "nccl_one_rank", "pinned_reports_managed"}  # integers: flags and counts
+# Parameters added after profile files were in users' hands: a file without one runs as before they existed.
+ADDED = {"nccl_one_rank": (0.0, "not in the profile file: off (one-rank operations pay nothing)"),
+         "pinned_reports_managed": (0.0, "not in the profile file: off (the driver's own answer)")}
 
 
 def show(key: str, value: float) -> str:
@@ -213,6 +224,8 @@ def parse(text: str, origin: str) -> Profile:
         if not isinstance(entry.get("source"), str) or not entry["source"].strip():
             raise ProfileError(f"{origin}: parameter {key} needs a 'source' saying where its value comes from")
         params[key] = Param(value, entry["source"])
+    for key, (value, source) in ADDED.items():
+        params.setdefault(key, Param(value, source))
     missing = [k for k in PARAMS if k not in params]
     if missing:
         raise ProfileError(f"{origin}: missing parameters {', '.join(missing)}")

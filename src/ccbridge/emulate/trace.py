@@ -7,12 +7,14 @@ compare. The interposer writes it (native/emu/trace.c, EMU_TRACE_SCHEMA and
 EMU_TRACE_COLUMNS in emu.h); tests/test_trace_schema.py holds the C side to
 SCHEMA and COLUMNS here. Each CSV starts with
 
-    # ccbridge trace schema 4, profile NAME, emulate 0|1
+    # ccbridge trace schema 5, profile NAME, emulate 0|1
     t_enter_ns,t_return_ns,...
 
 and has one line per crossing (a host<->device copy), launch (kernel, graph,
 host function), synchronize, context created or destroyed, pinned host
-allocation, and NCCL collective.
+allocation, NCCL collective (and each replay of one a CUDA graph captured),
+pointer-type query answered "managed", event-time read, and mark the program
+made (ccbridge.mark).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 from ccbridge.emulate import interposer, sites
 from ccbridge.errors import EmulatorError, ResultFileError
 
-SCHEMA = 4
+SCHEMA = 5
 # column -> what it holds; the order is the file's
 COLUMNS: dict[str, str] = {
     "t_enter_ns": "CLOCK_MONOTONIC ns when the call began",
@@ -39,9 +41,11 @@ COLUMNS: dict[str, str] = {
     "stream": "the stream as the program gave it (empty: the legacy default stream)",
     "api": "the driver entry point",
     "kind": "crossing | launch | sync | context (created or destroyed) | alloc (pinned host memory allocated or "
-            "registered, refused ones too) | collective (an NCCL operation: api is its NCCL name)",
+            "registered, refused ones too) | collective (an NCCL operation: api is its NCCL name) | mark (a point "
+            "the program named with ccbridge.mark: api is the name) | query (a pointer-type query of pinned memory "
+            "answered 'managed', as CC drivers answer) | timing (cuEventElapsedTime: GPU time read from events)",
     "dir": "h2d | d2h (crossings only)",
-    "mem": "pinned | pageable (crossings only)",
+    "mem": "pinned | pageable (crossings, and queries: the memory asked about)",
     "bytes": "bytes crossing",
     "blocked_channel_ns": "time the emulator waited for the context's channel (0 when not emulating)",
     "blocked_stream_ns": "time the emulator waited for the stream to reach the copy (0 when not emulating: "
@@ -56,6 +60,8 @@ COLUMNS: dict[str, str] = {
     "ranks": "collectives: the communicator's size (empty on other lines)",
     "wire_bytes": "collectives: bytes each rank puts on the links by the ring algorithm (nccl-tests' bus bytes: "
                   "all_reduce 2(n-1)/n x bytes, all_gather/reduce_scatter (n-1)/n x the whole, others x 1)",
+    "graph": "collectives: capture (recorded into a CUDA graph: no GPU time yet) or replay (run again by a graph "
+             "launch, at the launch's time: its toll_ns is paid on every replay); empty: an eager operation",
 }
 LIB_ENV = interposer.LIB_ENV
 
@@ -112,10 +118,14 @@ SCHEMA_LINE = re.compile(r"# ccbridge trace schema (\d+)(?:, profile ([^,]*), em
 
 @dataclass
 class TraceSummary:
+    """A trace folded per API (and per Python call site where the run noted sites): the whole trace, or one
+    process of it (procs) over its steady-state window."""
     processes: int = 0
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     crossings: dict[str, dict[str, float]] = field(default_factory=dict)
-    # (api, dir, mem) -> count, bytes, blocked_ns (time in the call), stream_wait_ns, channel_wait_ns, toll_ns, kind
+    # (api, dir, mem) -> count, bytes, blocked_ns (time in the call), stream_wait_ns, channel_wait_ns, toll_ns, kind;
+    # collectives also captured (operations recorded into a CUDA graph: not in count, no GPU time) and replays
+    # (run again by a graph launch: in count, with the GPU time each replay paid)
     by_api: dict[tuple[str, str, str], dict] = field(default_factory=dict)
     # (site, api, dir, mem) -> as by_api, where the run noted Python call sites (emulate/sites.py)
     by_site: dict[tuple[str, str, str, str], dict] = field(default_factory=dict)
@@ -125,12 +135,25 @@ class TraceSummary:
     # over all processes (CLOCK_MONOTONIC ns; None: none): the first call's entry, the last call's return
     first_ns: int | None = None
     last_ns: int | None = None
+    procs: list["ProcessTrace"] = field(default_factory=list)  # each traced process on its own
 
     def total_crossings(self) -> int:
         return int(sum(c["count"] for c in self.crossings.values()))
 
     def total(self, kind: str) -> int:
         return sum(a["count"] for a in self.by_api.values() if a["kind"] == kind)
+
+
+@dataclass
+class ProcessTrace:
+    """One process of a trace: its rank (NCCL's, else the launcher's RANK; None: not a rank) and its calls
+    inside its steady-state window (window()): marks the program made, else its first to its last collective."""
+    pid: int
+    rank: int | None
+    ranks: int
+    window: str  # "marks" | "collectives" | "" (no window: the whole trace, as a process that is no rank)
+    window_ns: int  # the window's length (marks: the windows' summed)
+    summary: TraceSummary
 
 
 def check_header(path: str, first: str, second: str) -> re.Match:
@@ -155,66 +178,145 @@ def _u64(row: dict, column: str) -> int:
     return v
 
 
+KINDS = ("crossing", "launch", "sync", "context", "alloc", "collective", "mark", "query", "timing")
+GRAPH = ("", "capture", "replay")
+
+
 def _add(table: dict, key: tuple, row: dict, in_call_ns: int) -> None:
     agg = table.setdefault(key, {"kind": row["kind"], "count": 0, "bytes": 0, "blocked_ns": 0,
-                                 "stream_wait_ns": 0, "channel_wait_ns": 0, "toll_ns": 0})
+                                 "stream_wait_ns": 0, "channel_wait_ns": 0, "toll_ns": 0, "captured": 0, "replays": 0})
+    agg["blocked_ns"] += in_call_ns
+    if row["graph"] == "capture":  # recorded into a graph: the GPU pays at each replay, not now
+        agg["captured"] += 1
+        return
+    agg["replays"] += row["graph"] == "replay"
     agg["count"] += 1
     agg["bytes"] += _u64(row, "bytes")
-    agg["blocked_ns"] += in_call_ns
     agg["stream_wait_ns"] += _u64(row, "blocked_stream_ns")
     agg["channel_wait_ns"] += _u64(row, "blocked_channel_ns")
     agg["toll_ns"] += _u64(row, "toll_ns")
 
 
+def _rows(path: str, s: TraceSummary):
+    """The lines of one trace file as (t_enter, t_return, row), checked; the header's profile noted in s."""
+    line = 1
+    try:
+        with open(path, newline="") as f:
+            head = f.readline()
+            m = check_header(path, head, f.readline())
+            if m.group(2):
+                s.profiles.add(m.group(2))
+            s.emulated |= m.group(3) == "1"
+            for line, row in enumerate(csv.DictReader(f, fieldnames=list(COLUMNS)), start=3):
+                if row["t_enter_ns"].startswith("# ccbridge trace schema") or row["t_enter_ns"] == "t_enter_ns":
+                    continue  # the process reopened its file (a flush after a close appends, header first)
+                t0, t1 = _u64(row, "t_enter_ns"), _u64(row, "t_return_ns")
+                if t1 < t0:
+                    raise ValueError(f"t_return_ns {t1} is before t_enter_ns {t0}")
+                if row["kind"] not in KINDS or row["graph"] not in GRAPH:
+                    bad = ("kind", row["kind"]) if row["kind"] not in KINDS else ("graph", row["graph"])
+                    raise ValueError(f"unknown {bad[0]} {bad[1][:24]!r}")
+                yield t0, t1, row
+    except ResultFileError:
+        raise
+    except (OSError, UnicodeDecodeError, csv.Error, KeyError, ValueError, TypeError) as e:
+        raise ResultFileError(f"unreadable trace {path}, line {line}: {type(e).__name__}: {e}") from None
+
+
+def windows(lines: list[tuple[int, int, dict]]) -> tuple[str, list[tuple[int, int]]]:
+    """A process's steady state: the spans between its marks named begin and end (ccbridge.mark), else from its
+    first collective to its last (graph captures excluded: they run nothing), else none ("", [])."""
+    spans, opened = [], None
+    for t0, _, row in lines:
+        if row["kind"] == "mark" and row["api"] == "begin":
+            opened = t0
+        elif row["kind"] == "mark" and row["api"] == "end" and opened is not None:
+            spans.append((opened, t0))
+            opened = None
+    if spans:
+        return "marks", spans
+    col = [(t0, t1) for t0, t1, row in lines if row["kind"] == "collective" and row["graph"] != "capture"]
+    return ("collectives", [(min(t for t, _ in col), max(t for _, t in col))]) if col else ("", [])
+
+
+def _fold(s: TraceSummary, lines, site_of, keep=lambda t0, t1: True) -> None:
+    """Add the call lines (marks are not calls) to s; keep: which of them (a window)."""
+    first = last = None
+    for t0, t1, row in lines:
+        first, last = t0 if first is None else min(first, t0), t1 if last is None else max(last, t1)
+        if row["kind"] == "mark" or not keep(t0, t1):
+            continue
+        key = (row["api"], row["dir"] or "-", row["mem"] or "-")
+        _add(s.by_api, key, row, t1 - t0)
+        if site_of is not None:
+            _add(s.by_site, (site_of.label(row["site"]), *key), row, t1 - t0)
+    if first is not None:
+        s.span_ns += last - first
+        s.first_ns = first if s.first_ns is None else min(s.first_ns, first)
+        s.last_ns = last if s.last_ns is None else max(s.last_ns, last)
+
+
+def _process(path: str, s: TraceSummary, meta: dict) -> ProcessTrace:
+    """One trace file: folded into s (the whole trace) and on its own over its window."""
+    site_of = sites.for_trace(path)
+    lines = list(_rows(path, s))
+    _fold(s, lines, site_of)
+    kind, spans = windows(lines)
+    own = TraceSummary(processes=1, profiles=set(s.profiles), emulated=s.emulated)
+    _fold(own, lines, site_of, (lambda t0, t1: any(a <= t0 and t1 <= b for a, b in spans)) if spans else
+          (lambda t0, t1: True))
+    pid = int(path.rsplit(".", 2)[-2])
+    rank = meta.get(pid, {}).get("rank", -1)
+    return ProcessTrace(pid, rank if isinstance(rank, int) and rank >= 0 else None,
+                        int(meta.get(pid, {}).get("ranks", 0) or 0), kind,
+                        sum(b - a for a, b in spans) if spans else own.span_ns, own)
+
+
+def _summary_doc(path: str) -> dict:
+    """A process's summary as the interposer writes it; a ResultFileError naming the field otherwise."""
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ResultFileError(f"unreadable trace summary {path}: {getattr(e, 'strerror', None) or e}") from None
+    count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    checks = [(isinstance(d, dict), "", "an object"), ]
+    if isinstance(d, dict):
+        checks += [(isinstance(d.get("pid"), int) and not isinstance(d.get("pid"), bool), "pid", "a process id"),
+                   (isinstance(d.get("calls"), dict) and all(count(v) for v in d["calls"].values()), "calls",
+                    "an object of call counts"),
+                   (isinstance(d.get("crossings"), dict) and all(
+                       isinstance(v, dict) and all(count(x) for x in v.values()) for v in d["crossings"].values()),
+                    "crossings", "an object of per-direction counts"),
+                   (count(d.get("ranks", 0)) and isinstance(d.get("rank", -1), int), "rank", "whole numbers")]
+    for ok, field_, want in checks:
+        if not ok:
+            raise ResultFileError(f"trace summary {path}: {field_ or 'the document'} must be {want}")
+    return d
+
+
 def summarize(prefix: str) -> TraceSummary:
-    """Fold every <prefix>.<pid>.summary.json and .csv into one summary; ResultFileError
-    naming the file and the line for one the interposer did not write or of another schema."""
+    """Fold every <prefix>.<pid>.summary.json and .csv into one summary, and each process on its own (procs);
+    ResultFileError naming the file and the line for one the interposer did not write or of another schema."""
     if not os.path.basename(prefix):
         raise ResultFileError(f"{prefix!r}: give a trace prefix (T of `ccbridge run --record T`)")
     if re.search(r"\.\d+\.(csv|summary\.json|sites\.json)$", prefix):
         raise ResultFileError(f"{prefix}: give the trace's prefix, without .<pid>.csv "
                               f"({re.sub(r'[.][0-9]+[.].*$', '', prefix)})")
     s = TraceSummary()
+    meta = {}  # pid -> the summary's rank and ranks
     for path in sorted(glob.glob(f"{glob.escape(prefix)}.*.summary.json")):
-        try:
-            with open(path) as f:
-                d = json.load(f)
-            for k, v in d.get("calls", {}).items():
-                s.calls[k] += v
-            for k, v in d.get("crossings", {}).items():
-                agg = s.crossings.setdefault(k, {"count": 0, "bytes": 0, "blocked_ns": 0})
-                for name in agg:
-                    agg[name] += v.get(name, 0)
-        except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError, RecursionError) as e:
-            raise ResultFileError(f"unreadable trace summary {path}: {e}") from None
+        d = _summary_doc(path)
+        for k, v in d["calls"].items():
+            s.calls[k] += v
+        for k, v in d["crossings"].items():
+            agg = s.crossings.setdefault(k, {"count": 0, "bytes": 0, "blocked_ns": 0})
+            for name in agg:
+                agg[name] += v.get(name, 0)
+        meta[d["pid"]] = {"rank": d.get("rank", -1), "ranks": d.get("ranks", 0)}
         s.processes += 1
     for path in sorted(glob.glob(f"{glob.escape(prefix)}.*.csv")):
-        line = 1
-        site_of = sites.for_trace(path)
-        try:
-            with open(path, newline="") as f:
-                m = check_header(path, f.readline(), f.readline())
-                if m.group(2):
-                    s.profiles.add(m.group(2))
-                s.emulated |= m.group(3) == "1"
-                first = last = None
-                for line, row in enumerate(csv.DictReader(f, fieldnames=list(COLUMNS)), start=3):
-                    t0, t1 = _u64(row, "t_enter_ns"), _u64(row, "t_return_ns")
-                    if t1 < t0:
-                        raise ValueError(f"t_return_ns {t1} is before t_enter_ns {t0}")
-                    first, last = t0 if first is None else min(first, t0), t1 if last is None else max(last, t1)
-                    key = (row["api"], row["dir"] or "-", row["mem"] or "-")
-                    _add(s.by_api, key, row, t1 - t0)
-                    if site_of is not None:
-                        _add(s.by_site, (site_of.label(row["site"]), *key), row, t1 - t0)
-                if first is not None:
-                    s.span_ns += last - first
-                    s.first_ns = first if s.first_ns is None else min(s.first_ns, first)
-                    s.last_ns = last if s.last_ns is None else max(s.last_ns, last)
-        except ResultFileError:
-            raise
-        except (OSError, UnicodeDecodeError, csv.Error, KeyError, ValueError, TypeError) as e:
-            raise ResultFileError(f"unreadable trace {path}, line {line}: {type(e).__name__}: {e}") from None
+        s.procs.append(_process(path, s, meta))
     return s
 
 

@@ -186,7 +186,8 @@ def make_checkpoint(out_dir: str | os.PathLike, total_bytes: int, shard_bytes: i
     """
     if total_bytes < 1 or shard_bytes < 1:
         raise UsageError(f"sizes must be positive: total {total_bytes}, shard {shard_bytes} bytes")
-    out = ui.writable_folder(out_dir, "output folder")
+    # a used folder is refused: new shards beside an old layout's would load as one checkpoint of both
+    out = ui.writable_folder(out_dir, "output folder", fresh=("model.safetensors.index.json", "model-*.safetensors"))
     # The size asked first, before a layout of a size that will not fit is built; then the size it has.
     _check_space(out, total_bytes, list(out.glob("model-*.safetensors")))
     shards = shard(layout(total_bytes, hidden), shard_bytes)

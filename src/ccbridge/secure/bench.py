@@ -19,6 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ccbridge import choices
 from ccbridge.probe._torch import event_time_ms
 from ccbridge.secure import keys as keymod
 
@@ -28,8 +29,7 @@ BUSBW = {  # nccl-tests' bus bandwidth factors
     "reduce_scatter": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
 }
-DTYPES = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16, "int32": torch.int32,
-          "int64": torch.int64, "double": torch.float64, "uint8": torch.uint8}
+DTYPES = {name: getattr(torch, dtype) for name, dtype in choices.SECURE_DTYPES.items()}
 
 
 def sizes(begin: int, end: int, factor: int) -> list[int]:
@@ -317,7 +317,7 @@ def _model(name: str):
         cfg = transformers.GPT2Config(n_embd=1280, n_layer=36, n_head=20)
         m, seq = transformers.GPT2LMHeadModel(cfg), 256
     else:
-        raise ValueError(f"unknown model {name} (resnet50, bert-large, gpt2-large)")
+        raise ValueError(f"unknown model {name} ({', '.join(choices.DDP_MODELS)})")
     vocab = cfg.vocab_size
     return m, lambda b, dev: (torch.randint(0, vocab, (b, seq), device=dev), None), 8
 

@@ -58,38 +58,16 @@ from typing import Callable
 
 import torch
 
+from ccbridge import choices
 from ccbridge.emulate import trace as emu_trace  # (decode()'s own `trace` is its event list)
 from ccbridge.errors import UsageError
 
-MODES = ("sync", "async", "staged", "drain")
+MODES = choices.DECODE_MODES  # (in choices, which the CLI reads without importing torch; so PRESETS)
 MAX_HOST_PREP_US = 1e6  # a second of host work per step is no engine's
 MAX_BATCH = 4096  # sequences per step: beyond what a serving engine batches (and a host's memory at 2048 tokens)
 DRAIN_LAG = 2  # drain mode: readbacks in flight before the scheduler thread takes the oldest
 
-# Shapes of published models (config.json of each); the weights are random.
-PRESETS: dict[str, dict] = {
-    "tiny": dict(arch="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=512, max_position_embeddings=4096, rope_theta=10000.0,
-                 tie_word_embeddings=False),
-    "llama-1b": dict(arch="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,  # Llama 3.2 1B
-                     num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                     max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=True),
-    "tinyllama-1.1b": dict(arch="llama", hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                           num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
-                           max_position_embeddings=2048, rope_theta=10000.0, tie_word_embeddings=False),
-    "llama-3b": dict(arch="llama", hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,  # Llama 3.2 3B
-                     num_attention_heads=24, num_key_value_heads=8, vocab_size=128256,
-                     max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=True),
-    "llama-8b": dict(arch="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,  # Llama 3.1 8B
-                     num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                     max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=False),
-    "qwen2.5-0.5b": dict(arch="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-                         max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True),
-    "qwen2.5-3b": dict(arch="qwen2", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
-                       num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
-                       max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True),
-}
+PRESETS = choices.DECODE_PRESETS  # shapes of published models; the weights are random
 
 
 def _transformers():

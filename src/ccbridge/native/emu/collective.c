@@ -59,13 +59,20 @@ size_t emu_wire_bytes(int op, size_t bytes, int ranks) {
     }
 }
 
+/* The time the wire bytes take beyond this machine's own transfer: at the kept fraction of the link, and, projected,
+ * in dilated time at the target's link rate (r x wire / (target x kept)) less what this GPU's transfer took. */
 static uint64_t bandwidth_ns(size_t wire) {
-    if (!wire || cfg.native_nvlink_gbps <= 0 || cfg.nvlink_kept >= 1) return 0;
-    return emu_ns((double)wire / cfg.native_nvlink_gbps * (1.0 / cfg.nvlink_kept - 1.0));
+    if (!wire || cfg.native_nvlink_gbps <= 0) return 0;
+    double local = (double)wire / cfg.native_nvlink_gbps;
+    double target = cfg.target_nvlink_gbps > 0 ? cfg.target_nvlink_gbps : cfg.native_nvlink_gbps;
+    double want = cfg.dilation * (double)wire / (target * (cfg.nvlink_kept > 0 ? cfg.nvlink_kept : 1.0));
+    return want > local ? emu_ns(want - local) : 0;
 }
 static uint64_t toll_ns(size_t bytes) {
-    return cfg.nccl_toll_max_bytes && bytes > cfg.nccl_toll_max_bytes ? 0 : emu_ns(cfg.nccl_toll_ns);
+    return !emu_on() || (cfg.nccl_toll_max_bytes && bytes > cfg.nccl_toll_max_bytes) ? 0 : emu_ns(cfg.nccl_toll_ns);
 }
+/* what charges an operation: the emulated CC costs, or, projected without them (CC off), the link's dilated time */
+static int charging(void) { return emu_on() || cfg.dilation > 1; }
 
 /* ---- the device-side wait ---- */
 static const char kSpinPtx[] = CCB_PTX_HEADER CCB_PTX_SPIN("ccbemu_spin");
@@ -137,59 +144,93 @@ uint64_t emu_device_wait(CUstream st, uint64_t ns) {
 }
 
 /* ---- operations and groups ---- */
-typedef int (*comm_count_fn)(void *, int *);
+typedef int (*comm_int_fn)(void *, int *);
 /* The communicator's size through the same library's ncclCommCount (real_fn: the operation's real entry, so a
- * second libnccl in the process answers for its own communicators), cached per entry point, misses too. */
+ * second libnccl in the process answers for its own communicators), cached per entry point, misses too; and,
+ * the first time a communicator of 2+ ranks is seen, this process's rank in it (ncclCommUserRank), which names
+ * the process in a trace's summary (account pairs a job's ranks by it). */
 #define MAX_LIBS 8
-static struct { void *real; comm_count_fn count; } g_count[MAX_LIBS];
+static struct { void *real; comm_int_fn count, rank; } g_count[MAX_LIBS];
 static int g_ncount;
 static pthread_mutex_t g_count_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_rank = -1, g_world;
+int emu_rank(void) { return __atomic_load_n(&g_rank, __ATOMIC_RELAXED); }
+int emu_world(void) { return __atomic_load_n(&g_world, __ATOMIC_RELAXED); }
 static int ranks_of(void *comm, void *real_fn) {
-    comm_count_fn count = NULL;
+    comm_int_fn count = NULL, rank = NULL;
     int found = 0;
     pthread_mutex_lock(&g_count_mu);
     for (int i = 0; i < g_ncount && !found; i++)
-        if (g_count[i].real == real_fn) count = g_count[i].count, found = 1;
+        if (g_count[i].real == real_fn) count = g_count[i].count, rank = g_count[i].rank, found = 1;
     if (!found) {
         Dl_info info;
         void *h = real_fn && dladdr(real_fn, &info) && info.dli_fname ? dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD) : NULL;
-        if (h) count = (comm_count_fn)dlsym(h, "ncclCommCount"), dlclose(h);
-        if (g_ncount < MAX_LIBS) g_count[g_ncount].real = real_fn, g_count[g_ncount++].count = count;
+        if (h) count = (comm_int_fn)dlsym(h, "ncclCommCount"), rank = (comm_int_fn)dlsym(h, "ncclCommUserRank"), dlclose(h);
+        if (g_ncount < MAX_LIBS) g_count[g_ncount].real = real_fn, g_count[g_ncount].count = count, g_count[g_ncount++].rank = rank;
     }
     pthread_mutex_unlock(&g_count_mu);
-    int n = 0;
-    return count && comm && count(comm, &n) == 0 ? n : 0;
+    int n = 0, r = -1;
+    if (!(count && comm && count(comm, &n) == 0)) return 0;
+    if (n > 1 && emu_world() == 0 && rank && rank(comm, &r) == 0 && r >= 0) {
+        int none = 0;
+        if (__atomic_compare_exchange_n(&g_world, &none, n, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            __atomic_store_n(&g_rank, r, __ATOMIC_RELAXED);
+    }
+    return n;
 }
+
+/* A one-rank communicator's operations cross no GPU: nothing to charge, unless the profile asks (calibration
+ * on one GPU checks the charge itself there). ranks 0: not known (no ncclCommCount), charged. */
+static int pays(const emu_coll *c) { return c->ranks != 1 || cfg.nccl_one_rank; }
 
 /* NCCL's groups are per thread: this thread's nesting, and the operations its open group holds (grown on
  * demand: most threads never group, and a thread-local array would cost every thread of the program). */
+/* rc of an operation that was queued: success, or in progress on a non-blocking communicator */
+static int queued(int rc) { return rc == 0 || rc == 7; }
+
 typedef struct { emu_coll c; uint64_t t_return; int rc; } held;
 static __thread int t_depth;
 static __thread held *t_group;
 static __thread int t_ngroup, t_cap;
 
-static void record(const emu_coll *c, uint64_t t_return, int rc) {
-    if (!__atomic_load_n(&emu_tracing, __ATOMIC_RELAXED) || !c->t_enter) return;
+static void write_line(const emu_coll *c, uint64_t t_return, int rc, int graph) {
     emu_record r = {c->api, -1, 0, c->t_enter, t_return, 0, 0, c->charged, c->bytes, NULL, c->stream,
-                    REC_COLLECTIVE, rc, c->ranks, c->wire};
+                    REC_COLLECTIVE, rc, c->ranks, c->wire, graph, NULL};
     int *slot = ccbemu_site_slot(), now = *slot;
     *slot = c->site; /* the line names the call that issued the operation, also when its group's end writes it */
     emu_trace_record(&r);
     *slot = now;
 }
 
+/* An operation done (its group's end for a grouped one): one captured into a graph is noted under the graph, so
+ * that each launch of it writes the line again (its GPU time is paid then, not now); then its line. */
+static void record(const emu_coll *c, uint64_t t_return, int rc) {
+    if (!c->t_enter && !charging()) return; /* neither a charge nor a line (no lookups on the program's path) */
+    int captured = queued(rc) && emu_capturing(c->stream);
+    if (captured) emu_graph_note_coll(c);
+    if (__atomic_load_n(&emu_tracing, __ATOMIC_RELAXED) && c->t_enter)
+        write_line(c, t_return, rc, captured ? GRAPH_CAPTURE : GRAPH_NONE);
+}
+
+void emu_coll_replayed(const emu_coll *c, CUstream st, uint64_t t) {
+    if (!__atomic_load_n(&emu_tracing, __ATOMIC_RELAXED)) return;
+    emu_coll r = *c;
+    r.stream = st, r.t_enter = t;
+    write_line(&r, t, 0, GRAPH_REPLAY);
+}
+
 void emu_coll_begin(emu_coll *c, int api, int op, size_t count, int dtype, void *comm, CUstream st, uint64_t t0,
                     void *real_fn) {
     size_t size = emu_nccl_type_size(dtype);
     memset(c, 0, sizeof *c);
-    if (!emu_on() && !t0) return; /* neither a charge nor a line: no lookups on the program's path */
+    if (!charging() && !t0) return; /* neither a charge nor a line: no lookups on the program's path */
     c->api = api, c->op = op, c->stream = st, c->t_enter = t0, c->site = *ccbemu_site_slot();
     c->ctx = t_depth > 0 ? ctx_of(st) : NULL;
     c->bytes = size && count <= SIZE_MAX / size ? count * size : 0;
     c->ranks = ranks_of(comm, real_fn);
     c->wire = emu_wire_bytes(op, c->bytes, c->ranks);
     if (c->ranks > 1) emu_mgpu_on();
-    if (t_depth > 0 || !emu_on()) return; /* grouped: charged at the group's end */
+    if (t_depth > 0 || !charging() || !pays(c)) return; /* grouped: charged at the group's end */
     c->charged = emu_device_wait(st, toll_ns(c->bytes) + bandwidth_ns(c->wire));
     if (!emu_capturing(st)) emu_work_submitted();
 }
@@ -210,25 +251,26 @@ void emu_coll_end(emu_coll *c, int rc) {
 
 void emu_group_start(void) { t_depth++; }
 
-/* rc of an operation that was queued: success, or in progress on a non-blocking communicator */
-static int queued(int rc) { return rc == 0 || rc == 7; }
+
+/* a held operation that the group's charge covers: queued, on a communicator that pays */
+static int charged_in_group(int i) { return queued(t_group[i].rc) && pays(&t_group[i].c); }
 
 void emu_group_end(void) {
     if (t_depth == 0 || --t_depth > 0) return; /* an unmatched end is NCCL's to refuse; an inner one waits */
-    if (emu_on()) {
+    if (charging()) {
         /* one charge per GPU (context): its first operation carries the toll, each its own bandwidth term */
         for (int i = 0; i < t_ngroup; i++) {
             emu_coll *first = &t_group[i].c;
-            if (!queued(t_group[i].rc)) continue;
+            if (!charged_in_group(i)) continue;
             int seen = 0;
-            for (int j = 0; j < i && !seen; j++) seen = queued(t_group[j].rc) && t_group[j].c.ctx == first->ctx;
+            for (int j = 0; j < i && !seen; j++) seen = charged_in_group(j) && t_group[j].c.ctx == first->ctx;
             if (seen) continue;
             size_t bytes = 0;
             for (int j = i; j < t_ngroup; j++)
-                if (queued(t_group[j].rc) && t_group[j].c.ctx == first->ctx) bytes += t_group[j].c.bytes;
+                if (charged_in_group(j) && t_group[j].c.ctx == first->ctx) bytes += t_group[j].c.bytes;
             uint64_t total = first->charged = toll_ns(bytes);
             for (int j = i; j < t_ngroup; j++)
-                if (queued(t_group[j].rc) && t_group[j].c.ctx == first->ctx) {
+                if (charged_in_group(j) && t_group[j].c.ctx == first->ctx) {
                     uint64_t b = bandwidth_ns(t_group[j].c.wire);
                     t_group[j].c.charged += b, total += b;
                 }

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "emu.h"
 
@@ -35,6 +36,43 @@ void emu_config_defaults(emu_config *c) {
     c->mgpu_launch_factor = 1.0;
     c->nvlink_kept = 1.0;
     c->nvls = 1;
+    c->dilation = 1.0;
+}
+
+/* Projection: the emulated costs as the target pays them in dilated time. The floor against this machine's
+ * native bandwidth (native x ratio) dilates with the rates: the ratios are divided too. The wait kernel's own
+ * dispatch (native_kernel_ns) is this GPU's, not dilated. */
+void emu_dilate(emu_config *c) {
+    double r = c->dilation;
+    if (!(r > 1)) return;
+    for (int d = 0; d < 2; d++) {
+        c->toll_ns[d] *= r, c->system_gbps[d] /= r;
+        for (int m = 0; m < 2; m++) c->chan_gbps[d][m] /= r, c->cc_ratio[d][m] /= r;
+    }
+    c->launch_toll_ns *= r, c->sync_toll_ns *= r, c->nccl_toll_ns *= r;
+    c->ctx_create_ns *= r, c->ctx_destroy_ns *= r, c->host_alloc_toll_ns *= r;
+}
+
+/* Host work, dilated: the calling thread's CPU time since its last hooked call returned, stretched to r times
+ * (the thread waits (r - 1) x it on entry). Time inside hooked calls is not host work (a synchronize spinning
+ * in the driver waits for the GPU), nor are sleeps, I/O and other threads' and processes' work (README). */
+static __thread uint64_t t_cpu_mark; /* this thread's CPU ns at its last hooked call's return; 0: none yet */
+static uint64_t cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+int emu_dilate_enter(void) {
+    if (!(cfg.dilation > 1)) return 0;
+    uint64_t now = cpu_now();
+    if (t_cpu_mark && now > t_cpu_mark) emu_spin_for(emu_ns((double)(now - t_cpu_mark) * (cfg.dilation - 1)));
+    t_cpu_mark = cpu_now(); /* (the wait's own spinning is no host work of the program's) */
+    return 0;
+}
+void emu_dilate_reset(void) { t_cpu_mark = 0; }
+void emu_dilate_leave(int *unused) {
+    (void)unused;
+    if (cfg.dilation > 1) t_cpu_mark = cpu_now();
 }
 
 typedef enum { T_DOUBLE, T_INT, T_SIZE, T_US, T_S, T_STR } ktype;
@@ -64,6 +102,7 @@ static const struct { const char *key; ktype t; size_t off; size_t cap; double m
     F("multi_gpu", T_INT, multi_gpu, 0, 1),
     F("nccl_toll_us", T_US, nccl_toll_ns, 0, 1e7),
     F("nccl_toll_max_bytes", T_SIZE, nccl_toll_max_bytes, 0, 1ull << 50),
+    F("nccl_one_rank", T_INT, nccl_one_rank, 0, 1),
     F("nvlink_kept", T_DOUBLE, nvlink_kept, 1e-3, 1),
     F("nvls", T_INT, nvls, 0, 1),
     F("sync_toll_us", T_US, sync_toll_ns, 0, 1e7),
@@ -71,6 +110,7 @@ static const struct { const char *key; ktype t; size_t off; size_t cap; double m
     F("ctx_destroy_s", T_S, ctx_destroy_ns, 0, 600),
     F("host_alloc_toll_us", T_US, host_alloc_toll_ns, 0, 1e7),
     F("refuse_host_register", T_INT, refuse_host_register, 0, 1),
+    F("pinned_reports_managed", T_INT, pinned_reports_managed, 0, 1),
     F("lanes", T_INT, lanes, 1, 64),
     F("chunk_bytes", T_SIZE, chunk_bytes, 4096, 1 << 30),
     STR("trace", trace),
@@ -80,6 +120,9 @@ static const struct { const char *key; ktype t; size_t off; size_t cap; double m
     F("native_d2h_pinned_gbps", T_DOUBLE, native_pinned_gbps[DIR_D2H], 0, 1e4),
     F("native_nvlink_gbps", T_DOUBLE, native_nvlink_gbps, 0, 1e5),
     F("native_kernel_ns", T_DOUBLE, native_kernel_ns, 0, 1e6),
+    /* projection (ccbridge run --project): the dilation r and the target's link rate */
+    F("dilation", T_DOUBLE, dilation, 1, 1000),
+    F("target_nvlink_gbps", T_DOUBLE, target_nvlink_gbps, 0, 1e5),
 #undef F
 #undef STR
 };

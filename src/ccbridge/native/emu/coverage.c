@@ -47,7 +47,7 @@ static const char *const kHarmless[] = {
     "cuStreamSetAttribute", "cuStreamCopyAttributes", "cuStreamQuery", "cuStreamWaitEvent", "cuStreamIsCapturing",
     "cuStreamBeginCapture", "cuStreamBeginCaptureToGraph", "cuStreamEndCapture", "cuStreamUpdateCaptureDependencies",
     "cuThreadExchangeStreamCaptureMode", "cuEventCreate", "cuEventDestroy", "cuEventRecord", "cuEventRecordWithFlags",
-    "cuEventQuery", "cuEventElapsedTime", "cuGraph*", "cuUserObject*", "cuArray*", "cuMipmappedArray*",
+    "cuEventQuery", "cuGraph*", "cuUserObject*", "cuArray*", "cuMipmappedArray*",
     "cuTexObject*", "cuSurfObject*", "cuTexRef*", "cuSurfRef*", "cuIpc*", "cuProfiler*", "cuDeviceGraphMemTrim",
 };
 

@@ -135,16 +135,25 @@ typedef struct {
     double mgpu_launch_factor;   /* the launch toll's multiple once the process is multi-GPU (emu_mgpu) */
     int multi_gpu;               /* 1: multi-GPU CC mode from the start (the system's setting), 0: detected */
     double nccl_toll_ns;         /* per NCCL operation (a group is one), device-side, before the op */
+    int nccl_one_rank;           /* 1: a one-rank communicator's operations pay too (calibration only: they cross
+                                    no GPU); 0: they pay nothing */
     size_t nccl_toll_max_bytes;  /* the toll applies to operations of at most this many bytes; 0: every one */
     double nvlink_kept;          /* published CC-on / CC-off GPU-GPU bandwidth for large transfers */
     int nvls;                    /* 0: NVLink multicast off (cuMulticast* refused, the attribute says unsupported) */
     double native_nvlink_gbps;   /* this machine's GPU-GPU copy rate (launcher), 0 = unknown: no bandwidth term */
     double native_kernel_ns;     /* GPU time one more empty kernel adds to a busy stream (launcher): the device-side
                                     wait is that much shorter than its charge */
+    /* Projection to a faster GPU (ccbridge run --project): time dilated by r = target / this GPU. Every emulated
+     * cost is r times longer (tolls x r, bridge rates / r: applied once, at load, emu_dilate), host work between
+     * hooked calls is stretched by r on its thread (emu_dilate_enter/leave), so that the GPU, left at its own
+     * speed, runs r times faster than everything around it: the target's proportions. 1: no projection. */
+    double dilation;
+    double target_nvlink_gbps;   /* the target's GPU-GPU link rate (its datasheet); 0: this machine's */
     double sync_toll_ns;         /* one host-GPU round trip: a synchronize that waits for work, a D2H */
     double ctx_create_ns, ctx_destroy_ns;
     double host_alloc_toll_ns;   /* per pinned host allocation */
     int refuse_host_register;    /* cuMemHostRegister -> CUDA_ERROR_NOT_SUPPORTED */
+    int pinned_reports_managed;  /* the program's pointer queries answer managed for pinned host memory */
     int lanes;                   /* threads sharing a crossing's CPU work (>= 1) */
     size_t chunk_bytes;          /* a pinned D2H lands in chunks of this size */
     char trace[512];             /* trace file prefix, "" = off */
@@ -160,6 +169,12 @@ static inline int emu_on(void) { return cfg.emulate && !__atomic_load_n(&emu_pau
 /* Parse "key=value" lines; unknown keys or bad values -> -1 with a message. */
 int emu_config_parse(emu_config *c, const char *text, char *err, size_t errlen);
 void emu_config_defaults(emu_config *c);
+void emu_dilate(emu_config *c);            /* scale the costs by c->dilation (once, after parsing) */
+int emu_dilate_enter(void);                /* a hooked call begins: stretch this thread's host work since the last */
+void emu_dilate_leave(int *unused);        /* (cleanup of the hook's scope) it returns: host work starts again */
+void emu_dilate_reset(void);               /* tests: this thread starts afresh (no host work timed yet) */
+/* every hook: host work stretched on entry and timed again from its return (a GNU cleanup runs at any return) */
+#define EMU_DILATE_SCOPE __attribute__((cleanup(emu_dilate_leave), unused)) int dil_ = emu_dilate_enter()
 
 /* ---- clocks and pacing (pace.c) ---- */
 uint64_t emu_now(void);                 /* CLOCK_MONOTONIC ns, shared by processes */
@@ -214,6 +229,11 @@ typedef struct {
 void emu_coll_begin(emu_coll *c, int api, int op, size_t count, int dtype, void *comm, CUstream st, uint64_t t0,
                     void *real_fn);
 void emu_coll_end(emu_coll *c, int rc);  /* after the real call: its trace line, or held for the group's */
+/* A graph launch ran an operation the graph captured: its trace line (graph replay), charged as captured. */
+void emu_coll_replayed(const emu_coll *c, CUstream st, uint64_t t);
+void emu_graph_note_coll(const emu_coll *c); /* hooks.c: an operation captured into the graph its stream builds */
+int emu_rank(void);                      /* this process's rank in its first communicator of 2+ ranks; -1: none */
+int emu_world(void);                     /* that communicator's size; 0: none */
 void emu_group_start(void);
 void emu_group_end(void);                /* before the real ncclGroupEnd: the outermost charges its group */
 void emu_group_drop(void);               /* ncclGroupSimulateEnd: the group ran nothing, nothing is charged */
@@ -285,10 +305,16 @@ void emu_channels_reset(void);
  * wire_bytes are empty on other lines.
  * site: the calling thread's Python call site when the call was recorded (set through
  * ccbemu_site_slot by emulate/siteboot/ccbridge_sites.py; empty where none was noted). */
-#define EMU_TRACE_SCHEMA 4
+#define EMU_TRACE_SCHEMA 5
 #define EMU_TRACE_COLUMNS \
-    "t_enter_ns,t_return_ns,tid,ctx,stream,api,kind,dir,mem,bytes,blocked_channel_ns,blocked_stream_ns,toll_ns,rc,site,ranks,wire_bytes"
-enum { REC_CROSSING = 0, REC_LAUNCH, REC_SYNC, REC_CONTEXT, REC_ALLOC, REC_COLLECTIVE };
+    "t_enter_ns,t_return_ns,tid,ctx,stream,api,kind,dir,mem,bytes,blocked_channel_ns,blocked_stream_ns,toll_ns,rc,site,ranks," \
+    "wire_bytes,graph"
+/* mark: a point the program named (ccbemu_mark: api is its name), e.g. the steady-state window's begin and end;
+ * query: a pointer-attribute query answered "managed" for pinned host memory (pinned_reports_managed);
+ * timing: cuEventElapsedTime (GPU time read from events, which CC makes unreliable) */
+enum { REC_CROSSING = 0, REC_LAUNCH, REC_SYNC, REC_CONTEXT, REC_ALLOC, REC_COLLECTIVE, REC_MARK, REC_QUERY, REC_TIMING };
+/* graph: a collective captured into a CUDA graph (no GPU time now), or run again by a graph launch */
+enum { GRAPH_NONE = 0, GRAPH_CAPTURE, GRAPH_REPLAY };
 typedef struct {
     int api, dir, mem;   /* dir -1: none */
     uint64_t t_enter, t_return, blocked_stream_ns, blocked_channel_ns, toll_ns;
@@ -299,6 +325,8 @@ typedef struct {
     CUresult rc;
     int ranks;           /* collectives: the communicator's size (0: not a collective) */
     size_t wire_bytes;
+    int graph;           /* GRAPH_*: collectives only */
+    const char *label;   /* marks: the name, written as the api */
 } emu_record;
 extern int emu_tracing;  /* a trace is being written and not paused: hooks record (atomic loads and stores) */
 void emu_trace_open(const char *prefix);
@@ -344,6 +372,7 @@ EMU_API void ccbemu_trace_flush(void);
 EMU_API int ccbemu_trace_pause(int paused);    /* 1: hooks stop writing trace lines, 0: again; was it recording */
 EMU_API int ccbemu_emulate_pause(int pause);   /* 1: hold a pause (no costs), 0: release one; was it emulating */
 EMU_API int *ccbemu_site_slot(void);           /* this thread's Python call site id, -1: none */
+EMU_API int ccbemu_mark(const char *name);     /* a mark line in the trace (ccbridge.mark); 1 if one was written */
 EMU_API int ccbemu_summary(char *buf, int len);
 EMU_API int ccbemu_coverage(char *buf, int len); /* coverage JSON, as written at exit */
 EMU_API const char *ccbemu_hook_name(int i);   /* hook table row i; NULL past the end */

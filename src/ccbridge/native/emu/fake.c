@@ -159,14 +159,26 @@ static CUresult f_MemHostAlloc(void **p, size_t n, unsigned flags) {
     return 0;
 }
 static CUresult f_MemAllocHost(void **p, size_t n) { return f_MemHostAlloc(p, n, 0); }
+/* memory type and is-managed (never: the fake makes no managed memory) of its own allocations */
 static CUresult f_PointerGetAttribute(void *out, int attr, CUdeviceptr p) {
-    if (attr != CU_POINTER_ATTRIBUTE_MEMORY_TYPE) return CUDA_ERROR_INVALID_VALUE;
+    if (attr != CU_POINTER_ATTRIBUTE_MEMORY_TYPE && attr != CU_POINTER_ATTRIBUTE_IS_MANAGED) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mu);
     for (size_t i = nallocs; i-- > 0;) /* the newest first: the tests' live buffers */
-        if (p >= allocs[i].base && p < allocs[i].base + allocs[i].size) { *(int *)out = allocs[i].type; rc = 0; break; }
+        if (p >= allocs[i].base && p < allocs[i].base + allocs[i].size) {
+            *(int *)out = attr == CU_POINTER_ATTRIBUTE_IS_MANAGED ? 0 : allocs[i].type;
+            rc = 0;
+            break;
+        }
     pthread_mutex_unlock(&mu);
     return rc;
+}
+static CUresult f_PointerGetAttributes(unsigned n, int *attrs, void **data, CUdeviceptr p) {
+    for (unsigned i = 0; i < n; i++) {
+        CUresult rc = f_PointerGetAttribute(data[i], attrs[i], p);
+        if (rc) return rc;
+    }
+    return 0;
 }
 static void copy_issued(fstream *s, size_t n) {
     s->issued++;
@@ -328,7 +340,7 @@ static const struct { const char *name; void *fn; } kFake[] = {
     {"cuEventCreate", f_EventCreate}, {"cuEventRecord", f_EventRecord}, {"cuEventQuery", f_EventQuery},
     {"cuEventSynchronize", f_EventSynchronize}, {"cuStreamWaitEvent", f_StreamWaitEvent},
     {"cuEventElapsedTime", f_EventElapsedTime}, {"cuMemHostAlloc", f_MemHostAlloc},
-    {"cuMemAllocHost_v2", f_MemAllocHost}, {"cuPointerGetAttribute", f_PointerGetAttribute},
+    {"cuMemAllocHost_v2", f_MemAllocHost}, {"cuPointerGetAttribute", f_PointerGetAttribute}, {"cuPointerGetAttributes", f_PointerGetAttributes},
     {"cuMemcpyHtoDAsync_v2", f_HtoDAsync}, {"cuMemcpyHtoDAsync_v2_ptsz", f_HtoDAsync_ptsz},
     {"cuMemcpyDtoHAsync_v2", f_DtoHAsync}, {"cuMemcpyDtoHAsync_v2_ptsz", f_DtoHAsync},
     {"cuMemcpyHtoD_v2", f_HtoD}, {"cuMemcpyDtoH_v2", f_DtoH}, {"cuMemcpy", f_Memcpy},

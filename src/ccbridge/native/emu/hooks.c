@@ -49,6 +49,7 @@ typedef unsigned long long cuuint64_t;
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2)                \
     X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxReset)                                                  \
     X(cuMemHostRegister) X(cuMemHostRegister_v2) X(cuMemHostAlloc) X(cuMemAllocHost_v2)                      \
+    X(cuPointerGetAttribute) X(cuPointerGetAttributes) X(cuEventElapsedTime) X(cuEventElapsedTime_v2)         \
     X(cuGetProcAddress) X(cuGetProcAddress_v2)                                                               \
     X(cuCtxEnablePeerAccess) X(cuDeviceGetAttribute)                                                         \
     X(cuMulticastCreate) X(cuMulticastGetGranularity) X(cuMulticastAddDevice) X(cuMulticastBindMem)         \
@@ -144,6 +145,7 @@ static void load_config(const char *text, const char *origin) {
     emu_config_defaults(&cfg);
     if (text && emu_config_parse(&cfg, text, err, sizeof err) != 0) emu_fail("bad configuration (%s): %s", origin, err);
     if (cfg.emulate && emu_cipher_load(err, sizeof err) != 0) emu_fail("%s", err);
+    emu_dilate(&cfg);
     if (cfg.trace[0]) emu_trace_open(cfg.trace);
 }
 
@@ -185,11 +187,13 @@ int ccbemu_test_init(const char *config_text, char *err, int errlen) {
     emu_config_defaults(&cfg);
     int rc = emu_config_parse(&cfg, config_text, err, (size_t)errlen);
     if (rc == 0 && cfg.emulate) rc = emu_cipher_load(err, (size_t)errlen);
+    if (rc == 0) emu_dilate(&cfg);
     if (rc == 0) {
         emu_channels_reset();
         emu_stats_reset();
         emu_coverage_reset();
         emu_mgpu_reset();
+        emu_dilate_reset();
         emu_bus_local();
         __atomic_store_n(&emu_paused, 0, __ATOMIC_RELAXED);
         fill(ccbemu_fake_lookup);
@@ -255,6 +259,7 @@ void *ccbemu_lookup(const char *name) {
 /* t0_: when the call began, for the trace (0: not tracing) */
 #define ENTER(n)                                                            \
     emu_init();                                                             \
+    EMU_DILATE_SCOPE;                                                       \
     emu_count(H_##n);                                                       \
     __attribute__((unused)) const uint64_t t0_ = __atomic_load_n(&emu_tracing, __ATOMIC_RELAXED) ? emu_now() : 0; \
     if (!g_real[H_##n]) return CUDA_ERROR_NOT_INITIALIZED
@@ -268,17 +273,31 @@ static void rec(int api, int kind, int dir, int mem, size_t bytes, CUstream st, 
 static void graph_note(CUstream st, int dir, int mem, size_t bytes);
 /* A host<->device copy passed to the driver (not emulated): a crossing of the
  * trace; or, captured into a graph while emulating, a copy its launches pay for. */
+static void dilate_copy(int dir, size_t bytes, CUstream st, int host_waits);
 static CUresult pass_rec(int api, int dir, int mem, size_t bytes, CUstream st, uint64_t t0, uint64_t t1, CUresult rc) {
     if (!bytes) return rc;
     if (emu_capturing(st)) {
         if (cfg.emulate && rc == CUDA_SUCCESS) graph_note(st, dir, mem, bytes); /* (paused or not: the graph holds it) */
-    } else if (t0) {
-        rec(api, REC_CROSSING, dir, mem, bytes, st, t0, t1, 0, rc);
+        return rc;
     }
+    if (rc == CUDA_SUCCESS && !cfg.emulate) dilate_copy(dir, bytes, st, dir == DIR_D2H);
+    if (t0) rec(api, REC_CROSSING, dir, mem, bytes, st, t0, t1, 0, rc);
     return rc;
 }
-/* what a passed copy needs looked at: when tracing, or emulating (then it was captured, or moved no bytes) */
-#define PASS_LOOK(t0) ((t0) || cfg.emulate)
+/* what a passed copy needs looked at: when tracing, emulating (then it was captured, or moved no bytes) or
+ * projecting */
+#define PASS_LOOK(t0) ((t0) || cfg.emulate || cfg.dilation > 1)
+/* Projected without emulation (CC off: passthrough --project): a crossing's bytes move at this machine's native
+ * rate, and in dilated time they take r times as long (the target's PCIe is no faster): the rest, (r - 1) x
+ * bytes at the native pinned rate, is waited for where the copy's end is met: on the host for a readback, on
+ * the stream (a GPU-side wait after it) for an upload. No native rate measured: not dilated (README). */
+static void dilate_copy(int dir, size_t bytes, CUstream st, int host_waits) {
+    double rate = cfg.native_pinned_gbps[dir];
+    if (!(cfg.dilation > 1) || !(rate > 0)) return;
+    uint64_t ns = emu_ns((double)bytes / rate * (cfg.dilation - 1));
+    if (host_waits) emu_spin_for(ns);
+    else emu_device_wait(st, ns);
+}
 static CUresult pass_done(int api, int dir, const void *host, size_t bytes, CUstream st, uint64_t t0, CUresult rc) {
     uint64_t t1 = t0 ? emu_now() : 0;
     return PASS_LOOK(t0) && bytes ? pass_rec(api, dir, emu_host_kind(host), bytes, st, t0, t1, rc) : rc;
@@ -796,9 +815,13 @@ typedef cuGraphLaunch_t cuGraphLaunch_ptsz_t;
  *    decrypts it: paid after the real launch, waiting for the stream to reach
  *    the end of the graph first, so cuGraphLaunch returns only once the
  *    graph's readbacks would be in host memory (asynchrony revoked).
+ * An NCCL operation captured into a graph left its device-side wait in the graph
+ * (collective.c), so the GPU pays it on every replay; the side table notes it
+ * too, so that each launch writes its trace line again (graph replay) and an
+ * account sees every replay's toll, not the capture's alone.
  * Not seen: memcpy nodes added explicitly (cuGraphAddMemcpyNode, cuGraphAddNode),
  * graphs changed by cuGraphExecUpdate or cloned; README "Known limits". */
-typedef struct { int dir, mem; size_t bytes; } graph_copy;
+typedef struct { int coll; int dir, mem; size_t bytes; emu_coll op; } graph_copy; /* coll: op, else a copy */
 /* capture: the id of the capture that noted the copies of a CUgraph; a new capture at the same
  * address (a freed graph's handle reused, a failed capture's graph) starts the list anew */
 typedef struct gnode { void *key; graph_copy *c; size_t n, cap; unsigned long long capture; struct gnode *next; } gnode;
@@ -841,16 +864,25 @@ static CUgraph capture_graph(CUstream st, unsigned long long *id) {
                                         : ((capture_info_v2_t *)drv.StreamGetCaptureInfo)(st, &status, id, &g, NULL, NULL);
     return rc == CUDA_SUCCESS && status == 1 /* CU_STREAM_CAPTURE_STATUS_ACTIVE */ ? g : NULL;
 }
-static void graph_note(CUstream st, int dir, int mem, size_t bytes) {
+static void graph_add(CUstream st, const graph_copy *item) {
     unsigned long long id = 0;
     CUgraph g = capture_graph(st, &id);
     if (!g) return;
-    graph_copy c = {dir, mem, bytes};
+    graph_copy c = *item;
     pthread_mutex_lock(&g_graphs_mu);
     gnode *n = gfind(g, 1);
     if (n && n->capture != id) n->n = 0, n->capture = id;
     if (n) gappend(n, &c, 1);
     pthread_mutex_unlock(&g_graphs_mu);
+}
+static void graph_note(CUstream st, int dir, int mem, size_t bytes) {
+    graph_copy c = {0, dir, mem, bytes};
+    graph_add(st, &c);
+}
+void emu_graph_note_coll(const emu_coll *op) {
+    graph_copy c = {1, -1, 0, op->bytes};
+    c.op = *op;
+    graph_add(op->stream, &c);
 }
 static CUresult graph_instantiated(CUresult rc, CUgraphExec *e, CUgraph g) {
     if (rc != CUDA_SUCCESS || !e) return rc;
@@ -873,14 +905,18 @@ static size_t graph_copies(CUgraphExec e, graph_copy **out) {
 /* The charges are costs only: they never change what the launch returns. */
 static CUresult graph_launch(int api, uint64_t t0, CUgraphExec g, CUstream raw, CUstream st, cuGraphLaunch_t *real) {
     graph_copy *c = NULL;
-    size_t n = emu_on() && !emu_capturing(st) ? graph_copies(g, &c) : 0;
-    for (size_t i = 0; i < n; i++)
-        if (c[i].dir == DIR_H2D) emu_charge(api, DIR_H2D, c[i].mem, c[i].bytes, st);
+    int on = emu_on();
+    size_t n = (on || t0) && !emu_capturing(st) ? graph_copies(g, &c) : 0;
+    for (size_t i = 0; i < n && on; i++)
+        if (!c[i].coll && c[i].dir == DIR_H2D) emu_charge(api, DIR_H2D, c[i].mem, c[i].bytes, st);
     if (t0 && n) t0 = emu_now(); /* the launch row starts after the H2D rows: no time counted twice */
     launch_charge lc = launch_begin(st);
     CUresult rc = launch_done(api, t0, real(g, raw), st, lc);
-    for (size_t i = 0; i < n && rc == CUDA_SUCCESS; i++)
-        if (c[i].dir == DIR_D2H) emu_charge(api, DIR_D2H, c[i].mem, c[i].bytes, st);
+    uint64_t t = t0 && rc == CUDA_SUCCESS ? emu_now() : 0;
+    for (size_t i = 0; i < n && rc == CUDA_SUCCESS; i++) {
+        if (c[i].coll && t) emu_coll_replayed(&c[i].op, st, t); /* its wait is in the graph: the GPU pays it */
+        else if (!c[i].coll && on && c[i].dir == DIR_D2H) emu_charge(api, DIR_D2H, c[i].mem, c[i].bytes, st);
+    }
     free(c);
     return rc;
 }
@@ -1109,6 +1145,68 @@ EMU_API CUresult cuMemAllocHost_v2(void **p, size_t n) {
     return lifecycle(H_cuMemAllocHost_v2, t0_, REC_ALLOC, n, REAL(cuMemAllocHost_v2)(p, n), cfg.host_alloc_toll_ns);
 }
 
+/* ---- what CC drivers answer about pinned memory ----
+ * Under CC, pinned host memory reports the managed memory type (TensorRT PR #4740, vLLM PRs #50671/#57404):
+ * cudaPointerGetAttributes says cudaMemoryTypeManaged for cudaMallocHost memory, torch's is_pinned() answers
+ * False, and frameworks take their "not pinned" paths (a re-pin per batch; a detached copy where a live view
+ * was meant). With pinned_reports_managed the program's queries get the answer a managed allocation gives
+ * (is-managed 1, memory type device; the pointers themselves are the driver's); the emulator's own
+ * classification keeps asking the driver (drv.PointerGetAttribute). Each such answer is a trace line (query)
+ * at its call site, so advise can name the code that asks. cuMemHostGetDevicePointer stays a live view, as
+ * the same reports say it is on CC hardware. */
+typedef CUresult cuPointerGetAttribute_t(void *, int, CUdeviceptr);
+typedef CUresult cuPointerGetAttributes_t(unsigned, int *, void **, CUdeviceptr);
+static int pinned_host(CUdeviceptr p) {
+    unsigned type = 0;
+    return drv.PointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) == CUDA_SUCCESS && type == CU_MEMORYTYPE_HOST;
+}
+static int managed_view(int attr, void *data) { /* 1 if it changed the answer */
+    if (!data) return 0;
+    if (attr == CU_POINTER_ATTRIBUTE_MEMORY_TYPE) return *(unsigned *)data = CU_MEMORYTYPE_DEVICE, 1;
+    if (attr == CU_POINTER_ATTRIBUTE_IS_MANAGED) return *(unsigned *)data = 1, 1;
+    return 0;
+}
+static int asks_type(int attr) { return attr == CU_POINTER_ATTRIBUTE_MEMORY_TYPE || attr == CU_POINTER_ATTRIBUTE_IS_MANAGED; }
+static CUresult queried(int api, uint64_t t0, CUresult rc, int changed) {
+    if (changed && t0) rec(api, REC_QUERY, -1, MEM_PINNED, 0, NULL, t0, emu_now(), 0, rc);
+    return rc;
+}
+EMU_API CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
+    ENTER(cuPointerGetAttribute);
+    CUresult rc = REAL(cuPointerGetAttribute)(data, attr, p);
+    int changed = rc == CUDA_SUCCESS && emu_on() && cfg.pinned_reports_managed && asks_type(attr) && pinned_host(p) &&
+                  managed_view(attr, data);
+    return queried(H_cuPointerGetAttribute, t0_, rc, changed);
+}
+EMU_API CUresult cuPointerGetAttributes(unsigned n, int *attrs, void **data, CUdeviceptr p) {
+    ENTER(cuPointerGetAttributes);
+    CUresult rc = REAL(cuPointerGetAttributes)(n, attrs, data, p);
+    int changed = 0, asks = 0;
+    for (unsigned i = 0; attrs && i < n; i++) asks |= asks_type(attrs[i]);
+    if (rc == CUDA_SUCCESS && asks && emu_on() && cfg.pinned_reports_managed && data && pinned_host(p))
+        for (unsigned i = 0; i < n; i++) changed |= managed_view(attrs[i], data[i]);
+    return queried(H_cuPointerGetAttributes, t0_, rc, changed);
+}
+
+/* ---- GPU time read from events: a trace line, so advise can name event timing under CC ----
+ * Under CC, CUDA event timing is unreliable (TensorRT PR #4740: negative latencies); TensorRT-LLM and
+ * FlashInfer time with %globaltimer stamps there instead. The emulator does not falsify the answer (what CC
+ * hardware gets wrong is not published as a model); it notes each read and where it came from. */
+typedef CUresult cuEventElapsedTime_t(float *, CUevent, CUevent);
+typedef cuEventElapsedTime_t cuEventElapsedTime_v2_t;
+EMU_API CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+    ENTER(cuEventElapsedTime);
+    CUresult rc = REAL(cuEventElapsedTime)(ms, a, b);
+    if (t0_) rec(H_cuEventElapsedTime, REC_TIMING, -1, 0, 0, NULL, t0_, emu_now(), 0, rc);
+    return rc;
+}
+EMU_API CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) {
+    ENTER(cuEventElapsedTime_v2);
+    CUresult rc = REAL(cuEventElapsedTime_v2)(ms, a, b);
+    if (t0_) rec(H_cuEventElapsedTime_v2, REC_TIMING, -1, 0, 0, NULL, t0_, emu_now(), 0, rc);
+    return rc;
+}
+
 /* ---- multi-GPU: peer access, NVLink multicast ---- */
 /* Peer access on: the process is multi-GPU (its launches pay the multi-GPU launch toll from now on). */
 typedef CUresult cuCtxEnablePeerAccess_t(CUcontext, unsigned);
@@ -1226,6 +1324,7 @@ static void *nccl_real(int i, void *ret) {
 static __thread int t_in_nccl;
 #define NCCL_ENTER(n)                                                       \
     emu_init();                                                             \
+    EMU_DILATE_SCOPE;                                                       \
     emu_count(H_##n);                                                       \
     const uint64_t t0_ = __atomic_load_n(&emu_tracing, __ATOMIC_RELAXED) ? emu_now() : 0; \
     n##_t *real_ = (n##_t *)nccl_real(H_##n, __builtin_return_address(0));  \

@@ -183,7 +183,9 @@ static char *put_str(char *o, const char *s) {
 static __thread int t_site = -1;
 int *ccbemu_site_slot(void) { return &t_site; }
 
-static const char *const kKind[] = {"crossing", "launch", "sync", "context", "alloc", "collective"};
+static const char *const kKind[] = {"crossing", "launch", "sync", "context", "alloc", "collective", "mark", "query",
+                                    "timing"};
+static const char *const kGraph[] = {"", "capture", "replay"};
 static size_t format(char *o0, const emu_record *r, long tid) {
     char *o = o0;
     o = put_u64(o, r->t_enter), *o++ = ',';
@@ -191,11 +193,11 @@ static size_t format(char *o0, const emu_record *r, long tid) {
     o = put_u64(o, (uint64_t)tid), *o++ = ',';
     o = put_ptr(o, r->ctx), *o++ = ',';
     o = put_ptr(o, r->stream), *o++ = ',';
-    o = put_str(o, emu_api_name(r->api) ? emu_api_name(r->api) : "?"), *o++ = ',';
+    o = put_str(o, r->label ? r->label : emu_api_name(r->api) ? emu_api_name(r->api) : "?"), *o++ = ',';
     o = put_str(o, kKind[r->kind]), *o++ = ',';
     if (r->dir >= 0) o = put_str(o, r->dir == DIR_H2D ? "h2d" : "d2h");
     *o++ = ',';
-    if (r->dir >= 0) o = put_str(o, r->mem == MEM_PINNED ? "pinned" : "pageable");
+    if (r->dir >= 0 || r->kind == REC_QUERY) o = put_str(o, r->mem == MEM_PINNED ? "pinned" : "pageable");
     *o++ = ',';
     o = put_u64(o, r->bytes), *o++ = ',';
     o = put_u64(o, r->blocked_channel_ns), *o++ = ',';
@@ -207,6 +209,8 @@ static size_t format(char *o0, const emu_record *r, long tid) {
     if (r->kind == REC_COLLECTIVE) o = put_u64(o, (uint64_t)r->ranks);
     *o++ = ',';
     if (r->kind == REC_COLLECTIVE) o = put_u64(o, r->wire_bytes);
+    *o++ = ',';
+    if (r->kind == REC_COLLECTIVE) o = put_str(o, kGraph[r->graph]);
     *o++ = '\n';
     return (size_t)(o - o0);
 }
@@ -223,6 +227,21 @@ void emu_trace_record(const emu_record *r) {
     b->n += format(b->data + b->n, r, b->tid);
     if (b->n > TBUF_BYTES - LINE_MAX_BYTES) flush_buf(b);
     pthread_mutex_unlock(&b->mu);
+}
+
+/* A point the program names (Python: ccbridge.mark), e.g. where its steady state begins and ends: account
+ * compares each process between its marks. A name is a word of at most 32 letters, digits, '.', '_' or '-'
+ * (it becomes a CSV field); anything else, or no trace being written, writes nothing and answers 0. */
+int ccbemu_mark(const char *name) {
+    emu_init();
+    size_t n = name ? strlen(name) : 0;
+    if (!n || n > 32 || strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != n) return 0;
+    if (!__atomic_load_n(&emu_tracing, __ATOMIC_RELAXED)) return 0;
+    uint64_t t = emu_now();
+    emu_record r = {-1, -1, 0, t, t, 0, 0, 0, 0, NULL, NULL, REC_MARK, 0};
+    r.label = name;
+    emu_trace_record(&r);
+    return 1;
 }
 
 /* Every thread's lines so far, in the file (exit, tests). */
@@ -286,6 +305,13 @@ int ccbemu_trace_pause(int paused) {
     return was;
 }
 
+static int env_int(const char *name, int none) {
+    const char *v = getenv(name);
+    char *end;
+    long k = v && *v ? strtol(v, &end, 10) : -1;
+    return v && *v && !*end && k >= 0 && k < 1 << 20 ? (int)k : none;
+}
+
 int emu_summary_json(char *buf, size_t len) {
     size_t n = 0;
 #define PUT(...) do { int k_ = snprintf(buf + n, n < len ? len - n : 0, __VA_ARGS__); if (k_ > 0) n += (size_t)k_; } while (0)
@@ -304,7 +330,10 @@ int emu_summary_json(char *buf, size_t len) {
                 d == DIR_H2D ? "h2d" : "d2h", m == MEM_PINNED ? "pinned" : "pageable",
                 (unsigned long long)atomic_load(&g_stat[d][m].count), (unsigned long long)atomic_load(&g_stat[d][m].bytes),
                 (unsigned long long)atomic_load(&g_stat[d][m].blocked_ns), (unsigned long long)atomic_load(&g_stat[d][m].cipher_bytes));
-    PUT("}}\n");
+    /* the rank: NCCL's, else the launcher's RANK (torchrun); account pairs a job's processes by it */
+    int rank = emu_rank(), world = emu_world();
+    if (rank < 0) rank = env_int("RANK", -1), world = env_int("WORLD_SIZE", 0);
+    PUT("}, \"rank\": %d, \"ranks\": %d}\n", rank, world);
 #undef PUT
     return n < len ? 0 : -1;
 }

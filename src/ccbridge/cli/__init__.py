@@ -1,0 +1,49 @@
+"""The ccbridge command line: thin wrappers that parse, call and print.
+
+Each module of this package adds its commands' parsers (add_parsers) and holds their handlers; main() runs the
+one named and turns every CCBridgeError into one line `ccbridge CMD: reason` and exit 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ccbridge import __version__
+from ccbridge.cli import bench, collectives, emulation, loading, node, probing, reporting
+from ccbridge.cli.args import Parser
+from ccbridge.errors import CCBridgeError
+
+GROUPS = (node, probing, emulation, reporting, loading, collectives, bench)  # in the order `ccbridge --help` lists
+
+
+def build_parser() -> Parser:
+    ap = Parser(prog="ccbridge", description="Measure the CPU<->GPU bridge of GPU confidential computing.")
+    ap.add_argument("--version", action="version", version=f"ccbridge {__version__}")
+    # dest "command": a subcommand's own arguments must not reuse the name (run's program did).
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in GROUPS:
+        group.add_parsers(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse would blame the top-level parser; the words belong to the (sub)command
+        parser.exit(2, f"{args.prog}: unrecognized arguments: {' '.join(extra)} (see {args.prog} --help)\n")
+    try:
+        return args.fn(args)
+    except CCBridgeError as e:  # say why, lose nothing
+        print(f"ccbridge {args.command}: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader stopped (`| head`): nothing went wrong, and nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python's own flush at exit would fail)
+        return 0
+    except OSError as e:  # the machine refused after the checks passed: a full disk, a lost mount
+        where = f": {e.filename}" if e.filename else ""
+        print(f"ccbridge {args.command}: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # whatever was half-written has been removed on the way out
+        print(f"ccbridge {args.command}: interrupted", file=sys.stderr)
+        return 130

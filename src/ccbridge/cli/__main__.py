@@ -1,0 +1,5 @@
+import sys
+
+from ccbridge.cli import main
+
+sys.exit(main())

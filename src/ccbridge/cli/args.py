@@ -1,0 +1,120 @@
+"""What every command's parser shares: the parser class, argument types, --set and the profile it changes."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+
+from ccbridge.errors import UsageError
+
+WIDTH = 120  # columns of --help, at most (a narrower terminal: its own)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    def __init__(self, prog, **kw):
+        kw.setdefault("width", min(shutil.get_terminal_size().columns, WIDTH) - 2)  # argparse's own margin
+        super().__init__(prog, **kw)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors read like every other: one line `ccbridge CMD: reason`, exit 2, and whose --help
+    fits WIDTH. Subcommands' parsers (and theirs) are of this class too: add_subparsers makes them the parent's."""
+
+    def __init__(self, *args, **kw):
+        kw.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kw)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def command(sub, name: str, fn, **kw) -> Parser:
+    """A subcommand's parser, with its handler and its full name (`ccbridge bench kv`) for main's messages."""
+    p = sub.add_parser(name, **kw)
+    p.set_defaults(fn=fn, prog=p.prog)
+    return p
+
+
+def checked(parse):
+    """An argparse type from a parser that raises UsageError, so that argparse names the option."""
+    def conv(text):
+        try:
+            return parse(text)
+        except UsageError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    conv.__name__ = parse.__name__
+    return conv
+
+
+def _size(text: str) -> int:
+    from ccbridge.load.synth import parse_size
+
+    return parse_size(text)
+
+
+def _device_spec(text: str) -> str:
+    from ccbridge.load.loader import check_device
+
+    return check_device(text)
+
+
+size = checked(_size)  # bytes: 4GiB, 256M, 8
+device_spec = checked(_device_spec)  # cuda, cuda:N or cpu
+
+
+def integer(lo: int, hi: int | None = None):
+    """An argparse type: an integer in lo..hi (no upper bound when hi is None)."""
+    def an_integer(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise UsageError(f"not an integer: {text!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise UsageError(f"expected {lo}..{hi}, got {v}" if hi is not None else f"expected at least {lo}, got {v}")
+        return v
+
+    return checked(an_integer)
+
+
+def _float_ge0(text: str) -> float:
+    """A finite number >= 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise UsageError(f"not a number: {text!r}") from None
+    if not (v >= 0 and v < float("inf")):
+        raise UsageError(f"expected a finite number >= 0, got {text}")
+    return v
+
+
+float_ge0 = checked(_float_ge0)
+
+
+class Distinct(argparse.Action):
+    """A list option whose values each make a row or a run: a value given twice, which would make two rows of
+    one key, is refused (`--batch 1 is given twice`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        twice = [v for i, v in enumerate(values) if v in values[:i]]
+        if twice:
+            raise argparse.ArgumentError(None, f"{'/'.join(self.option_strings)} {twice[0]} is given twice")
+        setattr(namespace, self.dest, values)
+
+
+def what_if(args, default: str | None = None):
+    """The profile args names, with its --set what-ifs applied; `default` when none is named
+    (None: no profile). --set without a profile is refused here, for every command."""
+    from ccbridge.emulate import profiles
+
+    if args.overrides and not args.profile:
+        raise UsageError("--set changes an emulator profile: it needs --profile")
+    name = args.profile or default
+    return profiles.override(profiles.load(name), args.overrides) if name else None
+
+
+def add_set(p: argparse.ArgumentParser) -> None:
+    """--set KEY=VALUE, repeatable: a what-if on the emulator profile (profiles.override checks it)."""
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a profile parameter for this run, e.g. launch_toll_us=0 (repeatable; "
+                        "see `ccbridge profiles NAME`)")

@@ -1,0 +1,39 @@
+"""Checks that collectives and the benchmarks share, made before any work starts."""
+
+from __future__ import annotations
+
+import sys
+
+from ccbridge import ui
+from ccbridge.errors import UsageError
+
+
+def sizes_in_order(args) -> None:
+    """-b/--minbytes no larger than -e/--maxbytes."""
+    if args.maxbytes < args.minbytes:
+        raise UsageError(f"-e/--maxbytes ({args.maxbytes}) is smaller than -b/--minbytes ({args.minbytes})")
+
+
+def gpus_ready(cmd: str, json_path: str | None) -> bool:
+    """The --json file can be written (that needs no GPU), then torch and GPUs are there."""
+    if json_path:
+        ui.writable_file(json_path, "--json")
+    try:
+        import torch  # (deferred: torch, a heavy optional dependency, only once the arguments are good)
+    except ImportError:
+        print(f"ccbridge {cmd}: needs torch (pip install torch)", file=sys.stderr)
+        return False
+    if not torch.cuda.is_available():
+        print(f"ccbridge {cmd}: needs NVIDIA GPUs; torch sees none", file=sys.stderr)
+        return False
+    return True
+
+
+def plugin_built() -> None:
+    """The ccbridge NCCL net plugin is built (a command that loads it says so before it starts)."""
+    from ccbridge.secure import netplugin  # (deferred: ccbridge.secure's key providers, 40 ms of start-up)
+
+    try:
+        netplugin.library()
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None

@@ -1,0 +1,53 @@
+"""nccl-tests style tables of plaintext and encrypted collectives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ccbridge.choices import SECURE_DTYPES
+from ccbridge.cli.args import command, integer, size
+from ccbridge.cli.checks import gpus_ready, plugin_built, sizes_in_order
+from ccbridge.errors import UsageError
+
+
+def cmd_collectives(args) -> int:
+    if args.net and (args.backend != "nccl" or args.transport != "default"):
+        raise UsageError("--net compares NCCL's own transports: it takes neither --backend gloo nor --transport")
+    if args.net:
+        plugin_built()
+    sizes_in_order(args)
+    if not gpus_ready("collectives", args.json):
+        return 2
+    from ccbridge.secure import bench
+
+    res = bench.collectives(args.op, args.minbytes, args.maxbytes, args.stepfactor, args.dtype,
+                            args.iters, args.warmup, args.ngpus, args.backend, args.transport, args.net)
+    how = ("each encrypted op ends with a host wait" if args.net is None
+           else f"NCCL's log showed networks {res['nets']}")
+    print(f"# ccbridge collectives: {args.op} on {res['nranks']} GPUs, backend {res['backend']}, transport "
+          f"{res['transport']}, {args.iters} iterations ({how}); #wrong: elements differing from the exact result")
+    print(bench.render_collectives(res["rows"], encrypted=res["encrypted"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    return 1 if any(r["wrong"] or r["wrong_plain"] for r in res["rows"]) else 0
+
+
+def add_parsers(sub) -> None:
+    p = command(sub, "collectives", cmd_collectives,
+                help="nccl-tests style table: plaintext vs encrypted collectives (spawns one rank per GPU)")
+    p.add_argument("--op", default="all_reduce", choices=["all_reduce", "all_gather", "reduce_scatter", "broadcast"])
+    p.add_argument("-b", "--minbytes", type=size, default="8", help="smallest size (default 8)")
+    p.add_argument("-e", "--maxbytes", type=size, default="256M", help="largest size (default 256M)")
+    p.add_argument("-f", "--stepfactor", type=integer(2), default=2, help="size multiplier, at least 2 (default 2)")
+    p.add_argument("-d", "--dtype", default="float", choices=list(SECURE_DTYPES))
+    p.add_argument("-n", "--iters", type=integer(1), default=20)
+    p.add_argument("-w", "--warmup", type=integer(0), default=5)
+    p.add_argument("-g", "--ngpus", type=integer(2), help="ranks, at least 2 (default: every GPU)")
+    p.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
+    p.add_argument("--transport", default="default", choices=["default", "sockets"],
+                   help="sockets: NCCL without P2P or shared memory, a stand-in for crossing nodes")
+    p.add_argument("--net", choices=["ccbridge"],
+                   help="compare NCCL's plaintext socket transport with NCCL on the ccbridge net plugin "
+                        "(both without P2P or shared memory) instead of with ccbridge.secure")
+    p.add_argument("--json", help="write the rows here")

@@ -1,0 +1,92 @@
+"""Checkpoints: loading one through ccbridge's pool (or benchmarking loaders on it), and making a synthetic one."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ccbridge import ui
+from ccbridge.cli.args import command, device_spec, integer, size
+from ccbridge.errors import UsageError
+from ccbridge.load.engine import MAX_BUFS, MAX_WORKERS  # the pool's own limits, refused before it sees them
+
+
+def cmd_load(args) -> int:
+    from ccbridge import env
+    from ccbridge.load import bench, checkpoint, loader
+
+    if not args.bench and (args.json or args.ceiling):
+        raise UsageError("--json and --ceiling go with --bench")
+    if args.json:
+        ui.writable_file(args.json, "--json")
+    checkpoint.resolve(args.paths)  # the paths exist and none is given twice, before torch is imported
+    ceiling = bench.probe_ceiling(args.ceiling) if args.ceiling else None
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("ccbridge load: needs torch (pip install torch)", file=sys.stderr)
+        return 2
+    overrides = {k: v for k, v in dict(workers=args.workers, contexts=args.contexts, staging=args.staging,
+                                       chunk_bytes=args.chunk, buffers=args.buffers).items() if v is not None}
+    label = env.emulated_banner(env.emulation_info())
+    if label:
+        print(f"ccbridge load: {label}", file=sys.stderr)
+    if args.bench:
+        rep = bench.run(args.paths, args.device, args.repeat, overrides,
+                        log=lambda m: print(f"ccbridge load: {m}", file=sys.stderr))
+        rep["emulation"] = label
+        rep["ceiling_gbps"] = ceiling
+        print(bench.render(rep, ceiling))
+        if args.json:
+            Path(args.json).write_text(json.dumps(rep, indent=1))
+            print(f"wrote {args.json}", file=sys.stderr)
+        if rep.get("error"):
+            print(f"ccbridge load: {rep['error']}", file=sys.stderr)
+            return 1
+        return 0
+    st = loader.LoadStats()
+    with ui.bytes_progress("loading") as advance:
+        got = loader.load_safetensors(args.paths, args.device, stats=st, progress=advance, **overrides)
+    st.join_teardown()
+    print(f"{st.tensors} tensors from {st.files} files, {st.bytes / 1e9:.2f} GB to {args.device} in {st.total_s:.2f} s: "
+          f"{st.gbps:.2f} GB/s ({st.load_gbps:.2f} GB/s once the pool was warm)" + (f" [{label}]" if label else ""))
+    print(f"pool: {st.why}")
+    print(f"stages: headers {st.headers_s:.3f} s, allocation {st.alloc_s:.3f} s, pool prewarm {st.prewarm_s:.3f} s "
+          f"(waited {st.prewarm_wait_s:.3f} s), data {st.load_s:.3f} s (per worker: read {st.read_s:.3f} s, "
+          f"copy {st.copy_s:.3f} s), teardown {st.teardown_s or 0:.3f} s (in the background)")
+    del got
+    return 0
+
+
+def cmd_make_checkpoint(args) -> int:
+    from ccbridge.load import synth
+
+    with ui.count_progress("writing shards") as step:
+        files = synth.make_checkpoint(args.out, args.size, args.shard_size, seed=args.seed, progress=step)
+    written = sum(Path(f).stat().st_size for f in files)
+    print(f"wrote {len(files)} shards, {written / 2**30:.2f} GiB, and model.safetensors.index.json to {args.out}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = command(sub, "load", cmd_load,
+                help="load safetensors to the GPU through ccbridge's pool; --bench compares loaders")
+    p.add_argument("paths", nargs="+", help=".safetensors files, a checkpoint directory or its index json")
+    p.add_argument("--device", type=device_spec, default="cuda:0", help="cuda, cuda:N or cpu (default cuda:0)")
+    p.add_argument("--bench", action="store_true", help="compare with safetensors and fastsafetensors on the same files")
+    p.add_argument("--repeat", type=integer(1), default=3, help="with --bench: loads per loader (default 3)")
+    p.add_argument("--ceiling", help="with --bench: a probe result.json whose best multi-worker H2D is the ceiling")
+    p.add_argument("--json", help="with --bench: write the full report here")
+    p.add_argument("--workers", type=integer(1, MAX_WORKERS), help="worker threads (default: by CC state or emulation profile)")
+    p.add_argument("--contexts", type=integer(0, MAX_WORKERS), help="contexts of the pool's own; 0 = the primary context")
+    p.add_argument("--staging", choices=["pinned", "pageable"], help="host staging buffers")
+    p.add_argument("--chunk", type=size, help="bytes per read and copy, e.g. 16MiB")
+    p.add_argument("--buffers", type=integer(1, MAX_BUFS), help="staging buffers per worker")
+
+    p = command(sub, "make-checkpoint", cmd_make_checkpoint,
+                help="write a synthetic large-model checkpoint of random bytes")
+    p.add_argument("out", help="output directory")
+    p.add_argument("--size", type=size, default="32GiB", help="total size (default 32GiB)")
+    p.add_argument("--shard-size", type=size, default="4GiB", help="shard size (default 4GiB)")
+    p.add_argument("--seed", type=integer(0), default=0)

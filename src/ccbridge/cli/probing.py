@@ -1,0 +1,183 @@
+"""Measuring the bridge: the probe, the emulator profiles it can run under, and calibrating one against both."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from ccbridge import ui
+from ccbridge.cli.args import add_set, command, integer, what_if
+from ccbridge.cli.reports import write_reports
+from ccbridge.errors import UsageError
+
+
+DEFAULT_ROUNDS = 3  # calibrate's native/emulated pairs for the delta checks
+
+
+def cmd_probe(args) -> int:
+    from rich.console import Console
+
+    from ccbridge import env
+    from ccbridge.findings import shown
+    from ccbridge.probe import registry
+
+    if args.list:
+        for t in registry.select(None):
+            needs = f" (needs {', '.join(t.needs)})" if t.needs else ""
+            print(f"{t.name:<24} {t.title}{needs}")
+        return 0
+    # Everything a run needs is checked before it starts: a run can take many minutes.
+    # --record alone: the probe runs natively, recorded (the passthrough interposer adds no cost)
+    prof = what_if(args, "passthrough" if args.record else None)
+    tests = registry.select(args.tests)
+    registry.check_device(args.device)
+    out = ui.writable_folder(args.out or Path("ccbridge-results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"), "--out",
+                             fresh=("result.json",))
+    if prof:
+        return _probe_under(args, prof, out)
+    console = Console(stderr=True)
+    console.print(f"ccbridge probe: {len(tests)} tests, {'quick' if args.quick else 'full'} suite, device {args.device}")
+    stamp = env.stamp()
+    if stamp["emulation"]["active"]:
+        console.print(f"[bold yellow]EMULATED run (profile {env.emulation_label(stamp['emulation'])}): "
+                      "figures are not CC hardware measurements[/]")
+    from ccbridge.ui import ProbeProgress
+
+    settings = registry.Settings(device=args.device, quick=args.quick, tests=args.tests)
+    with ProbeProgress(len(tests), console) as progress:
+        res = registry.run(settings, stamp, progress)
+    paths = write_reports(res, out)
+    console.print()
+    for f in shown(res):
+        console.print(f"- {f.text}", highlight=False)
+    if res.no_gpu:
+        console.print(f"[yellow]The GPU families need a GPU ({res.no_gpu}); ran what needs none.[/]")
+    elif res.skipped:
+        console.print("[yellow]Skipped: " + "; ".join(f"{s['test']} ({s['reason']})" for s in res.skipped) + "[/]")
+    console.print(f"\n{len(res.rows)} rows in {res.duration_s:.0f} s; wrote " + ", ".join(str(p) for p in paths))
+    if res.errors:
+        console.print(f"[red]{len(res.errors)} test(s) failed:[/] " + "; ".join(f"{e['test']}: {e['error']}" for e in res.errors))
+        return 1
+    return 0
+
+
+def _probe_under(args, prof, out: Path) -> int:
+    """The probe again, in a child process started under the emulator."""
+    from ccbridge.emulate import launcher
+
+    rest = ["probe", "--device", str(args.device), "--out", str(out)]
+    rest += ["--quick"] if args.quick else []
+    rest += ["--tests", args.tests] if args.tests else []
+    cmd = launcher.python_cmd(*rest)
+    launcher.check(prof, cmd, args.record)
+    print(launcher.banner(prof), file=sys.stderr)
+    return launcher.run(prof, cmd, trace=args.record)
+
+
+def cmd_profiles(args) -> int:
+    from ccbridge.emulate import profiles
+
+    if args.overrides and not args.name:
+        raise UsageError("--set changes one profile: name it (ccbridge profiles NAME --set KEY=VALUE)")
+    if not args.name:
+        for p in [profiles.load(n) for n in profiles.names()]:
+            print(f"{p.name:<12} {p.title}")
+        print("\n`ccbridge profiles NAME` shows each parameter, what it is and where its value comes from.")
+        return 0
+    from ccbridge.textfit import wrap
+
+    p = profiles.override(profiles.load(args.name), args.overrides)
+    out = wrap([f"# profile {p.name}: {p.title}"]
+               + ([f"# what-if: {', '.join(p.overrides)} set on the command line"] if p.overrides else [])) + [""]
+    for key, (unit, what) in profiles.PARAMS.items():
+        v = p.params[key].value
+        out.append(f"{key} = {profiles.show(key, v)} {unit}")
+        out += wrap([f"    what:   {what}", f"    source: {p.params[key].source}"], indent=" " * 12)
+    if p.targets:
+        out.append("\npublished targets checked by `ccbridge calibrate`:")
+        out += wrap([f"  {key} = {t.value:g} (±{t.tolerance:.0%}): {t.source}" for key, t in p.targets.items()],
+                    indent="    ")
+    print("\n".join(out))
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from ccbridge import results
+    from ccbridge.emulate import calibrate, launcher, profiles
+
+    prof = profiles.override(profiles.load(args.profile), args.overrides)
+    out = ui.writable_folder(args.out or Path("ccbridge-results") / f"calibrate-{prof.name}-{dt.datetime.now():%Y%m%d-%H%M%S}",
+                             "--out", fresh=("calibration.json",))
+    if args.rounds is not None and args.emulated is not None:
+        raise UsageError("--rounds pairs fresh native and emulated runs of the delta tests; with --emulated given "
+                         "this command runs no emulated probe")
+    # Given results are read and checked first: a bad one fails now, not after a probe run of minutes.
+    given = {k: calibrate.check_side(results.load(p), k, prof, f"--{k} {p}")
+             for k, p in (("native", args.native), ("emulated", args.emulated)) if p is not None}
+    if "emulated" not in given:
+        launcher.check(prof, launcher.python_cmd())
+
+    def probe(kind: str, tests: str, folder: Path):
+        """One probe run, natively or under the profile; its result, checked."""
+        cmd = launcher.python_cmd("probe", "--tests", tests, "--device", str(args.device),
+                                  *([] if args.full else ["--quick"]), "--out", str(folder))
+        rc = subprocess.call(cmd) if kind == "native" else launcher.run(calibrate.probe_profile(prof), cmd)
+        if not (folder / "result.json").exists():
+            raise UsageError(f"the {kind} probe run exited with status {rc} and wrote no result (its message is above)")
+        return calibrate.check_side(results.load(folder / "result.json"), kind, prof, f"the {kind} probe run")
+
+    for kind in ("native", "emulated"):
+        if kind not in given:
+            print(f"ccbridge calibrate: {kind} probe run" + (f" ({launcher.banner(prof)})" if kind == "emulated" else ""),
+                  file=sys.stderr)
+            given[kind] = probe(kind, calibrate.PROBE_TESTS, out / kind)
+    native, emulated = given["native"], given["emulated"]
+    n = 1 if args.emulated is not None else args.rounds or DEFAULT_ROUNDS
+    rounds = []  # more pairs of the delta tests, alternating, when this command runs the emulated probe
+    for i in range(2, n + 1):
+        pair = []
+        for kind in ("native", "emulated"):
+            print(f"ccbridge calibrate: delta tests, round {i} of {n}, {kind}", file=sys.stderr)
+            pair.append(probe(kind, calibrate.DELTA_TESTS, out / f"round{i}" / kind))
+        rounds.append(tuple(pair))
+    checks = calibrate.evaluate(prof, native, emulated, rounds)
+    md = calibrate.render(prof, checks, native, emulated)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "calibration.md").write_text(md)
+    (out / "calibration.json").write_text(json.dumps(calibrate.to_json(checks), indent=1))
+    print(md)
+    print(f"wrote {out / 'calibration.md'}, {out / 'calibration.json'}", file=sys.stderr)
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def add_parsers(sub) -> None:
+    p = command(sub, "probe", cmd_probe, help="measure the bridge; writes result.json, report.md, report.html")
+    p.add_argument("--tests", help="comma list of test or family names (see --list); default all")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (under a minute)")
+    p.add_argument("--device", type=integer(0), default=0, help="CUDA device index (default 0)")
+    p.add_argument("--out", help="output folder (default ccbridge-results/<timestamp>)")
+    p.add_argument("--list", action="store_true", help="list the registered tests and exit")
+    p.add_argument("--profile", help="run the probe under the emulator with this profile (see `ccbridge profiles`)")
+    p.add_argument("--record", metavar="T", help="record every crossing, launch and synchronize to T.<pid>.csv "
+                   "(with --profile: emulated; without: native)")
+    add_set(p)
+
+    p = command(sub, "profiles", cmd_profiles, help="list emulator profiles; with NAME, each parameter and its source")
+    p.add_argument("name", nargs="?")
+    add_set(p)
+
+    p = command(sub, "calibrate", cmd_calibrate,
+                help="emulated probe vs native probe vs the profile's published targets")
+    p.add_argument("--profile", required=True)
+    p.add_argument("--native", help="use this native result.json instead of running the probe")
+    p.add_argument("--emulated", help="use this emulated result.json instead of running the probe")
+    p.add_argument("--full", action="store_true", help="full probe suite instead of --quick")
+    p.add_argument("--rounds", type=integer(1, 20),
+                   help="pairs of native and emulated runs of the delta tests (launch, 32-byte D2H), alternating; "
+                        f"the delta checks take their median (default {DEFAULT_ROUNDS}; not with --emulated)")
+    p.add_argument("--device", type=integer(0), default=0)
+    p.add_argument("--out", help="output folder (default ccbridge-results/calibrate-<profile>-<timestamp>)")
+    add_set(p)

@@ -1,0 +1,85 @@
+"""Reading results back: the reports of one, two compared, and the settings they advise."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from ccbridge import ui
+from ccbridge.cli.args import command
+from ccbridge.cli.reports import write_reports
+from ccbridge.errors import UsageError
+
+
+def cmd_report(args) -> int:
+    from ccbridge import results
+
+    out = ui.writable_folder(args.out or Path(args.result).parent, "--out")
+    res = results.load(args.result)
+    for p in write_reports(res, out)[1:]:
+        print(p)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from ccbridge import compare, results
+
+    out = ui.writable_folder(args.out, "--out") if args.out else None
+    base, other = results.load(args.base), results.load(args.other)
+    c = compare.compare(base, other)
+    md = compare.render_markdown(c)
+    print(md)
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "compare.md").write_text(md)
+        (out / "compare.html").write_text(compare.render_html(c))
+        print(f"wrote {out / 'compare.md'}, {out / 'compare.html'}", file=sys.stderr)
+    if not c.ratios:
+        print("ccbridge compare: the two results share no rows", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_advise(args) -> int:
+    """The CC-mode-aware settings for vLLM, SGLang, TRT-LLM, torch and the loader, from stamps and results."""
+    from ccbridge import advise
+
+    seen: dict = {}
+    for f in args.files:  # the same file twice would print every line twice
+        key = os.path.realpath(f)
+        if key in seen:
+            raise UsageError(f"{f} is given twice (as {seen[key]})")
+        seen[key] = f
+    if args.json:
+        if os.path.realpath(args.json) in seen:
+            raise UsageError(f"--json {args.json} is one of the inputs: it would be overwritten")
+        ui.writable_file(args.json, "--json")
+    inputs, recs = advise.advise(args.files)
+    print(advise.render_why(inputs, recs) if args.why else advise.render(inputs, recs))
+    if args.json:
+        Path(args.json).write_text(json.dumps(advise.to_json(inputs, recs), indent=1) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = command(sub, "report", cmd_report, help="re-render report.md and report.html from a result.json")
+    p.add_argument("result")
+    p.add_argument("--out", help="output folder (default: beside the result)")
+
+    p = command(sub, "compare", cmd_compare, help="OTHER/BASE ratio table and changed findings of two probe results")
+    p.add_argument("base")
+    p.add_argument("other")
+    p.add_argument("--out", help="also write compare.md and compare.html here")
+
+
+    p = command(sub, "advise", cmd_advise,
+                help="CC-aware settings for vLLM, SGLang, TRT-LLM, torch and the loader from env stamps and probe, "
+                     "account, bench decode and bench kv results, each with the number behind it")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="result.json of probe, account, bench decode or bench kv, or `ccbridge env --json` output")
+    p.add_argument("--json", help="also write the advice and the inputs' env summaries here")
+    p.add_argument("--why", action="store_true", help="print the full evidence per line (the row keys and "
+                                                      "medians behind each number) instead of the table")

@@ -1,0 +1,16 @@
+"""A result's files, as probe, account and report write them: result.json, report.md, report.html."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_reports(res, out: Path) -> list[Path]:
+    from ccbridge.report import html, markdown  # (markdown and html renderers: loaded only by a command that writes)
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "result.json", out / "report.md", out / "report.html"]
+    res.save(paths[0])
+    paths[1].write_text(markdown.render(res))
+    paths[2].write_text(html.render(res))
+    return paths

@@ -1,0 +1,183 @@
+"""An engine-like decoder for the tensor-parallel bench: built directly as one rank's shard, few large kernels.
+
+Why not transformers' modules (decode.build) split in place: (1) a 70B-class model does not fit one GPU, so
+each rank must build only its shard; (2) at batch 1 an engine's per-GPU step shrinks with the weights each GPU
+reads, and transformers' modules launch ~40 small kernels per layer (RMSNorm in six ops, rotary in ten,
+separate q/k/v and gate/up projections), which hold the step at a few ms whatever the degree (issue 31: 7.98 ms
+at TP1, 7.10 at TP4 on llama-8b). Here, as vLLM and TensorRT-LLM do: one fused QKV and one fused gate-up
+projection per layer, RMSNorm as one op (F.rms_norm), rotary on q and k together, attention by SDPA over a
+static KV cache, and no collective at all at world size 1 (an engine skips the all-reduce there).
+
+The weights are random, the same function at every degree: each tensor is drawn in units that no degree
+splits (one attention head, 32 MLP features, 4096 vocabulary rows), each unit from its own seeded generator,
+and a rank draws only its own units. Column-parallel: q, k, v (whole heads, contiguous blocks; rank r's query
+heads read its own kv heads, as grouped-query attention pairs them) and gate/up (contiguous feature blocks);
+row-parallel: o and down, each followed by one all-reduce; embeddings, norms and lm_head replicated. So TP=1 and
+TP=N compute the same function up to the order of bf16 sums (the bench compares logits across degrees within a
+stated tolerance, tokens within one degree).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+HEAD_UNIT = 1  # heads per drawn unit
+MLP_UNIT = 32  # MLP features per drawn unit (divides every preset's width into units each degree splits)
+VOCAB_UNIT = 4096  # vocabulary rows per drawn unit
+RMS_EPS = 1e-5
+
+
+def _seed(*key) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little") & ((1 << 63) - 1)
+
+
+def _draw(shape, std: float, dev, dtype, *key) -> torch.Tensor:
+    """A unit of random weights: the same values for the same key, on any rank."""
+    g = torch.Generator(device=dev).manual_seed(_seed(*key))
+    return (torch.randn(shape, generator=g, device=dev, dtype=torch.float32) * std).to(dtype)
+
+
+def _units(n_units: int, rank: int, n: int) -> range:
+    per = n_units // n
+    return range(rank * per, (rank + 1) * per)
+
+
+class Cache:
+    """A KV cache of this rank's kv heads: (layers, batch, kv heads, capacity, head dim) for k and v. fixed: a
+    CUDA graph's (never grown: the graph holds its tensors); else used counts the positions written, on the host,
+    so that an eager decode grows it without reading a device tensor back (a crossing under CC)."""
+
+    def __init__(self, layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int, dev, dtype,
+                 fixed: bool = False):
+        shape = (layers, batch, kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, device=dev, dtype=dtype)
+        self.v = torch.zeros(shape, device=dev, dtype=dtype)
+        self.capacity, self.fixed, self.used = capacity, fixed, 0
+
+
+class ShardedDecoder(torch.nn.Module):
+    """Rank `rank` of n of a Llama/Qwen2-shaped decoder (spec: a preset of decode.PRESETS), random weights.
+
+    Called as transformers' causal LMs are by decode(): model(input_ids=, position_ids=, past_key_values=,
+    cache_position=, use_cache=, logits_to_keep=) -> .logits, .past_key_values; static_cache(batch, length)
+    gives the cache its CUDA-graph steps write into. all_reduce: the group's sum (None at n = 1: no collective).
+    """
+
+    def __init__(self, spec: dict, rank: int, n: int, dev, dtype, seed: int = 0, all_reduce=None):
+        super().__init__()
+        self.spec, self.rank, self.n, self.all_reduce = dict(spec), rank, n, all_reduce if n > 1 else None
+        h, heads, kv = spec["hidden_size"], spec["num_attention_heads"], spec["num_key_value_heads"]
+        inter, vocab, layers = spec["intermediate_size"], spec["vocab_size"], spec["num_hidden_layers"]
+        for what, count in (("attention heads", heads), ("key-value heads", kv), ("MLP units", inter // MLP_UNIT)):
+            if count % n:
+                raise ValueError(f"{n} ranks cannot split {count} {what} evenly")
+        self.d = h // heads
+        self.hq, self.hk = heads // n, kv // n
+        self.bias = spec.get("arch") == "qwen2"  # Qwen2's q/k/v projections carry a bias
+        self.config = SimpleNamespace(**spec, head_dim=self.d)
+        std, d = 1 / math.sqrt(h), self.d
+        draw = lambda shape, s, *key: _draw(shape, s, dev, dtype, seed, *key)
+        self.embed = torch.cat([draw((min(VOCAB_UNIT, vocab - u), h), 1.0, "embed", u)
+                                for u in range(0, vocab, VOCAB_UNIT)])
+        self.lm_head = self.embed if spec.get("tie_word_embeddings") else torch.cat(
+            [draw((min(VOCAB_UNIT, vocab - u), h), std, "lm_head", u) for u in range(0, vocab, VOCAB_UNIT)])
+        qs, ks = _units(heads, rank, n), _units(kv, rank, n)
+        ms = _units(inter // MLP_UNIT, rank, n)
+        self.layers = []
+        for i in range(layers):
+            qkv = [draw((d, h), std, i, "q", u) for u in qs] + [draw((d, h), std, i, "k", u) for u in ks] + \
+                  [draw((d, h), std, i, "v", u) for u in ks]
+            gate = [draw((MLP_UNIT, h), std, i, "gate", u) for u in ms]
+            up = [draw((MLP_UNIT, h), std, i, "up", u) for u in ms]
+            lay = SimpleNamespace(
+                w_in=torch.ones(h, device=dev, dtype=dtype), w_post=torch.ones(h, device=dev, dtype=dtype),
+                qkv=torch.cat(qkv), gate_up=torch.cat(gate + up),
+                o=torch.cat([draw((h, d), 1 / math.sqrt(heads * d), i, "o", u) for u in qs], dim=1),
+                down=torch.cat([draw((h, MLP_UNIT), 1 / math.sqrt(inter), i, "down", u) for u in ms], dim=1),
+                qkv_bias=torch.cat([draw((d,), 0.02, i, kind + "b", u) for kind, us in (("q", qs), ("k", ks),
+                                                                                         ("v", ks)) for u in us])
+                if self.bias else None)
+            self.layers.append(lay)
+        self.w_final = torch.ones(h, device=dev, dtype=dtype)
+        half = torch.arange(0, d, 2, device=dev, dtype=torch.float32) / d
+        self.inv_freq = 1.0 / (spec["rope_theta"] ** half)
+        self._anchor = torch.nn.Parameter(torch.empty(0, device=dev, dtype=dtype), requires_grad=False)
+
+    def weight_bytes(self, batch: int) -> int:
+        """The weight bytes this rank reads per decode step: its shards, the replicated lm_head and norms, and
+        one embedding row per sequence (the HBM roofline's numerator)."""
+        per_layer = sum(t.numel() * t.element_size() for lay in self.layers[:1]
+                        for t in (lay.qkv, lay.gate_up, lay.o, lay.down, lay.w_in, lay.w_post))
+        head = self.lm_head.numel() * self.lm_head.element_size()
+        return per_layer * len(self.layers) + head + batch * self.embed.shape[1] * self.embed.element_size()
+
+    def static_cache(self, batch: int, capacity: int, fixed: bool = True) -> Cache:
+        dev, dtype = self.embed.device, self.embed.dtype
+        return Cache(len(self.layers), batch, self.hk, capacity, self.d, dev, dtype, fixed)
+
+    def _rope(self, qk: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding of q and k together ((B, T, heads, d), rotate-half as Llama), at positions (B, T)."""
+        ang = pos[..., None].float() * self.inv_freq  # (B, T, d/2)
+        cos, sin = ang.cos()[:, :, None, :], ang.sin()[:, :, None, :]
+        a, b = qk.float().chunk(2, dim=-1)
+        return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1).to(qk.dtype)
+
+    def _layer(self, lay, i: int, x: torch.Tensor, pos: torch.Tensor, cache: Cache, mask: torch.Tensor):
+        B, T, _ = x.shape
+        d, hq, hk = self.d, self.hq, self.hk
+        qkv = F.linear(F.rms_norm(x, (x.shape[-1],), lay.w_in, RMS_EPS), lay.qkv, lay.qkv_bias)
+        qk = self._rope(qkv[..., :(hq + hk) * d].view(B, T, hq + hk, d), pos)
+        q, k = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2)
+        v = qkv[..., (hq + hk) * d:].view(B, T, hk, d).transpose(1, 2)
+        slots = pos[0]  # every sequence of a batch is at the same positions (decode() steps them together)
+        cache.k[i].index_copy_(2, slots, k)
+        cache.v[i].index_copy_(2, slots, v)
+        att = F.scaled_dot_product_attention(q, cache.k[i], cache.v[i], attn_mask=mask, enable_gqa=hq != hk)
+        o = F.linear(att.transpose(1, 2).reshape(B, T, hq * d), lay.o)
+        if self.all_reduce:
+            self.all_reduce(o)
+        x = x + o
+        g, u = F.linear(F.rms_norm(x, (x.shape[-1],), lay.w_post, RMS_EPS), lay.gate_up).chunk(2, dim=-1)
+        y = F.linear(F.silu(g) * u, lay.down)
+        if self.all_reduce:
+            self.all_reduce(y)
+        return x + y
+
+    def forward(self, input_ids, position_ids=None, past_key_values=None, cache_position=None, use_cache=False,
+                logits_to_keep=None, **_):
+        B, T = input_ids.shape
+        start = cache_position[:1] if cache_position is not None else None
+        if position_ids is None:
+            base = start if start is not None else torch.zeros(1, dtype=torch.int64, device=input_ids.device)
+            position_ids = (base + torch.arange(T, device=input_ids.device))[None].expand(B, T)
+        cache = past_key_values if isinstance(past_key_values, Cache) else \
+            self.static_cache(B, max(64, 2 * (T + 16)), fixed=False)
+        if not cache.fixed:
+            if cache.used + T > cache.capacity:
+                cache = self._grown(cache, cache.used + T)
+            cache.used += T
+        keys = torch.arange(cache.capacity, device=input_ids.device)
+        mask = (keys[None, :] <= position_ids[0][:, None])[None, None]  # (1, 1, T, capacity): causal, no future
+        x = F.embedding(input_ids, self.embed)
+        for i, lay in enumerate(self.layers):
+            x = self._layer(lay, i, x, position_ids, cache, mask)
+        x = F.rms_norm(x[:, -logits_to_keep:] if logits_to_keep else x, (x.shape[-1],), self.w_final, RMS_EPS)
+        return SimpleNamespace(logits=F.linear(x, self.lm_head), past_key_values=cache if use_cache else None)
+
+    def _grown(self, cache: Cache, need: int) -> Cache:
+        """An eager decode past its cache's end: a cache of twice the room, holding what the old one held."""
+        new = self.static_cache(cache.k.shape[1], max(need, 2 * cache.capacity), fixed=False)
+        new.used = cache.used
+        new.k[:, :, :, :cache.capacity].copy_(cache.k)
+        new.v[:, :, :, :cache.capacity].copy_(cache.v)
+        return new
+
+
+def build(spec: dict, rank: int, n: int, dev, dtype, seed: int = 0, all_reduce=None) -> ShardedDecoder:
+    with torch.no_grad():
+        return ShardedDecoder(spec, rank, n, torch.device(dev), dtype, seed, all_reduce).eval()
