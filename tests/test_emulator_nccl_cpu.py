@@ -261,7 +261,6 @@ def test_a_one_rank_communicator_pays_only_where_the_profile_asks(lib, nccl, tmp
 
 def graph_of(lib, s):  # noqa: F811
     """The fake's last captured graph on s, instantiated."""
-    lib.ccbemu_fake_graph.restype, lib.ccbemu_fake_graph.argtypes = c_p, [c_p]
     exe = c_p()
     lib.cuGraphInstantiateWithFlags.argtypes = [ctypes.POINTER(c_p), c_p, ctypes.c_uint64]
     assert lib.cuGraphInstantiateWithFlags(ctypes.byref(exe), lib.ccbemu_fake_graph(s), 0) == 0
