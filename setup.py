@@ -10,7 +10,9 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-GCM_SRC = Path("src/ccbridge/native/gcm")
+NATIVE = Path("src/ccbridge/native")  # one folder per artifact
+COMMON = NATIVE / "common"  # what several artifacts compile in: the driver table, OpenSSL, the spin kernel
+GCM_SRC = NATIVE / "gcm"
 # Real code for the GPUs we test on, PTX for the ones after them.
 GCM_ARCHS = os.environ.get("CCBRIDGE_CUDA_ARCHS", "80;90;100")
 
@@ -43,8 +45,13 @@ class BuildWithKernels(build_ext):
         subprocess.run(cmd, check=True)
 
 
-NET_SRC = Path("src/ccbridge/native/ncclnet")
-OSSL_SRC = "src/ccbridge/native/ossl.c"  # libcrypto bound at run time, for the emulator and the plugin
+NET_SRC = NATIVE / "ncclnet"
+OSSL = [str(COMMON / "ossl.c")]  # libcrypto bound at run time, for the emulator and the plugin
+OSSL_H = [str(COMMON / "ossl.h")]
+
+
+def files(folder: Path, ext: str) -> list[str]:
+    return sorted(str(p) for p in folder.glob(f"*.{ext}"))
 
 
 class BuildAll(BuildWithKernels):
@@ -58,8 +65,7 @@ class BuildAll(BuildWithKernels):
         dest = Path(self.get_ext_fullpath("ccbridge._native")).parent / "lib" / "libnccl-net-ccbridge.so"
         dest.parent.mkdir(parents=True, exist_ok=True)
         objects = self.compiler.compile(
-            sorted(str(p) for p in NET_SRC.glob("*.c")) + [OSSL_SRC], output_dir=self.build_temp,
-            depends=[str(p) for p in NET_SRC.glob("*.h")] + [OSSL_SRC.replace(".c", ".h")],
+            files(NET_SRC, "c") + OSSL, output_dir=self.build_temp, depends=files(NET_SRC, "h") + OSSL_H,
             # exports only ncclNetPlugin_v* (NET_API, ncclnet.h)
             extra_postargs=["-O2", "-std=gnu11", "-Wall", "-fvisibility=hidden", "-fPIC"])
         self.compiler.link_shared_object(objects, str(dest), libraries=["dl", "pthread"])
@@ -68,20 +74,24 @@ class BuildAll(BuildWithKernels):
 setup(
     cmdclass={"build_ext": BuildAll},
     ext_modules=[
+        # The native core: the probe core, the loader pool and the GPU AES-GCM host side in one
+        # shared object, sharing common/cudrv.c's driver table and its error slot (ccb_error).
         Extension(
             "ccbridge._native",
-            sources=[f"src/ccbridge/native/{n}.c" for n in ("cudrv", "probe", "load", "gcm/gcm_host")],
-            depends=["src/ccbridge/native/cudrv.h", "src/ccbridge/native/gcm/gcm.h", "src/ccbridge/native/spin_ptx.h"],
+            sources=files(NATIVE / "core", "c") + files(NATIVE / "loader", "c")
+            + [str(GCM_SRC / "gcm_host.c"), str(COMMON / "cudrv.c")],
+            depends=files(NATIVE / "core", "h") + files(NATIVE / "loader", "h") + files(GCM_SRC, "h")
+            + [str(COMMON / "cudrv.h"), str(COMMON / "spin_ptx.h")],
             libraries=["dl", "pthread"],
-            # exports only what is marked CCB_API (cudrv.h): the ctypes API
+            # exports only what is marked CCB_API in core/core.h, loader/loader.h and gcm/gcm.h: the ctypes API
             extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-fvisibility=hidden"],
         ),
         # The bridge emulator: an LD_PRELOAD library in front of the CUDA
         # driver, also plain C and built without CUDA (native/emu/emu.h).
         Extension(
             "ccbridge._emu_native",
-            sources=sorted(str(p) for p in Path("src/ccbridge/native/emu").glob("*.c")) + [OSSL_SRC],
-            depends=["src/ccbridge/native/emu/emu.h", "src/ccbridge/native/spin_ptx.h", OSSL_SRC.replace(".c", ".h")],
+            sources=files(NATIVE / "emu", "c") + OSSL,
+            depends=files(NATIVE / "emu", "h") + [str(COMMON / "spin_ptx.h")] + OSSL_H,
             libraries=["dl", "pthread"],
             # exports only the hooked driver API, dlsym and the ccbemu_* API (EMU_API, emu.h):
             # nothing internal leaks into the programs it is preloaded into

@@ -83,11 +83,11 @@ def child():
         paired = {"decode_paired_pct": pct(step_round, 10), "loop_paired_pct": pct(lambda: gpu_round(1000), 6)}
     decode_s = min(rounds)
     # per call, from the probe's C loops (no Python in the timed region)
-    from ccbridge import native
+    from ccbridge.bindings import core
 
-    with native.Session(0, "pinned", 4096) as s:
-        s.launch(native.LAUNCH_PIPELINED, 2000)
-        launch_us = min(s.launch(native.LAUNCH_PIPELINED, 20000) for _ in range(5)) / 1e3
+    with core.Session(0, "pinned", 4096) as s:
+        s.launch(core.LAUNCH_PIPELINED, 2000)
+        launch_us = min(s.launch(core.LAUNCH_PIPELINED, 20000) for _ in range(5)) / 1e3
         s.copy("h2d", 4096, 200, sync_every=1)
         copy_us = min(s.copy("h2d", 4096, 2000)[0].seconds / 2000 * 1e6 for _ in range(5))
     out = {"loop_s": loop_s, "decode_s": decode_s, "launch_us": launch_us, "copy4k_us": copy_us, **paired}

@@ -1,5 +1,6 @@
 """A 256 MiB pageable H2D through torch (as torch places the buffer, page-aligned, page + 64, a fresh tensor)
-and through the launcher's C copy loop (ccbridge.native.Session), in one torch process: GB/s, median and best of 7.
+and through the launcher's C copy loop (ccbridge.bindings.core.Session), in one torch process: GB/s, median and
+best of 7.
 
 Why: the emulator capped a pageable crossing at this machine's native rate x the published ratio, the native
 rate measured by `ccbridge run`'s launcher in its own process before the program started. On an H100 (2026-11-23,
@@ -13,7 +14,7 @@ import time
 
 import torch
 
-from ccbridge import native
+from ccbridge.bindings import core
 
 n = 256 << 20
 dev = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -43,7 +44,8 @@ for _ in range(2):
     fresh = torch.empty(n, dtype=torch.uint8)
     fresh.fill_(3)
     rate(fresh, f"fresh tensor (ptr % 4096 = {fresh.data_ptr() % 4096})")
-with native.Session(0, "pageable", n) as s:
+with core.Session(0, "pageable", n) as s:
     s.copy("h2d", n, 1)
     _, per = s.copy("h2d", n, 7, sync_every=1)
-    print(f"the launcher's C loop (ccbridge.native.Session), in this process: median {n / statistics.median(per):.2f} GB/s")
+    print(f"the launcher's C loop (ccbridge.bindings.core.Session), in this process: "
+          f"median {n / statistics.median(per):.2f} GB/s")

@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 
 from ccbridge import results
+from ccbridge.bindings import core
+from ccbridge.errors import GpuError
 from ccbridge.results import Result, Row
 
 DATA = Path(__file__).parent / "data"
@@ -13,12 +15,10 @@ DATA = Path(__file__).parent / "data"
 @pytest.fixture(scope="module")
 def need_gpu():
     """Skip the module's tests, with the reason, where the driver sees no GPU."""
-    from ccbridge import native
-
     try:
-        if native.device_count() < 1:
+        if core.device_count() < 1:
             pytest.skip("the CUDA driver sees no GPU")
-    except native.GpuError as e:
+    except GpuError as e:
         pytest.skip(f"no GPU: {e}")
 
 

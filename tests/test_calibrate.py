@@ -479,10 +479,10 @@ def test_h200_nccl_targets_read_its_own_figures():
 
 def one_gpu_probe(monkeypatch, emulated=None) -> Result:
     """A probe result of a one-GPU machine: the multi-GPU tests skipped with the registry's own reason."""
-    from ccbridge import native as native_mod
+    from ccbridge.bindings import core
     from ccbridge.probe import registry
 
-    monkeypatch.setattr(native_mod, "device_count", lambda: 1)
+    monkeypatch.setattr(core, "device_count", lambda: 1)
     reason = registry.Machine.detect(0).missing["multi_gpu"]
     res = nccl_result(added_us=12.5 if emulated else 0, kept=0.89 if emulated else 1, emulated=emulated,
                       one_rank_us=12.5 if emulated else 0)

@@ -4,14 +4,16 @@ import sys
 
 import pytest
 
-from ccbridge import native, results
+from ccbridge import results
+from ccbridge.bindings import core
+from ccbridge.errors import GpuError
 from ccbridge.cli import main
 
 
 def has_gpu() -> bool:
     try:
-        return native.device_count() > 0
-    except native.GpuError:
+        return core.device_count() > 0
+    except GpuError:
         return False
 
 
@@ -66,10 +68,10 @@ def test_report_rerenders(tmp_path, capsys):
 
 
 def test_native_core_is_built_and_refuses_cleanly_without_gpu():
-    assert native.lib()  # built by the install
+    assert core.lib()  # built by the install
     if not has_gpu():
-        with pytest.raises(native.GpuError, match="libcuda|CUDA|GPU|cuInit"):
-            native.device_count()
+        with pytest.raises(GpuError, match="libcuda|CUDA|GPU|cuInit"):
+            core.device_count()
 
 
 def test_profiles_lists_and_explains(capsys):

@@ -108,7 +108,6 @@ def test_event_time_reads_are_trace_lines(lib, tmp_path):  # noqa: F811
 def test_marks_are_trace_lines_and_refuse_names_that_are_not_words(lib, tmp_path):  # noqa: F811
     prefix = tmp_path / "m"
     init(lib, trace=str(prefix))
-    lib.ccbemu_mark.argtypes = [ctypes.c_char_p]
     assert lib.ccbemu_mark(b"begin") == 1 and lib.ccbemu_mark(b"end") == 1
     for bad in (b"", b"a,b", b"x" * 33, b"new\nline", None):
         assert lib.ccbemu_mark(bad) == 0

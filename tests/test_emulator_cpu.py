@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from ccbridge.bindings import emu
 from ccbridge.emulate import launcher, profiles, trace
 
 DEVICE, PINNED = 2, 1
@@ -26,17 +27,9 @@ c_p, c_sz, c_u64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64
 @pytest.fixture(scope="module")
 def lib():
     try:
-        L = ctypes.CDLL(launcher.library())
+        L = emu.load(launcher.library())
     except launcher.EmulatorError as e:
         pytest.skip(str(e))
-    L.ccbemu_fake_alloc.restype = c_p
-    L.ccbemu_fake_alloc.argtypes = [c_sz, ctypes.c_int]
-    L.ccbemu_fake_stream.restype = c_p
-    L.ccbemu_fake_ctx_new.restype = c_p
-    L.ccbemu_fake_set_ctx.argtypes = [c_p]
-    L.ccbemu_fake_capture.argtypes = [c_p, ctypes.c_int]
-    L.ccbemu_lookup.restype = c_p
-    L.ccbemu_lookup.argtypes = [ctypes.c_char_p]
     L.dlsym.restype = c_p
     L.dlsym.argtypes = [c_p, ctypes.c_char_p]
     for name in ("cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz"):
@@ -50,7 +43,6 @@ def lib():
     L.cuStreamSynchronize.argtypes = [c_p]
     L.cuMemHostRegister_v2.argtypes = [c_p, c_sz, ctypes.c_uint]
     L.cuGetProcAddress_v2.argtypes = [ctypes.c_char_p, ctypes.POINTER(c_p), ctypes.c_int, c_u64, c_p]
-    L.ccbemu_seal.argtypes = [c_p, c_p, c_p, c_sz, c_p, c_p]
     return L
 
 
@@ -315,7 +307,6 @@ def test_a_pageable_crossing_lasts_its_own_native_copy_over_the_ratio_as_the_hos
     n, small = 16 << 20, 4096
     init(lib, lanes=2, h2d_pageable_ratio=0.5, d2h_pageable_ratio=0.5, h2d_pageable_gbps=0, d2h_pageable_gbps=0,
          h2d_toll_us=0, d2h_toll_us=0, sync_toll_us=0)
-    lib.ccbemu_fake_copy_gbps.argtypes = [ctypes.c_double]
     dev = lib.ccbemu_fake_alloc(n, DEVICE)
     data = os.urandom(n)
     buf, _keep = host(lib, n, False, data)
@@ -632,8 +623,6 @@ def test_a_failed_crossing_returns_only_once_its_copies_are_done(lib, case):
     dev = lib.ccbemu_fake_alloc(n, DEVICE)
     buf, _keep = host(lib, n, case["pinned"], os.urandom(n))
     s = lib.ccbemu_fake_stream()
-    lib.ccbemu_fake_unwaited.restype = ctypes.c_longlong
-    lib.ccbemu_fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_int]
     assert lib.cuMemcpyHtoDAsync_v2(dev, buf, 64, s) == 0  # the channel exists before the count starts
     before = lib.ccbemu_fake_unwaited()  # earlier tests' passthrough copies on their own streams
     busy(lib, s, case.get("busy_us", 0))
@@ -766,8 +755,6 @@ def test_a_host_function_is_a_launch_and_holds_its_stream_one_round_trip(lib):
 
 def capture_graph(L, s, copies):
     """Capture copies (callables of the stream) on s, instantiate; the executable graph."""
-    L.ccbemu_fake_graph.restype = c_p
-    L.ccbemu_fake_graph.argtypes = [c_p]
     L.ccbemu_fake_capture(s, 1)
     for copy in copies:
         t = time.perf_counter()
@@ -820,7 +807,6 @@ def test_a_graph_captured_while_emulation_is_paused_still_pays_its_copies_when_l
 def test_a_refused_launch_that_paid_its_toll_keeps_its_trace_line(lib, tmp_path):
     prefix = tmp_path / "r"
     init(lib, trace=str(prefix), launch_toll_us=2000, sync_toll_us=0)
-    lib.ccbemu_fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_int]
     s = lib.ccbemu_fake_stream()
     lib.ccbemu_fake_fail(b"cuLaunchKernel", 1)
     try:
@@ -844,7 +830,6 @@ def test_a_graph_handle_captured_again_does_not_inherit_the_old_copies(lib):
     dev = lib.ccbemu_fake_alloc(n, DEVICE)
     src, _ = host(lib, n, True, os.urandom(n))
     s = lib.ccbemu_fake_stream()
-    lib.ccbemu_fake_graph.restype, lib.ccbemu_fake_graph.argtypes = c_p, [c_p]
     lib.ccbemu_fake_capture(s, 1)
     assert lib.cuMemcpyHtoDAsync_v2(dev, src, n, s) == 0  # noted, never instantiated
     lib.ccbemu_fake_capture(s, 0)
@@ -962,7 +947,6 @@ def test_a_d2h_crossing_makes_the_host_wait_once_for_its_stream_and_its_first_by
     issued after it, cost a second wake-up and submission: +11 us per 32-byte D2H on an H200.) A pageable D2H
     is the driver's blocking copy, which waits for the stream, then an event wait on a copy already landed."""
     init(lib, chunk_bytes=4096, lanes=2, d2h_toll_us=0, sync_toll_us=0, d2h_pinned_gbps=0, d2h_pageable_gbps=0)
-    lib.ccbemu_fake_host_waits.restype = ctypes.c_longlong
     lib.cuMemcpy2DAsync_v2.argtypes = [c_p, c_p]
     s = lib.ccbemu_fake_stream()
     n = 3 * 4096 + 5
@@ -996,7 +980,6 @@ def test_a_d2h_on_an_idle_stream_waits_for_nothing_on_the_gpu(lib):
     injected into cuStreamWaitEvent is never met); behind queued work it still waits on the GPU (and meets it),
     and so it does on the legacy default stream, idle or not (a copy there also waits for other streams)."""
     init(lib, chunk_bytes=4096, d2h_toll_us=0, sync_toll_us=0)
-    lib.ccbemu_fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_int]
     dev = lib.ccbemu_fake_alloc(64, DEVICE)
     dst, _keep = host(lib, 64, True)
     s = lib.ccbemu_fake_stream()
@@ -1016,7 +999,6 @@ def test_d2h_tolls_start_where_a_native_copy_would_have_ended(lib):
     is inside the tolls, not on top: 1 ms paced + 5 ms toll = 6 ms (tolls after the channel's work: 9 ms).
     Never less than the paced bytes plus the toll."""
     init(lib, chunk_bytes=8192, d2h_pinned_gbps=0.004096, d2h_toll_us=5000, sync_toll_us=0)
-    lib.ccbemu_fake_copy_gbps.argtypes = [ctypes.c_double]
     n = 4096
     dev = lib.ccbemu_fake_alloc(n, DEVICE)
     dst, _keep = host(lib, n, True)
@@ -1036,7 +1018,6 @@ def test_d2h_tolls_start_at_the_native_calls_return_and_its_completion_lies_insi
     the round trip, the completion within it. Here every copy holds its stream 2 ms, the floor measurement's
     too: a 5 ms toll ends the crossing 5 ms after its call (starting it after copy + host wait: 7 ms)."""
     init(lib, d2h_toll_us=5000, sync_toll_us=0, d2h_pinned_gbps=0)
-    lib.ccbemu_fake_copy_gbps.argtypes = [ctypes.c_double]
     dev = lib.ccbemu_fake_alloc(64, DEVICE)
     data = os.urandom(32)
     ctypes.memmove(dev, data, 32)
@@ -1131,7 +1112,6 @@ def test_an_idle_stream_d2h_pays_its_toll_from_its_call_not_after_the_emulators_
     transfer (here a stream query made to take 3 ms) lies inside the 5 ms toll, not on top (8 ms); a crossing
     that finds the channel held still starts its toll only once the channel is free (two threads: >= 10 ms)."""
     init(lib, d2h_toll_us=5000, sync_toll_us=0, d2h_pinned_gbps=0)
-    lib.ccbemu_fake_query_ns.argtypes = [ctypes.c_uint64]
     dev = lib.ccbemu_fake_alloc(64, DEVICE)
     dst, _keep = host(lib, 64, True)
     s = lib.ccbemu_fake_stream()
@@ -1157,7 +1137,6 @@ def test_a_d2h_behind_a_busy_stream_reports_its_stream_wait_and_paces_from_it(li
     (pacing from the host's wake-up would be 93 ms)."""
     prefix = tmp_path / "t"
     init(lib, trace=str(prefix), d2h_pinned_gbps=0.2, d2h_toll_us=0, sync_toll_us=0, chunk_bytes=8 << 20)
-    lib.ccbemu_fake_copy_gbps.argtypes = [ctypes.c_double]
     n = 8 << 20
     data = os.urandom(n)
     dev = lib.ccbemu_fake_alloc(n, DEVICE)
@@ -1189,7 +1168,6 @@ def test_a_d2h_whose_stream_wait_cannot_be_timed_still_crosses_and_says_so(lib, 
     """cuEventElapsedTime failing is not the caller's error (the bytes are in): the crossing succeeds, its
     stream wait taken to end when its bytes landed (pacing later, never earlier), with one line on stderr."""
     init(lib, d2h_toll_us=0, sync_toll_us=0)
-    lib.ccbemu_fake_fail.argtypes = [ctypes.c_char_p, ctypes.c_int]
     n = 4096
     data = os.urandom(n)
     dev = lib.ccbemu_fake_alloc(n, DEVICE)

@@ -78,7 +78,6 @@ def nccl(lib, fake_nccl):  # noqa: F811
         hooks[name] = ctypes.CFUNCTYPE(c_int, *args)(addr)
     F.fake_nccl_ops.restype = ctypes.c_longlong
     F.fake_nccl_groups.restype = ctypes.c_longlong
-    lib.ccbemu_fake_multicast_calls.restype = ctypes.c_longlong
     lib.cuDeviceGetAttribute.argtypes = [ctypes.POINTER(c_int), c_int, c_int]
     lib.cuMulticastCreate.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), c_p]
     lib.cuMulticastGetGranularity.argtypes = [ctypes.POINTER(c_sz), c_p, c_int]
@@ -262,7 +261,6 @@ def test_a_one_rank_communicator_pays_only_where_the_profile_asks(lib, nccl, tmp
 
 def graph_of(lib, s):  # noqa: F811
     """The fake's last captured graph on s, instantiated."""
-    lib.ccbemu_fake_graph.restype, lib.ccbemu_fake_graph.argtypes = c_p, [c_p]
     exe = c_p()
     lib.cuGraphInstantiateWithFlags.argtypes = [ctypes.POINTER(c_p), c_p, ctypes.c_uint64]
     assert lib.cuGraphInstantiateWithFlags(ctypes.byref(exe), lib.ccbemu_fake_graph(s), 0) == 0
@@ -585,7 +583,6 @@ def test_the_wait_is_shortened_by_its_own_dispatch_as_the_launcher_measured_it(l
     """On a GPU one more kernel costs its dispatch (native_kernel_ns, timed by the launcher): the wait kernel is
     asked for the charge less that, and a charge below it queues no kernel at all."""
     F, h = nccl
-    lib.ccbemu_fake_last_spin_ns.restype = ctypes.c_ulonglong
     init(lib, nccl_toll_us=12.5, sync_toll_us=0, native_kernel_ns=1500)
     c, s, buf = comm(F, 2), lib.ccbemu_fake_stream(), ints(lib, [5, 6])
     assert h["ncclAllReduce"](buf, buf, 2, INT32, SUM, c, s) == 0

@@ -1,4 +1,4 @@
-from ccbridge import native
+from ccbridge.bindings import core
 from ccbridge.probe import concurrency, semantics, transfer
 
 
@@ -29,6 +29,6 @@ def test_concurrency_splits_total_over_workers():
 
 
 def test_aggregate_bandwidth_uses_the_union_window():
-    a = native.CopyOut(0.0, 1e9, 0.0, 10e9)
-    b = native.CopyOut(0.5e9, 2e9, 0.0, 10e9)
-    assert native.aggregate_gbps([a, b]) == 10.0  # 20 GB over 2 s
+    a = core.CopyOut(0.0, 1e9, 0.0, 10e9)
+    b = core.CopyOut(0.5e9, 2e9, 0.0, 10e9)
+    assert core.aggregate_gbps([a, b]) == 10.0  # 20 GB over 2 s

@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from ccbridge.bindings import ncclnet
 from ccbridge.secure import keys, netplugin
 
 DEADLINE = 60.0
@@ -32,7 +33,7 @@ LANES_OFF = 52  # net_handle.nlanes
 
 R = ctypes.c_int
 P = ctypes.c_void_p
-Net11, Props11 = netplugin.Net11, netplugin.Props11
+Net11, Props11 = ncclnet.Net11, ncclnet.Props11
 
 
 class Net(netplugin.Net):
@@ -790,7 +791,7 @@ def test_lanes_and_close_are_race_free_under_thread_sanitizer(tmp_path):
     src = Path(__file__).resolve().parent.parent / "src" / "ccbridge" / "native"
     lib = tmp_path / "libnccl-net-ccbridge-tsan.so"
     subprocess.run([gcc, "-fsanitize=thread", "-g", "-O1", "-std=gnu11", "-fvisibility=hidden", "-shared", "-fPIC",
-                    "-o", str(lib), *sorted(str(p) for p in (src / "ncclnet").glob("*.c")), str(src / "ossl.c"),
+                    "-o", str(lib), *sorted(str(p) for p in (src / "ncclnet").glob("*.c")), str(src / "common" / "ossl.c"),
                     "-ldl", "-lpthread"], check=True)
     log = tmp_path / "tsan"
     env = {**os.environ, "CCBRIDGE_KEY": KEY, "NCCL_SOCKET_IFNAME": "lo", "LD_PRELOAD": tsan,

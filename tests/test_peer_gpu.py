@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from ccbridge import native, results
+from ccbridge import results
+from ccbridge.bindings import core
 from ccbridge.emulate import calibrate, profiles
 from ccbridge.errors import GpuError
 from ccbridge.probe import peer, registry
@@ -16,7 +17,7 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def two_gpus(need_gpu):
-    n = native.device_count()
+    n = core.device_count()
     if n < 2:
         pytest.skip(f"needs 2+ GPUs (found {n})")
     return n
@@ -107,7 +108,7 @@ def test_probe_runs_the_one_rank_row_on_one_gpu_and_skips_the_rest_with_the_reas
     res = results.load(tmp_path / "result.json")
     assert not res.errors, res.errors
     assert {r.test for r in res.rows} >= {peer.ONE_RANK}
-    if native.device_count() < 2:
+    if core.device_count() < 2:
         assert {s["test"]: s["reason"] for s in res.skipped} == {
             t: "needs 2+ GPUs, 1 visible" for t in ("peer.p2p", peer.ALLREDUCE, peer.SENDRECV)}
 

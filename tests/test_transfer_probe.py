@@ -9,7 +9,7 @@ from ccbridge.probe import framework, registry, transfer
 
 
 class FakeSession:
-    """native.Session's copy loop: native (or paused) copies at 10 GB/s, emulated ones at 2."""
+    """core.Session's copy loop: native (or paused) copies at 10 GB/s, emulated ones at 2."""
 
     def __init__(self, state, *args):
         self.state = state
@@ -46,7 +46,7 @@ def test_sustained_sizes_take_paused_twins_in_the_same_process_under_emulation(m
 
     monkeypatch.setattr(transfer, "emulating", lambda: emulating)
     monkeypatch.setattr(framework, "emulation_paused", paused)
-    monkeypatch.setattr(transfer.native, "Session", lambda *a: FakeSession(state, *a))
+    monkeypatch.setattr(transfer.core, "Session", lambda *a: FakeSession(state, *a))
     ctx = registry.ProbeContext(registry.Settings(quick=True), registry.Machine(gpu_count=1))
     rows = transfer.sweep(ctx)
     bw = {(r.metric, r.params["dir"], r.params["mem"], r.params["bytes"]): r for r in rows if r.metric.startswith("bandwidth")}

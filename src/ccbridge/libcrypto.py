@@ -9,46 +9,29 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from ctypes import POINTER, c_char_p, c_int, c_void_p
+from ctypes import c_char_p, c_int, c_void_p
 from functools import lru_cache
 
+from ccbridge.bindings import libcrypto as binding
+from ccbridge.bindings.libcrypto import EVP_CTRL_GCM_GET_TAG, EVP_CTRL_GCM_SET_IVLEN, EVP_CTRL_GCM_SET_TAG
 from ccbridge.errors import CryptoUnavailable, IntegrityError  # noqa: F401 - part of this module's API
 
-EVP_CTRL_GCM_SET_IVLEN = 0x9
-EVP_CTRL_GCM_GET_TAG = 0x10
-EVP_CTRL_GCM_SET_TAG = 0x11
 TAG_BYTES = 16
 _CHUNK = 1 << 30  # EVP_*Update takes an int length
 
 
 @lru_cache(maxsize=None)
 def lib() -> ctypes.CDLL:
-    names = ["libcrypto.so.3", ctypes.util.find_library("crypto")]
+    names = [binding.SONAME, ctypes.util.find_library("crypto")]
     errors = []
     for name in filter(None, names):
         try:
-            so = ctypes.CDLL(name)
-            break
+            return binding.load(name)
         except OSError as e:
             errors.append(str(e))
-    else:
-        raise CryptoUnavailable("system OpenSSL libcrypto (libcrypto.so.3) not found: " + "; ".join(errors or ["no candidate"]))
-    try:
-        so.OpenSSL_version.restype = c_char_p
-        so.OpenSSL_version.argtypes = [c_int]
-        so.EVP_CIPHER_CTX_new.restype = c_void_p
-        so.EVP_CIPHER_CTX_free.argtypes = [c_void_p]
-        so.EVP_aes_256_gcm.restype = c_void_p
-        for fn in ("EVP_EncryptInit_ex", "EVP_DecryptInit_ex"):
-            getattr(so, fn).argtypes = [c_void_p, c_void_p, c_void_p, c_char_p, c_char_p]
-        for fn in ("EVP_EncryptUpdate", "EVP_DecryptUpdate"):
-            getattr(so, fn).argtypes = [c_void_p, c_void_p, POINTER(c_int), c_void_p, c_int]
-        for fn in ("EVP_EncryptFinal_ex", "EVP_DecryptFinal_ex"):
-            getattr(so, fn).argtypes = [c_void_p, c_void_p, POINTER(c_int)]
-        so.EVP_CIPHER_CTX_ctrl.argtypes = [c_void_p, c_int, c_int, c_void_p]
-    except AttributeError as e:
-        raise CryptoUnavailable(f"libcrypto lacks a needed function: {e}") from None
-    return so
+        except AttributeError as e:
+            raise CryptoUnavailable(f"libcrypto lacks a needed function: {e}") from None
+    raise CryptoUnavailable("system OpenSSL libcrypto (libcrypto.so.3) not found: " + "; ".join(errors or ["no candidate"]))
 
 
 def openssl_version() -> str:

@@ -13,9 +13,9 @@ and answering whether it was on:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 
+from ccbridge.bindings import emu
 from ccbridge.emulate import sites
 from ccbridge.errors import EmulatorError
 
@@ -31,11 +31,9 @@ def switch(name: str, required: bool, needs: str):
             return None
         raise EmulatorError(f"{needs}; no interposer here")
     try:
-        fn = getattr(ctypes.CDLL(path), name)
+        return emu.function(path, name)
     except (OSError, AttributeError) as e:
         raise EmulatorError(f"cannot reach the interposer's {name} in {path}: {e}") from e
-    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
-    return fn
 
 
 def _emulation(required: bool):

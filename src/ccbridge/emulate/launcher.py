@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from ccbridge import ui
+from ccbridge.bindings import libcrypto
 from ccbridge.env import EMULATION_VAR
 from ccbridge.errors import EmulatorError, UsageError
 from ccbridge.emulate import native_floor
@@ -33,11 +34,9 @@ def library() -> str:
 
 
 def check_libcrypto() -> None:
-    import ctypes
-
     try:
-        ctypes.CDLL("libcrypto.so.3")
-    except OSError as e:
+        libcrypto.load(libcrypto.SONAME)
+    except (OSError, AttributeError) as e:
         raise EmulatorError(f"the emulator's AES-GCM needs OpenSSL 3 (libcrypto.so.3): {e}") from None
 
 

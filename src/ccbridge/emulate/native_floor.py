@@ -20,7 +20,7 @@ dispatch (about 1.5 us on an H100, 12% of a 12.5 us toll).
 
 from __future__ import annotations
 
-from ccbridge import native
+from ccbridge.bindings import core
 from ccbridge.errors import GpuError
 
 # The slower of two sizes, so the floor holds at both. About 0.1 s in all at PCIe speeds.
@@ -35,7 +35,7 @@ def measure(device: int = 0, collectives: bool = True, links: bool = True) -> di
     the kernel gap / the GPU-GPU rate, unused, are not timed: no second GPU touched for nothing)."""
     out: dict[str, float] = {}
     try:
-        with native.Session(device, "pinned", max(SIZES)) as s:
+        with core.Session(device, "pinned", max(SIZES)) as s:
             for d in ("h2d", "d2h"):
                 for n in SIZES:
                     s.copy(d, n, 1)  # warm-up
@@ -48,8 +48,8 @@ def measure(device: int = 0, collectives: bool = True, links: bool = True) -> di
     except GpuError:
         return {}
     try:
-        if collectives and links and native.device_count() >= 2:
-            out["native_nvlink_gbps"] = round(native.peer_rate(0, 1, PEER_BYTES, PEER_ITERS) / 1e9, 3)
+        if collectives and links and core.device_count() >= 2:
+            out["native_nvlink_gbps"] = round(core.peer_rate(0, 1, PEER_BYTES, PEER_ITERS) / 1e9, 3)
     except GpuError:
         pass  # no peer access: the collectives pay their toll without a bandwidth term
     return out

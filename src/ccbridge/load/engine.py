@@ -1,4 +1,4 @@
-"""ctypes binding of the loader pool (native/load.c).
+"""The loader pool (native/loader/load.c, declared in ccbridge.bindings.loader).
 
 A Pool is worker threads with their contexts and staging buffers. Making one
 starts the workers, which prewarm in the background (context creation,
@@ -13,69 +13,22 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from ctypes import POINTER, c_char_p, c_double, c_int, c_int32, c_int64, c_longlong, c_size_t, c_uint64, c_void_p
+from ctypes import c_int64, c_void_p
 from dataclasses import dataclass
-from functools import lru_cache
 
-from ccbridge import native
+from ccbridge.bindings import core, loader
+from ccbridge.bindings.loader import MAX_BUFS, MAX_WORKERS, STAGING, File, Item, Stats  # noqa: F401 - this module's API
 from ccbridge.errors import LoadError
 
-# pread into pinned or pageable buffers; or none: the file's page-cache
-# mapping is the (pageable) source of the copy.
-STAGING = {"pinned": 0, "pageable": 1, "mapped": 2}
 MAPPED = ("mapped",)
-MAX_WORKERS = 64
-MAX_BUFS = 8
-
-
-class Item(ctypes.Structure):
-    """One tensor's bytes: a range of one file and where it lands. A load's items are in file and
-    offset order; the pool cuts them into chunks itself."""
-    _fields_ = [("dst", c_uint64), ("offset", c_uint64), ("nbytes", c_uint64), ("file", c_int32), ("tensor", c_int32)]
-
-
-class File(ctypes.Structure):
-    """A file of a load: its descriptor, and under mapped staging the address of its mapping."""
-    _fields_ = [("fd", c_int32), ("pad_", c_int32), ("map", c_uint64)]
-
-
-class Stats(ctypes.Structure):
-    _fields_ = [("prewarm_ns", c_double), ("read_ns", c_double), ("copy_ns", c_double),
-                ("bytes", c_double), ("load_ns", c_double)]
-
-
-@lru_cache(maxsize=None)
-def _lib() -> ctypes.CDLL:
-    so = native.lib()
-    so.ccb_pool_new.restype = c_void_p
-    so.ccb_pool_new.argtypes = [c_int, c_int, c_int, c_int, c_size_t, c_int]
-    so.ccb_pool_wait_ready.argtypes = [c_void_p, c_double]
-    so.ccb_pool_submit.argtypes = [c_void_p, POINTER(File), c_int, POINTER(Item), c_size_t,
-                                   POINTER(c_int32), POINTER(c_int32), c_int]
-    so.ccb_plan_walk.restype = c_longlong
-    so.ccb_plan_walk.argtypes = [POINTER(File), c_int, POINTER(Item), c_size_t, c_uint64, c_int,
-                                 POINTER(c_int64), c_size_t]
-    so.ccb_pool_next.argtypes = [c_void_p, POINTER(c_int32), c_int, c_double]
-    so.ccb_pool_cancel.argtypes = [c_void_p]
-    so.ccb_pool_stats.argtypes = [c_void_p, POINTER(Stats)]
-    so.ccb_pool_reset_stats.argtypes = [c_void_p]
-    so.ccb_pool_free.argtypes = [c_void_p]
-    so.ccb_pool_error.restype = c_char_p
-    so.ccb_pool_error.argtypes = [c_void_p]
-    so.ccb_pool_error_item.restype = c_longlong
-    so.ccb_pool_error_item.argtypes = [c_void_p]
-    so.ccb_map_file.restype = c_void_p
-    so.ccb_map_file.argtypes = [c_int, c_size_t]
-    so.ccb_unmap_file.argtypes = [c_void_p, c_size_t]
-    return so
 
 
 def plan_walk(files, items, chunk_bytes: int, ntensors: int) -> list[tuple[int, int, int, int]]:
     """How the pool cuts items into chunks: (chunk, item, file offset, length) per segment."""
-    lib = _lib()
+    lib = loader.lib()
     n = lib.ccb_plan_walk(files, len(files), items, len(items), chunk_bytes, ntensors, None, 0)
     if n < 0:
-        raise ValueError(native.lib().ccb_error().decode(errors="replace"))
+        raise ValueError(core.error())
     rows = (c_int64 * (4 * n))()
     lib.ccb_plan_walk(files, len(files), items, len(items), chunk_bytes, ntensors, rows, n)
     return [tuple(rows[4 * i:4 * i + 4]) for i in range(n)]
@@ -83,14 +36,14 @@ def plan_walk(files, items, chunk_bytes: int, ntensors: int) -> list[tuple[int, 
 
 def map_file(fd: int, size: int) -> int:
     """Address of the whole file mapped read-only; unmap_file when the load is over."""
-    a = _lib().ccb_map_file(fd, size)
+    a = loader.lib().ccb_map_file(fd, size)
     if not a:
-        raise LoadError(native.lib().ccb_error().decode(errors="replace"))
+        raise LoadError(core.error())
     return a
 
 
 def unmap_file(addr: int, size: int) -> None:
-    _lib().ccb_unmap_file(addr, size)
+    loader.lib().ccb_unmap_file(addr, size)
 
 
 @dataclass(frozen=True)
@@ -123,21 +76,20 @@ class Pool:
         self.config = config
         self._closing: threading.Thread | None = None
         self.teardown_s: float | None = None
-        lib = _lib()
-        h = lib.ccb_pool_new(config.device, config.workers, config.contexts, STAGING[config.staging],
-                             config.chunk_bytes, config.buffers)
+        h = loader.lib().ccb_pool_new(config.device, config.workers, config.contexts, STAGING[config.staging],
+                                      config.chunk_bytes, config.buffers)
         if not h:
-            raise LoadError(f"cannot start the loader pool: {lib.ccb_error().decode(errors='replace')}")
+            raise LoadError(f"cannot start the loader pool: {core.error()}")
         self.handle = c_void_p(h)
 
     def error(self) -> tuple[str, int]:
         """The load's first error, and the index of the item it concerns (-1: none)."""
-        lib = _lib()
+        lib = loader.lib()
         return lib.ccb_pool_error(self.handle).decode(errors="replace"), lib.ccb_pool_error_item(self.handle)
 
     def ready(self, timeout_s: float = 600.0) -> float:
         """Wait until every worker is prewarmed; the prewarm time in seconds."""
-        rc = _lib().ccb_pool_wait_ready(self.handle, timeout_s)
+        rc = loader.lib().ccb_pool_wait_ready(self.handle, timeout_s)
         if rc == 1:
             raise LoadError(f"the loader pool was not ready after {timeout_s:.0f} s")
         if rc != 0:
@@ -147,31 +99,31 @@ class Pool:
     def submit(self, files, items, remaining, doneq) -> None:
         """Start a load of items (Item array) from files (File array); remaining and doneq are
         int32 arrays, one slot per tensor. The arrays must stay alive until it is over or cancelled."""
-        rc = _lib().ccb_pool_submit(self.handle, files, len(files), items, len(items),
+        rc = loader.lib().ccb_pool_submit(self.handle, files, len(files), items, len(items),
                                     remaining, doneq, len(remaining))
         if rc != 0:
-            raise LoadError(native.lib().ccb_error().decode(errors="replace"))
+            raise LoadError(core.error())
 
     def next(self, out, timeout_s: float) -> int:
         """Finished tensor indices into out: count, 0 on timeout, -1 error, -2 load over."""
-        return _lib().ccb_pool_next(self.handle, out, len(out), timeout_s)
+        return loader.lib().ccb_pool_next(self.handle, out, len(out), timeout_s)
 
     def cancel(self) -> None:
         """Stop the load; returns once no worker can write anything more."""
-        _lib().ccb_pool_cancel(self.handle)
+        loader.lib().ccb_pool_cancel(self.handle)
 
     def stats(self) -> Stats:
         s = Stats()
-        _lib().ccb_pool_stats(self.handle, ctypes.byref(s))
+        loader.lib().ccb_pool_stats(self.handle, ctypes.byref(s))
         return s
 
     def reset_stats(self) -> None:
-        _lib().ccb_pool_reset_stats(self.handle)
+        loader.lib().ccb_pool_reset_stats(self.handle)
 
     def _free(self) -> None:
-        t = native.now_ns()
-        _lib().ccb_pool_free(self.handle)
-        self.teardown_s = (native.now_ns() - t) / 1e9
+        t = core.now_ns()
+        loader.lib().ccb_pool_free(self.handle)
+        self.teardown_s = (core.now_ns() - t) / 1e9
 
     def close(self, background: bool = False) -> None:
         """Join the workers and destroy the contexts; in the background if asked."""

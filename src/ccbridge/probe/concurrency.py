@@ -10,7 +10,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 
-from ccbridge import native
+from ccbridge.bindings import core
+from ccbridge.errors import GpuError
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 
@@ -25,7 +26,7 @@ def _worker_iters(total_bytes: int, n: int, nbytes: int) -> int:
 def _proc_main(conn, device: int, nbytes: int) -> None:
     """A worker process: one session on its own primary context, driven over a pipe."""
     try:
-        s = native.Session(device, "pinned", nbytes)
+        s = core.Session(device, "pinned", nbytes)
     except Exception as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
@@ -40,7 +41,7 @@ def _proc_main(conn, device: int, nbytes: int) -> None:
                 conn.send(("warm",))
                 continue
             _, direction, iters, start_at_ns = msg
-            while native.now_ns() < start_at_ns:
+            while core.now_ns() < start_at_ns:
                 time.sleep(0.0005)
             out, _ = s.copy(direction, nbytes, iters)
             conn.send(("done", out.start_ns, out.end_ns, out.incall_ns, out.bytes))
@@ -67,26 +68,26 @@ class ProcessPool:
 
     def _expect(self, i: int, kind: str):
         if not self.conns[i].poll(ANSWER_TIMEOUT_S):
-            raise native.GpuError(f"probe worker process {i} did not answer in {ANSWER_TIMEOUT_S} s")
+            raise GpuError(f"probe worker process {i} did not answer in {ANSWER_TIMEOUT_S} s")
         msg = self.conns[i].recv()
         if msg[0] == "error":
-            raise native.GpuError(f"probe worker process {i}: {msg[1]}")
+            raise GpuError(f"probe worker process {i}: {msg[1]}")
         if msg[0] != kind:
-            raise native.GpuError(f"probe worker process {i}: unexpected answer {msg[0]!r}")
+            raise GpuError(f"probe worker process {i}: unexpected answer {msg[0]!r}")
         return msg
 
-    def run(self, n: int, direction: str, iters: int) -> list[native.CopyOut]:
+    def run(self, n: int, direction: str, iters: int) -> list[core.CopyOut]:
         for c in self.conns[:n]:
             c.send(("warm", direction))
         for i in range(n):
             self._expect(i, "warm")
-        start_at = native.now_ns() + 20e6  # all warm: start together, whatever the warm-up cost
+        start_at = core.now_ns() + 20e6  # all warm: start together, whatever the warm-up cost
         for c in self.conns[:n]:
             c.send(("go", direction, iters, start_at))
         outs = []
         for i in range(n):
             _, s, e, incall, b = self._expect(i, "done")
-            outs.append(native.CopyOut(s, e, incall, b))
+            outs.append(core.CopyOut(s, e, incall, b))
         return outs
 
     def __enter__(self):
@@ -119,7 +120,7 @@ def scaling(ctx):
         rows.append(row)
 
     ctx.step("streams: opening one context with 16 streams")
-    with native.Session(ctx.device, "pinned", nbytes, nstreams=nmax) as s:
+    with core.Session(ctx.device, "pinned", nbytes, nstreams=nmax) as s:
         for direction in ("h2d", "d2h"):
             for n in ns:
                 ctx.step(f"streams x{n} {direction}")
@@ -136,13 +137,13 @@ def scaling(ctx):
         sessions = []
         try:
             for _ in range(nmax):
-                sessions.append(native.Session(ctx.device, "pinned", nbytes, own_context=(mode == "contexts")))
+                sessions.append(core.Session(ctx.device, "pinned", nbytes, own_context=(mode == "contexts")))
             for direction in ("h2d", "d2h"):
                 for n in ns:
                     ctx.step(f"{mode} x{n} {direction}")
                     iters = _worker_iters(total, n, nbytes)
                     record(mode, direction, n,
-                           [native.aggregate_gbps(native.run_workers(sessions[:n], direction, nbytes, iters)) for _ in range(reps)])
+                           [core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters)) for _ in range(reps)])
         finally:
             for s in sessions:
                 s.close()
@@ -153,7 +154,7 @@ def scaling(ctx):
             for n in ns:
                 ctx.step(f"processes x{n} {direction}")
                 iters = _worker_iters(total, n, nbytes)
-                record("processes", direction, n, [native.aggregate_gbps(pool.run(n, direction, iters)) for _ in range(reps)])
+                record("processes", direction, n, [core.aggregate_gbps(pool.run(n, direction, iters)) for _ in range(reps)])
 
     for mode in MODES:  # headline: the best N of each mode and direction
         for direction in ("h2d", "d2h"):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ccbridge import native
+from ccbridge.bindings import core
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 
-MODES = {"pipelined": native.LAUNCH_PIPELINED, "launch+wait": native.LAUNCH_WAIT, "graph": native.LAUNCH_GRAPH}
+MODES = {"pipelined": core.LAUNCH_PIPELINED, "launch+wait": core.LAUNCH_WAIT, "graph": core.LAUNCH_GRAPH}
 
 
 @test("launch.cost", "empty-kernel launch cost: pipelined, launch+wait, graph replay", needs=("gpu",))
@@ -14,7 +14,7 @@ def cost(ctx):
     reps = ctx.pick(9, 5)
     counts = {"pipelined": 2000, "launch+wait": 500, "graph": 1000}
     rows = []
-    with native.Session(ctx.device, "pinned", 64) as s:
+    with core.Session(ctx.device, "pinned", 64) as s:
         for mode, code in MODES.items():
             ctx.step(mode)
             s.launch(code, 100)  # warm: module load, first launch

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ccbridge import native
+from ccbridge.bindings import core
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 
@@ -16,13 +16,13 @@ def contexts(ctx):
     rows = []
     for n in (1, 8):
         ctx.step(f"{n} context(s)")
-        runs = [native.context_lifecycle(ctx.device, n) for _ in range(reps)]
+        runs = [core.context_lifecycle(ctx.device, n) for _ in range(reps)]
         for i, phase in enumerate(("create", "destroy")):
             row = Row.of("lifecycle.contexts", f"{phase}_time", "s", [r[i] for r in runs], contexts=n)
             row.extra["headline"] = n == 8
             rows.append(row)
     ctx.step(f"{SLOTS} pinned slots of {SLOT_BYTES >> 20} MiB")
-    with native.Session(ctx.device, "pinned", 64) as s:
+    with core.Session(ctx.device, "pinned", 64) as s:
         runs = [s.pinned_slots(SLOT_BYTES, SLOTS) for _ in range(reps)]
     row = Row.of("lifecycle.contexts", "pinned_slot_alloc_time", "s", [a / 1e9 for a, _ in runs], slots=SLOTS, bytes=SLOT_BYTES)
     row.extra["headline"] = True

@@ -13,7 +13,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from ccbridge.errors import UsageError
+from ccbridge.bindings import core
+from ccbridge.errors import GpuError, UsageError
 from ccbridge.results import Result, Row
 
 NEEDS = ("gpu", "torch", "multi_gpu")
@@ -70,15 +71,13 @@ def select(spec: str | None) -> list[Test]:
 def check_device(device: int) -> None:
     """Refuse a device index the machine does not have, before a run. Device 0 on a
     machine without a GPU is the CPU-only run (the GPU families are skipped)."""
-    from ccbridge import native
-
     if device < 0:
         raise UsageError(f"--device {device}: a device index is 0 or more")
     if device == 0:
         return
     try:
-        count, why = native.device_count(), ""
-    except native.GpuError as e:
+        count, why = core.device_count(), ""
+    except GpuError as e:
         count, why = 0, f" (no usable GPU: {e})"
     if device >= count:
         raise UsageError(f"--device {device}: {count} GPU(s) visible{why}")
@@ -102,12 +101,10 @@ class Machine:
 
     @classmethod
     def detect(cls, device: int) -> "Machine":
-        from ccbridge import native
-
         m = cls()
         try:
-            m.gpu_count = native.device_count()
-        except native.GpuError as e:
+            m.gpu_count = core.device_count()
+        except GpuError as e:
             m.missing["gpu"] = f"no usable GPU: {e}"
         if m.gpu_count and device >= m.gpu_count:
             m.missing["gpu"] = f"--device {device} asked, but only {m.gpu_count} GPU(s) visible"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ccbridge import native
+from ccbridge.bindings import core
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 
-RELATIONS = {"same": native.SAME_STREAM, "idle": native.IDLE_STREAM, "event-wait": native.EVENT_WAIT}
+RELATIONS = {"same": core.SAME_STREAM, "idle": core.IDLE_STREAM, "event-wait": core.EVENT_WAIT}
 COPY_BYTES = 4 << 20
 ASYNC_BELOW, BLOCKS_ABOVE = 0.2, 0.8
 
@@ -32,7 +32,7 @@ def cases():
 def nonblocking(ctx):
     spin_ns = ctx.pick(50e6, 20e6)
     reps = 3
-    sessions = {m: native.Session(ctx.device, m, COPY_BYTES, nstreams=2) for m in ("pinned", "pageable")}
+    sessions = {m: core.Session(ctx.device, m, COPY_BYTES, nstreams=2) for m in ("pinned", "pageable")}
     sessions["device"] = sessions["pinned"]
     rows = []
     try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ccbridge import native
+from ccbridge.bindings import core
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 
@@ -14,7 +14,7 @@ BYTES = 32
 def d2h32(ctx):
     rounds = ctx.pick(400, 150)
     rows = []
-    with native.Session(ctx.device, "pinned", BYTES, nstreams=max(STREAMS)) as s:
+    with core.Session(ctx.device, "pinned", BYTES, nstreams=max(STREAMS)) as s:
         for k in STREAMS:
             ctx.step(f"{k} streams")
             s.copy("d2h", BYTES, k * 20, nstreams=k, sync_every=k)  # warm

@@ -10,7 +10,7 @@ read 12-14 on lent H100s (bench/RESULTS.md, 2026-11-23, run N).
 
 from __future__ import annotations
 
-from ccbridge import native
+from ccbridge.bindings import core
 from ccbridge.emulate.interposer import emulating
 from ccbridge.probe.framework import alternating, paired_rows
 from ccbridge.probe.registry import test
@@ -38,7 +38,7 @@ def sweep(ctx):
     twinned = emulating()
     for mem in ("pinned", "pageable"):
         ctx.step(f"allocating {human_bytes(max(sizes))} {mem}")
-        with native.Session(ctx.device, mem, max(sizes)) as s:
+        with core.Session(ctx.device, mem, max(sizes)) as s:
             for direction in ("h2d", "d2h"):
                 for size in sizes:
                     ctx.step(f"{direction} {mem} {human_bytes(size)}")

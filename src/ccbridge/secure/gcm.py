@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from ctypes import c_int, c_size_t, c_uint, c_uint32, c_uint64, c_void_p
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ccbridge import libcrypto, native
+from ccbridge import libcrypto
+from ccbridge.bindings import core, gcm as gcm_host
+from ccbridge.errors import GpuError
 from ccbridge.libcrypto import IntegrityError
-from ccbridge.native import GpuError
 
 TAG = 16
 PREFIX_BYTES, ID_BYTES = 8, 32
@@ -129,34 +129,19 @@ def cpu_decrypt_into(key: bytes, ident: Ident, wire, out, chunk: int | None = No
 
 # ---- the kernels' arithmetic, on the host ----
 
-@lru_cache(maxsize=None)
-def _lib() -> ctypes.CDLL:
-    so = native.lib()
-    so.ccb_gcm_key_size.restype = c_size_t
-    so.ccb_gcm_msg_size.restype = c_size_t
-    so.ccb_gcm_key.argtypes = [ctypes.c_char_p, c_void_p]
-    so.ccb_gcm_msg.argtypes = [c_void_p, c_void_p, c_uint64, c_uint32, ctypes.c_char_p, ctypes.c_char_p]
-    so.ccb_gcm_raw_msg.argtypes = [c_void_p, c_void_p, c_uint64, ctypes.c_char_p, ctypes.c_char_p, c_uint64]
-    so.ccb_gcm_model.argtypes = [c_void_p, c_void_p, c_int, c_void_p, c_void_p, c_void_p]
-    so.ccb_gcm_load.argtypes = [c_int, ctypes.c_char_p]
-    so.ccb_gcm_crypt.argtypes = [c_uint, c_void_p, c_uint64, c_void_p, c_int, c_uint64, c_uint64, c_uint64, c_uint64]
-    so.ccb_gcm_reduce.argtypes = [c_uint, c_void_p, c_uint64, c_void_p, c_void_p, c_int] + [c_uint64] * 7
-    return so
-
-
 def key_schedule(key: bytes) -> ctypes.Array:
     """The gcm_key struct (round keys, T-table, powers of H) of a 32-byte key."""
     if len(key) != 32:
         raise ValueError(f"AES-256-GCM needs a 32-byte key, got {len(key)}")
-    ks = ctypes.create_string_buffer(_lib().ccb_gcm_key_size())
-    _lib().ccb_gcm_key(key, ks)
+    ks = ctypes.create_string_buffer(gcm_host.lib().ccb_gcm_key_size())
+    gcm_host.lib().ccb_gcm_key(key, ks)
     return ks
 
 
 def msg_params(schedule, ident: Ident, nbytes: int, chunk: int) -> ctypes.Array:
-    m = ctypes.create_string_buffer(_lib().ccb_gcm_msg_size())
-    if _lib().ccb_gcm_msg(schedule, m, nbytes, chunk, ident.prefix, ident.id) != 0:
-        raise ValueError(_lib().ccb_error().decode())
+    m = ctypes.create_string_buffer(gcm_host.lib().ccb_gcm_msg_size())
+    if gcm_host.lib().ccb_gcm_msg(schedule, m, nbytes, chunk, ident.prefix, ident.id) != 0:
+        raise ValueError(core.error())
     return m
 
 
@@ -164,9 +149,9 @@ def raw_params(schedule, iv: bytes, aad: bytes, nbytes: int) -> ctypes.Array:
     """Launch parameters of one plain AES-GCM message (96-bit nonce, any AAD)."""
     if len(iv) != 12:
         raise ValueError(f"the kernels take 96-bit nonces, got {8 * len(iv)} bits")
-    m = ctypes.create_string_buffer(_lib().ccb_gcm_msg_size())
-    if _lib().ccb_gcm_raw_msg(schedule, m, nbytes, iv, aad, len(aad)) != 0:
-        raise ValueError(_lib().ccb_error().decode())
+    m = ctypes.create_string_buffer(gcm_host.lib().ccb_gcm_msg_size())
+    if gcm_host.lib().ccb_gcm_raw_msg(schedule, m, nbytes, iv, aad, len(aad)) != 0:
+        raise ValueError(core.error())
     return m
 
 
@@ -178,7 +163,8 @@ def model_raw(key: bytes, iv: bytes, aad: bytes, data: bytes, tag: bytes | None 
     src = ctypes.create_string_buffer(bytes(data), max(len(data), 1))
     out = ctypes.create_string_buffer(max(len(data), 1))
     t = ctypes.create_string_buffer(tag or bytes(TAG), TAG)
-    bad = _lib().ccb_gcm_model(ks, m, int(tag is not None), ctypes.addressof(src), ctypes.addressof(out), ctypes.addressof(t))
+    bad = gcm_host.lib().ccb_gcm_model(ks, m, int(tag is not None), ctypes.addressof(src), ctypes.addressof(out),
+                                       ctypes.addressof(t))
     if bad:
         raise IntegrityError("AES-GCM authentication failed")
     return out.raw[:len(data)], t.raw
@@ -193,7 +179,7 @@ def model_encrypt(key: bytes, ident: Ident, plain: bytes, chunk: int | None = No
     wire = ctypes.create_string_buffer(wire_len(n, chunk))
     src = ctypes.create_string_buffer(plain, n)
     base = ctypes.addressof(wire)
-    _lib().ccb_gcm_model(ks, m, 0, ctypes.addressof(src), base, base + tags_offset(n))
+    gcm_host.lib().ccb_gcm_model(ks, m, 0, ctypes.addressof(src), base, base + tags_offset(n))
     return wire.raw
 
 
@@ -204,7 +190,8 @@ def model_decrypt(key: bytes, ident: Ident, wire: bytes, nbytes: int, chunk: int
     m = msg_params(ks, ident, nbytes, chunk)
     w = ctypes.create_string_buffer(bytes(wire), len(wire))
     out = ctypes.create_string_buffer(max(nbytes, 1))
-    bad = _lib().ccb_gcm_model(ks, m, 1, ctypes.addressof(w), ctypes.addressof(out), ctypes.addressof(w) + tags_offset(nbytes))
+    bad = gcm_host.lib().ccb_gcm_model(ks, m, 1, ctypes.addressof(w), ctypes.addressof(out),
+                                       ctypes.addressof(w) + tags_offset(nbytes))
     if bad:
         raise IntegrityError(f"{bad} chunks failed authentication")
     return out.raw[:nbytes]
@@ -213,7 +200,7 @@ def model_decrypt(key: bytes, ident: Ident, wire: bytes, nbytes: int, chunk: int
 # ---- the GPU ----
 
 def fatbin_path() -> Path:
-    return Path(native.__file__).with_name("_gcm.fatbin")
+    return gcm_host.FATBIN
 
 
 @lru_cache(maxsize=None)
@@ -242,8 +229,8 @@ class GpuCipher:
             raise ValueError(f"GpuCipher needs a CUDA device, got {self.device}")
         self.schedule = key_schedule(key)
         with torch.cuda.device(self.device):
-            if _lib().ccb_gcm_load(self.device.index or 0, _image()) != 0:
-                raise GpuError(_lib().ccb_error().decode(errors="replace"))
+            if gcm_host.lib().ccb_gcm_load(self.device.index or 0, _image()) != 0:
+                raise GpuError(core.error())
             host = torch.frombuffer(bytearray(self.schedule.raw), dtype=torch.uint8)
             # uploaded on a stream of its own: the caller's stream may be stalled behind a peer that stopped,
             # and a copy from pageable memory would hold this thread until that stream reached it
@@ -264,12 +251,12 @@ class GpuCipher:
 
     def _run(self, rc: int) -> None:
         if rc != 0:
-            raise GpuError(_lib().ccb_error().decode(errors="replace"))
+            raise GpuError(core.error())
 
     def _crypt(self, m, nch: int, decrypt: int, src: int, dst: int, tags: int, fail: int) -> None:
         with self.torch.cuda.device(self.device):
-            self._run(_lib().ccb_gcm_crypt(self._grid(nch), self._stream(), self.dkey.data_ptr(), m, decrypt,
-                                           src, dst, tags, fail))
+            self._run(gcm_host.lib().ccb_gcm_crypt(self._grid(nch), self._stream(), self.dkey.data_ptr(), m, decrypt,
+                                                   src, dst, tags, fail))
 
     def encrypt(self, ident: Ident, plain, wire, chunk: int | None = None) -> None:
         """plain (n bytes) -> wire (wire_len(n) bytes)."""
@@ -311,10 +298,10 @@ class GpuCipher:
         mo = self._msg(ident_out, n, chunk) if ident_out else mi
         wo = _ptr(wire_out)
         with self.torch.cuda.device(self.device):
-            self._run(_lib().ccb_gcm_reduce(self._grid(nchunks(n, chunk)), self._stream(), self.dkey.data_ptr(), mi, mo,
-                                            DTYPES[dtype], wire_in.data_ptr(), wire_in.data_ptr() + tags_offset(n),
-                                            local.data_ptr(), _ptr(plain), wo, wo + tags_offset(n) if wo else 0,
-                                            fail.data_ptr()))
+            self._run(gcm_host.lib().ccb_gcm_reduce(self._grid(nchunks(n, chunk)), self._stream(), self.dkey.data_ptr(),
+                                                    mi, mo, DTYPES[dtype], wire_in.data_ptr(),
+                                                    wire_in.data_ptr() + tags_offset(n), local.data_ptr(), _ptr(plain),
+                                                    wo, wo + tags_offset(n) if wo else 0, fail.data_ptr()))
 
 
 class CpuCipher:

@@ -18,6 +18,7 @@ import time
 from multiprocessing.connection import Client, Connection, Listener
 
 from ccbridge import ranks
+from ccbridge.bindings import libc, ncclnet
 from ccbridge.errors import SecureError, UsageError
 from ccbridge.results import Result, Row
 from ccbridge.secure import netplugin
@@ -51,7 +52,7 @@ class _Side:
         peer = pipe.recv()
         # connect and accept progress together (each side's accept needs the other's connect)
         sc, rc = ctypes.c_void_p(), ctypes.c_void_p()
-        buf = ctypes.create_string_buffer(peer, netplugin.HANDLE_BYTES)
+        buf = ctypes.create_string_buffer(peer, ncclnet.HANDLE_BYTES)
         while not (sc.value and rc.value):
             if not sc.value:
                 self.net.check("connect", self.net.t.connect(self.net.ctx, 0, buf, ctypes.byref(sc), None))
@@ -69,10 +70,6 @@ class _Side:
         self.net.t.finalize(self.net.ctx)
 
 
-_libc = ctypes.CDLL(None)
-_libc.memcmp.argtypes, _libc.memcmp.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t], ctypes.c_int
-
-
 def _stream(side: _Side, sender: bool, size: int, inflight: int, total: int) -> dict:
     """Move `total` bytes in messages of `size`, `inflight` at a time; the receiver times it.
 
@@ -82,6 +79,7 @@ def _stream(side: _Side, sender: bool, size: int, inflight: int, total: int) -> 
     last rounds compared with a memcmp against patterns also made before (drawing a 4 MiB pattern
     in the loop took ~5 ms, 16 times a measurement: more than the plugin's own time at 4 MiB)."""
     net, deadline, t = side.net, time.monotonic() + DEADLINE_S, side.net.t
+    memcmp = libc.lib().memcmp
     n = max(size, 1)
     bufs = [(ctypes.c_char * n)() for _ in range(inflight)]
     want = [(ctypes.c_char * n).from_buffer_copy(_pattern(i, size).ljust(n, b"\0")) for i in range(inflight)]
@@ -122,7 +120,7 @@ def _stream(side: _Side, sender: bool, size: int, inflight: int, total: int) -> 
                 if POLL_S:
                     time.sleep(POLL_S)
             if not sender and (m - inflight < inflight or m - inflight >= count - inflight):
-                bad += got.value != size or (size and _libc.memcmp(bufs[slot], want[slot], size) != 0)
+                bad += got.value != size or (size and memcmp(bufs[slot], want[slot], size) != 0)
         if m < count:
             reqs[slot].value = None
             while not reqs[slot].value:  # NULL: the plugin is full, NCCL retries

@@ -15,6 +15,7 @@ import os
 import time
 from pathlib import Path
 
+from ccbridge.bindings import ncclnet
 from ccbridge.errors import SecureError
 
 NAME = "libnccl-net-ccbridge.so"
@@ -54,51 +55,7 @@ def status(environ: dict[str, str] | None = None) -> dict:
     return out
 
 
-# ---- the plugin's v11 API through ctypes, as NCCL's proxy thread drives it ----
-# (for `ccbridge bench net` and the tests; the declarations are ncclnet.h's, and
-# tests/test_ncclnet_cpu.py checks the struct sizes against it)
-
-_R, _P = ctypes.c_int, ctypes.c_void_p
-_PP = ctypes.POINTER(ctypes.c_void_p)
-FN = {  # ncclNet_v11 in declaration order (ncclnet.h) and the signatures used here
-    "init": ctypes.CFUNCTYPE(_R, _PP, ctypes.c_uint64, _P, _P, _P),
-    "devices": ctypes.CFUNCTYPE(_R, ctypes.POINTER(_R)),
-    "getProperties": ctypes.CFUNCTYPE(_R, _R, _P),
-    "listen": ctypes.CFUNCTYPE(_R, _P, _R, _P, _PP),
-    "connect": ctypes.CFUNCTYPE(_R, _P, _R, _P, _PP, _P),
-    "accept": ctypes.CFUNCTYPE(_R, _P, _PP, _P),
-    "regMr": ctypes.CFUNCTYPE(_R, _P, _P, ctypes.c_size_t, _R, _PP),
-    "regMrDmaBuf": _P,
-    "deregMr": ctypes.CFUNCTYPE(_R, _P, _P),
-    "isend": ctypes.CFUNCTYPE(_R, _P, _P, ctypes.c_size_t, _R, _P, _P, _PP),
-    "irecv": ctypes.CFUNCTYPE(_R, _P, _R, _PP, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(_R), _PP, _PP, _PP),
-    "iflush": ctypes.CFUNCTYPE(_R, _P, _R, _PP, ctypes.POINTER(_R), _PP, _PP),
-    "test": ctypes.CFUNCTYPE(_R, _P, ctypes.POINTER(_R), ctypes.POINTER(_R)),
-    "closeSend": ctypes.CFUNCTYPE(_R, _P),
-    "closeRecv": ctypes.CFUNCTYPE(_R, _P),
-    "closeListen": ctypes.CFUNCTYPE(_R, _P),
-    "getDeviceMr": _P,
-    "irecvConsumed": _P,
-    "makeVDevice": _P,
-    "finalize": ctypes.CFUNCTYPE(_R, _P),
-    "setNetAttr": _P,
-}
-
-
-class Net11(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_char_p)] + [(k, v) for k, v in FN.items()]
-
-
-class Props11(ctypes.Structure):  # ccbNetProperties_v11
-    _fields_ = [("name", ctypes.c_char_p), ("pciPath", ctypes.c_char_p), ("guid", ctypes.c_uint64),
-                ("ptrSupport", _R), ("regIsGlobal", _R), ("forceFlush", _R), ("speed", _R), ("port", _R),
-                ("latency", ctypes.c_float), ("maxComms", _R), ("maxRecvs", _R), ("netDeviceType", _R),
-                ("netDeviceVersion", _R), ("vNdevs", _R), ("vDevs", _R * 4), ("maxP2pBytes", ctypes.c_size_t),
-                ("maxCollBytes", ctypes.c_size_t), ("maxMultiRequestSize", _R)]
-
-
-LOGGER = ctypes.CFUNCTYPE(None, _R, ctypes.c_ulong, ctypes.c_char_p, _R, ctypes.c_char_p, ctypes.c_char_p)
-HANDLE_BYTES = 128
+# ---- the plugin's v11 API, as NCCL's proxy thread drives it (declared in ccbridge.bindings.ncclnet) ----
 
 
 class NetError(SecureError):
@@ -115,12 +72,12 @@ class Net:
     comes from $CCBRIDGE_KEY / $CCBRIDGE_KEY_FILE as for NCCL."""
 
     def __init__(self, lib_path: str | None = None):
-        self.lib = ctypes.CDLL(str(lib_path or library()))
-        self.t = Net11.in_dll(self.lib, "ncclNetPlugin_v11")
+        self.lib, self.t = ncclnet.load(str(lib_path or library()))
         self.logs: list[tuple[int, str]] = []
-        self._log = LOGGER(lambda lvl, flags, f, line, fmt, msg: self.logs.append((lvl, (msg or b"").decode())))
+        self._log = ncclnet.LOGGER(lambda lvl, flags, f, line, fmt, msg:
+                                   self.logs.append((lvl, (msg or b"").decode())))
         self.ctx = ctypes.c_void_p()
-        self.rc = self.t.init(ctypes.byref(self.ctx), 7, None, ctypes.cast(self._log, _P), None)
+        self.rc = self.t.init(ctypes.byref(self.ctx), 7, None, ctypes.cast(self._log, ctypes.c_void_p), None)
 
     def why(self) -> str:
         return self.logs[-1][1] if self.logs else ""
@@ -130,7 +87,7 @@ class Net:
             raise NetError(where, rc, self.why())
 
     def listen(self):
-        handle = ctypes.create_string_buffer(HANDLE_BYTES)
+        handle = ctypes.create_string_buffer(ncclnet.HANDLE_BYTES)
         lcomm = ctypes.c_void_p()
         self.check("listen", self.t.listen(self.ctx, 0, handle, ctypes.byref(lcomm)))
         return handle, lcomm
@@ -146,7 +103,7 @@ class Net:
         return out
 
     def connect(self, handle: bytes, deadline: float):
-        buf = ctypes.create_string_buffer(bytes(handle), HANDLE_BYTES)
+        buf = ctypes.create_string_buffer(bytes(handle), ncclnet.HANDLE_BYTES)
         return self.poll("connect", lambda o: self.t.connect(self.ctx, 0, buf, o, None), deadline)
 
     def accept(self, lcomm, deadline: float):
@@ -164,7 +121,7 @@ class Net:
         finally:
             if lanes is not None:
                 os.environ.pop("CCBRIDGE_NET_LANES") if old is None else os.environ.update(CCBRIDGE_NET_LANES=old)
-        buf = ctypes.create_string_buffer(bytes(handle), HANDLE_BYTES)
+        buf = ctypes.create_string_buffer(bytes(handle), ncclnet.HANDLE_BYTES)
         s, r = ctypes.c_void_p(), ctypes.c_void_p()
         while not (s.value and r.value):
             if not s.value:
@@ -180,12 +137,13 @@ class Net:
         return self.poll("isend", lambda o: self.t.isend(comm, buf, n, 0, None, None, o), deadline)
 
     def irecv(self, comm, buf, n: int, deadline: float):
-        data, size, tag = (ctypes.c_void_p * 1)(ctypes.cast(buf, _P)), (ctypes.c_size_t * 1)(n), (_R * 1)(0)
+        data, size = (ctypes.c_void_p * 1)(ctypes.cast(buf, ctypes.c_void_p)), (ctypes.c_size_t * 1)(n)
+        tag = (ctypes.c_int * 1)(0)
         return self.poll("irecv", lambda o: self.t.irecv(comm, 1, data, size, tag, None, None, o), deadline)
 
     def done(self, req) -> int | None:
         """The received size once req completed, else None (raises NetError on failure)."""
-        done, size = _R(0), _R(-1)
+        done, size = ctypes.c_int(0), ctypes.c_int(-1)
         self.check("test", self.t.test(req, ctypes.byref(done), ctypes.byref(size)))
         return size.value if done.value else None
 

@@ -20,7 +20,6 @@ sys.setprofile, which every call pays and which another profiler replaces.
 """
 
 import atexit
-import ctypes
 import importlib.util
 import json
 import os
@@ -54,6 +53,16 @@ def _skipped():
 
 
 _SKIP, _STDLIB = _skipped()
+# the emulator's ctypes binding, loaded by its path: this interpreter may not have ccbridge to import
+EMU_BINDING = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "bindings", "emu.py")
+
+
+def _site_slot_fn(lib):
+    """The interposer's ccbemu_site_slot (declared by bindings/emu.py) in the library at lib."""
+    spec = importlib.util.spec_from_file_location("ccbridge_sites_emu_binding", EMU_BINDING)
+    binding = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(binding)
+    return binding.function(lib, "ccbemu_site_slot")
 
 
 def _is_site(filename):
@@ -188,12 +197,10 @@ def start(prefix):
     if _prefix is not None:
         return
     try:
-        fn = ctypes.CDLL(os.environ[LIB_ENV]).ccbemu_site_slot
+        _slot_of = _site_slot_fn(os.environ[LIB_ENV])
     except (KeyError, OSError, AttributeError) as e:
         print(f"ccbridge: call sites off: the interposer's site slot is not there ({LIB_ENV}: {e})", file=sys.stderr)
         return
-    fn.restype, fn.argtypes = ctypes.POINTER(ctypes.c_int), []
-    _slot_of = fn
     _here = _Thread()
     _prefix, _cwd = prefix, os.getcwd()  # sites' relative file names are relative to where the program began
     atexit.register(_write)

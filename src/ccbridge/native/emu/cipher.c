@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "emu.h"
-#include "../ossl.h"
+#include "../common/ossl.h"
 
 int emu_cipher_load(char *err, size_t errlen) { return ossl_load(err, errlen); }
 

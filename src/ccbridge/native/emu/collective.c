@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "emu.h"
-#include "../spin_ptx.h"
+#include "../common/spin_ptx.h"
 
 /* ---- the multi-GPU mode ---- */
 static int g_mgpu;

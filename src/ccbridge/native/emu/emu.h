@@ -360,9 +360,11 @@ void emu_fail(const char *fmt, ...);  /* fatal set-up error: message and exit */
 /* ---- what the library exports ----
  * It is built with hidden visibility, so that the programs it is preloaded
  * into see nothing of it but the hooked driver entry points (hooks.c, each
- * defined EMU_API), dlsym, and the API below, which the launcher, the CPU
- * tests (tests/test_emulator_cpu.py) and tests/gpu/coverage.py call through
- * ctypes. tests/test_native_symbols.py holds the export list to this. */
+ * defined EMU_API), dlsym, and the API below, which ccbridge/bindings/emu.py
+ * declares through ctypes (for the interposer's switches, the call-site hook
+ * and the CPU tests; tests/test_bindings_twin.py holds the two to each other)
+ * and tests/gpu/coverage.py calls. tests/test_native_symbols.py holds the
+ * export list to this. */
 #define EMU_API __attribute__((visibility("default")))
 EMU_API void *dlsym(void *handle, const char *name);
 EMU_API int ccbemu_test_init(const char *config_text, char *err, int errlen); /* fake driver, this config */

@@ -1,7 +1,7 @@
 /*
  * AES-256-GCM arithmetic shared by the CUDA kernels (gcm.cu) and their host
  * model (gcm_host.c), so the CPU-only CI checks the kernels' math against
- * OpenSSL.
+ * OpenSSL; at the end, the host side's C interface.
  *
  * Chunked format (one message = nbytes split into chunks of chunk_bytes, each
  * chunk an ordinary AES-256-GCM message, so any GCM implementation can check it):
@@ -210,5 +210,45 @@ GCM_FN gcm_u128 gcm_chunk_tag(const gcm_key *k, const gcm_msg *m, uint32_t c, gc
     S = gcm_xor(S, gcm_mul(L, H));
     return gcm_xor(S, gcm_from_words(ej0));
 }
+
+#ifndef __CUDACC__
+/*
+ * The host side's C interface (gcm_host.c, part of ccbridge._native; not
+ * seen by the kernels): key and message setup, the sequential model of the
+ * kernels, and their launches. ccbridge/bindings/gcm.py declares exactly
+ * these through ctypes (tests/test_bindings_twin.py holds the two to each
+ * other); the reason of a failed call is in ccb_error() (core/core.h).
+ * gcm_key and gcm_msg travel as opaque buffers of ccb_gcm_key_size() and
+ * ccb_gcm_msg_size() bytes.
+ */
+#include "../common/cudrv.h"
+
+#include <stddef.h>
+
+CCB_API size_t ccb_gcm_key_size(void);
+CCB_API size_t ccb_gcm_msg_size(void);
+/* The key schedule (round keys, T-table, powers of H) of a 32-byte key. */
+CCB_API int ccb_gcm_key(const uint8_t key[32], gcm_key *k);
+/* One chunked message; -1 with ccb_error() on a chunk size the format cannot take. */
+CCB_API int ccb_gcm_msg(const gcm_key *k, gcm_msg *m, uint64_t nbytes, uint32_t chunk_bytes, const uint8_t prefix[8],
+                        const uint8_t id[32]);
+/* One plain AES-GCM message (96-bit nonce, any AAD), for the published test vectors. */
+CCB_API int ccb_gcm_raw_msg(const gcm_key *k, gcm_msg *m, uint64_t nbytes, const uint8_t iv[12], const uint8_t *aad,
+                            uint64_t aad_len);
+/* The kernels' computation on the CPU: encrypt, or verify+decrypt (the count of failed chunks). */
+CCB_API int ccb_gcm_model(const gcm_key *k, const gcm_msg *m, int decrypt, const uint8_t *in, uint8_t *out,
+                          uint8_t *tags);
+/* Load the kernels (a fatbin image) into the device's primary context once. */
+CCB_API int ccb_gcm_load(int device, const void *image);
+/* Encrypt (tags written) or verify+decrypt (failures counted into *fail, the failed chunks' output zeroed);
+ * key is the device copy of gcm_key. */
+CCB_API int ccb_gcm_crypt(unsigned grid, CUstream stream, CUdeviceptr key, const gcm_msg *m, int decrypt,
+                          CUdeviceptr in, CUdeviceptr out, CUdeviceptr tags, CUdeviceptr fail);
+/* One reduce-scatter hop: verify+decrypt (min, tin), add local, write the sum to plain (if any) and encrypt
+ * it as mout (if out): one pass over the bytes. */
+CCB_API int ccb_gcm_reduce(unsigned grid, CUstream stream, CUdeviceptr key, const gcm_msg *min, const gcm_msg *mout,
+                           int dtype, CUdeviceptr in, CUdeviceptr tin, CUdeviceptr local, CUdeviceptr plain,
+                           CUdeviceptr out, CUdeviceptr tout, CUdeviceptr fail);
+#endif
 
 #endif

@@ -4,7 +4,6 @@
  * of the kernels (same arithmetic, same thread decomposition) that the CPU
  * tests check against OpenSSL.
  */
-#include "../cudrv.h"
 #include "gcm.h"
 
 #include <pthread.h>
@@ -28,8 +27,8 @@ static void aes_sbox(uint8_t sbox[256]) {
     sbox[0] = 0x63;
 }
 
-CCB_API size_t ccb_gcm_key_size(void) { return sizeof(gcm_key); }
-CCB_API size_t ccb_gcm_msg_size(void) { return sizeof(gcm_msg); }
+size_t ccb_gcm_key_size(void) { return sizeof(gcm_key); }
+size_t ccb_gcm_msg_size(void) { return sizeof(gcm_msg); }
 
 static gcm_u128 gcm_pow(const gcm_key *k, uint64_t e) {
     gcm_u128 r = {0, 0}, b = k->hpow[0];
@@ -44,7 +43,7 @@ static gcm_u128 gcm_pow(const gcm_key *k, uint64_t e) {
     return r;
 }
 
-CCB_API int ccb_gcm_key(const uint8_t key[32], gcm_key *k) {
+int ccb_gcm_key(const uint8_t key[32], gcm_key *k) {
     uint8_t sbox[256];
     aes_sbox(sbox);
     for (int x = 0; x < 256; x++) {
@@ -77,7 +76,7 @@ CCB_API int ccb_gcm_key(const uint8_t key[32], gcm_key *k) {
 
 /* Fill one message's launch parameters. Messages of 0 bytes still carry one
  * (empty) chunk, so they are authenticated too. */
-CCB_API int ccb_gcm_msg(const gcm_key *k, gcm_msg *m, uint64_t nbytes, uint32_t chunk_bytes, const uint8_t prefix[8],
+int ccb_gcm_msg(const gcm_key *k, gcm_msg *m, uint64_t nbytes, uint32_t chunk_bytes, const uint8_t prefix[8],
                 const uint8_t id[32]) {
     if (chunk_bytes == 0 || chunk_bytes % 16) {
         set_err("chunk size must be a positive multiple of 16 bytes, got %u", chunk_bytes);
@@ -101,7 +100,7 @@ CCB_API int ccb_gcm_msg(const gcm_key *k, gcm_msg *m, uint64_t nbytes, uint32_t 
 }
 
 /* A plain AES-GCM message: 96-bit nonce, any AAD (see gcm_msg). */
-CCB_API int ccb_gcm_raw_msg(const gcm_key *k, gcm_msg *m, uint64_t nbytes, const uint8_t iv[12], const uint8_t *aad,
+int ccb_gcm_raw_msg(const gcm_key *k, gcm_msg *m, uint64_t nbytes, const uint8_t iv[12], const uint8_t *aad,
                     uint64_t aad_len) {
     uint64_t chunk = (nbytes + 15) & ~15ull;
     if (chunk > 0xfffffff0ull) {
@@ -125,7 +124,7 @@ CCB_API int ccb_gcm_raw_msg(const gcm_key *k, gcm_msg *m, uint64_t nbytes, const
 
 /* The kernels' work, done by one CPU thread, thread by thread. Decrypting,
  * returns the number of chunks whose tag failed (their output zeroed). */
-CCB_API int ccb_gcm_model(const gcm_key *k, const gcm_msg *m, int decrypt, const uint8_t *in, uint8_t *out, uint8_t *tags) {
+int ccb_gcm_model(const gcm_key *k, const gcm_msg *m, int decrypt, const uint8_t *in, uint8_t *out, uint8_t *tags) {
     int bad = 0;
     for (uint32_t c = 0; c < m->nchunks; c++) {
         uint64_t off = (uint64_t)c * m->chunk_bytes, len = gcm_chunk_len(m, c);
@@ -183,8 +182,8 @@ static pthread_mutex_t g_mod_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Load the kernels into the device's primary context once (and make that
  * context current on this thread if none is). */
-CCB_API int ccb_gcm_load(int device, const void *image) {
-    if (ccb_open() != 0) return -1;
+int ccb_gcm_load(int device, const void *image) {
+    if (cu_open() != 0) return -1;
     CUdevice dev;
     CUcontext ctx = NULL, cur = NULL;
     CK(cu.DeviceGet(&dev, device));
@@ -245,7 +244,7 @@ static int launch(int which, unsigned grid, CUstream stream, void **args) {
 
 /* Encrypt (tags written) or verify+decrypt (failures counted into *fail,
  * the failed chunks' output zeroed). key is the device copy of gcm_key. */
-CCB_API int ccb_gcm_crypt(unsigned grid, CUstream stream, CUdeviceptr key, const gcm_msg *m, int decrypt, CUdeviceptr in,
+int ccb_gcm_crypt(unsigned grid, CUstream stream, CUdeviceptr key, const gcm_msg *m, int decrypt, CUdeviceptr in,
                   CUdeviceptr out, CUdeviceptr tags, CUdeviceptr fail) {
     gcm_msg mv = *m;
     void *args[] = {&key, &mv, &decrypt, &in, &out, &tags, &fail};
@@ -256,7 +255,7 @@ CCB_API int ccb_gcm_crypt(unsigned grid, CUstream stream, CUdeviceptr key, const
  * to plain (if any) and encrypt it as mout (if out): one pass over the bytes.
  * A chunk that fails verification is zeroed in plain and sent on with a
  * poisoned tag, so every later receiver fails too. */
-CCB_API int ccb_gcm_reduce(unsigned grid, CUstream stream, CUdeviceptr key, const gcm_msg *min, const gcm_msg *mout, int dtype,
+int ccb_gcm_reduce(unsigned grid, CUstream stream, CUdeviceptr key, const gcm_msg *min, const gcm_msg *mout, int dtype,
                    CUdeviceptr in, CUdeviceptr tin, CUdeviceptr local, CUdeviceptr plain, CUdeviceptr out,
                    CUdeviceptr tout, CUdeviceptr fail) {
     gcm_msg a = *min, b = *mout;

@@ -1,7 +1,7 @@
 /*
  * The plugin's cryptography through OpenSSL's libcrypto.so.3, bound at run
- * time by ../ossl.c (shared with the emulator), so the plugin builds without
- * OpenSSL headers: AES-256-GCM records, SHA-256, HMAC-SHA256, HKDF
+ * time by ../common/ossl.c (shared with the emulator), so the plugin builds
+ * without OpenSSL headers: AES-256-GCM records, SHA-256, HMAC-SHA256, HKDF
  * (RFC 5869, the same construction as ccbridge.secure.keys.hkdf) and
  * RAND_bytes for the handshake's fresh randomness.
  */
@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "net.h"
-#include "../ossl.h"
+#include "../common/ossl.h"
 
 int crypto_load(char *err, size_t errlen) { return ossl_load(err, errlen); }
 

@@ -5,7 +5,8 @@
  * libnccl-net-${NCCL_NET_PLUGIN}.so and dlsyms "ncclNetPlugin_v11" (NCCL
  * 2.28), then "ncclNetPlugin_v10" (NCCL 2.27, and 2.28 as a fallback), newest
  * first. Field order, types and function signatures must match NCCL's
- * exactly; tests/test_ncclnet_cpu.py checks the offsets it relies on.
+ * exactly; tests/test_ncclnet_cpu.py checks the offsets it relies on, and
+ * tests/test_bindings_twin.py holds ccbridge/bindings/ncclnet.py to this.
  */
 #ifndef CCB_NCCLNET_H
 #define CCB_NCCLNET_H

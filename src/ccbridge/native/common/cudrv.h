@@ -1,13 +1,16 @@
 /*
- * The CUDA driver as the native core sees it: a table of the entry points it
+ * The CUDA driver as the native core (core/, loader/, gcm/gcm_host.c: one
+ * shared object, ccbridge._native) sees it: a table of the entry points it
  * uses, resolved from libcuda.so.1 at run time (so the package builds and
  * installs without CUDA), and one error convention: every entry point returns
- * 0, or -1 with a message in ccb_error() naming the driver call and its error.
+ * 0, or -1 with a message in g_err (read through ccb_error(), core/core.h)
+ * naming the driver call and its error.
  */
 #ifndef CCB_CUDRV_H
 #define CCB_CUDRV_H
 #define _GNU_SOURCE
 #include <stddef.h>
+#include <time.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -15,7 +18,7 @@ typedef void *CUcontext, *CUstream, *CUevent, *CUfunction, *CUmodule, *CUgraph, 
 typedef unsigned long long CUdeviceptr;
 
 
-/* One table of the driver functions we use, resolved once by ccb_open(). */
+/* One table of the driver functions we use, resolved once by cu_open(). */
 typedef struct {
     CUresult (*Init)(unsigned);
     CUresult (*GetErrorName)(CUresult, const char **);
@@ -62,8 +65,9 @@ typedef struct {
 extern ccb_driver cu;
 
 /* The library is built with hidden visibility: what Python calls through
- * ctypes (ccbridge/native.py, load/engine.py, secure/gcm.py), and only that,
- * is exported, marked at its definition. */
+ * ctypes (ccbridge/bindings/: core.py, loader.py, gcm.py), and only that, is
+ * exported, marked CCB_API at its declaration in its part's one header
+ * (core/core.h, loader/loader.h, gcm/gcm.h). */
 #define CCB_API __attribute__((visibility("default")))
 
 #define CCB_ERR_LEN 512
@@ -71,8 +75,15 @@ extern __thread char g_err[CCB_ERR_LEN];
 
 void set_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int cu_fail(CUresult rc, const char *what);
-int ccb_open(void);
-double ccb_now_ns(void);
+/* Load the driver table and cuInit once (thread-safe); 0, or -1 with g_err. */
+int cu_open(void);
+
+/* CLOCK_MONOTONIC in ns: comparable across processes. */
+static inline double mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
 
 /* Check a driver call; on failure record which call and jump to cleanup. */
 #define CK(call)                                  \

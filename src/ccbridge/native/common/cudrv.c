@@ -1,4 +1,4 @@
-/* The driver table and the error convention of the native core (cudrv.h). */
+/* The driver table and the error convention of the native core (cudrv.h); nothing here is exported. */
 #include "cudrv.h"
 
 #include <dlfcn.h>
@@ -20,14 +20,6 @@ void set_err(const char *fmt, ...) {
     va_end(ap);
 }
 
-CCB_API const char *ccb_error(void) { return g_err; }
-
-CCB_API double ccb_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
 /* what is the call's source text, e.g. "cu.DeviceGet(&dev, 0)": report it as cuDeviceGet. */
 int cu_fail(CUresult rc, const char *what) {
     const char *name = "unknown error";
@@ -40,7 +32,7 @@ int cu_fail(CUresult rc, const char *what) {
 
 
 
-CCB_API int ccb_open(void) {
+int cu_open(void) {
     pthread_mutex_lock(&g_open_lock);
     if (g_opened) {
         pthread_mutex_unlock(&g_open_lock);

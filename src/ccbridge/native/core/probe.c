@@ -1,8 +1,9 @@
 /*
  * ccbridge probe core: the timing loops that Python overhead would distort.
  *
- * Loaded with ctypes (see ccbridge/native.py); the driver table and the error
- * convention (0, or -1 with ccb_error()) are in cudrv.h.
+ * Loaded with ctypes (ccbridge/bindings/core.py); its interface is core.h,
+ * the driver table and the error convention (0, or -1 with ccb_error()) are
+ * in ../common/cudrv.h.
  *
  * A "session" is one context (the device's primary context, or a context of
  * its own) with its streams and one host + one device buffer per stream.
@@ -10,8 +11,8 @@
  * N sessions on the primary context (threads), N sessions with contexts of
  * their own, or one session per process.
  */
-#include "cudrv.h"
-#include "spin_ptx.h"
+#include "core.h"
+#include "../common/spin_ptx.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -21,22 +22,15 @@
 #include <string.h>
 #include <time.h>
 
-#define CCB_H2D 0
-#define CCB_D2H 1
-#define CCB_D2D 2
-#define CCB_PINNED 0
-#define CCB_PAGEABLE 1
-#define CCB_SAME_STREAM 0
-#define CCB_IDLE_STREAM 1
-#define CCB_EVENT_WAIT 2
-#define CCB_LAUNCH_PIPELINED 0
-#define CCB_LAUNCH_WAIT 1
-#define CCB_LAUNCH_GRAPH 2
-#define CCB_MAX_STREAMS 64
-
 static const char kPtx[] = CCB_PTX_HEADER ".visible .entry ccb_noop()\n{\n\tret;\n}\n" CCB_PTX_SPIN("ccb_spin");
 
-CCB_API int ccb_device_count(int *count) {
+const char *ccb_error(void) { return g_err; }
+
+double ccb_now_ns(void) { return mono_ns(); }
+
+int ccb_open(void) { return cu_open(); }
+
+int ccb_device_count(int *count) {
     CK(cu.DeviceGetCount(count));
     return 0;
 fail:
@@ -55,7 +49,7 @@ static void fill_random(void *p, size_t n, uint64_t seed) {
     for (; i < n; i++) b[i] = (unsigned char)(x >> (8 * (i & 7))) | 1;
 }
 
-typedef struct {
+struct ccb_session {
     int device;
     int own_context;
     int kind;
@@ -69,19 +63,7 @@ typedef struct {
     void *host[CCB_MAX_STREAMS];
     CUdeviceptr dptr[CCB_MAX_STREAMS];
     CUdeviceptr dscratch;
-} ccb_session;
-
-typedef struct {
-    double start_ns, end_ns; /* CLOCK_MONOTONIC, comparable across processes */
-    double incall_ns;        /* time the host thread spent inside copy calls */
-    double bytes;
-} ccb_copy_out;
-
-typedef struct {
-    double remaining_ns; /* queued GPU work left when the copy was issued */
-    double call_ns;      /* how long the copy call took to return */
-    double done_ns;      /* issue to completion of everything */
-} ccb_sem_out;
+};
 
 static void *host_alloc(ccb_session *s, size_t n) {
     void *p = NULL;
@@ -100,7 +82,7 @@ static void host_free(ccb_session *s, void *p) {
     if (s->kind == CCB_PINNED) cu.MemFreeHost(p); else free(p);
 }
 
-CCB_API void ccb_session_close(ccb_session *s) {
+void ccb_session_close(ccb_session *s) {
     if (!s) return;
     if (s->ctx) {
         cu.CtxSetCurrent(s->ctx);
@@ -119,8 +101,8 @@ CCB_API void ccb_session_close(ccb_session *s) {
 
 static int verify_roundtrip(ccb_session *s, size_t bytes);
 
-CCB_API ccb_session *ccb_session_open(int device, int own_context, int kind, size_t max_bytes, int nstreams) {
-    if (ccb_open() != 0) return NULL;
+ccb_session *ccb_session_open(int device, int own_context, int kind, size_t max_bytes, int nstreams) {
+    if (cu_open() != 0) return NULL;
     if (nstreams < 1 || nstreams > CCB_MAX_STREAMS) {
         set_err("nstreams must be 1..%d, got %d", CCB_MAX_STREAMS, nstreams);
         return NULL;
@@ -184,7 +166,7 @@ fail:
     return -1;
 }
 
-CCB_API int ccb_verify(ccb_session *s, size_t bytes) {
+int ccb_verify(ccb_session *s, size_t bytes) {
     if (bytes > s->max_bytes) { set_err("verify size %zu exceeds session buffers (%zu)", bytes, s->max_bytes); return -1; }
     return verify_roundtrip(s, bytes);
 }
@@ -203,7 +185,7 @@ static CUresult issue_copy(ccb_session *s, int dir, int i, size_t bytes) {
  * copies are queued and waited for once (sustained bandwidth). incall_ns is
  * how long the host thread sat inside the copy calls themselves.
  */
-CCB_API int ccb_copy(ccb_session *s, int dir, size_t bytes, int nstreams, int iters, int sync_every,
+int ccb_copy(ccb_session *s, int dir, size_t bytes, int nstreams, int iters, int sync_every,
              double *samples_ns, ccb_copy_out *out) {
     if (bytes > s->max_bytes) { set_err("copy size %zu exceeds session buffers (%zu)", bytes, s->max_bytes); return -1; }
     if (nstreams < 1 || nstreams > s->nstreams) { set_err("nstreams %d outside 1..%d", nstreams, s->nstreams); return -1; }
@@ -265,7 +247,7 @@ static void *worker_main(void *p) {
 }
 
 /* One thread per session, all released together after their warm-up. */
-CCB_API int ccb_workers(ccb_session **sessions, int n, int dir, size_t bytes, int iters, int warmup, ccb_copy_out *outs) {
+int ccb_workers(ccb_session **sessions, int n, int dir, size_t bytes, int iters, int warmup, ccb_copy_out *outs) {
     pthread_t th[CCB_MAX_STREAMS];
     worker_arg args[CCB_MAX_STREAMS];
     gate_t gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0};
@@ -299,7 +281,7 @@ CCB_API int ccb_workers(ccb_session **sessions, int n, int dir, size_t bytes, in
  * time. WAIT: launch + stream sync, mean per pair. GRAPH: n launches captured
  * into one graph; one replay + sync, per-kernel time.
  */
-CCB_API int ccb_launch(ccb_session *s, int mode, int n, double *ns_per_kernel) {
+int ccb_launch(ccb_session *s, int mode, int n, double *ns_per_kernel) {
     CUstream st = s->stream[0];
     CUgraph g = NULL;
     CUgraphExec ge = NULL;
@@ -340,7 +322,7 @@ fail:
  * or stream 1 after it event-waits on stream 0. The caller compares call_ns
  * with remaining_ns to give the verdict.
  */
-CCB_API int ccb_semantics(ccb_session *s, int dir, int relation, size_t bytes, double spin_ns, ccb_sem_out *out) {
+int ccb_semantics(ccb_session *s, int dir, int relation, size_t bytes, double spin_ns, ccb_sem_out *out) {
     CUevent ev = NULL;
     if (s->nstreams < 2) { set_err("semantics needs a session with 2 streams"); return -1; }
     if (bytes > s->max_bytes) { set_err("copy size %zu exceeds session buffers", bytes); return -1; }
@@ -376,10 +358,10 @@ fail:
 }
 
 /* Create n contexts, then destroy them: total wall time of each phase. */
-CCB_API int ccb_ctx_lifecycle(int device, int n, double *create_ns, double *destroy_ns) {
+int ccb_ctx_lifecycle(int device, int n, double *create_ns, double *destroy_ns) {
     CUcontext ctx[CCB_MAX_STREAMS] = {0}, prev = NULL, popped, c;
     CUdevice dev;
-    if (ccb_open() != 0) return -1;
+    if (cu_open() != 0) return -1;
     if (n < 1 || n > CCB_MAX_STREAMS) { set_err("context count %d outside 1..%d", n, CCB_MAX_STREAMS); return -1; }
     CK(cu.CtxGetCurrent(&prev));
     CK(cu.DeviceGet(&dev, device));
@@ -407,7 +389,7 @@ fail:
 }
 
 /* Allocate `count` pinned staging slots of `bytes` in the session's context. */
-CCB_API int ccb_pinned_slots(ccb_session *s, size_t bytes, int count, double *alloc_ns, double *free_ns) {
+int ccb_pinned_slots(ccb_session *s, size_t bytes, int count, double *alloc_ns, double *free_ns) {
     void *p[CCB_MAX_STREAMS] = {0};
     int made = 0;
     if (count < 1 || count > CCB_MAX_STREAMS) { set_err("slot count %d outside 1..%d", count, CCB_MAX_STREAMS); return -1; }
@@ -428,7 +410,7 @@ fail:
  * back-to-back copies of `bytes`, after one warm-up. The emulator's launcher hands it to the interposer as the
  * rate a collective's bandwidth-kept term is computed at. -1 with the reason where the GPUs have no peer access
  * (the copy would be staged through the host: not the link CC's figure is about). */
-CCB_API int ccb_peer_rate(int src, int dst, size_t bytes, int iters, double *bytes_per_s) {
+int ccb_peer_rate(int src, int dst, size_t bytes, int iters, double *bytes_per_s) {
     CUdevice ds, dd;
     CUcontext cs = NULL, cd = NULL, was = NULL;
     CUdeviceptr a = 0, b = 0;
@@ -477,7 +459,7 @@ static int cmp_double(const void *a, const void *b) {
  * events with the kernel, less between two events without it, while a 200 us spin queued ahead keeps the GPU
  * busy so that the host's launch latency stays out. The emulator's device-side wait is such a kernel: its charge
  * is shortened by this, so that a stream is held for the toll, not the toll plus the wait's own dispatch. */
-CCB_API int ccb_kernel_gap(ccb_session *s, int reps, double *ns) {
+int ccb_kernel_gap(ccb_session *s, int reps, double *ns) {
     CUevent a = NULL, b = NULL;
     double *t = NULL;
     int ok = -1;

@@ -56,7 +56,7 @@
  * it was: the next submit starts afresh. Only a failed prewarm (a context,
  * stream or buffer that could not be made) breaks the pool for good.
  */
-#include "cudrv.h"
+#include "loader.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -70,33 +70,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CCB_STAGE_PINNED 0
-#define CCB_STAGE_PAGEABLE 1
-#define CCB_STAGE_MAPPED 2
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
 #endif
-#define CCB_MAX_WORKERS 64
-#define CCB_MAX_BUFS 8
 #define SQ_CAP (CCB_MAX_WORKERS * CCB_MAX_BUFS) /* every slot queued at most once */
 
 /* A staging slot's life: filled by its worker, copied out, retired by its worker. */
 enum { SLOT_FREE, SLOT_QUEUED /* for the submitter */, SLOT_INFLIGHT /* copies issued, event recorded */,
        SLOT_DROPPED /* the load stopped before its copies were issued */ };
-
-typedef struct {
-    uint64_t dst;    /* where the bytes go: device address, or host address for a host target */
-    uint64_t offset; /* file offset of the first byte */
-    uint64_t nbytes; /* > 0 */
-    int32_t file;    /* index into the load's files */
-    int32_t tensor;  /* reported through doneq once all its bytes have landed */
-} ccb_item;
-
-typedef struct {
-    int32_t fd;
-    int32_t pad_;
-    uint64_t map; /* mapped staging: address of the file's byte 0 in its mapping, else 0 */
-} ccb_file;
 
 /* One file's part of the plan: its items and the grid cells they cover. */
 typedef struct {
@@ -120,16 +101,6 @@ typedef struct {
     uint64_t lo, hi;
     size_t item, end;
 } chunk_ref;
-
-typedef struct {
-    double prewarm_ns; /* from ccb_pool_new to every worker ready */
-    double read_ns;    /* summed over workers: inside pread */
-    double copy_ns;    /* summed over workers: inside copy calls and staging waits */
-    double bytes;      /* bytes delivered by the last load */
-    double load_ns;    /* last load: submit to the last worker idle */
-} ccb_load_stats;
-
-typedef struct ccb_pool ccb_pool;
 
 typedef struct {
     ccb_pool *p;
@@ -232,7 +203,7 @@ static int read_full(int fd, void *buf, uint64_t n, uint64_t off) {
     return 0;
 }
 
-static double now_ns(void) { return ccb_now_ns(); }
+static double now_ns(void) { return mono_ns(); }
 
 /* ---- the plan: chunks found from the items, never listed ---- */
 
@@ -315,7 +286,7 @@ static void clip(const plan *pl, const chunk_ref *c, size_t i, uint64_t *off, ui
 }
 
 /* Every segment of a plan as rows (chunk, item, file offset, length): for tests. */
-CCB_API long long ccb_plan_walk(const ccb_file *files, int nfiles, const ccb_item *items, size_t nitems, uint64_t chunk,
+long long ccb_plan_walk(const ccb_file *files, int nfiles, const ccb_item *items, size_t nitems, uint64_t chunk,
                         int ntensors, int64_t *rows, size_t max_rows) {
     plan pl;
     if (plan_build(&pl, files, nfiles, items, nitems, chunk, NULL, ntensors) != 0) { plan_free(&pl); return -1; }
@@ -613,19 +584,17 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-CCB_API const char *ccb_pool_error(ccb_pool *p) { return p->err; }
-CCB_API long long ccb_pool_error_item(ccb_pool *p) { return (long long)p->err_item; }
+const char *ccb_pool_error(ccb_pool *p) { return p->err; }
+long long ccb_pool_error_item(ccb_pool *p) { return (long long)p->err_item; }
 
-CCB_API void ccb_pool_free(ccb_pool *p);
-
-CCB_API ccb_pool *ccb_pool_new(int device, int nworkers, int ncontexts, int staging, size_t chunk, int nbuf) {
+ccb_pool *ccb_pool_new(int device, int nworkers, int ncontexts, int staging, size_t chunk, int nbuf) {
     if (nworkers < 1 || nworkers > CCB_MAX_WORKERS) { set_err("workers must be 1..%d, got %d", CCB_MAX_WORKERS, nworkers); return NULL; }
     if (ncontexts < 0 || ncontexts > nworkers) { set_err("contexts must be 0..workers (%d), got %d", nworkers, ncontexts); return NULL; }
     if (nbuf < 1 || nbuf > CCB_MAX_BUFS) { set_err("staging buffers per worker must be 1..%d, got %d", CCB_MAX_BUFS, nbuf); return NULL; }
     if (staging < CCB_STAGE_PINNED || staging > CCB_STAGE_MAPPED) { set_err("unknown staging kind %d", staging); return NULL; }
     if (device < 0 && staging >= CCB_STAGE_MAPPED) { set_err("mapped staging needs a device target"); return NULL; }
     if (chunk < 4096) { set_err("chunk must be at least 4096 bytes, got %zu", chunk); return NULL; }
-    if (device >= 0 && ccb_open() != 0) return NULL;
+    if (device >= 0 && cu_open() != 0) return NULL;
     ccb_pool *p = calloc(1, sizeof *p);
     if (!p) { set_err("out of memory"); return NULL; }
     p->device = device; p->nworkers = nworkers; p->ncontexts = ncontexts;
@@ -682,7 +651,7 @@ static struct timespec deadline_in(double seconds) {
 }
 
 /* 0 when every worker is ready, 1 on timeout, -1 when one failed (ccb_pool_error). */
-CCB_API int ccb_pool_wait_ready(ccb_pool *p, double timeout_s) {
+int ccb_pool_wait_ready(ccb_pool *p, double timeout_s) {
     struct timespec dl = deadline_in(timeout_s);
     pthread_mutex_lock(&p->mu);
     while (p->ready < p->nworkers && !p->broken)
@@ -695,7 +664,7 @@ CCB_API int ccb_pool_wait_ready(ccb_pool *p, double timeout_s) {
 /* Start a load of items (see ccb_item) from files. remaining (ntensors long)
  * receives how many chunks each tensor spans and is counted down; doneq
  * (ntensors long) receives the finished tensors. The arrays must outlive the load. */
-CCB_API int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, const ccb_item *items, size_t nitems,
+int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, const ccb_item *items, size_t nitems,
                     int32_t *remaining, int32_t *doneq, int ntensors) {
     pthread_mutex_lock(&p->mu);
     int rc = -1;
@@ -740,7 +709,7 @@ out:
 /* Tensors finished since the last call, into out (at most max): the count;
  * 0 on timeout; -1 on error (ccb_pool_error); -2 when the load is over and
  * everything was reported. */
-CCB_API int ccb_pool_next(ccb_pool *p, int32_t *out, int max, double timeout_s) {
+int ccb_pool_next(ccb_pool *p, int32_t *out, int max, double timeout_s) {
     struct timespec dl = deadline_in(timeout_s);
     pthread_mutex_lock(&p->mu);
     int n = 0;
@@ -756,14 +725,14 @@ CCB_API int ccb_pool_next(ccb_pool *p, int32_t *out, int max, double timeout_s) 
 }
 
 /* Stop the load and wait until no worker can write anything more. */
-CCB_API void ccb_pool_cancel(ccb_pool *p) {
+void ccb_pool_cancel(ccb_pool *p) {
     pthread_mutex_lock(&p->mu);
     __atomic_store_n(&p->cancel, 1, __ATOMIC_RELEASE);
     while (p->busy) pthread_cond_wait(&p->cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }
 
-CCB_API void ccb_pool_stats(ccb_pool *p, ccb_load_stats *s) {
+void ccb_pool_stats(ccb_pool *p, ccb_load_stats *s) {
     pthread_mutex_lock(&p->mu);
     memset(s, 0, sizeof *s);
     s->prewarm_ns = p->prewarm_ns;
@@ -776,14 +745,14 @@ CCB_API void ccb_pool_stats(ccb_pool *p, ccb_load_stats *s) {
     pthread_mutex_unlock(&p->mu);
 }
 
-CCB_API void ccb_pool_reset_stats(ccb_pool *p) {
+void ccb_pool_reset_stats(ccb_pool *p) {
     pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->nworkers; i++) p->w[i].read_ns = p->w[i].copy_ns = 0;
     pthread_mutex_unlock(&p->mu);
 }
 
 /* Stop and join the workers, free their buffers, destroy the contexts. */
-CCB_API void ccb_pool_free(ccb_pool *p) {
+void ccb_pool_free(ccb_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     __atomic_store_n(&p->cancel, 1, __ATOMIC_RELEASE);
@@ -811,10 +780,10 @@ CCB_API void ccb_pool_free(ccb_pool *p) {
 }
 
 /* The whole file mapped read-only (shared page cache); NULL with ccb_error(). */
-CCB_API void *ccb_map_file(int fd, size_t size) {
+void *ccb_map_file(int fd, size_t size) {
     void *p = mmap(NULL, size ? size : 1, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) { set_err("cannot map the file: %s", strerror(errno)); return NULL; }
     return p;
 }
 
-CCB_API void ccb_unmap_file(void *p, size_t size) { if (p) munmap(p, size ? size : 1); }
+void ccb_unmap_file(void *p, size_t size) { if (p) munmap(p, size ? size : 1); }

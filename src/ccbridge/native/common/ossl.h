@@ -3,6 +3,8 @@
  * emulator and the NCCL net plugin build without OpenSSL headers and use the
  * system's own library (the cipher a confidential VM's stack would run).
  * Compiled into each native library that needs it (one private copy each).
+ * ccbridge/bindings/libcrypto.py binds the same calls from Python;
+ * tests/test_bindings_twin.py holds the two to each other.
  */
 #ifndef CCB_OSSL_H
 #define CCB_OSSL_H

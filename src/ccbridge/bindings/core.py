@@ -1,8 +1,8 @@
-"""ctypes binding of the native probe core (native/probe.c).
+"""The probe core (native/core/core.h) through ctypes: the timing loops that Python overhead would distort.
 
-The core is a plain C library; it loads libcuda itself, so importing this
-module never touches the GPU. Failures raise GpuError with the driver call
-and error name that the core recorded.
+ccbridge._native is a plain C library (the probe core, the loader pool and the GPU AES-GCM host side); it
+loads libcuda itself, so importing this module never touches the GPU. Failures raise GpuError with the
+driver call and error name that the core recorded (ccb_error: the error slot the whole library shares).
 """
 
 from __future__ import annotations
@@ -12,13 +12,20 @@ import importlib.util
 from ctypes import POINTER, c_char_p, c_double, c_int, c_size_t, c_void_p
 from functools import lru_cache
 
-from ccbridge.errors import GpuError  # noqa: F401 - raised here, caught by callers as native.GpuError
+from ccbridge.bindings import declare
+from ccbridge.errors import GpuError
+
+HEADER = "core/core.h"
 
 H2D, D2H, D2D = 0, 1, 2
 PINNED, PAGEABLE = 0, 1
 SAME_STREAM, IDLE_STREAM, EVENT_WAIT = 0, 1, 2
 LAUNCH_PIPELINED, LAUNCH_WAIT, LAUNCH_GRAPH = 0, 1, 2
 MAX_STREAMS = 64
+CONSTANTS = {"CCB_H2D": H2D, "CCB_D2H": D2H, "CCB_D2D": D2D, "CCB_PINNED": PINNED, "CCB_PAGEABLE": PAGEABLE,
+             "CCB_SAME_STREAM": SAME_STREAM, "CCB_IDLE_STREAM": IDLE_STREAM, "CCB_EVENT_WAIT": EVENT_WAIT,
+             "CCB_LAUNCH_PIPELINED": LAUNCH_PIPELINED, "CCB_LAUNCH_WAIT": LAUNCH_WAIT,
+             "CCB_LAUNCH_GRAPH": LAUNCH_GRAPH, "CCB_MAX_STREAMS": MAX_STREAMS}
 
 DIRS = {"h2d": H2D, "d2h": D2H, "d2d": D2D}
 MEMS = {"pinned": PINNED, "pageable": PAGEABLE}
@@ -36,34 +43,44 @@ class SemOut(ctypes.Structure):
     _fields_ = [("remaining_ns", c_double), ("call_ns", c_double), ("done_ns", c_double)]
 
 
+STRUCTS = {"ccb_copy_out": CopyOut, "ccb_sem_out": SemOut}
+_D = POINTER(c_double)
+FUNCTIONS = {
+    "ccb_error": (c_char_p, []),
+    "ccb_now_ns": (c_double, []),
+    "ccb_open": (c_int, []),
+    "ccb_device_count": (c_int, [POINTER(c_int)]),
+    "ccb_session_open": (c_void_p, [c_int, c_int, c_int, c_size_t, c_int]),
+    "ccb_session_close": (None, [c_void_p]),
+    "ccb_verify": (c_int, [c_void_p, c_size_t]),
+    "ccb_copy": (c_int, [c_void_p, c_int, c_size_t, c_int, c_int, c_int, _D, POINTER(CopyOut)]),
+    "ccb_workers": (c_int, [POINTER(c_void_p), c_int, c_int, c_size_t, c_int, c_int, POINTER(CopyOut)]),
+    "ccb_launch": (c_int, [c_void_p, c_int, c_int, _D]),
+    "ccb_kernel_gap": (c_int, [c_void_p, c_int, _D]),
+    "ccb_semantics": (c_int, [c_void_p, c_int, c_int, c_size_t, c_double, POINTER(SemOut)]),
+    "ccb_ctx_lifecycle": (c_int, [c_int, c_int, _D, _D]),
+    "ccb_pinned_slots": (c_int, [c_void_p, c_size_t, c_int, _D, _D]),
+    "ccb_peer_rate": (c_int, [c_int, c_int, c_size_t, c_int, _D]),
+}
+
+
 @lru_cache(maxsize=None)
 def lib() -> ctypes.CDLL:
+    """ccbridge._native with the probe core declared (loader.lib() and gcm.lib() add their parts)."""
     spec = importlib.util.find_spec("ccbridge._native")
     if spec is None or not spec.origin:
         raise GpuError("the native core is not built; reinstall with `pip install .` (needs a C compiler)")
-    so = ctypes.CDLL(spec.origin)
-    so.ccb_error.restype = c_char_p
-    so.ccb_now_ns.restype = c_double
-    so.ccb_open.restype = c_int
-    so.ccb_device_count.argtypes = [POINTER(c_int)]
-    so.ccb_peer_rate.argtypes = [c_int, c_int, c_size_t, c_int, POINTER(ctypes.c_double)]
-    so.ccb_session_open.restype = c_void_p
-    so.ccb_session_open.argtypes = [c_int, c_int, c_int, c_size_t, c_int]
-    so.ccb_session_close.argtypes = [c_void_p]
-    so.ccb_verify.argtypes = [c_void_p, c_size_t]
-    so.ccb_copy.argtypes = [c_void_p, c_int, c_size_t, c_int, c_int, c_int, POINTER(c_double), POINTER(CopyOut)]
-    so.ccb_workers.argtypes = [POINTER(c_void_p), c_int, c_int, c_size_t, c_int, c_int, POINTER(CopyOut)]
-    so.ccb_launch.argtypes = [c_void_p, c_int, c_int, POINTER(c_double)]
-    so.ccb_kernel_gap.argtypes = [c_void_p, c_int, POINTER(c_double)]
-    so.ccb_semantics.argtypes = [c_void_p, c_int, c_int, c_size_t, c_double, POINTER(SemOut)]
-    so.ccb_ctx_lifecycle.argtypes = [c_int, c_int, POINTER(c_double), POINTER(c_double)]
-    so.ccb_pinned_slots.argtypes = [c_void_p, c_size_t, c_int, POINTER(c_double), POINTER(c_double)]
-    return so
+    return declare(ctypes.CDLL(spec.origin), FUNCTIONS)
+
+
+def error() -> str:
+    """This thread's last error of the native core (any of its parts)."""
+    return lib().ccb_error().decode(errors="replace")
 
 
 def _check(rc: int) -> None:
     if rc != 0:
-        raise GpuError(lib().ccb_error().decode(errors="replace"))
+        raise GpuError(error())
 
 
 def now_ns() -> float:
@@ -93,7 +110,7 @@ class Session:
         self.device, self.mem, self.max_bytes, self.nstreams = device, mem, max_bytes, nstreams
         h = lib().ccb_session_open(device, int(own_context), MEMS[mem], max_bytes, nstreams)
         if not h:
-            raise GpuError(lib().ccb_error().decode(errors="replace"))
+            raise GpuError(error())
         self.handle = c_void_p(h)
 
     def close(self) -> None:
@@ -110,13 +127,15 @@ class Session:
     def verify(self, nbytes: int) -> None:
         _check(lib().ccb_verify(self.handle, nbytes))
 
-    def copy(self, direction: str, nbytes: int, iters: int, nstreams: int = 1, sync_every: int = 0) -> tuple[CopyOut, list[float]]:
+    def copy(self, direction: str, nbytes: int, iters: int, nstreams: int = 1,
+             sync_every: int = 0) -> tuple[CopyOut, list[float]]:
         """iters copies over nstreams streams; with sync_every=k, all streams are
         waited for after every k copies and each wait gives one sample (ns)."""
         groups = iters // sync_every if sync_every else 0
         samples = (c_double * max(groups, 1))()
         out = CopyOut()
-        _check(lib().ccb_copy(self.handle, DIRS[direction], nbytes, nstreams, iters, sync_every, samples, ctypes.byref(out)))
+        _check(lib().ccb_copy(self.handle, DIRS[direction], nbytes, nstreams, iters, sync_every, samples,
+                              ctypes.byref(out)))
         return out, list(samples[:groups])
 
     def launch(self, mode: int, n: int) -> float:
