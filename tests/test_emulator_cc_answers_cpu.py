@@ -117,3 +117,20 @@ def test_marks_are_trace_lines_and_refuse_names_that_are_not_words(lib, tmp_path
     assert s.by_api == {} and s.procs[0].window == "marks"  # marks are no calls; they bound the window
     init(lib)  # no trace: nothing written
     assert lib.ccbemu_mark(b"begin") == 0
+
+
+def test_ccbridge_mark_writes_a_mark_inside_ccbridge_run_and_nothing_outside(lib, tmp_path, monkeypatch):  # noqa: F811
+    import ccbridge
+    from ccbridge.emulate import launcher
+    from ccbridge.errors import UsageError
+
+    prefix = tmp_path / "w"
+    init(lib, trace=str(prefix))
+    monkeypatch.delenv(trace.LIB_ENV, raising=False)
+    assert ccbridge.mark("begin") is False  # outside `ccbridge run`: nothing, no error
+    monkeypatch.setenv(trace.LIB_ENV, launcher.library())  # as `ccbridge run` sets it
+    with ccbridge.window():
+        pass
+    with pytest.raises(UsageError, match="begin and end"):
+        ccbridge.mark("middle")
+    assert [r["api"] for r in lines(lib, prefix, "mark")] == ["begin", "end"]

@@ -227,3 +227,21 @@ def test_damaged_sites_files_are_clear_errors(tmp_path):
     with pytest.raises(ResultFileError, match="written by process 1, not .* different runs"):
         trace.summarize(prefix)
 
+
+
+def test_an_import_hook_is_never_a_site(tmp_path, monkeypatch):
+    """setuptools' _distutils_hack (a sys.meta_path finder from a .pth file) runs Python on every import: a CUDA
+    call made by code an import runs (torch's lazy submodules) was charged to the hook's line."""
+    import importlib.util
+
+    (tmp_path / "somehook.py").write_text("class Finder:\n    def find_spec(self, *a):\n        return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import somehook
+
+    monkeypatch.setattr(sys, "meta_path", [somehook.Finder()] + sys.meta_path)
+    spec = importlib.util.spec_from_file_location("ccbridge_sites_fresh", sites.recorder.__file__)
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)  # as the sitecustomize loads it: after .pth files installed their hooks
+    assert not fresh._is_site(somehook.__file__)
+    (tmp_path / "prog.py").write_text("x = 1\n")
+    assert fresh._is_site(str(tmp_path / "prog.py"))  # the program's own code still is

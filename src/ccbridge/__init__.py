@@ -9,4 +9,8 @@ def __getattr__(name):
         from ccbridge import load
 
         return getattr(load, name)
+    if name in ("mark", "window"):  # a program's steady-state marks for `ccbridge account` (emulate/trace.py)
+        from ccbridge.emulate import trace
+
+        return getattr(trace, name)
     raise AttributeError(f"module 'ccbridge' has no attribute {name!r}")

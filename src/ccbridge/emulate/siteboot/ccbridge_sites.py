@@ -42,6 +42,20 @@ _new = threading.Lock()  # site ids: two threads seeing new sites at once must n
 _slot_of = None  # the interposer's ccbemu_site_slot: this thread's slot
 
 
+def _import_hooks():
+    """Source files of the import hooks installed before the program starts (sys.meta_path finders put there by
+    .pth files: setuptools' _distutils_hack, editable installs' finders). The import system calls them on every
+    import, so a CUDA call made by code an import runs (torch's lazy submodules) would otherwise be charged to
+    the hook's line, not to the program's line that caused it."""
+    files = []
+    for finder in sys.meta_path:
+        mod = sys.modules.get(getattr(type(finder), "__module__", ""))
+        path = getattr(mod, "__file__", None)
+        if path:
+            files.append(os.path.realpath(path))
+    return tuple(files)
+
+
 def _skipped():
     """Folders whose frames are never a site: torch (found without importing it), the stdlib, this folder."""
     spec = importlib.util.find_spec("torch")
@@ -53,6 +67,7 @@ def _skipped():
 
 
 _SKIP, _STDLIB = _skipped()
+_HOOKS = _import_hooks()
 # the emulator's ctypes binding, loaded by its path: this interpreter may not have ccbridge to import
 EMU_BINDING = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "bindings", "emu.py")
 
@@ -71,7 +86,7 @@ def _is_site(filename):
     if filename.startswith("<"):  # python -c, exec'd strings: the program's own
         return True
     path = os.path.realpath(filename)
-    if path.startswith(_SKIP):
+    if path.startswith(_SKIP) or path in _HOOKS:
         return False
     return not (path.startswith(_STDLIB) and not any(p in path for p in _PACKAGES))
 
