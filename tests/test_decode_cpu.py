@@ -248,7 +248,7 @@ def test_a_sequence_parting_at_a_near_tie_is_not_a_mismatch():
             lg[..., 3], lg[..., 5] = 1.0, 1.0 - 1e-6
             return types.SimpleNamespace(logits=lg)
 
-    judge = decode._Judge(Flat(), torch.tensor([[1, 2], [1, 2]]))
+    judge = decode.Judge(Flat(), torch.tensor([[1, 2], [1, 2]]))
     want = torch.tensor([[3, 3, 3], [3, 3, 3]])
     assert judge(want, want.clone()) == (False, set())
     assert judge(want, torch.tensor([[3, 5, 0], [3, 3, 3]])) == (False, {(0, 1)})

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch", reason="the tensor-parallel bench needs tor
 
 from ccbridge import cli, ranks, results  # noqa: E402
 from ccbridge.errors import GpuError, UsageError  # noqa: E402
-from ccbridge.serve import decode, tp  # noqa: E402
+from ccbridge.serve import decode, engine, tp  # noqa: E402
 
 PROMPT, OUTPUT, BATCHES, MODES = 8, 5, [1, 3], ["sync", "drain"]
 # Not imported here: the spawned ranks import this module for their targets, and a rank that needs no model
@@ -22,73 +22,74 @@ needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers")
                                         reason="the decode harness builds a Hugging Face transformers model")
 
 
-@pytest.fixture
-def no_reduce(monkeypatch):
-    """dist.all_reduce counted and left out: a rank's partial sums, in one process and without a group."""
-    calls = []
-    monkeypatch.setattr(tp.dist, "all_reduce", lambda t, *a, **k: calls.append(tuple(t.shape)))
-    return calls
+def _in_step(n, fn):
+    """fn(rank, all_reduce) on n threads, each a rank, their all-reduces summed in step (no process group)."""
+    import threading
+
+    bar, slots, out = threading.Barrier(n), [None] * n, [None] * n
+
+    def reduce_for(rank):
+        def all_reduce(t):
+            slots[rank] = t.clone()
+            bar.wait()
+            total = sum(slots)
+            bar.wait()
+            t.copy_(total)
+        return all_reduce
+
+    def run(rank):
+        out[rank] = fn(rank, reduce_for(rank))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
 
 
-def _tiny_qwen2():
-    import transformers
-
-    cfg = transformers.Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=100, bos_token_id=None, eos_token_id=None,
-                                   pad_token_id=None)
-    torch.manual_seed(0)
-    return transformers.Qwen2ForCausalLM(cfg).eval()
-
-
-@needs_transformers
-def test_shard_keeps_each_ranks_block_of_whole_heads():
-    full, m = _tiny_qwen2(), _tiny_qwen2()  # Qwen2: q/k/v carry a bias, sliced with their rows
-    tp.shard(m, 1, 2)
-    fa, a = full.model.layers[0].self_attn, m.model.layers[0].self_attn
-    fm, p = full.model.layers[0].mlp, m.model.layers[0].mlp
-    hd = fa.head_dim
-    assert a.head_dim == hd and m.config.head_dim == hd
-    assert a.q_proj.weight.shape == (2 * hd, 64) and torch.equal(a.q_proj.weight, fa.q_proj.weight[2 * hd:])
-    assert a.k_proj.weight.shape == (hd, 64) and torch.equal(a.k_proj.weight, fa.k_proj.weight[hd:])
-    assert torch.equal(a.v_proj.bias, fa.v_proj.bias[hd:]) and a.q_proj.out_features == 2 * hd
-    assert isinstance(a.o_proj, tp.RowParallel) and torch.equal(a.o_proj.weight, fa.o_proj.weight[:, 2 * hd:])
-    assert a.o_proj.bias is None
-    assert p.gate_proj.weight.shape == p.up_proj.weight.shape == (64, 64)
-    assert torch.equal(p.up_proj.weight, fm.up_proj.weight[64:])
-    assert isinstance(p.down_proj, tp.RowParallel) and torch.equal(p.down_proj.weight, fm.down_proj.weight[:, 64:])
-    assert (m.config.num_attention_heads, m.config.num_key_value_heads, m.config.intermediate_size) == (2, 1, 64)
-    assert m.model.embed_tokens.weight.shape == full.model.embed_tokens.weight.shape  # replicated
-    assert m.lm_head.weight.shape == full.lm_head.weight.shape
-
-
-@needs_transformers
 @torch.no_grad()
-def test_the_ranks_partial_outputs_sum_to_the_whole_layer(no_reduce):
-    """Column- then row-parallel: each rank's attention and MLP output, summed over the ranks (what the
-    all-reduce does), is the unsplit layer's output; one all-reduce after each."""
-    full = _tiny_qwen2()
-    parts = [tp.shard(_tiny_qwen2(), r, 2) for r in range(2)]
-    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(1))
-    pos = torch.arange(5)[None].expand(2, 5)
-    cos_sin = full.model.rotary_emb(x, pos)
-
-    def attn(m):
-        return m.model.layers[1].self_attn(x, position_embeddings=cos_sin, attention_mask=None)[0]
-
-    mlp_sum = sum(m.model.layers[1].mlp(x) for m in parts)
-    assert no_reduce == [(2, 5, 64)] * 2
-    assert torch.allclose(mlp_sum, full.model.layers[1].mlp(x), atol=1e-5)
-    assert torch.allclose(sum(attn(m) for m in parts), attn(full), atol=1e-5)
-    assert len(no_reduce) == 4
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # Qwen2: q/k/v carry a bias, drawn with their heads
+def test_every_degree_computes_the_same_function(arch):
+    """Each rank draws only its own units; the ranks' all-reduced outputs are the one-rank model's."""
+    spec = dict(decode.PRESETS["tiny"], arch=arch)
+    ids = decode.prompts(spec["vocab_size"], 3, PROMPT)
+    one = engine.build(spec, 0, 1, "cpu", torch.float32, seed=3)
+    assert one.all_reduce is None  # world size 1: no collective at all
+    want = one(input_ids=ids).logits
+    got = _in_step(2, lambda r, ar: engine.build(spec, r, 2, "cpu", torch.float32, seed=3, all_reduce=ar)(
+        input_ids=ids).logits)
+    for g in got:
+        assert (g - want).abs().max() <= 1e-5 * want.abs().max()
+    other_seed = engine.build(spec, 0, 1, "cpu", torch.float32, seed=4)(input_ids=ids).logits
+    assert not torch.allclose(other_seed, want)
 
 
-@needs_transformers
 @torch.no_grad()
-def test_one_rank_is_the_whole_model_with_two_all_reduces_per_layer(no_reduce):
-    full, m = decode.build("tiny", "cpu", 0), tp.shard(decode.build("tiny", "cpu", 0), 0, 1)
-    ids = decode.prompts(decode.PRESETS["tiny"]["vocab_size"], 2, PROMPT)
-    assert torch.equal(m(input_ids=ids).logits, full(input_ids=ids).logits)
-    assert len(no_reduce) == 2 * decode.PRESETS["tiny"]["num_hidden_layers"]
+def test_the_cache_gives_what_a_full_recompute_gives_and_grows_past_its_room():
+    m = engine.build(decode.PRESETS["tiny"], 0, 1, "cpu", torch.float32, seed=1)
+    ids = decode.prompts(512, 2, 10)
+    out = m(input_ids=ids, use_cache=True, logits_to_keep=1)
+    cache, seq, tok = out.past_key_values, ids, out.logits[:, -1].argmax(-1)
+    for _ in range(70):  # past the first cache's 64 positions
+        seq = torch.cat([seq, tok[:, None]], 1)
+        p = seq.shape[1] - 1
+        o = m(input_ids=tok[:, None], position_ids=torch.full((2, 1), p), past_key_values=cache,
+              cache_position=torch.tensor([p]), use_cache=True, logits_to_keep=1)
+        cache = o.past_key_values
+        assert torch.allclose(o.logits[:, -1], m(input_ids=seq).logits[:, -1], atol=1e-4)
+        tok = o.logits[:, -1].argmax(-1)
+    assert cache.capacity >= 80
+
+
+def test_weight_bytes_are_this_ranks_shards_and_the_replicated_head():
+    spec = decode.PRESETS["tiny"]
+    one, half = (engine.build(spec, 0, n, "cpu", torch.float32) for n in (1, 2))
+    h, v = spec["hidden_size"], spec["vocab_size"]
+    head = v * h * 4 + 2 * h * 4  # lm_head (untied) and one embedding row per sequence, 2 sequences
+    norms = spec["num_hidden_layers"] * 2 * h * 4  # each layer's two norms, replicated
+    assert one.weight_bytes(2) - head == 2 * (half.weight_bytes(2) - head) - norms
+    assert one.weight_bytes(2) > half.weight_bytes(2) > head
 
 
 def test_degrees_are_checked_before_any_rank_starts():
@@ -106,26 +107,20 @@ def test_degrees_are_checked_before_any_rank_starts():
         tp.bench("tiny", [1], [1], 4, 3, ["sync"], "cpu", graphs=True)
     with pytest.raises(UsageError, match="unknown model 'gpt5'"):
         tp.bench("gpt5", [1], [1], 4, 3, ["sync"], "cpu")
-    with pytest.raises(UsageError, match="Llama/Qwen2-shaped layers"):
-        tp.shard(torch.nn.Linear(2, 2), 0, 1)
+    with pytest.raises(UsageError, match="llama-70b does not fit one GPU"):
+        decode.bench("llama-70b", [1], 4, 3, ["sync"], "cpu")
 
 
 @pytest.fixture(scope="module")
 def tp_result(tmp_path_factory):
-    """TP=1 and TP=2 (gloo ranks, float32). The last batch is judged against decode.decode's tokens in this
-    process, the others against the smallest degree's first mode."""
-    m = decode.build("tiny", "cpu", 0)
-    b = BATCHES[-1]
-    want = {b: decode.decode(m, decode.prompts(decode.PRESETS["tiny"]["vocab_size"], b, PROMPT, 0), OUTPUT,
-                             "sync").tokens}
-    res = tp.bench("tiny", [2, 1], BATCHES, PROMPT, OUTPUT, MODES, "cpu", iters=2, warmup=0, reference=want)
+    """TP=1 (no group: one process, no collective) and TP=2 (gloo ranks, float32)."""
+    res = tp.bench("tiny", [2, 1], BATCHES, PROMPT, OUTPUT, MODES, "cpu", iters=2, warmup=0)
     path = tmp_path_factory.mktemp("tp") / "tp.json"
     res.save(path)
     return res, path
 
 
-@needs_transformers
-def test_tp1_and_tp2_give_the_one_process_tokens(tp_result):
+def test_tokens_agree_within_a_degree_and_logits_across_degrees(tp_result):
     res, _ = tp_result
     assert not res.errors, res.errors
     tok = [r for r in res.rows if r.metric == "tok_per_s"]
@@ -134,15 +129,35 @@ def test_tp1_and_tp2_give_the_one_process_tokens(tp_result):
     for r in tok:
         assert r.test == "decode_tp" and r.median > 0 and r.n == 2
         assert r.extra["tokens_match"] and r.extra["ranks_agree"]
-        assert r.extra["reference"] == ("the given reference" if r.params["batch"] == BATCHES[-1] else "tp 1 sync")
-        if r.params["tp"] == 1:  # a one-rank group computes exactly the one-process model
-            assert r.extra["near_ties"] == 0
+        assert r.extra["reference"] == f"tp {r.params['tp']} sync"  # within a degree: its first mode
+        assert r.extra["collectives_per_step"] == (0 if r.params["tp"] == 1 else 4)
+        assert r.extra["logits_vs"] == 1 and r.extra["logits_within"] and r.extra["logits_tolerance"] == 1e-4
+        assert r.extra["logits_rel_diff"] <= (0 if r.params["tp"] == 1 else 1e-5)
     s = res.settings["decode_tp"]
     assert s["backend"] == "gloo" and s["degrees"] == [1, 2] and s["all_reduces_per_step"] == 4
-    assert s["dtype"] == "float32"
+    assert s["dtype"] == "float32" and s["logits_tolerance"] == 1e-4
 
 
-@needs_transformers
+def test_tensor_parallel_logits_beyond_the_tolerance_are_an_error_not_silence():
+    a = torch.tensor([[1.0, 2.0, 3.0]])
+    got = tp._compare_degrees({(1, 4): a, (2, 4): a + torch.tensor([[0.0, 0.0, 0.1]])}, torch.float32)
+    assert got[(1, 4)]["logits_within"] and not got[(2, 4)]["logits_within"]
+    assert got[(2, 4)]["logits_rel_diff"] == pytest.approx(0.1 / 3)
+    assert tp._first_parting([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == "sequence 1, token 1"
+
+
+def test_the_predicted_emulated_step_adds_each_toll_the_step_pays():
+    params = {"nccl_toll_us": "12.5", "nvlink_kept": "0.89", "native_nvlink_gbps": "300", "launch_toll_us": "18.6",
+              "mgpu_launch_factor": "2", "h2d_toll_us": "0.6", "d2h_toll_us": "0.6", "sync_toll_us": "22.4"}
+    pred, tolls = tp.predicted_ms(params, 4, 1, 8192, 160, {"h2d": 3, "readback": 1}, True, 10.0)
+    wire = 2 * 3 / 4 * 8192 * 2
+    assert tolls["collectives"] == pytest.approx(160 * (12.5 + wire / 300e3 * (1 / 0.89 - 1)))
+    assert tolls["launch"] == pytest.approx(37.2) and tolls["inputs"] == pytest.approx(1.8)
+    assert tolls["readback"] == pytest.approx(23.0)
+    assert pred == pytest.approx(10.0 + sum(tolls.values()) / 1e3)
+    assert tp.predicted_ms(params, 4, 1, 8192, 160, {}, False, 10.0) == (None, {})  # eager: launches not counted
+
+
 def test_the_result_file_and_table(tp_result):
     res, path = tp_result
     back = results.load(path)
@@ -150,11 +165,11 @@ def test_the_result_file_and_table(tp_result):
     table = tp.render(back)
     assert all(len(line) <= 120 for line in table.splitlines()), table
     lines = [line.split() for line in table.splitlines() if not line.startswith("#")]
-    assert lines[0] == ["tp", "batch", "mode", "tok/s", "step", "ms", "gap", "p50", "gap", "p90", "gpu", "busy",
-                        "x", "TP=1", "tokens"]
+    assert lines[0][:4] == ["tp", "batch", "mode", "tok/s"] and "x" in lines[0] and "TP=1" in lines[0]
     assert len(lines) == 1 + 2 * len(BATCHES) * len(MODES)
-    assert all(line[8] == "1.00" and line[9] == "same" for line in lines[1:] if line[0] == "1")
-    assert "gloo" in table and "4 per step" in table
+    assert all(any(w.startswith("same") for w in line) for line in lines[1:])
+    assert "gloo" in table and "4 all-reduces per step (none at TP=1)" in table
+    assert {r.metric for r in res.rows} >= {"tok_per_s", "step_ms", "token_gap_ms", "collective_ms"}
 
 
 # Rank targets: module level, so that the spawned ranks can import them.
@@ -239,7 +254,11 @@ def test_a_failing_rank_is_one_line_from_the_cli(tmp_path, monkeypatch, capsys):
 
 
 def _oom_at_batch_2(rank, n, dev, send, job):
-    send(("rows", {"batch": 1, "mode": "sync", "errors": [], "tokens": [[1]], "rows": []}))
+    from ccbridge.results import Row
+
+    row = Row.of(tp.TEST, "step_ms", "ms", [1.0], tp=n, batch=1, mode="sync")
+    send(("rows", {"batch": 1, "mode": "sync", "errors": [], "tokens": [[1]], "rows": [row, row], "per_step": {},
+                   "step": {"weight_bytes": 1, "copy_gbps": None, "collective_ms": 0.0, "native_step_ms": None}}))
     send(("oom", f"tp {n}, batch 2, mode sync: CUDA out of memory"))
     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
 

@@ -28,7 +28,13 @@ DECODE_PRESETS: dict[str, dict] = {
     "qwen2.5-3b": dict(arch="qwen2", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
                        num_attention_heads=16, num_key_value_heads=2, vocab_size=151936,
                        max_position_embeddings=32768, rope_theta=1000000.0, tie_word_embeddings=True),
+    # Llama 3.1 70B: too large for one GPU (141 GB of bf16 weights): tensor-parallel only, each rank builds only
+    # its own shard (serve/engine.py); TP_ONLY names it
+    "llama-70b": dict(arch="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                      num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
+                      max_position_embeddings=131072, rope_theta=500000.0, tie_word_embeddings=False),
 }
+TP_ONLY = ("llama-70b",)  # presets bench decode builds only shard by shard (--tp): transformers' build is whole
 
 # bench decode's ways to schedule a step, in the order its tables list them (serve/decode.py says what each does)
 DECODE_MODES = ("sync", "async", "staged", "drain")

@@ -70,7 +70,7 @@ DRAIN_LAG = 2  # drain mode: readbacks in flight before the scheduler thread tak
 PRESETS = choices.DECODE_PRESETS  # shapes of published models; the weights are random
 
 
-def _transformers():
+def transformers_module():
     try:
         import transformers
     except ImportError:
@@ -79,11 +79,13 @@ def _transformers():
 
 
 def check(model: str | None, batches: list[int], prompt: int, output: int, modes: list[str], device: str,
-          graphs: bool) -> torch.device:
+          graphs: bool, tp: bool = False) -> torch.device:
     """Every argument checked before a model is built; the torch device to run on. model None: a checkpoint
-    (from_checkpoint checks its own length limit)."""
+    (from_checkpoint checks its own length limit). tp: for the tensor-parallel bench (which builds shards)."""
     if model is not None and model not in PRESETS:
         raise UsageError(f"unknown model {model!r} (one of {', '.join(PRESETS)})")
+    if model in choices.TP_ONLY and not tp:
+        raise UsageError(f"{model} does not fit one GPU: run it tensor-parallel (bench decode --tp 2 4 ...)")
     bad = [m for m in modes if m not in MODES]
     if bad:
         raise UsageError(f"unknown mode {bad[0]!r} (one of {', '.join(MODES)})")
@@ -133,7 +135,7 @@ def from_checkpoint(path: str, device, tokens: int) -> tuple[torch.nn.Module, st
     """A Hugging Face causal LM from a local model folder (config.json and *.safetensors), its weights read
     by ccbridge's loader onto the device: (model in eval mode, its label, its vocabulary size). Every defect
     of the folder is a UsageError naming it; nothing is fetched from the network."""
-    tf = _transformers()
+    tf = transformers_module()
     p = check_checkpoint(path)
     where = f"--checkpoint {path}"
     try:
@@ -188,7 +190,7 @@ def dtype_for(dev: torch.device) -> torch.dtype:
 
 def build(model: str, device, seed: int = 0) -> torch.nn.Module:
     """The preset's causal LM with seeded random weights, in eval mode (bf16 on CUDA, fp32 on the CPU)."""
-    tf = _transformers()
+    tf = transformers_module()
     spec = dict(PRESETS[model])
     arch = spec.pop("arch")
     cfg_cls, model_cls = ((tf.LlamaConfig, tf.LlamaForCausalLM) if arch == "llama"
@@ -222,7 +224,7 @@ class Run:
     stats: dict = field(default_factory=dict)  # what crossed how: h2d, staged, readback, drained counts
 
 
-class _Stepper:
+class Stepper:
     """One model's forward with the keyword arguments its transformers version takes."""
 
     def __init__(self, model):
@@ -248,7 +250,7 @@ class _Stepper:
         return out.logits[:, -1].argmax(-1), out.past_key_values
 
 
-class _GraphStepper(_Stepper):
+class GraphStepper(Stepper):
     """Decode steps over a transformers StaticCache, replayed from one CUDA graph per run: the step's ids,
     positions and cache position are copied into persistent buffers the graph reads (the inputs' own
     crossings stay outside the graph, as in an engine), then one replay. On the CPU the same buffers and
@@ -257,7 +259,10 @@ class _GraphStepper(_Stepper):
     def __init__(self, model, batch: int, max_len: int):
         super().__init__(model)
         dev = next(model.parameters()).device
-        self.cache = _transformers().StaticCache(config=model.config, max_cache_len=max_len)
+        # an engine-like model (serve/engine.py) brings its own static cache; transformers' models take theirs
+        own = getattr(model, "static_cache", None)
+        self.cache = own(batch, max_len) if own else \
+            transformers_module().StaticCache(config=model.config, max_cache_len=max_len)
         self.ids = torch.zeros((batch, 1), dtype=torch.int64, device=dev)
         self.pos = torch.zeros((batch, 1), dtype=torch.int64, device=dev)
         self.cp = torch.zeros((1,), dtype=torch.int64, device=dev)
@@ -328,7 +333,7 @@ def deterministic_attention():
         torch.backends.cuda.enable_cudnn_sdp(was)
 
 
-def _memory(dev) -> str:
+def memory(dev) -> str:
     """' (GPU memory allocated by PyTorch: X GiB)' on CUDA, for progress lines and out-of-memory errors."""
     if dev.type != "cuda":
         return ""
@@ -360,7 +365,7 @@ def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, d
     dev = next(model.parameters()).device
     cuda = dev.type == "cuda"
     batch, plen = prompt.shape
-    st = _GraphStepper(model, batch, plen + output) if graphs else _Stepper(model)
+    st = GraphStepper(model, batch, plen + output) if graphs else Stepper(model)
     steps = output - 1
     log = trace.append if trace is not None else (lambda _: None)
     stats = {"h2d": 0, "staged": 0, "readback": 0, "drained": 0}
@@ -434,6 +439,7 @@ def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, d
             st.capture(first[:, None], [t.to(dev) for t in st.host_inputs(batch, plen)])
         if cuda:
             torch.cuda.synchronize(dev)
+        emu_trace.mark("begin")  # the timed steps: account's steady-state window (a trace line where one is written)
         t0 = time.perf_counter()
         if mode == "sync":
             tok = first.cpu()
@@ -467,6 +473,7 @@ def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, d
             for k, fut in pending:
                 got(k, fut.result())
         wall = time.perf_counter() - t0
+        emu_trace.mark("end")
     finally:
         if own_drain is not None:
             own_drain.close()
@@ -485,7 +492,7 @@ def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, d
 TIE_TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 1e-2}
 
 
-class _Judge:
+class Judge:
     """Compares a run's tokens (batch, output) with the reference's. Each sequence that differs is judged
     where it first parts: the logits of a full prefill (no cache) of the prompt and the reference's tokens
     before that point. A different token within TIE_TOL of the reference's is a near tie (the two decodes
@@ -496,7 +503,7 @@ class _Judge:
         self.model, self.prompt, self.seen = model, prompt, {}
         self.dev = next(model.parameters()).device
         self.tol = TIE_TOL.get(next(model.parameters()).dtype, 2e-2)
-        self.keep = _Stepper(model).keep
+        self.keep = Stepper(model).keep
 
     @torch.no_grad()
     def _tie(self, want: torch.Tensor, seq: int, k: int, other: int) -> bool:
@@ -535,7 +542,7 @@ def measure(m, ids: torch.Tensor, output: int, mode: str, warmup: int, iters: in
     return runs
 
 
-def verdict(judge: _Judge, want: tuple[str, torch.Tensor], runs: list[Run], what: str) -> tuple[str | None, set]:
+def verdict(judge: Judge, want: tuple[str, torch.Tensor], runs: list[Run], what: str) -> tuple[str | None, set]:
     """Every run's tokens judged against want (its label, its tokens): the first real disagreement as an
     error line starting with what (None if none), and the near ties where sequences parted."""
     bad, ties = None, set()
@@ -568,7 +575,7 @@ def settings_of(model: str, dev, dtype, prompt: int, output: int, batches: list[
             "dtype": str(dtype).split(".")[-1],
             "prompt": prompt, "output": output, "batches": list(batches), "modes": list(modes),
             "iters": iters, "warmup": warmup, "graphs": graphs, "seed": seed,
-            "transformers": _transformers().__version__, "drain_lag": DRAIN_LAG, "host_prep_us": host_prep_us,
+            "transformers": transformers_module().__version__, "drain_lag": DRAIN_LAG, "host_prep_us": host_prep_us,
             "cudnn_attention": False}
 
 
@@ -580,7 +587,7 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
     preset with random weights). host_prep_us: an engine's host work per step (see decode()).
 
     Tokens of every run are checked against the first run of the first mode at that batch size (see
-    _Judge: a sequence that parts at a near tie of the reference's logits is counted apart, in the row's
+    Judge: a sequence that parts at a near tie of the reference's logits is counted apart, in the row's
     extra near_ties); each real disagreement is an entry in Result.errors. Under `ccbridge run --record` only
     the timed runs write trace lines."""
     from ccbridge import env
@@ -590,7 +597,7 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
     check_host_prep(host_prep_us)
     if checkpoint is not None:
         check_checkpoint(checkpoint)
-    _transformers()  # missing: said before the model is built
+    transformers_module()  # missing: said before the model is built
     stamp = env.stamp()
     t_start = time.monotonic()
     # under `ccbridge run --record` (and so `ccbridge account`) only the timed runs are traced: the model build,
@@ -608,15 +615,15 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
         with deterministic_attention():  # every mode's tokens comparable bit for bit
             for b in batches:
                 ids = prompts(vocab, b, prompt, seed)
-                want, judge = None, _Judge(m, ids)
+                want, judge = None, Judge(m, ids)
                 for mode in modes:
-                    log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs{_memory(dev)}")
+                    log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs{memory(dev)}")
                     try:
                         runs = measure(m, ids, output, mode, warmup, iters, recording, graphs=graphs,
                                        host_prep_us=host_prep_us)
                     except torch.OutOfMemoryError as e:  # the rows so far stand; the result says where it stopped
                         first = str(e).split(". ")[0]
-                        res.errors.append({"test": "decode", "error": f"batch {b}, mode {mode}: {first}{_memory(dev)}; "
+                        res.errors.append({"test": "decode", "error": f"batch {b}, mode {mode}: {first}{memory(dev)}; "
                                                                       "the larger batches and later modes did not run"})
                         break
                     if want is None:
@@ -634,7 +641,7 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
         return res
 
 
-def _tokens_word(extra: dict) -> str:
+def tokens_word(extra: dict) -> str:
     if not extra["tokens_match"]:
         return "DIFFER"
     n = extra.get("near_ties", 0)
@@ -663,5 +670,5 @@ def render(res) -> str:
         busy = r.extra.get("gpu_busy")
         lines.append(f"{r.params['batch']:>6} {r.params['mode']:<7} {r.median:>10.1f} {st.median:>9.3f} "
                      f"{gap.median:>8.3f} {gap.p90:>8.3f} {'-' if busy is None else f'{busy:.2f}':>8}  "
-                     f"{_tokens_word(r.extra)}")
+                     f"{tokens_word(r.extra)}")
     return "\n".join(lines)

@@ -157,8 +157,8 @@ class Server:
         self.model, self.kv, self.mode = model, kv, mode
         self.dev = next(model.parameters()).device
         self.cuda = self.dev.type == "cuda"
-        self.st = decode._Stepper(model)
-        self.tf = decode._transformers()
+        self.st = decode.Stepper(model)
+        self.tf = decode.transformers_module()
 
     def _sync_crossings(self, spills: bool) -> None:
         if self.mode != "sync":
@@ -216,7 +216,7 @@ class Server:
 def reference(model, tokens: list[int]) -> torch.Tensor:
     """The last position's logits of a full prefill without any cache (float32, on the host)."""
     dev = next(model.parameters()).device
-    st = decode._Stepper(model)
+    st = decode.Stepper(model)
     out = model(input_ids=torch.tensor([tokens], device=dev), use_cache=False, **st.keep)
     return out.logits[0, -1].float().cpu()
 
@@ -285,7 +285,7 @@ def bench(model: str | None = None, prefixes: int | None = None, prefix_len: int
                        "block_tokens": BLOCK_TOKENS, "block_bytes": block_bytes, "device_blocks": blocks,
                        "host_blocks": host_blocks, "gpu_fraction": blocks / (prefixes * (prefix_len // BLOCK_TOKENS)),
                        "thresholds": thresholds, "modes": modes, "warmup": warmup, "iters": iters, "seed": seed,
-                       "checked": len(checked), "transformers": decode._transformers().__version__,
+                       "checked": len(checked), "transformers": decode.transformers_module().__version__,
                        "cudnn_attention": False}}
     res = Result(env=stamp, settings=settings)
     threads = torch.get_num_threads()

@@ -1,36 +1,36 @@
 """Tensor-parallel decode: decode.py's bench with the model split over N ranks, one process per GPU.
 
-Why: confidential AI serves tensor-parallel across a multi-GPU tenant, and under CC every cross-GPU
-operation pays a fixed toll (bridge law, section 6: +10-15 us on B300). Tensor parallelism pays it twice
-per layer per token, so a narrower split keeps more. This bench measures tok/s per degree and batch,
-natively or under the emulator (`ccbridge run --profile b300 -- ccbridge bench decode --tp 2 ...`: the
-interposer is LD_PRELOADed through the environment, which the spawned ranks inherit).
+Why: confidential AI serves tensor-parallel across a multi-GPU tenant, and under CC every cross-GPU operation
+pays a fixed toll (bridge law, section 6: +10-15 us on B300). Tensor parallelism pays it twice per layer per
+token, so a wider split keeps less. This bench measures tok/s per degree and batch, natively or under the
+emulator (`ccbridge run --profile b300 -- ccbridge bench decode --tp 2 ...`: the interposer is LD_PRELOADed
+through the environment, which the ranks inherit).
 
-The split (Megatron-style, on the Hugging Face Llama/Qwen2 modules in place, see shard()): every rank
-builds the same full model (decode.build(), same seed), then keeps its share. q/k/v and gate/up are
-column-parallel (a contiguous block of whole heads, of kv heads, of the MLP's intermediate features);
-o_proj and down_proj are row-parallel, each followed by one all-reduce of its output: exactly two
-all-reduces per layer per step. Embeddings, norms and lm_head stay replicated (the simplest split: the
-logits, hence the greedy token, are computed whole on every rank from the same all-reduced hidden state),
-so TP=1 and TP=N compute the same function up to the order of the sums.
+The model is serve/engine.py's, as an engine runs one: each rank builds only its own shard (a 70B-class preset
+fits no single GPU), fused QKV and gate-up projections, one all-reduce after each layer's attention and MLP, and
+none at all at world size 1 (--tp 1 is the single-GPU case: no collective, as vLLM skips it). Embeddings, norms
+and lm_head are replicated, so every rank computes the logits, hence the greedy token, from the same all-reduced
+hidden state.
 
-Ranks: one process each, started by ccbridge.ranks, rank r on cuda:r over NCCL (gloo ranks in float32 on
---device cpu, so CI tests TP=2 without a GPU), meeting at 127.0.0.1 on a free port. --tp 1 runs the same
-code (a one-rank group, its all-reduces NCCL's too) so one GPU tests the path; natively it measures what
-the single-GPU bench does, but under an emulator profile its one-rank all-reduces are charged the
-per-operation toll as every NCCL operation is (the cost of the split's code, not of one GPU). Each (batch, mode) runs as
-decode.bench runs it (decode.measure: warm-up, then timed runs traced alone under `ccbridge run
---record`), in every rank at once; the four modes schedule each rank's own host work as decode() does.
-With --graphs each step's CUDA graph holds its all-reduces (NCCL ops are captured as any kernel is).
+Ranks: ccbridge.ranks starts one per GPU (rank r on cuda:r over NCCL; gloo ranks in float32 on --device cpu,
+so CI tests TP=2 without a GPU). Each (batch, mode) runs as decode.bench runs it (decode.measure: warm-up, then
+timed runs traced alone under `ccbridge run --record`, each run's timed steps between ccbridge.mark("begin")
+and ("end") for account's per-rank windows), in every rank at once.
 
-Tokens: after each run every rank takes rank 0's tokens (a broadcast, outside the timing) and the group
-counts those that differed (a rank that sampled otherwise is an error: the split must not change the
-token a rank sees). Every run is judged with decode's near-tie logic (decode._Judge, the forwards on the
-split model, every rank in step) against one reference per batch: the first run of the first mode of the
-smallest degree (TP=1 when run), or the tokens the caller gives (bench(reference=...)). Rank 0 builds each
-(batch, mode)'s rows and hands them to this process, which keeps them in a Result; an error in a rank is
-one line here (its class kept when it is ccbridge's), a rank that dies fails the bench, and a group that
-says nothing for STALL_S is stopped rather than waited for.
+Judged where tokens must be equal: across modes within one degree (the same kernels, the same order of sums)
+and across ranks (every rank takes rank 0's tokens, outside the timing, and the group counts those that
+differed). Across degrees the order of bf16 sums differs, and random weights leave near-flat logits whose argmax
+can flip: there the first decode step's logits (the prefill's last position) are compared with the smallest
+degree's within LOGITS_TOL of its largest logit, recorded in the rows; where tokens part, the first diverging
+token and whether it was a near tie are information, not failure.
+
+Each row also says what the step is made of (rank 0's): its weight bytes read per step and the HBM roofline they
+give at this GPU's measured copy rate (which counts read plus write, as the probe's device copy does), the GPU
+time of the step's all-reduces (captured and replayed alone, natively), and so the native step outside the
+collectives over the roofline. Under the emulator each (batch, mode) is also run with emulation paused in the
+same processes (emulate.interposer.emulation_paused): the native step, and the predicted emulated step (the
+native step plus each toll the step pays: collectives x (per-op toll + bandwidth term), the graph or kernel
+launches, the crossings and the readback's round trip) beside the measured one.
 """
 
 from __future__ import annotations
@@ -40,16 +40,18 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ccbridge import ranks
+from ccbridge.emulate import interposer
 from ccbridge.emulate import trace as emu_trace
 from ccbridge.errors import GpuError, UsageError
-from ccbridge.serve import decode
+from ccbridge.serve import decode, engine
 
 TEST = "decode_tp"  # rows' test name: not decode's, whose readers (advise) key its rows by batch and mode alone
 MAX_CPU_RANKS = 4  # gloo ranks on --device cpu: enough to test a split, few enough for a CI runner
-STALL_S = 600.0  # no word from any rank this long: stuck (a build of llama-8b or one (batch, mode) takes far less)
+STALL_S = 900.0  # no word from any rank this long: stuck (a 70B shard builds, and one (batch, mode) runs, in less)
+LOGITS_TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}  # of the reference's largest logit (decode.TIE_TOL's)
+LOGITS_SEQS = 8  # sequences whose first-step logits each degree sends for the comparison
 _SPLIT = (("num_attention_heads", "attention heads"), ("num_key_value_heads", "key-value heads"),
           ("intermediate_size", "MLP intermediate features"))
 
@@ -77,67 +79,8 @@ def check(model: str, degrees: list[int], device: str) -> None:
         raise UsageError(f"--tp {max(degrees)}: at most {MAX_CPU_RANKS} ranks on --device cpu")
     for n in sorted(degrees) if model in decode.PRESETS else ():  # an unknown model: decode.check names it
         _divides(model, decode.PRESETS[model], n)
-
-
-class RowParallel(torch.nn.Module):
-    """A row-parallel Linear: this rank's block of input features (its heads' or MLP features' outputs, as
-    the column-parallel layers before it left them) times the matching block of the weight, summed over the
-    ranks by one all-reduce; the bias, whole, added once after the sum."""
-
-    def __init__(self, lin: torch.nn.Linear, rank: int, n: int):
-        super().__init__()
-        k = lin.in_features // n
-        self.weight = torch.nn.Parameter(lin.weight.detach()[:, rank * k:(rank + 1) * k].contiguous(),
-                                         requires_grad=False)
-        self.bias = lin.bias
-        self.in_features, self.out_features = k, lin.out_features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight)
-        dist.all_reduce(out)
-        return out if self.bias is None else out + self.bias
-
-
-def _keep_outputs(lin: torch.nn.Linear, rank: int, n: int) -> None:
-    """Column-parallel, in place: this rank's contiguous block of output features (and of the bias)."""
-    k = lin.out_features // n
-    part = slice(rank * k, (rank + 1) * k)
-    lin.weight = torch.nn.Parameter(lin.weight.detach()[part].clone(), requires_grad=False)
-    if lin.bias is not None:
-        lin.bias = torch.nn.Parameter(lin.bias.detach()[part].clone(), requires_grad=False)
-    lin.out_features = k
-
-
-_ATTN, _MLP = ("q_proj", "k_proj", "v_proj", "o_proj"), ("gate_proj", "up_proj", "down_proj")
-
-
-def shard(model, rank: int, n: int):
-    """Split a transformers Llama/Qwen2 causal LM in place for rank `rank` of n; returns it.
-
-    Contiguous blocks keep grouped-query attention intact: rank r's query heads [rH/n, (r+1)H/n) read kv
-    heads [rK/n, (r+1)K/n), the same kv heads the whole model pairs them with (H/K queries per kv head). The
-    installed transformers reshapes by -1 heads; older ones keep num_heads, num_key_value_heads and
-    hidden_size on the attention module and size a StaticCache from the config's kv heads, so those are
-    set to this rank's share too (the config then describes the rank's shard, with head_dim pinned)."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if not layers or not all(all(hasattr(getattr(layer, "self_attn", None), p) for p in _ATTN)
-                             and all(hasattr(getattr(layer, "mlp", None), p) for p in _MLP) for layer in layers):
-        raise UsageError("--tp splits Llama/Qwen2-shaped layers (self_attn.q/k/v/o_proj, mlp.gate/up/down_proj)")
-    cfg = model.config
-    _divides(cfg.model_type, {key: getattr(cfg, key) for key, _ in _SPLIT}, n)
-    head_dim = layers[0].self_attn.head_dim
-    for layer in layers:
-        att, mlp = layer.self_attn, layer.mlp
-        for lin in (att.q_proj, att.k_proj, att.v_proj, mlp.gate_proj, mlp.up_proj):
-            _keep_outputs(lin, rank, n)
-        att.o_proj, mlp.down_proj = RowParallel(att.o_proj, rank, n), RowParallel(mlp.down_proj, rank, n)
-        for attr in ("num_heads", "num_key_value_heads", "hidden_size"):
-            if isinstance(getattr(att, attr, None), int):
-                setattr(att, attr, getattr(att, attr) // n)
-    cfg.head_dim = head_dim
-    for key, _ in _SPLIT:
-        setattr(cfg, key, getattr(cfg, key) // n)
-    return model
+        if decode.PRESETS[model]["intermediate_size"] % (engine.MLP_UNIT * n):
+            raise UsageError(f"--tp {n}: {model}'s MLP width is not a multiple of {engine.MLP_UNIT * n}")
 
 
 def run_ranks(n: int, target: Callable, *args, device: str = "cpu", on_message: Callable = lambda rank, obj: None,
@@ -164,74 +107,239 @@ def _agree(runs: list, dev) -> int:
     return int(total)
 
 
+def _copy_gbps(dev) -> float | None:
+    """This GPU's device-to-device copy rate, read plus write bytes per second (as the probe's compute family
+    measures it): the HBM roofline's rate. None on the CPU."""
+    if dev.type != "cuda":
+        return None
+    src = torch.randint(0, 255, (1 << 30,), dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    del src, dst
+    return 2 * (1 << 30) / sorted(times)[2] / 1e9
+
+
+def _collectives_ms(m, batch: int, dev) -> float:
+    """GPU time of one step's all-reduces alone (2 per layer, each of the step's (batch, 1, hidden) bf16), captured
+    in a CUDA graph and replayed, natively (emulation paused); 0 at world size 1 or on the CPU."""
+    if m.n == 1 or dev.type != "cuda":
+        return 0.0
+    count = 2 * len(m.layers)
+    x = torch.zeros((batch, 1, m.embed.shape[1]), device=dev, dtype=m.embed.dtype)
+    with interposer.emulation_paused(required=False):
+        for _ in range(3):
+            dist.all_reduce(x)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+            for _ in range(count):
+                dist.all_reduce(x)
+        g.replay()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        reps = 5
+        a.record()
+        for _ in range(reps):
+            g.replay()
+        b.record()
+        b.synchronize()
+    return a.elapsed_time(b) / reps
+
+
+def _first_logits(m, ids: torch.Tensor, dev) -> torch.Tensor:
+    """The first decode step's logits (the prefill's last position) of the first LOGITS_SEQS sequences."""
+    return m(input_ids=ids[:LOGITS_SEQS].to(dev), logits_to_keep=1).logits[:, -1].float().cpu()
+
+
+def _native(m, ids, output, mode, iters, graphs, host_prep_us) -> list:
+    """The same timed runs with emulation paused (not traced): the native step in the same processes."""
+    with interposer.emulation_paused(required=False), emu_trace.paused(required=False):
+        return [decode.decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us) for _ in range(iters)]
+
+
 @torch.no_grad()
 def _bench_rank(rank: int, n: int, dev, send, job: dict) -> None:
-    """One rank of one degree: build, shard, then every (batch, mode) as decode.bench runs it, in step with
-    the other ranks; rank 0 sends each (batch, mode)'s rows, errors and first run's tokens."""
+    """One rank of one degree: build its shard, then every (batch, mode) as decode.bench runs it, in step with
+    the other ranks; rank 0 sends each (batch, mode)'s rows, errors and tokens, and each batch's first logits."""
     say = send if rank == 0 else (lambda _: None)
     model, prompt, output, warmup, iters = job["model"], job["prompt"], job["output"], job["warmup"], job["iters"]
+    spec = decode.PRESETS[model]
     with emu_trace.paused(required=False) as recording:  # only the timed runs are traced (decode.measure)
-        say(("log", f"tp {n}: building {model} (random weights, seed {job['seed']}) on each rank, rank 0 on {dev}"))
-        m = shard(decode.build(model, dev, job["seed"]), rank, n)
+        say(("log", f"tp {n}: building {model}'s shards (random weights, seed {job['seed']}), rank 0 on {dev}"))
+        m = engine.build(spec, rank, n, dev, decode.dtype_for(dev), job["seed"], dist.all_reduce if n > 1 else None)
+        emulating = interposer.emulating()
+        copy = _copy_gbps(dev)
         with decode.deterministic_attention():
             for b in job["batches"]:
-                ids = decode.prompts(decode.PRESETS[model]["vocab_size"], b, prompt, job["seed"])
-                judge = decode._Judge(m, ids)
-                want = job["refs"].get(b)
-                want = None if want is None else (want[0], torch.tensor(want[1], dtype=torch.int64))
+                ids = decode.prompts(spec["vocab_size"], b, prompt, job["seed"])
+                say(("logits", {"batch": b, "logits": _first_logits(m, ids, dev)}))
+                judge, want = decode.Judge(m, ids), None
+                coll_ms = _collectives_ms(m, b, dev)
                 for mode in job["modes"]:
                     what = f"tp {n}, batch {b}, mode {mode}"
-                    say(("log", f"{what}: {warmup} warm-up + {iters} timed runs{decode._memory(dev)}"))
+                    say(("log", f"{what}: {warmup} warm-up + {iters} timed runs{decode.memory(dev)}"))
                     try:
                         runs = decode.measure(m, ids, output, mode, warmup, iters, recording, graphs=job["graphs"],
                                               host_prep_us=job["host_prep_us"])
+                        native = _native(m, ids, output, mode, iters, job["graphs"], job["host_prep_us"]) \
+                            if emulating else None
                     except torch.OutOfMemoryError as e:  # the parent keeps the rows so far and says where
-                        send(("oom", f"{what}: {str(e).split('. ')[0]}{decode._memory(dev)}"))
+                        send(("oom", f"{what}: {str(e).split('. ')[0]}{decode.memory(dev)}"))
                         raise
-                    differ = _agree(runs, dev)
+                    differ = _agree(runs, dev) if n > 1 else 0
                     if want is None:
                         want = (f"tp {n} {mode}", runs[0].tokens)
                     bad, ties = decode.verdict(judge, want, runs, what)
                     if rank:
                         continue
+                    step = {"weight_bytes": m.weight_bytes(b), "copy_gbps": copy, "collective_ms": coll_ms,
+                            "native_step_ms": [r.wall_s / (output - 1) * 1e3 for r in native] if native else None}
                     extra = {"tokens_match": bad is None, "near_ties": len(ties), "ranks_agree": differ == 0,
-                             "reference": want[0]}
+                             "reference": want[0], "collectives_per_step": 2 * len(m.layers) if n > 1 else 0}
                     wrong = [bad] if bad else []
                     if differ:
                         wrong.append(f"{what}: the ranks sampled different tokens ({differ} differ from rank 0's)")
                     send(("rows", {"batch": b, "mode": mode, "errors": wrong, "tokens": runs[0].tokens.tolist(),
+                                   "step": step, "per_step": _per_step(runs[warmup:], output),
                                    "rows": decode.rows_of(TEST, runs[warmup:], output, extra, model=model, tp=n,
                                                           batch=b, mode=mode, graphs=job["graphs"])}))
 
 
+def _per_step(runs: list, output: int) -> dict:
+    """Crossings per decode step (the last run's counts over its steps)."""
+    return {k: v / (output - 1) for k, v in runs[-1].stats.items()}
+
+
+def check_fits(model: str, degrees: list[int], dev) -> None:
+    """Each degree's shard (weights and a little room) within this GPU's memory, before any rank builds one."""
+    if dev.type != "cuda":
+        return
+    total = torch.cuda.get_device_properties(dev).total_memory
+    spec = decode.PRESETS[model]
+    h, v, L, inter = spec["hidden_size"], spec["vocab_size"], spec["num_hidden_layers"], spec["intermediate_size"]
+    kv = h // spec["num_attention_heads"] * spec["num_key_value_heads"]
+    layer = (h * (h + 2 * kv) + h * h + 3 * h * inter) * 2
+    for n in degrees:
+        need = L * layer / n + (1 if spec["tie_word_embeddings"] else 2) * v * h * 2
+        if need > 0.92 * total:
+            raise UsageError(f"--tp {n}: {model}'s shard is {need / 2**30:.0f} GiB, this GPU holds "
+                             f"{total / 2**30:.0f} GiB: give degrees of {int(need / total / 0.92) + 1} or more")
+
+
+def predicted_ms(params: dict, n: int, batch: int, hidden: int, collectives: int, per_step: dict, graphs: bool,
+                 native_ms: float) -> tuple[float | None, dict]:
+    """The emulated step the toll model predicts from the native one (ms) and each toll in it (us), from the
+    profile's parameters as the run's env stamp holds them (env.emulation.params, strings): every collective's
+    per-op toll and bandwidth term (wire bytes 2(n-1)/n x the step's hidden state, at this machine's measured
+    GPU-GPU rate, x (1/kept - 1)), the step's launch (one graph; eager launches are not counted: None), each
+    input crossing's toll and the readback's toll and round trip."""
+    if not graphs or not params:
+        return None, {}
+    f = lambda key, default=0.0: float(params.get(key, default))  # noqa: E731
+    wire = 2 * (n - 1) / n * batch * hidden * 2 if n > 1 else 0
+    link = f("native_nvlink_gbps")
+    per_op = f("nccl_toll_us") + (wire / (link * 1e3) * (1 / f("nvlink_kept", 1) - 1) if link > 0 else 0.0)
+    tolls = {"collectives": collectives * per_op,
+             "launch": f("launch_toll_us") * (f("mgpu_launch_factor", 1) if n > 1 or f("multi_gpu") else 1),
+             "inputs": (per_step.get("h2d", 0) + per_step.get("staged", 0)) * f("h2d_toll_us"),
+             "readback": (per_step.get("readback", 0) + per_step.get("drained", 0)) * (f("d2h_toll_us")
+                                                                                        + f("sync_toll_us"))}
+    return native_ms + sum(tolls.values()) / 1e3, tolls
+
+
+def _step_rows(got: dict, n: int, model: str, graphs: bool, params: dict) -> list:
+    """The (batch, mode)'s rows about its step: the roofline (rank 0's weight bytes at its copy rate), the
+    collectives' native GPU time, the native step outside them over the roofline; emulated: the native step
+    (emulation paused) and the predicted emulated step beside the measured one."""
+    from ccbridge.results import Row
+
+    st, b, mode = got["step"], got["batch"], got["mode"]
+    p = dict(model=model, tp=n, batch=b, mode=mode, graphs=graphs)
+    measured = next(r for r in got["rows"] if r.metric == "step_ms")
+    native = st["native_step_ms"] or [measured.median]
+    native_ms = sorted(native)[len(native) // 2]
+    out = [Row.of(TEST, "collective_ms", "ms", [st["collective_ms"]], **p)]
+    out[-1].extra["what"] = "GPU time of one step's all-reduces alone, captured and replayed natively"
+    outside = native_ms - st["collective_ms"]
+    if st["copy_gbps"]:
+        roof = st["weight_bytes"] / (st["copy_gbps"] * 1e9) * 1e3
+        out += [Row.of(TEST, "roofline_ms", "ms", [roof], **p), Row.of(TEST, "outside_over_roofline", "x",
+                                                                       [outside / roof], **p)]
+        out[-2].extra.update(weight_bytes=st["weight_bytes"], copy_gbps=st["copy_gbps"],
+                             what="this GPU's weight bytes per step at its measured copy rate (read plus write)")
+        out[-1].extra["outside_collectives_ms"] = outside
+    if st["native_step_ms"]:
+        out.append(Row.of(TEST, "native_step_ms", "ms", native, **p))
+        out[-1].extra["what"] = "the same runs with emulation paused, in the same processes"
+        pred, tolls = predicted_ms(params, n, b, decode.PRESETS[model]["hidden_size"],
+                                   got["rows"][0].extra.get("collectives_per_step", 0), got["per_step"], graphs,
+                                   native_ms)
+        if pred is not None:
+            out.append(Row.of(TEST, "predicted_step_ms", "ms", [pred], **p))
+            out[-1].extra.update(tolls_us=tolls, measured_ms=measured.median,
+                                 off_by=measured.median / pred - 1)
+    return out
+
+
+def _compare_degrees(logits: dict, dtype) -> dict:
+    """Each (degree, batch)'s first-step logits against the smallest degree's: the largest difference as a fraction
+    of the reference's largest logit, and whether it is within LOGITS_TOL (recorded with the tolerance)."""
+    out = {}
+    tol = LOGITS_TOL.get(dtype, 2e-2)
+    for (n, b), lg in logits.items():
+        ref_n = min(k for k, bb in logits if bb == b)
+        ref = logits[(ref_n, b)]
+        rel = float((lg - ref).abs().max() / ref.abs().max())
+        out[(n, b)] = {"logits_vs": ref_n, "logits_rel_diff": rel, "logits_tolerance": tol, "logits_within": rel <= tol}
+    return out
+
+
+def _first_parting(tokens: list, ref: list) -> str | None:
+    """Where a degree's tokens first part from the smallest degree's: 'sequence s, token t' (None: never)."""
+    for s, (a, b) in enumerate(zip(tokens, ref)):
+        for t, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                return f"sequence {s}, token {t}"
+    return None
+
+
 def bench(model: str, degrees: list[int], batches: list[int], prompt: int, output: int, modes: list[str],
           device: str = "cuda", iters: int = 3, warmup: int = 1, graphs: bool = False, seed: int = 0,
-          log: Callable[[str], None] = lambda _: None, host_prep_us: float = 0.0,
-          reference: dict[int, torch.Tensor] | None = None):
-    """Every degree (ascending), batch and mode: a Result of decode_tp rows tok_per_s, step_ms, token_gap_ms
-    (params model, tp, batch, mode, graphs; tok_per_s's extra: tokens_match, near_ties, ranks_agree, the
-    reference's label, gpu_busy and the crossing counts, as decode's). reference: {batch: (batch, output)
-    tokens} to judge every run against (e.g. decode.decode's on one GPU) instead of the smallest degree's.
-    A degree that runs out of memory keeps its rows so far, says where in Result.errors, and the next
+          log: Callable[[str], None] = lambda _: None, host_prep_us: float = 0.0):
+    """Every degree (ascending), batch and mode: a Result of decode_tp rows tok_per_s, step_ms, token_gap_ms (params
+    model, tp, batch, mode, graphs; tok_per_s's extra: tokens_match (across modes within the degree), near_ties,
+    ranks_agree, collectives_per_step, the first-step logits against the smallest degree's and the tolerance,
+    where tokens first part from the smallest degree's, gpu_busy and the crossing counts), and the step's rows
+    (_step_rows). A degree that runs out of memory keeps its rows so far, says where in Result.errors, and the next
     degree runs; any other rank failure raises."""
     from ccbridge import env
     from ccbridge.results import Result
 
     check(model, degrees, device)
-    dev = decode.check(model, batches, prompt, output, modes, device, graphs)
+    dev = decode.check(model, batches, prompt, output, modes, device, graphs, tp=True)
     if dev.type == "cuda" and max(degrees) > torch.cuda.device_count():
         raise UsageError(f"--tp {max(degrees)}: one process per GPU, and torch sees {torch.cuda.device_count()} GPU(s)")
+    check_fits(model, degrees, dev)
     decode.check_host_prep(host_prep_us)
     stamp = env.stamp()
+    params = (stamp.get("emulation") or {}).get("params", {}) if stamp.get("emulation", {}).get("active") else {}
     t_start = time.monotonic()
     layers = decode.PRESETS[model]["num_hidden_layers"]
     settings = decode.settings_of(model, dev, decode.dtype_for(dev), prompt, output, batches, modes, iters, warmup,
                                   graphs, seed, host_prep_us)
     settings.update(degrees=sorted(degrees), backend="nccl" if dev.type == "cuda" else "gloo",
-                    all_reduces_per_step=2 * layers, replicated="embeddings, norms, lm_head",
-                    reference="given" if reference else "smallest degree's first mode")
+                    all_reduces_per_step=2 * layers, replicated="embeddings, norms, lm_head", engine="serve/engine.py",
+                    logits_tolerance=LOGITS_TOL.get(decode.dtype_for(dev), 2e-2),
+                    reference="within a degree: its first mode's tokens; across degrees: the smallest degree's "
+                              "first-step logits")
     res = Result(env=stamp, settings={"decode_tp": settings})
-    refs = {b: ("the given reference", t.tolist()) for b, t in (reference or {}).items()}
+    logits, tokens, rows_of = {}, {}, {}
     for n in sorted(degrees):
         got, oom = [], []
 
@@ -241,11 +349,13 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
                 log(body)
             elif kind == "oom":
                 oom.append(body)
+            elif kind == "logits":
+                logits[(n, body["batch"])] = body["logits"]
             else:
                 got.append(body)
 
         job = dict(model=model, batches=list(batches), prompt=prompt, output=output, modes=list(modes), iters=iters,
-                   warmup=warmup, graphs=graphs, seed=seed, host_prep_us=host_prep_us, refs=dict(refs))
+                   warmup=warmup, graphs=graphs, seed=seed, host_prep_us=host_prep_us)
         try:
             run_ranks(n, _bench_rank, job, device=str(dev), on_message=on_message)
         except GpuError:
@@ -254,42 +364,57 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
             res.errors.append({"test": TEST, "error": f"{oom[0]}; the larger batches and later modes did not run "
                                                       f"at tp {n}"})
         for g in got:
-            res.rows += g["rows"]
+            res.rows += g["rows"] + _step_rows(g, n, model, graphs, params)
             res.errors += [{"test": TEST, "error": e} for e in g["errors"]]
-            refs.setdefault(g["batch"], (f"tp {n} {g['mode']}", g["tokens"]))  # the smallest degree's first mode
+            tokens[(n, g["batch"], g["mode"])] = g["tokens"]
+            rows_of[(n, g["batch"], g["mode"])] = g["rows"][0]
+    across = _compare_degrees(logits, decode.dtype_for(dev))
+    for (n, b, mode), row in rows_of.items():
+        row.extra.update(across.get((n, b), {}))
+        ref = tokens.get((min(d for d, bb, mm in tokens if bb == b and mm == mode), b, mode))
+        row.extra["first_parting"] = _first_parting(tokens[(n, b, mode)], ref) if ref else None
+        if not row.extra.get("logits_within", True):
+            res.errors.append({"test": TEST, "error": f"tp {n}, batch {b}: first-step logits differ from tp "
+                               f"{row.extra['logits_vs']}'s by {row.extra['logits_rel_diff']:.3g} of the largest, "
+                               f"beyond {row.extra['logits_tolerance']:g}"})
     res.duration_s = time.monotonic() - t_start
     return res
 
 
 def render(res) -> str:
-    """A table, one line per (tp, batch, mode): tok/s, step and token-gap times, GPU busy, tok/s over TP=1's at
-    that batch and mode, and the tokens' verdict against the reference."""
+    """A table, one line per (tp, batch, mode): tok/s, step time, the step outside the collectives over the HBM
+    roofline, the predicted emulated step (emulated runs), keep vs TP=1, and the verdicts."""
     s = res.settings["decode_tp"]
     where = "one process per GPU, NCCL" if s["backend"] == "nccl" else "CPU ranks, gloo"
-    lines = [f"# ccbridge bench decode --tp {' '.join(map(str, s['degrees']))}: {s['model']} (random weights), "
-             f"{s['dtype']} on {s['device']} ({where})",
+    lines = [f"# ccbridge bench decode --tp {' '.join(map(str, s['degrees']))}: {s['model']} (random weights, "
+             f"shards built per rank), {s['dtype']} on {s['device']} ({where})",
              f"# prompt {s['prompt']}, output {s['output']}, {'CUDA graphs' if s['graphs'] else 'eager'}, "
-             f"{s['iters']} timed runs; an all-reduce after each layer's attention and MLP: "
-             f"{s['all_reduces_per_step']} per step",
-             "# embeddings and lm_head replicated on every rank; x TP=1: tok/s over TP=1's at the same batch and mode"]
+             f"{s['iters']} timed runs; {s['all_reduces_per_step']} all-reduces per step (none at TP=1)",
+             "# roof: the native step outside the collectives / its HBM roofline; pred: the predicted emulated step",
+             f"# logits: first-step logits vs the smallest degree's, within {s['logits_tolerance']:g} of the largest"]
     if s.get("host_prep_us"):
         lines.append(f"# {s['host_prep_us']:g} us of host preparation per step (modelled engine work)")
     if res.emulated:
         from ccbridge import env
 
         lines.append(f"# {env.emulated_banner(res.env['emulation'])}")
-    lines.append(f"{'tp':>3} {'batch':>6} {'mode':<7} {'tok/s':>10} {'step ms':>9} {'gap p50':>8} {'gap p90':>8} "
-                 f"{'gpu busy':>8} {'x TP=1':>7}  tokens")
+    first = min(s["degrees"])
+    lines.append(f"{'tp':>3} {'batch':>6} {'mode':<7} {'tok/s':>10} {'step ms':>9} {'gap p90':>8} {'roof':>6} "
+                 f"{'pred ms':>8} {f'x TP={first}':>7}  tokens; logits")
     by = {(r.params["tp"], r.params["batch"], r.params["mode"], r.metric): r for r in res.rows}
     for r in res.rows:
         if r.metric != "tok_per_s":
             continue
         tp, b, mode = r.params["tp"], r.params["batch"], r.params["mode"]
         st, gap = by[(tp, b, mode, "step_ms")], by[(tp, b, mode, "token_gap_ms")]
-        one = by.get((1, b, mode, "tok_per_s"))
-        busy = r.extra.get("gpu_busy")
-        word = decode._tokens_word(r.extra) + ("" if r.extra.get("ranks_agree", True) else ", RANKS DIFFER")
-        lines.append(f"{tp:>3} {b:>6} {mode:<7} {r.median:>10.1f} {st.median:>9.3f} {gap.median:>8.3f} "
-                     f"{gap.p90:>8.3f} {'-' if busy is None else f'{busy:.2f}':>8} "
-                     f"{'-' if one is None else f'{r.median / one.median:.2f}':>7}  {word}")
+        one = by.get((first, b, mode, "tok_per_s"))
+        roof, pred = by.get((tp, b, mode, "outside_over_roofline")), by.get((tp, b, mode, "predicted_step_ms"))
+        word = decode.tokens_word(r.extra) + ("" if r.extra.get("ranks_agree", True) else ", RANKS DIFFER")
+        if r.extra.get("first_parting"):
+            word += f", parts from tp {r.extra.get('logits_vs')} at {r.extra['first_parting']}"
+        if "logits_rel_diff" in r.extra and tp != r.extra.get("logits_vs"):
+            word += f"; {r.extra['logits_rel_diff']:.1e}" + ("" if r.extra["logits_within"] else " BEYOND")
+        lines.append(f"{tp:>3} {b:>6} {mode:<7} {r.median:>10.1f} {st.median:>9.3f} {gap.p90:>8.3f} "
+                     f"{'-' if roof is None else f'{roof.median:.2f}':>6} {'-' if pred is None else f'{pred.median:.3f}':>8} "
+                     f"{'-' if one is None else f'{r.median / one.median:.2f}':>7}  {word}"[:120])
     return "\n".join(lines)
