@@ -328,6 +328,33 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
     return out, notes
 
 
+def overall(base: TraceSummary, other: TraceSummary, ranks: list[RankAccount]) -> RankAccount | None:
+    """Every compared rank together (rank -1): their windows and their windowed calls summed, the shares of the
+    summed slowdown."""
+    if not ranks:
+        return None
+    want = {a.rank for a in ranks}
+    tables = []
+    for t in (base, other):
+        merged: dict = {}
+        for p in t.procs:
+            if p.rank in want:
+                for key, agg in p.summary.by_api.items():
+                    into = merged.setdefault(key, dict(agg, **{k: 0 for k, v in agg.items() if k != "kind"}))
+                    for k, v in agg.items():
+                        if k != "kind":
+                            into[k] += v
+        tables.append(merged)
+    acc = RankAccount(-1, "sum", sum(a.base_ms for a in ranks), sum(a.other_ms for a in ranks), [])
+    acc.lines = _lines(*tables, acc.slowdown_ms / 1e3 if acc.measurable else 0.0)
+    return acc
+
+
+def measurable(slowdown_s: float, base_s: float) -> bool:
+    """A slowdown beyond noise: more than NOISE of the base (or NOISE_MS); else no shares are given."""
+    return slowdown_s > max(NOISE * base_s, NOISE_MS / 1e3)
+
+
 def straggler(ranks: list[RankAccount]) -> RankAccount | None:
     """The rank whose emulated window is longest: the one the others wait for at each collective."""
     return max(ranks, key=lambda a: a.other_ms) if ranks else None
@@ -338,7 +365,7 @@ def rank_rows(ranks: list[RankAccount]) -> list[Row]:
     rows per rank and API; every number the rank table prints, with its row key."""
     out = []
     for a in ranks:
-        p = dict(rank=a.rank)
+        p = dict(rank=a.rank if a.rank >= 0 else "all")
         out += [Row.of("account.rank", "window_base", "ms", [a.base_ms], **p),
                 Row.of("account.rank", "window_other", "ms", [a.other_ms], **p),
                 Row.of("account.rank", "slowdown", "ms", [a.slowdown_ms], **p)]
@@ -363,13 +390,17 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
            f"{'collect.':>8} {'launch':>7} {'crossing':>8} {'sync':>7} {'other':>7}"]
     for a in ranks:
         k = a.by_kind()
+        if a.rank < 0:
+            out.append("-" * 24 + " all ranks, summed " + "-" * 24)
         if a.measurable:
             pct = lambda v: f"{v / a.slowdown_ms:>7.0%}"
             tail = (f"{a.explained_ms / a.slowdown_ms:>9.0%} {pct(k['collective']):>8} {pct(k['launch'])} "
                     f"{pct(k['crossing']):>8} {pct(k['sync'])} {pct(k['other'])}")
         else:
             tail = "  no measurable slowdown: no shares"
-        out.append(f"{a.rank:>4} {a.window:<11} {a.base_ms:>10.2f} {a.other_ms:>10.2f} {a.slowdown_ms:>+10.2f} {tail}")
+        name = "all" if a.rank < 0 else a.rank
+        out.append(f"{name:>4} {a.window:<11} {a.base_ms:>10.2f} {a.other_ms:>10.2f} {a.slowdown_ms:>+10.2f} {tail}")
+    ranks = [a for a in ranks if a.rank >= 0]
     s = straggler(ranks)
     if s and len(ranks) > 1:
         out.append(f"straggler: rank {s.rank} ({s.other_ms:.2f} ms emulated; the others wait for it at each "
@@ -406,7 +437,7 @@ def render_sites(lines: list[Line], top: int = 10) -> str:
 
 
 def render(lines: list[Line], wall_s: float, top: int = 15, where: dict[str, float] | None = None,
-           emulated: str | None = None) -> str:
+           emulated: str | None = None, shares: bool = True) -> str:
     """The account in 120 columns: the head, one row per call family, the recovery's name (emulated: the OTHER
     trace's profile, which every figure below is of)."""
     explained = sum(x.delta_ms for x in lines if x.delta_ms > 0) / 1e3
@@ -426,8 +457,8 @@ def render(lines: list[Line], wall_s: float, top: int = 15, where: dict[str, flo
                          f"{'share':>6}  recovery (--why)"]
     for x in lines[:top]:
         out.append(f"{_cut(x.api, 24):<24} {x.kind:<10} {x.what:<14} {x.calls[0]:>6}/{x.calls[1]:<6} "
-                   f"{x.per_call_us(0):>8.1f}/{x.per_call_us(1):<8.1f} {x.delta_ms:>9.2f} {x.share:>6.0%}  "
-                   f"{recovery_name(x.recovery)}")
+                   f"{x.per_call_us(0):>8.1f}/{x.per_call_us(1):<8.1f} {x.delta_ms:>9.2f} "
+                   f"{f'{x.share:.0%}' if shares else '-':>6}  {recovery_name(x.recovery) if shares else ''}")
     notes = []
     if any(x.kind == "collective" for x in lines):
         gpu, seen = collectives_gpu_ms(lines)

@@ -83,9 +83,13 @@ def cmd_account(args) -> int:
                              f"no trace lines under {x}.<pid>.csv: record with `ccbridge run --record {x} -- CMD`")
     walls = [(r[1] - r[0]) / 1e9 if r else None for r in runs_at]
     where = account.phases(base, other, *runs_at)
+    if account.multi_process(base, other):
+        return _account_ranks(args, base, other, prefixes, where, prof, out)
     of = account.share_base(account.wall_slowdown(base, other, *walls), where)
-    lines, wall = account.attribute(base, other, *walls, share_of_s=of)
-    at_sites = account.attribute_sites(base, other, of)
+    base_s = (base.last_ns - base.first_ns) / 1e9 if where else (walls[0] or base.span_ns / 1e9)
+    shares = account.measurable(of, base_s)  # a slowdown within noise (or none) gets no shares
+    lines, wall = account.attribute(base, other, *walls, share_of_s=of if shares else 0.0)
+    at_sites = account.attribute_sites(base, other, of if shares else 0.0)
     # two traces given: what their own headers say they ran under is what the rows are made of; either emulated
     # makes every figure an emulated one (a BASE emulated and OTHER not is also noted below)
     emulated_as = args.profile or (", ".join(sorted((base.profiles | other.profiles) - {"passthrough"}))
@@ -94,13 +98,14 @@ def cmd_account(args) -> int:
                                              "overrides": args.overrides, "command": rest if args.profile else None},
                  rows=account.rows(lines, wall, at_sites, where, spans=not args.profile))
     paths = write_reports(res, out)
-    print(account.render(lines, wall, where=where, emulated=emulated_as))
+    print(account.render(lines, wall, where=where, emulated=emulated_as, shares=shares))
     if base.emulated and not other.emulated:
         print("note: BASE ran under the emulator and OTHER did not: give the CC-off (or record-only) trace first",
               file=sys.stderr)
-    if of <= 0:
-        print(f"note: OTHER was not slower than BASE ({of * 1e3:+.1f} ms{' between the first and the last driver call' if where else ''}): "
-              "nothing to recover", file=sys.stderr)
+    if not shares:
+        print(f"note: OTHER was not measurably slower than BASE ({of * 1e3:+.1f} ms of {base_s * 1e3:.1f} ms"
+              f"{' between the first and the last driver call' if where else ''}): no shares, nothing to recover",
+              file=sys.stderr)
     if at_sites:
         print(account.render_sites(at_sites))
     elif base.by_site or other.by_site:
@@ -108,6 +113,38 @@ def cmd_account(args) -> int:
               "(record both with --sites)")
     if args.why:
         print(account.render_why(lines, at_sites))
+    print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    return 0
+
+
+def _account_ranks(args, base, other, prefixes, where, prof, out: Path) -> int:
+    """A job of several ranks: each rank on its own steady-state window, then all of them summed; the start-up
+    and teardown phases apart, never in the shares."""
+    from ccbridge import account, env
+    from ccbridge.results import Result, Row
+
+    ranks, notes = account.per_rank(base, other)
+    if not ranks:
+        raise UsageError("no rank of the job could be compared" + (f": {notes[0]}" if notes else ""))
+    every = ranks + [account.overall(base, other, ranks)]
+    emulated_as = args.profile or (", ".join(sorted((base.profiles | other.profiles) - {"passthrough"}))
+                                   if base.emulated or other.emulated else None)
+    rows = account.rank_rows(every) + [Row.of("account.phase", "slowdown", "s", [v], phase=k) for k, v in where.items()]
+    res = Result(env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
+                                             "overrides": args.overrides, "ranks": [a.rank for a in ranks],
+                                             "command": list(args.args) if args.profile else None}, rows=rows)
+    paths = write_reports(res, out)
+    if emulated_as:
+        print(f"EMULATED: OTHER ran under the emulator (profile {emulated_as}); no figure below is a CC hardware "
+              "measurement")
+    factor = prof.params["mgpu_launch_factor"].value if prof else None
+    print(account.render_ranks(every, notes, factor))
+    if where:
+        print("outside the windows, not in any share: " + ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in where.items()
+                                                                    if k != "driver calls"))
+    if args.why:
+        for a in every:
+            print(f"rank {a.rank if a.rank >= 0 else 'all'}:\n" + account.render_why(a.lines))
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
     return 0
 
