@@ -118,3 +118,45 @@ def test_every_target_names_its_source():
 
     for g in targets.GPUS.values():
         assert "datasheet" in g.source and g.hbm_tbps > 0
+
+
+# ---- the command line ----
+
+def _cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "ccbridge.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["run", "--project", "b300", "--project-by", "0.5", "--", "true"], "the ratio is 0.5 (< 1)"),
+    (["run", "--project", "nosuch", "--", "true"], "unknown GPU 'nosuch'"),
+    (["run", "--project", "b300", "--project-by", "fast", "--", "true"], "expected hbm, flops or a number"),
+    (["run", "--profile", "b300", "--project-by", "flops", "--", "true"], "--project-by goes with --project"),
+    (["account", "--project", "b300", "a", "b"], "--project goes with --profile"),
+])
+def test_projection_is_refused_in_one_line(args, msg, tmp_path):
+    p = _cli(*args)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and msg in err[0] and len(err[0]) <= 120, p.stderr
+
+
+def test_a_projected_run_reads_projected_in_its_stamp(tmp_path, monkeypatch):
+    import json
+
+    from ccbridge import env
+    from ccbridge.emulate import targets
+
+    p = targets.project("b300", "NVIDIA H100 80GB HBM3")
+    monkeypatch.setenv(env.EMULATION_VAR, "passthrough")
+    conf = tmp_path / "c.conf"
+    conf.write_text("profile=passthrough\nemulate=0\n")
+    monkeypatch.setenv("CCBRIDGE_EMU_CONFIG", str(conf))
+    monkeypatch.setenv(targets.ENV_VAR, json.dumps(p.as_dict()))
+    info = env.emulation_info()
+    assert info["projection"]["target"] == "b300" and info["projection"]["r"] == pytest.approx(8 / 3.35)
+    banner = env.emulated_banner(info)
+    assert banner.startswith("CC-off run; PROJECTED to b300, time x2.39") and "a model" in banner
+    assert "dilation=" in p.config_lines({"native_nvlink_gbps": 300.0})
+    assert "target_nvlink_gbps=600" in p.config_lines({"native_nvlink_gbps": 300.0})

@@ -7,6 +7,7 @@ as an error string in the stamp and the rest is still filled in.
 from __future__ import annotations
 
 import ctypes
+import json
 import math
 import os
 import platform
@@ -239,6 +240,12 @@ def emulation_info() -> dict[str, Any]:
     info: dict[str, Any] = {"active": bool(profile), "profile": profile or None}
     if not profile:
         return info
+    try:  # `ccbridge run --project`: the run is the target GPU's in dilated time (emulate/targets.py)
+        projection = json.loads(os.environ.get("CCBRIDGE_PROJECTION", "null"))
+    except ValueError:
+        projection = None
+    if isinstance(projection, dict):
+        info["projection"] = projection
     try:
         text = Path(os.environ.get("CCBRIDGE_EMU_CONFIG", "")).read_text()
         info["params"] = dict(l.split("=", 1) for l in text.splitlines() if "=" in l and not l.startswith("#"))
@@ -281,10 +288,12 @@ def emulation_label(emu: dict[str, Any]) -> str:
 
 
 def emulated_banner(emu: dict[str, Any]) -> str | None:
-    """The line every emulated figure's output carries, or None for a native run."""
+    """The line every emulated (or projected) figure's output carries, or None for a native run."""
+    proj = emu.get("projection") if isinstance(emu.get("projection"), dict) else None
+    what = f"; PROJECTED to {proj.get('target')}, time x{proj.get('r', 0):.3g} (a model)" if proj else ""
     if not emu.get("active"):
-        return None
-    return f"EMULATED CC bridge (profile {emulation_label(emu)}): not a CC hardware measurement"
+        return f"CC-off run{what}" if proj else None
+    return f"EMULATED CC bridge (profile {emulation_label(emu)}): not a CC hardware measurement{what}"
 
 
 def stamp(nv=None) -> dict[str, Any]:

@@ -21,12 +21,13 @@ def cmd_run(args) -> int:
     cmd = args.program[1:] if args.program[:1] == ["--"] else args.program
     if args.sites and not args.record:
         raise UsageError("--sites notes call sites beside a trace: give --record T too")
-    if not args.profile and not args.record and not args.coverage:
-        raise UsageError("give --profile NAME (emulate), --record T (record only) or --coverage FILE")
+    if not args.profile and not args.record and not args.coverage and not args.project:
+        raise UsageError("give --profile NAME (emulate), --record T (record only), --coverage FILE or --project GPU")
     prof = what_if(args, "passthrough")  # without a profile: the interposer records, adds no cost
+    proj = projection(args)
     launcher.check(prof, cmd, args.record, args.coverage)
-    print(launcher.banner(prof), file=sys.stderr)
-    rc = launcher.run(prof, cmd, trace=args.record, coverage=args.coverage, sites=args.sites)
+    print(launcher.banner(prof, proj), file=sys.stderr)
+    rc = launcher.run(prof, cmd, trace=args.record, coverage=args.coverage, sites=args.sites, projection=proj)
     if args.record:
         print(trace.render(trace.summarize(str(Path(args.record).resolve()))), file=sys.stderr)
     if args.coverage:
@@ -57,6 +58,11 @@ def cmd_account(args) -> int:
                              fresh=("result.json",))
     runs_at: list[tuple[int, int] | None] = [None, None]  # each run's launch and end (ns)
     prof = what_if(args)
+    proj = getattr(args, "projected", None)  # the second pass of --project: both runs in dilated time
+    if args.project and not prof:
+        raise UsageError("--project goes with --profile NAME -- CMD (it runs CMD again as the target would)")
+    if args.project and proj is None:
+        projection(args)  # refused now, before the first run, where it cannot be made
     if prof:
         runs = [(profiles.load("passthrough"), str(out / "native")), (prof, str(out / "emulated"))]
         for p, prefix in runs:  # both, before the first starts (an old trace at either refuses the run)
@@ -64,8 +70,8 @@ def cmd_account(args) -> int:
             launcher.refuse_old_trace(prefix)
         out.mkdir(parents=True, exist_ok=True)  # the traces go there
         for i, (p, prefix) in enumerate(runs):
-            print(f"ccbridge account: run {i + 1} of 2, {launcher.banner(p)}", file=sys.stderr)
-            rc, runs_at[i] = launcher.run_timed(p, rest, trace=prefix, sites=not args.no_sites)
+            print(f"ccbridge account: run {i + 1} of 2, {launcher.banner(p, proj)}", file=sys.stderr)
+            rc, runs_at[i] = launcher.run_timed(p, rest, trace=prefix, sites=not args.no_sites, projection=proj)
             if rc:
                 raise UsageError(f"{' '.join(rest)} {_ended(rc)} in run {i + 1}; nothing to compare")
         prefixes = [prefix for _, prefix in runs]
@@ -95,7 +101,8 @@ def cmd_account(args) -> int:
     emulated_as = args.profile or (", ".join(sorted((base.profiles | other.profiles) - {"passthrough"}))
                                    if base.emulated or other.emulated else None)
     res = Result(env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
-                                             "overrides": args.overrides, "command": rest if args.profile else None},
+                                             "overrides": args.overrides, "command": rest if args.profile else None,
+                                             "projection": proj.as_dict() if proj else None},
                  rows=account.rows(lines, wall, at_sites, where, spans=not args.profile))
     paths = write_reports(res, out)
     print(account.render(lines, wall, where=where, emulated=emulated_as, shares=shares))
@@ -114,7 +121,19 @@ def cmd_account(args) -> int:
     if args.why:
         print(account.render_why(lines, at_sites))
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
-    return 0
+    return _then_projected(args, out)
+
+
+def _then_projected(args, out: Path) -> int:
+    """With --project: the same account again, both runs in dilated time as the target GPU (out/projected)."""
+    if not args.project or getattr(args, "projected", None) is not None:
+        return 0
+    proj = projection(args)
+    print(f"\n{proj.describe()}: the same account as the target would pay it; times are dilated (divide by "
+          f"{proj.r:.3g}), shares read directly")
+    again = argparse.Namespace(**vars(args))
+    again.projected, again.out = proj, str(out / "projected")
+    return cmd_account(again)
 
 
 def _account_ranks(args, base, other, prefixes, where, prof, out: Path) -> int:
@@ -123,6 +142,7 @@ def _account_ranks(args, base, other, prefixes, where, prof, out: Path) -> int:
     from ccbridge import account, env
     from ccbridge.results import Result, Row
 
+    prof_proj = getattr(args, "projected", None)
     ranks, notes = account.per_rank(base, other)
     if not ranks:
         raise UsageError("no rank of the job could be compared" + (f": {notes[0]}" if notes else ""))
@@ -132,7 +152,8 @@ def _account_ranks(args, base, other, prefixes, where, prof, out: Path) -> int:
     rows = account.rank_rows(every) + [Row.of("account.phase", "slowdown", "s", [v], phase=k) for k, v in where.items()]
     res = Result(env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
                                              "overrides": args.overrides, "ranks": [a.rank for a in ranks],
-                                             "command": list(args.args) if args.profile else None}, rows=rows)
+                                             "command": list(args.args) if args.profile else None,
+                                             "projection": prof_proj.as_dict() if prof_proj else None}, rows=rows)
     paths = write_reports(res, out)
     if emulated_as:
         print(f"EMULATED: OTHER ran under the emulator (profile {emulated_as}); no figure below is a CC hardware "
@@ -146,7 +167,7 @@ def _account_ranks(args, base, other, prefixes, where, prof, out: Path) -> int:
         for a in every:
             print(f"rank {a.rank if a.rank >= 0 else 'all'}:\n" + account.render_why(a.lines))
     print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
-    return 0
+    return _then_projected(args, out)
 
 
 def cmd_trace(args) -> int:
@@ -157,6 +178,26 @@ def cmd_trace(args) -> int:
         raise UsageError(f"no trace files {args.prefix}.<pid>.csv or .summary.json")
     print(trace.render(s))
     return 0
+
+
+def add_project(p) -> None:
+    p.add_argument("--project", metavar="GPU", help="run in dilated time as this faster GPU would (b300, b200, h200, "
+                   "...; see README, Projection): every figure PROJECTED, a model")
+    p.add_argument("--project-by", metavar="BY", default="hbm", help="the ratio r: hbm (datasheet memory bandwidth, "
+                   "default: decode is memory-bound), flops (dense BF16) or a number")
+
+
+def projection(args):
+    """The --project of a command (None without it), checked now: its ratio below 1 is refused in one line."""
+    if not args.project:
+        if args.project_by != "hbm":
+            raise UsageError("--project-by goes with --project GPU")
+        return None
+    from ccbridge import env
+    from ccbridge.emulate import targets
+
+    gpus = env.nvml_info().get("gpus") or [{}]
+    return targets.project(args.project, gpus[0].get("name"), targets.parse_by(args.project_by))
 
 
 def add_parsers(sub) -> None:
@@ -175,6 +216,7 @@ def add_parsers(sub) -> None:
                                                         "(T.<pid>.sites.json; a profile hook in every Python process "
                                                         "of the run, which slows Python-heavy loops)")
     add_set(p)
+    add_project(p)
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]", help="the program to run")
 
     p = command(sub, "account", cmd_account,
@@ -188,6 +230,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", help="output folder (default ccbridge-results/account-<timestamp>)")
     p.add_argument("--why", action="store_true", help="also print the evidence behind each row (waits, tolls, "
                                                       "GPU time, the full recovery and call site)")
+    add_project(p)
     p.add_argument("args", nargs="*", help="BASE OTHER (trace prefixes), or -- CMD [ARGS...] with --profile")
 
     p = command(sub, "trace", cmd_trace, help="summarise an emulator trace (TRACE.<pid>.csv files)")

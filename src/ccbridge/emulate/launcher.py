@@ -20,6 +20,7 @@ from ccbridge.errors import EmulatorError, UsageError
 from ccbridge.emulate import native_floor
 from ccbridge.emulate.siteboot import ccbridge_sites
 from ccbridge.emulate.profiles import Profile
+from ccbridge.emulate.targets import ENV_VAR as PROJECTION_VAR, Projection
 from ccbridge.ranks import NVLS_OFF  # what a job sees under a profile without NVLS, as every rank ccbridge starts
 
 CONFIG_VAR = "CCBRIDGE_EMU_CONFIG"
@@ -96,28 +97,35 @@ def check_trace(trace: str) -> str:
 
 
 def run(profile: Profile, cmd: list[str], trace: str | None = None, coverage: str | None = None,
-        sites: bool = False) -> int:
+        sites: bool = False, projection: Projection | None = None) -> int:
     """Run cmd under the emulator; its exit status. coverage: write the driver
     coverage report (emulate/coverage.py) of every process of the run to this JSON file.
-    sites (with trace): every Python process of the run notes its call sites beside the trace."""
-    return run_timed(profile, cmd, trace, coverage, sites)[0]
+    sites (with trace): every Python process of the run notes its call sites beside the trace.
+    projection: run in dilated time, as the projection's target GPU (emulate/targets.py)."""
+    return run_timed(profile, cmd, trace, coverage, sites, projection)[0]
 
 
 def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, coverage: str | None = None,
-              sites: bool = False) -> tuple[int, tuple[int, int]]:
+              sites: bool = False, projection: Projection | None = None) -> tuple[int, tuple[int, int]]:
     """run(), and when the program started and ended (CLOCK_MONOTONIC ns, the trace's clock; without the native
     floor's measurement before it, about 1-2 s, which an account of two runs must not count as the program's)."""
     check(profile, cmd, trace, coverage)
     with tempfile.TemporaryDirectory(prefix="ccbridge-emu-") as tmp:
         cfg = Path(tmp) / "profile.conf"
         v = {k: profile.params[k].value for k in ("nccl_toll_us", "nvlink_kept")}
-        floor = native_floor.measure(collectives=v["nccl_toll_us"] > 0 or v["nvlink_kept"] < 1,
-                                     links=v["nvlink_kept"] < 1) if profile.emulates else {}
+        # projected, also a CC-off run dilates its crossings and links: it needs this machine's rates too
+        floor = native_floor.measure(collectives=projection is not None or v["nccl_toll_us"] > 0 or
+                                     v["nvlink_kept"] < 1, links=projection is not None or v["nvlink_kept"] < 1) \
+            if profile.emulates or projection else {}
         text = profile.config_text(check_trace(trace) if trace else None, floor)
+        if projection:
+            text += projection.config_lines(floor)
         cov_prefix = str(Path(tmp) / "cov")
         cfg.write_text(text + (f"coverage={cov_prefix}\n" if coverage else ""))
         try:
             env = environment(profile, str(cfg))
+            if projection:
+                env[PROJECTION_VAR] = json.dumps(projection.as_dict())
             if sites and trace:
                 from ccbridge.emulate import sites as _sites
 
@@ -136,15 +144,18 @@ def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, covera
         return rc, bounds
 
 
-def banner(profile: Profile) -> str:
+def banner(profile: Profile, projection: Projection | None = None) -> str:
     """One line (two where what-ifs make it long: 120 columns each); the profile's title is `ccbridge profiles`'."""
     from ccbridge.emulate.profiles import show
     from ccbridge.textfit import wrap
 
     what = "EMULATED CC bridge" if profile.emulates else "interposer on, no costs (passthrough)"
     whatif = "".join(f" --set {k}={show(k, profile.params[k].value)}" for k in profile.overrides)
-    return "\n".join(wrap([f"ccbridge run: {what}, profile {profile.name}{' with' + whatif if whatif else ''} "
-                            f"({profile.name}.json); figures are not CC hardware measurements"]))
+    lines = [f"ccbridge run: {what}, profile {profile.name}{' with' + whatif if whatif else ''} "
+             f"({profile.name}.json); figures are not CC hardware measurements"]
+    if projection:
+        lines.append(projection.describe() + "; times read / r are the projection (a model, not a measurement)")
+    return "\n".join(wrap(lines))
 
 
 def python_cmd(*args: str) -> list[str]:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from ccbridge.errors import UsageError
 
+ENV_VAR = "CCBRIDGE_PROJECTION"  # set by `ccbridge run --project` in the program's environment: the projection
+
 
 @dataclass(frozen=True)
 class Gpu:
@@ -91,6 +93,11 @@ class Projection:
     def as_dict(self) -> dict:
         return {"target": self.target.key, "local": self.local.key if self.local else None, "by": self.by,
                 "r": self.r, "hbm_ratio": self.ratio("hbm"), "flops_ratio": self.ratio("flops")}
+
+    def config_lines(self, native: dict[str, float]) -> str:
+        """The interposer's configuration lines: the dilation and the target's link rate as this machine measures."""
+        link = self.link_gbps(native.get("native_nvlink_gbps", 0.0))
+        return f"dilation={self.r!r}\n" + (f"target_nvlink_gbps={link!r}\n" if link else "")
 
     def ratio(self, by: str) -> float | None:
         """The datasheet ratio for memory- or compute-bound work (None where a figure is missing)."""
