@@ -147,12 +147,13 @@ def test_a_reader_that_stops_early_is_no_error(monkeypatch, capsys):
 
 BENCH_OPTIONS = {  # each bench's own options, and only those: another bench's is refused by argparse
     "ddp": {"--models", "--ngpus", "--buckets", "--iters", "--warmup", "--net", "--wrap", "--json"},
-    "cipher": {"-b", "--minbytes", "-e", "--maxbytes", "--iters", "--json"},
+    "cipher": {"-b", "--minbytes", "-e", "--maxbytes", "--iters", "--timer", "--json"},
     "net": {"--lanes", "--inflight", "--total", "-b", "--minbytes", "-e", "--maxbytes", "--iters", "--json"},
     "decode": {"--model", "--checkpoint", "--batch", "--prompt", "--output", "--modes", "--graphs", "--host-prep-us",
-               "--tp", "--device", "--seed", "--iters", "--warmup", "--json"},
+               "--tp", "--timer", "--device", "--seed", "--iters", "--warmup", "--json"},
     "kv": {"--model", "--prefixes", "--prefix-len", "--suffix-len", "--requests", "--churn", "--thresholds", "--modes",
-           "--zipf", "--gpu-fraction", "--device-blocks", "--device", "--seed", "--iters", "--warmup", "--json"},
+           "--zipf", "--gpu-fraction", "--device-blocks", "--timer", "--device", "--seed", "--iters", "--warmup",
+           "--json"},
 }
 
 

@@ -88,12 +88,25 @@ def headline_items(c: Comparison, limit: int = 40) -> list[tuple[str, float, flo
             for r in chosen[:limit] if r.ratio == r.ratio]
 
 
+def timer_mix(c: Comparison) -> str | None:
+    """Where the two sides' GPU-time rows come from different timers (gputimer: CUDA events, %globaltimer), a line
+    that says so: their GPU-time ratios mix two clocks."""
+    timers = [r.settings.get("timer") or next((v.get("timer") for v in r.settings.values() if isinstance(v, dict)), None)
+              for r in (c.base, c.other)]
+    if None in timers or timers[0] == timers[1]:
+        return None
+    return f"GPU timers differ: BASE's GPU times are from {timers[0]}, OTHER's from {timers[1]} (see gputimer)"
+
+
 def render_markdown(c: Comparison) -> str:
     from ccbridge.report.markdown import table_md
 
     lines = ["# ccbridge compare", "", f"- BASE: {_label(c.base)}", f"- OTHER: {_label(c.other)}", ""]
     if c.base.emulated or c.other.emulated:
         lines += ["> **EMULATED: at least one side was produced by the ccbridge emulator, not measured on CC hardware.**", ""]
+    mix = timer_mix(c)
+    if mix:
+        lines += [f"> {mix}", ""]
     lines += [f"{len(c.ratios)} common rows; {len(c.only_base)} only in BASE, {len(c.only_other)} only in OTHER.", ""]
     for t in (changed_table(c), ratio_table(c)):
         md = table_md(t)

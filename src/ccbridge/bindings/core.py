@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-from ctypes import POINTER, c_char_p, c_double, c_int, c_size_t, c_void_p
+from ctypes import POINTER, c_char_p, c_double, c_int, c_size_t, c_ulonglong, c_void_p
 from functools import lru_cache
 
 from ccbridge.bindings import declare
@@ -22,7 +22,9 @@ PINNED, PAGEABLE = 0, 1
 SAME_STREAM, IDLE_STREAM, EVENT_WAIT = 0, 1, 2
 LAUNCH_PIPELINED, LAUNCH_WAIT, LAUNCH_GRAPH = 0, 1, 2
 MAX_STREAMS = 64
-CONSTANTS = {"CCB_H2D": H2D, "CCB_D2H": D2H, "CCB_D2D": D2D, "CCB_PINNED": PINNED, "CCB_PAGEABLE": PAGEABLE,
+TIMER_EVENTS, TIMER_GLOBALTIMER = 0, 1
+TIMERS = {"events": TIMER_EVENTS, "globaltimer": TIMER_GLOBALTIMER}
+CONSTANTS = {"CCB_TIMER_EVENTS": TIMER_EVENTS, "CCB_TIMER_GLOBALTIMER": TIMER_GLOBALTIMER,"CCB_H2D": H2D, "CCB_D2H": D2H, "CCB_D2D": D2D, "CCB_PINNED": PINNED, "CCB_PAGEABLE": PAGEABLE,
              "CCB_SAME_STREAM": SAME_STREAM, "CCB_IDLE_STREAM": IDLE_STREAM, "CCB_EVENT_WAIT": EVENT_WAIT,
              "CCB_LAUNCH_PIPELINED": LAUNCH_PIPELINED, "CCB_LAUNCH_WAIT": LAUNCH_WAIT,
              "CCB_LAUNCH_GRAPH": LAUNCH_GRAPH, "CCB_MAX_STREAMS": MAX_STREAMS}
@@ -56,7 +58,9 @@ FUNCTIONS = {
     "ccb_copy": (c_int, [c_void_p, c_int, c_size_t, c_int, c_int, c_int, _D, POINTER(CopyOut)]),
     "ccb_workers": (c_int, [POINTER(c_void_p), c_int, c_int, c_size_t, c_int, c_int, POINTER(CopyOut)]),
     "ccb_launch": (c_int, [c_void_p, c_int, c_int, _D]),
-    "ccb_kernel_gap": (c_int, [c_void_p, c_int, _D]),
+    "ccb_kernel_gap": (c_int, [c_void_p, c_int, c_int, _D]),
+    "ccb_stamp": (c_int, [c_void_p, c_ulonglong]),
+    "ccb_pinned_answers": (c_int, [c_void_p, POINTER(c_int), POINTER(c_int), POINTER(c_int)]),
     "ccb_semantics": (c_int, [c_void_p, c_int, c_int, c_size_t, c_double, POINTER(SemOut)]),
     "ccb_ctx_lifecycle": (c_int, [c_int, c_int, _D, _D]),
     "ccb_pinned_slots": (c_int, [c_void_p, c_size_t, c_int, _D, _D]),
@@ -143,11 +147,19 @@ class Session:
         _check(lib().ccb_launch(self.handle, mode, n, ctypes.byref(ns)))
         return ns.value
 
-    def kernel_gap(self, reps: int) -> float:
-        """ns of GPU time one more (empty) kernel adds to a busy stream, median of reps."""
+    def kernel_gap(self, reps: int, timer: str = "events") -> float:
+        """ns of GPU time one more (empty) kernel adds to a busy stream, median of reps, timed by CUDA events or
+        %globaltimer stamps."""
         ns = c_double()
-        _check(lib().ccb_kernel_gap(self.handle, reps, ctypes.byref(ns)))
+        _check(lib().ccb_kernel_gap(self.handle, reps, TIMERS[timer], ctypes.byref(ns)))
         return ns.value
+
+    def pinned_answers(self) -> tuple[int, bool, bool]:
+        """(memory type: 1 host, 2 device; is managed; a device view sees a later host write) of this session's
+        pinned memory, asked as a program asks."""
+        t, m, v = c_int(), c_int(), c_int()
+        _check(lib().ccb_pinned_answers(self.handle, ctypes.byref(t), ctypes.byref(m), ctypes.byref(v)))
+        return t.value, bool(m.value), bool(v.value)
 
     def semantics(self, direction: str, relation: int, nbytes: int, spin_ns: float) -> SemOut:
         out = SemOut()
@@ -158,6 +170,12 @@ class Session:
         a, f = c_double(), c_double()
         _check(lib().ccb_pinned_slots(self.handle, nbytes, count, ctypes.byref(a), ctypes.byref(f)))
         return a.value, f.value
+
+
+def stamp(stream: int, at: int) -> None:
+    """Queue a %globaltimer stamp (uint64 ns) at device address `at` on `stream` (a CUstream handle, 0 the legacy
+    stream) of the calling thread's current context (a framework's)."""
+    _check(lib().ccb_stamp(stream or None, at))
 
 
 def run_workers(sessions: list[Session], direction: str, nbytes: int, iters: int, warmup: int = 2) -> list[CopyOut]:

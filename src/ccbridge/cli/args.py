@@ -113,6 +113,24 @@ def what_if(args, default: str | None = None):
     return profiles.override(profiles.load(name), args.overrides) if name else None
 
 
+def add_timer(p: argparse.ArgumentParser) -> None:
+    """--timer: the GPU timer of every GPU-time figure (ccbridge/gputimer.py)."""
+    p.add_argument("--timer", choices=("auto", "events", "globaltimer"), help="GPU time from CUDA events or "
+                   "%%globaltimer stamps (auto, default: globaltimer where CC is on, events are unreliable there)")
+
+
+def apply_timer(args) -> str:
+    """The GPU timer the run uses (chosen from --timer, $CCBRIDGE_TIMER, the machine), set in this process's
+    environment so that every process it starts (ranks, child probes) times the same way."""
+    import os
+
+    from ccbridge import gputimer
+
+    chosen = gputimer.choose(getattr(args, "timer", None))
+    os.environ[gputimer.ENV_VAR] = chosen
+    return chosen
+
+
 def add_set(p: argparse.ArgumentParser) -> None:
     """--set KEY=VALUE, repeatable: a what-if on the emulator profile (profiles.override checks it)."""
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

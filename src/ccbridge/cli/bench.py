@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from ccbridge import ui
-from ccbridge.choices import DDP_MODELS, DECODE_MODES, DECODE_PRESETS
-from ccbridge.cli.args import Distinct, command, device_spec, float_ge0, integer, size
+from ccbridge.choices import DDP_MODELS, DECODE_MODES, DECODE_PRESETS, TP_ONLY
+from ccbridge.cli.args import Distinct, add_timer, apply_timer, command, device_spec, float_ge0, integer, size
 from ccbridge.cli.checks import gpus_ready, plugin_built, sizes_in_order
 from ccbridge.errors import UsageError
 
@@ -50,6 +50,7 @@ def cmd_cipher(args) -> int:
     sizes_in_order(args)
     if not gpus_ready("bench", args.json):
         return 2
+    apply_timer(args)
     from ccbridge.secure import bench  # (deferred: torch)
 
     res = bench.cipher(bench.sizes(args.minbytes, args.maxbytes, 4), args.iters)
@@ -78,6 +79,7 @@ def cmd_net(args) -> int:
 
 def cmd_decode(args) -> int:
     """Greedy decode of a transformer (random weights) in each scheduling mode; tokens must agree."""
+    apply_timer(args)
     if args.json:
         ui.writable_file(args.json, "--json")
     if args.graphs and args.device == "cpu":
@@ -105,6 +107,7 @@ def cmd_decode(args) -> int:
 def cmd_kv(args) -> int:
     """Prefix-reuse churn through a KVCache with a host tier, per store threshold and sync/async crossings.
     An option not given is None: kvbench's defaults depend on the device."""
+    apply_timer(args)
     if args.json:
         ui.writable_file(args.json, "--json")
     if not _torch_found("kv"):
@@ -177,10 +180,13 @@ def _add_json(p, result: bool = False) -> None:
 
 
 def _add_model(p, default: str) -> None:
-    p.add_argument("--model", choices=list(DECODE_PRESETS), help=f"model shape, random weights (default {default})")
+    p.add_argument("--model", choices=list(DECODE_PRESETS), metavar="MODEL",
+                   help=f"model shape, random weights: {', '.join(DECODE_PRESETS)} (default {default}; "
+                        f"{', '.join(TP_ONLY)}: with --tp only)")
 
 
 def _add_device_seed(p, seeds: str) -> None:
+    add_timer(p)
     p.add_argument("--device", type=device_spec, default="cuda", help="cuda, cuda:N or cpu (default cuda)")
     p.add_argument("--seed", type=integer(0), default=0, help=f"seed of {seeds} (default 0)")
 
@@ -207,6 +213,7 @@ def _add_cipher(benches) -> None:
                "reduce hop)")
     _add_sizes(p, "1M", "1G")
     _add_iters(p, 10, "timed iterations (default 10)")
+    add_timer(p)
     _add_json(p)
 
 

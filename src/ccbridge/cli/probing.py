@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ccbridge import ui
-from ccbridge.cli.args import add_set, command, integer, what_if
+from ccbridge.cli.args import add_set, add_timer, apply_timer, command, integer, what_if
 from ccbridge.cli.reports import write_reports
 from ccbridge.errors import UsageError
 
@@ -46,7 +46,7 @@ def cmd_probe(args) -> int:
                       "figures are not CC hardware measurements[/]")
     from ccbridge.ui import ProbeProgress
 
-    settings = registry.Settings(device=args.device, quick=args.quick, tests=args.tests)
+    settings = registry.Settings(device=args.device, quick=args.quick, tests=args.tests, timer=apply_timer(args))
     with ProbeProgress(len(tests), console) as progress:
         res = registry.run(settings, stamp, progress)
     paths = write_reports(res, out)
@@ -68,7 +68,7 @@ def _probe_under(args, prof, out: Path) -> int:
     """The probe again, in a child process started under the emulator."""
     from ccbridge.emulate import launcher
 
-    rest = ["probe", "--device", str(args.device), "--out", str(out)]
+    rest = ["probe", "--device", str(args.device), "--out", str(out), "--timer", apply_timer(args)]
     rest += ["--quick"] if args.quick else []
     rest += ["--tests", args.tests] if args.tests else []
     cmd = launcher.python_cmd(*rest)
@@ -119,10 +119,11 @@ def cmd_calibrate(args) -> int:
              for k, p in (("native", args.native), ("emulated", args.emulated)) if p is not None}
     if "emulated" not in given:
         launcher.check(prof, launcher.python_cmd())
+    timer = apply_timer(args)  # both sides' probes time the GPU the same way
 
     def probe(kind: str, tests: str, folder: Path):
         """One probe run, natively or under the profile; its result, checked."""
-        cmd = launcher.python_cmd("probe", "--tests", tests, "--device", str(args.device),
+        cmd = launcher.python_cmd("probe", "--tests", tests, "--device", str(args.device), "--timer", timer,
                                   *([] if args.full else ["--quick"]), "--out", str(folder))
         rc = subprocess.call(cmd) if kind == "native" else launcher.run(calibrate.probe_profile(prof), cmd)
         if not (folder / "result.json").exists():
@@ -155,6 +156,7 @@ def cmd_calibrate(args) -> int:
 
 def add_parsers(sub) -> None:
     p = command(sub, "probe", cmd_probe, help="measure the bridge; writes result.json, report.md, report.html")
+    add_timer(p)
     p.add_argument("--tests", help="comma list of test or family names (see --list); default all")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (under a minute)")
     p.add_argument("--device", type=integer(0), default=0, help="CUDA device index (default 0)")
@@ -171,6 +173,7 @@ def add_parsers(sub) -> None:
 
     p = command(sub, "calibrate", cmd_calibrate,
                 help="emulated probe vs native probe vs the profile's published targets")
+    add_timer(p)
     p.add_argument("--profile", required=True)
     p.add_argument("--native", help="use this native result.json instead of running the probe")
     p.add_argument("--emulated", help="use this emulated result.json instead of running the probe")

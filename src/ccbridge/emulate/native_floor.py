@@ -20,6 +20,7 @@ dispatch (about 1.5 us on an H100, 12% of a 12.5 us toll).
 
 from __future__ import annotations
 
+from ccbridge import gputimer
 from ccbridge.bindings import core
 from ccbridge.errors import GpuError
 
@@ -44,7 +45,7 @@ def measure(device: int = 0, collectives: bool = True, links: bool = True) -> di
                     key = f"native_{d}_pinned_gbps"
                     out[key] = min(out.get(key, gbps), gbps)
             if collectives:
-                out["native_kernel_ns"] = round(s.kernel_gap(GAP_REPS), 1)
+                out["native_kernel_ns"] = round(s.kernel_gap(GAP_REPS, gputimer.choose()), 1)
     except GpuError:
         return {}
     try:

@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 
-def event_time_ms(torch, fn, reps: int, inner: int = 1) -> list[float]:
-    """Per-call device time (ms) of fn, timed with CUDA events, `inner` calls per sample."""
-    samples = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) / inner)
-    return samples
+from ccbridge import gputimer
+
+
+def gpu_time_ms(torch, fn, reps: int, inner: int = 1) -> list[float]:
+    """Per-call device time (ms) of fn, `inner` calls per sample, by the run's GPU timer (gputimer: CUDA events,
+    or %globaltimer stamps where CC makes events unreliable)."""
+    return gputimer.time_ms(torch, fn, reps, inner)

@@ -6,7 +6,7 @@ package. They are the control group for every crossing-taxed figure.
 
 from __future__ import annotations
 
-from ccbridge.probe._torch import event_time_ms
+from ccbridge.probe._torch import gpu_time_ms
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 
@@ -26,7 +26,7 @@ def parity(ctx):
     b = torch.randn(n, n, device=dev, dtype=torch.bfloat16, generator=g)
     for _ in range(3):
         torch.mm(a, b)
-    ms = event_time_ms(torch, lambda: torch.mm(a, b), reps=ctx.pick(10, 5), inner=5)
+    ms = gpu_time_ms(torch, lambda: torch.mm(a, b), reps=ctx.pick(10, 5), inner=5)
     row = Row.of("compute.parity", "matmul_bf16", "TFLOP/s", [2 * n**3 / (t * 1e-3) / 1e12 for t in ms], n=n)
     row.extra["headline"] = True
     rows.append(row)
@@ -51,7 +51,7 @@ def parity(ctx):
     torch.cuda.synchronize()
     if not torch.isfinite(y).all():
         raise RuntimeError("chained matmul produced non-finite values")
-    row = Row.of("compute.parity", "graph_replay_time", "ms", event_time_ms(torch, graph.replay, reps=ctx.pick(10, 5)),
+    row = Row.of("compute.parity", "graph_replay_time", "ms", gpu_time_ms(torch, graph.replay, reps=ctx.pick(10, 5)),
                  matmuls=length, n=m)
     row.extra["headline"] = True
     rows.append(row)
@@ -64,7 +64,7 @@ def parity(ctx):
     dst.copy_(src)
     if not torch.equal(dst, src):
         raise RuntimeError("device copy is not byte-exact")
-    ms = event_time_ms(torch, lambda: dst.copy_(src), reps=ctx.pick(10, 5), inner=3)
+    ms = gpu_time_ms(torch, lambda: dst.copy_(src), reps=ctx.pick(10, 5), inner=3)
     # read + write: every byte crosses device memory twice
     row = Row.of("compute.parity", "device_copy", "GB/s", [2 * nbytes / (t * 1e-3) / 1e9 for t in ms], bytes=nbytes)
     row.extra["headline"] = True

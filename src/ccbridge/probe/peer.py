@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ccbridge import busbw, ranks
 from ccbridge.errors import GpuError
-from ccbridge.probe._torch import event_time_ms
+from ccbridge.probe._torch import gpu_time_ms
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 
@@ -55,7 +55,7 @@ def p2p(ctx):
             if not torch.equal(dst.cpu()[:4096], bufs[i].cpu()[:4096]):
                 raise GpuError(f"GPU{i}->GPU{j} copy is not byte-exact")
             with torch.cuda.device(j):
-                ms = event_time_ms(torch, lambda: dst.copy_(bufs[i]), reps=reps)
+                ms = gpu_time_ms(torch, lambda: dst.copy_(bufs[i]), reps=reps)
             rows.append(Row.of("peer.p2p", "bandwidth", "GB/s", [P2P_BYTES / (t * 1e-3) / 1e9 for t in ms], src=i, dst=j))
             del dst
             lat = []
@@ -129,17 +129,14 @@ class _Case:
                            f"{self.buf.numel()} values differ from the exact result")
 
     def sample_ms(self, body) -> float:
-        """Device time per op (ms) of body() (all n ops), between CUDA events, inputs restored first, checked after."""
+        """Device time per op (ms) of body() (all n ops), by the run's GPU timer, inputs restored first, checked
+        after."""
         torch = self.torch
         self.restore()
         torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        body()
-        b.record()
-        b.synchronize()
+        ms = gpu_time_ms(torch, body, 1)[0]
         self.check()
-        return a.elapsed_time(b) / self.n
+        return ms / self.n
 
     def graph(self):
         """The n ops captured into one CUDA graph (thread-local capture: NCCL's watchdog thread may query

@@ -8,11 +8,13 @@ family never costs the rest of the run.
 
 from __future__ import annotations
 
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from ccbridge import gputimer
 from ccbridge.bindings import core
 from ccbridge.errors import GpuError, UsageError
 from ccbridge.results import Result, Row
@@ -88,6 +90,7 @@ class Settings:
     device: int = 0
     quick: bool = False
     tests: str | None = None
+    timer: str = "events"  # the GPU timer of every GPU-time row (gputimer.choose(): events or globaltimer)
 
     def pick(self, full: Any, quick: Any) -> Any:
         return quick if self.quick else full
@@ -149,7 +152,21 @@ def run(settings: Settings, env: dict[str, Any], progress=None) -> Result:
     tests = select(settings.tests)
     machine = Machine.detect(settings.device)
     result = Result(env=env, settings={"device": settings.device, "quick": settings.quick,
-                                       "tests": [t.name for t in tests], "missing": machine.missing})
+                                       "tests": [t.name for t in tests], "missing": machine.missing,
+                                       "timer": settings.timer})
+    was = os.environ.get(gputimer.ENV_VAR)
+    os.environ[gputimer.ENV_VAR] = settings.timer  # every GPU-time measurement of the run, its peer ranks too
+    try:
+        _run_tests(tests, settings, machine, result, progress)
+    finally:
+        if was is None:
+            os.environ.pop(gputimer.ENV_VAR, None)
+        else:
+            os.environ[gputimer.ENV_VAR] = was
+    return result
+
+
+def _run_tests(tests, settings: Settings, machine: Machine, result: Result, progress) -> None:
     t_start = time.perf_counter()
     for t in tests:
         lacking = [machine.missing[n] for n in t.needs if n in machine.missing]
@@ -173,4 +190,3 @@ def run(settings: Settings, env: dict[str, Any], progress=None) -> Result:
         if progress:
             progress.end(t, status, time.perf_counter() - t0)
     result.duration_s = round(time.perf_counter() - t_start, 2)
-    return result

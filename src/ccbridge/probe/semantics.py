@@ -51,3 +51,48 @@ def nonblocking(ctx):
         sessions["pinned"].close()
         sessions["pageable"].close()
     return rows
+
+
+@test("semantics.cc_answers", "what the driver answers about pinned memory, and events against %globaltimer",
+      needs=("gpu", "torch"))
+def cc_answers(ctx):
+    """The evidence for what CC machines are reported to do (NVIDIA/TensorRT PR #4740, vLLM PRs #50671/#57404):
+    pinned memory's type as a program reads it (driver and torch.is_pinned), whether a device view of pinned
+    memory sees a later host write, and how far CUDA events and %globaltimer stamps disagree on one interval."""
+    import torch  # deferred: torch, needed only on a GPU
+
+    from ccbridge import gputimer
+
+    ctx.step("pinned memory: its type and a device view")
+    with core.Session(ctx.device, "pinned", 1 << 20) as s:
+        mtype, managed, live = s.pinned_answers()
+    torch.cuda.set_device(ctx.device)
+    pinned = torch.empty(1 << 12, dtype=torch.uint8, pin_memory=True).is_pinned()
+    rows = [Row.of("semantics.cc_answers", "pinned_memory_type", "code", [mtype]),
+            Row.of("semantics.cc_answers", "pinned_is_managed", "bool", [int(managed)]),
+            Row.of("semantics.cc_answers", "torch_is_pinned", "bool", [int(pinned)]),
+            Row.of("semantics.cc_answers", "pinned_view_live", "bool", [int(live)])]
+    rows[0].extra["what"] = "cuPointerGetAttribute(MEMORY_TYPE) of cuMemHostAlloc memory: 1 host, 2 device (managed)"
+    ctx.step("one interval timed by CUDA events and by %globaltimer stamps")
+    reps, cycles = ctx.pick(20, 8), 2_000_000  # ~1 ms of spinning on a ~2 GHz GPU
+    stream = torch.cuda.current_stream()
+    own = gputimer.stamp_cost_ns(torch, torch.cuda.current_device())
+    ev, gt = [], []
+    buf = torch.zeros(2, dtype=torch.int64, device="cuda")
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(stream)
+        core.stamp(stream.cuda_stream, buf.data_ptr())
+        torch.cuda._sleep(cycles)
+        core.stamp(stream.cuda_stream, buf.data_ptr() + 8)
+        b.record(stream)
+        b.synchronize()
+        t = buf.cpu().tolist()
+        ev.append(a.elapsed_time(b) * 1e6)
+        gt.append(float(t[1] - t[0]) - own)
+    diff = [abs(e - g) / e * 100 for e, g in zip(ev, gt) if e > 0]
+    rows += [Row.of("semantics.cc_answers", "timers_disagree", "%", diff),
+             Row.of("semantics.cc_answers", "stamp_cost", "ns", [own])]
+    rows[-2].extra["what"] = ("|events - globaltimer| / events on one ~1 ms interval (the stamps' own cost taken "
+                              "off); under CC events are reported unreliable")
+    return rows

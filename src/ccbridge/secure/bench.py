@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ccbridge import busbw, choices, ranks
-from ccbridge.probe._torch import event_time_ms
+from ccbridge.probe._torch import gpu_time_ms
 from ccbridge.secure import keys as keymod
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -474,7 +474,7 @@ def cipher(size_list: list[int], iters: int = 20, device: str = "cuda") -> dict:
         row = {"size": n, "chunk": gcm.chunk_for(n)}
         for name, fn in ops.items():
             fn()
-            ms = event_time_ms(torch, fn, 1, iters)[0]
+            ms = gpu_time_ms(torch, fn, 1, iters)[0]
             row[name] = n / (ms / 1e3) / 1e9
         if int(fail.item()):
             raise RuntimeError("cipher bench: a verification failed on untampered data")

@@ -58,7 +58,7 @@ from typing import Callable
 
 import torch
 
-from ccbridge import choices
+from ccbridge import choices, gputimer
 from ccbridge.emulate import trace as emu_trace  # (decode()'s own `trace` is its event list)
 from ccbridge.errors import UsageError
 
@@ -376,7 +376,7 @@ def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, d
         drain = own_drain = DrainWorker(max_pending=DRAIN_LAG + 2)
     compute = torch.cuda.current_stream(dev) if cuda else None
     side = torch.cuda.Stream(dev) if cuda and mode in ("async", "staged") else None
-    marks: list = []
+    marks = gputimer.Intervals(torch, compute, output) if cuda else None  # each step's GPU time, for gpu_busy
 
     def to_dev(t: torch.Tensor) -> torch.Tensor:
         stats["h2d"] += 1
@@ -396,12 +396,10 @@ def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, d
         if host_prep_us:
             _busy(host_prep_us / 1e6)
         if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(compute)
+            marks.begin()
         nxt, cache = st.step(ids, inputs, cache)
         if cuda:
-            end.record(compute)
-            marks.append((start, end))
+            marks.end()
         log(("launch", n))
         return nxt, cache
 
@@ -478,9 +476,9 @@ def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, d
         if own_drain is not None:
             own_drain.close()
     busy = None
-    if cuda and marks and wall > 0:
+    if cuda and marks.n and wall > 0:
         torch.cuda.synchronize(dev)
-        busy = min(1.0, sum(s.elapsed_time(e) for s, e in marks) / 1e3 / wall)
+        busy = min(1.0, marks.total_ms() / 1e3 / wall)
     del own_stage
     tokens = torch.stack([t.reshape(batch).to("cpu", torch.int64) for t in toks], dim=1)
     return Run(tokens, wall, [b - a for a, b in zip(stamps, stamps[1:])], busy, stats)
@@ -576,6 +574,7 @@ def settings_of(model: str, dev, dtype, prompt: int, output: int, batches: list[
             "prompt": prompt, "output": output, "batches": list(batches), "modes": list(modes),
             "iters": iters, "warmup": warmup, "graphs": graphs, "seed": seed,
             "transformers": transformers_module().__version__, "drain_lag": DRAIN_LAG, "host_prep_us": host_prep_us,
+            "timer": gputimer.choose() if torch.device(dev).type == "cuda" else None,
             "cudnn_attention": False}
 
 

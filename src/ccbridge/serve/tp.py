@@ -41,7 +41,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ccbridge import ranks
+from ccbridge import gputimer, ranks
 from ccbridge.emulate import interposer
 from ccbridge.emulate import trace as emu_trace
 from ccbridge.errors import GpuError, UsageError
@@ -115,16 +115,9 @@ def _copy_gbps(dev) -> float | None:
     src = torch.randint(0, 255, (1 << 30,), dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
+    ms = sorted(gputimer.time_ms(torch, lambda: dst.copy_(src), 5))[2]
     del src, dst
-    return 2 * (1 << 30) / sorted(times)[2] / 1e9
+    return 2 * (1 << 30) / (ms / 1e3) / 1e9
 
 
 def _collectives_ms(m, batch: int, dev) -> float:
@@ -142,14 +135,7 @@ def _collectives_ms(m, batch: int, dev) -> float:
             for _ in range(count):
                 dist.all_reduce(x)
         g.replay()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        reps = 5
-        a.record()
-        for _ in range(reps):
-            g.replay()
-        b.record()
-        b.synchronize()
-    return a.elapsed_time(b) / reps
+        return sorted(gputimer.time_ms(torch, g.replay, 5))[2]
 
 
 def _first_logits(m, ids: torch.Tensor, dev) -> torch.Tensor:

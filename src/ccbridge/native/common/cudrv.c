@@ -85,6 +85,8 @@ int cu_open(void) {
         {(void **)&cu.CtxEnablePeerAccess, "cuCtxEnablePeerAccess"},
         {(void **)&cu.DeviceCanAccessPeer, "cuDeviceCanAccessPeer"},
         {(void **)&cu.EventElapsedTime, "cuEventElapsedTime"},
+        {(void **)&cu.MemHostGetDevicePointer, "cuMemHostGetDevicePointer_v2"},
+        {(void **)&cu.PointerGetAttribute, "cuPointerGetAttribute"},
     };
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
         *syms[i].slot = dlsym(h, syms[i].name);

@@ -61,6 +61,8 @@ typedef struct {
     CUresult (*CtxEnablePeerAccess)(CUcontext, unsigned);
     CUresult (*DeviceCanAccessPeer)(int *, CUdevice, CUdevice);
     CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
+    CUresult (*MemHostGetDevicePointer)(CUdeviceptr *, void *, unsigned);
+    CUresult (*PointerGetAttribute)(void *, int, CUdeviceptr);
 } ccb_driver;
 extern ccb_driver cu;
 

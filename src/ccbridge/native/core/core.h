@@ -30,6 +30,9 @@
 #define CCB_LAUNCH_WAIT 1
 #define CCB_LAUNCH_GRAPH 2
 #define CCB_MAX_STREAMS 64
+/* GPU timers (ccb_kernel_gap, ccbridge/gputimer.py): CUDA events, or %globaltimer stamps */
+#define CCB_TIMER_EVENTS 0
+#define CCB_TIMER_GLOBALTIMER 1
 
 /* One context (primary or its own) with its streams and one host + one device buffer per stream. */
 typedef struct ccb_session ccb_session;
@@ -61,7 +64,14 @@ CCB_API int ccb_copy(ccb_session *s, int dir, size_t bytes, int nstreams, int it
 CCB_API int ccb_workers(ccb_session **sessions, int n, int dir, size_t bytes, int iters, int warmup,
                         ccb_copy_out *outs);
 CCB_API int ccb_launch(ccb_session *s, int mode, int n, double *ns_per_kernel);
-CCB_API int ccb_kernel_gap(ccb_session *s, int reps, double *ns);
+CCB_API int ccb_kernel_gap(ccb_session *s, int reps, int timer, double *ns);
+/* Queue a %globaltimer stamp (8 bytes, ns) at device address at on stream st of the calling thread's current
+ * context (a framework's: torch's primary context), the stamp kernel loaded there once. */
+CCB_API int ccb_stamp(void *st, unsigned long long at);
+/* What a CC driver answers about this session's pinned memory, asked as a program asks (the driver's exported
+ * cuPointerGetAttribute: memory type, 1 host / 2 device, and is-managed), and whether a device view of it
+ * (cuMemHostGetDevicePointer) sees a write the host makes after the view was taken (1 live, 0 stale). */
+CCB_API int ccb_pinned_answers(ccb_session *s, int *memory_type, int *is_managed, int *view_live);
 CCB_API int ccb_semantics(ccb_session *s, int dir, int relation, size_t bytes, double spin_ns, ccb_sem_out *out);
 CCB_API int ccb_ctx_lifecycle(int device, int n, double *create_ns, double *destroy_ns);
 CCB_API int ccb_pinned_slots(ccb_session *s, size_t bytes, int count, double *alloc_ns, double *free_ns);

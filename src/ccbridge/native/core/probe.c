@@ -22,7 +22,8 @@
 #include <string.h>
 #include <time.h>
 
-static const char kPtx[] = CCB_PTX_HEADER ".visible .entry ccb_noop()\n{\n\tret;\n}\n" CCB_PTX_SPIN("ccb_spin");
+static const char kPtx[] = CCB_PTX_HEADER ".visible .entry ccb_noop()\n{\n\tret;\n}\n" CCB_PTX_SPIN("ccb_spin")
+    CCB_PTX_STAMP("ccb_stamp");
 
 const char *ccb_error(void) { return g_err; }
 
@@ -58,7 +59,7 @@ struct ccb_session {
     CUdevice dev;
     CUcontext ctx;
     CUmodule mod;
-    CUfunction noop, spin;
+    CUfunction noop, spin, stamp;
     CUstream stream[CCB_MAX_STREAMS];
     void *host[CCB_MAX_STREAMS];
     CUdeviceptr dptr[CCB_MAX_STREAMS];
@@ -124,6 +125,7 @@ ccb_session *ccb_session_open(int device, int own_context, int kind, size_t max_
     CK(cu.ModuleLoadData(&s->mod, kPtx));
     CK(cu.ModuleGetFunction(&s->noop, s->mod, "ccb_noop"));
     CK(cu.ModuleGetFunction(&s->spin, s->mod, "ccb_spin"));
+    CK(cu.ModuleGetFunction(&s->stamp, s->mod, "ccb_stamp"));
     for (int i = 0; i < nstreams; i++) {
         CK(cu.StreamCreate(&s->stream[i], 1 /* CU_STREAM_NON_BLOCKING */));
         CK(cu.MemAlloc(&s->dptr[i], max_bytes));
@@ -456,28 +458,44 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* GPU time one more kernel adds to a stream (its dispatch, an empty spin of 0 ns), median of reps: between two
- * events with the kernel, less between two events without it, while a 200 us spin queued ahead keeps the GPU
- * busy so that the host's launch latency stays out. The emulator's device-side wait is such a kernel: its charge
- * is shortened by this, so that a stream is held for the toll, not the toll plus the wait's own dispatch. */
-int ccb_kernel_gap(ccb_session *s, int reps, double *ns) {
+ * marks with the kernel, less between two marks without it, while a 200 us spin queued ahead keeps the GPU busy
+ * so that the host's launch latency stays out. The emulator's device-side wait is such a kernel: its charge is
+ * shortened by this, so that a stream is held for the toll, not the toll plus the wait's own dispatch. The marks:
+ * CUDA events (timer CCB_TIMER_EVENTS), or %globaltimer stamps written to device memory (CCB_TIMER_GLOBALTIMER:
+ * a stamp is itself a kernel, and its own dispatch is in both intervals alike, so the difference holds). */
+static int mark(ccb_session *s, int timer, CUevent e, int slot) {
+    if (timer == CCB_TIMER_EVENTS) return cu.EventRecord(e, s->stream[0]) ? -1 : 0;
+    unsigned long long at = s->dscratch + 8ull * (unsigned long long)slot;
+    void *p[] = {&at};
+    return cu.LaunchKernel(s->stamp, 1, 1, 1, 1, 1, 1, 0, s->stream[0], p, NULL) ? -1 : 0;
+}
+
+int ccb_kernel_gap(ccb_session *s, int reps, int timer, double *ns) {
     CUevent a = NULL, b = NULL;
     double *t = NULL;
     int ok = -1;
     if (reps < 1 || !(t = malloc(sizeof *t * 2 * (size_t)reps))) { set_err("kernel gap: bad reps %d", reps); return -1; }
+    if (timer != CCB_TIMER_EVENTS && timer != CCB_TIMER_GLOBALTIMER) { set_err("kernel gap: timer %d", timer); goto fail; }
     CK(cu.CtxSetCurrent(s->ctx));
     CK(cu.EventCreate(&a, 0));
     CK(cu.EventCreate(&b, 0));
     for (int i = 0; i < 2 * reps; i++) { /* even: with the kernel, odd: without, interleaved */
-        unsigned long long busy = 200000, none = 0;
+        unsigned long long busy = 200000, none = 0, stamps[2];
         void *pb[] = {&busy}, *pn[] = {&none};
         float ms;
         CK(cu.LaunchKernel(s->spin, 1, 1, 1, 1, 1, 1, 0, s->stream[0], pb, NULL));
-        CK(cu.EventRecord(a, s->stream[0]));
+        if (mark(s, timer, a, 0)) { set_err("kernel gap: the first mark was refused"); goto fail; }
         if (i % 2 == 0) CK(cu.LaunchKernel(s->spin, 1, 1, 1, 1, 1, 1, 0, s->stream[0], pn, NULL));
-        CK(cu.EventRecord(b, s->stream[0]));
-        CK(cu.EventSynchronize(b));
-        CK(cu.EventElapsedTime(&ms, a, b));
-        t[(i % 2) * reps + i / 2] = ms * 1e6;
+        if (mark(s, timer, b, 1)) { set_err("kernel gap: the second mark was refused"); goto fail; }
+        if (timer == CCB_TIMER_EVENTS) {
+            CK(cu.EventSynchronize(b));
+            CK(cu.EventElapsedTime(&ms, a, b));
+            t[(i % 2) * reps + i / 2] = ms * 1e6;
+        } else {
+            CK(cu.MemcpyDtoHAsync(stamps, s->dscratch, sizeof stamps, s->stream[0]));
+            CK(cu.StreamSynchronize(s->stream[0]));
+            t[(i % 2) * reps + i / 2] = (double)(stamps[1] - stamps[0]);
+        }
     }
     qsort(t, (size_t)reps, sizeof *t, cmp_double);
     qsort(t + reps, (size_t)reps, sizeof *t, cmp_double);
@@ -489,4 +507,57 @@ fail:
     if (b) cu.EventDestroy(b);
     free(t);
     return ok;
+}
+
+/* The stamp kernel of each context a framework stamps from (few: one per GPU), loaded once. */
+#define MAX_STAMP_CTX 64
+static struct { CUcontext ctx; CUfunction fn; } g_stamp[MAX_STAMP_CTX];
+static int g_nstamp;
+static pthread_mutex_t g_stamp_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int ccb_stamp(void *st, unsigned long long at) {
+    CUcontext ctx = NULL;
+    CUfunction fn = NULL;
+    if (cu_open() != 0) return -1;
+    CK(cu.CtxGetCurrent(&ctx));
+    if (!ctx) { set_err("stamp: no current CUDA context on this thread"); return -1; }
+    pthread_mutex_lock(&g_stamp_mu);
+    for (int i = 0; i < g_nstamp && !fn; i++)
+        if (g_stamp[i].ctx == ctx) fn = g_stamp[i].fn;
+    if (!fn) {
+        CUmodule mod;
+        CUresult rc = cu.ModuleLoadData(&mod, kPtx);
+        if (rc == 0) rc = cu.ModuleGetFunction(&fn, mod, "ccb_stamp");
+        if (rc != 0) { pthread_mutex_unlock(&g_stamp_mu); return cu_fail(rc, "loading the stamp kernel"); }
+        if (g_nstamp < MAX_STAMP_CTX) g_stamp[g_nstamp].ctx = ctx, g_stamp[g_nstamp++].fn = fn;
+    }
+    pthread_mutex_unlock(&g_stamp_mu);
+    void *p[] = {&at};
+    CK(cu.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, (CUstream)st, p, NULL));
+    return 0;
+fail:
+    return -1;
+}
+
+int ccb_pinned_answers(ccb_session *s, int *memory_type, int *is_managed, int *view_live) {
+    CUdeviceptr view = 0, host = (CUdeviceptr)(uintptr_t)s->host[0];
+    unsigned type = 0, managed = 0;
+    uint64_t got = 0, want, kept;
+    if (s->kind != CCB_PINNED) { set_err("pinned answers: the session's host memory is pageable"); return -1; }
+    CK(cu.CtxSetCurrent(s->ctx));
+    CK(cu.PointerGetAttribute(&type, 2 /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE */, host));
+    CK(cu.PointerGetAttribute(&managed, 8 /* CU_POINTER_ATTRIBUTE_IS_MANAGED */, host));
+    *memory_type = (int)type, *is_managed = (int)managed;
+    CK(cu.MemHostGetDevicePointer(&view, s->host[0], 0));
+    want = 0x5EED0000CAFEull ^ (uint64_t)mono_ns(); /* written after the view was taken */
+    memcpy(&kept, s->host[0], sizeof kept);
+    memcpy(s->host[0], &want, sizeof want);
+    CK(cu.MemcpyDtoDAsync(s->dscratch, view, sizeof want, s->stream[0]));
+    CK(cu.MemcpyDtoHAsync(&got, s->dscratch, sizeof got, s->stream[0]));
+    CK(cu.StreamSynchronize(s->stream[0]));
+    *view_live = got == want;
+    memcpy(s->host[0], &kept, sizeof kept); /* the session's pattern, which its copies check, as it was */
+    return 0;
+fail:
+    return -1;
 }

@@ -1,0 +1,134 @@
+"""One GPU timer for every GPU-time measurement ccbridge makes, with two backends.
+
+Under CC, CUDA event timing is unreliable (TensorRT PR #4740 saw negative latencies on B200 in TDX); TensorRT-LLM
+(PR #11657) and FlashInfer (PR #3870) time there with a one-thread kernel that writes the GPU's %globaltimer,
+and check it against events within 5% with CC off. So here: `events` (CUDA events, elapsed_time) or
+`globaltimer` (the stamp kernel of native/common/spin_ptx.h, queued on the measured stream, writing its ns to
+device memory; read back after the work). The choice: --timer on probe, calibrate and the benches, else the
+CCBRIDGE_TIMER environment variable, else auto: globaltimer where the machine's stamp reads CC on, events
+elsewhere. A stamp is itself a kernel: its own cost (the time between two back-to-back stamps, measured once per
+device) is taken off each interval, as the probe takes the kernel gap off. Each result says which timer made
+its GPU-time rows (settings["timer"]); compare says when it sets rows of two timers side by side.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+from ccbridge.bindings import core
+from ccbridge.errors import UsageError
+
+BACKENDS = ("events", "globaltimer")
+CHOICES = ("auto",) + BACKENDS
+ENV_VAR = "CCBRIDGE_TIMER"
+
+
+def choose(asked: str | None = None, cc_mode: str | None = None) -> str:
+    """The backend: asked (auto, events, globaltimer), else $CCBRIDGE_TIMER, else auto; auto: globaltimer where
+    cc_mode (the stamp's, env.cc_mode) is on."""
+    want = asked or os.environ.get(ENV_VAR) or "auto"
+    if want not in CHOICES:
+        where = "--timer" if asked else ENV_VAR
+        raise UsageError(f"{where} {want[:20]!r}: expected one of {', '.join(CHOICES)}")
+    if want != "auto":
+        return want
+    return "globaltimer" if (cc_mode if cc_mode is not None else _machine_cc()) == "on" else "events"
+
+
+@lru_cache(maxsize=None)
+def _machine_cc() -> str:
+    """This machine's CC mode from NVML, asked once per process."""
+    from ccbridge import env  # deferred: the stamp reads NVML, which choose() with an answer never needs
+
+    return env.cc_mode({"nvml": env.nvml_info()})
+
+
+class _Stamps:
+    """Device memory for 2 x n stamps and their read-back (torch on the stream's device)."""
+
+    def __init__(self, torch, n: int):
+        self.torch = torch
+        self.buf = torch.zeros(2 * n, dtype=torch.int64, device="cuda")
+        self.base = self.buf.data_ptr()
+
+    def at(self, stream, slot: int) -> None:
+        core.stamp(stream.cuda_stream, self.base + 8 * slot)
+
+    def intervals_ns(self, n: int) -> list[float]:
+        t = self.buf.cpu().tolist()
+        return [float(t[2 * i + 1] - t[2 * i]) for i in range(n)]
+
+
+@lru_cache(maxsize=None)
+def stamp_cost_ns(torch, device: int) -> float:
+    """The time between two back-to-back stamps on an idle stream (median of 31): one stamp's own GPU time, taken
+    off every interval the globaltimer backend measures."""
+    st = _Stamps(torch, 31)
+    s = torch.cuda.current_stream(device)
+    for i in range(31):
+        st.at(s, 2 * i)
+        st.at(s, 2 * i + 1)
+    s.synchronize()
+    return sorted(st.intervals_ns(31))[15]
+
+
+def time_ms(torch, fn, reps: int, inner: int = 1, backend: str | None = None) -> list[float]:
+    """Per-call GPU time (ms) of fn on the current stream, `inner` calls per sample, reps samples, by the backend
+    (None: choose())."""
+    backend = backend or choose()
+    if backend == "events":
+        samples = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(inner):
+                fn()
+            b.record()
+            b.synchronize()
+            samples.append(a.elapsed_time(b) / inner)
+        return samples
+    s = torch.cuda.current_stream()
+    own = stamp_cost_ns(torch, torch.cuda.current_device())
+    st = _Stamps(torch, reps)
+    for i in range(reps):
+        st.at(s, 2 * i)
+        for _ in range(inner):
+            fn()
+        st.at(s, 2 * i + 1)
+        s.synchronize()
+    return [max(ns - own, 0.0) / 1e6 / inner for ns in st.intervals_ns(reps)]
+
+
+class Intervals:
+    """Many GPU intervals on one stream, read at the end (decode's GPU busy: a mark before and after each step):
+    begin()/end() queue a mark; total_ms() reads them all back."""
+
+    def __init__(self, torch, stream, capacity: int, backend: str | None = None):
+        self.torch, self.stream, self.backend = torch, stream, backend or choose()
+        self.n, self.events = 0, []
+        self.stamps = _Stamps(torch, capacity) if self.backend == "globaltimer" else None
+        self.capacity = capacity
+
+    def begin(self) -> None:
+        self._mark(0)
+
+    def end(self) -> None:
+        self._mark(1)
+        self.n += 1
+
+    def _mark(self, half: int) -> None:
+        if self.stamps is not None:
+            if self.n < self.capacity:
+                self.stamps.at(self.stream, 2 * self.n + half)
+            return
+        e = self.torch.cuda.Event(enable_timing=True)
+        e.record(self.stream)
+        self.events.append(e)
+
+    def total_ms(self) -> float:
+        if self.stamps is None:
+            return sum(a.elapsed_time(b) for a, b in zip(self.events[::2], self.events[1::2]))
+        n = min(self.n, self.capacity)
+        own = stamp_cost_ns(self.torch, self.torch.cuda.current_device())
+        return sum(max(ns - own, 0.0) for ns in self.stamps.intervals_ns(n)) / 1e6

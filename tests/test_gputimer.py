@@ -1,0 +1,43 @@
+"""One GPU timer (ccbridge/gputimer.py): the choice follows --timer, then $CCBRIDGE_TIMER, then the machine's CC state;
+results say which timer made them; compare says when two results mix timers. (The timers themselves run on a GPU:
+tests/test_gputimer_gpu.py.)"""
+
+import pytest
+
+from ccbridge import compare, gputimer
+from ccbridge.errors import UsageError
+from conftest import synthetic
+
+
+def test_the_choice_follows_the_option_then_the_environment_then_cc(monkeypatch):
+    monkeypatch.delenv(gputimer.ENV_VAR, raising=False)
+    assert gputimer.choose("events", cc_mode="on") == "events"  # asked: as asked, CC or not
+    assert gputimer.choose(None, cc_mode="on") == "globaltimer"  # auto: CC on makes events unreliable
+    assert gputimer.choose(None, cc_mode="off") == "events"
+    assert gputimer.choose("auto", cc_mode="unknown") == "events"
+    monkeypatch.setenv(gputimer.ENV_VAR, "globaltimer")
+    assert gputimer.choose(None, cc_mode="off") == "globaltimer"
+    assert gputimer.choose("events", cc_mode="off") == "events"  # the option over the environment
+    monkeypatch.setenv(gputimer.ENV_VAR, "stopwatch")
+    with pytest.raises(UsageError, match="CCBRIDGE_TIMER 'stopwatch': expected one of auto, events, globaltimer"):
+        gputimer.choose(None)
+
+
+def test_compare_flags_results_of_two_timers():
+    a, b = synthetic([]), synthetic([])
+    a.settings["timer"], b.settings["timer"] = "events", "globaltimer"
+    line = compare.timer_mix(compare.compare(a, b))
+    assert "BASE's GPU times are from events, OTHER's from globaltimer" in line
+    b.settings["timer"] = "events"
+    assert compare.timer_mix(compare.compare(a, b)) is None
+    b.settings = {"decode": {"timer": "globaltimer"}}  # a bench's settings hold it one level down
+    assert compare.timer_mix(compare.compare(a, b)) is not None
+
+
+def test_a_probe_run_records_its_timer(monkeypatch):
+    from ccbridge import env
+    from ccbridge.probe import registry
+
+    monkeypatch.delenv(gputimer.ENV_VAR, raising=False)
+    res = registry.run(registry.Settings(tests="hostcrypto", quick=True, timer="globaltimer"), env.stamp())
+    assert res.settings["timer"] == "globaltimer"
