@@ -1,6 +1,6 @@
 """ccbridge: measure, emulate and recover the CPU<->GPU bridge of GPU confidential computing."""
 
-__version__ = "0.1.0"
+from ccbridge.version import __version__  # noqa: F401 - the package's version, as ccbridge.__version__
 
 
 def __getattr__(name):

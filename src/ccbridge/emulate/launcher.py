@@ -15,14 +15,13 @@ from pathlib import Path
 
 from ccbridge import ui
 from ccbridge.bindings import libcrypto
-from ccbridge.env import EMULATION_VAR
+from ccbridge.env import CONFIG_VAR, EMULATION_VAR
 from ccbridge.errors import EmulatorError, UsageError
 from ccbridge.emulate import native_floor
 from ccbridge.emulate.siteboot import ccbridge_sites
 from ccbridge.emulate.profiles import Profile
 from ccbridge.ranks import NVLS_OFF  # what a job sees under a profile without NVLS, as every rank ccbridge starts
 
-CONFIG_VAR = "CCBRIDGE_EMU_CONFIG"
 TRACE_MAX = 512  # the interposer's trace path buffer (emu.h), with its terminating NUL
 
 

@@ -6,7 +6,7 @@ package. They are the control group for every crossing-taxed figure.
 
 from __future__ import annotations
 
-from ccbridge.probe._torch import event_time_ms
+from ccbridge.cudaevents import event_time_ms
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ccbridge import busbw, ranks
 from ccbridge.errors import GpuError
-from ccbridge.probe._torch import event_time_ms
+from ccbridge.cudaevents import event_time_ms
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 

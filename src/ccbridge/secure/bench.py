@@ -17,8 +17,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from ccbridge import busbw, choices, ranks
-from ccbridge.probe._torch import event_time_ms
+from ccbridge import busbw, choices, pluginenv, ranks
+from ccbridge.cudaevents import event_time_ms
 from ccbridge.secure import keys as keymod
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -48,9 +48,7 @@ def transport_env(transport: str) -> dict:
     out = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": NETS["socket"],
            "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}  # both transports on one interface
     if transport == "ccbridge":
-        from ccbridge.secure import netplugin
-
-        out.update({k: v for k, v in netplugin.env().items() if k in ("NCCL_NET_PLUGIN", "LD_LIBRARY_PATH")})
+        out.update({k: v for k, v in pluginenv.env().items() if k in ("NCCL_NET_PLUGIN", "LD_LIBRARY_PATH")})
         out["NCCL_NET"] = NETS["ccbridge"]  # required: NCCL fails instead of falling back to plaintext
     return out
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 from multiprocessing.connection import Client, Connection, Listener
 
-from ccbridge import ranks
+from ccbridge import pluginenv, ranks
 from ccbridge.bindings import libc, ncclnet
 from ccbridge.errors import SecureError, UsageError
 from ccbridge.results import Result, Row
@@ -300,7 +300,7 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
     env = {"NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}  # the two processes', not this one's
     if os.environ.get("CCBRIDGE_KEY") is None and os.environ.get("CCBRIDGE_KEY_FILE") is None:
         env["CCBRIDGE_KEY"] = os.urandom(32).hex()  # a benchmark key for both processes
-    netplugin.library()
+    pluginenv.library()
     plan = []  # grouped by lane count: each group uses one pair of connections
     for n in lanes:
         plan += [("stream", n, s, inflight, total, repeat) for s in sizes]

@@ -1,4 +1,5 @@
-"""Small helpers for the families that measure through torch."""
+"""Device time of GPU work through torch's CUDA events, for the probe families and the benches that time
+through torch (torch is passed in: importing this module loads nothing)."""
 
 from __future__ import annotations
 
