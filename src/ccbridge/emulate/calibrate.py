@@ -27,8 +27,9 @@ from typing import Callable, Sequence
 from ccbridge.emulate.profiles import Profile, override
 from ccbridge.errors import ProfileError, UsageError
 from ccbridge.probe import framework, peer
-from ccbridge.probe.transfer import SUSTAINED_BYTES, human_bytes  # a ratio above 1 there is not timer noise
+from ccbridge.probe.transfer import SUSTAINED_BYTES  # a ratio above 1 there is not timer noise
 from ccbridge.results import Result, Row
+from ccbridge.ui import human_bytes
 
 PROBE_TESTS = (f"transfer,smallcopy,semantics,launch,framework,compute,concurrency,lifecycle,{peer.ALLREDUCE},"
                f"{peer.ONE_RANK}")
