@@ -25,7 +25,7 @@ With --graphs each step's CUDA graph holds its all-reduces (NCCL ops are capture
 
 Tokens: after each run every rank takes rank 0's tokens (a broadcast, outside the timing) and the group
 counts those that differed (a rank that sampled otherwise is an error: the split must not change the
-token a rank sees). Every run is judged with decode's near-tie logic (decode._Judge, the forwards on the
+token a rank sees). Every run is judged with decode's near-tie logic (serve.judge.Judge, the forwards on the
 split model, every rank in step) against one reference per batch: the first run of the first mode of the
 smallest degree (TP=1 when run), or the tokens the caller gives (bench(reference=...)). Rank 0 builds each
 (batch, mode)'s rows and hands them to this process, which keeps them in a Result; an error in a rank is
@@ -42,10 +42,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ccbridge import ranks
+from ccbridge import env, ranks
 from ccbridge.emulate import trace as emu_trace
 from ccbridge.errors import GpuError, UsageError
+from ccbridge.results import Result
 from ccbridge.serve import decode
+from ccbridge.serve.judge import Judge
 
 TEST = "decode_tp"  # rows' test name: not decode's, whose readers (advise) key its rows by batch and mode alone
 MAX_CPU_RANKS = 4  # gloo ranks on --device cpu: enough to test a split, few enough for a CI runner
@@ -176,17 +178,17 @@ def _bench_rank(rank: int, n: int, dev, send, job: dict) -> None:
         with decode.deterministic_attention():
             for b in job["batches"]:
                 ids = decode.prompts(decode.PRESETS[model]["vocab_size"], b, prompt, job["seed"])
-                judge = decode._Judge(m, ids)
+                judge = Judge(m, ids)
                 want = job["refs"].get(b)
                 want = None if want is None else (want[0], torch.tensor(want[1], dtype=torch.int64))
                 for mode in job["modes"]:
                     what = f"tp {n}, batch {b}, mode {mode}"
-                    say(("log", f"{what}: {warmup} warm-up + {iters} timed runs{decode._memory(dev)}"))
+                    say(("log", f"{what}: {warmup} warm-up + {iters} timed runs{decode.memory_note(dev)}"))
                     try:
                         runs = decode.measure(m, ids, output, mode, warmup, iters, recording, graphs=job["graphs"],
                                               host_prep_us=job["host_prep_us"])
                     except torch.OutOfMemoryError as e:  # the parent keeps the rows so far and says where
-                        send(("oom", f"{what}: {str(e).split('. ')[0]}{decode._memory(dev)}"))
+                        send(("oom", f"{what}: {str(e).split('. ')[0]}{decode.memory_note(dev)}"))
                         raise
                     differ = _agree(runs, dev)
                     if want is None:
@@ -214,9 +216,6 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
     tokens} to judge every run against (e.g. decode.decode's on one GPU) instead of the smallest degree's.
     A degree that runs out of memory keeps its rows so far, says where in Result.errors, and the next
     degree runs; any other rank failure raises."""
-    from ccbridge import env
-    from ccbridge.results import Result
-
     check(model, degrees, device)
     dev = decode.check(model, batches, prompt, output, modes, device, graphs)
     if dev.type == "cuda" and max(degrees) > torch.cuda.device_count():
@@ -275,21 +274,14 @@ def render(res) -> str:
     if s.get("host_prep_us"):
         lines.append(f"# {s['host_prep_us']:g} us of host preparation per step (modelled engine work)")
     if res.emulated:
-        from ccbridge import env
-
         lines.append(f"# {env.emulated_banner(res.env['emulation'])}")
-    lines.append(f"{'tp':>3} {'batch':>6} {'mode':<7} {'tok/s':>10} {'step ms':>9} {'gap p50':>8} {'gap p90':>8} "
-                 f"{'gpu busy':>8} {'x TP=1':>7}  tokens")
-    by = {(r.params["tp"], r.params["batch"], r.params["mode"], r.metric): r for r in res.rows}
-    for r in res.rows:
-        if r.metric != "tok_per_s":
-            continue
+    lines.append(f"{'tp':>3} {'batch':>6} {'mode':<7} {decode.TIMING_HEADER} {'x TP=1':>7}  tokens")
+    ones = {(r.params["batch"], r.params["mode"]): r for r in res.rows
+            if r.metric == "tok_per_s" and r.params["tp"] == 1}
+    for r, timing in decode.timing_columns(res, ("tp", "batch", "mode")):
         tp, b, mode = r.params["tp"], r.params["batch"], r.params["mode"]
-        st, gap = by[(tp, b, mode, "step_ms")], by[(tp, b, mode, "token_gap_ms")]
-        one = by.get((1, b, mode, "tok_per_s"))
-        busy = r.extra.get("gpu_busy")
-        word = decode._tokens_word(r.extra) + ("" if r.extra.get("ranks_agree", True) else ", RANKS DIFFER")
-        lines.append(f"{tp:>3} {b:>6} {mode:<7} {r.median:>10.1f} {st.median:>9.3f} {gap.median:>8.3f} "
-                     f"{gap.p90:>8.3f} {'-' if busy is None else f'{busy:.2f}':>8} "
-                     f"{'-' if one is None else f'{r.median / one.median:.2f}':>7}  {word}")
+        one = ones.get((b, mode))
+        word = decode.tokens_word(r.extra) + ("" if r.extra.get("ranks_agree", True) else ", RANKS DIFFER")
+        lines.append(f"{tp:>3} {b:>6} {mode:<7} {timing} {'-' if one is None else f'{r.median / one.median:.2f}':>7}  "
+                     f"{word}")
     return "\n".join(lines)
