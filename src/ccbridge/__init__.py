@@ -4,9 +4,10 @@ from ccbridge.version import __version__  # noqa: F401 - the package's version, 
 
 
 def __getattr__(name):
-    # The loader needs torch; `import ccbridge` must not.
+    # ccbridge.load_safetensors, as the loader's docs write it: the package's __init__ runs before every
+    # `import ccbridge.x`, which must not load the loader and its native pool
     if name in ("load_safetensors", "iter_safetensors"):
-        from ccbridge import load
+        from ccbridge import load  # deferred: the loader (its native pool), until the attribute is asked for
 
         return getattr(load, name)
     raise AttributeError(f"module 'ccbridge' has no attribute {name!r}")

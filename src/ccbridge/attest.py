@@ -60,7 +60,7 @@ def load_sdk(required: bool):
     """NVIDIA's attestation SDK (its `attestation` module); where it is not installed, None, or (required:
     --verify asked for it) a UsageError naming the extra to install."""
     try:
-        from nv_attestation_sdk import attestation
+        from nv_attestation_sdk import attestation  # deferred: nv attestation sdk, an optional dependency
     except ImportError:
         if not required:
             return None

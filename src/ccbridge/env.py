@@ -14,7 +14,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from ccbridge import fabric, nvml, pluginenv
+from ccbridge import fabric, libcrypto, nvml, pluginenv
 from ccbridge.version import __version__
 
 CRYPTO_FLAGS = ("aes", "pclmulqdq", "vaes", "vpclmulqdq", "avx2", "avx512f", "sha_ni")
@@ -184,7 +184,7 @@ def nvml_info(nv=None) -> dict[str, Any]:
 
 def torch_info() -> dict[str, Any]:
     try:
-        import torch
+        import torch  # deferred: torch, an optional dependency (seconds of import)
     except ImportError:
         return {"available": False, "error": "torch is not installed"}
     info = {"available": True, "version": torch.__version__, "cuda": torch.version.cuda}
@@ -199,8 +199,6 @@ def torch_info() -> dict[str, Any]:
 
 
 def openssl_info() -> dict[str, Any]:
-    from ccbridge import libcrypto
-
     try:
         return {"version": libcrypto.openssl_version(), "ia32cap": os.environ.get("OPENSSL_ia32cap")}
     except libcrypto.CryptoUnavailable as e:

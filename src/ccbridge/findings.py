@@ -87,7 +87,8 @@ def transfer(res: Result):
                           f"at {human_bytes(top)}: the pinned fast path has collapsed, as under CC.")
         else:
             yield Finding(f"transfer.{d}.pinned_vs_pageable", "pinned-faster",
-                          f"{d.upper()} sustained {pin.median:.1f} GB/s pinned and {page.median:.1f} GB/s pageable at {human_bytes(top)}.")
+                          f"{d.upper()} sustained {pin.median:.1f} GB/s pinned and {page.median:.1f} GB/s pageable "
+                          f"at {human_bytes(top)}.")
     frac = [r for r in res.by_test("transfer.sweep") if r.metric == "in_call_fraction"
             and r.params["mem"] == "pinned" and r.params["bytes"] == top]
     for r in frac:
@@ -128,8 +129,8 @@ def toll(res: Result):
         if fresh and pers:
             ratio = fresh.median / pers.median
             yield Finding(f"toll.{size}", "fresh-costly" if ratio > 2 else "fresh-cheap",
-                          f"At {human_bytes(size)}, pin_memory().to(non_blocking=True) took {fresh.median:.0f} us against "
-                          f"{pers.median:.0f} us for copy_ into a persistent pinned tensor ({ratio:.1f}x).")
+                          f"At {human_bytes(size)}, pin_memory().to(non_blocking=True) took {fresh.median:.0f} us "
+                          f"against {pers.median:.0f} us for copy_ into a persistent pinned tensor ({ratio:.1f}x).")
 
 
 def hostcrypto(res: Result):
@@ -164,8 +165,8 @@ def peer(res: Result):
     for r in res.by_test("peer.allreduce"):
         if r.metric == "time":  # a result from before the eager/graph rows
             yield Finding(f"peer.allreduce.{r.params['bytes']}", "measured",
-                          f"NCCL all-reduce of {human_bytes(r.params['bytes'])} on {r.params['gpus']} GPUs: {r.median:.0f} us "
-                          f"(bus bandwidth {r.extra.get('busbw_GBps', 0):.1f} GB/s).")
+                          f"NCCL all-reduce of {human_bytes(r.params['bytes'])} on {r.params['gpus']} GPUs: "
+                          f"{r.median:.0f} us (bus bandwidth {r.extra.get('busbw_GBps', 0):.1f} GB/s).")
     for test, what in (("peer.allreduce", "all_reduce"), ("peer.sendrecv", "send/recv ring"),
                        ("peer.allreduce_1rank", "one-rank all_reduce")):
         yield from _nccl(res, test, what)
@@ -181,8 +182,8 @@ def _nccl(res: Result, test: str, what: str):
     if not (graph and eager):
         return
     bus = max((r for r in res.by_test(test) if r.metric == "busbw"), key=lambda r: r.params["bytes"], default=None)
-    yield Finding(test, "measured", f"NCCL {what}, {graph.params['ranks']} GPU(s), {human_bytes(b)}: {graph.median:.1f} us "
-                  f"per op in a CUDA graph, {eager.median:.1f} eager"
+    yield Finding(test, "measured", f"NCCL {what}, {graph.params['ranks']} GPU(s), {human_bytes(b)}: "
+                  f"{graph.median:.1f} us per op in a CUDA graph, {eager.median:.1f} eager"
                   + (f"; bus bandwidth {bus.median:.0f} GB/s at {human_bytes(bus.params['bytes'])}." if bus else "."))
 
 

@@ -9,15 +9,15 @@ import signal
 import sys
 from pathlib import Path
 
-from ccbridge import ui
+from ccbridge import account, env, ui
 from ccbridge.cli.args import add_set, command, what_if
 from ccbridge.cli.reports import write_reports
+from ccbridge.emulate import coverage, launcher, profiles, trace
 from ccbridge.errors import UsageError
+from ccbridge.results import Result
 
 
 def cmd_run(args) -> int:
-    from ccbridge.emulate import launcher, trace
-
     cmd = args.program[1:] if args.program[:1] == ["--"] else args.program
     if args.sites and not args.record:
         raise UsageError("--sites notes call sites beside a trace: give --record T too")
@@ -30,8 +30,6 @@ def cmd_run(args) -> int:
     if args.record:
         print(trace.render(trace.summarize(str(Path(args.record).resolve()))), file=sys.stderr)
     if args.coverage:
-        from ccbridge.emulate import coverage
-
         print(coverage.render(json.loads(Path(args.coverage).read_text())), file=sys.stderr)
     return rc
 
@@ -48,10 +46,6 @@ def _ended(rc: int) -> str:
 
 def cmd_account(args) -> int:
     """Attribute the wall-time difference of two traces (or of CMD natively vs emulated) to the calls that grew."""
-    from ccbridge import account, env
-    from ccbridge.emulate import launcher, profiles, trace
-    from ccbridge.results import Result
-
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
     out = ui.writable_folder(args.out or Path("ccbridge-results") / f"account-{dt.datetime.now():%Y%m%d-%H%M%S}", "--out",
                              fresh=("result.json",))
@@ -113,8 +107,6 @@ def cmd_account(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from ccbridge.emulate import trace
-
     s = trace.summarize(args.prefix)
     if not s.processes and not s.by_api:
         raise UsageError(f"no trace files {args.prefix}.<pid>.csv or .summary.json")

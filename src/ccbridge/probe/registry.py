@@ -116,7 +116,7 @@ class Machine:
         if m.gpu_count < 2:
             m.missing["multi_gpu"] = f"needs 2+ GPUs, {m.gpu_count} visible"
         try:
-            import torch
+            import torch  # deferred: torch, an optional dependency (seconds of import)
 
             if not torch.cuda.is_available():
                 m.missing["torch"] = "torch cannot use CUDA here"

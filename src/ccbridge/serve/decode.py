@@ -380,7 +380,8 @@ def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, d
         if cuda:
             torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
-        {"sync": loop.sync, "async": loop.pipelined, "staged": loop.pipelined, "drain": loop.drained}[mode](first, cache)
+        schedule = {"sync": loop.sync, "async": loop.pipelined, "staged": loop.pipelined, "drain": loop.drained}
+        schedule[mode](first, cache)
         wall = time.perf_counter() - t0
     finally:
         if own_drain is not None:
@@ -486,8 +487,9 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
                                        host_prep_us=host_prep_us)
                     except torch.OutOfMemoryError as e:  # the rows so far stand; the result says where it stopped
                         first = str(e).split(". ")[0]
-                        res.errors.append({"test": "decode", "error": f"batch {b}, mode {mode}: {first}{memory_note(dev)}; "
-                                                                      "the larger batches and later modes did not run"})
+                        why = f"batch {b}, mode {mode}: {first}{memory_note(dev)}"
+                        res.errors.append({"test": "decode", "error": f"{why}; the larger batches and later modes "
+                                                                      "did not run"})
                         break
                     if want is None:
                         want = (mode, runs[0].tokens)
