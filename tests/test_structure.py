@@ -1,9 +1,10 @@
 """The package's shape, held by reading its source with `ast` (nothing is imported):
 
-- the import graph between ccbridge modules has no cycle. Every import counts, at module level and inside
-  functions; `from pkg import name` counts as importing pkg.name where that is a module, else pkg (its
-  __init__); relative imports are resolved; `import ccbridge` and `from ccbridge import __version__` are
-  imports of the package's __init__;
+- imports point down the layers README's Development section draws (cli, the commands' packages, the shared
+  modules, bindings, errors), and the import graph between ccbridge modules has no cycle. Every import
+  counts, at module level and inside functions; `from pkg import name` counts as importing pkg.name where that
+  is a module, else pkg (its __init__); relative imports are resolved; `import ccbridge` and
+  `from ccbridge import __version__` are imports of the package's __init__;
 - no module reaches another module's private name (a leading underscore, not a dunder): not by import
   (`from m import _x`, `from pkg import _mod`, `import pkg._mod`) and not by attribute (`mod._x` where mod
   names an imported ccbridge module);
@@ -197,6 +198,29 @@ def test_the_scan_sees_the_package():
     assert "ccbridge.cli" in graph and "ccbridge.serve.decode" in graph
     assert "ccbridge.errors" in graph["ccbridge.cli"]
     assert "ccbridge.serve.stepper" in graph["ccbridge.serve.decode"]  # an import inside a package
+
+
+# The layers of README's Development section, top first: an import may point down or within a layer, never up.
+COMMANDS = {"probe", "emulate", "serve", "secure", "load", "report", "advise", "advise_mgpu", "account", "compare",
+            "attest", "tenants"}
+ENTRY_POINTS = {"ccbridge": "ccbridge.load", "ccbridge.__main__": "ccbridge.cli"}  # the lazy facade, `python -m`
+
+
+def layer(module: str) -> int:
+    part = (module.split(".") + [""])[1]
+    if part == "cli":
+        return 0
+    if part in COMMANDS:
+        return 1
+    if part == "bindings":
+        return 3
+    return 4 if part == "errors" else 2  # the shared modules; errors below everything
+
+
+def test_imports_point_down_the_layers():
+    up = [f"{a} -> {b}" for a, targets in sorted(import_graph().items()) for b in sorted(targets)
+          if layer(b) < layer(a) and ENTRY_POINTS.get(a) != b]
+    assert not up, "imports that point up the layers (cli, commands, shared, bindings, errors):\n" + "\n".join(up)
 
 
 # advise.py and advise_mgpu.py become a package on another branch (issue 30 item 4), which removes their cycle,
