@@ -1,5 +1,5 @@
-"""Terminal progress for long runs (rich), quiet when output is not a terminal;
-and the check that where a command will write can be written, made before the work."""
+"""Terminal progress for long runs (rich), quiet when output is not a terminal; sizes as people read them
+(human_bytes, approx_bytes); and the check that where a command will write can be written, made before the work."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from ccbridge.errors import UsageError
 
 def human_bytes(n: int) -> str:
     """An exact size, as messages and copies are given: 4 KiB, 1 GiB, 1536 B (a volume measured: approx_bytes)."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
     return f"{n} B"
 
 
