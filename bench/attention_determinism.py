@@ -23,7 +23,7 @@ def child(backends: str) -> dict:
 
     import torch
 
-    from ccbridge.serve import decode
+    from ccbridge.serve import decode, judge as judging
 
     def ctx():
         if not backends:
@@ -39,7 +39,7 @@ def child(backends: str) -> dict:
         ids = decode.prompts(decode.PRESETS["llama-1b"]["vocab_size"], b, 128, 0)
         with ctx(), torch.no_grad():
             runs = [decode.decode(m, ids, 64, "sync", graphs=graphs).tokens for _ in range(3)]
-            before, judge = gib(), decode._Judge(m, ids)
+            before, judge = gib(), judging.Judge(m, ids)
             verdicts = [judge(runs[0], r) for r in runs[1:]]
             out[f"batch {b}{' graphs' if graphs else ''}"] = {
                 "runs_equal": [bool(torch.equal(runs[0], r)) for r in runs[1:]],

@@ -11,7 +11,7 @@ pytest.importorskip("transformers", reason="the decode harness builds a Hugging 
 
 from ccbridge import cli, results  # noqa: E402
 from ccbridge.errors import UsageError  # noqa: E402
-from ccbridge.serve import decode  # noqa: E402
+from ccbridge.serve import decode, judge  # noqa: E402
 
 PROMPT, OUTPUT = 12, 9
 
@@ -248,11 +248,11 @@ def test_a_sequence_parting_at_a_near_tie_is_not_a_mismatch():
             lg[..., 3], lg[..., 5] = 1.0, 1.0 - 1e-6
             return types.SimpleNamespace(logits=lg)
 
-    judge = decode.Judge(Flat(), torch.tensor([[1, 2], [1, 2]]))
+    same = judge.Judge(Flat(), torch.tensor([[1, 2], [1, 2]]))
     want = torch.tensor([[3, 3, 3], [3, 3, 3]])
-    assert judge(want, want.clone()) == (False, set())
-    assert judge(want, torch.tensor([[3, 5, 0], [3, 3, 3]])) == (False, {(0, 1)})
-    assert judge(want, torch.tensor([[3, 3, 3], [2, 3, 3]])) == (True, set())
+    assert same(want, want.clone()) == (False, set())
+    assert same(want, torch.tensor([[3, 5, 0], [3, 3, 3]])) == (False, {(0, 1)})
+    assert same(want, torch.tensor([[3, 3, 3], [2, 3, 3]])) == (True, set())
 
 
 def test_the_benches_run_without_cudnn_attention_and_restore_it(tiny, monkeypatch):

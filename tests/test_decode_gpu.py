@@ -6,7 +6,7 @@ torch = pytest.importorskip("torch", reason="the decode harness needs torch")
 pytest.importorskip("transformers", reason="the decode harness builds a Hugging Face transformers model")
 
 from ccbridge import cli, results  # noqa: E402
-from ccbridge.serve import decode  # noqa: E402
+from ccbridge.serve import decode, stepper  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no GPU")]
@@ -87,9 +87,9 @@ def test_graph_decode_agrees_with_eager_and_replays(tiny, batch):
 def test_graph_step_is_one_replay(tiny, monkeypatch):
     """The timed loop replays the captured graph once per step and launches the model's forward never."""
     replays, forwards = [], []
-    real_replay, real_forward = torch.cuda.CUDAGraph.replay, decode.GraphStepper._forward
+    real_replay, real_forward = torch.cuda.CUDAGraph.replay, stepper.GraphStepper._forward
     monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: (replays.append(1), real_replay(self))[1])
-    monkeypatch.setattr(decode.GraphStepper, "_forward", lambda self: (forwards.append(1), real_forward(self))[1])
+    monkeypatch.setattr(stepper.GraphStepper, "_forward", lambda self: (forwards.append(1), real_forward(self))[1])
     ids = decode.prompts(decode.PRESETS["tiny"]["vocab_size"], 2, 16)
     decode.decode(tiny, ids, 12, "async", graphs=True)
     assert len(replays) == 11 and len(forwards) == 3  # 2 warm-up forwards + the capture, then replays only

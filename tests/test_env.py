@@ -153,16 +153,16 @@ def test_the_stamp_says_whether_nccl_will_load_the_encrypting_plugin(tmp_path):
     import pytest
 
     from ccbridge.report.tables import machine_table
-    from ccbridge.secure import netplugin
+    from ccbridge import pluginenv
 
-    if not (netplugin.path() / netplugin.NAME).exists():
+    if not (pluginenv.path() / pluginenv.NAME).exists():
         pytest.skip("the NCCL plugin is not built here")
-    off = netplugin.status({})
+    off = pluginenv.status({})
     assert off["built"] and not off["selected"] and not off["will_load"]
-    on = netplugin.status(netplugin.env({"LD_LIBRARY_PATH": str(tmp_path)}))
+    on = pluginenv.status(pluginenv.env({"LD_LIBRARY_PATH": str(tmp_path)}))
     assert on["will_load"] and on["on_library_path"] and not on["required"]
-    assert netplugin.status({**netplugin.env({}), "NCCL_NET": "ccbridge"})["required"]
-    assert netplugin.status({"NCCL_NET_PLUGIN": "ccbridge"})["will_load"] is False  # its folder is not on the path
+    assert pluginenv.status({**pluginenv.env({}), "NCCL_NET": "ccbridge"})["required"]
+    assert pluginenv.status({"NCCL_NET_PLUGIN": "ccbridge"})["will_load"] is False  # its folder is not on the path
 
     def row(p):
         return dict(machine_table({"nccl_net_plugin": p}).rows)["NCCL net plugin (encrypted)"]

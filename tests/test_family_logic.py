@@ -1,5 +1,6 @@
 from ccbridge.bindings import core
 from ccbridge.probe import concurrency, semantics, transfer
+from ccbridge.ui import human_bytes
 
 
 def test_semantics_verdict_thresholds():
@@ -18,8 +19,8 @@ def test_semantics_cases_cover_the_matrix_plus_control():
 
 def test_transfer_sizes_and_names():
     assert transfer.SIZES_FULL[0] == 4096 and transfer.SIZES_FULL[-1] == 1 << 30
-    assert transfer.human_bytes(4096) == "4 KiB" and transfer.human_bytes(1 << 30) == "1 GiB"
-    assert transfer.human_bytes(32) == "32 B" and transfer.human_bytes(1536) == "1536 B"
+    assert human_bytes(4096) == "4 KiB" and human_bytes(1 << 30) == "1 GiB"
+    assert human_bytes(32) == "32 B" and human_bytes(1536) == "1536 B"
 
 
 def test_concurrency_splits_total_over_workers():

@@ -71,8 +71,8 @@ def test_native_core_exports_exactly_what_its_headers_mark():
 
 
 def test_nccl_net_plugin_exports_only_its_plugin_tables():
-    from ccbridge.secure import netplugin
+    from ccbridge import pluginenv
 
     declared = set(re.findall(r"(?m)^NET_API\s[^;]*?\b(\w+);", (NATIVE / "ncclnet" / "ncclnet.h").read_text()))
     assert declared == {"ncclNetPlugin_v11", "ncclNetPlugin_v10"}
-    assert exported(str(netplugin.library())) == declared, "the plugin must export its ncclNet tables and nothing else"
+    assert exported(str(pluginenv.library())) == declared, "the plugin must export its ncclNet tables and nothing else"

@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from ccbridge import pluginenv
 from ccbridge.bindings import ncclnet
 from ccbridge.secure import keys, netplugin
 
@@ -139,7 +140,7 @@ def _reap(*procs):
 def run_pair(sizes, key=KEY, send_key=None, capacity=None, concurrent=1, port=0, recv_concurrent=None,
              delays=None, die_after=None):
     """Both ranks in processes of their own; killed at the deadline."""
-    lib = str(netplugin.library())
+    lib = str(pluginenv.library())
     ctx = mp.get_context("spawn")
     rp, rc = ctx.Pipe()
     sp, sc = ctx.Pipe()
@@ -344,7 +345,7 @@ LANES = 2
 def run_through_proxy(fault, sizes, recorded=None):
     """The sender's lanes go through a Proxy; the receiver's port is learned
     from its handle, so the pair runs in-line here."""
-    lib = str(netplugin.library())
+    lib = str(pluginenv.library())
     ctx = mp.get_context("spawn")
     rp, rc = ctx.Pipe()
     sp, sc = ctx.Pipe()
@@ -467,7 +468,7 @@ class RoguePeer:
 
 def run_rogue(sizes, script, capacity=None, lanes=LANES):
     """The plugin receives `sizes` (one receive at a time) from a RoguePeer that runs `script`."""
-    lib = str(netplugin.library())
+    lib = str(pluginenv.library())
     ctx = mp.get_context("spawn")
     rp, rc = ctx.Pipe()
     os.environ["CCBRIDGE_NET_LANES"] = str(lanes)
@@ -596,7 +597,7 @@ def connect_with_stage(pipe, lib_path, key, stage):
 def test_handle_from_the_wire_is_not_trusted_as_a_pointer():
     # the listen handle crosses NCCL's bootstrap (plain TCP): a connecting rank that took a non-zero
     # stage field as its own half-made connection dereferenced (and later freed) an attacker's pointer
-    lib = str(netplugin.library())
+    lib = str(pluginenv.library())
     ctx = mp.get_context("spawn")
     rp, rc = ctx.Pipe()
     sp, sc = ctx.Pipe()
@@ -636,7 +637,7 @@ def test_plugin_refuses_the_keys_ccbridge_secure_refuses():
     strong, weak = _keys_table()
     assert all(keys._weakness(k) is None for k in strong)
     assert all(keys._weakness(k) for k in weak)
-    net = Net(str(netplugin.library()), KEY)
+    net = Net(str(pluginenv.library()), KEY)
     assert net.rc == 0
     for k in strong + weak:
         os.environ["CCBRIDGE_KEY"] = k.hex()
@@ -655,7 +656,7 @@ def test_plugin_refuses_the_keys_ccbridge_secure_refuses():
                                       ("zz" * 32, "not all hex digits")])
 def test_plugin_refuses_malformed_or_missing_keys(text, why, monkeypatch):
     monkeypatch.delenv("CCBRIDGE_KEY_FILE", raising=False)
-    net = Net(str(netplugin.library()), text or None)
+    net = Net(str(pluginenv.library()), text or None)
     assert net.rc == 5 and why in net.logs[-1][1]
 
 
@@ -664,7 +665,7 @@ def test_plugin_reads_a_key_file_only_when_private(tmp_path, monkeypatch):
     f.write_text(KEY + "\n")
     f.chmod(0o644)
     monkeypatch.setenv("CCBRIDGE_KEY_FILE", str(f))
-    net = Net(str(netplugin.library()), None)
+    net = Net(str(pluginenv.library()), None)
     assert net.rc == 5 and "chmod 600" in net.logs[-1][1]
     f.chmod(0o600)
     ctx = ctypes.c_void_p()
@@ -673,7 +674,7 @@ def test_plugin_reads_a_key_file_only_when_private(tmp_path, monkeypatch):
 
 
 def test_properties_host_memory_one_device():
-    net = Net(str(netplugin.library()), KEY)
+    net = Net(str(pluginenv.library()), KEY)
     n = R()
     assert net.rc == 0 and net.t.devices(ctypes.byref(n)) == 0 and n.value == 1
     p = Props11()
@@ -719,7 +720,7 @@ def test_closing_with_records_in_flight_blames_no_peer():
     # an abort (closeRecv or closeSend with requests in flight) shuts the lanes' sockets under them:
     # a lane cut mid-record or mid-send by its own side's close must not log that the peer closed
     # the connection or that a send failed (a false lead in NCCL's log when a job aborts)
-    net = Net(str(netplugin.library()), KEY)
+    net = Net(str(pluginenv.library()), KEY)
     assert net.rc == 0
     sizes, blamed = [4 << 20] * 8, []
     for lanes, first in ((2, "recv"), (8, "recv"), (2, "send"), (8, "send")):

@@ -19,7 +19,7 @@ NGPU = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(NGPU < 2, reason=f"needs 2 or more GPUs, this machine has {NGPU} "
                                                                      "(runs through scripts/device-check)")]
 
-from ccbridge.secure import netplugin  # noqa: E402
+from ccbridge import pluginenv  # noqa: E402
 
 # Each rank: all_reduce of a known tensor, `steps` times; rank `die` leaves abruptly after step 2.
 RANK = textwrap.dedent("""
@@ -53,7 +53,7 @@ def _job(tmp_path, steps: int, die: int, keys: tuple[str, str], deadline_s: floa
     port = _port()
     procs = []
     for rank in range(2):
-        env = netplugin.env(dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+        env = pluginenv.env(dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                                  MASTER_PORT=str(port), LOCAL_RANK=str(rank), NCCL_P2P_DISABLE="1",
                                  NCCL_SHM_DISABLE="1", NCCL_NET="ccbridge", NCCL_SOCKET_IFNAME="lo",
                                  NCCL_DEBUG="WARN", CCBRIDGE_KEY=keys[rank]))

@@ -195,10 +195,11 @@ def test_the_collectives_bench_answers_through_the_launcher(clean, monkeypatch, 
 
 
 def test_the_net_bench_runs_its_pair_through_the_launcher(clean, monkeypatch):
-    from ccbridge.secure import netbench, netplugin
+    from ccbridge import pluginenv
+    from ccbridge.secure import netbench
 
     try:
-        netplugin.library()
+        pluginenv.library()
     except FileNotFoundError as e:
         pytest.skip(str(e))
     monkeypatch.delenv("CCBRIDGE_KEY", raising=False)
@@ -213,10 +214,11 @@ def test_the_net_bench_runs_its_pair_through_the_launcher(clean, monkeypatch):
 
 
 def test_a_net_bench_process_that_fails_is_one_line(clean, monkeypatch):
-    from ccbridge.secure import netbench, netplugin
+    from ccbridge import pluginenv
+    from ccbridge.secure import netbench
 
     try:
-        netplugin.library()
+        pluginenv.library()
     except FileNotFoundError as e:
         pytest.skip(str(e))
     monkeypatch.setenv("CCBRIDGE_KEY", "not hex")

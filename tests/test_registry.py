@@ -41,7 +41,7 @@ def test_run_skips_with_reason_and_survives_errors(monkeypatch):
             "fake.bad": registry.Test("fake.bad", "fails", (), bad),
             "fake.good": registry.Test("fake.good", "works", (), good)}
     monkeypatch.setattr(registry, "REGISTRY", fake)
-    monkeypatch.setattr(registry, "_load_families", lambda: None)
+    monkeypatch.setattr(registry, "load_families", lambda: None)
     monkeypatch.setattr(Machine, "detect", classmethod(lambda cls, d: Machine(0, {"gpu": "no usable GPU: test"})))
     res = registry.run(Settings(quick=True), {"emulation": {"active": False}})
     assert res.skipped == [{"test": "fake.gpu", "reason": "no usable GPU: test"}]

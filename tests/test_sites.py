@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from ccbridge import account, cli
-from ccbridge.emulate import sites, trace
+from ccbridge.emulate import launcher, sites, trace
 from ccbridge.errors import ResultFileError
 
 # A traced program: the interposer (ctypes, its fake driver) writes the trace; the recorder, switched on by
@@ -72,7 +72,8 @@ def record(tmp_path, name: str, toll_us: int, env=None, python=sys.executable, p
     prog.write_text(program)
     prefix = str(tmp_path / name)
     run = subprocess.run([python, str(prog), prefix, str(toll_us)], capture_output=True, text=True,
-                         env=sites.environment(env or dict(os.environ), prefix), timeout=timeout, cwd=tmp_path)
+                         env=sites.environment(env or dict(os.environ), prefix, launcher.library()), timeout=timeout,
+                         cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert not run.stderr, run.stderr  # no warning: the recorder found the interposer's slot
     return prefix
@@ -165,7 +166,7 @@ def test_a_profiler_in_the_program_still_works(tmp_path):
     prog.write_text(PROGRAM)
     prefix = str(tmp_path / "p")
     run = subprocess.run([python, "-m", "cProfile", str(prog), prefix, "0"], capture_output=True, text=True,
-                         timeout=60, env=sites.environment(dict(os.environ), prefix), cwd=tmp_path)
+                         timeout=60, env=sites.environment(dict(os.environ), prefix, launcher.library()), cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "function calls" in run.stdout  # cProfile's own report
     assert trace.summarize(prefix).by_site
@@ -196,7 +197,7 @@ def test_a_programs_own_sitecustomize_still_runs(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(mine))
     out = subprocess.run([sys.executable, "-c", "import os, sitecustomize; print(os.environ.get('MINE_RAN'), "
                           "sitecustomize.__file__.endswith('mine/sitecustomize.py'))"], capture_output=True,
-                         text=True, env=sites.environment(env, str(tmp_path / "x")), timeout=60)
+                         text=True, env=sites.environment(env, str(tmp_path / "x"), launcher.library()), timeout=60)
     assert out.stdout.strip() == "1 True", out.stderr
 
 
@@ -245,3 +246,11 @@ def test_an_import_hook_is_never_a_site(tmp_path, monkeypatch):
     assert not fresh._is_site(somehook.__file__)
     (tmp_path / "prog.py").write_text("x = 1\n")
     assert fresh._is_site(str(tmp_path / "prog.py"))  # the program's own code still is
+
+
+def test_the_recorder_and_the_binding_name_the_same_library_variable():
+    """The call-site hook imports no ccbridge (its interpreter may lack it), so it writes the variable's name
+    itself: held to bindings/emu.py's, the one `ccbridge run` sets and ccbridge.mark reads."""
+    from ccbridge.bindings import emu
+
+    assert sites.recorder.LIB_ENV == emu.LIB_ENV

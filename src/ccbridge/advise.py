@@ -20,7 +20,7 @@ from ccbridge import results, textfit
 from ccbridge.choices import DECODE_MODES  # bench decode's modes, as its tables list them
 from ccbridge.errors import ResultFileError
 from ccbridge.results import Result, Row
-from ccbridge.ui import approx_bytes
+from ccbridge.ui import approx_bytes, human_bytes
 
 PROBE_TESTS = ("semantics.", "transfer.", "launch.", "framework.", "concurrency.", "smallcopy.", "toll.")
 HOLDS = 0.2  # return fraction above which a non_blocking copy held the host (semantics.ASYNC_BELOW)
@@ -138,12 +138,6 @@ def _check_serving(p: Path, kind: str, res: Result) -> None:
         seen.add(key)
 
 
-def _size(n: int) -> str:
-    from ccbridge.probe.transfer import human_bytes
-
-    return human_bytes(n)
-
-
 def _one(rows: list[Row], **params) -> Row | None:
     return next((r for r in rows if all(r.params.get(k) == v for k, v in params.items())), None)
 
@@ -228,7 +222,7 @@ def from_probe(inp: Input) -> list[Advice]:
         top = max(both)
         pin, page = _one(bw, mem="pinned", bytes=top), _one(bw, mem="pageable", bytes=top)
         ratio = pin.median / page.median if page.median else float("inf")
-        why = f"pinned/pageable H2D = {ratio:.2f}x at {_size(top)}"
+        why = f"pinned/pageable H2D = {ratio:.2f}x at {human_bytes(top)}"
         if ratio >= PINNED_WINS:
             add("torch", "pin host buffers (DataLoader pin_memory=True, persistent pinned staging)", why, pin, page)
             add("vLLM", "KV offload / swap space in pinned host memory (the default)", why, pin, page)

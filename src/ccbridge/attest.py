@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ccbridge import env as envmod
+from ccbridge import nvml
 from ccbridge.errors import UsageError
 from ccbridge.textfit import cut
 
@@ -59,7 +60,7 @@ def load_sdk(required: bool):
     """NVIDIA's attestation SDK (its `attestation` module); where it is not installed, None, or (required:
     --verify asked for it) a UsageError naming the extra to install."""
     try:
-        from nv_attestation_sdk import attestation
+        from nv_attestation_sdk import attestation  # deferred: nv attestation sdk, an optional dependency
     except ImportError:
         if not required:
             return None
@@ -84,11 +85,11 @@ def _gpu_evidence_nvml(nv, handle, nonce: bytes, driver: str | None) -> dict[str
     if _request_nonce(report) != nonce:  # the driver did not put this nonce in the request it signed
         raise RuntimeError("the attestation report's request does not carry the nonce: not bound to it")
     cert = nv.nvmlDeviceGetConfComputeGpuCertificate(handle)
-    vbios, _ = envmod.nvml_call(nv.nvmlDeviceGetVbiosVersion, handle)
-    arch, _ = envmod.nvml_call(nv.nvmlDeviceGetArchitecture, handle)
+    vbios, _ = nvml.call(nv.nvmlDeviceGetVbiosVersion, handle)
+    arch, _ = nvml.call(nv.nvmlDeviceGetArchitecture, handle)
     return {
         "version": "1.0",
-        "arch": envmod.nvml_name(nv, "NVML_DEVICE_ARCH_", arch).removeprefix("NVML_DEVICE_ARCH_") if arch is not None
+        "arch": nvml.constant_name(nv, "NVML_DEVICE_ARCH_", arch).removeprefix("NVML_DEVICE_ARCH_") if arch is not None
         else "UNKNOWN",
         "nonce": nonce.hex(),
         "vbios_version": vbios,
@@ -102,7 +103,7 @@ def gpu_evidence_nvml(nv, nonce: bytes, driver: str | None) -> dict[str, Any]:
     """Every visible GPU's evidence through NVML (initialised by the caller): {"collector", "evidences",
     "gpus": the GPU index of each evidence, "errors": [{"index", "error"}]}."""
     out: dict[str, Any] = {"collector": "nvml", "evidences": [], "gpus": [], "errors": []}
-    count, err = envmod.nvml_call(nv.nvmlDeviceGetCount)
+    count, err = nvml.call(nv.nvmlDeviceGetCount)
     if err:
         out["errors"].append({"index": None, "error": err})
     for i in range(count or 0):
@@ -207,26 +208,26 @@ def protection(stamp: dict[str, Any], gpu: dict[str, Any] | None = None, cpu: di
     state and TEE kind are the machine's own unsigned readings: without the signed evidence beside them a bundle
     says "not protected", never "yes" on their word alone. evidence_bound names the pieces that carry the nonce."""
     tee = stamp.get("tee", {}).get("kind", "none")
-    nvml = stamp.get("nvml", {})
-    cc = envmod.cc_label(nvml.get("cc", {})) if nvml.get("available") else "unknown"
+    seen = stamp.get("nvml", {})
+    cc = envmod.cc_label(seen.get("cc", {})) if seen.get("available") else "unknown"
     why = []
     if tee not in CVM_KINDS:
         why.append(f"not a CVM: the CPU TEE guest is {tee!r}, not TDX or SEV-SNP")
-    if not nvml.get("available"):
-        why.append(f"no NVML: {nvml.get('error', 'unavailable')}")
-    elif not nvml.get("gpus"):
+    if not seen.get("available"):
+        why.append(f"no NVML: {seen.get('error', 'unavailable')}")
+    elif not seen.get("gpus"):
         why.append("no GPU visible")
     if cc == "off":
         why.append("GPU CC is off")
     elif cc == "devtools":
         why.append("GPU CC is in devtools mode: the GPU is open to debugging tools, not for production")
-    elif cc != "on" and nvml.get("available"):
-        why.append(f"GPU CC state unknown ({nvml.get('cc', {}).get('state_error', 'unread')})")
+    elif cc != "on" and seen.get("available"):
+        why.append(f"GPU CC state unknown ({seen.get('cc', {}).get('state_error', 'unread')})")
     bound = [f"GPU {i}" for i in (gpu or {}).get("gpus", [])]
     if cpu and "provider" in cpu:
         bound.append(f"CPU report ({cpu['provider']})")
     if gpu is not None:
-        n = len(nvml.get("gpus") or [])
+        n = len(seen.get("gpus") or [])
         if len(gpu.get("evidences", [])) < n:
             why.append(f"GPU evidence for {len(gpu.get('evidences', []))} of {n} visible GPU(s)")
     if cpu is not None and "provider" not in cpu and tee in CVM_KINDS:
@@ -239,24 +240,24 @@ def bundle(nonce: bytes, nv=None, sdk=None, tsm_root: Path = TSM_REPORTS, tsm_na
            stamp: dict[str, Any] | None = None) -> dict[str, Any]:
     """The evidence bundle for a nonce. nv: the NVML module (default pynvml); sdk: the SDK's attestation
     module (None: NVML collects the GPU evidence); stamp: the environment stamp (default: read now)."""
-    nv = nv or envmod.load_nvml()
+    nv = nv or nvml.load()
     stamp = stamp if stamp is not None else envmod.stamp(nv)
-    nvml = stamp.get("nvml", {})
+    seen = stamp.get("nvml", {})
     if sdk is not None:
         try:
-            gpu = gpu_evidence_sdk(sdk, nonce, nvml.get("cc", {}).get("multi_gpu_mode") == "protected-pcie")
+            gpu = gpu_evidence_sdk(sdk, nonce, seen.get("cc", {}).get("multi_gpu_mode") == "protected-pcie")
         except Exception as e:
             gpu = {"collector": "nv-attestation-sdk", "evidences": [], "gpus": [],
                    "errors": [{"index": None, "error": f"{type(e).__name__}: {e}"}]}
-    elif nv is None or not nvml.get("available"):
+    elif nv is None or not seen.get("available"):
         gpu = {"collector": "nvml", "evidences": [], "gpus": [],
-               "errors": [{"index": None, "error": nvml.get("error", "nvidia-ml-py is not installed")}]}
+               "errors": [{"index": None, "error": seen.get("error", "nvidia-ml-py is not installed")}]}
     else:
         nv.nvmlInit()
         try:
-            gpu = gpu_evidence_nvml(nv, nonce, nvml.get("driver"))
+            gpu = gpu_evidence_nvml(nv, nonce, seen.get("driver"))
         finally:
-            envmod.nvml_call(nv.nvmlShutdown)
+            nvml.call(nv.nvmlShutdown)
     cpu = cpu_report(nonce, tsm_root, tsm_name)
     return {
         "format": FORMAT,

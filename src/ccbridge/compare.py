@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from ccbridge import env as envmod
 from ccbridge.findings import findings
+from ccbridge.report import html as H
+from ccbridge.report.markdown import table_md
+from ccbridge.report.plots import ratio_chart
 from ccbridge.report.tables import Table, fmt_params, num
 from ccbridge.results import Result, Row
 
@@ -99,8 +102,6 @@ def timer_mix(c: Comparison) -> str | None:
 
 
 def render_markdown(c: Comparison) -> str:
-    from ccbridge.report.markdown import table_md
-
     lines = ["# ccbridge compare", "", f"- BASE: {_label(c.base)}", f"- OTHER: {_label(c.other)}", ""]
     if c.base.emulated or c.other.emulated:
         lines += ["> **EMULATED: at least one side was produced by the ccbridge emulator, not measured on CC hardware.**", ""]
@@ -115,9 +116,6 @@ def render_markdown(c: Comparison) -> str:
 
 
 def render_html(c: Comparison) -> str:
-    from ccbridge.report import html as H
-    from ccbridge.report.plots import ratio_chart
-
     chart = ratio_chart(headline_items(c))
     banner = ("EMULATED: at least one side was produced by the ccbridge emulator, not measured on CC hardware."
               if c.base.emulated or c.other.emulated else "")

@@ -15,10 +15,14 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from ccbridge import __version__
+from ccbridge import fabric, libcrypto, nvml, pluginenv
+from ccbridge.version import __version__
 
 CRYPTO_FLAGS = ("aes", "pclmulqdq", "vaes", "vpclmulqdq", "avx2", "avx512f", "sha_ni")
-EMULATION_VAR = "CCBRIDGE_EMULATION_PROFILE"  # set by the emulator's launcher
+# What the emulator's launcher hands a program it starts, which the stamp reads back (emulation_info):
+EMULATION_VAR = "CCBRIDGE_EMULATION_PROFILE"  # the profile's name
+CONFIG_VAR = "CCBRIDGE_EMU_CONFIG"  # the path of the key=value configuration the interposer reads
+OVERRIDE_MARK = "#was "  # a configuration line: a parameter set on the command line, with the profile's own value
 
 
 def cpu_info(cpuinfo_text: str | None = None) -> dict[str, Any]:
@@ -72,24 +76,6 @@ def tee_guest(root: str = "/", cpu_flags: set[str] | None = None) -> dict[str, A
     return {"kind": "none", "evidence": []}
 
 
-def nvml_call(fn, *args):
-    """Call an NVML function; return (value, None) or (None, error text)."""
-    try:
-        return fn(*args), None
-    except Exception as e:  # NVMLError subclasses, missing symbols in old drivers
-        return None, f"{type(e).__name__}: {e}"
-
-
-def nvml_name(nv, prefix: str, value: int) -> str:
-    """The NVML constant's name for a value, e.g. NVML_ERROR_NOT_READY for a status code."""
-    names = [k for k in dir(nv) if k.startswith(prefix) and getattr(nv, k) == value and not k.endswith("_")]
-    return min(names, key=len) if names else f"{prefix}{value}"
-
-
-def _decode(v):
-    return v.decode() if isinstance(v, bytes) else v
-
-
 def _settings(nv) -> tuple[Any, str | None]:
     """nvmlSystemGetConfComputeSettings with the versioned struct, passed by pointer: the binding hands
     its argument to the driver unchecked, and a struct passed by value reaches the driver as garbage,
@@ -98,18 +84,18 @@ def _settings(nv) -> tuple[Any, str | None]:
         return None, "this nvidia-ml-py has no nvmlSystemConfComputeSettings_v1 struct"
     settings = nv.c_nvmlSystemConfComputeSettings_v1_t()
     settings.version = nv.nvmlSystemConfComputeSettings_v1
-    rc, err = nvml_call(nv.nvmlSystemGetConfComputeSettings, ctypes.byref(settings))
+    rc, err = nvml.call(nv.nvmlSystemGetConfComputeSettings, ctypes.byref(settings))
     if err is not None:
         return None, err
     if rc != nv.NVML_SUCCESS:
-        return None, f"nvmlSystemGetConfComputeSettings returned {rc}: {_decode(nv.nvmlErrorString(rc))}"
+        return None, f"nvmlSystemGetConfComputeSettings returned {rc}: {nvml.text(nv.nvmlErrorString(rc))}"
     return settings, None
 
 
 def cc_state(nv) -> dict[str, Any]:
     """The confidential-computing state from NVML, every call's outcome kept."""
     out: dict[str, Any] = {}
-    st, err = nvml_call(nv.nvmlSystemGetConfComputeState)
+    st, err = nvml.call(nv.nvmlSystemGetConfComputeState)
     if st is not None:
         out["state"] = {
             "environment": {nv.NVML_CC_SYSTEM_ENVIRONMENT_PROD: "prod", nv.NVML_CC_SYSTEM_ENVIRONMENT_SIM: "sim"}.get(st.environment, "unavailable"),
@@ -125,12 +111,12 @@ def cc_state(nv) -> dict[str, Any]:
         out["multi_gpu_mode"] = mode
     else:  # never a guessed mode: the reason, or the value the binding cannot name
         out["settings_error"] = err or f"multiGpuMode {settings.multiGpuMode} is not a mode this nvidia-ml-py knows"
-    ready, err = nvml_call(nv.nvmlSystemGetConfComputeGpusReadyState)
+    ready, err = nvml.call(nv.nvmlSystemGetConfComputeGpusReadyState)
     if ready is not None:
         out["gpus_ready"] = bool(ready == nv.NVML_CC_ACCEPTING_CLIENT_REQUESTS_TRUE)
     else:
         out["gpus_ready_error"] = err
-    caps, err = nvml_call(nv.nvmlSystemGetConfComputeCapabilities)
+    caps, err = nvml.call(nv.nvmlSystemGetConfComputeCapabilities)
     if caps is not None:
         out["capabilities"] = {
             "cpu": {nv.NVML_CC_SYSTEM_CPU_CAPS_NONE: "none", nv.NVML_CC_SYSTEM_CPU_CAPS_AMD_SEV: "amd-sev",
@@ -153,19 +139,10 @@ def cc_label(cc: dict[str, Any]) -> str:
     return cc.get("mode", "unknown")
 
 
-def load_nvml():
-    """The NVML binding (pynvml), or None where nvidia-ml-py is not installed."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    return pynvml
-
-
 def nvml_info(nv=None) -> dict[str, Any]:
     """NVML's view: driver, GPUs (with their fabric), CC state and the fabric partition. nv: the NVML
     module (default pynvml); NVML is initialised here and shut down after."""
-    nv = nv or load_nvml()
+    nv = nv or nvml.load()
     if nv is None:
         return {"available": False, "error": "nvidia-ml-py is not installed"}
     try:
@@ -174,13 +151,11 @@ def nvml_info(nv=None) -> dict[str, Any]:
         return {"available": False, "error": f"NVML unavailable ({type(e).__name__}: {e}); no NVIDIA driver?"}
     try:
         info: dict[str, Any] = {"available": True}
-        info["driver"], _ = nvml_call(lambda: _decode(nv.nvmlSystemGetDriverVersion()))
-        cuda, _ = nvml_call(nv.nvmlSystemGetCudaDriverVersion_v2)
+        info["driver"], _ = nvml.call(lambda: nvml.text(nv.nvmlSystemGetDriverVersion()))
+        cuda, _ = nvml.call(nv.nvmlSystemGetCudaDriverVersion_v2)
         info["cuda_driver"] = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None
-        from ccbridge import fabric
-
         gpus, handles = [], []
-        count, err = nvml_call(nv.nvmlDeviceGetCount)
+        count, err = nvml.call(nv.nvmlDeviceGetCount)
         for i in range(count or 0):
             h = nv.nvmlDeviceGetHandleByIndex(i)
             handles.append(h)
@@ -190,9 +165,9 @@ def nvml_info(nv=None) -> dict[str, Any]:
                             ("pcie_width_max", nv.nvmlDeviceGetMaxPcieLinkWidth),
                             ("pcie_gen", nv.nvmlDeviceGetCurrPcieLinkGeneration),
                             ("pcie_width", nv.nvmlDeviceGetCurrPcieLinkWidth)):
-                v, e = nvml_call(fn, h)
-                g[key] = _decode(v) if v is not None else None
-            mem, _ = nvml_call(nv.nvmlDeviceGetMemoryInfo, h)
+                v, e = nvml.call(fn, h)
+                g[key] = nvml.text(v) if v is not None else None
+            mem, _ = nvml.call(nv.nvmlDeviceGetMemoryInfo, h)
             g["memory_gib"] = round(mem.total / 2**30, 1) if mem else None
             gpus.append(g)
         fabric.add_to_gpus(nv, handles, gpus)
@@ -205,12 +180,12 @@ def nvml_info(nv=None) -> dict[str, Any]:
         info["cc"] = cc_state(nv)
         return info
     finally:
-        nvml_call(nv.nvmlShutdown)
+        nvml.call(nv.nvmlShutdown)
 
 
 def torch_info() -> dict[str, Any]:
     try:
-        import torch
+        import torch  # deferred: torch, an optional dependency (seconds of import)
     except ImportError:
         return {"available": False, "error": "torch is not installed"}
     info = {"available": True, "version": torch.__version__, "cuda": torch.version.cuda}
@@ -225,8 +200,6 @@ def torch_info() -> dict[str, Any]:
 
 
 def openssl_info() -> dict[str, Any]:
-    from ccbridge import libcrypto
-
     try:
         return {"version": libcrypto.openssl_version(), "ia32cap": os.environ.get("OPENSSL_ia32cap")}
     except libcrypto.CryptoUnavailable as e:
@@ -247,7 +220,7 @@ def emulation_info() -> dict[str, Any]:
     if isinstance(projection, dict):
         info["projection"] = projection
     try:
-        text = Path(os.environ.get("CCBRIDGE_EMU_CONFIG", "")).read_text()
+        text = Path(os.environ.get(CONFIG_VAR, "")).read_text()
         info["params"] = dict(l.split("=", 1) for l in text.splitlines() if "=" in l and not l.startswith("#"))
         # hooks on without emulating (passthrough, `ccbridge run --record`): the figures are the machine's own,
         # native or real CC-on, and must not be labelled EMULATED
@@ -267,8 +240,6 @@ def emulation_info() -> dict[str, Any]:
 def _overrides(config_text: str, params: dict[str, str]) -> dict[str, dict[str, float]]:
     """The parameters a what-if run set on the command line (profiles.override writes them into
     the configuration as `#was KEY=VALUE` lines): {key: {"value": now, "was": the profile's}}."""
-    from ccbridge.emulate.profiles import OVERRIDE_MARK
-
     out = {}
     for line in config_text.splitlines():
         key, _, was = line[len(OVERRIDE_MARK):].partition("=") if line.startswith(OVERRIDE_MARK) else ("", "", "")
@@ -310,14 +281,8 @@ def stamp(nv=None) -> dict[str, Any]:
         "nvml": nvml_info(nv),
         "torch": torch_info(),
         "emulation": emulation_info(),
-        "nccl_net_plugin": _nccl_plugin(),
+        "nccl_net_plugin": pluginenv.status(),
     }
-
-
-def _nccl_plugin() -> dict[str, Any]:
-    from ccbridge.secure import netplugin  # no torch, no NCCL: only files and the environment
-
-    return netplugin.status()
 
 
 def cc_mode(env: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ import ctypes
 import uuid
 from typing import Any
 
-from ccbridge.env import nvml_call, nvml_name
+from ccbridge import nvml
 
 STATES = {"NOT_SUPPORTED": "not-supported", "NOT_STARTED": "not-started", "IN_PROGRESS": "in-progress",
           "COMPLETED": "completed"}
@@ -74,7 +74,7 @@ def _fabric_struct(nv, handle):
                 return None, last
     if hasattr(nv, "nvmlDeviceGetGpuFabricInfo"):
         info = nv.c_nvmlGpuFabricInfo_t()
-        _, err = nvml_call(nv.nvmlDeviceGetGpuFabricInfo, handle, ctypes.byref(info))
+        _, err = nvml.call(nv.nvmlDeviceGetGpuFabricInfo, handle, ctypes.byref(info))
         return (info, None) if err is None else (None, err)
     return None, last or "this nvidia-ml-py has no GPU fabric info call"
 
@@ -87,7 +87,7 @@ def gpu_fabric(nv, handle) -> dict[str, Any]:
     state = {getattr(nv, f"NVML_GPU_FABRIC_STATE_{k}"): v for k, v in STATES.items()}
     out: dict[str, Any] = {
         "state": state.get(info.state, f"unknown({info.state})"),
-        "status": "success" if info.status == nv.NVML_SUCCESS else nvml_name(nv, "NVML_ERROR_", info.status),
+        "status": "success" if info.status == nv.NVML_SUCCESS else nvml.constant_name(nv, "NVML_ERROR_", info.status),
         "cluster_uuid": str(uuid.UUID(bytes=bytes(info.clusterUuid))),
         "clique_id": int(info.cliqueId),
     }
@@ -107,7 +107,7 @@ def nvlink_state(nv, handle) -> dict[str, Any]:
     """How many NVLinks this GPU has and how many are up; the driver's reason where it has none."""
     states = []
     for link in range(nv.NVML_NVLINK_MAX_LINKS):
-        active, err = nvml_call(nv.nvmlDeviceGetNvLinkState, handle, link)
+        active, err = nvml.call(nv.nvmlDeviceGetNvLinkState, handle, link)
         if err is not None:  # past the GPU's last link the driver answers an error: the count ends there
             if not states:
                 return {"error": err}
@@ -124,7 +124,7 @@ def nvlink_peers(nv, handles: list) -> list[dict[str, Any]]:
         for j, other in enumerate(handles):
             if i == j:
                 continue
-            status, err = nvml_call(nv.nvmlDeviceGetP2PStatus, h, other, nv.NVML_P2P_CAPS_INDEX_NVLINK)
+            status, err = nvml.call(nv.nvmlDeviceGetP2PStatus, h, other, nv.NVML_P2P_CAPS_INDEX_NVLINK)
             if err is not None:
                 errors.append(f"{j}: {err}")
             elif status == nv.NVML_P2P_STATUS_OK:
@@ -154,12 +154,12 @@ def partition(gpus: list[dict[str, Any]]) -> dict[str, Any]:
     return {"cliques": out, "gpus_per_clique": [len(c["gpus"]) for c in out], "gpus": len(gpus)}
 
 
-def summary(nvml: dict[str, Any]) -> str:
+def summary(info: dict[str, Any]) -> str:
     """One line for a person: the partition shape, then what is off (states not completed, health problems)."""
-    fab = nvml.get("fabric") or {}
+    fab = info.get("fabric") or {}
     if "error" in fab:
         return f"unreadable ({fab['error']})"
-    gpus = nvml.get("gpus") or []
+    gpus = info.get("gpus") or []
     if not fab.get("cliques"):
         said = sorted({(g.get("fabric") or {}).get("state") or (g.get("fabric") or {}).get("error", "unread")
                        for g in gpus})

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ccbridge.results import Result, Row
+from ccbridge.ui import human_bytes
 
 
 @dataclass
@@ -18,12 +19,6 @@ class Finding:
     outcome: str  # categorical, compared across runs
     text: str
     shown: bool = True  # False: kept for compare, folded into a summary in reports
-
-
-def _size(n: int) -> str:
-    from ccbridge.probe.transfer import human_bytes
-
-    return human_bytes(n)
 
 
 def _one(rows: list[Row], **params) -> Row | None:
@@ -89,10 +84,11 @@ def transfer(res: Result):
         if page.median > pin.median:
             yield Finding(f"transfer.{d}.pinned_vs_pageable", "pageable-faster",
                           f"{d.upper()} from pageable memory ({page.median:.1f} GB/s) beat pinned ({pin.median:.1f} GB/s) "
-                          f"at {_size(top)}: the pinned fast path has collapsed, as under CC.")
+                          f"at {human_bytes(top)}: the pinned fast path has collapsed, as under CC.")
         else:
             yield Finding(f"transfer.{d}.pinned_vs_pageable", "pinned-faster",
-                          f"{d.upper()} sustained {pin.median:.1f} GB/s pinned and {page.median:.1f} GB/s pageable at {_size(top)}.")
+                          f"{d.upper()} sustained {pin.median:.1f} GB/s pinned and {page.median:.1f} GB/s pageable "
+                          f"at {human_bytes(top)}.")
     frac = [r for r in res.by_test("transfer.sweep") if r.metric == "in_call_fraction"
             and r.params["mem"] == "pinned" and r.params["bytes"] == top]
     for r in frac:
@@ -133,8 +129,8 @@ def toll(res: Result):
         if fresh and pers:
             ratio = fresh.median / pers.median
             yield Finding(f"toll.{size}", "fresh-costly" if ratio > 2 else "fresh-cheap",
-                          f"At {_size(size)}, pin_memory().to(non_blocking=True) took {fresh.median:.0f} us against "
-                          f"{pers.median:.0f} us for copy_ into a persistent pinned tensor ({ratio:.1f}x).")
+                          f"At {human_bytes(size)}, pin_memory().to(non_blocking=True) took {fresh.median:.0f} us "
+                          f"against {pers.median:.0f} us for copy_ into a persistent pinned tensor ({ratio:.1f}x).")
 
 
 def hostcrypto(res: Result):
@@ -169,8 +165,8 @@ def peer(res: Result):
     for r in res.by_test("peer.allreduce"):
         if r.metric == "time":  # a result from before the eager/graph rows
             yield Finding(f"peer.allreduce.{r.params['bytes']}", "measured",
-                          f"NCCL all-reduce of {_size(r.params['bytes'])} on {r.params['gpus']} GPUs: {r.median:.0f} us "
-                          f"(bus bandwidth {r.extra.get('busbw_GBps', 0):.1f} GB/s).")
+                          f"NCCL all-reduce of {human_bytes(r.params['bytes'])} on {r.params['gpus']} GPUs: "
+                          f"{r.median:.0f} us (bus bandwidth {r.extra.get('busbw_GBps', 0):.1f} GB/s).")
     for test, what in (("peer.allreduce", "all_reduce"), ("peer.sendrecv", "send/recv ring"),
                        ("peer.allreduce_1rank", "one-rank all_reduce")):
         yield from _nccl(res, test, what)
@@ -186,9 +182,9 @@ def _nccl(res: Result, test: str, what: str):
     if not (graph and eager):
         return
     bus = max((r for r in res.by_test(test) if r.metric == "busbw"), key=lambda r: r.params["bytes"], default=None)
-    yield Finding(test, "measured", f"NCCL {what}, {graph.params['ranks']} GPU(s), {_size(b)}: {graph.median:.1f} us "
-                  f"per op in a CUDA graph, {eager.median:.1f} eager"
-                  + (f"; bus bandwidth {bus.median:.0f} GB/s at {_size(bus.params['bytes'])}." if bus else "."))
+    yield Finding(test, "measured", f"NCCL {what}, {graph.params['ranks']} GPU(s), {human_bytes(b)}: "
+                  f"{graph.median:.1f} us per op in a CUDA graph, {eager.median:.1f} eager"
+                  + (f"; bus bandwidth {bus.median:.0f} GB/s at {human_bytes(bus.params['bytes'])}." if bus else "."))
 
 
 RULES = (small_copies, semantics, transfer, concurrency, launch, toll, hostcrypto, lifecycle, peer)

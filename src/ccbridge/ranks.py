@@ -124,7 +124,7 @@ def rank_main(link: Connection) -> None:
         dev = _join(job, rank)
         out = job.target(rank, job.n, dev, lambda obj: _send(link, ("msg", obj)), *job.args)
         if job.backend is not None:
-            import torch.distributed as dist  # torch: imported by _join
+            import torch.distributed as dist  # deferred: torch, as in _join (which imported it)
 
             dist.destroy_process_group()  # on success only: a failed group's peers may wait in a collective
         _send(link, ("done", out))

@@ -1,5 +1,5 @@
-"""Terminal progress for long runs (rich), quiet when output is not a terminal;
-and the check that where a command will write can be written, made before the work."""
+"""Terminal progress for long runs (rich), quiet when output is not a terminal; sizes as people read them
+(human_bytes, approx_bytes); and the check that where a command will write can be written, made before the work."""
 
 from __future__ import annotations
 
@@ -16,8 +16,16 @@ from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progre
 from ccbridge.errors import UsageError
 
 
+def human_bytes(n: int) -> str:
+    """An exact size, as messages and copies are given: 4 KiB, 1 GiB, 1536 B (a volume measured: approx_bytes)."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
+
+
 def approx_bytes(n: float) -> str:
-    """A volume for people: 2.3 GiB, 512 B (exact sizes of messages and copies: probe.transfer.human_bytes)."""
+    """A volume for people: 2.3 GiB, 512 B (exact sizes of messages and copies: human_bytes)."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -12,6 +12,7 @@ import ctypes
 from ctypes import POINTER, c_char_p, c_double, c_int, c_longlong, c_size_t, c_uint64, c_ulonglong, c_void_p
 
 HEADER = "emu/emu.h"
+LIB_ENV = "CCBRIDGE_EMU_LIB"  # set by `ccbridge run` in the program's environment: the interposer's path
 
 FUNCTIONS = {
     "dlsym": (c_void_p, [c_void_p, c_char_p]),

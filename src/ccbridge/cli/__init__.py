@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ccbridge import __version__
+from ccbridge.version import __version__
 from ccbridge.cli import bench, collectives, emulation, loading, node, probing, reporting
 from ccbridge.cli.args import Parser
 from ccbridge.errors import CCBridgeError

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 
+from ccbridge import gputimer
+from ccbridge.emulate import profiles
 from ccbridge.errors import UsageError
+from ccbridge.load.loader import check_device
+from ccbridge.load.synth import parse_size
 
 WIDTH = 120  # columns of --help, at most (a narrower terminal: its own)
 
@@ -48,14 +53,10 @@ def checked(parse):
 
 
 def _size(text: str) -> int:
-    from ccbridge.load.synth import parse_size
-
     return parse_size(text)
 
 
 def _device_spec(text: str) -> str:
-    from ccbridge.load.loader import check_device
-
     return check_device(text)
 
 
@@ -105,8 +106,6 @@ class Distinct(argparse.Action):
 def what_if(args, default: str | None = None):
     """The profile args names, with its --set what-ifs applied; `default` when none is named
     (None: no profile). --set without a profile is refused here, for every command."""
-    from ccbridge.emulate import profiles
-
     if args.overrides and not args.profile:
         raise UsageError("--set changes an emulator profile: it needs --profile")
     name = args.profile or default
@@ -122,10 +121,6 @@ def add_timer(p: argparse.ArgumentParser) -> None:
 def apply_timer(args) -> str:
     """The GPU timer the run uses (chosen from --timer, $CCBRIDGE_TIMER, the machine), set in this process's
     environment so that every process it starts (ranks, child probes) times the same way."""
-    import os
-
-    from ccbridge import gputimer
-
     chosen = gputimer.choose(getattr(args, "timer", None))
     os.environ[gputimer.ENV_VAR] = chosen
     return chosen

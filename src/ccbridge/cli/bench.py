@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from ccbridge import ui
+from ccbridge import pluginenv, ui
 from ccbridge.choices import DDP_MODELS, DECODE_MODES, DECODE_PRESETS, TP_ONLY
 from ccbridge.cli.args import Distinct, add_timer, apply_timer, command, device_spec, float_ge0, integer, size
 from ccbridge.cli.checks import gpus_ready, plugin_built, sizes_in_order
@@ -62,7 +62,7 @@ def cmd_cipher(args) -> int:
 
 def cmd_net(args) -> int:
     """The net plugin's loopback stream: needs neither torch nor a GPU."""
-    from ccbridge.secure import bench, netbench, netplugin  # (deferred: ccbridge.secure, 40 ms of start-up)
+    from ccbridge.secure import bench, netbench  # (deferred: torch, which secure.bench imports)
 
     sizes_in_order(args)
     if args.json:
@@ -70,7 +70,7 @@ def cmd_net(args) -> int:
     if max(args.lanes) > MAX_LANES:
         raise UsageError(f"--lanes: at most {MAX_LANES} (got {max(args.lanes)})")
     plugin_built()
-    print(f"# ccbridge bench net: {netplugin.NAME} loopback, two processes, {args.inflight} messages in flight, "
+    print(f"# ccbridge bench net: {pluginenv.NAME} loopback, two processes, {args.inflight} messages in flight, "
           f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores", flush=True)
     res = netbench.loopback(bench.sizes(args.minbytes, args.maxbytes, 8), args.lanes, args.inflight, args.total,
                             args.iters)

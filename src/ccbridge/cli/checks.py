@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ccbridge import ui
+from ccbridge import pluginenv, ui
 from ccbridge.errors import UsageError
 
 
@@ -31,9 +31,7 @@ def gpus_ready(cmd: str, json_path: str | None) -> bool:
 
 def plugin_built() -> None:
     """The ccbridge NCCL net plugin is built (a command that loads it says so before it starts)."""
-    from ccbridge.secure import netplugin  # (deferred: ccbridge.secure's key providers, 40 ms of start-up)
-
     try:
-        netplugin.library()
+        pluginenv.library()
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None

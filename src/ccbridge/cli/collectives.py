@@ -19,7 +19,7 @@ def cmd_collectives(args) -> int:
     sizes_in_order(args)
     if not gpus_ready("collectives", args.json):
         return 2
-    from ccbridge.secure import bench
+    from ccbridge.secure import bench  # (deferred: torch, which secure.bench imports)
 
     res = bench.collectives(args.op, args.minbytes, args.maxbytes, args.stepfactor, args.dtype,
                             args.iters, args.warmup, args.ngpus, args.backend, args.transport, args.net)

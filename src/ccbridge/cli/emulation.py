@@ -9,15 +9,15 @@ import signal
 import sys
 from pathlib import Path
 
-from ccbridge import ui
+from ccbridge import account, env, ui
 from ccbridge.cli.args import add_set, command, what_if
 from ccbridge.cli.reports import write_reports
+from ccbridge.emulate import coverage, launcher, profiles, targets, trace
 from ccbridge.errors import UsageError
+from ccbridge.results import Result, Row
 
 
 def cmd_run(args) -> int:
-    from ccbridge.emulate import launcher, trace
-
     cmd = args.program[1:] if args.program[:1] == ["--"] else args.program
     if args.sites and not args.record:
         raise UsageError("--sites notes call sites beside a trace: give --record T too")
@@ -31,8 +31,6 @@ def cmd_run(args) -> int:
     if args.record:
         print(trace.render(trace.summarize(str(Path(args.record).resolve()))), file=sys.stderr)
     if args.coverage:
-        from ccbridge.emulate import coverage
-
         print(coverage.render(json.loads(Path(args.coverage).read_text())), file=sys.stderr)
     return rc
 
@@ -49,10 +47,6 @@ def _ended(rc: int) -> str:
 
 def cmd_account(args) -> int:
     """Attribute the wall-time difference of two traces (or of CMD natively vs emulated) to the calls that grew."""
-    from ccbridge import account, env
-    from ccbridge.emulate import launcher, profiles, trace
-    from ccbridge.results import Result
-
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
     out = ui.writable_folder(args.out or Path("ccbridge-results") / f"account-{dt.datetime.now():%Y%m%d-%H%M%S}", "--out",
                              fresh=("result.json",))
@@ -139,9 +133,6 @@ def _then_projected(args, out: Path) -> int:
 def _account_ranks(args, base, other, prefixes, where, prof, out: Path) -> int:
     """A job of several ranks: each rank on its own steady-state window, then all of them summed; the start-up
     and teardown phases apart, never in the shares."""
-    from ccbridge import account, env
-    from ccbridge.results import Result, Row
-
     prof_proj = getattr(args, "projected", None)
     ranks, notes = account.per_rank(base, other)
     if not ranks:
@@ -171,8 +162,6 @@ def _account_ranks(args, base, other, prefixes, where, prof, out: Path) -> int:
 
 
 def cmd_trace(args) -> int:
-    from ccbridge.emulate import trace
-
     s = trace.summarize(args.prefix)
     if not s.processes and not s.by_api:
         raise UsageError(f"no trace files {args.prefix}.<pid>.csv or .summary.json")
@@ -193,9 +182,6 @@ def projection(args):
         if args.project_by != "hbm":
             raise UsageError("--project-by goes with --project GPU")
         return None
-    from ccbridge import env
-    from ccbridge.emulate import targets
-
     gpus = env.nvml_info().get("gpus") or [{}]
     return targets.project(args.project, gpus[0].get("name"), targets.parse_by(args.project_by))
 

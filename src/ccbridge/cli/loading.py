@@ -6,16 +6,14 @@ import json
 import sys
 from pathlib import Path
 
-from ccbridge import ui
+from ccbridge import env, ui
 from ccbridge.cli.args import command, device_spec, integer, size
 from ccbridge.errors import UsageError
+from ccbridge.load import bench, checkpoint, loader, synth
 from ccbridge.load.engine import MAX_BUFS, MAX_WORKERS  # the pool's own limits, refused before it sees them
 
 
 def cmd_load(args) -> int:
-    from ccbridge import env
-    from ccbridge.load import bench, checkpoint, loader
-
     if not args.bench and (args.json or args.ceiling):
         raise UsageError("--json and --ceiling go with --bench")
     if args.json:
@@ -23,7 +21,7 @@ def cmd_load(args) -> int:
     checkpoint.resolve(args.paths)  # the paths exist and none is given twice, before torch is imported
     ceiling = bench.probe_ceiling(args.ceiling) if args.ceiling else None
     try:
-        import torch  # noqa: F401
+        import torch  # noqa: F401 - deferred: torch, only asked whether it is installed
     except ImportError:
         print("ccbridge load: needs torch (pip install torch)", file=sys.stderr)
         return 2
@@ -60,8 +58,6 @@ def cmd_load(args) -> int:
 
 
 def cmd_make_checkpoint(args) -> int:
-    from ccbridge.load import synth
-
     with ui.count_progress("writing shards") as step:
         files = synth.make_checkpoint(args.out, args.size, args.shard_size, seed=args.seed, progress=step)
     written = sum(Path(f).stat().st_size for f in files)

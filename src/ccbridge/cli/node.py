@@ -6,22 +6,21 @@ import json
 import sys
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
+from ccbridge import attest, env
 from ccbridge import tenants, ui  # (tenants imports no GPU library)
 from ccbridge.cli.args import checked, command, integer
 from ccbridge.errors import UsageError
+from ccbridge.report.tables import machine_table
 
 
 def cmd_env(args) -> int:
-    from ccbridge import env
-
     stamp = env.stamp()
     if args.json:
         print(json.dumps(stamp, indent=1))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    from ccbridge.report.tables import machine_table
 
     t = machine_table(stamp)
     table = Table(title="ccbridge env", show_header=False)
@@ -32,14 +31,10 @@ def cmd_env(args) -> int:
 
 
 def _nonce(text: str) -> bytes:
-    from ccbridge.attest import parse_nonce
-
-    return parse_nonce(text)
+    return attest.parse_nonce(text)
 
 
 def cmd_attest(args) -> int:
-    from ccbridge import attest
-
     if args.verifier_url and args.verify != "remote":
         raise UsageError("--verifier-url names the remote verifier: it goes with --verify remote")
     out = ui.writable_file(args.out, "--out") if args.out else None

@@ -8,22 +8,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ccbridge import ui
+from rich.console import Console
+
+from ccbridge import env, results, ui
 from ccbridge.cli.args import add_set, add_timer, apply_timer, command, integer, what_if
 from ccbridge.cli.reports import write_reports
+from ccbridge.emulate import calibrate, launcher, profiles
 from ccbridge.errors import UsageError
+from ccbridge.findings import shown
+from ccbridge.probe import registry
+from ccbridge.textfit import wrap
 
 
 DEFAULT_ROUNDS = 3  # calibrate's native/emulated pairs for the delta checks
 
 
 def cmd_probe(args) -> int:
-    from rich.console import Console
-
-    from ccbridge import env
-    from ccbridge.findings import shown
-    from ccbridge.probe import registry
-
     if args.list:
         for t in registry.select(None):
             needs = f" (needs {', '.join(t.needs)})" if t.needs else ""
@@ -44,10 +44,9 @@ def cmd_probe(args) -> int:
     if stamp["emulation"]["active"]:
         console.print(f"[bold yellow]EMULATED run (profile {env.emulation_label(stamp['emulation'])}): "
                       "figures are not CC hardware measurements[/]")
-    from ccbridge.ui import ProbeProgress
 
     settings = registry.Settings(device=args.device, quick=args.quick, tests=args.tests, timer=apply_timer(args))
-    with ProbeProgress(len(tests), console) as progress:
+    with ui.ProbeProgress(len(tests), console) as progress:
         res = registry.run(settings, stamp, progress)
     paths = write_reports(res, out)
     console.print()
@@ -66,8 +65,6 @@ def cmd_probe(args) -> int:
 
 def _probe_under(args, prof, out: Path) -> int:
     """The probe again, in a child process started under the emulator."""
-    from ccbridge.emulate import launcher
-
     rest = ["probe", "--device", str(args.device), "--out", str(out), "--timer", apply_timer(args)]
     rest += ["--quick"] if args.quick else []
     rest += ["--tests", args.tests] if args.tests else []
@@ -78,8 +75,6 @@ def _probe_under(args, prof, out: Path) -> int:
 
 
 def cmd_profiles(args) -> int:
-    from ccbridge.emulate import profiles
-
     if args.overrides and not args.name:
         raise UsageError("--set changes one profile: name it (ccbridge profiles NAME --set KEY=VALUE)")
     if not args.name:
@@ -87,7 +82,6 @@ def cmd_profiles(args) -> int:
             print(f"{p.name:<12} {p.title}")
         print("\n`ccbridge profiles NAME` shows each parameter, what it is and where its value comes from.")
         return 0
-    from ccbridge.textfit import wrap
 
     p = profiles.override(profiles.load(args.name), args.overrides)
     out = wrap([f"# profile {p.name}: {p.title}"]
@@ -105,9 +99,6 @@ def cmd_profiles(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from ccbridge import results
-    from ccbridge.emulate import calibrate, launcher, profiles
-
     prof = profiles.override(profiles.load(args.profile), args.overrides)
     out = ui.writable_folder(args.out or Path("ccbridge-results") / f"calibrate-{prof.name}-{dt.datetime.now():%Y%m%d-%H%M%S}",
                              "--out", fresh=("calibration.json",))

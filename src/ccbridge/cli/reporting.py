@@ -7,15 +7,13 @@ import os
 import sys
 from pathlib import Path
 
-from ccbridge import ui
+from ccbridge import advise, compare, results, ui
 from ccbridge.cli.args import command
 from ccbridge.cli.reports import write_reports
 from ccbridge.errors import UsageError
 
 
 def cmd_report(args) -> int:
-    from ccbridge import results
-
     out = ui.writable_folder(args.out or Path(args.result).parent, "--out")
     res = results.load(args.result)
     for p in write_reports(res, out)[1:]:
@@ -24,8 +22,6 @@ def cmd_report(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from ccbridge import compare, results
-
     out = ui.writable_folder(args.out, "--out") if args.out else None
     base, other = results.load(args.base), results.load(args.other)
     c = compare.compare(base, other)
@@ -44,8 +40,6 @@ def cmd_compare(args) -> int:
 
 def cmd_advise(args) -> int:
     """The CC-mode-aware settings for vLLM, SGLang, TRT-LLM, torch and the loader, from stamps and results."""
-    from ccbridge import advise
-
     seen: dict = {}
     for f in args.files:  # the same file twice would print every line twice
         key = os.path.realpath(f)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ccbridge.report import html, markdown
+
 
 def write_reports(res, out: Path) -> list[Path]:
-    from ccbridge.report import html, markdown  # (markdown and html renderers: loaded only by a command that writes)
-
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "result.json", out / "report.md", out / "report.html"]
     res.save(paths[0])

@@ -25,10 +25,13 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 from ccbridge.emulate.profiles import Profile, override
+from ccbridge.env import emulation_label
 from ccbridge.errors import ProfileError, UsageError
 from ccbridge.probe import framework, peer
-from ccbridge.probe.transfer import SUSTAINED_BYTES, human_bytes  # a ratio above 1 there is not timer noise
+from ccbridge.probe.transfer import SUSTAINED_BYTES  # a ratio above 1 there is not timer noise
+from ccbridge.report.tables import command, run_line
 from ccbridge.results import Result, Row
+from ccbridge.ui import human_bytes
 
 PROBE_TESTS = (f"transfer,smallcopy,semantics,launch,framework,compute,concurrency,lifecycle,{peer.ALLREDUCE},"
                f"{peer.ONE_RANK}")
@@ -400,8 +403,6 @@ def check_side(res: Result, kind: str, profile: Profile, where: str) -> Result:
     """A result calibrate can use as its native or emulated side, or a UsageError naming where it came from:
     a probe's (not an account's or a bench's), native or emulated as said (emulated: under this profile), made
     with a GPU."""
-    from ccbridge.report.tables import command
-
     if command(res) != "probe":
         raise UsageError(f"{where}: a `ccbridge {command(res)}` result, not a probe's")
     if kind == "native" and res.emulated:
@@ -434,9 +435,6 @@ def _fmt(v) -> str:
 
 
 def render(profile: Profile, checks: list[Check], native: Result, emulated: Result) -> str:
-    from ccbridge.env import emulation_label
-    from ccbridge.report.tables import run_line
-
     passed = sum(c.ok is True for c in checks)
     what_if = f", what-if: {', '.join(profile.overrides)} set on the command line" if profile.overrides else ""
     lines = [f"# Calibration of profile `{profile.name}` (EMULATED{what_if})", "",

@@ -15,15 +15,17 @@ from pathlib import Path
 
 from ccbridge import ui
 from ccbridge.bindings import libcrypto
-from ccbridge.env import EMULATION_VAR
+from ccbridge.env import CONFIG_VAR, EMULATION_VAR
 from ccbridge.errors import EmulatorError, UsageError
+from ccbridge.emulate import coverage as driver_coverage
 from ccbridge.emulate import native_floor
+from ccbridge.emulate import sites as siterecorder
 from ccbridge.emulate.siteboot import ccbridge_sites
-from ccbridge.emulate.profiles import Profile
+from ccbridge.emulate.profiles import Profile, show
 from ccbridge.emulate.targets import ENV_VAR as PROJECTION_VAR, Projection
 from ccbridge.ranks import NVLS_OFF  # what a job sees under a profile without NVLS, as every rank ccbridge starts
+from ccbridge.textfit import wrap
 
-CONFIG_VAR = "CCBRIDGE_EMU_CONFIG"
 TRACE_MAX = 512  # the interposer's trace path buffer (emu.h), with its terminating NUL
 
 
@@ -127,9 +129,7 @@ def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, covera
             if projection:
                 env[PROJECTION_VAR] = json.dumps(projection.as_dict())
             if sites and trace:
-                from ccbridge.emulate import sites as _sites
-
-                env = _sites.environment(env, check_trace(trace))
+                env = siterecorder.environment(env, check_trace(trace), library())
             t = time.monotonic_ns()
             rc = subprocess.call(cmd, env=env)
             bounds = (t, time.monotonic_ns())
@@ -138,17 +138,12 @@ def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, covera
         except KeyboardInterrupt:
             return 130, (0, 0)
         if coverage:
-            from ccbridge.emulate import coverage as cov
-
-            Path(coverage).write_text(json.dumps(cov.merge(cov_prefix), indent=1) + "\n")
+            Path(coverage).write_text(json.dumps(driver_coverage.merge(cov_prefix), indent=1) + "\n")
         return rc, bounds
 
 
 def banner(profile: Profile, projection: Projection | None = None) -> str:
     """One line (two where what-ifs make it long: 120 columns each); the profile's title is `ccbridge profiles`'."""
-    from ccbridge.emulate.profiles import show
-    from ccbridge.textfit import wrap
-
     what = "EMULATED CC bridge" if profile.emulates else "interposer on, no costs (passthrough)"
     whatif = "".join(f" --set {k}={show(k, profile.params[k].value)}" for k in profile.overrides)
     lines = [f"ccbridge run: {what}, profile {profile.name}{' with' + whatif if whatif else ''} "

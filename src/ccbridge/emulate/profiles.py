@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
+from ccbridge.env import OVERRIDE_MARK
 from ccbridge.errors import ProfileError  # noqa: F401 - part of this module's API
 
 # name -> (unit, what it is); the interposer's config.c knows the same names.
@@ -144,7 +145,7 @@ class Profile:
         return bool(self.params["emulate"].value)
 
     def config_text(self, trace: str | None = None, native: dict[str, float] | None = None) -> str:
-        """The key=value text the interposer reads (CCBRIDGE_EMU_CONFIG); native:
+        """The key=value text the interposer reads (env.CONFIG_VAR names its file); native:
         this machine's measured bandwidths (native_floor.measure), the floor."""
         lines = [f"profile={self.name}"]
         for key, v in [(k, self.params[k].value) for k in PARAMS] + sorted((native or {}).items()):
@@ -154,9 +155,6 @@ class Profile:
         if trace:
             lines.append(f"trace={trace}")
         return "\n".join(lines) + "\n"
-
-
-OVERRIDE_MARK = "#was "  # config line: a parameter set on the command line, with the profile's own value
 
 
 def _num(v: float) -> str:

@@ -14,13 +14,12 @@ BOOT = str(Path(recorder.__file__).parent)  # the folder a traced program gets o
 NONE = "(no Python frame)"  # a call from a thread that noted no site (C++ threads, before the first)
 
 
-def environment(env: dict[str, str], prefix: str) -> dict[str, str]:
-    """env with the recorder switched on for every Python process started from it."""
-    from ccbridge.emulate import launcher
-
+def environment(env: dict[str, str], prefix: str, interposer: str) -> dict[str, str]:
+    """env with the recorder switched on for every Python process started from it; interposer: the emulator
+    library's path (launcher.library()), whose site slot the recorder writes, unless env names one already."""
     env = dict(env)
     env[recorder.ENV] = prefix
-    env.setdefault(recorder.LIB_ENV, launcher.library())
+    env.setdefault(recorder.LIB_ENV, interposer)
     env["PYTHONPATH"] = BOOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 

@@ -29,7 +29,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ccbridge.emulate import interposer, sites
-from ccbridge.errors import EmulatorError, ResultFileError, UsageError
+from ccbridge.errors import EmulatorError, ResultFileError
 
 SCHEMA = 5
 # column -> what it holds; the order is the file's
@@ -111,36 +111,6 @@ def resumed(was_recording: bool):
     finally:
         if was_recording:
             pause()
-
-
-MARKS = ("begin", "end")  # the names account reads: a process's steady-state windows run from begin to end
-
-
-def mark(name: str) -> bool:
-    """Name a point of the program in its trace (`ccbridge run --record` / `ccbridge account`): mark("begin") and
-    mark("end") bound a steady-state window, and account compares each process between its marks (without marks:
-    from its first collective to its last). Outside `ccbridge run`, or with no trace being written, nothing
-    happens and the answer is False; True when a mark line was written.
-
-        ccbridge.mark("begin")
-        for step in range(steps):
-            serve_one_step()
-        ccbridge.mark("end")
-    """
-    if name not in MARKS:
-        raise UsageError(f"mark {name!r}: account reads the marks {' and '.join(MARKS)}")
-    fn = interposer.switch("ccbemu_mark", False, "")
-    return bool(fn(name.encode())) if fn else False
-
-
-@contextlib.contextmanager
-def window():
-    """A steady-state window: mark("begin") on entry, mark("end") on exit (also when the body raises)."""
-    mark("begin")
-    try:
-        yield
-    finally:
-        mark("end")
 
 
 SCHEMA_LINE = re.compile(r"# ccbridge trace schema (\d+)(?:, profile ([^,]*), emulate (\d))?")

@@ -7,6 +7,7 @@ See loader.py for the order of work, policy.py for how the pool is sized,
 engine.py for the pool, header.py for the format rules.
 """
 
+from ccbridge.load import loader, policy
 from ccbridge.load.engine import LoadError, Pool, PoolConfig
 from ccbridge.load.header import Header, HeaderError, TensorInfo, read_header
 from ccbridge.load.loader import LoadStats, iter_safetensors, load_safetensors
@@ -16,9 +17,7 @@ from ccbridge.load.policy import choose as choose_pool
 def prewarm(device="cuda:0", **overrides) -> Pool:
     """A pool for `device`, sized by policy (overrides as in iter_safetensors), already
     prewarming: make it early (while the model is built) and pass it as pool=."""
-    import torch
-
-    from ccbridge.load import loader, policy
+    import torch  # deferred: torch, an optional dependency (seconds of import)
 
     _, index = loader.resolve_device(torch, device)
     return Pool(policy.for_device(index, **overrides).config)

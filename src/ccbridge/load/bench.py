@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from ccbridge.load import checkpoint, loader
 from ccbridge.load.loader import LoadStats
+from ccbridge.results import ResultFileError, load as load_result
 
 
 @dataclass
@@ -50,7 +51,7 @@ def _sync(torch):
 
 
 def _safetensors_load_file(files, device):
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # deferred: safetensors, an optional dependency (the baseline)
 
     out = {}
     for f in files:
@@ -59,7 +60,7 @@ def _safetensors_load_file(files, device):
 
 
 def _safetensors_safe_open(files, device):
-    from safetensors import safe_open
+    from safetensors import safe_open  # deferred: safetensors, an optional dependency (the baseline)
 
     out = {}
     for f in files:
@@ -70,7 +71,7 @@ def _safetensors_safe_open(files, device):
 
 
 def _fastsafetensors(files, device):
-    from fastsafetensors import fastsafe_open
+    from fastsafetensors import fastsafe_open  # deferred: fastsafetensors, an optional dependency
 
     with fastsafe_open(files, device=device, nogds=True) as g:
         return {k: g.get_tensor(k) for k in g.keys()}
@@ -90,7 +91,7 @@ def _equal(torch, a: dict, b: dict) -> str | None:
 
 
 def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None = None, log=print) -> dict:
-    import torch
+    import torch  # deferred: torch, an optional dependency (seconds of import)
 
     overrides = overrides or {}
     files, _, _ = checkpoint.resolve(paths)
@@ -100,7 +101,7 @@ def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None =
     log(f"page cache warm ({nbytes / warm_s / 1e9:.1f} GB/s read pass)")
 
     try:
-        import fastsafetensors  # noqa: F401
+        import fastsafetensors  # noqa: F401 - deferred: fastsafetensors, optional: is it installed?
         fst_error = None
     except Exception as e:
         fst_error = f"not installed here ({type(e).__name__}: {e})"
@@ -213,8 +214,6 @@ def render(report: dict, ceiling: float | None = None) -> str:
 
 def probe_ceiling(result_path: str) -> float:
     """The best aggregate H2D bandwidth of a probe result (concurrency family), GB/s."""
-    from ccbridge.results import ResultFileError, load as load_result
-
     res = load_result(result_path)
     best = [r.median for r in res.rows if r.test == "concurrency.scaling" and r.params.get("dir") == "h2d"]
     if not best:

@@ -165,7 +165,7 @@ def _run(paths, device, *, pool: Pool | None = None, workers: int | None = None,
          staging: str | None = None, chunk_bytes: int | None = None, buffers: int | None = None,
          progress: Callable[[int, int], None] | None = None, stats: LoadStats | None = None):
     """(index in file and offset order, name, tensor) as each tensor is done."""
-    import torch
+    import torch  # deferred: torch, an optional dependency (seconds of import)
 
     t_call = time.perf_counter()
     st = stats if stats is not None else LoadStats()

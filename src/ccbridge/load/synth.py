@@ -137,7 +137,7 @@ def _write_shard(path: str, tensors, seed: int) -> int:
 
 
 def _stream(tmp: str, tensors, seed: int) -> int:
-    import numpy as np
+    import numpy as np  # deferred: numpy, only for writing a synthetic checkpoint (100 ms of import)
 
     head, data_len = header_bytes(tensors)
     base = np.random.default_rng(seed).integers(1, 2**63, size=BLOCK // 8, dtype=np.uint64)

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+from ccbridge import libcrypto
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 
@@ -32,8 +33,6 @@ BUF_BYTES = 16 << 20
 
 def _measure(op: str, threads: int, seconds: float) -> list[float]:
     """Rounds of `threads` threads each sealing (or opening) one buffer: GB/s per round."""
-    from ccbridge import libcrypto
-
     key, iv = os.urandom(32), os.urandom(12)
     plain = [os.urandom(BUF_BYTES) for _ in range(threads)]
     sealed = [libcrypto.encrypt(key, iv, p) for p in plain]
@@ -97,8 +96,6 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=0.5)
     a = ap.parse_args(argv)
-    from ccbridge import libcrypto
-
     print(json.dumps({"samples": _measure(a.op, a.threads, a.seconds), "openssl": libcrypto.openssl_version()}))
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ccbridge import gputimer
 from ccbridge.bindings import core
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
@@ -60,8 +61,6 @@ def cc_answers(ctx):
     pinned memory's type as a program reads it (driver and torch.is_pinned), whether a device view of pinned
     memory sees a later host write, and how far CUDA events and %globaltimer stamps disagree on one interval."""
     import torch  # deferred: torch, needed only on a GPU
-
-    from ccbridge import gputimer
 
     ctx.step("pinned memory: its type and a device view")
     with core.Session(ctx.device, "pinned", 1 << 20) as s:

@@ -16,18 +16,12 @@ from ccbridge.probe.framework import alternating, paired_rows
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 from ccbridge.stats import plan_iters
+from ccbridge.ui import human_bytes
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 SUSTAINED_BYTES = 16 * MiB  # sizes from here on are bandwidth-bound: calibrate compares them with native
 SIZES_FULL = [4 * KiB * 4**k for k in range(10)]  # 4 KiB .. 1 GiB
 SIZES_QUICK = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB]
-
-
-def human_bytes(n: int) -> str:
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n >= size and n % size == 0:
-            return f"{n // size} {unit}"
-    return f"{n} B"
 
 
 @test("transfer.sweep", "H2D/D2H latency and bandwidth, pinned and pageable, 4 KiB to 1 GiB", needs=("gpu",))

@@ -5,7 +5,10 @@ from __future__ import annotations
 import base64
 import html
 
-from ccbridge.report.tables import Table
+from ccbridge.findings import shown
+from ccbridge.report.plots import all_plots
+from ccbridge.report.tables import (Table, emulation_banner, errors_table, headline_table, machine_table, run_line,
+                                    skipped_table, test_tables, title)
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.9em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
@@ -42,11 +45,6 @@ def page(title: str, banner: str, intro: list[str], bullets: list[str], plots: l
 
 
 def render(res) -> str:
-    from ccbridge.findings import shown
-    from ccbridge.report.plots import all_plots
-    from ccbridge.report.tables import (emulation_banner, errors_table, headline_table, machine_table, run_line,
-                                        skipped_table, test_tables, title)
-
     intro = [run_line(res)]
     tables = [headline_table(res), errors_table(res), machine_table(res.env), *test_tables(res), skipped_table(res)]
     return page(title(res), emulation_banner(res), intro, [f.text for f in shown(res)], all_plots(res), tables)

@@ -8,10 +8,10 @@ from ccbridge.results import Result
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # deferred: matplotlib, only for a report's charts (a second of import)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    matplotlib.use("Agg")  # before pyplot: files, never a display
+    import matplotlib.pyplot as plt  # deferred: matplotlib
 
     return plt
 

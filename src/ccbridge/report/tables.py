@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 
 from ccbridge import env as envmod
 from ccbridge import fabric
+from ccbridge.probe import registry
 from ccbridge.results import Result, Row
+from ccbridge.ui import human_bytes
 
 
 @dataclass
@@ -34,8 +36,6 @@ def num(x: float) -> str:
 
 
 def fmt_params(params: dict) -> str:
-    from ccbridge.probe.transfer import human_bytes
-
     return ", ".join(f"{k}={human_bytes(v) if k == 'bytes' else v}" for k, v in params.items())
 
 
@@ -151,12 +151,10 @@ def headline_table(res: Result) -> Table:
 
 
 def test_tables(res: Result) -> list[Table]:
-    from ccbridge.probe.registry import REGISTRY, _load_families
-
-    _load_families()
+    registry.load_families()
     out = []
     for name in dict.fromkeys(r.test for r in res.rows):
-        t = REGISTRY.get(name)
+        t = registry.REGISTRY.get(name)
         tab = Table(f"{name}: {t.title}" if t else name, ROW_HEADERS)
         tab.rows = [row_cells(r) for r in res.by_test(name)]
         out.append(tab)

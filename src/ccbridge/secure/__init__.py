@@ -15,9 +15,8 @@ __all__ = ["SecureError", "IntegrityError", "HandshakeError", "PeerError", "KeyM
 
 
 def __getattr__(name):
-    # the collectives need torch; the cipher format and keys do not
     if name in ("SecureGroup", "SecureWork", "allreduce_hook"):
-        from ccbridge.secure import group
+        from ccbridge.secure import group  # deferred: torch, which the collectives need (the format and keys do not)
 
         return getattr(group, name)
     raise AttributeError(f"module 'ccbridge.secure' has no attribute {name!r}")

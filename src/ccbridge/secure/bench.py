@@ -10,16 +10,22 @@ real errors.
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import statistics
+import tempfile
 import time
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ccbridge import busbw, choices, ranks
-from ccbridge.probe._torch import gpu_time_ms
+from ccbridge import busbw, choices, pluginenv, ranks
+from ccbridge.gputimer import time_ms as gpu_time_ms
+from ccbridge.secure import gcm
 from ccbridge.secure import keys as keymod
+from ccbridge.secure.group import SecureGroup, allreduce_hook
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 STALL_S = 600.0  # no word from any rank this long: stuck (rank 0 speaks after each size or each model's mode)
@@ -48,9 +54,7 @@ def transport_env(transport: str) -> dict:
     out = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NET": NETS["socket"],
            "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}  # both transports on one interface
     if transport == "ccbridge":
-        from ccbridge.secure import netplugin
-
-        out.update({k: v for k, v in netplugin.env().items() if k in ("NCCL_NET_PLUGIN", "LD_LIBRARY_PATH")})
+        out.update({k: v for k, v in pluginenv.env().items() if k in ("NCCL_NET_PLUGIN", "LD_LIBRARY_PATH")})
         out["NCCL_NET"] = NETS["ccbridge"]  # required: NCCL fails instead of falling back to plaintext
     return out
 
@@ -61,9 +65,6 @@ def _nccl_log_env(d: str) -> dict:
 
 def _nets_in_logs(d: str) -> list[str]:
     """The networks NCCL said it used ("Using network X"), from every rank's debug log."""
-    import glob
-    import re
-
     found = set()
     for f in glob.glob(os.path.join(d, "nccl.*.log")):
         with open(f, errors="replace") as fh:
@@ -104,7 +105,6 @@ def _init(rank: int, n: int, backend: str, secure: bool = True):
         dist.init_process_group(backend, rank=rank, world_size=n)
     if not secure:
         return None
-    from ccbridge.secure import SecureGroup
 
     return SecureGroup()
 
@@ -237,7 +237,6 @@ def collectives(op: str, begin: int, end: int, factor: int, dtype: str = "float"
         return res
     if net != "ccbridge" or backend != "nccl":
         raise ValueError("--net ccbridge compares NCCL's transports: it needs --backend nccl")
-    import tempfile
 
     runs = {}
     for t in ("sockets", "ccbridge"):
@@ -284,11 +283,11 @@ def render_collectives(rows: list[dict], header: bool = True, encrypted: str = "
 def _model(name: str):
     """(model, batch maker) with random initialization."""
     if name == "resnet50":
-        import torchvision
+        import torchvision  # deferred: torchvision, an optional dependency of this one model
 
         m = torchvision.models.resnet50()
         return m, lambda b, dev: (torch.randn(b, 3, 224, 224, device=dev), torch.randint(0, 1000, (b,), device=dev)), 64
-    import transformers
+    import transformers  # deferred: Hugging Face transformers, an optional dependency (seconds of import)
 
     if name == "bert-large":
         cfg = transformers.BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
@@ -350,10 +349,6 @@ def _ddp_rank(rank, n, models, plan, iters, warmup, backend, wrap="ddp", say=_sh
     """plan: (mode, bucket_cap_mb) pairs; mode "secure" adds ccbridge.secure's hook,
     any other mode is NCCL as configured (its name says which transport). Rank 0 says
     each row's line (say: _show, or launch()'s parent's)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from ccbridge.secure import allreduce_hook
-
     g = _init(rank, n, backend, secure=any(m == "secure" for m, _ in plan))
     dev = _device()
     rows = []
@@ -367,7 +362,7 @@ def _ddp_rank(rank, n, models, plan, iters, warmup, backend, wrap="ddp", say=_sh
         for mode, cap in plan:
             base.load_state_dict(start)
             if wrap == "fsdp":
-                from torch.distributed.fsdp import fully_shard
+                from torch.distributed.fsdp import fully_shard  # deferred: FSDP2, only in newer torch (--wrap fsdp)
 
                 for blk in _blocks(base, name):
                     fully_shard(blk)
@@ -420,7 +415,6 @@ def ddp(models: list[str], nproc: int, buckets: list[int], iters: int = 10, warm
                      backend, label="ddp bench")
         compare_losses(res["rows"])
         return res
-    import tempfile
 
     rows, nets = [], {}
     for t in ("sockets", "ccbridge"):
@@ -455,8 +449,6 @@ def render_ddp(res: dict) -> str:
 def cipher(size_list: list[int], iters: int = 20, device: str = "cuda") -> dict:
     """GB/s of the GPU kernels: encrypt, verify+decrypt, and a fused
     reduce-scatter hop (decrypt + add + encrypt) over random float32 data."""
-    from ccbridge.secure import gcm
-
     c = gcm.GpuCipher(os.urandom(32), device)
     dev = c.device
     ident = gcm.Ident(os.urandom(8), os.urandom(32))

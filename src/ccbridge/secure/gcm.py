@@ -221,7 +221,7 @@ class GpuCipher:
     launches of the kernels on the current stream. Tensors are uint8, contiguous."""
 
     def __init__(self, key: bytes, device):
-        import torch
+        import torch  # deferred: torch, which the wire format and the key schedule do not need
 
         self.torch = torch
         self.device = torch.device(device)
@@ -309,7 +309,7 @@ class CpuCipher:
     path of CPU-only ranks, e.g. Gloo across nodes without GPUs)."""
 
     def __init__(self, key: bytes):
-        import torch
+        import torch  # deferred: torch, which the wire format and the key schedule do not need
 
         self.torch = torch
         self.key = key

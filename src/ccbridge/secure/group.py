@@ -44,6 +44,7 @@ from ccbridge.errors import CCBridgeError, IntegrityError, PeerError
 from ccbridge.secure import gcm, handshake
 from ccbridge.secure import keys as keymod
 from ccbridge.secure.gcm import Ident
+from ccbridge.secure.work import SecureWork
 
 OPS = {"all_reduce": 1, "all_gather": 2, "reduce_scatter": 3, "broadcast": 4, "p2p": 5}
 STATUS_STEP = keymod.MAX_STEPS - 1
@@ -75,42 +76,6 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 def _wire(n: int, device) -> torch.Tensor:
     return torch.empty(gcm.wire_len(n), dtype=torch.uint8, device=device)
-
-
-class SecureWork:
-    """An encrypted collective in flight. wait() blocks until it is done and
-    raises IntegrityError (on every rank) if anything failed to verify."""
-
-    def __init__(self, group: "SecureGroup", what: str, fail: torch.Tensor, result=None):
-        self.group, self.what, self.result_ = group, what, result
-        if fail.is_cuda:
-            self._host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
-            self._host.copy_(fail, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
-        else:
-            self._host, self._event = fail, None
-        self._checked = None
-
-    def is_completed(self) -> bool:
-        return self._event is None or self._event.query()
-
-    def wait(self, timeout=None) -> bool:
-        """timeout: seconds (default: the group's); PeerError when it passes."""
-        if self._checked is None:
-            if self._event is not None:
-                self.group._usable()  # a group broken earlier: its streams may never reach this event
-                self.group._poll(self._event.query, self.what, timeout)
-            self._checked = int(self._host[0])
-        if self._checked:
-            self.group._fail_integrity(f"{self.what}: {self._checked} chunk(s) or status message(s) failed "
-                                       "authentication (tampered, replayed, reordered or truncated traffic, or "
-                                       "mismatched keys)")
-        return True
-
-    def result(self):
-        self.wait()
-        return self.result_
 
 
 class SecureGroup:
@@ -189,7 +154,7 @@ class SecureGroup:
         return session
 
     # ---- plumbing ----
-    def _poll(self, done, what: str, timeout=None) -> None:
+    def poll(self, done, what: str, timeout=None) -> None:
         """Wait until done() is true, at most timeout (default the group's)
         seconds; then PeerError, and the group is broken for good."""
         if done():
@@ -209,7 +174,7 @@ class SecureGroup:
         for w in works:
             with self._transport(what, end):
                 if self.backend == "nccl":
-                    self._poll(w.is_completed, what, max(end - time.monotonic(), 0.0))
+                    self.poll(w.is_completed, what, max(end - time.monotonic(), 0.0))
                     w.wait()
                 else:  # Gloo's point-to-point works complete only inside wait(), which takes the deadline
                     w.wait(timeout=timedelta(seconds=max(end - time.monotonic(), 1e-3)))
@@ -229,7 +194,7 @@ class SecureGroup:
                             f"dead or messages were dropped ({first})")
             self._break(f"rank {self.rank}: {what}: the transport failed ({first})")
 
-    def _fail_integrity(self, why: str):
+    def fail_integrity(self, why: str):
         """An authentication failure is fail-stop: an attacker can show it to
         some ranks only (the last message of any round can be altered on one
         link), so a group that went on could leave ranks out of step; the
@@ -241,7 +206,8 @@ class SecureGroup:
         self._broken = why
         raise PeerError(f"{why}; this SecureGroup cannot be used again (destroy the process group)")
 
-    def _usable(self) -> None:
+    def check_usable(self) -> None:
+        """PeerError where the group failed earlier (a broken group is never used again)."""
         if self._broken:
             raise PeerError(f"rank {self.rank}: this SecureGroup failed earlier and cannot be used again: {self._broken}")
 
@@ -330,7 +296,7 @@ class SecureGroup:
         while len(self._inflight) >= MAX_INFLIGHT:
             w = self._inflight.popleft()
             with self._transport(what):
-                self._poll(w.is_completed, what)
+                self.poll(w.is_completed, what)
 
     def _all_gather_bytes(self, out: torch.Tensor, inp: torch.Tensor) -> None:
         if self.backend == "nccl":
@@ -366,7 +332,7 @@ class SecureGroup:
         """Run a collective on the group's side stream, so it overlaps the
         caller's compute; wait() synchronizes the host with it, so whatever the
         caller launches after wait() sees the result."""
-        self._usable()
+        self.check_usable()
         if self._stream is None:
             work = fn(*args)
         else:
@@ -574,7 +540,7 @@ class SecureGroup:
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         """Encrypted point-to-point send (own key per direction and pair)."""
-        self._usable()
+        self.check_usable()
         self._check_device(tensor)
         flat = _bytes(tensor)
         epoch, counter, cipher = self._p2p_state(self.rank, dst, flat.numel())
@@ -584,7 +550,7 @@ class SecureGroup:
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         """Receive, verify and decrypt into tensor; IntegrityError if it fails."""
-        self._usable()
+        self.check_usable()
         self._check_device(tensor)
         flat = _bytes(tensor)
         epoch, counter, cipher = self._p2p_state(src, self.rank, flat.numel())

@@ -13,11 +13,14 @@ import ctypes
 import os
 import random
 import resource
+import socket
 import tempfile
+import threading
 import time
 from multiprocessing.connection import Client, Connection, Listener
 
-from ccbridge import ranks
+from ccbridge import env as envmod
+from ccbridge import pluginenv, ranks
 from ccbridge.bindings import libc, ncclnet
 from ccbridge.errors import SecureError, UsageError
 from ccbridge.results import Result, Row
@@ -137,9 +140,6 @@ def _stream(side: _Side, sender: bool, size: int, inflight: int, total: int) -> 
 def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int) -> dict:
     """The same bytes over `streams` plain TCP loopback connections, one thread each, no
     encryption: what this kernel's loopback carries with as many streams as the plugin's lanes."""
-    import socket
-    import threading
-
     per = max(1, total // max(size, 1) // streams)
     buf = bytearray(_pattern(0, size))
     if sender:
@@ -291,8 +291,6 @@ class _Rows:
 def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int = 2 << 30, repeat: int = 3,
              rtt_sizes: tuple[int, ...] = (8, 4096, 65536), rtt_iters: int = 1000,
              tcp_baseline: bool = True, progress=print) -> Result:
-    from ccbridge import env as envmod
-
     if not lanes or min(lanes) < 1 or max(lanes) > 16:
         raise UsageError("--lanes: each between 1 and 16")
     if inflight > 32:  # the plugin holds NCCL_NET_MAX_REQUESTS; more would wait out the deadline
@@ -300,7 +298,7 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
     env = {"NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}  # the two processes', not this one's
     if os.environ.get("CCBRIDGE_KEY") is None and os.environ.get("CCBRIDGE_KEY_FILE") is None:
         env["CCBRIDGE_KEY"] = os.urandom(32).hex()  # a benchmark key for both processes
-    netplugin.library()
+    pluginenv.library()
     plan = []  # grouped by lane count: each group uses one pair of connections
     for n in lanes:
         plan += [("stream", n, s, inflight, total, repeat) for s in sizes]

@@ -1,61 +1,16 @@
-"""Where the NCCL net plugin (libnccl-net-ccbridge.so) lives, and the
-environment that turns it on.
-
-NCCL loads `libnccl-net-${NCCL_NET_PLUGIN}.so` from the library path, so a
-job sets NCCL_NET_PLUGIN=ccbridge and puts `path()` on LD_LIBRARY_PATH; every
-byte NCCL sends between ranks over the network then travels as AES-256-GCM
-records keyed from $CCBRIDGE_KEY or $CCBRIDGE_KEY_FILE (the formats of
-ccbridge.secure.keys). The sources are in ccbridge/native/ncclnet.
-"""
+"""The NCCL net plugin (libnccl-net-ccbridge.so) driven from Python as NCCL's proxy thread drives it: its
+v11 API, for the net bench and the tests. Where the plugin lives and the environment that turns it on for
+NCCL: ccbridge.pluginenv."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import time
-from pathlib import Path
 
+from ccbridge import pluginenv
 from ccbridge.bindings import ncclnet
 from ccbridge.errors import SecureError
-
-NAME = "libnccl-net-ccbridge.so"
-
-
-def path() -> Path:
-    """The folder holding the plugin (for LD_LIBRARY_PATH)."""
-    return Path(__file__).resolve().parent.parent / "lib"
-
-
-def library() -> Path:
-    """The plugin itself; FileNotFoundError if the package was installed without building it."""
-    lib = path() / NAME
-    if not lib.exists():
-        raise FileNotFoundError(f"{lib} is not built (pip install . builds it; or python setup.py build_ext --inplace)")
-    return lib
-
-
-def env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """`base` (default os.environ) with NCCL_NET_PLUGIN=ccbridge and the plugin's folder first on LD_LIBRARY_PATH."""
-    out = dict(os.environ if base is None else base)
-    folder = str(library().parent)
-    out["NCCL_NET_PLUGIN"] = "ccbridge"
-    out["LD_LIBRARY_PATH"] = os.pathsep.join([folder] + [p for p in out.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
-    return out
-
-
-def status(environ: dict[str, str] | None = None) -> dict:
-    """Will NCCL load the plugin in this environment? For `ccbridge env` and every result's stamp."""
-    e = os.environ if environ is None else environ
-    lib = path() / NAME
-    on_path = str(path()) in [str(Path(x).resolve()) for x in e.get("LD_LIBRARY_PATH", "").split(os.pathsep) if x]
-    selected = e.get("NCCL_NET_PLUGIN") == "ccbridge"
-    out = {"built": lib.exists(), "path": str(lib), "selected": selected, "on_library_path": on_path,
-           "will_load": lib.exists() and selected and on_path,
-           "required": e.get("NCCL_NET") == "ccbridge"}  # without it NCCL falls back to plaintext if the plugin fails
-    return out
-
-
-# ---- the plugin's v11 API, as NCCL's proxy thread drives it (declared in ccbridge.bindings.ncclnet) ----
 
 
 class NetError(SecureError):
@@ -72,7 +27,7 @@ class Net:
     comes from $CCBRIDGE_KEY / $CCBRIDGE_KEY_FILE as for NCCL."""
 
     def __init__(self, lib_path: str | None = None):
-        self.lib, self.t = ncclnet.load(str(lib_path or library()))
+        self.lib, self.t = ncclnet.load(str(lib_path or pluginenv.library()))
         self.logs: list[tuple[int, str]] = []
         self._log = ncclnet.LOGGER(lambda lvl, flags, f, line, fmt, msg:
                                    self.logs.append((lvl, (msg or b"").decode())))

@@ -50,7 +50,6 @@ each step's start and end event on the compute stream over the wall time
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,9 +57,14 @@ from typing import Callable
 
 import torch
 
-from ccbridge import choices, gputimer
+from ccbridge import choices, env, gputimer, marks
 from ccbridge.emulate import trace as emu_trace  # (decode()'s own `trace` is its event list)
 from ccbridge.errors import UsageError
+from ccbridge.load import load_safetensors
+from ccbridge.results import Result, Row
+from ccbridge.serve import DrainWorker, StagedH2D, layout
+from ccbridge.serve.judge import Judge
+from ccbridge.serve.stepper import GraphStepper, Stepper, transformers
 
 MODES = choices.DECODE_MODES  # (in choices, which the CLI reads without importing torch; so PRESETS)
 MAX_HOST_PREP_US = 1e6  # a second of host work per step is no engine's
@@ -68,14 +72,6 @@ MAX_BATCH = 4096  # sequences per step: beyond what a serving engine batches (an
 DRAIN_LAG = 2  # drain mode: readbacks in flight before the scheduler thread takes the oldest
 
 PRESETS = choices.DECODE_PRESETS  # shapes of published models; the weights are random
-
-
-def transformers_module():
-    try:
-        import transformers
-    except ImportError:
-        raise UsageError("needs Hugging Face transformers (pip install transformers)") from None
-    return transformers
 
 
 def check(model: str | None, batches: list[int], prompt: int, output: int, modes: list[str], device: str,
@@ -135,7 +131,7 @@ def from_checkpoint(path: str, device, tokens: int) -> tuple[torch.nn.Module, st
     """A Hugging Face causal LM from a local model folder (config.json and *.safetensors), its weights read
     by ccbridge's loader onto the device: (model in eval mode, its label, its vocabulary size). Every defect
     of the folder is a UsageError naming it; nothing is fetched from the network."""
-    tf = transformers_module()
+    tf = transformers()
     p = check_checkpoint(path)
     where = f"--checkpoint {path}"
     try:
@@ -162,8 +158,6 @@ def from_checkpoint(path: str, device, tokens: int) -> tuple[torch.nn.Module, st
                          f"{str(e).splitlines()[0][:200]}") from None
     finally:
         torch.set_default_dtype(old)
-    from ccbridge.load import load_safetensors
-
     weights = load_safetensors(str(p), device=str(dev))
     params = dict(m.named_parameters(remove_duplicate=False))
     state = m.state_dict()
@@ -190,7 +184,7 @@ def dtype_for(dev: torch.device) -> torch.dtype:
 
 def build(model: str, device, seed: int = 0) -> torch.nn.Module:
     """The preset's causal LM with seeded random weights, in eval mode (bf16 on CUDA, fp32 on the CPU)."""
-    tf = transformers_module()
+    tf = transformers()
     spec = dict(PRESETS[model])
     arch = spec.pop("arch")
     cfg_cls, model_cls = ((tf.LlamaConfig, tf.LlamaForCausalLM) if arch == "llama"
@@ -224,101 +218,6 @@ class Run:
     stats: dict = field(default_factory=dict)  # what crossed how: h2d, staged, readback, drained counts
 
 
-class Stepper:
-    """One model's forward with the keyword arguments its transformers version takes."""
-
-    def __init__(self, model):
-        inner = getattr(model, "model", model)
-        self.model = model
-        self.cache_position = "cache_position" in inspect.signature(inner.forward).parameters
-        params = inspect.signature(model.forward).parameters
-        self.keep = ({"logits_to_keep": 1} if "logits_to_keep" in params else
-                     {"num_logits_to_keep": 1} if "num_logits_to_keep" in params else {})
-
-    def host_inputs(self, batch: int, p: int) -> list[torch.Tensor]:
-        pos = torch.full((batch, 1), p, dtype=torch.int64)
-        return [pos, torch.tensor([p], dtype=torch.int64)] if self.cache_position else [pos]
-
-    def prefill(self, ids: torch.Tensor):
-        out = self.model(input_ids=ids, use_cache=True, **self.keep)
-        return out.logits[:, -1].argmax(-1), out.past_key_values
-
-    def step(self, ids: torch.Tensor, inputs: list[torch.Tensor], cache):
-        kw = {"cache_position": inputs[1]} if self.cache_position else {}
-        out = self.model(input_ids=ids, position_ids=inputs[0], past_key_values=cache, use_cache=True, **kw,
-                         **self.keep)
-        return out.logits[:, -1].argmax(-1), out.past_key_values
-
-
-class GraphStepper(Stepper):
-    """Decode steps over a transformers StaticCache, replayed from one CUDA graph per run: the step's ids,
-    positions and cache position are copied into persistent buffers the graph reads (the inputs' own
-    crossings stay outside the graph, as in an engine), then one replay. On the CPU the same buffers and
-    cache run eagerly (no capture), so CPU tests check everything but the capture itself."""
-
-    def __init__(self, model, batch: int, max_len: int):
-        super().__init__(model)
-        dev = next(model.parameters()).device
-        # an engine-like model (serve/engine.py) brings its own static cache; transformers' models take theirs
-        own = getattr(model, "static_cache", None)
-        self.cache = own(batch, max_len) if own else \
-            transformers_module().StaticCache(config=model.config, max_cache_len=max_len)
-        self.ids = torch.zeros((batch, 1), dtype=torch.int64, device=dev)
-        self.pos = torch.zeros((batch, 1), dtype=torch.int64, device=dev)
-        self.cp = torch.zeros((1,), dtype=torch.int64, device=dev)
-        self.graph = self.out = None
-
-    def host_inputs(self, batch: int, p: int) -> list[torch.Tensor]:
-        # cache_position always: older transformers index the static cache by it (newer ones take and ignore it)
-        return [torch.full((batch, 1), p, dtype=torch.int64), torch.tensor([p], dtype=torch.int64)]
-
-    def prefill(self, ids: torch.Tensor):
-        cp = torch.arange(ids.shape[1], device=ids.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, cache_position=cp, use_cache=True, **self.keep)
-        return out.logits[:, -1].argmax(-1), self.cache
-
-    def _forward(self) -> torch.Tensor:
-        out = self.model(input_ids=self.ids, position_ids=self.pos, past_key_values=self.cache,
-                         cache_position=self.cp, use_cache=True, **self.keep)
-        return out.logits[:, -1].argmax(-1)
-
-    def _load(self, ids: torch.Tensor, inputs: list[torch.Tensor]) -> None:
-        for buf, t in ((self.ids, ids), (self.pos, inputs[0]), (self.cp, inputs[1])):
-            buf.copy_(t, non_blocking=True)
-
-    def capture(self, ids: torch.Tensor, inputs: list[torch.Tensor]) -> None:
-        """Capture the step from step 1's device inputs. The warm-up forwards (cuBLAS workspaces, lazy kernel
-        loads must not happen inside a capture) write step 1's own KV at its position, which step 1 rewrites."""
-        if self.ids.device.type != "cuda":
-            return
-        self._load(ids, inputs)
-        # Newer transformers keep the static cache's write position in small device tensors that each
-        # forward advances (cache_position is then ignored): the warm-up must leave them as prefill did.
-        counters = [t for layer in getattr(self.cache, "layers", []) for t in vars(layer).values()
-                    if isinstance(t, torch.Tensor) and t.numel() <= 16]
-        saved = [t.clone() for t in counters]
-        side, main = torch.cuda.Stream(self.ids.device), torch.cuda.current_stream(self.ids.device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._forward()
-            for t, v in zip(counters, saved):
-                t.copy_(v)
-        main.wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        # thread_local: under tensor parallelism (serve/tp.py) NCCL's watchdog thread queries events while this
-        # thread captures the step's all-reduces; one GPU has no other thread on CUDA then, so nothing changes
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            self.out = self._forward()
-
-    def step(self, ids: torch.Tensor, inputs: list[torch.Tensor], cache):
-        self._load(ids, inputs)
-        if self.graph is None:
-            return self._forward(), cache
-        self.graph.replay()
-        return self.out.clone(), cache  # the next replay overwrites self.out while this step's tokens are read
-
-
 @contextlib.contextmanager
 def deterministic_attention():
     """cuDNN's attention kernels off (PyTorch picks flash, memory-efficient or math instead), restored after.
@@ -333,7 +232,7 @@ def deterministic_attention():
         torch.backends.cuda.enable_cudnn_sdp(was)
 
 
-def memory(dev) -> str:
+def memory_note(dev) -> str:
     """' (GPU memory allocated by PyTorch: X GiB)' on CUDA, for progress lines and out-of-memory errors."""
     if dev.type != "cuda":
         return ""
@@ -345,6 +244,109 @@ def _busy(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
+
+
+class _Loop:
+    """One decode() call's steps: their crossings (counted in stats), launches (their GPU time on the compute
+    stream by the run's GPU timer, in marks) and the tokens as they reach the host (toks, with the time of each in stamps),
+    scheduled as the mode says by sync(), pipelined() (async, staged) or drained()."""
+
+    def __init__(self, st: Stepper, dev, prompt: torch.Tensor, output: int, mode: str, stage, drain, log,
+                 host_prep_us: float):
+        self.st, self.dev, self.mode, self.output = st, dev, mode, output
+        self.batch, self.plen = prompt.shape
+        self.stage, self.drain, self.log, self.host_prep_us = stage, drain, log, host_prep_us
+        self.cuda = dev.type == "cuda"
+        self.stats = {"h2d": 0, "staged": 0, "readback": 0, "drained": 0}
+        self.compute = torch.cuda.current_stream(dev) if self.cuda else None
+        self.side = torch.cuda.Stream(dev) if self.cuda and mode in ("async", "staged") else None
+        self.marks = gputimer.Intervals(torch, self.compute, output) if self.cuda else None
+        self.toks: list[torch.Tensor] = [None] * output  # type: ignore[list-item]
+        self.stamps: list[float] = []
+
+    def to_dev(self, t: torch.Tensor) -> torch.Tensor:
+        self.stats["h2d"] += 1
+        if not self.cuda:
+            return t.clone()
+        return t.pin_memory().to(self.dev, non_blocking=True)
+
+    def inputs_for(self, n: int) -> list[torch.Tensor]:  # step n feeds token n - 1 at position plen + n - 1
+        host = self.st.host_inputs(self.batch, self.plen + n - 1)
+        if self.mode in ("staged", "drain"):
+            self.stats["staged"] += 1
+            return self.stage.put(host)
+        return [self.to_dev(t) for t in host]
+
+    def launch(self, n: int, ids: torch.Tensor, cache):
+        inputs = self.inputs_for(n)
+        if self.host_prep_us:
+            _busy(self.host_prep_us / 1e6)
+        if self.cuda:
+            self.marks.begin()
+        nxt, cache = self.st.step(ids, inputs, cache)
+        if self.cuda:
+            self.marks.end()
+        self.log(("launch", n))
+        return nxt, cache
+
+    def read(self, t: torch.Tensor, ready) -> torch.Tensor:  # async, staged: on the side stream, after `ready`
+        self.stats["readback"] += 1
+        if not self.cuda:
+            return t.clone()
+        if self.side is None:
+            return t.cpu()
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        with torch.cuda.stream(self.side):
+            self.side.wait_event(ready)
+            host.copy_(t, non_blocking=True)
+        self.side.synchronize()
+        return host
+
+    def event(self):
+        if not self.cuda:
+            return None
+        e = torch.cuda.Event()
+        e.record(self.compute)
+        return e
+
+    def got(self, n: int, t: torch.Tensor) -> None:
+        self.toks[n] = t
+        self.stamps.append(time.perf_counter())
+        self.log(("read", n))
+
+    def sync(self, first: torch.Tensor, cache) -> None:
+        tok = first.cpu()
+        self.stats["readback"] += 1
+        self.got(0, tok)
+        for n in range(1, self.output):
+            nxt, cache = self.launch(n, self.to_dev(tok[:, None]), cache)
+            tok = nxt.cpu()
+            self.stats["readback"] += 1
+            self.got(n, tok)
+
+    def pipelined(self, first: torch.Tensor, cache) -> None:
+        prev, ready = first, self.event()
+        for n in range(1, self.output):
+            nxt, cache = self.launch(n, prev[:, None], cache)  # N+1 enqueued from N's device-side argmax
+            nxt_ready = self.event()
+            self.got(n - 1, self.read(prev, ready))             # then N read back
+            prev, ready = nxt, nxt_ready
+        self.got(self.output - 1, self.read(prev, ready))
+
+    def drained(self, first: torch.Tensor, cache) -> None:
+        pending = [(0, self.drain.submit(first))]
+        self.stats["drained"] += 1
+        prev = first
+        for n in range(1, self.output):
+            nxt, cache = self.launch(n, prev[:, None], cache)
+            pending.append((n, self.drain.submit(nxt)))
+            self.stats["drained"] += 1
+            prev = nxt
+            while len(pending) > DRAIN_LAG:
+                k, fut = pending.pop(0)
+                self.got(k, fut.result())
+        for k, fut in pending:
+            self.got(k, fut.result())
 
 
 @torch.no_grad()
@@ -360,168 +362,39 @@ def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, d
     """
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
-    from ccbridge.serve import DrainWorker, StagedH2D, layout
-
     dev = next(model.parameters()).device
     cuda = dev.type == "cuda"
     batch, plen = prompt.shape
     st = GraphStepper(model, batch, plen + output) if graphs else Stepper(model)
-    steps = output - 1
-    log = trace.append if trace is not None else (lambda _: None)
-    stats = {"h2d": 0, "staged": 0, "readback": 0, "drained": 0}
     own_drain = own_stage = None
     if mode in ("staged", "drain") and stage is None:
         stage = own_stage = StagedH2D(capacity=layout(st.host_inputs(batch, 0))[1], device=dev)
     if mode == "drain" and drain is None:
         drain = own_drain = DrainWorker(max_pending=DRAIN_LAG + 2)
-    compute = torch.cuda.current_stream(dev) if cuda else None
-    side = torch.cuda.Stream(dev) if cuda and mode in ("async", "staged") else None
-    marks = gputimer.Intervals(torch, compute, output) if cuda else None  # each step's GPU time, for gpu_busy
-
-    def to_dev(t: torch.Tensor) -> torch.Tensor:
-        stats["h2d"] += 1
-        if not cuda:
-            return t.clone()
-        return t.pin_memory().to(dev, non_blocking=True)
-
-    def inputs_for(n: int) -> list[torch.Tensor]:  # step n feeds token n - 1 at position plen + n - 1
-        host = st.host_inputs(batch, plen + n - 1)
-        if mode in ("staged", "drain"):
-            stats["staged"] += 1
-            return stage.put(host)
-        return [to_dev(t) for t in host]
-
-    def launch(n: int, ids: torch.Tensor, cache):
-        inputs = inputs_for(n)
-        if host_prep_us:
-            _busy(host_prep_us / 1e6)
-        if cuda:
-            marks.begin()
-        nxt, cache = st.step(ids, inputs, cache)
-        if cuda:
-            marks.end()
-        log(("launch", n))
-        return nxt, cache
-
-    def read(t: torch.Tensor, ready) -> torch.Tensor:  # async, staged: on the side stream, after `ready`
-        stats["readback"] += 1
-        if not cuda:
-            return t.clone()
-        if side is None:
-            return t.cpu()
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        with torch.cuda.stream(side):
-            side.wait_event(ready)
-            host.copy_(t, non_blocking=True)
-        side.synchronize()
-        return host
-
-    def event():
-        if not cuda:
-            return None
-        e = torch.cuda.Event()
-        e.record(compute)
-        return e
-
-    toks: list[torch.Tensor] = [None] * output  # type: ignore[list-item]
-    stamps: list[float] = []
-
-    def got(n: int, t: torch.Tensor) -> None:
-        toks[n] = t
-        stamps.append(time.perf_counter())
-        log(("read", n))
-
+    loop = _Loop(st, dev, prompt, output, mode, stage, drain, trace.append if trace is not None else (lambda _: None),
+                 host_prep_us)
     try:
         first, cache = st.prefill(prompt.to(dev))
         if graphs:
             st.capture(first[:, None], [t.to(dev) for t in st.host_inputs(batch, plen)])
         if cuda:
             torch.cuda.synchronize(dev)
-        emu_trace.mark("begin")  # the timed steps: account's steady-state window (a trace line where one is written)
+        marks.mark("begin")  # the timed steps: account's steady-state window (a trace line where one is written)
         t0 = time.perf_counter()
-        if mode == "sync":
-            tok = first.cpu()
-            stats["readback"] += 1
-            got(0, tok)
-            for n in range(1, output):
-                nxt, cache = launch(n, to_dev(tok[:, None]), cache)
-                tok = nxt.cpu()
-                stats["readback"] += 1
-                got(n, tok)
-        elif mode in ("async", "staged"):
-            prev, ready = first, event()
-            for n in range(1, output):
-                nxt, cache = launch(n, prev[:, None], cache)  # N+1 enqueued from N's device-side argmax
-                nxt_ready = event()
-                got(n - 1, read(prev, ready))                 # then N read back
-                prev, ready = nxt, nxt_ready
-            got(steps, read(prev, ready))
-        else:  # drain
-            pending = [(0, drain.submit(first))]
-            stats["drained"] += 1
-            prev = first
-            for n in range(1, output):
-                nxt, cache = launch(n, prev[:, None], cache)
-                pending.append((n, drain.submit(nxt)))
-                stats["drained"] += 1
-                prev = nxt
-                while len(pending) > DRAIN_LAG:
-                    k, fut = pending.pop(0)
-                    got(k, fut.result())
-            for k, fut in pending:
-                got(k, fut.result())
+        schedule = {"sync": loop.sync, "async": loop.pipelined, "staged": loop.pipelined, "drain": loop.drained}
+        schedule[mode](first, cache)
         wall = time.perf_counter() - t0
-        emu_trace.mark("end")
+        marks.mark("end")
     finally:
         if own_drain is not None:
             own_drain.close()
     busy = None
-    if cuda and marks.n and wall > 0:
+    if cuda and loop.marks.n and wall > 0:
         torch.cuda.synchronize(dev)
-        busy = min(1.0, marks.total_ms() / 1e3 / wall)
+        busy = min(1.0, loop.marks.total_ms() / 1e3 / wall)
     del own_stage
-    tokens = torch.stack([t.reshape(batch).to("cpu", torch.int64) for t in toks], dim=1)
-    return Run(tokens, wall, [b - a for a, b in zip(stamps, stamps[1:])], busy, stats)
-
-
-# A different token at a near tie: the reference's logits for the two differ by at most this fraction of its
-# largest logit. Random weights make near-flat logits, so ties are common; on a GPU two runs of the same
-# bf16 decode can part at one (a kernel's reduction order is not fixed run to run at every batch size).
-TIE_TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 1e-2}
-
-
-class Judge:
-    """Compares a run's tokens (batch, output) with the reference's. Each sequence that differs is judged
-    where it first parts: the logits of a full prefill (no cache) of the prompt and the reference's tokens
-    before that point. A different token within TIE_TOL of the reference's is a near tie (the two decodes
-    follow different but equally valid paths from there); anything else is wrong. Judgements are cached:
-    runs tend to part at the same ties."""
-
-    def __init__(self, model, prompt: torch.Tensor):
-        self.model, self.prompt, self.seen = model, prompt, {}
-        self.dev = next(model.parameters()).device
-        self.tol = TIE_TOL.get(next(model.parameters()).dtype, 2e-2)
-        self.keep = Stepper(model).keep
-
-    @torch.no_grad()
-    def _tie(self, want: torch.Tensor, seq: int, k: int, other: int) -> bool:
-        key = (seq, tuple(want[seq, :k + 1].tolist()), other)
-        if key not in self.seen:
-            ctx = torch.cat([self.prompt[seq], want[seq, :k]])[None].to(self.dev)
-            lg = self.model(input_ids=ctx, use_cache=False, **self.keep).logits[0, -1].float().cpu()
-            self.seen[key] = float(lg[int(want[seq, k])] - lg[other]) <= self.tol * float(lg.abs().max())
-        return self.seen[key]
-
-    def __call__(self, want: torch.Tensor, got: torch.Tensor) -> tuple[bool, set]:
-        """(any sequence wrong, the near ties (sequence, step) where sequences parted)."""
-        wrong, ties = False, set()
-        for seq in (want != got).any(dim=1).nonzero().flatten().tolist():
-            k = int((want[seq] != got[seq]).nonzero()[0])
-            if self._tie(want, seq, k, int(got[seq, k])):
-                ties.add((seq, k))
-            else:
-                wrong = True
-        return wrong, ties
+    tokens = torch.stack([t.reshape(batch).to("cpu", torch.int64) for t in loop.toks], dim=1)
+    return Run(tokens, wall, [b - a for a, b in zip(loop.stamps, loop.stamps[1:])], busy, loop.stats)
 
 
 def _mismatch(a: torch.Tensor, b: torch.Tensor) -> str:
@@ -555,8 +428,6 @@ def verdict(judge: Judge, want: tuple[str, torch.Tensor], runs: list[Run], what:
 def rows_of(test: str, timed: list[Run], output: int, extra: dict, **params) -> list:
     """The rows of one (batch, mode)'s timed runs: tok_per_s (with extra, the median GPU busy and the last
     run's crossing counts), step_ms and token_gap_ms."""
-    from ccbridge.results import Row
-
     b = timed[0].tokens.shape[0]
     busy = [r.gpu_busy for r in timed if r.gpu_busy is not None]
     tok = Row.of(test, "tok_per_s", "tok/s", [b * (output - 1) / r.wall_s for r in timed], **params)
@@ -573,7 +444,7 @@ def settings_of(model: str, dev, dtype, prompt: int, output: int, batches: list[
             "dtype": str(dtype).split(".")[-1],
             "prompt": prompt, "output": output, "batches": list(batches), "modes": list(modes),
             "iters": iters, "warmup": warmup, "graphs": graphs, "seed": seed,
-            "transformers": transformers_module().__version__, "drain_lag": DRAIN_LAG, "host_prep_us": host_prep_us,
+            "transformers": transformers().__version__, "drain_lag": DRAIN_LAG, "host_prep_us": host_prep_us,
             "timer": gputimer.choose() if torch.device(dev).type == "cuda" else None,
             "cudnn_attention": False}
 
@@ -589,14 +460,11 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
     Judge: a sequence that parts at a near tie of the reference's logits is counted apart, in the row's
     extra near_ties); each real disagreement is an entry in Result.errors. Under `ccbridge run --record` only
     the timed runs write trace lines."""
-    from ccbridge import env
-    from ccbridge.results import Result
-
     dev = check(None if checkpoint is not None else model, batches, prompt, output, modes, device, graphs)
     check_host_prep(host_prep_us)
     if checkpoint is not None:
         check_checkpoint(checkpoint)
-    transformers_module()  # missing: said before the model is built
+    transformers()  # missing: said before the model is built
     stamp = env.stamp()
     t_start = time.monotonic()
     # under `ccbridge run --record` (and so `ccbridge account`) only the timed runs are traced: the model build,
@@ -616,14 +484,15 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
                 ids = prompts(vocab, b, prompt, seed)
                 want, judge = None, Judge(m, ids)
                 for mode in modes:
-                    log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs{memory(dev)}")
+                    log(f"batch {b}, {mode}: {warmup} warm-up + {iters} timed runs{memory_note(dev)}")
                     try:
                         runs = measure(m, ids, output, mode, warmup, iters, recording, graphs=graphs,
                                        host_prep_us=host_prep_us)
                     except torch.OutOfMemoryError as e:  # the rows so far stand; the result says where it stopped
                         first = str(e).split(". ")[0]
-                        res.errors.append({"test": "decode", "error": f"batch {b}, mode {mode}: {first}{memory(dev)}; "
-                                                                      "the larger batches and later modes did not run"})
+                        why = f"batch {b}, mode {mode}: {first}{memory_note(dev)}"
+                        res.errors.append({"test": "decode", "error": f"{why}; the larger batches and later modes "
+                                                                      "did not run"})
                         break
                     if want is None:
                         want = (mode, runs[0].tokens)
@@ -640,7 +509,25 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
         return res
 
 
+TIMING_HEADER = f"{'tok/s':>10} {'step ms':>9} {'gap p50':>8} {'gap p90':>8} {'gpu busy':>8}"
+
+
+def timing_columns(res, keys: tuple[str, ...]):
+    """(row, its timing columns as TIMING_HEADER heads them) for each tok_per_s row of res, in order; its step_ms
+    and token_gap_ms rows are those with the same params `keys` (decode's: batch and mode; tp's: tp too)."""
+    by = {(*(r.params[k] for k in keys), r.metric): r for r in res.rows}
+    for r in res.rows:
+        if r.metric != "tok_per_s":
+            continue
+        key = tuple(r.params[k] for k in keys)
+        st, gap = by[(*key, "step_ms")], by[(*key, "token_gap_ms")]
+        busy = r.extra.get("gpu_busy")
+        yield r, (f"{r.median:>10.1f} {st.median:>9.3f} {gap.median:>8.3f} {gap.p90:>8.3f} "
+                  f"{'-' if busy is None else f'{busy:.2f}':>8}")
+
+
 def tokens_word(extra: dict) -> str:
+    """The tokens column: same (with the near ties counted) or DIFFER, from a tok_per_s row's extra."""
     if not extra["tokens_match"]:
         return "DIFFER"
     n = extra.get("near_ties", 0)
@@ -656,18 +543,8 @@ def render(res) -> str:
     if s.get("host_prep_us"):
         head += f", {s['host_prep_us']:g} us of host preparation per step (modelled engine work)"
     if res.emulated:
-        from ccbridge import env
-
         head += f"\n# {env.emulated_banner(res.env['emulation'])}"
-    lines = [head, f"{'batch':>6} {'mode':<7} {'tok/s':>10} {'step ms':>9} {'gap p50':>8} {'gap p90':>8} "
-                   f"{'gpu busy':>8}  tokens"]
-    by = {(r.params["batch"], r.params["mode"], r.metric): r for r in res.rows}
-    for r in res.rows:
-        if r.metric != "tok_per_s":
-            continue
-        st, gap = (by[(r.params["batch"], r.params["mode"], m)] for m in ("step_ms", "token_gap_ms"))
-        busy = r.extra.get("gpu_busy")
-        lines.append(f"{r.params['batch']:>6} {r.params['mode']:<7} {r.median:>10.1f} {st.median:>9.3f} "
-                     f"{gap.median:>8.3f} {gap.p90:>8.3f} {'-' if busy is None else f'{busy:.2f}':>8}  "
-                     f"{tokens_word(r.extra)}")
+    lines = [head, f"{'batch':>6} {'mode':<7} {TIMING_HEADER}  tokens"]
+    for r, timing in timing_columns(res, ("batch", "mode")):
+        lines.append(f"{r.params['batch']:>6} {r.params['mode']:<7} {timing}  {tokens_word(r.extra)}")
     return "\n".join(lines)

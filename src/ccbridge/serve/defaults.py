@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from ccbridge.load import policy
+
 
 @dataclass(frozen=True)
 class ServeDefaults:
@@ -25,9 +27,7 @@ def cc_defaults() -> ServeDefaults:
     takes the readbacks; stage inputs on an idle stream; graphs; pinned host
     buffers only where the crossing API needs them (under CC pinned memory no
     longer has a fast path: bridge law, section 4). CC off: today's defaults."""
-    from ccbridge.load.policy import cc_situation  # one reading of the CC state for loader and server
-
-    state, _ = cc_situation()
+    state, _ = policy.cc_situation()  # one reading of the CC state for loader and server
     if state in ("on", "emulated"):
         return ServeDefaults(state, "async", True, True, True, "pageable",
                              "CC: every readback holds its thread until the stream reaches it, so readbacks go to a "

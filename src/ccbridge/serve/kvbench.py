@@ -46,13 +46,16 @@ from typing import Callable
 
 import torch
 
+from ccbridge import env
 from ccbridge.errors import UsageError
-from ccbridge.serve import decode
+from ccbridge.results import Result, Row
+from ccbridge.serve import KVCache, decode
+from ccbridge.serve.judge import TIE_TOL
+from ccbridge.serve.stepper import Stepper, transformers
 from ccbridge.ui import approx_bytes
 
 MODES = ("sync", "async")
 BLOCK_TOKENS = 16
-TIE_TOL = decode.TIE_TOL
 
 DEFAULTS = dict(suffix_len=32, zipf=1.0, gpu_fraction=1 / 3, thresholds=(1, 2, 3), modes=MODES, warmup=2, iters=1,
                 check_every=8, churn=3)
@@ -157,8 +160,8 @@ class Server:
         self.model, self.kv, self.mode = model, kv, mode
         self.dev = next(model.parameters()).device
         self.cuda = self.dev.type == "cuda"
-        self.st = decode.Stepper(model)
-        self.tf = decode.transformers_module()
+        self.st = Stepper(model)
+        self.tf = transformers()
 
     def _sync_crossings(self, spills: bool) -> None:
         if self.mode != "sync":
@@ -216,7 +219,7 @@ class Server:
 def reference(model, tokens: list[int]) -> torch.Tensor:
     """The last position's logits of a full prefill without any cache (float32, on the host)."""
     dev = next(model.parameters()).device
-    st = decode.Stepper(model)
+    st = Stepper(model)
     out = model(input_ids=torch.tensor([tokens], device=dev), use_cache=False, **st.keep)
     return out.logits[0, -1].float().cpu()
 
@@ -238,9 +241,6 @@ def bench(model: str | None = None, prefixes: int | None = None, prefix_len: int
     kv:spill_bytes, kv:restore_bytes, kv:device_hit_rate, kv:host_hit_rate, kv:miss_rate (of the blocks the
     timed requests looked up; counters of the warm-up pass excluded). Every check_every-th timed request's
     first token is compared with a full prefill's; each config with a mismatch adds an entry to errors."""
-    from ccbridge import env
-    from ccbridge.results import Result
-
     d = {**DEFAULTS, **DEVICE_DEFAULTS["cuda" if str(device).split(":")[0] == "cuda" else "cpu"]}
     model = d["model"] if model is None else model
     prefixes = d["prefixes"] if prefixes is None else prefixes
@@ -285,7 +285,7 @@ def bench(model: str | None = None, prefixes: int | None = None, prefix_len: int
                        "block_tokens": BLOCK_TOKENS, "block_bytes": block_bytes, "device_blocks": blocks,
                        "host_blocks": host_blocks, "gpu_fraction": blocks / (prefixes * (prefix_len // BLOCK_TOKENS)),
                        "thresholds": thresholds, "modes": modes, "warmup": warmup, "iters": iters, "seed": seed,
-                       "checked": len(checked), "transformers": decode.transformers_module().__version__,
+                       "checked": len(checked), "transformers": transformers().__version__,
                        "cudnn_attention": False}}
     res = Result(env=stamp, settings=settings)
     threads = torch.get_num_threads()
@@ -318,9 +318,6 @@ class _Every:
 
 
 def _sweep(res, m, wl, refs, shape, dtype, blocks, host_blocks, thresholds, modes, tol, model, log) -> None:
-    from ccbridge.results import Row
-    from ccbridge.serve import KVCache
-
     dev = next(m.parameters()).device
     checked = sorted(refs)
     for th in thresholds:
@@ -397,8 +394,6 @@ def render(res) -> str:
             f"device ({s['gpu_fraction']:.0%} of the prefixes' blocks), {s['host_blocks']} on the host; first tokens "
             f"of {s['checked']} requests checked against a full prefill")
     if res.emulated:
-        from ccbridge import env
-
         head += f"\n# {env.emulated_banner(res.env['emulation'])}"
     lines = [head, f"{'thresh':>6} {'mode':<5} {'TTFT p50':>9} {'p99 ms':>8} {'req ms':>8} {'spill D2H':>10} "
                    f"{'restore H2D':>11} {'dev hit':>7} {'host hit':>8} {'miss':>6}  tokens"]

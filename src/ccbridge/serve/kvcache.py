@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ccbridge.errors import KVCacheError, UsageError
+from ccbridge.serve.defaults import cc_defaults
 from ccbridge.serve.drain import DrainWorker
 
 PENDING, ON_DEVICE, SPILLING, ON_HOST, RESTORING = "pending", "on_device", "spilling", "on_host", "restoring"
@@ -119,7 +120,6 @@ class KVCache:
         self.device = torch.device(device if device is not None else "cuda")
         self.cuda = self.device.type == "cuda"
         if host_memory is None:
-            from ccbridge.serve.defaults import cc_defaults
             host_memory = cc_defaults().host_memory if self.cuda else "pageable"
         if host_memory not in ("pinned", "pageable"):
             raise UsageError(f"host_memory must be 'pinned' or 'pageable', not {host_memory!r}")

@@ -41,11 +41,13 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ccbridge import gputimer, ranks
+from ccbridge import env, gputimer, ranks
 from ccbridge.emulate import interposer
 from ccbridge.emulate import trace as emu_trace
 from ccbridge.errors import GpuError, UsageError
+from ccbridge.results import Result, Row
 from ccbridge.serve import decode, engine
+from ccbridge.serve.judge import Judge
 
 TEST = "decode_tp"  # rows' test name: not decode's, whose readers (advise) key its rows by batch and mode alone
 MAX_CPU_RANKS = 4  # gloo ranks on --device cpu: enough to test a split, few enough for a CI runner
@@ -165,18 +167,18 @@ def _bench_rank(rank: int, n: int, dev, send, job: dict) -> None:
             for b in job["batches"]:
                 ids = decode.prompts(spec["vocab_size"], b, prompt, job["seed"])
                 say(("logits", {"batch": b, "logits": _first_logits(m, ids, dev)}))
-                judge, want = decode.Judge(m, ids), None
+                judge, want = Judge(m, ids), None
                 coll_ms = _collectives_ms(m, b, dev)
                 for mode in job["modes"]:
                     what = f"tp {n}, batch {b}, mode {mode}"
-                    say(("log", f"{what}: {warmup} warm-up + {iters} timed runs{decode.memory(dev)}"))
+                    say(("log", f"{what}: {warmup} warm-up + {iters} timed runs{decode.memory_note(dev)}"))
                     try:
                         runs = decode.measure(m, ids, output, mode, warmup, iters, recording, graphs=job["graphs"],
                                               host_prep_us=job["host_prep_us"])
                         native = _native(m, ids, output, mode, iters, job["graphs"], job["host_prep_us"]) \
                             if emulating else None
                     except torch.OutOfMemoryError as e:  # the parent keeps the rows so far and says where
-                        send(("oom", f"{what}: {str(e).split('. ')[0]}{decode.memory(dev)}"))
+                        send(("oom", f"{what}: {str(e).split('. ')[0]}{decode.memory_note(dev)}"))
                         raise
                     differ = _agree(runs, dev) if n > 1 else 0
                     if want is None:
@@ -243,8 +245,6 @@ def _step_rows(got: dict, n: int, model: str, graphs: bool, params: dict) -> lis
     """The (batch, mode)'s rows about its step: the roofline (rank 0's weight bytes at its copy rate), the
     collectives' native GPU time, the native step outside them over the roofline; emulated: the native step
     (emulation paused) and the predicted emulated step beside the measured one."""
-    from ccbridge.results import Row
-
     st, b, mode = got["step"], got["batch"], got["mode"]
     p = dict(model=model, tp=n, batch=b, mode=mode, graphs=graphs)
     measured = next(r for r in got["rows"] if r.metric == "step_ms")
@@ -304,9 +304,6 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
     where tokens first part from the smallest degree's, gpu_busy and the crossing counts), and the step's rows
     (_step_rows). A degree that runs out of memory keeps its rows so far, says where in Result.errors, and the next
     degree runs; any other rank failure raises."""
-    from ccbridge import env
-    from ccbridge.results import Result
-
     check(model, degrees, device)
     dev = decode.check(model, batches, prompt, output, modes, device, graphs, tp=True)
     if dev.type == "cuda" and max(degrees) > torch.cuda.device_count():
@@ -381,18 +378,13 @@ def render(res) -> str:
     if s.get("host_prep_us"):
         lines.append(f"# {s['host_prep_us']:g} us of host preparation per step (modelled engine work)")
     if res.emulated:
-        from ccbridge import env
-
         lines.append(f"# {env.emulated_banner(res.env['emulation'])}")
     first = min(s["degrees"])
-    lines.append(f"{'tp':>3} {'batch':>6} {'mode':<7} {'tok/s':>10} {'step ms':>9} {'gap p90':>8} {'roof':>6} "
-                 f"{'pred ms':>8} {f'x TP={first}':>7}  tokens; logits")
+    lines.append(f"{'tp':>3} {'batch':>6} {'mode':<7} {decode.TIMING_HEADER} {'roof':>5} {'pred ms':>8} "
+                 f"{f'x TP={first}':>7}  tokens; logits")
     by = {(r.params["tp"], r.params["batch"], r.params["mode"], r.metric): r for r in res.rows}
-    for r in res.rows:
-        if r.metric != "tok_per_s":
-            continue
+    for r, timing in decode.timing_columns(res, ("tp", "batch", "mode")):
         tp, b, mode = r.params["tp"], r.params["batch"], r.params["mode"]
-        st, gap = by[(tp, b, mode, "step_ms")], by[(tp, b, mode, "token_gap_ms")]
         one = by.get((first, b, mode, "tok_per_s"))
         roof, pred = by.get((tp, b, mode, "outside_over_roofline")), by.get((tp, b, mode, "predicted_step_ms"))
         word = decode.tokens_word(r.extra) + ("" if r.extra.get("ranks_agree", True) else ", RANKS DIFFER")
@@ -400,7 +392,7 @@ def render(res) -> str:
             word += f", parts from tp {r.extra.get('logits_vs')} at {r.extra['first_parting']}"
         if "logits_rel_diff" in r.extra and tp != r.extra.get("logits_vs"):
             word += f"; {r.extra['logits_rel_diff']:.1e}" + ("" if r.extra["logits_within"] else " BEYOND")
-        lines.append(f"{tp:>3} {b:>6} {mode:<7} {r.median:>10.1f} {st.median:>9.3f} {gap.p90:>8.3f} "
-                     f"{'-' if roof is None else f'{roof.median:.2f}':>6} {'-' if pred is None else f'{pred.median:.3f}':>8} "
+        lines.append(f"{tp:>3} {b:>6} {mode:<7} {timing} {'-' if roof is None else f'{roof.median:.2f}':>5} "
+                     f"{'-' if pred is None else f'{pred.median:.3f}':>8} "
                      f"{'-' if one is None else f'{r.median / one.median:.2f}':>7}  {word}"[:120])
     return "\n".join(lines)

@@ -30,7 +30,7 @@ import types
 
 SCHEMA = 1
 ENV = "CCBRIDGE_SITES"
-LIB_ENV = "CCBRIDGE_EMU_LIB"
+LIB_ENV = "CCBRIDGE_EMU_LIB"  # bindings/emu.py's (this file imports no ccbridge: tests/test_sites.py holds the twin)
 TOOL = "ccbridge call sites"
 _PACKAGES = ("site-packages", "dist-packages")
 

@@ -1,0 +1,51 @@
+"""Where the NCCL net plugin (libnccl-net-ccbridge.so) lives, and the environment that turns it on.
+
+NCCL loads `libnccl-net-${NCCL_NET_PLUGIN}.so` from the library path, so a
+job sets NCCL_NET_PLUGIN=ccbridge and puts `path()` on LD_LIBRARY_PATH; every
+byte NCCL sends between ranks over the network then travels as AES-256-GCM
+records keyed from $CCBRIDGE_KEY or $CCBRIDGE_KEY_FILE (the formats of
+ccbridge.secure.keys). The sources are in ccbridge/native/ncclnet; the plugin
+driven from Python: ccbridge.secure.netplugin. Files and the environment only:
+the stamp (env) reads status() without NCCL, torch or the secure package.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+NAME = "libnccl-net-ccbridge.so"
+
+
+def path() -> Path:
+    """The folder holding the plugin (for LD_LIBRARY_PATH)."""
+    return Path(__file__).resolve().parent / "lib"
+
+
+def library() -> Path:
+    """The plugin itself; FileNotFoundError if the package was installed without building it."""
+    lib = path() / NAME
+    if not lib.exists():
+        raise FileNotFoundError(f"{lib} is not built (pip install . builds it; or python setup.py build_ext --inplace)")
+    return lib
+
+
+def env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """`base` (default os.environ) with NCCL_NET_PLUGIN=ccbridge and the plugin's folder first on LD_LIBRARY_PATH."""
+    out = dict(os.environ if base is None else base)
+    folder = str(library().parent)
+    out["NCCL_NET_PLUGIN"] = "ccbridge"
+    out["LD_LIBRARY_PATH"] = os.pathsep.join([folder] + [p for p in out.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+    return out
+
+
+def status(environ: dict[str, str] | None = None) -> dict:
+    """Will NCCL load the plugin in this environment? For `ccbridge env` and every result's stamp."""
+    e = os.environ if environ is None else environ
+    lib = path() / NAME
+    on_path = str(path()) in [str(Path(x).resolve()) for x in e.get("LD_LIBRARY_PATH", "").split(os.pathsep) if x]
+    selected = e.get("NCCL_NET_PLUGIN") == "ccbridge"
+    out = {"built": lib.exists(), "path": str(lib), "selected": selected, "on_library_path": on_path,
+           "will_load": lib.exists() and selected and on_path,
+           "required": e.get("NCCL_NET") == "ccbridge"}  # without it NCCL falls back to plaintext if the plugin fails
+    return out
