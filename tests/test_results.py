@@ -1,10 +1,13 @@
 import json
+from pathlib import Path
 
 import pytest
 
 from ccbridge import results
 from ccbridge.results import Result, Row
-from conftest import set_field
+from conftest import DATA, set_field
+
+DATA_H100 = DATA / "h100-native-full.json"
 
 
 def test_row_key_is_order_independent():
@@ -19,7 +22,7 @@ def test_row_key_is_order_independent():
 
 
 def test_save_load_round_trip(tmp_path):
-    r = Result(env={"emulation": {"active": True, "profile": "b300"}}, settings={"quick": True},
+    r = Result(kind="probe", env={"emulation": {"active": True, "profile": "b300"}}, settings={"quick": True},
                rows=[Row.of("a.b", "m", "us", [1.5, 2.5], k=1)], skipped=[{"test": "x", "reason": "no GPU"}])
     r.rows[0].extra["verdict"] = "async"
     p = tmp_path / "r.json"
@@ -125,3 +128,41 @@ def test_a_what_if_run_round_trips(tmp_path, h100_doc):
     p = tmp_path / "r.json"
     p.write_text(json.dumps(h100_doc))
     assert results.load(p).env["emulation"]["overrides"]["launch_toll_us"]["was"] == 18.6
+
+
+def test_a_result_names_its_kind_and_a_version_1_file_has_it_told_once(tmp_path, h100_doc):
+    assert h100_doc["version"] == 1 and "kind" not in h100_doc  # tests/data: written before results named their kind
+    assert results.load(DATA_H100).kind == "probe"
+    r = Result(kind="kv", env={}, settings={"kv": {}})
+    r.save(tmp_path / "kv.json")
+    doc = json.loads((tmp_path / "kv.json").read_text())
+    assert (doc["version"], doc["kind"]) == (2, "kv") and results.load(tmp_path / "kv.json").kind == "kv"
+    with pytest.raises(ValueError, match="result kind 'nope'"):
+        Result(kind="nope", env={}, settings={})
+
+
+@pytest.mark.parametrize("settings,rows,kind", [
+    ({"device": 0, "quick": True, "tests": [], "missing": {}}, [], "probe"),
+    ({}, [], "probe"),
+    ({"decode": {"model": "tiny"}}, [], "decode"),
+    ({"decode_tp": {"model": "tiny"}}, [], "decode_tp"),
+    ({"kv": {"model": "tiny"}}, [], "kv"),
+    ({"bench": "net", "inflight": 8}, [], "net"),
+    ({"base": "a", "other": "b", "profile": None}, [], "account"),
+    ({}, [{"test": "account.total"}], "account"),
+])
+def test_the_kind_of_a_version_1_result(settings, rows, kind):
+    assert results.kind_of_v1(Path("r.json"), {"settings": settings, "rows": rows}) == kind
+
+
+def test_a_version_1_result_of_no_kind_and_an_unknown_kind_are_refused(tmp_path, h100_doc):
+    h100_doc["settings"] = {"gpus": 8}
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(h100_doc))
+    with pytest.raises(results.ResultFileError, match=r"r.json: a version-1 result of no kind this ccbridge can tell"):
+        results.load(p)
+    h100_doc.update(version=2, kind="training", settings={})
+    p.write_text(json.dumps(h100_doc))
+    with pytest.raises(results.ResultFileError, match=r"r.json: kind: 'training' is not a result kind this ccbridge "
+                                                      r"reads \(probe, decode, decode_tp, kv, account, net, ddp"):
+        results.load(p)

@@ -83,29 +83,32 @@ class Input:
 
 
 def read(path: str | Path) -> Input:
-    """One input file, its kind told by its content; every defect is a ResultFileError naming the file."""
+    """One input file, by its kind; every defect is a ResultFileError naming the file."""
     p = Path(path)
     stamp, res = results.read_stamped(p, "pass a result.json or an env stamp")
-    if res is not None:
-        tests = {r.test for r in res.rows}
-        for kind, metric in (("decode_tp", "tok_per_s"), ("decode", "tok_per_s"), ("kv", "ttft_ms")):
-            if kind in res.settings or kind in tests:
-                if not any(r.test == kind and r.metric == metric for r in res.rows):
-                    raise ResultFileError(f"{p}: a {kind} result with no {kind}:{metric} rows (an interrupted "
-                                          f"`ccbridge bench {kind}`?): nothing to advise from")
-                _check_serving(p, kind, res)
-                # serve/tp.py's rows are decode's with a tp param, under their own test name
-                return Input(str(p), "kv" if kind == "kv" else "decode", res.env, res, res.emulated, kind)
-        if any(t.startswith("account.") for t in tests):
-            # account --profile: the stamp is the parent's, the OTHER trace ran under the emulator
-            return Input(str(p), "account", res.env, res, res.emulated or bool(res.settings.get("profile")))
-        if any(t.startswith(PROBE_TESTS) for t in tests):
-            return Input(str(p), "probe", res.env, res, res.emulated)
-        raise ResultFileError(f"{p}: a ccbridge result with no rows advise reads (probe families "
-                              f"{', '.join(t.rstrip('.') for t in PROBE_TESTS)}; account, decode or kv rows)")
-    if "emulation" in stamp:
-        return Input(str(p), "env", stamp, None, bool(stamp["emulation"].get("active")))
-    raise ResultFileError(f"{p}: not a ccbridge result or env stamp (`ccbridge env --json`)")
+    if res is None:
+        if "emulation" in stamp:
+            return Input(str(p), "env", stamp, None, bool(stamp["emulation"].get("active")))
+        raise ResultFileError(f"{p}: not a ccbridge result or env stamp (`ccbridge env --json`)")
+    kind = res.kind
+    if kind in _SERVING:
+        metric = "ttft_ms" if kind == "kv" else "tok_per_s"
+        if not any(r.test == kind and r.metric == metric for r in res.rows):
+            raise ResultFileError(f"{p}: a {kind} result with no {kind}:{metric} rows (an interrupted "
+                                  f"`{results.KINDS[kind]}`?): nothing to advise from")
+        _check_serving(p, kind, res)
+        # serve/tp.py's rows are decode's with a tp param, under their own test name
+        return Input(str(p), "kv" if kind == "kv" else "decode", res.env, res, res.emulated, kind)
+    if kind == "account":
+        # account --profile: the stamp is the parent's, the OTHER trace ran under the emulator
+        return Input(str(p), "account", res.env, res, res.emulated or bool(res.settings.get("profile")))
+    if kind == "probe":
+        if not any(r.test.startswith(PROBE_TESTS) for r in res.rows):
+            what = "of a machine with no usable GPU" if res.no_gpu else "with none of the GPU families advise reads"
+            raise ResultFileError(f"{p}: a probe {what}: nothing to advise from")
+        return Input(str(p), "probe", res.env, res, res.emulated)
+    raise ResultFileError(f"{p}: a {kind} result: advise reads env stamps and probe, account, decode, decode_tp "
+                          "and kv results")
 
 
 # What bench decode and bench kv write, per row: the parameter that tells rows apart and its values.

@@ -18,7 +18,22 @@ from ccbridge.errors import ResultFileError  # noqa: F401 - part of this module'
 from ccbridge.stats import summarize
 
 SCHEMA = "ccbridge.result"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: every result names its kind; a version-1 file's kind is told once at read (kind_of_v1)
+
+# What wrote a result, and so its settings' shape and its rows' tests. calibrate's calibration.json is no Result:
+# it holds verdicts of a profile's targets (text, None where rows were missing), not measurements with samples,
+# it is derived from two results that carry their own stamps, and ccbridge never reads it back.
+KINDS = {
+    "probe": "ccbridge probe",
+    "decode": "ccbridge bench decode",
+    "decode_tp": "ccbridge bench decode --tp",
+    "kv": "ccbridge bench kv",
+    "account": "ccbridge account",
+    "net": "ccbridge bench net",
+    "ddp": "ccbridge bench ddp",
+    "cipher": "ccbridge bench cipher",
+    "collectives": "ccbridge collectives",
+}
 
 # Units where a larger number is better; for every other unit smaller is.
 HIGHER_IS_BETTER = {"GB/s", "TFLOP/s", "tok/s", "hit fraction"}
@@ -59,6 +74,7 @@ class Row:
 
 @dataclass
 class Result:
+    kind: str  # one of KINDS
     env: dict[str, Any]
     settings: dict[str, Any]
     rows: list[Row] = field(default_factory=list)
@@ -66,6 +82,10 @@ class Result:
     errors: list[dict[str, str]] = field(default_factory=list)
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     duration_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"result kind {self.kind!r}: expected one of {', '.join(KINDS)}")
 
     @property
     def emulated(self) -> bool:
@@ -84,6 +104,7 @@ class Result:
         return {
             "schema": SCHEMA,
             "version": SCHEMA_VERSION,
+            "kind": self.kind,
             "created": self.created,
             "duration_s": self.duration_s,
             "env": self.env,
@@ -205,8 +226,16 @@ def from_doc(path: str | Path, doc) -> Result:
     path = Path(path)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ResultFileError(f"{path}: not a ccbridge result (schema field missing or wrong)")
-    if doc.get("version") != SCHEMA_VERSION:
-        raise ResultFileError(f"{path}: result version {doc.get('version')!r:.40}, this ccbridge reads {SCHEMA_VERSION}")
+    version = doc.get("version")
+    if version == 1:
+        kind = kind_of_v1(path, doc)
+    elif version == SCHEMA_VERSION:
+        kind = doc.get("kind")
+        if kind not in KINDS:
+            raise ResultFileError(f"{path}: kind: {kind!r:.40} is not a result kind this ccbridge reads "
+                                  f"({', '.join(KINDS)})")
+    else:
+        raise ResultFileError(f"{path}: result version {version!r:.40}, this ccbridge reads 1 and {SCHEMA_VERSION}")
     _check_env(path, doc.get("env"))
     _check_settings(path, doc.get("settings", {}))
     for key, typ in (("created", str), ("duration_s", _NUMBER)):
@@ -225,5 +254,28 @@ def from_doc(path: str | Path, doc) -> Result:
         rows.append(Row(**{k: r[k] for k in _ROW_FIELDS}, extra=extra))
     skipped = _list_of_records(path, doc, "skipped", {"test": str, "reason": str})
     errors = _list_of_records(path, doc, "errors", {"test": str, "error": str})
-    return Result(env=doc["env"], settings=doc.get("settings", {}), rows=rows, skipped=skipped, errors=errors,
+    return Result(kind=kind, env=doc["env"], settings=doc.get("settings", {}), rows=rows, skipped=skipped, errors=errors,
                   created=doc.get("created", ""), duration_s=doc.get("duration_s", 0.0))
+
+
+# The settings a probe writes (probe/registry.py): a version-1 result holding only these is a probe's.
+_PROBE_SETTINGS = {"device", "quick", "tests", "missing"}
+
+
+def kind_of_v1(path: Path, doc: dict) -> str:
+    """The kind of a version-1 result (written before results named their kind), told from what each of its
+    writers put in it: the one place that reads a kind from content. ResultFileError when nothing tells."""
+    settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
+    rows = doc.get("rows") if isinstance(doc.get("rows"), list) else []
+    tests = {r.get("test") for r in rows if isinstance(r, dict)}
+    for kind in ("decode_tp", "decode", "kv"):  # bench decode [--tp] and bench kv: their settings under their name
+        if kind in settings:
+            return kind
+    if settings.get("bench") == "net":
+        return "net"
+    if any(isinstance(t, str) and t.startswith("account.") for t in tests) or {"base", "other"} <= settings.keys():
+        return "account"
+    if settings.keys() <= _PROBE_SETTINGS:
+        return "probe"
+    raise ResultFileError(f"{path}: a version-1 result of no kind this ccbridge can tell (settings "
+                          f"{', '.join(sorted(settings))[:60]}): write it again with this ccbridge")

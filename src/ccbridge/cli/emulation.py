@@ -90,8 +90,9 @@ def cmd_account(args) -> int:
     # makes every figure an emulated one (a BASE emulated and OTHER not is also noted below)
     emulated_as = args.profile or (", ".join(sorted((base.profiles | other.profiles) - {"passthrough"}))
                                    if base.emulated or other.emulated else None)
-    res = Result(env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
-                                             "overrides": args.overrides, "command": rest if args.profile else None},
+    res = Result(kind="account", env=env.stamp(),
+                 settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
+                           "overrides": args.overrides, "command": rest if args.profile else None},
                  rows=account.rows(lines, wall, at_sites, where, spans=not args.profile))
     paths = write_reports(res, out)
     print(account.render(lines, wall, where=where, emulated=emulated_as))

@@ -148,8 +148,8 @@ def run(settings: Settings, env: dict[str, Any], progress=None) -> Result:
     """Run the selected tests; progress is an optional ui.Progress-like object."""
     tests = select(settings.tests)
     machine = Machine.detect(settings.device)
-    result = Result(env=env, settings={"device": settings.device, "quick": settings.quick,
-                                       "tests": [t.name for t in tests], "missing": machine.missing})
+    result = Result(kind="probe", env=env, settings={"device": settings.device, "quick": settings.quick,
+                                                     "tests": [t.name for t in tests], "missing": machine.missing})
     t_start = time.perf_counter()
     for t in tests:
         lacking = [machine.missing[n] for n in t.needs if n in machine.missing]

@@ -230,7 +230,7 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
     settings.update(degrees=sorted(degrees), backend="nccl" if dev.type == "cuda" else "gloo",
                     all_reduces_per_step=2 * layers, replicated="embeddings, norms, lm_head",
                     reference="given" if reference else "smallest degree's first mode")
-    res = Result(env=stamp, settings={"decode_tp": settings})
+    res = Result(kind="decode_tp", env=stamp, settings={"decode_tp": settings})
     refs = {b: ("the given reference", t.tolist()) for b, t in (reference or {}).items()}
     for n in sorted(degrees):
         got, oom = [], []
