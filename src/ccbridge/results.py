@@ -174,10 +174,10 @@ def _check_env(path: Path, env) -> None:
                                   "numbers 'value' and 'was'")
 
 
-def _check_settings(path: Path, settings) -> None:
+def _check_settings(path: Path, kind: str, settings) -> None:
     if not isinstance(settings, dict):
         raise ResultFileError(f"{path}: field 'settings' must be an object, not {type(settings).__name__}")
-    expected = {"device": int, "quick": bool, "tests": list, "missing": dict}
+    expected = {"device": int, "quick": bool, "tests": list, "missing": dict} if kind == "probe" else {}
     for key, typ in expected.items():
         if key in settings and not _is(settings[key], typ):
             raise ResultFileError(f"{path}: settings.{key} must be of type {typ.__name__}, not {settings[key]!r:.40}")
@@ -237,7 +237,7 @@ def from_doc(path: str | Path, doc) -> Result:
     else:
         raise ResultFileError(f"{path}: result version {version!r:.40}, this ccbridge reads 1 and {SCHEMA_VERSION}")
     _check_env(path, doc.get("env"))
-    _check_settings(path, doc.get("settings", {}))
+    _check_settings(path, kind, doc.get("settings", {}))
     for key, typ in (("created", str), ("duration_s", _NUMBER)):
         if key in doc and not _is(doc[key], typ):
             raise ResultFileError(f"{path}: field {key!r} must be of type {_type_name(typ)}, not {doc[key]!r:.40}")
