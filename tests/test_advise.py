@@ -13,7 +13,7 @@ from ccbridge.results import Result, Row
 
 
 def stamp(cc="off", emulated=None):
-    return {"ccbridge": "test", "nvml": {"gpus": [{"name": "GPU X"}], "cc": {"mode": cc}},
+    return {"ccbridge": "test", "nvml": {"gpus": [{"index": 0, "name": "GPU X"}], "cc": {"mode": cc}},
             "tee": {"kind": "tdx" if cc == "on" else "none"},
             "emulation": {"active": bool(emulated), "profile": emulated}}
 
@@ -338,13 +338,16 @@ def test_decode_advice_needs_the_default_a_gpu_and_a_clean_run(tmp_path):
 
 
 @pytest.mark.parametrize("change,fragment", [
-    (lambda r: setattr(r.rows[0], "median", 0.0), "decode:tok_per_s median must be positive, not 0.0"),
-    (lambda r: setattr(r.rows[0], "median", -5.0), "median must be positive, not -5.0"),
-    (lambda r: r.rows[0].params.update(mode="turbo"), "params.mode must be one of sync, async, staged, drain, not 'turbo'"),
-    (lambda r: r.rows[0].params.update(batch="8"), "params.batch must be a positive integer, not '8'"),
-    (lambda r: r.rows[0].params.pop("batch"), "params.batch must be a positive integer, not None"),
+    (lambda r: setattr(r.rows[0], "median", 0.0), "rows[0].median: 0.0 must be positive"),
+    (lambda r: setattr(r.rows[0], "median", -5.0), "rows[0].median: -5.0 must be positive"),
+    (lambda r: r.rows[0].params.update(mode="turbo"), "rows[0].params.mode: 'turbo' is not one of sync, async, staged, "
+                                                      "drain"),
+    (lambda r: r.rows[0].params.update(batch="8"), "rows[0].params.batch: '8' is not of type 'integer'"),
+    (lambda r: r.rows[0].params.update(batch=0), "rows[0].params.batch: 0 is less than the minimum of 1"),
+    (lambda r: r.rows[0].params.pop("batch"), "rows[0].params: 'batch' is a required property"),
     (lambda r: r.rows.append(r.rows[0]), "repeats decode:tok_per_s[batch=8"),
-    (lambda r: r.settings.update(decode=[1]), "settings.decode must be an object"),
+    (lambda r: r.settings.update(decode=[1]), "settings.decode: [1] is not of type 'object'"),
+    (lambda r: r.settings.update(kv={}), "settings: Additional properties are not allowed ('kv' was unexpected)"),
 ])
 def test_malformed_decode_rows_are_refused(tmp_path, change, fragment):
     res = decode_result({(8, "sync"): 500.0, (8, "async"): 900.0})
@@ -394,9 +397,12 @@ def test_kv_needs_threshold_one_and_sane_rows(tmp_path):
     res = kv_result({(2, "sync"): 100.0, (3, "sync"): 90.0}, {2: 1, 3: 1})
     _, recs = advise.advise([save(tmp_path, "k.json", res)])
     assert len(recs) == 1 and "measure threshold 1 too" in recs[0].setting
-    for change, fragment in ((lambda r: r.rows[0].params.update(threshold=2.5), "params.threshold must be a positive "
-                              "integer, not 2.5"), (lambda r: r.rows[0].params.update(mode="x"), "not 'x'"),
-                             (lambda r: r.rows[0].params.update(threshold=-3), "not -3")):
+    for change, fragment in ((lambda r: r.rows[0].params.update(threshold=2.5), "rows[0].params.threshold: 2.5 is not "
+                              "of type 'integer'"),
+                             (lambda r: r.rows[0].params.update(mode="x"), "rows[0].params.mode: 'x' is not one of "
+                                                                           "sync, async"),
+                             (lambda r: r.rows[0].params.update(threshold=-3), "rows[0].params.threshold: -3 is less "
+                                                                               "than the minimum of 1")):
         bad = kv_result({(1, "sync"): 100.0}, {1: 1})
         change(bad)
         with pytest.raises(ResultFileError, match=re.escape(fragment)):

@@ -1,20 +1,21 @@
-"""The versioned result file: one JSON document per probe run.
+"""The versioned result file: one JSON document per run of a command that measures, naming its kind.
 
 A row is one measured quantity at one set of parameters, with its unit,
 median, spread and sample count. Reports and comparisons read rows only;
-they never re-measure.
+they never re-measure. Every file read back is checked against its kind's
+schema (resultschema) first.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from ccbridge.errors import ResultFileError  # noqa: F401 - part of this module's API
+from ccbridge.resultschema import RESULTS, STAMP_SCHEMA
 from ccbridge.stats import summarize
 
 SCHEMA = "ccbridge.result"
@@ -118,75 +119,6 @@ class Result:
         path.write_text(json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n")
 
 
-_NUMBER = (int, float)
-_ROW_FIELDS = {"test": str, "metric": str, "unit": str, "params": dict, "median": _NUMBER,
-               "p10": _NUMBER, "p90": _NUMBER, "min": _NUMBER, "max": _NUMBER, "n": int}
-_SCALAR = (str, int, float, bool, type(None))
-# env sections the reports read as objects; the rest of the stamp is shown as found.
-_ENV_SECTIONS = ("cpu", "tee", "openssl", "nvml", "torch", "emulation")
-
-
-def _is(value, typ) -> bool:
-    """isinstance, where a bool counts only as a bool (not an int) and a float must be finite."""
-    if isinstance(value, bool):
-        return bool in (typ if isinstance(typ, tuple) else (typ,))
-    if isinstance(value, float) and not math.isfinite(value):
-        return False
-    return isinstance(value, typ)
-
-
-def _list_of_records(path: Path, doc: dict, name: str, fields: dict[str, type]) -> list[dict]:
-    items = doc.get(name, [])
-    if not isinstance(items, list):
-        raise ResultFileError(f"{path}: field {name!r} must be a list, not {type(items).__name__}")
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise ResultFileError(f"{path}: {name}[{i}] must be an object, not {type(item).__name__}")
-        for f, typ in fields.items():
-            if not _is(item.get(f), typ):
-                raise ResultFileError(f"{path}: {name}[{i}] field {f!r} missing or of the wrong type "
-                                      f"(expected {_type_name(typ)})")
-    return items
-
-
-def _type_name(typ) -> str:
-    return " or ".join(t.__name__ for t in typ) if isinstance(typ, tuple) else typ.__name__
-
-
-def _check_env(path: Path, env) -> None:
-    if not isinstance(env, dict):
-        raise ResultFileError(f"{path}: env stamp missing")
-    for section in _ENV_SECTIONS:
-        if section in env and not isinstance(env[section], dict):
-            raise ResultFileError(f"{path}: env.{section} must be an object, not {type(env[section]).__name__}")
-    emu = env.get("emulation", {})
-    if "active" in emu and not isinstance(emu["active"], bool):
-        raise ResultFileError(f"{path}: env.emulation.active must be true or false, not {emu['active']!r:.40}")
-    profile = emu.get("profile")
-    if not (isinstance(profile, str) or (profile is None and not emu.get("active"))):
-        raise ResultFileError(f"{path}: env.emulation.profile must name the profile of an emulated run, not {profile!r:.40}")
-    overrides = emu.get("overrides", {})
-    if not isinstance(overrides, dict):
-        raise ResultFileError(f"{path}: env.emulation.overrides must be an object, not {type(overrides).__name__}")
-    for key, o in overrides.items():
-        if not (isinstance(o, dict) and _is(o.get("value"), _NUMBER) and _is(o.get("was"), _NUMBER)):
-            raise ResultFileError(f"{path}: env.emulation.overrides[{key!r:.40}] must be an object with finite "
-                                  "numbers 'value' and 'was'")
-
-
-def _check_settings(path: Path, kind: str, settings) -> None:
-    if not isinstance(settings, dict):
-        raise ResultFileError(f"{path}: field 'settings' must be an object, not {type(settings).__name__}")
-    expected = {"device": int, "quick": bool, "tests": list, "missing": dict} if kind == "probe" else {}
-    for key, typ in expected.items():
-        if key in settings and not _is(settings[key], typ):
-            raise ResultFileError(f"{path}: settings.{key} must be of type {typ.__name__}, not {settings[key]!r:.40}")
-    if not all(isinstance(t, str) for t in settings.get("tests", [])):
-        raise ResultFileError(f"{path}: settings.tests must be a list of test names")
-    if not all(isinstance(v, str) for v in settings.get("missing", {}).values()):
-        raise ResultFileError(f"{path}: settings.missing must map capabilities to reasons (strings)")
-
-
 def read_json(path: str | Path, folder: str = "pass the result.json in it"):
     """A JSON document from a file; every defect is a ResultFileError naming the file."""
     path = Path(path)
@@ -215,48 +147,33 @@ def read_stamped(path: str | Path, hint: str) -> tuple[dict, Result | None]:
     if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
         res = from_doc(path, doc)
         return res.env, res
-    if isinstance(doc, dict) and "schema" not in doc and isinstance(doc.get("nvml"), dict):
-        _check_env(path, doc)
+    if isinstance(doc, dict) and "schema" not in doc and ("ccbridge" in doc or "nvml" in doc):
+        STAMP_SCHEMA.check(doc, str(path), ResultFileError)
         return doc, None
     raise ResultFileError(f"{path}: not a ccbridge result or env stamp (`ccbridge env --json`)")
 
 
 def from_doc(path: str | Path, doc) -> Result:
-    """Validate a result document read from `path` (named in every error)."""
+    """Check a result document read from `path` against its kind's schema (every defect a ResultFileError
+    naming the file and the field); the Result."""
     path = Path(path)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ResultFileError(f"{path}: not a ccbridge result (schema field missing or wrong)")
     version = doc.get("version")
     if version == 1:
-        kind = kind_of_v1(path, doc)
-    elif version == SCHEMA_VERSION:
-        kind = doc.get("kind")
-        if kind not in KINDS:
-            raise ResultFileError(f"{path}: kind: {kind!r:.40} is not a result kind this ccbridge reads "
-                                  f"({', '.join(KINDS)})")
-    else:
+        doc = {**doc, "kind": kind_of_v1(path, doc)}
+    elif version != SCHEMA_VERSION:
         raise ResultFileError(f"{path}: result version {version!r:.40}, this ccbridge reads 1 and {SCHEMA_VERSION}")
-    _check_env(path, doc.get("env"))
-    _check_settings(path, kind, doc.get("settings", {}))
-    for key, typ in (("created", str), ("duration_s", _NUMBER)):
-        if key in doc and not _is(doc[key], typ):
-            raise ResultFileError(f"{path}: field {key!r} must be of type {_type_name(typ)}, not {doc[key]!r:.40}")
-    rows = []
-    for i, r in enumerate(_list_of_records(path, doc, "rows", _ROW_FIELDS)):
-        bad = [k for k, v in r["params"].items() if not _is(v, _SCALAR)]
-        if bad:
-            raise ResultFileError(f"{path}: rows[{i}] params[{bad[0]!r}] must be a string, number, boolean or null")
-        if r["n"] < 1:
-            raise ResultFileError(f"{path}: rows[{i}] field 'n' must be at least 1, not {r['n']}")
-        extra = r.get("extra", {})
-        if not isinstance(extra, dict):
-            raise ResultFileError(f"{path}: rows[{i}] field 'extra' must be an object, not {type(extra).__name__}")
-        rows.append(Row(**{k: r[k] for k in _ROW_FIELDS}, extra=extra))
-    skipped = _list_of_records(path, doc, "skipped", {"test": str, "reason": str})
-    errors = _list_of_records(path, doc, "errors", {"test": str, "error": str})
-    return Result(kind=kind, env=doc["env"], settings=doc.get("settings", {}), rows=rows, skipped=skipped, errors=errors,
-                  created=doc.get("created", ""), duration_s=doc.get("duration_s", 0.0))
+    elif doc.get("kind") not in KINDS:
+        raise ResultFileError(f"{path}: kind: {doc.get('kind')!r:.40} is not one of {', '.join(KINDS)}")
+    RESULTS[doc["kind"]].check(doc, str(path), ResultFileError)
+    rows = [Row(**{k: r[k] for k in _ROW_FIELDS}, extra=r.get("extra", {})) for r in doc.get("rows", [])]
+    return Result(kind=doc["kind"], env=doc["env"], settings=doc.get("settings", {}), rows=rows,
+                  skipped=doc.get("skipped", []), errors=doc.get("errors", []), created=doc.get("created", ""),
+                  duration_s=doc.get("duration_s", 0.0))
 
+
+_ROW_FIELDS = ("test", "metric", "unit", "params", "median", "p10", "p90", "min", "max", "n")
 
 # The settings a probe writes (probe/registry.py): a version-1 result holding only these is a probe's.
 _PROBE_SETTINGS = {"device", "quick", "tests", "missing"}
