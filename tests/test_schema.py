@@ -5,6 +5,8 @@ import pytest
 
 import fake_nvml
 from ccbridge import env, schema
+from ccbridge.emulate import profiles, trace
+from ccbridge.load import checkpoint
 from ccbridge.errors import ResultFileError
 from ccbridge.resultschema import RESULTS, STAMP_SCHEMA
 from ccbridge.results import KINDS
@@ -52,5 +54,7 @@ def test_the_first_defect_in_document_order_is_the_one_told():
         s.check({"a": [{"b": 1}, {"b": 2}, {}]}, "f.json", ResultFileError)
 
 
-def test_every_kind_has_its_schema():
+def test_every_kind_has_its_schema_and_every_schema_is_one():
     assert set(RESULTS) == set(KINDS)
+    for s in [*RESULTS.values(), STAMP_SCHEMA, trace.SUMMARY, profiles.SCHEMA, checkpoint.INDEX]:
+        s.check_schema()

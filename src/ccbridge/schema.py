@@ -70,12 +70,16 @@ def record(properties: dict, required: tuple = (), closed: bool = False, **more)
 
 
 class Schema:
-    """A schema, checked once, and what a document breaks of it."""
+    """A schema and what a document breaks of it. (That each schema is itself valid is a test's to check:
+    checking the schemas at import would cost every command a third of a second.)"""
 
     def __init__(self, schema: dict):
-        _Validator.check_schema(schema)
         self.schema = schema
         self._validator = _Validator(schema)
+
+    def check_schema(self) -> None:
+        """SchemaError where the schema itself breaks Draft 2020-12."""
+        _Validator.check_schema(self.schema)
 
     def problem(self, doc: Any) -> str | None:
         """The first defect of doc as `field.path: what is wrong`, or None."""
