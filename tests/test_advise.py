@@ -545,3 +545,47 @@ def test_a_probe_of_a_machine_without_a_gpu_is_one_short_line(tmp_path):
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.splitlines() == [f"ccbridge advise: {tmp_path}/r.json: a probe of a machine with no usable GPU: "
                                      "nothing to advise from"]
+
+
+def test_a_slowdown_of_nothing_recommends_nothing(tmp_path):
+    """Issue 33: a 0.0 ms slowdown gave StagedH2D as '100% of slowdown (0.0 ms)'."""
+    rows = [Row.of("account.total", "wall_slowdown", "s", [0.00002]),
+            Row.of("account.total", "share_base", "s", [0.00002])]
+    r = Row.of("account.api", "share_of_slowdown", "fraction", [1.0], api="cuMemcpyHtoDAsync_v2", kind="crossing",
+               dir="h2d", mem="pinned")
+    r.extra["recovery"] = "stage per-step inputs through ccbridge.serve.StagedH2D"
+    res = Result(kind="account", env=stamp("on"), settings={"base": "a", "other": "b", "profile": None},
+                 rows=rows + [r])
+    inputs, recs = advise.advise([save(tmp_path, "acc.json", res)])
+    assert [(a.stack, a.setting) for a in recs] == [("all", "no change: OTHER was not measurably slower than BASE")]
+    assert recs[0].brief == "slowdown 0.0 ms" and "100%" not in advise.render(inputs, recs)
+    res.rows[1] = Row.of("account.total", "share_base", "s", [0.0002])  # 0.2 ms: the shares count
+    r.extra["recovery"] = "x"
+    _, recs = advise.advise([save(tmp_path, "acc.json", res)])
+    assert recs[0].setting == "x" and recs[0].brief == "100% of slowdown (0.2 ms)"
+
+
+def test_the_advise_modules_import_one_way_and_nothing_private():
+    """A shared core, one module per kind, none reaching into another's private names, no cycle."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(advise.__file__).parent
+    graph = {}
+    for f in folder.glob("*.py"):
+        tree = ast.parse(f.read_text())
+        uses = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ccbridge"):
+                assert not any(a.name.startswith("_") for a in node.names), (f.name, node.module)
+                if node.module == "ccbridge.advise":
+                    uses |= {a.name for a in node.names}
+                elif node.module.startswith("ccbridge.advise."):
+                    uses.add(node.module.rsplit(".", 1)[1])
+        graph[f.stem] = uses - {f.stem}
+    assert graph["core"] == set() and "__init__" not in set().union(*graph.values())
+
+    def reaches(a, seen=()):
+        return {b for n in graph[a] for b in {n} | (reaches(n, seen + (a,)) if n not in seen else set())}
+
+    assert not [m for m in graph if m in reaches(m)]

@@ -206,7 +206,8 @@ SCHEMA = schema.Schema(schema.record({
     "params": {"type": "object",
                "propertyNames": {"enum": list(PARAMS),
                                  "message": "is not a profile parameter; `ccbridge profiles b300` lists them"},
-               "additionalProperties": schema.record({"value": {}, "source": schema.TEXT}, required=("value", "source")),
+               "additionalProperties": schema.record({"value": {}, "source": schema.TEXT},
+                                                     required=("value", "source")),
                "required": [k for k in PARAMS if k not in ADDED]},
     "targets": schema.nullable(schema.mapping(schema.record(
         {"value": schema.NUMBER, "source": schema.STRING, "tolerance": {"type": "number", "exclusiveMinimum": 0}},

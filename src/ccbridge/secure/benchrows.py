@@ -93,7 +93,8 @@ def collectives_result(got: dict[str, Any], env: dict[str, Any], settings: dict[
             if f"{prefix}_us" not in r:
                 continue
             rows = [Row.of("collectives", metric, unit, [r[f"{prefix}_{key}"]], op=got["op"], dtype=r["type"],
-                           nranks=got["nranks"], bytes=r["size"], side=side) for metric, (key, unit) in _METRICS.items()]
+                           nranks=got["nranks"], bytes=r["size"], side=side)
+                    for metric, (key, unit) in _METRICS.items()]
             rows[0].extra = {"count": r["count"], "wrong": r[wrong]}  # on the time row
             res.rows += rows
     return res
@@ -123,8 +124,8 @@ def render_collectives(rows: list[dict], header: bool = True, encrypted: str = "
         lines.append(f"{'':>34}  {'plaintext':^36}  {encrypted + ' (AES-256-GCM)':^36}")
         lines.append(f"{'size':>12} {'count':>12} {'type':>8}  " + "  ".join(
             [f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>7}"] * 2) + f"  {'busbw':>6}")
-        lines.append(f"{'(B)':>12} {'(elements)':>12} {'':>8}  " + "  ".join([f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>7}"] * 2)
-                     + f"  {'ratio':>6}")
+        lines.append(f"{'(B)':>12} {'(elements)':>12} {'':>8}  "
+                     + "  ".join([f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>7}"] * 2) + f"  {'ratio':>6}")
     for r in rows:
         if "secure_us" not in r:  # a plaintext-only pass (progress while --net runs)
             lines.append(f"{r['size']:>12} {r['count']:>12} {r['type']:>8}  {r['plain_us']:>9.1f} "
