@@ -12,26 +12,29 @@ A subschema may carry "message": the text for any defect found by that subschema
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any
 
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import ValidationError
 
-_BASE = Draft202012Validator.TYPE_CHECKER
+@functools.cache
+def _validator_class():
+    """Draft 2020-12 with ccbridge's two rules for numbers."""
+    from jsonschema import Draft202012Validator, validators  # (deferred: jsonschema, 80 ms of every command's
+    # start-up otherwise, `--help` included; only a command that reads a file back pays it)
 
+    base = Draft202012Validator.TYPE_CHECKER
 
-def _number(checker, x) -> bool:
-    return _BASE.is_type(x, "number") and math.isfinite(x)
+    def number(checker, x) -> bool:
+        return base.is_type(x, "number") and math.isfinite(x)
 
+    def integer(checker, x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
 
-def _integer(checker, x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    return validators.extend(Draft202012Validator, type_checker=base.redefine_many({"number": number,
+                                                                                     "integer": integer}))
 
-
-_Validator = validators.extend(Draft202012Validator,
-                               type_checker=_BASE.redefine_many({"number": _number, "integer": _integer}))
 
 # Common field types.
 STRING = {"type": "string"}
@@ -75,11 +78,14 @@ class Schema:
 
     def __init__(self, schema: dict):
         self.schema = schema
-        self._validator = _Validator(schema)
+
+    @functools.cached_property
+    def _validator(self):
+        return _validator_class()(self.schema)
 
     def check_schema(self) -> None:
         """SchemaError where the schema itself breaks Draft 2020-12."""
-        _Validator.check_schema(self.schema)
+        _validator_class().check_schema(self.schema)
 
     def problem(self, doc: Any) -> str | None:
         """The first defect of doc as `field.path: what is wrong`, or None."""
@@ -117,7 +123,7 @@ def _show(x: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _what(err: ValidationError) -> str:
+def _what(err) -> str:
     """What is wrong, in one line of reasonable length (jsonschema's words, with long values cut)."""
     if isinstance(err.schema, dict) and "message" in err.schema:
         return f"{_show(err.instance)} {err.schema['message']}"
