@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ccbridge import results
 from ccbridge.compare import compare
+from ccbridge.secure import benchrows
 
 
 def main(r: Path) -> None:
@@ -107,29 +108,39 @@ def mgpu_rows(r: Path) -> None:
 def secure_rows(r: Path) -> None:
     f = r / "cipher.json"
     if f.exists():
-        rows = json.loads(f.read_text())["rows"]
-        best = max(rows, key=lambda x: x["size"])
-        print(f"| AES-256-GCM {best['size'] >> 20} MiB: encrypt / decrypt / reduce hop | {best['encrypt']:.1f} / "
+        rows = results.load(f).rows
+        size = max(x.params["bytes"] for x in rows)
+        best = {x.params["op"]: x.median for x in rows if x.params["bytes"] == size}
+        print(f"| AES-256-GCM {size >> 20} MiB: encrypt / decrypt / reduce hop | {best['encrypt']:.1f} / "
               f"{best['decrypt']:.1f} / {best['reduce_hop']:.1f} GB/s |")
     for f in sorted(r.glob("coll-*.json")):
-        res = json.loads(f.read_text())
-        rows = res["rows"]
+        res = results.load(f)
+        rows = benchrows.collectives_rows(res)
         at = next((x for x in rows if x["size"] >= 256 << 20), rows[-1])
         wrong = sum(x["wrong"] for x in rows)
-        print(f"| {f.stem} ({res['backend']}, {res.get('transport')}) at {at['size'] >> 20} MiB: busbw plain / secure | "
+        print(f"| {f.stem} ({res.settings['backend']}, {res.settings.get('transport')}) at {at['size'] >> 20} MiB: "
+              "busbw plain / secure | "
               f"{at['plain_busbw']:.1f} / {at['secure_busbw']:.1f} GB/s ({at['secure_busbw'] / at['plain_busbw']:.3f}); "
               f"#wrong {wrong} |")
     net_rows(r)
     serve_rows(r)
     f = r / "ddp.json"
     if f.exists():
-        for run in json.loads(f.read_text())["runs"]:
-            plain = {x["model"]: x["iter_ms"] for x in run["rows"] if x["mode"] == "plain"}
+        for n, run in _ddp_runs(f).items():
+            plain = {x.params["model"]: x.median for x in run if x.params["mode"] == "plain"}
             for m in plain:
-                sec = [x for x in run["rows"] if x["model"] == m and x["mode"] == "secure"]
-                b = min(sec, key=lambda x: x["iter_ms"])
-                print(f"| DDP {m} x{run['nranks']}: plain / best encrypted (bucket {b['bucket_cap_mb']} MB) | "
-                      f"{plain[m]:.1f} / {b['iter_ms']:.1f} ms ({b['iter_ms'] / plain[m]:.2f}x) |")
+                sec = [x for x in run if x.params["model"] == m and x.params["mode"] == "secure"]
+                b = min(sec, key=lambda x: x.median)
+                print(f"| DDP {m} x{n}: plain / best encrypted (bucket {b.params['bucket_cap_mb']} MB) | "
+                      f"{plain[m]:.1f} / {b.median:.1f} ms ({b.median / plain[m]:.2f}x) |")
+
+
+def _ddp_runs(f: Path) -> dict:
+    """A bench ddp result's rows by world size."""
+    runs = {}
+    for x in results.load(f).rows:
+        runs.setdefault(x.params["nranks"], []).append(x)
+    return runs
 
 
 
@@ -147,10 +158,10 @@ def net_rows(r: Path) -> None:
             if x.metric == "half_rtt" and x.params["size"] == 4096:
                 print(f"| net plugin 4 KiB one-way, lanes {x.params['lanes']} | {x.median:.1f} us |")
     for f in sorted(r.glob("net-*.json")):
-        res = json.loads(f.read_text())
-        if "rows" not in res or "secure_busbw" not in (res["rows"] or [{}])[0]:
+        res = results.load(f)
+        if res.kind != "collectives":
             continue
-        rows = res["rows"]
+        rows = benchrows.collectives_rows(res)
         big = [x for x in rows if x["size"] >= 64 << 20]
         worst = min(big, key=lambda x: x["secure_busbw"] / x["plain_busbw"]) if big else rows[-1]
         small = min(rows, key=lambda x: abs(x["size"] - 4096))
@@ -158,18 +169,19 @@ def net_rows(r: Path) -> None:
         print(f"| {f.stem}: busbw ratio >= 64 MiB, worst (at {worst['size'] >> 20} MiB) | "
               f"{worst['secure_busbw']:.2f} / {worst['plain_busbw']:.2f} GB/s = {worst['secure_busbw'] / worst['plain_busbw']:.3f}; "
               f"{small['size']} B: {small['secure_us']:.1f} vs {small['plain_us']:.1f} us "
-              f"(+{small['secure_us'] - small['plain_us']:.1f}); #wrong {wrong}; nets {res.get('nets')} |")
+              f"(+{small['secure_us'] - small['plain_us']:.1f}); #wrong {wrong}; nets {res.settings.get('nets')} |")
     for name in ("net-ddp.json", "net-fsdp.json"):
         f = r / name
         if f.exists():
-            for run in json.loads(f.read_text())["runs"]:
-                base = {x["model"]: x["iter_ms"] for x in run["rows"] if x["mode"] == "nccl-sockets"}
-                for x in run["rows"]:
-                    if x["mode"] == "nccl-ccbridge":
-                        print(f"| {x['wrap']} {x['model']} x{run['nranks']}: NCCL sockets / ccbridge plugin | "
-                              f"{base[x['model']]:.1f} / {x['iter_ms']:.1f} ms ({x['iter_ms'] / base[x['model']]:.2f}x); "
-                              f"grads {x['grads_agree']}; losses equal to sockets' {x.get('loss_equal')} "
-                              f"(max rel diff {x.get('loss_max_rel_diff')}) |")
+            for n, run in _ddp_runs(f).items():
+                base = {x.params["model"]: x.median for x in run if x.params["mode"] == "nccl-sockets"}
+                for x in run:
+                    if x.params["mode"] == "nccl-ccbridge":
+                        m = x.params["model"]
+                        print(f"| {x.params['wrap']} {m} x{n}: NCCL sockets / ccbridge plugin | "
+                              f"{base[m]:.1f} / {x.median:.1f} ms ({x.median / base[m]:.2f}x); "
+                              f"grads {x.extra['grads_agree']}; losses equal to sockets' {x.extra.get('loss_equal')} "
+                              f"(max rel diff {x.extra.get('loss_max_rel_diff')}) |")
 
 
 

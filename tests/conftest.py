@@ -42,7 +42,8 @@ def set_field(doc, path: list[str], value) -> None:
 
 
 def synthetic(rows: list[Row], emulated: str | None = None) -> Result:
-    return Result(env={"emulation": {"active": bool(emulated), "profile": emulated}}, settings={}, rows=rows)
+    return Result(kind="probe", env={"emulation": {"active": bool(emulated), "profile": emulated}}, settings={},
+                  rows=rows)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from ccbridge.results import Result, Row
 
 
 def stamp(cc="off", emulated=None):
-    return {"ccbridge": "test", "nvml": {"gpus": [{"name": "GPU X"}], "cc": {"mode": cc}},
+    return {"ccbridge": "test", "nvml": {"gpus": [{"index": 0, "name": "GPU X"}], "cc": {"mode": cc}},
             "tee": {"kind": "tdx" if cc == "on" else "none"},
             "emulation": {"active": bool(emulated), "profile": emulated}}
 
@@ -71,7 +71,7 @@ def medians(res):
 
 
 def test_emulated_cc_probe_calls_for_sync_scheduling_graphs_pool_and_is_labelled(tmp_path):
-    res = Result(env=stamp("off", emulated="b300"), settings={"quick": True}, rows=cc_probe_rows())
+    res = Result(kind="probe", env=stamp("off", emulated="b300"), settings={"quick": True}, rows=cc_probe_rows())
     inputs, recs = advise.advise([save(tmp_path, "x.json", res)])
     assert inputs[0].kind == "probe" and inputs[0].emulated and inputs[0].summary()["cc_applies"]
     assert find(recs, "vLLM", "--async-scheduling off")
@@ -108,7 +108,7 @@ def test_a_framework_only_emulated_probe_cites_the_emulated_launch_not_its_pause
     rows = [r for r in cc_probe_rows() if r.test != "launch.cost"]
     rows += [Row.of("framework.launch", "time_per_op", "us", [27.0], mode="pipelined"),
              Row.of("framework.launch", "time_per_op_emulation_paused", "us", [8.0], mode="pipelined")]
-    res = Result(env=stamp("off", emulated="b300"), settings={}, rows=rows)
+    res = Result(kind="probe", env=stamp("off", emulated="b300"), settings={}, rows=rows)
     _, recs = advise.advise([save(tmp_path, "f.json", res)])
     graphs = find(recs, "vLLM", "CUDA graphs on")
     assert graphs and graphs[0].cites[0].key == "framework.launch:time_per_op[mode=pipelined]" and graphs[0].cites[0].median == 27.0
@@ -116,7 +116,7 @@ def test_a_framework_only_emulated_probe_cites_the_emulated_launch_not_its_pause
 
 
 def test_native_cc_off_probe_keeps_defaults_and_says_cc_does_not_apply(tmp_path):
-    res = Result(env=stamp("off"), settings={}, rows=native_probe_rows())
+    res = Result(kind="probe", env=stamp("off"), settings={}, rows=native_probe_rows())
     inputs, recs = advise.advise([save(tmp_path, "n.json", res)])
     assert not inputs[0].summary()["cc_applies"]
     assert find(recs, "all", "no CC-specific change")
@@ -135,7 +135,7 @@ def test_native_cc_off_probe_keeps_defaults_and_says_cc_does_not_apply(tmp_path)
 
 
 def test_real_cc_on_is_cc_but_not_emulated(tmp_path):
-    res = Result(env=stamp("on"), settings={}, rows=cc_probe_rows())
+    res = Result(kind="probe", env=stamp("on"), settings={}, rows=cc_probe_rows())
     inputs, recs = advise.advise([save(tmp_path, "on.json", res)])
     assert inputs[0].summary()["cc_applies"] and not inputs[0].emulated
     assert find(recs, "vLLM", "--async-scheduling off") and not any(a.emulated for a in recs)
@@ -163,7 +163,8 @@ def account_result(profile="b300"):
         r = Row.of("account.api", "share_of_slowdown", "fraction", [share], api=api, kind=kind, dir=d, mem=m)
         r.extra["recovery"] = rec
         rows.append(r)
-    return Result(env=stamp("off"), settings={"base": "a", "other": "b", "profile": profile}, rows=rows)
+    return Result(kind="account", env=stamp("off"), settings={"base": "a", "other": "b", "profile": profile},
+                  rows=rows)
 
 
 def test_account_top_rows_map_to_stack_settings(tmp_path):
@@ -200,7 +201,8 @@ def test_small_readbacks_are_packed_on_the_device_not_staged(tmp_path):
     r = Row.of("account.api", "share_of_slowdown", "fraction", [0.9], api="cuMemcpyDtoHAsync_v2", kind="crossing",
                dir="d2h", mem="pinned")
     r.extra["recovery"] = "pack small readbacks into one (gather a step's results on the device, one D2H)"
-    _, recs = advise.advise([save(tmp_path, "a.json", Result(env=stamp("on"), settings={}, rows=rows + [r]))])
+    res = Result(kind="account", env=stamp("on"), settings={}, rows=rows + [r])
+    _, recs = advise.advise([save(tmp_path, "a.json", res)])
     assert find(recs, "vLLM/SGLang/TRT-LLM", "one D2H per step") and not any("StagedH2D" in a.setting for a in recs)
 
 
@@ -210,7 +212,8 @@ def test_account_of_two_native_traces_is_not_emulated(tmp_path):
 
 
 def test_json_output_has_records_and_env_summaries(tmp_path):
-    emu = save(tmp_path, "emu.json", Result(env=stamp("off", emulated="b300"), settings={}, rows=cc_probe_rows()))
+    emu = save(tmp_path, "emu.json", Result(kind="probe", env=stamp("off", emulated="b300"), settings={},
+                                            rows=cc_probe_rows()))
     st = save(tmp_path, "stamp.json", stamp("off"))
     out = tmp_path / "advice.json"
     p = subprocess.run([sys.executable, "-m", "ccbridge.cli", "advise", emu, st, "--json", str(out)],
@@ -246,7 +249,8 @@ def decode_result(tok: dict, emulated=None, graphs=False, match=True):
                    graphs=graphs)
         r.extra = {"tokens_match": match, "gpu_busy": 0.5}
         rows += [r, Row.of("decode", "step_ms", "ms", [b * 1e3 / v], model="tiny", batch=b, mode=mode, graphs=graphs)]
-    return Result(env=stamp("off", emulated), settings={"decode": {"model": "tiny", "graphs": graphs}}, rows=rows)
+    return Result(kind="decode", env=stamp("off", emulated), settings={"decode": {"model": "tiny", "graphs": graphs}},
+                  rows=rows)
 
 
 def test_decode_under_emulation_picks_the_drain_and_maps_it_to_the_engines(tmp_path):
@@ -334,13 +338,16 @@ def test_decode_advice_needs_the_default_a_gpu_and_a_clean_run(tmp_path):
 
 
 @pytest.mark.parametrize("change,fragment", [
-    (lambda r: setattr(r.rows[0], "median", 0.0), "decode:tok_per_s median must be positive, not 0.0"),
-    (lambda r: setattr(r.rows[0], "median", -5.0), "median must be positive, not -5.0"),
-    (lambda r: r.rows[0].params.update(mode="turbo"), "params.mode must be one of sync, async, staged, drain, not 'turbo'"),
-    (lambda r: r.rows[0].params.update(batch="8"), "params.batch must be a positive integer, not '8'"),
-    (lambda r: r.rows[0].params.pop("batch"), "params.batch must be a positive integer, not None"),
+    (lambda r: setattr(r.rows[0], "median", 0.0), "rows[0].median: 0.0 must be positive"),
+    (lambda r: setattr(r.rows[0], "median", -5.0), "rows[0].median: -5.0 must be positive"),
+    (lambda r: r.rows[0].params.update(mode="turbo"), "rows[0].params.mode: 'turbo' is not one of sync, async, staged, "
+                                                      "drain"),
+    (lambda r: r.rows[0].params.update(batch="8"), "rows[0].params.batch: '8' is not of type 'integer'"),
+    (lambda r: r.rows[0].params.update(batch=0), "rows[0].params.batch: 0 is less than the minimum of 1"),
+    (lambda r: r.rows[0].params.pop("batch"), "rows[0].params: 'batch' is a required property"),
     (lambda r: r.rows.append(r.rows[0]), "repeats decode:tok_per_s[batch=8"),
-    (lambda r: r.settings.update(decode=[1]), "settings.decode must be an object"),
+    (lambda r: r.settings.update(decode=[1]), "settings.decode: [1] is not of type 'object'"),
+    (lambda r: r.settings.update(kv={}), "settings: Additional properties are not allowed ('kv' was unexpected)"),
 ])
 def test_malformed_decode_rows_are_refused(tmp_path, change, fragment):
     res = decode_result({(8, "sync"): 500.0, (8, "async"): 900.0})
@@ -356,7 +363,7 @@ def kv_result(ttft: dict, spill: dict, emulated="b300", mismatches=0):
         r = Row.of("kv", "ttft_ms", "ms", [v * 0.98, v, v * 1.05], model="tiny", threshold=th, mode=mode)
         r.extra = {"p99": v * 1.2, "mismatches": mismatches, "near_ties": 0}
         rows += [r, Row.of("kv", "spill_bytes", "B", [spill[th]], model="tiny", threshold=th, mode=mode)]
-    return Result(env=stamp("off", emulated), settings={"kv": {"model": "tiny"}}, rows=rows)
+    return Result(kind="kv", env=stamp("off", emulated), settings={"kv": {"model": "tiny"}}, rows=rows)
 
 
 def test_kv_recommends_the_store_threshold_that_earns_its_crossings(tmp_path):
@@ -390,9 +397,12 @@ def test_kv_needs_threshold_one_and_sane_rows(tmp_path):
     res = kv_result({(2, "sync"): 100.0, (3, "sync"): 90.0}, {2: 1, 3: 1})
     _, recs = advise.advise([save(tmp_path, "k.json", res)])
     assert len(recs) == 1 and "measure threshold 1 too" in recs[0].setting
-    for change, fragment in ((lambda r: r.rows[0].params.update(threshold=2.5), "params.threshold must be a positive "
-                              "integer, not 2.5"), (lambda r: r.rows[0].params.update(mode="x"), "not 'x'"),
-                             (lambda r: r.rows[0].params.update(threshold=-3), "not -3")):
+    for change, fragment in ((lambda r: r.rows[0].params.update(threshold=2.5), "rows[0].params.threshold: 2.5 is not "
+                              "of type 'integer'"),
+                             (lambda r: r.rows[0].params.update(mode="x"), "rows[0].params.mode: 'x' is not one of "
+                                                                           "sync, async"),
+                             (lambda r: r.rows[0].params.update(threshold=-3), "rows[0].params.threshold: -3 is less "
+                                                                               "than the minimum of 1")):
         bad = kv_result({(1, "sync"): 100.0}, {1: 1})
         change(bad)
         with pytest.raises(ResultFileError, match=re.escape(fragment)):
@@ -400,14 +410,16 @@ def test_kv_needs_threshold_one_and_sane_rows(tmp_path):
 
 
 def test_empty_serving_and_unread_results_are_refused(tmp_path):
-    dec = Result(env=stamp(), settings={"decode": {}}, rows=[])
+    dec = Result(kind="decode", env=stamp(), settings={"decode": {}}, rows=[])
     with pytest.raises(ResultFileError, match="a decode result with no decode:tok_per_s rows"):
         advise.read(save(tmp_path, "d.json", dec))
-    kv = Result(env=stamp(), settings={"kv": {}}, rows=[Row.of("kv", "spill_bytes", "B", [1.0], threshold=1)])
+    kv = Result(kind="kv", env=stamp(), settings={"kv": {}},
+                rows=[Row.of("kv", "spill_bytes", "B", [1.0], threshold=1, mode="sync")])
     with pytest.raises(ResultFileError, match="a kv result with no kv:ttft_ms rows"):
         advise.read(save(tmp_path, "k.json", kv))
-    other = Result(env=stamp(), settings={}, rows=[Row.of("hostcrypto.aes256gcm", "throughput", "GB/s", [3.0])])
-    with pytest.raises(ResultFileError, match="no rows advise reads"):
+    other = Result(kind="probe", env=stamp(), settings={},
+                   rows=[Row.of("hostcrypto.aes256gcm", "throughput", "GB/s", [3.0])])
+    with pytest.raises(ResultFileError, match="a probe with none of the GPU families advise reads: nothing to advise from"):
         advise.read(save(tmp_path, "h.json", other))
 
 
@@ -492,7 +504,7 @@ def test_a_stamp_in_the_nvle_mode_turns_multicast_off_protected_pcie_keeps_it(tm
 def tp_result(tok: dict, emulated=None):
     """bench decode --tp rows (serve/tp.py: test decode_tp, settings.decode_tp): tok:{(tp, batch, mode): tok/s}."""
     res = decode_result({(b, m): v for (_, b, m), v in tok.items()}, emulated=emulated)
-    res.rows, res.settings = [], {"decode_tp": {"model": "tiny", "graphs": False, "degrees": [2, 4, 8]}}
+    res.kind, res.rows, res.settings = "decode_tp", [], {"decode_tp": {"model": "tiny", "graphs": False, "degrees": [2, 4, 8]}}
     for (tp, b, mode), v in tok.items():
         r = Row.of("decode_tp", "tok_per_s", "tok/s", [v], model="tiny", batch=b, mode=mode, graphs=False, tp=tp)
         r.extra = {"tokens_match": True}
@@ -520,3 +532,60 @@ def test_the_narrowest_tp_degree_within_the_margin_is_advised_and_the_pair_says_
     assert find(recs, "all", "NCCL_NVLS_ENABLE=0")
     text = advise.render(inputs, recs)
     assert all(len(l) <= 120 for l in text.splitlines())
+
+
+def test_a_probe_of_a_machine_without_a_gpu_is_one_short_line(tmp_path):
+    """Issue 33: `ccbridge probe` then `ccbridge advise` on a CPU machine: one short line, not 220 columns."""
+    res = Result(kind="probe", env=stamp(), settings={"missing": {"gpu": "no usable GPU: cannot load libcuda.so.1 "
+                                                                          "(no NVIDIA driver here?)"}},
+                 rows=[Row.of("hostcrypto.aes256gcm", "throughput", "GB/s", [3.0])],
+                 skipped=[{"test": "transfer.sweep", "reason": "no usable GPU"}])
+    p = subprocess.run([sys.executable, "-m", "ccbridge.cli", "advise", save(tmp_path, "r.json", res)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.splitlines() == [f"ccbridge advise: {tmp_path}/r.json: a probe of a machine with no usable GPU: "
+                                     "nothing to advise from"]
+
+
+def test_a_slowdown_of_nothing_recommends_nothing(tmp_path):
+    """Issue 33: a 0.0 ms slowdown gave StagedH2D as '100% of slowdown (0.0 ms)'."""
+    rows = [Row.of("account.total", "wall_slowdown", "s", [0.00002]),
+            Row.of("account.total", "share_base", "s", [0.00002])]
+    r = Row.of("account.api", "share_of_slowdown", "fraction", [1.0], api="cuMemcpyHtoDAsync_v2", kind="crossing",
+               dir="h2d", mem="pinned")
+    r.extra["recovery"] = "stage per-step inputs through ccbridge.serve.StagedH2D"
+    res = Result(kind="account", env=stamp("on"), settings={"base": "a", "other": "b", "profile": None},
+                 rows=rows + [r])
+    inputs, recs = advise.advise([save(tmp_path, "acc.json", res)])
+    assert [(a.stack, a.setting) for a in recs] == [("all", "no change: OTHER was not measurably slower than BASE")]
+    assert recs[0].brief == "slowdown 0.0 ms" and "100%" not in advise.render(inputs, recs)
+    res.rows[1] = Row.of("account.total", "share_base", "s", [0.0002])  # 0.2 ms: the shares count
+    r.extra["recovery"] = "x"
+    _, recs = advise.advise([save(tmp_path, "acc.json", res)])
+    assert recs[0].setting == "x" and recs[0].brief == "100% of slowdown (0.2 ms)"
+
+
+def test_the_advise_modules_import_one_way_and_nothing_private():
+    """A shared core, one module per kind, none reaching into another's private names, no cycle."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(advise.__file__).parent
+    graph = {}
+    for f in folder.glob("*.py"):
+        tree = ast.parse(f.read_text())
+        uses = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ccbridge"):
+                assert not any(a.name.startswith("_") for a in node.names), (f.name, node.module)
+                if node.module == "ccbridge.advise":
+                    uses |= {a.name for a in node.names}
+                elif node.module.startswith("ccbridge.advise."):
+                    uses.add(node.module.rsplit(".", 1)[1])
+        graph[f.stem] = uses - {f.stem}
+    assert graph["core"] == set() and "__init__" not in set().union(*graph.values())
+
+    def reaches(a, seen=()):
+        return {b for n in graph[a] for b in {n} | (reaches(n, seen + (a,)) if n not in seen else set())}
+
+    assert not [m for m in graph if m in reaches(m)]

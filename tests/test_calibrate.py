@@ -67,7 +67,7 @@ def test_every_shipped_target_has_a_rule():
 def test_profile_errors_are_clear(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"params": {"h2d_pinned_gbps": {"value": 1}}}')
-    with pytest.raises(profiles.ProfileError, match="needs a 'source'"):
+    with pytest.raises(profiles.ProfileError, match="params.h2d_pinned_gbps: 'source' is a required property"):
         profiles.load(str(bad))
     bad.write_text("{nope")
     with pytest.raises(profiles.ProfileError, match="not valid JSON"):

@@ -49,6 +49,12 @@ def _profile(**change) -> str:
     return json.dumps(doc)  # NaN and Infinity go out as JSON's tokens for them
 
 
+def _row(test: str, metric: str, **params) -> dict:
+    """A row of a result: one sample of 1.0."""
+    return {"test": test, "metric": metric, "unit": "x", "params": params, "median": 1.0, "p10": 1.0, "p90": 1.0,
+            "min": 1.0, "max": 1.0, "n": 1, "extra": {}}
+
+
 def _result(**change) -> str:
     """A real result (tests/data) with fields changed at dotted paths (value ... removes one)."""
     doc = json.loads((DATA / "h100-native-full.json").read_text())
@@ -97,9 +103,9 @@ FILES = {
                            "blocked_stream_ns,toll_ns\n1,2,3,0x1,(nil),cuMemcpyHtoD_v2,h2d,pinned,4,0,0,0\n"),
     "ts.1.summary.json": lambda: "{not json",
     "decode_empty.json": lambda: _result(settings={"decode": {"model": "tiny"}}, rows=[]),
-    "decode_tp0.json": lambda: _result(settings={"decode": {"model": "tiny"}}, rows__0__test="decode",
-                                       rows__0__metric="tok_per_s", rows__0__params={"batch": 1, "mode": "async", "tp": 0}),
-    "kv_no_ttft.json": lambda: _result(settings={"kv": {}}, rows__0__test="kv", rows__0__metric="spill_bytes"),
+    "decode_tp0.json": lambda: _result(settings={"decode_tp": {"model": "tiny"}},
+                                       rows=[_row("decode_tp", "tok_per_s", batch=1, mode="async", tp=0)]),
+    "kv_no_ttft.json": lambda: _result(settings={"kv": {}}, rows=[_row("kv", "spill_bytes", threshold=1, mode="sync")]),
     "ts2.1.csv": lambda: (f"# ccbridge trace schema {__import__('ccbridge.emulate.trace', fromlist=['SCHEMA']).SCHEMA}, "
                           "profile b300, emulate 1\n"
                           + ",".join(__import__("ccbridge.emulate.trace", fromlist=["COLUMNS"]).COLUMNS)
@@ -118,7 +124,8 @@ FILES = {
     "stamp_nofabric.json": lambda: _result(env__nvml__cc__multi_gpu_mode="nvle"),
     "stamp_mgpu_none.json": lambda: _result(env__nvml__cc__multi_gpu_mode="none"),
     "stamp_clique_bad.json": lambda: _result(env__nvml__cc__multi_gpu_mode="nvle",
-                                             env__nvml__fabric={"cliques": [{"clique_id": 1, "gpus": [0, 1]}]}),
+                                             env__nvml__fabric={"cliques": [{"cluster_uuid": "u", "clique_id": 1,
+                                                                             "gpus": [0, 1]}]}),
 }
 
 
@@ -220,9 +227,10 @@ CASES = [
     (["profiles", "{d}/p_ratio.json"], "parameter h2d_pinned_ratio = 1.5: expected a number in [0.001, 1]"),
     (["profiles", "{d}/p_text.json"], "parameter chunk_bytes = 'big': expected a whole number in [4096, 1073741824]"),
     (["profiles", "{d}/p_bool.json"], "parameter emulate = True"),
-    (["profiles", "{d}/p_missing.json"], "missing parameters lanes"),
-    (["profiles", "{d}/p_unknown.json"], "unknown fields extra"),
-    (["profiles", "{d}/p_unknown_param.json"], "unknown parameter 'warps'"),
+    (["profiles", "{d}/p_missing.json"], "p_missing.json: params: 'lanes' is a required property"),
+    (["profiles", "{d}/p_unknown.json"], "p_unknown.json: Additional properties are not allowed ('extra' was unexpected)"),
+    (["profiles", "{d}/p_unknown_param.json"], "params: 'warps' is not a profile parameter; `ccbridge profiles b300` "
+                                                "lists them"),
     (["profiles", "{d}/p_broken.json"], "p_broken.json: not valid JSON"),
     (["profiles", "{d}/nope.json"], "{d}/nope.json: no such profile file"),
     (["profiles", "{d}/folder/"], "cannot read the profile"),
@@ -233,27 +241,29 @@ CASES = [
     (["profiles", "b300", "--set", "sync_toll_us=1e9"], "parameter sync_toll_us = 1000000000.0"),
     (["profiles", "b300", "--set", "sync_toll_us:3"], "--set 'sync_toll_us:3': expected KEY=VALUE"),
     # compare and report: results validated field by field on load
-    (["compare", "{d}/good.json", "{d}/rows_not_list.json"], "rows_not_list.json: field 'rows' must be a list, not dict"),
-    (["compare", "{d}/row_not_dict.json", "{d}/good.json"], "rows[0] must be an object, not str"),
-    (["compare", "{d}/good.json", "{d}/median_text.json"], "rows[0] field 'median' missing or of the wrong type"),
-    (["compare", "{d}/good.json", "{d}/median_nan.json"], "rows[0] field 'median'"),
-    (["compare", "{d}/good.json", "{d}/no_unit.json"], "rows[0] field 'unit' missing"),
-    (["compare", "{d}/good.json", "{d}/params_list.json"], "rows[0] field 'params'"),
-    (["compare", "{d}/good.json", "{d}/settings_list.json"], "field 'settings' must be an object, not list"),
-    (["compare", "{d}/good.json", "{d}/quick_text.json"], "settings.quick must be of type bool"),
-    (["compare", "{d}/good.json", "{d}/skipped_bad.json"], "skipped[0] field 'reason'"),
-    (["compare", "{d}/good.json", "{d}/emulation_bad.json"], "env.emulation must be an object, not bool"),
-    (["compare", "{d}/good.json", "{d}/active_bad.json"], "env.emulation.active must be true or false"),
+    (["compare", "{d}/good.json", "{d}/rows_not_list.json"], "rows_not_list.json: rows: {'a': 1} is not of type 'array'"),
+    (["compare", "{d}/row_not_dict.json", "{d}/good.json"], "rows[0]: 'row' is not of type 'object'"),
+    (["compare", "{d}/good.json", "{d}/median_text.json"], "rows[0].median: 'fast' is not of type 'number'"),
+    (["compare", "{d}/good.json", "{d}/median_nan.json"], "rows[0].median: nan is not a finite number"),
+    (["compare", "{d}/good.json", "{d}/no_unit.json"], "rows[0]: 'unit' is a required property"),
+    (["compare", "{d}/good.json", "{d}/params_list.json"], "rows[0].params: [1] is not of type 'object'"),
+    (["compare", "{d}/good.json", "{d}/settings_list.json"], "settings: [] is not of type 'object'"),
+    (["compare", "{d}/good.json", "{d}/quick_text.json"], "settings.quick: 'yes' is not of type 'boolean'"),
+    (["compare", "{d}/good.json", "{d}/skipped_bad.json"], "skipped[0]: 'reason' is a required property"),
+    (["compare", "{d}/good.json", "{d}/emulation_bad.json"], "env.emulation: True is not of type 'object'"),
+    (["compare", "{d}/good.json", "{d}/active_bad.json"], "env.emulation.active: 'no' is not of type 'boolean'"),
+    (["compare", "{d}/good.json", "{d}/kv_no_ttft.json"], "BASE is a probe result and OTHER a kv result: compare "
+                                                          "takes two results of one kind"),
     (["compare", "{d}/good.json", "{d}/folder"], "{d}/folder: is a folder; pass the result.json in it"),
     (["compare", "{d}/good.json", "{d}/good.json", "--out", "/proc/forbidden"], "--out /proc/forbidden: cannot write in /proc"),
-    (["report", "{d}/median_text.json", "--out", "{d}/rep"], "median_text.json: rows[0] field 'median'",
+    (["report", "{d}/median_text.json", "--out", "{d}/rep"], "median_text.json: rows[0].median: 'fast' is not",
      {"absent": ["{d}/rep"]}),
     (["report", "{d}/folder"], "is a folder; pass the result.json in it"),
     (["report", "{d}/good.json", "--out", "/proc/forbidden"], "--out /proc/forbidden: cannot write in /proc"),
     # calibrate: given results read first, the output folder checked first
     (["calibrate", "--profile", "b300", "--native", "{d}/missing.json"], "{d}/missing.json: no such file"),
     (["calibrate", "--profile", "b300", "--native", "{d}/good.json", "--emulated", "{d}/rows_not_list.json"],
-     "field 'rows' must be a list"),
+     "rows: {'a': 1} is not of type 'array'"),
     (["calibrate", "--profile", "b300", "--native", "{d}/good.json", "--emulated", "{d}/good.json"],
      "the 'emulated' result was not made under the emulator"),
     (["calibrate", "--profile", "b300", "--native", "{d}/good.json", "--out", "/proc/forbidden"],
@@ -417,7 +427,7 @@ CASES = [
     (["load", "--buffers", "9", "{d}/ok.safetensors"], "argument --buffers: expected 1..8, got 9"),
     (["load", "--json", "{d}/r.json", "{d}/ok.safetensors"], "--json and --ceiling go with --bench"),
     (["load", "--bench", "--json", "/proc/forbidden/r.json", "{d}/ok.safetensors"], "--json /proc/forbidden/r.json: "),
-    (["load", "--bench", "--ceiling", "{d}/median_text.json", "{d}/ok.safetensors"], "rows[0] field 'median'"),
+    (["load", "--bench", "--ceiling", "{d}/median_text.json", "{d}/ok.safetensors"], "rows[0].median: 'fast' is not"),
     (["load", "--device", "cpu", "{d}/deep.safetensors"], "deep.safetensors: not JSON: nested deeper than the JSON parser",
      {"skip": _no_torch}),
     (["load", "--device", "cpu", "{d}/surrogate.safetensors"], "not UTF-8: 'a\\ud800' holds an unpaired surrogate escape",
@@ -472,7 +482,7 @@ CASES = [
     (["advise", "{d}/good.json", "--json", "{d}/good.json"], "--json {d}/good.json is one of the inputs"),
     (["advise", "{d}/good.json", "{d}/p_broken.json"], "{d}/p_broken.json: not a JSON document"),
     (["advise", "{d}/p_unknown.json"], "{d}/p_unknown.json: not a ccbridge result or env stamp"),
-    (["advise", "{d}/median_text.json"], "rows[0] field 'median'"),
+    (["advise", "{d}/median_text.json"], "rows[0].median: 'fast' is not of type 'number'"),
     (["advise", "{d}/folder"], "{d}/folder: is a folder"),
     (["advise", "{d}/decode_empty.json"], "a decode result with no decode:tok_per_s rows (an interrupted"),
     (["advise", "{d}/good.json", "{d}/kv_no_ttft.json"], "a kv result with no kv:ttft_ms rows"),
@@ -480,7 +490,7 @@ CASES = [
     (["advise", "{d}/good.json", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
     (["advise", "--why"], "the following arguments are required: FILE"),
     (["advise", "--why", "{d}/good.json", "{d}/p_broken.json"], "{d}/p_broken.json: not a JSON document"),
-    (["advise", "{d}/decode_tp0.json"], "rows[0] params.tp must be a positive integer, not 0"),
+    (["advise", "{d}/decode_tp0.json"], "rows[0].params.tp: 0 is less than the minimum of 1"),
     (["account", "--why", "{d}/a"], "give two trace prefixes"),
     (["account", "--why", "{d}/nosuch", "{d}/nosuch2"], "no trace lines under {d}/nosuch.<pid>.csv"),
     # attest: the nonce, the bundle's file and the verifier checked before any evidence is collected
@@ -512,7 +522,7 @@ CASES = [
     (["plan-tenants", "--request", "1", "--from-stamp", "{d}/missing.json"], "{d}/missing.json: no such file"),
     (["plan-tenants", "--request", "1", "--from-stamp", "{d}/folder"], "{d}/folder: is a folder"),
     (["plan-tenants", "--request", "1", "--from-stamp", "{d}/p_unknown.json"], "not a ccbridge result or env stamp"),
-    (["plan-tenants", "--request", "1", "--from-stamp", "{d}/median_text.json"], "rows[0] field 'median'"),
+    (["plan-tenants", "--request", "1", "--from-stamp", "{d}/median_text.json"], "rows[0].median: 'fast' is not"),
     (["plan-tenants", "--request", "1", "--from-stamp", "{d}/good.json"], "the stamp has no multi-GPU CC mode"),
     (["plan-tenants", "--request", "1", "--from-stamp", "{d}/stamp_nofabric.json"], "the stamp has no fabric state"),
     (["plan-tenants", "--request", "1", "--from-stamp", "{d}/stamp_mgpu_none.json"], "multi-GPU CC mode is none"),

@@ -1,9 +1,11 @@
 import copy
 
+import pytest
 from conftest import synthetic
 
 from ccbridge.compare import compare, render_html, render_markdown
-from ccbridge.results import Row
+from ccbridge.errors import UsageError
+from ccbridge.results import Result, Row
 
 
 def pair(base_v, other_v, unit="GB/s"):
@@ -39,3 +41,9 @@ def test_same_run_compares_to_one(h100):
     c = compare(h100, other)
     assert len(c.ratios) == len(h100.rows) and not c.changed
     assert all(r.ratio == 1.0 for r in c.ratios if r.base.median)
+
+
+def test_two_kinds_are_refused(h100):
+    with pytest.raises(UsageError, match="BASE is a probe result and OTHER a kv result: compare takes two results of "
+                                         "one kind"):
+        compare(h100, Result(kind="kv", env={}, settings={"kv": {}}))

@@ -4,7 +4,8 @@ import pytest
 
 pytest.importorskip("torch", reason="ccbridge.secure.bench imports torch")
 
-from ccbridge.secure import bench  # noqa: E402
+from ccbridge.results import Result  # noqa: E402
+from ccbridge.secure import bench, benchrows  # noqa: E402
 
 
 def row(model, mode, losses):
@@ -20,9 +21,10 @@ def test_each_row_is_compared_with_its_models_plaintext_run_step_by_step():
     assert rows[0]["loss_equal"] is True  # the plaintext row against itself
     assert rows[3]["loss_equal"] is False and rows[3]["loss_max_rel_diff"] == pytest.approx(0.001)
     assert rows[4]["loss_equal"] is None and rows[4]["loss_max_rel_diff"] is None
-    assert "max rel diff 1.0e-03" in bench.render_ddp({"rows": [dict(r, nranks=2, wrap="ddp", bucket_cap_mb=25,
-                                                                      iter_ms=1.0, grads_agree=True)
-                                                                 for r in rows[2:4]]})
+    run = {"rows": [dict(r, nranks=2, wrap="ddp", bucket_cap_mb=25, params=1, iter_ms_all=[1.0], grads_agree=True)
+                    for r in rows[2:4]]}
+    assert "max rel diff 1.0e-03" in benchrows.render_ddp(Result(kind="ddp", env={}, settings={},
+                                                                 rows=benchrows.ddp_rows(run)))
 
 
 def test_a_run_that_stopped_early_is_not_called_equal():

@@ -50,7 +50,8 @@ def test_findings_give_each_nccl_tests_smallest_op_both_ways_and_its_largest_bus
 
     payload = {"small": {"eager": {4096: [0.0215], MiB: [0.04]}, "graph": {4096: [0.0095], MiB: [0.03]}},
                "large": {256 << 20: [2.0], 1 << 30: [6.0]}}
-    res = results.Result(env={}, settings={}, rows=peer.rows(peer.ALLREDUCE, "all_reduce", payload, 2, 20)
+    res = results.Result(kind="probe", env={}, settings={},
+                         rows=peer.rows(peer.ALLREDUCE, "all_reduce", payload, 2, 20)
                          + peer.rows(peer.ONE_RANK, "all_reduce", {**payload, "large": {}}, 1, 20))
     texts = {f.id: f.text for f in findings(res)}
     assert texts[peer.ALLREDUCE] == ("NCCL all_reduce, 2 GPU(s), 4 KiB: 9.5 us per op in a CUDA graph, 21.5 eager; "

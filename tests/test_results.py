@@ -1,10 +1,13 @@
 import json
+from pathlib import Path
 
 import pytest
 
 from ccbridge import results
 from ccbridge.results import Result, Row
-from conftest import set_field
+from conftest import DATA, set_field
+
+DATA_H100 = DATA / "h100-native-full.json"
 
 
 def test_row_key_is_order_independent():
@@ -19,7 +22,7 @@ def test_row_key_is_order_independent():
 
 
 def test_save_load_round_trip(tmp_path):
-    r = Result(env={"emulation": {"active": True, "profile": "b300"}}, settings={"quick": True},
+    r = Result(kind="probe", env={"emulation": {"active": True, "profile": "b300"}}, settings={"quick": True},
                rows=[Row.of("a.b", "m", "us", [1.5, 2.5], k=1)], skipped=[{"test": "x", "reason": "no GPU"}])
     r.rows[0].extra["verdict"] = "async"
     p = tmp_path / "r.json"
@@ -39,9 +42,9 @@ def test_real_result_loads(h100):
     ("not json {", "not a JSON document"),
     ('{"schema": "other"}', "not a ccbridge result"),
     ('{"schema": "ccbridge.result", "version": 99, "env": {}}', "version 99"),
-    ('{"schema": "ccbridge.result", "version": 1, "env": {}, "rows": [{"test": "a"}]}', "rows\\[0\\] field 'metric'"),
-    ('{"schema": "ccbridge.result", "version": 1, "rows": []}', "env stamp missing"),
-    ('{"schema": "ccbridge.result", "version": 1, "env": []}', "env stamp missing"),
+    ('{"schema": "ccbridge.result", "version": 1, "env": {}, "rows": [{"test": "a"}]}', "rows\\[0\\]: 'metric' is a required property"),
+    ('{"schema": "ccbridge.result", "version": 1, "rows": []}', "bad.json: 'env' is a required property"),
+    ('{"schema": "ccbridge.result", "version": 1, "env": []}', r"bad.json: env: \[\] is not of type 'object'"),
 ])
 def test_malformed_files_are_clear_errors(tmp_path, content, match):
     p = tmp_path / "bad.json"
@@ -58,38 +61,46 @@ def _doc_with(doc: dict, where: str, value) -> dict:
 
 
 @pytest.mark.parametrize("where,value,match", [
-    ("rows", {"a": 1}, "field 'rows' must be a list"),
-    ("rows.0", "row", r"rows\[0\] must be an object"),
-    ("rows.0.median", "fast", r"rows\[0\] field 'median'"),
-    ("rows.0.median", None, r"rows\[0\] field 'median'"),
-    ("rows.0.median", True, r"rows\[0\] field 'median'"),
-    ("rows.0.median", float("nan"), r"rows\[0\] field 'median'"),
-    ("rows.0.p90", float("inf"), r"rows\[0\] field 'p90'"),
-    ("rows.0.n", 0, r"rows\[0\] field 'n' must be at least 1"),
-    ("rows.0.n", 2.5, r"rows\[0\] field 'n'"),
-    ("rows.0.unit", ..., r"rows\[0\] field 'unit' missing"),
-    ("rows.0.params", [1], r"rows\[0\] field 'params'"),
-    ("rows.0.params", {"n": [1, 2]}, r"rows\[0\] params\['n'\]"),
-    ("rows.0.extra", [], r"rows\[0\] field 'extra' must be an object"),
-    ("settings", [], "field 'settings' must be an object"),
-    ("settings.quick", "yes", "settings.quick"),
-    ("settings.device", "0", "settings.device"),
-    ("settings.tests", "all", "settings.tests"),
-    ("settings.tests", [1], "settings.tests must be a list of test names"),
-    ("settings.missing", {"gpu": 1}, "settings.missing"),
-    ("skipped", "none", "field 'skipped' must be a list"),
-    ("skipped", [{"test": "x"}], r"skipped\[0\] field 'reason'"),
-    ("errors", [7], r"errors\[0\] must be an object"),
-    ("env.emulation", True, "env.emulation must be an object"),
-    ("env.emulation.active", "no", "env.emulation.active must be true or false"),
-    ("env.emulation", {"active": True, "profile": None}, "env.emulation.profile"),
-    ("env.emulation", {"active": True, "profile": "b300", "overrides": []}, "env.emulation.overrides must be an object"),
-    ("env.emulation", {"active": True, "profile": "b300", "overrides": {"lanes": 4}}, r"overrides\['lanes'\]"),
+    ("rows", {"a": 1}, r"rows: \{'a': 1\} is not of type 'array'"),
+    ("rows.0", "row", r"rows\[0\]: 'row' is not of type 'object'"),
+    ("rows.0.median", "fast", r"rows\[0\].median: 'fast' is not of type 'number'"),
+    ("rows.0.median", None, r"rows\[0\].median: None is not of type 'number'"),
+    ("rows.0.median", True, r"rows\[0\].median: True is not of type 'number'"),
+    ("rows.0.median", float("nan"), r"rows\[0\].median: nan is not a finite number"),
+    ("rows.0.p90", float("inf"), r"rows\[0\].p90: inf is not a finite number"),
+    ("rows.0.n", 0, r"rows\[0\].n: 0 is less than the minimum of 1"),
+    ("rows.0.n", 2.5, r"rows\[0\].n: 2.5 is not of type 'integer'"),
+    ("rows.0.n", 2.0, r"rows\[0\].n: 2.0 is not of type 'integer'"),
+    ("rows.0.unit", ..., r"rows\[0\]: 'unit' is a required property"),
+    ("rows.0.params", [1], r"rows\[0\].params: \[1\] is not of type 'object'"),
+    ("rows.0.params", {"n": [1, 2]}, r"rows\[0\].params.n: \[1, 2\] is not of type 'string', 'number'"),
+    ("rows.0.params", {"a b": {}}, r"rows\[0\].params\['a b'\]: \{\} is not of type 'string', 'number'"),
+    ("rows.0.extra", [], r"rows\[0\].extra: \[\] is not of type 'object'"),
+    ("rows.0.test", "decode", r"rows\[0\].test: 'decode' does not match"),  # a probe's rows are its families'
+    ("settings", [], r"settings: \[\] is not of type 'object'"),
+    ("settings.quick", "yes", "settings.quick: 'yes' is not of type 'boolean'"),
+    ("settings.device", "0", "settings.device: '0' is not of type 'integer'"),
+    ("settings.tests", "all", "settings.tests: 'all' is not of type 'array'"),
+    ("settings.tests", [1], r"settings.tests\[0\]: 1 is not of type 'string'"),
+    ("settings.missing", {"gpu": 1}, "settings.missing.gpu: 1 is not of type 'string'"),
+    # settings under "decode" make a version-1 file a decode result's, whose settings hold nothing else
+    ("settings.decode", {}, r"settings: Additional properties are not allowed \('device', 'quick', 'tests' were"),
+    ("skipped", "none", "skipped: 'none' is not of type 'array'"),
+    ("skipped", [{"test": "x"}], r"skipped\[0\]: 'reason' is a required property"),
+    ("errors", [7], r"errors\[0\]: 7 is not of type 'object'"),
+    ("env.emulation", True, "env.emulation: True is not of type 'object'"),
+    ("env.emulation.active", "no", "env.emulation.active: 'no' is not of type 'boolean'"),
+    ("env.emulation", {"active": True, "profile": None}, "env.emulation.profile: None is not of type 'string'"),
+    ("env.emulation", {"active": True, "profile": "b300", "overrides": []},
+     r"env.emulation.overrides: \[\] is not of type 'object'"),
+    ("env.emulation", {"active": True, "profile": "b300", "overrides": {"lanes": 4}},
+     "env.emulation.overrides.lanes: 4 is not of type 'object'"),
     ("env.emulation", {"active": True, "profile": "b300", "overrides": {"lanes": {"value": 4, "was": float("nan")}}},
-     r"overrides\['lanes'\] must be an object with finite numbers"),
-    ("env.nvml", "none", "env.nvml must be an object"),
-    ("created", 20261121, "field 'created'"),
-    ("duration_s", "49 s", "field 'duration_s'"),
+     "env.emulation.overrides.lanes.was: nan is not a finite number"),
+    ("env.nvml", "none", "env.nvml: 'none' is not of type 'object'"),
+    ("created", 20261121, "created: 20261121 is not of type 'string'"),
+    ("duration_s", "49 s", "duration_s: '49 s' is not of type 'number'"),
+    ("extra_field", 1, r"Additional properties are not allowed \('extra_field' was unexpected\)"),
 ])
 def test_every_field_is_checked(tmp_path, h100_doc, where, value, match):
     p = tmp_path / "r.json"
@@ -125,3 +136,41 @@ def test_a_what_if_run_round_trips(tmp_path, h100_doc):
     p = tmp_path / "r.json"
     p.write_text(json.dumps(h100_doc))
     assert results.load(p).env["emulation"]["overrides"]["launch_toll_us"]["was"] == 18.6
+
+
+def test_a_result_names_its_kind_and_a_version_1_file_has_it_told_once(tmp_path, h100_doc):
+    assert h100_doc["version"] == 1 and "kind" not in h100_doc  # tests/data: written before results named their kind
+    assert results.load(DATA_H100).kind == "probe"
+    r = Result(kind="kv", env={}, settings={"kv": {}})
+    r.save(tmp_path / "kv.json")
+    doc = json.loads((tmp_path / "kv.json").read_text())
+    assert (doc["version"], doc["kind"]) == (2, "kv") and results.load(tmp_path / "kv.json").kind == "kv"
+    with pytest.raises(ValueError, match="result kind 'nope'"):
+        Result(kind="nope", env={}, settings={})
+
+
+@pytest.mark.parametrize("settings,rows,kind", [
+    ({"device": 0, "quick": True, "tests": [], "missing": {}}, [], "probe"),
+    ({}, [], "probe"),
+    ({"decode": {"model": "tiny"}}, [], "decode"),
+    ({"decode_tp": {"model": "tiny"}}, [], "decode_tp"),
+    ({"kv": {"model": "tiny"}}, [], "kv"),
+    ({"bench": "net", "inflight": 8}, [], "net"),
+    ({"base": "a", "other": "b", "profile": None}, [], "account"),
+    ({}, [{"test": "account.total"}], "account"),
+])
+def test_the_kind_of_a_version_1_result(settings, rows, kind):
+    assert results.kind_of_v1(Path("r.json"), {"settings": settings, "rows": rows}) == kind
+
+
+def test_a_version_1_result_of_no_kind_and_an_unknown_kind_are_refused(tmp_path, h100_doc):
+    h100_doc["settings"] = {"gpus": 8}
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(h100_doc))
+    with pytest.raises(results.ResultFileError, match=r"r.json: a version-1 result of no kind this ccbridge can tell"):
+        results.load(p)
+    h100_doc.update(version=2, kind="training", settings={})
+    p.write_text(json.dumps(h100_doc))
+    with pytest.raises(results.ResultFileError, match=r"r.json: kind: 'training' is not one of probe, decode, "
+                                                      r"decode_tp, kv, account, net, ddp, cipher, collectives$"):
+        results.load(p)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ccbridge import env as envmod
+from ccbridge.errors import UsageError
 from ccbridge.findings import findings
 from ccbridge.report import html as H
 from ccbridge.report.markdown import table_md
@@ -47,6 +48,10 @@ class Comparison:
 
 
 def compare(base: Result, other: Result) -> Comparison:
+    """Two results of one kind, row by row; UsageError for two kinds (a probe's rows and a bench's share none)."""
+    if base.kind != other.kind:
+        raise UsageError(f"BASE is a {base.kind} result and OTHER a {other.kind} result: compare takes two results "
+                         "of one kind")
     bmap = {r.key(): r for r in base.rows}
     omap = {r.key(): r for r in other.rows}
     ratios = [Ratio(bmap[k], omap[k]) for k in bmap if k in omap]

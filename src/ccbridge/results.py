@@ -1,24 +1,40 @@
-"""The versioned result file: one JSON document per probe run.
+"""The versioned result file: one JSON document per run of a command that measures, naming its kind.
 
 A row is one measured quantity at one set of parameters, with its unit,
 median, spread and sample count. Reports and comparisons read rows only;
-they never re-measure.
+they never re-measure. Every file read back is checked against its kind's
+schema (resultschema) first.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from ccbridge.errors import ResultFileError  # noqa: F401 - part of this module's API
+from ccbridge.resultschema import RESULTS, STAMP_SCHEMA
 from ccbridge.stats import summarize
 
 SCHEMA = "ccbridge.result"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: every result names its kind; a version-1 file's kind is told once at read (kind_of_v1)
+
+# What wrote a result, and so its settings' shape and its rows' tests. calibrate's calibration.json is no Result:
+# it holds verdicts of a profile's targets (text, None where rows were missing), not measurements with samples,
+# it is derived from two results that carry their own stamps, and ccbridge never reads it back.
+KINDS = {
+    "probe": "ccbridge probe",
+    "decode": "ccbridge bench decode",
+    "decode_tp": "ccbridge bench decode --tp",
+    "kv": "ccbridge bench kv",
+    "account": "ccbridge account",
+    "net": "ccbridge bench net",
+    "ddp": "ccbridge bench ddp",
+    "cipher": "ccbridge bench cipher",
+    "collectives": "ccbridge collectives",
+}
 
 # Units where a larger number is better; for every other unit smaller is.
 HIGHER_IS_BETTER = {"GB/s", "TFLOP/s", "tok/s", "hit fraction"}
@@ -59,6 +75,7 @@ class Row:
 
 @dataclass
 class Result:
+    kind: str  # one of KINDS
     env: dict[str, Any]
     settings: dict[str, Any]
     rows: list[Row] = field(default_factory=list)
@@ -66,6 +83,10 @@ class Result:
     errors: list[dict[str, str]] = field(default_factory=list)
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     duration_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"result kind {self.kind!r}: expected one of {', '.join(KINDS)}")
 
     @property
     def emulated(self) -> bool:
@@ -84,6 +105,7 @@ class Result:
         return {
             "schema": SCHEMA,
             "version": SCHEMA_VERSION,
+            "kind": self.kind,
             "created": self.created,
             "duration_s": self.duration_s,
             "env": self.env,
@@ -95,75 +117,6 @@ class Result:
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n")
-
-
-_NUMBER = (int, float)
-_ROW_FIELDS = {"test": str, "metric": str, "unit": str, "params": dict, "median": _NUMBER,
-               "p10": _NUMBER, "p90": _NUMBER, "min": _NUMBER, "max": _NUMBER, "n": int}
-_SCALAR = (str, int, float, bool, type(None))
-# env sections the reports read as objects; the rest of the stamp is shown as found.
-_ENV_SECTIONS = ("cpu", "tee", "openssl", "nvml", "torch", "emulation")
-
-
-def _is(value, typ) -> bool:
-    """isinstance, where a bool counts only as a bool (not an int) and a float must be finite."""
-    if isinstance(value, bool):
-        return bool in (typ if isinstance(typ, tuple) else (typ,))
-    if isinstance(value, float) and not math.isfinite(value):
-        return False
-    return isinstance(value, typ)
-
-
-def _list_of_records(path: Path, doc: dict, name: str, fields: dict[str, type]) -> list[dict]:
-    items = doc.get(name, [])
-    if not isinstance(items, list):
-        raise ResultFileError(f"{path}: field {name!r} must be a list, not {type(items).__name__}")
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise ResultFileError(f"{path}: {name}[{i}] must be an object, not {type(item).__name__}")
-        for f, typ in fields.items():
-            if not _is(item.get(f), typ):
-                raise ResultFileError(f"{path}: {name}[{i}] field {f!r} missing or of the wrong type "
-                                      f"(expected {_type_name(typ)})")
-    return items
-
-
-def _type_name(typ) -> str:
-    return " or ".join(t.__name__ for t in typ) if isinstance(typ, tuple) else typ.__name__
-
-
-def _check_env(path: Path, env) -> None:
-    if not isinstance(env, dict):
-        raise ResultFileError(f"{path}: env stamp missing")
-    for section in _ENV_SECTIONS:
-        if section in env and not isinstance(env[section], dict):
-            raise ResultFileError(f"{path}: env.{section} must be an object, not {type(env[section]).__name__}")
-    emu = env.get("emulation", {})
-    if "active" in emu and not isinstance(emu["active"], bool):
-        raise ResultFileError(f"{path}: env.emulation.active must be true or false, not {emu['active']!r:.40}")
-    profile = emu.get("profile")
-    if not (isinstance(profile, str) or (profile is None and not emu.get("active"))):
-        raise ResultFileError(f"{path}: env.emulation.profile must name the profile of an emulated run, not {profile!r:.40}")
-    overrides = emu.get("overrides", {})
-    if not isinstance(overrides, dict):
-        raise ResultFileError(f"{path}: env.emulation.overrides must be an object, not {type(overrides).__name__}")
-    for key, o in overrides.items():
-        if not (isinstance(o, dict) and _is(o.get("value"), _NUMBER) and _is(o.get("was"), _NUMBER)):
-            raise ResultFileError(f"{path}: env.emulation.overrides[{key!r:.40}] must be an object with finite "
-                                  "numbers 'value' and 'was'")
-
-
-def _check_settings(path: Path, settings) -> None:
-    if not isinstance(settings, dict):
-        raise ResultFileError(f"{path}: field 'settings' must be an object, not {type(settings).__name__}")
-    expected = {"device": int, "quick": bool, "tests": list, "missing": dict}
-    for key, typ in expected.items():
-        if key in settings and not _is(settings[key], typ):
-            raise ResultFileError(f"{path}: settings.{key} must be of type {typ.__name__}, not {settings[key]!r:.40}")
-    if not all(isinstance(t, str) for t in settings.get("tests", [])):
-        raise ResultFileError(f"{path}: settings.tests must be a list of test names")
-    if not all(isinstance(v, str) for v in settings.get("missing", {}).values()):
-        raise ResultFileError(f"{path}: settings.missing must map capabilities to reasons (strings)")
 
 
 def read_json(path: str | Path, folder: str = "pass the result.json in it"):
@@ -194,36 +147,52 @@ def read_stamped(path: str | Path, hint: str) -> tuple[dict, Result | None]:
     if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
         res = from_doc(path, doc)
         return res.env, res
-    if isinstance(doc, dict) and "schema" not in doc and isinstance(doc.get("nvml"), dict):
-        _check_env(path, doc)
+    if isinstance(doc, dict) and "schema" not in doc and ("ccbridge" in doc or "nvml" in doc):
+        STAMP_SCHEMA.check(doc, str(path), ResultFileError)
         return doc, None
     raise ResultFileError(f"{path}: not a ccbridge result or env stamp (`ccbridge env --json`)")
 
 
 def from_doc(path: str | Path, doc) -> Result:
-    """Validate a result document read from `path` (named in every error)."""
+    """Check a result document read from `path` against its kind's schema (every defect a ResultFileError
+    naming the file and the field); the Result."""
     path = Path(path)
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         raise ResultFileError(f"{path}: not a ccbridge result (schema field missing or wrong)")
-    if doc.get("version") != SCHEMA_VERSION:
-        raise ResultFileError(f"{path}: result version {doc.get('version')!r:.40}, this ccbridge reads {SCHEMA_VERSION}")
-    _check_env(path, doc.get("env"))
-    _check_settings(path, doc.get("settings", {}))
-    for key, typ in (("created", str), ("duration_s", _NUMBER)):
-        if key in doc and not _is(doc[key], typ):
-            raise ResultFileError(f"{path}: field {key!r} must be of type {_type_name(typ)}, not {doc[key]!r:.40}")
-    rows = []
-    for i, r in enumerate(_list_of_records(path, doc, "rows", _ROW_FIELDS)):
-        bad = [k for k, v in r["params"].items() if not _is(v, _SCALAR)]
-        if bad:
-            raise ResultFileError(f"{path}: rows[{i}] params[{bad[0]!r}] must be a string, number, boolean or null")
-        if r["n"] < 1:
-            raise ResultFileError(f"{path}: rows[{i}] field 'n' must be at least 1, not {r['n']}")
-        extra = r.get("extra", {})
-        if not isinstance(extra, dict):
-            raise ResultFileError(f"{path}: rows[{i}] field 'extra' must be an object, not {type(extra).__name__}")
-        rows.append(Row(**{k: r[k] for k in _ROW_FIELDS}, extra=extra))
-    skipped = _list_of_records(path, doc, "skipped", {"test": str, "reason": str})
-    errors = _list_of_records(path, doc, "errors", {"test": str, "error": str})
-    return Result(env=doc["env"], settings=doc.get("settings", {}), rows=rows, skipped=skipped, errors=errors,
-                  created=doc.get("created", ""), duration_s=doc.get("duration_s", 0.0))
+    version = doc.get("version")
+    if version == 1:
+        doc = {**doc, "kind": kind_of_v1(path, doc)}
+    elif version != SCHEMA_VERSION:
+        raise ResultFileError(f"{path}: result version {version!r:.40}, this ccbridge reads 1 and {SCHEMA_VERSION}")
+    elif doc.get("kind") not in KINDS:
+        raise ResultFileError(f"{path}: kind: {doc.get('kind')!r:.40} is not one of {', '.join(KINDS)}")
+    RESULTS[doc["kind"]].check(doc, str(path), ResultFileError)
+    rows = [Row(**{k: r[k] for k in _ROW_FIELDS}, extra=r.get("extra", {})) for r in doc.get("rows", [])]
+    return Result(kind=doc["kind"], env=doc["env"], settings=doc.get("settings", {}), rows=rows,
+                  skipped=doc.get("skipped", []), errors=doc.get("errors", []), created=doc.get("created", ""),
+                  duration_s=doc.get("duration_s", 0.0))
+
+
+_ROW_FIELDS = ("test", "metric", "unit", "params", "median", "p10", "p90", "min", "max", "n")
+
+# The settings a probe writes (probe/registry.py): a version-1 result holding only these is a probe's.
+_PROBE_SETTINGS = {"device", "quick", "tests", "missing"}
+
+
+def kind_of_v1(path: Path, doc: dict) -> str:
+    """The kind of a version-1 result (written before results named their kind), told from what each of its
+    writers put in it: the one place that reads a kind from content. ResultFileError when nothing tells."""
+    settings = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
+    rows = doc.get("rows") if isinstance(doc.get("rows"), list) else []
+    tests = {r.get("test") for r in rows if isinstance(r, dict)}
+    for kind in ("decode_tp", "decode", "kv"):  # bench decode [--tp] and bench kv: their settings under their name
+        if kind in settings:
+            return kind
+    if settings.get("bench") == "net":
+        return "net"
+    if any(isinstance(t, str) and t.startswith("account.") for t in tests) or {"base", "other"} <= settings.keys():
+        return "account"
+    if settings.keys() <= _PROBE_SETTINGS:
+        return "probe"
+    raise ResultFileError(f"{path}: a version-1 result of no kind this ccbridge can tell (settings "
+                          f"{', '.join(sorted(settings))[:60]}): write it again with this ccbridge")

@@ -7,7 +7,6 @@ another bench's option, and `ccbridge bench decode --help` lists decode's alone.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
 from pathlib import Path
@@ -30,16 +29,13 @@ def cmd_ddp(args) -> int:
         plugin_built()
     if not gpus_ready("bench", args.json):
         return 2
-    from ccbridge.secure import bench  # (deferred: torch)
+    from ccbridge.secure import bench, benchrows  # (deferred: torch)
 
-    res = {"runs": []}
-    for n in args.ngpus:
-        r = bench.ddp(args.models, n, args.buckets, args.iters, args.warmup, net=args.net, wrap=args.wrap)
-        res["runs"].append(r)
-        print(bench.render_ddp(r))
+    res = bench.ddp(args.models, args.ngpus, args.buckets, args.iters, args.warmup, net=args.net, wrap=args.wrap,
+                    show=print)
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-    if any(row["grads_agree"] is False for r in res["runs"] for row in r["rows"]):
+        res.save(Path(args.json))
+    if benchrows.grads_differ(res):
         print("ccbridge bench: gradients differ across ranks (see the grads column)", file=sys.stderr)
         return 1
     return 0
@@ -51,12 +47,12 @@ def cmd_cipher(args) -> int:
     if not gpus_ready("bench", args.json):
         return 2
     apply_timer(args)
-    from ccbridge.secure import bench  # (deferred: torch)
+    from ccbridge.secure import bench, benchrows  # (deferred: torch)
 
     res = bench.cipher(bench.sizes(args.minbytes, args.maxbytes, 4), args.iters)
-    print(bench.render_cipher(res))
+    print(benchrows.render_cipher(res))
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
+        res.save(Path(args.json))
     return 0
 
 
@@ -174,9 +170,8 @@ def _add_sizes(p, smallest: str, largest: str) -> None:
     p.add_argument("-e", "--maxbytes", type=size, default=largest, help=f"largest size (default {largest})")
 
 
-def _add_json(p, result: bool = False) -> None:
-    p.add_argument("--json", help="write the rows here: a result file `ccbridge compare` reads" if result else
-                   "write the rows here")
+def _add_json(p) -> None:
+    p.add_argument("--json", help="write the rows here: a result file `ccbridge compare` reads")
 
 
 def _add_model(p, default: str) -> None:
@@ -255,7 +250,7 @@ def _add_decode(benches) -> None:
     _add_device_seed(p, "the weights and prompts")
     _add_iters(p, 3, "timed runs per batch and mode (default 3)")
     _add_warmup(p, 1, "warm-up runs (default 1)")
-    _add_json(p, result=True)
+    _add_json(p)
 
 
 def _add_kv(benches) -> None:
@@ -285,4 +280,4 @@ def _add_kv(benches) -> None:
     _add_device_seed(p, "the weights, prompts and the request stream")
     _add_iters(p, None, "passes of the request stream, each with fresh suffixes (default 1)")
     _add_warmup(p, None, "untimed passes over every prefix, with its churn, before the stream (default 2)")
-    _add_json(p, result=True)
+    _add_json(p)

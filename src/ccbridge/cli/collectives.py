@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ccbridge.choices import SECURE_DTYPES
@@ -19,18 +18,19 @@ def cmd_collectives(args) -> int:
     sizes_in_order(args)
     if not gpus_ready("collectives", args.json):
         return 2
-    from ccbridge.secure import bench  # (deferred: torch, which secure.bench imports)
+    from ccbridge.secure import bench, benchrows  # (deferred: torch, which secure.bench imports)
 
     res = bench.collectives(args.op, args.minbytes, args.maxbytes, args.stepfactor, args.dtype,
                             args.iters, args.warmup, args.ngpus, args.backend, args.transport, args.net)
+    s = res.settings
     how = ("each encrypted op ends with a host wait" if args.net is None
-           else f"NCCL's log showed networks {res['nets']}")
-    print(f"# ccbridge collectives: {args.op} on {res['nranks']} GPUs, backend {res['backend']}, transport "
-          f"{res['transport']}, {args.iters} iterations ({how}); #wrong: elements differing from the exact result")
-    print(bench.render_collectives(res["rows"], encrypted=res["encrypted"]))
+           else f"NCCL's log showed networks {s['nets']}")
+    print(f"# ccbridge collectives: {args.op} on {s['nranks']} GPUs, backend {s['backend']}, transport "
+          f"{s['transport']}, {args.iters} iterations ({how}); #wrong: elements differing from the exact result")
+    print(benchrows.render_collectives(benchrows.collectives_rows(res), encrypted=s["encrypted"]))
     if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-    return 1 if any(r["wrong"] or r["wrong_plain"] for r in res["rows"]) else 0
+        res.save(Path(args.json))
+    return 1 if benchrows.wrong_elements(res) else 0
 
 
 def add_parsers(sub) -> None:
@@ -50,4 +50,4 @@ def add_parsers(sub) -> None:
     p.add_argument("--net", choices=["ccbridge"],
                    help="compare NCCL's plaintext socket transport with NCCL on the ccbridge net plugin "
                         "(both without P2P or shared memory) instead of with ccbridge.secure")
-    p.add_argument("--json", help="write the rows here")
+    p.add_argument("--json", help="write the rows here: a result file `ccbridge compare` reads")

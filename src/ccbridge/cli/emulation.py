@@ -94,9 +94,10 @@ def cmd_account(args) -> int:
     # makes every figure an emulated one (a BASE emulated and OTHER not is also noted below)
     emulated_as = args.profile or (", ".join(sorted((base.profiles | other.profiles) - {"passthrough"}))
                                    if base.emulated or other.emulated else None)
-    res = Result(env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
-                                             "overrides": args.overrides, "command": rest if args.profile else None,
-                                             "projection": proj.as_dict() if proj else None},
+    res = Result(kind="account", env=env.stamp(),
+                 settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
+                           "overrides": args.overrides, "command": rest if args.profile else None,
+                           "projection": proj.as_dict() if proj else None},
                  rows=account.rows(lines, wall, at_sites, where, spans=not args.profile))
     paths = write_reports(res, out)
     print(account.render(lines, wall, where=where, emulated=emulated_as, shares=shares))
@@ -141,7 +142,7 @@ def _account_ranks(args, base, other, prefixes, where, prof, out: Path) -> int:
     emulated_as = args.profile or (", ".join(sorted((base.profiles | other.profiles) - {"passthrough"}))
                                    if base.emulated or other.emulated else None)
     rows = account.rank_rows(every) + [Row.of("account.phase", "slowdown", "s", [v], phase=k) for k, v in where.items()]
-    res = Result(env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
+    res = Result(kind="account", env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
                                              "overrides": args.overrides, "ranks": [a.rank for a in ranks],
                                              "command": list(args.args) if args.profile else None,
                                              "projection": prof_proj.as_dict() if prof_proj else None}, rows=rows)

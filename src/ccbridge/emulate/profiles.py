@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
+from ccbridge import schema
 from ccbridge.env import OVERRIDE_MARK
 from ccbridge.errors import ProfileError  # noqa: F401 - part of this module's API
 
@@ -196,49 +197,38 @@ def names() -> list[str]:
     return sorted(p.name[:-5] for p in _dir().iterdir() if p.name.endswith(".json"))
 
 
+# A profile file: each parameter's value (its range checked by check_value, as --set's) with its source, and
+# the published targets calibrate checks. Parameters added later (ADDED) may be absent.
+SCHEMA = schema.Schema(schema.record({
+    "name": schema.STRING, "title": schema.STRING,
+    "params": {"type": "object",
+               "propertyNames": {"enum": list(PARAMS),
+                                 "message": "is not a profile parameter; `ccbridge profiles b300` lists them"},
+               "additionalProperties": schema.record({"value": {}, "source": schema.TEXT},
+                                                     required=("value", "source")),
+               "required": [k for k in PARAMS if k not in ADDED]},
+    "targets": schema.nullable(schema.mapping(schema.record(
+        {"value": schema.NUMBER, "source": schema.STRING, "tolerance": {"type": "number", "exclusiveMinimum": 0}},
+        required=("value", "source")))),
+}, required=("params",), closed=True))
+
+
 def parse(text: str, origin: str) -> Profile:
     try:
         d = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:
         raise ProfileError(f"{origin}: not valid JSON ({e})") from None
-    if not isinstance(d, dict) or not isinstance(d.get("params"), dict):
-        raise ProfileError(f"{origin}: expected an object with 'name', 'title', 'params' and 'targets'")
-    unknown = d.keys() - {"name", "title", "params", "targets"}
-    if unknown:
-        raise ProfileError(f"{origin}: unknown fields {', '.join(sorted(unknown))} (known: name, title, params, targets)")
-    for key in ("name", "title"):
-        if not isinstance(d.get(key, ""), str):
-            raise ProfileError(f"{origin}: {key!r} must be a string")
+    SCHEMA.check(d, origin, ProfileError)
     params: dict[str, Param] = {}
     for key, entry in d["params"].items():
-        if key not in PARAMS:
-            raise ProfileError(f"{origin}: unknown parameter {key!r} (known: {', '.join(PARAMS)})")
-        if not isinstance(entry, dict) or "value" not in entry:
-            raise ProfileError(f"{origin}: parameter {key} needs an object with 'value' and 'source'")
         try:
-            value = check_value(key, entry["value"])
+            params[key] = Param(check_value(key, entry["value"]), entry["source"])
         except ProfileError as e:
             raise ProfileError(f"{origin}: {e}") from None
-        if not isinstance(entry.get("source"), str) or not entry["source"].strip():
-            raise ProfileError(f"{origin}: parameter {key} needs a 'source' saying where its value comes from")
-        params[key] = Param(value, entry["source"])
     for key, (value, source) in ADDED.items():
         params.setdefault(key, Param(value, source))
-    missing = [k for k in PARAMS if k not in params]
-    if missing:
-        raise ProfileError(f"{origin}: missing parameters {', '.join(missing)}")
-    targets = {}
-    if not isinstance(d.get("targets") or {}, dict):
-        raise ProfileError(f"{origin}: 'targets' must be an object of target name: {{value, source, tolerance}}")
-    for key, t in (d.get("targets") or {}).items():
-        try:
-            value, tol = float(t["value"]), float(t.get("tolerance", 0.15))
-            if not (math.isfinite(value) and math.isfinite(tol) and tol > 0 and isinstance(t["source"], str)):
-                raise ValueError
-        except (KeyError, TypeError, ValueError, AttributeError):
-            raise ProfileError(f"{origin}: target {key} needs a finite 'value', a 'source' and a positive "
-                               "'tolerance'") from None
-        targets[key] = Target(value, t["source"], tol)
+    targets = {key: Target(float(t["value"]), t["source"], float(t.get("tolerance", 0.15)))
+               for key, t in (d.get("targets") or {}).items()}
     return Profile(d.get("name") or Path(origin).stem, d.get("title", ""), params, targets, origin)
 
 

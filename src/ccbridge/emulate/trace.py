@@ -28,6 +28,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from ccbridge import schema
 from ccbridge.emulate import interposer, sites
 from ccbridge.errors import EmulatorError, ResultFileError
 
@@ -272,6 +273,14 @@ def _process(path: str, s: TraceSummary, meta: dict) -> ProcessTrace:
                         sum(b - a for a, b in spans) if spans else own.span_ns, own)
 
 
+# <prefix>.<pid>.summary.json, as the interposer writes it (native/emu/trace.c): call and crossing counts.
+# (The CSV's header is two text lines, no JSON document: check_header holds it to SCHEMA and COLUMNS.)
+SUMMARY = schema.Schema(schema.record({
+    "pid": schema.INTEGER, "calls": schema.mapping(schema.COUNT),
+    "crossings": schema.mapping(schema.mapping(schema.COUNT)), "ranks": schema.COUNT, "rank": schema.INTEGER,
+}, required=("pid", "calls", "crossings")))
+
+
 def _summary_doc(path: str) -> dict:
     """A process's summary as the interposer writes it; a ResultFileError naming the field otherwise."""
     try:
@@ -279,19 +288,7 @@ def _summary_doc(path: str) -> dict:
             d = json.load(f)
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ResultFileError(f"unreadable trace summary {path}: {getattr(e, 'strerror', None) or e}") from None
-    count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
-    checks = [(isinstance(d, dict), "", "an object"), ]
-    if isinstance(d, dict):
-        checks += [(isinstance(d.get("pid"), int) and not isinstance(d.get("pid"), bool), "pid", "a process id"),
-                   (isinstance(d.get("calls"), dict) and all(count(v) for v in d["calls"].values()), "calls",
-                    "an object of call counts"),
-                   (isinstance(d.get("crossings"), dict) and all(
-                       isinstance(v, dict) and all(count(x) for x in v.values()) for v in d["crossings"].values()),
-                    "crossings", "an object of per-direction counts"),
-                   (count(d.get("ranks", 0)) and isinstance(d.get("rank", -1), int), "rank", "whole numbers")]
-    for ok, field_, want in checks:
-        if not ok:
-            raise ResultFileError(f"trace summary {path}: {field_ or 'the document'} must be {want}")
+    SUMMARY.check(d, f"trace summary {path}", ResultFileError)
     return d
 
 

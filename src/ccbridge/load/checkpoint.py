@@ -6,10 +6,14 @@ import json
 import os
 from pathlib import Path
 
+from ccbridge import schema
 from ccbridge.errors import UsageError
 from ccbridge.load.header import Header, HeaderError
 
 INDEX_SUFFIX = ".safetensors.index.json"
+# Hugging Face's shard index: {"weight_map": {tensor name: shard file name}, "metadata": {...}}
+INDEX = schema.Schema(schema.record({"weight_map": schema.mapping(schema.STRING), "metadata": {"type": "object"}},
+                                    required=("weight_map",)))
 
 
 def _index_files(index: Path) -> tuple[list[Path], dict[str, str]]:
@@ -20,9 +24,10 @@ def _index_files(index: Path) -> tuple[list[Path], dict[str, str]]:
         raise HeaderError(where, "unreadable", e.strerror or str(e)) from None
     except (UnicodeDecodeError, ValueError) as e:
         raise HeaderError(where, "index not JSON", str(e)) from None
-    wm = obj.get("weight_map") if isinstance(obj, dict) else None
-    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
-        raise HeaderError(where, "index weight_map", "expected {\"weight_map\": {tensor name: file name}}")
+    problem = INDEX.problem(obj)
+    if problem is not None:
+        raise HeaderError(where, "malformed index", problem)
+    wm = obj["weight_map"]
     files = []
     for name in dict.fromkeys(wm.values()):  # first-seen order, once each
         if Path(name).name != name:

@@ -157,9 +157,9 @@ def run(settings: Settings, env: dict[str, Any], progress=None) -> Result:
     """Run the selected tests; progress is an optional ui.Progress-like object."""
     tests = select(settings.tests)
     machine = Machine.detect(settings.device)
-    result = Result(env=env, settings={"device": settings.device, "quick": settings.quick,
-                                       "tests": [t.name for t in tests], "missing": machine.missing,
-                                       "timer": settings.timer})
+    result = Result(kind="probe", env=env, settings={"device": settings.device, "quick": settings.quick,
+                                                     "tests": [t.name for t in tests], "missing": machine.missing,
+                                                     "timer": settings.timer})
     was = os.environ.get(gputimer.ENV_VAR)
     os.environ[gputimer.ENV_VAR] = settings.timer  # every GPU-time measurement of the run, its peer ranks too
     try:

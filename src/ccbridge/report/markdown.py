@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ccbridge.findings import shown
-from ccbridge.report.tables import (Table, command, emulation_banner, errors_table, headline_table, machine_table,
+from ccbridge.report.tables import (Table, emulation_banner, errors_table, headline_table, machine_table,
                                     run_line, skipped_table, test_tables, title)
 from ccbridge.results import Result
 
@@ -30,7 +30,7 @@ def render(res: Result) -> str:
     if banner:
         parts += [f"> **{banner}**", ""]
     parts += [run_line(res), ""]
-    if command(res) == "probe":
+    if res.kind == "probe":
         parts += ["## Findings", ""]
         parts += [f"- {f.text}" for f in shown(res)] or ["- No GPU family ran, so there are no bridge findings."]
         parts.append("")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from ccbridge import env as envmod
 from ccbridge import fabric
 from ccbridge.probe import registry
-from ccbridge.results import Result, Row
+from ccbridge.results import KINDS, Result, Row
 from ccbridge.ui import human_bytes
 
 
@@ -49,27 +49,22 @@ ROW_HEADERS = ["parameters", "metric", "median", "p10 – p90", "n", "unit", "ve
 
 
 def command(res: Result) -> str:
-    """The command that wrote a result, told by its content: account, bench decode, bench kv or probe."""
-    if any(r.test.startswith("account.") for r in res.rows):
-        return "account"
-    for kind in ("decode", "kv"):
-        if kind in res.settings:
-            return f"bench {kind}"
-    return "probe"
+    """The command that wrote a result, from its kind: probe, account, bench decode, collectives, ..."""
+    return KINDS[res.kind].removeprefix("ccbridge ")
 
 
 def title(res: Result) -> str:
     base = f"ccbridge {command(res)} — {envmod.gpu_name(res.env)} — {res.created[:10]}"
     if res.emulated:
         base += f" — EMULATED (profile {envmod.emulation_label(res.env['emulation'])})"
-    elif command(res) == "account" and res.settings.get("profile"):
+    elif res.kind == "account" and res.settings.get("profile"):
         base += f" — OTHER EMULATED (profile {res.settings['profile']})"
     return base
 
 
 def run_line(res: Result) -> str:
     s = res.settings
-    if command(res) == "account":
+    if res.kind == "account":
         total = {r.metric: r for r in res.rows if r.test == "account.total"}
         phases = {r.params.get("phase"): r.median for r in res.rows if r.test == "account.phase"}
         ms = lambda m: f"{total[m].median * 1e3:+.1f} ms" if m in total else "?"
@@ -84,7 +79,7 @@ def run_line(res: Result) -> str:
                 + f"; {len(res.rows)} rows, created {res.created}" + ("" if s.get("command") else
                                                                       " (the machine below read the traces)")
                 + "." + where)
-    if command(res) != "probe":
+    if res.kind != "probe":
         return f"Run: {len(res.rows)} rows in {res.duration_s:.0f} s, created {res.created}."
     mode = "quick" if s.get("quick") else "full"
     return (f"Run: {mode} suite on device {s.get('device', 0)}, {res.duration_s:.0f} s, "

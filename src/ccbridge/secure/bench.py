@@ -22,8 +22,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ccbridge import busbw, choices, pluginenv, ranks
+from ccbridge import env as envmod
 from ccbridge.gputimer import time_ms as gpu_time_ms
-from ccbridge.secure import gcm
+from ccbridge.results import Result
+from ccbridge.secure import benchrows, gcm
 from ccbridge.secure import keys as keymod
 from ccbridge.secure.group import SecureGroup, allreduce_hook
 
@@ -208,7 +210,7 @@ def _collectives_rank(rank, n, op, size_list, dtype_name, iters, warmup, backend
                         "secure_busbw": size / t_sec / 1e9 * f})
         rows.append(row)
         if rank == 0:
-            say(render_collectives([row], header=len(rows) == 1)
+            say(benchrows.render_collectives([row], header=len(rows) == 1)
                 if os.environ.get("CCBRIDGE_PROGRESS", "1") == "1" else None)
     dist.barrier()
     dist.destroy_process_group()
@@ -217,11 +219,23 @@ def _collectives_rank(rank, n, op, size_list, dtype_name, iters, warmup, backend
 
 def collectives(op: str, begin: int, end: int, factor: int, dtype: str = "float", iters: int = 20, warmup: int = 5,
                 nproc: int | None = None, backend: str = "nccl", transport: str = "default",
-                net: str | None = None) -> dict:
-    """The nccl-tests style table. Without `net`: NCCL (plaintext, on `transport`)
-    beside ccbridge.secure's encrypted collectives. With net="ccbridge": NCCL on its
-    plaintext socket transport beside the same NCCL on the ccbridge net plugin
+                net: str | None = None) -> Result:
+    """The nccl-tests style table, as a Result of kind collectives (benchrows.collectives_result). Without
+    `net`: NCCL (plaintext, on `transport`) beside ccbridge.secure's encrypted collectives. With
+    net="ccbridge": NCCL on its plaintext socket transport beside the same NCCL on the ccbridge net plugin
     (AES-256-GCM on the wire), each run's NCCL log checked for the network it used."""
+    stamp, t0 = envmod.stamp(), time.perf_counter()
+    settings = {"dtype": dtype, "minbytes": begin, "maxbytes": end, "stepfactor": factor, "iters": iters,
+                "warmup": warmup, "net": net}
+    got = _collectives(op, begin, end, factor, dtype, iters, warmup, nproc, backend, transport, net)
+    res = benchrows.collectives_result(got, stamp, settings)
+    res.duration_s = round(time.perf_counter() - t0, 2)
+    return res
+
+
+def _collectives(op: str, begin: int, end: int, factor: int, dtype: str, iters: int, warmup: int, nproc: int | None,
+                 backend: str, transport: str, net: str | None) -> dict:
+    """collectives()' measurement: {op, nranks, backend, transport, encrypted, rows[, nets, env]}."""
     if op not in OPS:
         raise ValueError(f"op must be one of {', '.join(OPS)}")
     if dtype not in DTYPES:
@@ -256,26 +270,6 @@ def collectives(op: str, begin: int, end: int, factor: int, dtype: str = "float"
             "encrypted": "NCCL + ccbridge net plugin", "rows": rows,
             "nets": {t: r["nets"] for t, r in runs.items()},
             "env": {k: v for k, v in transport_env("ccbridge").items() if k != "LD_LIBRARY_PATH"}}
-
-
-def render_collectives(rows: list[dict], header: bool = True, encrypted: str = "ccbridge.secure") -> str:
-    lines = []
-    if header:
-        lines.append(f"{'':>34}  {'plaintext':^36}  {encrypted + ' (AES-256-GCM)':^36}")
-        lines.append(f"{'size':>12} {'count':>12} {'type':>8}  " + "  ".join(
-            [f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>7}"] * 2) + f"  {'busbw':>6}")
-        lines.append(f"{'(B)':>12} {'(elements)':>12} {'':>8}  " + "  ".join([f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>7}"] * 2)
-                     + f"  {'ratio':>6}")
-    for r in rows:
-        if "secure_us" not in r:  # a plaintext-only pass (progress while --net runs)
-            lines.append(f"{r['size']:>12} {r['count']:>12} {r['type']:>8}  {r['plain_us']:>9.1f} "
-                         f"{r['plain_algbw']:>7.2f} {r['plain_busbw']:>7.2f} {r['wrong_plain']:>7}")
-            continue
-        lines.append(f"{r['size']:>12} {r['count']:>12} {r['type']:>8}  "
-                     f"{r['plain_us']:>9.1f} {r['plain_algbw']:>7.2f} {r['plain_busbw']:>7.2f} {r['wrong_plain']:>7}  "
-                     f"{r['secure_us']:>9.1f} {r['secure_algbw']:>7.2f} {r['secure_busbw']:>7.2f} {r['wrong']:>7}  "
-                     f"{r['secure_busbw'] / r['plain_busbw']:>6.3f}")
-    return "\n".join(lines)
 
 
 # ---- DDP ----
@@ -387,7 +381,7 @@ def _ddp_rank(rank, n, models, plan, iters, warmup, backend, wrap="ddp", say=_sh
             rows.append({"model": name, "params": params, "nranks": n, "mode": mode, "wrap": wrap,
                          "bucket_cap_mb": cap, "batch_per_gpu": bsz, "iter_ms": statistics.median(times) * 1e3,
                          "iter_ms_min": min(times) * 1e3, "iter_ms_max": max(times) * 1e3, "grads_agree": agree,
-                         "losses": [float(x) for x in losses]})
+                         "iter_ms_all": [t * 1e3 for t in times], "losses": [float(x) for x in losses]})
             if rank == 0:
                 r = rows[-1]
                 say(f"{name:>11} n={n} {wrap} {mode:>13} bucket {cap or '-':>4} MB: {r['iter_ms']:8.1f} ms/iter"
@@ -400,17 +394,32 @@ def _ddp_rank(rank, n, models, plan, iters, warmup, backend, wrap="ddp", say=_sh
     return {"nranks": n, "rows": rows}
 
 
-def ddp(models: list[str], nproc: int, buckets: list[int], iters: int = 10, warmup: int = 3, backend: str = "nccl",
-        net: str | None = None, wrap: str = "ddp") -> dict:
-    """Training iterations. Without `net`: NCCL (plaintext, default transport) beside
-    ccbridge.secure's DDP hook at each bucket size. With net="ccbridge": NCCL on its
-    plaintext sockets beside NCCL on the ccbridge net plugin, DDP at the default
-    25 MB buckets or FSDP2 (wrap="fsdp")."""
-    if nproc < 2 or nproc > torch.cuda.device_count():
-        raise RuntimeError(f"ddp bench needs 2..{torch.cuda.device_count()} GPUs, asked for {nproc}")
+def ddp(models: list[str], nprocs: list[int], buckets: list[int], iters: int = 10, warmup: int = 3,
+        backend: str = "nccl", net: str | None = None, wrap: str = "ddp", show=lambda table: None) -> Result:
+    """Training iterations at each world size in nprocs, as a Result of kind ddp (benchrows.ddp_rows);
+    show(table) after each world size. Without `net`: NCCL (plaintext, default transport) beside
+    ccbridge.secure's DDP hook at each bucket size. With net="ccbridge": NCCL on its plaintext sockets
+    beside NCCL on the ccbridge net plugin, DDP at the default 25 MB buckets or FSDP2 (wrap="fsdp")."""
+    for nproc in nprocs:
+        if nproc < 2 or nproc > torch.cuda.device_count():
+            raise RuntimeError(f"ddp bench needs 2..{torch.cuda.device_count()} GPUs, asked for {nproc}")
+    if net is None and wrap != "ddp":
+        raise ValueError("--wrap fsdp goes with --net ccbridge (ccbridge.secure's hook is for DDP)")
+    res = Result(kind="ddp", env=envmod.stamp(),
+                 settings={"models": list(models), "ngpus": list(nprocs), "buckets": list(buckets), "iters": iters,
+                           "warmup": warmup, "backend": backend, "net": net, "wrap": wrap})
+    t0 = time.perf_counter()
+    for nproc in nprocs:
+        res.rows += benchrows.ddp_rows(_ddp(models, nproc, buckets, iters, warmup, backend, net, wrap))
+        show(benchrows.render_ddp(res, nproc))
+    res.duration_s = round(time.perf_counter() - t0, 2)
+    return res
+
+
+def _ddp(models: list[str], nproc: int, buckets: list[int], iters: int, warmup: int, backend: str,
+         net: str | None, wrap: str) -> dict:
+    """One world size's runs: {nranks, rows[, nets]}, each row with the networks NCCL's log showed (net)."""
     if net is None:
-        if wrap != "ddp":
-            raise ValueError("--wrap fsdp goes with --net ccbridge (ccbridge.secure's hook is for DDP)")
         res = launch(_ddp_rank, nproc, models, [("plain", 25)] + [("secure", b) for b in buckets], iters, warmup,
                      backend, label="ddp bench")
         compare_losses(res["rows"])
@@ -422,33 +431,19 @@ def ddp(models: list[str], nproc: int, buckets: list[int], iters: int = 10, warm
             r = launch(_ddp_rank, nproc, models, [(f"nccl-{t}", 25 if wrap == "ddp" else None)], iters, warmup,
                        backend, wrap, env={**transport_env(t), **_nccl_log_env(d)}, label="ddp bench")
             nets[t] = _nets_in_logs(d)
-            rows += r["rows"]
+            rows += [{**x, "nets": nets[t]} for x in r["rows"]]
     if NETS["ccbridge"] not in nets["ccbridge"]:
         raise RuntimeError(f"NCCL's log does not show the ccbridge plugin in use (networks: {nets['ccbridge']})")
     compare_losses(rows)
     return {"nranks": nproc, "rows": rows, "nets": nets}
 
 
-def render_ddp(res: dict) -> str:
-    rows = res["rows"]
-    base = {r["model"]: r["iter_ms"] for r in rows if r["mode"] in ("plain", "nccl-sockets")}
-    out = [f"{'model':>11} {'GPUs':>4} {'wrap':>4} {'mode':>13} {'bucket MB':>9} {'ms/iter':>9} {'vs plain':>8} "
-           f"{'grads':>6}  losses vs plain"]
-    for r in rows:
-        agree = {True: "agree", False: "DIFFER", None: "-"}[r.get("grads_agree")]
-        eq, rel = r.get("loss_equal"), r.get("loss_max_rel_diff")
-        losses = "-" if eq is None else "equal" if eq else f"max rel diff {rel:.1e}"
-        out.append(f"{r['model']:>11} {r['nranks']:>4} {r.get('wrap', 'ddp'):>4} {r['mode']:>13} "
-                   f"{r['bucket_cap_mb'] or '-':>9} {r['iter_ms']:>9.1f} {r['iter_ms'] / base[r['model']]:>8.2f}x "
-                   f"{agree:>6}  {losses}")
-    return "\n".join(out)
-
-
 # ---- the cipher alone ----
 
-def cipher(size_list: list[int], iters: int = 20, device: str = "cuda") -> dict:
-    """GB/s of the GPU kernels: encrypt, verify+decrypt, and a fused
-    reduce-scatter hop (decrypt + add + encrypt) over random float32 data."""
+def cipher(size_list: list[int], iters: int = 20, device: str = "cuda") -> Result:
+    """GB/s of the GPU kernels: encrypt, verify+decrypt, and a fused reduce-scatter hop (decrypt + add +
+    encrypt) over random float32 data, as a Result of kind cipher (benchrows.cipher_result)."""
+    stamp, t0 = envmod.stamp(), time.perf_counter()
     c = gcm.GpuCipher(os.urandom(32), device)
     dev = c.device
     ident = gcm.Ident(os.urandom(8), os.urandom(32))
@@ -471,12 +466,6 @@ def cipher(size_list: list[int], iters: int = 20, device: str = "cuda") -> dict:
         if int(fail.item()):
             raise RuntimeError("cipher bench: a verification failed on untampered data")
         rows.append(row)
-    return {"device": torch.cuda.get_device_name(dev), "rows": rows}
-
-
-def render_cipher(res: dict) -> str:
-    out = [f"AES-256-GCM kernels on {res['device']} (GB/s of plaintext)",
-           f"{'size':>12} {'chunk':>8} {'encrypt':>9} {'decrypt':>9} {'reduce hop':>10}"]
-    for r in res["rows"]:
-        out.append(f"{r['size']:>12} {r['chunk']:>8} {r['encrypt']:>9.1f} {r['decrypt']:>9.1f} {r['reduce_hop']:>10.1f}")
-    return "\n".join(out)
+    res = benchrows.cipher_result({"device": torch.cuda.get_device_name(dev), "rows": rows}, stamp, iters)
+    res.duration_s = round(time.perf_counter() - t0, 2)
+    return res

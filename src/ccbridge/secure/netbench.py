@@ -304,9 +304,9 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
         plan += [("stream", n, s, inflight, total, repeat) for s in sizes]
         plan += [("tcp", n, max(sizes), 0, total, repeat)] if tcp_baseline else []
         plan += [("rtt", n, s, 0, rtt_iters, repeat) for s in rtt_sizes]
-    res = Result(env=envmod.stamp(), settings={"bench": "net", "inflight": inflight, "total_bytes": total,
-                                                "repeat": repeat, "spin_us": os.environ.get("CCBRIDGE_NET_SPIN_US"),
-                                                "interface": env["NCCL_SOCKET_IFNAME"]})
+    res = Result(kind="net", env=envmod.stamp(),
+                 settings={"bench": "net", "inflight": inflight, "total_bytes": total, "repeat": repeat,
+                           "spin_us": os.environ.get("CCBRIDGE_NET_SPIN_US"), "interface": env["NCCL_SOCKET_IFNAME"]})
     t_start = time.perf_counter()
     got = _Rows(plan, progress)
     with tempfile.TemporaryDirectory(prefix="ccbridge-net-") as d:

@@ -478,7 +478,7 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
             m, vocab = build(model, dev, seed), PRESETS[model]["vocab_size"]
         settings = {"decode": settings_of(model, dev, next(m.parameters()).dtype, prompt, output, batches, modes, iters,
                                           warmup, graphs, seed, host_prep_us, checkpoint)}
-        res = Result(env=stamp, settings=settings)
+        res = Result(kind="decode", env=stamp, settings=settings)
         with deterministic_attention():  # every mode's tokens comparable bit for bit
             for b in batches:
                 ids = prompts(vocab, b, prompt, seed)

@@ -287,7 +287,7 @@ def bench(model: str | None = None, prefixes: int | None = None, prefix_len: int
                        "thresholds": thresholds, "modes": modes, "warmup": warmup, "iters": iters, "seed": seed,
                        "checked": len(checked), "transformers": transformers().__version__,
                        "cudnn_attention": False}}
-    res = Result(env=stamp, settings=settings)
+    res = Result(kind="kv", env=stamp, settings=settings)
     threads = torch.get_num_threads()
     if dev.type == "cpu":  # the drain thread's copies beside a multi-threaded forward make OpenMP spin (100s of ms)
         torch.set_num_threads(1)

@@ -321,7 +321,7 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
                     logits_tolerance=LOGITS_TOL.get(decode.dtype_for(dev), 2e-2),
                     reference="within a degree: its first mode's tokens; across degrees: the smallest degree's "
                               "first-step logits")
-    res = Result(env=stamp, settings={"decode_tp": settings})
+    res = Result(kind="decode_tp", env=stamp, settings={"decode_tp": settings})
     logits, tokens, rows_of = {}, {}, {}
     for n in sorted(degrees):
         got, oom = [], []

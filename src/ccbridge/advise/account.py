@@ -1,0 +1,95 @@
+"""Advice from an account result (`ccbridge account`): the settings the call families that explain most of a
+CC slowdown call for, where in the program they sit, and for collectives (kind collective) under GPU-CC: every
+cross-GPU operation pays a per-operation toll set up by the GPU's secure firmware, whatever its size (bridge
+law, section 6), so fewer, larger collectives dilute it (DDP buckets, a fused all-reduce), CUDA graphs that
+capture them drop their launch tolls, not theirs, and a narrower TP degree pays it on fewer GPUs."""
+
+from __future__ import annotations
+
+from ccbridge.advise.core import Add, Advice, Input, adder, state
+from ccbridge.advise.engines import stacks
+from ccbridge.advise.multicast import no_multicast
+from ccbridge.results import Row
+from ccbridge.ui import approx_bytes
+
+TOP_ACCOUNT = 5
+MIN_SHARE = 0.05
+# A slowdown that prints as 0.0 ms: its shares are of nothing (100% of 0.0 ms is no reason for a change).
+NO_SLOWDOWN_MS = 0.05
+DDP_DEFAULT_MB = 25  # torch DDP's bucket_cap_mb default
+DDP_BUCKET_MB = 100  # where to start instead: 4x fewer all-reduces, each 4x larger
+
+
+def check(inp: Input) -> None:
+    """Every account result can be read (an empty one says so in its advice)."""
+
+
+def advise(inp: Input) -> list[Advice]:
+    res = inp.result
+    out, add = adder(inp)
+    # the slowdown the shares are of (the driver-call span's since share_base exists; before, the wall time's)
+    totals = {r.metric: r for r in res.by_test("account.total")}
+    total = totals.get("share_base") or totals.get("wall_slowdown")
+    if total is not None and total.median * 1e3 < NO_SLOWDOWN_MS:
+        add("all", "no change: OTHER was not measurably slower than BASE",
+            f"{state(inp)}; a slowdown of {total.median * 1e3:.1f} ms: no call family to recover it from", total,
+            brief=f"slowdown {total.median * 1e3:.1f} ms")
+        return out
+    shares = [r for r in res.by_test("account.api") if r.metric == "share_of_slowdown" and r.median >= MIN_SHARE]
+    shares = sorted(shares, key=lambda r: -r.median)[:TOP_ACCOUNT]
+    if not shares:
+        add("all", "no change: no call family explains 5% of the slowdown",
+            f"{state(inp)}; largest shares under {MIN_SHARE:.0%}", *([total] if total else []))
+        return out
+    at_sites = [x for x in res.by_test("account.site") if x.metric == "share_of_slowdown"]
+    collectives(inp, add, [r for r in shares if r.params.get("kind") == "collective"], total)
+    for r in (r for r in shares if r.params.get("kind") != "collective"):
+        p = r.params
+        what = f"{p.get('api')} ({'/'.join(x for x in (p.get('kind'), p.get('dir'), p.get('mem')) if x)})"
+        # where in the program: the call sites of this API that explain most of the slowdown
+        where = sorted((x for x in at_sites if all(x.params.get(k) == p.get(k) for k in ("api", "dir", "mem"))
+                        and x.median >= MIN_SHARE), key=lambda x: -x.median)[:2]
+        why = (f"{what}: {r.median:.0%} of the slowdown"
+               + (f" ({total.median * 1e3:.1f} ms)" if total else "")
+               + "".join(f"; {x.median:.0%} at {x.params['site']}" for x in where)
+               + f"; {r.extra.get('recovery', '')}")
+        brief = f"{r.median:.0%} of slowdown" + (f" ({total.median * 1e3:.1f} ms)" if total else "")
+        for stack, setting in stacks(str(r.extra.get("recovery", ""))):
+            add(stack, setting, why, *([r] + where + ([total] if total else [])), brief=brief)
+    return out
+
+
+def collectives(inp: Input, add: Add, shares: list[Row], total: Row | None) -> None:
+    """Account rows of collectives (kind collective) that explain MIN_SHARE of the slowdown: fewer, larger
+    collectives (DDP buckets, a fused all-reduce), graphs that capture them, a narrower TP degree."""
+    res = inp.result
+    for r in shares:
+        p = r.params
+        same = [x for x in res.by_test("account.api") if x.params == p]
+        gpu = next((x for x in same if x.metric == "gpu_time"), None)
+        size = next((x for x in same if x.metric == "payload_per_op"), None)
+        calls = (r.extra.get("calls") or [0, 0])[-1]
+        cites = [r] + [x for x in (size, gpu, total) if x]
+        per_op = approx_bytes(size.median) if size else "?"
+        why = (f"{state(inp)}; {calls} {p['api']} of {per_op} each: {r.median:.0%} of the slowdown"
+               + (f" ({total.median * 1e3:.1f} ms)" if total else "")
+               + (f"; {gpu.median:.1f} ms of GPU time queued ahead of them" if gpu else "")
+               + f"; {r.extra.get('recovery', '')}")
+        brief = f"{calls} ops of {per_op}, {r.median:.0%}"
+        if size and size.median > (1 << 20):  # bandwidth-bound: per-operation advice dilutes nothing
+            add("DDP/torch", "overlap collectives with compute (DDP's default: keep gradient sync in backward)",
+                why, *cites, brief=brief)
+            add("vLLM/SGLang", "a narrower tensor-parallel degree moves fewer bytes per token (measure with "
+                "`ccbridge bench decode` at each degree)", why, *cites, brief=brief)
+            continue
+        add("DDP", f"DistributedDataParallel(bucket_cap_mb={DDP_BUCKET_MB}): fewer, larger all-reduces than the "
+            f"default {DDP_DEFAULT_MB} (sweep with `ccbridge bench ddp --buckets`)", why, *cites, brief=brief)
+        add("torch", "fuse a step's small all-reduces into one flat buffer (one ncclAllReduce per step)", why,
+            *cites, brief=brief)
+        add("vLLM", "CUDA graphs on (no --enforce-eager): captured collectives drop their launch tolls, each "
+            "still pays its own", why, *cites, brief=brief)
+        add("SGLang", "CUDA graphs on (no --disable-cuda-graph) over the decode batches", why, *cites, brief=brief)
+        add("vLLM/SGLang", "a narrower tensor-parallel degree: TP pays two all-reduces per layer per token "
+            "(compare degrees with `ccbridge bench decode`)", why, *cites, brief=brief)
+    if shares:
+        no_multicast(inp, add, "the collectives above run on this fabric", *shares[:1])
