@@ -526,8 +526,12 @@ def test_the_narrowest_tp_degree_within_the_margin_is_advised_and_the_pair_says_
     assert "TP 2 400, TP 4 410, TP 8 300" in tp[-1].why and tp[-1].brief == "TP 2 400 tok/s vs TP 4 410"
     assert find(recs, "torch", "TP 2, batch 8: drain scheduling")  # the modes at the degree advised
     kept = {a.setting for a in recs if "of native tok/s" in a.setting}
-    assert kept == {"TP 2: keeps 0.80 of native tok/s", "TP 4: keeps 0.59 of native tok/s",
-                    "TP 8: keeps 0.33 of native tok/s"}
+    assert kept == {"batch 8, TP 2: keeps 0.80 of native tok/s", "batch 8, TP 4: keeps 0.59 of native tok/s",
+                    "batch 8, TP 8: keeps 0.33 of native tok/s"}
+    assert find(recs, "all", "batch 8: TP 2 keeps most (0.80)")
+    # under CC two TP=2 replicas make 800 tok/s on 4 GPUs against TP 4's 410; two TP=4 ones 820 against TP 8's 300
+    assert find(recs, "all", "batch 8: two TP=2 replicas instead of one TP=4")
+    assert find(recs, "all", "batch 8: two TP=4 replicas instead of one TP=8")
     assert find(recs, "torch", "TP 8, batch 8, async: CC tax 67%")
     assert find(recs, "all", "NCCL_NVLS_ENABLE=0")
     text = advise.render(inputs, recs)
@@ -589,3 +593,20 @@ def test_the_advise_modules_import_one_way_and_nothing_private():
         return {b for n in graph[a] for b in {n} | (reaches(n, seen + (a,)) if n not in seen else set())}
 
     assert not [m for m in graph if m in reaches(m)]
+
+
+def test_a_multi_process_account_advises_from_all_ranks_summed(tmp_path):
+    """A DDP/TP job's account (account.rank rows): the collectives' share of all ranks' slowdown behind the bucket
+    and graphs advice."""
+    res = Result(kind="account", env=stamp(), settings={"base": "n", "other": "c", "profile": "b300",
+                                                          "overrides": [], "command": None, "ranks": [0, 1]})
+    res.env["emulation"] = {"active": True, "profile": "b300", "params": {"nvls": "0"}}
+    res.rows = [Row.of("account.rank", "slowdown", "ms", [40.0], rank="all")]
+    r = Row.of("account.rank_api", "delta", "ms", [36.0], rank="all", api="ncclAllReduce", kind="collective",
+               dir="-", mem="-")
+    r.extra.update(share=0.9, recovery="fewer, larger collectives", calls=[200, 200], replays=0)
+    res.rows.append(r)
+    inputs, recs = advise.advise([save(tmp_path, "acct.json", res)])
+    ddp = find(recs, "DDP", "bucket_cap_mb=100")
+    assert ddp and "90% of the slowdown (40.0 ms)" in ddp[0].why
+    assert find(recs, "vLLM", "CUDA graphs on")

@@ -24,18 +24,37 @@ def check(inp: Input) -> None:
     """Every account result can be read (an empty one says so in its advice)."""
 
 
+def by_rank(res) -> tuple[Row | None, list[Row]]:
+    """A multi-process job's account (account.rank rows): all ranks summed, as the single-process account reads:
+    the slowdown (s) and each API's share of it (share_of_slowdown rows, their evidence in extra)."""
+    rows = [r for r in res.by_test("account.rank") if r.params.get("rank") == "all" and r.metric == "slowdown"]
+    if not rows:
+        return None, []
+    total = Row.of("account.rank", "slowdown", "s", [rows[0].median / 1e3], rank="all")
+    shares = []
+    for r in res.by_test("account.rank_api"):
+        if r.params.get("rank") == "all" and r.extra.get("share") is not None:
+            params = {k: v for k, v in r.params.items() if k != "rank"}
+            shares.append(Row.of("account.rank_api", "share_of_slowdown", "fraction", [r.extra["share"]], **params))
+            shares[-1].extra.update(r.extra)
+    return total, shares
+
+
 def advise(inp: Input) -> list[Advice]:
     res = inp.result
     out, add = adder(inp)
-    # the slowdown the shares are of (the driver-call span's since share_base exists; before, the wall time's)
+    # the slowdown the shares are of (the driver-call span's since share_base exists; before, the wall time's;
+    # a job of several ranks: all ranks' windows summed)
     totals = {r.metric: r for r in res.by_test("account.total")}
-    total = totals.get("share_base") or totals.get("wall_slowdown")
+    total, rank_shares = by_rank(res)
+    total = total or totals.get("share_base") or totals.get("wall_slowdown")
     if total is not None and total.median * 1e3 < NO_SLOWDOWN_MS:
         add("all", "no change: OTHER was not measurably slower than BASE",
             f"{state(inp)}; a slowdown of {total.median * 1e3:.1f} ms: no call family to recover it from", total,
             brief=f"slowdown {total.median * 1e3:.1f} ms")
         return out
-    shares = [r for r in res.by_test("account.api") if r.metric == "share_of_slowdown" and r.median >= MIN_SHARE]
+    shares = [r for r in rank_shares or res.by_test("account.api")
+              if r.metric == "share_of_slowdown" and r.median >= MIN_SHARE]
     shares = sorted(shares, key=lambda r: -r.median)[:TOP_ACCOUNT]
     if not shares:
         add("all", "no change: no call family explains 5% of the slowdown",

@@ -67,18 +67,30 @@ def pairs(inputs: list[Input]) -> list[Advice]:
 
 
 def kept(native: Input, cc: Input, add: Add, tok: list[dict]) -> None:
-    """A CC-off and a CC (or emulated) decode result with TP degrees: per degree, the share of native tok/s
-    the CC run keeps at the largest batch both measured, async (narrower keeps more: bridge law 6)."""
+    """A CC-off and a CC (or emulated) decode result with TP degrees, at each batch both measured: per degree the
+    share of native tok/s the CC run keeps, the degree that keeps most, and two TP=N/2 replicas instead of one
+    TP=N where the CC run's tok/s say so (the same GPUs; a wider split pays its tolls on more GPUs)."""
     common = set(tok[0]) & set(tok[1])
     tps = sorted({t for t, _, _ in common if t is not None})
     if len(tps) < 2:
         return
-    b = max(bb for _, bb, m in common if m == "async") if any(m == "async" for *_, m in common) else None
-    if b is None:
-        return
-    share = {t: (tok[1][(t, b, "async")], tok[0][(t, b, "async")]) for t in tps if (t, b, "async") in common}
-    why = (f"{state(cc)} vs {Path(native.path).name}, batch {b}, async: kept "
-           + ", ".join(f"TP {t} {c.median / n.median:.2f}" for t, (c, n) in share.items()))
-    for t, (c, n) in share.items():
-        add("all", f"TP {t}: keeps {c.median / n.median:.2f} of native tok/s", why, c, n,
-            brief=f"{c.median:.0f} vs {n.median:.0f} tok/s")
+    modes = {m for *_, m in common}
+    mode = "async" if "async" in modes else sorted(modes)[0]  # the engines' default where measured
+    for b in sorted({bb for _, bb, m in common if m == mode}):
+        share = {t: (tok[1][(t, b, mode)], tok[0][(t, b, mode)]) for t in tps if (t, b, mode) in common}
+        if len(share) < 2:
+            continue
+        keep = {t: c.median / n.median for t, (c, n) in share.items()}
+        why = (f"{state(cc)} vs {Path(native.path).name}, batch {b}, {mode}: kept "
+               + ", ".join(f"TP {t} {k:.2f}" for t, k in keep.items()))
+        for t, (c, n) in share.items():
+            add("all", f"batch {b}, TP {t}: keeps {keep[t]:.2f} of native tok/s", why, c, n,
+                brief=f"{c.median:.0f} vs {n.median:.0f} tok/s")
+        best = max(keep, key=keep.get)
+        add("all", f"batch {b}: TP {best} keeps most ({keep[best]:.2f})", why,
+            *(x for pair in share.values() for x in pair), brief=f"of TP {', '.join(map(str, share))}")
+        for t in share:
+            half = share.get(t // 2) if t % 2 == 0 else None
+            if half and 2 * half[0].median > share[t][0].median:
+                add("all", f"batch {b}: two TP={t // 2} replicas instead of one TP={t}", why, half[0], share[t][0],
+                    brief=f"{2 * half[0].median:.0f} vs {share[t][0].median:.0f} tok/s on {t} GPUs")
