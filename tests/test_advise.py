@@ -610,3 +610,25 @@ def test_a_multi_process_account_advises_from_all_ranks_summed(tmp_path):
     ddp = find(recs, "DDP", "bucket_cap_mb=100")
     assert ddp and "90% of the slowdown (40.0 ms)" in ddp[0].why
     assert find(recs, "vLLM", "CUDA graphs on")
+
+
+def test_an_account_names_pinned_type_queries_and_event_timing_under_cc(tmp_path):
+    """Issue 32: the trace's query lines (pinned memory answered 'managed') and timing lines (cuEventElapsedTime)
+    each give one advise line, with their call site."""
+    res = Result(kind="account", env=stamp(), settings={"base": "n", "other": "c", "profile": "b300",
+                                                          "overrides": [], "command": None})
+    res.env["emulation"] = {"active": True, "profile": "b300", "params": {"nvls": "0"}}
+    res.rows = [Row.of("account.total", "share_base", "s", [0.5])]
+    for test, kind, api, site in (("account.api", "query", "cuPointerGetAttributes", None),
+                                  ("account.site", "query", "cuPointerGetAttributes", "serve.py:12 gate"),
+                                  ("account.api", "timing", "cuEventElapsedTime", None)):
+        params = dict(api=api, kind=kind, dir="-", mem="pinned" if kind == "query" else "-")
+        if site:
+            params["site"] = site
+        r = Row.of(test, "share_of_slowdown", "fraction", [0.0], **params)
+        r.extra.update(calls=[0, 7], recovery="")
+        res.rows.append(r)
+    _, recs = advise.advise([save(tmp_path, "a.json", res)])
+    risk = find(recs, "torch", "at risk under CC: pinned memory reads as managed")
+    assert risk and "7 pointer-type queries" in risk[0].why and "serve.py:12 gate" in risk[0].why
+    assert find(recs, "torch", "time GPU work with %globaltimer stamps")

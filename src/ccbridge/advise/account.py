@@ -53,6 +53,7 @@ def advise(inp: Input) -> list[Advice]:
             f"{state(inp)}; a slowdown of {total.median * 1e3:.1f} ms: no call family to recover it from", total,
             brief=f"slowdown {total.median * 1e3:.1f} ms")
         return out
+    cc_answers(inp, add)
     shares = [r for r in rank_shares or res.by_test("account.api")
               if r.metric == "share_of_slowdown" and r.median >= MIN_SHARE]
     shares = sorted(shares, key=lambda r: -r.median)[:TOP_ACCOUNT]
@@ -76,6 +77,31 @@ def advise(inp: Input) -> list[Advice]:
         for stack, setting in stacks(str(r.extra.get("recovery", ""))):
             add(stack, setting, why, *([r] + where + ([total] if total else [])), brief=brief)
     return out
+
+
+def cc_answers(inp: Input, add: Add) -> None:
+    """What CC drivers answer that the program relies on, from its trace's query and timing lines: pointer-type
+    queries of pinned memory answered 'managed' (TensorRT PR #4740; vLLM issue #57224: an is_pinned() gate served
+    stale data), and GPU time read from CUDA events (unreliable under CC: TensorRT PR #4740)."""
+    rows = [r for r in inp.result.by_test("account.api") + inp.result.by_test("account.site")
+            if r.metric == "share_of_slowdown" and r.params.get("kind") in ("query", "timing")]
+    for kind in ("query", "timing"):
+        mine = [r for r in rows if r.params["kind"] == kind and (r.extra.get("calls") or [0, 0])[-1] > 0]
+        if not mine:
+            continue
+        calls = sum(r.extra["calls"][-1] for r in mine if r.test == "account.api")
+        sites = sorted({r.params["site"] for r in mine if r.params.get("site")})[:2]
+        where = f" at {'; '.join(sites)}" if sites else ""
+        if kind == "query":
+            add("torch", "at risk under CC: pinned memory reads as managed, so is_pinned() is False; don't gate a live "
+                "view or a re-pin on it (take the view with cudaHostGetDevicePointer; keep pinned buffers)",
+                f"{state(inp)}; {calls} pointer-type queries of pinned memory answered 'managed'{where} "
+                "(TensorRT PR #4740; vLLM issue #57224, PRs #50671/#57404)", *mine[:3], brief=f"{calls} queries")
+        else:
+            add("torch", "time GPU work with %globaltimer stamps where CC is on (TensorRT-LLM PR #11657, FlashInfer "
+                "PR #3870; ccbridge: --timer globaltimer)", f"{state(inp)}; {calls} reads of GPU time from CUDA "
+                f"events{where}; under CC event timing is unreliable (TensorRT PR #4740)", *mine[:3],
+                brief=f"{calls} event reads")
 
 
 def collectives(inp: Input, add: Add, shares: list[Row], total: Row | None) -> None:
