@@ -175,7 +175,7 @@ def test_the_live_state_from_a_result(tmp_path):
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"fabric": False}, "the stamp has no fabric state (nvml.fabric.cliques)"),
+    ({"fabric": False}, "no fabric state (nvml.fabric.cliques)"),
     ({"mode": None}, "the stamp has no multi-GPU CC mode"),
     ({"mode": "none"}, "multi-GPU CC mode is none"),
     ({"mode": "unknown(7)"}, "multi-GPU CC mode 'unknown(7)'"),

@@ -101,6 +101,28 @@ def render_markdown(c: Comparison) -> str:
     return "\n".join(lines)
 
 
+def render_text(c: Comparison) -> str:
+    """The terminal's version of render_markdown, in 120 columns: each ratio's range and both runs' spreads are in
+    compare.md and compare.html (--out)."""
+    from ccbridge.textfit import table, wrap
+
+    lines = wrap([f"ccbridge compare: BASE {_label(c.base)}; OTHER {_label(c.other)}"])
+    if c.base.emulated or c.other.emulated:
+        lines += ["EMULATED: at least one side was produced by the ccbridge emulator, not measured on CC hardware."]
+    lines += [f"{len(c.ratios)} common rows; {len(c.only_base)} only in BASE, {len(c.only_other)} only in OTHER."]
+    if c.changed:
+        lines += ["", "Findings that changed:"] + table(["finding", "BASE -> OTHER", "OTHER says"],
+                                                        [[i, f"{b} -> {o}", text] for i, b, o, text in c.changed],
+                                                        [34, 26, 56])
+    if c.ratios:
+        rows = [[r.base.test, fmt_params(r.base.params), r.base.metric, r.base.unit, num(r.base.median),
+                 num(r.other.median), f"{r.ratio:.3f}", f"{r.cost:+.1%}"] for r in c.ratios]
+        lines += ["", "Ratios (OTHER / BASE); 'OTHER worse by' reads as the CC tax when BASE is CC-off and OTHER "
+                  "CC-on:"] + table(["test", "parameters", "metric", "unit", "BASE", "OTHER", "ratio", "worse by"],
+                                    rows, [21, 23, 22, 8, 9, 9, 6, 8])
+    return "\n".join(lines)
+
+
 def render_html(c: Comparison) -> str:
     from ccbridge.report import html as H
     from ccbridge.report.plots import ratio_chart

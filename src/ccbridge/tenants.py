@@ -126,8 +126,7 @@ class Plan:
 def check(n: int, requests: list[int], mode: str, busy) -> frozenset[int]:
     """Refuse what is not a node, a partition size, a mode or a GPU of the node; the busy GPUs as a set."""
     if n not in GPU_COUNTS:
-        raise UsageError(f"{n} GPUs: a node is partitioned in aligned halves, so it has 1, 2, 4 or 8 GPUs "
-                         "(an HGX baseboard holds 8)")
+        raise UsageError(f"{n} GPUs: a node is partitioned in aligned halves, so it has 1, 2, 4 or 8 GPUs")
     if mode not in MODES:
         raise UsageError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
     if not requests:
@@ -202,18 +201,16 @@ def from_stamp(path: str | Path) -> tuple[int, str, frozenset[int]]:
     if mode is None:
         stale = "returned 25" in str(cc.get("settings_error", ""))  # ccbridge before 2026-11-25 passed the struct wrong
         raise ResultFileError(f"{path}: the stamp has no multi-GPU CC mode" + (
-            " (an older ccbridge could not read it: take the stamp again)" if stale else
+            " (older ccbridge: take the stamp again)" if stale else
             f" (nvml.cc.multi_gpu_mode{': ' + str(cc['settings_error'])[:60] if cc.get('settings_error') else ''})"))
     if mode == "none":
-        raise ResultFileError(f"{path}: multi-GPU CC mode is none: this node gives no confidential tenant "
-                              "more than one GPU, so there are no partitions to plan")
+        raise ResultFileError(f"{path}: multi-GPU CC mode is none: one GPU per tenant, nothing to plan")
     if mode not in MODES:
         raise ResultFileError(f"{path}: multi-GPU CC mode {mode!r:.40}: expected one of {', '.join(MODES)}")
     fabric = nv.get("fabric")
     cliques = fabric.get("cliques") if isinstance(fabric, dict) else None
     if cliques is None:
-        raise ResultFileError(f"{path}: the stamp has no fabric state (nvml.fabric.cliques): give --gpus, "
-                              "--mode and --busy instead")
+        raise ResultFileError(f"{path}: no fabric state (nvml.fabric.cliques): give --gpus, --mode and --busy")
     if not isinstance(cliques, list):
         raise ResultFileError(f"{path}: nvml.fabric.cliques must be a list, not {type(cliques).__name__}")
     busy: set[int] = set()

@@ -10,16 +10,15 @@ from pathlib import Path
 
 from ccbridge import ui
 from ccbridge.cli.args import add_set, command, integer, what_if
-from ccbridge.cli.reports import write_reports
-from ccbridge.errors import UsageError
+from ccbridge.cli.reports import write_reports, wrote
+from ccbridge.errors import GpuError, UsageError
+from ccbridge.textfit import cut, wrap
 
 
 DEFAULT_ROUNDS = 3  # calibrate's native/emulated pairs for the delta checks
 
 
 def cmd_probe(args) -> int:
-    from rich.console import Console
-
     from ccbridge import env
     from ccbridge.findings import shown
     from ccbridge.probe import registry
@@ -27,7 +26,7 @@ def cmd_probe(args) -> int:
     if args.list:
         for t in registry.select(None):
             needs = f" (needs {', '.join(t.needs)})" if t.needs else ""
-            print(f"{t.name:<24} {t.title}{needs}")
+            print("\n".join(wrap([f"{t.name:<24} {t.title}{needs}"], indent=" " * 25)))
         return 0
     # Everything a run needs is checked before it starts: a run can take many minutes.
     # --record alone: the probe runs natively, recorded (the passthrough interposer adds no cost)
@@ -38,7 +37,7 @@ def cmd_probe(args) -> int:
                              fresh=("result.json",))
     if prof:
         return _probe_under(args, prof, out)
-    console = Console(stderr=True)
+    console = ui.terminal(stderr=True)
     console.print(f"ccbridge probe: {len(tests)} tests, {'quick' if args.quick else 'full'} suite, device {args.device}")
     stamp = env.stamp()
     if stamp["emulation"]["active"]:
@@ -87,8 +86,6 @@ def cmd_profiles(args) -> int:
             print(f"{p.name:<12} {p.title}")
         print("\n`ccbridge profiles NAME` shows each parameter, what it is and where its value comes from.")
         return 0
-    from ccbridge.textfit import wrap
-
     p = profiles.override(profiles.load(args.name), args.overrides)
     out = wrap([f"# profile {p.name}: {p.title}"]
                + ([f"# what-if: {', '.join(p.overrides)} set on the command line"] if p.overrides else [])) + [""]
@@ -112,11 +109,13 @@ def cmd_calibrate(args) -> int:
     out = ui.writable_folder(args.out or Path("ccbridge-results") / f"calibrate-{prof.name}-{dt.datetime.now():%Y%m%d-%H%M%S}",
                              "--out", fresh=("calibration.json",))
     if args.rounds is not None and args.emulated is not None:
-        raise UsageError("--rounds pairs fresh native and emulated runs of the delta tests; with --emulated given "
-                         "this command runs no emulated probe")
+        raise UsageError("--rounds repeats native and emulated runs; with --emulated given this command runs no "
+                         "emulated probe")
     # Given results are read and checked first: a bad one fails now, not after a probe run of minutes.
     given = {k: calibrate.check_side(results.load(p), k, prof, f"--{k} {p}")
              for k, p in (("native", args.native), ("emulated", args.emulated)) if p is not None}
+    if len(given) < 2:
+        _gpu_for_probes()
     if "emulated" not in given:
         launcher.check(prof, launcher.python_cmd())
 
@@ -131,8 +130,8 @@ def cmd_calibrate(args) -> int:
 
     for kind in ("native", "emulated"):
         if kind not in given:
-            print(f"ccbridge calibrate: {kind} probe run" + (f" ({launcher.banner(prof)})" if kind == "emulated" else ""),
-                  file=sys.stderr)
+            print(launcher.banner(prof, "ccbridge calibrate: emulated probe run") if kind == "emulated"
+                  else "ccbridge calibrate: native probe run", file=sys.stderr)
             given[kind] = probe(kind, calibrate.PROBE_TESTS, out / kind)
     native, emulated = given["native"], given["emulated"]
     n = 1 if args.emulated is not None else args.rounds or DEFAULT_ROUNDS
@@ -144,13 +143,24 @@ def cmd_calibrate(args) -> int:
             pair.append(probe(kind, calibrate.DELTA_TESTS, out / f"round{i}" / kind))
         rounds.append(tuple(pair))
     checks = calibrate.evaluate(prof, native, emulated, rounds)
-    md = calibrate.render(prof, checks, native, emulated)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "calibration.md").write_text(md)
+    (out / "calibration.md").write_text(calibrate.render(prof, checks, native, emulated))
     (out / "calibration.json").write_text(json.dumps(calibrate.to_json(checks), indent=1))
-    print(md)
-    print(f"wrote {out / 'calibration.md'}, {out / 'calibration.json'}", file=sys.stderr)
+    print(calibrate.render_text(prof, checks, native, emulated))
+    print(wrote(out / "calibration.md", out / "calibration.json"), file=sys.stderr)
     return 0 if all(c.ok for c in checks) else 1
+
+
+def _gpu_for_probes() -> None:
+    """calibrate's probe runs measure GPU rows: without a GPU it says so now, not after a CPU-only probe run."""
+    from ccbridge.bindings import core
+
+    try:
+        count, why = core.device_count(), "the CUDA driver sees no GPU"
+    except GpuError as e:
+        count, why = 0, str(e)
+    if not count:
+        raise UsageError(cut(f"its probe runs need a GPU (or give --native and --emulated results): {why}", 100))
 
 
 def add_parsers(sub) -> None:
