@@ -9,6 +9,7 @@ from ccbridge.choices import SECURE_DTYPES
 from ccbridge.cli.args import command, integer, size
 from ccbridge.cli.checks import gpus_ready, plugin_built, sizes_in_order
 from ccbridge.errors import UsageError
+from ccbridge.textfit import fit
 
 
 def cmd_collectives(args) -> int:
@@ -17,16 +18,19 @@ def cmd_collectives(args) -> int:
     if args.net:
         plugin_built()
     sizes_in_order(args)
-    if not gpus_ready("collectives", args.json):
+    if not gpus_ready("collectives", args.json, cpu_ok=args.backend == "gloo"):  # Gloo runs on CPU ranks too
         return 2
+    import torch  # (deferred: torch, checked by gpus_ready)
+
     from ccbridge.secure import bench
 
     res = bench.collectives(args.op, args.minbytes, args.maxbytes, args.stepfactor, args.dtype,
                             args.iters, args.warmup, args.ngpus, args.backend, args.transport, args.net)
     how = ("each encrypted op ends with a host wait" if args.net is None
            else f"NCCL's log showed networks {res['nets']}")
-    print(f"# ccbridge collectives: {args.op} on {res['nranks']} GPUs, backend {res['backend']}, transport "
-          f"{res['transport']}, {args.iters} iterations ({how}); #wrong: elements differing from the exact result")
+    ranks = "GPUs" if torch.cuda.is_available() else "CPU ranks"
+    print(fit(f"# ccbridge collectives: {args.op} on {res['nranks']} {ranks}, backend {res['backend']}, transport "
+              f"{res['transport']}, {args.iters} iterations ({how}); #wrong: elements differing from the exact result"))
     print(bench.render_collectives(res["rows"], encrypted=res["encrypted"]))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))

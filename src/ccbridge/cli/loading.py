@@ -68,7 +68,8 @@ def cmd_make_checkpoint(args) -> int:
     with ui.count_progress("writing shards") as step:
         files = synth.make_checkpoint(args.out, args.size, args.shard_size, seed=args.seed, progress=step)
     written = sum(Path(f).stat().st_size for f in files)
-    print(f"wrote {len(files)} shards, {written / 2**30:.2f} GiB, and model.safetensors.index.json to {args.out}")
+    print(f"wrote {len(files)} shard{'s' * (len(files) != 1)}, {written / 2**30:.2f} GiB, and "
+          f"model.safetensors.index.json to {args.out}")
     return 0
 
 
@@ -92,4 +93,5 @@ def add_parsers(sub) -> None:
     p.add_argument("out", help="output directory")
     p.add_argument("--size", type=size, default="32GiB", help="total size (default 32GiB)")
     p.add_argument("--shard-size", type=size, default="4GiB", help="shard size (default 4GiB)")
-    p.add_argument("--seed", type=integer(0), default=0)
+    p.add_argument("--seed", type=integer(0), default=0, help="seed of the random bytes: the same seed and sizes "
+                   "write the same checkpoint (default 0)")

@@ -176,18 +176,20 @@ def add_parsers(sub) -> None:
     add_set(p)
 
     p = command(sub, "profiles", cmd_profiles, help="list emulator profiles; with NAME, each parameter and its source")
-    p.add_argument("name", nargs="?")
+    p.add_argument("name", nargs="?", help="a profile's name (b300, h200, ...) or a .json profile file: each "
+                   "parameter, what it is and where its value comes from")
     add_set(p)
 
     p = command(sub, "calibrate", cmd_calibrate,
                 help="emulated probe vs native probe vs the profile's published targets")
-    p.add_argument("--profile", required=True)
+    p.add_argument("--profile", required=True, help="the emulator profile to calibrate: a name or a .json file "
+                   "(see `ccbridge profiles`)")
     p.add_argument("--native", help="use this native result.json instead of running the probe")
     p.add_argument("--emulated", help="use this emulated result.json instead of running the probe")
     p.add_argument("--full", action="store_true", help="full probe suite instead of --quick")
     p.add_argument("--rounds", type=integer(1, 20),
                    help="pairs of native and emulated runs of the delta tests (launch, 32-byte D2H), alternating; "
                         f"the delta checks take their median (default {DEFAULT_ROUNDS}; not with --emulated)")
-    p.add_argument("--device", type=integer(0), default=0)
+    p.add_argument("--device", type=integer(0), default=0, help="CUDA device index of the probe runs (default 0)")
     p.add_argument("--out", help="output folder (default ccbridge-results/calibrate-<profile>-<timestamp>)")
     add_set(p)

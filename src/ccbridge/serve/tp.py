@@ -172,7 +172,7 @@ def _bench_rank(rank: int, n: int, dev, send, job: dict) -> None:
     with emu_trace.paused(required=False) as recording:  # only the timed runs are traced (decode.measure)
         say(("log", f"tp {n}: building {model} (random weights, seed {job['seed']}) on each rank, rank 0 on {dev}"))
         m = shard(decode.build(model, dev, job["seed"]), rank, n)
-        with decode.deterministic_attention():
+        with decode.deterministic_attention(), decode.quiet_cache_rename():
             for b in job["batches"]:
                 ids = decode.prompts(decode.PRESETS[model]["vocab_size"], b, prompt, job["seed"])
                 judge = decode._Judge(m, ids)
