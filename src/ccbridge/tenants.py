@@ -98,6 +98,11 @@ class Plan:
         return [t for t in self.tenants if t.partition]
 
     @property
+    def unplaced(self) -> list[Tenant]:
+        """The tenants that did not fit: `ccbridge plan-tenants` exits 1 when there is one."""
+        return [t for t in self.tenants if not t.partition]
+
+    @property
     def taken(self) -> frozenset[int]:
         return self.busy.union(*(t.partition.gpus for t in self.placed))
 
@@ -118,6 +123,7 @@ class Plan:
 
     def as_dict(self) -> dict[str, Any]:
         return {"gpus": self.n, "mode": self.mode, "busy": sorted(self.busy), "source": self.source,
+                "placed": len(self.placed), "unplaced": len(self.unplaced),  # the verdict: exit 1 when any is unplaced
                 "tenants": [t.as_dict() for t in self.tenants], "free_gpus": self.free,
                 "largest_placeable": self.largest_placeable, "partition_ids": _id_legend(self.n),
                 "notes": self.notes + [ACTIVATION + ": context, not a measurement"]}
@@ -249,8 +255,7 @@ def render(p: Plan) -> str:
     lines = [f"# {p.n} GPUs, {mode}; busy before: {_gpus(p.busy)}" + (f" (from {p.source})" if p.source else "")]
     lines.append(f"{'tenant':<7} {'size':>4}  {'GPUs':<7} {'partition':>9}")
     lines += [f"#{t.request:<6} {t.size:>4}  {_gpus(t.partition.gpus):<7} {t.partition.id:>9}" for t in p.placed]
-    lines += [f"not placed: #{t.request} ({t.size} GPU{'s' * (t.size > 1)}): {t.why}"
-              for t in p.tenants if not t.partition]
+    lines += [f"not placed: #{t.request} ({t.size} GPU{'s' * (t.size > 1)}): {t.why}" for t in p.unplaced]
     lines.append(f"free GPUs: {_gpus(p.free)} ({len(p.free)}); largest tenant still placeable: "
                  + (f"{p.largest_placeable} GPU{'s' * (p.largest_placeable > 1)}" if p.largest_placeable else "none"))
     lines += p.notes

@@ -90,7 +90,7 @@ def cmd_plan_tenants(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(plan.as_dict(), indent=1) + "\n")
         print(wrote(args.json), file=sys.stderr)
-    return 0
+    return 1 if plan.unplaced else 0  # ran, and the answer is no: a tenant did not fit
 
 
 def add_parsers(sub) -> None:
