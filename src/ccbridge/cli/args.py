@@ -6,7 +6,7 @@ import argparse
 import shutil
 
 from ccbridge.errors import UsageError
-from ccbridge.textfit import WIDTH  # WIDTH: columns of --help and of every line, at most (or the terminal's)
+from ccbridge.textfit import WIDTH  # columns of --help and of every line, at most (a narrower terminal: its own)
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -27,7 +27,7 @@ class Parser(argparse.ArgumentParser):
         head, choose, choices = message.partition(" (choose from ")
         if choose and len(f"{self.prog}: {message}") > WIDTH:  # argparse lists every choice: those that fit, ...
             shown = choices[:-1].split(", ")
-            while len(f"{self.prog}: {head}{choose}{', '.join(shown)}, ...)") > WIDTH:
+            while shown and len(f"{self.prog}: {head}{choose}{', '.join(shown)}, ...)") > WIDTH:
                 shown.pop()
             message = f"{head}{choose}{', '.join(shown)}, ...)"
         self.exit(2, one_line(self.prog, message, hint=f" (see {self.prog} --help)") + "\n")
