@@ -411,11 +411,11 @@ def test_kv_needs_threshold_one_and_sane_rows(tmp_path):
 
 def test_empty_serving_and_unread_results_are_refused(tmp_path):
     dec = Result(kind="decode", env=stamp(), settings={"decode": {}}, rows=[])
-    with pytest.raises(ResultFileError, match="a decode result with no decode:tok_per_s rows"):
+    with pytest.raises(ResultFileError, match="no tok_per_s rows .an interrupted `ccbridge bench decode`.*nothing to advise"):
         advise.read(save(tmp_path, "d.json", dec))
     kv = Result(kind="kv", env=stamp(), settings={"kv": {}},
                 rows=[Row.of("kv", "spill_bytes", "B", [1.0], threshold=1, mode="sync")])
-    with pytest.raises(ResultFileError, match="a kv result with no kv:ttft_ms rows"):
+    with pytest.raises(ResultFileError, match="no ttft_ms rows .an interrupted `ccbridge bench kv`.*nothing to advise"):
         advise.read(save(tmp_path, "k.json", kv))
     other = Result(kind="probe", env=stamp(), settings={},
                    rows=[Row.of("hostcrypto.aes256gcm", "throughput", "GB/s", [3.0])])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import struct
@@ -139,6 +140,8 @@ def d(tmp_path_factory) -> Path:
     (root / "folder").mkdir()
     (root / "acc_old").mkdir()  # an account folder whose emulated trace is there already
     (root / "acc_old" / "emulated.7.csv").write_text("")
+    (root / "used").mkdir()  # a checkpoint folder an earlier make-checkpoint wrote
+    (root / "used" / "model.safetensors.index.json").write_text('{"metadata": {}, "weight_map": {}}')
     return root
 
 
@@ -148,6 +151,17 @@ def _no_torch() -> bool:
     except ImportError:
         return True
     return False
+
+
+def _gpu() -> bool:
+    """The CUDA driver sees a GPU: a command that needs one would run."""
+    from ccbridge.bindings import core
+    from ccbridge.errors import GpuError
+
+    try:
+        return core.device_count() > 0
+    except GpuError:
+        return False
 
 
 def _attest_sdk() -> bool:
@@ -162,21 +176,25 @@ def _terabyte_fits() -> bool:
 
 
 def _not_its(bench: str, *words: str) -> tuple[list[str], str]:
-    """Another bench's option given to this one: argparse refuses it, naming this bench."""
-    return (["bench", bench, *words],
-            f"ccbridge bench {bench}: unrecognized arguments: {' '.join(words)} (see ccbridge bench {bench} --help)")
+    """Another bench's option given to this one: argparse refuses it, naming this bench (and its --help where the
+    line has room: a path of the fixture folder takes it)."""
+    hint = "" if any("{d}" in w for w in words) else f" (see ccbridge bench {bench} --help)"
+    return ["bench", bench, *words], f"ccbridge bench {bench}: unrecognized arguments: {' '.join(words)}{hint}"
 
 
 # (argv with {d} for the fixture folder, expected fragment of the one stderr line[, extra]).
-# extra: absent = paths that must not exist after the case; skip = a precondition callable.
+# extra: absent = paths that must not exist after the case; skip = a precondition callable; wide = why the line
+# may pass 120 columns for now.
 CASES = [
     # every subcommand, argparse's own errors included, says which subcommand it was
     (["env", "--bogus"], "unrecognized arguments: --bogus (see ccbridge env --help)"),
     (["probe", "--quick", "extra"], "unrecognized arguments: extra"),
     (["load"], "the following arguments are required: paths"),
     # probe: checked before the run starts (a run takes minutes)
-    (["probe", "--tests", ","], "--tests ',' names no test; known: compute"),
-    (["probe", "--tests", "nope"], "no probe test or family named 'nope'"),
+    (["probe", "--tests", ","], "--tests ',' names no test; `ccbridge probe --list` names them"),
+    (["probe", "--tests", ""], "--tests '' names no test"),  # not the whole suite
+    (["probe", "--tests", "nope"], "no probe test or family named 'nope'; `ccbridge probe --list` names them"),
+    (["probe", "--tests", "hostcrypt"], "no probe test or family named 'hostcrypt' (did you mean hostcrypto?)"),
     (["probe", "--out", "/proc/forbidden", "--tests", "hostcrypto"], "--out /proc/forbidden: cannot write in /proc"),
     (["probe", "--out", "{d}/afile/out", "--tests", "hostcrypto"], "--out {d}/afile/out: {d}/afile is not a folder"),
     (["probe", "--device", "-1"], "argument --device: expected at least 0, got -1"),
@@ -238,7 +256,8 @@ CASES = [
     (["profiles", "b300", "--set", "nosuch=1"], "unknown parameter 'nosuch'"),
     (["profiles", "b300", "--set", "sync_toll_us=-5"], "parameter sync_toll_us = -5.0: expected a number in [0, 10000000]"),
     (["profiles", "b300", "--set", "sync_toll_us=NaN"], "parameter sync_toll_us = nan"),
-    (["profiles", "b300", "--set", "sync_toll_us=1e9"], "parameter sync_toll_us = 1000000000.0"),
+    (["profiles", "b300", "--set", "sync_toll_us=1e9"], "parameter sync_toll_us = 1000000000.0",
+     {"wide": "--set's setting and the parameter's own message both show the value (test_profiles_override)"}),
     (["profiles", "b300", "--set", "sync_toll_us:3"], "--set 'sync_toll_us:3': expected KEY=VALUE"),
     # compare and report: results validated field by field on load
     (["compare", "{d}/good.json", "{d}/rows_not_list.json"], "rows_not_list.json: rows: {'a': 1} is not of type 'array'"),
@@ -284,21 +303,25 @@ CASES = [
      "emulated under profile h200, not b300"),
     (["calibrate", "--profile", "b300", "--native", "{d}/emu_h200.json"], "the 'native' result was made under the emulator"),
     (["calibrate", "--profile", "b300", "--native", "{d}/no_gpu.json"], "the probe ran none of its GPU tests"),
+    # without a GPU, said before a probe runs (and without the native probe's folder)
+    (["calibrate", "--profile", "b300"], "its probe runs need a GPU (or give --native and --emulated results): ",
+     {"skip": _gpu}),
+    (["calibrate", "--profile", "b300", "--native", "{d}/good.json"], "its probe runs need a GPU", {"skip": _gpu}),
     # trace
     (["trace", "{d}/none"], "no trace files {d}/none.<pid>.csv or .summary.json"),
     (["trace", "/nonexistent/dir/t"], "no trace files /nonexistent/dir/t.<pid>.csv"),
     (["trace", "{d}/tr"], "unreadable trace {d}/tr.1.csv, line 3"),
-    (["trace", "{d}/tr_back"], "unreadable trace {d}/tr_back.1.csv, line 3: ValueError: t_return_ns 2 is before t_enter_ns 5"),
-    (["trace", "{d}/tr_huge"], "unreadable trace {d}/tr_huge.1.csv, line 3: ValueError: t_return_ns 999999999999999999999999"),
+    (["trace", "{d}/tr_back"], "unreadable trace {d}/tr_back.1.csv, line 3: t_return_ns 2 is before t_enter_ns 5"),
+    (["trace", "{d}/tr_huge"], "unreadable trace {d}/tr_huge.1.csv, line 3: t_return_ns '9999999999999...' is not a 64-bit count"),
     (["account", "{d}/tr", "{d}/tr_huge"], "unreadable trace {d}/tr"),
-    (["trace", "{d}/ts2"], "unreadable call sites {d}/ts2.1.sites.json: RecursionError"),
+    (["trace", "{d}/ts2"], "unreadable call sites {d}/ts2.1.sites.json: not JSON: nested too deep"),
     (["trace", "{d}/tr.1.csv"], "{d}/tr.1.csv: give the trace's prefix, without .<pid>.csv ({d}/tr)"),
     (["account", "{d}/tr.1.csv", "{d}/tr"], "{d}/tr.1.csv: give the trace's prefix, without .<pid>.csv"),
     (["calibrate", "--profile", "b300", "--native", ""], ".: is a folder; pass the result.json in it"),
-    (["trace", "{d}/told"], "trace {d}/told.1.csv: written by an older ccbridge (schema 1); this ccbridge reads trace schema 5"),
+    (["trace", "{d}/told"], "trace {d}/told.1.csv: an older ccbridge (schema 1); this ccbridge reads trace schema 5: record it again"),
     (["trace", "{d}/ts"], "unreadable trace summary {d}/ts.1.summary.json"),
     # collectives and bench: arguments checked before the GPU is looked for
-    (["collectives", "-b", "foo"], "argument -b/--minbytes: not a size: 'foo'; expected a positive number"),
+    (["collectives", "-b", "foo"], "argument -b/--minbytes: not a size: 'foo' (e.g. 4096, 512K"),
     (["collectives", "-b", "1M", "-e", "1K"], "-e/--maxbytes (1024) is smaller than -b/--minbytes (1048576)"),
     (["collectives", "-e", "0"], "argument -e/--maxbytes: size '0' is under one byte"),
     (["collectives", "-f", "1"], "argument -f/--stepfactor: expected at least 2, got 1"),
@@ -309,6 +332,7 @@ CASES = [
     (["collectives", "-d", "float128"], "argument -d/--dtype: invalid choice: 'float128'"),
     (["collectives", "--json", "/proc/forbidden/c.json"], "--json /proc/forbidden/c.json: the folder /proc/forbidden does not exist"),
     (["collectives", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
+    (["collectives", "--backend", "gloo", "-g", "1"], "argument -g/--ngpus: expected at least 2, got 1"),
     (["bench", "cipher", "-b", "foo"], "argument -b/--minbytes: not a size: 'foo'"),
     (["bench", "cipher", "-b", "1G", "-e", "1M"], "-e/--maxbytes (1048576) is smaller than -b/--minbytes"),
     (["bench", "ddp", "--ngpus", "0"], "argument --ngpus: expected at least 2, got 0"),
@@ -336,7 +360,7 @@ CASES = [
     (["bench", "decode", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
     _not_its("cipher", "--model", "tiny"),
     _not_its("net", "--checkpoint", "{d}/folder"),
-    (["bench", "decode", "--checkpoint", "{d}/nosuch", "--device", "cpu"], "--checkpoint {d}/nosuch: not a folder (give a Hugging Face model folder"),
+    (["bench", "decode", "--checkpoint", "{d}/nosuch", "--device", "cpu"], "--checkpoint {d}/nosuch: not a folder (a Hugging Face model folder holds config.json"),
     (["bench", "decode", "--checkpoint", "{d}/folder", "--device", "cpu"], "--checkpoint {d}/folder: no config.json or no *.safetensors in it"),
     (["bench", "decode", "--checkpoint", "{d}/folder", "--model", "tiny"], "give --model (a preset with random weights) or --checkpoint DIR"),
     (["bench", "decode", "--checkpoint", "", "--device", "cpu"], "--checkpoint : not a folder"),
@@ -442,12 +466,14 @@ CASES = [
     (["make-checkpoint", "{d}/mc", "--size", "0"], "argument --size: size '0' is under one byte"),
     (["make-checkpoint", "{d}/mc", "--size", "1" + "0" * 400], "is too large (the limit is 2^63 bytes)"),
     (["make-checkpoint", "{d}/mc", "--shard-size", "4GiBs"], "argument --shard-size: not a size: '4GiBs'"),
-    (["make-checkpoint", "{d}/mc", "--size", "1TB"], "not enough free space in {d}/mc: the checkpoint needs 931.32 GiB",
+    (["make-checkpoint", "{d}/mc", "--size", "1TB"], "not enough free space in {d}/mc: needs 931.32 GiB",
      {"skip": _terabyte_fits, "absent": ["{d}/mc"]}),
     (["make-checkpoint", "{d}/mc", "--size", "1000TB"], "not enough free space in {d}/mc", {"absent": ["{d}/mc"]}),
     (["make-checkpoint", "/proc/forbidden/mc", "--size", "1M"], "output folder /proc/forbidden/mc: cannot write in /proc"),
     (["make-checkpoint", "{d}/afile", "--size", "1M"], "output folder {d}/afile: {d}/afile is not a folder"),
     (["make-checkpoint", "{d}/mc", "--seed", "-1"], "argument --seed: expected at least 0, got -1"),
+    (["make-checkpoint", "{d}/used", "--size", "1M"],
+     "output folder {d}/used: already holds model.safetensors.index.json: give a new folder"),
     # run --coverage (emulator coverage report)
     (["run", "--profile", "b300", "--coverage", "/nonexistent/dir/c.json", "--", "true"],
      "--coverage /nonexistent/dir/c.json: the folder /nonexistent/dir does not exist", {"absent": ["/nonexistent"]}),
@@ -467,14 +493,14 @@ CASES = [
     (["account", "--profile", "b300", "--set", "lanes=0", "--", "true"], "parameter lanes = 0.0"),
     (["account", "--profile", "b300", "--", "nosuch-command-4c1e"], "command not found: nosuch-command-4c1e"),
     (["account", "--profile", "b300", "--out", "{d}/acc_old", "--", "true"],
-     "trace prefix {d}/acc_old/emulated: 1 trace file(s) of an earlier run are there (emulated.7.csv"),
+     "trace prefix {d}/acc_old/emulated: 1 file(s) of an earlier run (emulated.7.csv): give another prefix"),
     (["account", "{d}/a", "{d}/b", "--out", "/proc/forbidden"], "--out /proc/forbidden: cannot write in /proc"),
     # advise: every file read and checked before any advice is printed
     # call sites: beside a trace only
     (["run", "--profile", "b300", "--sites", "--", "true"], "--sites notes call sites beside a trace: give --record T too"),
     (["run", "--sites", "--", "true"], "--sites notes call sites beside a trace: give --record T too"),
     (["run", "--record", "{d}/tr", "--", "true"],
-     "trace prefix {d}/tr: 1 trace file(s) of an earlier run are there (tr.1.csv, ...): give another prefix or remove"),
+     "trace prefix {d}/tr: 1 file(s) of an earlier run (tr.1.csv): give another prefix"),
     (["account", "{d}/a", "{d}/b", "--no-sites"], "--no-sites goes with --profile NAME -- CMD"),
     (["advise"], "the following arguments are required: FILE"),
     (["advise", "{d}/missing.json"], "{d}/missing.json: no such file"),
@@ -484,8 +510,8 @@ CASES = [
     (["advise", "{d}/p_unknown.json"], "{d}/p_unknown.json: not a ccbridge result or env stamp"),
     (["advise", "{d}/median_text.json"], "rows[0].median: 'fast' is not of type 'number'"),
     (["advise", "{d}/folder"], "{d}/folder: is a folder"),
-    (["advise", "{d}/decode_empty.json"], "a decode result with no decode:tok_per_s rows (an interrupted"),
-    (["advise", "{d}/good.json", "{d}/kv_no_ttft.json"], "a kv result with no kv:ttft_ms rows"),
+    (["advise", "{d}/decode_empty.json"], "decode_empty.json: no tok_per_s rows (an interrupted `ccbridge bench decode`?)"),
+    (["advise", "{d}/good.json", "{d}/kv_no_ttft.json"], "kv_no_ttft.json: no ttft_ms rows (an interrupted `ccbridge bench kv`?)"),
     (["advise", "{d}/good.json", "--json", "/proc/forbidden/a.json"], "--json /proc/forbidden/a.json: "),
     (["advise", "{d}/good.json", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
     (["advise", "--why"], "the following arguments are required: FILE"),
@@ -524,7 +550,7 @@ CASES = [
     (["plan-tenants", "--request", "1", "--from-stamp", "{d}/p_unknown.json"], "not a ccbridge result or env stamp"),
     (["plan-tenants", "--request", "1", "--from-stamp", "{d}/median_text.json"], "rows[0].median: 'fast' is not"),
     (["plan-tenants", "--request", "1", "--from-stamp", "{d}/good.json"], "the stamp has no multi-GPU CC mode"),
-    (["plan-tenants", "--request", "1", "--from-stamp", "{d}/stamp_nofabric.json"], "the stamp has no fabric state"),
+    (["plan-tenants", "--request", "1", "--from-stamp", "{d}/stamp_nofabric.json"], "no fabric state (nvml.fabric.cliques): give --gpus, --mode and --busy"),
     (["plan-tenants", "--request", "1", "--from-stamp", "{d}/stamp_mgpu_none.json"], "multi-GPU CC mode is none"),
     (["plan-tenants", "--request", "1", "--from-stamp", "{d}/stamp_clique_bad.json"],
      "nvml.fabric.cliques[0].gpus must list GPU indices 0..0"),
@@ -535,13 +561,27 @@ CASES = [
 ]
 
 
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_commands() -> set[str]:
+    """The commands of the README's table (its first column: `ccbridge probe ...`), `bench X` as two words."""
+    names = set()
+    for line in README.read_text().splitlines():
+        if line.startswith("| `ccbridge "):
+            for words in re.findall(r"`ccbridge ([\w-]+)(?: ([\w-]+))?", line.split(" | ")[0]):
+                names.add(" ".join(words) if words[0] == "bench" else words[0])
+    return names
+
+
 def _tree(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size if p.is_file() else -1 for p in root.rglob("*")}
 
 
 def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it, in a terminal wider than any line may be (its lines must fit 120 columns)."""
     return subprocess.run([sys.executable, "-m", "ccbridge.cli", *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+                          timeout=TIMEOUT_S, env={**os.environ, "COLUMNS": "250"})
 
 
 @pytest.mark.parametrize("case", CASES, ids=[" ".join(c[0])[:60] for c in CASES])
@@ -560,10 +600,31 @@ def test_bad_input_is_one_clear_line(d, case):
     heads = (f"ccbridge {argv[0]}: ",) + ((f"ccbridge bench {argv[1]}: ",) if argv[:1] == ["bench"] and argv[1:] else ())
     assert len(lines) == 1 and lines[0].startswith(heads), r.stderr
     assert fragment in lines[0]
+    if "wide" not in extra:  # 120 columns where the fixture folder's name is short
+        assert len(lines[0].replace(str(d), "{d}")) <= 120, lines[0]
     assert r.stdout == ""
     assert _tree(d) == before  # nothing made, nothing removed: no output folder, .partial or check folder
     for path in extra.get("absent", []):
         assert not Path(path.replace("{d}", str(d))).exists()
+
+
+def test_a_failed_account_profile_leaves_no_result_folder(tmp_path):
+    """Both runs made (their banners), then nothing to attribute: the folders it made are taken away again."""
+    r = run_cli(["account", "--profile", "b300", "--", "true"], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.splitlines()[-1] == "ccbridge account: true made no CUDA driver call: nothing to attribute"
+    assert list(tmp_path.iterdir()) == []  # no ccbridge-results/account-<timestamp>, nor ccbridge-results
+    r = run_cli(["account", "--profile", "b300", "--out", "a/b", "--", "true"], tmp_path)
+    assert r.returncode == 2 and list(tmp_path.iterdir()) == []
+    (tmp_path / "kept").mkdir()  # a folder the user made stays
+    r = run_cli(["account", "--profile", "b300", "--out", "kept", "--", "true"], tmp_path)
+    assert r.returncode == 2 and [p.name for p in tmp_path.iterdir()] == ["kept"]
+
+
+def test_every_readme_command_has_a_bad_input_case():
+    covered = {" ".join(c[0][:2]) if c[0][0] == "bench" else c[0][0] for c in CASES}
+    assert readme_commands() - covered == set()
+    assert {"probe", "env", "make-checkpoint", "bench kv", "plan-tenants"} <= readme_commands()  # the parse works
 
 
 def test_run_is_named_run_and_passes_the_status(tmp_path):

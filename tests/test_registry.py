@@ -16,8 +16,13 @@ def test_every_family_is_registered_once():
 def test_select_by_family_and_name():
     assert [t.name for t in registry.select("peer")] == ["peer.p2p", "peer.allreduce", "peer.sendrecv", "peer.allreduce_1rank"]
     assert [t.name for t in registry.select("launch.cost,launch")] == ["launch.cost"]
-    with pytest.raises(ValueError, match="no probe test or family named 'bogus'; known:"):
+    with pytest.raises(ValueError, match="no probe test or family named 'bogus'; `ccbridge probe --list` names them"):
         registry.select("bogus")
+    with pytest.raises(ValueError, match="named 'transfr' \\(did you mean transfer\\?\\)"):
+        registry.select("transfr")
+    for nothing in ("", ",", " , "):  # an empty list names no test: refused, not the whole suite
+        with pytest.raises(ValueError, match="names no test"):
+            registry.select(nothing)
 
 
 def test_duplicate_and_unknown_needs_refused():

@@ -223,25 +223,13 @@ def test_imports_point_down_the_layers():
     assert not up, "imports that point up the layers (cli, commands, shared, bindings, errors):\n" + "\n".join(up)
 
 
-# advise.py and advise_mgpu.py become a package on another branch (issue 30 item 4), which removes their cycle,
-# their reach-ins to each other's private names and their in-function imports. Until it lands, what is found in
-# them is held apart: the tests below assert the rest of the package, test_advise_is_layered asserts advise and
-# is expected to fail; strict, so the day it passes it fails, and this exception is to be removed.
-PENDING = "ccbridge.advise"
+def cycle_findings() -> list[str]:
+    """Each cycle, named, with all the modules entangled in it."""
+    return [f"{' -> '.join(c)}\n  (all entangled: {', '.join(comp)})" for c, comp in cycles(import_graph())]
 
 
-def pending(module: str) -> bool:
-    return module == PENDING or module.startswith((PENDING + ".", PENDING + "_"))
-
-
-def cycle_findings() -> list[tuple[str, bool]]:
-    """(each cycle, named, with all the modules entangled in it; whether it touches PENDING)."""
-    return [(f"{' -> '.join(c)}\n  (all entangled: {', '.join(comp)})", any(pending(m) for m in comp))
-            for c, comp in cycles(import_graph())]
-
-
-def private_findings() -> list[tuple[str, bool]]:
-    return [(hit, pending(name)) for name, scan in SCANS.items() for hit in scan.private]
+def private_findings() -> list[str]:
+    return [hit for scan in SCANS.values() for hit in scan.private]
 
 
 def function_imports(name: str) -> list:
@@ -272,30 +260,24 @@ def undeferred_imports(name: str) -> list[str]:
     return bare
 
 
-def import_findings() -> list[tuple[str, bool]]:
-    return [(hit, pending(name)) for name in MODULES for hit in undeferred_imports(name)]
+def import_findings() -> list[str]:
+    return [hit for name in MODULES for hit in undeferred_imports(name)]
 
 
 def test_no_import_cycles():
-    found = [text for text, held in cycle_findings() if not held]
+    found = cycle_findings()
     assert not found, "import cycles:\n" + "\n".join(found)
 
 
 def test_no_private_names_across_modules():
-    found = [text for text, held in private_findings() if not held]
+    found = private_findings()
     assert not found, "private names reached from another module:\n" + "\n".join(found)
 
 
 def test_imports_are_at_module_level_unless_deferred_with_a_reason():
-    found = [text for text, held in import_findings() if not held]
+    found = import_findings()
     assert not found, ("imports inside functions without a `# deferred: <dependency>` comment (move them to the "
                        "module's top):\n" + "\n".join(found))
-
-
-@pytest.mark.xfail(strict=True, reason="advise package: issue 30 item 4")
-def test_advise_is_layered():
-    found = [text for finder in (cycle_findings, private_findings, import_findings) for text, held in finder() if held]
-    assert not found, "advise:\n" + "\n".join(found)
 
 
 def test_module_and_function_sizes():

@@ -175,7 +175,7 @@ def test_the_live_state_from_a_result(tmp_path):
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"fabric": False}, "the stamp has no fabric state (nvml.fabric.cliques)"),
+    ({"fabric": False}, "no fabric state (nvml.fabric.cliques)"),
     ({"mode": None}, "the stamp has no multi-GPU CC mode"),
     ({"mode": "none"}, "multi-GPU CC mode is none"),
     ({"mode": "unknown(7)"}, "multi-GPU CC mode 'unknown(7)'"),
@@ -208,10 +208,18 @@ def test_the_command(tmp_path, capsys):
     from ccbridge import cli
 
     out = tmp_path / "plan.json"
-    assert cli.main(["plan-tenants", "--request", "4", "2", "2", "1", "--busy", "0", "--json", str(out)]) == 0
+    # GPU 0 busy: the second tenant of 2 finds no aligned pair, so the answer is no (exit 1) and --json says so
+    assert cli.main(["plan-tenants", "--request", "4", "2", "2", "1", "--busy", "0", "--json", str(out)]) == 1
     text = capsys.readouterr().out
     assert max(map(len, text.splitlines())) <= 120 and "#1" in text and "4-7" in text
-    assert json.loads(out.read_text()) == plan(8, [4, 2, 2, 1], busy=[0]).as_dict()
+    doc = json.loads(out.read_text())
+    assert doc == plan(8, [4, 2, 2, 1], busy=[0]).as_dict()
+    assert (doc["placed"], doc["unplaced"]) == (3, 1) and "not placed: #3 (2 GPUs)" in text
+    assert cli.main(["plan-tenants", "--request", "4", "2", "1", "--busy", "0", "--json", str(out)]) == 0
+    assert (json.loads(out.read_text())["placed"], json.loads(out.read_text())["unplaced"]) == (3, 0)
+    capsys.readouterr()
+    assert cli.main(["plan-tenants", "--request", "8", "--gpus", "4"]) == 1  # larger than the node: nothing placed
+    assert "not placed: #1 (8 GPUs): larger than the 4-GPU node" in capsys.readouterr().out
     stamp = _stamp(tmp_path, mode="protected-pcie", cliques=[], gpus=4)
     assert cli.main(["plan-tenants", "--request", "2", "--from-stamp", str(stamp)]) == 0
     text = capsys.readouterr().out

@@ -64,8 +64,7 @@ def load_sdk(required: bool):
     except ImportError:
         if not required:
             return None
-        raise UsageError(f"--verify hands the GPU evidence to NVIDIA's attestation SDK, which is not installed: "
-                         f"{SDK_EXTRA}") from None
+        raise UsageError(f"--verify needs NVIDIA's attestation SDK: {SDK_EXTRA}") from None
     return attestation
 
 

@@ -12,6 +12,7 @@ from ccbridge.report.markdown import table_md
 from ccbridge.report.plots import ratio_chart
 from ccbridge.report.tables import Table, fmt_params, num
 from ccbridge.results import Result, Row
+from ccbridge.textfit import table, wrap
 
 
 @dataclass
@@ -117,6 +118,26 @@ def render_markdown(c: Comparison) -> str:
     for t in (changed_table(c), ratio_table(c)):
         md = table_md(t)
         lines.append(md or f"## {t.title}\n\nnone\n")
+    return "\n".join(lines)
+
+
+def render_text(c: Comparison) -> str:
+    """The terminal's version of render_markdown, in 120 columns: each ratio's range and both runs' spreads are in
+    compare.md and compare.html (--out)."""
+    lines = wrap([f"ccbridge compare: BASE {_label(c.base)}; OTHER {_label(c.other)}"])
+    if c.base.emulated or c.other.emulated:
+        lines += ["EMULATED: at least one side was produced by the ccbridge emulator, not measured on CC hardware."]
+    lines += [f"{len(c.ratios)} common rows; {len(c.only_base)} only in BASE, {len(c.only_other)} only in OTHER."]
+    if c.changed:
+        lines += ["", "Findings that changed:"] + table(["finding", "BASE -> OTHER", "OTHER says"],
+                                                        [[i, f"{b} -> {o}", text] for i, b, o, text in c.changed],
+                                                        [34, 26, 56])
+    if c.ratios:
+        rows = [[r.base.test, fmt_params(r.base.params), r.base.metric, r.base.unit, num(r.base.median),
+                 num(r.other.median), f"{r.ratio:.3f}", f"{r.cost:+.1%}"] for r in c.ratios]
+        lines += ["", "Ratios (OTHER / BASE); 'OTHER worse by' reads as the CC tax when BASE is CC-off and OTHER "
+                  "CC-on:"] + table(["test", "parameters", "metric", "unit", "BASE", "OTHER", "ratio", "worse by"],
+                                    rows, [21, 23, 22, 8, 9, 9, 6, 8])
     return "\n".join(lines)
 
 

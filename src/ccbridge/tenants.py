@@ -98,6 +98,11 @@ class Plan:
         return [t for t in self.tenants if t.partition]
 
     @property
+    def unplaced(self) -> list[Tenant]:
+        """The tenants that did not fit: `ccbridge plan-tenants` exits 1 when there is one."""
+        return [t for t in self.tenants if not t.partition]
+
+    @property
     def taken(self) -> frozenset[int]:
         return self.busy.union(*(t.partition.gpus for t in self.placed))
 
@@ -118,6 +123,7 @@ class Plan:
 
     def as_dict(self) -> dict[str, Any]:
         return {"gpus": self.n, "mode": self.mode, "busy": sorted(self.busy), "source": self.source,
+                "placed": len(self.placed), "unplaced": len(self.unplaced),  # the verdict: exit 1 when any is unplaced
                 "tenants": [t.as_dict() for t in self.tenants], "free_gpus": self.free,
                 "largest_placeable": self.largest_placeable, "partition_ids": _id_legend(self.n),
                 "notes": self.notes + [ACTIVATION + ": context, not a measurement"]}
@@ -126,8 +132,7 @@ class Plan:
 def check(n: int, requests: list[int], mode: str, busy) -> frozenset[int]:
     """Refuse what is not a node, a partition size, a mode or a GPU of the node; the busy GPUs as a set."""
     if n not in GPU_COUNTS:
-        raise UsageError(f"{n} GPUs: a node is partitioned in aligned halves, so it has 1, 2, 4 or 8 GPUs "
-                         "(an HGX baseboard holds 8)")
+        raise UsageError(f"{n} GPUs: a node is partitioned in aligned halves, so it has 1, 2, 4 or 8 GPUs")
     if mode not in MODES:
         raise UsageError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
     if not requests:
@@ -202,18 +207,16 @@ def from_stamp(path: str | Path) -> tuple[int, str, frozenset[int]]:
     if mode is None:
         stale = "returned 25" in str(cc.get("settings_error", ""))  # ccbridge before 2026-11-25 passed the struct wrong
         raise ResultFileError(f"{path}: the stamp has no multi-GPU CC mode" + (
-            " (an older ccbridge could not read it: take the stamp again)" if stale else
+            " (older ccbridge: take the stamp again)" if stale else
             f" (nvml.cc.multi_gpu_mode{': ' + str(cc['settings_error'])[:60] if cc.get('settings_error') else ''})"))
     if mode == "none":
-        raise ResultFileError(f"{path}: multi-GPU CC mode is none: this node gives no confidential tenant "
-                              "more than one GPU, so there are no partitions to plan")
+        raise ResultFileError(f"{path}: multi-GPU CC mode is none: one GPU per tenant, nothing to plan")
     if mode not in MODES:
         raise ResultFileError(f"{path}: multi-GPU CC mode {mode!r:.40}: expected one of {', '.join(MODES)}")
     fabric = nv.get("fabric")
     cliques = fabric.get("cliques") if isinstance(fabric, dict) else None
     if cliques is None:
-        raise ResultFileError(f"{path}: the stamp has no fabric state (nvml.fabric.cliques): give --gpus, "
-                              "--mode and --busy instead")
+        raise ResultFileError(f"{path}: no fabric state (nvml.fabric.cliques): give --gpus, --mode and --busy")
     if not isinstance(cliques, list):
         raise ResultFileError(f"{path}: nvml.fabric.cliques must be a list, not {type(cliques).__name__}")
     busy: set[int] = set()
@@ -252,8 +255,7 @@ def render(p: Plan) -> str:
     lines = [f"# {p.n} GPUs, {mode}; busy before: {_gpus(p.busy)}" + (f" (from {p.source})" if p.source else "")]
     lines.append(f"{'tenant':<7} {'size':>4}  {'GPUs':<7} {'partition':>9}")
     lines += [f"#{t.request:<6} {t.size:>4}  {_gpus(t.partition.gpus):<7} {t.partition.id:>9}" for t in p.placed]
-    lines += [f"not placed: #{t.request} ({t.size} GPU{'s' * (t.size > 1)}): {t.why}"
-              for t in p.tenants if not t.partition]
+    lines += [f"not placed: #{t.request} ({t.size} GPU{'s' * (t.size > 1)}): {t.why}" for t in p.unplaced]
     lines.append(f"free GPUs: {_gpus(p.free)} ({len(p.free)}); largest tenant still placeable: "
                  + (f"{p.largest_placeable} GPU{'s' * (p.largest_placeable > 1)}" if p.largest_placeable else "none"))
     lines += p.notes

@@ -3,6 +3,7 @@ to --why (wrapped here too), --json and the reports."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from itertools import zip_longest
 
@@ -14,6 +15,30 @@ def wrap(paragraphs: list[str], indent: str = "  ", width: int = WIDTH) -> list[
     line, as a row key, is broken)."""
     return [line for p in paragraphs
             for line in textwrap.wrap(p, width, subsequent_indent=indent, break_on_hyphens=False) or [""]]
+
+
+def fit(text: str, width: int = WIDTH) -> str:
+    """Every line of text in at most `width` columns: a longer one wrapped, its continuations indented (a `# `
+    heading line's under `#`, so that they stay headings). Lines that fit are kept as they are."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+        else:
+            out += textwrap.wrap(line, width, subsequent_indent="#   " if line.startswith("#") else "    ",
+                                 break_on_hyphens=False)
+    return "\n".join(out)
+
+
+def json_why(e: BaseException) -> str:
+    """Why a JSON file could not be read, in a few words (json's own messages run long, or name Python)."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"not JSON (line {e.lineno} column {e.colno})"
+    if isinstance(e, RecursionError):
+        return "not JSON: nested too deep"
+    if isinstance(e, UnicodeDecodeError):
+        return "not UTF-8"
+    return getattr(e, "strerror", None) or str(e)
 
 
 def cut(text: str, width: int) -> str:

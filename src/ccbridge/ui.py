@@ -1,5 +1,6 @@
-"""Terminal progress for long runs (rich), quiet when output is not a terminal; sizes as people read them
-(human_bytes, approx_bytes); and the check that where a command will write can be written, made before the work."""
+"""Terminal output: rich consoles of at most textfit.WIDTH columns, progress for long runs (quiet when output is
+not a terminal); sizes as people read them (human_bytes, approx_bytes); and the check that where a command will
+write can be written, made before the work."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progre
                            TimeElapsedColumn, TransferSpeedColumn)
 
 from ccbridge.errors import UsageError
+from ccbridge.textfit import WIDTH
+
+
+def terminal(stderr: bool = False) -> Console:
+    """A rich console of the terminal's width (or $COLUMNS), at most WIDTH: rich wraps and shrinks to it."""
+    c = Console(stderr=stderr)
+    c.width = min(c.width, WIDTH)
+    return c
 
 
 def human_bytes(n: int) -> str:
@@ -49,7 +58,7 @@ def writable_folder(path: str | os.PathLike, what: str, create: bool = True, fre
         found = sorted(Path(path).glob(name)) if any(c in name for c in "*?[") else \
             [Path(path) / name] if (Path(path) / name).exists() else []
         if found:
-            raise UsageError(f"{what} {path}: already holds {found[0].name} from an earlier run; give a new folder")
+            raise UsageError(f"{what} {path}: already holds {found[0].name}: give a new folder")
     return Path(path)
 
 
@@ -60,6 +69,22 @@ def writable_file(path: str | os.PathLike, what: str) -> Path:
         raise UsageError(f"{what} {path}: is a folder, not a file")
     _check_folder(p.parent, f"{what} {path}", create=False)
     return p
+
+
+@contextmanager
+def made_folder(path: Path):
+    """`path` made (with its parents) for a command's files; if the command fails before it wrote any there, the
+    folders it made are removed again: a failed run leaves no empty result folder behind."""
+    had = nearest_existing(path)
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        at = path
+        while at != had and at.is_dir() and not any(at.iterdir()):
+            at.rmdir()
+            at = at.parent
+        raise
 
 
 def nearest_existing(path: str | os.PathLike) -> Path:
@@ -86,7 +111,7 @@ class ProbeProgress:
     """The runner's progress hooks: begin/step/end/skipped per test."""
 
     def __init__(self, total: int, console: Console | None = None):
-        self.console = console or Console(stderr=True)
+        self.console = console or terminal(stderr=True)
         self.bar = Progress(SpinnerColumn(), TextColumn("[bold]{task.fields[test]}"), BarColumn(),
                             TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[step]}"),
                             TimeElapsedColumn(), console=self.console, transient=True,
@@ -125,7 +150,7 @@ class ProbeProgress:
 
 @contextmanager
 def _bar(label: str, columns):
-    console = Console(stderr=True)
+    console = terminal(stderr=True)
     bar = Progress(SpinnerColumn(), TextColumn(f"[bold]{label}"), BarColumn(), *columns, TimeElapsedColumn(),
                    console=console, transient=True, disable=not console.is_terminal)
     with bar:

@@ -23,8 +23,7 @@ def check(inp: Input) -> None:
     p, kind, res = Path(inp.path), inp.kind, inp.result
     metric = HEADLINE[kind]
     if not any(r.metric == metric for r in res.rows):
-        raise ResultFileError(f"{p}: a {kind} result with no {kind}:{metric} rows (an interrupted "
-                              f"`{KINDS[kind]}`?): nothing to advise from")
+        raise ResultFileError(f"{p}: no {metric} rows (an interrupted `{KINDS[kind]}`?): nothing to advise")
     seen = set()
     for i, r in enumerate(res.rows):
         key = (r.metric, tuple(sorted((k, str(x)) for k, x in r.params.items())))

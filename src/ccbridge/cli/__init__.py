@@ -11,7 +11,7 @@ import sys
 
 from ccbridge.version import __version__
 from ccbridge.cli import bench, collectives, emulation, loading, node, probing, reporting
-from ccbridge.cli.args import Parser
+from ccbridge.cli.args import Parser, one_line
 from ccbridge.errors import CCBridgeError
 
 GROUPS = (node, probing, emulation, reporting, loading, collectives, bench)  # in the order `ccbridge --help` lists
@@ -31,18 +31,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # argparse would blame the top-level parser; the words belong to the (sub)command
-        parser.exit(2, f"{args.prog}: unrecognized arguments: {' '.join(extra)} (see {args.prog} --help)\n")
+        parser.exit(2, one_line(args.prog, f"unrecognized arguments: {' '.join(extra)}",
+                                hint=f" (see {args.prog} --help)") + "\n")
     try:
         return args.fn(args)
-    except CCBridgeError as e:  # say why, lose nothing
-        print(f"ccbridge {args.command}: {e}", file=sys.stderr)
+    except CCBridgeError as e:  # say why, in one line
+        print(one_line(f"ccbridge {args.command}", str(e)), file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader stopped (`| head`): nothing went wrong, and nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python's own flush at exit would fail)
         return 0
     except OSError as e:  # the machine refused after the checks passed: a full disk, a lost mount
         where = f": {e.filename}" if e.filename else ""
-        print(f"ccbridge {args.command}: {e.strerror or e}{where}", file=sys.stderr)
+        print(one_line(f"ccbridge {args.command}", f"{e.strerror or e}{where}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # whatever was half-written has been removed on the way out
         print(f"ccbridge {args.command}: interrupted", file=sys.stderr)

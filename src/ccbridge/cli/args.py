@@ -11,8 +11,7 @@ from ccbridge.emulate import profiles
 from ccbridge.errors import UsageError
 from ccbridge.load.loader import check_device
 from ccbridge.load.synth import parse_size
-
-WIDTH = 120  # columns of --help, at most (a narrower terminal: its own)
+from ccbridge.textfit import WIDTH  # columns of --help and of every line, at most (a narrower terminal: its own)
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -30,7 +29,20 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kw)
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        head, choose, choices = message.partition(" (choose from ")
+        if choose and len(f"{self.prog}: {message}") > WIDTH:  # argparse lists every choice: those that fit, ...
+            shown = choices[:-1].split(", ")
+            while shown and len(f"{self.prog}: {head}{choose}{', '.join(shown)}, ...)") > WIDTH:
+                shown.pop()
+            message = f"{head}{choose}{', '.join(shown)}, ...)"
+        self.exit(2, one_line(self.prog, message, hint=f" (see {self.prog} --help)") + "\n")
+
+
+def one_line(prog: str, message: str, hint: str = "") -> str:
+    """An error as the one line `prog: message` a user sees, the hint added where it still fits WIDTH columns.
+    (The messages fit WIDTH with paths of a few words; a longer path the user gave is echoed whole.)"""
+    line = f"{prog}: {message}"
+    return line + hint if len(line + hint) <= WIDTH else line
 
 
 def command(sub, name: str, fn, **kw) -> Parser:

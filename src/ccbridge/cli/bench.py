@@ -15,7 +15,9 @@ from ccbridge import pluginenv, ui
 from ccbridge.choices import DDP_MODELS, DECODE_MODES, DECODE_PRESETS, TP_ONLY
 from ccbridge.cli.args import Distinct, add_timer, apply_timer, command, device_spec, float_ge0, integer, size
 from ccbridge.cli.checks import gpus_ready, plugin_built, sizes_in_order
+from ccbridge.cli.reports import wrote
 from ccbridge.errors import UsageError
+from ccbridge.textfit import fit
 
 DECODE_MODEL = "llama-1b"  # bench decode's model when neither --model nor --checkpoint names one
 MAX_LANES = 16  # bench net: sockets per connection
@@ -66,8 +68,8 @@ def cmd_net(args) -> int:
     if max(args.lanes) > MAX_LANES:
         raise UsageError(f"--lanes: at most {MAX_LANES} (got {max(args.lanes)})")
     plugin_built()
-    print(f"# ccbridge bench net: {pluginenv.NAME} loopback, two processes, {args.inflight} messages in flight, "
-          f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores", flush=True)
+    print(fit(f"# ccbridge bench net: {pluginenv.NAME} loopback, two processes, {args.inflight} messages in flight, "
+              f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores"), flush=True)
     res = netbench.loopback(bench.sizes(args.minbytes, args.maxbytes, 8), args.lanes, args.inflight, args.total,
                             args.iters)
     return _done(res, netbench.render(res), args.json)
@@ -130,13 +132,14 @@ def _log(message: str) -> None:
 
 
 def _done(res, table: str, json_path: str | None) -> int:
-    """A bench Result's ending: its table, the file, its errors on stderr; 1 if it had any."""
-    print(table)
+    """A bench Result's ending: its table (each line within 120 columns), the file, its errors on stderr; 1 if it
+    had any (tokens that differ are one)."""
+    print(fit(table))
     if json_path:
         res.save(Path(json_path))
-        print(f"wrote {json_path}", file=sys.stderr)
+        print(wrote(json_path), file=sys.stderr)
     for e in res.errors:
-        print(f"ccbridge bench: {e['error']}", file=sys.stderr)
+        print(fit(f"ccbridge bench: {e['error']}"), file=sys.stderr)
     return 1 if res.errors else 0
 
 

@@ -14,8 +14,9 @@ def sizes_in_order(args) -> None:
         raise UsageError(f"-e/--maxbytes ({args.maxbytes}) is smaller than -b/--minbytes ({args.minbytes})")
 
 
-def gpus_ready(cmd: str, json_path: str | None) -> bool:
-    """The --json file can be written (that needs no GPU), then torch and GPUs are there."""
+def gpus_ready(cmd: str, json_path: str | None, cpu_ok: bool = False) -> bool:
+    """The --json file can be written (that needs no GPU), then torch and GPUs are there (cpu_ok: or CPU ranks
+    will do, as Gloo's do)."""
     if json_path:
         ui.writable_file(json_path, "--json")
     try:
@@ -23,7 +24,7 @@ def gpus_ready(cmd: str, json_path: str | None) -> bool:
     except ImportError:
         print(f"ccbridge {cmd}: needs torch (pip install torch)", file=sys.stderr)
         return False
-    if not torch.cuda.is_available():
+    if not cpu_ok and not torch.cuda.is_available():
         print(f"ccbridge {cmd}: needs NVIDIA GPUs; torch sees none", file=sys.stderr)
         return False
     return True

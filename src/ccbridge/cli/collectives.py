@@ -8,6 +8,7 @@ from ccbridge.choices import SECURE_DTYPES
 from ccbridge.cli.args import command, integer, size
 from ccbridge.cli.checks import gpus_ready, plugin_built, sizes_in_order
 from ccbridge.errors import UsageError
+from ccbridge.textfit import fit
 
 
 def cmd_collectives(args) -> int:
@@ -16,17 +17,20 @@ def cmd_collectives(args) -> int:
     if args.net:
         plugin_built()
     sizes_in_order(args)
-    if not gpus_ready("collectives", args.json):
+    if not gpus_ready("collectives", args.json, cpu_ok=args.backend == "gloo"):  # Gloo runs on CPU ranks too
         return 2
-    from ccbridge.secure import bench, benchrows  # (deferred: torch, which secure.bench imports)
+    import torch  # deferred: torch, which secure.bench imports (gpus_ready checked it is there)
+
+    from ccbridge.secure import bench, benchrows  # deferred: torch
 
     res = bench.collectives(args.op, args.minbytes, args.maxbytes, args.stepfactor, args.dtype,
                             args.iters, args.warmup, args.ngpus, args.backend, args.transport, args.net)
     s = res.settings
     how = ("each encrypted op ends with a host wait" if args.net is None
            else f"NCCL's log showed networks {s['nets']}")
-    print(f"# ccbridge collectives: {args.op} on {s['nranks']} GPUs, backend {s['backend']}, transport "
-          f"{s['transport']}, {args.iters} iterations ({how}); #wrong: elements differing from the exact result")
+    ranks = "GPUs" if torch.cuda.is_available() else "CPU ranks"
+    print(fit(f"# ccbridge collectives: {args.op} on {s['nranks']} {ranks}, backend {s['backend']}, transport "
+              f"{s['transport']}, {args.iters} iterations ({how}); #wrong: elements differing from the exact result"))
     print(benchrows.render_collectives(benchrows.collectives_rows(res), encrypted=s["encrypted"]))
     if args.json:
         res.save(Path(args.json))

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from ccbridge import account, env, ui
 from ccbridge.cli.args import add_set, command, what_if
-from ccbridge.cli.reports import write_reports
+from ccbridge.cli.reports import write_reports, wrote
 from ccbridge.emulate import coverage, launcher, profiles, targets, trace
 from ccbridge.errors import UsageError
 from ccbridge.results import Result, Row
+from ccbridge.textfit import cut
 
 
 def cmd_run(args) -> int:
@@ -62,13 +63,14 @@ def cmd_account(args) -> int:
         for p, prefix in runs:  # both, before the first starts (an old trace at either refuses the run)
             launcher.check(p, rest)
             launcher.refuse_old_trace(prefix)
-        out.mkdir(parents=True, exist_ok=True)  # the traces go there
-        for i, (p, prefix) in enumerate(runs):
-            print(f"ccbridge account: run {i + 1} of 2, {launcher.banner(p, proj)}", file=sys.stderr)
-            rc, runs_at[i] = launcher.run_timed(p, rest, trace=prefix, sites=not args.no_sites, projection=proj)
-            if rc:
-                raise UsageError(f"{' '.join(rest)} {_ended(rc)} in run {i + 1}; nothing to compare")
         prefixes = [prefix for _, prefix in runs]
+        with ui.made_folder(out):  # the traces go there; a run that fails takes an empty folder away again
+            for i, (p, prefix) in enumerate(runs):
+                print(launcher.banner(p, proj, f"ccbridge account: run {i + 1} of 2"), file=sys.stderr)
+                rc, runs_at[i] = launcher.run_timed(p, rest, trace=prefix, sites=not args.no_sites, projection=proj)
+                if rc:
+                    raise UsageError(f"{cut(' '.join(rest), 40)} {_ended(rc)} in run {i + 1}; nothing to compare")
+            base, other = _summaries(prefixes, rest, emulated=True)
     else:
         if args.no_sites:
             raise UsageError("--no-sites goes with --profile NAME -- CMD (traces keep the sites they were recorded with)")
@@ -76,11 +78,7 @@ def cmd_account(args) -> int:
             raise UsageError("give two trace prefixes (BASE OTHER, from `ccbridge run --record`), "
                              "or --profile NAME -- CMD")
         prefixes = [str(Path(x).resolve()) for x in rest]
-    base, other = (trace.summarize(x) for x in prefixes)
-    for x, s in zip(prefixes, (base, other)):
-        if not s.by_api:
-            raise UsageError(f"{' '.join(rest)} made no CUDA driver call: nothing to attribute" if args.profile else
-                             f"no trace lines under {x}.<pid>.csv: record with `ccbridge run --record {x} -- CMD`")
+        base, other = _summaries(prefixes, rest, emulated=False)
     walls = [(r[1] - r[0]) / 1e9 if r else None for r in runs_at]
     where = account.phases(base, other, *runs_at)
     if account.multi_process(base, other):
@@ -115,7 +113,7 @@ def cmd_account(args) -> int:
               "(record both with --sites)")
     if args.why:
         print(account.render_why(lines, at_sites))
-    print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    print(wrote(*paths), file=sys.stderr)
     return _then_projected(args, out)
 
 
@@ -158,8 +156,18 @@ def _account_ranks(args, base, other, prefixes, where, prof, out: Path) -> int:
     if args.why:
         for a in every:
             print(f"rank {a.rank if a.rank >= 0 else 'all'}:\n" + account.render_why(a.lines))
-    print("wrote " + ", ".join(str(p) for p in paths), file=sys.stderr)
+    print(wrote(*paths), file=sys.stderr)
     return _then_projected(args, out)
+
+
+def _summaries(prefixes: list[str], rest: list[str], emulated: bool):
+    """The two traces' summaries; a trace without a driver call is refused (nothing to attribute)."""
+    out = [trace.summarize(x) for x in prefixes]
+    for x, s in zip(prefixes, out):
+        if not s.by_api:
+            raise UsageError(f"{cut(' '.join(rest), 40)} made no CUDA driver call: nothing to attribute" if emulated
+                             else f"no trace lines under {x}.<pid>.csv: record with `ccbridge run --record {x} -- CMD`")
+    return out
 
 
 def cmd_trace(args) -> int:

@@ -8,9 +8,11 @@ from pathlib import Path
 
 from ccbridge import env, ui
 from ccbridge.cli.args import command, device_spec, integer, size
+from ccbridge.cli.reports import wrote
 from ccbridge.errors import UsageError
 from ccbridge.load import bench, checkpoint, loader, synth
 from ccbridge.load.engine import MAX_BUFS, MAX_WORKERS  # the pool's own limits, refused before it sees them
+from ccbridge.textfit import fit, wrap
 
 
 def cmd_load(args) -> int:
@@ -35,24 +37,25 @@ def cmd_load(args) -> int:
                         log=lambda m: print(f"ccbridge load: {m}", file=sys.stderr))
         rep["emulation"] = label
         rep["ceiling_gbps"] = ceiling
-        print(bench.render(rep, ceiling))
+        print(fit(bench.render(rep, ceiling)))
         if args.json:
             Path(args.json).write_text(json.dumps(rep, indent=1))
-            print(f"wrote {args.json}", file=sys.stderr)
+            print(wrote(args.json), file=sys.stderr)
         if rep.get("error"):
-            print(f"ccbridge load: {rep['error']}", file=sys.stderr)
+            print(fit(f"ccbridge load: {rep['error']}"), file=sys.stderr)
             return 1
         return 0
     st = loader.LoadStats()
     with ui.bytes_progress("loading") as advance:
         got = loader.load_safetensors(args.paths, args.device, stats=st, progress=advance, **overrides)
     st.join_teardown()
-    print(f"{st.tensors} tensors from {st.files} files, {st.bytes / 1e9:.2f} GB to {args.device} in {st.total_s:.2f} s: "
-          f"{st.gbps:.2f} GB/s ({st.load_gbps:.2f} GB/s once the pool was warm)" + (f" [{label}]" if label else ""))
-    print(f"pool: {st.why}")
-    print(f"stages: headers {st.headers_s:.3f} s, allocation {st.alloc_s:.3f} s, pool prewarm {st.prewarm_s:.3f} s "
-          f"(waited {st.prewarm_wait_s:.3f} s), data {st.load_s:.3f} s (per worker: read {st.read_s:.3f} s, "
-          f"copy {st.copy_s:.3f} s), teardown {st.teardown_s or 0:.3f} s (in the background)")
+    print("\n".join(wrap([
+        f"{st.tensors} tensors from {st.files} files, {st.bytes / 1e9:.2f} GB to {args.device} in {st.total_s:.2f} s: "
+        f"{st.gbps:.2f} GB/s ({st.load_gbps:.2f} GB/s once the pool was warm)" + (f" [{label}]" if label else ""),
+        f"pool: {st.why}",
+        f"stages: headers {st.headers_s:.3f} s, allocation {st.alloc_s:.3f} s, pool prewarm {st.prewarm_s:.3f} s "
+        f"(waited {st.prewarm_wait_s:.3f} s), data {st.load_s:.3f} s (per worker: read {st.read_s:.3f} s, "
+        f"copy {st.copy_s:.3f} s), teardown {st.teardown_s or 0:.3f} s (in the background)"])))
     del got
     return 0
 
@@ -61,7 +64,8 @@ def cmd_make_checkpoint(args) -> int:
     with ui.count_progress("writing shards") as step:
         files = synth.make_checkpoint(args.out, args.size, args.shard_size, seed=args.seed, progress=step)
     written = sum(Path(f).stat().st_size for f in files)
-    print(f"wrote {len(files)} shards, {written / 2**30:.2f} GiB, and model.safetensors.index.json to {args.out}")
+    print(f"wrote {len(files)} shard{'s' * (len(files) != 1)}, {written / 2**30:.2f} GiB, and "
+          f"model.safetensors.index.json to {args.out}")
     return 0
 
 
@@ -85,4 +89,5 @@ def add_parsers(sub) -> None:
     p.add_argument("out", help="output directory")
     p.add_argument("--size", type=size, default="32GiB", help="total size (default 32GiB)")
     p.add_argument("--shard-size", type=size, default="4GiB", help="shard size (default 4GiB)")
-    p.add_argument("--seed", type=integer(0), default=0)
+    p.add_argument("--seed", type=integer(0), default=0, help="seed of the random bytes: the same seed and sizes "
+                   "write the same checkpoint (default 0)")

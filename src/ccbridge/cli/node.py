@@ -6,12 +6,12 @@ import json
 import sys
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from ccbridge import attest, env
 from ccbridge import tenants, ui  # (tenants imports no GPU library)
 from ccbridge.cli.args import checked, command, integer
+from ccbridge.cli.reports import wrote
 from ccbridge.errors import UsageError
 from ccbridge.report.tables import machine_table
 
@@ -26,7 +26,7 @@ def cmd_env(args) -> int:
     table = Table(title="ccbridge env", show_header=False)
     for row in t.rows:
         table.add_row(*row)
-    Console().print(table)
+    ui.terminal().print(table)
     return 0
 
 
@@ -49,17 +49,16 @@ def cmd_attest(args) -> int:
         print("\n".join(attest.summary(b)) + f"\nbundle: {out}")
     else:
         print(text)
-    failed = []
+    failed = []  # each "no" on a line of its own: the bundle holds the evidence
     if not b["protection"]["protected"] and not args.allow_unprotected:
         pr = b["protection"]
-        failed.append(f"not protected (CPU TEE {pr['tee']}, GPU CC {pr['gpu_cc']}): the bundle's protection.why "
-                      "says why (--allow-unprotected accepts it)")
+        failed.append(f"not protected (CPU TEE {pr['tee']}, GPU CC {pr['gpu_cc']}; see protection.why); "
+                      "--allow-unprotected accepts it")
     if args.verify and not b["verification"]["result"]:
         failed.append(f"{b['verification']['verifier']} did not pass the GPU evidence")
-    if failed:
-        print(f"ccbridge attest: {'; '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    for why in failed:
+        print(f"ccbridge attest: {why}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _gpu_list(text: str) -> list[int]:
@@ -85,8 +84,8 @@ def cmd_plan_tenants(args) -> int:
     print(tenants.render(plan))
     if args.json:
         Path(args.json).write_text(json.dumps(plan.as_dict(), indent=1) + "\n")
-        print(f"wrote {args.json}", file=sys.stderr)
-    return 0
+        print(wrote(args.json), file=sys.stderr)
+    return 1 if plan.unplaced else 0  # ran, and the answer is no: a tenant did not fit
 
 
 def add_parsers(sub) -> None:

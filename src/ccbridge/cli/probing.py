@@ -8,16 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from ccbridge import env, results, ui
+from ccbridge.bindings import core
 from ccbridge.cli.args import add_set, add_timer, apply_timer, command, integer, what_if
-from ccbridge.cli.reports import write_reports
+from ccbridge.cli.reports import write_reports, wrote
 from ccbridge.emulate import calibrate, launcher, profiles
-from ccbridge.errors import UsageError
+from ccbridge.errors import GpuError, UsageError
 from ccbridge.findings import shown
 from ccbridge.probe import registry
-from ccbridge.textfit import wrap
+from ccbridge.textfit import cut, wrap
 
 
 DEFAULT_ROUNDS = 3  # calibrate's native/emulated pairs for the delta checks
@@ -27,7 +26,7 @@ def cmd_probe(args) -> int:
     if args.list:
         for t in registry.select(None):
             needs = f" (needs {', '.join(t.needs)})" if t.needs else ""
-            print(f"{t.name:<24} {t.title}{needs}")
+            print("\n".join(wrap([f"{t.name:<24} {t.title}{needs}"], indent=" " * 25)))
         return 0
     # Everything a run needs is checked before it starts: a run can take many minutes.
     # --record alone: the probe runs natively, recorded (the passthrough interposer adds no cost)
@@ -38,7 +37,7 @@ def cmd_probe(args) -> int:
                              fresh=("result.json",))
     if prof:
         return _probe_under(args, prof, out)
-    console = Console(stderr=True)
+    console = ui.terminal(stderr=True)
     console.print(f"ccbridge probe: {len(tests)} tests, {'quick' if args.quick else 'full'} suite, device {args.device}")
     stamp = env.stamp()
     if stamp["emulation"]["active"]:
@@ -103,11 +102,13 @@ def cmd_calibrate(args) -> int:
     out = ui.writable_folder(args.out or Path("ccbridge-results") / f"calibrate-{prof.name}-{dt.datetime.now():%Y%m%d-%H%M%S}",
                              "--out", fresh=("calibration.json",))
     if args.rounds is not None and args.emulated is not None:
-        raise UsageError("--rounds pairs fresh native and emulated runs of the delta tests; with --emulated given "
-                         "this command runs no emulated probe")
+        raise UsageError("--rounds repeats native and emulated runs; with --emulated given this command runs no "
+                         "emulated probe")
     # Given results are read and checked first: a bad one fails now, not after a probe run of minutes.
     given = {k: calibrate.check_side(results.load(p), k, prof, f"--{k} {p}")
              for k, p in (("native", args.native), ("emulated", args.emulated)) if p is not None}
+    if len(given) < 2:
+        _gpu_for_probes()
     if "emulated" not in given:
         launcher.check(prof, launcher.python_cmd())
     timer = apply_timer(args)  # both sides' probes time the GPU the same way
@@ -123,8 +124,8 @@ def cmd_calibrate(args) -> int:
 
     for kind in ("native", "emulated"):
         if kind not in given:
-            print(f"ccbridge calibrate: {kind} probe run" + (f" ({launcher.banner(prof)})" if kind == "emulated" else ""),
-                  file=sys.stderr)
+            print(launcher.banner(prof, who="ccbridge calibrate: emulated probe run") if kind == "emulated"
+                  else "ccbridge calibrate: native probe run", file=sys.stderr)
             given[kind] = probe(kind, calibrate.PROBE_TESTS, out / kind)
     native, emulated = given["native"], given["emulated"]
     n = 1 if args.emulated is not None else args.rounds or DEFAULT_ROUNDS
@@ -136,13 +137,22 @@ def cmd_calibrate(args) -> int:
             pair.append(probe(kind, calibrate.DELTA_TESTS, out / f"round{i}" / kind))
         rounds.append(tuple(pair))
     checks = calibrate.evaluate(prof, native, emulated, rounds)
-    md = calibrate.render(prof, checks, native, emulated)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "calibration.md").write_text(md)
+    (out / "calibration.md").write_text(calibrate.render(prof, checks, native, emulated))
     (out / "calibration.json").write_text(json.dumps(calibrate.to_json(checks), indent=1))
-    print(md)
-    print(f"wrote {out / 'calibration.md'}, {out / 'calibration.json'}", file=sys.stderr)
-    return 0 if all(c.ok for c in checks) else 1
+    print(calibrate.render_text(prof, checks, native, emulated))
+    print(wrote(out / "calibration.md", out / "calibration.json"), file=sys.stderr)
+    return 1 if any(c.ok is False for c in checks) else 0  # a row out of range is the no; n/a is not
+
+
+def _gpu_for_probes() -> None:
+    """calibrate's probe runs measure GPU rows: without a GPU it says so now, not after a CPU-only probe run."""
+    try:
+        count, why = core.device_count(), "the CUDA driver sees no GPU"
+    except GpuError as e:
+        count, why = 0, str(e)
+    if not count:
+        raise UsageError(cut(f"its probe runs need a GPU (or give --native and --emulated results): {why}", 100))
 
 
 def add_parsers(sub) -> None:
@@ -159,19 +169,21 @@ def add_parsers(sub) -> None:
     add_set(p)
 
     p = command(sub, "profiles", cmd_profiles, help="list emulator profiles; with NAME, each parameter and its source")
-    p.add_argument("name", nargs="?")
+    p.add_argument("name", nargs="?", help="a profile's name (b300, h200, ...) or a .json profile file: each "
+                   "parameter, what it is and where its value comes from")
     add_set(p)
 
     p = command(sub, "calibrate", cmd_calibrate,
                 help="emulated probe vs native probe vs the profile's published targets")
     add_timer(p)
-    p.add_argument("--profile", required=True)
+    p.add_argument("--profile", required=True, help="the emulator profile to calibrate: a name or a .json file "
+                   "(see `ccbridge profiles`)")
     p.add_argument("--native", help="use this native result.json instead of running the probe")
     p.add_argument("--emulated", help="use this emulated result.json instead of running the probe")
     p.add_argument("--full", action="store_true", help="full probe suite instead of --quick")
     p.add_argument("--rounds", type=integer(1, 20),
                    help="pairs of native and emulated runs of the delta tests (launch, 32-byte D2H), alternating; "
                         f"the delta checks take their median (default {DEFAULT_ROUNDS}; not with --emulated)")
-    p.add_argument("--device", type=integer(0), default=0)
+    p.add_argument("--device", type=integer(0), default=0, help="CUDA device index of the probe runs (default 0)")
     p.add_argument("--out", help="output folder (default ccbridge-results/calibrate-<profile>-<timestamp>)")
     add_set(p)

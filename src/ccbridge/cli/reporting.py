@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ccbridge import advise, compare, results, ui
 from ccbridge.cli.args import command
-from ccbridge.cli.reports import write_reports
+from ccbridge.cli.reports import write_reports, wrote
 from ccbridge.errors import UsageError
 
 
@@ -25,13 +25,12 @@ def cmd_compare(args) -> int:
     out = ui.writable_folder(args.out, "--out") if args.out else None
     base, other = results.load(args.base), results.load(args.other)
     c = compare.compare(base, other)
-    md = compare.render_markdown(c)
-    print(md)
+    print(compare.render_text(c))
     if out:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "compare.md").write_text(md)
+        (out / "compare.md").write_text(compare.render_markdown(c))
         (out / "compare.html").write_text(compare.render_html(c))
-        print(f"wrote {out / 'compare.md'}, {out / 'compare.html'}", file=sys.stderr)
+        print(wrote(out / "compare.md", out / "compare.html"), file=sys.stderr)
     if not c.ratios:
         print("ccbridge compare: the two results share no rows", file=sys.stderr)
         return 1
@@ -54,7 +53,7 @@ def cmd_advise(args) -> int:
     print(advise.render_why(inputs, recs) if args.why else advise.render(inputs, recs))
     if args.json:
         Path(args.json).write_text(json.dumps(advise.to_json(inputs, recs), indent=1) + "\n")
-        print(f"wrote {args.json}", file=sys.stderr)
+        print(wrote(args.json), file=sys.stderr)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ccbridge.report import html, markdown
+from ccbridge.textfit import fit
 
 
 def write_reports(res, out: Path) -> list[Path]:
@@ -14,3 +15,8 @@ def write_reports(res, out: Path) -> list[Path]:
     paths[1].write_text(markdown.render(res))
     paths[2].write_text(html.render(res))
     return paths
+
+
+def wrote(*paths) -> str:
+    """`wrote A, B, C` for stderr, within 120 columns however long the paths."""
+    return fit("wrote " + ", ".join(str(p) for p in paths))

@@ -31,6 +31,7 @@ from ccbridge.probe import framework, peer
 from ccbridge.probe.transfer import SUSTAINED_BYTES  # a ratio above 1 there is not timer noise
 from ccbridge.report.tables import command, run_line
 from ccbridge.results import Result, Row
+from ccbridge.textfit import table, wrap
 from ccbridge.ui import human_bytes
 
 PROBE_TESTS = (f"transfer,smallcopy,semantics,launch,framework,compute,concurrency,lifecycle,{peer.ALLREDUCE},"
@@ -410,11 +411,11 @@ def check_side(res: Result, kind: str, profile: Profile, where: str) -> Result:
     if kind == "emulated":
         made_under = (res.env.get("emulation") or {}).get("profile")
         if not res.emulated:
-            raise UsageError(f"{where}: the 'emulated' result was not made under the emulator (its env stamp says native)")
+            raise UsageError(f"{where}: the 'emulated' result was not made under the emulator")
         if made_under != profile.name:
             raise UsageError(f"{where}: emulated under profile {made_under}, not {profile.name}")
     if res.no_gpu:
-        raise UsageError(f"{where}: the probe ran none of its GPU tests ({res.no_gpu}); calibrate needs a GPU")
+        raise UsageError(f"{where}: the probe ran none of its GPU tests, which calibrate needs")
     return res
 
 
@@ -450,12 +451,31 @@ def render(profile: Profile, checks: list[Check], native: Result, emulated: Resu
              "pairs of runs where `--rounds` made more than one.", "",
              "| check | level | what | emulated | target | holds | source |", "|---|---|---|---|---|---|---|"]
     for c in checks:
-        mark = {True: "yes", False: "NO", None: "n/a"}[c.ok]
-        got = _fmt(c.measured) + (f" (median of {len(c.rounds)} pairs: {', '.join(_fmt(x) for x in c.rounds)})"
-                                  if c.rounds and len(c.rounds) > 1 else "")
-        got += f" at {c.at}, farthest of {len(c.each)} sizes" if c.each else ""
-        lines.append(f"| {c.id} | {c.level} | {c.what} | {got} | {c.target} | {mark} | {c.source} |")
+        lines.append(f"| {c.id} | {c.level} | {c.what} | {_got(c)} | {c.target} | {_HOLDS[c.ok]} | {c.source} |")
     return "\n".join(lines) + "\n"
+
+
+_HOLDS = {True: "yes", False: "NO", None: "n/a"}
+
+
+def _got(c: Check) -> str:
+    """What the emulated side measured, with the pairs' values and the farthest size where there are several."""
+    got = _fmt(c.measured) + (f" (median of {len(c.rounds)} pairs: {', '.join(_fmt(x) for x in c.rounds)})"
+                              if c.rounds and len(c.rounds) > 1 else "")
+    return got + (f" at {c.at}, farthest of {len(c.each)} sizes" if c.each else "")
+
+
+def render_text(profile: Profile, checks: list[Check], native: Result, emulated: Result) -> str:
+    """The terminal's version of render: the checks in 120 columns; what each measures and its source are in
+    calibration.md."""
+    what_if = f", what-if: {', '.join(profile.overrides)} set on the command line" if profile.overrides else ""
+    head = wrap([f"calibration of profile {profile.name} (EMULATED{what_if}): {sum(c.ok is True for c in checks)} of "
+                 f"{len(checks)} checks hold; emulated figures are the ccbridge emulator's, not CC hardware "
+                 "measurements", f"native run: {run_line(native)}", f"emulated run: {run_line(emulated)}",
+                 f"emulated under: profile {emulation_label(emulated.env.get('emulation', {}))}"])
+    rows = [[c.id, c.level, _got(c), c.target, _HOLDS[c.ok]] for c in checks]
+    return "\n".join(head + [""] + table(["check", "level", "emulated", "target", "holds"], rows, [35, 9, 36, 26, 5])
+                     + ["", "what each check measures, and its published source: calibration.md"])
 
 
 def to_json(checks: list[Check]) -> list[dict]:

@@ -83,8 +83,8 @@ def refuse_old_trace(trace: str) -> None:
     prefix = str(Path(trace).resolve())
     old = [p for pat in ("csv", "summary.json", "sites.json") for p in glob.glob(f"{glob.escape(prefix)}.*.{pat}")]
     if old:
-        raise UsageError(f"trace prefix {trace}: {len(old)} trace file(s) of an earlier run are there "
-                         f"({Path(old[0]).name}, ...): give another prefix or remove them")
+        raise UsageError(f"trace prefix {trace}: {len(old)} file(s) of an earlier run ({Path(old[0]).name}"
+                         f"{', ...' if len(old) > 1 else ''}): give another prefix")
 
 
 def check_trace(trace: str) -> str:
@@ -142,11 +142,12 @@ def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, covera
         return rc, bounds
 
 
-def banner(profile: Profile, projection: Projection | None = None) -> str:
-    """One line (two where what-ifs make it long: 120 columns each); the profile's title is `ccbridge profiles`'."""
+def banner(profile: Profile, projection: Projection | None = None, who: str = "ccbridge run") -> str:
+    """One line (more where what-ifs, a projection or `who`, the words it starts with, make it long: 120 columns
+    each); the profile's title is `ccbridge profiles`'."""
     what = "EMULATED CC bridge" if profile.emulates else "interposer on, no costs (passthrough)"
     whatif = "".join(f" --set {k}={show(k, profile.params[k].value)}" for k in profile.overrides)
-    lines = [f"ccbridge run: {what}, profile {profile.name}{' with' + whatif if whatif else ''} "
+    lines = [f"{who}: {what}, profile {profile.name}{' with' + whatif if whatif else ''} "
              f"({profile.name}.json); figures are not CC hardware measurements"]
     if projection:
         lines.append(projection.describe() + "; times read / r are the projection (a model, not a measurement)")

@@ -17,6 +17,7 @@ from pathlib import Path
 from ccbridge import schema
 from ccbridge.env import OVERRIDE_MARK
 from ccbridge.errors import ProfileError  # noqa: F401 - part of this module's API
+from ccbridge.textfit import cut
 
 # name -> (unit, what it is); the interposer's config.c knows the same names.
 PARAMS: dict[str, tuple[str, str]] = {
@@ -170,23 +171,27 @@ def override(profile: Profile, settings: list[str] | None) -> Profile:
     for text in settings or []:
         key, eq, value = (part.strip() for part in text.partition("="))
         if not eq or not key or not value:
-            raise ProfileError(f"--set {text!r}: expected KEY=VALUE, e.g. launch_toll_us=0")
+            raise ProfileError(f"--set {cut(text, 32)!r}: expected KEY=VALUE, e.g. launch_toll_us=0")
         if key not in PARAMS:
-            close = difflib.get_close_matches(key, PARAMS, n=3)
-            raise ProfileError(f"--set {text!r}: unknown parameter {key!r}"
-                               + (f" (did you mean {', '.join(close)}?)" if close else "")
-                               + "; `ccbridge profiles NAME` lists them")
+            raise ProfileError(f"--set {cut(text, 32)!r}: {_unknown(key)}")
         try:
             number = float(value)
         except ValueError:
-            raise ProfileError(f"--set {text!r}: {key} needs a number, got {value!r:.40}") from None
+            raise ProfileError(f"--set {cut(text, 32)!r}: {key} needs a number, got {value!r:.40}") from None
         try:
             number = check_value(key, number)
         except ProfileError as e:
-            raise ProfileError(f"--set {text!r}: {e}") from None
+            raise ProfileError(f"--set {cut(text, 32)!r}: {e}") from None
         was = overrides.setdefault(key, profile.params[key].value)
         params[key] = Param(number, f"overridden on the command line (was {was:g})")
     return replace(profile, params=params, overrides=overrides)
+
+
+def _unknown(key: str) -> str:
+    """Why `key` is refused, with the nearest parameter's name (the whole list takes 500 columns)."""
+    close = difflib.get_close_matches(key, PARAMS, n=1)
+    return f"unknown parameter {cut(key, 24)!r}" + (f" (did you mean {close[0]}?)" if close else
+                                                    "; `ccbridge profiles NAME` lists them")
 
 
 def _dir():
@@ -237,7 +242,8 @@ def load(name_or_path: str) -> Profile:
     if name_or_path in names():
         return parse((_dir() / f"{name_or_path}.json").read_text(), f"{name_or_path}.json")
     if not (name_or_path.endswith(".json") or "/" in name_or_path):
-        raise ProfileError(f"unknown profile {name_or_path!r}; known: {', '.join(names())} (or a path to a .json profile)")
+        raise ProfileError(f"unknown profile {cut(name_or_path, 24)!r}; known: {', '.join(names())} (or a path to a "
+                           ".json profile)")
     try:
         text = Path(name_or_path).read_text(encoding="utf-8")
     except FileNotFoundError:

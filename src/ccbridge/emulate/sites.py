@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ccbridge.emulate.siteboot import ccbridge_sites as recorder
 from ccbridge.errors import ResultFileError
+from ccbridge.textfit import json_why
 
 BOOT = str(Path(recorder.__file__).parent)  # the folder a traced program gets on its PYTHONPATH
 NONE = "(no Python frame)"  # a call from a thread that noted no site (C++ threads, before the first)
@@ -56,7 +57,8 @@ class Sites:
         except ResultFileError:
             raise
         except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
-            raise ResultFileError(f"unreadable call sites {path}: {type(e).__name__}: {e}") from None
+            why = json_why(e) if isinstance(e, (OSError, ValueError, RecursionError)) else f"{type(e).__name__}: {e}"
+            raise ResultFileError(f"unreadable call sites {path}: {why}") from None
 
     def label(self, column: str) -> str:
         if not column:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from ccbridge import schema
 from ccbridge.emulate import interposer, sites
 from ccbridge.errors import EmulatorError, ResultFileError
+from ccbridge.textfit import cut, json_why, wrap
 
 SCHEMA = 5
 # column -> what it holds; the order is the file's
@@ -161,7 +162,7 @@ def check_header(path: str, first: str, second: str) -> re.Match:
     """The schema line and the column line; ResultFileError for another schema."""
     m = SCHEMA_LINE.fullmatch(first.rstrip("\r\n"))
     if not m:
-        what = "written by an older ccbridge (schema 1)" if first.startswith("t_enter_ns,") else "not a ccbridge trace"
+        what = "an older ccbridge (schema 1)" if first.startswith("t_enter_ns,") else "not a ccbridge trace"
         raise ResultFileError(f"trace {path}: {what}; this ccbridge reads trace schema {SCHEMA}: record it again")
     if int(m.group(1)) != SCHEMA:
         raise ResultFileError(f"trace {path}: trace schema {m.group(1)}; this ccbridge reads schema {SCHEMA}: "
@@ -173,9 +174,12 @@ def check_header(path: str, first: str, second: str) -> re.Match:
 
 def _u64(row: dict, column: str) -> int:
     """A number column as the interposer writes it: a 64-bit unsigned integer."""
-    v = int(row[column])
+    try:
+        v = int(row[column])
+    except (TypeError, ValueError):  # (int()'s own message names Python, not the column)
+        v = -1
     if not 0 <= v < 1 << 64:
-        raise ValueError(f"{column} {row[column][:24]}{'...' if len(row[column]) > 24 else ''} is not a 64-bit count")
+        raise ValueError(f"{column} {cut(row[column] or '', 16)!r} is not a 64-bit count")
     return v
 
 
@@ -221,7 +225,8 @@ def _rows(path: str, s: TraceSummary):
     except ResultFileError:
         raise
     except (OSError, UnicodeDecodeError, csv.Error, KeyError, ValueError, TypeError) as e:
-        raise ResultFileError(f"unreadable trace {path}, line {line}: {type(e).__name__}: {e}") from None
+        why = e if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"  # a ValueError: ours, or csv's
+        raise ResultFileError(f"unreadable trace {path}, line {line}: {why}") from None
 
 
 def windows(lines: list[tuple[int, int, dict]]) -> tuple[str, list[tuple[int, int]]]:
@@ -287,7 +292,7 @@ def _summary_doc(path: str) -> dict:
         with open(path) as f:
             d = json.load(f)
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ResultFileError(f"unreadable trace summary {path}: {getattr(e, 'strerror', None) or e}") from None
+        raise ResultFileError(f"unreadable trace summary {path}: {json_why(e)}") from None
     SUMMARY.check(d, f"trace summary {path}", ResultFileError)
     return d
 
@@ -321,14 +326,14 @@ def render(s: TraceSummary) -> str:
     lines = [f"trace: {s.processes} process(es)" + (f" ({', '.join(sorted(s.profiles))})" if s.profiles else "")
              + f", {s.total('crossing')} crossings, {s.total('launch')} launches, {s.total('sync')} synchronizes"
              + f", {s.total('context')} context and {s.total('alloc')} pinned-allocation calls"]
-    if s.by_api:
-        lines.append(f"{'api':<30} {'kind':<8} {'dir':<4} {'mem':<9} {'count':>8} {'MiB':>10} {'in call ms':>11} "
-                     f"{'stream wait':>12} {'channel wait':>13} {'toll ms':>9}")
+    if s.by_api:  # 116 columns
+        lines.append(f"{'api':<30} {'kind':<8} {'dir':<4} {'mem':<8} {'count':>7} {'MiB':>9} {'in call ms':>10} "
+                     f"{'stream wait':>11} {'channel wait':>12} {'toll ms':>8}")
         for (api, d, m), a in sorted(s.by_api.items(), key=lambda kv: -kv[1]["blocked_ns"]):
-            lines.append(f"{api:<30} {a['kind']:<8} {d:<4} {m:<9} {a['count']:>8} {a['bytes'] / 2**20:>10.1f} "
-                         f"{a['blocked_ns'] / 1e6:>11.2f} {a['stream_wait_ns'] / 1e6:>12.2f} "
-                         f"{a['channel_wait_ns'] / 1e6:>13.2f} {a['toll_ns'] / 1e6:>9.2f}")
+            lines.append(f"{api:<30} {a['kind']:<8} {d:<4} {m:<8} {a['count']:>7} {a['bytes'] / 2**20:>9.1f} "
+                         f"{a['blocked_ns'] / 1e6:>10.2f} {a['stream_wait_ns'] / 1e6:>11.2f} "
+                         f"{a['channel_wait_ns'] / 1e6:>12.2f} {a['toll_ns'] / 1e6:>8.2f}")
     top = sorted(s.calls.items(), key=lambda kv: -kv[1])
     if top:
-        lines.append("hooked calls: " + ", ".join(f"{k} {v}" for k, v in top))
-    return "\n".join(lines)
+        lines += wrap(["hooked calls: " + ", ".join(f"{k} {v}" for k, v in top)])
+    return "\n".join(wrap(lines[:1]) + lines[1:])

@@ -99,7 +99,8 @@ def resolve_device(torch, device) -> tuple[object, int]:
     if dev.type == "cpu":
         return dev, -1
     if not torch.cuda.is_available():
-        raise LoadError(f"no CUDA device for {device!r}: torch sees no GPU here (--device cpu, or device='cpu' in Python, loads into host memory)")
+        raise LoadError(f"torch sees no GPU for {device!r}; --device cpu (device='cpu' in Python) loads into host "
+                        "memory")
     index = torch.cuda.current_device() if dev.index is None else dev.index
     if index >= torch.cuda.device_count():
         raise LoadError(f"no CUDA device {index}: torch sees {torch.cuda.device_count()}")

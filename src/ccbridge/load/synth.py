@@ -28,6 +28,7 @@ from pathlib import Path
 from ccbridge import ui
 from ccbridge.errors import UsageError
 from ccbridge.load.header import DTYPES
+from ccbridge.textfit import cut
 
 BLOCK = 1 << 20
 GiB = 1 << 30
@@ -35,19 +36,19 @@ GiB = 1 << 30
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": GiB, "gib": GiB,
           "t": 1 << 40, "tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 KEEP_FREE = 256 << 20  # left free on the disk after a checkpoint is written
-SIZE_FORMS = "a positive number of bytes with an optional unit: 4096, 512K, 16MiB, 32GiB, 1.5G (binary), 2GB (decimal)"
+SIZE_FORMS = "e.g. 4096, 512K, 16MiB, 1.5G; 2GB is decimal"  # short: an option's name and the value go before it
 
 
 def parse_size(text: str) -> int:
     """'32GiB', '512M', '2GB', '4096' -> bytes, at least 1; UsageError naming the accepted forms."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise UsageError(f"not a size: {text[:40]!r}; expected {SIZE_FORMS}")
+        raise UsageError(f"not a size: {cut(text, 16)!r} ({SIZE_FORMS})")
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if not math.isfinite(value) or value >= 2**63:  # a digit string too long for any file or buffer
-        raise UsageError(f"size {text[:40]!r} is too large (the limit is 2^63 bytes)")
+        raise UsageError(f"size {cut(text, 16)!r} is too large (the limit is 2^63 bytes)")
     if int(value) < 1:
-        raise UsageError(f"size {text!r} is under one byte; expected {SIZE_FORMS}")
+        raise UsageError(f"size {cut(text, 16)!r} is under one byte")
     return int(value)
 
 
@@ -171,8 +172,8 @@ def _check_space(out: Path, need: int, replaced: list[Path]) -> None:
     """need bytes fit, counting as free the files this call writes over (a rerun into the same folder)."""
     free = shutil.disk_usage(ui.nearest_existing(out)).free + sum(f.stat().st_size for f in replaced if f.is_file())
     if need + KEEP_FREE > free:
-        raise UsageError(f"not enough free space in {out}: the checkpoint needs {need / GiB:.2f} GiB and "
-                         f"{KEEP_FREE / GiB:.2f} GiB are kept free, {free / GiB:.2f} GiB are free")
+        raise UsageError(f"not enough free space in {out}: needs {need / GiB:.2f} GiB (+{KEEP_FREE / GiB:.2f} kept "
+                         f"free), {free / GiB:.2f} GiB free")
 
 
 def make_checkpoint(out_dir: str | os.PathLike, total_bytes: int, shard_bytes: int = 4 * GiB, seed: int = 0,

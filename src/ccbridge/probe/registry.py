@@ -8,8 +8,9 @@ family never costs the rest of the run.
 
 from __future__ import annotations
 
-import os
+import difflib
 import importlib
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from ccbridge import gputimer
 from ccbridge.bindings import core
 from ccbridge.errors import GpuError, UsageError
 from ccbridge.results import Result, Row
+from ccbridge.textfit import cut
 
 NEEDS = ("gpu", "torch", "multi_gpu")
 FAMILIES = ("compute", "transfer", "semantics", "smallcopy", "concurrency", "launch", "toll", "framework", "lifecycle",
@@ -56,19 +58,21 @@ def test(name: str, title: str, needs: tuple[str, ...] = ()):
 
 
 def select(spec: str | None) -> list[Test]:
-    """Tests named by a comma list of test or family names (all when None)."""
+    """Tests named by a comma list of test or family names (all when None; an empty list is refused)."""
     load_families()
-    if not spec:
+    if spec is None:
         return list(REGISTRY.values())
-    known = ", ".join(sorted({t.family for t in REGISTRY.values()} | set(REGISTRY)))
+    listed = "`ccbridge probe --list` names them"  # the names themselves take hundreds of columns
     words = [w.strip() for w in spec.split(",") if w.strip()]
     if not words:
-        raise UsageError(f"--tests {spec!r} names no test; known: {known}")
+        raise UsageError(f"--tests {cut(spec, 20)!r} names no test; {listed}")
     chosen: list[Test] = []
     for word in words:
         hits = [t for t in REGISTRY.values() if t.name == word or t.family == word]
         if not hits:
-            raise UsageError(f"no probe test or family named {word!r}; known: {known}")
+            close = difflib.get_close_matches(word, {t.family for t in REGISTRY.values()} | set(REGISTRY), n=1)
+            raise UsageError(f"no probe test or family named {cut(word, 20)!r}"
+                             + (f" (did you mean {close[0]}?)" if close else f"; {listed}"))
         chosen += [t for t in hits if t not in chosen]
     return chosen
 
@@ -85,7 +89,7 @@ def check_device(device: int) -> None:
     except GpuError as e:
         count, why = 0, f" (no usable GPU: {e})"
     if device >= count:
-        raise UsageError(f"--device {device}: {count} GPU(s) visible{why}")
+        raise UsageError(cut(f"--device {device}: {count} GPU(s) visible{why}", 100))
 
 
 @dataclass

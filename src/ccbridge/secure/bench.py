@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ccbridge import busbw, choices, pluginenv, ranks
 from ccbridge import env as envmod
+from ccbridge.errors import GpuError
 from ccbridge.gputimer import time_ms as gpu_time_ms
 from ccbridge.results import Result
 from ccbridge.secure import benchrows, gcm
@@ -240,9 +241,11 @@ def _collectives(op: str, begin: int, end: int, factor: int, dtype: str, iters: 
         raise ValueError(f"op must be one of {', '.join(OPS)}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
-    nproc = nproc or torch.cuda.device_count()
+    gpus = torch.cuda.device_count()
+    nproc = nproc or (gpus if gpus or backend != "gloo" else 2)  # no GPU: Gloo on two CPU ranks
     if nproc < 2:
-        raise RuntimeError(f"collectives need at least 2 GPUs; this machine has {torch.cuda.device_count()}")
+        raise GpuError(f"collectives need at least 2 GPUs; this machine has {gpus} (--backend gloo runs CPU ranks "
+                       "where there is none)")
     size_list = sizes(begin, end, factor)
     if net is None:
         res = launch(_collectives_rank, nproc, op, size_list, dtype, iters, warmup, backend,

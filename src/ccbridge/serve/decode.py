@@ -50,7 +50,9 @@ each step's start and end event on the compute stream over the wall time
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -116,11 +118,11 @@ def _fits(name: str, limit: int | None, tokens: int) -> None:
 def check_checkpoint(path: str) -> Path:
     """The folder as a Path, if it looks like a Hugging Face model folder; UsageError otherwise."""
     p = Path(path)
-    what = "give a Hugging Face model folder: config.json and *.safetensors"
+    what = "a Hugging Face model folder holds config.json and *.safetensors"
     if not path or not p.is_dir():  # "" would be the current folder
         raise UsageError(f"--checkpoint {path}: not a folder ({what})")
     if not (p / "config.json").is_file() or not any(p.glob("*.safetensors")):
-        raise UsageError(f"--checkpoint {path}: no config.json or no *.safetensors in it ({what})")
+        raise UsageError(f"--checkpoint {path}: no config.json or no *.safetensors in it")
     return p
 
 
@@ -230,6 +232,25 @@ def deterministic_attention():
         yield
     finally:
         torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+@contextlib.contextmanager
+def quiet_cache_rename():
+    """transformers 5 renames `past_key_values` to `cache` and says so twice: a FutureWarning at a model's first
+    call, and a log line (utils.generic) where an output's `.past_key_values` is read. The benches use the old
+    name, which every transformers version they support reads, so that one deprecation is silenced while they
+    run; every other warning still shows."""
+    def not_the_rename(record) -> bool:
+        return "past_key_values" not in record.getMessage()
+
+    log = logging.getLogger("transformers.utils.generic")
+    log.addFilter(not_the_rename)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
+            yield
+    finally:
+        log.removeFilter(not_the_rename)
 
 
 def memory_note(dev) -> str:
@@ -479,7 +500,7 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
         settings = {"decode": settings_of(model, dev, next(m.parameters()).dtype, prompt, output, batches, modes, iters,
                                           warmup, graphs, seed, host_prep_us, checkpoint)}
         res = Result(kind="decode", env=stamp, settings=settings)
-        with deterministic_attention():  # every mode's tokens comparable bit for bit
+        with deterministic_attention(), quiet_cache_rename():  # every mode's tokens comparable bit for bit
             for b in batches:
                 ids = prompts(vocab, b, prompt, seed)
                 want, judge = None, Judge(m, ids)

@@ -275,7 +275,7 @@ def bench(model: str | None = None, prefixes: int | None = None, prefix_len: int
     measured = [i for i, (p, _) in enumerate(wl.stream) if p != CHURN]
     checked = [i for n, i in enumerate(measured) if check_every and n % check_every == 0]
     log(f"reference prefills (no cache) of {len(checked)} of {len(measured)} requests")
-    with decode.deterministic_attention():
+    with decode.deterministic_attention(), decode.quiet_cache_rename():
         refs = {i: reference(m, wl.stream[i][1]) for i in checked}
     tol = TIE_TOL.get(dtype, 2e-2)
     block_bytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
@@ -293,7 +293,7 @@ def bench(model: str | None = None, prefixes: int | None = None, prefix_len: int
         torch.set_num_threads(1)
         settings["kv"]["cpu_threads"] = 1
     try:
-        with decode.deterministic_attention():
+        with decode.deterministic_attention(), decode.quiet_cache_rename():
             _sweep(res, m, wl, refs, shape, dtype, blocks, host_blocks, thresholds, modes, tol, model, log)
     finally:
         torch.set_num_threads(threads)

@@ -61,8 +61,7 @@ _SPLIT = (("num_attention_heads", "attention heads"), ("num_key_value_heads", "k
 def _divides(name: str, counts: dict, n: int) -> None:
     for key, what in _SPLIT:
         if counts[key] % n:
-            raise UsageError(f"--tp {n}: {name} has {counts[key]} {what}, which {n} ranks cannot split evenly "
-                             f"(each degree must divide its heads, key-value heads and MLP width)")
+            raise UsageError(f"--tp {n}: {name} has {counts[key]} {what}, which {n} ranks cannot split evenly")
 
 
 def check(model: str, degrees: list[int], device: str) -> None:
