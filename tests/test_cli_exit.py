@@ -60,7 +60,7 @@ def no_probe(tmp_path, monkeypatch):
 def no_compare(tmp_path, monkeypatch):
     other = _doc()
     for r in other["rows"]:
-        r["test"] = "other." + r["test"]
+        r["test"] = "other_" + r["test"]  # a probe's test names (family.test), none the same
     (tmp_path / "other.json").write_text(json.dumps(other))
     r = _cli(["compare", str(DATA / "h100-native-full.json"), str(tmp_path / "other.json")], tmp_path)
     assert "share no rows" in r.stderr, r.stderr
@@ -106,12 +106,14 @@ def no_load_bench(tmp_path, monkeypatch):
 
 
 def no_collectives(tmp_path, monkeypatch):
-    from ccbridge.secure import bench
+    from ccbridge import env
+    from ccbridge.secure import bench, benchrows
 
     row = {"size": 8, "count": 2, "type": "float", "plain_us": 1.0, "plain_algbw": 0.0, "plain_busbw": 0.1,
            "wrong_plain": 0, "secure_us": 1.0, "secure_algbw": 0.0, "secure_busbw": 0.1, "wrong": 1}
-    monkeypatch.setattr(bench, "collectives", lambda *a, **k: {"nranks": 2, "backend": "gloo", "transport": "default",
-                                                               "encrypted": "ccbridge.secure", "rows": [row]})
+    got = {"op": "all_reduce", "nranks": 2, "backend": "gloo", "transport": "default", "encrypted": "ccbridge.secure",
+           "rows": [row]}
+    monkeypatch.setattr(bench, "collectives", lambda *a, **k: benchrows.collectives_result(got, env.stamp(), {}))
     return cli.main(["collectives", "--backend", "gloo", "-e", "8"])
 
 
@@ -122,29 +124,32 @@ def _gpus_ready(monkeypatch):
 
 
 def no_bench_ddp(tmp_path, monkeypatch):
+    from ccbridge import env
     from ccbridge.secure import bench
 
     _gpus_ready(monkeypatch)
-    monkeypatch.setattr(bench, "ddp", lambda *a, **k: {"rows": [{"grads_agree": False}]})
-    monkeypatch.setattr(bench, "render_ddp", lambda r: "the table")
+    res = results.Result(kind="ddp", env=env.stamp(), settings={})
+    res.rows = [results.Row.of("ddp", "iter_ms", "ms", [1.0], model="resnet50", ngpus=2)]
+    res.rows[0].extra["grads_agree"] = False
+    monkeypatch.setattr(bench, "ddp", lambda *a, **k: res)
     return cli.main(["bench", "ddp", "--ngpus", "2"])
 
 
-def _result_with_error(test: str):
-    return results.Result(env={}, settings={}, errors=[{"test": test, "error": f"{test}: not the same"}])
+def _result_with_error(test: str, kind: str):
+    return results.Result(kind=kind, env={}, settings={}, errors=[{"test": test, "error": f"{test}: not the same"}])
 
 
 def no_bench_net(tmp_path, monkeypatch):
     from ccbridge.secure import netbench
 
-    monkeypatch.setattr(netbench, "loopback", lambda *a, **k: _result_with_error("net_loopback"))
+    monkeypatch.setattr(netbench, "loopback", lambda *a, **k: _result_with_error("net_loopback", "net"))
     return cli.main(["bench", "net", "--lanes", "1"])
 
 
 def no_bench_decode(tmp_path, monkeypatch):
     from ccbridge.serve import decode
 
-    monkeypatch.setattr(decode, "bench", lambda *a, **k: _result_with_error("decode"))
+    monkeypatch.setattr(decode, "bench", lambda *a, **k: _result_with_error("decode", "decode"))
     monkeypatch.setattr(decode, "render", lambda res: "the table")
     return cli.main(["bench", "decode", "--device", "cpu", "--model", "tiny"])
 
@@ -152,7 +157,7 @@ def no_bench_decode(tmp_path, monkeypatch):
 def no_bench_kv(tmp_path, monkeypatch):
     from ccbridge.serve import kvbench
 
-    monkeypatch.setattr(kvbench, "bench", lambda *a, **k: _result_with_error("kv"))
+    monkeypatch.setattr(kvbench, "bench", lambda *a, **k: _result_with_error("kv", "kv"))
     monkeypatch.setattr(kvbench, "render", lambda res: "the table")
     return cli.main(["bench", "kv", "--device", "cpu", "--model", "tiny"])
 

@@ -221,7 +221,7 @@ CASES = [
     (["run", "--profile", "b300", "--record", "{d}/folder/sub/t", "--", "true"],
      "the folder {d}/folder/sub does not exist"),
     (["run", "--profile", "{d}/p_nan.json", "--", "true"], "parameter h2d_toll_us = nan: expected a number in [0, 10000000]"),
-    (["run"], "give --profile NAME (emulate), --record T (record only) or --coverage FILE"),
+    (["run"], "give --profile NAME (emulate), --record T (record only), --coverage FILE or --project GPU"),
     (["run", "--profile", "b300", "--set", "warps=2", "--", "true"], "--set 'warps=2': unknown parameter 'warps'; `ccbridge profiles NAME` lists them"),
     (["run", "--profile", "b300", "--set", "nccltoll=1", "--", "true"], "unknown parameter 'nccltoll' (did you mean nccl_toll_us"),
     (["run", "--profile", "b300", "--set", "launch_toll_us=fast", "--", "true"], "launch_toll_us needs a number, got 'fast'"),
@@ -247,8 +247,8 @@ CASES = [
     (["profiles", "{d}/p_bool.json"], "parameter emulate = True"),
     (["profiles", "{d}/p_missing.json"], "p_missing.json: params: 'lanes' is a required property"),
     (["profiles", "{d}/p_unknown.json"], "p_unknown.json: Additional properties are not allowed ('extra' was unexpected)"),
-    (["profiles", "{d}/p_unknown_param.json"], "params: 'warps' is not a profile parameter; `ccbridge profiles b300` "
-                                                "lists them"),
+    (["profiles", "{d}/p_unknown_param.json"], "params: 'warps' is no profile parameter (`ccbridge profiles b300` "
+                                                "lists them)"),
     (["profiles", "{d}/p_broken.json"], "p_broken.json: not valid JSON"),
     (["profiles", "{d}/nope.json"], "{d}/nope.json: no such profile file"),
     (["profiles", "{d}/folder/"], "cannot read the profile"),
