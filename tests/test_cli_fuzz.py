@@ -247,8 +247,8 @@ CASES = [
     (["profiles", "{d}/p_bool.json"], "parameter emulate = True"),
     (["profiles", "{d}/p_missing.json"], "p_missing.json: params: 'lanes' is a required property"),
     (["profiles", "{d}/p_unknown.json"], "p_unknown.json: Additional properties are not allowed ('extra' was unexpected)"),
-    (["profiles", "{d}/p_unknown_param.json"], "params: 'warps' is no profile parameter (`ccbridge profiles b300` "
-                                                "lists them)"),
+    (["profiles", "{d}/p_unknown_param.json"], "params: 'warps' is no profile parameter (see `ccbridge profiles "
+                                                "b300`)"),
     (["profiles", "{d}/p_broken.json"], "p_broken.json: not valid JSON"),
     (["profiles", "{d}/nope.json"], "{d}/nope.json: no such profile file"),
     (["profiles", "{d}/folder/"], "cannot read the profile"),

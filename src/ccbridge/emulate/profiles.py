@@ -208,7 +208,7 @@ SCHEMA = schema.Schema(schema.record({
     "name": schema.STRING, "title": schema.STRING,
     "params": {"type": "object",
                "propertyNames": {"enum": list(PARAMS),
-                                 "message": "is no profile parameter (`ccbridge profiles b300` lists them)"},
+                                 "message": "is no profile parameter (see `ccbridge profiles b300`)"},
                "additionalProperties": schema.record({"value": {}, "source": schema.TEXT},
                                                      required=("value", "source")),
                "required": [k for k in PARAMS if k not in ADDED]},
