@@ -36,8 +36,14 @@ def native():
 
 
 def test_one_rank_nccl_under_b300_pays_the_toll_on_the_gpu_timeline_and_traces_each_collective(native, tmp_path):
+    """One rank crosses no GPU, so b300 charges it nothing; with nccl_one_rank=1 (calibration's setting) it pays
+    the toll, which one GPU can then measure."""
+    plain = job(*ccbridge_run("--profile", "b300"))
+    for way in ("torch", "ctypes"):
+        delta = plain[way]["eager_device_us"] - native[way]["eager_device_us"]
+        assert abs(delta) <= 0.15 * profiles.load("b300").params["nccl_toll_us"].value, (way, delta)
     prefix = tmp_path / "t"
-    emu = job(*ccbridge_run("--profile", "b300", "--record", str(prefix)))
+    emu = job(*ccbridge_run("--profile", "b300", "--set", "nccl_one_rank=1", "--record", str(prefix)))
     toll = profiles.load("b300").params["nccl_toll_us"].value
     for way in ("torch", "ctypes"):
         assert native[way]["exact"] and emu[way]["exact"], way

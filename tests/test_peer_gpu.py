@@ -117,10 +117,11 @@ def test_probe_runs_the_one_rank_row_on_one_gpu_and_skips_the_rest_with_the_reas
 @pytest.mark.gpu
 @pytest.mark.parametrize("profile", ["b300", "h200"])
 def test_one_rank_graph_delta_under_a_profile_is_its_nccl_toll(need_gpu, tmp_path, profile):
-    """The emulator charges every NCCL operation, a one-rank one too: calibrate's one-rank check holds (the
-    graph-replayed delta within 15% of the profile's nccl_toll_us) and the rows are labelled EMULATED."""
+    """With nccl_one_rank=1, as calibrate's own emulated probe sets it, a one-rank operation pays the toll:
+    calibrate's one-rank check holds (the graph-replayed delta within 15% of the profile's nccl_toll_us) and the rows
+    are labelled EMULATED."""
     for kind in ("native", "emulated"):
-        args = ["--profile", profile] if kind == "emulated" else []
+        args = ["--profile", profile, "--set", "nccl_one_rank=1"] if kind == "emulated" else []
         p = ccbridge("probe", *args, "--tests", peer.ONE_RANK, "--quick", "--out", str(tmp_path / kind))
         assert p.returncode == 0, p.stdout + p.stderr
     nat, emu = (results.load(tmp_path / k / "result.json") for k in ("native", "emulated"))
