@@ -120,18 +120,24 @@ class ShardedDecoder(torch.nn.Module):
         dev, dtype = self.embed.device, self.embed.dtype
         return Cache(len(self.layers), batch, self.hk, capacity, self.d, dev, dtype, fixed)
 
-    def _rope(self, qk: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Rotary embedding of q and k together ((B, T, heads, d), rotate-half as Llama), at positions (B, T)."""
+    def _rotary(self, pos: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's rotary factors, once per forward (not per layer): cos, and sin with the first half negated,
+        each (B, T, 1, d) in the model's dtype, so that a layer rotates q and k in three kernels."""
         ang = pos[..., None].float() * self.inv_freq  # (B, T, d/2)
-        cos, sin = ang.cos()[:, :, None, :], ang.sin()[:, :, None, :]
-        a, b = qk.float().chunk(2, dim=-1)
-        return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1).to(qk.dtype)
+        cos, sin = ang.cos(), ang.sin()
+        return torch.cat((cos, cos), -1)[:, :, None].to(dtype), torch.cat((-sin, sin), -1)[:, :, None].to(dtype)
 
-    def _layer(self, lay, i: int, x: torch.Tensor, pos: torch.Tensor, cache: Cache, mask: torch.Tensor):
+    @staticmethod
+    def _rope(qk: torch.Tensor, cos: torch.Tensor, nsin: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding of q and k together ((B, T, heads, d), rotate-half as Llama): x cos + swap(x) sin."""
+        a, b = qk.chunk(2, dim=-1)
+        return qk * cos + torch.cat((b, a), dim=-1) * nsin
+
+    def _layer(self, lay, i: int, x: torch.Tensor, pos: torch.Tensor, cache: Cache, mask: torch.Tensor, rot):
         B, T, _ = x.shape
         d, hq, hk = self.d, self.hq, self.hk
         qkv = F.linear(F.rms_norm(x, (x.shape[-1],), lay.w_in, RMS_EPS), lay.qkv, lay.qkv_bias)
-        qk = self._rope(qkv[..., :(hq + hk) * d].view(B, T, hq + hk, d), pos)
+        qk = self._rope(qkv[..., :(hq + hk) * d].view(B, T, hq + hk, d), *rot)
         q, k = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2)
         v = qkv[..., (hq + hk) * d:].view(B, T, hk, d).transpose(1, 2)
         slots = pos[0]  # every sequence of a batch is at the same positions (decode() steps them together)
@@ -164,8 +170,9 @@ class ShardedDecoder(torch.nn.Module):
         keys = torch.arange(cache.capacity, device=input_ids.device)
         mask = (keys[None, :] <= position_ids[0][:, None])[None, None]  # (1, 1, T, capacity): causal, no future
         x = F.embedding(input_ids, self.embed)
+        rot = self._rotary(position_ids, x.dtype)
         for i, lay in enumerate(self.layers):
-            x = self._layer(lay, i, x, position_ids, cache, mask)
+            x = self._layer(lay, i, x, position_ids, cache, mask, rot)
         x = F.rms_norm(x[:, -logits_to_keep:] if logits_to_keep else x, (x.shape[-1],), self.w_final, RMS_EPS)
         return SimpleNamespace(logits=F.linear(x, self.lm_head), past_key_values=cache if use_cache else None)
 
