@@ -160,3 +160,9 @@ def test_a_projected_run_reads_projected_in_its_stamp(tmp_path, monkeypatch):
     assert banner.startswith("CC-off run; PROJECTED to b300, time x2.39") and "a model" in banner
     assert "dilation=" in p.config_lines({"native_nvlink_gbps": 300.0})
     assert "target_nvlink_gbps=600" in p.config_lines({"native_nvlink_gbps": 300.0})
+    # the bench's own table says so too: a projected CC-off run is not read as this GPU's figures
+    from ccbridge.results import Result
+    from ccbridge.serve import decode
+    res = Result(kind="decode", env={"emulation": info}, rows=[], settings={"decode": {
+        "model": "tiny", "dtype": "bfloat16", "device": "cuda", "prompt": 8, "output": 4, "graphs": True, "iters": 1}})
+    assert f"# {banner}" in decode.render(res).splitlines()

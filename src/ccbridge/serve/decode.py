@@ -563,8 +563,8 @@ def render(res) -> str:
             f"{s['prompt']}, output {s['output']}, {'CUDA graphs' if s['graphs'] else 'eager'}, {s['iters']} timed runs")
     if s.get("host_prep_us"):
         head += f", {s['host_prep_us']:g} us of host preparation per step (modelled engine work)"
-    if res.emulated:
-        head += f"\n# {env.emulated_banner(res.env['emulation'])}"
+    if banner := env.emulated_banner(res.env.get("emulation", {})):  # EMULATED, or a projected CC-off run
+        head += f"\n# {banner}"
     lines = [head, f"{'batch':>6} {'mode':<7} {TIMING_HEADER}  tokens"]
     for r, timing in timing_columns(res, ("batch", "mode")):
         lines.append(f"{r.params['batch']:>6} {r.params['mode']:<7} {timing}  {tokens_word(r.extra)}")

@@ -376,8 +376,8 @@ def render(res) -> str:
              f"# logits: first-step logits vs the smallest degree's, within {s['logits_tolerance']:g} of the largest"]
     if s.get("host_prep_us"):
         lines.append(f"# {s['host_prep_us']:g} us of host preparation per step (modelled engine work)")
-    if res.emulated:
-        lines.append(f"# {env.emulated_banner(res.env['emulation'])}")
+    if banner := env.emulated_banner(res.env.get("emulation", {})):  # EMULATED, or a projected CC-off run
+        lines.append(f"# {banner}")
     first = min(s["degrees"])
     lines.append(f"{'tp':>3} {'batch':>6} {'mode':<7} {decode.TIMING_HEADER} {'roof':>5} {'pred ms':>8} "
                  f"{f'x TP={first}':>7}  tokens; logits")
