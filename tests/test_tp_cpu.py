@@ -140,10 +140,45 @@ def test_tokens_agree_within_a_degree_and_logits_across_degrees(tp_result):
 
 def test_tensor_parallel_logits_beyond_the_tolerance_are_an_error_not_silence():
     a = torch.tensor([[1.0, 2.0, 3.0]])
-    got = tp._compare_degrees({(1, 4): a, (2, 4): a + torch.tensor([[0.0, 0.0, 0.1]])}, torch.float32)
+    got = tp._compare_degrees({(1, 4): a, (2, 4): a + torch.tensor([[0.0, 0.0, 0.1]])}, tp.LOGITS_TOL_F32)
     assert got[(1, 4)]["logits_within"] and not got[(2, 4)]["logits_within"]
     assert got[(2, 4)]["logits_rel_diff"] == pytest.approx(0.1 / 3)
     assert tp._first_parting([[1, 2], [3, 4]], [[1, 2], [3, 5]]) == "sequence 1, token 1"
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("layers", [2, 12])
+def test_bf16_degrees_drift_within_the_tolerance_and_a_sharding_error_does_not(layers):
+    """In bf16 another degree sums in another order at every layer: its logits drift (never exactly equal) within
+    logits_tol; a rank whose partial sum goes missing in one all-reduce is far beyond it."""
+    spec = dict(decode.PRESETS["tiny"], num_hidden_layers=layers, num_key_value_heads=4)
+    ids = decode.prompts(spec["vocab_size"], 8, PROMPT)
+    tol = tp.logits_tol(torch.bfloat16, layers)
+    assert tol == pytest.approx(4 * 2 ** -8 * layers ** 0.5)
+
+    def last(model):
+        return model(input_ids=ids).logits[:, -1].float()
+
+    ref = last(engine.build(spec, 0, 1, "cpu", torch.bfloat16, seed=3))
+    drift = []
+    for n in (2, 4):
+        got = _in_step(n, lambda r, ar: last(engine.build(spec, r, n, "cpu", torch.bfloat16, seed=3, all_reduce=ar)))
+        drift.append(float(tp._compare_degrees({(1, 8): ref, (n, 8): got[0]}, tol)[(n, 8)]["logits_rel_diff"]))
+    assert all(0 < d <= tol for d in drift), (drift, tol)
+
+    def lossy(r, ar):  # rank 0's first all-reduce keeps its own partial: rank 1's share never arrives
+        calls = []
+
+        def reduce(t):
+            calls.append(1)
+            mine = t.clone()
+            ar(t)
+            if r == 0 and len(calls) == 1:
+                t.copy_(mine)
+        return last(engine.build(spec, r, 2, "cpu", torch.bfloat16, seed=3, all_reduce=reduce))
+
+    bad = tp._compare_degrees({(1, 8): ref, (2, 8): _in_step(2, lossy)[0]}, tol)[(2, 8)]
+    assert not bad["logits_within"] and bad["logits_rel_diff"] > 2 * tol
 
 
 def test_the_predicted_emulated_step_adds_each_toll_the_step_pays():
@@ -170,6 +205,14 @@ def test_the_result_file_and_table(tp_result):
     assert all(any(w.startswith("same") for w in line) for line in lines[1:])
     assert "gloo" in table and "4 all-reduces per step (none at TP=1)" in table
     assert {r.metric for r in res.rows} >= {"tok_per_s", "step_ms", "token_gap_ms", "collective_ms"}
+    # every verdict stays in its row at 120 columns; where tokens parted and the near ties go under the table
+    row = next(r for r in back.rows if r.metric == "tok_per_s" and r.params["tp"] == 2)
+    row.extra.update(ranks_agree=False, near_ties=12, logits_rel_diff=0.123, logits_within=False,
+                     first_parting="sequence 10, token 4")
+    table = tp.render(back)
+    assert all(len(line) <= 120 for line in table.splitlines()), table
+    assert any(line.endswith("RANKS DIFFER; 1.2e-01 BEYOND") for line in table.splitlines()), table
+    assert "tokens part from tp 1's at sequence 10, token 4" in table and "at 12 near ties" in table
 
 
 # Rank targets: module level, so that the spawned ranks can import them.
