@@ -58,6 +58,11 @@ def test_the_interposer_writes_that_schema_record_only_or_emulated(lib, tmp_path
     assert s.total("launch") == 1 and s.total("sync") == 1 and s.total("crossing") == 3
     assert s.by_api[("cuMemcpyHtoDAsync_v2", "h2d", "pinned")]["bytes"] == 4096
     assert s.by_api[("cuMemcpyDtoHAsync_v2", "d2h", "pageable")]["count"] == 1
+    if emulate:  # files beside a trace that are not <prefix>.<pid>.csv (a copy, a longer prefix) are not its own
+        (tmp_path / "t.copy.csv").write_text(csv.read_text())
+        (tmp_path / f"t.b300.{os.getpid()}.csv").write_text(csv.read_text())
+        again = trace.summarize(str(tmp_path / "t"))
+        assert len(again.procs) == 1 and again.procs[0].pid == os.getpid() and again.total("crossing") == 3
     assert s.by_api[("cuMemcpy", "d2h", "pageable")]["bytes"] == 100
     assert s.by_api[("cuLaunchKernel", "-", "-")]["kind"] == "launch"
     assert s.by_api[("cuStreamSynchronize", "-", "-")]["kind"] == "sync"

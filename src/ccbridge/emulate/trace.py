@@ -262,7 +262,7 @@ def _fold(s: TraceSummary, lines, site_of, keep=lambda t0, t1: True) -> None:
         s.last_ns = last if s.last_ns is None else max(s.last_ns, last)
 
 
-def _process(path: str, s: TraceSummary, meta: dict) -> ProcessTrace:
+def _process(path: str, pid: int, s: TraceSummary, meta: dict) -> ProcessTrace:
     """One trace file: folded into s (the whole trace) and on its own over its window."""
     site_of = sites.for_trace(path)
     lines = list(_rows(path, s))
@@ -271,7 +271,6 @@ def _process(path: str, s: TraceSummary, meta: dict) -> ProcessTrace:
     own = TraceSummary(processes=1, profiles=set(s.profiles), emulated=s.emulated)
     _fold(own, lines, site_of, (lambda t0, t1: any(a <= t0 and t1 <= b for a, b in spans)) if spans else
           (lambda t0, t1: True))
-    pid = int(path.rsplit(".", 2)[-2])
     rank = meta.get(pid, {}).get("rank", -1)
     return ProcessTrace(pid, rank if isinstance(rank, int) and rank >= 0 else None,
                         int(meta.get(pid, {}).get("ranks", 0) or 0), kind,
@@ -307,7 +306,7 @@ def summarize(prefix: str) -> TraceSummary:
                               f"({re.sub(r'[.][0-9]+[.].*$', '', prefix)})")
     s = TraceSummary()
     meta = {}  # pid -> the summary's rank and ranks
-    for path in sorted(glob.glob(f"{glob.escape(prefix)}.*.summary.json")):
+    for _, path in _files(prefix, "summary.json"):
         d = _summary_doc(path)
         for k, v in d["calls"].items():
             s.calls[k] += v
@@ -317,9 +316,20 @@ def summarize(prefix: str) -> TraceSummary:
                 agg[name] += v.get(name, 0)
         meta[d["pid"]] = {"rank": d.get("rank", -1), "ranks": d.get("ranks", 0)}
         s.processes += 1
-    for path in sorted(glob.glob(f"{glob.escape(prefix)}.*.csv")):
-        s.procs.append(_process(path, s, meta))
+    for pid, path in _files(prefix, "csv"):
+        s.procs.append(_process(path, pid, s, meta))
     return s
+
+
+def _files(prefix: str, suffix: str) -> list[tuple[int, str]]:
+    """(pid, path) of each <prefix>.<pid>.<suffix>, by pid; other names beside them (a copy, another prefix that
+    starts with this one) are not this trace's."""
+    found = []
+    for path in glob.glob(f"{glob.escape(prefix)}.*.{suffix}"):
+        m = re.fullmatch(rf"\.(\d+)\.{re.escape(suffix)}", path[len(prefix):])
+        if m:
+            found.append((int(m.group(1)), path))
+    return sorted(found)
 
 
 def render(s: TraceSummary) -> str:
