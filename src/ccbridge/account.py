@@ -282,6 +282,8 @@ class RankAccount:
     base_ms: float
     other_ms: float
     lines: list[Line]
+    world: int = 0  # the job's ranks (0: not known)
+    name: str = ""  # as printed: the rank, "rank/world" where the trace holds jobs of several sizes, "all"
 
     @property
     def slowdown_ms(self) -> float:
@@ -290,7 +292,7 @@ class RankAccount:
 
     @property
     def measurable(self) -> bool:
-        return self.slowdown_ms > max(NOISE * self.base_ms, NOISE_MS)
+        return measurable(self.slowdown_ms / 1e3, self.base_ms / 1e3)
 
     def by_kind(self) -> dict[str, float]:
         """ms of the slowdown each kind of call explains (net: growth less shrinkage), 'other' for the rest."""
@@ -311,18 +313,22 @@ def multi_process(base: TraceSummary, other: TraceSummary) -> bool:
 
 def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount], list[str]]:
     """Each rank of both traces compared over its own window; notes on what could not be paired."""
-    b = {p.rank: p for p in base.procs if p.rank is not None}
-    o = {p.rank: p for p in other.procs if p.rank is not None}
-    notes = [f"rank {r} is only in the {'BASE' if r in b else 'OTHER'} trace: not compared"
-             for r in sorted(set(b) ^ set(o))]
+    # keyed by (the job's size, rank): a run that starts jobs one after another (bench decode --tp 2 4) has a
+    # rank 0 in each, and each is compared with its own twin
+    b = {(p.ranks, p.rank): p for p in base.procs if p.rank is not None}
+    o = {(p.ranks, p.rank): p for p in other.procs if p.rank is not None}
+    several = len({w for w, _ in set(b) | set(o)}) > 1
+    name = {k: f"{k[1]}/{k[0]}" if several else str(k[1]) for k in set(b) | set(o)}
+    notes = [f"rank {name[k]} is only in the {'BASE' if k in b else 'OTHER'} trace: not compared"
+             for k in sorted(set(b) ^ set(o))]
     out = []
-    for r in sorted(set(b) & set(o)):
-        pb, po = b[r], o[r]
+    for k in sorted(set(b) & set(o)):
+        pb, po = b[k], o[k]
         if not (pb.window and po.window):
-            notes.append(f"rank {r}: no steady-state window (no marks, no collectives) in "
+            notes.append(f"rank {name[k]}: no steady-state window (no marks, no collectives) in "
                          f"{'BASE' if not pb.window else 'OTHER'}: not compared")
             continue
-        acc = RankAccount(r, po.window, pb.window_ns / 1e6, po.window_ns / 1e6, [])
+        acc = RankAccount(k[1], po.window, pb.window_ns / 1e6, po.window_ns / 1e6, [], world=k[0], name=name[k])
         acc.lines = _lines(pb.summary.by_api, po.summary.by_api, acc.slowdown_ms / 1e3 if acc.measurable else 0.0)
         out.append(acc)
     return out, notes
@@ -333,19 +339,19 @@ def overall(base: TraceSummary, other: TraceSummary, ranks: list[RankAccount]) -
     summed slowdown."""
     if not ranks:
         return None
-    want = {a.rank for a in ranks}
+    want = {(a.world, a.rank) for a in ranks}
     tables = []
     for t in (base, other):
         merged: dict = {}
         for p in t.procs:
-            if p.rank in want:
+            if (p.ranks, p.rank) in want:
                 for key, agg in p.summary.by_api.items():
                     into = merged.setdefault(key, dict(agg, **{k: 0 for k, v in agg.items() if k != "kind"}))
                     for k, v in agg.items():
                         if k != "kind":
                             into[k] += v
         tables.append(merged)
-    acc = RankAccount(-1, "sum", sum(a.base_ms for a in ranks), sum(a.other_ms for a in ranks), [])
+    acc = RankAccount(-1, "sum", sum(a.base_ms for a in ranks), sum(a.other_ms for a in ranks), [], name="all")
     acc.lines = _lines(*tables, acc.slowdown_ms / 1e3 if acc.measurable else 0.0)
     return acc
 
@@ -365,7 +371,7 @@ def rank_rows(ranks: list[RankAccount]) -> list[Row]:
     rows per rank and API; every number the rank table prints, with its row key."""
     out = []
     for a in ranks:
-        p = dict(rank=a.rank if a.rank >= 0 else "all")
+        p = dict(rank=a.rank if a.rank >= 0 else "all", **({"world": a.world} if a.rank >= 0 else {}))
         out += [Row.of("account.rank", "window_base", "ms", [a.base_ms], **p),
                 Row.of("account.rank", "window_other", "ms", [a.other_ms], **p),
                 Row.of("account.rank", "slowdown", "ms", [a.slowdown_ms], **p)]
@@ -386,7 +392,7 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
     collectives behind the largest share."""
     out = ["per rank, each on its steady-state window (marks, else first to last collective); shares of its "
            "measured slowdown",
-           f"{'rank':>4} {'window':<11} {'base ms':>10} {'other ms':>10} {'slowdown':>10} {'explained':>9} "
+           f"{'rank':>5} {'window':<11} {'base ms':>10} {'other ms':>10} {'slowdown':>10} {'explained':>9} "
            f"{'collect.':>8} {'launch':>7} {'crossing':>8} {'sync':>7} {'other':>7}"]
     for a in ranks:
         k = a.by_kind()
@@ -398,18 +404,17 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
                     f"{pct(k['crossing']):>8} {pct(k['sync'])} {pct(k['other'])}")
         else:
             tail = "  no measurable slowdown: no shares"
-        name = "all" if a.rank < 0 else a.rank
-        out.append(f"{name:>4} {a.window:<11} {a.base_ms:>10.2f} {a.other_ms:>10.2f} {a.slowdown_ms:>+10.2f} {tail}")
+        out.append(f"{a.name:>5} {a.window:<11} {a.base_ms:>10.2f} {a.other_ms:>10.2f} {a.slowdown_ms:>+10.2f} {tail}")
     ranks = [a for a in ranks if a.rank >= 0]
     s = straggler(ranks)
     if s and len(ranks) > 1:
-        out.append(f"straggler: rank {s.rank} ({s.other_ms:.2f} ms emulated; the others wait for it at each "
+        out.append(f"straggler: rank {s.name} ({s.other_ms:.2f} ms emulated; the others wait for it at each "
                    "collective)")
     for a in ranks:
         col = [x for x in a.lines if x.kind == "collective" and x.calls[1]]
         if col and a.measurable:
             x = max(col, key=lambda y: y.delta_ms)
-            out += _wrap([f"rank {a.rank}: {x.api} {x.calls[1]} operations ({x.replays} replayed from CUDA graphs), "
+            out += _wrap([f"rank {a.name}: {x.api} {x.calls[1]} operations ({x.replays} replayed from CUDA graphs), "
                           f"{x.what}, GPU time {x.device_ms[0]:.2f} -> {x.device_ms[1]:.2f} ms, charged "
                           f"{x.delta_ms:+.2f} ms ({x.delta_ms / a.slowdown_ms:.0%}); {recovery_name(x.recovery)}"])
     if mgpu_factor and mgpu_factor != 1:

@@ -155,7 +155,7 @@ def _account_ranks(args, base, other, prefixes, where, prof, out: Path) -> int:
                                                                     if k != "driver calls"))
     if args.why:
         for a in every:
-            print(f"rank {a.rank if a.rank >= 0 else 'all'}:\n" + account.render_why(a.lines))
+            print(f"rank {a.name}:\n" + account.render_why(a.lines))
     print(wrote(*paths), file=sys.stderr)
     return _then_projected(args, out)
 
