@@ -191,6 +191,9 @@ def test_the_predicted_emulated_step_adds_each_toll_the_step_pays():
     assert tolls["readback"] == pytest.approx(23.0)
     assert pred == pytest.approx(10.0 + sum(tolls.values()) / 1e3)
     assert tp.predicted_ms(params, 4, 1, 8192, 160, {}, False, 10.0) == (None, {})  # eager: launches not counted
+    capped = tp.predicted_ms(dict(params, nccl_toll_max_bytes="8192"), 4, 1, 8192, 160, {}, True, 10.0)[1]
+    assert capped["collectives"] == pytest.approx(160 * wire / 300e3 * (1 / 0.89 - 1))  # 16 KiB ops: above the cap
+    assert tp.predicted_ms(dict(params, dilation="2.39"), 4, 1, 8192, 160, {}, True, 10.0) == (None, {})
 
 
 def test_the_result_file_and_table(tp_result):

@@ -42,7 +42,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ccbridge import env, gputimer, ranks
+from ccbridge import busbw, env, gputimer, ranks
 from ccbridge.emulate import interposer
 from ccbridge.emulate import trace as emu_trace
 from ccbridge.errors import GpuError, UsageError
@@ -233,18 +233,22 @@ def check_fits(model: str, degrees: list[int], dev) -> None:
 
 
 def predicted_ms(params: dict, n: int, batch: int, hidden: int, collectives: int, per_step: dict, graphs: bool,
-                 native_ms: float) -> tuple[float | None, dict]:
+                 native_ms: float, itemsize: int = 2) -> tuple[float | None, dict]:
     """The emulated step the toll model predicts from the native one (ms) and each toll in it (us), from the
     profile's parameters as the run's env stamp holds them (env.emulation.params, strings): every collective's
-    per-op toll and bandwidth term (wire bytes 2(n-1)/n x the step's hidden state, at this machine's measured
-    GPU-GPU rate, x (1/kept - 1)), the step's launch (one graph; eager launches are not counted: None), each
-    input crossing's toll and the readback's toll and round trip."""
-    if not graphs or not params:
-        return None, {}
+    per-op toll (none above nccl_toll_max_bytes) and bandwidth term (busbw's wire bytes of the step's hidden state,
+    at this machine's measured GPU-GPU rate, x (1/kept - 1)), the step's launch (one graph; eager launches are not
+    counted: None), each input crossing's toll and the readback's toll and round trip. A projected run (dilation):
+    None, its step is in dilated time."""
     f = lambda key, default=0.0: float(params.get(key, default))  # noqa: E731
-    wire = 2 * (n - 1) / n * batch * hidden * 2 if n > 1 else 0
+    if not graphs or not params or f("dilation", 1) != 1:  # projected: the step is in dilated time, not modelled
+        return None, {}
+    size = batch * hidden * itemsize  # one all-reduce of the step's hidden state
+    wire = busbw.factor("all_reduce", n) * size if n > 1 else 0
     link = f("native_nvlink_gbps")
-    per_op = f("nccl_toll_us") + (wire / (link * 1e3) * (1 / f("nvlink_kept", 1) - 1) if link > 0 else 0.0)
+    capped = f("nccl_toll_max_bytes") and size > f("nccl_toll_max_bytes")  # the interposer's toll_ns()
+    per_op = (0.0 if capped else f("nccl_toll_us")) + (
+        wire / (link * 1e3) * (1 / f("nvlink_kept", 1) - 1) if link > 0 else 0.0)
     tolls = {"collectives": collectives * per_op,
              "launch": f("launch_toll_us") * (f("mgpu_launch_factor", 1) if n > 1 or f("multi_gpu") else 1),
              "inputs": (per_step.get("h2d", 0) + per_step.get("staged", 0)) * f("h2d_toll_us"),
