@@ -41,3 +41,17 @@ def test_a_probe_run_records_its_timer(monkeypatch):
     monkeypatch.delenv(gputimer.ENV_VAR, raising=False)
     res = registry.run(registry.Settings(tests="hostcrypto", quick=True, timer="globaltimer"), env.stamp())
     assert res.settings["timer"] == "globaltimer"
+
+
+def test_the_device_copy_rate_counts_read_and_write_of_a_byte_exact_copy(monkeypatch):
+    torch = pytest.importorskip("torch")
+    timed = []
+
+    def fake_time_ms(torch_, fn, reps, inner=1, backend=None):
+        fn()
+        timed.append((reps, inner))
+        return [1.0, 2.0][:reps]
+
+    monkeypatch.setattr(gputimer, "time_ms", fake_time_ms)
+    got = gputimer.device_copy_gbps(torch, "cpu", 2, inner=3, nbytes=1000, generator=torch.Generator().manual_seed(1))
+    assert got == pytest.approx([2e-3, 1e-3]) and timed == [(2, 3)]  # 2 x 1000 B in 1 ms and in 2 ms

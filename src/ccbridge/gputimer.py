@@ -100,6 +100,17 @@ def time_ms(torch, fn, reps: int, inner: int = 1, backend: str | None = None) ->
     return [max(ns - own, 0.0) / 1e6 / inner for ns in st.intervals_ns(reps)]
 
 
+def device_copy_gbps(torch, dev, reps: int, inner: int = 1, nbytes: int = 1 << 30, generator=None) -> list[float]:
+    """This GPU's device-to-device copy rate (GB/s per sample), read plus write: every byte crosses device memory
+    twice, so it is the HBM roofline's rate. The copy is checked byte-exact first."""
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=dev, generator=generator)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    if not torch.equal(dst, src):
+        raise RuntimeError("device copy is not byte-exact")
+    return [2 * nbytes / (ms * 1e-3) / 1e9 for ms in time_ms(torch, lambda: dst.copy_(src), reps, inner)]
+
+
 class Intervals:
     """Many GPU intervals on one stream, read at the end (decode's GPU busy: a mark before and after each step):
     begin()/end() queue a mark; total_ms() reads them all back."""

@@ -6,7 +6,7 @@ package. They are the control group for every crossing-taxed figure.
 
 from __future__ import annotations
 
-from ccbridge.gputimer import time_ms as gpu_time_ms
+from ccbridge.gputimer import device_copy_gbps, time_ms as gpu_time_ms
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
 
@@ -59,14 +59,8 @@ def parity(ctx):
 
     ctx.step("device-to-device copy 1 GiB")
     nbytes = 1 << 30
-    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=dev, generator=g)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    if not torch.equal(dst, src):
-        raise RuntimeError("device copy is not byte-exact")
-    ms = gpu_time_ms(torch, lambda: dst.copy_(src), reps=ctx.pick(10, 5), inner=3)
-    # read + write: every byte crosses device memory twice
-    row = Row.of("compute.parity", "device_copy", "GB/s", [2 * nbytes / (t * 1e-3) / 1e9 for t in ms], bytes=nbytes)
+    row = Row.of("compute.parity", "device_copy", "GB/s",
+                 device_copy_gbps(torch, dev, ctx.pick(10, 5), inner=3, nbytes=nbytes, generator=g), bytes=nbytes)
     row.extra["headline"] = True
     rows.append(row)
     return rows

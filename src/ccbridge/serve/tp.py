@@ -121,19 +121,6 @@ def _agree(runs: list, dev) -> int:
     return int(total)
 
 
-def _copy_gbps(dev) -> float | None:
-    """This GPU's device-to-device copy rate, read plus write bytes per second (as the probe's compute family
-    measures it): the HBM roofline's rate. None on the CPU."""
-    if dev.type != "cuda":
-        return None
-    src = torch.randint(0, 255, (1 << 30,), dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    ms = sorted(gputimer.time_ms(torch, lambda: dst.copy_(src), 5))[2]
-    del src, dst
-    return 2 * (1 << 30) / (ms / 1e3) / 1e9
-
-
 def _collectives_ms(m, batch: int, dev) -> float:
     """GPU time of one step's all-reduces alone (2 per layer, each of the step's (batch, 1, hidden) bf16), captured
     in a CUDA graph and replayed, natively (emulation paused); 0 at world size 1 or on the CPU."""
@@ -174,7 +161,8 @@ def _bench_rank(rank: int, n: int, dev, send, job: dict) -> None:
         say(("log", f"tp {n}: building {model}'s shards (random weights, seed {job['seed']}), rank 0 on {dev}"))
         m = engine.build(spec, rank, n, dev, decode.dtype_for(dev), job["seed"], dist.all_reduce if n > 1 else None)
         emulating = interposer.emulating()
-        copy = _copy_gbps(dev)
+        # the roofline's rate (the probe's device copy), on rank 0 alone: the others' rows are not sent
+        copy = sorted(gputimer.device_copy_gbps(torch, dev, 5))[2] if rank == 0 and dev.type == "cuda" else None
         with decode.deterministic_attention():
             for b in job["batches"]:
                 ids = decode.prompts(spec["vocab_size"], b, prompt, job["seed"])
