@@ -57,7 +57,7 @@ def cmd_account(args) -> int:
     if args.project and not prof:
         raise UsageError("--project goes with --profile NAME -- CMD (it runs CMD again as the target would)")
     if args.project and proj is None:
-        projection(args)  # refused now, before the first run, where it cannot be made
+        args.target = projection(args)  # made (or refused) now, before the first run; the second pass runs as it
     if prof:
         runs = [(profiles.load("passthrough"), str(out / "native")), (prof, str(out / "emulated"))]
         for p, prefix in runs:  # both, before the first starts (an old trace at either refuses the run)
@@ -81,21 +81,15 @@ def cmd_account(args) -> int:
         base, other = _summaries(prefixes, rest, emulated=False)
     walls = [(r[1] - r[0]) / 1e9 if r else None for r in runs_at]
     where = account.phases(base, other, *runs_at)
+    emulated_as, settings = _settings(args, base, other, prefixes, rest, proj)
     if account.multi_process(base, other):
-        return _account_ranks(args, base, other, prefixes, where, prof, out)
+        return _account_ranks(args, base, other, where, prof, out, emulated_as, settings)
     of = account.share_base(account.wall_slowdown(base, other, *walls), where)
     base_s = (base.last_ns - base.first_ns) / 1e9 if where else (walls[0] or base.span_ns / 1e9)
     shares = account.measurable(of, base_s)  # a slowdown within noise (or none) gets no shares
     lines, wall = account.attribute(base, other, *walls, share_of_s=of if shares else 0.0)
     at_sites = account.attribute_sites(base, other, of if shares else 0.0)
-    # two traces given: what their own headers say they ran under is what the rows are made of; either emulated
-    # makes every figure an emulated one (a BASE emulated and OTHER not is also noted below)
-    emulated_as = args.profile or (", ".join(sorted((base.profiles | other.profiles) - {"passthrough"}))
-                                   if base.emulated or other.emulated else None)
-    res = Result(kind="account", env=env.stamp(),
-                 settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
-                           "overrides": args.overrides, "command": rest if args.profile else None,
-                           "projection": proj.as_dict() if proj else None},
+    res = Result(kind="account", env=env.stamp(), settings=settings,
                  rows=account.rows(lines, wall, at_sites, where, spans=not args.profile))
     paths = write_reports(res, out)
     print(account.render(lines, wall, where=where, emulated=emulated_as, shares=shares))
@@ -117,11 +111,22 @@ def cmd_account(args) -> int:
     return _then_projected(args, out)
 
 
+def _settings(args, base, other, prefixes: list[str], rest: list[str], proj) -> tuple[str | None, dict]:
+    """What the account ran under (None: native) and its Result's settings. Two traces given: what their own
+    headers say they ran under is what the rows are made of; either emulated makes every figure an emulated one
+    (a BASE emulated and OTHER not is also noted)."""
+    emulated_as = args.profile or (", ".join(sorted((base.profiles | other.profiles) - {"passthrough"}))
+                                   if base.emulated or other.emulated else None)
+    return emulated_as, {"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
+                         "overrides": args.overrides, "command": rest if args.profile else None,
+                         "projection": proj.as_dict() if proj else None}
+
+
 def _then_projected(args, out: Path) -> int:
     """With --project: the same account again, both runs in dilated time as the target GPU (out/projected)."""
     if not args.project or getattr(args, "projected", None) is not None:
         return 0
-    proj = projection(args)
+    proj = args.target
     print(f"\n{proj.describe()}: the same account as the target would pay it; times are dilated (divide by "
           f"{proj.r:.3g}), shares read directly")
     again = argparse.Namespace(**vars(args))
@@ -129,21 +134,15 @@ def _then_projected(args, out: Path) -> int:
     return cmd_account(again)
 
 
-def _account_ranks(args, base, other, prefixes, where, prof, out: Path) -> int:
+def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str | None, settings: dict) -> int:
     """A job of several ranks: each rank on its own steady-state window, then all of them summed; the start-up
     and teardown phases apart, never in the shares."""
-    prof_proj = getattr(args, "projected", None)
     ranks, notes = account.per_rank(base, other)
     if not ranks:
         raise UsageError("no rank of the job could be compared" + (f": {notes[0]}" if notes else ""))
     every = ranks + [account.overall(base, other, ranks)]
-    emulated_as = args.profile or (", ".join(sorted((base.profiles | other.profiles) - {"passthrough"}))
-                                   if base.emulated or other.emulated else None)
     rows = account.rank_rows(every) + [Row.of("account.phase", "slowdown", "s", [v], phase=k) for k, v in where.items()]
-    res = Result(kind="account", env=env.stamp(), settings={"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
-                                             "overrides": args.overrides, "ranks": [a.rank for a in ranks],
-                                             "command": list(args.args) if args.profile else None,
-                                             "projection": prof_proj.as_dict() if prof_proj else None}, rows=rows)
+    res = Result(kind="account", env=env.stamp(), settings=dict(settings, ranks=[a.rank for a in ranks]), rows=rows)
     paths = write_reports(res, out)
     if emulated_as:
         print(f"EMULATED: OTHER ran under the emulator (profile {emulated_as}); no figure below is a CC hardware "
