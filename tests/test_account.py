@@ -161,6 +161,34 @@ def test_account_of_a_command_gives_shares_of_the_driver_call_span(tmp_path, mon
     assert "start-up -2000.0 ms" in md and "the shares below are of the driver-call span's slowdown (+137.0 ms)" in md
 
 
+def test_account_with_project_runs_again_projected_into_its_own_folder(tmp_path, monkeypatch, capsys):
+    """`account --profile b300 --project b300 -- CMD`: the account on this GPU, then the same two runs in
+    dilated time (out/projected), the projection made once, before the first run."""
+    from ccbridge import cli
+    from ccbridge.cli import emulation
+    from ccbridge.emulate import launcher
+
+    made, runs = [], []
+    real = emulation.projection
+    monkeypatch.setattr(emulation, "projection", lambda args: made.append(1) or real(args))
+
+    def run_timed(profile, cmd, trace=None, sites=False, projection=None, **kw):
+        emulated = profile.name != "passthrough"
+        runs.append(projection.r if projection else None)
+        decode_loop(Path(trace), d2h_us=1400 if emulated else 30, launch_us=5, profile=profile.name,
+                    emulate=int(emulated))
+        return 0, (0, max(int(l.split(",")[1]) for l in Path(f"{trace}.1.csv").read_text().splitlines()[2:]) + 1000)
+
+    monkeypatch.setattr(launcher, "run_timed", run_timed)
+    monkeypatch.setattr(launcher, "check", lambda *a, **k: None)
+    argv = ["account", "--profile", "b300", "--project", "b300", "--project-by", "2", "--out", str(tmp_path / "o")]
+    assert cli.main(argv + ["--", "true"]) == 0
+    assert runs == [None, None, 2.0, 2.0] and made == [1]
+    assert "same account as the target would pay it" in capsys.readouterr().out
+    first, projected = (results.load(tmp_path / "o" / d / "result.json") for d in ("", "projected"))
+    assert first.settings["projection"] is None and projected.settings["projection"]["r"] == 2.0
+    assert first.settings["command"] == projected.settings["command"] == ["true"]
+
 def tp_step_loop(prefix, sync_us, allreduce_toll_us, steps=50, emulated=False):
     """A TP decode step: 20 launches, 4 small all-reduces (64 KiB; their toll is GPU time the host does not wait
     for in the call), then one synchronize that waits for the GPU: natively 100 us, under the emulator longer by
