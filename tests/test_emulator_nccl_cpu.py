@@ -190,6 +190,28 @@ def test_bandwidth_term_is_wire_bytes_over_the_nvlink_rate_times_the_loss(lib, n
     assert time.perf_counter() - t < want / 4
 
 
+
+def test_projected_with_emulation_paused_the_link_is_dilated_but_keeps_all_its_bandwidth(lib, nccl):  # noqa: F811
+    """A bench's native twin under --project (emulation paused): the wire bytes take r times this link's time,
+    with none of the profile's bandwidth loss (nvlink_kept is CC's)."""
+    F, h = nccl
+    ranks, count, gbps, r = 4, 1 << 20, 0.1, 2.0
+    init(lib, nccl_toll_us=50000, sync_toll_us=0, native_nvlink_gbps=gbps, nvlink_kept=0.5, dilation=r)
+    c = comm(F, ranks)
+    s = lib.ccbemu_fake_stream()
+    buf = lib.ccbemu_fake_alloc(4 * count, DEVICE)
+    ctypes.memset(buf, 1, 4 * count)
+    assert lib.ccbemu_emulate_pause(1) == 1
+    try:
+        t = time.perf_counter()
+        assert h["ncclAllReduce"](buf, buf, count, INT32, SUM, c, s) == 0
+        assert lib.cuStreamSynchronize(s) == 0
+        waited = time.perf_counter() - t
+    finally:
+        lib.ccbemu_emulate_pause(0)
+    want = (r - 1) * 2 * (ranks - 1) / ranks * 4 * count / (gbps * 1e9)  # no toll, no loss: the dilation alone
+    assert want * 0.9 <= waited <= want + 0.03, (waited, want)
+
 @pytest.mark.parametrize("op,ranks,want", [
     ("ncclAllReduce", 8, 2 * 7 / 8 * 4096), ("ncclAllGather", 8, 7 * 4096), ("ncclReduceScatter", 8, 7 * 4096),
     ("ncclBroadcast", 8, 4096), ("ncclReduce", 8, 4096), ("ncclAlltoAll", 8, 7 * 4096), ("ncclGather", 8, 7 * 4096 // 8),

@@ -70,6 +70,28 @@ def test_a_crossing_paced_by_the_channel_takes_r_times_as_long(lib):  # noqa: F8
         assert r * n / 0.5e9 * 0.98 <= took < r * n / 0.5e9 + 0.02, times
 
 
+
+@pytest.mark.parametrize("cc", ["off", "paused"])
+def test_a_cc_off_readback_takes_r_times_its_native_time(lib, cc):  # noqa: F811
+    """Projected with CC off (passthrough --project), or with emulation paused (a bench's native twin), a copy
+    moves at this machine's native rate and waits (r - 1) x that more: the target's PCIe is no faster. Paused,
+    it pays nothing of the profile's (its toll or rate)."""
+    n, native_gbps, r = 4 << 20, 0.5, 2.0
+    init(lib, emulate=int(cc == "paused"), dilation=r, native_d2h_pinned_gbps=native_gbps, d2h_pinned_gbps=0.05,
+         d2h_toll_us=200000, sync_toll_us=0)
+    dev, dst = lib.ccbemu_fake_alloc(n, DEVICE), lib.ccbemu_fake_alloc(n, PINNED)
+    if cc == "paused":
+        assert lib.ccbemu_emulate_pause(1) == 1  # it was emulating
+    try:
+        t = time.perf_counter()
+        assert lib.cuMemcpyDtoH_v2(dst, dev, n) == 0
+        took = time.perf_counter() - t
+    finally:
+        if cc == "paused":
+            lib.ccbemu_emulate_pause(0)
+    want = (r - 1) * n / (native_gbps * 1e9)
+    assert want * 0.98 <= took < want + 0.02, (took, want)
+
 @pytest.mark.parametrize("bad", ["0.5", "0", "-2", "nan", "1e9"])
 def test_a_ratio_below_one_or_out_of_range_is_refused(lib, bad):  # noqa: F811
     with pytest.raises(ValueError, match="dilation"):

@@ -59,13 +59,15 @@ size_t emu_wire_bytes(int op, size_t bytes, int ranks) {
     }
 }
 
-/* The time the wire bytes take beyond this machine's own transfer: at the kept fraction of the link, and, projected,
- * in dilated time at the target's link rate (r x wire / (target x kept)) less what this GPU's transfer took. */
+/* The time the wire bytes take beyond this machine's own transfer: at the kept fraction of the link (emulating;
+ * paused or CC off, all of it), and, projected, in dilated time at the target's link rate
+ * (r x wire / (target x kept)) less what this GPU's transfer took. */
 static uint64_t bandwidth_ns(size_t wire) {
     if (!wire || cfg.native_nvlink_gbps <= 0) return 0;
     double local = (double)wire / cfg.native_nvlink_gbps;
     double target = cfg.target_nvlink_gbps > 0 ? cfg.target_nvlink_gbps : cfg.native_nvlink_gbps;
-    double want = cfg.dilation * (double)wire / (target * (cfg.nvlink_kept > 0 ? cfg.nvlink_kept : 1.0));
+    double kept = emu_on() && cfg.nvlink_kept > 0 ? cfg.nvlink_kept : 1.0;
+    double want = cfg.dilation * (double)wire / (target * kept);
     return want > local ? emu_ns(want - local) : 0;
 }
 static uint64_t toll_ns(size_t bytes) {

@@ -280,7 +280,7 @@ static CUresult pass_rec(int api, int dir, int mem, size_t bytes, CUstream st, u
         if (cfg.emulate && rc == CUDA_SUCCESS) graph_note(st, dir, mem, bytes); /* (paused or not: the graph holds it) */
         return rc;
     }
-    if (rc == CUDA_SUCCESS && !cfg.emulate) dilate_copy(dir, bytes, st, dir == DIR_D2H);
+    if (rc == CUDA_SUCCESS && !emu_on()) dilate_copy(dir, bytes, st, dir == DIR_D2H); /* CC off, or paused */
     if (t0) rec(api, REC_CROSSING, dir, mem, bytes, st, t0, t1, 0, rc);
     return rc;
 }
