@@ -393,7 +393,8 @@ def render(res) -> str:
         one = by.get((first, b, mode, "tok_per_s"))
         roof, pred = by.get((tp, b, mode, "outside_over_roofline")), by.get((tp, b, mode, "predicted_step_ms"))
         # the row's verdict fits 120 columns; what explains it goes under the table
-        word = "RANKS DIFFER" if not r.extra.get("ranks_agree", True) else decode.tokens_word(r.extra).split(" (")[0]
+        word = ("RANKS DIFFER" if not r.extra.get("ranks_agree", True) else
+                "same" if r.extra["tokens_match"] else "DIFFER")  # tokens_word's, its near ties counted below
         if n := r.extra.get("near_ties"):
             parted.append(f"# tp {tp} batch {b} {mode}: its modes' tokens part at {n} near tie{'s' if n > 1 else ''}")
         if "logits_rel_diff" in r.extra and tp != r.extra.get("logits_vs"):
