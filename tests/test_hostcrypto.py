@@ -37,3 +37,13 @@ def test_family_rows(monkeypatch):
     variants = {(r.params["variant"], r.params["op"]) for r in rows}
     assert {("default", "encrypt"), ("no-wide-vector", "encrypt"), ("no-aes-ni", "encrypt"), ("default", "decrypt")} <= variants
     assert all(r.unit == "GB/s" and r.n >= 3 for r in rows)
+
+
+def test_workers_started_ahead_measure_at_their_turn_and_leave_unasked():
+    """The family's interpreters start ahead (with the probe) and wait: each measures when asked, in the plan's order
+    or any other; those never asked leave on close() without measuring, and none is left running."""
+    w = hostcrypto.Workers([("default", "encrypt", 1), ("no-aes-ni", "encrypt", 1), ("default", "decrypt", 1)], 0.05)
+    out = w.result(2)
+    assert len(out["samples"]) >= 3 and all(s > 0 for s in out["samples"])
+    w.close()
+    assert all(p.poll() == 0 for p in w.procs)

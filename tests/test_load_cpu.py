@@ -189,11 +189,14 @@ def test_bad_arguments(ckpt):
         load_safetensors([], device="cpu")
 
 
-def test_policy_follows_the_cc_state():
+def test_policy_follows_the_cc_state(monkeypatch):
     from ccbridge.load import policy
 
     off = policy.choose(0, ("off", {})).config
     assert off.contexts == 0 and off.staging == "pinned" and 2 <= off.workers <= 16
+    for cores, readers in ((1, 2), (4, 2), (16, 14), (64, 16)):  # a core each for the copy issuer and the caller
+        monkeypatch.setattr(policy, "_cpus", lambda: cores)
+        assert policy.choose(0, ("off", {})).config.workers == readers
     b300 = {"emulate": 1, "h2d_pinned_gbps": 11.26, "h2d_pageable_gbps": 15.0, "h2d_system_gbps": 34.18}
     emu = policy.choose(0, ("emulated", b300)).config
     assert (emu.contexts, emu.workers, emu.staging) == (4, 8, "mapped")  # ceil(34.18 / 15) + 1 contexts

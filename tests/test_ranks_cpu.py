@@ -226,3 +226,34 @@ def test_a_net_bench_process_that_fails_is_one_line(clean, monkeypatch):
         netbench.loopback([1 << 16], [1], total=1 << 20, repeat=1, rtt_sizes=(), progress=lambda _: None)
     assert str(e.value).startswith(("net bench rank 0 of 2 failed: NetError: ", "net bench rank 1 of 2 failed: "))
     assert "\n" not in str(e.value)
+
+
+def _stamp(rank, n, dev, send, folder):
+    """Leaves a file when the rank runs: proof of when it ran."""
+    with open(os.path.join(folder, f"ran-{rank}"), "w") as f:
+        f.write(str(time.monotonic()))
+    dist.barrier()
+    return rank
+
+
+@pytest.mark.parametrize("how", ["open", "shut"])
+def test_gated_ranks_start_early_and_run_only_when_the_gate_opens(how, clean, tmp_path):
+    """A gate holds started ranks before they join: nothing runs until open() (then run() returns their answers as
+    ever), and shut() sends them home without joining (run() returns None for each)."""
+    import threading
+
+    gate, out = ranks.Gate(), {}
+    th = threading.Thread(target=lambda: out.setdefault("got", ranks.run(2, _stamp, str(tmp_path), label="test",
+                                                                          backend="gloo", gate=gate, timeout_s=LIMIT_S)))
+    th.start()
+    time.sleep(3)  # time enough for them to start and reach the gate
+    assert not list(tmp_path.iterdir()) and th.is_alive()
+    opened = time.monotonic()
+    gate.open() if how == "open" else gate.shut()
+    th.join(LIMIT_S)
+    gate.close()
+    if how == "open":
+        assert out["got"] == [0, 1]
+        assert all(float(p.read_text()) >= opened for p in tmp_path.iterdir()) and len(list(tmp_path.iterdir())) == 2
+    else:
+        assert out["got"] == [None, None] and not list(tmp_path.iterdir())

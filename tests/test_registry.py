@@ -52,3 +52,50 @@ def test_run_skips_with_reason_and_survives_errors(monkeypatch):
     assert res.skipped == [{"test": "fake.gpu", "reason": "no usable GPU: test"}]
     assert [e["test"] for e in res.errors] == ["fake.bad"] and "refused CUDA call" in res.errors[0]["error"]
     assert [r.test for r in res.rows] == ["fake.good"] and calls == ["quick"]
+
+
+class _Handle:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+        log.append(("started", name))
+
+    def close(self):
+        self.log.append(("closed", self.name))
+
+
+def test_ahead_handles_start_before_the_run_reach_their_tests_and_are_always_closed(monkeypatch):
+    """What a test's ahead() started is its ctx.ahead; every handle is closed when the run ends, the test's own,
+    a failed test's and a skipped test's alike; one whose start failed leaves the test to start its own; each run
+    test's seconds are in the settings."""
+    log, seen = [], {}
+
+    def ahead(name):
+        return lambda settings: _Handle(log, name)
+
+    def broken(settings):
+        raise OSError("no interpreter")
+
+    def uses(ctx):
+        seen[ctx.settings.tests] = ctx.ahead
+        log.append(("ran", ctx.ahead.name if ctx.ahead else None))
+        return [Row.of("fake.a", "m", "us", [1])]
+
+    def fails(ctx):
+        raise RuntimeError("refused")
+
+    fake = {"fake.a": registry.Test("fake.a", "uses", (), uses, ahead("a")),
+            "fake.b": registry.Test("fake.b", "fails", (), fails, ahead("b")),
+            "fake.c": registry.Test("fake.c", "skipped", ("gpu",), uses, ahead("c")),
+            "fake.d": registry.Test("fake.d", "start failed", (), uses, broken)}
+    monkeypatch.setattr(registry, "REGISTRY", fake)
+    monkeypatch.setattr(registry, "load_families", lambda: None)
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls, d: Machine(0, {"gpu": "no usable GPU: test"})))
+    settings = Settings(quick=True)
+    started = registry.prestart(settings)
+    assert log == [("started", "a"), ("started", "b"), ("started", "c")] and started["fake.d"] is None
+    res = registry.run(settings, {"emulation": {"active": False}}, started=started)
+    assert ("ran", "a") in log and ("ran", None) in log  # fake.d started its own
+    assert sorted(n for what, n in log if what == "closed") == ["a", "b", "c"]
+    assert log.index(("ran", "a")) < log.index(("closed", "a"))
+    assert set(res.settings["seconds"]) == {"fake.a", "fake.b", "fake.d"}
+    assert all(s >= 0 for s in res.settings["seconds"].values())

@@ -47,3 +47,21 @@ def test_ratio_chart_png():
     png = plots.ratio_chart([("a", 0.2, 0.18, 0.22), ("b", 1.0, 0.9, 1.1)])
     assert png.startswith(b"\x89PNG")
     assert plots.ratio_chart([]) is None
+
+
+def test_early_reports_write_what_write_reports_writes(h100, tmp_path):
+    """The renderer started with the run writes the same report.md and report.html as this process would, and if
+    it is gone, this process writes them."""
+    from ccbridge.cli.reports import EarlyReports, write_reports
+
+    res = h100
+    want = write_reports(res, tmp_path / "here")
+    got = EarlyReports().write(res, tmp_path / "early")
+    assert [p.name for p in got] == [p.name for p in want]
+    for a, b in zip(want[1:], got[1:]):
+        assert a.read_text() == b.read_text()
+    dead = EarlyReports()
+    dead.proc.kill()
+    dead.proc.wait()
+    again = dead.write(res, tmp_path / "fallback")
+    assert again[2].read_text() == want[2].read_text()

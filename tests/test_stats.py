@@ -31,3 +31,16 @@ def test_plan_iters_clamps():
     assert plan_iters(1.0, 1.0, 5, 50) == 5
     assert plan_iters(0.1, 1.0, 5, 50) == 10
     assert plan_iters(0.0, 1.0, 5, 50) == 50
+
+
+def test_settled_stops_once_samples_agree_and_repeats_noisy_ones():
+    from ccbridge.stats import settled
+
+    tight = iter([10.0, 10.05, 10.02, 99.0, 99.0])
+    assert settled(lambda: next(tight), 3, 5) == [10.0, 10.05, 10.02]
+    noisy = iter([10.0, 12.0, 10.0, 11.0, 10.5, 99.0])
+    assert settled(lambda: next(noisy), 3, 5) == [10.0, 12.0, 10.0, 11.0, 10.5]  # never past hi
+    spread = iter([10.0, 11.0, 10.9, 10.95])
+    assert settled(lambda: next(spread), 2, 4, spread=0.01) == [10.0, 11.0, 10.9, 10.95]
+    objects = iter([(1, 100.0), (2, 100.5), (3, 50.0)])
+    assert settled(lambda: next(objects), 2, 3, value=lambda o: o[1]) == [(1, 100.0), (2, 100.5)]

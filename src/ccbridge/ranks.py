@@ -86,6 +86,7 @@ class _Job:
     devices: tuple[int, ...] | None
     init_method: str | None
     group_timeout_s: float | None
+    gate: str | None = None  # a file the ranks wait for before they join (Gate)
 
 
 def _send(link: Connection, obj) -> None:
@@ -115,12 +116,55 @@ def _join(job: _Job, rank: int):
     return dev
 
 
+class Gate:
+    """Ranks started ahead of their turn (run(..., gate=Gate())): they start their interpreter and import torch,
+    then wait, touching no GPU, until open() lets them join their group and run, or shut() sends them home (run()
+    then returns None for each). A probe starts its slow-to-start ranks with its own start-up this way."""
+
+    def __init__(self):
+        self._dir = tempfile.TemporaryDirectory(prefix="ccbridge-gate-")
+        self.path = os.path.join(self._dir.name, "gate")
+
+    def _set(self, word: str) -> None:
+        if not os.path.exists(self.path):
+            tmp = self.path + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(word)
+            os.replace(tmp, self.path)  # whole or absent: a rank never reads half a word
+
+    def open(self) -> None:
+        self._set("open")
+
+    def shut(self) -> None:
+        self._set("shut")
+
+    def close(self) -> None:
+        self.shut()
+        self._dir.cleanup()
+
+
+def _wait_gate(path: str, link: Connection) -> bool:
+    """True once the gate opens, False when it was shut, its folder went away or the parent ended (the parent sends
+    nothing after the job, so a readable link is its end)."""
+    while not os.path.exists(path):
+        if not os.path.isdir(os.path.dirname(path)) or link.poll(0.002):
+            return False
+    with open(path) as f:
+        return f.read() == "open"
+
+
 def rank_main(link: Connection) -> None:
     """A started rank, after _BOOT: join the group, run the target, hand its answer (or its error, one line) to the
     parent. Not for callers: run() starts it."""
     try:
         rank = link.recv()
         job = pickle.loads(link.recv_bytes())
+        if job.gate is not None:
+            if job.backend is not None:
+                import torch.distributed  # noqa: F401 - deferred: torch, its import (seconds) done before the gate
+            if not _wait_gate(job.gate, link):
+                _send(link, ("done", None))
+                return
         dev = _join(job, rank)
         out = job.target(rank, job.n, dev, lambda obj: _send(link, ("msg", obj)), *job.args)
         if job.backend is not None:
@@ -223,7 +267,7 @@ class _Ranks:
 def run(n: int, target: Callable, *args, label: str, backend: str | None = None,
         devices: list[int] | None = None, rendezvous: str = "tcp", env: dict[str, str] | None = None,
         on_message: Callable = lambda rank, obj: None, stall_s: float | None = None, timeout_s: float | None = None,
-        failure: type[errors.CCBridgeError] = GpuError) -> list:
+        failure: type[errors.CCBridgeError] = GpuError, gate: Gate | None = None) -> list:
     """target(rank, n, dev, send, *args) on n started ranks; their return values, by rank.
 
     label names the ranks in errors ("tensor-parallel rank 1 of 2 failed: ..."). backend: "nccl" or "gloo" to join
@@ -232,7 +276,8 @@ def run(n: int, target: Callable, *args, label: str, backend: str | None = None,
     have on top of this process's environment (NVLS_OFF always on top). on_message(rank, obj) here for each
     send(obj) there. stall_s: stop the ranks when none has spoken for that long (also the group's timeout);
     timeout_s: when they have not all answered after that long. target, args and what ranks send must pickle
-    (target a module-level function)."""
+    (target a module-level function). gate: the ranks wait for it (Gate) before they join; stall_s and timeout_s
+    count from its opening."""
     if rendezvous not in RENDEZVOUS:
         raise ValueError(f"rendezvous must be one of {', '.join(RENDEZVOUS)}, not {rendezvous!r}")
     if devices is not None and len(devices) != n:
@@ -242,11 +287,14 @@ def run(n: int, target: Callable, *args, label: str, backend: str | None = None,
     with tempfile.TemporaryDirectory(prefix="ccbridge-ranks-") as tmp:
         init = (None if backend is None else f"file://{os.path.join(tmp, 'init')}" if rendezvous == "file"
                 else f"tcp://127.0.0.1:{free_port()}")
-        job = pickle.dumps(_Job(target, args, n, backend, None if devices is None else tuple(devices), init, stall_s))
+        job = pickle.dumps(_Job(target, args, n, backend, None if devices is None else tuple(devices), init, stall_s,
+                                None if gate is None else gate.path))
         try:
             ranks.start(job, {**os.environ, **(env or {}), **NVLS_OFF})
             start = heard = time.monotonic()
             while len(ranks.done) < n:
+                if gate is not None and not os.path.exists(gate.path):  # waiting for its turn: no clock yet
+                    start = heard = time.monotonic()
                 if ranks.hear(POLL_S):
                     heard = time.monotonic()
                 if ranks.failed or ranks.dead():

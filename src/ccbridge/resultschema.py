@@ -96,7 +96,7 @@ def _nested(kind: str, fields: dict) -> dict:
 
 SETTINGS = {
     "probe": record({"device": COUNT, "quick": BOOL, "tests": STRINGS, "missing": mapping(STRING),
-                     "timer": MAYBE_STRING}, closed=True),
+                     "timer": MAYBE_STRING, "seconds": mapping(NUMBER)}, closed=True),
     "decode": _nested("decode", _DECODE_SETTINGS),
     "decode_tp": _nested("decode_tp", {**_DECODE_SETTINGS, "degrees": array(POSITIVE), "backend": STRING,
                                        "all_reduces_per_step": COUNT, "replicated": STRING, "reference": STRING,

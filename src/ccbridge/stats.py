@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
 
 
 def percentile(sorted_xs: Sequence[float], q: float) -> float:
@@ -38,3 +40,21 @@ def plan_iters(pilot_s: float, budget_s: float, lo: int, hi: int) -> int:
     if pilot_s <= 0:
         return hi
     return max(lo, min(hi, int(budget_s / pilot_s)))
+
+
+SETTLED_SPREAD = 0.02  # samples whose (max - min) is within 2% of their median put it within +-1%: enough
+
+
+def settled(sample: Callable[[], T], lo: int, hi: int, value: Callable[[T], float] = float,
+            spread: float = SETTLED_SPREAD) -> list[T]:
+    """Samples of sample(): lo of them, then one more at a time, up to hi, while their values' spread (max - min)
+    is over `spread` of their median. Bandwidth samples of a DMA engine often agree to 0.5% from the start, so
+    a probe stops there instead of repeating what it already knows; noisy ones still get every repetition."""
+    out = [sample() for _ in range(lo)]
+    while len(out) < hi:
+        xs = sorted(value(s) for s in out)
+        mid = percentile(xs, 50)
+        if mid > 0 and (xs[-1] - xs[0]) <= spread * mid:
+            break
+        out.append(sample())
+    return out

@@ -11,7 +11,7 @@ from pathlib import Path
 from ccbridge import env, results, ui
 from ccbridge.bindings import core
 from ccbridge.cli.args import add_set, add_timer, apply_timer, command, integer, what_if
-from ccbridge.cli.reports import write_reports, wrote
+from ccbridge.cli.reports import EarlyReports, write_reports, wrote
 from ccbridge.emulate import calibrate, launcher, profiles
 from ccbridge.errors import GpuError, UsageError
 from ccbridge.findings import shown
@@ -39,15 +39,21 @@ def cmd_probe(args) -> int:
         return _probe_under(args, prof, out)
     console = ui.terminal(stderr=True)
     console.print(f"ccbridge probe: {len(tests)} tests, {'quick' if args.quick else 'full'} suite, device {args.device}")
-    stamp = env.stamp()
-    if stamp["emulation"]["active"]:
-        console.print(f"[bold yellow]EMULATED run (profile {env.emulation_label(stamp['emulation'])}): "
-                      "figures are not CC hardware measurements[/]")
-
     settings = registry.Settings(device=args.device, quick=args.quick, tests=args.tests, timer=apply_timer(args))
-    with ui.ProbeProgress(len(tests), console) as progress:
-        res = registry.run(settings, stamp, progress)
-    paths = write_reports(res, out)
+    # first: their start-ups (interpreters, imports) overlap the stamp's (torch's import) and the run
+    started, reports = registry.prestart(settings), EarlyReports()
+    try:
+        stamp = env.stamp()
+        if stamp["emulation"]["active"]:
+            console.print(f"[bold yellow]EMULATED run (profile {env.emulation_label(stamp['emulation'])}): "
+                          "figures are not CC hardware measurements[/]")
+        with ui.ProbeProgress(len(tests), console) as progress:
+            res = registry.run(settings, stamp, progress, started)
+        paths = reports.write(res, out)
+    finally:
+        reports.close()
+        for handle in filter(None, started.values()):
+            handle.close()
     console.print()
     for f in shown(res):
         console.print(f"- {f.text}", highlight=False)

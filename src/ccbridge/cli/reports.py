@@ -2,21 +2,77 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from ccbridge.report import html, markdown
 from ccbridge.textfit import fit
 
 
+def report_paths(out: Path) -> list[Path]:
+    return [out / "result.json", out / "report.md", out / "report.html"]
+
+
 def write_reports(res, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "result.json", out / "report.md", out / "report.html"]
+    paths = report_paths(out)
     res.save(paths[0])
+    _render(res, paths)
+    return paths
+
+
+def _render(res, paths: list[Path]) -> None:
     paths[1].write_text(markdown.render(res))
     paths[2].write_text(html.render(res))
-    return paths
+
+
+class EarlyReports:
+    """write_reports() by an interpreter started with the run: it imports the plotting library (seconds) while the
+    run works, then renders the saved result when told where it is. Should it fail, this process renders."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-m", "ccbridge.cli.reports"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def write(self, res, out: Path) -> list[Path]:
+        out.mkdir(parents=True, exist_ok=True)
+        paths = report_paths(out)
+        res.save(paths[0])
+        try:
+            _, err = self.proc.communicate(f"{paths[0]}\n", timeout=300)
+            done = self.proc.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            done = False
+        if not done:
+            self.close()
+            _render(res, paths)
+        return paths
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _main() -> int:
+    """EarlyReports' interpreter: the renderers imported, a result.json path on stdin (nothing: leave)."""
+    from ccbridge import results  # the result's own loader, checks included
+    from ccbridge.report import plots  # noqa: F401 - what takes the seconds (matplotlib), imported before the wait
+
+    plots.ready()
+    line = sys.stdin.readline().strip()
+    if not line:
+        return 0
+    path = Path(line)
+    _render(results.load(path), report_paths(path.parent))
+    return 0
 
 
 def wrote(*paths) -> str:
     """`wrote A, B, C` for stderr, within 120 columns however long the paths."""
     return fit("wrote " + ", ".join(str(p) for p in paths))
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -6,7 +6,8 @@ the page cache into pinned staging) is what needs threads, and small chunks:
 two 4 MiB staging buffers per worker stay in the CPU's caches, so only the
 page cache is read from DRAM (on a 16-core H100 host, 16 workers reached
 48-50 GB/s with 4 MiB chunks, 41 with 16 MiB; bench/RESULTS.md). The pool
-then has one thread issue every copy (load.c says why).
+then has one thread issue every copy (load.c says why), so the readers
+leave it a core, and the caller one.
 
 CC on: each context's secure channel serializes its crossings and caps them
 at a fraction of the link, so the pool takes as many contexts as it needs to
@@ -35,6 +36,9 @@ MiB = 1 << 20
 # Real CC hardware with no measurement at hand: the bridge law's 8 worker
 # contexts (RTX Pro 6000 scales to ~35 GB/s by 24; B300 tops at ~34 GB/s).
 CC_ON_CONTEXTS = 8
+# CC off, cores the readers leave to the thread that issues every copy and to the caller: on a 16-core H200 host
+# 14 and 12 readers moved 52.6 and 52.5 GB/s where 16 moved 51.9 (bench/load_sweep.py, bench/RESULTS.md)
+SPARE_CORES = 2
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def choose(device: int, situation: tuple[str, dict[str, float]] | None = None) -
     if mode == "on":
         return _cc_plan(device, CC_ON_CONTEXTS, "mapped", f"CC on (NVML): {CC_ON_CONTEXTS} contexts, "
                                                           "copies from the page-cache mapping")
-    n = max(2, min(16, _cpus()))
+    n = max(2, min(16, _cpus() - SPARE_CORES))
     return Plan(PoolConfig(device, n, 0, "pinned", 4 * MiB, 2),
                 f"CC {mode}: {n} workers on the primary context, pinned staging, direct to the tensors")
 

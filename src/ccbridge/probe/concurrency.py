@@ -14,6 +14,7 @@ from ccbridge.bindings import core
 from ccbridge.errors import GpuError
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
+from ccbridge.stats import settled
 
 MODES = ("streams", "threads", "contexts", "processes")
 ANSWER_TIMEOUT_S = 120
@@ -106,6 +107,11 @@ class ProcessPool:
                 p.join(timeout=5)
 
 
+def _streams_gbps(s, direction: str, nbytes: int, iters: int, n: int) -> float:
+    out, _ = s.copy(direction, nbytes, iters, nstreams=n)
+    return out.bytes / (out.end_ns - out.start_ns)
+
+
 @test("concurrency.scaling", "aggregate H2D/D2H GB/s with N streams, threads, contexts, processes", needs=("gpu",))
 def scaling(ctx):
     ns = ctx.pick((1, 2, 4, 8, 16), (1, 4))
@@ -126,11 +132,7 @@ def scaling(ctx):
                 ctx.step(f"streams x{n} {direction}")
                 iters = _worker_iters(total, n, nbytes) * n
                 s.copy(direction, nbytes, 2 * n, nstreams=n)
-                samples = []
-                for _ in range(reps):
-                    out, _ = s.copy(direction, nbytes, iters, nstreams=n)
-                    samples.append(out.bytes / (out.end_ns - out.start_ns))
-                record("streams", direction, n, samples)
+                record("streams", direction, n, settled(lambda: _streams_gbps(s, direction, nbytes, iters, n), 2, reps))
 
     for mode in ("threads", "contexts"):
         ctx.step(f"{mode}: opening {nmax} sessions")
@@ -142,8 +144,8 @@ def scaling(ctx):
                 for n in ns:
                     ctx.step(f"{mode} x{n} {direction}")
                     iters = _worker_iters(total, n, nbytes)
-                    record(mode, direction, n,
-                           [core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters)) for _ in range(reps)])
+                    record(mode, direction, n, settled(
+                        lambda: core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters)), 2, reps))
         finally:
             for s in sessions:
                 s.close()
@@ -154,7 +156,8 @@ def scaling(ctx):
             for n in ns:
                 ctx.step(f"processes x{n} {direction}")
                 iters = _worker_iters(total, n, nbytes)
-                record("processes", direction, n, [core.aggregate_gbps(pool.run(n, direction, iters)) for _ in range(reps)])
+                record("processes", direction, n,
+                       settled(lambda: core.aggregate_gbps(pool.run(n, direction, iters)), 2, reps))
 
     for mode in MODES:  # headline: the best N of each mode and direction
         for direction in ("h2d", "d2h"):

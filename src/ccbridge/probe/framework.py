@@ -25,7 +25,7 @@ from typing import Callable, TypeVar
 from ccbridge.emulate.interposer import emulating, emulation_paused
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
-from ccbridge.stats import plan_iters
+from ccbridge.stats import plan_iters, settled
 
 MiB = 1 << 20
 LAUNCH = "framework.launch"
@@ -71,8 +71,8 @@ def paired_us(body: Callable[[], object], finish: Callable[[], object], n: int, 
     """per_iteration_us; under an emulating interposer also the same loop with emulation paused, sample by
     sample (alternating, each after `warm` untimed iterations in its state): (samples, paused samples or None
     where nothing emulates)."""
-    if not emulating():
-        return per_iteration_us(body, finish, n, reps), None
+    if not emulating():  # reps at most: settled() stops once the samples agree
+        return settled(lambda: per_iteration_us(body, finish, n, 1)[0], min(3, reps), reps), None
     return alternating(lambda: per_iteration_us(body, finish, n, 1)[0],
                        lambda: per_iteration_us(body, finish, warm, 1), reps)
 
@@ -200,7 +200,7 @@ def copies(ctx):
                     dst.copy_(src, non_blocking=True)
 
                 pilot = per_iteration_us(one, torch.cuda.synchronize, 1, 1)[0] * 1e-6
-                k = plan_iters(pilot, ctx.pick(0.2, 0.05), 2, 200)
+                k = plan_iters(pilot, ctx.pick(0.1, 0.05), 2, 200)
                 got = paired_rows(COPY, "bandwidth", "GB/s", paired_us(one, torch.cuda.synchronize, k, reps, warm=1),
                                   lambda us: nbytes / (us * 1e-6) / 1e9, dir=direction, mem=mem, bytes=nbytes)
                 got[0].extra["headline"] = nbytes == size

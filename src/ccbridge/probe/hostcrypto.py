@@ -31,8 +31,8 @@ VARIANTS = {
 BUF_BYTES = 16 << 20
 
 
-def _measure(op: str, threads: int, seconds: float) -> list[float]:
-    """Rounds of `threads` threads each sealing (or opening) one buffer: GB/s per round."""
+def _prepare(op: str, threads: int):
+    """The buffers of `threads` threads each sealing (or opening) one buffer, and a round of them."""
     key, iv = os.urandom(32), os.urandom(12)
     plain = [os.urandom(BUF_BYTES) for _ in range(threads)]
     sealed = [libcrypto.encrypt(key, iv, p) for p in plain]
@@ -44,49 +44,109 @@ def _measure(op: str, threads: int, seconds: float) -> list[float]:
         else:
             libcrypto.decrypt_into(key, iv, sealed[i][0], sealed[i][1], outs[i])
 
-    samples, t_end = [], time.perf_counter() + seconds
     one(0)  # warm
-    while len(samples) < 3 or time.perf_counter() < t_end:
-        ths = [threading.Thread(target=one, args=(i,)) for i in range(threads)]
-        t0 = time.perf_counter()
-        for t in ths:
-            t.start()
-        for t in ths:
-            t.join()
-        samples.append(threads * BUF_BYTES / (time.perf_counter() - t0) / 1e9)
-    if op == "decrypt" and bytes(outs[0]) != plain[0]:
-        raise RuntimeError("decryption did not restore the plaintext")
-    return samples
+
+    def measure(seconds: float) -> list[float]:
+        """Rounds for `seconds` (at least 3): GB/s per round."""
+        samples, t_end = [], time.perf_counter() + seconds
+        while len(samples) < 3 or time.perf_counter() < t_end:
+            ths = [threading.Thread(target=one, args=(i,)) for i in range(threads)]
+            t0 = time.perf_counter()
+            for t in ths:
+                t.start()
+            for t in ths:
+                t.join()
+            samples.append(threads * BUF_BYTES / (time.perf_counter() - t0) / 1e9)
+        if op == "decrypt" and bytes(outs[0]) != plain[0]:
+            raise RuntimeError("decryption did not restore the plaintext")
+        return samples
+
+    return measure
+
+
+def _plan() -> list[tuple[str, str, int]]:
+    """(variant, op, threads) of each measurement, in order."""
+    cores = os.cpu_count() or 1
+    plan = [(v, "encrypt", 1) for v in VARIANTS] + [("default", "decrypt", 1)]
+    return plan + ([("default", "encrypt", cores)] if cores > 1 else [])
+
+
+class Workers:
+    """One interpreter per measurement, each with its variant's mask (OpenSSL reads it once, at start-up), started
+    ahead of the family's turn: each imports, keys and fills its buffers, then waits for its go on stdin, so the
+    measurements still run one at a time and the start-ups cost the run nothing."""
+
+    def __init__(self, plan: list[tuple[str, str, int]], seconds: float):
+        self.seconds = seconds
+        self.plan = plan
+        self.procs = [self._spawn(v, op, threads) for v, op, threads in self.plan]
+
+    def _spawn(self, variant: str, op: str, threads: int) -> subprocess.Popen:
+        env = dict(os.environ)
+        env.pop("OPENSSL_ia32cap", None)
+        if VARIANTS[variant]:
+            env["OPENSSL_ia32cap"] = VARIANTS[variant]
+        cmd = [sys.executable, "-m", "ccbridge.probe.hostcrypto", "--op", op, "--threads", str(threads),
+               "--seconds", str(self.seconds), "--gated"]
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+
+    def result(self, i: int) -> dict:
+        """Measurement i of the plan, run now."""
+        p, (variant, _, _) = self.procs[i], self.plan[i]
+        try:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        except OSError:
+            pass  # it ended early: its error is on stderr
+        out, err = p.communicate(timeout=300)
+        if p.returncode != 0:
+            raise RuntimeError(f"cipher worker ({variant}) failed: {err.strip().splitlines()[-1:]}")
+        return json.loads(out)
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    p.stdin.close()  # end of input: a waiting worker leaves without measuring
+                except OSError:
+                    pass
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
 
 
 def run_variant(variant: str, op: str, threads: int, seconds: float) -> dict:
-    """Run one measurement in a fresh interpreter with the variant's mask."""
-    env = dict(os.environ)
-    env.pop("OPENSSL_ia32cap", None)
-    if VARIANTS[variant]:
-        env["OPENSSL_ia32cap"] = VARIANTS[variant]
-    cmd = [sys.executable, "-m", "ccbridge.probe.hostcrypto", "--op", op, "--threads", str(threads), "--seconds", str(seconds)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        raise RuntimeError(f"cipher worker ({variant}) failed: {proc.stderr.strip().splitlines()[-1:]}")
-    return json.loads(proc.stdout)
+    """One measurement in a fresh interpreter with the variant's mask, now."""
+    workers = Workers([(variant, op, threads)], seconds)
+    try:
+        return workers.result(0)
+    finally:
+        workers.close()
 
 
-@test("hostcrypto.aes256gcm", "CPU AES-256-GCM GB/s (OpenSSL), default and with AES-NI / wide-vector paths masked")
+def _workers(settings) -> Workers:
+    return Workers(_plan(), settings.pick(0.6, 0.25))
+
+
+@test("hostcrypto.aes256gcm", "CPU AES-256-GCM GB/s (OpenSSL), default and with AES-NI / wide-vector paths masked",
+      ahead=_workers)
 def aes256gcm(ctx):
-    seconds = ctx.pick(0.6, 0.25)
-    cores = os.cpu_count() or 1
-    plan = [(v, "encrypt", 1) for v in VARIANTS] + [("default", "decrypt", 1)]
-    if cores > 1:
-        plan.append(("default", "encrypt", cores))
+    workers = ctx.ahead if isinstance(ctx.ahead, Workers) else _workers(ctx.settings)
     rows = []
-    for variant, op, threads in plan:
-        ctx.step(f"{variant} {op} x{threads}")
-        out = run_variant(variant, op, threads, seconds)
-        row = Row.of("hostcrypto.aes256gcm", "throughput", "GB/s", out["samples"], variant=variant, op=op, threads=threads)
-        row.extra.update(ia32cap=VARIANTS[variant], openssl=out["openssl"])
-        row.extra["headline"] = threads == 1 and op == "encrypt"
-        rows.append(row)
+    try:
+        for i, (variant, op, threads) in enumerate(workers.plan):
+            ctx.step(f"{variant} {op} x{threads}")
+            out = workers.result(i)
+            row = Row.of("hostcrypto.aes256gcm", "throughput", "GB/s", out["samples"], variant=variant, op=op,
+                         threads=threads)
+            row.extra.update(ia32cap=VARIANTS[variant], openssl=out["openssl"])
+            row.extra["headline"] = threads == 1 and op == "encrypt"
+            rows.append(row)
+    finally:
+        workers.close()
     return rows
 
 
@@ -95,8 +155,12 @@ def main(argv=None) -> int:
     ap.add_argument("--op", choices=("encrypt", "decrypt"), required=True)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=0.5)
+    ap.add_argument("--gated", action="store_true", help="prepare, then measure on a line 'go' on stdin (EOF: leave)")
     a = ap.parse_args(argv)
-    print(json.dumps({"samples": _measure(a.op, a.threads, a.seconds), "openssl": libcrypto.openssl_version()}))
+    measure = _prepare(a.op, a.threads)
+    if a.gated and sys.stdin.readline().strip() != "go":
+        return 0
+    print(json.dumps({"samples": measure(a.seconds), "openssl": libcrypto.openssl_version()}))
     return 0
 
 

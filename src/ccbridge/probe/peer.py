@@ -14,11 +14,13 @@ so an emulator's preload applies to every rank. Rank 0's times make the rows.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 import warnings
 from dataclasses import dataclass
 
-from ccbridge import busbw, ranks
+from ccbridge import busbw, gputimer, ranks
+from ccbridge.bindings import core
 from ccbridge.errors import GpuError
 from ccbridge.gputimer import time_ms as gpu_time_ms
 from ccbridge.probe.registry import test
@@ -175,12 +177,43 @@ def _rank(rank: int, world: int, dev, send, plan: Plan) -> dict:
     return _measure(torch, dist, plan, rank, world)
 
 
-def run_ranks(devices: list[int], plan: Plan, timeout_s: float = RANK_TIMEOUT_S) -> dict:
+def run_ranks(devices: list[int], plan: Plan, timeout_s: float = RANK_TIMEOUT_S, gate: ranks.Gate | None = None,
+              env: dict[str, str] | None = None) -> dict | None:
     """Run `plan` on one rank per device, started by ccbridge.ranks (rank r on devices[r], one NCCL group met
-    through a file); rank 0's measurements, or a GpuError naming the first rank that failed, died or did not
-    answer in time."""
+    through a file); rank 0's measurements (None when a gate was shut), or a GpuError naming the first rank that
+    failed, died or did not answer in time."""
     return ranks.run(len(devices), _rank, plan, label=plan.op, backend="nccl", devices=devices, rendezvous="file",
-                     timeout_s=timeout_s)[0]
+                     timeout_s=timeout_s, gate=gate, env=env)[0]
+
+
+class EarlyRanks:
+    """run_ranks() started ahead of its test's turn (ranks.Gate: the ranks start and import torch, then wait,
+    touching no GPU); result() lets them run and waits for rank 0's measurements."""
+
+    def __init__(self, devices: list[int], plan: Plan, timer: str):
+        self.devices, self.plan, self.timer, self.gate = devices, plan, timer, ranks.Gate()
+        self._out: dict = {}
+        self._thread = threading.Thread(target=self._run, daemon=True, name="ccbridge-early-ranks")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            # started before the run sets its timer in the environment: the ranks get it here
+            self._out["payload"] = run_ranks(self.devices, self.plan, gate=self.gate,
+                                             env={gputimer.ENV_VAR: self.timer})
+        except BaseException as e:  # noqa: BLE001 - handed to result()
+            self._out["error"] = e
+
+    def result(self) -> dict:
+        self.gate.open()
+        self._thread.join()
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out["payload"]
+
+    def close(self) -> None:
+        self.gate.close()  # unopened: the ranks leave without joining
+        self._thread.join(timeout=30)
 
 
 def rows(test_id: str, op: str, payload: dict, world: int, ops: int) -> list[Row]:
@@ -200,10 +233,20 @@ def rows(test_id: str, op: str, payload: dict, world: int, ops: int) -> list[Row
     return out
 
 
+def _plan(settings, op: str, small, large) -> Plan:
+    return Plan(op, tuple(small), tuple(large), ops=settings.pick(50, 20), reps=settings.pick(20, 10))
+
+
 def _collective(ctx, test_id: str, op: str, devices: list[int], small, large) -> list[Row]:
-    plan = Plan(op, tuple(small), tuple(large), ops=ctx.pick(50, 20), reps=ctx.pick(20, 10))
+    plan = _plan(ctx.settings, op, small, large)
     ctx.step(f"NCCL {op} on {len(devices)} GPU(s)")
-    return rows(test_id, op, run_ranks(devices, plan), len(devices), plan.ops)
+    early = ctx.ahead
+    if isinstance(early, EarlyRanks) and (early.devices, early.plan, early.timer) == (devices, plan,
+                                                                                      ctx.settings.timer):
+        payload = early.result()
+    else:
+        payload = run_ranks(devices, plan)
+    return rows(test_id, op, payload, len(devices), plan.ops)
 
 
 @test(ALLREDUCE, "NCCL all_reduce on all GPUs: per-op time 4 KiB-1 MiB (eager and graph), bus bandwidth from 256 MiB",
@@ -220,7 +263,14 @@ def sendrecv(ctx):
                        ctx.pick(LARGE_BYTES, LARGE_BYTES[:1]))
 
 
+def _early_one_rank(settings) -> EarlyRanks | None:
+    """The one-rank job's rank, started while the probe starts (its interpreter and torch take seconds)."""
+    if core.device_count() <= settings.device:
+        return None
+    return EarlyRanks([settings.device], _plan(settings, "all_reduce", SMALL_BYTES[:1], ()), settings.timer)
+
+
 @test(ONE_RANK, "NCCL all_reduce of 4 KiB on a one-rank communicator: per-op time, eager and graph (an emulator's "
-      "per-op charge alone)", needs=("gpu", "torch"))
+      "per-op charge alone)", needs=("gpu", "torch"), ahead=_early_one_rank)
 def allreduce_1rank(ctx):
     return _collective(ctx, ONE_RANK, "all_reduce", [ctx.device], SMALL_BYTES[:1], ())

@@ -13,6 +13,7 @@ import importlib
 import os
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -33,6 +34,7 @@ class Test:
     title: str
     needs: tuple[str, ...]
     fn: Callable[["ProbeContext"], Iterable[Row]]
+    ahead: Callable[["Settings"], Any] | None = None  # starts its slow start-up early (see prestart())
 
     @property
     def family(self) -> str:
@@ -42,8 +44,10 @@ class Test:
 REGISTRY: dict[str, Test] = {}
 
 
-def test(name: str, title: str, needs: tuple[str, ...] = ()):
-    """Register a probe test under a unique dotted name."""
+def test(name: str, title: str, needs: tuple[str, ...] = (), ahead: Callable[["Settings"], Any] | None = None):
+    """Register a probe test under a unique dotted name. ahead(settings), if given, starts what the test would
+    otherwise start at its turn (interpreters, imports) while the run starts up, touching no GPU and measuring
+    nothing; it returns a handle with close() (or None), which the test finds as ctx.ahead."""
     unknown = set(needs) - set(NEEDS)
     if unknown:
         raise ValueError(f"unknown needs {unknown}")
@@ -51,7 +55,7 @@ def test(name: str, title: str, needs: tuple[str, ...] = ()):
     def wrap(fn):
         if name in REGISTRY:
             raise ValueError(f"probe test {name} registered twice")
-        REGISTRY[name] = Test(name, title, tuple(needs), fn)
+        REGISTRY[name] = Test(name, title, tuple(needs), fn, ahead)
         return fn
 
     return wrap
@@ -133,9 +137,11 @@ class Machine:
 
 
 class ProbeContext:
-    def __init__(self, settings: Settings, machine: Machine, on_step: Callable[[str], None] | None = None):
+    def __init__(self, settings: Settings, machine: Machine, on_step: Callable[[str], None] | None = None,
+                 ahead: Any = None):
         self.settings = settings
         self.machine = machine
+        self.ahead = ahead  # what the test's ahead() started, or None
         self._on_step = on_step or (lambda msg: None)
 
     @property
@@ -157,27 +163,54 @@ def load_families() -> None:
         importlib.import_module(f"ccbridge.probe.{name}")
 
 
-def run(settings: Settings, env: dict[str, Any], progress=None) -> Result:
-    """Run the selected tests; progress is an optional ui.Progress-like object."""
+def prestart(settings: Settings) -> dict[str, Any]:
+    """The selected tests' ahead() handles by test name: call it first thing, so that their start-up overlaps the
+    run's own (torch's import, the environment stamp). run() closes them; without it, run() starts them itself."""
+    started = {}
+    for t in select(settings.tests):
+        if t.ahead is not None:
+            try:
+                started[t.name] = t.ahead(settings)
+            except Exception:  # noqa: BLE001 - nothing lost: the test starts its work itself at its turn
+                started[t.name] = None
+    return started
+
+
+def run(settings: Settings, env: dict[str, Any], progress=None, started: dict[str, Any] | None = None) -> Result:
+    """Run the selected tests; progress is an optional ui.Progress-like object, started what prestart() gave."""
+    t_start = time.perf_counter()
     tests = select(settings.tests)
-    machine = Machine.detect(settings.device)
-    result = Result(kind="probe", env=env, settings={"device": settings.device, "quick": settings.quick,
-                                                     "tests": [t.name for t in tests], "missing": machine.missing,
-                                                     "timer": settings.timer})
-    was = os.environ.get(gputimer.ENV_VAR)
-    os.environ[gputimer.ENV_VAR] = settings.timer  # every GPU-time measurement of the run, its peer ranks too
+    started = prestart(settings) if started is None else started
     try:
-        _run_tests(tests, settings, machine, result, progress)
+        machine = Machine.detect(settings.device)
+        result = Result(kind="probe", env=env, settings={"device": settings.device, "quick": settings.quick,
+                                                         "tests": [t.name for t in tests], "missing": machine.missing,
+                                                         "timer": settings.timer, "seconds": {}})
+        with _timer_env(settings.timer):
+            _run_tests(tests, settings, machine, result, progress, started)
+    finally:
+        for handle in started.values():
+            if handle is not None:
+                handle.close()
+    result.duration_s = round(time.perf_counter() - t_start, 2)
+    return result
+
+
+@contextmanager
+def _timer_env(timer: str):
+    """The run's GPU timer for every GPU-time measurement of the run, its peer ranks too."""
+    was = os.environ.get(gputimer.ENV_VAR)
+    os.environ[gputimer.ENV_VAR] = timer
+    try:
+        yield
     finally:
         if was is None:
             os.environ.pop(gputimer.ENV_VAR, None)
         else:
             os.environ[gputimer.ENV_VAR] = was
-    return result
 
 
-def _run_tests(tests, settings: Settings, machine: Machine, result: Result, progress) -> None:
-    t_start = time.perf_counter()
+def _run_tests(tests, settings: Settings, machine: Machine, result: Result, progress, started: dict) -> None:
     for t in tests:
         lacking = [machine.missing[n] for n in t.needs if n in machine.missing]
         if lacking:
@@ -187,7 +220,8 @@ def _run_tests(tests, settings: Settings, machine: Machine, result: Result, prog
             continue
         if progress:
             progress.begin(t)
-        ctx = ProbeContext(settings, machine, on_step=(lambda m, t=t: progress.step(t, m)) if progress else None)
+        ctx = ProbeContext(settings, machine, on_step=(lambda m, t=t: progress.step(t, m)) if progress else None,
+                           ahead=started.get(t.name))
         t0 = time.perf_counter()
         try:
             rows = list(t.fn(ctx))
@@ -197,6 +231,7 @@ def _run_tests(tests, settings: Settings, machine: Machine, result: Result, prog
             result.errors.append({"test": t.name, "error": f"{type(e).__name__}: {e}",
                                   "traceback": traceback.format_exc(limit=6)})
             status = f"error: {e}"
+        seconds = time.perf_counter() - t0
+        result.settings["seconds"][t.name] = round(seconds, 2)
         if progress:
-            progress.end(t, status, time.perf_counter() - t0)
-    result.duration_s = round(time.perf_counter() - t_start, 2)
+            progress.end(t, status, seconds)

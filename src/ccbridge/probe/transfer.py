@@ -15,7 +15,7 @@ from ccbridge.emulate.interposer import emulating
 from ccbridge.probe.framework import alternating, paired_rows
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
-from ccbridge.stats import plan_iters
+from ccbridge.stats import plan_iters, settled
 from ccbridge.ui import human_bytes
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -50,7 +50,7 @@ def sweep(ctx):
                     if twinned and size >= SUSTAINED_BYTES:  # each after one untimed copy in its state
                         outs, off = alternating(timed, lambda: s.copy(direction, size, 1), reps)
                     else:
-                        outs, off = [timed() for _ in range(reps)], None
+                        outs, off = settled(timed, min(3, reps), reps, lambda o: o.bytes / (o.end_ns - o.start_ns)), None
                     got = paired_rows("transfer.sweep", "bandwidth", "GB/s", (outs, off),
                                       lambda o: o.bytes / (o.end_ns - o.start_ns), **p)
                     got[0].extra["headline"] = size == max(sizes)

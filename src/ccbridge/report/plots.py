@@ -16,6 +16,14 @@ def _plt():
     return plt
 
 
+def ready() -> None:
+    """matplotlib imported and its fonts loaded (a report's first chart pays both), for a renderer started early."""
+    plt = _plt()
+    fig = plt.figure(figsize=(1, 1))
+    fig.text(0.5, 0.5, "0")
+    _png(fig)
+
+
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.tight_layout()
