@@ -27,6 +27,8 @@
 #include "emu.h"
 #include "../common/spin_ptx.h"
 
+static __thread int t_depth; /* this thread's nesting of NCCL groups */
+
 /* ---- the multi-GPU mode ---- */
 static int g_mgpu;
 int emu_mgpu(void) { return cfg.multi_gpu || __atomic_load_n(&g_mgpu, __ATOMIC_RELAXED); }
@@ -75,6 +77,10 @@ static uint64_t toll_ns(size_t bytes) {
 }
 /* what charges an operation: the emulated CC costs, or, projected without them (CC off), the link's dilated time */
 static int charging(void) { return emu_on() || cfg.dilation > 1; }
+
+/* Whether an operation needs emu_coll_begin/end at all: charged, traced (t0), or inside an open group (whose
+ * operations are held for its end). Else the hook is a passthrough: the real call, nothing else. */
+int emu_coll_looks(uint64_t t0) { return t0 || t_depth > 0 || charging(); }
 
 /* ---- the device-side wait ---- */
 static const char kSpinPtx[] = CCB_PTX_HEADER CCB_PTX_SPIN("ccbemu_spin");
@@ -191,7 +197,6 @@ static int pays(const emu_coll *c) { return c->ranks != 1 || cfg.nccl_one_rank; 
 static int queued(int rc) { return rc == 0 || rc == 7; }
 
 typedef struct { emu_coll c; uint64_t t_return; int rc; } held;
-static __thread int t_depth;
 static __thread held *t_group;
 static __thread int t_ngroup, t_cap;
 

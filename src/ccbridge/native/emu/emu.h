@@ -173,8 +173,13 @@ void emu_dilate(emu_config *c);            /* scale the costs by c->dilation (on
 int emu_dilate_enter(void);                /* a hooked call begins: stretch this thread's host work since the last */
 void emu_dilate_leave(int *unused);        /* (cleanup of the hook's scope) it returns: host work starts again */
 void emu_dilate_reset(void);               /* tests: this thread starts afresh (no host work timed yet) */
+/* Projecting or not is asked here, inline: without projection a hook pays a load and a branch, no calls. */
+static inline int emu_dilate_begin(void) { return cfg.dilation > 1 ? emu_dilate_enter() : 0; }
+static inline void emu_dilate_end(int *unused) {
+    if (cfg.dilation > 1) emu_dilate_leave(unused);
+}
 /* every hook: host work stretched on entry and timed again from its return (a GNU cleanup runs at any return) */
-#define EMU_DILATE_SCOPE __attribute__((cleanup(emu_dilate_leave), unused)) int dil_ = emu_dilate_enter()
+#define EMU_DILATE_SCOPE __attribute__((cleanup(emu_dilate_end), unused)) int dil_ = emu_dilate_begin()
 
 /* ---- clocks and pacing (pace.c) ---- */
 uint64_t emu_now(void);                 /* CLOCK_MONOTONIC ns, shared by processes */
@@ -229,6 +234,7 @@ typedef struct {
 void emu_coll_begin(emu_coll *c, int api, int op, size_t count, int dtype, void *comm, CUstream st, uint64_t t0,
                     void *real_fn);
 void emu_coll_end(emu_coll *c, int rc);  /* after the real call: its trace line, or held for the group's */
+int emu_coll_looks(uint64_t t0);         /* 0: a passthrough operation (not charged, traced or grouped) */
 /* A graph launch ran an operation the graph captured: its trace line (graph replay), charged as captured. */
 void emu_coll_replayed(const emu_coll *c, CUstream st, uint64_t t);
 void emu_graph_note_coll(const emu_coll *c); /* hooks.c: an operation captured into the graph its stream builds */

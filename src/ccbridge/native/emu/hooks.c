@@ -1333,7 +1333,7 @@ static __thread int t_in_nccl;
 /* (GNU statement expression) charge, make the real call, write or hold the trace line */
 #define NCCL_OP(n, op, count, dtype, comm, st, call)                                                             \
     ({ ncclResult_t r_;                                                                                         \
-       if (t_in_nccl) r_ = (call);                                                                              \
+       if (t_in_nccl || !emu_coll_looks(t0_)) r_ = (call);                                                      \
        else { emu_coll c_; emu_coll_begin(&c_, H_##n, op, count, dtype, comm, (CUstream)(st), t0_, (void *)real_); \
               r_ = NCCL_INNER(call); emu_coll_end(&c_, r_); }                                                   \
        r_; })
