@@ -45,3 +45,28 @@ def test_the_timers_agree_under_the_b300_emulator():
     assert p.returncode == 0, p.stderr[-2000:]
     e, g = map(float, p.stdout.split()[-2:])
     assert abs(g - e) <= 0.05 * e, (e, g)
+
+
+def test_stamps_from_many_contexts_made_and_destroyed_in_turn():
+    """A stamp from each of 70 contexts, each destroyed before the next is made (the driver may hand the same handle
+    out again): every stamp lands (no stale kernel of a destroyed context, no failure past the cache's 64)."""
+    import ctypes
+
+    from ccbridge.bindings import core
+
+    cu = ctypes.CDLL("libcuda.so.1")
+    assert cu.cuInit(0) == 0
+    dev, last = ctypes.c_int(), 0
+    assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    for i in range(70):
+        ctx, mem, out = ctypes.c_void_p(), ctypes.c_uint64(), ctypes.c_uint64()
+        assert cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
+        try:
+            assert cu.cuMemAlloc_v2(ctypes.byref(mem), 8) == 0
+            core.stamp(0, mem.value)
+            assert cu.cuCtxSynchronize() == 0
+            assert cu.cuMemcpyDtoH_v2(ctypes.byref(out), mem, 8) == 0
+            assert out.value > last, (i, out.value, last)  # %globaltimer ns: later than the previous context's
+            last = out.value
+        finally:
+            cu.cuCtxDestroy_v2(ctx)

@@ -509,11 +509,35 @@ fail:
     return ok;
 }
 
-/* The stamp kernel of each context a framework stamps from (few: one per GPU), loaded once. */
+/* The stamp kernel of each context a framework stamps from (few: one per GPU), loaded once. A full table reuses
+ * its slots in turn (a process of more than 64 live contexts reloads, never leaks a module per stamp); a context
+ * destroyed and made again under the same handle finds its stale function refused and loads anew. */
 #define MAX_STAMP_CTX 64
 static struct { CUcontext ctx; CUfunction fn; } g_stamp[MAX_STAMP_CTX];
-static int g_nstamp;
+static int g_nstamp, g_next_evict;
 static pthread_mutex_t g_stamp_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int stamp_fn(CUcontext ctx, int fresh, CUfunction *out) {
+    CUfunction fn = NULL;
+    int slot = -1;
+    pthread_mutex_lock(&g_stamp_mu);
+    for (int i = 0; i < g_nstamp && slot < 0; i++)
+        if (g_stamp[i].ctx == ctx) slot = i, fn = g_stamp[i].fn;
+    if (!fn || fresh) {
+        CUmodule mod;
+        CUresult rc = cu.ModuleLoadData(&mod, kPtx);
+        if (rc == 0) rc = cu.ModuleGetFunction(&fn, mod, "ccb_stamp");
+        if (rc != 0) {
+            pthread_mutex_unlock(&g_stamp_mu);
+            return cu_fail(rc, "loading the stamp kernel");
+        }
+        if (slot < 0) slot = g_nstamp < MAX_STAMP_CTX ? g_nstamp++ : g_next_evict++ % MAX_STAMP_CTX;
+        g_stamp[slot].ctx = ctx, g_stamp[slot].fn = fn;
+    }
+    pthread_mutex_unlock(&g_stamp_mu);
+    *out = fn;
+    return 0;
+}
 
 int ccb_stamp(void *st, unsigned long long at) {
     CUcontext ctx = NULL;
@@ -521,20 +545,14 @@ int ccb_stamp(void *st, unsigned long long at) {
     if (cu_open() != 0) return -1;
     CK(cu.CtxGetCurrent(&ctx));
     if (!ctx) { set_err("stamp: no current CUDA context on this thread"); return -1; }
-    pthread_mutex_lock(&g_stamp_mu);
-    for (int i = 0; i < g_nstamp && !fn; i++)
-        if (g_stamp[i].ctx == ctx) fn = g_stamp[i].fn;
-    if (!fn) {
-        CUmodule mod;
-        CUresult rc = cu.ModuleLoadData(&mod, kPtx);
-        if (rc == 0) rc = cu.ModuleGetFunction(&fn, mod, "ccb_stamp");
-        if (rc != 0) { pthread_mutex_unlock(&g_stamp_mu); return cu_fail(rc, "loading the stamp kernel"); }
-        if (g_nstamp < MAX_STAMP_CTX) g_stamp[g_nstamp].ctx = ctx, g_stamp[g_nstamp++].fn = fn;
-    }
-    pthread_mutex_unlock(&g_stamp_mu);
     void *p[] = {&at};
-    CK(cu.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, (CUstream)st, p, NULL));
-    return 0;
+    for (int fresh = 0; fresh < 2; fresh++) {
+        if (stamp_fn(ctx, fresh, &fn) != 0) return -1;
+        CUresult rc = cu.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, (CUstream)st, p, NULL);
+        if (rc == 0) return 0;
+        if (fresh || (rc != 400 && rc != 201 && rc != 709)) return cu_fail(rc, "launching the stamp kernel");
+        /* invalid handle or context: a stale function of a context since destroyed; load it anew, once */
+    }
 fail:
     return -1;
 }
