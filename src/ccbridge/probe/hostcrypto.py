@@ -128,7 +128,7 @@ def run_variant(variant: str, op: str, threads: int, seconds: float) -> dict:
 
 
 def _workers(settings) -> Workers:
-    return Workers(_plan(), settings.pick(0.6, 0.25))
+    return Workers(_plan(), settings.pick(0.4, 0.25))
 
 
 @test("hostcrypto.aes256gcm", "CPU AES-256-GCM GB/s (OpenSSL), default and with AES-NI / wide-vector paths masked",

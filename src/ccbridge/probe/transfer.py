@@ -38,7 +38,7 @@ def sweep(ctx):
                     ctx.step(f"{direction} {mem} {human_bytes(size)}")
                     pilot, _ = s.copy(direction, size, 2, sync_every=1)
                     t_one = pilot.seconds / 2
-                    n_lat = plan_iters(t_one, ctx.pick(0.08, 0.03), 5, 200)
+                    n_lat = plan_iters(t_one, ctx.pick(0.05, 0.03), 3, 200)
                     _, lat = s.copy(direction, size, n_lat, sync_every=1)
                     p = dict(dir=direction, mem=mem, bytes=size)
                     rows.append(Row.of("transfer.sweep", "latency", "us", [x / 1e3 for x in lat], **p))
