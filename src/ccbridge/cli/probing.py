@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ccbridge import env, results, ui
@@ -37,6 +38,7 @@ def cmd_probe(args) -> int:
                              fresh=("result.json",))
     if prof:
         return _probe_under(args, prof, out)
+    t_enter = time.perf_counter()
     console = ui.terminal(stderr=True)
     console.print(f"ccbridge probe: {len(tests)} tests, {'quick' if args.quick else 'full'} suite, device {args.device}")
     settings = registry.Settings(device=args.device, quick=args.quick, tests=args.tests, timer=apply_timer(args))
@@ -47,9 +49,13 @@ def cmd_probe(args) -> int:
         if stamp["emulation"]["active"]:
             console.print(f"[bold yellow]EMULATED run (profile {env.emulation_label(stamp['emulation'])}): "
                           "figures are not CC hardware measurements[/]")
+        t_run = time.perf_counter()
         with ui.ProbeProgress(len(tests), console) as progress:
             res = registry.run(settings, stamp, progress, started)
+        t_reports = time.perf_counter()
         paths = reports.write(res, out)
+        phases = (f"start-up {t_run - t_enter:.1f} s, tests {res.duration_s:.1f} s, "
+                  f"reports {time.perf_counter() - t_reports:.1f} s")
     finally:
         reports.close()
         for handle in filter(None, started.values()):
@@ -61,7 +67,8 @@ def cmd_probe(args) -> int:
         console.print(f"[yellow]The GPU families need a GPU ({res.no_gpu}); ran what needs none.[/]")
     elif res.skipped:
         console.print("[yellow]Skipped: " + "; ".join(f"{s['test']} ({s['reason']})" for s in res.skipped) + "[/]")
-    console.print(f"\n{len(res.rows)} rows in {res.duration_s:.0f} s; wrote " + ", ".join(str(p) for p in paths))
+    console.print(f"\n{len(res.rows)} rows in {time.perf_counter() - t_enter:.0f} s ({phases})", highlight=False)
+    console.print(wrote(*paths), highlight=False)
     if res.errors:
         console.print(f"[red]{len(res.errors)} test(s) failed:[/] " + "; ".join(f"{e['test']}: {e['error']}" for e in res.errors))
         return 1
