@@ -712,7 +712,7 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
         assert x["of_tcp"] == pytest.approx(r.median / x["tcp_gbps"], abs=2e-3)
         assert x["of_bound"] == pytest.approx(r.median / x["bound_gbps"], abs=2e-3)
         assert x["aes_gcm_gbps_per_core_encrypt"] > 0 and x["tcp_cpu_s_per_gb_send"] > 0
-    assert {r.params["record"] for r in res.rows if r.metric == "aes_gcm_encrypt"} == {65536, 262144, 176128}
+    assert {r.params["record"] for r in res.rows if r.metric == "aes_gcm_encrypt"} == {32768, 65536, 176128, 262144}
     assert "bound = cores / (plain TCP's CPU-s/GB" in p.stdout and max(map(len, p.stdout.splitlines())) <= 120
 
 
@@ -744,7 +744,7 @@ def test_bench_net_renders_each_row_beside_its_anchors_within_120_columns(monkey
     assert x["bound_gbps"] == pytest.approx(128 / 0.6, abs=1e-3) and x["of_tcp"] == 0.525
     assert x["of_bound"] == round(21.0 / (128 / 0.6), 3) and x["cpu_efficiency"] == round(0.6 / 0.85, 3)
     assert x["record"] == 256 << 10 and x["cores_visible"] == 128 and x["tcp_cpu_s_per_gb_recv"] == 0.1
-    out = netbench.render(Result(kind="net", env={}, rows=rows))
+    out = netbench.render(Result(kind="net", env={}, settings={}, rows=rows))
     assert max(map(len, out.splitlines())) <= 120
     assert "   4194304    16   21.00   8.0/9.0   0.400/0.450    40.00   0.53     213.33     0.10    0.71" in out
     assert "on all 128 cores this" in out
