@@ -712,6 +712,7 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
         assert x["of_tcp"] == pytest.approx(r.median / x["tcp_gbps"], abs=2e-3)
         assert x["of_bound"] == pytest.approx(r.median / x["bound_gbps"], abs=2e-3)
         assert x["aes_gcm_gbps_per_core_encrypt"] > 0 and x["tcp_cpu_s_per_gb_send"] > 0
+        assert len(x["poll_cores"]) == 1 and x["poll_cores"][0] >= 0  # the two polling threads, apart
     assert {r.params["record"] for r in res.rows if r.metric == "aes_gcm_encrypt"} == {32768, 65536, 176128, 262144}
     assert "bound = cores / (plain TCP's CPU-s/GB" in p.stdout and max(map(len, p.stdout.splitlines())) <= 120
 

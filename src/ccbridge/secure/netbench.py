@@ -195,15 +195,20 @@ def _stream(side: _Side, sender: bool, size: int, inflight: int, total: int) -> 
                 if time.monotonic() > deadline:
                     raise TimeoutError("isend" if sender else "irecv")
     wall = time.perf_counter() - t0
-    plugin_cpu = (_cpu_s() - cpu0) - (time.thread_time() - main0)
-    return {"wall": wall, "bytes": count * size, "plugin_cores": plugin_cpu / wall, "bad": bad}
+    poll_cpu = time.thread_time() - main0
+    plugin_cpu = (_cpu_s() - cpu0) - poll_cpu
+    return {"wall": wall, "bytes": count * size, "plugin_cores": plugin_cpu / wall, "poll_cores": poll_cpu / wall,
+            "bad": bad}
 
 
-def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int) -> dict:
+def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int, inflight: int) -> dict:
     """The same bytes over `streams` plain TCP loopback connections, one thread each, no
-    encryption: what this kernel's loopback carries with as many streams as the plugin's lanes."""
+    encryption: what this kernel's loopback carries with as many streams as the plugin's lanes.
+    The senders cycle through `inflight` buffers as the plugin's stream does (one shared 4 MiB
+    buffer stayed in cache, where the plugin reads 8 x 4 MiB from memory); the receivers' own
+    buffers, one a stream, add up to about the plugin's receive buffers."""
     per = max(1, total // max(size, 1) // streams)
-    buf = bytearray(_pattern(0, size))
+    bufs = [bytearray(_pattern(i, size)) for i in range(max(inflight, 1))]
     if sender:
         pipe.send("ready")
         port = pipe.recv()
@@ -216,9 +221,9 @@ def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int) -> dict
         ls.close()
     cpu0, t0 = _cpu_s(), time.perf_counter()
 
-    def send(s):
-        for _ in range(per):
-            s.sendall(buf)
+    def send(s, first):
+        for i in range(per):
+            s.sendall(bufs[(first + i) % len(bufs)])
 
     def recv(s):
         view, want = memoryview(bytearray(size)), per * size
@@ -228,7 +233,8 @@ def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int) -> dict
                 raise ConnectionError("the peer closed early")
             want -= n
 
-    threads = [threading.Thread(target=send if sender else recv, args=(s,)) for s in socks]
+    threads = [threading.Thread(target=send, args=(s, i)) if sender else threading.Thread(target=recv, args=(s,))
+               for i, s in enumerate(socks)]
     for t in threads:
         t.start()
     for t in threads:
@@ -291,7 +297,7 @@ def _rank(rank: int, n: int, dev, send, plan: list[tuple], meet: str) -> None:
             if what == "stream":
                 send(("stream", _stream(side, rank == 0, size, inflight, amount)))
             elif what == "tcp":
-                send(("tcp", _tcp_stream(pipe, rank == 0, size, lanes_now, amount)))
+                send(("tcp", _tcp_stream(pipe, rank == 0, size, lanes_now, amount, inflight)))
             else:
                 send(("rtt", _pingpong(side, rank == 0, size, amount)))
     side.close()
@@ -324,6 +330,8 @@ class _Rows:
                 samples.append(v1["bytes"] / v1["wall"] / 1e9)
                 extra["plugin_cores_send"].append(round(v0["plugin_cores"], 2))
                 extra["plugin_cores_recv"].append(round(v1["plugin_cores"], 2))
+                if what == "stream":  # the polling threads (as NCCL's proxy threads poll), beside the plugin's
+                    extra.setdefault("poll_cores", []).append(round(v0["poll_cores"] + v1["poll_cores"], 2))
                 extra["bad"] += v1["bad"]
             else:
                 samples.append(v0)
@@ -367,7 +375,7 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
     plan = []  # grouped by lane count: each group uses one pair of connections
     for n in lanes:
         plan += [("stream", n, s, inflight, total, repeat) for s in sizes]
-        plan += [("tcp", n, max(sizes), 0, total, repeat)] if tcp_baseline else []
+        plan += [("tcp", n, max(sizes), inflight, total, repeat)] if tcp_baseline else []
         plan += [("rtt", n, s, 0, rtt_iters, repeat) for s in rtt_sizes]
     res = Result(kind="net", env=envmod.stamp(),
                  settings={"bench": "net", "inflight": inflight, "total_bytes": total, "repeat": repeat,
