@@ -705,6 +705,50 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
     assert all(r.extra["cpu_s_per_gb_send"] > 0 and r.extra["cpu_s_per_gb_recv"] > 0 for r in streams)
     assert {r.params["size"] for r in res.rows if r.metric == "half_rtt"} == {8, 4096, 65536}
     assert res.env and "GB/s" in p.stdout and "CPU-s/GB" in p.stdout
+    # beside each encrypted row: plain TCP at its lane count, the CPU bound and the inputs it was made of
+    for r in streams:
+        x = r.extra
+        assert x["cores_visible"] == len(os.sched_getaffinity(0)) and x["tcp_gbps"] > 0 and x["bound_gbps"] > 0
+        assert x["of_tcp"] == pytest.approx(r.median / x["tcp_gbps"], abs=2e-3)
+        assert x["of_bound"] == pytest.approx(r.median / x["bound_gbps"], abs=2e-3)
+        assert x["aes_gcm_gbps_per_core_encrypt"] > 0 and x["tcp_cpu_s_per_gb_send"] > 0
+        assert len(x["poll_cores"]) == 1 and x["poll_cores"][0] >= 0  # the two polling threads, apart
+    assert {r.params["record"] for r in res.rows if r.metric == "aes_gcm_encrypt"} == {32768, 65536, 176128, 262144}
+    assert "bound = cores / (plain TCP's CPU-s/GB" in p.stdout and max(map(len, p.stdout.splitlines())) <= 120
+
+
+def test_the_cpu_bound_adds_a_seal_and_an_open_to_what_tcp_costs():
+    from ccbridge.secure import netbench
+
+    # 0.1 + 0.1 CPU-s/GB of TCP and 5 GB/s per core each way (0.2 + 0.2): 0.6 CPU-s/GB, so 16 cores move 26.7 GB/s
+    assert netbench.cpu_bound(16, 0.1, 0.1, 5.0, 5.0) == pytest.approx(16 / 0.6)
+    # the plugin's record plan (conn.c record_plan): one record up to 32 KiB, then size / lanes in 4 KiB steps
+    assert [netbench.record_bytes(s, n) for s, n in [(8, 4), (32 << 10, 8), (64 << 10, 8), (4 << 20, 8),
+                                                     (512 << 10, 3)]] == [8, 32 << 10, 32 << 10, 256 << 10, 176128]
+
+
+def test_bench_net_renders_each_row_beside_its_anchors_within_120_columns(monkeypatch):
+    from ccbridge.results import Result, Row
+    from ccbridge.secure import netbench
+
+    monkeypatch.setattr(netbench, "cores_visible", lambda: 128)
+    stream = Row.of("net_loopback", "stream", "GB/s", [20.0, 21.0, 22.0], size=4 << 20, lanes=16, inflight=8)
+    stream.extra = {"plugin_cores_send": [8.0], "plugin_cores_recv": [9.0], "cpu_s_per_gb_send": 0.4,
+                    "cpu_s_per_gb_recv": 0.45, "bad": 0}
+    tcp = Row.of("net_loopback", "tcp_plaintext", "GB/s", [40.0], size=4 << 20, streams=16)
+    tcp.extra = {"cores_send": [4.0], "cores_recv": [4.0], "cpu_s_per_gb_send": 0.1, "cpu_s_per_gb_recv": 0.1}
+    gcm = [Row.of("net_loopback", f"aes_gcm_{op}", "GB/s per core", [5.0], record=256 << 10, threads=t)
+           for t in (1, 128) for op in ("encrypt", "decrypt")]
+    rows = [stream, tcp] + gcm
+    netbench._compare(rows)
+    x = stream.extra
+    assert x["bound_gbps"] == pytest.approx(128 / 0.6, abs=1e-3) and x["of_tcp"] == 0.525
+    assert x["of_bound"] == round(21.0 / (128 / 0.6), 3) and x["cpu_efficiency"] == round(0.6 / 0.85, 3)
+    assert x["record"] == 256 << 10 and x["cores_visible"] == 128 and x["tcp_cpu_s_per_gb_recv"] == 0.1
+    out = netbench.render(Result(kind="net", env={}, settings={}, rows=rows))
+    assert max(map(len, out.splitlines())) <= 120
+    assert "   4194304    16   21.00   8.0/9.0   0.400/0.450    40.00   0.53     213.33     0.10    0.71" in out
+    assert "on all 128 cores this" in out
 
 
 def test_bench_net_refuses_more_in_flight_than_the_plugin_holds():

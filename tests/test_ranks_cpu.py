@@ -208,9 +208,13 @@ def test_the_net_bench_runs_its_pair_through_the_launcher(clean, monkeypatch):
     res = netbench.loopback([1 << 16], [1, 2], inflight=4, total=1 << 20, repeat=2, rtt_sizes=(8,), rtt_iters=10,
                             progress=lines.append)
     assert not res.errors and res.settings["interface"] == "lo"
-    assert [(r.metric, r.params.get("lanes", r.params.get("streams")), r.n) for r in res.rows] == [
+    net = [r for r in res.rows if not r.metric.startswith("aes_gcm")]
+    assert [(r.metric, r.params.get("lanes", r.params.get("streams")), r.n) for r in net] == [
         (m, n, 2) for n in (1, 2) for m in ("stream", "tcp_plaintext", "half_rtt")]
-    assert len(lines) == 6 and "ping-pong" in lines[2]
+    # the AES-GCM rates first (records of 32 and 64 KiB, on 1 thread and on every visible core), then the steps
+    gcm = [line for line in lines if "AES-256-GCM" in line]
+    assert len(gcm) == 2 * len({1, netbench.cores_visible()}) and lines[:len(gcm)] == gcm
+    assert len(lines) == len(gcm) + 6 and "ping-pong" in lines[len(gcm) + 2]
 
 
 def test_a_net_bench_process_that_fails_is_one_line(clean, monkeypatch):

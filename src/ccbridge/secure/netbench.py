@@ -2,8 +2,10 @@
 processes (started by ccbridge.ranks, linked by a socket of their own), driven
 through its v11 API as NCCL's proxy thread drives it (no GPU, no NCCL):
 encrypted GB/s per message size and lane count with the cores the plugin's
-threads used on each side, and the half round trip of small messages.
-Received bytes are checked against what was sent (first and last round of
+threads used on each side, and the half round trip of small messages. Beside each
+encrypted row: plain TCP loopback with as many streams, and the CPU's own bound
+for encrypted TCP on the cores this process may use (`cpu_bound`), from rates
+measured in the same run. Received bytes are checked against what was sent (first and last round of
 every measurement, by memcmp against patterns made before the clock starts).
 """
 
@@ -20,7 +22,7 @@ import time
 from multiprocessing.connection import Client, Connection, Listener
 
 from ccbridge import env as envmod
-from ccbridge import pluginenv, ranks
+from ccbridge import libcrypto, pluginenv, ranks
 from ccbridge.bindings import libc, ncclnet
 from ccbridge.errors import SecureError, UsageError
 from ccbridge.results import Result, Row
@@ -30,6 +32,66 @@ DEADLINE_S = 120.0
 # the stream's polling pause: NCCL's proxy thread polls without one, but on a machine of few
 # cores a Python loop that never sleeps takes the plugin threads' CPU
 POLL_S = 0.0 if (os.cpu_count() or 1) >= 8 else 1e-5
+
+
+# the plugin's record plan (native/ncclnet/conn.c record_plan, RECORD_MIN/RECORD_MAX): the record size
+# the AES-GCM rate is measured at
+RECORD_MIN, RECORD_MAX = 32 << 10, 256 << 10
+HEADER_BYTES = 40  # a record's header, its AAD
+GCM_S = 0.25  # seconds of AES-GCM per thread per measurement
+
+
+def record_bytes(size: int, lanes: int) -> int:
+    if size <= RECORD_MIN:
+        return max(size, 1)
+    r = -(-size // lanes)
+    r = (r + 4095) & ~4095
+    return min(max(r, RECORD_MIN), RECORD_MAX)
+
+
+def cores_visible() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def _gcm_thread(record: int, decrypt: bool, out: list) -> None:
+    """AES-256-GCM over record-sized pieces, as a lane seals or opens them, for GCM_S seconds of this
+    thread's CPU: appends (bytes, CPU seconds). One EVP update per record (a fresh nonce every 64
+    records): the ctypes call costs ~1 us, under 2% of a 256 KiB record's time at 4 GB/s."""
+    so = libcrypto.lib()
+    init, update = (so.EVP_DecryptInit_ex, so.EVP_DecryptUpdate) if decrypt else (so.EVP_EncryptInit_ex,
+                                                                                  so.EVP_EncryptUpdate)
+    ctx = so.EVP_CIPHER_CTX_new()
+    src, dst = ctypes.create_string_buffer(os.urandom(record), record), ctypes.create_string_buffer(record)
+    aad, outl, iv = ctypes.create_string_buffer(HEADER_BYTES), ctypes.c_int(), bytearray(12)
+    try:
+        if init(ctx, so.EVP_aes_256_gcm(), None, os.urandom(32), None) != 1:
+            raise SecureError("bench net: EVP cipher initialisation failed")
+        done, c0 = 0, time.thread_time()
+        while time.thread_time() - c0 < GCM_S:
+            iv[4:12] = done.to_bytes(8, "little")
+            init(ctx, None, None, None, bytes(iv))
+            update(ctx, None, ctypes.byref(outl), aad, HEADER_BYTES)
+            for _ in range(64):
+                if update(ctx, dst, ctypes.byref(outl), src, record) != 1:
+                    raise SecureError("bench net: EVP update failed")
+            done += 64
+        out.append((done * record, time.thread_time() - c0))
+    finally:
+        so.EVP_CIPHER_CTX_free(ctx)
+
+
+def gcm_rate(record: int, threads: int, decrypt: bool) -> float:
+    """GB/s per core of AES-256-GCM at this record size with `threads` threads at once (ctypes releases the
+    GIL): bytes over the threads' own CPU time, which the machine's other load does not blur."""
+    out: list = []
+    ts = [threading.Thread(target=_gcm_thread, args=(record, decrypt, out)) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if len(out) != threads:
+        raise SecureError("bench net: the AES-GCM rate measurement failed")
+    return sum(b for b, _ in out) / sum(c for _, c in out) / 1e9
 
 
 def _cpu_s() -> float:
@@ -133,15 +195,20 @@ def _stream(side: _Side, sender: bool, size: int, inflight: int, total: int) -> 
                 if time.monotonic() > deadline:
                     raise TimeoutError("isend" if sender else "irecv")
     wall = time.perf_counter() - t0
-    plugin_cpu = (_cpu_s() - cpu0) - (time.thread_time() - main0)
-    return {"wall": wall, "bytes": count * size, "plugin_cores": plugin_cpu / wall, "bad": bad}
+    poll_cpu = time.thread_time() - main0
+    plugin_cpu = (_cpu_s() - cpu0) - poll_cpu
+    return {"wall": wall, "bytes": count * size, "plugin_cores": plugin_cpu / wall, "poll_cores": poll_cpu / wall,
+            "bad": bad}
 
 
-def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int) -> dict:
+def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int, inflight: int) -> dict:
     """The same bytes over `streams` plain TCP loopback connections, one thread each, no
-    encryption: what this kernel's loopback carries with as many streams as the plugin's lanes."""
+    encryption: what this kernel's loopback carries with as many streams as the plugin's lanes.
+    The senders cycle through `inflight` buffers as the plugin's stream does (one shared 4 MiB
+    buffer stayed in cache, where the plugin reads 8 x 4 MiB from memory); the receivers' own
+    buffers, one a stream, add up to about the plugin's receive buffers."""
     per = max(1, total // max(size, 1) // streams)
-    buf = bytearray(_pattern(0, size))
+    bufs = [bytearray(_pattern(i, size)) for i in range(max(inflight, 1))]
     if sender:
         pipe.send("ready")
         port = pipe.recv()
@@ -154,9 +221,9 @@ def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int) -> dict
         ls.close()
     cpu0, t0 = _cpu_s(), time.perf_counter()
 
-    def send(s):
-        for _ in range(per):
-            s.sendall(buf)
+    def send(s, first):
+        for i in range(per):
+            s.sendall(bufs[(first + i) % len(bufs)])
 
     def recv(s):
         view, want = memoryview(bytearray(size)), per * size
@@ -166,7 +233,8 @@ def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int) -> dict
                 raise ConnectionError("the peer closed early")
             want -= n
 
-    threads = [threading.Thread(target=send if sender else recv, args=(s,)) for s in socks]
+    threads = [threading.Thread(target=send, args=(s, i)) if sender else threading.Thread(target=recv, args=(s,))
+               for i, s in enumerate(socks)]
     for t in threads:
         t.start()
     for t in threads:
@@ -229,7 +297,7 @@ def _rank(rank: int, n: int, dev, send, plan: list[tuple], meet: str) -> None:
             if what == "stream":
                 send(("stream", _stream(side, rank == 0, size, inflight, amount)))
             elif what == "tcp":
-                send(("tcp", _tcp_stream(pipe, rank == 0, size, lanes_now, amount)))
+                send(("tcp", _tcp_stream(pipe, rank == 0, size, lanes_now, amount, inflight)))
             else:
                 send(("rtt", _pingpong(side, rank == 0, size, amount)))
     side.close()
@@ -262,21 +330,26 @@ class _Rows:
                 samples.append(v1["bytes"] / v1["wall"] / 1e9)
                 extra["plugin_cores_send"].append(round(v0["plugin_cores"], 2))
                 extra["plugin_cores_recv"].append(round(v1["plugin_cores"], 2))
+                if what == "stream":  # the polling threads (as NCCL's proxy threads poll), beside the plugin's
+                    extra.setdefault("poll_cores", []).append(round(v0["poll_cores"] + v1["poll_cores"], 2))
                 extra["bad"] += v1["bad"]
             else:
                 samples.append(v0)
+        # the cost per byte, which a loaded machine's wall clock does not blur: CPU-seconds of the
+        # plugin's threads (or the TCP streams' threads) per GB moved (cores / GB/s), the median over
+        # the repeats, per side
+        for side in ("send", "recv"):
+            per = sorted(c / g for c, g in zip(extra[f"plugin_cores_{side}"], samples) if g > 0)
+            extra[f"cpu_s_per_gb_{side}"] = round(per[len(per) // 2], 3) if per else None
         if what == "tcp":
             row = Row.of("net_loopback", "tcp_plaintext", "GB/s", samples, size=size, streams=n)
-            row.extra = {"cores_send": extra["plugin_cores_send"], "cores_recv": extra["plugin_cores_recv"]}
+            row.extra = {"cores_send": extra["plugin_cores_send"], "cores_recv": extra["plugin_cores_recv"],
+                         "cpu_s_per_gb_send": extra["cpu_s_per_gb_send"],
+                         "cpu_s_per_gb_recv": extra["cpu_s_per_gb_recv"]}
             self.progress(f"  plain TCP {size:>7} B streams {n:>2}: {row.median:6.2f} GB/s (no encryption: this "
                           f"kernel's loopback; Python threads)")
         elif what == "stream":
             row = Row.of("net_loopback", "stream", "GB/s", samples, size=size, lanes=n, inflight=infl)
-            # the cost per byte, which a loaded machine's wall clock does not blur: CPU-seconds of the
-            # plugin's threads per GB moved (cores / GB/s), the median over the repeats, per side
-            for side in ("send", "recv"):
-                per = sorted(c / g for c, g in zip(extra[f"plugin_cores_{side}"], samples) if g > 0)
-                extra[f"cpu_s_per_gb_{side}"] = round(per[len(per) // 2], 3) if per else None
             row.extra = extra
             self.progress(f"  stream {size:>10} B  lanes {n:>2}: {row.median:6.2f} GB/s  plugin cores "
                           f"send {max(extra['plugin_cores_send']):.1f} recv {max(extra['plugin_cores_recv']):.1f}  "
@@ -302,12 +375,13 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
     plan = []  # grouped by lane count: each group uses one pair of connections
     for n in lanes:
         plan += [("stream", n, s, inflight, total, repeat) for s in sizes]
-        plan += [("tcp", n, max(sizes), 0, total, repeat)] if tcp_baseline else []
+        plan += [("tcp", n, max(sizes), inflight, total, repeat)] if tcp_baseline else []
         plan += [("rtt", n, s, 0, rtt_iters, repeat) for s in rtt_sizes]
     res = Result(kind="net", env=envmod.stamp(),
                  settings={"bench": "net", "inflight": inflight, "total_bytes": total, "repeat": repeat,
                            "spin_us": os.environ.get("CCBRIDGE_NET_SPIN_US"), "interface": env["NCCL_SOCKET_IFNAME"]})
     t_start = time.perf_counter()
+    gcm = _gcm_rows(sorted({record_bytes(s, n) for s in sizes for n in lanes}), progress) if tcp_baseline else []
     got = _Rows(plan, progress)
     with tempfile.TemporaryDirectory(prefix="ccbridge-net-") as d:
         # two processes, no process group: they meet over their own socket, which no parent relays
@@ -315,26 +389,96 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
                   stall_s=2 * DEADLINE_S, failure=SecureError)
     if len(got.rows) < len(plan):
         raise netplugin.NetError("bench", -1, "a bench process stopped before the end of the plan")
-    res.rows = got.rows
+    res.rows = got.rows + gcm
+    _compare(res.rows)
     res.duration_s = time.perf_counter() - t_start
     if any(r.extra.get("bad") for r in res.rows):
         res.errors.append({"test": "net_loopback", "error": "received bytes differ from the sent ones"})
     return res
 
 
+def _gcm_rows(records: list[int], progress) -> list[Row]:
+    """AES-256-GCM GB/s per core at each record size, sealing and opening, on 1 thread and on as many threads as
+    this process may use cores (the bound's rate: the cores all busy, as the stream keeps them)."""
+    rows, cores = [], cores_visible()
+    for rec in records:
+        for threads in sorted({1, cores}):
+            for op in ("encrypt", "decrypt"):
+                row = Row.of("net_loopback", f"aes_gcm_{op}", "GB/s per core",
+                             [gcm_rate(rec, threads, op == "decrypt")], record=rec, threads=threads)
+                rows.append(row)
+            progress(f"  AES-256-GCM {rec:>7} B records, {threads:>3} threads: encrypt {rows[-2].median:6.2f} "
+                     f"decrypt {rows[-1].median:6.2f} GB/s per core")
+    return rows
+
+
+def cpu_bound(cores: int, tcp_send: float, tcp_recv: float, enc: float, dec: float) -> float:
+    """GB/s that `cores` can move encrypted at most: each byte costs plain TCP's CPU on both sides plus one seal and
+    one open (CPU-s/GB = 1 / GB/s per core); the plugin adds both to what TCP alone costs."""
+    return cores / (tcp_send + tcp_recv + 1 / enc + 1 / dec)
+
+
+def _compare(rows: list[Row]) -> None:
+    """Each encrypted row's anchors at its lane count: plain TCP with as many streams and the CPU bound, with the
+    inputs (cores visible, plain TCP's CPU-s/GB per side, AES-GCM GB/s per core on every visible core)."""
+    cores = cores_visible()
+    tcp = {r.params["streams"]: r for r in rows if r.metric == "tcp_plaintext"}
+    gcm = {(r.metric, r.params["record"]): round(r.median, 3) for r in rows
+           if r.metric.startswith("aes_gcm") and r.params["threads"] == cores}
+    for r in rows:
+        t = tcp.get(r.params.get("lanes")) if r.metric == "stream" else None
+        if t is None:
+            continue
+        rec = record_bytes(r.params["size"], r.params["lanes"])
+        enc, dec = gcm.get(("aes_gcm_encrypt", rec)), gcm.get(("aes_gcm_decrypt", rec))
+        ts, tr = t.extra.get("cpu_s_per_gb_send"), t.extra.get("cpu_s_per_gb_recv")
+        r.extra.update(tcp_gbps=round(t.median, 3), tcp_size=t.params["size"], of_tcp=round(r.median / t.median, 3),
+                       cores_visible=cores, tcp_cpu_s_per_gb_send=ts, tcp_cpu_s_per_gb_recv=tr, record=rec,
+                       aes_gcm_gbps_per_core_encrypt=enc, aes_gcm_gbps_per_core_decrypt=dec)
+        if enc and dec and ts is not None and tr is not None:
+            bound = cpu_bound(cores, ts, tr, enc, dec)
+            r.extra.update(bound_gbps=round(bound, 3), of_bound=round(r.median / bound, 3))
+            # per byte, which the machine's other load does not blur: the bound's CPU-s/GB over the plugin's
+            per = (r.extra.get("cpu_s_per_gb_send") or 0) + (r.extra.get("cpu_s_per_gb_recv") or 0)
+            r.extra["cpu_efficiency"] = round((ts + tr + 1 / enc + 1 / dec) / per, 3) if per else None
+
+
+def _fraction(v) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def render(res: Result) -> str:
-    out = [f"{'size (B)':>10} {'lanes':>5} {'GB/s':>8} {'send cores':>10} {'recv cores':>10} "
-           f"{'send CPU-s/GB':>13} {'recv CPU-s/GB':>13}"]
+    out = [f"{'size (B)':>10} {'lanes':>5} {'GB/s':>7} {'cores s/r':>9} {'CPU-s/GB s/r':>13} "
+           f"{'TCP GB/s':>8} {'of TCP':>6} {'bound GB/s':>10} {'of bound':>8} {'CPU eff':>7}"]
     for r in res.rows:
         if r.metric == "stream":
-            per = [r.extra.get(f"cpu_s_per_gb_{side}") for side in ("send", "recv")]
-            out.append(f"{r.params['size']:>10} {r.params['lanes']:>5} {r.median:>8.2f} "
-                       f"{max(r.extra['plugin_cores_send']):>10.1f} {max(r.extra['plugin_cores_recv']):>10.1f} "
-                       + " ".join(f"{'-' if v is None else format(v, '.3f'):>13}" for v in per))
+            x = r.extra
+            per = "/".join("-" if x.get(f"cpu_s_per_gb_{s}") is None else f"{x[f'cpu_s_per_gb_{s}']:.3f}"
+                           for s in ("send", "recv"))
+            cores = f"{max(x['plugin_cores_send']):.1f}/{max(x['plugin_cores_recv']):.1f}"
+            tcp = "-" if x.get("tcp_gbps") is None else f"{x['tcp_gbps']:.2f}"
+            bound = "-" if x.get("bound_gbps") is None else f"{x['bound_gbps']:.2f}"
+            out.append(f"{r.params['size']:>10} {r.params['lanes']:>5} {r.median:>7.2f} {cores:>9} {per:>13} "
+                       f"{tcp:>8} {_fraction(x.get('of_tcp')):>6} {bound:>10} {_fraction(x.get('of_bound')):>8} "
+                       f"{_fraction(x.get('cpu_efficiency')):>7}")
     tcp = [r for r in res.rows if r.metric == "tcp_plaintext"]
     if tcp:
-        out.append(f"{'size (B)':>10} {'streams':>7} {'plain TCP GB/s':>14}")
-        out += [f"{r.params['size']:>10} {r.params['streams']:>7} {r.median:>14.2f}" for r in tcp]
+        out.append(f"{'size (B)':>10} {'streams':>7} {'plain TCP GB/s':>14} {'cores s/r':>9} {'CPU-s/GB s/r':>13}")
+        out += [f"{r.params['size']:>10} {r.params['streams']:>7} {r.median:>14.2f} "
+                f"{max(r.extra['cores_send']):>4.1f}/{max(r.extra['cores_recv']):<4.1f} "
+                f"{r.extra['cpu_s_per_gb_send']:>6.3f}/{r.extra['cpu_s_per_gb_recv']:<6.3f}" for r in tcp]
+    gcm = [r for r in res.rows if r.metric.startswith("aes_gcm")]
+    if gcm:
+        out.append(f"{'record (B)':>10} {'threads':>7} {'AES-GCM GB/s per core: encrypt':>31} {'decrypt':>7}")
+        out += [f"{e.params['record']:>10} {e.params['threads']:>7} {e.median:>31.2f} {d.median:>7.2f}"
+                for e, d in zip(gcm[::2], gcm[1::2])]
+    if any(r.extra.get("bound_gbps") for r in res.rows):
+        out += [f"bound = cores / (plain TCP's CPU-s/GB send + recv at as many streams + 1 / AES-GCM encrypt + "
+                "1 / decrypt GB/s", f"  per core at the row's record size, on all {cores_visible()} cores this "
+                "process may use (sched_getaffinity)), measured in this run:",
+                "  each encrypted byte costs what TCP's does plus one seal and one open. CPU eff = that CPU-s/GB over "
+                "the row's own", "  (plugin threads, both sides). TCP GB/s: the plain TCP row of the same lane "
+                "count (its size: the largest)."]
     rtt = [r for r in res.rows if r.metric == "half_rtt"]
     if rtt:
         out.append(f"{'size (B)':>10} {'lanes':>5} {'one-way us':>10}")
