@@ -28,6 +28,7 @@
 #ifndef CCB_GCM_H
 #define CCB_GCM_H
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __CUDACC__
 #define GCM_FN __host__ __device__ static __forceinline__
@@ -147,12 +148,6 @@ GCM_FN void gcm_store_be(uint8_t *p, gcm_u128 v) {
     }
 }
 
-/* Bits [pos, pos+width) of x (mask = 2^width - 1) as a byte offset into a table of 1 << S byte entries: one
- * shift and one mask (pos and S are constants once inlined). */
-GCM_FN uint32_t gcm_field(uint32_t x, int pos, uint32_t mask, int S) {
-    return (pos >= S ? x >> (pos - S) : x << (S - pos)) & (mask << S);
-}
-
 /* __byte_perm: byte i of the result is byte (sel >> 4i) & 7 of b:a (a's bytes 0-3, b's 4-7). */
 GCM_FN uint32_t gcm_perm(uint32_t a, uint32_t b, uint32_t sel) {
 #ifdef __CUDA_ARCH__
@@ -165,26 +160,64 @@ GCM_FN uint32_t gcm_perm(uint32_t a, uint32_t b, uint32_t sel) {
 #endif
 }
 
+/* Byte k (0 = least significant) of x: one byte permute on the GPU (ptxas keeps it one instruction, where a
+ * shift and a mask become two once scaled into an address). */
+GCM_FN uint32_t gcm_byte(uint32_t x, int k) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(x, 0, 0x4440 + k);
+#else
+    return (x >> (8 * k)) & 0xff;
+#endif
+}
+
 #ifdef __CUDA_ARCH__
 #define GCM_UNROLL _Pragma("unroll")
 #else
 #define GCM_UNROLL
 #endif
 
-/* AES-256 by T-table. The table is read through gcm_te: entry x of byte k of word s at byte offset
- * gcm_field(s, 8k, 0xff, S) | l4 of T. The kernels keep one copy per shared-memory bank (S = 7, l4 = 4 * lane
- * id) so a warp's lookups never conflict; the host reads one plain copy (S = 2, l4 = 0). Te0[x] = (2s, s, s, 3s)
- * (s = S-box of x); Te1..3 are its rotations. State words are big-endian; the last round writes the keystream
- * in memory order (little-endian words of the block's bytes), so it XORs into loaded data as it is. */
+/* AES-256 by T-table. The table is read through gcm_te: entry x at byte offset x << S of T. The kernels keep
+ * one copy per shared-memory bank (S = 7, T offset by 4 * lane id) so a warp's lookups never conflict; the host
+ * reads one plain copy (S = 2). Te0[x] = (2s, s, s, 3s) (s = S-box of x); Te1..3 are its rotations. State words
+ * are big-endian; the last round writes the keystream in memory order (little-endian words of the block's
+ * bytes), so it XORs into loaded data as it is. */
+#ifdef __CUDA_ARCH__
+typedef uint32_t gcm_addr; /* a shared-memory address: the kernels read their tables by explicit address */
+#else
+typedef const uint8_t *gcm_addr;
+#endif
+
 typedef struct {
-    const uint8_t *T;
+    gcm_addr T;
     int S;
-    uint32_t l4;
 } gcm_tab;
 
-GCM_FN uint32_t gcm_te(gcm_tab t, uint32_t s, int k) {
-    return *(const uint32_t *)(t.T + (gcm_field(s, 8 * k, 0xff, t.S) | t.l4));
+/* T + (x << S), one multiply-add; on the GPU kept whole (asm), so a constant offset added after it folds into
+ * the load instead of being reassociated into the index arithmetic. */
+GCM_FN gcm_addr gcm_at(gcm_addr T, uint32_t x, int S) {
+#ifdef __CUDA_ARCH__
+    uint32_t a;
+    asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(a) : "r"(x), "r"(1u << S), "r"(T));
+    return a;
+#else
+    return T + ((size_t)x << S);
+#endif
 }
+
+/* The 32-bit word at a (shared memory in the kernels: their tables are constant once loaded). */
+GCM_FN uint32_t gcm_ld32(gcm_addr a) {
+#ifdef __CUDA_ARCH__
+    uint32_t v;
+    asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
+    return v;
+#else
+    uint32_t v;
+    memcpy(&v, a, 4);
+    return v;
+#endif
+}
+
+GCM_FN uint32_t gcm_te(gcm_tab t, uint32_t s, int k) { return gcm_ld32(gcm_at(t.T, gcm_byte(s, k), t.S)); }
 
 /* One full round with round key k, in place. */
 GCM_FN void gcm_round(gcm_tab t, const uint32_t *k, uint32_t s[4]) {
@@ -260,25 +293,31 @@ GCM_FN void gcm_ctr_aes(gcm_tab t, const uint32_t *rk, const uint32_t x[3], gcm_
  * bank row, so a warp's 64-bit lookups never conflict). */
 #define GCM_GH_BYTES (32 * 256)
 
-GCM_FN void gcm_xor64(const uint8_t *p, uint32_t *o) {
+/* o[0..1] ^= the 64 bits at a. */
+GCM_FN void gcm_xor64(gcm_addr a, uint32_t *o) {
 #ifdef __CUDA_ARCH__
-    uint2 v = *(const uint2 *)p;
-    o[0] ^= v.x;
-    o[1] ^= v.y;
+    uint32_t x, y;
+    asm("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x), "=r"(y) : "r"(a));
+    o[0] ^= x;
+    o[1] ^= y;
 #else
-    o[0] ^= ((const uint32_t *)p)[0];
-    o[1] ^= ((const uint32_t *)p)[1];
+    o[0] ^= gcm_ld32(a);
+    o[1] ^= gcm_ld32(a + 4);
 #endif
 }
 
-/* o = w * hT (both in memory order) through the table G. */
-GCM_FN void gcm_mul_tab(const uint8_t *G, const uint32_t w[4], uint32_t o[4]) {
+/* o = w * hT (both in memory order) through the table at G. */
+GCM_FN void gcm_mul_tab(gcm_addr G, const uint32_t w[4], uint32_t o[4]) {
     o[0] = o[1] = o[2] = o[3] = 0;
     GCM_UNROLL
-    for (int j = 0; j < 32; j++) {
-        const uint8_t *p = G + 256 * j + gcm_field(w[j >> 3], 4 * (j & 7), 0xf, 3);
-        gcm_xor64(p, o);
-        gcm_xor64(p + 128, o + 2);
+    for (int q = 0; q < 4; q++) {
+        uint32_t nib[2] = {w[q] & 0x0f0f0f0fu, (w[q] >> 4) & 0x0f0f0f0fu}; /* low, high nibbles of each byte */
+        GCM_UNROLL
+        for (int n = 0; n < 8; n++) {
+            gcm_addr a = gcm_at(G, gcm_byte(nib[n & 1], n >> 1), 3);
+            gcm_xor64(a + 256 * (8 * q + n), o);
+            gcm_xor64(a + 256 * (8 * q + n) + 128, o + 2);
+        }
     }
 }
 

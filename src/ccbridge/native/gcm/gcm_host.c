@@ -32,7 +32,7 @@ size_t ccb_gcm_key_size(void) { return sizeof(gcm_key); }
 
 /* The host reads the one plain copy of the T-table (gcm_te). */
 static gcm_tab host_tab(const gcm_key *k) {
-    gcm_tab t = {(const uint8_t *)k->te0, 2, 0};
+    gcm_tab t = {(const uint8_t *)k->te0, 2};
     return t;
 }
 size_t ccb_gcm_msg_size(void) { return sizeof(gcm_msg); }
