@@ -12,6 +12,7 @@
  *   GCM_GHASH_TABLE  1: the per-block multiply by H^T by nibble table (gcm_mul_tab,
  *                    8 KiB of shared memory); 0: by emulated carry-less multiply
  *   GCM_CTR_CACHE    1: counter-mode caching of rounds 1-2 (gcm_ctr_aes); 0: all rounds
+ *   GCM_CRYPT_CTAS   ccb_gcm_crypt's CTAs per SM for __launch_bounds__ (3: at most 80 registers)
  *
  * Built by setup.py (nvcc -fatbin) when nvcc is present; loaded and launched
  * through the driver API by gcm_host.c.
@@ -26,6 +27,9 @@
 #endif
 #ifndef GCM_CTR_CACHE
 #define GCM_CTR_CACHE 1
+#endif
+#ifndef GCM_CRYPT_CTAS
+#define GCM_CRYPT_CTAS 3
 #endif
 
 #define LANES 32
@@ -58,10 +62,25 @@ __device__ static uint32_t smem_addr(const void *p) {
     return a;
 }
 
-/* This thread's view of the T-table: its own bank's copy. */
-__device__ static gcm_tab tab(const cta_state &s) {
-    gcm_tab t = {smem_addr(s.T + (threadIdx.x & (LANES - 1))), 7};
-    return t;
+/* What a thread reads its tables by, made once after load_key: its own bank's copy of the T-table, the GHASH
+ * table, and hT = H^T for the carry-less multiply. */
+struct tables {
+    gcm_tab T;
+    gcm_addr G;
+    gcm_u128 hT;
+};
+
+__device__ static tables tables_of(const cta_state &s, const gcm_key *k) {
+    tables tb;
+    tb.T.T = smem_addr(s.T + (threadIdx.x & (LANES - 1)));
+    tb.T.S = 7;
+#if GCM_GHASH_TABLE
+    tb.G = smem_addr(s.G);
+#else
+    tb.G = 0;
+#endif
+    tb.hT = k->hpow[GCM_THREADS - 1];
+    return tb;
 }
 
 /* One chunk's counter blocks for this thread: the words fixed by the chunk (after AddRoundKey) and the cache. */
@@ -70,25 +89,25 @@ struct ctr_state {
     gcm_ctr_cache cc;
 };
 
-__device__ static ctr_state ctr_begin(const cta_state &s, const gcm_msg &m, uint32_t c) {
+__device__ static ctr_state ctr_begin(const tables &tb, const gcm_msg &m, uint32_t c) {
     ctr_state k;
     uint32_t w[4];
     gcm_counter(&m, c, 0, w);
     for (int j = 0; j < 3; j++) k.x[j] = w[j] ^ m.rk[j];
 #if GCM_CTR_CACHE
-    gcm_ctr_fill(tab(s), m.rk, k.x, (threadIdx.x + 2) ^ m.rk[3], &k.cc);
+    gcm_ctr_fill(tb.T, m.rk, k.x, (threadIdx.x + 2) ^ m.rk[3], &k.cc);
 #endif
     return k;
 }
 
 /* The keystream of block i (memory order). */
-__device__ static uint4 keystream(const cta_state &s, const gcm_msg &m, ctr_state &k, uint32_t i) {
+__device__ static uint4 keystream(const tables &tb, const gcm_msg &m, ctr_state &k, uint32_t i) {
     uint32_t ks[4];
 #if GCM_CTR_CACHE
-    gcm_ctr_aes(tab(s), m.rk, k.x, &k.cc, i + 2, ks);
+    gcm_ctr_aes(tb.T, m.rk, k.x, &k.cc, i + 2, ks);
 #else
     uint32_t st[4] = {k.x[0], k.x[1], k.x[2], (i + 2) ^ m.rk[3]};
-    gcm_aes_from(tab(s), m.rk, 1, st, ks);
+    gcm_aes_from(tb.T, m.rk, 1, st, ks);
 #endif
     return make_uint4(ks[0], ks[1], ks[2], ks[3]);
 }
@@ -97,9 +116,9 @@ __device__ static uint4 keystream(const cta_state &s, const gcm_msg &m, ctr_stat
 #if GCM_GHASH_TABLE
 typedef uint4 gh_acc;
 
-__device__ static void gh_step(const cta_state &s, gh_acc &a, gcm_u128, uint4 cb) {
+__device__ static void gh_step(const tables &tb, gh_acc &a, uint4 cb) {
     uint32_t w[4] = {a.x, a.y, a.z, a.w}, o[4];
-    gcm_mul_tab(smem_addr(s.G), w, o);
+    gcm_mul_tab(tb.G, w, o);
     a = make_uint4(o[0] ^ cb.x, o[1] ^ cb.y, o[2] ^ cb.z, o[3] ^ cb.w);
 }
 
@@ -110,9 +129,9 @@ __device__ static gcm_u128 gh_value(gh_acc a) {
 #else
 typedef gcm_u128 gh_acc;
 
-__device__ static void gh_step(const cta_state &, gh_acc &a, gcm_u128 hT, uint4 cb) {
+__device__ static void gh_step(const tables &tb, gh_acc &a, uint4 cb) {
     uint32_t w[4] = {cb.x, cb.y, cb.z, cb.w};
-    a = gcm_xor(gcm_mul(a, hT), gcm_from_raw(w));
+    a = gcm_xor(gcm_mul(a, tb.hT), gcm_from_raw(w));
 }
 
 __device__ static gcm_u128 gh_value(gh_acc a) { return a; }
@@ -174,10 +193,10 @@ __device__ static uint4 pad_block(uint4 v, uint64_t len, uint32_t i) {
 __device__ static uint4 xor4(uint4 a, uint4 b) { return make_uint4(a.x ^ b.x, a.y ^ b.y, a.z ^ b.z, a.w ^ b.w); }
 
 /* Finish chunk c's tag in thread 0 (S = XOR of the threads' shares). */
-__device__ static gcm_u128 finish_tag(const cta_state &s, const gcm_key *k, const gcm_msg *m, uint32_t c, gcm_u128 S) {
+__device__ static gcm_u128 finish_tag(const tables &tb, const gcm_key *k, const gcm_msg *m, uint32_t c, gcm_u128 S) {
     uint32_t j0[4], ej0[4];
     gcm_counter(m, c, 1, j0);
-    gcm_aes(tab(s), m->rk, j0, ej0);
+    gcm_aes(tb.T, m->rk, j0, ej0);
     return gcm_chunk_tag(k, m, c, S, ej0);
 }
 
@@ -197,28 +216,28 @@ __device__ static void zero_pad(uint8_t *wire, const gcm_msg &m, uint32_t c) {
     if (!m.raw && c + 1 == m.nchunks && threadIdx.x < ((16 - (m.nbytes & 15)) & 15)) wire[m.nbytes + threadIdx.x] = 0;
 }
 
-extern "C" __global__ void __launch_bounds__(GCM_THREADS, 3)
+extern "C" __global__ void __launch_bounds__(GCM_THREADS, GCM_CRYPT_CTAS)
 ccb_gcm_crypt(const gcm_key *key, gcm_msg m, int decrypt, const uint8_t *in, uint8_t *out, uint8_t *tags, int *fail) {
     __shared__ cta_state s;
     load_key(s, key);
-    const gcm_u128 hT = key->hpow[GCM_THREADS - 1];
+    const tables tb = tables_of(s, key);
     for (uint32_t c = blockIdx.x; c < m.nchunks; c += gridDim.x) {
         uint64_t off = (uint64_t)c * m.chunk_bytes, len = gcm_chunk_len(&m, c);
         uint32_t nb = (uint32_t)((len + 15) / 16);
-        ctr_state ctr = ctr_begin(s, m, c);
+        ctr_state ctr = ctr_begin(tb, m, c);
         gh_acc acc = {};
         int64_t last = -1;
         for (uint32_t i = threadIdx.x; i < nb; i += GCM_THREADS) {
             uint4 v = load_block(in + off, len, i);
-            uint4 o = xor4(v, keystream(s, m, ctr, i));
+            uint4 o = xor4(v, keystream(tb, m, ctr, i));
             store_block(out + off, len, i, o);
             /* GHASH runs over the ciphertext; load_block already zero-padded v */
-            gh_step(s, acc, hT, decrypt ? v : pad_block(o, len, i));
+            gh_step(tb, acc, decrypt ? v : pad_block(o, len, i));
             last = i;
         }
         gcm_u128 S = cta_xor(s, gcm_lift(key, gh_value(acc), nb, last));
         if (threadIdx.x == 0) {
-            gcm_u128 t = finish_tag(s, key, &m, c, S);
+            gcm_u128 t = finish_tag(tb, key, &m, c, S);
             if (!decrypt) put_tag(tags, c, t);
             s.bad = decrypt && !tag_ok(tags, c, t);
             if (s.bad) atomicAdd(fail, 1);
@@ -280,32 +299,32 @@ ccb_gcm_reduce(const gcm_key *key, gcm_msg min, gcm_msg mout, int dtype, const u
                const uint8_t *local, uint8_t *plain, uint8_t *out, uint8_t *tout, int *fail) {
     __shared__ cta_state s;
     load_key(s, key);
-    const gcm_u128 hT = key->hpow[GCM_THREADS - 1];
+    const tables tb = tables_of(s, key);
     for (uint32_t c = blockIdx.x; c < min.nchunks; c += gridDim.x) {
         uint64_t off = (uint64_t)c * min.chunk_bytes, len = gcm_chunk_len(&min, c);
         uint32_t nb = (uint32_t)((len + 15) / 16);
-        ctr_state cin = ctr_begin(s, min, c), cout = ctr_begin(s, mout, c);
+        ctr_state cin = ctr_begin(tb, min, c), cout = ctr_begin(tb, mout, c);
         gh_acc ain = {}, aout = {};
         int64_t last = -1;
         for (uint32_t i = threadIdx.x; i < nb; i += GCM_THREADS) {
             uint4 v = load_block(in + off, len, i);
-            uint4 y = add16(xor4(v, keystream(s, min, cin, i)), load_block(local + off, len, i), dtype);
+            uint4 y = add16(xor4(v, keystream(tb, min, cin, i)), load_block(local + off, len, i), dtype);
             if (plain) store_block(plain + off, len, i, y);
-            gh_step(s, ain, hT, v); /* load_block zero-padded v */
+            gh_step(tb, ain, v); /* load_block zero-padded v */
             if (out) {
-                uint4 o = xor4(y, keystream(s, mout, cout, i));
+                uint4 o = xor4(y, keystream(tb, mout, cout, i));
                 store_block(out + off, len, i, o);
-                gh_step(s, aout, hT, pad_block(o, len, i));
+                gh_step(tb, aout, pad_block(o, len, i));
             }
             last = i;
         }
         gcm_u128 Sin = cta_xor(s, gcm_lift(key, gh_value(ain), nb, last));
         gcm_u128 Sout = out ? cta_xor(s, gcm_lift(key, gh_value(aout), nb, last)) : Sin;
         if (threadIdx.x == 0) {
-            s.bad = !tag_ok(tin, c, finish_tag(s, key, &min, c, Sin));
+            s.bad = !tag_ok(tin, c, finish_tag(tb, key, &min, c, Sin));
             if (s.bad) atomicAdd(fail, 1);
             if (out) {
-                gcm_u128 t = finish_tag(s, key, &mout, c, Sout);
+                gcm_u128 t = finish_tag(tb, key, &mout, c, Sout);
                 if (s.bad) t.hi = ~t.hi; /* poison: the next receiver must fail too */
                 put_tag(tout, c, t);
             }

@@ -311,10 +311,11 @@ GCM_FN void gcm_mul_tab(gcm_addr G, const uint32_t w[4], uint32_t o[4]) {
     o[0] = o[1] = o[2] = o[3] = 0;
     GCM_UNROLL
     for (int q = 0; q < 4; q++) {
-        uint32_t nib[2] = {w[q] & 0x0f0f0f0fu, (w[q] >> 4) & 0x0f0f0f0fu}; /* low, high nibbles of each byte */
+        /* each byte's low and high nibble, times 8 (an entry's offset): one byte permute per lookup */
+        uint32_t nib[2] = {(w[q] << 3) & 0x78787878u, (w[q] >> 1) & 0x78787878u};
         GCM_UNROLL
         for (int n = 0; n < 8; n++) {
-            gcm_addr a = gcm_at(G, gcm_byte(nib[n & 1], n >> 1), 3);
+            gcm_addr a = G + gcm_byte(nib[n & 1], n >> 1);
             gcm_xor64(a + 256 * (8 * q + n), o);
             gcm_xor64(a + 256 * (8 * q + n) + 128, o + 2);
         }
