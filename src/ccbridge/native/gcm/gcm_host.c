@@ -8,6 +8,7 @@
 #include "gcm.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -27,6 +28,9 @@ static void aes_sbox(uint8_t sbox[256]) {
     } while (p != 1);
     sbox[0] = 0x63;
 }
+
+/* the kernels copy the GHASH table into shared memory 16 bytes at a time */
+_Static_assert(offsetof(gcm_key, ghtab) % 16 == 0, "gcm_key.ghtab must be 16-byte aligned");
 
 size_t ccb_gcm_key_size(void) { return sizeof(gcm_key); }
 
