@@ -37,6 +37,21 @@ def test_kernel_model_matches_openssl_and_cryptography(n):
         assert gcm.model_decrypt(k, ident, wire, n, chunk) == p
 
 
+def test_kernel_model_past_2_16_blocks_in_a_chunk():
+    """The counter cache (rounds 1-2 kept per thread) is remade where a block counter's high half changes: a
+    chunk, and a raw message, of more than 2^16 blocks, on random data."""
+    n = (1 << 20) + 4096 + 7
+    k, p, ident = os.urandom(32), os.urandom(n), _ident()
+    chunk = 2 << 20
+    wire = gcm.model_encrypt(k, ident, p, chunk)
+    ref = AESGCM(k).encrypt(gcm.chunk_nonce(ident, 0), p, gcm.chunk_aad(ident, n, 0, chunk))
+    assert wire[:n] + wire[gcm.tags_offset(n):] == ref
+    assert gcm.model_decrypt(k, ident, wire, n, chunk) == p
+    iv, a = os.urandom(12), os.urandom(20)
+    ct, tag = gcm.model_raw(k, iv, a, p)
+    assert ct + tag == AESGCM(k).encrypt(iv, p, a)
+
+
 @pytest.mark.parametrize("k,iv,p,a,c,t", VECTORS)
 def test_kernel_model_on_gcm_spec_vectors(k, iv, p, a, c, t):
     k, iv, p, a, c, t = map(bytes.fromhex, (k, iv, p, a, c, t))

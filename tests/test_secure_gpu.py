@@ -43,6 +43,19 @@ def test_kernels_match_openssl_on_random_lengths(rnd):
         assert int(fail) == 0 and _bytes(out) == p
 
 
+def test_kernels_past_2_16_blocks_in_a_chunk():
+    """Each thread's counter cache is remade where the block counter's high half changes (> 1 MiB chunks)."""
+    n, chunk = (1 << 20) + 4096 + 7, 2 << 20
+    k, p, ident = os.urandom(32), os.urandom(n), Ident(os.urandom(8), os.urandom(32))
+    c = gcm.GpuCipher(k, "cuda")
+    wire = torch.empty(gcm.wire_len(n, chunk), dtype=torch.uint8, device="cuda")
+    c.encrypt(ident, _u8(p), wire, chunk)
+    assert _bytes(wire) == bytes(gcm.cpu_encrypt(k, ident, p, chunk))
+    out, fail = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.zeros(1, dtype=torch.int32, device="cuda")
+    c.decrypt(ident, wire, out, fail, chunk)
+    assert int(fail) == 0 and _bytes(out) == p
+
+
 def test_kernels_on_unaligned_buffers():
     """Segments of a tensor can start at any multiple of the element size."""
     n = 3 * 4096 + 24

@@ -4,7 +4,15 @@
  * handles blocks t, t+T, ... of it: counter-mode keystream, coalesced 16-byte
  * loads and stores, and its GHASH share. Shares are XOR-reduced across the CTA
  * and thread 0 finishes the tag. The T-table sits in shared memory once per
- * bank so lookups never conflict.
+ * bank so lookups never conflict; round keys are read from the launch's
+ * parameters (constants), the GHASH table from shared memory.
+ *
+ * Design choices still measured side by side (bench/gcm_variants.py), fixed at
+ * compile time:
+ *   GCM_GHASH_TABLE  1: the per-block multiply by H^T by nibble table (gcm_mul_tab,
+ *                    8 KiB of shared memory); 0: by emulated carry-less multiply
+ *   GCM_CTR_CACHE    1: counter-mode caching of rounds 1-2 (gcm_ctr_aes); 0: all rounds
+ *   GCM_CRYPT_CTAS   ccb_gcm_crypt's CTAs per SM for __launch_bounds__ (3: at most 80 registers)
  *
  * Built by setup.py (nvcc -fatbin) when nvcc is present; loaded and launched
  * through the driver API by gcm_host.c.
@@ -14,27 +22,120 @@
 
 #include "gcm.h"
 
+#ifndef GCM_GHASH_TABLE
+#define GCM_GHASH_TABLE 1
+#endif
+#ifndef GCM_CTR_CACHE
+#define GCM_CTR_CACHE 1
+#endif
+#ifndef GCM_CRYPT_CTAS
+#define GCM_CRYPT_CTAS 3
+#endif
+
 #define LANES 32
 
 enum { DT_F32, DT_F16, DT_BF16, DT_F64, DT_I32, DT_I64, DT_U8 };
 
 struct cta_state {
     uint32_t T[256 * LANES];
-    uint32_t rk[60];
+#if GCM_GHASH_TABLE
+    alignas(16) uint8_t G[GCM_GH_BYTES];
+#endif
     gcm_u128 part[GCM_THREADS / 32];
     int bad;
 };
 
 __device__ static void load_key(cta_state &s, const gcm_key *k) {
     for (int i = threadIdx.x; i < 256 * LANES; i += blockDim.x) s.T[i] = k->te0[i / LANES];
-    for (int i = threadIdx.x; i < 60; i += blockDim.x) s.rk[i] = k->rk[i];
+#if GCM_GHASH_TABLE
+    for (int i = threadIdx.x; i < GCM_GH_BYTES / 16; i += blockDim.x)
+        reinterpret_cast<uint4 *>(s.G)[i] = reinterpret_cast<const uint4 *>(k->ghtab)[i];
+#endif
     __syncthreads();
 }
 
-__device__ static void keystream(const cta_state &s, const gcm_msg *m, uint32_t c, uint32_t ctr, uint32_t ks[4]) {
-    gcm_counter(m, c, ctr, ks);
-    gcm_aes(s.rk, s.T, 5, threadIdx.x & (LANES - 1), ks);
+/* The shared-memory address of p, made after load_key's barrier: the tables are read by asm that names no
+ * memory, which must not move above the barrier. */
+__device__ static uint32_t smem_addr(const void *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("mov.u32 %0, %0;" : "+r"(a));
+    return a;
 }
+
+/* What a thread reads its tables by, made once after load_key: its own bank's copy of the T-table, the GHASH
+ * table, and hT = H^T for the carry-less multiply. */
+struct tables {
+    gcm_tab T;
+    gcm_addr G;
+    gcm_u128 hT;
+};
+
+__device__ static tables tables_of(const cta_state &s, const gcm_key *k) {
+    tables tb;
+    tb.T.T = smem_addr(s.T + (threadIdx.x & (LANES - 1)));
+    tb.T.S = 7;
+#if GCM_GHASH_TABLE
+    tb.G = smem_addr(s.G);
+#else
+    tb.G = 0;
+#endif
+    tb.hT = k->hpow[GCM_THREADS - 1];
+    return tb;
+}
+
+/* One chunk's counter blocks for this thread: the words fixed by the chunk (after AddRoundKey) and the cache. */
+struct ctr_state {
+    uint32_t x[3];
+    gcm_ctr_cache cc;
+};
+
+__device__ static ctr_state ctr_begin(const tables &tb, const gcm_msg &m, uint32_t c) {
+    ctr_state k;
+    uint32_t w[4];
+    gcm_counter(&m, c, 0, w);
+    for (int j = 0; j < 3; j++) k.x[j] = w[j] ^ m.rk[j];
+#if GCM_CTR_CACHE
+    gcm_ctr_fill(tb.T, m.rk, k.x, (threadIdx.x + 2) ^ m.rk[3], &k.cc);
+#endif
+    return k;
+}
+
+/* The keystream of block i (memory order). */
+__device__ static uint4 keystream(const tables &tb, const gcm_msg &m, ctr_state &k, uint32_t i) {
+    uint32_t ks[4];
+#if GCM_CTR_CACHE
+    gcm_ctr_aes(tb.T, m.rk, k.x, &k.cc, i + 2, ks);
+#else
+    uint32_t st[4] = {k.x[0], k.x[1], k.x[2], (i + 2) ^ m.rk[3]};
+    gcm_aes_from(tb.T, m.rk, 1, st, ks);
+#endif
+    return make_uint4(ks[0], ks[1], ks[2], ks[3]);
+}
+
+/* A thread's GHASH share: Horner with hT over its blocks (memory order). */
+#if GCM_GHASH_TABLE
+typedef uint4 gh_acc;
+
+__device__ static void gh_step(const tables &tb, gh_acc &a, uint4 cb) {
+    uint32_t w[4] = {a.x, a.y, a.z, a.w}, o[4];
+    gcm_mul_tab(tb.G, w, o);
+    a = make_uint4(o[0] ^ cb.x, o[1] ^ cb.y, o[2] ^ cb.z, o[3] ^ cb.w);
+}
+
+__device__ static gcm_u128 gh_value(gh_acc a) {
+    uint32_t w[4] = {a.x, a.y, a.z, a.w};
+    return gcm_from_raw(w);
+}
+#else
+typedef gcm_u128 gh_acc;
+
+__device__ static void gh_step(const tables &tb, gh_acc &a, uint4 cb) {
+    uint32_t w[4] = {cb.x, cb.y, cb.z, cb.w};
+    a = gcm_xor(gcm_mul(a, tb.hT), gcm_from_raw(w));
+}
+
+__device__ static gcm_u128 gh_value(gh_acc a) { return a; }
+#endif
 
 __device__ static gcm_u128 shfl_xor(gcm_u128 v, int d) {
     v.hi = __shfl_xor_sync(0xffffffffu, v.hi, d);
@@ -89,30 +190,14 @@ __device__ static uint4 pad_block(uint4 v, uint64_t len, uint32_t i) {
     return v;
 }
 
-/* raw memory words <-> the big-endian words GCM works in */
-__device__ static uint4 xor_ks(uint4 v, const uint32_t ks[4]) {
-    v.x ^= gcm_bswap32(ks[0]);
-    v.y ^= gcm_bswap32(ks[1]);
-    v.z ^= gcm_bswap32(ks[2]);
-    v.w ^= gcm_bswap32(ks[3]);
-    return v;
-}
-
-__device__ static gcm_u128 as_block(uint4 v) {
-    uint32_t w[4] = {gcm_bswap32(v.x), gcm_bswap32(v.y), gcm_bswap32(v.z), gcm_bswap32(v.w)};
-    return gcm_from_words(w);
-}
-
-__device__ static void ghash_step(gcm_u128 &acc, int64_t &last, gcm_u128 hT, uint32_t i, gcm_u128 cb) {
-    acc = last < 0 ? cb : gcm_xor(gcm_mul(acc, hT), cb);
-    last = i;
-}
+__device__ static uint4 xor4(uint4 a, uint4 b) { return make_uint4(a.x ^ b.x, a.y ^ b.y, a.z ^ b.z, a.w ^ b.w); }
 
 /* Finish chunk c's tag in thread 0 (S = XOR of the threads' shares). */
-__device__ static gcm_u128 finish_tag(const cta_state &s, const gcm_key *k, const gcm_msg *m, uint32_t c, gcm_u128 S) {
-    uint32_t j0[4];
-    keystream(s, m, c, 1, j0);
-    return gcm_chunk_tag(k, m, c, S, j0);
+__device__ static gcm_u128 finish_tag(const tables &tb, const gcm_key *k, const gcm_msg *m, uint32_t c, gcm_u128 S) {
+    uint32_t j0[4], ej0[4];
+    gcm_counter(m, c, 1, j0);
+    gcm_aes(tb.T, m->rk, j0, ej0);
+    return gcm_chunk_tag(k, m, c, S, ej0);
 }
 
 __device__ static void put_tag(uint8_t *tags, uint32_t c, gcm_u128 t) { gcm_store_be(tags + 16ull * c, t); }
@@ -131,28 +216,28 @@ __device__ static void zero_pad(uint8_t *wire, const gcm_msg &m, uint32_t c) {
     if (!m.raw && c + 1 == m.nchunks && threadIdx.x < ((16 - (m.nbytes & 15)) & 15)) wire[m.nbytes + threadIdx.x] = 0;
 }
 
-extern "C" __global__ void __launch_bounds__(GCM_THREADS, 3)
+extern "C" __global__ void __launch_bounds__(GCM_THREADS, GCM_CRYPT_CTAS)
 ccb_gcm_crypt(const gcm_key *key, gcm_msg m, int decrypt, const uint8_t *in, uint8_t *out, uint8_t *tags, int *fail) {
     __shared__ cta_state s;
     load_key(s, key);
-    const gcm_u128 hT = key->hpow[GCM_THREADS - 1];
+    const tables tb = tables_of(s, key);
     for (uint32_t c = blockIdx.x; c < m.nchunks; c += gridDim.x) {
         uint64_t off = (uint64_t)c * m.chunk_bytes, len = gcm_chunk_len(&m, c);
         uint32_t nb = (uint32_t)((len + 15) / 16);
-        gcm_u128 acc = {0, 0};
+        ctr_state ctr = ctr_begin(tb, m, c);
+        gh_acc acc = {};
         int64_t last = -1;
         for (uint32_t i = threadIdx.x; i < nb; i += GCM_THREADS) {
-            uint32_t ks[4];
-            keystream(s, &m, c, i + 2, ks);
             uint4 v = load_block(in + off, len, i);
-            uint4 o = xor_ks(v, ks);
+            uint4 o = xor4(v, keystream(tb, m, ctr, i));
             store_block(out + off, len, i, o);
             /* GHASH runs over the ciphertext; load_block already zero-padded v */
-            ghash_step(acc, last, hT, i, as_block(decrypt ? v : pad_block(o, len, i)));
+            gh_step(tb, acc, decrypt ? v : pad_block(o, len, i));
+            last = i;
         }
-        gcm_u128 S = cta_xor(s, gcm_lift(key, acc, nb, last));
+        gcm_u128 S = cta_xor(s, gcm_lift(key, gh_value(acc), nb, last));
         if (threadIdx.x == 0) {
-            gcm_u128 t = finish_tag(s, key, &m, c, S);
+            gcm_u128 t = finish_tag(tb, key, &m, c, S);
             if (!decrypt) put_tag(tags, c, t);
             s.bad = decrypt && !tag_ok(tags, c, t);
             if (s.bad) atomicAdd(fail, 1);
@@ -214,33 +299,32 @@ ccb_gcm_reduce(const gcm_key *key, gcm_msg min, gcm_msg mout, int dtype, const u
                const uint8_t *local, uint8_t *plain, uint8_t *out, uint8_t *tout, int *fail) {
     __shared__ cta_state s;
     load_key(s, key);
-    const gcm_u128 hT = key->hpow[GCM_THREADS - 1];
+    const tables tb = tables_of(s, key);
     for (uint32_t c = blockIdx.x; c < min.nchunks; c += gridDim.x) {
         uint64_t off = (uint64_t)c * min.chunk_bytes, len = gcm_chunk_len(&min, c);
         uint32_t nb = (uint32_t)((len + 15) / 16);
-        gcm_u128 ain = {0, 0}, aout = {0, 0};
-        int64_t lin = -1, lout = -1;
+        ctr_state cin = ctr_begin(tb, min, c), cout = ctr_begin(tb, mout, c);
+        gh_acc ain = {}, aout = {};
+        int64_t last = -1;
         for (uint32_t i = threadIdx.x; i < nb; i += GCM_THREADS) {
-            uint32_t ks[4];
-            keystream(s, &min, c, i + 2, ks);
             uint4 v = load_block(in + off, len, i);
-            uint4 y = add16(xor_ks(v, ks), load_block(local + off, len, i), dtype);
+            uint4 y = add16(xor4(v, keystream(tb, min, cin, i)), load_block(local + off, len, i), dtype);
             if (plain) store_block(plain + off, len, i, y);
-            ghash_step(ain, lin, hT, i, as_block(v)); /* load_block zero-padded v */
+            gh_step(tb, ain, v); /* load_block zero-padded v */
             if (out) {
-                keystream(s, &mout, c, i + 2, ks);
-                uint4 o = xor_ks(y, ks);
+                uint4 o = xor4(y, keystream(tb, mout, cout, i));
                 store_block(out + off, len, i, o);
-                ghash_step(aout, lout, hT, i, as_block(pad_block(o, len, i)));
+                gh_step(tb, aout, pad_block(o, len, i));
             }
+            last = i;
         }
-        gcm_u128 Sin = cta_xor(s, gcm_lift(key, ain, nb, lin));
-        gcm_u128 Sout = out ? cta_xor(s, gcm_lift(key, aout, nb, lout)) : Sin;
+        gcm_u128 Sin = cta_xor(s, gcm_lift(key, gh_value(ain), nb, last));
+        gcm_u128 Sout = out ? cta_xor(s, gcm_lift(key, gh_value(aout), nb, last)) : Sin;
         if (threadIdx.x == 0) {
-            s.bad = !tag_ok(tin, c, finish_tag(s, key, &min, c, Sin));
+            s.bad = !tag_ok(tin, c, finish_tag(tb, key, &min, c, Sin));
             if (s.bad) atomicAdd(fail, 1);
             if (out) {
-                gcm_u128 t = finish_tag(s, key, &mout, c, Sout);
+                gcm_u128 t = finish_tag(tb, key, &mout, c, Sout);
                 if (s.bad) t.hi = ~t.hi; /* poison: the next receiver must fail too */
                 put_tag(tout, c, t);
             }

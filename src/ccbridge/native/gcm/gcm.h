@@ -21,11 +21,14 @@
  * CLMUL white paper (Gueron and Kounavis): product, shift left by one, reduce.
  * The GPU has no carry-less multiply: clmul32 uses integer multiplies on
  * operands with holes (one bit in four), whose sums never carry into the next
- * live bit (at most 8 terms meet in a 4-bit slot).
+ * live bit (at most 8 terms meet in a 4-bit slot). That serves the few
+ * multiplies per chunk; the per-block one (by the fixed H^T) goes by table
+ * (gcm_mul_tab), on blocks kept in memory order.
  */
 #ifndef CCB_GCM_H
 #define CCB_GCM_H
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __CUDACC__
 #define GCM_FN __host__ __device__ static __forceinline__
@@ -42,11 +45,13 @@ typedef struct {
     uint64_t hi, lo;
 } gcm_u128;
 
-/* All a key needs on the device; built on the host (ccb_gcm_key). */
+/* All a key needs on the device; built on the host (ccb_gcm_key). New fields go at the end: kernels built from
+ * an older gcm.h still run on it (bench/gcm_variants.py --legacy). */
 typedef struct {
     uint32_t rk[60];                  /* AES-256 round keys, big-endian words */
     uint32_t te0[256];                /* T-table; Te1..3 are its rotations, the S-box a byte of it */
     gcm_u128 hpow[GCM_THREADS + 1];   /* hpow[k] = H^(k+1) */
+    uint8_t ghtab[32 * 256];          /* x -> x * hpow[GCM_THREADS - 1] by nibbles (gcm_mul_tab) */
 } gcm_key;
 
 /* One message for one launch. A "raw" message is plain AES-GCM with a 96-bit
@@ -61,6 +66,7 @@ typedef struct {
     uint32_t raw, ctr_base;
     uint64_t aad_bits;
     gcm_u128 aad_hash;         /* raw: Horner of the AAD blocks with H */
+    uint32_t rk[60];           /* the key's round keys: a kernel parameter, so rounds read them as constants */
 } gcm_msg;
 
 GCM_FN uint32_t gcm_bswap32(uint32_t x) {
@@ -142,33 +148,184 @@ GCM_FN void gcm_store_be(uint8_t *p, gcm_u128 v) {
     }
 }
 
-/* AES-256 of one block (big-endian words, in place). The T-table is read as
- * T[(x << shift) | lane]: the kernels keep one copy per shared-memory bank
- * (shift 5, lane = lane id) so a warp's lookups never conflict; the host reads
- * it plainly (shift 0, lane 0). */
-GCM_FN void gcm_aes(const uint32_t *rk, const uint32_t *T, int shift, uint32_t lane, uint32_t s[4]) {
-#define TE(x) T[((uint32_t)(x) << shift) | lane]
-    uint32_t s0 = s[0] ^ rk[0], s1 = s[1] ^ rk[1], s2 = s[2] ^ rk[2], s3 = s[3] ^ rk[3];
-    for (int r = 1; r < 14; r++) {
-        const uint32_t *k = rk + 4 * r;
-        uint32_t t0 = TE(s0 >> 24) ^ gcm_ror(TE((s1 >> 16) & 0xff), 8) ^ gcm_ror(TE((s2 >> 8) & 0xff), 16) ^
-                      gcm_ror(TE(s3 & 0xff), 24) ^ k[0];
-        uint32_t t1 = TE(s1 >> 24) ^ gcm_ror(TE((s2 >> 16) & 0xff), 8) ^ gcm_ror(TE((s3 >> 8) & 0xff), 16) ^
-                      gcm_ror(TE(s0 & 0xff), 24) ^ k[1];
-        uint32_t t2 = TE(s2 >> 24) ^ gcm_ror(TE((s3 >> 16) & 0xff), 8) ^ gcm_ror(TE((s0 >> 8) & 0xff), 16) ^
-                      gcm_ror(TE(s1 & 0xff), 24) ^ k[2];
-        uint32_t t3 = TE(s3 >> 24) ^ gcm_ror(TE((s0 >> 16) & 0xff), 8) ^ gcm_ror(TE((s1 >> 8) & 0xff), 16) ^
-                      gcm_ror(TE(s2 & 0xff), 24) ^ k[3];
-        s0 = t0, s1 = t1, s2 = t2, s3 = t3;
+/* __byte_perm: byte i of the result is byte (sel >> 4i) & 7 of b:a (a's bytes 0-3, b's 4-7). */
+GCM_FN uint32_t gcm_perm(uint32_t a, uint32_t b, uint32_t sel) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(a, b, sel);
+#else
+    uint64_t ab = ((uint64_t)b << 32) | a;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) r |= (uint32_t)((ab >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+#endif
+}
+
+/* Byte k (0 = least significant) of x: one byte permute on the GPU (ptxas keeps it one instruction, where a
+ * shift and a mask become two once scaled into an address). */
+GCM_FN uint32_t gcm_byte(uint32_t x, int k) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(x, 0, 0x4440 + k);
+#else
+    return (x >> (8 * k)) & 0xff;
+#endif
+}
+
+#ifdef __CUDA_ARCH__
+#define GCM_UNROLL _Pragma("unroll")
+#else
+#define GCM_UNROLL
+#endif
+
+/* AES-256 by T-table. The table is read through gcm_te: entry x at byte offset x << S of T. The kernels keep
+ * one copy per shared-memory bank (S = 7, T offset by 4 * lane id) so a warp's lookups never conflict; the host
+ * reads one plain copy (S = 2). Te0[x] = (2s, s, s, 3s) (s = S-box of x); Te1..3 are its rotations. State words
+ * are big-endian; the last round writes the keystream in memory order (little-endian words of the block's
+ * bytes), so it XORs into loaded data as it is. */
+#ifdef __CUDA_ARCH__
+typedef uint32_t gcm_addr; /* a shared-memory address: the kernels read their tables by explicit address */
+#else
+typedef const uint8_t *gcm_addr;
+#endif
+
+typedef struct {
+    gcm_addr T;
+    int S;
+} gcm_tab;
+
+/* T + (x << S), one multiply-add; on the GPU kept whole (asm), so a constant offset added after it folds into
+ * the load instead of being reassociated into the index arithmetic. */
+GCM_FN gcm_addr gcm_at(gcm_addr T, uint32_t x, int S) {
+#ifdef __CUDA_ARCH__
+    uint32_t a;
+    asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(a) : "r"(x), "r"(1u << S), "r"(T));
+    return a;
+#else
+    return T + ((size_t)x << S);
+#endif
+}
+
+/* The 32-bit word at a (shared memory in the kernels: their tables are constant once loaded). */
+GCM_FN uint32_t gcm_ld32(gcm_addr a) {
+#ifdef __CUDA_ARCH__
+    uint32_t v;
+    asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
+    return v;
+#else
+    uint32_t v;
+    memcpy(&v, a, 4);
+    return v;
+#endif
+}
+
+GCM_FN uint32_t gcm_te(gcm_tab t, uint32_t s, int k) { return gcm_ld32(gcm_at(t.T, gcm_byte(s, k), t.S)); }
+
+/* One full round with round key k, in place. */
+GCM_FN void gcm_round(gcm_tab t, const uint32_t *k, uint32_t s[4]) {
+    uint32_t r[4];
+    GCM_UNROLL
+    for (int j = 0; j < 4; j++)
+        r[j] = gcm_te(t, s[j], 3) ^ gcm_ror(gcm_te(t, s[(j + 1) & 3], 2), 8) ^
+               gcm_ror(gcm_te(t, s[(j + 2) & 3], 1), 16) ^ gcm_ror(gcm_te(t, s[(j + 3) & 3], 0), 24) ^ k[j];
+    GCM_UNROLL
+    for (int j = 0; j < 4; j++) s[j] = r[j];
+}
+
+/* Rounds r0..13 and the last (S-box only, its bytes picked out of Te0 entries by byte permutes), from state s
+ * (already through rounds < r0); out in memory order. */
+GCM_FN void gcm_aes_from(gcm_tab t, const uint32_t *rk, int r0, uint32_t s[4], uint32_t out[4]) {
+    GCM_UNROLL
+    for (int r = r0; r < 14; r++) gcm_round(t, rk + 4 * r, s);
+    GCM_UNROLL
+    for (int j = 0; j < 4; j++) {
+        uint32_t p = gcm_perm(gcm_te(t, s[j], 3), gcm_te(t, s[(j + 1) & 3], 2), 0x0051);
+        uint32_t q = gcm_perm(gcm_te(t, s[(j + 2) & 3], 1), gcm_te(t, s[(j + 3) & 3], 0), 0x0051);
+        out[j] = gcm_perm(p, q, 0x5410) ^ gcm_bswap32(rk[56 + j]);
     }
-    /* last round: S-box only; Te0[x] = (2s, s, s, 3s), so s is any middle byte */
-#define SB(a, b, c, d) (((TE(a) << 8) & 0xff000000u) ^ (TE(b) & 0x00ff0000u) ^ (TE(c) & 0x0000ff00u) ^ ((TE(d) >> 8) & 0xffu))
-    s[0] = SB(s0 >> 24, (s1 >> 16) & 0xff, (s2 >> 8) & 0xff, s3 & 0xff) ^ rk[56];
-    s[1] = SB(s1 >> 24, (s2 >> 16) & 0xff, (s3 >> 8) & 0xff, s0 & 0xff) ^ rk[57];
-    s[2] = SB(s2 >> 24, (s3 >> 16) & 0xff, (s0 >> 8) & 0xff, s1 & 0xff) ^ rk[58];
-    s[3] = SB(s3 >> 24, (s0 >> 16) & 0xff, (s1 >> 8) & 0xff, s2 & 0xff) ^ rk[59];
-#undef SB
-#undef TE
+}
+
+/* AES-256 of one block given as big-endian words; out in memory order. */
+GCM_FN void gcm_aes(gcm_tab t, const uint32_t *rk, const uint32_t in[4], uint32_t out[4]) {
+    uint32_t s[4] = {in[0] ^ rk[0], in[1] ^ rk[1], in[2] ^ rk[2], in[3] ^ rk[3]};
+    gcm_aes_from(t, rk, 1, s, out);
+}
+
+/* Counter-mode caching (Bernstein and Schwabe): a thread's counter blocks differ only in their last word, and
+ * from one block to its next (256 blocks on) only in that word's byte 1 while the other bytes hold. With y the
+ * last word after AddRoundKey, round 1 then changes only word 1 (c1 ^ ror16(Te0[byte 1 of y])) and round 2
+ * only that word's contributions (d ^ gcm_ctr_mix(t1)): 5 lookups instead of 32. The cache is remade when
+ * another byte of y changes (a chunk past 2^16 blocks). */
+typedef struct {
+    uint32_t y, c1, d[4];
+} gcm_ctr_cache;
+
+/* Round 2's terms that read word 1 of round 1's output, XORed into base. */
+GCM_FN void gcm_ctr_mix(gcm_tab t, const uint32_t base[4], uint32_t t1, uint32_t out[4]) {
+    out[0] = base[0] ^ gcm_ror(gcm_te(t, t1, 2), 8);
+    out[1] = base[1] ^ gcm_te(t, t1, 3);
+    out[2] = base[2] ^ gcm_ror(gcm_te(t, t1, 0), 24);
+    out[3] = base[3] ^ gcm_ror(gcm_te(t, t1, 1), 16);
+}
+
+/* x: the chunk's first three counter words XOR rk[0..2]; y: the last word XOR rk[3]. */
+GCM_FN void gcm_ctr_fill(gcm_tab t, const uint32_t *rk, const uint32_t x[3], uint32_t y, gcm_ctr_cache *cc) {
+    uint32_t s[4] = {x[0], x[1], x[2], y};
+    gcm_round(t, rk + 4, s);
+    uint32_t t1 = s[1];
+    cc->c1 = t1 ^ gcm_ror(gcm_te(t, y, 1), 16);
+    gcm_round(t, rk + 8, s);
+    gcm_ctr_mix(t, s, t1, cc->d); /* XOR cancels t1's terms out */
+    cc->y = y;
+}
+
+/* The keystream of counter word ctr (memory order), through the cache. */
+GCM_FN void gcm_ctr_aes(gcm_tab t, const uint32_t *rk, const uint32_t x[3], gcm_ctr_cache *cc, uint32_t ctr,
+                        uint32_t out[4]) {
+    uint32_t y = ctr ^ rk[3], s[4];
+    if ((y ^ cc->y) & 0xffff00ffu) gcm_ctr_fill(t, rk, x, y, cc);
+    gcm_ctr_mix(t, cc->d, cc->c1 ^ gcm_ror(gcm_te(t, y, 1), 16), s);
+    gcm_aes_from(t, rk, 3, s, out);
+}
+
+/* GHASH's in-loop multiply is by the fixed hT = H^GCM_THREADS, a GF(2)-linear map: x * hT is the XOR over x's
+ * 32 nibbles of a per-key table entry, no multiply or reduction. Blocks stay in memory order (words w[0..3] of
+ * the block's bytes, little-endian): nibble j is bits 4(j & 7).. of w[j >> 3]. gcm_key.ghtab holds, for each
+ * j, 16 entries of the product's first 8 bytes, then 16 of its last 8 (each run 128 bytes: one shared-memory
+ * bank row, so a warp's 64-bit lookups never conflict). */
+#define GCM_GH_BYTES (32 * 256)
+
+/* o[0..1] ^= the 64 bits at a. */
+GCM_FN void gcm_xor64(gcm_addr a, uint32_t *o) {
+#ifdef __CUDA_ARCH__
+    uint32_t x, y;
+    asm("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x), "=r"(y) : "r"(a));
+    o[0] ^= x;
+    o[1] ^= y;
+#else
+    o[0] ^= gcm_ld32(a);
+    o[1] ^= gcm_ld32(a + 4);
+#endif
+}
+
+/* o = w * hT (both in memory order) through the table at G. */
+GCM_FN void gcm_mul_tab(gcm_addr G, const uint32_t w[4], uint32_t o[4]) {
+    o[0] = o[1] = o[2] = o[3] = 0;
+    GCM_UNROLL
+    for (int q = 0; q < 4; q++) {
+        /* each byte's low and high nibble, times 8 (an entry's offset): one byte permute per lookup */
+        uint32_t nib[2] = {(w[q] << 3) & 0x78787878u, (w[q] >> 1) & 0x78787878u};
+        GCM_UNROLL
+        for (int n = 0; n < 8; n++) {
+            gcm_addr a = G + gcm_byte(nib[n & 1], n >> 1);
+            gcm_xor64(a + 256 * (8 * q + n), o);
+            gcm_xor64(a + 256 * (8 * q + n) + 128, o + 2);
+        }
+    }
+}
+
+/* A block in memory order as a GCM value. */
+GCM_FN gcm_u128 gcm_from_raw(const uint32_t w[4]) {
+    uint32_t b[4] = {gcm_bswap32(w[0]), gcm_bswap32(w[1]), gcm_bswap32(w[2]), gcm_bswap32(w[3])};
+    return gcm_from_words(b);
 }
 
 /* The counter block of block i of chunk c (GCM: J0 = nonce || 1, data from J0 + 1). */
@@ -192,7 +349,7 @@ GCM_FN gcm_u128 gcm_lift(const gcm_key *k, gcm_u128 acc, uint32_t m, int64_t las
     return last < 0 ? z : gcm_mul(acc, k->hpow[m - (uint32_t)last]);
 }
 
-/* The tag of chunk c, given the XOR of the threads' lifted shares (S) and E_K(J0). */
+/* The tag of chunk c, given the XOR of the threads' lifted shares (S) and E_K(J0) (memory order). */
 GCM_FN gcm_u128 gcm_chunk_tag(const gcm_key *k, const gcm_msg *m, uint32_t c, gcm_u128 S, const uint32_t ej0[4]) {
     uint8_t tail[16];
     uint64_t len = gcm_chunk_len(m, c);
@@ -208,7 +365,7 @@ GCM_FN gcm_u128 gcm_chunk_tag(const gcm_key *k, const gcm_msg *m, uint32_t c, gc
     S = gcm_xor(S, gcm_mul(a, c + 1 == m->nchunks ? m->hm_last : m->hm_full));
     gcm_u128 L = {m->raw ? m->aad_bits : (uint64_t)(GCM_ID_BYTES + 16) * 8, len * 8};
     S = gcm_xor(S, gcm_mul(L, H));
-    return gcm_xor(S, gcm_from_words(ej0));
+    return gcm_xor(S, gcm_from_raw(ej0));
 }
 
 #ifndef __CUDACC__

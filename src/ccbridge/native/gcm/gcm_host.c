@@ -1,12 +1,14 @@
 /*
  * The host side of the GPU AES-256-GCM (gcm.h): key setup, per-message
  * parameters, kernel launches on the caller's stream, and a sequential model
- * of the kernels (same arithmetic, same thread decomposition) that the CPU
- * tests check against OpenSSL.
+ * of the kernels (same arithmetic: T-table rounds with counter caching, GHASH
+ * by table; same thread decomposition) that the CPU tests check against
+ * OpenSSL.
  */
 #include "gcm.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -27,7 +29,16 @@ static void aes_sbox(uint8_t sbox[256]) {
     sbox[0] = 0x63;
 }
 
+/* the kernels copy the GHASH table into shared memory 16 bytes at a time */
+_Static_assert(offsetof(gcm_key, ghtab) % 16 == 0, "gcm_key.ghtab must be 16-byte aligned");
+
 size_t ccb_gcm_key_size(void) { return sizeof(gcm_key); }
+
+/* The host reads the one plain copy of the T-table (gcm_te). */
+static gcm_tab host_tab(const gcm_key *k) {
+    gcm_tab t = {(const uint8_t *)k->te0, 2};
+    return t;
+}
 size_t ccb_gcm_msg_size(void) { return sizeof(gcm_msg); }
 
 static gcm_u128 gcm_pow(const gcm_key *k, uint64_t e) {
@@ -67,10 +78,19 @@ int ccb_gcm_key(const uint8_t key[32], gcm_key *k) {
         }
         w[i] = w[i - 8] ^ t;
     }
-    uint32_t h[4] = {0, 0, 0, 0};
-    gcm_aes(k->rk, k->te0, 0, 0, h);
-    k->hpow[0] = gcm_from_words(h);
+    uint32_t zero[4] = {0, 0, 0, 0}, h[4];
+    gcm_aes(host_tab(k), k->rk, zero, h);
+    k->hpow[0] = gcm_from_raw(h);
     for (int i = 1; i <= GCM_THREADS; i++) k->hpow[i] = gcm_mul(k->hpow[i - 1], k->hpow[0]);
+    /* gcm_mul_tab's table: entry e of nibble j is the product of the block whose only nonzero nibble is j, = e */
+    for (int j = 0; j < 32; j++)
+        for (int e = 0; e < 16; e++) {
+            uint8_t x[16] = {0}, y[16];
+            x[4 * (j >> 3) + ((j & 7) >> 1)] = (uint8_t)(e << (4 * (j & 1)));
+            gcm_store_be(y, gcm_mul(gcm_load_be(x), k->hpow[GCM_THREADS - 1]));
+            memcpy(k->ghtab + 256 * j + 8 * e, y, 8);
+            memcpy(k->ghtab + 256 * j + 128 + 8 * e, y + 8, 8);
+        }
     return 0;
 }
 
@@ -93,6 +113,7 @@ int ccb_gcm_msg(const gcm_key *k, gcm_msg *m, uint64_t nbytes, uint32_t chunk_by
     m->nchunks = (uint32_t)nchunks;
     memcpy(m->prefix, prefix, GCM_PREFIX_BYTES);
     memcpy(m->id, id, GCM_ID_BYTES);
+    memcpy(m->rk, k->rk, sizeof m->rk);
     uint64_t full = ((uint64_t)chunk_bytes + 15) / 16, last = (gcm_chunk_len(m, m->nchunks - 1) + 15) / 16;
     m->hm_full = gcm_pow(k, full + 2);
     m->hm_last = gcm_pow(k, last + 2);
@@ -126,34 +147,38 @@ int ccb_gcm_raw_msg(const gcm_key *k, gcm_msg *m, uint64_t nbytes, const uint8_t
  * returns the number of chunks whose tag failed (their output zeroed). */
 int ccb_gcm_model(const gcm_key *k, const gcm_msg *m, int decrypt, const uint8_t *in, uint8_t *out, uint8_t *tags) {
     int bad = 0;
+    gcm_tab tab = host_tab(k);
     for (uint32_t c = 0; c < m->nchunks; c++) {
         uint64_t off = (uint64_t)c * m->chunk_bytes, len = gcm_chunk_len(m, c);
-        uint32_t nb = (uint32_t)((len + 15) / 16);
+        uint32_t nb = (uint32_t)((len + 15) / 16), ctr0[4];
+        gcm_counter(m, c, 0, ctr0);
+        uint32_t x[3] = {ctr0[0] ^ m->rk[0], ctr0[1] ^ m->rk[1], ctr0[2] ^ m->rk[2]};
         gcm_u128 S = {0, 0};
         for (uint32_t t = 0; t < GCM_THREADS; t++) {
-            gcm_u128 acc = {0, 0};
+            uint32_t acc[4] = {0, 0, 0, 0};
             int64_t last = -1;
+            gcm_ctr_cache cc;
+            gcm_ctr_fill(tab, m->rk, x, (t + 2) ^ m->rk[3], &cc);
             for (uint32_t i = t; i < nb; i += GCM_THREADS) {
-                uint32_t ks[4];
-                gcm_counter(m, c, i + 2, ks);
-                gcm_aes(k->rk, k->te0, 0, 0, ks);
+                uint32_t ks[4], w[4], prod[4];
+                gcm_ctr_aes(tab, m->rk, x, &cc, i + 2, ks);
                 uint8_t blk[16] = {0}, ksb[16], o[16];
                 uint32_t n = (uint32_t)(len - 16ull * i < 16 ? len - 16ull * i : 16);
                 memcpy(blk, in + off + 16ull * i, n);
-                for (int j = 0; j < 4; j++)
-                    for (int b = 0; b < 4; b++) ksb[4 * j + b] = (uint8_t)(ks[j] >> (24 - 8 * b));
+                memcpy(ksb, ks, 16); /* memory order: the host is little-endian, as the GPU */
                 for (int j = 0; j < 16; j++) o[j] = j < (int)n ? blk[j] ^ ksb[j] : 0;
                 memcpy(out + off + 16ull * i, o, n);
-                gcm_u128 cb = gcm_load_be(decrypt ? blk : o);
-                acc = last < 0 ? cb : gcm_xor(gcm_mul(acc, k->hpow[GCM_THREADS - 1]), cb);
+                memcpy(w, decrypt ? blk : o, 16);
+                gcm_mul_tab(k->ghtab, acc, prod);
+                for (int j = 0; j < 4; j++) acc[j] = prod[j] ^ w[j];
                 last = i;
             }
-            S = gcm_xor(S, gcm_lift(k, acc, nb, last));
+            S = gcm_xor(S, gcm_lift(k, gcm_from_raw(acc), nb, last));
         }
-        uint32_t j0[4];
+        uint32_t j0[4], ej0[4];
         gcm_counter(m, c, 1, j0);
-        gcm_aes(k->rk, k->te0, 0, 0, j0);
-        gcm_u128 tag = gcm_chunk_tag(k, m, c, S, j0);
+        gcm_aes(tab, m->rk, j0, ej0);
+        gcm_u128 tag = gcm_chunk_tag(k, m, c, S, ej0);
         if (!decrypt) {
             gcm_store_be(tags + 16ull * c, tag);
         } else {
