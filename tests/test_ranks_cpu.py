@@ -261,3 +261,18 @@ def test_gated_ranks_start_early_and_run_only_when_the_gate_opens(how, clean, tm
         assert all(float(p.read_text()) >= opened for p in tmp_path.iterdir()) and len(list(tmp_path.iterdir())) == 2
     else:
         assert out["got"] == [None, None] and not list(tmp_path.iterdir())
+
+
+def test_a_gate_is_set_once_and_closes_once():
+    """open() after shut() changes nothing (a rank may have read the word), and close() may be called again, by every
+    owner that ends its run (the probe's registry and its command both do)."""
+    gate = ranks.Gate()
+    gate.shut()
+    gate.open()
+    with open(gate.path) as f:
+        assert f.read() == "shut"
+    folder = os.path.dirname(gate.path)
+    gate.close()
+    gate.close()
+    gate.open()
+    assert not os.path.exists(folder)

@@ -126,11 +126,12 @@ class Gate:
         self.path = os.path.join(self._dir.name, "gate")
 
     def _set(self, word: str) -> None:
-        if not os.path.exists(self.path):
-            tmp = self.path + ".tmp"
-            with open(tmp, "w") as f:
-                f.write(word)
-            os.replace(tmp, self.path)  # whole or absent: a rank never reads half a word
+        if self._dir is None or os.path.exists(self.path):
+            return  # closed, or already open or shut: a gate is set once
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(word)
+        os.replace(tmp, self.path)  # whole or absent: a rank never reads half a word
 
     def open(self) -> None:
         self._set("open")
@@ -139,8 +140,11 @@ class Gate:
         self._set("shut")
 
     def close(self) -> None:
-        self.shut()
-        self._dir.cleanup()
+        """Shut (if it was never opened) and gone; again: nothing."""
+        if self._dir is not None:
+            self.shut()
+            self._dir.cleanup()
+            self._dir = None
 
 
 def _wait_gate(path: str, link: Connection) -> bool:
