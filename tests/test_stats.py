@@ -44,3 +44,16 @@ def test_settled_stops_once_samples_agree_and_repeats_noisy_ones():
     assert settled(lambda: next(spread), 2, 4, spread=0.01) == [10.0, 11.0, 10.9, 10.95]
     objects = iter([(1, 100.0), (2, 100.5), (3, 50.0)])
     assert settled(lambda: next(objects), 2, 3, value=lambda o: o[1]) == [(1, 100.0), (2, 100.5)]
+
+
+def test_paired_loops_take_every_repetition_unless_asked_to_settle():
+    """Latency loops keep all their repetitions (their medians ride out a preempted sample, and framework.launch
+    counts every launch it made); a bandwidth loop may stop once its samples agree."""
+    from ccbridge.probe.framework import paired_us
+
+    calls = []
+    samples, paused = paired_us(lambda: calls.append(1), lambda: None, 10, 7)
+    assert len(samples) == 7 and paused is None and len(calls) == 70
+    calls.clear()
+    settled_samples, _ = paired_us(lambda: calls.append(1), lambda: None, 10, 7, settle=True)
+    assert 3 <= len(settled_samples) <= 7 and len(calls) == 10 * len(settled_samples)

@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ccbridge.report import html, markdown
+from ccbridge import results
+from ccbridge.report import html, markdown, plots
 from ccbridge.textfit import fit
 
 
@@ -56,10 +57,8 @@ class EarlyReports:
 
 
 def _main() -> int:
-    """EarlyReports' interpreter: the renderers imported, a result.json path on stdin (nothing: leave)."""
-    from ccbridge import results  # the result's own loader, checks included
-    from ccbridge.report import plots  # noqa: F401 - what takes the seconds (matplotlib), imported before the wait
-
+    """EarlyReports' interpreter: the renderers ready (matplotlib imported: the seconds), then a result.json path
+    on stdin (nothing: leave)."""
     plots.ready()
     line = sys.stdin.readline().strip()
     if not line:

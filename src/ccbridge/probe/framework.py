@@ -67,12 +67,15 @@ def alternating(sample: Callable[[], T], warm: Callable[[], object], reps: int) 
 
 
 def paired_us(body: Callable[[], object], finish: Callable[[], object], n: int, reps: int,
-              warm: int = PAIR_WARM) -> tuple[list[float], list[float] | None]:
+              warm: int = PAIR_WARM, settle: bool = False) -> tuple[list[float], list[float] | None]:
     """per_iteration_us; under an emulating interposer also the same loop with emulation paused, sample by
     sample (alternating, each after `warm` untimed iterations in its state): (samples, paused samples or None
-    where nothing emulates)."""
-    if not emulating():  # reps at most: settled() stops once the samples agree
-        return settled(lambda: per_iteration_us(body, finish, n, 1)[0], min(3, reps), reps), None
+    where nothing emulates). settle: natively, reps at most, stopping once the samples agree (stats.settled);
+    for bandwidth, not for latencies whose medians must ride out a preempted sample."""
+    if not emulating():
+        if settle:
+            return settled(lambda: per_iteration_us(body, finish, n, 1)[0], min(3, reps), reps), None
+        return per_iteration_us(body, finish, n, reps), None
     return alternating(lambda: per_iteration_us(body, finish, n, 1)[0],
                        lambda: per_iteration_us(body, finish, warm, 1), reps)
 
@@ -201,7 +204,8 @@ def copies(ctx):
 
                 pilot = per_iteration_us(one, torch.cuda.synchronize, 1, 1)[0] * 1e-6
                 k = plan_iters(pilot, ctx.pick(0.1, 0.05), 2, 200)
-                got = paired_rows(COPY, "bandwidth", "GB/s", paired_us(one, torch.cuda.synchronize, k, reps, warm=1),
+                samples = paired_us(one, torch.cuda.synchronize, k, reps, warm=1, settle=True)
+                got = paired_rows(COPY, "bandwidth", "GB/s", samples,
                                   lambda us: nbytes / (us * 1e-6) / 1e9, dir=direction, mem=mem, bytes=nbytes)
                 got[0].extra["headline"] = nbytes == size
                 rows += got
