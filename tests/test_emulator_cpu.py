@@ -1180,3 +1180,22 @@ def test_a_d2h_whose_stream_wait_cannot_be_timed_still_crosses_and_says_so(lib, 
     lib.ccbemu_fake_fail(b"", 0)
     assert ctypes.string_at(dst, n) == data
     assert "cuEventElapsedTime failed (999)" in capfd.readouterr().err
+
+
+def test_the_driver_entry_behind_a_hook_launches_without_toll_or_count(lib):
+    """ccbemu_real hands ccbridge's own instruments (the %globaltimer stamp) the driver's entry point: a launch
+    through it pays no emulated launch toll and is not counted as the program's call; the hook still does both."""
+    init(lib, launch_toll_us=30000)
+    real = lib.ccbemu_real(b"cuLaunchKernel")
+    assert real and real != lib.ccbemu_lookup(b"cuLaunchKernel")
+    assert lib.ccbemu_real(b"cuNoSuchCall") is None and lib.ccbemu_real(b"printf") is None
+    launch = ctypes.CFUNCTYPE(ctypes.c_int, c_p, *[ctypes.c_uint] * 7, c_p, c_p, c_p)(real)
+    s = lib.ccbemu_fake_stream()
+    t0 = time.perf_counter()
+    assert launch(None, 0, 1, 1, 1, 1, 1, 0, s, None, None) == 0
+    assert time.perf_counter() - t0 < 0.015
+    assert "cuLaunchKernel" not in summary(lib)["calls"]
+    t0 = time.perf_counter()
+    assert lib.cuLaunchKernel(None, 0, 1, 1, 1, 1, 1, 0, s, None, None) == 0
+    assert time.perf_counter() - t0 >= 0.027
+    assert summary(lib)["calls"]["cuLaunchKernel"] == 1
