@@ -13,6 +13,9 @@
  *                    8 KiB of shared memory); 0: by emulated carry-less multiply
  *   GCM_CTR_CACHE    1: counter-mode caching of rounds 1-2 (gcm_ctr_aes); 0: all rounds
  *   GCM_CRYPT_CTAS   ccb_gcm_crypt's CTAs per SM for __launch_bounds__ (3: at most 80 registers)
+ *   GCM_REDUCE_CTAS  the same for ccb_gcm_reduce (3: 80 registers, no spills; 2: 128)
+ *   GCM_TE_PAIR      1: Te0 and Te2 interleaved (64 KiB, dynamic shared memory: gcm.h), one rotation per round
+ *                    word instead of three; 0: Te0 alone (32 KiB, static), as first measured
  *
  * Built by setup.py (nvcc -fatbin) when nvcc is present; loaded and launched
  * through the driver API by gcm_host.c.
@@ -31,11 +34,29 @@
 #ifndef GCM_CRYPT_CTAS
 #define GCM_CRYPT_CTAS 3
 #endif
+#ifndef GCM_REDUCE_CTAS
+#define GCM_REDUCE_CTAS 3
+#endif
 
 #define LANES 32
 
 enum { DT_F32, DT_F16, DT_BF16, DT_F64, DT_I32, DT_I64, DT_U8 };
 
+#if GCM_TE_PAIR
+/* In dynamic shared memory (gcm_smem, GCM_SMEM_BYTES: more than a static array may take), laid out as gcm.h
+ * says; the GHASH table is there in either GHASH mode. */
+struct cta_state {
+    uint32_t T[GCM_SMEM_TE / 4];
+    alignas(16) uint8_t G[GCM_GH_BYTES];
+    gcm_u128 part[GCM_THREADS / 32];
+    int bad;
+};
+static_assert(sizeof(cta_state) <= GCM_SMEM_BYTES, "gcm.h's GCM_SMEM_BYTES must hold cta_state");
+#define CTA_STATE(s) cta_state &s = *reinterpret_cast<cta_state *>(gcm_smem)
+
+/* Its presence in the module tells gcm_host.c to launch with GCM_SMEM_BYTES of dynamic shared memory. */
+extern "C" __global__ void ccb_gcm_dynamic_smem(void) {}
+#else
 struct cta_state {
     uint32_t T[256 * LANES];
 #if GCM_GHASH_TABLE
@@ -44,9 +65,18 @@ struct cta_state {
     gcm_u128 part[GCM_THREADS / 32];
     int bad;
 };
+#define CTA_STATE(s) __shared__ cta_state s
+#endif
 
 __device__ static void load_key(cta_state &s, const gcm_key *k) {
+#if GCM_TE_PAIR
+    for (int i = threadIdx.x; i < GCM_SMEM_TE / 4; i += blockDim.x) {
+        uint32_t e = k->te0[i >> 6];
+        s.T[i] = i & 32 ? gcm_ror(e, 16) : e; /* row x: 32 copies of Te0[x], then 32 of Te2[x] */
+    }
+#else
     for (int i = threadIdx.x; i < 256 * LANES; i += blockDim.x) s.T[i] = k->te0[i / LANES];
+#endif
 #if GCM_GHASH_TABLE
     for (int i = threadIdx.x; i < GCM_GH_BYTES / 16; i += blockDim.x)
         reinterpret_cast<uint4 *>(s.G)[i] = reinterpret_cast<const uint4 *>(k->ghtab)[i];
@@ -54,6 +84,7 @@ __device__ static void load_key(cta_state &s, const gcm_key *k) {
     __syncthreads();
 }
 
+#if !GCM_TE_PAIR
 /* The shared-memory address of p, made after load_key's barrier: the tables are read by asm that names no
  * memory, which must not move above the barrier. */
 __device__ static uint32_t smem_addr(const void *p) {
@@ -61,6 +92,7 @@ __device__ static uint32_t smem_addr(const void *p) {
     asm volatile("mov.u32 %0, %0;" : "+r"(a));
     return a;
 }
+#endif
 
 /* What a thread reads its tables by, made once after load_key: its own bank's copy of the T-table, the GHASH
  * table, and hT = H^T for the carry-less multiply. */
@@ -72,10 +104,18 @@ struct tables {
 
 __device__ static tables tables_of(const cta_state &s, const gcm_key *k) {
     tables tb;
+#if GCM_TE_PAIR
+    tb.T.T = 4 * (threadIdx.x & (LANES - 1)); /* offsets into gcm_smem, read by plain loads */
+    tb.T.S = 8;
+    tb.G = offsetof(cta_state, G);
+#else
     tb.T.T = smem_addr(s.T + (threadIdx.x & (LANES - 1)));
     tb.T.S = 7;
+#endif
 #if GCM_GHASH_TABLE
+#if !GCM_TE_PAIR
     tb.G = smem_addr(s.G);
+#endif
 #else
     tb.G = 0;
 #endif
@@ -218,7 +258,7 @@ __device__ static void zero_pad(uint8_t *wire, const gcm_msg &m, uint32_t c) {
 
 extern "C" __global__ void __launch_bounds__(GCM_THREADS, GCM_CRYPT_CTAS)
 ccb_gcm_crypt(const gcm_key *key, gcm_msg m, int decrypt, const uint8_t *in, uint8_t *out, uint8_t *tags, int *fail) {
-    __shared__ cta_state s;
+    CTA_STATE(s);
     load_key(s, key);
     const tables tb = tables_of(s, key);
     for (uint32_t c = blockIdx.x; c < m.nchunks; c += gridDim.x) {
@@ -294,10 +334,10 @@ __device__ static uint4 add16(uint4 a, uint4 b, int dtype) {
     return r;
 }
 
-extern "C" __global__ void __launch_bounds__(GCM_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(GCM_THREADS, GCM_REDUCE_CTAS)
 ccb_gcm_reduce(const gcm_key *key, gcm_msg min, gcm_msg mout, int dtype, const uint8_t *in, const uint8_t *tin,
                const uint8_t *local, uint8_t *plain, uint8_t *out, uint8_t *tout, int *fail) {
-    __shared__ cta_state s;
+    CTA_STATE(s);
     load_key(s, key);
     const tables tb = tables_of(s, key);
     for (uint32_t c = blockIdx.x; c < min.nchunks; c += gridDim.x) {
