@@ -1,7 +1,8 @@
 """The GPU AES-256-GCM kernels' design choices side by side on this machine's GPU (issue 35).
 
-gcm.cu fixes its open choices at compile time (GCM_TE_PAIR, GCM_GHASH_TABLE, GCM_CTR_CACHE, GCM_CRYPT_CTAS,
-GCM_REDUCE_CTAS: see its header; "table+cache" is the default before GCM_TE_PAIR and GCM_REDUCE_CTAS 3). This
+gcm.cu fixes its open choices at compile time (GCM_CRYPT_CTAS, GCM_REDUCE_CTAS: see its header; the design
+choices measured against each other on 2026-11-26 are folded into it, bench/RESULTS.md session 10; an older
+design is measured with --legacy). This
 builds gcm.cu once per variant with nvcc (setup.py's flags, for this GPU's architecture only) and, per variant,
 in a fresh process pointed at that fatbin (ccbridge.bindings.gcm.FATBIN, read once and
 lazily by secure.gcm): checks the kernels (encrypt of random data == `cryptography`'s AESGCM chunk by chunk,
@@ -35,12 +36,9 @@ from pathlib import Path
 GCM_DIR = Path(__file__).resolve().parents[1] / "src" / "ccbridge" / "native" / "gcm"
 # name -> -D macros; the first is gcm.cu's default build
 VARIANTS = {
-    "pair": {},
-    "pair/reduce2": {"GCM_REDUCE_CTAS": 2},
-    "table+cache": {"GCM_TE_PAIR": 0, "GCM_REDUCE_CTAS": 2},
-    "table+cache/2": {"GCM_TE_PAIR": 0, "GCM_REDUCE_CTAS": 2, "GCM_CRYPT_CTAS": 2},
-    "table": {"GCM_TE_PAIR": 0, "GCM_REDUCE_CTAS": 2, "GCM_CTR_CACHE": 0},
-    "clmul+cache": {"GCM_TE_PAIR": 0, "GCM_REDUCE_CTAS": 2, "GCM_GHASH_TABLE": 0},
+    "default": {},
+    "reduce2": {"GCM_REDUCE_CTAS": 2},
+    "crypt2": {"GCM_CRYPT_CTAS": 2},
 }
 
 

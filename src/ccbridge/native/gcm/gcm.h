@@ -204,11 +204,8 @@ GCM_FN gcm_addr gcm_at(gcm_addr T, uint32_t x, int S) {
 #endif
 }
 
-/* The kernels' compile-time choice of T-table layout (gcm.cu's header says which is which). */
-#if defined(__CUDACC__) && !defined(GCM_TE_PAIR)
-#define GCM_TE_PAIR 1
-#endif
-#if defined(__CUDA_ARCH__) && GCM_TE_PAIR
+/* The kernels read the paired layout below; the host model reads Te0 plainly (and takes Te2 as its rotation). */
+#if defined(__CUDA_ARCH__)
 #define GCM_PAIR_DEV 1
 #else
 #define GCM_PAIR_DEV 0
@@ -224,16 +221,11 @@ GCM_FN gcm_addr gcm_at(gcm_addr T, uint32_t x, int S) {
 extern __shared__ __align__(16) uint8_t gcm_smem[];
 #endif
 
-/* The 32-bit word at a (shared memory in the kernels: their tables are constant once loaded). The paired
- * layout reads by plain loads at offsets into gcm_smem (a constant base that ptxas folds into the load); the
- * other by asm at explicit addresses. */
+/* The 32-bit word at a (shared memory in the kernels: their tables are constant once loaded), read by plain
+ * loads at offsets into gcm_smem (a constant base that ptxas folds into the load). */
 GCM_FN uint32_t gcm_ld32(gcm_addr a) {
 #if GCM_PAIR_DEV
     return *reinterpret_cast<const uint32_t *>(gcm_smem + a);
-#elif defined(__CUDA_ARCH__)
-    uint32_t v;
-    asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
-    return v;
 #else
     uint32_t v;
     memcpy(&v, a, 4);
@@ -260,19 +252,13 @@ GCM_FN uint32_t gcm_te2(gcm_tab t, uint32_t s, int k) {
 }
 
 /* One full round with round key k, in place: Te0[a] ^ ror8(Te0[b]) ^ ror16(Te0[c]) ^ ror24(Te0[d]) ^ k, taken
- * as Te0[a] ^ Te2[c] ^ ror8(Te0[b] ^ Te2[d]) ^ k (one rotation; the model too). The unpaired kernels keep
- * three rotations, as they were measured. */
+ * as Te0[a] ^ Te2[c] ^ ror8(Te0[b] ^ Te2[d]) ^ k (one rotation; the model too). */
 GCM_FN void gcm_round(gcm_tab t, const uint32_t *k, uint32_t s[4]) {
     uint32_t r[4];
     GCM_UNROLL
     for (int j = 0; j < 4; j++)
-#if defined(__CUDA_ARCH__) && !GCM_TE_PAIR
-        r[j] = gcm_te(t, s[j], 3) ^ gcm_ror(gcm_te(t, s[(j + 1) & 3], 2), 8) ^
-               gcm_ror(gcm_te(t, s[(j + 2) & 3], 1), 16) ^ gcm_ror(gcm_te(t, s[(j + 3) & 3], 0), 24) ^ k[j];
-#else
         r[j] = gcm_te(t, s[j], 3) ^ gcm_te2(t, s[(j + 2) & 3], 1) ^
                gcm_ror(gcm_te(t, s[(j + 1) & 3], 2) ^ gcm_te2(t, s[(j + 3) & 3], 0), 8) ^ k[j];
-#endif
     GCM_UNROLL
     for (int j = 0; j < 4; j++) s[j] = r[j];
 }

@@ -243,8 +243,8 @@ int ccb_gcm_load(int device, const void *image) {
             return -1;
         }
     }
-    /* kernels of the paired T-table (gcm.cu's GCM_TE_PAIR) say so by a marker entry; older builds (the bench's
-     * legacy variant, other choices) keep their static shared memory and launch with none */
+    /* kernels of the paired T-table in dynamic shared memory say so by a marker entry; older builds (the bench's
+     * legacy variant) keep their static shared memory and launch with none */
     CUfunction marker;
     g_mods[g_nmods].smem = 0;
     if (cu.ModuleGetFunction(&marker, mod, "ccb_gcm_dynamic_smem") == 0) {
