@@ -186,10 +186,13 @@ def prestart(settings: Settings) -> dict[str, Any]:
     return started
 
 
+_torch_import: threading.Thread | None = None  # import_torch_early's thread, which _host_quiet waits for
+
+
 def import_torch_early() -> threading.Thread:
     """torch's import (seconds) on a thread of its own, started first thing: run() takes the tests that need no
     torch first (their timing is the native core's, in C, which a busy interpreter thread does not move), and the
-    first test that needs torch finds it imported. Nothing else here waits for it."""
+    first test that needs torch finds it imported. Only a host-only test waits for it (_host_quiet)."""
     def work():
         try:
             import torch  # noqa: F401 - deferred: torch, whose import is the point of this thread
@@ -200,9 +203,6 @@ def import_torch_early() -> threading.Thread:
     th = _torch_import = threading.Thread(target=work, name="ccbridge-import-torch", daemon=True)
     th.start()
     return th
-
-
-_torch_import: threading.Thread | None = None
 
 
 def _host_quiet() -> None:
