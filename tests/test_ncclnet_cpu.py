@@ -727,6 +727,46 @@ def test_the_cpu_bound_adds_a_seal_and_an_open_to_what_tcp_costs():
                                                      (512 << 10, 3)]] == [8, 32 << 10, 32 << 10, 256 << 10, 176128]
 
 
+_PLAN_MAIN = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+uint32_t record_plan(size_t size, int nlanes, size_t *record);
+int main(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i += 2) {
+        size_t rec;
+        record_plan(strtoull(argv[i], NULL, 10), atoi(argv[i + 1]), &rec);
+        printf("%zu\n", rec);
+    }
+    return 0;
+}
+"""
+
+
+def test_bench_nets_record_plan_is_the_plugins(tmp_path):
+    """netbench.record_bytes is the Python twin of conn.c's record_plan (the AES-GCM rate is measured at the record
+    size the plugin uses): the two agree, the plugin's own function compiled and asked here."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from ccbridge.secure import netbench
+
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if not gcc:
+        pytest.skip("no C compiler to build the plugin's record plan")
+    src = Path(__file__).resolve().parent.parent / "src" / "ccbridge" / "native"
+    (tmp_path / "main.c").write_text(_PLAN_MAIN)
+    exe = tmp_path / "plan"
+    subprocess.run([gcc, "-O1", "-std=gnu11", "-o", str(exe), str(tmp_path / "main.c"),
+                    *sorted(str(p) for p in (src / "ncclnet").glob("*.c")), str(src / "common" / "ossl.c"),
+                    "-ldl", "-lpthread"], check=True)
+    cases = [(s, n) for s in (1, 4096, 32 << 10, (32 << 10) + 1, 64 << 10, 100_000, 512 << 10, 1 << 20, 4 << 20,
+                              (4 << 20) + 5, 64 << 20) for n in (1, 2, 3, 4, 7, 8, 16)]
+    out = subprocess.run([str(exe), *[str(v) for c in cases for v in c]], capture_output=True, text=True, check=True)
+    assert [int(x) for x in out.stdout.split()] == [netbench.record_bytes(s, n) for s, n in cases]
+
+
 def test_bench_net_renders_each_row_beside_its_anchors_within_120_columns(monkeypatch):
     from ccbridge.results import Result, Row
     from ccbridge.secure import netbench
