@@ -181,7 +181,8 @@ def add_project(p) -> None:
     p.add_argument("--project", metavar="GPU", help="run in dilated time as this faster GPU would (b300, b200, h200, "
                    "...; see README, Projection): every figure PROJECTED, a model")
     p.add_argument("--project-by", metavar="BY", default="hbm", help="the ratio r: hbm (datasheet memory bandwidth, "
-                   "default: decode is memory-bound), flops (dense BF16) or a number")
+                   "default: decode is memory-bound), flops (dense BF16), hbm:F (F of this GPU's busy time at its HBM "
+                   "roofline, the rest as flops: `bench decode --tp` measures F, its hbm_share row) or a number")
 
 
 def projection(args):
