@@ -135,7 +135,7 @@ def _then_projected(args, out: Path) -> int:
 
 
 def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str | None, settings: dict) -> int:
-    """A job of several ranks: each rank on its own steady-state window, then all of them summed; the start-up
+    """A job of several ranks: each rank on its job's steady-state window, then all of them summed; the start-up
     and teardown phases apart, never in the shares."""
     ranks, notes = account.per_rank(base, other)
     if not ranks:
