@@ -381,3 +381,18 @@ def test_threads_in_calls_at_once_count_each_instant_once_launches_first():
     got = trace.exclusive(calls, [(0, 150)])
     assert got == [70, 10, 20, 20, 10, 10]  # the last launch: 140-150 (another thread's launch held 135-140)
     assert sum(got) == 140 and trace.exclusive([(0, 10, "launch"), (20, 30, "sync")], [(0, 5), (25, 40)]) == [5, 5]
+
+
+def test_a_rank_whose_host_work_grew_is_named_not_charged_to_a_toll(tmp_path):
+    """Rank 1's host work a step grew 100 us in OTHER (its host ran slower: no toll does that) and rank 0 waited
+    for it in its readback: rank 1's share is its host work's, rank 0's its readback's, and the table says the
+    host speed differed between the runs, naming rank 1 alone."""
+    two_ranks(tmp_path / "n", 0, 100, 1000)
+    two_ranks(tmp_path / "c", 12.5, 153, 1000, slow_rank_us=100, profile="b300", emulate=1)
+    ranks, notes = account.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
+    r0, r1 = ranks
+    assert abs(r1.host_delta_ms - 50 * 0.1) < 1e-6 and abs(r0.host_delta_ms) < 1e-6
+    assert [account.host_moved(a) for a in ranks] == [False, True] and account.straggler(ranks).rank == 1
+    text = account.render_ranks(ranks, notes)
+    assert "host work between calls changed between the runs, which no toll does: rank 1 0.15 -> 5.15 ms;" in text
+    assert all(len(l) <= 120 for l in text.splitlines())

@@ -436,7 +436,23 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
     if mgpu_factor and mgpu_factor != 1:
         out.append(f"launch: each launch paid the launch toll x {mgpu_factor:g} (mgpu_launch_factor: the process "
                    "is multi-GPU)")
+    moved = [a for a in ranks if host_moved(a)]
+    if moved:
+        out += _wrap(["host work between calls changed between the runs, which no toll does: " + ", ".join(
+            f"rank {a.name} {a.host_ms(0):.2f} -> {a.host_ms(1):.2f} ms" for a in moved) + "; in a job that steps "
+            "together the others wait for it in their calls (their crossings or synchronizes grow): host speed "
+            "differed (CPU placement, SMT siblings, other processes); pin each rank to its own cores and compare again"])
     return "\n".join(out + _wrap(notes))
+
+
+HOST_MOVED = 0.25  # a rank's host work changed by this fraction of itself, and by HOST_MOVED of the slowdown
+
+
+def host_moved(a: RankAccount) -> bool:
+    """The rank's host work between calls grew or shrank beyond what host noise explains (HOST_MOVED of its BASE
+    host work and of the slowdown): the runs' host speed differed, which moves waits between the job's ranks."""
+    d = a.host_delta_ms
+    return a.measurable and abs(d) > HOST_MOVED * max(a.host_ms(0), 1e-9) and abs(d) > HOST_MOVED * a.slowdown_ms
 
 
 def collectives_gpu_ms(lines: list[Line]) -> tuple[float, float]:
