@@ -316,6 +316,14 @@ static int record_key(lane *l, uint64_t seq, uint8_t iv[12]) {
     return 0;
 }
 
+/* r's records are all moved (by the lane that counted the last). Only a pending request completes: one
+ * that test() freed because the connection failed under it (another lane failed it while this lane
+ * still moved a record) stays free, never done */
+static void finish(req *r) {
+    int pending = REQ_PENDING;
+    atomic_compare_exchange_strong(&r->state, &pending, REQ_DONE);
+}
+
 /* ---- sending lanes ---- */
 
 /* lane idx's first record in r (j), or k when it has none */
@@ -373,7 +381,7 @@ static void send_lane(lane *l) {
         k = r->k;
         for (uint32_t j = first_share(r, l->idx, c->nlanes); j < k; j += (uint32_t)c->nlanes, sent++)
             if (send_record(l, r, j, rec)) return;
-        if (atomic_fetch_add(&r->done, sent) + sent == k) atomic_store(&r->state, REQ_DONE);
+        if (atomic_fetch_add(&r->done, sent) + sent == k) finish(r);
     }
 }
 
@@ -611,7 +619,7 @@ static void recv_lane(lane *l) {
         if (j + (uint64_t)nl >= k) cur = NULL;
         if (atomic_fetch_add(&r->done, 1) + 1 == k) {
             r->size = size;
-            atomic_store(&r->state, REQ_DONE);
+            finish(r);
         }
     }
 }
