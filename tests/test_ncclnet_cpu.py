@@ -683,16 +683,18 @@ def test_a_receive_no_lane_can_serve_fails_once_every_lane_ended(lanes, late):
     assert any("ended without closing" in m for m in got["logs"]), got["logs"]
 
 
+@pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("cut", [HEADER // 2, HEADER + 1000], ids=["in_header", "in_payload"])
-def test_a_lane_that_ends_mid_record_fails_the_receive(cut):
-    # lane 0's record 6 of message 0 stops part way and its socket ends (record 8 never comes): the message
-    # fails, while lane 1 has all of its records in and its socket still open
+def test_a_lane_that_ends_mid_record_fails_the_receive(cut, lanes):
+    # lane 0's record 6 of message 0 stops part way and its socket ends (its later records never come): the
+    # message fails, while lane 1 (at 2 lanes) has all of its records in and its socket still open
     def script(p):
         data = payload(0, MESSAGE[0])
-        for j in range(8):
-            p.record(j % 2, 0, MESSAGE[0], j * RECORD, data[j * RECORD:(j + 1) * RECORD], cut=cut if j == 6 else None)
+        for j in range(8 if lanes == 2 else 7):
+            p.record(j % lanes, 0, MESSAGE[0], j * RECORD, data[j * RECORD:(j + 1) * RECORD],
+                     cut=cut if j == 6 else None)
         p.socks[0].close()
-    got = run_rogue(MESSAGE, script)
+    got = run_rogue(MESSAGE, script, lanes=lanes)
     assert got["error"] is not None and got["where"] == "test" and got["completed"] == [], got
     assert any("mid-record" in m for m in got["logs"]), got["logs"]
 

@@ -476,12 +476,12 @@ static int read_header(lane *l, uint8_t h[HEADER_BYTES], long spin, int *eof) {
     memcpy(h, l->next, got);
     l->have = 0;
     for (long t0 = spin ? now_ns() : 0; got < HEADER_BYTES;) {
-        int poll = spin && now_ns() - t0 < spin && !l->c->stop;
-        ssize_t r = recv(l->fd, h + got, HEADER_BYTES - got, poll ? MSG_DONTWAIT : 0);
+        int polling = spin && now_ns() - t0 < spin && !l->c->stop;
+        ssize_t r = recv(l->fd, h + got, HEADER_BYTES - got, polling ? MSG_DONTWAIT : 0);
         if (r > 0) got += (size_t)r;
         else if (r == 0) { *eof = got ? 2 : 1; return -1; }
         else if (errno == EINTR) continue;
-        else if (poll && (errno == EAGAIN || errno == EWOULDBLOCK)) relax();
+        else if (polling && (errno == EAGAIN || errno == EWOULDBLOCK)) relax();
         else return -1;
     }
     return 0;
