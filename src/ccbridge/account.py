@@ -441,7 +441,8 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
         out += _wrap(["host work between calls changed between the runs, which no toll does: " + ", ".join(
             f"rank {a.name} {a.host_ms(0):.2f} -> {a.host_ms(1):.2f} ms" for a in moved) + "; in a job that steps "
             "together the others wait for it in their calls (their crossings or synchronizes grow): host speed "
-            "differed (CPU placement, SMT siblings, other processes); pin each rank to its own cores and compare again"])
+            "differed (CPU placement, SMT siblings, other processes); pin each rank to its own cores (ccbridge's "
+            "benches: CCBRIDGE_RANK_CPUS) and compare again"])
     return "\n".join(out + _wrap(notes))
 
 
