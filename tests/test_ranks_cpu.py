@@ -304,3 +304,21 @@ def test_a_bad_cpu_list_is_one_line_before_any_rank_starts(text, why, clean, mon
     with pytest.raises(UsageError, match=re.escape(why)) as e:
         ranks.run(2, _affinity, label="test")
     assert "\n" not in str(e.value) and len(str(e.value)) <= 100
+
+
+def test_auto_cuts_this_processs_cores_evenly_keeping_smt_siblings_together(tmp_path, monkeypatch):
+    """Two packages of two cores, each core two SMT siblings (cpu i and i + 4): 2 ranks get a package each, 4 ranks
+    a core each, siblings with it; 5 ranks are refused in one line."""
+    for cpu in range(8):
+        d = tmp_path / f"cpu{cpu}" / "topology"
+        d.mkdir(parents=True)
+        (d / "thread_siblings_list").write_text(f"{cpu % 4},{cpu % 4 + 4}\n")
+        (d / "physical_package_id").write_text(f"{(cpu % 4) // 2}\n")
+    monkeypatch.setattr(ranks.os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert ranks.even_cpus(2, str(tmp_path)) == (frozenset({0, 1, 4, 5}), frozenset({2, 3, 6, 7}))
+    assert ranks.even_cpus(4, str(tmp_path)) == tuple(frozenset({c, c + 4}) for c in range(4))
+    from ccbridge.errors import UsageError
+    with pytest.raises(UsageError, match=r"=auto: 4 cores for 5 ranks"):
+        ranks.even_cpus(5, str(tmp_path))
+    monkeypatch.setenv(ranks.CPUS_ENV, "auto")
+    assert len(ranks.rank_cpus(2)) == 2  # (this machine's own topology)

@@ -16,7 +16,8 @@ port of 127.0.0.1 or file:// in a private folder; dev is its torch.device (None 
 rank calls on_message(rank, obj) here as it happens; messages and answers travel pickled over one socket per rank.
 
 CCBRIDGE_RANK_CPUS pins each rank to its own cores: "0-15;16-31;..." (a CPU list per rank, rank 0's first,
-`taskset -c`'s syntax), checked here before any rank starts. Ranks that share cores, or a rank whose cores an SMT
+`taskset -c`'s syntax), or "auto" (this process's CPUs cut into even runs of whole cores, SMT siblings kept
+together, by package), checked here before any rank starts. Ranks that share cores, or a rank whose cores an SMT
 sibling shares with another rank's spinning thread, run their host work at different speeds from run to run, and
 in a job that steps together the others wait for the slowest (`ccbridge account` names such a rank).
 
@@ -108,6 +109,28 @@ def _cpu_list(text: str) -> frozenset[int]:
     return frozenset(out)
 
 
+def even_cpus(n: int, sysfs: str = "/sys/devices/system/cpu") -> tuple[frozenset[int], ...]:
+    """This process's CPUs cut into n runs of whole cores (a core's SMT siblings never split between ranks), in
+    (package, core) order, so a rank's cores sit on as few packages as the count allows; a UsageError where there
+    are fewer cores than ranks."""
+    allowed = os.sched_getaffinity(0)
+    cores: dict[tuple[int, frozenset[int]], None] = {}
+    for cpu in sorted(allowed):
+        try:
+            with open(f"{sysfs}/cpu{cpu}/topology/thread_siblings_list") as f:
+                sib = _cpu_list(f.read().strip()) & allowed
+            with open(f"{sysfs}/cpu{cpu}/topology/physical_package_id") as f:
+                pkg = int(f.read())
+        except (OSError, ValueError):  # no topology to read: each CPU its own core
+            sib, pkg = frozenset({cpu}), 0
+        cores[(pkg, sib)] = None
+    order = sorted(cores, key=lambda k: (k[0], min(k[1])))
+    if len(order) < n:
+        raise UsageError(f"{CPUS_ENV}=auto: {len(order)} cores for {n} ranks")
+    per = len(order) // n
+    return tuple(frozenset().union(*(sib for _, sib in order[r * per:(r + 1) * per])) for r in range(n))
+
+
 def rank_cpus(n: int, text: str | None = None) -> tuple[frozenset[int], ...] | None:
     """Each of n ranks' cores from CCBRIDGE_RANK_CPUS (text: its value; None reads the environment), or None where
     it is unset; a UsageError (one line) for a malformed list, a count other than n, or cores this process may not
@@ -115,6 +138,8 @@ def rank_cpus(n: int, text: str | None = None) -> tuple[frozenset[int], ...] | N
     text = os.environ.get(CPUS_ENV) if text is None else text
     if not text:
         return None
+    if text == "auto":
+        return even_cpus(n)
     try:
         sets = tuple(_cpu_list(t) for t in text.split(";"))
     except ValueError:
