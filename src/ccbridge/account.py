@@ -438,22 +438,25 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
                    "is multi-GPU)")
     moved = [a for a in ranks if host_moved(a)]
     if moved:
-        out += _wrap(["host work between calls changed between the runs, which no toll does: " + ", ".join(
+        out += _wrap(["host work between calls changed between the runs, which no toll does by itself: " + ", ".join(
             f"rank {a.name} {a.host_ms(0):.2f} -> {a.host_ms(1):.2f} ms" for a in moved) + "; in a job that steps "
-            "together the others wait for it in their calls (their crossings or synchronizes grow): host speed "
-            "differed (CPU placement, SMT siblings, other processes); pin each rank to its own cores (ccbridge's "
-            "benches: CCBRIDGE_RANK_CPUS) and compare again"])
+            "together the others wait for it in their calls (their crossings or synchronizes grow). Either the host "
+            "ran at another speed (CPU placement, SMT siblings, other processes: pin each rank to its own cores, "
+            "ccbridge's benches with CCBRIDGE_RANK_CPUS=auto, and compare again) or the program did other host work "
+            "under CC (pinned memory typed managed: copies torch makes)"])
     return "\n".join(out + _wrap(notes))
 
 
-HOST_MOVED = 0.25  # a rank's host work changed by this fraction of itself, and by HOST_MOVED of the slowdown
+HOST_MOVED = 0.25  # a rank's host work changed by this fraction of the slowdown
+HOST_NOISE = 0.05  # and by more than this fraction of its own BASE host work
 
 
 def host_moved(a: RankAccount) -> bool:
-    """The rank's host work between calls grew or shrank beyond what host noise explains (HOST_MOVED of its BASE
-    host work and of the slowdown): the runs' host speed differed, which moves waits between the job's ranks."""
+    """The rank's host work between calls grew or shrank by more than HOST_MOVED of its slowdown (and beyond
+    HOST_NOISE of itself): its share of calls cannot be read as the tolls' alone; in a job that steps together the
+    change moves waits to the other ranks."""
     d = a.host_delta_ms
-    return a.measurable and abs(d) > HOST_MOVED * max(a.host_ms(0), 1e-9) and abs(d) > HOST_MOVED * a.slowdown_ms
+    return a.measurable and abs(d) > HOST_MOVED * a.slowdown_ms and abs(d) > HOST_NOISE * a.host_ms(0)
 
 
 def collectives_gpu_ms(lines: list[Line]) -> tuple[float, float]:
