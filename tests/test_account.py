@@ -5,7 +5,7 @@ from pathlib import Path
 import sys
 
 from ccbridge import account, results
-from ccbridge.emulate import trace
+from ccbridge.emulate import trace, windows
 
 
 def write_trace(prefix, lines, pid=1, profile="passthrough", emulate=0, ranks=8):
@@ -378,9 +378,9 @@ def test_threads_in_calls_at_once_count_each_instant_once_launches_first():
     beyond the readback; the window's 150 us less those 120 is host work."""
     calls = [(0, 100, "crossing"), (20, 30, "launch"), (50, 70, "launch"), (90, 120, "sync"), (130, 140, "launch"),
              (135, 160, "launch")]
-    got = trace.exclusive(calls, [(0, 150)])
+    got = windows.exclusive(calls, [(0, 150)])
     assert got == [70, 10, 20, 20, 10, 10]  # the last launch: 140-150 (another thread's launch held 135-140)
-    assert sum(got) == 140 and trace.exclusive([(0, 10, "launch"), (20, 30, "sync")], [(0, 5), (25, 40)]) == [5, 5]
+    assert sum(got) == 140 and windows.exclusive([(0, 10, "launch"), (20, 30, "sync")], [(0, 5), (25, 40)]) == [5, 5]
 
 
 def test_a_rank_whose_host_work_grew_is_named_not_charged_to_a_toll(tmp_path):
@@ -396,3 +396,58 @@ def test_a_rank_whose_host_work_grew_is_named_not_charged_to_a_toll(tmp_path):
     text = account.render_ranks(ranks, notes)
     assert "changed between the runs, which no toll does by itself: rank 1 0.15 -> 5.15 ms;" in text.replace("\n  ", " ")
     assert all(len(l) <= 120 for l in text.splitlines())
+
+
+def test_exclusive_time_is_the_union_of_calls_given_by_kind_then_entry():
+    """Against a brute-force sweep of every instant on random small cases: each instant inside the spans goes to
+    the call first in FIRST's order that holds it, among equals the one that entered first."""
+    import random
+
+    rnd = random.Random(7)
+    kinds = list(windows.FIRST) + ["other"]
+    for _ in range(400):
+        calls = []
+        for _ in range(rnd.randint(1, 7)):
+            t0 = rnd.randint(0, 40)
+            calls.append((t0, t0 + rnd.randint(0, 15), rnd.choice(kinds)))
+        cuts = sorted(rnd.sample(range(0, 60), 2 * rnd.randint(1, 2)))
+        spans = [(cuts[i], cuts[i + 1]) for i in range(0, len(cuts), 2)]
+        want = [0] * len(calls)
+        for t in range(60):
+            if any(a <= t < b for a, b in spans):
+                holders = [i for i, (t0, t1, _) in enumerate(calls) if t0 <= t < t1]
+                if holders:
+                    want[min(holders, key=lambda i: (windows.FIRST.get(calls[i][2], 3), calls[i][0], i))] += 1
+        assert windows.exclusive(calls, spans) == want, (calls, spans)
+
+
+def test_replays_written_at_a_windows_end_are_counted():
+    """Without marks the window ends at the last collective line: a graph launch's replayed collectives, written
+    at its return with no length, fall on that end and are the window's."""
+    assert windows.inside([(0, 100)], 100, 100) and windows.inside([(0, 100)], 0, 5)
+    assert not windows.inside([(0, 100)], 100, 101) and not windows.inside([(0, 100), (200, 300)], 150, 150)
+    assert windows.inside([(0, 100), (200, 300)], 250, 260)
+
+
+def test_two_jobs_of_one_size_in_a_trace_are_each_compared_with_their_own_twin(tmp_path):
+    """bench decode --tp 2 2 (two jobs of 2 ranks, one after the other): each job's ranks pair with the same job
+    in the other trace, named 0/2.1 ... 1/2.2, and all ranks together sum both jobs once."""
+    for prefix, step in ((tmp_path / "n", 100), (tmp_path / "c", 150)):
+        for job, start in ((0, 0.0), (1, 10_000.0)):
+            for rank in (0, 1):
+                t, lines = start, [(start, 0, "begin", "mark", "", "", 0, 0, 0)]
+                for _ in range(10):
+                    lines.append((t, 5, "cuGraphLaunch", "launch", "", "", 0, 0, 0))
+                    lines.append((t + 5, step - 10, "cuMemcpyDtoHAsync_v2", "crossing", "d2h", "pinned", 8, 50, 0))
+                    t += step
+                lines.append((t, 0, "end", "mark", "", "", 0, 0, 0))
+                pid = 100 + 10 * job + rank
+                write_trace(prefix, lines, pid=pid, ranks=2)
+                (prefix.parent / f"{prefix.name}.{pid}.summary.json").write_text(
+                    f'{{"pid": {pid}, "calls": {{}}, "crossings": {{}}, "rank": {rank}, "ranks": 2}}\n')
+    base, other = trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c"))
+    ranks, notes = account.per_rank(base, other)
+    assert notes == [] and [a.name for a in ranks] == ["0/2.1", "1/2.1", "0/2.2", "1/2.2"]
+    assert all(abs(a.slowdown_ms - 0.5) < 1e-9 for a in ranks)
+    every = account.overall(base, other, ranks)
+    assert abs(every.slowdown_ms - 2.0) < 1e-9 and abs(every.host_delta_ms) < 1e-6

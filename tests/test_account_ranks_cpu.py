@@ -58,7 +58,7 @@ def test_every_replay_is_charged_and_each_rank_is_accounted_on_its_window(job):
         assert rows[("explained", rank, "collective")].median >= 0.8 * slow  # moved from the synchronize
     api = [r for r in res.rows if r.test == "account.rank_api" and r.params["api"] == "ncclAllReduce"
            and r.params["rank"] == 0]
-    # rank 0's window is the span both ranks are in (trace.job_windows): the steps rank 0 ran before rank 1 began
+    # rank 0's window is the span both ranks are in (emulate/windows.py): the steps rank 0 ran before rank 1 began
     # are start-up skew; every graph launch inside it is charged its CAPTURED replays
     assert api and (STEPS - 2) * CAPTURED <= api[0].extra["replays"] <= STEPS * CAPTURED
     launches = api[0].extra["replays"] // CAPTURED

@@ -286,17 +286,23 @@ def test_each_rank_runs_on_the_cores_it_was_given(clean, monkeypatch):
     """CCBRIDGE_RANK_CPUS: rank r on the r-th CPU list (taskset's syntax), its torch threads that many; without it
     each rank has the parent's cores."""
     mine = sorted(os.sched_getaffinity(0))
-    monkeypatch.setenv(ranks.CPUS_ENV, f"{mine[-1]};{mine[0]}")
+    if len(mine) < 2:
+        pytest.skip("needs 2 CPUs to give 2 ranks their own")
+    monkeypatch.setenv(ranks.CPUS_ENV, f"{mine[-1]};{mine[0]};{mine[0]}")  # a third list: a job of 3 would take it
     got = ranks.run(2, _affinity, label="test", backend="gloo")
     assert got == [([mine[-1]], 1), ([mine[0]], 1)]
+    monkeypatch.setenv(ranks.CPUS_ENV, " AUTO ")
+    assert sorted(c for cpus, _ in ranks.run(2, _affinity, label="test") for c in cpus) == mine
     monkeypatch.delenv(ranks.CPUS_ENV)
     assert [cpus for cpus, _ in ranks.run(2, _affinity, label="test")] == [mine, mine]
 
 
 @pytest.mark.parametrize("text,why", [
-    ("0-1", "1 CPU list for 2 ranks"), ("0;1;0", "3 CPU lists for 2 ranks"), ("a;b", "expected a CPU list per rank"),
+    ("0-1", "1 CPU list for 2 ranks"), ("a;b", "expected a CPU list per rank"),
     ("3-1;0", "expected a CPU list per rank"), ("0;;", "expected a CPU list per rank"),
-    ("0;99999", "rank 1's CPUs [99999] are not this process's to use")])
+    ("0-;1", "expected a CPU list per rank"), ("+0;1", "expected a CPU list per rank"),
+    ("0-4000000000;1", "expected a CPU list per rank"), ("0-1;1", "ranks 0 and 1 share CPUs [1]"),
+    ("0;9999", "rank 1's CPUs [9999] are not this process's to use")])
 def test_a_bad_cpu_list_is_one_line_before_any_rank_starts(text, why, clean, monkeypatch):
     from ccbridge.errors import UsageError
 
@@ -320,5 +326,22 @@ def test_auto_cuts_this_processs_cores_evenly_keeping_smt_siblings_together(tmp_
     from ccbridge.errors import UsageError
     with pytest.raises(UsageError, match=r"=auto: 4 cores for 5 ranks"):
         ranks.even_cpus(5, str(tmp_path))
+    (tmp_path / "cpu6" / "topology" / "thread_siblings_list").unlink()  # cpu 6's own list unreadable: one rank's
+    got = ranks.even_cpus(4, str(tmp_path))
+    assert all(got) and sum(len(c) for c in got) == len(frozenset().union(*got))  # no CPU given to two ranks
     monkeypatch.setenv(ranks.CPUS_ENV, "auto")
     assert len(ranks.rank_cpus(2)) == 2  # (this machine's own topology)
+
+
+def _threads(rank, n, dev, send):
+    return torch.get_num_threads()
+
+
+def test_a_rank_is_pinned_before_its_job_imports_torch(clean, monkeypatch):
+    """The CPU list reaches the rank before its job is unpickled (which imports the target's module, and torch):
+    torch's default thread pool is sized from the rank's own CPUs (a rank without a group keeps torch's default)."""
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2:
+        pytest.skip("needs 2 CPUs")
+    monkeypatch.setenv(ranks.CPUS_ENV, f"{mine[0]};{mine[1]}")
+    assert ranks.run(2, _threads, label="test") == [1, 1]

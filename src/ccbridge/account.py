@@ -267,7 +267,7 @@ def rows(lines: list[Line], wall_s: float, site_lines: list[Line] = (), where: d
     return out
 
 
-# ---- multi-process jobs: each rank on its job's steady-state window (trace.job_windows) ----
+# ---- multi-process jobs: each rank on its job's steady-state window (emulate/windows.py) ----
 
 NOISE = 0.01  # a window's slowdown within this fraction of its base window (or NOISE_MS) is no slowdown
 NOISE_MS = 0.05
@@ -283,7 +283,8 @@ class RankAccount:
     other_ms: float
     lines: list[Line]
     world: int = 0  # the job's ranks (0: not known)
-    name: str = ""  # as printed: the rank, "rank/world" where the trace holds jobs of several sizes, "all"
+    name: str = ""  # as printed: the rank, "rank/world" where the trace holds several jobs, "all"
+    job: tuple[int, int] = (0, 0)  # the job's key (world size, its order among the jobs of that size)
 
     @property
     def slowdown_ms(self) -> float:
@@ -307,7 +308,7 @@ class RankAccount:
 
     def host_ms(self, i: int) -> float:
         """Of the window in trace i (0 BASE, 1 OTHER), the time no call of the rank held: its host work (its
-        threads' calls counted once each instant, trace.exclusive)."""
+        threads' calls counted once each instant, windows.exclusive)."""
         return (self.base_ms, self.other_ms)[i] - sum(x.in_call_ms[i] for x in self.lines)
 
     @property
@@ -324,14 +325,17 @@ def multi_process(base: TraceSummary, other: TraceSummary) -> bool:
 
 def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount], list[str]]:
     """Each rank of both traces compared over its job's window; notes on what could not be paired."""
-    # keyed by (the job's size, rank): a run that starts jobs one after another (bench decode --tp 2 4) has a
-    # rank 0 in each, and each is compared with its own twin
-    b = {(p.ranks, p.rank): p for p in base.procs if p.rank is not None}
-    o = {(p.ranks, p.rank): p for p in other.procs if p.rank is not None}
-    several = len({w for w, _ in set(b) | set(o)}) > 1
-    name = {k: f"{k[1]}/{k[0]}" if several else str(k[1]) for k in set(b) | set(o)}
+    # keyed by (the job, rank): a run that starts jobs one after another (bench decode --tp 2 4) has a rank 0 in
+    # each, and each is compared with its own twin (the job of the same size and order in the other trace)
+    b, o = _by_job_rank(base), _by_job_rank(other)
+    jobs = {j for j, _ in set(b) | set(o)}
+    name = {k: str(k[1]) if len(jobs) == 1 else f"{k[1]}/{k[0][0]}" + (f".{k[0][1] + 1}" if any(
+        j[0] == k[0][0] and j[1] for j in jobs) else "") for k in set(b) | set(o)}
     notes = [f"rank {name[k]} is only in the {'BASE' if k in b else 'OTHER'} trace: not compared"
              for k in sorted(set(b) ^ set(o))]
+    apart = sorted({k[0] for k in set(b) & set(o) if b[k].job and o[k].job and not (b[k].joined and o[k].joined)})
+    notes += [f"the {w} ranks of job {w}{'.' + str(i + 1) if i else ''}: each on its own window (their mark spans "
+              "do not pair up)" for w, i in apart]
     out = []
     for k in sorted(set(b) & set(o)):
         pb, po = b[k], o[k]
@@ -339,10 +343,17 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
             notes.append(f"rank {name[k]}: no steady-state window (no marks, no collectives) in "
                          f"{'BASE' if not pb.window else 'OTHER'}: not compared")
             continue
-        acc = RankAccount(k[1], po.window, pb.window_ns / 1e6, po.window_ns / 1e6, [], world=k[0], name=name[k])
+        acc = RankAccount(k[1], po.window, pb.window_ns / 1e6, po.window_ns / 1e6, [], world=k[0][0], name=name[k],
+                          job=k[0])
         acc.lines = _lines(pb.summary.by_api, po.summary.by_api, acc.slowdown_ms / 1e3 if acc.measurable else 0.0)
         out.append(acc)
     return out, notes
+
+
+def _by_job_rank(t: TraceSummary) -> dict:
+    """A trace's ranks by (their job's key, rank): a rank outside any job (its world of one, or no window) under
+    (world, 0)."""
+    return {(p.job or (p.ranks, 0), p.rank): p for p in t.procs if p.rank is not None}
 
 
 def overall(base: TraceSummary, other: TraceSummary, ranks: list[RankAccount]) -> RankAccount | None:
@@ -350,12 +361,12 @@ def overall(base: TraceSummary, other: TraceSummary, ranks: list[RankAccount]) -
     summed slowdown."""
     if not ranks:
         return None
-    want = {(a.world, a.rank) for a in ranks}
+    want = {(a.job, a.rank) for a in ranks}
     tables = []
     for t in (base, other):
         merged: dict = {}
-        for p in t.procs:
-            if (p.ranks, p.rank) in want:
+        for k, p in _by_job_rank(t).items():
+            if k in want:
                 for key, agg in p.summary.by_api.items():
                     into = merged.setdefault(key, dict(agg, **{k: 0 for k, v in agg.items() if k != "kind"}))
                     for k, v in agg.items():
@@ -373,8 +384,8 @@ def measurable(slowdown_s: float, base_s: float) -> bool:
 
 
 def straggler(ranks: list[RankAccount]) -> RankAccount | None:
-    """The rank whose calls held least of its emulated window (the most host work between them): the one the
-    others wait for at each collective. (The ranks of a job share one window: trace.job_windows.)"""
+    """Of one job's ranks, the one whose calls held least of its emulated window (the most host work between
+    them): the one the others wait for at each collective. (A job's ranks share one window: emulate/windows.py.)"""
     return max(ranks, key=lambda a: a.host_ms(1) / a.other_ms if a.other_ms > 0 else 0.0) if ranks else None
 
 
@@ -422,10 +433,12 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
             tail = "  no measurable slowdown: no shares"
         out.append(f"{a.name:>5} {a.window:<11} {a.base_ms:>10.2f} {a.other_ms:>10.2f} {a.slowdown_ms:>+10.2f} {tail}")
     ranks = [a for a in ranks if a.rank >= 0]
-    s = straggler(ranks)
-    if s and len(ranks) > 1:
-        out.append(f"straggler: rank {s.name} (host work {s.host_ms(1):.2f} of {s.other_ms:.2f} ms emulated, the job's "
-                   "most: the others wait for it at each collective)")
+    for job in sorted({a.job for a in ranks}):
+        mine = [a for a in ranks if a.job == job]
+        s = straggler(mine)
+        if s and len(mine) > 1:
+            out += _wrap([f"straggler: rank {s.name} (host work {s.host_ms(1):.2f} of {s.other_ms:.2f} ms emulated, "
+                          "its job's most: the others wait for it at each collective)"])
     for a in ranks:
         col = [x for x in a.lines if x.kind == "collective" and x.calls[1]]
         if col and a.measurable:
@@ -440,10 +453,10 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
     if moved:
         out += _wrap(["host work between calls changed between the runs, which no toll does by itself: " + ", ".join(
             f"rank {a.name} {a.host_ms(0):.2f} -> {a.host_ms(1):.2f} ms" for a in moved) + "; in a job that steps "
-            "together the others wait for it in their calls (their crossings or synchronizes grow). Either the host "
-            "ran at another speed (CPU placement, SMT siblings, other processes: pin each rank to its own cores, "
-            "ccbridge's benches with CCBRIDGE_RANK_CPUS=auto, and compare again) or the program did other host work "
-            "under CC (pinned memory typed managed: copies torch makes)"])
+            "together the others wait in their calls for a rank whose host work grew, and a rank whose host work "
+            "shrank waits more in its own. Either the host ran at another speed (CPU placement, SMT siblings, other "
+            "processes: pin each rank to its own cores, ccbridge's benches with CCBRIDGE_RANK_CPUS=auto, and compare "
+            "again) or the program did other host work under CC (pinned memory typed managed: copies torch makes)"])
     return "\n".join(out + _wrap(notes))
 
 

@@ -16,8 +16,9 @@ port of 127.0.0.1 or file:// in a private folder; dev is its torch.device (None 
 rank calls on_message(rank, obj) here as it happens; messages and answers travel pickled over one socket per rank.
 
 CCBRIDGE_RANK_CPUS pins each rank to its own cores: "0-15;16-31;..." (a CPU list per rank, rank 0's first,
-`taskset -c`'s syntax), or "auto" (this process's CPUs cut into even runs of whole cores, SMT siblings kept
-together, by package), checked here before any rank starts. Ranks that share cores, or a rank whose cores an SMT
+`taskset -c`'s ranges without strides, no CPU in two lists; a job of fewer ranks takes the first lists), or "auto"
+(this process's CPUs cut into even runs of whole cores, SMT siblings kept together, by package), checked here
+before any rank starts; a rank is pinned before its job is unpickled (which imports torch). Ranks that share cores, or a rank whose cores an SMT
 sibling shares with another rank's spinning thread, run their host work at different speeds from run to run, and
 in a job that steps together the others wait for the slowest (`ccbridge account` names such a rank).
 
@@ -97,13 +98,18 @@ class _Job:
     cpus: tuple[frozenset[int], ...] | None = None  # each rank's cores (CCBRIDGE_RANK_CPUS), None: the parent's
 
 
+MAX_CPU = 1 << 16  # CPU numbers above this are no machine's (a typo: never expanded into a set)
+
+
 def _cpu_list(text: str) -> frozenset[int]:
     """'0-3,8,10-11' as a set of CPU numbers; ValueError for anything else."""
     out: set[int] = set()
     for part in text.split(","):
-        lo, _, hi = part.strip().partition("-")
-        a, b = int(lo), int(hi) if hi else int(lo)
-        if not 0 <= a <= b:
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isascii() or not lo.isdigit() or dash and not (hi.isascii() and hi.isdigit()):
+            raise ValueError(part)
+        a, b = int(lo), int(hi) if dash else int(lo)
+        if not a <= b < MAX_CPU:
             raise ValueError(part)
         out.update(range(a, b + 1))
     return frozenset(out)
@@ -124,9 +130,14 @@ def even_cpus(n: int, sysfs: str = "/sys/devices/system/cpu") -> tuple[frozenset
         except (OSError, ValueError):  # no topology to read: each CPU its own core
             sib, pkg = frozenset({cpu}), 0
         cores[(pkg, sib)] = None
-    order = sorted(cores, key=lambda k: (k[0], min(k[1])))
+    taken: set[int] = set()  # a CPU in two sibling lists (one of them unreadable) goes with the first
+    order = []
+    for pkg, sib in sorted(cores, key=lambda k: (k[0], min(k[1]))):
+        if sib - taken:
+            order.append((pkg, sib - taken))
+            taken |= sib
     if len(order) < n:
-        raise UsageError(f"{CPUS_ENV}=auto: {len(order)} cores for {n} ranks")
+        raise UsageError(f"{CPUS_ENV}=auto: {len(order)} core{'s' if len(order) != 1 else ''} for {n} ranks")
     per = len(order) // n
     return tuple(frozenset().union(*(sib for _, sib in order[r * per:(r + 1) * per])) for r in range(n))
 
@@ -135,22 +146,26 @@ def rank_cpus(n: int, text: str | None = None) -> tuple[frozenset[int], ...] | N
     """Each of n ranks' cores from CCBRIDGE_RANK_CPUS (text: its value; None reads the environment), or None where
     it is unset; a UsageError (one line) for a malformed list, a count other than n, or cores this process may not
     use."""
-    text = os.environ.get(CPUS_ENV) if text is None else text
+    text = (os.environ.get(CPUS_ENV, "") if text is None else text).strip()
     if not text:
         return None
-    if text == "auto":
+    if text.lower() == "auto":
         return even_cpus(n)
     try:
         sets = tuple(_cpu_list(t) for t in text.split(";"))
     except ValueError:
         raise UsageError(f"{CPUS_ENV}={text[:40]!r}: expected a CPU list per rank, ';' between ranks (0-15;16-31)") \
             from None
-    if len(sets) != n:
+    if len(sets) < n:  # more than n: a job of fewer ranks takes the first (bench decode --tp 2 4 with 4 lists)
         raise UsageError(f"{CPUS_ENV}: {len(sets)} CPU list{'s' if len(sets) > 1 else ''} for {n} ranks")
-    allowed = os.sched_getaffinity(0)
+    sets, allowed = sets[:n], os.sched_getaffinity(0)
     for r, cpus in enumerate(sets):
         if not cpus <= allowed:
             raise UsageError(f"{CPUS_ENV}: rank {r}'s CPUs {sorted(cpus - allowed)[:4]} are not this process's to use")
+        for q in range(r):
+            if cpus & sets[q]:
+                raise UsageError(f"{CPUS_ENV}: ranks {q} and {r} share CPUs {sorted(cpus & sets[q])[:4]}: each rank "
+                                 "is meant to have its own")
     return sets
 
 
@@ -227,9 +242,10 @@ def rank_main(link: Connection) -> None:
     parent. Not for callers: run() starts it."""
     try:
         rank = link.recv()
+        cpus = link.recv()
+        if cpus:  # before the job is unpickled: that imports its module, and torch sizes its thread pools then
+            os.sched_setaffinity(0, cpus)
         job = pickle.loads(link.recv_bytes())
-        if job.cpus:  # before torch starts its thread pools: they inherit it
-            os.sched_setaffinity(0, job.cpus[rank])
         if job.gate is not None:
             if job.backend is not None:
                 import torch.distributed  # noqa: F401 - deferred: torch, its import (seconds) done before the gate
@@ -262,7 +278,7 @@ class _Ranks:
         self.done: dict[int, object] = {}
         self.failed: dict[int, tuple[str, str, float]] = {}  # rank -> its error: class name, line, when raised
 
-    def start(self, job: bytes, env: dict[str, str]) -> None:
+    def start(self, job: bytes, env: dict[str, str], cpus: tuple[frozenset[int], ...] | None = None) -> None:
         for r in range(self.n):
             mine, theirs = socket.socketpair()
             with theirs:
@@ -273,6 +289,7 @@ class _Ranks:
             try:
                 self.links[r].send(sys.path)
                 self.links[r].send(r)
+                self.links[r].send(set(cpus[r]) if cpus else None)
                 self.links[r].send_bytes(job)
             except OSError:  # it ended before reading its job: hear() and dead() will say so
                 pass
@@ -362,7 +379,7 @@ def run(n: int, target: Callable, *args, label: str, backend: str | None = None,
         job = pickle.dumps(_Job(target, args, n, backend, None if devices is None else tuple(devices), init, stall_s,
                                 None if gate is None else gate.path, cpus))
         try:
-            ranks.start(job, {**os.environ, **(env or {}), **NVLS_OFF})
+            ranks.start(job, {**os.environ, **(env or {}), **NVLS_OFF}, cpus)
             start = heard = time.monotonic()
             while len(ranks.done) < n:
                 if gate is not None and not os.path.exists(gate.path):  # waiting for its turn: no clock yet

@@ -1,0 +1,157 @@
+"""The spans `ccbridge account` compares a process over: its steady-state window, its job's, and which call holds
+each instant of it.
+
+A process's window: the spans between its marks named begin and end (ccbridge.mark), else from its first
+collective to its last. The ranks of one job step together, so they share one window: span by span, the latest
+begin to the earliest end of their own (jobs()). A rank that reached its begin mark first waits for the last one
+inside its first collective (its readback, with graphs), which is start-up skew, not the steady state: with its
+own window it would count that wait and the last rank none of it (issue 31: 4 ranks' windows 331.9 to 358.1 ms,
+ends within 0.1 ms, begins 10 ms apart). Left as it is: such a rank's first step in flight at the common begin
+keeps its wait inside the window and its launch and collectives before it, so its split between collectives and
+crossings can be off by one step in N (1 in 62 on the recorded TP4 traces); the window's time is exact.
+
+Inside a window each instant of a process is given to one call (exclusive()), so a process's calls and its host
+work (what no call holds) add up to its window.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+from dataclasses import dataclass
+
+# Which call an instant of a process's window is given to when several of its threads are in calls at once (a
+# training step's main thread waiting in a readback while the autograd thread pays launch tolls): a call that
+# pays a toll on the host before the waits its tolls cause, a crossing before a synchronize; among equals, the
+# one that entered first.
+FIRST = {"launch": 0, "collective": 0, "context": 0, "alloc": 0, "crossing": 1, "sync": 2, "query": 3, "timing": 3}
+
+Span = tuple[int, int]
+
+
+def windows(lines) -> tuple[str, list[Span]]:
+    """A process's steady state from its (t_enter, t_return, row) lines: ("marks", spans), else ("collectives",
+    [first to last]) (graph captures excluded: they run nothing), else ("", [])."""
+    spans, opened, first, last = [], None, None, None
+    for t0, t1, row in lines:
+        kind = row["kind"]
+        if kind == "mark" and row["api"] == "begin":
+            opened = t0
+        elif kind == "mark" and row["api"] == "end" and opened is not None:
+            spans.append((opened, t0))
+            opened = None
+        elif kind == "collective" and row["graph"] != "capture":
+            first, last = t0 if first is None else min(first, t0), t1 if last is None else max(last, t1)
+    if spans:
+        return "marks", spans
+    return ("collectives", [(first, last)]) if first is not None else ("", [])
+
+
+def scan(path: str) -> list[Span]:
+    """The window of one trace file, read fast (only its marks and collectives; lines it cannot read are left to
+    the full read, which says what is wrong with them)."""
+    keep = []
+    try:
+        with open(path, newline="") as f:
+            for cols in csv.reader(f):
+                if len(cols) > 17 and cols[6] in ("mark", "collective"):
+                    try:
+                        keep.append((int(cols[0]), int(cols[1]), {"kind": cols[6], "api": cols[5], "graph": cols[17]}))
+                    except ValueError:
+                        continue
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return []
+    return windows(keep)[1]
+
+
+@dataclass
+class Member:
+    """One process of a trace as jobs() sees it."""
+    pid: int
+    rank: int | None
+    ranks: int
+    spans: list[Span]
+
+
+def jobs(members: list[Member]) -> dict[int, tuple[tuple[int, int], list[Span] | None]]:
+    """pid -> (its job's key, the job's common spans, or None where the process keeps its own). A job: one rank of
+    each number of a world size, taken in the order their windows begin (jobs of one size run one after another:
+    bench decode --tp 2 2; two at once cannot be told apart); its key (world size, its order among the jobs of
+    that size) pairs it with its twin in the other trace. Where a job's ranks' spans do not pair up (other counts,
+    or no overlap) each keeps its own."""
+    out: dict[int, tuple[tuple[int, int], list[Span] | None]] = {}
+    groups: list[list[Member]] = []
+    for m in sorted((m for m in members if m.rank is not None and m.ranks > 1 and m.spans), key=lambda m: m.spans[0]):
+        job = next((g for g in groups if len(g) < m.ranks and g[0].ranks == m.ranks and m.rank not in
+                    {q.rank for q in g}), None)
+        if job is None:
+            groups.append([m])
+        else:
+            job.append(m)
+    order: dict[int, int] = {}
+    for g in groups:
+        key = (g[0].ranks, order.setdefault(g[0].ranks, 0))
+        order[g[0].ranks] += 1
+        n = len(g[0].spans)
+        common = None
+        if len(g) > 1 and all(len(q.spans) == n for q in g):
+            common = [(max(q.spans[i][0] for q in g), min(q.spans[i][1] for q in g)) for i in range(n)]
+            if any(a >= b for a, b in common):
+                common = None
+        for q in g:
+            out[q.pid] = (key, common)
+    return out
+
+
+def inside(spans: list[Span], t0: int, t1: int) -> bool:
+    """Whether a call entered inside the spans (sorted, disjoint); a zero-length line at a span's end counts (a
+    graph launch's replayed collectives, written at its return, end a first-to-last-collective window)."""
+    i = bisect.bisect_right(spans, (t0, float("inf"))) - 1
+    return i >= 0 and (spans[i][0] <= t0 < spans[i][1] or t0 == t1 == spans[i][1])
+
+
+def exclusive(calls: list[tuple[int, int, str]], spans: list[Span]) -> list[int]:
+    """Each call's (t0, t1, kind) time inside the spans (sorted, disjoint) that no call before it in FIRST's order
+    (then by entry) already holds: the process's window, each instant counted once; what no call holds is host
+    work."""
+    starts = [a for a, _ in spans]
+    pieces: dict[int, list[tuple[int, int, int, int]]] = {}
+    for i, (t0, t1, k) in enumerate(calls):
+        j = max(0, bisect.bisect_right(starts, t0) - 1)
+        while j < len(spans) and spans[j][0] < t1:
+            a, b = max(t0, spans[j][0]), min(t1, spans[j][1])
+            if b > a:
+                pieces.setdefault(FIRST.get(k, 3), []).append((a, t0, i, b))
+            j += 1
+    held: list[Span] = []  # disjoint, sorted: the instants given so far
+    out = [0] * len(calls)
+    for rank in sorted(pieces):
+        taken, reach = [], -1
+        ends = [e for _, e in held]
+        for a, _, i, b in sorted(pieces[rank]):  # by the cut start, then entry, then the line's order
+            a = max(a, reach)  # an earlier call of this rank (another thread) holds up to reach
+            if b > a:
+                out[i] += b - a - _overlap(held, ends, a, b)
+                taken.append((a, b))
+            reach = max(reach, b)
+        held = _union(held + taken)
+    return out
+
+
+def _overlap(held: list[Span], ends: list[int], a: int, b: int) -> int:
+    """How much of [a, b) the sorted disjoint intervals hold."""
+    n, j = 0, bisect.bisect_right(ends, a)
+    while j < len(held) and held[j][0] < b:
+        n += min(b, held[j][1]) - max(a, held[j][0])
+        j += 1
+    return n
+
+
+def _union(intervals: list[Span]) -> list[Span]:
+    out: list[Span] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
