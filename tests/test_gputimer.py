@@ -55,3 +55,28 @@ def test_the_device_copy_rate_counts_read_and_write_of_a_byte_exact_copy(monkeyp
     monkeypatch.setattr(gputimer, "time_ms", fake_time_ms)
     got = gputimer.device_copy_gbps(torch, "cpu", 2, inner=3, nbytes=1000, generator=torch.Generator().manual_seed(1))
     assert got == pytest.approx([2e-3, 1e-3]) and timed == [(2, 3)]  # 2 x 1000 B in 1 ms and in 2 ms
+
+
+def test_what_goes_before_a_sample_is_queued_ahead_of_its_start_mark_and_not_timed(monkeypatch):
+    """time_ms(before=...): per sample, before() then the start mark then fn then the end mark, on both backends
+    (the peer family's ranks meet in one all_reduce there)."""
+    order = []
+
+    class Event:
+        def __init__(self, **_):
+            pass
+
+        def record(self):
+            order.append("mark")
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 2.0
+
+    class Torch:
+        cuda = type("cuda", (), {"Event": Event})
+
+    got = gputimer.time_ms(Torch, lambda: order.append("fn"), 2, backend="events", before=lambda: order.append("meet"))
+    assert got == [2.0, 2.0] and order == ["meet", "mark", "fn", "mark"] * 2

@@ -73,14 +73,17 @@ def stamp_cost_ns(torch, device: int) -> float:
     return sorted(st.intervals_ns(31))[15]
 
 
-def time_ms(torch, fn, reps: int, inner: int = 1, backend: str | None = None) -> list[float]:
+def time_ms(torch, fn, reps: int, inner: int = 1, backend: str | None = None, before=None) -> list[float]:
     """Per-call GPU time (ms) of fn on the current stream, `inner` calls per sample, reps samples, by the backend
-    (None: choose())."""
+    (None: choose()). before(): queued ahead of each sample's start mark, not timed (the peer family's ranks
+    meet in one small collective there, so no rank's sample holds the others' late start)."""
     backend = backend or choose()
     if backend == "events":
         samples = []
         for _ in range(reps):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if before is not None:
+                before()
             a.record()
             for _ in range(inner):
                 fn()
@@ -92,6 +95,8 @@ def time_ms(torch, fn, reps: int, inner: int = 1, backend: str | None = None) ->
     own = stamp_cost_ns(torch, torch.cuda.current_device())
     st = _Stamps(torch, reps)
     for i in range(reps):
+        if before is not None:
+            before()
         st.at(s, 2 * i)
         for _ in range(inner):
             fn()

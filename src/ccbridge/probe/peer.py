@@ -6,7 +6,9 @@ timed two ways: `eager`, N back-to-back ops between CUDA events (the host's laun
 their toll), and `graph`, the same N ops captured into one CUDA graph and replayed (the GPU's time per op:
 where `ccbridge calibrate` compares the published toll); bandwidth at 256 MiB and 1 GiB as nccl-tests defines it.
 Every rank checks every sample exactly: random integers 1..15 (no zeros, so a missed contribution shows),
-restored before each sample, each op on its own buffer, sums exact in float32.
+restored before each sample, each op on its own buffer, sums exact in float32. Each sample starts, on every rank,
+right after one 4-byte all_reduce that all ranks queue ahead of it (untimed): the ranks' samples start together
+on their GPUs, so rank 0's figure holds no other rank's late start (nccl-tests meets at a barrier before timing).
 One process per GPU, started by ccbridge.ranks (never a fork of a CUDA process); ranks inherit the environment,
 so an emulator's preload applies to every rank. Rank 0's times make the rows.
 """
@@ -103,6 +105,7 @@ class _Case:
         else:
             self.buf, self.expect = torch.empty_like(self.input), data((rank - 1) % world)
         self.peers = ((rank + 1) % world, (rank - 1) % world)
+        self.meet = torch.ones(1, device=dev)  # the untimed all_reduce every sample starts after (align())
 
     def restore(self) -> None:
         if self.op == "all_reduce":
@@ -136,9 +139,14 @@ class _Case:
         torch = self.torch
         self.restore()
         torch.cuda.synchronize()
-        ms = gpu_time_ms(torch, body, 1)[0]
+        ms = gpu_time_ms(torch, body, 1, before=self.align if self.world > 1 else None)[0]
         self.check()
         return ms / self.n
+
+    def align(self) -> None:
+        """One 4-byte all_reduce, queued ahead of a sample's start mark: the current stream reaches the mark when
+        every rank has joined it, so the ranks' samples start together on their GPUs."""
+        self.dist.all_reduce(self.meet)
 
     def graph(self):
         """The n ops captured into one CUDA graph (thread-local capture: NCCL's watchdog thread may query
