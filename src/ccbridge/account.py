@@ -329,13 +329,16 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
     # each, and each is compared with its own twin (the job of the same size and order in the other trace)
     b, o = _by_job_rank(base), _by_job_rank(other)
     jobs = {j for j, _ in set(b) | set(o)}
-    name = {k: str(k[1]) if len(jobs) == 1 else f"{k[1]}/{k[0][0]}" + (f".{k[0][1] + 1}" if any(
-        j[0] == k[0][0] and j[1] for j in jobs) else "") for k in set(b) | set(o)}
+
+    def job_name(job: tuple[int, int]) -> str:  # its size, and its order where the trace holds two of that size
+        return f"{job[0]}" + (f".{job[1] + 1}" if any(w == job[0] and i for w, i in jobs) else "")
+
+    name = {k: str(k[1]) if len(jobs) == 1 else f"{k[1]}/{job_name(k[0])}" for k in set(b) | set(o)}
     notes = [f"rank {name[k]} is only in the {'BASE' if k in b else 'OTHER'} trace: not compared"
              for k in sorted(set(b) ^ set(o))]
     apart = sorted({k[0] for k in set(b) & set(o) if b[k].job and o[k].job and not (b[k].joined and o[k].joined)})
-    notes += [f"the {w} ranks of job {w}{'.' + str(i + 1) if i else ''}: each on its own window (their mark spans "
-              "do not pair up)" for w, i in apart]
+    notes += [f"the {job[0]} ranks of job {job_name(job)}: each on its own window (their mark spans do not pair up)"
+              for job in apart]
     out = []
     for k in sorted(set(b) & set(o)):
         pb, po = b[k], o[k]

@@ -18,9 +18,10 @@ rank calls on_message(rank, obj) here as it happens; messages and answers travel
 CCBRIDGE_RANK_CPUS pins each rank to its own cores: "0-15;16-31;..." (a CPU list per rank, rank 0's first,
 `taskset -c`'s ranges without strides, no CPU in two lists; a job of fewer ranks takes the first lists), or "auto"
 (this process's CPUs cut into even runs of whole cores, SMT siblings kept together, by package), checked here
-before any rank starts; a rank is pinned before its job is unpickled (which imports torch). Ranks that share cores, or a rank whose cores an SMT
-sibling shares with another rank's spinning thread, run their host work at different speeds from run to run, and
-in a job that steps together the others wait for the slowest (`ccbridge account` names such a rank).
+before any rank starts; a rank is pinned before its job is unpickled (which imports torch). Ranks that share
+cores, or a rank whose cores an SMT sibling shares with another rank's spinning thread, run their host work at
+different speeds from run to run, and in a job that steps together the others wait for the slowest (`ccbridge
+account` names such a rank).
 
 Every failure is one line naming the rank, raised here as a ccbridge error: a rank's own ccbridge error keeps its
 class, anything else it raised becomes `failure` (GpuError unless the caller says) naming the class; a rank that
@@ -95,7 +96,6 @@ class _Job:
     init_method: str | None
     group_timeout_s: float | None
     gate: str | None = None  # a file the ranks wait for before they join (Gate)
-    cpus: tuple[frozenset[int], ...] | None = None  # each rank's cores (CCBRIDGE_RANK_CPUS), None: the parent's
 
 
 MAX_CPU = 1 << 16  # CPU numbers above this are no machine's (a typo: never expanded into a set)
@@ -175,15 +175,16 @@ def _send(link: Connection, obj) -> None:
     link.send_bytes(pickle.dumps(obj))
 
 
-def _join(job: _Job, rank: int):
-    """This rank's device, with the group joined (None and nothing joined without a backend)."""
+def _join(job: _Job, rank: int, pinned: bool = False):
+    """This rank's device, with the group joined (None and nothing joined without a backend); pinned: the rank
+    runs on its own cores (CCBRIDGE_RANK_CPUS)."""
     if job.backend is None:
         return None
     import torch  # deferred: torch, which ranks without a group (the net bench's) need not have
     import torch.distributed as dist
 
     if job.devices is None:  # CPU ranks share the host's cores: n ranks of all-core thread pools would fight
-        torch.set_num_threads(len(job.cpus[rank]) if job.cpus else max(1, (os.cpu_count() or 1) // job.n))
+        torch.set_num_threads(len(os.sched_getaffinity(0)) if pinned else max(1, (os.cpu_count() or 1) // job.n))
         dev = torch.device("cpu")
     else:
         d, count = job.devices[rank], torch.cuda.device_count()
@@ -252,7 +253,7 @@ def rank_main(link: Connection) -> None:
             if not _wait_gate(job.gate, link):
                 _send(link, ("done", None))
                 return
-        dev = _join(job, rank)
+        dev = _join(job, rank, bool(cpus))
         out = job.target(rank, job.n, dev, lambda obj: _send(link, ("msg", obj)), *job.args)
         if job.backend is not None:
             import torch.distributed as dist  # deferred: torch, as in _join (which imported it)
@@ -377,7 +378,7 @@ def run(n: int, target: Callable, *args, label: str, backend: str | None = None,
         init = (None if backend is None else f"file://{os.path.join(tmp, 'init')}" if rendezvous == "file"
                 else f"tcp://127.0.0.1:{free_port()}")
         job = pickle.dumps(_Job(target, args, n, backend, None if devices is None else tuple(devices), init, stall_s,
-                                None if gate is None else gate.path, cpus))
+                                None if gate is None else gate.path))
         try:
             ranks.start(job, {**os.environ, **(env or {}), **NVLS_OFF}, cpus)
             start = heard = time.monotonic()

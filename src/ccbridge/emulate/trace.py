@@ -279,15 +279,14 @@ def _process(path: str, pid: int, s: TraceSummary, meta: dict, job) -> ProcessTr
         spans = job[1]
     own = TraceSummary(processes=1, profiles=set(s.profiles), emulated=s.emulated)
     _fold(own, lines, site_of, spans or None)
-    rank = _rank_of(meta.get(pid, {}))
-    return ProcessTrace(pid, rank, int(meta.get(pid, {}).get("ranks", 0) or 0), kind,
-                        sum(b - a for a, b in spans) if spans else own.span_ns, own, spans,
-                        job[0] if job else None, bool(job and job[1]))
+    return ProcessTrace(pid, *_rank_of(meta.get(pid, {})), kind, sum(b - a for a, b in spans) if spans else own.span_ns,
+                        own, spans, job[0] if job else None, bool(job and job[1]))
 
 
-def _rank_of(meta: dict) -> int | None:
+def _rank_of(meta: dict) -> tuple[int | None, int]:
+    """A process's rank (None: not a rank) and its job's size, from its summary's."""
     rank = meta.get("rank", -1)
-    return rank if isinstance(rank, int) and rank >= 0 else None
+    return rank if isinstance(rank, int) and rank >= 0 else None, int(meta.get("ranks", 0) or 0)
 
 
 # <prefix>.<pid>.summary.json, as the interposer writes it (native/emu/trace.c): call and crossing counts.
@@ -330,8 +329,10 @@ def summarize(prefix: str) -> TraceSummary:
         meta[d["pid"]] = {"rank": d.get("rank", -1), "ranks": d.get("ranks", 0)}
         s.processes += 1
     files = _files(prefix, "csv")
-    plan = windows.jobs([windows.Member(pid, _rank_of(meta.get(pid, {})), int(meta.get(pid, {}).get("ranks", 0) or 0),
-                                        windows.scan(path)) for pid, path in files])
+    # a job's window is decided before any of its ranks is folded: only ranks of a job of 2+ are scanned for it
+    ranked = {pid: _rank_of(meta.get(pid, {})) for pid, _ in files}
+    plan = windows.jobs([windows.Member(pid, *ranked[pid], windows.scan(path)) for pid, path in files
+                         if ranked[pid][0] is not None and ranked[pid][1] > 1])
     for pid, path in files:
         s.procs.append(_process(path, pid, s, meta, plan.get(pid)))
     return s

@@ -28,10 +28,11 @@ Each row also says what the step is made of (rank 0's): its weight bytes read pe
 give at this GPU's measured copy rate (which counts read plus write, as the probe's device copy does), the GPU
 time of the step's all-reduces (captured and replayed alone, natively), and so the native step outside the
 collectives over the roofline, and the roofline's share of the step's GPU busy time (hbm_share: what a
-projection to a faster GPU takes as F, `--project-by hbm:F`; emulate/targets.py). Under the emulator each (batch, mode) is also run with emulation paused in the
-same processes (emulate.interposer.emulation_paused): the native step, and the predicted emulated step (the
-native step plus each toll the step pays: collectives x (per-op toll + bandwidth term), the graph or kernel
-launches, the crossings and the readback's round trip) beside the measured one.
+projection to a faster GPU takes as F, `--project-by hbm:F`; emulate/targets.py). Under the emulator each
+(batch, mode) is also run with emulation paused in the same processes (emulate.interposer.emulation_paused): the
+native step, and the predicted emulated step (the native step plus each toll the step pays: collectives x (per-op
+toll + bandwidth term), the graph or kernel launches, the crossings and the readback's round trip) beside the
+measured one.
 """
 
 from __future__ import annotations
