@@ -370,6 +370,8 @@ CASES = [
      "--host-prep-us 2e+06: expected 0 to 1e+06 us of host work per step"),
     _not_its("kv", "--host-prep-us", "100"),
     # bench decode --tp: degrees checked before a rank is spawned or a GPU looked for
+    (["run", "--project", "h200", "--project-by", "hbm:1.5", "--", "true"],
+     "--project-by hbm:F: F, the GPU time's share at the HBM roofline, is above 0 and at most 1, got '1.5'"),
     (["bench", "decode", "--tp", "0"], "argument --tp: expected at least 1, got 0"),
     (["bench", "decode", "--tp", "two"], "argument --tp: not an integer: 'two'"),
     (["bench", "decode", "--tp", "5", "--device", "cpu", "--model", "tiny"], "--tp 5: at most 4 ranks on --device cpu"),
@@ -625,6 +627,20 @@ def test_every_readme_command_has_a_bad_input_case():
     covered = {" ".join(c[0][:2]) if c[0][0] == "bench" else c[0][0] for c in CASES}
     assert readme_commands() - covered == set()
     assert {"probe", "env", "make-checkpoint", "bench kv", "plan-tenants"} <= readme_commands()  # the parse works
+
+
+@pytest.mark.parametrize("value,fragment", [
+    ("bogus", "CCBRIDGE_RANK_CPUS='bogus': expected a CPU list per rank"),
+    ("0;0", "CCBRIDGE_RANK_CPUS: ranks 0 and 1 share CPUs [0]"), ("0", "CCBRIDGE_RANK_CPUS: 1 CPU list for 2 ranks")])
+def test_a_bad_rank_cpu_list_is_one_line_before_any_rank_starts(tmp_path, value, fragment):
+    """CCBRIDGE_RANK_CPUS is input too: a bench whose ranks it would pin refuses a bad one in one line, exit 2."""
+    r = subprocess.run([sys.executable, "-m", "ccbridge.cli", "bench", "decode", "--tp", "2", "--device", "cpu",
+                        "--model", "tiny", "--batch", "1", "--output", "4", "--iters", "1"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=TIMEOUT_S,
+                       env={**os.environ, "CCBRIDGE_RANK_CPUS": value})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(lines[-1]) <= 120, r.stderr
+    assert lines[-1].startswith("ccbridge bench") and fragment in lines[-1], r.stderr
 
 
 def test_run_is_named_run_and_passes_the_status(tmp_path):
