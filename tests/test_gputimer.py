@@ -80,3 +80,38 @@ def test_what_goes_before_a_sample_is_queued_ahead_of_its_start_mark_and_not_tim
 
     got = gputimer.time_ms(Torch, lambda: order.append("fn"), 2, backend="events", before=lambda: order.append("meet"))
     assert got == [2.0, 2.0] and order == ["meet", "mark", "fn", "mark"] * 2
+
+
+def test_peer_timer_pairs_alternate_both_timers_on_the_same_case_after_one_untimed_sample(monkeypatch):
+    """bench/timer_agreement.py --peer: each case and mode meets both timers in turn on the same ranks and
+    buffers, events first, rounds times; one sample first that no timer keeps (set-up, graph upload); each
+    round's figure the median of plan.reps samples of that timer."""
+    from ccbridge.probe import peer
+
+    calls, built = [], []
+
+    class Case:
+        def __init__(self, torch, dist, op, nbytes, n, rank, world):
+            built.append((op, nbytes, n, rank, world))
+            self.nbytes, self.k = nbytes, 0
+
+        def graph(self):
+            return type("G", (), {"replay": lambda _: None})()
+
+        def run_all(self):
+            pass
+
+        def sample_ms(self, body, backend=None):
+            calls.append((self.nbytes, backend))
+            self.k += 1
+            return {None: 99.0, "events": 1.0, "globaltimer": 2.0}[backend] * self.k
+
+    plan = peer.Plan("all_reduce", (4096, 65536), (), ops=20, reps=3)
+    got = peer._timer_pairs(None, None, plan, rank=1, world=4, rounds=2, case=Case)
+    assert built == [("all_reduce", 4096, 20, 1, 4), ("all_reduce", 65536, 20, 1, 4)]
+    per_mode = [None] + (["events"] * 3 + ["globaltimer"] * 3) * 2
+    assert calls == [(4096, b) for b in per_mode * 2] + [(65536, b) for b in per_mode * 2]
+    # samples count on from the untimed one: eager's round 1 events are the 2nd-4th (median 3), globaltimer 5th-7th
+    assert got["eager"][4096] == {"events": [3.0, 9.0], "globaltimer": [12.0, 24.0]}
+    assert got["graph"][65536] == {"events": [16.0, 22.0], "globaltimer": [38.0, 50.0]}
+    assert set(got) == set(peer.MODES) and 99.0 not in got["eager"][4096]["events"]

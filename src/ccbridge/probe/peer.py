@@ -133,13 +133,13 @@ class _Case:
             raise GpuError(f"{self.op} of {self.count * 4} B on rank {self.rank} of {self.world}: {bad} of "
                            f"{self.buf.numel()} values differ from the exact result")
 
-    def sample_ms(self, body) -> float:
-        """Device time per op (ms) of body() (all n ops), by the run's GPU timer, inputs restored first, checked
-        after."""
+    def sample_ms(self, body, backend: str | None = None) -> float:
+        """Device time per op (ms) of body() (all n ops), by `backend` (None: the run's GPU timer), inputs
+        restored first, checked after."""
         torch = self.torch
         self.restore()
         torch.cuda.synchronize()
-        ms = gpu_time_ms(torch, body, 1, before=self.align if self.world > 1 else None)[0]
+        ms = gpu_time_ms(torch, body, 1, backend=backend, before=self.align if self.world > 1 else None)[0]
         self.check()
         return ms / self.n
 
@@ -174,6 +174,32 @@ def _measure(torch, dist, plan: Plan, rank: int, world: int) -> dict:
         out["large"][nbytes] = [case.sample_ms(case.run_all) for _ in range(plan.reps + 1)][1:]
         del case
         torch.cuda.empty_cache()
+    return out
+
+
+def timer_pairs(rank: int, world: int, dev, send, plan: Plan, rounds: int) -> dict:
+    """A rank of bench/timer_agreement.py --peer (issue 32): each small case of `plan` timed by both GPU timers
+    on the same ranks, in alternation, so the two meet the same op on the same communicator and buffers (apart
+    runs of the peer family move a row by up to 1.5x)."""
+    import torch  # deferred, as in _rank
+    import torch.distributed as dist
+
+    return _timer_pairs(torch, dist, plan, rank, world, rounds)
+
+
+def _timer_pairs(torch, dist, plan: Plan, rank: int, world: int, rounds: int, case=None) -> dict:
+    """{mode: {bytes: {backend: [the median of plan.reps samples, each round]}}}: per round, one median of each
+    backend in turn (events first), after one untimed sample per case and mode (set-up, graph upload)."""
+    out: dict = {m: {} for m in MODES}
+    for nbytes in plan.small:
+        c = (case or _Case)(torch, dist, plan.op, nbytes, plan.ops, rank, world)
+        for mode in MODES:
+            body = c.graph().replay if mode == "graph" else c.run_all
+            c.sample_ms(body)
+            by = out[mode].setdefault(nbytes, {b: [] for b in gputimer.BACKENDS})
+            for _ in range(rounds):
+                for b in gputimer.BACKENDS:
+                    by[b].append(statistics.median(c.sample_ms(body, b) for _ in range(plan.reps)))
     return out
 
 
