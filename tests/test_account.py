@@ -254,10 +254,11 @@ def test_gpu_time_no_wait_grew_by_is_not_slowdown(tmp_path):
 
 # ---- multi-process jobs: per rank, on each rank's steady-state window ----
 
-def write_rank(prefix, rank, pid, steps, toll_us, sync_us, startup_us=0.0, marks=True, host_us=0.0, **kw):
-    """One TP rank: a start-up of host work (a model build: a context and an allocation), then steps of one graph
-    launch replaying 4 all-reduces and a readback that waits for their GPU time, then host_us of host work, between
-    begin/end marks."""
+def write_rank(prefix, rank, pid, steps, toll_us, sync_us, startup_us=0.0, marks=True, host_us=0.0, prep_us=0.0,
+               **kw):
+    """One TP rank: a start-up of host work (a model build: a context and an allocation), then steps of prep_us of
+    host work, one graph launch replaying 4 all-reduces and a readback that waits for their GPU time, then host_us
+    of host work, between begin/end marks."""
     lines, t = [(0.0, 10, "cuCtxCreate_v2", "context", "", "", 0, 0, 0), (startup_us, 5, "cuMemHostAlloc", "alloc",
                                                                          "", "", 1 << 20, 0, 0)], startup_us + 100
     lines.append((t, 1, "cuGraphLaunch", "launch", "", "", 0, 0, 0))  # capture of the step's collectives
@@ -266,6 +267,7 @@ def write_rank(prefix, rank, pid, steps, toll_us, sync_us, startup_us=0.0, marks
     if marks:
         lines.append((t, 0, "begin", "mark", "", "", 0, 0, 0))
     for _ in range(steps):
+        t += prep_us
         lines.append((t, 5, "cuGraphLaunch", "launch", "", "", 0, 0, 0))
         lines += [(t + 5, 0, "ncclAllReduce", "collective", "", "", 8192, 0, toll_us, "replay")] * 4
         lines.append((t + 6, sync_us, "cuMemcpyDtoHAsync_v2", "crossing", "d2h", "pinned", 8, sync_us * 0.9, 0))
@@ -451,3 +453,46 @@ def test_two_jobs_of_one_size_in_a_trace_are_each_compared_with_their_own_twin(t
     assert all(abs(a.slowdown_ms - 0.5) < 1e-9 for a in ranks)
     every = account.overall(base, other, ranks)
     assert abs(every.slowdown_ms - 2.0) < 1e-9 and abs(every.host_delta_ms) < 1e-6
+
+
+def test_a_ranks_wait_for_a_later_peer_is_named_peers_and_taken_from_what_its_calls_explain(tmp_path):
+    """OTHER: each step's 4 replayed all-reduces pay 12.5 us, and rank 1 prepares each step 100 us longer before
+    its launch (host work: no toll), which rank 0 waits for in its readback. Rank 0's calls grew 150 us a step, but
+    100 of them are its wait for rank 1's hand-off: peers; rank 1's own 100 us are host. Each rank's explained is
+    the tolls' 50 us a step, and explained + peers + host is its slowdown."""
+    for prefix, extra, prof in ((tmp_path / "n", 0.0, {}), (tmp_path / "c", 100.0, dict(profile="b300", emulate=1))):
+        toll = 12.5 if extra else 0.0
+        write_rank(prefix, 0, 100, 50, toll, 100 + 4 * toll + extra, 1000, **prof)
+        write_rank(prefix, 1, 101, 50, toll, 100 + 4 * toll, 1000, prep_us=extra, **prof)
+    ranks, _ = account.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
+    r0, r1 = ranks
+    for a in ranks:
+        assert abs(a.slowdown_ms - 50 * 0.15) < 0.01 * 0.15, a.slowdown_ms  # the window: whole steps of both ranks
+        assert abs(a.explained_ms - 50 * 0.05) < 0.06, (a.rank, a.explained_ms)  # the tolls (and one step's edge)
+        assert abs(a.explained_ms + a.peers_delta_ms + a.host_delta_ms - a.slowdown_ms) < 1e-6
+    assert abs(r0.peers_delta_ms - 49 * 0.1) < 0.11 and r0.peer_ms[0] == 0 and abs(r0.host_delta_ms) < 0.01
+    assert r1.peer_ms == (0.0, 0.0) and abs(r1.host_delta_ms - 49 * 0.1) < 0.11
+    every = ranks + [account.overall(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")),
+                                     ranks)]
+    text = account.render_ranks(every, [])
+    assert all(len(line) <= 120 for line in text.splitlines()), text
+    head = next(line for line in text.splitlines() if line.lstrip().startswith("rank window")).split()
+    row0 = next(line for line in text.splitlines() if line.lstrip().startswith("0 marks")).split()
+    assert head[-2:] == ["peers", "host"] and row0[-2] == f"{r0.peers_delta_ms / r0.slowdown_ms:.0%}"
+    rows = {(r.metric, r.params.get("rank")): r for r in account.rank_rows(every)}
+    assert rows[("peers", 0)].median == r0.peers_delta_ms and rows[("peers", 0)].extra["other_ms"] > 4.8
+    assert abs(rows[("peers", "all")].median - r0.peers_delta_ms) < 1e-9
+
+
+def test_peers_are_matched_step_by_step_inside_the_common_window_or_not_at_all():
+    """windows.peer_waits: the k-th hand-off of each rank is one step; a step handed before the common begin is
+    start-up skew; other counts, or no step, give None (not measured: the column says -)."""
+    handed = [[[100, 200, 300]], [[130, 210, 330]]]
+    assert windows.peer_waits(handed, [(0, 1000)]) == [30 + 10 + 30, 0]
+    assert windows.peer_waits(handed, [(120, 1000)]) == [10 + 30, 0]  # rank 0's first hand-off is before the begin
+    assert windows.peer_waits([[[100, 200]], [[130]]], [(0, 1000)]) is None
+    assert windows.peer_waits([[[]], [[]]], [(0, 1000)]) is None
+    lines = [(5, 5, {"kind": "collective", "graph": "replay"})] * 3 + [(9, 9, {"kind": "collective", "graph": ""}),
+                                                                          (12, 12, {"kind": "collective", "graph": "replay"}),
+                                                                          (50, 50, {"kind": "collective", "graph": "replay"})]
+    assert windows.handoffs(lines, [(0, 20), (40, 60)]) == [[5, 12], [50]]  # one per launch; eager ones are not steps

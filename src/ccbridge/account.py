@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ccbridge.emulate import windows
 from ccbridge.emulate.trace import TraceSummary
 from ccbridge.results import Row
 from ccbridge.textfit import WIDTH, cut as _cut, wrap as _wrap
@@ -285,6 +286,9 @@ class RankAccount:
     world: int = 0  # the job's ranks (0: not known)
     name: str = ""  # as printed: the rank, "rank/world" where the trace holds several jobs, "all"
     job: tuple[int, int] = (0, 0)  # the job's key (world size, its order among the jobs of that size)
+    # ms waiting for the job's later ranks to hand the GPU each step, BASE and OTHER (windows.peer_waits; None:
+    # not measured: no graph-replayed steps, or they did not pair up)
+    peer_ms: tuple[float, float] | None = None
 
     @property
     def slowdown_ms(self) -> float:
@@ -304,7 +308,12 @@ class RankAccount:
 
     @property
     def explained_ms(self) -> float:
-        return sum(self.by_kind().values())
+        """The calls' growth, less the growth of the rank's waits for its peers (their host work: no toll)."""
+        return sum(self.by_kind().values()) - self.peers_delta_ms
+
+    @property
+    def peers_delta_ms(self) -> float:
+        return self.peer_ms[1] - self.peer_ms[0] if self.peer_ms else 0.0
 
     def host_ms(self, i: int) -> float:
         """Of the window in trace i (0 BASE, 1 OTHER), the time no call of the rank held: its host work (its
@@ -339,6 +348,7 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
     apart = sorted({k[0] for k in set(b) & set(o) if b[k].job and o[k].job and not (b[k].joined and o[k].joined)})
     notes += [f"the {job[0]} ranks of job {job_name(job)}: each on its own window (their mark spans do not pair up)"
               for job in apart]
+    waits = [_peer_ms(t) for t in (base, other)]
     out = []
     for k in sorted(set(b) & set(o)):
         pb, po = b[k], o[k]
@@ -349,8 +359,25 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
         acc = RankAccount(k[1], po.window, pb.window_ns / 1e6, po.window_ns / 1e6, [], world=k[0][0], name=name[k],
                           job=k[0])
         acc.lines = _lines(pb.summary.by_api, po.summary.by_api, acc.slowdown_ms / 1e3 if acc.measurable else 0.0)
+        if k in waits[0] and k in waits[1]:
+            acc.peer_ms = (waits[0][k], waits[1][k])
         out.append(acc)
     return out, notes
+
+
+def _peer_ms(t: TraceSummary) -> dict:
+    """(job, rank) -> ms the rank waited for its job's later ranks (windows.peer_waits), for each job on a common
+    window whose graph-replayed steps pair up."""
+    jobs: dict = {}
+    for k, p in _by_job_rank(t).items():
+        if p.joined:
+            jobs.setdefault(k[0], []).append((k, p))
+    out = {}
+    for members in jobs.values():
+        ns = windows.peer_waits([p.handoffs for _, p in members], members[0][1].spans)
+        if ns is not None:
+            out.update({k: w / 1e6 for (k, _), w in zip(members, ns)})
+    return out
 
 
 def _by_job_rank(t: TraceSummary) -> dict:
@@ -378,6 +405,8 @@ def overall(base: TraceSummary, other: TraceSummary, ranks: list[RankAccount]) -
         tables.append(merged)
     acc = RankAccount(-1, "sum", sum(a.base_ms for a in ranks), sum(a.other_ms for a in ranks), [], name="all")
     acc.lines = _lines(*tables, acc.slowdown_ms / 1e3 if acc.measurable else 0.0)
+    if any(a.peer_ms for a in ranks):
+        acc.peer_ms = tuple(sum(a.peer_ms[i] for a in ranks if a.peer_ms) for i in (0, 1))
     return acc
 
 
@@ -407,6 +436,11 @@ def rank_rows(ranks: list[RankAccount]) -> list[Row]:
         out.append(Row.of("account.rank", "host", "ms", [a.host_delta_ms], **p))
         out[-1].extra.update(base_ms=a.host_ms(0), other_ms=a.host_ms(1),
                              what="the growth of the window's time outside every call (host work): not a toll")
+        if a.peer_ms:
+            out.append(Row.of("account.rank", "peers", "ms", [a.peers_delta_ms], **p))
+            out[-1].extra.update(base_ms=a.peer_ms[0], other_ms=a.peer_ms[1],
+                                 what="the growth of the rank's waits for its job's later ranks to hand the GPU each "
+                                      "step (their host work): in its calls, not a toll; explained is the calls less it")
         for x in a.lines:
             q = dict(p, api=x.api, kind=x.kind, dir=x.dir, mem=x.mem)
             out.append(Row.of("account.rank_api", "delta", "ms", [x.delta_ms], **q))
@@ -421,17 +455,22 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
     collectives behind the largest share."""
     out = ["per rank, on its job's steady-state window (marks, else first to last collective; the span all its ranks "
            "are in);",
-           "shares of the window's measured slowdown: explained by its calls, and host (its work between calls: no toll)",
+           "shares of the window's measured slowdown: explained = its calls (collect. to other) less peers, the growth of "
+           "its",
+           "waits for the job's later ranks to hand the GPU each step (their host work); host: its own work between calls;",
+           "peers and host are no toll",
            f"{'rank':>5} {'window':<11} {'base ms':>10} {'other ms':>10} {'slowdown':>10} {'explained':>9} "
-           f"{'collect.':>8} {'launch':>7} {'crossing':>8} {'sync':>7} {'other':>7} {'host':>6}"]
+           f"{'collect.':>8} {'launch':>7} {'crossing':>8} {'sync':>7} {'other':>7} {'peers':>6} {'host':>6}"]
     for a in ranks:
         k = a.by_kind()
         if a.rank < 0:
             out.append("-" * 24 + " all ranks, summed " + "-" * 24)
         if a.measurable:
             pct = lambda v: f"{v / a.slowdown_ms:>7.0%}"
+            peers = f"{a.peers_delta_ms / a.slowdown_ms:>6.0%}" if a.peer_ms else f"{'-':>6}"
             tail = (f"{a.explained_ms / a.slowdown_ms:>9.0%} {pct(k['collective']):>8} {pct(k['launch'])} "
-                    f"{pct(k['crossing']):>8} {pct(k['sync'])} {pct(k['other'])} {a.host_delta_ms / a.slowdown_ms:>6.0%}")
+                    f"{pct(k['crossing']):>8} {pct(k['sync'])} {pct(k['other'])} {peers} "
+                    f"{a.host_delta_ms / a.slowdown_ms:>6.0%}")
         else:
             tail = "  no measurable slowdown: no shares"
         out.append(f"{a.name:>5} {a.window:<11} {a.base_ms:>10.2f} {a.other_ms:>10.2f} {a.slowdown_ms:>+10.2f} {tail}")

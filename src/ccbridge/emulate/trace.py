@@ -160,6 +160,7 @@ class ProcessTrace:
     spans: list[tuple[int, int]] = field(default_factory=list)  # the window's spans (CLOCK_MONOTONIC ns)
     job: tuple[int, int] | None = None  # a rank's job: (world size, its order among the jobs of that size)
     joined: bool = False  # on its job's common window (False: its own, the job's ranks' spans did not pair up)
+    handoffs: list[list[int]] = field(default_factory=list)  # a joined rank's steps handed to the GPU (windows.py)
 
 
 def check_header(path: str, first: str, second: str) -> re.Match:
@@ -275,12 +276,14 @@ def _process(path: str, pid: int, s: TraceSummary, meta: dict, job) -> ProcessTr
     lines = list(_rows(path, s))
     _fold(s, lines, site_of)
     kind, spans = windows.windows(lines)
-    if job and job[1] and spans:
+    joined = bool(job and job[1] and spans)
+    handed = windows.handoffs(lines, spans) if joined else []  # matched by order within its own spans
+    if joined:
         spans = job[1]
     own = TraceSummary(processes=1, profiles=set(s.profiles), emulated=s.emulated)
     _fold(own, lines, site_of, spans or None)
     return ProcessTrace(pid, *_rank_of(meta.get(pid, {})), kind, sum(b - a for a, b in spans) if spans else own.span_ns,
-                        own, spans, job[0] if job else None, bool(job and job[1]))
+                        own, spans, job[0] if job else None, joined, handed)
 
 
 def _rank_of(meta: dict) -> tuple[int | None, int]:

@@ -12,6 +12,12 @@ crossings can be off by one step in N (1 in 62 on the recorded TP4 traces); the 
 
 Inside a window each instant of a process is given to one call (exclusive()), so a process's calls and its host
 work (what no call holds) add up to its window.
+
+A job that steps together waits, each step, for its last rank to hand the GPU that step: a rank whose host work
+between steps grew makes every other rank's waits grow, a toll of nobody's. peer_waits() measures it where the
+steps are CUDA graph launches that replay collectives (a TP engine's decode step): the k-th launch of every rank
+is one step, and a rank's wait for its peers is the latest rank's launch less its own. Eager collectives are not
+matched: a rank's host issues them ahead of its GPU, so the host's lag is not the GPU's.
 """
 
 from __future__ import annotations
@@ -101,6 +107,37 @@ def jobs(members: list[Member]) -> dict[int, tuple[tuple[int, int], list[Span] |
         for q in g:
             out[q.pid] = (key, common)
     return out
+
+
+def handoffs(lines, spans: list[Span]) -> list[list[int]]:
+    """Per span of a process's own window, sorted, the times it handed its GPU a step of graph-replayed
+    collectives (a graph launch's replay lines share one time, the launch's return)."""
+    starts = [a for a, _ in spans]
+    out: list[set[int]] = [set() for _ in spans]
+    for t0, _, row in lines:
+        if row["kind"] == "collective" and row["graph"] == "replay":
+            i = bisect.bisect_right(starts, t0) - 1
+            if i >= 0 and t0 <= spans[i][1]:
+                out[i].add(t0)
+    return [sorted(x) for x in out]
+
+
+def peer_waits(handed: list[list[list[int]]], common: list[Span]) -> list[int] | None:
+    """Of a job's ranks (each one's handoffs() over its own spans), each rank's time waiting for the later ranks
+    (ns): per step inside the common spans, the latest rank's hand-off less its own, summed. None where there is
+    no step to match, or the ranks' counts of steps in a span differ (the k-th would not be one step)."""
+    waits, steps = [0] * len(handed), 0
+    for i, (a, b) in enumerate(common):
+        per = [h[i] if i < len(h) else [] for h in handed]
+        if len({len(p) for p in per}) != 1:
+            return None
+        for t in zip(*per):
+            if a <= min(t) and max(t) <= b:  # a step handed before the common begin is start-up skew
+                steps += 1
+                last = max(t)
+                for k, tk in enumerate(t):
+                    waits[k] += last - tk
+    return waits if steps else None
 
 
 def inside(spans: list[Span], t0: int, t1: int) -> bool:
