@@ -315,7 +315,8 @@ def test_each_rank_is_accounted_on_its_own_window_with_graph_replays_charged(tmp
     assert "straggler: rank 1" in text and "ncclAllReduce 200 operations (200 replayed from CUDA graphs)" in text
     rows = {(r.test, r.metric, r.params.get("rank"), r.params.get("kind")): r for r in account.rank_rows(ranks)}
     assert abs(rows[("account.rank", "slowdown", 0, None)].median - r0.slowdown_ms) < 1e-9
-    assert abs(rows[("account.rank", "explained", 0, "collective")].median - 2.5) < 1e-6
+    assert abs(rows[("account.rank", "calls", 0, "collective")].median - 2.5) < 1e-6
+    assert abs(rows[("account.rank", "explained", 0, None)].median - r0.explained_ms) < 1e-9
 
 
 def test_without_marks_the_window_is_first_to_last_collective(tmp_path):
@@ -485,14 +486,63 @@ def test_a_ranks_wait_for_a_later_peer_is_named_peers_and_taken_from_what_its_ca
 
 
 def test_peers_are_matched_step_by_step_inside_the_common_window_or_not_at_all():
-    """windows.peer_waits: the k-th hand-off of each rank is one step; a step handed before the common begin is
-    start-up skew; other counts, or no step, give None (not measured: the column says -)."""
-    handed = [[[100, 200, 300]], [[130, 210, 330]]]
+    """windows.peer_waits: the k-th hand-off of each rank is one step, a wait at most the rank's block after it; a
+    step handed before the common begin is start-up skew, one after its end is not in it; other counts, a rank
+    not matched, or no step give None (the column says -)."""
+    handed = [[[(100, 50), (200, 50), (300, 50)]], [[(130, 50), (210, 50), (330, 50)]]]
     assert windows.peer_waits(handed, [(0, 1000)]) == [30 + 10 + 30, 0]
     assert windows.peer_waits(handed, [(120, 1000)]) == [10 + 30, 0]  # rank 0's first hand-off is before the begin
-    assert windows.peer_waits([[[100, 200]], [[130]]], [(0, 1000)]) is None
+    assert windows.peer_waits(handed, [(0, 320)]) == [30 + 10, 0]  # rank 1's last is after the end
+    assert windows.peer_waits([[[(100, 5)]], [[(130, 50)]]], [(0, 1000)]) == [5, 0]  # capped at its block
+    assert windows.peer_waits([[[(100, 9), (200, 9)]], [[(130, 9)]]], [(0, 1000)]) is None
+    assert windows.peer_waits([None, [[(130, 9)]]], [(0, 1000)]) is None
     assert windows.peer_waits([[[]], [[]]], [(0, 1000)]) is None
-    lines = [(5, 5, {"kind": "collective", "graph": "replay"})] * 3 + [(9, 9, {"kind": "collective", "graph": ""}),
-                                                                          (12, 12, {"kind": "collective", "graph": "replay"}),
-                                                                          (50, 50, {"kind": "collective", "graph": "replay"})]
-    assert windows.handoffs(lines, [(0, 20), (40, 60)]) == [[5, 12], [50]]  # one per launch; eager ones are not steps
+
+
+def test_hand_offs_are_graph_launches_each_followed_by_a_block_on_the_gpu():
+    """windows.handoffs: one hand-off per launch (its replay lines share a time; eager collectives are no step),
+    each with the time blocked in readbacks and synchronizes until the next or the span's end; a host that hands
+    two steps with no block between them runs ahead of its GPU: None."""
+    rep = {"kind": "collective", "graph": "replay"}
+    d2h, h2d = {"kind": "crossing", "dir": "d2h"}, {"kind": "crossing", "dir": "h2d"}
+    lines = [(5, 5, rep)] * 3 + [(6, 9, d2h), (9, 9, {"kind": "collective", "graph": ""}), (10, 11, h2d),
+                                 (12, 12, rep), (13, 16, {"kind": "sync"}), (17, 19, d2h), (50, 50, rep), (52, 55, d2h)]
+    assert windows.handoffs(lines, [(0, 20), (40, 60)]) == [[(5, 3), (12, 5)], [(50, 3)]]
+    assert windows.handoffs([(5, 5, rep), (6, 7, h2d), (8, 8, rep), (9, 10, d2h)], [(0, 20)]) is None
+
+
+def test_three_ranks_that_began_apart_each_wait_for_the_last_hand_off_of_each_step(tmp_path):
+    """Three ranks begin 0, 300 and 600 us apart (their first step waits for the last: start-up skew, outside the
+    common window). In OTHER each step's 4 replayed all-reduces pay 12.5 us, and before each launch rank 1
+    prepares 30 us and rank 2 60 us (host work), which the others wait for in their readbacks: rank 0's peers
+    grow 60 us a step, rank 1's 30, rank 2's none; on every rank explained is the tolls' 50 us a step (within the
+    first step's, windows.peer_waits), and the all-ranks row's peers is the ranks' summed."""
+    steps, gpu_us = 20, 60.0
+    for prefix, emu in ((tmp_path / "n", 0), (tmp_path / "c", 1)):
+        prep, toll = (0.0, 30.0 * emu, 60.0 * emu), 12.5 * emu
+        begins = (0.0, 300.0, 600.0)
+        launch = [b + p for b, p in zip(begins, prep)]  # step 0: each rank launches right after its begin mark
+        lines = [[(b, 0, "begin", "mark", "", "", 0, 0, 0)] for b in begins]
+        for _ in range(steps):
+            done = max(launch) + 1 + gpu_us + 4 * toll  # the GPUs run the step once the last rank launched it
+            for r in range(3):
+                lines[r].append((launch[r], 1, "cuGraphLaunch", "launch", "", "", 0, 0, 0))
+                lines[r] += [(launch[r] + 1, 0, "ncclAllReduce", "collective", "", "", 8192, 0, toll, "replay")] * 4
+                lines[r].append((launch[r] + 2, done - launch[r] - 2, "cuMemcpyDtoHAsync_v2", "crossing", "d2h",
+                                 "pinned", 8, 0, 0))
+            launch = [done + 1 + p for p in prep]
+        for r in range(3):
+            lines[r].append((done + 1, 0, "end", "mark", "", "", 0, 0, 0))
+            write_trace(prefix, lines[r], pid=100 + r, ranks=3, **(dict(profile="b300", emulate=1) if emu else {}))
+            (prefix.parent / f"{prefix.name}.{100 + r}.summary.json").write_text(
+                f'{{"pid": {100 + r}, "calls": {{}}, "crossings": {{}}, "rank": {r}, "ranks": 3}}\n')
+    base, other = trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c"))
+    ranks, notes = account.per_rank(base, other)
+    assert notes == [] and [a.rank for a in ranks] == [0, 1, 2]
+    for a, wait_us in zip(ranks, (60, 30, 0)):
+        assert a.peer_ms[0] == 0 and abs(a.peers_delta_ms - (steps - 1) * wait_us / 1e3) < 1e-6, (a.rank, a.peer_ms)
+        # within one step: an early rank's first readback, from the common begin on, stays in its calls
+        assert abs(a.explained_ms - (steps - 1) * 50 / 1e3) <= 0.110 + 1e-6, (a.rank, a.explained_ms)
+        assert abs(a.explained_ms + a.peers_delta_ms + a.host_delta_ms - a.slowdown_ms) < 1e-6
+    whole = account.overall(base, other, ranks)
+    assert abs(whole.peers_delta_ms - (steps - 1) * 90 / 1e3) < 1e-6

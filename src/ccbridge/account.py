@@ -286,7 +286,7 @@ class RankAccount:
     world: int = 0  # the job's ranks (0: not known)
     name: str = ""  # as printed: the rank, "rank/world" where the trace holds several jobs, "all"
     job: tuple[int, int] = (0, 0)  # the job's key (world size, its order among the jobs of that size)
-    # ms waiting for the job's later ranks to hand the GPU each step, BASE and OTHER (windows.peer_waits; None:
+    # ms waiting for the job's last rank to hand the GPU each step, BASE and OTHER (windows.peer_waits; None:
     # not measured: no graph-replayed steps, or they did not pair up)
     peer_ms: tuple[float, float] | None = None
 
@@ -349,6 +349,11 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
     notes += [f"the {job[0]} ranks of job {job_name(job)}: each on its own window (their mark spans do not pair up)"
               for job in apart]
     waits = [_peer_ms(t) for t in (base, other)]
+    unmatched = sorted({k[0] for t, w in zip((b, o), waits) for k, p in t.items()
+                        if p.joined and (p.handoffs is None or any(p.handoffs)) and k not in w})
+    notes += [f"peers of job {job_name(job)}: not measured (its ranks' graph-launched steps do not pair up, or a "
+              "rank hands its GPU steps with no readback or synchronize between them: its host's lag is not the "
+              "GPU's)" for job in unmatched]
     out = []
     for k in sorted(set(b) & set(o)):
         pb, po = b[k], o[k]
@@ -366,8 +371,8 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
 
 
 def _peer_ms(t: TraceSummary) -> dict:
-    """(job, rank) -> ms the rank waited for its job's later ranks (windows.peer_waits), for each job on a common
-    window whose graph-replayed steps pair up."""
+    """(job, rank) -> ms the rank waited for the rank that handed the GPU each step last (windows.peer_waits), for
+    each job on a common window whose graph-launched steps pair up."""
     jobs: dict = {}
     for k, p in _by_job_rank(t).items():
         if p.joined:
@@ -432,14 +437,17 @@ def rank_rows(ranks: list[RankAccount]) -> list[Row]:
                 Row.of("account.rank", "slowdown", "ms", [a.slowdown_ms], **p)]
         out[-1].extra.update(window=a.window, measurable=a.measurable)
         for kind, ms in a.by_kind().items():
-            out.append(Row.of("account.rank", "explained", "ms", [ms], kind=kind, **p))
+            out.append(Row.of("account.rank", "calls", "ms", [ms], kind=kind, **p))
+            out[-1].extra["what"] = "the growth of the window's time in this kind of call"
+        out.append(Row.of("account.rank", "explained", "ms", [a.explained_ms], **p))
+        out[-1].extra["what"] = "the calls' growth less peers: what the tolls explain"
         out.append(Row.of("account.rank", "host", "ms", [a.host_delta_ms], **p))
         out[-1].extra.update(base_ms=a.host_ms(0), other_ms=a.host_ms(1),
                              what="the growth of the window's time outside every call (host work): not a toll")
         if a.peer_ms:
             out.append(Row.of("account.rank", "peers", "ms", [a.peers_delta_ms], **p))
             out[-1].extra.update(base_ms=a.peer_ms[0], other_ms=a.peer_ms[1],
-                                 what="the growth of the rank's waits for its job's later ranks to hand the GPU each "
+                                 what="the growth of the rank's waits for its job's last rank to hand the GPU each "
                                       "step (their host work): in its calls, not a toll; explained is the calls less it")
         for x in a.lines:
             q = dict(p, api=x.api, kind=x.kind, dir=x.dir, mem=x.mem)
@@ -455,10 +463,11 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
     collectives behind the largest share."""
     out = ["per rank, on its job's steady-state window (marks, else first to last collective; the span all its ranks "
            "are in);",
-           "shares of the window's measured slowdown: explained = its calls (collect. to other) less peers, the growth of "
-           "its",
-           "waits for the job's later ranks to hand the GPU each step (their host work); host: its own work between calls;",
-           "peers and host are no toll",
+           "shares of the window's measured slowdown. collect. to other: each kind of call's growth; peers: the part of "
+           "it",
+           "spent waiting for the job's last rank to hand the GPU each step; explained = calls - peers; host: the rank's "
+           "own",
+           "work between calls (peers and host: no toll); explained + peers + host = the slowdown",
            f"{'rank':>5} {'window':<11} {'base ms':>10} {'other ms':>10} {'slowdown':>10} {'explained':>9} "
            f"{'collect.':>8} {'launch':>7} {'crossing':>8} {'sync':>7} {'other':>7} {'peers':>6} {'host':>6}"]
     for a in ranks:

@@ -160,7 +160,8 @@ class ProcessTrace:
     spans: list[tuple[int, int]] = field(default_factory=list)  # the window's spans (CLOCK_MONOTONIC ns)
     job: tuple[int, int] | None = None  # a rank's job: (world size, its order among the jobs of that size)
     joined: bool = False  # on its job's common window (False: its own, the job's ranks' spans did not pair up)
-    handoffs: list[list[int]] = field(default_factory=list)  # a joined rank's steps handed to the GPU (windows.py)
+    # a joined rank's steps handed to its GPU (windows.handoffs; None: handed ahead of its GPU, not matched)
+    handoffs: list | None = field(default_factory=list)
 
 
 def check_header(path: str, first: str, second: str) -> re.Match:

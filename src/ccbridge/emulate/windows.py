@@ -15,9 +15,11 @@ work (what no call holds) add up to its window.
 
 A job that steps together waits, each step, for its last rank to hand the GPU that step: a rank whose host work
 between steps grew makes every other rank's waits grow, a toll of nobody's. peer_waits() measures it where the
-steps are CUDA graph launches that replay collectives (a TP engine's decode step): the k-th launch of every rank
-is one step, and a rank's wait for its peers is the latest rank's launch less its own. Eager collectives are not
-matched: a rank's host issues them ahead of its GPU, so the host's lag is not the GPU's.
+steps are CUDA graph launches that replay collectives, each followed by a block on the GPU (a TP engine's decode
+step: launch, then read the token back): the k-th launch of every rank is one step, and a rank's wait for its
+peers is the last rank's launch less its own, at most its block. A host that hands steps ahead of its GPU (no
+block between launches: piecewise graphs, async loops) and eager collectives are not matched: their host's lag
+is not the GPU's.
 """
 
 from __future__ import annotations
@@ -109,34 +111,62 @@ def jobs(members: list[Member]) -> dict[int, tuple[tuple[int, int], list[Span] |
     return out
 
 
-def handoffs(lines, spans: list[Span]) -> list[list[int]]:
-    """Per span of a process's own window, sorted, the times it handed its GPU a step of graph-replayed
-    collectives (a graph launch's replay lines share one time, the launch's return)."""
+def handoffs(lines, spans: list[Span]) -> list[list[tuple[int, int]]] | None:
+    """Per span of a process's own window, its steps in order: (when it handed its GPU a step of graph-replayed
+    collectives: a graph launch's replay lines share one time, the launch's return; how long it then blocked on
+    the GPU, in synchronizes and readbacks, before its next hand-off or the span's end). None where two hand-offs
+    have no block between them: a host that runs ahead of its GPU hands steps early, and its lag is not the
+    GPU's."""
     starts = [a for a, _ in spans]
-    out: list[set[int]] = [set() for _ in spans]
-    for t0, _, row in lines:
-        if row["kind"] == "collective" and row["graph"] == "replay":
+    handed: list[set[int]] = [set() for _ in spans]
+    blocks = []
+    for t0, t1, row in lines:
+        kind = row["kind"]
+        if kind == "collective" and row["graph"] == "replay":
             i = bisect.bisect_right(starts, t0) - 1
             if i >= 0 and t0 <= spans[i][1]:
-                out[i].add(t0)
-    return [sorted(x) for x in out]
+                handed[i].add(t0)
+        elif kind == "sync" or (kind == "crossing" and row.get("dir") == "d2h"):
+            blocks.append((t0, t1))
+    blocks.sort()
+    block_starts = [a for a, _ in blocks]
+    out = []
+    for (_, end), times in zip(spans, handed):
+        times, steps = sorted(times), []
+        for j, t in enumerate(times):
+            until = times[j + 1] if j + 1 < len(times) else end
+            k, blocked = bisect.bisect_left(block_starts, t), 0
+            while k < len(blocks) and blocks[k][0] < until:
+                blocked += max(0, min(blocks[k][1], until) - blocks[k][0])
+                k += 1
+            if not blocked and j + 1 < len(times):
+                return None
+            steps.append((t, blocked))
+        out.append(steps)
+    return out
 
 
-def peer_waits(handed: list[list[list[int]]], common: list[Span]) -> list[int] | None:
-    """Of a job's ranks (each one's handoffs() over its own spans), each rank's time waiting for the later ranks
-    (ns): per step inside the common spans, the latest rank's hand-off less its own, summed. None where there is
-    no step to match, or the ranks' counts of steps in a span differ (the k-th would not be one step)."""
+def peer_waits(handed: list[list[list[tuple[int, int]]] | None], common: list[Span]) -> list[int] | None:
+    """Of a job's ranks (each one's handoffs() over its own spans), each rank's time waiting for the rank that
+    handed the GPU each step last (ns): per step inside the common spans, the last hand-off less its own, at most
+    what it then blocked (the wait falls in its readback). None where there is no step to match, or the ranks'
+    counts of steps in a span differ (the k-th would not be one step), or a rank's steps are not matched
+    (handoffs() None). A step handed before the common begin is
+    start-up skew: not counted (what an early rank waited for it inside the window stays in its calls)."""
+    if any(h is None for h in handed):
+        return None
     waits, steps = [0] * len(handed), 0
     for i, (a, b) in enumerate(common):
         per = [h[i] if i < len(h) else [] for h in handed]
         if len({len(p) for p in per}) != 1:
             return None
-        for t in zip(*per):
-            if a <= min(t) and max(t) <= b:  # a step handed before the common begin is start-up skew
+        for step in zip(*per):
+            times = [t for t, _ in step]
+            if a <= min(times) and max(times) <= b:
                 steps += 1
-                last = max(t)
-                for k, tk in enumerate(t):
-                    waits[k] += last - tk
+                last = max(times)
+                for k, (t, blocked) in enumerate(step):
+                    waits[k] += min(last - t, blocked)
     return waits if steps else None
 
 
