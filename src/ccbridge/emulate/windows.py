@@ -149,10 +149,10 @@ def handoffs(lines, spans: list[Span]) -> list[list[tuple[int, int]]] | None:
 def peer_waits(handed: list[list[list[tuple[int, int]]] | None], common: list[Span]) -> list[int] | None:
     """Of a job's ranks (each one's handoffs() over its own spans), each rank's time waiting for the rank that
     handed the GPU each step last (ns): per step inside the common spans, the last hand-off less its own, at most
-    what it then blocked (the wait falls in its readback). None where there is no step to match, or the ranks'
+    what it then blocked (the wait falls in its readback). None where there is no step to match, the ranks'
     counts of steps in a span differ (the k-th would not be one step), or a rank's steps are not matched
-    (handoffs() None). A step handed before the common begin is
-    start-up skew: not counted (what an early rank waited for it inside the window stays in its calls)."""
+    (handoffs() None). A step handed before the common begin is start-up skew: not counted (what an early rank
+    waited for it inside the window stays in its calls)."""
     if any(h is None for h in handed):
         return None
     waits, steps = [0] * len(handed), 0
