@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ccbridge.emulate import windows
 from ccbridge.emulate.trace import TraceSummary
 from ccbridge.results import Row
 from ccbridge.textfit import WIDTH, cut as _cut, wrap as _wrap
@@ -348,9 +347,8 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
     apart = sorted({k[0] for k in set(b) & set(o) if b[k].job and o[k].job and not (b[k].joined and o[k].joined)})
     notes += [f"the {job[0]} ranks of job {job_name(job)}: each on its own window (their mark spans do not pair up)"
               for job in apart]
-    waits = [_peer_ms(t) for t in (base, other)]
-    unmatched = sorted({k[0] for t, w in zip((b, o), waits) for k, p in t.items()
-                        if p.joined and (p.handoffs is None or any(p.handoffs)) and k not in w})
+    unmatched = sorted({k[0] for t in (b, o) for k, p in t.items()
+                        if p.joined and (p.handoffs is None or any(p.handoffs)) and p.peers_ns is None})
     notes += [f"peers of job {job_name(job)}: not measured (its ranks' graph-launched steps do not pair up, or a "
               "rank hands its GPU steps with no readback or synchronize between them: its host's lag is not the "
               "GPU's)" for job in unmatched]
@@ -364,25 +362,10 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
         acc = RankAccount(k[1], po.window, pb.window_ns / 1e6, po.window_ns / 1e6, [], world=k[0][0], name=name[k],
                           job=k[0])
         acc.lines = _lines(pb.summary.by_api, po.summary.by_api, acc.slowdown_ms / 1e3 if acc.measurable else 0.0)
-        if k in waits[0] and k in waits[1]:
-            acc.peer_ms = (waits[0][k], waits[1][k])
+        if pb.peers_ns is not None and po.peers_ns is not None:
+            acc.peer_ms = (pb.peers_ns / 1e6, po.peers_ns / 1e6)
         out.append(acc)
     return out, notes
-
-
-def _peer_ms(t: TraceSummary) -> dict:
-    """(job, rank) -> ms the rank waited for the rank that handed the GPU each step last (windows.peer_waits), for
-    each job on a common window whose graph-launched steps pair up."""
-    jobs: dict = {}
-    for k, p in _by_job_rank(t).items():
-        if p.joined:
-            jobs.setdefault(k[0], []).append((k, p))
-    out = {}
-    for members in jobs.values():
-        ns = windows.peer_waits([p.handoffs for _, p in members], members[0][1].spans)
-        if ns is not None:
-            out.update({k: w / 1e6 for (k, _), w in zip(members, ns)})
-    return out
 
 
 def _by_job_rank(t: TraceSummary) -> dict:

@@ -162,6 +162,7 @@ class ProcessTrace:
     joined: bool = False  # on its job's common window (False: its own, the job's ranks' spans did not pair up)
     # a joined rank's steps handed to its GPU (windows.handoffs; None: handed ahead of its GPU, not matched)
     handoffs: list | None = field(default_factory=list)
+    peers_ns: int | None = None  # its wait for its job's last rank to hand the GPU each step (None: not measured)
 
 
 def check_header(path: str, first: str, second: str) -> re.Match:
@@ -339,7 +340,21 @@ def summarize(prefix: str) -> TraceSummary:
                          if ranked[pid][0] is not None and ranked[pid][1] > 1])
     for pid, path in files:
         s.procs.append(_process(path, pid, s, meta, plan.get(pid)))
+    _peers(s.procs)
     return s
+
+
+def _peers(procs: list[ProcessTrace]) -> None:
+    """Each joined rank's wait for its job's last rank to hand the GPU each step (windows.peer_waits), where the
+    job's graph-launched steps pair up."""
+    jobs: dict = {}
+    for p in procs:
+        if p.joined:
+            jobs.setdefault(p.job, []).append(p)
+    for members in jobs.values():
+        waits = windows.peer_waits([p.handoffs for p in members], members[0].spans)
+        for p, ns in zip(members, waits or []):
+            p.peers_ns = ns
 
 
 def _files(prefix: str, suffix: str) -> list[tuple[int, str]]:
