@@ -1,0 +1,206 @@
+"""Where a tensor-parallel decode step's time goes outside its collectives, one rank's shard on one GPU (issue 31).
+
+`bench decode --tp N` reports the native step outside the collectives over the HBM roofline (the weight bytes a
+rank reads per step at the device copy rate): llama-8b read 2.01x at TP1 and 4.10x at TP4 on 4x H200 (the goal:
+2x). The collectives are not in question here, so each degree's rank-0 shard is built on one GPU with no
+collective, its decode step captured in a CUDA graph and replayed as the bench replays it (inputs copied in, the
+token read back), for each variant of the layer:
+  engine      serve/engine.py as the bench runs it (cuDNN attention off: decode.deterministic_attention)
+  cudnn       the same with cuDNN attention allowed
+  grouped     attention as two batched matmuls over each kv head's query group (no kv repeat), the mask once
+              per step as an additive bias
+  compiled    grouped, each layer's two halves (before and after the all-reduce) compiled by torch.compile
+              (inductor), one compiled code for every layer
+For each: the step's wall time (replay + read back), its GPU time (events around the replays), over the
+roofline, kernels per step (torch.profiler, one eager step), the top kernels, and the first step's logits against
+the first variant's (the bf16 tolerance of serve.tp.logits_tol).
+    python bench/tp_step.py --model llama-8b --tp 1 4 [--variants engine grouped compiled] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from ccbridge import gputimer
+from ccbridge.serve import decode, engine, tp
+
+PROMPT, STEPS = 128, 64
+
+
+class Grouped(engine.ShardedDecoder):
+    """Attention per kv head over its group of query heads, by two batched matmuls; the causal mask as a bias."""
+
+    def _attend(self, q, k, v, mask):
+        B, hq, T, d = q.shape
+        hk, g = k.shape[1], hq // k.shape[1]
+        qg = q.reshape(B, hk, g * T, d)
+        bias = torch.zeros(mask.shape[-2:], device=q.device, dtype=torch.float32).masked_fill_(~mask[0, 0], -1e30)
+        s = torch.matmul(qg, k.transpose(-1, -2)).float() * d ** -0.5 + bias.repeat(g, 1)
+        return torch.matmul(s.softmax(-1).to(q.dtype), v).reshape(B, hq, T, d)
+
+    def _halves(self, lay, i, x, pos, cache, mask, rot):
+        return _pre(self, lay.w_in, lay.qkv, lay.qkv_bias, lay.o, cache.k[i], cache.v[i], x, pos, mask, *rot)
+
+    def _layer(self, lay, i, x, pos, cache, mask, rot):
+        o = self._halves(lay, i, x, pos, cache, mask, rot)
+        if self.all_reduce:
+            self.all_reduce(o)
+        return self._post(x, o, lay.w_post, lay.gate_up, lay.down)
+
+    def _post(self, x, o, w_post, gate_up, down):
+        return _post(x, o, w_post, gate_up, down, self.all_reduce)
+
+
+def _pre(m, w_in, qkv_w, qkv_b, o_w, ck, cv, x, pos, mask, cos, nsin):
+    B, T, _ = x.shape
+    d, hq, hk = m.d, m.hq, m.hk
+    qkv = F.linear(F.rms_norm(x, (x.shape[-1],), w_in, engine.RMS_EPS), qkv_w, qkv_b)
+    qk = m._rope(qkv[..., :(hq + hk) * d].view(B, T, hq + hk, d), cos, nsin)
+    q, k = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2)
+    v = qkv[..., (hq + hk) * d:].view(B, T, hk, d).transpose(1, 2)
+    ck.index_copy_(2, pos[0], k)
+    cv.index_copy_(2, pos[0], v)
+    att = m._attend(q, ck, cv, mask)
+    return F.linear(att.transpose(1, 2).reshape(B, T, hq * d), o_w)
+
+
+def _post(x, o, w_post, gate_up, down, all_reduce):
+    x = x + o
+    g, u = F.linear(F.rms_norm(x, (x.shape[-1],), w_post, engine.RMS_EPS), gate_up).chunk(2, dim=-1)
+    y = F.linear(F.silu(g) * u, down)
+    if all_reduce:
+        all_reduce(y)
+    return x + y
+
+
+class Compiled(Grouped):
+    """Grouped, each half compiled once for every layer (the weights are arguments, not guarded attributes)."""
+
+    def setup(self):
+        self._cpre = torch.compile(lambda *t: _pre(self, *t), dynamic=False, fullgraph=True)
+        self._cpost = torch.compile(lambda x, o, w, gu, dn: _post(x, o, w, gu, dn, None), dynamic=False,
+                                    fullgraph=True)
+
+    def _halves(self, lay, i, x, pos, cache, mask, rot):
+        return self._cpre(lay.w_in, lay.qkv, lay.qkv_bias, lay.o, cache.k[i], cache.v[i], x, pos, mask, *rot)
+
+    def _post(self, x, o, w_post, gate_up, down):
+        return self._cpost(x, o, w_post, gate_up, down)
+
+
+VARIANTS = {"engine": engine.ShardedDecoder, "cudnn": engine.ShardedDecoder, "grouped": Grouped,
+            "compiled": Compiled}
+
+
+def as_variant(m, v: str):
+    """The same shard (its weights built once per degree) run as variant v."""
+    m.__class__ = VARIANTS[v]
+    if v == "compiled" and not hasattr(m, "_cpre"):
+        m.setup()
+    return m
+
+
+def build(spec, n, dev, dtype):
+    with torch.no_grad():
+        return engine.ShardedDecoder(spec, 0, n, torch.device(dev), dtype, 0, None).eval()  # rank 0, no collective
+
+
+@torch.no_grad()
+def measure(m, spec, dev, cudnn: bool) -> dict:
+    torch.backends.cuda.enable_cudnn_sdp(cudnn)
+    ids = decode.prompts(spec["vocab_size"], 1, PROMPT, 0).to(dev)
+    cache = m.static_cache(1, PROMPT + STEPS + 8)
+    out = m(input_ids=ids, past_key_values=cache, cache_position=torch.arange(PROMPT, device=dev), use_cache=True,
+            logits_to_keep=1)
+    first = out.logits[:, -1].float()
+    tok = torch.zeros((1, 1), dtype=torch.int64, device=dev)
+    pos = torch.full((1, 1), PROMPT, dtype=torch.int64, device=dev)
+    cp = torch.tensor([PROMPT], device=dev)
+    step = lambda: m(input_ids=tok, position_ids=pos, past_key_values=cache, cache_position=cp, use_cache=True,
+                     logits_to_keep=1).logits[:, -1].argmax(-1)
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    top: dict[str, list[float]] = {}
+    for e in kern:
+        top.setdefault(e.name[:60], []).append(e.time_range.elapsed_us())
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        nxt = step()
+    host_tok = torch.zeros((1, 1), dtype=torch.int64)
+    walls, a, b = [], torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(3):
+        a.record()
+        t0 = time.perf_counter()
+        for i in range(STEPS - 8):
+            pos.fill_(PROMPT + i)  # as the bench: inputs in, one replay, the token back
+            tok.copy_(host_tok, non_blocking=True)
+            g.replay()
+            host_tok[0, 0] = nxt.item()
+        b.record()
+        b.synchronize()
+        walls.append(((time.perf_counter() - t0) * 1e3 / (STEPS - 8), a.elapsed_time(b) / (STEPS - 8)))
+    roof = m.weight_bytes(1) / (statistics.median(gputimer.device_copy_gbps(torch, dev, 5)) * 1e9) * 1e3
+    wall, gpu = statistics.median(w for w, _ in walls), statistics.median(x for _, x in walls)
+    best = sorted(((sum(v), k, len(v)) for k, v in top.items()), reverse=True)[:6]
+    return {"wall_ms": wall, "gpu_ms": gpu, "roofline_ms": roof, "over_roof": wall / roof,
+            "kernels_per_step": len(kern), "top": [(k, n, t) for t, k, n in best], "first_logits": first}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="llama-8b", choices=sorted(decode.PRESETS))
+    ap.add_argument("--tp", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("tp_step: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    spec, dev = decode.PRESETS[args.model], torch.device("cuda", 0)
+    rows, bad = [], 0
+    for n in args.tp:
+        ref, t0 = None, time.perf_counter()
+        m = build(spec, n, dev, torch.bfloat16)
+        print(f"tp {n}: rank 0's shard of {args.model} built in {time.perf_counter() - t0:.0f} s", flush=True)
+        for v in args.variants:
+            t0 = time.perf_counter()
+            r = measure(as_variant(m, v), spec, dev, cudnn=v == "cudnn")
+            first = r.pop("first_logits")
+            ref = first if ref is None else ref
+            diff = float((first - ref).abs().max() / ref.abs().max())
+            ok = diff <= tp.logits_tol(torch.bfloat16, spec["num_hidden_layers"])
+            bad += not ok
+            rows.append(dict(r, model=args.model, tp=n, variant=v, logits_vs_first=diff, within_tol=ok,
+                             seconds=time.perf_counter() - t0))
+            print(f"tp {n} {v:<9} wall {r['wall_ms']:7.3f} ms  gpu {r['gpu_ms']:7.3f}  roof {r['roofline_ms']:6.3f}"
+                  f"  x{r['over_roof']:5.2f}  kernels {r['kernels_per_step']:5d}  logits {diff:.4f}"
+                  f"{'' if ok else ' BEYOND'}  ({time.perf_counter() - t0:.0f} s)", flush=True)
+            for name, cnt, us in r["top"]:
+                print(f"      {us / 1e3:8.3f} ms  x{cnt:<5d} {name}")
+        del m
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
