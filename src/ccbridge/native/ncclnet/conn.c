@@ -454,9 +454,9 @@ static void send_lane(lane *l) {
         record_plan(r->size, c->nlanes, &rec);
         k = r->k;
         for (uint32_t j = first_share(r, l->idx, c->nlanes); j < k; j += nl) {
-            /* nothing behind this record to overlap with (the lane's last of r, no message queued
-             * after it, the send stage idle): sent from here, sparing a small message the hand-off */
-            int alone = j + nl >= k && l->qtail == atomic_load(&l->qhead);
+            /* nothing to overlap with (a message of one record, none queued after it, the send stage
+             * idle): sent from here, sparing a small message the hand-off */
+            int alone = k == 1 && l->qtail == atomic_load(&l->qhead);
             int idle = !l->staged ? 1 : alone ? ring_idle(l, 0) : 0;
             if (idle < 0) return;
             if (idle) {
@@ -657,9 +657,9 @@ static void recv_lane(lane *l) {
         if (r) {
             /* this lane's last record of the message: r may finish (and be reused) once it is counted */
             if (j + (uint64_t)nl >= k) cur = NULL;
-            /* opened here when the open stage is idle and no next record has begun to arrive (nothing
-             * to overlap with: a small message spared the hand-off), else handed to the open stage */
-            int idle = !l->staged ? 1 : l->have ? 0 : ring_idle(l, 0);
+            /* a message of one record is opened here when the open stage is idle and no next record
+             * has begun to arrive (a small message spared the hand-off), any other goes to that stage */
+            int idle = !l->staged ? 1 : k > 1 || l->have ? 0 : ring_idle(l, 0);
             if (idle < 0) return;
             if (idle) {
                 if (open_record(l, seq, h, dst, n, tag)) return;
