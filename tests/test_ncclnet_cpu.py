@@ -172,6 +172,18 @@ def test_messages_of_many_sizes_arrive_byte_exact(lanes, monkeypatch):
     assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
 
 
+@pytest.mark.parametrize("pipeline,lanes", [("0", 1), ("0", 3), ("1", 1), ("8", 1), ("8", 3)])
+def test_every_pipeline_depth_arrives_byte_exact(pipeline, lanes, monkeypatch):
+    # CCBRIDGE_NET_PIPELINE: 0 runs each lane's stages in turn on one thread, 1 is taken as 2 (one
+    # slot cannot overlap), 8 the most; each side reads its own, so the two ranks may differ
+    monkeypatch.setenv("CCBRIDGE_NET_LANES", str(lanes))
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    sizes = [0, 1, RECORD_MIN, RECORD_MIN + 1, RECORD + 1, 5 << 20, 7, (16 << 20) + 3, 4096 + 3] * 2
+    got, sent = run_pair(sizes, concurrent=8)
+    assert got["error"] is None and sent["error"] is None, (got, sent)
+    assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
+
+
 def test_concurrent_requests_and_bandwidth():
     sizes = [32 << 20] * 4 + [4096 + 3] * 16
     got, sent = run_pair(sizes, concurrent=8)
@@ -197,10 +209,13 @@ def test_sender_far_ahead_of_late_receives(lanes, monkeypatch):
     assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
 
 
-def test_a_killed_receiver_fails_the_sender_with_an_error_not_a_hang():
+@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+def test_a_killed_receiver_fails_the_sender_with_an_error_not_a_hang(pipeline, monkeypatch):
     """The receiving rank dies (no close) after two messages of a long stream: the sender's requests fail
     with the plugin's error well inside the deadline (NCCL then aborts that rank too), never complete
-    into nowhere and never wait out the deadline."""
+    into nowhere and never wait out the deadline; also with sealed records waiting in the lanes'
+    rings for their send stage (pipeline 2, 8), and without that stage (0)."""
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
     sizes = [1 << 20] * 400
     got, sent = run_pair(sizes, concurrent=8, die_after=2)
     assert got["error"] is None and len(got["completed"]) >= 2, got
@@ -381,9 +396,13 @@ def test_proxy_passes_an_honest_stream():
     assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True)], got
 
 
+@pytest.mark.parametrize("pipeline", ["0", "2"])
 @pytest.mark.parametrize("fault", ["flip", "flip_header", "drop", "duplicate", "reorder",
                                    "truncate_mid", "truncate_boundary", "close", "swap_lanes"])
-def test_wire_fault_fails_the_receiver(fault):
+def test_wire_fault_fails_the_receiver(fault, pipeline, monkeypatch):
+    # pipeline 2: a record that fails its tag fails in the open stage, with the lane's next records
+    # read behind it; 0: in the lane's own thread
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
     got = run_through_proxy(fault, MESSAGE)
     # a lane cut before the receive was posted fails the post itself (or the accept, when cut before
     # NCCL got the connection); either way the plugin says why
@@ -783,6 +802,64 @@ def test_closing_with_records_in_flight_blames_no_peer():
         net.t.closeListen(lcomm)
     assert not blamed, blamed
     net.t.finalize(net.ctx)
+
+_LEFT_BEHIND_SCRIPT = r'''
+import ctypes, json, os, sys, time
+from ccbridge.secure import netplugin
+
+def tasks():
+    return len(os.listdir("/proc/self/task"))
+
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+
+net = netplugin.Net(sys.argv[1])
+assert net.rc == 0, net.logs
+base = (tasks(), fds())
+out = {"during": {}, "after": []}
+sizes = [4 << 20] * 8 + [7, 0, 300001]
+for lanes in (1, 4):
+    for how in ("clean", "abort_recv", "abort_send"):
+        lcomm, s, r = net.pair(time.monotonic() + 60, lanes)
+        sb = [ctypes.create_string_buffer(max(n, 1)) for n in sizes]
+        rb = [ctypes.create_string_buffer(max(n, 1)) for n in sizes]
+        deadline = time.monotonic() + 60
+        rq = [net.irecv(r, rb[i], n, deadline) for i, n in enumerate(sizes)]
+        sq = [net.isend(s, sb[i], n, deadline) for i, n in enumerate(sizes)]
+        if how == "clean":
+            for q in sq + rq:
+                net.wait(q, deadline, 0)
+            out["during"][lanes] = tasks() - base[0]
+            net.t.closeSend(s), net.t.closeRecv(r)
+        else:  # records in the rings and on the wire when the close comes
+            time.sleep(0.002)
+            first, second = (r, s) if how == "abort_recv" else (s, r)
+            (net.t.closeRecv if first is r else net.t.closeSend)(first)
+            (net.t.closeSend if second is s else net.t.closeRecv)(second)
+        net.t.closeListen(lcomm)
+        out["after"].append((how, lanes, tasks() - base[0], fds() - base[1]))
+net.t.finalize(net.ctx)
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("pipeline,per_lane", [("0", 1), ("2", 2), ("8", 2), ("", 2)])
+def test_pipeline_threads_and_no_thread_or_fd_left_behind(pipeline, per_lane):
+    # CCBRIDGE_NET_PIPELINE (default 2): a lane is one thread at 0, two (a crypto and a socket stage)
+    # otherwise, on each side; every close, clean or with records in the rings, ends them all and
+    # closes every socket
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CCBRIDGE_KEY": KEY, "NCCL_SOCKET_IFNAME": "lo", "CCBRIDGE_NET_PIPELINE": pipeline}
+    p = subprocess.run([sys.executable, "-c", _LEFT_BEHIND_SCRIPT, str(pluginenv.library())], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["during"] == {str(n): 2 * n * per_lane for n in (1, 4)}, out
+    assert all(t == 0 and f == 0 for _, _, t, f in out["after"]), out["after"]
+
 
 # ---- the plugin's threads under ThreadSanitizer ----
 
