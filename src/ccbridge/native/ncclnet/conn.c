@@ -34,6 +34,18 @@
  * short (truncated, or the peer died) is told from the peer's normal end.
  * Anything else fails the connection and every request on it.
  *
+ * Stages (CCBRIDGE_NET_PIPELINE = depth, default 2; 0: none): each lane
+ * has a second thread, so that its cryptography overlaps its socket I/O.
+ * Sending, the lane thread seals records into depth buffer slots and the
+ * send stage writes them in order and counts each once written; receiving,
+ * the lane thread reads records in place (every header check above done
+ * first, as before) and the open stage opens them in order and counts each.
+ * The lane's key and record-key epoch belong to whichever thread runs the
+ * crypto: the lane thread uses it itself only while the stage holds no
+ * record (a record that arrived before its receive, a FIN, and a message of
+ * one record, which skips the hand-off for latency). A failing stage fails
+ * the connection like any lane; a lane thread ends its stage before it ends.
+ *
  * Hand-off, kept off the per-record path: isend puts a message on the queue
  * of each lane with records in it (the lanes read their queues without the
  * lock and work out their records from the plan); a receiving lane takes the
@@ -573,6 +585,26 @@ static int wait_posted(lane *l, uint64_t msg, long ms) {
     return c->stop || failed(c) ? -1 : posted;
 }
 
+/* record seq of r, read in place at dst: a message of one record is opened here when the open stage
+ * is idle and no next record has begun to arrive (a small message spared the hand-off), any other
+ * goes to that stage; 0, or -1 after failing or halting */
+static int open_in_turn(lane *l, req *r, uint32_t k, uint64_t seq, uint64_t size, const uint8_t h[HEADER_BYTES],
+                        uint8_t *dst, size_t n, const uint8_t tag[TAG_BYTES]) {
+    int idle = !l->staged ? 1 : k > 1 || l->have ? 0 : ring_idle(l, 0);
+    if (idle < 0) return -1;
+    if (idle) {
+        if (open_record(l, seq, h, dst, n, tag)) return -1;
+        finish_record(r, k, &size);
+        return 0;
+    }
+    slot *s = ring_slot(l);
+    if (!s) return -1;
+    s->r = r, s->dst = dst, s->n = n, s->seq = seq, s->size = size, s->k = k;
+    memcpy(s->h, h, HEADER_BYTES), memcpy(s->tag, tag, TAG_BYTES);
+    ring_push(l);
+    return 0;
+}
+
 static void recv_lane(lane *l) {
     comm *c = l->c;
     uint64_t last_msg = 0, last_j = 0;
@@ -657,20 +689,7 @@ static void recv_lane(lane *l) {
         if (r) {
             /* this lane's last record of the message: r may finish (and be reused) once it is counted */
             if (j + (uint64_t)nl >= k) cur = NULL;
-            /* a message of one record is opened here when the open stage is idle and no next record
-             * has begun to arrive (a small message spared the hand-off), any other goes to that stage */
-            int idle = !l->staged ? 1 : k > 1 || l->have ? 0 : ring_idle(l, 0);
-            if (idle < 0) return;
-            if (idle) {
-                if (open_record(l, seq, h, dst, n, tag)) return;
-                finish_record(r, k, &size);
-                continue;
-            }
-            slot *s = ring_slot(l);
-            if (!s) return;
-            s->r = r, s->dst = dst, s->n = n, s->seq = seq, s->size = size, s->k = k;
-            memcpy(s->h, h, HEADER_BYTES), memcpy(s->tag, tag, TAG_BYTES);
-            ring_push(l);
+            if (open_in_turn(l, r, k, seq, size, h, dst, n, tag)) return;
             continue;
         }
         /* authenticated before it waits for its receive (the open stage idle: the key is this thread's) */
