@@ -466,9 +466,9 @@ static void send_lane(lane *l) {
         record_plan(r->size, c->nlanes, &rec);
         k = r->k;
         for (uint32_t j = first_share(r, l->idx, c->nlanes); j < k; j += nl) {
-            /* nothing to overlap with (a message of one record, none queued after it, the send stage
-             * idle): sent from here, sparing a small message the hand-off */
-            int alone = k == 1 && l->qtail == atomic_load(&l->qhead);
+            /* nothing to overlap with (the lane's last record of r, no message queued after it, the
+             * send stage idle): sent from here, sparing a small message the hand-off */
+            int alone = j + nl >= k && l->qtail == atomic_load(&l->qhead);
             int idle = !l->staged ? 1 : alone ? ring_idle(l, 0) : 0;
             if (idle < 0) return;
             if (idle) {
@@ -585,12 +585,12 @@ static int wait_posted(lane *l, uint64_t msg, long ms) {
     return c->stop || failed(c) ? -1 : posted;
 }
 
-/* record seq of r, read in place at dst: a message of one record is opened here when the open stage
- * is idle and no next record has begun to arrive (a small message spared the hand-off), any other
- * goes to that stage; 0, or -1 after failing or halting */
-static int open_in_turn(lane *l, req *r, uint32_t k, uint64_t seq, uint64_t size, const uint8_t h[HEADER_BYTES],
-                        uint8_t *dst, size_t n, const uint8_t tag[TAG_BYTES]) {
-    int idle = !l->staged ? 1 : k > 1 || l->have ? 0 : ring_idle(l, 0);
+/* record seq of r, read in place at dst: opened here when nothing is left to overlap with (the lane's
+ * last record of r, no next record begun to arrive, the open stage idle: a small message spared the
+ * hand-off), else handed to that stage; 0, or -1 after failing or halting */
+static int open_in_turn(lane *l, req *r, uint32_t k, int last, uint64_t seq, uint64_t size,
+                        const uint8_t h[HEADER_BYTES], uint8_t *dst, size_t n, const uint8_t tag[TAG_BYTES]) {
+    int idle = !l->staged ? 1 : !last || l->have ? 0 : ring_idle(l, 0);
     if (idle < 0) return -1;
     if (idle) {
         if (open_record(l, seq, h, dst, n, tag)) return -1;
@@ -688,8 +688,9 @@ static void recv_lane(lane *l) {
         l->seq++;
         if (r) {
             /* this lane's last record of the message: r may finish (and be reused) once it is counted */
-            if (j + (uint64_t)nl >= k) cur = NULL;
-            if (open_in_turn(l, r, k, seq, size, h, dst, n, tag)) return;
+            int last = j + (uint64_t)nl >= k;
+            if (last) cur = NULL;
+            if (open_in_turn(l, r, k, last, seq, size, h, dst, n, tag)) return;
             continue;
         }
         /* authenticated before it waits for its receive (the open stage idle: the key is this thread's) */
