@@ -1,8 +1,10 @@
 """The GPU AES-256-GCM kernels' design choices side by side on this machine's GPU (issue 35).
 
-gcm.cu fixes its open choices at compile time (GCM_GHASH_TABLE, GCM_CTR_CACHE, GCM_CRYPT_CTAS: see its
-header). This builds gcm.cu once per variant with nvcc (setup.py's flags, for this GPU's architecture only)
-and, per variant, in a fresh process pointed at that fatbin (ccbridge.bindings.gcm.FATBIN, read once and
+gcm.cu fixes its open choices at compile time (GCM_CRYPT_CTAS, GCM_REDUCE_CTAS: see its header; the design
+choices measured against each other on 2026-11-26 are folded into it, bench/RESULTS.md session 10; an older
+design is measured with --legacy). This
+builds gcm.cu once per variant with nvcc (setup.py's flags, for this GPU's architecture only) and, per variant,
+in a fresh process pointed at that fatbin (ccbridge.bindings.gcm.FATBIN, read once and
 lazily by secure.gcm): checks the kernels (encrypt of random data == `cryptography`'s AESGCM chunk by chunk,
 also past 2^16 blocks in a chunk; the decrypt round trip; a tampered byte caught and its chunk zeroed; the
 fused reduce hop == decrypt, add, encrypt), then times encrypt, decrypt and the reduce hop with `ccbridge
@@ -34,11 +36,9 @@ from pathlib import Path
 GCM_DIR = Path(__file__).resolve().parents[1] / "src" / "ccbridge" / "native" / "gcm"
 # name -> -D macros; the first is gcm.cu's default build
 VARIANTS = {
-    "table+cache": {},
-    "table+cache/2": {"GCM_CRYPT_CTAS": 2},
-    "table": {"GCM_CTR_CACHE": 0},
-    "clmul+cache": {"GCM_GHASH_TABLE": 0},
-    "clmul": {"GCM_GHASH_TABLE": 0, "GCM_CTR_CACHE": 0},
+    "default": {},
+    "reduce2": {"GCM_REDUCE_CTAS": 2},
+    "crypt2": {"GCM_CRYPT_CTAS": 2},
 }
 
 

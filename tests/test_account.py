@@ -254,9 +254,10 @@ def test_gpu_time_no_wait_grew_by_is_not_slowdown(tmp_path):
 
 # ---- multi-process jobs: per rank, on each rank's steady-state window ----
 
-def write_rank(prefix, rank, pid, steps, toll_us, sync_us, startup_us=0.0, marks=True, **kw):
+def write_rank(prefix, rank, pid, steps, toll_us, sync_us, startup_us=0.0, marks=True, host_us=0.0, **kw):
     """One TP rank: a start-up of host work (a model build: a context and an allocation), then steps of one graph
-    launch replaying 4 all-reduces and a readback that waits for their GPU time, between begin/end marks."""
+    launch replaying 4 all-reduces and a readback that waits for their GPU time, then host_us of host work, between
+    begin/end marks."""
     lines, t = [(0.0, 10, "cuCtxCreate_v2", "context", "", "", 0, 0, 0), (startup_us, 5, "cuMemHostAlloc", "alloc",
                                                                          "", "", 1 << 20, 0, 0)], startup_us + 100
     lines.append((t, 1, "cuGraphLaunch", "launch", "", "", 0, 0, 0))  # capture of the step's collectives
@@ -268,7 +269,7 @@ def write_rank(prefix, rank, pid, steps, toll_us, sync_us, startup_us=0.0, marks
         lines.append((t, 5, "cuGraphLaunch", "launch", "", "", 0, 0, 0))
         lines += [(t + 5, 0, "ncclAllReduce", "collective", "", "", 8192, 0, toll_us, "replay")] * 4
         lines.append((t + 6, sync_us, "cuMemcpyDtoHAsync_v2", "crossing", "d2h", "pinned", 8, sync_us * 0.9, 0))
-        t += 6 + sync_us + 2
+        t += 6 + sync_us + 2 + host_us
     if marks:
         lines.append((t, 0, "end", "mark", "", "", 0, 0, 0))
     lines.append((t + 5000, 10, "cuCtxDestroy_v2", "context", "", "", 0, 0, 0))  # teardown, outside the window
@@ -278,15 +279,18 @@ def write_rank(prefix, rank, pid, steps, toll_us, sync_us, startup_us=0.0, marks
 
 
 def two_ranks(prefix, toll_us, sync_us, startup_us, slow_rank_us=0.0, **kw):
+    """Two ranks in step; rank 1 does slow_rank_us more host work a step, which rank 0 waits for in its readback."""
     for rank in (0, 1):
-        write_rank(prefix, rank, 100 + rank, 50, toll_us, sync_us + (slow_rank_us if rank == 1 else 0),
-                   startup_us, **kw)
+        write_rank(prefix, rank, 100 + rank, 50, toll_us, sync_us + (slow_rank_us if rank == 0 else 0),
+                   startup_us, host_us=slow_rank_us if rank == 1 else 0.0, **kw)
     write_trace(prefix, [(0.0, 3, "cuInit", "launch", "", "", 0, 0, 0)], pid=99)  # the launcher: no rank
 
 
 def test_each_rank_is_accounted_on_its_own_window_with_graph_replays_charged(tmp_path):
     """The emulated run built its model 2 s slower (start-up) and each step's readback waited for 4 replayed
-    all-reduces of 12.5 us: per rank the slowdown is the window's alone, and the collectives explain it."""
+    all-reduces of 12.5 us, and rank 1 did 4 us more host work a step, which rank 0 waited for: per rank the
+    slowdown is the window's alone (57 us a step), rank 0's calls explain all of it, rank 1's host work its 4 us
+    (rank 1 is the straggler)."""
     two_ranks(tmp_path / "n", 0, 100, 1000)
     two_ranks(tmp_path / "c", 12.5, 100 + 50 + 3, 2_001_000, slow_rank_us=4, profile="b300", emulate=1)
     base, other = trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c"))
@@ -294,12 +298,15 @@ def test_each_rank_is_accounted_on_its_own_window_with_graph_replays_charged(tmp
     ranks, notes = account.per_rank(base, other)
     assert [a.rank for a in ranks] == [0, 1] and notes == [] and {a.window for a in ranks} == {"marks"}
     r0 = ranks[0]
-    assert abs(r0.slowdown_ms - 50 * 53e-3) < 1e-6  # 50 steps x 53 us: the 2 s start-up is not in it
+    assert abs(r0.slowdown_ms - 50 * 57e-3) < 1e-6  # 50 steps x 57 us: the 2 s start-up is not in it
     ar = next(x for x in r0.lines if x.api == "ncclAllReduce")
     assert ar.calls == (200, 200) and ar.replays == 200  # 4 captured collectives x 50 replays, not the 4 captures
     assert abs(ar.device_ms[1] - 200 * 12.5e-3) < 1e-9  # every replay's GPU time
     assert abs(r0.by_kind()["collective"] - 2.5) < 1e-6  # moved from the readbacks that waited for it
-    assert abs(r0.explained_ms / r0.slowdown_ms - 1) < 0.01
+    assert abs(r0.explained_ms / r0.slowdown_ms - 1) < 0.01 and abs(r0.host_delta_ms) < 1e-6
+    r1 = ranks[1]
+    assert abs(r1.slowdown_ms - r0.slowdown_ms) < 1e-9 and abs(r1.host_delta_ms - 50 * 4e-3) < 1e-6
+    assert abs(r1.explained_ms + r1.host_delta_ms - r1.slowdown_ms) < 1e-6  # calls and host: the whole window
     assert account.straggler(ranks).rank == 1
     text = account.render_ranks(ranks, notes)
     assert all(len(l) <= 120 for l in text.splitlines()), text
@@ -332,3 +339,60 @@ def test_a_single_process_trace_is_not_a_multi_process_job(tmp_path):
     write_trace(tmp_path / "one", [(0.0, 5, "cuLaunchKernel", "launch", "", "", 0, 0, 0)])
     one = trace.summarize(str(tmp_path / "one"))
     assert not account.multi_process(one, one) and one.procs[0].rank is None
+
+
+def test_a_jobs_ranks_share_the_span_all_of_them_are_in(tmp_path):
+    """Rank 0 reached its begin mark 300 us before rank 1 and waited for it in its first readback: start-up skew,
+    not the steady state. Each rank is compared on the span both are in (rank 1's begin to the common end); rank
+    0's readback that straddles that begin counts only its time inside."""
+    for prefix, extra in ((tmp_path / "n", 0.0), (tmp_path / "c", 10.0)):
+        for rank, begin in ((0, 0.0), (1, 300.0)):
+            lines = [(begin, 0, "begin", "mark", "", "", 0, 0, 0)]
+            t, steps = begin, 10
+            if rank == 0:  # its first step's readback waits for rank 1's first step
+                lines.append((t, 5, "cuGraphLaunch", "launch", "", "", 0, 0, 0))
+                lines.append((t + 5, 395 + extra, "cuMemcpyDtoHAsync_v2", "crossing", "d2h", "pinned", 8, 390, 0))
+                t, steps = 400.0 + extra, 9
+            for _ in range(steps):
+                lines.append((t, 5, "cuGraphLaunch", "launch", "", "", 0, 0, 0))
+                lines.append((t + 5, 90 + extra, "cuMemcpyDtoHAsync_v2", "crossing", "d2h", "pinned", 8, 80, 0))
+                t += 100 + extra
+            lines.append((t, 0, "end", "mark", "", "", 0, 0, 0))
+            write_trace(prefix, lines, pid=100 + rank, ranks=2)
+            (prefix.parent / f"{prefix.name}.{100 + rank}.summary.json").write_text(
+                f'{{"pid": {100 + rank}, "calls": {{}}, "crossings": {{}}, "rank": {rank}, "ranks": 2}}\n')
+    base, other = trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c"))
+    for t in (base, other):
+        spans = {p.rank: p.spans for p in t.procs}
+        assert spans[0] == spans[1] and spans[0][0][0] == 300_000  # rank 1's begin, in ns
+    ranks, _ = account.per_rank(base, other)
+    assert ranks[0].base_ms == ranks[1].base_ms == 1.0 and ranks[0].slowdown_ms == ranks[1].slowdown_ms
+    d2h = next(x for x in ranks[0].lines if x.api == "cuMemcpyDtoHAsync_v2")
+    assert d2h.calls == (9, 9)  # the straddling readback's call is not counted, only its 100 us in the window
+    assert abs(d2h.in_call_ms[0] - (0.1 + 9 * 0.09)) < 1e-9
+
+
+def test_threads_in_calls_at_once_count_each_instant_once_launches_first():
+    """A main thread waiting in a readback (0-100 us) while another thread launches (20-30, 50-70) and a
+    synchronize (90-120) overlapping it: launch 30 us, the readback the 70 left, the synchronize only its 20
+    beyond the readback; the window's 150 us less those 120 is host work."""
+    calls = [(0, 100, "crossing"), (20, 30, "launch"), (50, 70, "launch"), (90, 120, "sync"), (130, 140, "launch"),
+             (135, 160, "launch")]
+    got = trace.exclusive(calls, [(0, 150)])
+    assert got == [70, 10, 20, 20, 10, 10]  # the last launch: 140-150 (another thread's launch held 135-140)
+    assert sum(got) == 140 and trace.exclusive([(0, 10, "launch"), (20, 30, "sync")], [(0, 5), (25, 40)]) == [5, 5]
+
+
+def test_a_rank_whose_host_work_grew_is_named_not_charged_to_a_toll(tmp_path):
+    """Rank 1's host work a step grew 100 us in OTHER (its host ran slower: no toll does that) and rank 0 waited
+    for it in its readback: rank 1's share is its host work's, rank 0's its readback's, and the table says the
+    host speed differed between the runs, naming rank 1 alone."""
+    two_ranks(tmp_path / "n", 0, 100, 1000)
+    two_ranks(tmp_path / "c", 12.5, 153, 1000, slow_rank_us=100, profile="b300", emulate=1)
+    ranks, notes = account.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
+    r0, r1 = ranks
+    assert abs(r1.host_delta_ms - 50 * 0.1) < 1e-6 and abs(r0.host_delta_ms) < 1e-6
+    assert [account.host_moved(a) for a in ranks] == [False, True] and account.straggler(ranks).rank == 1
+    text = account.render_ranks(ranks, notes)
+    assert "changed between the runs, which no toll does by itself: rank 1 0.15 -> 5.15 ms;" in text.replace("\n  ", " ")
+    assert all(len(l) <= 120 for l in text.splitlines())

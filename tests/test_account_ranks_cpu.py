@@ -1,7 +1,7 @@
 """account on a multi-process job, on the CPU: two gloo ranks (ccbridge.ranks) each under the interposer's fake
-driver and a fake libnccl. Each rank is accounted on its own steady-state window (its marks), start-up apart; a graph
-that captured N collectives and is launched R times is charged N x R; a job that did not slow down gets one plain
-line per rank and no shares."""
+driver and a fake libnccl. Each rank is accounted on its job's steady-state window (the span of its marks that all
+ranks are in), start-up apart; a graph that captured N collectives and is launched R times is charged N x R; a job
+that did not slow down gets one plain line per rank and no shares."""
 
 import json
 import subprocess
@@ -58,7 +58,11 @@ def test_every_replay_is_charged_and_each_rank_is_accounted_on_its_window(job):
         assert rows[("explained", rank, "collective")].median >= 0.8 * slow  # moved from the synchronize
     api = [r for r in res.rows if r.test == "account.rank_api" and r.params["api"] == "ncclAllReduce"
            and r.params["rank"] == 0]
-    assert api and api[0].extra["replays"] == STEPS * CAPTURED and api[0].extra["calls"][1] == STEPS * (1 + CAPTURED)
+    # rank 0's window is the span both ranks are in (trace.job_windows): the steps rank 0 ran before rank 1 began
+    # are start-up skew; every graph launch inside it is charged its CAPTURED replays
+    assert api and (STEPS - 2) * CAPTURED <= api[0].extra["replays"] <= STEPS * CAPTURED
+    launches = api[0].extra["replays"] // CAPTURED
+    assert api[0].extra["replays"] % CAPTURED == 0 and api[0].extra["calls"][1] >= launches * (1 + CAPTURED) - 1
     assert "straggler: rank" in p.stdout and f"({STEPS * CAPTURED} replayed from CUDA graphs)" in p.stdout
 
 

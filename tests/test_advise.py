@@ -538,6 +538,23 @@ def test_the_narrowest_tp_degree_within_the_margin_is_advised_and_the_pair_says_
     assert all(len(l) <= 120 for l in text.splitlines())
 
 
+def test_a_step_not_at_its_hbm_roofline_is_advised_a_mixed_projection_ratio(tmp_path):
+    """hbm_share below 0.9 at a batch: `--project-by hbm:F` for it (async where measured); at the roofline none;
+    a run projected by the HBM ratio alone is told its times overstate the target's speed-up."""
+    res = tp_result({(1, 1, "sync"): 100.0, (1, 1, "async"): 120.0, (1, 128, "async"): 3000.0})
+    for (b, mode), f in {(1, "sync"): 0.55, (1, "async"): 0.49, (128, "async"): 0.93}.items():
+        res.rows.append(Row.of("decode_tp", "hbm_share", "of GPU time", [f], model="tiny", batch=b, mode=mode,
+                               graphs=False, tp=1))
+    inputs, recs = advise.advise([save(tmp_path, "n.json", res)])
+    got = find(recs, "ccbridge", "--project-by hbm:")
+    assert [a.setting for a in got] == ["TP 1, batch 1: project it with --project-by hbm:0.49"]
+    assert "0.49 of the step's GPU time" in got[0].why and "overstate" not in got[0].why
+    res.env.setdefault("emulation", {})["projection"] = {"target": "h200", "by": "hbm", "r": 1.43}
+    _, recs = advise.advise([save(tmp_path, "p.json", res)])
+    assert "projected so (x1.43): its times overstate" in find(recs, "ccbridge", "--project-by hbm:")[0].why
+    assert all(len(l) <= 120 for l in advise.render(inputs, recs).splitlines())
+
+
 def test_a_probe_of_a_machine_without_a_gpu_is_one_short_line(tmp_path):
     """Issue 33: `ccbridge probe` then `ccbridge advise` on a CPU machine: one short line, not 220 columns."""
     res = Result(kind="probe", env=stamp(), settings={"missing": {"gpu": "no usable GPU: cannot load libcuda.so.1 "

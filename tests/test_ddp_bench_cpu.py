@@ -31,3 +31,25 @@ def test_a_run_that_stopped_early_is_not_called_equal():
     rows = [row("m", "plain", [1.0, 2.0, 3.0]), row("m", "secure", [1.0, 2.0])]
     bench.compare_losses(rows)
     assert rows[1]["loss_equal"] is None
+
+
+def test_the_timed_steps_are_the_ranks_window_for_account(monkeypatch):
+    """bench ddp marks its timed iterations (account's per-rank window: warm-up, the gradient check and the next
+    mode's set-up apart), each between two synchronizes, zero_grad between steps but not after the last."""
+    seen = []
+    monkeypatch.setattr(bench.marks, "mark", lambda name: seen.append(name) or False)
+    times, out = bench.timed_steps(lambda: seen.append("step") or len(seen), 2, 3, lambda: seen.append("zero"),
+                                   lambda: seen.append("sync"))
+    assert seen == ["sync", "step", "sync", "zero", "sync", "step", "sync", "zero",
+                    "sync", "begin", "step", "sync", "zero", "sync", "step", "sync", "zero", "sync", "step", "sync",
+                    "end"]
+    assert len(times) == 3 and all(t >= 0 for t in times) and len(out) == 5
+    seen.clear()
+    assert bench.timed_steps(lambda: 1, 1, 0, sync=lambda: None) == ([], [1]) and seen == []  # nothing timed
+
+
+def test_the_collectives_timing_loop_is_marked(monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench.marks, "mark", lambda name: seen.append(name) or False)
+    assert bench._time(lambda: seen.append("op"), 2, 1) >= 0
+    assert seen == ["op", "begin", "op", "op", "end"]

@@ -235,12 +235,15 @@ def test_a_launch_pays_its_toll_before_the_gpu_sees_the_kernel(lib):
     kernel make a launch + wait 9 ms, not 5 (the kernel running during a toll paid after the launch)."""
     init(lib, launch_toll_us=5000, sync_toll_us=0)
     s = lib.ccbemu_fake_stream()
-    for _ in range(2):
+    took = []
+    for _ in range(3):
         t = time.perf_counter()
         busy(lib, s, 4000)
         assert lib.cuStreamSynchronize(s) == 0
-        took = time.perf_counter() - t
-        assert 0.009 <= took < 0.0115, took
+        took.append(time.perf_counter() - t)
+    # every try pays both (a floor scheduling cannot lower); the fastest try bounds the rest, since a loaded
+    # machine only ever adds time (a toll paid twice would make even the fastest 14 ms)
+    assert min(took) >= 0.009 and min(took) < 0.0115, took
 
 
 def test_a_paused_trace_records_nothing_and_resumes(lib, tmp_path, monkeypatch):
@@ -326,7 +329,7 @@ def test_a_pageable_crossing_lasts_its_own_native_copy_over_the_ratio_as_the_hos
             lib.ccbemu_fake_copy_gbps(n / (native_ms * 1e6))
             took[native_ms] = min(timed(copy, n) for _ in range(2))
         lib.ccbemu_fake_copy_gbps(small / 4e6)  # a 4 KiB copy holds its stream 4 ms: latency, not bandwidth
-        took_small = timed(copy, small)
+        took_small = min(timed(copy, small) for _ in range(2))
     finally:
         lib.ccbemu_fake_copy_gbps(0)
     # above the floor only the seal of the 16 MiB after the copy: as long as this machine's one-thread seal at
@@ -342,8 +345,9 @@ def test_a_pageable_crossing_lasts_its_own_native_copy_over_the_ratio_as_the_hos
          h2d_toll_us=0, d2h_toll_us=0, sync_toll_us=0)
     copy(small)
     lib.ccbemu_fake_copy_gbps(n / 16e6)
-    try:  # ratio 1: the native copy's own 16 ms and the seal of 16 MiB after it (a few ms), not 32 ms
-        assert 0.016 <= timed(copy, n) < 0.016 + 0.010
+    try:  # ratio 1: the native copy's own 16 ms and the seal of 16 MiB after it (seal_s at most), not 32 ms
+        took_1 = min(timed(copy, n) for _ in range(2))
+        assert 0.016 <= took_1 < 0.016 + seal_s + 0.004, (took_1, seal_s)
     finally:
         lib.ccbemu_fake_copy_gbps(0)
 
@@ -1180,3 +1184,22 @@ def test_a_d2h_whose_stream_wait_cannot_be_timed_still_crosses_and_says_so(lib, 
     lib.ccbemu_fake_fail(b"", 0)
     assert ctypes.string_at(dst, n) == data
     assert "cuEventElapsedTime failed (999)" in capfd.readouterr().err
+
+
+def test_the_driver_entry_behind_a_hook_launches_without_toll_or_count(lib):
+    """ccbemu_real hands ccbridge's own instruments (the %globaltimer stamp) the driver's entry point: a launch
+    through it pays no emulated launch toll and is not counted as the program's call; the hook still does both."""
+    init(lib, launch_toll_us=30000)
+    real = lib.ccbemu_real(b"cuLaunchKernel")
+    assert real and real != lib.ccbemu_lookup(b"cuLaunchKernel")
+    assert lib.ccbemu_real(b"cuNoSuchCall") is None and lib.ccbemu_real(b"printf") is None
+    launch = ctypes.CFUNCTYPE(ctypes.c_int, c_p, *[ctypes.c_uint] * 7, c_p, c_p, c_p)(real)
+    s = lib.ccbemu_fake_stream()
+    t0 = time.perf_counter()
+    assert launch(None, 0, 1, 1, 1, 1, 1, 0, s, None, None) == 0
+    assert time.perf_counter() - t0 < 0.015
+    assert "cuLaunchKernel" not in summary(lib)["calls"]
+    t0 = time.perf_counter()
+    assert lib.cuLaunchKernel(None, 0, 1, 1, 1, 1, 1, 0, s, None, None) == 0
+    assert time.perf_counter() - t0 >= 0.027
+    assert summary(lib)["calls"]["cuLaunchKernel"] == 1

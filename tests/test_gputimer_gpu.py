@@ -1,6 +1,6 @@
 """The GPU timer's two backends on a GPU: CUDA events and %globaltimer stamps agree on the same work within
 max(5%, twice the stamp's resolution), as TensorRT-LLM and FlashInfer test theirs with CC off; natively and under
-the b300 emulator (the stamp kernel is a launch the emulator sees like any other)."""
+the b300 emulator (where the stamp kernel goes to the driver past the emulator: an instrument pays no toll)."""
 
 import subprocess
 import sys

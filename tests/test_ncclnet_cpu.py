@@ -22,7 +22,7 @@ import pytest
 
 from ccbridge import pluginenv
 from ccbridge.bindings import ncclnet
-from ccbridge.secure import keys, netplugin
+from ccbridge.secure import keys, netbench, netplugin
 
 DEADLINE = 60.0
 KEY = hashlib.sha256(b"ccbridge ncclnet test key").hexdigest()
@@ -473,11 +473,12 @@ class RoguePeer:
     def hello(self, lane):
         return MAGIC + struct.pack("<IHH", 1, lane, self.nlanes) + os.urandom(32) + self.listen_id + self.conn_id
 
-    def record(self, lane, msg, size, offset, data, n=None, flags=0):
+    def record(self, lane, msg, size, offset, data, n=None, flags=0, cut=None):
+        """cut: send only the record's first `cut` bytes (a lane that ends mid-record)."""
         seq = self.seq[lane]
         h = struct.pack("<QQQQII", seq, msg, size, offset, len(data) if n is None else n, flags)
         epoch = keys.hkdf(self.keys[lane], bytes(32), b"ccbridge/net/v2 epoch" + struct.pack("<Q", seq >> 16))
-        self.socks[lane].sendall(h + self.aesgcm(epoch).encrypt(bytes(4) + struct.pack("<Q", seq), data, h))
+        self.socks[lane].sendall((h + self.aesgcm(epoch).encrypt(bytes(4) + struct.pack("<Q", seq), data, h))[:cut])
         self.seq[lane] += 1
 
     def close(self):
@@ -485,14 +486,14 @@ class RoguePeer:
             s.close()
 
 
-def run_rogue(sizes, script, capacity=None, lanes=LANES):
+def run_rogue(sizes, script, capacity=None, lanes=LANES, delays=None):
     """The plugin receives `sizes` (one receive at a time) from a RoguePeer that runs `script`."""
     lib = str(pluginenv.library())
     ctx = mp.get_context("spawn")
     rp, rc = ctx.Pipe()
     os.environ["CCBRIDGE_NET_LANES"] = str(lanes)
     try:
-        r = ctx.Process(target=receiver, args=(rc, lib, KEY, sizes, capacity, 1))
+        r = ctx.Process(target=receiver, args=(rc, lib, KEY, sizes, capacity, 1, delays))
         r.start()
     finally:
         del os.environ["CCBRIDGE_NET_LANES"]
@@ -521,8 +522,8 @@ def run_rogue(sizes, script, capacity=None, lanes=LANES):
 
 def honest(peer, i, size):
     """Message i as conn.c's sender cuts it (first lane 0)."""
-    data, rec = payload(i, size), size if size <= RECORD_MIN else RECORD  # RECORD for 2 lanes and >= 512 KiB
-    for j in range(max(1, -(-size // rec) if rec else 1)):
+    data, rec = payload(i, size), netbench.record_bytes(size, peer.nlanes)
+    for j in range(max(1, -(-size // rec))):
         peer.record(j % peer.nlanes, i, size, j * rec, data[j * rec:(j + 1) * rec])
 
 
@@ -595,6 +596,126 @@ def test_extra_sockets_after_the_lanes_change_nothing():
         extra.close()
     got = run_rogue(MESSAGE, script)
     assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True)], got
+
+
+# ---- a peer whose sockets end without FIN records (a rank that exits or is killed without closing) ----
+
+def rounds_receiver(pipe, lib_path, key, sizes, rounds):
+    """Listen once, then accept `rounds` connections in turn: each receives `sizes` one receive at a time,
+    checked byte for byte, and is reported once closed."""
+    net = Net(lib_path, key)
+    handle, lcomm = net.listen()
+    pipe.send(bytes(handle))
+    for _ in range(rounds):
+        deadline = time.monotonic() + 20
+        out = {"completed": [], "error": None}
+        rcomm = net.accept(lcomm, deadline)
+        try:
+            for i, n in enumerate(sizes):
+                buf = buffer(n)
+                got = net.wait(net.irecv(rcomm, buf, n, deadline), deadline)
+                out["completed"].append((i, got, got == n and buf.raw[:got] == payload(i, got)))
+        except (netplugin.NetError, TimeoutError) as e:
+            out["error"] = str(e)
+        net.t.closeRecv(rcomm)
+        pipe.send(out)
+    net.t.closeListen(lcomm)
+    net.t.finalize(net.ctx)
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 4])
+def test_sockets_ended_without_fin_after_complete_messages_cost_nothing(lanes):
+    # the sending rank exits right after its last send completed, without closeSend: every lane's socket
+    # ends at a record boundary with no FIN. A lane that ended so is done, and the receives its records
+    # (and the other lanes' records, still being read) complete; a lane's end failed the whole connection
+    # while another lane still read or opened records of a fully sent message (8 of 20 at 2 lanes)
+    sizes, rounds = MESSAGE + [0, 7, 3 * RECORD + 1], 20
+    lib = str(pluginenv.library())
+    ctx = mp.get_context("spawn")
+    rp, rc = ctx.Pipe()
+    os.environ["CCBRIDGE_NET_LANES"] = str(lanes)
+    try:
+        r = ctx.Process(target=rounds_receiver, args=(rc, lib, KEY, sizes, rounds))
+        r.start()
+    finally:
+        del os.environ["CCBRIDGE_NET_LANES"]
+    rc.close()
+    results = []
+    try:
+        assert rp.poll(DEADLINE), "receiver never listened"
+        handle = bytearray(rp.recv())
+        for _ in range(rounds):
+            peer = RoguePeer(handle)
+            for i, n in enumerate(sizes):
+                honest(peer, i, n)
+            peer.close()
+            assert rp.poll(30), "the receiver neither failed nor finished"
+            results.append(rp.recv())
+    finally:
+        _reap(r)
+    bad = [got for got in results if got["error"] or got["completed"] != [(i, n, True) for i, n in enumerate(sizes)]]
+    assert not bad, f"{len(bad)} of {rounds} connections lost messages: {bad[0]}"
+
+
+def _cut_at_boundary(sent, close):
+    """Message 0 (nine records over two lanes) with only the records `sent`, then the sockets of the lanes in
+    `close` ended without FIN records at a record boundary; the other lanes stay open."""
+    def script(p):
+        data = payload(0, MESSAGE[0])
+        for j in sent:
+            p.record(j % 2, 0, MESSAGE[0], j * RECORD, data[j * RECORD:(j + 1) * RECORD])
+        for i in close:
+            p.socks[i].close()
+    return script
+
+
+@pytest.mark.parametrize("sent,close", [([0, 1, 2, 3, 5, 7], [0]), ([1, 3, 5, 7], [0]), ([0, 1, 2, 4, 6, 8], [1]),
+                                        (range(7), [0, 1]), ([], [0, 1])],
+                         ids=["lane0_short_lane1_open", "lane0_empty_lane1_open", "lane1_short_lane0_open",
+                              "both_short", "nothing"])
+def test_a_message_cut_at_a_record_boundary_fails_promptly(sent, close):
+    # a lane that ends quietly ends only itself, but a receive that still needs its records can never
+    # complete: it fails at once, though another lane's socket stays open, and never completes with holes
+    t0 = time.monotonic()
+    got = run_rogue(MESSAGE, _cut_at_boundary(sent, close))
+    # irecv: nothing was sent, and both lanes ended before the receive was posted
+    assert got["error"] is not None and got["where"] in ("test", "irecv") and got["completed"] == [], got
+    assert time.monotonic() - t0 < 10, "the cut message failed only when the open lane ended"
+    assert any("ended without closing" in m for m in got["logs"]), got["logs"]
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+@pytest.mark.parametrize("late", [False, True], ids=["pending", "posted_later"])
+def test_a_receive_no_lane_can_serve_fails_once_every_lane_ended(lanes, late):
+    # message 0 complete, then every socket ends without FIN: message 1's receive, pending as the lanes
+    # end or posted after, fails with the plugin's error (never waits for records that cannot come)
+    def script(p):
+        honest(p, 0, MESSAGE[0])
+        if not late:
+            time.sleep(0.5)  # message 0 completes and message 1's receive is posted
+        p.close()
+    t0 = time.monotonic()
+    got = run_rogue(MESSAGE * 2, script, lanes=lanes, delays=[0, 0.5] if late else None)
+    assert got["error"] is not None and got["where"] in (("irecv", "test") if late else ("test",)), got
+    assert got["completed"] == [(0, MESSAGE[0], True)], got
+    assert time.monotonic() - t0 < 10
+    assert any("ended without closing" in m for m in got["logs"]), got["logs"]
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+@pytest.mark.parametrize("cut", [HEADER // 2, HEADER + 1000], ids=["in_header", "in_payload"])
+def test_a_lane_that_ends_mid_record_fails_the_receive(cut, lanes):
+    # lane 0's record 6 of message 0 stops part way and its socket ends (its later records never come): the
+    # message fails, while lane 1 (at 2 lanes) has all of its records in and its socket still open
+    def script(p):
+        data = payload(0, MESSAGE[0])
+        for j in range(8 if lanes == 2 else 7):
+            p.record(j % lanes, 0, MESSAGE[0], j * RECORD, data[j * RECORD:(j + 1) * RECORD],
+                     cut=cut if j == 6 else None)
+        p.socks[0].close()
+    got = run_rogue(MESSAGE, script, lanes=lanes)
+    assert got["error"] is not None and got["where"] == "test" and got["completed"] == [], got
+    assert any("mid-record" in m for m in got["logs"]), got["logs"]
 
 
 def connect_with_stage(pipe, lib_path, key, stage):
@@ -737,8 +858,6 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
 
 
 def test_the_cpu_bound_adds_a_seal_and_an_open_to_what_tcp_costs():
-    from ccbridge.secure import netbench
-
     # 0.1 + 0.1 CPU-s/GB of TCP and 5 GB/s per core each way (0.2 + 0.2): 0.6 CPU-s/GB, so 16 cores move 26.7 GB/s
     assert netbench.cpu_bound(16, 0.1, 0.1, 5.0, 5.0) == pytest.approx(16 / 0.6)
     # the plugin's record plan (conn.c record_plan): one record up to 32 KiB, then size / lanes in 4 KiB steps
@@ -746,9 +865,46 @@ def test_the_cpu_bound_adds_a_seal_and_an_open_to_what_tcp_costs():
                                                      (512 << 10, 3)]] == [8, 32 << 10, 32 << 10, 256 << 10, 176128]
 
 
+_PLAN_MAIN = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <stdint.h>
+uint32_t record_plan(size_t size, int nlanes, size_t *record);
+int main(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i += 2) {
+        size_t rec;
+        record_plan(strtoull(argv[i], NULL, 10), atoi(argv[i + 1]), &rec);
+        printf("%zu\n", rec);
+    }
+    return 0;
+}
+"""
+
+
+def test_bench_nets_record_plan_is_the_plugins(tmp_path):
+    """netbench.record_bytes is the Python twin of conn.c's record_plan (the AES-GCM rate is measured at the record
+    size the plugin uses): the two agree, the plugin's own function compiled and asked here."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if not gcc:
+        pytest.skip("no C compiler to build the plugin's record plan")
+    src = Path(__file__).resolve().parent.parent / "src" / "ccbridge" / "native"
+    (tmp_path / "main.c").write_text(_PLAN_MAIN)
+    exe = tmp_path / "plan"
+    subprocess.run([gcc, "-O1", "-std=gnu11", "-o", str(exe), str(tmp_path / "main.c"),
+                    *sorted(str(p) for p in (src / "ncclnet").glob("*.c")), str(src / "common" / "ossl.c"),
+                    "-ldl", "-lpthread"], check=True)
+    cases = [(s, n) for s in (1, 4096, 32 << 10, (32 << 10) + 1, 64 << 10, 100_000, 512 << 10, 1 << 20, 4 << 20,
+                              (4 << 20) + 5, 64 << 20) for n in (1, 2, 3, 4, 7, 8, 16)]
+    out = subprocess.run([str(exe), *[str(v) for c in cases for v in c]], capture_output=True, text=True, check=True)
+    assert [int(x) for x in out.stdout.split()] == [netbench.record_bytes(s, n) for s, n in cases]
+
+
 def test_bench_net_renders_each_row_beside_its_anchors_within_120_columns(monkeypatch):
     from ccbridge.results import Result, Row
-    from ccbridge.secure import netbench
 
     monkeypatch.setattr(netbench, "cores_visible", lambda: 128)
     stream = Row.of("net_loopback", "stream", "GB/s", [20.0, 21.0, 22.0], size=4 << 20, lanes=16, inflight=8)
@@ -772,7 +928,6 @@ def test_bench_net_renders_each_row_beside_its_anchors_within_120_columns(monkey
 
 def test_bench_net_refuses_more_in_flight_than_the_plugin_holds():
     from ccbridge.errors import UsageError
-    from ccbridge.secure import netbench
 
     with pytest.raises(UsageError, match="at most 32"):
         netbench.loopback([1 << 16], [1], inflight=33)

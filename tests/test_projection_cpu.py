@@ -117,6 +117,44 @@ def test_the_local_gpu_is_found_by_its_nvml_name_and_r_compares_datasheets():
     assert targets.project("b300", "Tesla T4", 2.5).r == 2.5  # a ratio given by hand needs no table entry
 
 
+def test_a_mixed_ratio_scales_the_hbm_share_by_bandwidth_and_the_rest_by_compute():
+    """hbm:F (Amdahl): r = 1 / (F / r_hbm + (1 - F) / r_flops). An H100 to an H200 (same compute, 1.43x HBM):
+    F = 1 is the HBM ratio, F -> 0 no speed-up; session 9's llama-8b step (F ~0.5 at batch 1, ~0.17 at 128 on the
+    H100) gets 1.18 and 1.05 where the H200 ran it 1.22x and 1.09x faster, not the 1.43 the HBM ratio says."""
+    from ccbridge.emulate import targets
+
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert targets.project("h200", h100, "hbm:1").r == pytest.approx(4.8 / 3.35)
+    assert targets.project("h200", h100, "hbm:0.5").r == pytest.approx(1 / (0.5 / (4.8 / 3.35) + 0.5))
+    p = targets.project("b300", h100, targets.parse_by("hbm:0.25"))
+    want = 1 / (0.25 / (8 / 3.35) + 0.75 / (2250 / 989.5))
+    assert p.by == "hbm:0.25" and p.r == pytest.approx(want)
+    assert p.as_dict()["by"] == "hbm:0.25" and "= 1 / (0.25 / 2.39 HBM + 0.75 / 2.27 BF16)" in p.describe()
+    assert targets.project("h200", h100, "hbm:0.5").r < targets.project("h200", h100, "hbm").r
+    from ccbridge.emulate import launcher, profiles
+    for line in launcher.banner(profiles.load("b300"), p).splitlines():
+        assert len(line) <= 120, line
+
+
+@pytest.mark.parametrize("text,msg", [("hbm:0", "above 0 and at most 1"), ("hbm:1.5", "above 0 and at most 1"),
+                                      ("hbm:x", "above 0 and at most 1"), ("hbm:", "above 0 and at most 1"),
+                                      ("hbm:nan", "above 0 and at most 1"), ("hbmx", "expected hbm, flops, hbm:F")])
+def test_a_mixed_ratio_refuses_a_share_outside_0_to_1(text, msg):
+    from ccbridge.emulate import targets
+    from ccbridge.errors import UsageError
+
+    with pytest.raises(UsageError, match=msg):
+        targets.parse_by(text)
+
+
+def test_a_mixed_ratio_needs_the_targets_compute_figure():
+    from ccbridge.emulate import targets
+    from ccbridge.errors import UsageError
+
+    with pytest.raises(UsageError, match="no dense BF16 figure"):
+        targets.project("rtxpro6000", "NVIDIA H100 PCIe", "hbm:0.5")
+
+
 @pytest.mark.parametrize("args,msg", [
     (("h100", "NVIDIA H200"), "a slower GPU"),             # r < 1
     (("rtxpro6000", "NVIDIA H100 80GB HBM3"), "a slower GPU"),
@@ -154,7 +192,8 @@ def _cli(*args):
 @pytest.mark.parametrize("args,msg", [
     (["run", "--project", "b300", "--project-by", "0.5", "--", "true"], "the ratio is 0.5 (< 1)"),
     (["run", "--project", "nosuch", "--", "true"], "unknown GPU 'nosuch'"),
-    (["run", "--project", "b300", "--project-by", "fast", "--", "true"], "expected hbm, flops or a number"),
+    (["run", "--project", "b300", "--project-by", "fast", "--", "true"], "expected hbm, flops, hbm:F or a number"),
+    (["run", "--project", "h200", "--project-by", "hbm:2", "--", "true"], "at most 1, got '2'"),
     (["run", "--profile", "b300", "--project-by", "flops", "--", "true"], "--project-by goes with --project"),
     (["account", "--project", "b300", "a", "b"], "--project goes with --profile"),
 ])

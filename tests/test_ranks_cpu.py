@@ -276,3 +276,49 @@ def test_a_gate_is_set_once_and_closes_once():
     gate.close()
     gate.open()
     assert not os.path.exists(folder)
+
+
+def _affinity(rank, n, dev, send):
+    return sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+
+
+def test_each_rank_runs_on_the_cores_it_was_given(clean, monkeypatch):
+    """CCBRIDGE_RANK_CPUS: rank r on the r-th CPU list (taskset's syntax), its torch threads that many; without it
+    each rank has the parent's cores."""
+    mine = sorted(os.sched_getaffinity(0))
+    monkeypatch.setenv(ranks.CPUS_ENV, f"{mine[-1]};{mine[0]}")
+    got = ranks.run(2, _affinity, label="test", backend="gloo")
+    assert got == [([mine[-1]], 1), ([mine[0]], 1)]
+    monkeypatch.delenv(ranks.CPUS_ENV)
+    assert [cpus for cpus, _ in ranks.run(2, _affinity, label="test")] == [mine, mine]
+
+
+@pytest.mark.parametrize("text,why", [
+    ("0-1", "1 CPU list for 2 ranks"), ("0;1;0", "3 CPU lists for 2 ranks"), ("a;b", "expected a CPU list per rank"),
+    ("3-1;0", "expected a CPU list per rank"), ("0;;", "expected a CPU list per rank"),
+    ("0;99999", "rank 1's CPUs [99999] are not this process's to use")])
+def test_a_bad_cpu_list_is_one_line_before_any_rank_starts(text, why, clean, monkeypatch):
+    from ccbridge.errors import UsageError
+
+    monkeypatch.setenv(ranks.CPUS_ENV, text)
+    with pytest.raises(UsageError, match=re.escape(why)) as e:
+        ranks.run(2, _affinity, label="test")
+    assert "\n" not in str(e.value) and len(str(e.value)) <= 100
+
+
+def test_auto_cuts_this_processs_cores_evenly_keeping_smt_siblings_together(tmp_path, monkeypatch):
+    """Two packages of two cores, each core two SMT siblings (cpu i and i + 4): 2 ranks get a package each, 4 ranks
+    a core each, siblings with it; 5 ranks are refused in one line."""
+    for cpu in range(8):
+        d = tmp_path / f"cpu{cpu}" / "topology"
+        d.mkdir(parents=True)
+        (d / "thread_siblings_list").write_text(f"{cpu % 4},{cpu % 4 + 4}\n")
+        (d / "physical_package_id").write_text(f"{(cpu % 4) // 2}\n")
+    monkeypatch.setattr(ranks.os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert ranks.even_cpus(2, str(tmp_path)) == (frozenset({0, 1, 4, 5}), frozenset({2, 3, 6, 7}))
+    assert ranks.even_cpus(4, str(tmp_path)) == tuple(frozenset({c, c + 4}) for c in range(4))
+    from ccbridge.errors import UsageError
+    with pytest.raises(UsageError, match=r"=auto: 4 cores for 5 ranks"):
+        ranks.even_cpus(5, str(tmp_path))
+    monkeypatch.setenv(ranks.CPUS_ENV, "auto")
+    assert len(ranks.rank_cpus(2)) == 2  # (this machine's own topology)

@@ -47,7 +47,7 @@ def test_run_skips_with_reason_and_survives_errors(monkeypatch):
             "fake.good": registry.Test("fake.good", "works", (), good)}
     monkeypatch.setattr(registry, "REGISTRY", fake)
     monkeypatch.setattr(registry, "load_families", lambda: None)
-    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls, d: Machine(0, {"gpu": "no usable GPU: test"})))
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls, d, **kw: Machine(0, {"gpu": "no usable GPU: test"}, True)))
     res = registry.run(Settings(quick=True), {"emulation": {"active": False}})
     assert res.skipped == [{"test": "fake.gpu", "reason": "no usable GPU: test"}]
     assert [e["test"] for e in res.errors] == ["fake.bad"] and "refused CUDA call" in res.errors[0]["error"]
@@ -89,7 +89,7 @@ def test_ahead_handles_start_before_the_run_reach_their_tests_and_are_always_clo
             "fake.d": registry.Test("fake.d", "start failed", (), uses, broken)}
     monkeypatch.setattr(registry, "REGISTRY", fake)
     monkeypatch.setattr(registry, "load_families", lambda: None)
-    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls, d: Machine(0, {"gpu": "no usable GPU: test"})))
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls, d, **kw: Machine(0, {"gpu": "no usable GPU: test"}, True)))
     settings = Settings(quick=True)
     started = registry.prestart(settings)
     assert log == [("started", "a"), ("started", "b"), ("started", "c")] and started["fake.d"] is None
@@ -99,3 +99,40 @@ def test_ahead_handles_start_before_the_run_reach_their_tests_and_are_always_clo
     assert log.index(("ran", "a")) < log.index(("closed", "a"))
     assert set(res.settings["seconds"]) == {"fake.a", "fake.b", "fake.d"}
     assert all(s >= 0 for s in res.settings["seconds"].values())
+
+
+def test_tests_without_torch_run_first_and_the_result_keeps_the_selection_order(monkeypatch):
+    """torch's import hides behind the tests that need no torch: they run first (a host-only one after the import
+    is over: it would share the CPU it measures), torch's tests after; rows, errors and seconds come back in the
+    order the tests were selected."""
+    import threading
+    import time as time_
+
+    ran, importing = [], threading.Event()
+
+    def make(name):
+        def fn(ctx):
+            ran.append((name, importing.is_set()))
+            return [Row.of(name, "m", "us", [1])]
+        return fn
+
+    fake = {n: registry.Test(n, n, needs, make(n)) for n, needs in
+            (("fake.t1", ("gpu", "torch")), ("fake.g1", ("gpu",)), ("fake.h1", ()), ("fake.t2", ("torch",)))}
+    monkeypatch.setattr(registry, "REGISTRY", fake)
+    monkeypatch.setattr(registry, "load_families", lambda: None)
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls, d, **kw: Machine(1, {}, True)))
+    monkeypatch.setattr(registry.core, "Session", lambda *a, **k: type("S", (), {"close": lambda self: None})())
+
+    def slow_import():
+        importing.set()
+        time_.sleep(0.5)
+        importing.clear()
+
+    th = threading.Thread(target=slow_import)
+    monkeypatch.setattr(registry, "_torch_import", th)
+    th.start()
+    res = registry.run(Settings(), {"emulation": {"active": False}})
+    assert [n for n, _ in ran] == ["fake.g1", "fake.h1", "fake.t1", "fake.t2"]
+    assert dict(ran)["fake.h1"] is False  # the host-only test waited for the import to end
+    assert [r.test for r in res.rows] == ["fake.t1", "fake.g1", "fake.h1", "fake.t2"]
+    assert list(res.settings["seconds"]) == ["fake.t1", "fake.g1", "fake.h1", "fake.t2"]

@@ -196,6 +196,25 @@ def test_the_predicted_emulated_step_adds_each_toll_the_step_pays():
     assert tp.predicted_ms(dict(params, dilation="2.39"), 4, 1, 8192, 160, {}, True, 10.0) == (None, {})
 
 
+def test_the_hbm_share_is_the_roofline_over_the_steps_gpu_time():
+    """hbm_share = weight bytes at the measured copy rate over the step's GPU busy ms (busy fraction x step): the
+    F that --project-by hbm:F takes; capped at 1; absent without a GPU busy figure (CPU ranks)."""
+    from ccbridge.results import Row
+
+    def got(busy, step_ms):
+        tok = Row.of(tp.TEST, "tok_per_s", "tok/s", [100.0], batch=1, mode="sync")
+        tok.extra = {"gpu_busy": busy}
+        return {"step": {"weight_bytes": 16e9, "copy_gbps": 3000.0, "collective_ms": 0.0, "native_step_ms": None},
+                "batch": 1, "mode": "sync", "rows": [tok, Row.of(tp.TEST, "step_ms", "ms", [step_ms])]}
+
+    rows = {r.metric: r for r in tp._step_rows(got(0.8, 10.0), 1, "llama-8b", True, {})}
+    assert rows["roofline_ms"].median == pytest.approx(16e9 / 3000e9 * 1e3)
+    assert rows["hbm_share"].median == pytest.approx(16e9 / 3000e9 * 1e3 / 8.0)
+    assert rows["hbm_share"].extra["gpu_busy_ms"] == pytest.approx(8.0)
+    assert {r.metric: r for r in tp._step_rows(got(0.5, 4.0), 1, "llama-8b", True, {})}["hbm_share"].median == 1.0
+    assert "hbm_share" not in {r.metric for r in tp._step_rows(got(None, 10.0), 1, "llama-8b", True, {})}
+
+
 def test_the_result_file_and_table(tp_result):
     res, path = tp_result
     back = results.load(path)

@@ -267,7 +267,7 @@ def rows(lines: list[Line], wall_s: float, site_lines: list[Line] = (), where: d
     return out
 
 
-# ---- multi-process jobs: each rank on its own steady-state window ----
+# ---- multi-process jobs: each rank on its job's steady-state window (trace.job_windows) ----
 
 NOISE = 0.01  # a window's slowdown within this fraction of its base window (or NOISE_MS) is no slowdown
 NOISE_MS = 0.05
@@ -305,6 +305,17 @@ class RankAccount:
     def explained_ms(self) -> float:
         return sum(self.by_kind().values())
 
+    def host_ms(self, i: int) -> float:
+        """Of the window in trace i (0 BASE, 1 OTHER), the time no call of the rank held: its host work (its
+        threads' calls counted once each instant, trace.exclusive)."""
+        return (self.base_ms, self.other_ms)[i] - sum(x.in_call_ms[i] for x in self.lines)
+
+    @property
+    def host_delta_ms(self) -> float:
+        """The growth of the rank's host work: with the calls' growth, its whole slowdown. Not a toll: in a job
+        that steps together a rank whose host work grew makes the others wait in their calls."""
+        return self.host_ms(1) - self.host_ms(0)
+
 
 def multi_process(base: TraceSummary, other: TraceSummary) -> bool:
     """A job of several ranks (processes that named a rank: NCCL's, or the launcher's RANK) in either trace."""
@@ -312,7 +323,7 @@ def multi_process(base: TraceSummary, other: TraceSummary) -> bool:
 
 
 def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount], list[str]]:
-    """Each rank of both traces compared over its own window; notes on what could not be paired."""
+    """Each rank of both traces compared over its job's window; notes on what could not be paired."""
     # keyed by (the job's size, rank): a run that starts jobs one after another (bench decode --tp 2 4) has a
     # rank 0 in each, and each is compared with its own twin
     b = {(p.ranks, p.rank): p for p in base.procs if p.rank is not None}
@@ -362,8 +373,9 @@ def measurable(slowdown_s: float, base_s: float) -> bool:
 
 
 def straggler(ranks: list[RankAccount]) -> RankAccount | None:
-    """The rank whose emulated window is longest: the one the others wait for at each collective."""
-    return max(ranks, key=lambda a: a.other_ms) if ranks else None
+    """The rank whose calls held least of its emulated window (the most host work between them): the one the
+    others wait for at each collective. (The ranks of a job share one window: trace.job_windows.)"""
+    return max(ranks, key=lambda a: a.host_ms(1) / a.other_ms if a.other_ms > 0 else 0.0) if ranks else None
 
 
 def rank_rows(ranks: list[RankAccount]) -> list[Row]:
@@ -378,6 +390,9 @@ def rank_rows(ranks: list[RankAccount]) -> list[Row]:
         out[-1].extra.update(window=a.window, measurable=a.measurable)
         for kind, ms in a.by_kind().items():
             out.append(Row.of("account.rank", "explained", "ms", [ms], kind=kind, **p))
+        out.append(Row.of("account.rank", "host", "ms", [a.host_delta_ms], **p))
+        out[-1].extra.update(base_ms=a.host_ms(0), other_ms=a.host_ms(1),
+                             what="the growth of the window's time outside every call (host work): not a toll")
         for x in a.lines:
             q = dict(p, api=x.api, kind=x.kind, dir=x.dir, mem=x.mem)
             out.append(Row.of("account.rank_api", "delta", "ms", [x.delta_ms], **q))
@@ -390,10 +405,11 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
     """The per-rank table in 120 columns: each rank's window, its slowdown and the share each kind of call
     explains (of that slowdown: the measured difference of the window's wall time), the straggler, and the
     collectives behind the largest share."""
-    out = ["per rank, each on its steady-state window (marks, else first to last collective); shares of its "
-           "measured slowdown",
+    out = ["per rank, on its job's steady-state window (marks, else first to last collective; the span all its ranks "
+           "are in);",
+           "shares of the window's measured slowdown: explained by its calls, and host (its work between calls: no toll)",
            f"{'rank':>5} {'window':<11} {'base ms':>10} {'other ms':>10} {'slowdown':>10} {'explained':>9} "
-           f"{'collect.':>8} {'launch':>7} {'crossing':>8} {'sync':>7} {'other':>7}"]
+           f"{'collect.':>8} {'launch':>7} {'crossing':>8} {'sync':>7} {'other':>7} {'host':>6}"]
     for a in ranks:
         k = a.by_kind()
         if a.rank < 0:
@@ -401,15 +417,15 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
         if a.measurable:
             pct = lambda v: f"{v / a.slowdown_ms:>7.0%}"
             tail = (f"{a.explained_ms / a.slowdown_ms:>9.0%} {pct(k['collective']):>8} {pct(k['launch'])} "
-                    f"{pct(k['crossing']):>8} {pct(k['sync'])} {pct(k['other'])}")
+                    f"{pct(k['crossing']):>8} {pct(k['sync'])} {pct(k['other'])} {a.host_delta_ms / a.slowdown_ms:>6.0%}")
         else:
             tail = "  no measurable slowdown: no shares"
         out.append(f"{a.name:>5} {a.window:<11} {a.base_ms:>10.2f} {a.other_ms:>10.2f} {a.slowdown_ms:>+10.2f} {tail}")
     ranks = [a for a in ranks if a.rank >= 0]
     s = straggler(ranks)
     if s and len(ranks) > 1:
-        out.append(f"straggler: rank {s.name} ({s.other_ms:.2f} ms emulated; the others wait for it at each "
-                   "collective)")
+        out.append(f"straggler: rank {s.name} (host work {s.host_ms(1):.2f} of {s.other_ms:.2f} ms emulated, the job's "
+                   "most: the others wait for it at each collective)")
     for a in ranks:
         col = [x for x in a.lines if x.kind == "collective" and x.calls[1]]
         if col and a.measurable:
@@ -420,7 +436,27 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
     if mgpu_factor and mgpu_factor != 1:
         out.append(f"launch: each launch paid the launch toll x {mgpu_factor:g} (mgpu_launch_factor: the process "
                    "is multi-GPU)")
+    moved = [a for a in ranks if host_moved(a)]
+    if moved:
+        out += _wrap(["host work between calls changed between the runs, which no toll does by itself: " + ", ".join(
+            f"rank {a.name} {a.host_ms(0):.2f} -> {a.host_ms(1):.2f} ms" for a in moved) + "; in a job that steps "
+            "together the others wait for it in their calls (their crossings or synchronizes grow). Either the host "
+            "ran at another speed (CPU placement, SMT siblings, other processes: pin each rank to its own cores, "
+            "ccbridge's benches with CCBRIDGE_RANK_CPUS=auto, and compare again) or the program did other host work "
+            "under CC (pinned memory typed managed: copies torch makes)"])
     return "\n".join(out + _wrap(notes))
+
+
+HOST_MOVED = 0.25  # a rank's host work changed by this fraction of the slowdown
+HOST_NOISE = 0.05  # and by more than this fraction of its own BASE host work
+
+
+def host_moved(a: RankAccount) -> bool:
+    """The rank's host work between calls grew or shrank by more than HOST_MOVED of its slowdown (and beyond
+    HOST_NOISE of itself): its share of calls cannot be read as the tolls' alone; in a job that steps together the
+    change moves waits to the other ranks."""
+    d = a.host_delta_ms
+    return a.measurable and abs(d) > HOST_MOVED * a.slowdown_ms and abs(d) > HOST_NOISE * a.host_ms(0)
 
 
 def collectives_gpu_ms(lines: list[Line]) -> tuple[float, float]:

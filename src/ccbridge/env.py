@@ -267,8 +267,9 @@ def emulated_banner(emu: dict[str, Any]) -> str | None:
     return f"EMULATED CC bridge (profile {emulation_label(emu)}): not a CC hardware measurement{what}"
 
 
-def stamp(nv=None) -> dict[str, Any]:
-    """The full stamp; tolerant of every missing piece. nv: the NVML module (default pynvml)."""
+def stamp(nv=None, with_torch: bool = True) -> dict[str, Any]:
+    """The full stamp; tolerant of every missing piece. nv: the NVML module (default pynvml). with_torch=False
+    leaves "torch" out, for a caller that fills it in later (torch_info) rather than wait for its import now."""
     cpu = cpu_info()
     return {
         "ccbridge": __version__,
@@ -279,7 +280,7 @@ def stamp(nv=None) -> dict[str, Any]:
         "tee": tee_guest(),
         "openssl": openssl_info(),
         "nvml": nvml_info(nv),
-        "torch": torch_info(),
+        "torch": torch_info() if with_torch else {},
         "emulation": emulation_info(),
         "nccl_net_plugin": pluginenv.status(),
     }

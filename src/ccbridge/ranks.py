@@ -15,6 +15,12 @@ target runs: rank r on GPU devices[r], or a CPU rank with its share of the host'
 port of 127.0.0.1 or file:// in a private folder; dev is its torch.device (None without a group). send(obj) in a
 rank calls on_message(rank, obj) here as it happens; messages and answers travel pickled over one socket per rank.
 
+CCBRIDGE_RANK_CPUS pins each rank to its own cores: "0-15;16-31;..." (a CPU list per rank, rank 0's first,
+`taskset -c`'s syntax), or "auto" (this process's CPUs cut into even runs of whole cores, SMT siblings kept
+together, by package), checked here before any rank starts. Ranks that share cores, or a rank whose cores an SMT
+sibling shares with another rank's spinning thread, run their host work at different speeds from run to run, and
+in a job that steps together the others wait for the slowest (`ccbridge account` names such a rank).
+
 Every failure is one line naming the rank, raised here as a ccbridge error: a rank's own ccbridge error keeps its
 class, anything else it raised becomes `failure` (GpuError unless the caller says) naming the class; a rank that
 dies, or ends without an answer, is named with its exit status; ranks that say nothing for stall_s, or have not all
@@ -36,7 +42,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Callable
 
 from ccbridge import errors
-from ccbridge.errors import GpuError
+from ccbridge.errors import GpuError, UsageError
 
 # NVLink multicast off in each library that would use it: NCCL, PyTorch's symmetric memory, NVSHMEM.
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -44,6 +50,7 @@ POLL_S = 0.2  # how often the parent looks at its ranks while none speaks
 GRACE_S = 3.0  # after a rank's failure, how long the others may take to say (or show) theirs
 END_S = 60.0  # after every rank answered, how long each may take to end on its own before it is stopped
 RENDEZVOUS = ("tcp", "file")
+CPUS_ENV = "CCBRIDGE_RANK_CPUS"
 
 # The started interpreter. Its link to the parent is the socket in argv[1]; the parent's sys.path comes first, so
 # that ccbridge and the target's module (a test's too) import as they did there.
@@ -87,6 +94,64 @@ class _Job:
     init_method: str | None
     group_timeout_s: float | None
     gate: str | None = None  # a file the ranks wait for before they join (Gate)
+    cpus: tuple[frozenset[int], ...] | None = None  # each rank's cores (CCBRIDGE_RANK_CPUS), None: the parent's
+
+
+def _cpu_list(text: str) -> frozenset[int]:
+    """'0-3,8,10-11' as a set of CPU numbers; ValueError for anything else."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        a, b = int(lo), int(hi) if hi else int(lo)
+        if not 0 <= a <= b:
+            raise ValueError(part)
+        out.update(range(a, b + 1))
+    return frozenset(out)
+
+
+def even_cpus(n: int, sysfs: str = "/sys/devices/system/cpu") -> tuple[frozenset[int], ...]:
+    """This process's CPUs cut into n runs of whole cores (a core's SMT siblings never split between ranks), in
+    (package, core) order, so a rank's cores sit on as few packages as the count allows; a UsageError where there
+    are fewer cores than ranks."""
+    allowed = os.sched_getaffinity(0)
+    cores: dict[tuple[int, frozenset[int]], None] = {}
+    for cpu in sorted(allowed):
+        try:
+            with open(f"{sysfs}/cpu{cpu}/topology/thread_siblings_list") as f:
+                sib = _cpu_list(f.read().strip()) & allowed
+            with open(f"{sysfs}/cpu{cpu}/topology/physical_package_id") as f:
+                pkg = int(f.read())
+        except (OSError, ValueError):  # no topology to read: each CPU its own core
+            sib, pkg = frozenset({cpu}), 0
+        cores[(pkg, sib)] = None
+    order = sorted(cores, key=lambda k: (k[0], min(k[1])))
+    if len(order) < n:
+        raise UsageError(f"{CPUS_ENV}=auto: {len(order)} cores for {n} ranks")
+    per = len(order) // n
+    return tuple(frozenset().union(*(sib for _, sib in order[r * per:(r + 1) * per])) for r in range(n))
+
+
+def rank_cpus(n: int, text: str | None = None) -> tuple[frozenset[int], ...] | None:
+    """Each of n ranks' cores from CCBRIDGE_RANK_CPUS (text: its value; None reads the environment), or None where
+    it is unset; a UsageError (one line) for a malformed list, a count other than n, or cores this process may not
+    use."""
+    text = os.environ.get(CPUS_ENV) if text is None else text
+    if not text:
+        return None
+    if text == "auto":
+        return even_cpus(n)
+    try:
+        sets = tuple(_cpu_list(t) for t in text.split(";"))
+    except ValueError:
+        raise UsageError(f"{CPUS_ENV}={text[:40]!r}: expected a CPU list per rank, ';' between ranks (0-15;16-31)") \
+            from None
+    if len(sets) != n:
+        raise UsageError(f"{CPUS_ENV}: {len(sets)} CPU list{'s' if len(sets) > 1 else ''} for {n} ranks")
+    allowed = os.sched_getaffinity(0)
+    for r, cpus in enumerate(sets):
+        if not cpus <= allowed:
+            raise UsageError(f"{CPUS_ENV}: rank {r}'s CPUs {sorted(cpus - allowed)[:4]} are not this process's to use")
+    return sets
 
 
 def _send(link: Connection, obj) -> None:
@@ -103,7 +168,7 @@ def _join(job: _Job, rank: int):
     import torch.distributed as dist
 
     if job.devices is None:  # CPU ranks share the host's cores: n ranks of all-core thread pools would fight
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // job.n))
+        torch.set_num_threads(len(job.cpus[rank]) if job.cpus else max(1, (os.cpu_count() or 1) // job.n))
         dev = torch.device("cpu")
     else:
         d, count = job.devices[rank], torch.cuda.device_count()
@@ -163,6 +228,8 @@ def rank_main(link: Connection) -> None:
     try:
         rank = link.recv()
         job = pickle.loads(link.recv_bytes())
+        if job.cpus:  # before torch starts its thread pools: they inherit it
+            os.sched_setaffinity(0, job.cpus[rank])
         if job.gate is not None:
             if job.backend is not None:
                 import torch.distributed  # noqa: F401 - deferred: torch, its import (seconds) done before the gate
@@ -286,13 +353,14 @@ def run(n: int, target: Callable, *args, label: str, backend: str | None = None,
         raise ValueError(f"rendezvous must be one of {', '.join(RENDEZVOUS)}, not {rendezvous!r}")
     if devices is not None and len(devices) != n:
         raise ValueError(f"{n} ranks need {n} devices, got {len(devices)}")
+    cpus = rank_cpus(n)
     ranks = _Ranks(label, n, on_message, failure)
     ok = False
     with tempfile.TemporaryDirectory(prefix="ccbridge-ranks-") as tmp:
         init = (None if backend is None else f"file://{os.path.join(tmp, 'init')}" if rendezvous == "file"
                 else f"tcp://127.0.0.1:{free_port()}")
         job = pickle.dumps(_Job(target, args, n, backend, None if devices is None else tuple(devices), init, stall_s,
-                                None if gate is None else gate.path))
+                                None if gate is None else gate.path, cpus))
         try:
             ranks.start(job, {**os.environ, **(env or {}), **NVLS_OFF})
             start = heard = time.monotonic()

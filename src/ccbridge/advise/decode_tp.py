@@ -29,7 +29,36 @@ def advise(inp: Input) -> list[Advice]:
         no_multicast(inp, add, "TP above 1 runs its all-reduces on this fabric", *by_tp.values())
     decode.schedule(inp, add, {(b, m): r for (t, b, m), r in by_tp.items() if at_tp is None or t == at_tp},
                     f"TP {at_tp}, " if at_tp else "")
+    project_by(inp, add, at_tp)
     return out
+
+
+HBM_BOUND = 0.9  # an hbm_share at least this: the step is HBM-bound, --project-by hbm (the default) fits it
+
+
+def project_by(inp: Input, add: Add, at_tp: int | None) -> None:
+    """Per batch (at the advised degree, else the smallest; async where measured): where the step's GPU time is
+    not HBM-bound (its hbm_share row below HBM_BOUND), the --project-by hbm:F that projects it to a faster GPU;
+    the datasheet HBM ratio alone takes all of the GPU time as memory-bound and overstates the target's speed-up
+    (bench/RESULTS.md 2026-11-26: an H100 projected to an H200 by HBM ran 11-24% short of the H200's times)."""
+    share = {(r.params["tp"], r.params["batch"], r.params["mode"]): r for r in inp.result.rows
+             if r.metric == "hbm_share"}
+    if not share:
+        return
+    tp = at_tp if at_tp is not None else min(t for t, _, _ in share)
+    proj = (inp.env.get("emulation") or {}).get("projection") or {}
+    for b in sorted({b for t, b, _ in share if t == tp}):
+        modes = sorted(m for t, bb, m in share if (t, bb) == (tp, b))
+        row = share[(tp, b, "async" if "async" in modes else modes[0])]
+        if row.median >= HBM_BOUND:
+            continue
+        why = (f"{state(inp)}; TP {tp}, batch {b}, {row.params['mode']}: {row.median:.2f} of the step's GPU time is "
+               "at this GPU's HBM roofline (its weight bytes at the measured copy rate), the rest bound by compute "
+               "and launches; --project-by hbm takes all of it as memory-bound")
+        if proj.get("by") == "hbm":
+            why += f"; this run was projected so (x{proj.get('r', 0):.3g}): its times overstate the target's speed-up"
+        add("ccbridge", f"TP {tp}, batch {b}: project it with --project-by hbm:{row.median:.2f}", why, row,
+            brief=f"{row.median:.2f} HBM-bound")
 
 
 def degree(inp: Input, add: Add, tok: dict) -> int:

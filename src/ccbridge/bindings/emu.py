@@ -26,6 +26,7 @@ FUNCTIONS = {
     "ccbemu_coverage": (c_int, [c_char_p, c_int]),
     "ccbemu_hook_name": (c_char_p, [c_int]),
     "ccbemu_lookup": (c_void_p, [c_char_p]),
+    "ccbemu_real": (c_void_p, [c_char_p]),
     "ccbemu_seal": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t, c_void_p, c_void_p]),
     "ccbemu_fake_alloc": (c_void_p, [c_size_t, c_int]),
     "ccbemu_fake_stream": (c_void_p, []),

@@ -135,7 +135,7 @@ def _then_projected(args, out: Path) -> int:
 
 
 def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str | None, settings: dict) -> int:
-    """A job of several ranks: each rank on its own steady-state window, then all of them summed; the start-up
+    """A job of several ranks: each rank on its job's steady-state window, then all of them summed; the start-up
     and teardown phases apart, never in the shares."""
     ranks, notes = account.per_rank(base, other)
     if not ranks:
@@ -181,7 +181,8 @@ def add_project(p) -> None:
     p.add_argument("--project", metavar="GPU", help="run in dilated time as this faster GPU would (b300, b200, h200, "
                    "...; see README, Projection): every figure PROJECTED, a model")
     p.add_argument("--project-by", metavar="BY", default="hbm", help="the ratio r: hbm (datasheet memory bandwidth, "
-                   "default: decode is memory-bound), flops (dense BF16) or a number")
+                   "default: decode is memory-bound), flops (dense BF16), hbm:F (F of this GPU's busy time at its HBM "
+                   "roofline, the rest as flops: `bench decode --tp` measures F, its hbm_share row) or a number")
 
 
 def projection(args):

@@ -44,14 +44,16 @@ def cmd_probe(args) -> int:
     settings = registry.Settings(device=args.device, quick=args.quick, tests=args.tests, timer=apply_timer(args))
     # first: their start-ups (interpreters, imports) overlap the stamp's (torch's import) and the run
     started, reports = registry.prestart(settings), EarlyReports()
+    registry.import_torch_early()  # the stamp's torch part waits for the end of the run
     try:
-        stamp = env.stamp()
+        stamp = env.stamp(with_torch=False)
         if stamp["emulation"]["active"]:
             console.print(f"[bold yellow]EMULATED run (profile {env.emulation_label(stamp['emulation'])}): "
                           "figures are not CC hardware measurements[/]")
         t_run = time.perf_counter()
         with ui.ProbeProgress(len(tests), console) as progress:
             res = registry.run(settings, stamp, progress, started)
+        res.env["torch"] = env.torch_info()
         t_reports = time.perf_counter()
         paths = reports.write(res, out)
         phases = (f"start-up {t_run - t_enter:.1f} s, tests {res.duration_s:.1f} s, "

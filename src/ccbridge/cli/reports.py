@@ -15,10 +15,16 @@ def report_paths(out: Path) -> list[Path]:
     return [out / "result.json", out / "report.md", out / "report.html"]
 
 
-def write_reports(res, out: Path) -> list[Path]:
+def _saved(res, out: Path) -> list[Path]:
+    """The report's paths, result.json written."""
     out.mkdir(parents=True, exist_ok=True)
     paths = report_paths(out)
     res.save(paths[0])
+    return paths
+
+
+def write_reports(res, out: Path) -> list[Path]:
+    paths = _saved(res, out)
     _render(res, paths)
     return paths
 
@@ -33,15 +39,14 @@ class EarlyReports:
     run works, then renders the saved result when told where it is. Should it fail, this process renders."""
 
     def __init__(self):
+        # its output is not read: a renderer that fails is replaced by this process's own rendering
         self.proc = subprocess.Popen([sys.executable, "-m", "ccbridge.cli.reports"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
 
     def write(self, res, out: Path) -> list[Path]:
-        out.mkdir(parents=True, exist_ok=True)
-        paths = report_paths(out)
-        res.save(paths[0])
+        paths = _saved(res, out)
         try:
-            _, err = self.proc.communicate(f"{paths[0]}\n", timeout=300)
+            self.proc.communicate(f"{paths[0]}\n", timeout=300)
             done = self.proc.returncode == 0
         except (OSError, subprocess.TimeoutExpired):
             done = False

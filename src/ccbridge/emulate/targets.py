@@ -3,9 +3,11 @@
 A projection runs the program in dilated time (native/emu/config.c, emu_dilate): everything but the GPU runs r
 times slower, so this GPU, left at its own speed, stands for one r times faster. r compares datasheet to
 datasheet, like for like (the local GPU is looked up in the same table by its NVML name): the HBM bandwidth for
-memory-bound work (decode and most serving: the default), dense BF16 throughput for compute-bound work, or a
-number given by hand. The local GPU's measured rates (the probe's compute family) are recorded beside them to
-show how far this machine is from its own datasheet.
+memory-bound work (decode and most serving: the default), dense BF16 throughput for compute-bound work, a mix of
+the two for work that is partly either (`hbm:F`: F of this GPU's busy time at its HBM roofline, the rest taken
+as scaling with dense BF16 throughput, Amdahl's way; `ccbridge bench decode --tp` measures F as its hbm_share
+row), or a number given by hand. The local GPU's measured rates (the probe's compute family) are recorded beside
+them to show how far this machine is from its own datasheet.
 """
 
 from __future__ import annotations
@@ -80,12 +82,16 @@ def _rate(g: Gpu, by: str) -> float:
 class Projection:
     target: Gpu
     local: Gpu | None
-    by: str  # hbm | flops | given
+    by: str  # hbm | flops | hbm:F | given
     r: float
 
     def describe(self) -> str:
         if self.by == "given":
             return f"PROJECTED to {self.target.name}: time dilated x{self.r:g} (given by hand)"
+        if (f := hbm_share(self.by)) is not None:
+            return (f"PROJECTED to {self.target.name}: time dilated x{self.r:.3g} = 1 / ({f:g} / "
+                    f"{self.ratio('hbm'):.3g} HBM + {1 - f:.2g} / {self.ratio('flops'):.3g} BF16) ({self.local.name}, "
+                    f"this GPU; datasheets)")
         unit = "TB/s HBM" if self.by == "hbm" else "TFLOPS dense BF16"
         return (f"PROJECTED to {self.target.name}: time dilated x{self.r:.3g} = {_rate(self.target, self.by):g} / "
                 f"{_rate(self.local, self.by):g} {unit} ({self.local.name}, this GPU; datasheets)")
@@ -112,17 +118,38 @@ class Projection:
         return native_gbps * t / l if t and l and native_gbps > 0 else 0.0
 
 
+def hbm_share(by: str | float) -> float | None:
+    """F of an `hbm:F` ratio (None for any other)."""
+    return float(by[4:]) if isinstance(by, str) and by.startswith("hbm:") else None
+
+
 def parse_by(text: str) -> str | float:
-    """--project-by: hbm, flops, or a ratio (a number >= 1)."""
+    """--project-by: hbm, flops, hbm:F (0 < F <= 1), or a ratio (a number >= 1)."""
     if text in BY:
         return text
+    if text.startswith("hbm:"):
+        try:
+            f = float(text[4:])
+        except ValueError:
+            f = math.nan
+        if not 0 < f <= 1:
+            raise UsageError(f"--project-by hbm:F: F, the GPU time's share at the HBM roofline, is above 0 and at "
+                             f"most 1, got {text[4:24]!r}")
+        return f"hbm:{f:g}"
     try:
         v = float(text)
     except ValueError:
-        raise UsageError(f"--project-by: expected hbm, flops or a number, got {text!r}") from None
+        raise UsageError(f"--project-by: expected hbm, flops, hbm:F or a number, got {text[:24]!r}") from None
     if not math.isfinite(v):
         raise UsageError(f"--project-by: expected a finite number, got {text}")
     return v
+
+
+def mixed_ratio(share: float, hbm: float, flops: float) -> float:
+    """r for work that spends `share` of this GPU's busy time at its HBM roofline and the rest bound by compute
+    (launch chains and small kernels included: their speed-up taken as the dense BF16 ratio's), Amdahl's way: the
+    target's busy time is share / hbm + (1 - share) / flops of this GPU's."""
+    return 1 / (share / hbm + (1 - share) / flops)
 
 
 def project(target_key: str, local_nvml_name: str | None, by: str | float = DEFAULT_BY) -> Projection:
@@ -136,7 +163,11 @@ def project(target_key: str, local_nvml_name: str | None, by: str | float = DEFA
         if local is None:
             raise UsageError(f"--project: no datasheet for this GPU ({(local_nvml_name or 'none found')[:30]}); "
                              "give the ratio: --project-by R")
-        r, how = _rate(tgt, by) / _rate(local, by), by
+        if (f := hbm_share(by)) is not None:
+            r = mixed_ratio(f, _rate(tgt, "hbm") / _rate(local, "hbm"), _rate(tgt, "flops") / _rate(local, "flops"))
+        else:
+            r = _rate(tgt, by) / _rate(local, by)
+        how = by
     if not r >= 1:
         raise UsageError(f"--project {target_key}: the ratio is {r:.3g} (< 1): a slower GPU; one cannot be slowed "
                          "uniformly from the API")

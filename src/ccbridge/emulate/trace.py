@@ -19,6 +19,7 @@ made (ccbridge.mark).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import csv
 import glob
@@ -149,13 +150,16 @@ class TraceSummary:
 @dataclass
 class ProcessTrace:
     """One process of a trace: its rank (NCCL's, else the launcher's RANK; None: not a rank) and its calls
-    inside its steady-state window (window()): marks the program made, else its first to its last collective."""
+    inside its steady-state window (window()): marks the program made, else its first to its last collective;
+    for the ranks of one job, the part of those windows all its ranks are in (job_windows())."""
     pid: int
     rank: int | None
     ranks: int
     window: str  # "marks" | "collectives" | "" (no window: the whole trace, as a process that is no rank)
     window_ns: int  # the window's length (marks: the windows' summed)
     summary: TraceSummary
+    spans: list[tuple[int, int]] = field(default_factory=list)  # the window's spans (CLOCK_MONOTONIC ns)
+    path: str = ""
 
 
 def check_header(path: str, first: str, second: str) -> re.Match:
@@ -187,10 +191,16 @@ KINDS = ("crossing", "launch", "sync", "context", "alloc", "collective", "mark",
 GRAPH = ("", "capture", "replay")
 
 
-def _add(table: dict, key: tuple, row: dict, in_call_ns: int) -> None:
+def _add_time(table: dict, key: tuple, row: dict, in_call_ns: int) -> dict:
+    """Only the time of a call (its part inside a window that started during it), not the call."""
     agg = table.setdefault(key, {"kind": row["kind"], "count": 0, "bytes": 0, "blocked_ns": 0,
                                  "stream_wait_ns": 0, "channel_wait_ns": 0, "toll_ns": 0, "captured": 0, "replays": 0})
     agg["blocked_ns"] += in_call_ns
+    return agg
+
+
+def _add(table: dict, key: tuple, row: dict, in_call_ns: int) -> None:
+    agg = _add_time(table, key, row, in_call_ns)
     if row["graph"] == "capture":  # recorded into a graph: the GPU pays at each replay, not now
         agg["captured"] += 1
         return
@@ -245,17 +255,75 @@ def windows(lines: list[tuple[int, int, dict]]) -> tuple[str, list[tuple[int, in
     return ("collectives", [(min(t for t, _ in col), max(t for _, t in col))]) if col else ("", [])
 
 
-def _fold(s: TraceSummary, lines, site_of, keep=lambda t0, t1: True) -> None:
-    """Add the call lines (marks are not calls) to s; keep: which of them (a window)."""
+# Which call an instant of a process's window is given to when several of its threads are in calls at once (a
+# training step's main thread waiting in a readback while the autograd thread pays launch tolls): a call that pays
+# a toll on the host before the waits its tolls cause, a crossing before a synchronize. Summed over threads, the
+# same instant counted in each (DDP's ranks: 19% to 224% of their slowdowns, bench/RESULTS.md 2026-11-26).
+FIRST = {"launch": 0, "collective": 0, "context": 0, "alloc": 0, "crossing": 1, "sync": 2, "query": 3, "timing": 3}
+
+
+def exclusive(calls: list[tuple[int, int, str]], spans: list[tuple[int, int]]) -> list[int]:
+    """Each call's (t0, t1, kind) time inside the spans that no call before it in FIRST's order (then by entry)
+    already holds: the process's window, each instant counted once; what no call holds is host work."""
+    held: list[tuple[int, int]] = []  # disjoint, sorted: the instants given so far
+    out = [0] * len(calls)
+    for rank in sorted({FIRST.get(k, 3) for _, _, k in calls}):
+        group = sorted((max(t0, a), min(t1, b), i) for i, (t0, t1, k) in enumerate(calls) if FIRST.get(k, 3) == rank
+                       for a, b in spans if min(t1, b) > max(t0, a))
+        taken, reach = [], -1
+        ends = [e for _, e in held]
+        for a, b, i in group:
+            a = max(a, reach)  # an earlier call of this rank (another thread) holds up to reach
+            if b > a:
+                out[i] += b - a - _overlap(held, ends, a, b)
+                taken.append((a, b))
+            reach = max(reach, b)
+        held = _union(held + taken)
+    return out
+
+
+def _overlap(held: list[tuple[int, int]], ends: list[int], a: int, b: int) -> int:
+    """How much of [a, b) the sorted disjoint intervals hold."""
+    n, j = 0, bisect.bisect_right(ends, a)
+    while j < len(held) and held[j][0] < b:
+        n += min(b, held[j][1]) - max(a, held[j][0])
+        j += 1
+    return n
+
+
+def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _fold(s: TraceSummary, lines, site_of, spans: list[tuple[int, int]] | None = None) -> None:
+    """Add the call lines (marks are not calls) to s; spans: only the calls in them (a window), each call's time
+    cut to them (a call the window starts inside counts its time in the window, not the call: a rank's readback
+    that waited for the job's other ranks to arrive) and counted once where several threads were in calls at once
+    (exclusive())."""
     first = last = None
+    lines = list(lines)
+    calls = [(t0, t1, row["kind"]) for t0, t1, row in lines if row["kind"] != "mark"]
+    alone = iter(exclusive(calls, spans) if spans is not None else [t1 - t0 for t0, t1, _ in calls])
     for t0, t1, row in lines:
         first, last = t0 if first is None else min(first, t0), t1 if last is None else max(last, t1)
-        if row["kind"] == "mark" or not keep(t0, t1):
+        if row["kind"] == "mark":
             continue
+        in_call, counted = next(alone), True
+        if spans is not None:
+            counted = any(a <= t0 < b for a, b in spans)
+            if not counted and not in_call:
+                continue
         key = (row["api"], row["dir"] or "-", row["mem"] or "-")
-        _add(s.by_api, key, row, t1 - t0)
+        add = _add if counted else _add_time
+        add(s.by_api, key, row, in_call)
         if site_of is not None:
-            _add(s.by_site, (site_of.label(row["site"]), *key), row, t1 - t0)
+            add(s.by_site, (site_of.label(row["site"]), *key), row, in_call)
     if first is not None:
         s.span_ns += last - first
         s.first_ns = first if s.first_ns is None else min(s.first_ns, first)
@@ -269,12 +337,44 @@ def _process(path: str, pid: int, s: TraceSummary, meta: dict) -> ProcessTrace:
     _fold(s, lines, site_of)
     kind, spans = windows(lines)
     own = TraceSummary(processes=1, profiles=set(s.profiles), emulated=s.emulated)
-    _fold(own, lines, site_of, (lambda t0, t1: any(a <= t0 and t1 <= b for a, b in spans)) if spans else
-          (lambda t0, t1: True))
+    _fold(own, lines, site_of, spans or None)
     rank = meta.get(pid, {}).get("rank", -1)
     return ProcessTrace(pid, rank if isinstance(rank, int) and rank >= 0 else None,
                         int(meta.get(pid, {}).get("ranks", 0) or 0), kind,
-                        sum(b - a for a, b in spans) if spans else own.span_ns, own)
+                        sum(b - a for a, b in spans) if spans else own.span_ns, own, spans, path)
+
+
+def job_windows(procs: list[ProcessTrace]) -> list[list[ProcessTrace]]:
+    """The ranks of each job, its steady state made one: every rank's window cut to the part all the job's ranks
+    are in (span by span: the latest begin to the earliest end). A rank that reached its begin mark first waits
+    for the last one inside its first collective (its readback, with graphs), which is start-up skew, not the
+    steady state: with its own window it would count that wait and the last rank none of it (issue 31: 4 ranks'
+    windows 331.9 to 358.1 ms, ends within 0.1 ms, begins 10 ms apart). A job: one rank of each number of a world
+    size, whose windows overlap; where the ranks' spans do not pair up (other counts, or no overlap) each keeps
+    its own. Returns the jobs made one."""
+    jobs: list[list[ProcessTrace]] = []
+    for p in sorted((p for p in procs if p.rank is not None and p.ranks > 1 and p.spans), key=lambda p: p.spans[0]):
+        job = next((j for j in jobs if len(j) < p.ranks and j[0].ranks == p.ranks and p.rank not in
+                    {q.rank for q in j} and p.spans[0][0] < min(q.spans[-1][1] for q in j)), None)
+        if job is None:
+            jobs.append([p])
+        else:
+            job.append(p)
+    made = []
+    for job in jobs:
+        n = len(job[0].spans)
+        if len(job) < 2 or any(len(q.spans) != n for q in job):
+            continue
+        common = [(max(q.spans[i][0] for q in job), min(q.spans[i][1] for q in job)) for i in range(n)]
+        if any(a >= b for a, b in common) or all(q.spans == common for q in job):
+            continue
+        made.append(job)
+        for q in job:
+            own = TraceSummary(processes=1, profiles=set(q.summary.profiles), emulated=q.summary.emulated)
+            scratch = TraceSummary()
+            _fold(own, list(_rows(q.path, scratch)), sites.for_trace(q.path), common)
+            q.summary, q.spans, q.window_ns = own, common, sum(b - a for a, b in common)
+    return made
 
 
 # <prefix>.<pid>.summary.json, as the interposer writes it (native/emu/trace.c): call and crossing counts.
@@ -318,6 +418,7 @@ def summarize(prefix: str) -> TraceSummary:
         s.processes += 1
     for pid, path in _files(prefix, "csv"):
         s.procs.append(_process(path, pid, s, meta))
+    job_windows(s.procs)
     return s
 
 

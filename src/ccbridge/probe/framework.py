@@ -203,7 +203,7 @@ def copies(ctx):
                     dst.copy_(src, non_blocking=True)
 
                 pilot = per_iteration_us(one, torch.cuda.synchronize, 1, 1)[0] * 1e-6
-                k = plan_iters(pilot, ctx.pick(0.1, 0.05), 2, 200)
+                k = plan_iters(pilot, ctx.pick(0.1, 0.03), 2, 200)
                 samples = paired_us(one, torch.cuda.synchronize, k, reps, warm=1, settle=True)
                 got = paired_rows(COPY, "bandwidth", "GB/s", samples,
                                   lambda us: nbytes / (us * 1e-6) / 1e9, dir=direction, mem=mem, bytes=nbytes)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+import threading
 import time
 import traceback
 from contextlib import contextmanager
@@ -109,12 +110,14 @@ class Settings:
 
 @dataclass
 class Machine:
-    """What the runner found, with the reason for each missing capability."""
+    """What the runner found, with the reason for each missing capability. Whether torch can use CUDA is asked
+    when a test first needs torch (check_torch): its import takes seconds, which the tests without it hide."""
     gpu_count: int = 0
     missing: dict[str, str] = field(default_factory=dict)
+    torch_checked: bool = False
 
     @classmethod
-    def detect(cls, device: int) -> "Machine":
+    def detect(cls, device: int, torch_now: bool = True) -> "Machine":
         m = cls()
         try:
             m.gpu_count = core.device_count()
@@ -126,14 +129,21 @@ class Machine:
             m.missing["gpu"] = "the CUDA driver sees no GPU"
         if m.gpu_count < 2:
             m.missing["multi_gpu"] = f"needs 2+ GPUs, {m.gpu_count} visible"
+        if torch_now:
+            m.check_torch()
+        return m
+
+    def check_torch(self) -> None:
+        if self.torch_checked:
+            return
+        self.torch_checked = True
         try:
             import torch  # deferred: torch, an optional dependency (seconds of import)
 
             if not torch.cuda.is_available():
-                m.missing["torch"] = "torch cannot use CUDA here"
+                self.missing["torch"] = "torch cannot use CUDA here"
         except ImportError:
-            m.missing["torch"] = "torch is not installed (pip install 'ccbridge[torch]')"
-        return m
+            self.missing["torch"] = "torch is not installed (pip install 'ccbridge[torch]')"
 
 
 class ProbeContext:
@@ -176,24 +186,80 @@ def prestart(settings: Settings) -> dict[str, Any]:
     return started
 
 
+_torch_import: threading.Thread | None = None  # import_torch_early's thread, which _host_quiet waits for
+
+
+def import_torch_early() -> threading.Thread:
+    """torch's import (seconds) on a thread of its own, started first thing: run() takes the tests that need no
+    torch first (their timing is the native core's, in C, which a busy interpreter thread does not move), and the
+    first test that needs torch finds it imported. Only a host-only test waits for it (_host_quiet)."""
+    def work():
+        try:
+            import torch  # noqa: F401 - deferred: torch, whose import is the point of this thread
+        except ImportError:
+            pass  # check_torch says so, in its words, when a test needs it
+
+    global _torch_import
+    th = _torch_import = threading.Thread(target=work, name="ccbridge-import-torch", daemon=True)
+    th.start()
+    return th
+
+
+def _host_quiet() -> None:
+    """A host-only measurement (the CPU's own rates) waits for torch's import: that would share what it measures."""
+    if _torch_import is not None:
+        _torch_import.join()
+
+
 def run(settings: Settings, env: dict[str, Any], progress=None, started: dict[str, Any] | None = None) -> Result:
-    """Run the selected tests; progress is an optional ui.Progress-like object, started what prestart() gave."""
+    """Run the selected tests; progress is an optional ui.Progress-like object, started what prestart() gave. The
+    tests that need no torch run first, with this device's primary context held for them all (one context for the
+    families that share it, as torch's held it for them when torch's tests ran first); the result lists everything
+    in the selection's order."""
     t_start = time.perf_counter()
     tests = select(settings.tests)
     started = prestart(settings) if started is None else started
     try:
-        machine = Machine.detect(settings.device)
+        machine = Machine.detect(settings.device, torch_now=False)
         result = Result(kind="probe", env=env, settings={"device": settings.device, "quick": settings.quick,
                                                          "tests": [t.name for t in tests], "missing": machine.missing,
                                                          "timer": settings.timer, "seconds": {}})
-        with _timer_env(settings.timer):
-            _run_tests(tests, settings, machine, result, progress, started)
+        with _timer_env(settings.timer), _primary_context(settings.device, machine, tests):
+            _run_tests(sorted(tests, key=lambda t: "torch" in t.needs), settings, machine, result, progress, started)
+        machine.check_torch()  # the result's list of what was missing, whether or not a test needed torch
     finally:
         for handle in started.values():
             if handle is not None:
                 handle.close()
+    _selection_order(result, [t.name for t in tests])
     result.duration_s = round(time.perf_counter() - t_start, 2)
     return result
+
+
+@contextmanager
+def _primary_context(device: int, machine: Machine, tests):
+    """The device's primary context retained for the run (no test's session makes and destroys it anew)."""
+    session = None
+    if "gpu" not in machine.missing and any("gpu" in t.needs for t in tests):
+        try:
+            session = core.Session(device, "pinned", 64)
+        except GpuError:
+            session = None  # each test meets the failure itself, in its own words
+    try:
+        yield
+    finally:
+        if session is not None:
+            session.close()
+
+
+def _selection_order(result: Result, names: list[str]) -> None:
+    """Rows, errors, skips and seconds in the order the tests were selected (they ran torch's last)."""
+    at = {n: i for i, n in enumerate(names)}
+    result.rows.sort(key=lambda r: at.get(r.test, len(at)))
+    result.errors.sort(key=lambda e: at.get(e["test"], len(at)))
+    result.skipped.sort(key=lambda e: at.get(e["test"], len(at)))
+    secs = result.settings["seconds"]
+    result.settings["seconds"] = {n: secs[n] for n in names if n in secs}
 
 
 @contextmanager
@@ -212,6 +278,10 @@ def _timer_env(timer: str):
 
 def _run_tests(tests, settings: Settings, machine: Machine, result: Result, progress, started: dict) -> None:
     for t in tests:
+        if "torch" in t.needs:
+            machine.check_torch()
+        if "gpu" not in t.needs:
+            _host_quiet()
         lacking = [machine.missing[n] for n in t.needs if n in machine.missing]
         if lacking:
             result.skipped.append({"test": t.name, "reason": lacking[0]})

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ccbridge import busbw, choices, pluginenv, ranks
+from ccbridge import busbw, choices, marks, pluginenv, ranks
 from ccbridge import env as envmod
 from ccbridge.errors import GpuError
 from ccbridge.gputimer import time_ms as gpu_time_ms
@@ -169,14 +169,40 @@ def _sync() -> None:
 
 
 def _time(fn, iters: int, warmup: int) -> float:
+    """Seconds per call of fn over iters back-to-back calls after warmup; the timed calls between
+    ccbridge.mark("begin") and ("end"): this rank's window for `ccbridge account` (warm-up apart)."""
     for _ in range(warmup):
         fn()
     _sync()
+    marks.mark("begin")
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
     _sync()
-    return (time.perf_counter() - t0) / iters
+    took = (time.perf_counter() - t0) / iters
+    marks.mark("end")
+    return took
+
+
+def timed_steps(step, warmup: int, iters: int, between=lambda: None, sync=_sync) -> tuple[list[float], list]:
+    """warmup + iters calls of step, each between two synchronizes, and between() after each but the last: the
+    timed ones' seconds and every call's result. The timed steps lie between ccbridge.mark("begin") and ("end"):
+    this rank's window for `ccbridge account` (its steady state: warm-up and what follows the loop apart)."""
+    times, out = [], []
+    for i in range(warmup + iters):
+        sync()
+        if i == warmup:
+            marks.mark("begin")
+        t0 = time.perf_counter()
+        out.append(step())
+        sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+        if i < warmup + iters - 1:
+            between()
+    if iters:
+        marks.mark("end")
+    return times, out
 
 
 def _collectives_rank(rank, n, op, size_list, dtype_name, iters, warmup, backend, secure=True, say=_show):
@@ -369,16 +395,8 @@ def _ddp_rank(rank, n, models, plan, iters, warmup, backend, wrap="ddp", say=_sh
                 if mode == "secure":
                     model.register_comm_hook(g, allreduce_hook)
             opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-            times, losses = [], []
-            for i in range(warmup + iters):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                losses.append(_step(model, name, batch, opt))
-                torch.cuda.synchronize()
-                if i >= warmup:
-                    times.append(time.perf_counter() - t0)
-                if i < warmup + iters - 1:
-                    opt.zero_grad(set_to_none=True)
+            times, losses = timed_steps(lambda: _step(model, name, batch, opt), warmup, iters,
+                                        lambda: opt.zero_grad(set_to_none=True), torch.cuda.synchronize)
             agree = _grads_agree(base) if wrap == "ddp" else None  # the last step's gradients
             opt.zero_grad(set_to_none=True)
             rows.append({"model": name, "params": params, "nranks": n, "mode": mode, "wrap": wrap,

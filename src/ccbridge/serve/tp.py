@@ -27,7 +27,8 @@ token and whether it was a near tie are information, not failure.
 Each row also says what the step is made of (rank 0's): its weight bytes read per step and the HBM roofline they
 give at this GPU's measured copy rate (which counts read plus write, as the probe's device copy does), the GPU
 time of the step's all-reduces (captured and replayed alone, natively), and so the native step outside the
-collectives over the roofline. Under the emulator each (batch, mode) is also run with emulation paused in the
+collectives over the roofline, and the roofline's share of the step's GPU busy time (hbm_share: what a
+projection to a faster GPU takes as F, `--project-by hbm:F`; emulate/targets.py). Under the emulator each (batch, mode) is also run with emulation paused in the
 same processes (emulate.interposer.emulation_paused): the native step, and the predicted emulated step (the
 native step plus each toll the step pays: collectives x (per-op toll + bandwidth term), the graph or kernel
 launches, the crossings and the readback's round trip) beside the measured one.
@@ -264,6 +265,12 @@ def _step_rows(got: dict, n: int, model: str, graphs: bool, params: dict) -> lis
         out[-2].extra.update(weight_bytes=st["weight_bytes"], copy_gbps=st["copy_gbps"],
                              what="this GPU's weight bytes per step at its measured copy rate (read plus write)")
         out[-1].extra["outside_collectives_ms"] = outside
+        busy = next(r for r in got["rows"] if r.metric == "tok_per_s").extra.get("gpu_busy")
+        if busy:  # the GPU is never dilated nor emulated: its busy ms are this GPU's in any run
+            gpu_ms = busy * measured.median
+            out.append(Row.of(TEST, "hbm_share", "of GPU time", [min(1.0, roof / gpu_ms)], **p))
+            out[-1].extra.update(gpu_busy_ms=gpu_ms, what="the step's GPU time at its HBM roofline: the F of "
+                                                          "--project-by hbm:F for this step")
     if st["native_step_ms"]:
         out.append(Row.of(TEST, "native_step_ms", "ms", native, **p))
         out[-1].extra["what"] = "the same runs with emulation paused, in the same processes"

@@ -73,6 +73,7 @@ int cu_open(void) {
         {(void **)&cu.ModuleLoadData, "cuModuleLoadData"},
         {(void **)&cu.ModuleUnload, "cuModuleUnload"},
         {(void **)&cu.ModuleGetFunction, "cuModuleGetFunction"},
+        {(void **)&cu.FuncSetAttribute, "cuFuncSetAttribute"},
         {(void **)&cu.LaunchKernel, "cuLaunchKernel"},
         {(void **)&cu.StreamBeginCapture, "cuStreamBeginCapture_v2"},
         {(void **)&cu.StreamEndCapture, "cuStreamEndCapture"},

@@ -11,9 +11,11 @@
  * N sessions on the primary context (threads), N sessions with contexts of
  * their own, or one session per process.
  */
+#define _GNU_SOURCE /* RTLD_DEFAULT */
 #include "core.h"
 #include "../common/spin_ptx.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -539,6 +541,22 @@ static int stamp_fn(CUcontext ctx, int fresh, CUfunction *out) {
     return 0;
 }
 
+/* The stamp is an instrument, not the program's work: under the emulator (preloaded) it is launched through the
+ * driver's own entry point, so it pays no emulated launch toll (events pay none either: the two timers measure the
+ * same window) and no trace counts it as a launch. Without the emulator, the driver's entry point as it is. */
+typedef CUresult launch_fn(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                           void **, void **);
+static launch_fn *stamp_launcher(void) {
+    static launch_fn *fn;
+    launch_fn *f = __atomic_load_n(&fn, __ATOMIC_ACQUIRE);
+    if (f) return f;
+    void *(*real)(const char *) = (void *(*)(const char *))dlsym(RTLD_DEFAULT, "ccbemu_real");
+    f = real ? (launch_fn *)real("cuLaunchKernel") : NULL;
+    if (!f) f = (launch_fn *)cu.LaunchKernel;
+    __atomic_store_n(&fn, f, __ATOMIC_RELEASE);
+    return f;
+}
+
 int ccb_stamp(void *st, unsigned long long at) {
     CUcontext ctx = NULL;
     CUfunction fn = NULL;
@@ -548,7 +566,7 @@ int ccb_stamp(void *st, unsigned long long at) {
     void *p[] = {&at};
     for (int fresh = 0; fresh < 2; fresh++) {
         if (stamp_fn(ctx, fresh, &fn) != 0) return -1;
-        CUresult rc = cu.LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, (CUstream)st, p, NULL);
+        CUresult rc = stamp_launcher()(fn, 1, 1, 1, 1, 1, 1, 0, (CUstream)st, p, NULL);
         if (rc == 0) return 0;
         if (fresh || (rc != 400 && rc != 201 && rc != 709)) return cu_fail(rc, "launching the stamp kernel");
         /* invalid handle or context: a stale function of a context since destroyed; load it anew, once */

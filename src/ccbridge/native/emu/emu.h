@@ -383,6 +383,9 @@ EMU_API int ccbemu_summary(char *buf, int len);
 EMU_API int ccbemu_coverage(char *buf, int len); /* coverage JSON, as written at exit */
 EMU_API const char *ccbemu_hook_name(int i);   /* hook table row i; NULL past the end */
 EMU_API void *ccbemu_lookup(const char *name);  /* the hook for a driver entry point */
+/* The driver's own entry point behind a hook (NULL: not hooked or not found): for ccbridge's instruments, the
+ * probe core's %globaltimer stamp, which must neither pay an emulated toll nor be traced as the program's work. */
+EMU_API void *ccbemu_real(const char *name);
 EMU_API int ccbemu_seal(const uint8_t *key, const uint8_t *iv, const void *in, size_t len, void *out, uint8_t *tag);
 /* the fake driver (fake.c) */
 EMU_API void *ccbemu_fake_alloc(size_t n, int type);

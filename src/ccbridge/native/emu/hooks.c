@@ -255,6 +255,13 @@ void *ccbemu_lookup(const char *name) {
     return i < 0 ? NULL : kHooks[i];
 }
 
+void *ccbemu_real(const char *name) {
+    int i = emu_hook_index(name);
+    if (i < 0) return NULL;
+    emu_init();
+    return __atomic_load_n(&g_real[i], __ATOMIC_RELAXED);
+}
+
 #define REAL(n) ((n##_t *)g_real[H_##n])
 /* t0_: when the call began, for the trace (0: not tracing) */
 #define ENTER(n)                                                            \

@@ -4,15 +4,16 @@
  * handles blocks t, t+T, ... of it: counter-mode keystream, coalesced 16-byte
  * loads and stores, and its GHASH share. Shares are XOR-reduced across the CTA
  * and thread 0 finishes the tag. The T-table sits in shared memory once per
- * bank so lookups never conflict; round keys are read from the launch's
- * parameters (constants), the GHASH table from shared memory.
- *
- * Design choices still measured side by side (bench/gcm_variants.py), fixed at
- * compile time:
- *   GCM_GHASH_TABLE  1: the per-block multiply by H^T by nibble table (gcm_mul_tab,
- *                    8 KiB of shared memory); 0: by emulated carry-less multiply
- *   GCM_CTR_CACHE    1: counter-mode caching of rounds 1-2 (gcm_ctr_aes); 0: all rounds
+ * bank so lookups never conflict: Te0 and Te2 interleaved (64 KiB of dynamic
+ * shared memory, gcm.h), one rotation per round word instead of three; round
+ * keys are read from the launch's parameters (constants); rounds 1-2 of the
+ * counter blocks are cached (gcm_ctr_aes); GHASH's per-block multiply by H^T is
+ * a nibble table in shared memory (gcm_mul_tab). Each of these was measured
+ * against the one it replaced (bench/RESULTS.md, 2026-11-26 session 10: the
+ * kernel encrypts 1.83x and runs the fused hop 1.85x as fast as the first one).
+ * Occupancy stays a compile-time choice that bench/gcm_variants.py measures:
  *   GCM_CRYPT_CTAS   ccb_gcm_crypt's CTAs per SM for __launch_bounds__ (3: at most 80 registers)
+ *   GCM_REDUCE_CTAS  the same for ccb_gcm_reduce (3: 80 registers, no spills; 2: 128)
  *
  * Built by setup.py (nvcc -fatbin) when nvcc is present; loaded and launched
  * through the driver API by gcm_host.c.
@@ -22,64 +23,53 @@
 
 #include "gcm.h"
 
-#ifndef GCM_GHASH_TABLE
-#define GCM_GHASH_TABLE 1
-#endif
-#ifndef GCM_CTR_CACHE
-#define GCM_CTR_CACHE 1
-#endif
 #ifndef GCM_CRYPT_CTAS
 #define GCM_CRYPT_CTAS 3
+#endif
+#ifndef GCM_REDUCE_CTAS
+#define GCM_REDUCE_CTAS 3
 #endif
 
 #define LANES 32
 
 enum { DT_F32, DT_F16, DT_BF16, DT_F64, DT_I32, DT_I64, DT_U8 };
 
+/* In dynamic shared memory (gcm_smem, GCM_SMEM_BYTES: more than a static array may take), laid out as gcm.h
+ * says. */
 struct cta_state {
-    uint32_t T[256 * LANES];
-#if GCM_GHASH_TABLE
+    uint32_t T[GCM_SMEM_TE / 4];
     alignas(16) uint8_t G[GCM_GH_BYTES];
-#endif
     gcm_u128 part[GCM_THREADS / 32];
     int bad;
 };
+static_assert(sizeof(cta_state) <= GCM_SMEM_BYTES, "gcm.h's GCM_SMEM_BYTES must hold cta_state");
+#define CTA_STATE(s) cta_state &s = *reinterpret_cast<cta_state *>(gcm_smem)
+
+/* Its presence in the module tells gcm_host.c to launch with GCM_SMEM_BYTES of dynamic shared memory. */
+extern "C" __global__ void ccb_gcm_dynamic_smem(void) {}
 
 __device__ static void load_key(cta_state &s, const gcm_key *k) {
-    for (int i = threadIdx.x; i < 256 * LANES; i += blockDim.x) s.T[i] = k->te0[i / LANES];
-#if GCM_GHASH_TABLE
+    for (int i = threadIdx.x; i < GCM_SMEM_TE / 4; i += blockDim.x) {
+        uint32_t e = k->te0[i >> 6];
+        s.T[i] = i & 32 ? gcm_ror(e, 16) : e; /* row x: 32 copies of Te0[x], then 32 of Te2[x] */
+    }
     for (int i = threadIdx.x; i < GCM_GH_BYTES / 16; i += blockDim.x)
         reinterpret_cast<uint4 *>(s.G)[i] = reinterpret_cast<const uint4 *>(k->ghtab)[i];
-#endif
     __syncthreads();
 }
 
-/* The shared-memory address of p, made after load_key's barrier: the tables are read by asm that names no
- * memory, which must not move above the barrier. */
-__device__ static uint32_t smem_addr(const void *p) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("mov.u32 %0, %0;" : "+r"(a));
-    return a;
-}
-
-/* What a thread reads its tables by, made once after load_key: its own bank's copy of the T-table, the GHASH
- * table, and hT = H^T for the carry-less multiply. */
+/* What a thread reads its tables by, made once after load_key: its own bank's copy of the T-table and the
+ * GHASH table. */
 struct tables {
     gcm_tab T;
     gcm_addr G;
-    gcm_u128 hT;
 };
 
-__device__ static tables tables_of(const cta_state &s, const gcm_key *k) {
+__device__ static tables tables_of(void) {
     tables tb;
-    tb.T.T = smem_addr(s.T + (threadIdx.x & (LANES - 1)));
-    tb.T.S = 7;
-#if GCM_GHASH_TABLE
-    tb.G = smem_addr(s.G);
-#else
-    tb.G = 0;
-#endif
-    tb.hT = k->hpow[GCM_THREADS - 1];
+    tb.T.T = 4 * (threadIdx.x & (LANES - 1)); /* offsets into gcm_smem, read by plain loads */
+    tb.T.S = 8;
+    tb.G = offsetof(cta_state, G);
     return tb;
 }
 
@@ -94,26 +84,18 @@ __device__ static ctr_state ctr_begin(const tables &tb, const gcm_msg &m, uint32
     uint32_t w[4];
     gcm_counter(&m, c, 0, w);
     for (int j = 0; j < 3; j++) k.x[j] = w[j] ^ m.rk[j];
-#if GCM_CTR_CACHE
     gcm_ctr_fill(tb.T, m.rk, k.x, (threadIdx.x + 2) ^ m.rk[3], &k.cc);
-#endif
     return k;
 }
 
 /* The keystream of block i (memory order). */
 __device__ static uint4 keystream(const tables &tb, const gcm_msg &m, ctr_state &k, uint32_t i) {
     uint32_t ks[4];
-#if GCM_CTR_CACHE
     gcm_ctr_aes(tb.T, m.rk, k.x, &k.cc, i + 2, ks);
-#else
-    uint32_t st[4] = {k.x[0], k.x[1], k.x[2], (i + 2) ^ m.rk[3]};
-    gcm_aes_from(tb.T, m.rk, 1, st, ks);
-#endif
     return make_uint4(ks[0], ks[1], ks[2], ks[3]);
 }
 
-/* A thread's GHASH share: Horner with hT over its blocks (memory order). */
-#if GCM_GHASH_TABLE
+/* A thread's GHASH share: Horner with H^T (by gcm_mul_tab) over its blocks (memory order). */
 typedef uint4 gh_acc;
 
 __device__ static void gh_step(const tables &tb, gh_acc &a, uint4 cb) {
@@ -126,16 +108,6 @@ __device__ static gcm_u128 gh_value(gh_acc a) {
     uint32_t w[4] = {a.x, a.y, a.z, a.w};
     return gcm_from_raw(w);
 }
-#else
-typedef gcm_u128 gh_acc;
-
-__device__ static void gh_step(const tables &tb, gh_acc &a, uint4 cb) {
-    uint32_t w[4] = {cb.x, cb.y, cb.z, cb.w};
-    a = gcm_xor(gcm_mul(a, tb.hT), gcm_from_raw(w));
-}
-
-__device__ static gcm_u128 gh_value(gh_acc a) { return a; }
-#endif
 
 __device__ static gcm_u128 shfl_xor(gcm_u128 v, int d) {
     v.hi = __shfl_xor_sync(0xffffffffu, v.hi, d);
@@ -218,9 +190,9 @@ __device__ static void zero_pad(uint8_t *wire, const gcm_msg &m, uint32_t c) {
 
 extern "C" __global__ void __launch_bounds__(GCM_THREADS, GCM_CRYPT_CTAS)
 ccb_gcm_crypt(const gcm_key *key, gcm_msg m, int decrypt, const uint8_t *in, uint8_t *out, uint8_t *tags, int *fail) {
-    __shared__ cta_state s;
+    CTA_STATE(s);
     load_key(s, key);
-    const tables tb = tables_of(s, key);
+    const tables tb = tables_of();
     for (uint32_t c = blockIdx.x; c < m.nchunks; c += gridDim.x) {
         uint64_t off = (uint64_t)c * m.chunk_bytes, len = gcm_chunk_len(&m, c);
         uint32_t nb = (uint32_t)((len + 15) / 16);
@@ -294,12 +266,12 @@ __device__ static uint4 add16(uint4 a, uint4 b, int dtype) {
     return r;
 }
 
-extern "C" __global__ void __launch_bounds__(GCM_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(GCM_THREADS, GCM_REDUCE_CTAS)
 ccb_gcm_reduce(const gcm_key *key, gcm_msg min, gcm_msg mout, int dtype, const uint8_t *in, const uint8_t *tin,
                const uint8_t *local, uint8_t *plain, uint8_t *out, uint8_t *tout, int *fail) {
-    __shared__ cta_state s;
+    CTA_STATE(s);
     load_key(s, key);
-    const tables tb = tables_of(s, key);
+    const tables tb = tables_of();
     for (uint32_t c = blockIdx.x; c < min.nchunks; c += gridDim.x) {
         uint64_t off = (uint64_t)c * min.chunk_bytes, len = gcm_chunk_len(&min, c);
         uint32_t nb = (uint32_t)((len + 15) / 16);

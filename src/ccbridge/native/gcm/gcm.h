@@ -204,12 +204,28 @@ GCM_FN gcm_addr gcm_at(gcm_addr T, uint32_t x, int S) {
 #endif
 }
 
-/* The 32-bit word at a (shared memory in the kernels: their tables are constant once loaded). */
+/* The kernels read the paired layout below; the host model reads Te0 plainly (and takes Te2 as its rotation). */
+#if defined(__CUDA_ARCH__)
+#define GCM_PAIR_DEV 1
+#else
+#define GCM_PAIR_DEV 0
+#endif
+
+/* The paired layout's dynamic shared memory (gcm.cu's cta_state): Te0 and Te2 = ror16(Te0) interleaved, entry x
+ * of lane l's copy at x * 256 + 4l (Te0) and + 128 (Te2): 64 KiB, so an entry's address is one byte permute
+ * ((x << 8) | 4l); the GHASH table; the CTA's partial sums. gcm_host.c launches with GCM_SMEM_BYTES. */
+#define GCM_SMEM_TE 65536
+#define GCM_SMEM_BYTES (GCM_SMEM_TE + 32 * 256 + 8 * 16 + 16)
+
+#if GCM_PAIR_DEV
+extern __shared__ __align__(16) uint8_t gcm_smem[];
+#endif
+
+/* The 32-bit word at a (shared memory in the kernels: their tables are constant once loaded), read by plain
+ * loads at offsets into gcm_smem (a constant base that ptxas folds into the load). */
 GCM_FN uint32_t gcm_ld32(gcm_addr a) {
-#ifdef __CUDA_ARCH__
-    uint32_t v;
-    asm("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a));
-    return v;
+#if GCM_PAIR_DEV
+    return *reinterpret_cast<const uint32_t *>(gcm_smem + a);
 #else
     uint32_t v;
     memcpy(&v, a, 4);
@@ -217,15 +233,32 @@ GCM_FN uint32_t gcm_ld32(gcm_addr a) {
 #endif
 }
 
-GCM_FN uint32_t gcm_te(gcm_tab t, uint32_t s, int k) { return gcm_ld32(gcm_at(t.T, gcm_byte(s, k), t.S)); }
+/* Te0[byte k of s]; in the paired layout t.T is the lane's 4l and the address one byte permute. */
+GCM_FN uint32_t gcm_te(gcm_tab t, uint32_t s, int k) {
+#if GCM_PAIR_DEV
+    return gcm_ld32(__byte_perm(t.T, s, 0x1100 | ((4 + k) << 4)));
+#else
+    return gcm_ld32(gcm_at(t.T, gcm_byte(s, k), t.S));
+#endif
+}
 
-/* One full round with round key k, in place. */
+/* Te2[byte k of s] = ror16(Te0[...]): its own lookup in the paired layout, a rotation otherwise. */
+GCM_FN uint32_t gcm_te2(gcm_tab t, uint32_t s, int k) {
+#if GCM_PAIR_DEV
+    return gcm_ld32(128 + __byte_perm(t.T, s, 0x1100 | ((4 + k) << 4)));
+#else
+    return gcm_ror(gcm_te(t, s, k), 16);
+#endif
+}
+
+/* One full round with round key k, in place: Te0[a] ^ ror8(Te0[b]) ^ ror16(Te0[c]) ^ ror24(Te0[d]) ^ k, taken
+ * as Te0[a] ^ Te2[c] ^ ror8(Te0[b] ^ Te2[d]) ^ k (one rotation; the model too). */
 GCM_FN void gcm_round(gcm_tab t, const uint32_t *k, uint32_t s[4]) {
     uint32_t r[4];
     GCM_UNROLL
     for (int j = 0; j < 4; j++)
-        r[j] = gcm_te(t, s[j], 3) ^ gcm_ror(gcm_te(t, s[(j + 1) & 3], 2), 8) ^
-               gcm_ror(gcm_te(t, s[(j + 2) & 3], 1), 16) ^ gcm_ror(gcm_te(t, s[(j + 3) & 3], 0), 24) ^ k[j];
+        r[j] = gcm_te(t, s[j], 3) ^ gcm_te2(t, s[(j + 2) & 3], 1) ^
+               gcm_ror(gcm_te(t, s[(j + 1) & 3], 2) ^ gcm_te2(t, s[(j + 3) & 3], 0), 8) ^ k[j];
     GCM_UNROLL
     for (int j = 0; j < 4; j++) s[j] = r[j];
 }
@@ -263,7 +296,7 @@ GCM_FN void gcm_ctr_mix(gcm_tab t, const uint32_t base[4], uint32_t t1, uint32_t
     out[0] = base[0] ^ gcm_ror(gcm_te(t, t1, 2), 8);
     out[1] = base[1] ^ gcm_te(t, t1, 3);
     out[2] = base[2] ^ gcm_ror(gcm_te(t, t1, 0), 24);
-    out[3] = base[3] ^ gcm_ror(gcm_te(t, t1, 1), 16);
+    out[3] = base[3] ^ gcm_te2(t, t1, 1);
 }
 
 /* x: the chunk's first three counter words XOR rk[0..2]; y: the last word XOR rk[3]. */
@@ -271,7 +304,7 @@ GCM_FN void gcm_ctr_fill(gcm_tab t, const uint32_t *rk, const uint32_t x[3], uin
     uint32_t s[4] = {x[0], x[1], x[2], y};
     gcm_round(t, rk + 4, s);
     uint32_t t1 = s[1];
-    cc->c1 = t1 ^ gcm_ror(gcm_te(t, y, 1), 16);
+    cc->c1 = t1 ^ gcm_te2(t, y, 1);
     gcm_round(t, rk + 8, s);
     gcm_ctr_mix(t, s, t1, cc->d); /* XOR cancels t1's terms out */
     cc->y = y;
@@ -282,7 +315,7 @@ GCM_FN void gcm_ctr_aes(gcm_tab t, const uint32_t *rk, const uint32_t x[3], gcm_
                         uint32_t out[4]) {
     uint32_t y = ctr ^ rk[3], s[4];
     if ((y ^ cc->y) & 0xffff00ffu) gcm_ctr_fill(t, rk, x, y, cc);
-    gcm_ctr_mix(t, cc->d, cc->c1 ^ gcm_ror(gcm_te(t, y, 1), 16), s);
+    gcm_ctr_mix(t, cc->d, cc->c1 ^ gcm_te2(t, y, 1), s);
     gcm_aes_from(t, rk, 3, s, out);
 }
 
@@ -295,7 +328,11 @@ GCM_FN void gcm_ctr_aes(gcm_tab t, const uint32_t *rk, const uint32_t x[3], gcm_
 
 /* o[0..1] ^= the 64 bits at a. */
 GCM_FN void gcm_xor64(gcm_addr a, uint32_t *o) {
-#ifdef __CUDA_ARCH__
+#if GCM_PAIR_DEV
+    uint2 v = *reinterpret_cast<const uint2 *>(gcm_smem + a);
+    o[0] ^= v.x;
+    o[1] ^= v.y;
+#elif defined(__CUDA_ARCH__)
     uint32_t x, y;
     asm("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x), "=r"(y) : "r"(a));
     o[0] ^= x;

@@ -198,9 +198,11 @@ enum { K_CRYPT, K_REDUCE, K_COUNT };
 static const char *const kernel_names[K_COUNT] = {"ccb_gcm_crypt", "ccb_gcm_reduce"};
 
 #define MAX_MODULES 64
+#define CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES 8 /* cuda.h's CUfunction_attribute */
 static struct {
     CUcontext ctx;
     CUfunction fn[K_COUNT];
+    unsigned smem; /* dynamic shared memory per launch: GCM_SMEM_BYTES for kernels built with the paired table */
 } g_mods[MAX_MODULES];
 static int g_nmods;
 static pthread_mutex_t g_mod_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -241,6 +243,22 @@ int ccb_gcm_load(int device, const void *image) {
             return -1;
         }
     }
+    /* kernels of the paired T-table in dynamic shared memory say so by a marker entry; older builds (the bench's
+     * legacy variant) keep their static shared memory and launch with none */
+    CUfunction marker;
+    g_mods[g_nmods].smem = 0;
+    if (cu.ModuleGetFunction(&marker, mod, "ccb_gcm_dynamic_smem") == 0) {
+        for (int k = 0; k < K_COUNT; k++) {
+            rc = cu.FuncSetAttribute(g_mods[g_nmods].fn[k], CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                     GCM_SMEM_BYTES);
+            if (rc) {
+                pthread_mutex_unlock(&g_mod_lock);
+                cu_fail(rc, "cuFuncSetAttribute(gcm kernel, max dynamic shared memory)");
+                return -1;
+            }
+        }
+        g_mods[g_nmods].smem = GCM_SMEM_BYTES;
+    }
     g_mods[g_nmods++].ctx = ctx;
     pthread_mutex_unlock(&g_mod_lock);
     return 0;
@@ -248,22 +266,27 @@ fail:
     return -1;
 }
 
-static CUfunction kernel(int which) {
+/* The kernel and its dynamic shared memory in the current context. */
+static CUfunction kernel(int which, unsigned *smem) {
     CUcontext cur = NULL;
     if (cu.CtxGetCurrent(&cur) != 0 || !cur) {
         set_err("no CUDA context is current on this thread (call ccb_gcm_load first)");
         return NULL;
     }
     for (int i = 0; i < g_nmods; i++)
-        if (g_mods[i].ctx == cur) return g_mods[i].fn[which];
+        if (g_mods[i].ctx == cur) {
+            *smem = g_mods[i].smem;
+            return g_mods[i].fn[which];
+        }
     set_err("the GCM kernels are not loaded in the current CUDA context");
     return NULL;
 }
 
 static int launch(int which, unsigned grid, CUstream stream, void **args) {
-    CUfunction f = kernel(which);
+    unsigned smem = 0;
+    CUfunction f = kernel(which, &smem);
     if (!f) return -1;
-    CUresult rc = cu.LaunchKernel(f, grid, 1, 1, GCM_THREADS, 1, 1, 0, stream, args, NULL);
+    CUresult rc = cu.LaunchKernel(f, grid, 1, 1, GCM_THREADS, 1, 1, smem, stream, args, NULL);
     return rc ? cu_fail(rc, "cuLaunchKernel(gcm)") : 0;
 }
 

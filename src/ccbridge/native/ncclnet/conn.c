@@ -30,9 +30,13 @@
  * the request completes when all k records have arrived, each once. The
  * header is sent in the clear: message sizes, counts and timing are visible
  * on the wire. A sender that closes cleanly
- * ends every lane with a FIN record (flags 1, no payload), so a lane cut
- * short (truncated, or the peer died) is told from the peer's normal end.
- * Anything else fails the connection and every request on it.
+ * ends every lane with a FIN record (flags 1, no payload). A lane whose
+ * socket ends at a record boundary without one (a rank that exits or dies
+ * without closing) ends only itself, like a FIN: the records it brought
+ * stand, and the connection fails once a receive needs a record the lane
+ * never carried (the message was cut short), or once every lane ended
+ * (nothing more can come). A socket that ends inside a record, and anything
+ * else, fails the connection and every request on it.
  *
  * Stages (CCBRIDGE_NET_PIPELINE = depth, default 2; 0: none): each lane
  * has a second thread, so that its cryptography overlaps its socket I/O.
@@ -340,6 +344,14 @@ static int record_key(lane *l, uint64_t seq, uint8_t iv[12]) {
     return 0;
 }
 
+/* r's records are all moved (by the lane that counted the last). Only a pending request completes: one
+ * that test() freed because the connection failed under it (another lane failed it while this lane
+ * still moved a record) stays free, never done */
+static void finish(req *r) {
+    int pending = REQ_PENDING;
+    atomic_compare_exchange_strong(&r->state, &pending, REQ_DONE);
+}
+
 /* ---- a lane's two stages: the ring between them ---- */
 
 static int halted(comm *c) { return c->stop || failed(c); }
@@ -391,7 +403,7 @@ static void ring_pop(lane *l) {
 static void finish_record(req *r, uint32_t k, const uint64_t *size) {
     if (atomic_fetch_add(&r->done, 1) + 1 == k) {
         if (size) r->size = *size;
-        atomic_store(&r->state, REQ_DONE);
+        finish(r);
     }
 }
 
@@ -494,10 +506,29 @@ static int busy(comm *c) {
     return any;
 }
 
+/* whether lane l, which its peer ended, leaves receive r (its plan known) short: l's share of r is its
+ * records j0, j0 + nlanes, ... below k, each lane brings its share of a message in that order, and l
+ * brought records up to its last one. Caller holds c->mu. */
+static int starves(const lane *l, const req *r) {
+    int nl = l->c->nlanes;
+    uint32_t j0 = (uint32_t)((l->idx - (int)r->first + nl) % nl);
+    if (j0 >= r->k) return 0;                                 /* no share in r */
+    if (!l->end_any || l->end_msg < r->msg) return 1;         /* none of it came */
+    return l->end_msg == r->msg && l->end_j + (uint64_t)nl < r->k; /* part of it came */
+}
+
+/* a receive that needs records lane l will never bring */
+static void fail_cut(comm *c, const lane *l, int how, uint64_t msg) {
+    fail(c, 0, ncclRemoteError, "lane %d: %s, before its records of message %llu", l->idx,
+         how == LANE_FIN ? "the peer closed the connection" : "the peer's socket ended without closing",
+         (unsigned long long)msg);
+}
+
 /* the posted receive of message msg, checked against the record's view of it (its size, and the
  * lane of its record 0 implied by where this record came); NULL after failing. A lane claims each
  * message once, at its first record of it; the message cannot finish before the lane counts that
- * record, so the lane keeps r for the message's later records. */
+ * record, so the lane keeps r for the message's later records. The first claim makes the message's
+ * plan known: a lane that ended before bringing its share fails it now. */
 static req *claim_message(lane *l, uint64_t msg, uint64_t size, uint32_t k, uint32_t first) {
     comm *c = l->c;
     pthread_mutex_lock(&c->mu);
@@ -506,29 +537,65 @@ static req *claim_message(lane *l, uint64_t msg, uint64_t size, uint32_t k, uint
                       : r->k && (r->total != size || r->first != first) ? "records of one message disagree on its size or layout"
                                                                          : NULL;
     size_t cap = r->size;
-    if (!bad && size <= cap && !r->k) r->k = k, r->total = size, r->first = first;
+    const lane *gone = NULL;
+    if (!bad && size <= cap && !r->k) {
+        r->k = k, r->total = size, r->first = first;
+        for (int i = 0; i < c->nlanes && !gone; i++)
+            if (c->lanes[i].ended && starves(&c->lanes[i], r)) gone = &c->lanes[i];
+    }
+    int how = gone ? gone->ended : LANE_OPEN;
     pthread_mutex_unlock(&c->mu);
     if (bad) fail(c, 0, ncclSystemError, "lane %d: %s", l->idx, bad);
     else if (size > cap)
         fail(c, 0, ncclSystemError, "the message (%llu bytes) is longer than the posted receive buffer (%zu bytes)",
              (unsigned long long)size, cap);
-    return bad || size > cap ? NULL : r;
+    else if (gone) fail_cut(c, gone, how, msg);
+    return bad || size > cap || gone ? NULL : r;
+}
+
+/* the peer ended lane l at a record boundary, with a FIN or its socket's end (how), after the record
+ * (last_msg, last_j) (any 0: none came): every record the lane will bring was counted, so the lane is
+ * done, and the connection too only where that costs a receive: a pending one that needs records the
+ * lane never brought (cut short), or, once every lane ended, any pending one (nothing more comes; a
+ * later receive meets the failure when posted). Quiet where it costs none, like a FIN. */
+static void lane_end(lane *l, int how, uint64_t last_msg, uint64_t last_j, int any) {
+    comm *c = l->c;
+    pthread_mutex_lock(&c->mu);
+    l->ended = how, l->end_msg = last_msg, l->end_j = last_j, l->end_any = any;
+    int all = ++c->ended == c->nlanes, pending = 0, eof_lane = -1;
+    uint64_t cut = UINT64_MAX;
+    for (int i = 0; i < MAX_REQS; i++) {
+        req *r = &c->reqs[i];
+        if (atomic_load(&r->state) != REQ_PENDING) continue;
+        pending = 1;
+        if (r->k && starves(l, r) && r->msg < cut) cut = r->msg;
+    }
+    for (int i = 0; i < c->nlanes && eof_lane < 0; i++)
+        if (c->lanes[i].ended == LANE_EOF) eof_lane = c->lanes[i].idx;
+    pthread_mutex_unlock(&c->mu);
+    if (cut != UINT64_MAX) fail_cut(c, l, how, cut);
+    else if (all && eof_lane >= 0)
+        fail(c, !pending, ncclRemoteError, "lane %d: the peer's socket ended without closing", eof_lane);
+    else if (all) fail(c, !pending, ncclRemoteError, "the peer closed the connection");
 }
 
 /* the next record's header (into h): what the last payload's read brought of it, then the rest;
- * lane 0 polls the socket for `spin` ns before it blocks */
+ * lane 0 polls the socket for `spin` ns before it blocks. 0, or -1 on an error or the socket's end,
+ * *eof then 1 at the record boundary (before the header's first byte), 2 inside the header */
 static int read_header(lane *l, uint8_t h[HEADER_BYTES], long spin, int *eof) {
     size_t got = l->have;
     memcpy(h, l->next, got);
     l->have = 0;
-    for (long t0 = spin ? now_ns() : 0; spin && got < HEADER_BYTES && now_ns() - t0 < spin && !l->c->stop;) {
-        ssize_t r = recv(l->fd, h + got, HEADER_BYTES - got, MSG_DONTWAIT);
+    for (long t0 = spin ? now_ns() : 0; got < HEADER_BYTES;) {
+        int polling = spin && now_ns() - t0 < spin && !l->c->stop;
+        ssize_t r = recv(l->fd, h + got, HEADER_BYTES - got, polling ? MSG_DONTWAIT : 0);
         if (r > 0) got += (size_t)r;
-        else if (r == 0) { *eof = 1; return -1; }
-        else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) relax();
+        else if (r == 0) { *eof = got ? 2 : 1; return -1; }
+        else if (errno == EINTR) continue;
+        else if (polling && (errno == EAGAIN || errno == EWOULDBLOCK)) relax();
         else return -1;
     }
-    return read_full(l->fd, h + got, HEADER_BYTES - got, eof);
+    return 0;
 }
 
 /* a record's n payload bytes into dst and its tag, in as few reads as the socket allows; a read
@@ -619,9 +686,11 @@ static void recv_lane(lane *l) {
         int eof = 0;
         if (read_header(l, h, last_k == 1 || c->nlanes == 1 ? spin : 0, &eof)) {
             if (c->stop || failed(c)) return;
-            /* no FIN first: cut short on the wire, or the peer died; loud only when it costs a request */
-            fail(c, !busy(c), ncclRemoteError, "lane %d: %s without closing", l->idx,
-                 eof ? "the peer's socket ended" : strerror(errno));
+            /* no FIN first: the peer exited or died, or the lane was cut on the wire; at a record
+             * boundary that ends the lane alone (a truncated message fails where it is needed) */
+            if (eof == 1) lane_end(l, LANE_EOF, last_msg, last_j, any);
+            else if (eof) fail(c, 0, ncclRemoteError, "lane %d: the peer closed the connection mid-record", l->idx);
+            else fail(c, !busy(c), ncclRemoteError, "lane %d: %s without closing", l->idx, strerror(errno));
             return;
         }
         memcpy(&seq, h, 8), memcpy(&msg, h + 8, 8), memcpy(&size, h + 16, 8), memcpy(&off, h + 24, 8);
@@ -635,10 +704,7 @@ static void recv_lane(lane *l) {
                 fail(c, 0, ncclSystemError, "lane %d: a bad end-of-connection record", l->idx);
                 return;
             }
-            pthread_mutex_lock(&c->mu);
-            int all = ++c->fins == c->nlanes;
-            pthread_mutex_unlock(&c->mu);
-            if (all) fail(c, !busy(c), ncclRemoteError, "the peer closed the connection");
+            lane_end(l, LANE_FIN, last_msg, last_j, any);
             return;
         }
         /* the record must be exactly one of the plan's records: record j = offset / rec of the k that

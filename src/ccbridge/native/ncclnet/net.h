@@ -122,6 +122,11 @@ typedef struct lane {
     int waiting;
     uint8_t next[HEADER_BYTES]; /* recv: the next record's header, `have` bytes of it read with the last payload */
     size_t have;
+    /* recv, under c->mu: how the peer ended the lane (at a record boundary) and the last record it carried
+     * (end_any 0: none), which bound the records it ever brought */
+    int ended;
+    uint64_t end_msg, end_j;
+    int end_any;
     uint8_t data_key[KEY_BYTES];
     uint64_t epoch, seq;     /* the record key's epoch, the next record's number on this lane */
     gcm *g;                  /* keyed with the epoch's record key */
@@ -137,9 +142,11 @@ typedef struct lane {
     slot ring[MAX_PIPELINE];
 } lane;
 
+enum { LANE_OPEN = 0, LANE_FIN, LANE_EOF }; /* recv: a lane's end: none yet, a FIN, its socket's end */
 enum { COMM_HANDSHAKE = 0, COMM_READY = 1, COMM_FAILED = -1 };
 typedef struct comm {
-    int sender, nlanes, accepted, ready, fins, told;
+    int sender, nlanes, accepted, ready, told;
+    int ended;               /* recv: lanes the peer ended (a FIN, or its socket's end at a record boundary) */
     net_addr peer;           /* sender: where to connect */
     uint8_t secret[KEY_BYTES], listen_id[16], conn_id[16];
     int conn_id_set;
