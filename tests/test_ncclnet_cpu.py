@@ -17,6 +17,7 @@ import socket
 import struct
 import threading
 import time
+import types
 
 import pytest
 
@@ -413,8 +414,10 @@ def test_wire_fault_fails_the_receiver(fault, pipeline, monkeypatch):
     assert got["elapsed"] < 20
 
 
-def test_lost_fin_after_complete_messages_costs_nothing():
+@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+def test_lost_fin_after_complete_messages_costs_nothing(pipeline, monkeypatch):
     # every record arrived, only lane 0's clean-close record is missing: the message stands
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
     got = run_through_proxy("drop_fin", MESSAGE)
     assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True)], got
 
@@ -623,13 +626,9 @@ def rounds_receiver(pipe, lib_path, key, sizes, rounds):
     net.t.finalize(net.ctx)
 
 
-@pytest.mark.parametrize("lanes", [1, 2, 4])
-def test_sockets_ended_without_fin_after_complete_messages_cost_nothing(lanes):
-    # the sending rank exits right after its last send completed, without closeSend: every lane's socket
-    # ends at a record boundary with no FIN. A lane that ended so is done, and the receives its records
-    # (and the other lanes' records, still being read) complete; a lane's end failed the whole connection
-    # while another lane still read or opened records of a fully sent message (8 of 20 at 2 lanes)
-    sizes, rounds = MESSAGE + [0, 7, 3 * RECORD + 1], 20
+def run_rounds(sizes, script, rounds, lanes):
+    """rounds_receiver's reports of `rounds` connections in turn, each from a RoguePeer that runs `script`,
+    then ends its sockets without FIN records."""
     lib = str(pluginenv.library())
     ctx = mp.get_context("spawn")
     rp, rc = ctx.Pipe()
@@ -646,13 +645,27 @@ def test_sockets_ended_without_fin_after_complete_messages_cost_nothing(lanes):
         handle = bytearray(rp.recv())
         for _ in range(rounds):
             peer = RoguePeer(handle)
-            for i, n in enumerate(sizes):
-                honest(peer, i, n)
+            script(peer)
             peer.close()
             assert rp.poll(30), "the receiver neither failed nor finished"
             results.append(rp.recv())
     finally:
         _reap(r)
+    return results
+
+
+@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+@pytest.mark.parametrize("lanes", [1, 2, 4])
+def test_sockets_ended_without_fin_after_complete_messages_cost_nothing(lanes, pipeline, monkeypatch):
+    # the sending rank exits right after its last send completed, without closeSend: every lane's socket
+    # ends at a record boundary with no FIN. A lane that ended so is done, and the receives its records
+    # (and the other lanes' records, still being read) complete; a lane's end failed the whole connection
+    # while another lane still read or opened records of a fully sent message (8 of 20 at 2 lanes). With
+    # the open stage (pipeline 2, 8) the lane's last records may still sit in its ring as its socket ends:
+    # they are opened and counted before the lane ends (they were dropped: 14 of 20 at 1 lane)
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    sizes, rounds = MESSAGE + [0, 7, 3 * RECORD + 1], 20
+    results = run_rounds(sizes, lambda p: [honest(p, i, n) for i, n in enumerate(sizes)], rounds, lanes)
     bad = [got for got in results if got["error"] or got["completed"] != [(i, n, True) for i, n in enumerate(sizes)]]
     assert not bad, f"{len(bad)} of {rounds} connections lost messages: {bad[0]}"
 
@@ -673,9 +686,11 @@ def _cut_at_boundary(sent, close):
                                         (range(7), [0, 1]), ([], [0, 1])],
                          ids=["lane0_short_lane1_open", "lane0_empty_lane1_open", "lane1_short_lane0_open",
                               "both_short", "nothing"])
-def test_a_message_cut_at_a_record_boundary_fails_promptly(sent, close):
+@pytest.mark.parametrize("pipeline", ["0", "2"])
+def test_a_message_cut_at_a_record_boundary_fails_promptly(sent, close, pipeline, monkeypatch):
     # a lane that ends quietly ends only itself, but a receive that still needs its records can never
     # complete: it fails at once, though another lane's socket stays open, and never completes with holes
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
     t0 = time.monotonic()
     got = run_rogue(MESSAGE, _cut_at_boundary(sent, close))
     # irecv: nothing was sent, and both lanes ended before the receive was posted
@@ -686,9 +701,11 @@ def test_a_message_cut_at_a_record_boundary_fails_promptly(sent, close):
 
 @pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("late", [False, True], ids=["pending", "posted_later"])
-def test_a_receive_no_lane_can_serve_fails_once_every_lane_ended(lanes, late):
+@pytest.mark.parametrize("pipeline", ["0", "2"])
+def test_a_receive_no_lane_can_serve_fails_once_every_lane_ended(lanes, late, pipeline, monkeypatch):
     # message 0 complete, then every socket ends without FIN: message 1's receive, pending as the lanes
     # end or posted after, fails with the plugin's error (never waits for records that cannot come)
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
     def script(p):
         honest(p, 0, MESSAGE[0])
         if not late:
@@ -704,9 +721,11 @@ def test_a_receive_no_lane_can_serve_fails_once_every_lane_ended(lanes, late):
 
 @pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("cut", [HEADER // 2, HEADER + 1000], ids=["in_header", "in_payload"])
-def test_a_lane_that_ends_mid_record_fails_the_receive(cut, lanes):
+@pytest.mark.parametrize("pipeline", ["0", "2"])
+def test_a_lane_that_ends_mid_record_fails_the_receive(cut, lanes, pipeline, monkeypatch):
     # lane 0's record 6 of message 0 stops part way and its socket ends (its later records never come): the
     # message fails, while lane 1 (at 2 lanes) has all of its records in and its socket still open
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
     def script(p):
         data = payload(0, MESSAGE[0])
         for j in range(8 if lanes == 2 else 7):
@@ -716,6 +735,29 @@ def test_a_lane_that_ends_mid_record_fails_the_receive(cut, lanes):
     got = run_rogue(MESSAGE, script, lanes=lanes)
     assert got["error"] is not None and got["where"] == "test" and got["completed"] == [], got
     assert any("mid-record" in m for m in got["logs"]), got["logs"]
+
+
+@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+@pytest.mark.parametrize("cut", [HEADER // 2, HEADER + 1000], ids=["in_header", "in_payload"])
+def test_a_message_sent_before_a_mid_record_cut_stands(cut, pipeline, monkeypatch):
+    # one lane: message 0 whole, then message 1's first record stops part way and the socket ends (a rank
+    # killed mid-send). Message 0 completes: its last records may still sit in the open stage's ring as the
+    # lane meets the cut, and are opened and counted before it fails the connection; message 1 fails
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    def script(p):
+        # all in one write: the lane reads message 0's last record with (part of) the cut header behind it,
+        # so it hands that record to its stage rather than opening it itself
+        sock, wire = p.socks[0], []
+        p.socks[0] = types.SimpleNamespace(sendall=wire.append)
+        honest(p, 0, MESSAGE[0])
+        rec = netbench.record_bytes(MESSAGE[0], 1)
+        p.record(0, 1, MESSAGE[0], 0, payload(1, MESSAGE[0])[:rec], cut=cut)
+        p.socks[0] = sock
+        sock.sendall(b"".join(wire))
+    rounds = 10
+    results = run_rounds(MESSAGE * 2, script, rounds, lanes=1)
+    bad = [got for got in results if got["completed"] != [(0, MESSAGE[0], True)] or "mid-record" not in (got["error"] or "")]
+    assert not bad, f"{len(bad)} of {rounds} connections: {bad[0]}"
 
 
 def connect_with_stage(pipe, lib_path, key, stage):
