@@ -49,6 +49,10 @@
  * record (a record that arrived before its receive, a FIN, and a message of
  * one record, which skips the hand-off for latency). A failing stage fails
  * the connection like any lane; a lane thread ends its stage before it ends.
+ * A receiving lane whose socket ends (a FIN, its end without one, a cut or
+ * an error) first waits for its stage to open and count every record it
+ * read, as one thread would have: those stand, and a lane's end is judged
+ * (which receives it starves, whether it was the last) by them.
  *
  * Hand-off, kept off the per-record path: isend puts a message on the queue
  * of each lane with records in it (the lanes read their queues without the
@@ -383,6 +387,12 @@ static int ring_idle(lane *l, int wait) {
     return rc;
 }
 
+/* the receiving lane thread, before it ends or fails its lane (a FIN, its socket's end or a broken
+ * socket): 1 once every record it read is opened and counted, as one thread would have before reading
+ * on (the peer finished sending those, and lane_end bounds what the lane brought by them); 0 once the
+ * connection stopped or failed (the stage dropped what it held: nothing more to say) */
+static int drain(lane *l) { return !halted(l->c) && ring_idle(l, 1) > 0; }
+
 /* the stage: the oldest filled slot; NULL once halted, or once the lane thread quit and none is left */
 static slot *ring_next(lane *l) {
     pthread_mutex_lock(&l->rmu);
@@ -685,12 +695,13 @@ static void recv_lane(lane *l) {
         uint32_t n, flags;
         int eof = 0;
         if (read_header(l, h, last_k == 1 || c->nlanes == 1 ? spin : 0, &eof)) {
-            if (c->stop || failed(c)) return;
+            int e = errno;
             /* no FIN first: the peer exited or died, or the lane was cut on the wire; at a record
              * boundary that ends the lane alone (a truncated message fails where it is needed) */
+            if (!drain(l)) return;
             if (eof == 1) lane_end(l, LANE_EOF, last_msg, last_j, any);
             else if (eof) fail(c, 0, ncclRemoteError, "lane %d: the peer closed the connection mid-record", l->idx);
-            else fail(c, !busy(c), ncclRemoteError, "lane %d: %s without closing", l->idx, strerror(errno));
+            else fail(c, !busy(c), ncclRemoteError, "lane %d: %s without closing", l->idx, strerror(e));
             return;
         }
         memcpy(&seq, h, 8), memcpy(&msg, h + 8, 8), memcpy(&size, h + 16, 8), memcpy(&off, h + 24, 8);
@@ -698,7 +709,7 @@ static void recv_lane(lane *l) {
         if (flags == FLAG_FIN) {
             uint8_t none[1];
             /* the records before it are opened and counted first (the peer's close ends no request) */
-            if (ring_idle(l, 1) < 0) return;
+            if (!drain(l)) return;
             if (n || msg || size || off || seq != l->seq || read_body(l, none, 0, tag, &eof) ||
                 record_key(l, seq, iv) || gcm_open(l->g, iv, h, HEADER_BYTES, none, 0, none, tag)) {
                 fail(c, 0, ncclSystemError, "lane %d: a bad end-of-connection record", l->idx);
@@ -746,9 +757,10 @@ static void recv_lane(lane *l) {
         if (!r && msg < atomic_load(&c->posted) && !(r = cur = claim_message(l, msg, size, k, first))) return;
         uint8_t *dst = r ? (uint8_t *)r->data + off : l->buf;
         if (read_body(l, dst, n, tag, &eof)) {
-            if (!failed(c) && !c->stop) /* not when our own close shut the socket */
+            int e = errno;
+            if (drain(l)) /* not when our own close shut the socket */
                 fail(c, 0, ncclRemoteError, "lane %d: %s mid-record", l->idx,
-                     eof ? "the peer closed the connection" : strerror(errno));
+                     eof ? "the peer closed the connection" : strerror(e));
             return;
         }
         l->seq++;
