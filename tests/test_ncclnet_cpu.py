@@ -654,18 +654,43 @@ def run_rounds(sizes, script, rounds, lanes):
     return results
 
 
+def in_one_write(script):
+    """`script` with each lane's records gathered and written in one sendall (a thread a lane): the receiver
+    reads them back to back, the next header already there behind each record, so its lanes hand every
+    record to their open stage rather than opening it themselves."""
+    def run(p):
+        socks, wires = list(p.socks), [[] for _ in p.socks]
+        p.socks[:] = [types.SimpleNamespace(sendall=w.append) for w in wires]
+        try:
+            script(p)
+        finally:
+            p.socks[:] = socks
+        writers = [threading.Thread(target=s.sendall, args=(b"".join(w),)) for s, w in zip(socks, wires)]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join()
+    return run
+
+
+@pytest.mark.parametrize("write", ["per_record", "one_write"])
 @pytest.mark.parametrize("pipeline", ["0", "2", "8"])
 @pytest.mark.parametrize("lanes", [1, 2, 4])
-def test_sockets_ended_without_fin_after_complete_messages_cost_nothing(lanes, pipeline, monkeypatch):
+def test_sockets_ended_without_fin_after_complete_messages_cost_nothing(lanes, pipeline, write, monkeypatch):
     # the sending rank exits right after its last send completed, without closeSend: every lane's socket
     # ends at a record boundary with no FIN. A lane that ended so is done, and the receives its records
     # (and the other lanes' records, still being read) complete; a lane's end failed the whole connection
     # while another lane still read or opened records of a fully sent message (8 of 20 at 2 lanes). With
     # the open stage (pipeline 2, 8) the lane's last records may still sit in its ring as its socket ends:
-    # they are opened and counted before the lane ends (they were dropped: 14 of 20 at 1 lane)
+    # they are opened and counted before the lane ends (they were dropped: 14 of 20 at 1 lane; in one write
+    # 47-49 of 50 at 1, 2 and 4 lanes)
     monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
-    sizes, rounds = MESSAGE + [0, 7, 3 * RECORD + 1], 20
-    results = run_rounds(sizes, lambda p: [honest(p, i, n) for i, n in enumerate(sizes)], rounds, lanes)
+    # (the last message has several records a lane at 4 lanes, so its lanes' last records queue in their rings)
+    sizes, rounds = MESSAGE + [0, 7, 3 * RECORD + 1] + MESSAGE, 20
+    def script(p):
+        for i, n in enumerate(sizes):
+            honest(p, i, n)
+    results = run_rounds(sizes, script if write == "per_record" else in_one_write(script), rounds, lanes)
     bad = [got for got in results if got["error"] or got["completed"] != [(i, n, True) for i, n in enumerate(sizes)]]
     assert not bad, f"{len(bad)} of {rounds} connections lost messages: {bad[0]}"
 
@@ -745,17 +770,12 @@ def test_a_message_sent_before_a_mid_record_cut_stands(cut, pipeline, monkeypatc
     # lane meets the cut, and are opened and counted before it fails the connection; message 1 fails
     monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
     def script(p):
-        # all in one write: the lane reads message 0's last record with (part of) the cut header behind it,
-        # so it hands that record to its stage rather than opening it itself
-        sock, wire = p.socks[0], []
-        p.socks[0] = types.SimpleNamespace(sendall=wire.append)
         honest(p, 0, MESSAGE[0])
         rec = netbench.record_bytes(MESSAGE[0], 1)
         p.record(0, 1, MESSAGE[0], 0, payload(1, MESSAGE[0])[:rec], cut=cut)
-        p.socks[0] = sock
-        sock.sendall(b"".join(wire))
     rounds = 10
-    results = run_rounds(MESSAGE * 2, script, rounds, lanes=1)
+    # in one write: the lane reads message 0's last record with (part of) the cut header behind it
+    results = run_rounds(MESSAGE * 2, in_one_write(script), rounds, lanes=1)
     bad = [got for got in results if got["completed"] != [(0, MESSAGE[0], True)] or "mid-record" not in (got["error"] or "")]
     assert not bad, f"{len(bad)} of {rounds} connections: {bad[0]}"
 
