@@ -52,7 +52,10 @@
  * A receiving lane whose socket ends (a FIN, its end without one, a cut or
  * an error) first waits for its stage to open and count every record it
  * read, as one thread would have: those stand, and a lane's end is judged
- * (which receives it starves, whether it was the last) by them.
+ * (which receives it starves, whether it was the last) by them. Records are
+ * read and opened in place, so a failed connection leaves its pending
+ * receives' buffers with what arrived, unauthenticated (a lane reads up to
+ * depth records past one whose tag its stage has yet to find bad).
  *
  * Hand-off, kept off the per-record path: isend puts a message on the queue
  * of each lane with records in it (the lanes read their queues without the
