@@ -654,6 +654,13 @@ def run_rounds(sizes, script, rounds, lanes):
     return results
 
 
+def _write_all(sock, data):
+    try:
+        sock.sendall(data)
+    except OSError:  # the receiver already failed the connection and closed
+        pass
+
+
 def in_one_write(script):
     """`script` with each lane's records gathered and written in one sendall (a thread a lane): the receiver
     reads them back to back, the next header already there behind each record, so its lanes hand every
@@ -665,7 +672,7 @@ def in_one_write(script):
             script(p)
         finally:
             p.socks[:] = socks
-        writers = [threading.Thread(target=s.sendall, args=(b"".join(w),)) for s, w in zip(socks, wires)]
+        writers = [threading.Thread(target=_write_all, args=(s, b"".join(w))) for s, w in zip(socks, wires)]
         for w in writers:
             w.start()
         for w in writers:
