@@ -17,6 +17,7 @@ import socket
 import struct
 import threading
 import time
+import types
 
 import pytest
 
@@ -172,6 +173,18 @@ def test_messages_of_many_sizes_arrive_byte_exact(lanes, monkeypatch):
     assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
 
 
+@pytest.mark.parametrize("pipeline,lanes", [("0", 1), ("0", 3), ("1", 1), ("8", 1), ("8", 3)])
+def test_every_pipeline_depth_arrives_byte_exact(pipeline, lanes, monkeypatch):
+    # CCBRIDGE_NET_PIPELINE: 0 runs each lane's stages in turn on one thread, 1 is taken as 2 (one
+    # slot cannot overlap), 8 the most; each side reads its own, so the two ranks may differ
+    monkeypatch.setenv("CCBRIDGE_NET_LANES", str(lanes))
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    sizes = [0, 1, RECORD_MIN, RECORD_MIN + 1, RECORD + 1, 5 << 20, 7, (16 << 20) + 3, 4096 + 3] * 2
+    got, sent = run_pair(sizes, concurrent=8)
+    assert got["error"] is None and sent["error"] is None, (got, sent)
+    assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
+
+
 def test_concurrent_requests_and_bandwidth():
     sizes = [32 << 20] * 4 + [4096 + 3] * 16
     got, sent = run_pair(sizes, concurrent=8)
@@ -197,10 +210,13 @@ def test_sender_far_ahead_of_late_receives(lanes, monkeypatch):
     assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
 
 
-def test_a_killed_receiver_fails_the_sender_with_an_error_not_a_hang():
+@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+def test_a_killed_receiver_fails_the_sender_with_an_error_not_a_hang(pipeline, monkeypatch):
     """The receiving rank dies (no close) after two messages of a long stream: the sender's requests fail
     with the plugin's error well inside the deadline (NCCL then aborts that rank too), never complete
-    into nowhere and never wait out the deadline."""
+    into nowhere and never wait out the deadline; also with sealed records waiting in the lanes'
+    rings for their send stage (pipeline 2, 8), and without that stage (0)."""
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
     sizes = [1 << 20] * 400
     got, sent = run_pair(sizes, concurrent=8, die_after=2)
     assert got["error"] is None and len(got["completed"]) >= 2, got
@@ -381,9 +397,13 @@ def test_proxy_passes_an_honest_stream():
     assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True)], got
 
 
+@pytest.mark.parametrize("pipeline", ["0", "2"])
 @pytest.mark.parametrize("fault", ["flip", "flip_header", "drop", "duplicate", "reorder",
                                    "truncate_mid", "truncate_boundary", "close", "swap_lanes"])
-def test_wire_fault_fails_the_receiver(fault):
+def test_wire_fault_fails_the_receiver(fault, pipeline, monkeypatch):
+    # pipeline 2: a record that fails its tag fails in the open stage, with the lane's next records
+    # read behind it; 0: in the lane's own thread
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
     got = run_through_proxy(fault, MESSAGE)
     # a lane cut before the receive was posted fails the post itself (or the accept, when cut before
     # NCCL got the connection); either way the plugin says why
@@ -394,8 +414,10 @@ def test_wire_fault_fails_the_receiver(fault):
     assert got["elapsed"] < 20
 
 
-def test_lost_fin_after_complete_messages_costs_nothing():
+@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+def test_lost_fin_after_complete_messages_costs_nothing(pipeline, monkeypatch):
     # every record arrived, only lane 0's clean-close record is missing: the message stands
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
     got = run_through_proxy("drop_fin", MESSAGE)
     assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True)], got
 
@@ -604,13 +626,9 @@ def rounds_receiver(pipe, lib_path, key, sizes, rounds):
     net.t.finalize(net.ctx)
 
 
-@pytest.mark.parametrize("lanes", [1, 2, 4])
-def test_sockets_ended_without_fin_after_complete_messages_cost_nothing(lanes):
-    # the sending rank exits right after its last send completed, without closeSend: every lane's socket
-    # ends at a record boundary with no FIN. A lane that ended so is done, and the receives its records
-    # (and the other lanes' records, still being read) complete; a lane's end failed the whole connection
-    # while another lane still read or opened records of a fully sent message (8 of 20 at 2 lanes)
-    sizes, rounds = MESSAGE + [0, 7, 3 * RECORD + 1], 20
+def run_rounds(sizes, script, rounds, lanes):
+    """rounds_receiver's reports of `rounds` connections in turn, each from a RoguePeer that runs `script`,
+    then ends its sockets without FIN records."""
     lib = str(pluginenv.library())
     ctx = mp.get_context("spawn")
     rp, rc = ctx.Pipe()
@@ -627,13 +645,59 @@ def test_sockets_ended_without_fin_after_complete_messages_cost_nothing(lanes):
         handle = bytearray(rp.recv())
         for _ in range(rounds):
             peer = RoguePeer(handle)
-            for i, n in enumerate(sizes):
-                honest(peer, i, n)
+            script(peer)
             peer.close()
             assert rp.poll(30), "the receiver neither failed nor finished"
             results.append(rp.recv())
     finally:
         _reap(r)
+    return results
+
+
+def _write_all(sock, data):
+    try:
+        sock.sendall(data)
+    except OSError:  # the receiver already failed the connection and closed
+        pass
+
+
+def in_one_write(script):
+    """`script` with each lane's records gathered and written in one sendall (a thread a lane): the receiver
+    reads them back to back, the next header already there behind each record, so its lanes hand every
+    record to their open stage rather than opening it themselves."""
+    def run(p):
+        socks, wires = list(p.socks), [[] for _ in p.socks]
+        p.socks[:] = [types.SimpleNamespace(sendall=w.append) for w in wires]
+        try:
+            script(p)
+        finally:
+            p.socks[:] = socks
+        writers = [threading.Thread(target=_write_all, args=(s, b"".join(w))) for s, w in zip(socks, wires)]
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join()
+    return run
+
+
+@pytest.mark.parametrize("write", ["per_record", "one_write"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+@pytest.mark.parametrize("lanes", [1, 2, 4])
+def test_sockets_ended_without_fin_after_complete_messages_cost_nothing(lanes, pipeline, write, monkeypatch):
+    # the sending rank exits right after its last send completed, without closeSend: every lane's socket
+    # ends at a record boundary with no FIN. A lane that ended so is done, and the receives its records
+    # (and the other lanes' records, still being read) complete; a lane's end failed the whole connection
+    # while another lane still read or opened records of a fully sent message (8 of 20 at 2 lanes). With
+    # the open stage (pipeline 2, 8) the lane's last records may still sit in its ring as its socket ends:
+    # they are opened and counted before the lane ends (they were dropped: 14 of 20 at 1 lane; in one write
+    # 47-49 of 50 at 1, 2 and 4 lanes)
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    # (the last message has several records a lane at 4 lanes, so its lanes' last records queue in their rings)
+    sizes, rounds = MESSAGE + [0, 7, 3 * RECORD + 1] + MESSAGE, 20
+    def script(p):
+        for i, n in enumerate(sizes):
+            honest(p, i, n)
+    results = run_rounds(sizes, script if write == "per_record" else in_one_write(script), rounds, lanes)
     bad = [got for got in results if got["error"] or got["completed"] != [(i, n, True) for i, n in enumerate(sizes)]]
     assert not bad, f"{len(bad)} of {rounds} connections lost messages: {bad[0]}"
 
@@ -654,9 +718,11 @@ def _cut_at_boundary(sent, close):
                                         (range(7), [0, 1]), ([], [0, 1])],
                          ids=["lane0_short_lane1_open", "lane0_empty_lane1_open", "lane1_short_lane0_open",
                               "both_short", "nothing"])
-def test_a_message_cut_at_a_record_boundary_fails_promptly(sent, close):
+@pytest.mark.parametrize("pipeline", ["0", "2"])
+def test_a_message_cut_at_a_record_boundary_fails_promptly(sent, close, pipeline, monkeypatch):
     # a lane that ends quietly ends only itself, but a receive that still needs its records can never
     # complete: it fails at once, though another lane's socket stays open, and never completes with holes
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
     t0 = time.monotonic()
     got = run_rogue(MESSAGE, _cut_at_boundary(sent, close))
     # irecv: nothing was sent, and both lanes ended before the receive was posted
@@ -667,9 +733,11 @@ def test_a_message_cut_at_a_record_boundary_fails_promptly(sent, close):
 
 @pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("late", [False, True], ids=["pending", "posted_later"])
-def test_a_receive_no_lane_can_serve_fails_once_every_lane_ended(lanes, late):
+@pytest.mark.parametrize("pipeline", ["0", "2"])
+def test_a_receive_no_lane_can_serve_fails_once_every_lane_ended(lanes, late, pipeline, monkeypatch):
     # message 0 complete, then every socket ends without FIN: message 1's receive, pending as the lanes
     # end or posted after, fails with the plugin's error (never waits for records that cannot come)
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
     def script(p):
         honest(p, 0, MESSAGE[0])
         if not late:
@@ -685,9 +753,11 @@ def test_a_receive_no_lane_can_serve_fails_once_every_lane_ended(lanes, late):
 
 @pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("cut", [HEADER // 2, HEADER + 1000], ids=["in_header", "in_payload"])
-def test_a_lane_that_ends_mid_record_fails_the_receive(cut, lanes):
+@pytest.mark.parametrize("pipeline", ["0", "2"])
+def test_a_lane_that_ends_mid_record_fails_the_receive(cut, lanes, pipeline, monkeypatch):
     # lane 0's record 6 of message 0 stops part way and its socket ends (its later records never come): the
     # message fails, while lane 1 (at 2 lanes) has all of its records in and its socket still open
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
     def script(p):
         data = payload(0, MESSAGE[0])
         for j in range(8 if lanes == 2 else 7):
@@ -697,6 +767,24 @@ def test_a_lane_that_ends_mid_record_fails_the_receive(cut, lanes):
     got = run_rogue(MESSAGE, script, lanes=lanes)
     assert got["error"] is not None and got["where"] == "test" and got["completed"] == [], got
     assert any("mid-record" in m for m in got["logs"]), got["logs"]
+
+
+@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+@pytest.mark.parametrize("cut", [HEADER // 2, HEADER + 1000], ids=["in_header", "in_payload"])
+def test_a_message_sent_before_a_mid_record_cut_stands(cut, pipeline, monkeypatch):
+    # one lane: message 0 whole, then message 1's first record stops part way and the socket ends (a rank
+    # killed mid-send). Message 0 completes: its last records may still sit in the open stage's ring as the
+    # lane meets the cut, and are opened and counted before it fails the connection; message 1 fails
+    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    def script(p):
+        honest(p, 0, MESSAGE[0])
+        rec = netbench.record_bytes(MESSAGE[0], 1)
+        p.record(0, 1, MESSAGE[0], 0, payload(1, MESSAGE[0])[:rec], cut=cut)
+    rounds = 10
+    # in one write: the lane reads message 0's last record with (part of) the cut header behind it
+    results = run_rounds(MESSAGE * 2, in_one_write(script), rounds, lanes=1)
+    bad = [got for got in results if got["completed"] != [(0, MESSAGE[0], True)] or "mid-record" not in (got["error"] or "")]
+    assert not bad, f"{len(bad)} of {rounds} connections: {bad[0]}"
 
 
 def connect_with_stage(pipe, lib_path, key, stage):
@@ -938,6 +1026,64 @@ def test_closing_with_records_in_flight_blames_no_peer():
         net.t.closeListen(lcomm)
     assert not blamed, blamed
     net.t.finalize(net.ctx)
+
+_LEFT_BEHIND_SCRIPT = r'''
+import ctypes, json, os, sys, time
+from ccbridge.secure import netplugin
+
+def tasks():
+    return len(os.listdir("/proc/self/task"))
+
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+
+net = netplugin.Net(sys.argv[1])
+assert net.rc == 0, net.logs
+base = (tasks(), fds())
+out = {"during": {}, "after": []}
+sizes = [4 << 20] * 8 + [7, 0, 300001]
+for lanes in (1, 4):
+    for how in ("clean", "abort_recv", "abort_send"):
+        lcomm, s, r = net.pair(time.monotonic() + 60, lanes)
+        sb = [ctypes.create_string_buffer(max(n, 1)) for n in sizes]
+        rb = [ctypes.create_string_buffer(max(n, 1)) for n in sizes]
+        deadline = time.monotonic() + 60
+        rq = [net.irecv(r, rb[i], n, deadline) for i, n in enumerate(sizes)]
+        sq = [net.isend(s, sb[i], n, deadline) for i, n in enumerate(sizes)]
+        if how == "clean":
+            for q in sq + rq:
+                net.wait(q, deadline, 0)
+            out["during"][lanes] = tasks() - base[0]
+            net.t.closeSend(s), net.t.closeRecv(r)
+        else:  # records in the rings and on the wire when the close comes
+            time.sleep(0.002)
+            first, second = (r, s) if how == "abort_recv" else (s, r)
+            (net.t.closeRecv if first is r else net.t.closeSend)(first)
+            (net.t.closeSend if second is s else net.t.closeRecv)(second)
+        net.t.closeListen(lcomm)
+        out["after"].append((how, lanes, tasks() - base[0], fds() - base[1]))
+net.t.finalize(net.ctx)
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.parametrize("pipeline,per_lane", [("0", 1), ("2", 2), ("8", 2), ("", 2)])
+def test_pipeline_threads_and_no_thread_or_fd_left_behind(pipeline, per_lane):
+    # CCBRIDGE_NET_PIPELINE (default 2): a lane is one thread at 0, two (a crypto and a socket stage)
+    # otherwise, on each side; every close, clean or with records in the rings, ends them all and
+    # closes every socket
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CCBRIDGE_KEY": KEY, "NCCL_SOCKET_IFNAME": "lo", "CCBRIDGE_NET_PIPELINE": pipeline}
+    p = subprocess.run([sys.executable, "-c", _LEFT_BEHIND_SCRIPT, str(pluginenv.library())], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["during"] == {str(n): 2 * n * per_lane for n in (1, 4)}, out
+    assert all(t == 0 and f == 0 for _, _, t, f in out["after"]), out["after"]
+
 
 # ---- the plugin's threads under ThreadSanitizer ----
 

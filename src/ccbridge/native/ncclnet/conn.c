@@ -38,6 +38,25 @@
  * (nothing more can come). A socket that ends inside a record, and anything
  * else, fails the connection and every request on it.
  *
+ * Stages (CCBRIDGE_NET_PIPELINE = depth, default 2; 0: none): each lane
+ * has a second thread, so that its cryptography overlaps its socket I/O.
+ * Sending, the lane thread seals records into depth buffer slots and the
+ * send stage writes them in order and counts each once written; receiving,
+ * the lane thread reads records in place (every header check above done
+ * first, as before) and the open stage opens them in order and counts each.
+ * The lane's key and record-key epoch belong to whichever thread runs the
+ * crypto: the lane thread uses it itself only while the stage holds no
+ * record (a record that arrived before its receive, a FIN, and a message of
+ * one record, which skips the hand-off for latency). A failing stage fails
+ * the connection like any lane; a lane thread ends its stage before it ends.
+ * A receiving lane whose socket ends (a FIN, its end without one, a cut or
+ * an error) first waits for its stage to open and count every record it
+ * read, as one thread would have: those stand, and a lane's end is judged
+ * (which receives it starves, whether it was the last) by them. Records are
+ * read and opened in place, so a failed connection leaves its pending
+ * receives' buffers with what arrived, unauthenticated (a lane reads up to
+ * depth records past one whose tag its stage has yet to find bad).
+ *
  * Hand-off, kept off the per-record path: isend puts a message on the queue
  * of each lane with records in it (the lanes read their queues without the
  * lock and work out their records from the plan); a receiving lane takes the
@@ -72,6 +91,13 @@ int lanes_wanted(void) {
     const char *s = getenv("CCBRIDGE_NET_LANES");
     int n = s ? atoi(s) : 0;
     return n < 1 ? DEFAULT_LANES : n > MAX_LANES ? MAX_LANES : n;
+}
+
+int pipeline_wanted(void) {
+    const char *s = getenv("CCBRIDGE_NET_PIPELINE");
+    int n = s && *s ? atoi(s) : DEFAULT_PIPELINE;
+    /* one slot would not overlap: the lane thread would wait for it before sealing the next record */
+    return n < 1 ? 0 : n < 2 ? 2 : n > MAX_PIPELINE ? MAX_PIPELINE : n;
 }
 
 /* how long lane 0 (every one-record message's lane) polls before it sleeps: a thread woken from
@@ -117,6 +143,15 @@ uint32_t record_plan(size_t size, int nlanes, size_t *record) {
     return (uint32_t)((size + r - 1) / r);
 }
 
+/* every wait of lane l rechecks stop and failure (its cv under c->mu, held by the caller; its ring's
+ * under rmu, taken here: a stage between its check and its wait cannot miss the wakeup) */
+static void wake_lane(lane *l) {
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_lock(&l->rmu);
+    pthread_cond_broadcast(&l->rcv);
+    pthread_mutex_unlock(&l->rmu);
+}
+
 /* the first failure wins; it wakes every lane (sockets shut, waits broadcast) */
 static void fail(comm *c, int quiet, ncclResult_t code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static void fail(comm *c, int quiet, ncclResult_t code, const char *fmt, ...) {
@@ -133,7 +168,7 @@ static void fail(comm *c, int quiet, ncclResult_t code, const char *fmt, ...) {
         if (!quiet) net_log(1, "NET/ccbridge: connection %s: %s", c->sender ? "send" : "recv", c->why);
         for (int i = 0; i < c->nlanes; i++) {
             if (c->lanes[i].fd >= 0) shutdown(c->lanes[i].fd, SHUT_RDWR);
-            pthread_cond_broadcast(&c->lanes[i].cv);
+            wake_lane(&c->lanes[i]);
         }
     }
     pthread_mutex_unlock(&c->mu);
@@ -324,6 +359,67 @@ static void finish(req *r) {
     atomic_compare_exchange_strong(&r->state, &pending, REQ_DONE);
 }
 
+/* ---- a lane's two stages: the ring between them ---- */
+
+static int halted(comm *c) { return c->stop || failed(c); }
+
+/* the lane thread: the slot to fill next, once the stage has freed one; NULL once stopped or failed */
+static slot *ring_slot(lane *l) {
+    pthread_mutex_lock(&l->rmu);
+    while (l->rhead - l->rtail == (uint64_t)l->depth && !halted(l->c)) pthread_cond_wait(&l->rcv, &l->rmu);
+    slot *s = halted(l->c) ? NULL : &l->ring[l->rhead % (uint64_t)l->depth];
+    pthread_mutex_unlock(&l->rmu);
+    return s;
+}
+
+static void ring_push(lane *l) {
+    pthread_mutex_lock(&l->rmu);
+    l->rhead++;
+    pthread_cond_broadcast(&l->rcv);
+    pthread_mutex_unlock(&l->rmu);
+}
+
+/* the lane thread: 1 when the stage holds no record (so the lane's key, socket and buffers are the
+ * lane thread's alone until it pushes again), waiting for that if `wait`; 0 not yet, -1 halted */
+static int ring_idle(lane *l, int wait) {
+    if (!l->staged) return 1;
+    pthread_mutex_lock(&l->rmu);
+    while (wait && l->rhead != l->rtail && !halted(l->c)) pthread_cond_wait(&l->rcv, &l->rmu);
+    int rc = halted(l->c) ? -1 : l->rhead == l->rtail;
+    pthread_mutex_unlock(&l->rmu);
+    return rc;
+}
+
+/* the receiving lane thread, before it ends or fails its lane (a FIN, its socket's end or a broken
+ * socket): 1 once every record it read is opened and counted, as one thread would have before reading
+ * on (the peer finished sending those, and lane_end bounds what the lane brought by them); 0 once the
+ * connection stopped or failed (the stage dropped what it held: nothing more to say) */
+static int drain(lane *l) { return !halted(l->c) && ring_idle(l, 1) > 0; }
+
+/* the stage: the oldest filled slot; NULL once halted, or once the lane thread quit and none is left */
+static slot *ring_next(lane *l) {
+    pthread_mutex_lock(&l->rmu);
+    while (l->rhead == l->rtail && !l->quit && !halted(l->c)) pthread_cond_wait(&l->rcv, &l->rmu);
+    slot *s = halted(l->c) || l->rhead == l->rtail ? NULL : &l->ring[l->rtail % (uint64_t)l->depth];
+    pthread_mutex_unlock(&l->rmu);
+    return s;
+}
+
+static void ring_pop(lane *l) {
+    pthread_mutex_lock(&l->rmu);
+    l->rtail++;
+    pthread_cond_broadcast(&l->rcv);
+    pthread_mutex_unlock(&l->rmu);
+}
+
+/* one of r's k records moved (sent, or received and opened): the k-th completes r (recv: its size) */
+static void finish_record(req *r, uint32_t k, const uint64_t *size) {
+    if (atomic_fetch_add(&r->done, 1) + 1 == k) {
+        if (size) r->size = *size;
+        finish(r);
+    }
+}
+
 /* ---- sending lanes ---- */
 
 /* lane idx's first record in r (j), or k when it has none */
@@ -332,11 +428,12 @@ static uint32_t first_share(const req *r, int idx, int nlanes) {
     return j < r->k ? j : r->k;
 }
 
-static int send_record(lane *l, const req *r, uint32_t j, size_t rec) {
+/* record j of r sealed into h (header | ciphertext | tag), *len its bytes on the wire */
+static int seal_record(lane *l, const req *r, uint32_t j, size_t rec, uint8_t *h, size_t *len) {
     size_t off = (size_t)j * rec, n = r->size - off < rec ? r->size - off : rec;
     uint32_t n32 = (uint32_t)n, flags = 0;
     uint64_t size = r->size, off64 = off;
-    uint8_t iv[12], *h = l->buf;
+    uint8_t iv[12];
     memcpy(h, &l->seq, 8), memcpy(h + 8, &r->msg, 8), memcpy(h + 16, &size, 8), memcpy(h + 24, &off64, 8);
     memcpy(h + 32, &n32, 4), memcpy(h + 36, &flags, 4);
     if (record_key(l, l->seq, iv) ||
@@ -344,13 +441,27 @@ static int send_record(lane *l, const req *r, uint32_t j, size_t rec) {
         fail(l->c, 0, ncclSystemError, "AES-GCM seal failed");
         return -1;
     }
-    if (write_full(l->fd, h, HEADER_BYTES + n + TAG_BYTES)) {
+    l->seq++;
+    *len = HEADER_BYTES + n + TAG_BYTES;
+    return 0;
+}
+
+static int write_record(lane *l, const uint8_t *h, size_t len) {
+    if (write_full(l->fd, h, len)) {
         /* a socket shut by our own close (an abort with sends in flight) is no failure of the peer */
-        if (!failed(l->c) && !l->c->stop) fail(l->c, 0, ncclRemoteError, "send: %s", strerror(errno));
+        if (!halted(l->c)) fail(l->c, 0, ncclRemoteError, "send: %s", strerror(errno));
         return -1;
     }
-    l->seq++;
     return 0;
+}
+
+/* the send stage: writes the sealed records in order, counting each once written */
+static void write_stage(lane *l) {
+    for (slot *s; (s = ring_next(l));) {
+        if (write_record(l, l->buf + (size_t)(s - l->ring) * SLOT_BYTES, s->n)) return;
+        finish_record(s->r, s->k, NULL);
+        ring_pop(l);
+    }
 }
 
 /* the next message with records for lane l (its queue's head), or NULL once the connection stops
@@ -371,17 +482,30 @@ static req *next_message(lane *l, long spin) {
 static void send_lane(lane *l) {
     comm *c = l->c;
     long spin = l->idx == 0 ? spin_ns() : 0;
-    uint32_t k = 1; /* the last message's records */
-    for (req *r; (r = next_message(l, k == 1 || c->nlanes == 1 ? spin : 0));) {
+    uint32_t k = 1, nl = (uint32_t)c->nlanes; /* k: the last message's records */
+    for (req *r; (r = next_message(l, k == 1 || nl == 1 ? spin : 0));) {
         /* r's fields were written before its queue entry was published, and stay until every
-         * lane with a share (this one too) has counted its records */
-        size_t rec;
+         * lane with a share (this one too) has counted its records: r is not read after this
+         * lane's last record of it is pushed */
+        size_t rec, len;
         record_plan(r->size, c->nlanes, &rec);
-        uint32_t sent = 0;
         k = r->k;
-        for (uint32_t j = first_share(r, l->idx, c->nlanes); j < k; j += (uint32_t)c->nlanes, sent++)
-            if (send_record(l, r, j, rec)) return;
-        if (atomic_fetch_add(&r->done, sent) + sent == k) finish(r);
+        for (uint32_t j = first_share(r, l->idx, c->nlanes); j < k; j += nl) {
+            /* nothing to overlap with (the lane's last record of r, no message queued after it, the
+             * send stage idle): sent from here, sparing a small message the hand-off */
+            int alone = j + nl >= k && l->qtail == atomic_load(&l->qhead);
+            int idle = !l->staged ? 1 : alone ? ring_idle(l, 0) : 0;
+            if (idle < 0) return;
+            if (idle) {
+                if (seal_record(l, r, j, rec, l->buf, &len) || write_record(l, l->buf, len)) return;
+                finish_record(r, k, NULL);
+                continue;
+            }
+            slot *s = ring_slot(l);
+            if (!s || seal_record(l, r, j, rec, l->buf + (size_t)(s - l->ring) * SLOT_BYTES, &s->n)) return;
+            s->r = r, s->k = k;
+            ring_push(l);
+        }
     }
 }
 
@@ -509,6 +633,19 @@ static int read_body(lane *l, void *dst, size_t n, uint8_t tag[TAG_BYTES], int *
     return 0;
 }
 
+/* a record's payload opened in place under lane l's key (the caller owns it: the open stage, or the
+ * lane thread while that stage is idle) */
+static int open_record(lane *l, uint64_t seq, const uint8_t h[HEADER_BYTES], uint8_t *dst, size_t n,
+                       const uint8_t tag[TAG_BYTES]) {
+    uint8_t iv[12];
+    if (record_key(l, seq, iv) || gcm_open(l->g, iv, h, HEADER_BYTES, dst, n, dst, tag)) {
+        fail(l->c, 0, ncclSystemError, "lane %d: record %llu failed authentication (tampered, or a different key)",
+             l->idx, (unsigned long long)seq);
+        return -1;
+    }
+    return 0;
+}
+
 /* recv: wait until message msg was posted (its record came first), for at most ms milliseconds
  * (ms < 0: for as long as it takes); 1 once posted, 0 not yet, -1 once stopped or failed */
 static int wait_posted(lane *l, uint64_t msg, long ms) {
@@ -528,6 +665,26 @@ static int wait_posted(lane *l, uint64_t msg, long ms) {
     return c->stop || failed(c) ? -1 : posted;
 }
 
+/* record seq of r, read in place at dst: opened here when nothing is left to overlap with (the lane's
+ * last record of r, no next record begun to arrive, the open stage idle: a small message spared the
+ * hand-off), else handed to that stage; 0, or -1 after failing or halting */
+static int open_in_turn(lane *l, req *r, uint32_t k, int last, uint64_t seq, uint64_t size,
+                        const uint8_t h[HEADER_BYTES], uint8_t *dst, size_t n, const uint8_t tag[TAG_BYTES]) {
+    int idle = !l->staged ? 1 : !last || l->have ? 0 : ring_idle(l, 0);
+    if (idle < 0) return -1;
+    if (idle) {
+        if (open_record(l, seq, h, dst, n, tag)) return -1;
+        finish_record(r, k, &size);
+        return 0;
+    }
+    slot *s = ring_slot(l);
+    if (!s) return -1;
+    s->r = r, s->dst = dst, s->n = n, s->seq = seq, s->size = size, s->k = k;
+    memcpy(s->h, h, HEADER_BYTES), memcpy(s->tag, tag, TAG_BYTES);
+    ring_push(l);
+    return 0;
+}
+
 static void recv_lane(lane *l) {
     comm *c = l->c;
     uint64_t last_msg = 0, last_j = 0;
@@ -541,18 +698,21 @@ static void recv_lane(lane *l) {
         uint32_t n, flags;
         int eof = 0;
         if (read_header(l, h, last_k == 1 || c->nlanes == 1 ? spin : 0, &eof)) {
-            if (c->stop || failed(c)) return;
+            int e = errno;
             /* no FIN first: the peer exited or died, or the lane was cut on the wire; at a record
              * boundary that ends the lane alone (a truncated message fails where it is needed) */
+            if (!drain(l)) return;
             if (eof == 1) lane_end(l, LANE_EOF, last_msg, last_j, any);
             else if (eof) fail(c, 0, ncclRemoteError, "lane %d: the peer closed the connection mid-record", l->idx);
-            else fail(c, !busy(c), ncclRemoteError, "lane %d: %s without closing", l->idx, strerror(errno));
+            else fail(c, !busy(c), ncclRemoteError, "lane %d: %s without closing", l->idx, strerror(e));
             return;
         }
         memcpy(&seq, h, 8), memcpy(&msg, h + 8, 8), memcpy(&size, h + 16, 8), memcpy(&off, h + 24, 8);
         memcpy(&n, h + 32, 4), memcpy(&flags, h + 36, 4);
         if (flags == FLAG_FIN) {
             uint8_t none[1];
+            /* the records before it are opened and counted first (the peer's close ends no request) */
+            if (!drain(l)) return;
             if (n || msg || size || off || seq != l->seq || read_body(l, none, 0, tag, &eof) ||
                 record_key(l, seq, iv) || gcm_open(l->g, iv, h, HEADER_BYTES, none, 0, none, tag)) {
                 fail(c, 0, ncclSystemError, "lane %d: a bad end-of-connection record", l->idx);
@@ -600,28 +760,43 @@ static void recv_lane(lane *l) {
         if (!r && msg < atomic_load(&c->posted) && !(r = cur = claim_message(l, msg, size, k, first))) return;
         uint8_t *dst = r ? (uint8_t *)r->data + off : l->buf;
         if (read_body(l, dst, n, tag, &eof)) {
-            if (!failed(c) && !c->stop) /* not when our own close shut the socket */
+            int e = errno;
+            if (drain(l)) /* not when our own close shut the socket */
                 fail(c, 0, ncclRemoteError, "lane %d: %s mid-record", l->idx,
-                     eof ? "the peer closed the connection" : strerror(errno));
+                     eof ? "the peer closed the connection" : strerror(e));
             return;
-        }
-        if (record_key(l, seq, iv) || gcm_open(l->g, iv, h, HEADER_BYTES, dst, n, dst, tag)) {
-            fail(c, 0, ncclSystemError, "lane %d: record %llu failed authentication (tampered, or a different key)",
-                 l->idx, (unsigned long long)seq);
-            return;
-        }
-        if (!r) {
-            if (wait_posted(l, msg, -1) < 0 || !(r = cur = claim_message(l, msg, size, k, first))) return;
-            memcpy((uint8_t *)r->data + off, l->buf, n);
         }
         l->seq++;
-        /* this lane's last record of the message: r may finish (and be reused) once it is counted */
-        if (j + (uint64_t)nl >= k) cur = NULL;
-        if (atomic_fetch_add(&r->done, 1) + 1 == k) {
-            r->size = size;
-            finish(r);
+        if (r) {
+            /* this lane's last record of the message: r may finish (and be reused) once it is counted */
+            int last = j + (uint64_t)nl >= k;
+            if (last) cur = NULL;
+            if (open_in_turn(l, r, k, last, seq, size, h, dst, n, tag)) return;
+            continue;
         }
+        /* authenticated before it waits for its receive (the open stage idle: the key is this thread's) */
+        if (ring_idle(l, 1) < 0 || open_record(l, seq, h, l->buf, n, tag)) return;
+        if (wait_posted(l, msg, -1) < 0 || !(r = cur = claim_message(l, msg, size, k, first))) return;
+        memcpy((uint8_t *)r->data + off, l->buf, n);
+        if (j + (uint64_t)nl >= k) cur = NULL;
+        finish_record(r, k, &size);
     }
+}
+
+/* the open stage: opens the records read in place, in order, counting each */
+static void open_stage(lane *l) {
+    for (slot *s; (s = ring_next(l));) {
+        if (open_record(l, s->seq, s->h, s->dst, s->n, s->tag)) return;
+        finish_record(s->r, s->k, &s->size);
+        ring_pop(l);
+    }
+}
+
+static void *stage_main(void *p) {
+    lane *l = p;
+    if (l->c->sender) write_stage(l);
+    else open_stage(l);
+    return NULL;
 }
 
 static void *worker(void *p) {
@@ -637,8 +812,18 @@ static void *worker(void *p) {
         atomic_store(&c->state, COMM_READY);
     }
     pthread_mutex_unlock(&c->mu);
+    /* the second stage; without its thread the lane runs both stages in turn */
+    l->depth = c->depth;
+    l->staged = l->depth && pthread_create(&l->th2, NULL, stage_main, l) == 0;
     if (c->sender) send_lane(l);
     else recv_lane(l);
+    if (l->staged) {
+        pthread_mutex_lock(&l->rmu);
+        l->quit = 1;
+        pthread_cond_broadcast(&l->rcv);
+        pthread_mutex_unlock(&l->rmu);
+        pthread_join(l->th2, NULL);
+    }
     return NULL;
 }
 
@@ -647,7 +832,7 @@ comm *comm_new(int sender, int nlanes, const net_addr *peer, const uint8_t secre
     if (nlanes < 1 || nlanes > MAX_LANES) return NULL;
     comm *c = calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->sender = sender, c->nlanes = nlanes;
+    c->sender = sender, c->nlanes = nlanes, c->depth = pipeline_wanted();
     if (peer) c->peer = *peer;
     memcpy(c->secret, secret, KEY_BYTES);
     memcpy(c->listen_id, listen_id, 16);
@@ -660,12 +845,14 @@ comm *comm_new(int sender, int nlanes, const net_addr *peer, const uint8_t secre
         lane *l = &c->lanes[i];
         l->c = c, l->fd = -1, l->idx = i;
         pthread_cond_init(&l->cv, &ca);
+        pthread_cond_init(&l->rcv, NULL);
+        pthread_mutex_init(&l->rmu, NULL);
     }
     pthread_condattr_destroy(&ca);
     for (int i = 0; i < nlanes; i++) {
         lane *l = &c->lanes[i];
         l->g = gcm_new();
-        l->buf = malloc(HEADER_BYTES + RECORD_MAX + TAG_BYTES);
+        l->buf = malloc((size_t)(sender && c->depth > 1 ? c->depth : 1) * SLOT_BYTES);
         if (!l->g || !l->buf) { comm_close(c); return NULL; } /* every lane's fd is -1 by now: none is closed */
     }
     return c;
@@ -747,7 +934,7 @@ void comm_close(comm *c) {
     for (int i = 0; clean && i < MAX_REQS; i++) clean = atomic_load(&c->reqs[i].state) != REQ_PENDING;
     for (int i = 0; i < c->nlanes; i++) {
         if (!clean && c->lanes[i].fd >= 0) shutdown(c->lanes[i].fd, SHUT_RDWR);
-        pthread_cond_broadcast(&c->lanes[i].cv);
+        wake_lane(&c->lanes[i]);
     }
     pthread_mutex_unlock(&c->mu);
     /* every lane stops before any is torn down: a lane still running may fail() the connection
@@ -762,6 +949,8 @@ void comm_close(comm *c) {
         gcm_free(l->g);
         free(l->buf);
         pthread_cond_destroy(&l->cv);
+        pthread_cond_destroy(&l->rcv);
+        pthread_mutex_destroy(&l->rmu);
     }
     pthread_mutex_destroy(&c->mu);
     wipe(c, sizeof *c);

@@ -46,15 +46,21 @@ int key_load(uint8_t key[KEY_BYTES], char *err, size_t errlen);
 #include <netinet/in.h>
 
 /* A connection is NLANES TCP sockets ("lanes"), each with its own worker
- * thread, keys and record sequence: large messages are cut into records
+ * thread (two with CCBRIDGE_NET_PIPELINE), keys and record sequence: large messages are cut into records
  * spread over the lanes so that several cores seal, send, receive and open
  * at once; a message of one record always takes lane 0. */
 #define MAX_LANES 16
 #define DEFAULT_LANES 8   /* CCBRIDGE_NET_LANES: 8 held >= 0.9 of tuned NCCL sockets on 2x H200, 4 did not */
 #define DEFAULT_SPIN_US 50     /* CCBRIDGE_NET_SPIN_US */
+/* CCBRIDGE_NET_PIPELINE: records a lane holds between its crypto and its socket stage (two threads a
+ * lane, so that sealing overlaps sending and reading overlaps opening); 0: one thread a lane, each
+ * record sealed then sent (read then opened) in turn. Each send-side slot is a record buffer. */
+#define DEFAULT_PIPELINE 2
+#define MAX_PIPELINE 8
 #define RECORD_MIN (32u << 10)  /* a message up to this size is one record */
 #define RECORD_MAX (256u << 10) /* plaintext bytes per record, at most */
 #define HEADER_BYTES 40         /* le64 seq | le64 msg | le64 size | le64 offset | le32 n | le32 flags: the AAD */
+#define SLOT_BYTES (HEADER_BYTES + RECORD_MAX + TAG_BYTES) /* one record on the wire, at most */
 #define FLAG_FIN 1u             /* the sender's clean end of a lane (no payload) */
 #define EARLY_WAIT_MS 20        /* recv: how long a record whose receive is not posted yet waits in the socket */
 #define EPOCH_SHIFT 16          /* a fresh record key every 2^16 records of a lane (<= 16 GiB per key) */
@@ -78,6 +84,17 @@ typedef struct {
 } net_handle;
 
 enum { REQ_FREE = 0, REQ_PENDING, REQ_DONE };
+struct req;
+/* a record between a lane's two stages: send: sealed in the lane's buffer slot, n bytes to write;
+ * recv: read in place (dst, n payload bytes), to be opened */
+typedef struct slot {
+    struct req *r;
+    uint8_t *dst;
+    size_t n;
+    uint64_t seq, size;
+    uint32_t k;              /* records in r's message */
+    uint8_t h[HEADER_BYTES], tag[TAG_BYTES];
+} slot;
 typedef struct req {
     struct comm *c;
     void *data;
@@ -113,7 +130,16 @@ typedef struct lane {
     uint8_t data_key[KEY_BYTES];
     uint64_t epoch, seq;     /* the record key's epoch, the next record's number on this lane */
     gcm *g;                  /* keyed with the epoch's record key */
-    uint8_t *buf;            /* sender: one sealed record; recv: a record that arrived before its receive was posted */
+    uint8_t *buf;            /* sender: max(pipeline, 1) sealed records (slot i at i * SLOT_BYTES); recv: a record
+                              * that arrived before its receive was posted */
+    /* the pipeline: the lane thread (sealing, or reading) fills ring[rhead % depth], the stage thread
+     * (sending, or opening) drains ring[rtail % depth]; both under rmu. depth 0: no stage thread */
+    int depth, staged, quit;
+    pthread_t th2;
+    pthread_mutex_t rmu;
+    pthread_cond_t rcv;
+    uint64_t rhead, rtail;
+    slot ring[MAX_PIPELINE];
 } lane;
 
 enum { LANE_OPEN = 0, LANE_FIN, LANE_EOF }; /* recv: a lane's end: none yet, a FIN, its socket's end */
@@ -131,6 +157,7 @@ typedef struct comm {
     req reqs[MAX_REQS];
     _Atomic uint64_t posted; /* messages posted (the next message's number) */
     uint64_t rr;             /* send: the lane of the next multi-record message's record 0 */
+    int depth;               /* CCBRIDGE_NET_PIPELINE at comm_new */
     _Atomic int err;         /* ncclResult_t: the first failure, for every later request */
     char why[256];
     lane lanes[MAX_LANES];
@@ -139,6 +166,7 @@ typedef struct comm {
 /* records of a message of `size` bytes over `nlanes`: count and record size */
 uint32_t record_plan(size_t size, int nlanes, size_t *record);
 int lanes_wanted(void);
+int pipeline_wanted(void);
 comm *comm_new(int sender, int nlanes, const net_addr *peer, const uint8_t secret[KEY_BYTES],
                const uint8_t listen_id[16]);
 /* sender: start every lane (connect + handshake); recv: one accepted socket */
