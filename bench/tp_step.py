@@ -4,17 +4,14 @@
 rank reads per step at the device copy rate): llama-8b read 2.01x at TP1 and 4.10x at TP4 on 4x H200 (the goal:
 2x). The collectives are not in question here, so each degree's rank-0 shard is built on one GPU with no
 collective, its decode step captured in a CUDA graph and replayed as the bench replays it (inputs copied in, the
-token read back), for each variant of the layer:
-  engine      serve/engine.py as the bench runs it (cuDNN attention off: decode.deterministic_attention)
-  cudnn       the same with cuDNN attention allowed
-  grouped     attention as two batched matmuls over each kv head's query group (no kv repeat), the mask once
-              per step as an additive bias
-  compiled    grouped, each layer's two halves (before and after the all-reduce) compiled by torch.compile
-              (inductor), one compiled code for every layer
+token read back), for each variant of the layer (serve/engine.py):
+  eager       each op its own kernel(s)
+  compiled    each layer's two halves (before and after each all-reduce) compiled by torch.compile, as the bench
+              runs them on a GPU
 For each: the step's wall time (replay + read back), its GPU time (events around the replays), over the
 roofline, kernels per step (torch.profiler, one eager step), the top kernels, and the first step's logits against
 the first variant's (the bf16 tolerance of serve.tp.logits_tol).
-    python bench/tp_step.py --model llama-8b --tp 1 4 [--variants engine grouped compiled] [--json F]
+    python bench/tp_step.py --model llama-8b --tp 1 4 [--variants eager compiled] [--json F]
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from ccbridge import gputimer
 from ccbridge.serve import decode, engine, tp
@@ -34,87 +30,15 @@ from ccbridge.serve import decode, engine, tp
 PROMPT, STEPS = 128, 64
 
 
-class Grouped(engine.ShardedDecoder):
-    """Attention per kv head over its group of query heads, by two batched matmuls; the causal mask as a bias."""
-
-    def _attend(self, q, k, v, mask):
-        B, hq, T, d = q.shape
-        hk, g = k.shape[1], hq // k.shape[1]
-        qg = q.reshape(B, hk, g * T, d)
-        bias = torch.zeros(mask.shape[-2:], device=q.device, dtype=torch.float32).masked_fill_(~mask[0, 0], -1e30)
-        s = torch.matmul(qg, k.transpose(-1, -2)).float() * d ** -0.5 + bias.repeat(g, 1)
-        return torch.matmul(s.softmax(-1).to(q.dtype), v).reshape(B, hq, T, d)
-
-    def _halves(self, lay, i, x, pos, cache, mask, rot):
-        return _pre(self, lay.w_in, lay.qkv, lay.qkv_bias, lay.o, cache.k[i], cache.v[i], x, pos, mask, *rot)
-
-    def _layer(self, lay, i, x, pos, cache, mask, rot):
-        o = self._halves(lay, i, x, pos, cache, mask, rot)
-        if self.all_reduce:
-            self.all_reduce(o)
-        return self._post(x, o, lay.w_post, lay.gate_up, lay.down)
-
-    def _post(self, x, o, w_post, gate_up, down):
-        return _post(x, o, w_post, gate_up, down, self.all_reduce)
+VARIANTS = {"eager": False, "compiled": True}  # engine.build(compiled=): each layer's halves by torch.compile
 
 
-def _pre(m, w_in, qkv_w, qkv_b, o_w, ck, cv, x, pos, mask, cos, nsin):
-    B, T, _ = x.shape
-    d, hq, hk = m.d, m.hq, m.hk
-    qkv = F.linear(F.rms_norm(x, (x.shape[-1],), w_in, engine.RMS_EPS), qkv_w, qkv_b)
-    qk = m._rope(qkv[..., :(hq + hk) * d].view(B, T, hq + hk, d), cos, nsin)
-    q, k = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2)
-    v = qkv[..., (hq + hk) * d:].view(B, T, hk, d).transpose(1, 2)
-    ck.index_copy_(2, pos[0], k)
-    cv.index_copy_(2, pos[0], v)
-    att = m._attend(q, ck, cv, mask)
-    return F.linear(att.transpose(1, 2).reshape(B, T, hq * d), o_w)
-
-
-def _post(x, o, w_post, gate_up, down, all_reduce):
-    x = x + o
-    g, u = F.linear(F.rms_norm(x, (x.shape[-1],), w_post, engine.RMS_EPS), gate_up).chunk(2, dim=-1)
-    y = F.linear(F.silu(g) * u, down)
-    if all_reduce:
-        all_reduce(y)
-    return x + y
-
-
-class Compiled(Grouped):
-    """Grouped, each half compiled once for every layer (the weights are arguments, not guarded attributes)."""
-
-    def setup(self):
-        self._cpre = torch.compile(lambda *t: _pre(self, *t), dynamic=False, fullgraph=True)
-        self._cpost = torch.compile(lambda x, o, w, gu, dn: _post(x, o, w, gu, dn, None), dynamic=False,
-                                    fullgraph=True)
-
-    def _halves(self, lay, i, x, pos, cache, mask, rot):
-        return self._cpre(lay.w_in, lay.qkv, lay.qkv_bias, lay.o, cache.k[i], cache.v[i], x, pos, mask, *rot)
-
-    def _post(self, x, o, w_post, gate_up, down):
-        return self._cpost(x, o, w_post, gate_up, down)
-
-
-VARIANTS = {"engine": engine.ShardedDecoder, "cudnn": engine.ShardedDecoder, "grouped": Grouped,
-            "compiled": Compiled}
-
-
-def as_variant(m, v: str):
-    """The same shard (its weights built once per degree) run as variant v."""
-    m.__class__ = VARIANTS[v]
-    if v == "compiled" and not hasattr(m, "_cpre"):
-        m.setup()
-    return m
-
-
-def build(spec, n, dev, dtype):
-    with torch.no_grad():
-        return engine.ShardedDecoder(spec, 0, n, torch.device(dev), dtype, 0, None).eval()  # rank 0, no collective
+def build(spec, n, dev, dtype, compiled: bool):
+    return engine.build(spec, 0, n, dev, dtype, 0, None, compiled)  # rank 0's shard, no collective
 
 
 @torch.no_grad()
-def measure(m, spec, dev, cudnn: bool) -> dict:
-    torch.backends.cuda.enable_cudnn_sdp(cudnn)
+def measure(m, spec, dev) -> dict:
     ids = decode.prompts(spec["vocab_size"], 1, PROMPT, 0).to(dev)
     cache = m.static_cache(1, PROMPT + STEPS + 8)
     out = m(input_ids=ids, past_key_values=cache, cache_position=torch.arange(PROMPT, device=dev), use_cache=True,
@@ -176,12 +100,11 @@ def main() -> int:
     spec, dev = decode.PRESETS[args.model], torch.device("cuda", 0)
     rows, bad = [], 0
     for n in args.tp:
-        ref, t0 = None, time.perf_counter()
-        m = build(spec, n, dev, torch.bfloat16)
-        print(f"tp {n}: rank 0's shard of {args.model} built in {time.perf_counter() - t0:.0f} s", flush=True)
+        ref = None
         for v in args.variants:
             t0 = time.perf_counter()
-            r = measure(as_variant(m, v), spec, dev, cudnn=v == "cudnn")
+            m = build(spec, n, dev, torch.bfloat16, VARIANTS[v])
+            r = measure(m, spec, dev)
             first = r.pop("first_logits")
             ref = first if ref is None else ref
             diff = float((first - ref).abs().max() / ref.abs().max())
@@ -194,8 +117,8 @@ def main() -> int:
                   f"{'' if ok else ' BEYOND'}  ({time.perf_counter() - t0:.0f} s)", flush=True)
             for name, cnt, us in r["top"]:
                 print(f"      {us / 1e3:8.3f} ms  x{cnt:<5d} {name}")
-        del m
-        torch.cuda.empty_cache()
+            del m
+            torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
