@@ -398,6 +398,7 @@ def test_a_rank_whose_host_work_grew_is_named_not_charged_to_a_toll(tmp_path):
     assert [account.host_moved(a) for a in ranks] == [False, True] and account.straggler(ranks).rank == 1
     text = account.render_ranks(ranks, notes)
     assert "changed between the runs, which no toll does by itself: rank 1 0.15 -> 5.15 ms;" in text.replace("\n  ", " ")
+    assert "or a wait moved: BASE waited for its GPU or its peers outside traced calls" in text.replace("\n  ", " ")
     assert all(len(l) <= 120 for l in text.splitlines())
 
 
@@ -546,3 +547,33 @@ def test_three_ranks_that_began_apart_each_wait_for_the_last_hand_off_of_each_st
         assert abs(a.explained_ms + a.peers_delta_ms + a.host_delta_ms - a.slowdown_ms) < 1e-6
     whole = account.overall(base, other, ranks)
     assert abs(whole.peers_delta_ms - (steps - 1) * 90 / 1e3) < 1e-6
+
+
+def test_an_eager_job_gets_no_peers_and_a_note_that_says_why(tmp_path):
+    """DDP-like ranks: each step's all-reduces are issued one by one (no CUDA graph), then a readback. A rank's wait
+    for its peers falls wherever it first waits for its GPU, natively often outside traced calls (an event polled),
+    so it is not measured: peers read '-', a note names the job and why, and explained + host is the slowdown."""
+    for prefix, emu in ((tmp_path / "n", 0), (tmp_path / "c", 1)):
+        for rank in (0, 1):
+            lines, t = [(0.0, 0, "begin", "mark", "", "", 0, 0, 0)], 1.0
+            for _ in range(20):
+                for _ in range(3):
+                    lines.append((t, 2 + 10 * emu, "ncclAllReduce", "collective", "", "", 8192, 0, 5 * emu))
+                    t += 20 + 10 * emu + 30 * emu * rank  # rank 1's host work grew in OTHER
+                lines.append((t, 50 + 90 * emu * (1 - rank), "cuMemcpyDtoHAsync_v2", "crossing", "d2h", "pinned", 8,
+                              40 * emu, 0))
+                t += 60 + 90 * emu
+            lines.append((t, 0, "end", "mark", "", "", 0, 0, 0))
+            write_trace(prefix, lines, pid=100 + rank, ranks=2, **(dict(profile="b300", emulate=1) if emu else {}))
+            (prefix.parent / f"{prefix.name}.{100 + rank}.summary.json").write_text(
+                f'{{"pid": {100 + rank}, "calls": {{}}, "crossings": {{}}, "rank": {rank}, "ranks": 2}}\n')
+    base, other = trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c"))
+    assert all(p.joined and p.peers_ns is None for p in base.procs + other.procs)
+    assert account.eager_collectives(other.procs[0].summary) == 60
+    ranks, notes = account.per_rank(base, other)
+    assert len(notes) == 1 and notes[0].startswith("peers of job 2: not measured (no CUDA-graph steps")
+    for a in ranks:
+        assert a.peer_ms is None and abs(a.explained_ms + a.host_delta_ms - a.slowdown_ms) < 1e-6
+    text = account.render_ranks(ranks, notes)
+    row0 = next(line for line in text.splitlines() if line.lstrip().startswith("0 marks")).split()
+    assert row0[-2] == "-" and "outside traced calls" in text and all(len(x) <= 120 for x in text.splitlines())

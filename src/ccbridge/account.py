@@ -347,11 +347,16 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
     apart = sorted({k[0] for k in set(b) & set(o) if b[k].job and o[k].job and not (b[k].joined and o[k].joined)})
     notes += [f"the {job[0]} ranks of job {job_name(job)}: each on its own window (their mark spans do not pair up)"
               for job in apart]
-    unmatched = sorted({k[0] for t in (b, o) for k, p in t.items()
-                        if p.joined and (p.handoffs is None or any(p.handoffs)) and p.peers_ns is None})
-    notes += [f"peers of job {job_name(job)}: not measured (its ranks' graph-launched steps do not pair up, or a "
-              "rank hands its GPU steps with no readback or synchronize between them: its host's lag is not the "
-              "GPU's)" for job in unmatched]
+    for job in sorted({k[0] for t in (b, o) for k, p in t.items() if p.joined and p.peers_ns is None}):
+        mine = [p for t in (b, o) for k, p in t.items() if k[0] == job]
+        graphs = any(p.handoffs is None or any(p.handoffs) for p in mine)
+        if not graphs and not any(eager_collectives(p.summary) for p in mine):
+            continue  # no collective in its window: no step to wait for a peer in
+        notes.append(f"peers of job {job_name(job)}: not measured " + (
+            "(its ranks' graph-launched steps do not pair up, or a rank hands its GPU steps with no readback or "
+            "synchronize between them: its host's lag is not the GPU's)" if graphs else
+            "(no CUDA-graph steps: a rank waits for eager collectives' peers wherever it first waits for its GPU, "
+            "natively often outside traced calls, polling an event, so those waits stay in its calls and host)"))
     out = []
     for k in sorted(set(b) & set(o)):
         pb, po = b[k], o[k]
@@ -366,6 +371,11 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
             acc.peer_ms = (pb.peers_ns / 1e6, po.peers_ns / 1e6)
         out.append(acc)
     return out, notes
+
+
+def eager_collectives(s: TraceSummary) -> int:
+    """Collectives the host issued one by one (not replayed by a graph launch)."""
+    return sum(a["count"] - a["replays"] for a in s.by_api.values() if a["kind"] == "collective")
 
 
 def _by_job_rank(t: TraceSummary) -> dict:
@@ -490,7 +500,9 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
             "together the others wait in their calls for a rank whose host work grew, and a rank whose host work "
             "shrank waits more in its own. Either the host ran at another speed (CPU placement, SMT siblings, other "
             "processes: pin each rank to its own cores, ccbridge's benches with CCBRIDGE_RANK_CPUS=auto, and compare "
-            "again) or the program did other host work under CC (pinned memory typed managed: copies torch makes)"])
+            "again), or the program did other host work under CC (pinned memory typed managed: copies torch makes), "
+            "or a wait moved: BASE waited for its GPU or its peers outside traced calls (polling an event, as DDP "
+            "comm hooks do) where OTHER waits in a readback that blocks under CC, or pays launch tolls in that wait"])
     return "\n".join(out + _wrap(notes))
 
 
