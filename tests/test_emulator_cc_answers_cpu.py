@@ -134,3 +134,46 @@ def test_ccbridge_mark_writes_a_mark_inside_ccbridge_run_and_nothing_outside(lib
     with pytest.raises(UsageError, match="begin and end"):
         ccbridge.mark("middle")
     assert [r["api"] for r in lines(lib, prefix, "mark")] == ["begin", "end"]
+
+
+def test_a_polled_wait_is_a_sync_line_from_its_start(lib, tmp_path, monkeypatch):  # noqa: F811
+    """marks.waited: a wait a program did by polling (ccbridge.secure's poll loop, whose event queries are not
+    traced) is a sync line from its start to its end, so account finds it in a call natively as it does under CC,
+    where the readback before it blocks."""
+    import time
+
+    from ccbridge import marks
+    from ccbridge.emulate import launcher
+
+    prefix = tmp_path / "p"
+    init(lib, trace=str(prefix))
+    monkeypatch.delenv(trace.LIB_ENV, raising=False)
+    assert marks.waited("secure.poll", time.monotonic_ns()) is False  # outside `ccbridge run`: nothing
+    monkeypatch.setenv(trace.LIB_ENV, launcher.library())
+    t0 = time.monotonic_ns()
+    time.sleep(0.02)
+    assert marks.waited("secure.poll", t0) is True
+    lib.ccbemu_waited.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
+    assert lib.ccbemu_waited(b"a,b", t0) == 0  # not a word: nothing
+    assert lib.ccbemu_waited(b"late", time.monotonic_ns() + 10**9) == 0  # a start after now: nothing
+    got = lines(lib, prefix, "sync")
+    assert [r["api"] for r in got] == ["secure.poll"]
+    assert int(got[0]["t_enter_ns"]) == t0 and int(got[0]["t_return_ns"]) - t0 >= 20_000_000
+    assert trace.summarize(str(prefix)).by_api[("secure.poll", "-", "-")]["count"] == 1
+
+
+def test_the_secure_poll_writes_its_wait_and_nothing_when_it_did_not_wait(monkeypatch):
+    import time
+    from types import SimpleNamespace
+
+    from ccbridge.secure import group
+
+    got = []
+    monkeypatch.setattr(group.marks, "waited", lambda name, t0: got.append((name, t0)) or True)
+    g = SimpleNamespace(timeout=5.0, rank=0)
+    group.SecureGroup.poll(g, lambda: True, "ready at once")
+    assert got == []
+    answers = iter([False, False, False, True])
+    before = time.monotonic_ns()
+    group.SecureGroup.poll(g, lambda: next(answers), "a ring step")
+    assert len(got) == 1 and got[0][0] == "secure.poll" and before <= got[0][1] <= time.monotonic_ns()

@@ -26,6 +26,15 @@ def mark(name: str) -> bool:
     return bool(emu.function(path, "ccbemu_mark")(name.encode())) if path else False
 
 
+def waited(name: str, t_enter_ns: int) -> bool:
+    """A wait this process did by polling (time.monotonic_ns() when it began, until now), written into the trace as
+    a synchronize named `name` would be: the driver calls a poll makes (an event queried between sleeps) are not
+    traced, so without it account would read the wait as host work natively and find it in a call only where CC
+    makes the wait block (issue 31: DDP's encrypted collectives). True when a line was written."""
+    path = os.environ.get(emu.LIB_ENV)
+    return bool(emu.function(path, "ccbemu_waited")(name.encode(), t_enter_ns)) if path else False
+
+
 @contextlib.contextmanager
 def window():
     """A steady-state window: mark("begin") on entry, mark("end") on exit (also when the body raises)."""

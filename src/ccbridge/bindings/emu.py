@@ -22,6 +22,7 @@ FUNCTIONS = {
     "ccbemu_emulate_pause": (c_int, [c_int]),
     "ccbemu_site_slot": (POINTER(c_int), []),
     "ccbemu_mark": (c_int, [c_char_p]),
+    "ccbemu_waited": (c_int, [c_char_p, c_uint64]),
     "ccbemu_summary": (c_int, [c_char_p, c_int]),
     "ccbemu_coverage": (c_int, [c_char_p, c_int]),
     "ccbemu_hook_name": (c_char_p, [c_int]),

@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
+from ccbridge import marks
 from ccbridge.errors import CCBridgeError, IntegrityError, PeerError
 from ccbridge.secure import gcm, handshake
 from ccbridge.secure import keys as keymod
@@ -160,13 +161,15 @@ class SecureGroup:
         if done():
             return
         limit = self.timeout if timeout is None else timeout
-        end, delay = time.monotonic() + limit, 10e-6
+        began = time.monotonic_ns()
+        end, delay = began / 1e9 + limit, 10e-6
         while not done():
             if time.monotonic() > end:
                 self._break(f"rank {self.rank}: {what} did not complete within {limit:g} s: a peer is dead or "
                             "messages were dropped")
             time.sleep(delay)
             delay = min(2 * delay, 1e-3)
+        marks.waited("secure.poll", began)  # a wait for the GPU or the peers: a call in the trace, not host work
 
     def _await(self, works, what: str) -> None:
         """Wait for transport works within the group's deadline; their errors become PeerError."""

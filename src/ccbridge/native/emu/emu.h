@@ -379,6 +379,7 @@ EMU_API int ccbemu_trace_pause(int paused);    /* 1: hooks stop writing trace li
 EMU_API int ccbemu_emulate_pause(int pause);   /* 1: hold a pause (no costs), 0: release one; was it emulating */
 EMU_API int *ccbemu_site_slot(void);           /* this thread's Python call site id, -1: none */
 EMU_API int ccbemu_mark(const char *name);     /* a mark line in the trace (ccbridge.mark); 1 if one was written */
+EMU_API int ccbemu_waited(const char *name, uint64_t t_enter); /* a sync line from t_enter to now (marks.waited) */
 EMU_API int ccbemu_summary(char *buf, int len);
 EMU_API int ccbemu_coverage(char *buf, int len); /* coverage JSON, as written at exit */
 EMU_API const char *ccbemu_hook_name(int i);   /* hook table row i; NULL past the end */

@@ -241,19 +241,36 @@ void emu_trace_record(const emu_record *r) {
     pthread_mutex_unlock(&b->mu);
 }
 
-/* A point the program names (Python: ccbridge.mark), e.g. where its steady state begins and ends: account
- * compares each process between its marks. A name is a word of at most 32 letters, digits, '.', '_' or '-'
- * (it becomes a CSV field); anything else, or no trace being written, writes nothing and answers 0. */
-int ccbemu_mark(const char *name) {
-    emu_init();
+/* A name a program writes into its trace (a CSV field): a word of at most 32 letters, digits, '.', '_' or '-'. */
+static int trace_name_ok(const char *name) {
     size_t n = name ? strlen(name) : 0;
-    if (!n || n > 32 || strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != n) return 0;
-    if (!__atomic_load_n(&emu_tracing, __ATOMIC_RELAXED)) return 0;
+    return n && n <= 32 && strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == n;
+}
+
+/* A line the program writes itself, from t_enter to now, kind `kind`, api its name. */
+static int program_line(const char *name, int kind, uint64_t t_enter) {
+    emu_init();
+    if (!trace_name_ok(name) || !__atomic_load_n(&emu_tracing, __ATOMIC_RELAXED)) return 0;
     uint64_t t = emu_now();
-    emu_record r = {-1, -1, 0, t, t, 0, 0, 0, 0, NULL, NULL, REC_MARK, 0};
+    if (t_enter > t) return 0;
+    emu_record r = {-1, -1, 0, t_enter, t, 0, 0, 0, 0, NULL, NULL, kind, 0};
     r.label = name;
     emu_trace_record(&r);
     return 1;
+}
+
+/* A point the program names (Python: ccbridge.mark), e.g. where its steady state begins and ends: account
+ * compares each process between its marks. A bad name (trace_name_ok), or no trace being written, writes
+ * nothing and answers 0. */
+int ccbemu_mark(const char *name) {
+    return program_line(name, REC_MARK, emu_now());
+}
+
+/* A wait the program did itself, from t_enter (CLOCK_MONOTONIC ns) to now, polling what the driver calls it makes
+ * do not show (an event queried between sleeps, so that a dead peer can time out): a sync line named `name`, so
+ * that account finds the wait in a call, as it finds a blocking synchronize's. 0 where a mark would write none. */
+int ccbemu_waited(const char *name, uint64_t t_enter) {
+    return program_line(name, REC_SYNC, t_enter);
 }
 
 /* Every thread's lines so far, in the file (exit, tests). */
