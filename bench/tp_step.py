@@ -5,7 +5,8 @@ rank reads per step at the device copy rate): llama-8b read 2.01x at TP1 and 4.1
 2x). The collectives are not in question here, so each degree's rank-0 shard is built on one GPU with no
 collective, its decode step captured in a CUDA graph and replayed as the bench replays it (inputs copied in, the
 token read back), for each variant of the layer (serve/engine.py):
-  eager       each op its own kernel(s)
+  eager       the engine's decode step uncompiled (session 13's 4.31x at TP4 was the engine before 0b3fe6b: SDPA
+              for decode too, each residual add its own kernel)
   compiled    each layer's two halves (before and after each all-reduce) compiled by torch.compile, as the bench
               runs them on a GPU
 For each: the step's wall time (replay + read back), its GPU time (events around the replays), over the
@@ -18,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 
-import torch
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # as the bench's ranks compile (serve/tp.py)
+import torch  # noqa: E402 - after the environment inductor reads at import
 
 from ccbridge import gputimer
 from ccbridge.serve import decode, engine, tp

@@ -336,3 +336,24 @@ def test_out_of_memory_in_a_degree_keeps_its_rows_and_runs_the_next(monkeypatch)
         f"tp {n}, batch 2, mode sync: CUDA out of memory; the larger batches and later modes did not run at tp {n}"
         for n in (1, 2)]
     assert json.dumps(res.settings)  # a result file can hold it
+
+
+def test_the_compiled_decode_step_takes_every_batch_and_cache_size_of_a_bench(monkeypatch):
+    """On a GPU the engine compiles a decode step's halves (fullgraph: past dynamo's 8 entries per function a run
+    fails rather than falling back). A bench's batches and modes (graphs over a fixed cache, eager decodes growing
+    theirs) must stay under that, and give the uncompiled engine's tokens. The eager backend: dynamo's entries and
+    guards without inductor's compile time."""
+    import torch._dynamo
+
+    monkeypatch.setattr(engine, "BACKEND", "eager")
+    torch._dynamo.reset()
+    spec = decode.PRESETS["tiny"]
+    plain = engine.build(spec, 0, 1, "cpu", torch.float32, seed=2, compiled=False)
+    compiled = engine.build(spec, 0, 1, "cpu", torch.float32, seed=2, compiled=True)
+    for batch in (1, 8, 32, 3, 128, 5):
+        ids = decode.prompts(spec["vocab_size"], batch, 12, seed=batch)
+        for graphs in (True, False):
+            want = decode.decode(plain, ids, 6, "sync", graphs=graphs).tokens
+            got = decode.decode(compiled, ids, 6, "sync", graphs=graphs).tokens
+            assert torch.equal(got, want), (batch, graphs)
+    torch._dynamo.reset()

@@ -8,11 +8,12 @@ at TP1, 7.10 at TP4 on llama-8b). Here, as vLLM and TensorRT-LLM do: one fused Q
 projection per layer, RMSNorm as one op (F.rms_norm), rotary on q and k together, attention over a static KV
 cache, and no collective at all at world size 1 (an engine skips the all-reduce there).
 
-On a GPU each layer runs as two compiled halves (torch.compile, inductor), split where the all-reduces are:
-[residual add, RMSNorm, QKV, rotary, KV-cache write, attention, o] and [residual add, RMSNorm, gate-up, SiLU x up,
-down], each compiled once for every layer (the weights are arguments, not guarded attributes), so a residual add
-is fused into the norm after it and the elementwise ops into one kernel each; attention is two batched matmuls over
-each kv head's group of query heads (no kv copy per group) with the causal mask as an additive bias. One rank's
+On a GPU each layer of a decode step runs as two compiled halves (torch.compile, inductor), split where the
+all-reduces are: [residual add, RMSNorm, QKV, rotary, KV-cache write, attention, o] and [residual add, RMSNorm,
+gate-up, SiLU x up, down], each compiled once for every layer (the weights are arguments, not guarded attributes),
+so a residual add is fused into the norm after it and the elementwise ops into one kernel each; a decode step's
+attention is two batched matmuls over each kv head's group of query heads (no kv copy per group) with the causal
+mask as an additive bias; a prefill (once a request) runs eagerly, its attention by SDPA. One rank's
 llama-8b step outside its collectives (bench/tp_step.py, one H200, 2026-11-26): 1264 kernels and 4.31x its HBM
 roofline at TP4 eagerly, 560 kernels and 2.44x compiled. On the CPU (the tests) the same code runs eagerly.
 
@@ -38,6 +39,7 @@ HEAD_UNIT = 1  # heads per drawn unit
 MLP_UNIT = 32  # MLP features per drawn unit (divides every preset's width into units each degree splits)
 VOCAB_UNIT = 4096  # vocabulary rows per drawn unit
 RMS_EPS = 1e-5
+BACKEND = "inductor"  # torch.compile's backend for the decode step's halves (the CPU tests use "eager")
 
 
 def _seed(*key) -> int:
@@ -116,12 +118,12 @@ class ShardedDecoder(torch.nn.Module):
         half = torch.arange(0, d, 2, device=dev, dtype=torch.float32) / d
         self.inv_freq = 1.0 / (spec["rope_theta"] ** half)
         self._anchor = torch.nn.Parameter(torch.empty(0, device=dev, dtype=dtype), requires_grad=False)
-        self._pre, self._post = self._attention_half, self._mlp_half
-        if dev.type == "cuda" if compiled is None else compiled:
-            # compiled in this process: inductor's worker processes would be other processes of a traced job
-            torch._inductor.config.compile_threads = 1
-            self._pre = torch.compile(self._attention_half, dynamic=False, fullgraph=True)
-            self._post = torch.compile(self._mlp_half, dynamic=False, fullgraph=True)
+        self._pre, self._post = self._attention_half, self._mlp_half  # a decode step's halves (T = 1)
+        if (dev.type == "cuda") if compiled is None else compiled:
+            # dynamic=None: the first shape compiled as it is, a batch or cache size seen after it once more with
+            # those sizes dynamic, so a bench of many batch sizes stays under dynamo's 8 entries per function
+            self._pre = torch.compile(self._attention_half, dynamic=None, fullgraph=True, backend=BACKEND)
+            self._post = torch.compile(self._mlp_half, dynamic=None, fullgraph=True, backend=BACKEND)
 
     def weight_bytes(self, batch: int) -> int:
         """The weight bytes this rank reads per decode step: its shards, the replicated lm_head and norms, and
@@ -148,7 +150,18 @@ class ShardedDecoder(torch.nn.Module):
         a, b = qk.chunk(2, dim=-1)
         return qk * cos + torch.cat((b, a), dim=-1) * nsin
 
-    def _attention_half(self, x, y, w_in, qkv_w, qkv_b, o_w, ck, cv, pos, bias, cos, nsin):
+    def _attend(self, q, ck, cv, attn):
+        """attn: a prefill's causal mask (bool, (1, 1, T, capacity)): SDPA, which holds no T x capacity scores per
+        head; a decode step's additive bias (float, (1, capacity)): two batched matmuls over each kv head's group of
+        query heads (grouped-query attention pairs kv head j with query heads j*g .. j*g+g-1), no kv copy per group."""
+        if attn.dtype == torch.bool:
+            return F.scaled_dot_product_attention(q, ck, cv, attn_mask=attn, enable_gqa=self.hq != self.hk)
+        B, hq, T, d = q.shape
+        g = hq // self.hk
+        s = torch.matmul(q.reshape(B, self.hk, g * T, d), ck.transpose(-1, -2)).float() * d ** -0.5 + attn.repeat(g, 1)
+        return torch.matmul(s.softmax(-1).to(q.dtype), cv).reshape(B, hq, T, d)
+
+    def _attention_half(self, x, y, w_in, qkv_w, qkv_b, o_w, ck, cv, pos, attn, cos, nsin):
         """The residual stream plus the last all-reduced output (y), then attention to this rank's share of o."""
         x = x + y
         B, T, _ = x.shape
@@ -160,9 +173,7 @@ class ShardedDecoder(torch.nn.Module):
         slots = pos[0]  # every sequence of a batch is at the same positions (decode() steps them together)
         ck.index_copy_(2, slots, k)
         cv.index_copy_(2, slots, v)
-        g = hq // hk  # each kv head's query heads, which grouped-query attention pairs with it, in one matmul
-        s = torch.matmul(q.reshape(B, hk, g * T, d), ck.transpose(-1, -2)).float() * d ** -0.5 + bias.repeat(g, 1)
-        att = torch.matmul(s.softmax(-1).to(q.dtype), cv).reshape(B, hq, T, d)
+        att = self._attend(q, ck, cv, attn)
         return x, F.linear(att.transpose(1, 2).reshape(B, T, hq * d), o_w)
 
     def _mlp_half(self, x, o, w_post, gate_up, down):
@@ -171,13 +182,16 @@ class ShardedDecoder(torch.nn.Module):
         return x, F.linear(F.silu(g) * u, down)
 
     def _layer(self, lay, i: int, x: torch.Tensor, y: torch.Tensor, pos: torch.Tensor, cache: Cache,
-               bias: torch.Tensor, rot) -> tuple[torch.Tensor, torch.Tensor]:
+               attn: torch.Tensor, rot) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer i on the residual stream x and the last layer's all-reduced MLP output y (added here, fused into
-        the norm): the new stream and this layer's all-reduced MLP output."""
-        x, o = self._pre(x, y, lay.w_in, lay.qkv, lay.qkv_bias, lay.o, cache.k[i], cache.v[i], pos, bias, *rot)
+        the norm): the new stream and this layer's all-reduced MLP output. Decode steps run the compiled halves; a
+        prefill, once a request, runs them eagerly."""
+        step = x.shape[1] == 1
+        pre, post = (self._pre, self._post) if step else (self._attention_half, self._mlp_half)
+        x, o = pre(x, y, lay.w_in, lay.qkv, lay.qkv_bias, lay.o, cache.k[i], cache.v[i], pos, attn, *rot)
         if self.all_reduce:
             self.all_reduce(o)
-        x, y = self._post(x, o, lay.w_post, lay.gate_up, lay.down)
+        x, y = post(x, o, lay.w_post, lay.gate_up, lay.down)
         if self.all_reduce:
             self.all_reduce(y)
         return x, y
@@ -196,13 +210,14 @@ class ShardedDecoder(torch.nn.Module):
                 cache = self._grown(cache, cache.used + T)
             cache.used += T
         keys = torch.arange(cache.capacity, device=input_ids.device)
-        future = keys[None, :] > position_ids[0][:, None]  # (T, capacity): the causal mask, once per step
-        bias = torch.zeros(future.shape, device=keys.device, dtype=torch.float32).masked_fill_(future, -1e30)
+        future = keys[None, :] > position_ids[0][:, None]  # (T, capacity): the causal mask, once per forward
+        attn = (~future)[None, None] if T > 1 else \
+            torch.zeros(future.shape, device=keys.device, dtype=torch.float32).masked_fill_(future, -1e30)
         x = F.embedding(input_ids, self.embed)
         y = torch.zeros_like(x)
         rot = self._rotary(position_ids, x.dtype)
         for i, lay in enumerate(self.layers):
-            x, y = self._layer(lay, i, x, y, position_ids, cache, bias, rot)
+            x, y = self._layer(lay, i, x, y, position_ids, cache, attn, rot)
         x = x + y
         x = F.rms_norm(x[:, -logits_to_keep:] if logits_to_keep else x, (x.shape[-1],), self.w_final, RMS_EPS)
         return SimpleNamespace(logits=F.linear(x, self.lm_head), past_key_values=cache if use_cache else None)

@@ -106,8 +106,11 @@ def run_ranks(n: int, target: Callable, *args, device: str = "cpu", on_message: 
     on_message(rank, obj) here. A rank's failure is one line (its class kept when it is ccbridge's, else a
     GpuError); ranks that say nothing for stall_s seconds are stopped."""
     cuda = torch.device(device).type == "cuda"
+    # the engine's compiled halves are compiled in the rank itself: inductor's worker processes would be more
+    # processes of the job (each loading the interposer under `ccbridge run`)
     return ranks.run(n, target, *args, label="tensor-parallel", backend="nccl" if cuda else "gloo",
-                     devices=list(range(n)) if cuda else None, on_message=on_message, stall_s=stall_s)
+                     devices=list(range(n)) if cuda else None, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"},
+                     on_message=on_message, stall_s=stall_s)
 
 
 def _agree(runs: list, dev) -> int:
