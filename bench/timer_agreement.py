@@ -5,11 +5,12 @@ here the bound is max(5%, twice the stamp's own cost over the interval): two bac
 smallest interval the stamps measure. Run natively and under an emulator profile:
     python bench/timer_agreement.py > native.json
     ccbridge run --profile b300 -- python bench/timer_agreement.py > b300.json
-Each figure is timed by both backends in alternation (ROUNDS rounds, medians; the difference judged is the
-median of each round's paired difference): one JSON object per line on stdout, a table on stderr; exit 1 when a
-figure is out of its bound. --peer adds the peer family's per-op all_reduce rows (4 KiB, 64 KiB, 1 MiB; eager
-and graph-replayed) on every GPU, one rank per GPU, both timers in alternation inside the same ranks (2+ GPUs; the
-bound's interval is a sample's ops together). --rejudge FILE judges a recorded run's JSON lines again.
+Each figure is timed by both backends in alternation (ROUNDS rounds, the order swapped every round; medians; the
+difference judged is the median of each round's signed paired difference): one JSON object per line on stdout, a
+table on stderr; exit 1 when a figure is out of its bound. --peer adds the peer family's per-op all_reduce rows
+(4 KiB, 64 KiB, 1 MiB; eager and graph-replayed) on every GPU, one rank per GPU, both timers in alternation inside
+the same ranks (2+ GPUs; the bound's interval is a sample's ops together). --rejudge FILE judges a recorded run's
+JSON lines again (no GPU).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ccbridge.bindings import core
 from ccbridge.probe import peer
 
 ROUNDS, REPS = 5, 7
+CALLS = {"small_kernels_x100": 100}  # a figure's calls per sample where more than one (figures())
 PEER = peer.Plan("all_reduce", (4 << 10, 64 << 10, 1 << 20), (), ops=20, reps=REPS)
 
 
@@ -40,7 +42,8 @@ def figures() -> dict:
         for _ in range(50):
             x.add_(1.0)
     return {"matmul_bf16_4096": (lambda: a @ a, 1), "device_copy_256MiB": (lambda: dst.copy_(src), 1),
-            "small_kernels_x100": (lambda: x.add_(1.0), 100), "graph_replay_50": (g.replay, 1)}
+            "small_kernels_x100": (lambda: x.add_(1.0), CALLS["small_kernels_x100"]),
+            "graph_replay_50": (g.replay, 1)}
 
 
 def peer_figures() -> dict:
@@ -53,26 +56,28 @@ def peer_figures() -> dict:
 
 
 def paired_diff(events: list[float], stamps: list[float]) -> float:
-    """How far the two timers part on one figure: the median over rounds of each round's relative difference.
-    The backends alternate inside a round, so a round's pair saw the same state of the machine; between rounds
-    a row moves by more than the timers part (a peer row by up to 20%: 4x H200, 2026-11-26), which a ratio of
-    the two medians would count as disagreement."""
-    rel = [abs(g - e) / e if e > 0 else float("inf") for e, g in zip(events, stamps)]
-    return statistics.median(rel) if rel else float("inf")
+    """How far the two timers part on one figure: |the median over rounds of each round's signed relative
+    difference|. A round times both in turn (gputimer.in_turn: the order swaps every round), so its pair saw the
+    same state of the machine; between rounds a row moves by more than the timers part (a peer row by up to 20%:
+    4x H200, 2026-11-26), which a ratio of the two medians would count as disagreement, and the median of the
+    absolute differences would count each round's noise."""
+    rel = [(g - e) / e if e > 0 else float("inf") for e, g in zip(events, stamps)]
+    return abs(statistics.median(rel)) if rel else float("inf")
 
 
-def judge(got: dict, spans: dict, own_ns: float) -> int:
-    """Print each figure (JSON on stdout, a table on stderr); the number out of their bounds."""
+def judge(got: dict, calls: dict, own_ns: float) -> int:
+    """Print each figure (JSON on stdout, a table on stderr); the number out of their bounds. calls: a figure's
+    calls (or ops) per sample, whose time together is the interval the stamp's resolution bounds."""
     bad = 0
     print(f"{'figure':<32} {'events ms':>11} {'globaltimer ms':>15} {'diff':>8} {'bound':>7}", file=sys.stderr)
     for name, by in got.items():
         ev, gt = statistics.median(by["events"]), statistics.median(by["globaltimer"])
         diff = paired_diff(by["events"], by["globaltimer"])
-        bound = max(0.05, 2 * own_ns / 1e6 / (ev * spans.get(name, 1))) if ev > 0 else 0.05
+        bound = max(0.05, 2 * own_ns / 1e6 / (ev * calls.get(name, 1))) if ev > 0 else 0.05
         bad += diff > bound
         print(json.dumps({"figure": name, "events_ms": ev, "globaltimer_ms": gt, "diff": diff, "bound": bound,
-                          "within": diff <= bound, "stamp_cost_ns": own_ns, "span": spans.get(name, 1),
-                          "rounds": by}))
+                          "within": diff <= bound, "stamp_cost_ns": own_ns, "calls": calls.get(name, 1),
+                          "stamp_taken_off": False, "rounds": by}))
         print(f"{name:<32} {ev:>11.4f} {gt:>15.4f} {diff:>7.1%} {bound:>6.0%}{'' if diff <= bound else '  OUT'}",
               file=sys.stderr)
     print(f"# a stamp's own cost (two back-to-back stamps): {own_ns:.0f} ns (the bound's resolution)", file=sys.stderr)
@@ -80,16 +85,21 @@ def judge(got: dict, spans: dict, own_ns: float) -> int:
 
 
 def rejudge(path: str) -> int:
-    """A recorded run's JSON lines judged again (the rounds are in each line; a line without its span, from
-    before the span was recorded, spans PEER.ops when it is a peer row)."""
-    got, spans, own_ns = {}, {}, 0.0
+    """A recorded run's JSON lines judged again. Lines from before 34f5b6e (no "stamp_taken_off") had a stamp's
+    cost taken off each globaltimer interval, as gputimer did then: it is added back, per call, as the timer now
+    reads (not to kernel_gap, timed in C, which never took it off); their calls per sample are the figures'."""
+    got, calls, own_ns = {}, {}, 0.0
     with open(path) as f:
         for line in f:
-            if line.startswith("{"):
-                d = json.loads(line)
-                got[d["figure"]], own_ns = d["rounds"], d["stamp_cost_ns"]
-                spans[d["figure"]] = d.get("span", PEER.ops if d["figure"].startswith("peer_") else 1)
-    return judge(got, spans, own_ns)
+            if not line.startswith("{"):
+                continue
+            d = json.loads(line)
+            name, by, own_ns = d["figure"], d["rounds"], d["stamp_cost_ns"]
+            n = d.get("calls", PEER.ops if name.startswith("peer_") else CALLS.get(name, 1))
+            if "stamp_taken_off" not in d and name != "kernel_gap":
+                by = dict(by, globaltimer=[g + own_ns / 1e6 / n for g in by["globaltimer"]])
+            got[name], calls[name] = by, n
+    return judge(got, calls, own_ns)
 
 
 def main() -> int:
@@ -105,23 +115,24 @@ def main() -> int:
     dev = torch.cuda.current_device()
     own_ns = gputimer.stamp_cost_ns(torch, dev)
     got: dict[str, dict[str, list[float]]] = {}
+    calls = {}  # a figure's samples span this many of its per-call times (the bound's interval)
     for name, (fn, inner) in figures().items():
         for _ in range(2):
             fn()
         torch.cuda.synchronize()
-        for _ in range(ROUNDS):
-            for b in gputimer.BACKENDS:
+        calls[name] = inner
+        for r in range(ROUNDS):
+            for b in gputimer.in_turn(r):
                 got.setdefault(name, {}).setdefault(b, []).append(
                     statistics.median(gputimer.time_ms(torch, fn, REPS, inner, backend=b)))
     with core.Session(dev, "pinned", 1 << 20) as s:
-        for _ in range(ROUNDS):
-            for b in gputimer.BACKENDS:  # the calibrated collectives' device-side wait is shortened by this
+        for r in range(ROUNDS):
+            for b in gputimer.in_turn(r):  # the calibrated collectives' device-side wait is shortened by this
                 got.setdefault("kernel_gap", {}).setdefault(b, []).append(s.kernel_gap(21, b) / 1e6)
-    spans = {}  # a figure's samples span this many of its per-call times (the bound's interval)
     if args.peer:
         for name, (ev, gt, ops) in peer_figures().items():
-            got[name], spans[name] = {"events": ev, "globaltimer": gt}, ops
-    return 1 if judge(got, spans, own_ns) else 0
+            got[name], calls[name] = {"events": ev, "globaltimer": gt}, ops
+    return 1 if judge(got, calls, own_ns) else 0
 
 
 if __name__ == "__main__":

@@ -84,8 +84,8 @@ def test_what_goes_before_a_sample_is_queued_ahead_of_its_start_mark_and_not_tim
 
 def test_peer_timer_pairs_alternate_both_timers_on_the_same_case_after_one_untimed_sample(monkeypatch):
     """bench/timer_agreement.py --peer: each case and mode meets both timers in turn on the same ranks and
-    buffers, events first, rounds times; one sample first that no timer keeps (set-up, graph upload); each
-    round's figure the median of plan.reps samples of that timer."""
+    buffers, events first in even rounds and last in odd ones, rounds times; one sample first that no timer keeps
+    (set-up, graph upload); each round's figure the median of plan.reps samples of that timer."""
     from ccbridge.probe import peer
 
     calls, built = [], []
@@ -109,9 +109,10 @@ def test_peer_timer_pairs_alternate_both_timers_on_the_same_case_after_one_untim
     plan = peer.Plan("all_reduce", (4096, 65536), (), ops=20, reps=3)
     got = peer._timer_pairs(None, None, plan, rank=1, world=4, rounds=2, case=Case)
     assert built == [("all_reduce", 4096, 20, 1, 4), ("all_reduce", 65536, 20, 1, 4)]
-    per_mode = [None] + (["events"] * 3 + ["globaltimer"] * 3) * 2
+    per_mode = [None] + ["events"] * 3 + ["globaltimer"] * 3 + ["globaltimer"] * 3 + ["events"] * 3
     assert calls == [(4096, b) for b in per_mode * 2] + [(65536, b) for b in per_mode * 2]
-    # samples count on from the untimed one: eager's round 1 events are the 2nd-4th (median 3), globaltimer 5th-7th
-    assert got["eager"][4096] == {"events": [3.0, 9.0], "globaltimer": [12.0, 24.0]}
-    assert got["graph"][65536] == {"events": [16.0, 22.0], "globaltimer": [38.0, 50.0]}
+    # samples count on from the untimed one: eager's round 1 events are the 2nd-4th (median 3), globaltimer 5th-7th;
+    # round 2 globaltimer the 8th-10th (x2), events the 11th-13th
+    assert got["eager"][4096] == {"events": [3.0, 12.0], "globaltimer": [12.0, 18.0]}
+    assert got["graph"][65536] == {"events": [16.0, 25.0], "globaltimer": [38.0, 44.0]}
     assert set(got) == set(peer.MODES) and 99.0 not in got["eager"][4096]["events"]

@@ -10,7 +10,8 @@ elsewhere. A stamp is itself a kernel: its own cost (the time between two back-t
 device) is its resolution, and is not taken off an interval: a pair of stamps around queued work pays the same
 dispatch as a pair of events does (4x H200, 2026-11-26, both timers in alternation: with the cost taken off,
 %globaltimer read 0.1-11.5% under events on a matmul, a 256 MiB copy, 100 small kernels and a 50-kernel graph
-replay; as measured, within 2.2%, natively and under b300 but the matmul's 5.5% there). Each result says which
+replay; the same rounds with the cost added back, within 2.2% natively and under b300 but one matmul's 5.5% there).
+semantics.cc_answers, whose events bracket its two stamps, takes one stamp's cost off the events' side. Each result says which
 timer made its GPU-time rows (settings["timer"]); compare says when it sets rows of two timers side by side.
 """
 
@@ -25,6 +26,13 @@ from ccbridge.errors import UsageError
 BACKENDS = ("events", "globaltimer")
 CHOICES = ("auto",) + BACKENDS
 ENV_VAR = "CCBRIDGE_TIMER"
+
+
+def in_turn(round_: int) -> tuple[str, ...]:
+    """Both backends in the order round `round_` times them when they are compared: events first in even rounds,
+    %globaltimer first in odd ones, so that a difference the order makes (the first timer's warm-up, a cache) is
+    not read as the timers parting."""
+    return BACKENDS if round_ % 2 == 0 else BACKENDS[::-1]
 
 
 def choose(asked: str | None = None, cc_mode: str | None = None) -> str:

@@ -189,7 +189,8 @@ def timer_pairs(rank: int, world: int, dev, send, plan: Plan, rounds: int) -> di
 
 def _timer_pairs(torch, dist, plan: Plan, rank: int, world: int, rounds: int, case=None) -> dict:
     """{mode: {bytes: {backend: [the median of plan.reps samples, each round]}}}: per round, one median of each
-    backend in turn (events first), after one untimed sample per case and mode (set-up, graph upload)."""
+    backend in turn (gputimer.in_turn: events first in even rounds), after one untimed sample per case and mode
+    (set-up, graph upload)."""
     out: dict = {m: {} for m in MODES}
     for nbytes in plan.small:
         c = (case or _Case)(torch, dist, plan.op, nbytes, plan.ops, rank, world)
@@ -197,8 +198,8 @@ def _timer_pairs(torch, dist, plan: Plan, rank: int, world: int, rounds: int, ca
             body = c.graph().replay if mode == "graph" else c.run_all
             c.sample_ms(body)
             by = out[mode].setdefault(nbytes, {b: [] for b in gputimer.BACKENDS})
-            for _ in range(rounds):
-                for b in gputimer.BACKENDS:
+            for r in range(rounds):
+                for b in gputimer.in_turn(r):
                     by[b].append(statistics.median(c.sample_ms(body, b) for _ in range(plan.reps)))
     return out
 

@@ -87,11 +87,12 @@ def cc_answers(ctx):
         b.record(stream)
         b.synchronize()
         t = buf.cpu().tolist()
-        ev.append(a.elapsed_time(b) * 1e6)
-        gt.append(float(t[1] - t[0]) - own)
+        ev.append(a.elapsed_time(b) * 1e6 - own)  # the events hold both stamps, the stamps' interval one less
+        gt.append(float(t[1] - t[0]))
     diff = [abs(e - g) / e * 100 for e, g in zip(ev, gt) if e > 0]
     rows += [Row.of("semantics.cc_answers", "timers_disagree", "%", diff),
              Row.of("semantics.cc_answers", "stamp_cost", "ns", [own])]
-    rows[-2].extra["what"] = ("|events - globaltimer| / events on one ~1 ms interval (the stamps' own cost taken "
-                              "off); under CC events are reported unreliable")
+    rows[-2].extra["what"] = ("|events - globaltimer| / events on one ~1 ms interval (the events bracket the two "
+                              "stamps, so one stamp's own cost is taken off the events' side); under CC events are "
+                              "reported unreliable")
     return rows
