@@ -9,10 +9,12 @@ token read back), for each variant of the layer (serve/engine.py):
               for decode too, each residual add its own kernel)
   compiled    each layer's two halves (before and after each all-reduce) compiled by torch.compile, as the bench
               runs them on a GPU
+  autotuned   the same compiled with mode max-autotune-no-cudagraphs (inductor tunes its GEMM templates against
+              cuBLAS: the split-K GEMVs and their reduce kernels; minutes of compiling)
 For each: the step's wall time (replay + read back), its GPU time (events around the replays), over the
 roofline, kernels per step (torch.profiler, one eager step), the top kernels, and the first step's logits against
 the first variant's (the bf16 tolerance of serve.tp.logits_tol).
-    python bench/tp_step.py --model llama-8b --tp 1 4 [--variants eager compiled] [--json F]
+    python bench/tp_step.py --model llama-8b --tp 1 4 [--variants eager compiled autotuned] [--json F]
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ from ccbridge.serve import decode, engine, tp
 PROMPT, STEPS = 128, 64
 
 
-VARIANTS = {"eager": False, "compiled": True}  # engine.build(compiled=): each layer's halves by torch.compile
+# variant -> (engine.build's compiled, torch.compile's mode): each layer's halves by torch.compile
+VARIANTS = {"eager": (False, None), "compiled": (True, None), "autotuned": (True, "max-autotune-no-cudagraphs")}
 
 
-def build(spec, n, dev, dtype, compiled: bool):
+def build(spec, n, dev, dtype, variant: str):
+    compiled, engine.MODE = VARIANTS[variant]
     return engine.build(spec, 0, n, dev, dtype, 0, None, compiled)  # rank 0's shard, no collective
 
 
@@ -94,7 +98,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="llama-8b", choices=sorted(decode.PRESETS))
     ap.add_argument("--tp", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=["eager", "compiled"], choices=list(VARIANTS))
     ap.add_argument("--json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -106,7 +110,7 @@ def main() -> int:
         ref = None
         for v in args.variants:
             t0 = time.perf_counter()
-            m = build(spec, n, dev, torch.bfloat16, VARIANTS[v])
+            m = build(spec, n, dev, torch.bfloat16, v)
             r = measure(m, spec, dev)
             first = r.pop("first_logits")
             ref = first if ref is None else ref

@@ -40,6 +40,7 @@ MLP_UNIT = 32  # MLP features per drawn unit (divides every preset's width into 
 VOCAB_UNIT = 4096  # vocabulary rows per drawn unit
 RMS_EPS = 1e-5
 BACKEND = "inductor"  # torch.compile's backend for the decode step's halves (the CPU tests use "eager")
+MODE = None  # torch.compile's mode (bench/tp_step.py tries "max-autotune-no-cudagraphs": GEMMs tuned, minutes)
 
 
 def _seed(*key) -> int:
@@ -122,8 +123,9 @@ class ShardedDecoder(torch.nn.Module):
         if (dev.type == "cuda") if compiled is None else compiled:
             # dynamic=None: the first shape compiled as it is, a batch or cache size seen after it once more with
             # those sizes dynamic, so a bench of many batch sizes stays under dynamo's 8 entries per function
-            self._pre = torch.compile(self._attention_half, dynamic=None, fullgraph=True, backend=BACKEND)
-            self._post = torch.compile(self._mlp_half, dynamic=None, fullgraph=True, backend=BACKEND)
+            opts = dict(dynamic=None, fullgraph=True, backend=BACKEND, mode=MODE)
+            self._pre = torch.compile(self._attention_half, **opts)
+            self._post = torch.compile(self._mlp_half, **opts)
 
     def weight_bytes(self, batch: int) -> int:
         """The weight bytes this rank reads per decode step: its shards, the replicated lm_head and norms, and
