@@ -497,6 +497,10 @@ CASES = [
     (["account", "--profile", "b300", "--out", "{d}/acc_old", "--", "true"],
      "trace prefix {d}/acc_old/emulated: 1 file(s) of an earlier run (emulated.7.csv): give another prefix"),
     (["account", "{d}/a", "{d}/b", "--out", "/proc/forbidden"], "--out /proc/forbidden: cannot write in /proc"),
+    (["account", "--profile", "b300", "--repeat", "0", "--", "true"], "argument --repeat: expected at least 1, got 0"),
+    (["account", "--profile", "b300", "--repeat", "two", "--", "true"], "argument --repeat: not an integer: 'two'"),
+    (["account", "--repeat", "2", "{d}/a", "{d}/b"], "--repeat goes with --profile NAME -- CMD (trace pairs: give BASE1 OTHER1"),
+    (["account", "{d}/a", "{d}/b", "{d}/c"], "give two trace prefixes"),
     # advise: every file read and checked before any advice is printed
     # call sites: beside a trace only
     (["run", "--profile", "b300", "--sites", "--", "true"], "--sites notes call sites beside a trace: give --record T too"),

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ccbridge.emulate import runs
 from ccbridge.emulate.trace import TraceSummary
 from ccbridge.results import Row
 from ccbridge.textfit import WIDTH, cut as _cut, wrap as _wrap
@@ -335,7 +336,7 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
     """Each rank of both traces compared over its job's window; notes on what could not be paired."""
     # keyed by (the job, rank): a run that starts jobs one after another (bench decode --tp 2 4) has a rank 0 in
     # each, and each is compared with its own twin (the job of the same size and order in the other trace)
-    b, o = _by_job_rank(base), _by_job_rank(other)
+    b, o = runs.by_job_rank(base), runs.by_job_rank(other)
     jobs = {j for j, _ in set(b) | set(o)}
 
     def job_name(job: tuple[int, int]) -> str:  # its size, and its order where the trace holds two of that size
@@ -378,29 +379,13 @@ def eager_collectives(s: TraceSummary) -> int:
     return sum(a["count"] - a["replays"] for a in s.by_api.values() if a["kind"] == "collective")
 
 
-def _by_job_rank(t: TraceSummary) -> dict:
-    """A trace's ranks by (their job's key, rank): a rank outside any job (its world of one, or no window) under
-    (world, 0)."""
-    return {(p.job or (p.ranks, 0), p.rank): p for p in t.procs if p.rank is not None}
-
-
 def overall(base: TraceSummary, other: TraceSummary, ranks: list[RankAccount]) -> RankAccount | None:
     """Every compared rank together (rank -1): their windows and their windowed calls summed, the shares of the
     summed slowdown."""
     if not ranks:
         return None
     want = {(a.job, a.rank) for a in ranks}
-    tables = []
-    for t in (base, other):
-        merged: dict = {}
-        for k, p in _by_job_rank(t).items():
-            if k in want:
-                for key, agg in p.summary.by_api.items():
-                    into = merged.setdefault(key, dict(agg, **{k: 0 for k, v in agg.items() if k != "kind"}))
-                    for k, v in agg.items():
-                        if k != "kind":
-                            into[k] += v
-        tables.append(merged)
+    tables = [runs.summed(p.summary.by_api for k, p in runs.by_job_rank(t).items() if k in want) for t in (base, other)]
     acc = RankAccount(-1, "sum", sum(a.base_ms for a in ranks), sum(a.other_ms for a in ranks), [], name="all")
     acc.lines = _lines(*tables, acc.slowdown_ms / 1e3 if acc.measurable else 0.0)
     if any(a.peer_ms for a in ranks):

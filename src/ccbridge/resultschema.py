@@ -104,7 +104,7 @@ SETTINGS = {
     "kv": _nested("kv", _KV_SETTINGS),
     "account": record({"base": STRING, "other": STRING, "profile": MAYBE_STRING, "overrides": nullable(STRINGS),
                        "command": nullable(STRINGS), "ranks": array(INTEGER),
-                       "projection": nullable({"type": "object"})}, closed=True),
+                       "projection": nullable({"type": "object"}), "runs": array(STRINGS)}, closed=True),
     "net": record({"bench": {"const": "net"}, "inflight": POSITIVE, "total_bytes": POSITIVE, "repeat": POSITIVE,
                    "spin_us": MAYBE_STRING, "interface": STRING}, closed=True),
     "ddp": record({"models": STRINGS, "ngpus": array(POSITIVE), "buckets": array(POSITIVE), "iters": POSITIVE,

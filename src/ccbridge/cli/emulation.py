@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from ccbridge import account, env, ui
-from ccbridge.cli.args import add_set, command, what_if
+from ccbridge.cli.args import add_set, command, integer, what_if
 from ccbridge.cli.reports import write_reports, wrote
-from ccbridge.emulate import coverage, launcher, profiles, targets, trace
+from ccbridge.emulate import coverage, launcher, profiles, runs, targets, trace
 from ccbridge.errors import UsageError
 from ccbridge.results import Result, Row
-from ccbridge.textfit import cut
+from ccbridge.textfit import cut, wrap
 
 
 def cmd_run(args) -> int:
@@ -51,48 +53,44 @@ def cmd_account(args) -> int:
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
     out = ui.writable_folder(args.out or Path("ccbridge-results") / f"account-{dt.datetime.now():%Y%m%d-%H%M%S}", "--out",
                              fresh=("result.json",))
-    runs_at: list[tuple[int, int] | None] = [None, None]  # each run's launch and end (ns)
     prof = what_if(args)
     proj = getattr(args, "projected", None)  # the second pass of --project: both runs in dilated time
     if args.project and not prof:
         raise UsageError("--project goes with --profile NAME -- CMD (it runs CMD again as the target would)")
+    if args.repeat > 1 and not prof:
+        raise UsageError("--repeat goes with --profile NAME -- CMD (trace pairs: give BASE1 OTHER1 BASE2 OTHER2 ...)")
     if args.project and proj is None:
         args.target = projection(args)  # made (or refused) now, before the first run; the second pass runs as it
     if prof:
-        runs = [(profiles.load("passthrough"), str(out / "native")), (prof, str(out / "emulated"))]
-        for p, prefix in runs:  # both, before the first starts (an old trace at either refuses the run)
-            launcher.check(p, rest)
-            launcher.refuse_old_trace(prefix)
-        prefixes = [prefix for _, prefix in runs]
-        with ui.made_folder(out):  # the traces go there; a run that fails takes an empty folder away again
-            for i, (p, prefix) in enumerate(runs):
-                print(launcher.banner(p, proj, f"ccbridge account: run {i + 1} of 2"), file=sys.stderr)
-                rc, runs_at[i] = launcher.run_timed(p, rest, trace=prefix, sites=not args.no_sites, projection=proj)
-                if rc:
-                    raise UsageError(f"{cut(' '.join(rest), 40)} {_ended(rc)} in run {i + 1}; nothing to compare")
-            base, other = _summaries(prefixes, rest, emulated=True)
+        pairs, runs_at, each = _record(args, prof, proj, rest, out)
     else:
         if args.no_sites:
             raise UsageError("--no-sites goes with --profile NAME -- CMD (traces keep the sites they were recorded with)")
-        if len(rest) != 2:
+        if not rest or len(rest) % 2:
             raise UsageError("give two trace prefixes (BASE OTHER, from `ccbridge run --record`), "
                              "or --profile NAME -- CMD")
         prefixes = [str(Path(x).resolve()) for x in rest]
-        base, other = _summaries(prefixes, rest, emulated=False)
-    walls = [(r[1] - r[0]) / 1e9 if r else None for r in runs_at]
-    where = account.phases(base, other, *runs_at)
-    emulated_as, settings = _settings(args, base, other, prefixes, rest, proj)
+        pairs, runs_at = list(zip(prefixes[::2], prefixes[1::2])), [(None, None)] * (len(rest) // 2)
+        each = [_summaries(list(pair), rest, emulated=False) for pair in pairs]
+    both = [runs.merge([e[i] for e in each]) for i in (0, 1)]
+    base, other = both[0][0], both[1][0]
+    walls = [_summed([(r[1] - r[0]) / 1e9 if r else None for r in side]) for side in zip(*runs_at)]
+    each_where = [account.phases(b, o, *at) for (b, o), at in zip(each, runs_at)]
+    where = each_where[0] if len(each) == 1 else runs.phases(each_where)
+    emulated_as, settings = _settings(args, base, other, pairs, rest, proj)
+    summed = _Runs(each, runs_at, out if prof else None, list(dict.fromkeys(both[0][1] + both[1][1])))
     if account.multi_process(base, other):
-        return _account_ranks(args, base, other, where, prof, out, emulated_as, settings)
-    of = account.share_base(account.wall_slowdown(base, other, *walls), where)
-    base_s = (base.last_ns - base.first_ns) / 1e9 if where else (walls[0] or base.span_ns / 1e9)
+        return _account_ranks(args, base, other, where, prof, out, emulated_as, settings, summed)
+    of, base_s = _share_of(base, other, walls, where)
     shares = account.measurable(of, base_s)  # a slowdown within noise (or none) gets no shares
     lines, wall = account.attribute(base, other, *walls, share_of_s=of if shares else 0.0)
     at_sites = account.attribute_sites(base, other, of if shares else 0.0)
     res = Result(kind="account", env=env.stamp(), settings=settings,
-                 rows=account.rows(lines, wall, at_sites, where, spans=not args.profile))
+                 rows=account.rows(lines, wall, at_sites, where, spans=not args.profile) + summed.rows())
     paths = write_reports(res, out)
-    print(account.render(lines, wall, where=where, emulated=emulated_as, shares=shares))
+    print("\n".join([account.render(lines, wall, where=where, emulated=emulated_as, shares=shares)] + summed.text()))
+    for x in summed.notes:
+        print(f"note: {x}", file=sys.stderr)
     if base.emulated and not other.emulated:
         print("note: BASE ran under the emulator and OTHER did not: give the CC-off (or record-only) trace first",
               file=sys.stderr)
@@ -111,15 +109,110 @@ def cmd_account(args) -> int:
     return _then_projected(args, out)
 
 
-def _settings(args, base, other, prefixes: list[str], rest: list[str], proj) -> tuple[str | None, dict]:
+def _record(args, prof, proj, rest: list[str], out: Path) -> tuple[list[tuple[str, str]], list[tuple], list]:
+    """CMD natively, then under the emulator, args.repeat times (B1 O1 B2 O2 ...: a drift of the host's speed
+    falls on both sides alike): each run's trace prefixes, its launch and end times (ns) and its summaries."""
+    k = args.repeat
+    sides = [(profiles.load("passthrough"), "native"), (prof, "emulated")]
+    at = [out] if k == 1 else [out / f"run{j}" for j in range(1, k + 1)]  # one pair: out/native, out/emulated
+    pairs = [tuple(str(d / name) for _, name in sides) for d in at]
+    for (p, _), prefix in ((side, prefix) for pair in pairs for side, prefix in zip(sides, pair)):
+        launcher.check(p, rest)  # every run's, before the first starts (an old trace at any refuses the run)
+        launcher.refuse_old_trace(prefix)
+    runs_at: list[tuple] = []
+    with contextlib.ExitStack() as made:  # the traces go there; a run that fails takes empty folders away again
+        for d in at:
+            made.enter_context(ui.made_folder(d))
+        for j, pair in enumerate(pairs, 1):
+            runs_at.append((None, None))
+            for i, ((p, name), prefix) in enumerate(zip(sides, pair)):
+                label = f"run {i + 1} of 2" if k == 1 else f"run {j} of {k}: {name}"
+                print(launcher.banner(p, proj, f"ccbridge account: {label}"), file=sys.stderr)
+                rc, when = launcher.run_timed(p, rest, trace=prefix, sites=not args.no_sites, projection=proj)
+                if rc:
+                    raise UsageError(f"{cut(' '.join(rest), 40)} {_ended(rc)} in run "
+                                     f"{i + 1 if k == 1 else f'{j} of {k} ({name})'}; nothing to compare")
+                runs_at[-1] = (when, runs_at[-1][1]) if i == 0 else (runs_at[-1][0], when)
+        # read inside: a command that made no driver call takes the folders away again
+        return pairs, runs_at, [_summaries(list(pair), rest, emulated=True) for pair in pairs]
+
+
+def _summed(values: list):
+    """Values of several runs summed; None where one is not known."""
+    return None if any(v is None for v in values) else values[0] if len(values) == 1 else sum(values)
+
+
+def _share_of(base, other, walls: list, where: dict) -> tuple[float, float]:
+    """The slowdown the shares are of (s), and the base time it is measured against (s)."""
+    of = account.share_base(account.wall_slowdown(base, other, *walls), where)
+    return of, (base.last_ns - base.first_ns) / 1e9 if where else (walls[0] or base.span_ns / 1e9)
+
+
+def _settings(args, base, other, pairs: list[tuple[str, str]], rest: list[str], proj) -> tuple[str | None, dict]:
     """What the account ran under (None: native) and its Result's settings. Two traces given: what their own
     headers say they ran under is what the rows are made of; either emulated makes every figure an emulated one
     (a BASE emulated and OTHER not is also noted)."""
     emulated_as = args.profile or (", ".join(sorted((base.profiles | other.profiles) - {"passthrough"}))
                                    if base.emulated or other.emulated else None)
-    return emulated_as, {"base": prefixes[0], "other": prefixes[1], "profile": emulated_as,
+    return emulated_as, {"base": pairs[0][0], "other": pairs[0][1], "profile": emulated_as,
                          "overrides": args.overrides, "command": rest if args.profile else None,
-                         "projection": proj.as_dict() if proj else None}
+                         "projection": proj.as_dict() if proj else None,
+                         **({"runs": [list(p) for p in pairs]} if len(pairs) > 1 else {})}
+
+
+@dataclass
+class _Runs:
+    """The runs an account summed (--repeat K, or K trace pairs given), each run's own share beside the sums: a
+    host speed that moved between one run and the next shows as their spread."""
+    each: list  # each run's (BASE, OTHER) summaries
+    runs_at: list  # each run's (BASE's, OTHER's) launch and end (ns; None: traces given)
+    at: Path | None  # the folder that holds run1, run2, ... (None: trace pairs given)
+    notes: list[str]  # on what of the runs could not be summed
+
+    def shares(self, ranks: list | None) -> dict[str, list]:
+        """Per rank (and all ranks: "all"), each run's explained share (None: no measurable slowdown); ranks None:
+        of one process, the share of the span's slowdown its driver calls hold, under "all"."""
+        out: dict[str, list] = {}
+        for (b, o), at in zip(self.each, self.runs_at):
+            if ranks is None:
+                walls = [(r[1] - r[0]) / 1e9 if r else None for r in at]
+                where = account.phases(b, o, *at)
+                of, base_s = _share_of(b, o, walls, where)
+                net = account.net_in_calls_s(account.attribute(b, o, *walls, share_of_s=of)[0])
+                out.setdefault("all", []).append(net / of if account.measurable(of, base_s) else None)
+                continue
+            mine = account.per_rank(b, o)[0]
+            mine = {(a.job, a.rank): a for a in mine + ([account.overall(b, o, mine)] if mine else [])}
+            for a in ranks:
+                got = mine.get((a.job, a.rank))
+                out.setdefault(a.name, []).append(got.explained_ms / got.slowdown_ms if got and got.measurable
+                                                  else None)
+        return out
+
+    def rows(self, ranks: list | None = None) -> list[Row]:
+        """account.run rows: each run's own explained share (none where that run had no measurable slowdown)."""
+        if len(self.each) == 1:
+            return []
+        out = []
+        for name, shares in self.shares(ranks).items():
+            for j, v in enumerate(shares, 1):
+                if v is not None:
+                    out.append(Row.of("account.run", "explained_share", "fraction", [v], run=j, rank=name))
+                    out[-1].extra["what"] = "this run's own share of its slowdown the calls explain (the sums: above)"
+        return out
+
+    def text(self, ranks: list | None = None) -> list[str]:
+        """The line that says the runs were summed, with each run's own share; nothing for one run."""
+        k = len(self.each)
+        if k == 1:
+            return []
+        how = (f"{k} runs, BASE and OTHER alternately (traces in {self.at}/run1 .. run{k})" if self.at else
+               f"{k} trace pairs")
+        each = "; ".join(f"{'rank ' if name != 'all' else ''}{name} " + " ".join("-" if v is None else f"{v:.0%}"
+                                                                                for v in shares)
+                         for name, shares in self.shares(ranks).items())
+        what = "explained" if ranks is not None else "held by the driver calls"
+        return wrap([f"summed over {how}: every figure above is of the sums; each run's own share {what}: {each}"])
 
 
 def _then_projected(args, out: Path) -> int:
@@ -134,23 +227,26 @@ def _then_projected(args, out: Path) -> int:
     return cmd_account(again)
 
 
-def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str | None, settings: dict) -> int:
+def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str | None, settings: dict,
+                   summed: _Runs) -> int:
     """A job of several ranks: each rank on its job's steady-state window, then all of them summed; the start-up
-    and teardown phases apart, never in the shares."""
+    and teardown phases apart, never in the shares. Several runs: each rank's windows and calls summed over them."""
     ranks, notes = account.per_rank(base, other)
+    notes = summed.notes + notes
     if not ranks:
         raise UsageError("no rank of the job could be compared" + (f": {notes[0]}" if notes else ""))
     every = ranks + [account.overall(base, other, ranks)]
     rows = account.rank_rows(every) + [Row.of("account.phase", "slowdown", "s", [v], phase=k) for k, v in where.items()]
+    rows += summed.rows(every)
     res = Result(kind="account", env=env.stamp(), settings=dict(settings, ranks=[a.rank for a in ranks]), rows=rows)
     paths = write_reports(res, out)
     if emulated_as:
         print(f"EMULATED: OTHER ran under the emulator (profile {emulated_as}); no figure below is a CC hardware "
               "measurement")
     factor = prof.params["mgpu_launch_factor"].value if prof else None
-    print(account.render_ranks(every, notes, factor))
+    print("\n".join([account.render_ranks(every, notes, factor)] + summed.text(every)))
     if where:
-        print("outside the windows, not in any share: " + ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in where.items()
+        print(f"outside the windows, not in any share{' (the runs summed)' if len(summed.each) > 1 else ''}: " + ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in where.items()
                                                                     if k != "driver calls"))
     if args.why:
         for a in every:
@@ -222,6 +318,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--no-sites", action="store_true", help="with --profile: per API only, no Python call sites "
                                                            "(no profile hook in CMD)")
     add_set(p)
+    p.add_argument("--repeat", type=integer(1), default=1, metavar="K",
+                   help="with --profile: run CMD natively and emulated K times, alternately, each run's traces in "
+                        "OUT/runJ, and account each rank over the K runs summed (a host whose speed moves from one "
+                        "process to the next averages out; it costs 2K runs; default 1)")
     p.add_argument("--out", help="output folder (default ccbridge-results/account-<timestamp>)")
     p.add_argument("--why", action="store_true", help="also print the evidence behind each row (waits, tolls, "
                                                       "GPU time, the full recovery and call site)")
