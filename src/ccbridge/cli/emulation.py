@@ -326,7 +326,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--why", action="store_true", help="also print the evidence behind each row (waits, tolls, "
                                                       "GPU time, the full recovery and call site)")
     add_project(p)
-    p.add_argument("args", nargs="*", help="BASE OTHER (trace prefixes), or -- CMD [ARGS...] with --profile")
+    p.add_argument("args", nargs="*", help="BASE OTHER (trace prefixes; several pairs, BASE1 OTHER1 BASE2 OTHER2 ..., "
+                                           "are summed as runs), or -- CMD [ARGS...] with --profile")
 
     p = command(sub, "trace", cmd_trace, help="summarise an emulator trace (TRACE.<pid>.csv files)")
     p.add_argument("prefix")
