@@ -116,23 +116,25 @@ def _record(args, prof, proj, rest: list[str], out: Path) -> tuple[list[tuple[st
     sides = [(profiles.load("passthrough"), "native"), (prof, "emulated")]
     at = [out] if k == 1 else [out / f"run{j}" for j in range(1, k + 1)]  # one pair: out/native, out/emulated
     pairs = [tuple(str(d / name) for _, name in sides) for d in at]
-    for (p, _), prefix in ((side, prefix) for pair in pairs for side, prefix in zip(sides, pair)):
-        launcher.check(p, rest)  # every run's, before the first starts (an old trace at any refuses the run)
-        launcher.refuse_old_trace(prefix)
+    for pair in pairs:  # every run's, before the first starts (an old trace at any prefix refuses the run)
+        for (p, _), prefix in zip(sides, pair):
+            launcher.check(p, rest)
+            launcher.refuse_old_trace(prefix)
     runs_at: list[tuple] = []
     with contextlib.ExitStack() as made:  # the traces go there; a run that fails takes empty folders away again
         for d in at:
             made.enter_context(ui.made_folder(d))
         for j, pair in enumerate(pairs, 1):
-            runs_at.append((None, None))
+            when = []
             for i, ((p, name), prefix) in enumerate(zip(sides, pair)):
                 label = f"run {i + 1} of 2" if k == 1 else f"run {j} of {k}: {name}"
                 print(launcher.banner(p, proj, f"ccbridge account: {label}"), file=sys.stderr)
-                rc, when = launcher.run_timed(p, rest, trace=prefix, sites=not args.no_sites, projection=proj)
+                rc, t = launcher.run_timed(p, rest, trace=prefix, sites=not args.no_sites, projection=proj)
                 if rc:
                     raise UsageError(f"{cut(' '.join(rest), 40)} {_ended(rc)} in run "
                                      f"{i + 1 if k == 1 else f'{j} of {k} ({name})'}; nothing to compare")
-                runs_at[-1] = (when, runs_at[-1][1]) if i == 0 else (runs_at[-1][0], when)
+                when.append(t)
+            runs_at.append(tuple(when))
         # read inside: a command that made no driver call takes the folders away again
         return pairs, runs_at, [_summaries(list(pair), rest, emulated=True) for pair in pairs]
 
