@@ -248,8 +248,9 @@ def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str |
     factor = prof.params["mgpu_launch_factor"].value if prof else None
     print("\n".join([account.render_ranks(every, notes, factor)] + summed.text(every)))
     if where:
-        print(f"outside the windows, not in any share{' (the runs summed)' if len(summed.each) > 1 else ''}: " + ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in where.items()
-                                                                    if k != "driver calls"))
+        runs = " (the runs summed)" if len(summed.each) > 1 else ""
+        print(f"outside the windows, not in any share{runs}: " +
+              ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in where.items() if k != "driver calls"))
     if args.why:
         for a in every:
             print(f"rank {a.name}:\n" + account.render_why(a.lines))
