@@ -74,9 +74,8 @@ def cmd_account(args) -> int:
         each = [_summaries(list(pair), rest, emulated=False) for pair in pairs]
     both = [runs.merge([e[i] for e in each]) for i in (0, 1)]
     base, other = both[0][0], both[1][0]
-    walls = [_summed([(r[1] - r[0]) / 1e9 if r else None for r in side]) for side in zip(*runs_at)]
-    each_where = [account.phases(b, o, *at) for (b, o), at in zip(each, runs_at)]
-    where = each_where[0] if len(each) == 1 else runs.phases(each_where)
+    walls = [_summed(side) for side in zip(*map(_walls, runs_at))]
+    where = runs.phases([account.phases(b, o, *at) for (b, o), at in zip(each, runs_at)])
     emulated_as, settings = _settings(args, base, other, pairs, rest, proj)
     summed = _Runs(each, runs_at, out if prof else None, list(dict.fromkeys(both[0][1] + both[1][1])))
     if account.multi_process(base, other):
@@ -139,9 +138,14 @@ def _record(args, prof, proj, rest: list[str], out: Path) -> tuple[list[tuple[st
         return pairs, runs_at, [_summaries(list(pair), rest, emulated=True) for pair in pairs]
 
 
-def _summed(values: list):
+def _walls(at: tuple) -> list:
+    """A run's BASE and OTHER wall times (s) from their launch and end (ns; None: not known)."""
+    return [(r[1] - r[0]) / 1e9 if r else None for r in at]
+
+
+def _summed(values) -> float | None:
     """Values of several runs summed; None where one is not known."""
-    return None if any(v is None for v in values) else values[0] if len(values) == 1 else sum(values)
+    return None if any(v is None for v in values) else sum(values)
 
 
 def _share_of(base, other, walls: list, where: dict) -> tuple[float, float]:
@@ -177,7 +181,7 @@ class _Runs:
         out: dict[str, list] = {}
         for (b, o), at in zip(self.each, self.runs_at):
             if ranks is None:
-                walls = [(r[1] - r[0]) / 1e9 if r else None for r in at]
+                walls = _walls(at)
                 where = account.phases(b, o, *at)
                 of, base_s = _share_of(b, o, walls, where)
                 net = account.net_in_calls_s(account.attribute(b, o, *walls, share_of_s=of)[0])
