@@ -99,6 +99,8 @@ def rejudge(path: str) -> int:
             if "stamp_taken_off" not in d and name != "kernel_gap":
                 by = dict(by, globaltimer=[g + own_ns / 1e6 / n for g in by["globaltimer"]])
             got[name], calls[name] = by, n
+    if not got:
+        raise ValueError("no figure line")
     return judge(got, calls, own_ns)
 
 
@@ -108,7 +110,12 @@ def main() -> int:
     ap.add_argument("--rejudge", metavar="FILE", help="judge a recorded run's JSON lines again (no GPU)")
     args = ap.parse_args()
     if args.rejudge:
-        return 1 if rejudge(args.rejudge) else 0
+        try:
+            return 1 if rejudge(args.rejudge) else 0
+        except (OSError, ValueError, KeyError, TypeError) as e:  # not a file this script wrote
+            print(f"--rejudge {args.rejudge}: not a timer_agreement record ({type(e).__name__}: {e})"[:200],
+                  file=sys.stderr)
+            return 2
     if args.peer and torch.cuda.device_count() < 2:
         print(f"--peer needs 2 or more GPUs, this machine has {torch.cuda.device_count()}", file=sys.stderr)
         return 2

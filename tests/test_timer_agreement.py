@@ -51,3 +51,14 @@ def test_a_recorded_run_is_judged_as_the_timer_now_reads(tmp_path, capsys):
     new.write_text(_line("matmul_bf16_4096", [0.2364] * 5, [0.2212] * 5, stamp_taken_off=False, calls=1) + "\n")
     assert ta.rejudge(str(new)) == 1  # 6.4% > 5%: out
     assert json.loads(capsys.readouterr().out)["within"] is False
+
+
+@pytest.mark.parametrize("text", [None, "not json {\n", '{"figure": "x"}\n'])
+def test_a_file_that_is_no_record_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, text):
+    f = tmp_path / "r.json"
+    if text is not None:
+        f.write_text(text)
+    monkeypatch.setattr("sys.argv", ["timer_agreement.py", "--rejudge", str(f)])
+    assert ta.main() == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"--rejudge {f}: not a timer_agreement record")

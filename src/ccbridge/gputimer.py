@@ -11,8 +11,9 @@ device) is its resolution, and is not taken off an interval: a pair of stamps ar
 dispatch as a pair of events does (4x H200, 2026-11-26, both timers in alternation: with the cost taken off,
 %globaltimer read 0.1-11.5% under events on a matmul, a 256 MiB copy, 100 small kernels and a 50-kernel graph
 replay; the same rounds with the cost added back, within 2.2% natively and under b300 but one matmul's 5.5% there).
-semantics.cc_answers, whose events bracket its two stamps, takes one stamp's cost off the events' side. Each result says which
-timer made its GPU-time rows (settings["timer"]); compare says when it sets rows of two timers side by side.
+semantics.cc_answers, whose events bracket its two stamps, takes one stamp's cost off the events' side. Each
+result says which timer made its GPU-time rows (settings["timer"]); compare says when it sets rows of two timers
+side by side.
 """
 
 from __future__ import annotations
