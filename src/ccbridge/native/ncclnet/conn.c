@@ -372,9 +372,11 @@ static slot *ring_slot(lane *l) {
     return s;
 }
 
-static void ring_push(lane *l) {
+/* one end of the ring moved on (the lane thread's head: a slot filled; the stage's tail: one freed), and
+ * whoever waits on the other end told */
+static void ring_advance(lane *l, uint64_t *end) {
     pthread_mutex_lock(&l->rmu);
-    l->rhead++;
+    (*end)++;
     pthread_cond_broadcast(&l->rcv);
     pthread_mutex_unlock(&l->rmu);
 }
@@ -403,13 +405,6 @@ static slot *ring_next(lane *l) {
     slot *s = halted(l->c) || l->rhead == l->rtail ? NULL : &l->ring[l->rtail % (uint64_t)l->depth];
     pthread_mutex_unlock(&l->rmu);
     return s;
-}
-
-static void ring_pop(lane *l) {
-    pthread_mutex_lock(&l->rmu);
-    l->rtail++;
-    pthread_cond_broadcast(&l->rcv);
-    pthread_mutex_unlock(&l->rmu);
 }
 
 /* one of r's k records moved (sent, or received and opened): the k-th completes r (recv: its size) */
@@ -460,7 +455,7 @@ static void write_stage(lane *l) {
     for (slot *s; (s = ring_next(l));) {
         if (write_record(l, l->buf + (size_t)(s - l->ring) * SLOT_BYTES, s->n)) return;
         finish_record(s->r, s->k, NULL);
-        ring_pop(l);
+        ring_advance(l, &l->rtail);
     }
 }
 
@@ -504,7 +499,7 @@ static void send_lane(lane *l) {
             slot *s = ring_slot(l);
             if (!s || seal_record(l, r, j, rec, l->buf + (size_t)(s - l->ring) * SLOT_BYTES, &s->n)) return;
             s->r = r, s->k = k;
-            ring_push(l);
+            ring_advance(l, &l->rhead);
         }
     }
 }
@@ -681,7 +676,7 @@ static int open_in_turn(lane *l, req *r, uint32_t k, int last, uint64_t seq, uin
     if (!s) return -1;
     s->r = r, s->dst = dst, s->n = n, s->seq = seq, s->size = size, s->k = k;
     memcpy(s->h, h, HEADER_BYTES), memcpy(s->tag, tag, TAG_BYTES);
-    ring_push(l);
+    ring_advance(l, &l->rhead);
     return 0;
 }
 
@@ -788,7 +783,7 @@ static void open_stage(lane *l) {
     for (slot *s; (s = ring_next(l));) {
         if (open_record(l, s->seq, s->h, s->dst, s->n, s->tag)) return;
         finish_record(s->r, s->k, &s->size);
-        ring_pop(l);
+        ring_advance(l, &l->rtail);
     }
 }
 
