@@ -11,6 +11,10 @@ token read back), for each variant of the layer (serve/engine.py):
               runs them on a GPU
   autotuned   the same compiled with mode max-autotune-no-cudagraphs (inductor tunes its GEMM templates against
               cuBLAS: the split-K GEMVs and their reduce kernels; minutes of compiling)
+  compiled-lt compiled, its GEMMs by cuBLASLt (torch.backends.cuda.preferred_blas_library): another heuristic
+              for the GEMVs, which cuBLAS splits along K with a reduce kernel each
+  compiled-kn compiled, every weight stored K-major (its transpose contiguous): the GEMVs as NN GEMMs, which
+              cuBLAS's heuristics serve with other kernels than the TN ones of an (N, K) weight
 For each: the step's wall time (replay + read back), its GPU time (events around the replays), over the
 roofline, kernels per step (torch.profiler, one eager step), the top kernels, and the first step's logits against
 the first variant's (the bf16 tolerance of serve.tp.logits_tol).
@@ -35,13 +39,22 @@ from ccbridge.serve import decode, engine, tp
 PROMPT, STEPS = 128, 64
 
 
-# variant -> (engine.build's compiled, torch.compile's mode): each layer's halves by torch.compile
-VARIANTS = {"eager": (False, None), "compiled": (True, None), "autotuned": (True, "max-autotune-no-cudagraphs")}
+# variant -> (engine.build's compiled, torch.compile's mode, the BLAS library torch's GEMMs call, K-major weights)
+VARIANTS = {"eager": (False, None, "cublas", False), "compiled": (True, None, "cublas", False),
+            "autotuned": (True, "max-autotune-no-cudagraphs", "cublas", False),
+            "compiled-lt": (True, None, "cublaslt", False), "compiled-kn": (True, None, "cublas", True)}
 
 
 def build(spec, n, dev, dtype, variant: str):
-    compiled, engine.MODE = VARIANTS[variant]
-    return engine.build(spec, 0, n, dev, dtype, 0, None, compiled)  # rank 0's shard, no collective
+    compiled, engine.MODE, blas, k_major = VARIANTS[variant]
+    torch.backends.cuda.preferred_blas_library(blas)
+    m = engine.build(spec, 0, n, dev, dtype, 0, None, compiled)  # rank 0's shard, no collective
+    if k_major:  # the same values, each weight's transpose contiguous (F.linear then calls an NN GEMM)
+        for lay in m.layers:
+            for name in ("qkv", "gate_up", "o", "down"):
+                setattr(lay, name, getattr(lay, name).t().contiguous().t())
+        m.lm_head = m.lm_head.t().contiguous().t()
+    return m
 
 
 @torch.no_grad()
@@ -89,9 +102,9 @@ def measure(m, spec, dev) -> dict:
         walls.append(((time.perf_counter() - t0) * 1e3 / (STEPS - 8), a.elapsed_time(b) / (STEPS - 8)))
     roof = m.weight_bytes(1) / (statistics.median(gputimer.device_copy_gbps(torch, dev, 5)) * 1e9) * 1e3
     wall, gpu = statistics.median(w for w, _ in walls), statistics.median(x for _, x in walls)
-    best = sorted(((sum(v), k, len(v)) for k, v in top.items()), reverse=True)[:6]
+    ranked = sorted(((sum(v), k, len(v)) for k, v in top.items()), reverse=True)  # every kernel to the JSON
     return {"wall_ms": wall, "gpu_ms": gpu, "roofline_ms": roof, "over_roof": wall / roof,
-            "kernels_per_step": len(kern), "top": [(k, n, t) for t, k, n in best], "first_logits": first}
+            "kernels_per_step": len(kern), "top": [(k, n, t) for t, k, n in ranked], "first_logits": first}
 
 
 def main() -> int:
@@ -122,7 +135,7 @@ def main() -> int:
             print(f"tp {n} {v:<9} wall {r['wall_ms']:7.3f} ms  gpu {r['gpu_ms']:7.3f}  roof {r['roofline_ms']:6.3f}"
                   f"  x{r['over_roof']:5.2f}  kernels {r['kernels_per_step']:5d}  logits {diff:.4f}"
                   f"{'' if ok else ' BEYOND'}  ({time.perf_counter() - t0:.0f} s)", flush=True)
-            for name, cnt, us in r["top"]:
+            for name, cnt, us in r["top"][:6]:
                 print(f"      {us / 1e3:8.3f} ms  x{cnt:<5d} {name}")
             del m
             torch.cuda.empty_cache()
