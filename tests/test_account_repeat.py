@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ccbridge import account, cli, results
 from ccbridge.emulate import launcher, runs, trace
-from test_account import decode_loop, two_ranks
+from test_account import decode_loop, eager_job, two_ranks
 
 
 def host_moved_runs(tmp_path):
@@ -54,6 +54,20 @@ def test_a_rank_missing_from_a_run_and_peers_one_run_measured_are_not_summed(tmp
     assert notes == ["rank 0 of the job of 2: peers measured in 1 of the 2 runs: not summed ('-'); its waits for "
                      "them stay in its calls", "rank 1 of the job of 2: in 1 of the 2 runs: not summed, not compared"]
     assert runs.merge([b1]) == (b1, [])  # one run: itself
+
+
+def test_an_eager_jobs_estimated_peers_are_summed_over_the_runs(tmp_path):
+    for j in (1, 2):
+        eager_job(tmp_path / f"n{j}", 0, steps=10 * j)
+        eager_job(tmp_path / f"c{j}", 1, steps=10 * j)
+    sides = [[trace.summarize(str(tmp_path / f"{side}{j}")) for j in (1, 2)] for side in "nc"]
+    (base, _), (other, _) = runs.merge(sides[0]), runs.merge(sides[1])
+    assert [p.peers_how for p in base.procs + other.procs] == ["waits"] * 4
+    assert [p.peers_ns for p in base.procs] == [sum(t.procs[r].peers_ns for t in sides[0]) for r in (0, 1)]
+    ranks, notes = account.per_rank(base, other)
+    assert notes[0].startswith("peers of job 2, eager collectives: estimated")
+    for a in ranks:  # 30 steps of 85 us of tolls each
+        assert abs(a.explained_ms - 30 * 85 / 1e3) < 1e-3 and abs(a.slowdown_ms - 30 * 95 / 1e3) < 1e-3
 
 
 def fake_runs(monkeypatch, write):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ccbridge.emulate import runs
+from ccbridge.emulate import runs, trace
 from ccbridge.emulate.trace import TraceSummary
 from ccbridge.results import Row
 from ccbridge.textfit import WIDTH, cut as _cut, wrap as _wrap
@@ -351,13 +351,17 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
     for job in sorted({k[0] for t in (b, o) for k, p in t.items() if p.joined and p.peers_ns is None}):
         mine = [p for t in (b, o) for k, p in t.items() if k[0] == job]
         graphs = any(p.handoffs is None or any(p.handoffs) for p in mine)
-        if not graphs and not any(eager_collectives(p.summary) for p in mine):
+        if not graphs and not any(trace.eager(p.summary) for p in mine):
             continue  # no collective in its window: no step to wait for a peer in
         notes.append(f"peers of job {job_name(job)}: not measured " + (
             "(its ranks' graph-launched steps do not pair up, or a rank hands its GPU steps with no readback or "
             "synchronize between them: its host's lag is not the GPU's)" if graphs else
-            "(no CUDA-graph steps: a rank waits for eager collectives' peers wherever it first waits for its GPU, "
-            "natively often outside traced calls, polling an event, so those waits stay in its calls and host)"))
+            "(its collectives are eager and a run's ranks were not all measured)"))
+    for job in sorted({k[0] for t in (b, o) for k, p in t.items() if p.peers_how == "waits"}):
+        notes.append(f"peers of job {job_name(job)}, eager collectives: estimated, a rank's waits in its synchronizes "
+                     "and readbacks (beyond the job's fastest call of each kind, or a paced crossing's own cost) less "
+                     "the GPU time its own collectives' tolls queued; a wait polled between traced calls is host work "
+                     "unless the program writes it (ccbridge.marks.waited, as ccbridge.secure does)")
     out = []
     for k in sorted(set(b) & set(o)):
         pb, po = b[k], o[k]
@@ -372,11 +376,6 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
             acc.peer_ms = (pb.peers_ns / 1e6, po.peers_ns / 1e6)
         out.append(acc)
     return out, notes
-
-
-def eager_collectives(s: TraceSummary) -> int:
-    """Collectives the host issued one by one (not replayed by a graph launch)."""
-    return sum(a["count"] - a["replays"] for a in s.by_api.values() if a["kind"] == "collective")
 
 
 def overall(base: TraceSummary, other: TraceSummary, ranks: list[RankAccount]) -> RankAccount | None:

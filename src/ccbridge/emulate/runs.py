@@ -79,7 +79,9 @@ def _merged(procs: list[ProcessTrace]) -> ProcessTrace:
     peers = None if any(p.peers_ns is None for p in procs) else sum(p.peers_ns for p in procs)
     first = procs[0]
     return ProcessTrace(first.pid, first.rank, first.ranks, window, sum(p.window_ns for p in procs), own, [],
-                        first.job, all(p.joined for p in procs), handoffs, peers)
+                        first.job, all(p.joined for p in procs), handoffs, peers,
+                        "waits" if any(p.peers_how == "waits" for p in procs) else "steps",
+                        gpu_toll_ns=sum(p.gpu_toll_ns for p in procs))
 
 
 def phases(each: list[dict[str, float]]) -> dict[str, float]:

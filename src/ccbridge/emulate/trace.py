@@ -163,6 +163,11 @@ class ProcessTrace:
     # a joined rank's steps handed to its GPU (windows.handoffs; None: handed ahead of its GPU, not matched)
     handoffs: list | None = field(default_factory=list)
     peers_ns: int | None = None  # its wait for its job's last rank to hand the GPU each step (None: not measured)
+    # how peers_ns was had: "steps" (graph-launched steps matched, windows.peer_waits) or "waits" (an eager job's:
+    # its blocking calls' waits less the GPU time its own collectives' tolls queued, _peers)
+    peers_how: str = "steps"
+    blocked: list = field(default_factory=list)  # its blocking calls inside its window (windows.eager_waits')
+    gpu_toll_ns: int = 0  # the device-side time its collectives' tolls queued inside its window (toll_ns)
 
 
 def check_header(path: str, first: str, second: str) -> re.Match:
@@ -242,15 +247,17 @@ def _rows(path: str, s: TraceSummary):
         raise ResultFileError(f"unreadable trace {path}, line {line}: {why}") from None
 
 
-def _fold(s: TraceSummary, lines, site_of, spans: list[tuple[int, int]] | None = None) -> None:
+def _fold(s: TraceSummary, lines, site_of, spans: list[tuple[int, int]] | None = None) -> tuple[list, int]:
     """Add the call lines (marks are not calls) to s; spans: only the calls in them (a window), each call's time
     cut to them (a call the window starts inside counts its time in the window, not the call: a rank's readback
     that waited for the job's other ranks to arrive) and counted once where several threads were in calls at once
-    (windows.exclusive())."""
+    (windows.exclusive()). With spans: the window's blocking calls (as windows.eager_waits takes them) and the
+    device-side time its collectives' tolls queued, ns; else ([], 0)."""
     first = last = None
     lines = list(lines)
     calls = [(t0, t1, row["kind"]) for t0, t1, row in lines if row["kind"] != "mark"]
     alone = iter(windows.exclusive(calls, spans) if spans is not None else [t1 - t0 for t0, t1, _ in calls])
+    blocked, gpu_toll = [], 0
     for t0, t1, row in lines:
         first, last = t0 if first is None else min(first, t0), t1 if last is None else max(last, t1)
         if row["kind"] == "mark":
@@ -260,6 +267,12 @@ def _fold(s: TraceSummary, lines, site_of, spans: list[tuple[int, int]] | None =
             counted = windows.inside(spans, t0, t1)
             if not counted and not in_call:
                 continue
+            if windows.blocking(row):  # the emulator's crossings say how long they waited for the stream
+                paced = s.emulated and row["kind"] == "crossing"
+                own = t1 - t0 - _u64(row, "blocked_stream_ns") if paced else None
+                blocked.append(((row["api"], row["dir"], row["bytes"]), t1 - t0, in_call, own))
+            elif counted and row["kind"] == "collective" and row["graph"] != "capture":
+                gpu_toll += _u64(row, "toll_ns")
         key = (row["api"], row["dir"] or "-", row["mem"] or "-")
         add = _add if counted else _add_time
         add(s.by_api, key, row, in_call)
@@ -269,6 +282,7 @@ def _fold(s: TraceSummary, lines, site_of, spans: list[tuple[int, int]] | None =
         s.span_ns += last - first
         s.first_ns = first if s.first_ns is None else min(s.first_ns, first)
         s.last_ns = last if s.last_ns is None else max(s.last_ns, last)
+    return blocked, gpu_toll
 
 
 def _process(path: str, pid: int, s: TraceSummary, meta: dict, job) -> ProcessTrace:
@@ -283,9 +297,9 @@ def _process(path: str, pid: int, s: TraceSummary, meta: dict, job) -> ProcessTr
     if joined:
         spans = job[1]
     own = TraceSummary(processes=1, profiles=set(s.profiles), emulated=s.emulated)
-    _fold(own, lines, site_of, spans or None)
+    blocked, gpu_toll = _fold(own, lines, site_of, spans or None)
     return ProcessTrace(pid, *_rank_of(meta.get(pid, {})), kind, sum(b - a for a, b in spans) if spans else own.span_ns,
-                        own, spans, job[0] if job else None, joined, handed)
+                        own, spans, job[0] if job else None, joined, handed, blocked=blocked, gpu_toll_ns=gpu_toll)
 
 
 def _rank_of(meta: dict) -> tuple[int | None, int]:
@@ -346,7 +360,9 @@ def summarize(prefix: str) -> TraceSummary:
 
 def _peers(procs: list[ProcessTrace]) -> None:
     """Each joined rank's wait for its job's last rank to hand the GPU each step (windows.peer_waits), where the
-    job's graph-launched steps pair up."""
+    job's graph-launched steps pair up. Where the job has no graph-launched step and its collectives are eager
+    (DDP), a rank's waits in its blocking calls less the GPU time its own collectives' tolls queued (which it
+    waits for on its GPU, a toll): what it waited for its peers, there and in its GPU's collectives."""
     jobs: dict = {}
     for p in procs:
         if p.joined:
@@ -355,6 +371,15 @@ def _peers(procs: list[ProcessTrace]) -> None:
         waits = windows.peer_waits([p.handoffs for p in members], members[0].spans)
         for p, ns in zip(members, waits or []):
             p.peers_ns = ns
+        graphs = any(p.handoffs is None or any(p.handoffs) for p in members)
+        if waits is None and not graphs and any(eager(p.summary) for p in members):
+            for p, ns in zip(members, windows.eager_waits([p.blocked for p in members])):
+                p.peers_ns, p.peers_how = max(0, ns - p.gpu_toll_ns), "waits"
+
+
+def eager(s: TraceSummary) -> int:
+    """Collectives the host issued one by one (not replayed by a graph launch)."""
+    return sum(a["count"] - a["replays"] for a in s.by_api.values() if a["kind"] == "collective")
 
 
 def _files(prefix: str, suffix: str) -> list[tuple[int, str]]:

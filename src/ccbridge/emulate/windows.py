@@ -170,6 +170,27 @@ def peer_waits(handed: list[list[list[tuple[int, int]]] | None], common: list[Sp
     return waits if steps else None
 
 
+def blocking(row: dict) -> bool:
+    """A call the host blocks in until its GPU reaches a point: a synchronize (secure.poll's waits too) or a
+    readback."""
+    return row["kind"] == "sync" or (row["kind"] == "crossing" and row.get("dir") == "d2h")
+
+
+def eager_waits(ranks: list[list[tuple[tuple, int, int, int | None]]]) -> list[int]:
+    """Each rank's waits in its blocking calls inside its job's window (ns), for a job whose collectives are eager
+    (peer_waits matches no step there): each call's time in the window beyond its own cost, what it costs when
+    nothing holds it: where the emulator split the call (a crossing it paced: all but its wait for the stream),
+    that; else the fastest call of its kind (API, direction, bytes) among the job's ranks, whose last rank hardly
+    waits (its copy, a synchronize's toll). ranks: per rank, (kind, the call's length, its time in the window, its
+    own cost where known) of each blocking call. A wait for its GPU and, through the collectives on it, its peers."""
+    floor: dict[tuple, int] = {}
+    for calls in ranks:
+        for key, length, _, own in calls:
+            if own is None:
+                floor[key] = min(length, floor.get(key, length))
+    return [sum(max(0, held - (floor[key] if own is None else own)) for key, _, held, own in calls) for calls in ranks]
+
+
 def inside(spans: list[Span], t0: int, t1: int) -> bool:
     """Whether a call entered inside the spans (sorted, disjoint); a zero-length line at a span's end counts (a
     graph launch's replayed collectives, written at its return, end a first-to-last-collective window)."""
