@@ -1,8 +1,10 @@
 import pytest
 
+from ccbridge import resultschema
 from ccbridge.probe import registry
 from ccbridge.probe.registry import Machine, Settings
 from ccbridge.results import Row
+from ccbridge.schema import Schema
 
 
 def test_every_family_is_registered_once():
@@ -136,3 +138,31 @@ def test_tests_without_torch_run_first_and_the_result_keeps_the_selection_order(
     assert dict(ran)["fake.h1"] is False  # the host-only test waited for the import to end
     assert [r.test for r in res.rows] == ["fake.t1", "fake.g1", "fake.h1", "fake.t2"]
     assert list(res.settings["seconds"]) == ["fake.t1", "fake.g1", "fake.h1", "fake.t2"]
+
+
+def test_each_tests_steps_and_their_seconds_are_in_the_settings(monkeypatch):
+    """Where a test's seconds went: each ctx.step's seconds to the next step or the test's end, after its lead-in;
+    a test that names no step has none; the settings stay valid."""
+    import time as time_
+
+    def stepped(ctx):
+        time_.sleep(0.02)
+        ctx.step("open")
+        time_.sleep(0.05)
+        ctx.step("copy")
+        time_.sleep(0.01)
+        return [Row.of("fake.s", "m", "us", [1])]
+
+    fake = {"fake.s": registry.Test("fake.s", "stepped", (), stepped),
+            "fake.n": registry.Test("fake.n", "no steps", (), lambda ctx: [Row.of("fake.n", "m", "us", [1])])}
+    monkeypatch.setattr(registry, "REGISTRY", fake)
+    monkeypatch.setattr(registry, "load_families", lambda: None)
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls, d, **kw: Machine(0, {}, True)))
+    res = registry.run(Settings(quick=True), {"emulation": {"active": False}})
+    steps = res.settings["steps"]
+    assert list(steps) == ["fake.s"] and [s["step"] for s in steps["fake.s"]] == ["(before its first step)", "open",
+                                                                                   "copy"]
+    lead, opened, copied = (s["s"] for s in steps["fake.s"])
+    assert 0.015 <= lead < 0.2 and 0.045 <= opened < 0.3 and 0.005 <= copied < 0.2
+    assert abs(lead + opened + copied - res.settings["seconds"]["fake.s"]) < 0.01
+    Schema(resultschema.SETTINGS["probe"]).check(res.settings, "the probe's settings", ValueError)

@@ -96,7 +96,9 @@ def _nested(kind: str, fields: dict) -> dict:
 
 SETTINGS = {
     "probe": record({"device": COUNT, "quick": BOOL, "tests": STRINGS, "missing": mapping(STRING),
-                     "timer": MAYBE_STRING, "seconds": mapping(NUMBER)}, closed=True),
+                     "timer": MAYBE_STRING, "seconds": mapping(NUMBER),
+                     "steps": mapping(array(record({"step": STRING, "s": NUMBER}, required=("step", "s"))))},
+                    closed=True),
     "decode": _nested("decode", _DECODE_SETTINGS),
     "decode_tp": _nested("decode_tp", {**_DECODE_SETTINGS, "degrees": array(POSITIVE), "backend": STRING,
                                        "all_reduces_per_step": COUNT, "replicated": STRING, "reference": STRING,

@@ -153,6 +153,14 @@ class ProbeContext:
         self.machine = machine
         self.ahead = ahead  # what the test's ahead() started, or None
         self._on_step = on_step or (lambda msg: None)
+        self.steps: list[tuple[str, float]] = []  # (what, when it began): where a test's seconds went
+
+    def step_seconds(self, t_start: float, t_end: float) -> list[dict]:
+        """Each step's seconds, to the next step or t_end, after the test's own lead-in from t_start (the result's
+        settings.steps: where a test's seconds went)."""
+        steps = [("(before its first step)", t_start)] + self.steps
+        ends = [t for _, t in steps[1:]] + [t_end]
+        return [{"step": msg, "s": round(end - t, 3)} for (msg, t), end in zip(steps, ends)]
 
     @property
     def device(self) -> int:
@@ -162,6 +170,7 @@ class ProbeContext:
         return self.settings.pick(full, quick)
 
     def step(self, msg: str) -> None:
+        self.steps.append((msg, time.perf_counter()))
         self._on_step(msg)
 
 
@@ -223,7 +232,7 @@ def run(settings: Settings, env: dict[str, Any], progress=None, started: dict[st
         machine = Machine.detect(settings.device, torch_now=False)
         result = Result(kind="probe", env=env, settings={"device": settings.device, "quick": settings.quick,
                                                          "tests": [t.name for t in tests], "missing": machine.missing,
-                                                         "timer": settings.timer, "seconds": {}})
+                                                         "timer": settings.timer, "seconds": {}, "steps": {}})
         with _timer_env(settings.timer), _primary_context(settings.device, machine, tests):
             _run_tests(sorted(tests, key=lambda t: "torch" in t.needs), settings, machine, result, progress, started)
         machine.check_torch()  # the result's list of what was missing, whether or not a test needed torch
@@ -258,8 +267,9 @@ def _selection_order(result: Result, names: list[str]) -> None:
     result.rows.sort(key=lambda r: at.get(r.test, len(at)))
     result.errors.sort(key=lambda e: at.get(e["test"], len(at)))
     result.skipped.sort(key=lambda e: at.get(e["test"], len(at)))
-    secs = result.settings["seconds"]
-    result.settings["seconds"] = {n: secs[n] for n in names if n in secs}
+    for key in ("seconds", "steps"):
+        per = result.settings[key]
+        result.settings[key] = {n: per[n] for n in names if n in per}
 
 
 @contextmanager
@@ -303,5 +313,7 @@ def _run_tests(tests, settings: Settings, machine: Machine, result: Result, prog
             status = f"error: {e}"
         seconds = time.perf_counter() - t0
         result.settings["seconds"][t.name] = round(seconds, 2)
+        if ctx.steps:
+            result.settings["steps"][t.name] = ctx.step_seconds(t0, t0 + seconds)
         if progress:
             progress.end(t, status, seconds)
