@@ -163,6 +163,6 @@ def test_each_tests_steps_and_their_seconds_are_in_the_settings(monkeypatch):
     assert list(steps) == ["fake.s"] and [s["step"] for s in steps["fake.s"]] == ["(before its first step)", "open",
                                                                                    "copy"]
     lead, opened, copied = (s["s"] for s in steps["fake.s"])
-    assert 0.015 <= lead < 0.2 and 0.045 <= opened < 0.3 and 0.005 <= copied < 0.2
+    assert lead >= 0.015 and opened >= 0.045 and copied >= 0.005  # each at least its sleep (a busy host: more)
     assert abs(lead + opened + copied - res.settings["seconds"]["fake.s"]) < 0.01
     Schema(resultschema.SETTINGS["probe"]).check(res.settings, "the probe's settings", ValueError)

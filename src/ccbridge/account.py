@@ -286,8 +286,8 @@ class RankAccount:
     world: int = 0  # the job's ranks (0: not known)
     name: str = ""  # as printed: the rank, "rank/world" where the trace holds several jobs, "all"
     job: tuple[int, int] = (0, 0)  # the job's key (world size, its order among the jobs of that size)
-    # ms waiting for the job's last rank to hand the GPU each step, BASE and OTHER (windows.peer_waits; None:
-    # not measured: no graph-replayed steps, or they did not pair up)
+    # ms waiting for the job's last rank each step, BASE and OTHER (graph-launched steps: windows.peer_waits; eager
+    # collectives: windows.eager_waits; None: not measured, the steps or blocking calls did not pair up)
     peer_ms: tuple[float, float] | None = None
 
     @property
@@ -348,20 +348,7 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
     apart = sorted({k[0] for k in set(b) & set(o) if b[k].job and o[k].job and not (b[k].joined and o[k].joined)})
     notes += [f"the {job[0]} ranks of job {job_name(job)}: each on its own window (their mark spans do not pair up)"
               for job in apart]
-    for job in sorted({k[0] for t in (b, o) for k, p in t.items() if p.joined and p.peers_ns is None}):
-        mine = [p for t in (b, o) for k, p in t.items() if k[0] == job]
-        graphs = any(p.handoffs is None or any(p.handoffs) for p in mine)
-        if not graphs and not any(trace.eager(p.summary) for p in mine):
-            continue  # no collective in its window: no step to wait for a peer in
-        notes.append(f"peers of job {job_name(job)}: not measured " + (
-            "(its ranks' graph-launched steps do not pair up, or a rank hands its GPU steps with no readback or "
-            "synchronize between them: its host's lag is not the GPU's)" if graphs else
-            "(its collectives are eager and a run's ranks were not all measured)"))
-    for job in sorted({k[0] for t in (b, o) for k, p in t.items() if p.peers_how == "waits"}):
-        notes.append(f"peers of job {job_name(job)}, eager collectives: estimated, a rank's waits in its synchronizes "
-                     "and readbacks (beyond the job's fastest call of each kind, or a paced crossing's own cost) less "
-                     "the GPU time its own collectives' tolls queued; a wait polled between traced calls is host work "
-                     "unless the program writes it (ccbridge.marks.waited, as ccbridge.secure does)")
+    notes += _peer_notes(b, o, job_name)
     out = []
     for k in sorted(set(b) & set(o)):
         pb, po = b[k], o[k]
@@ -372,10 +359,36 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
         acc = RankAccount(k[1], po.window, pb.window_ns / 1e6, po.window_ns / 1e6, [], world=k[0][0], name=name[k],
                           job=k[0])
         acc.lines = _lines(pb.summary.by_api, po.summary.by_api, acc.slowdown_ms / 1e3 if acc.measurable else 0.0)
-        if pb.peers_ns is not None and po.peers_ns is not None:
+        if pb.peers_ns is not None and po.peers_ns is not None and pb.peers_how == po.peers_how:
             acc.peer_ms = (pb.peers_ns / 1e6, po.peers_ns / 1e6)
         out.append(acc)
     return out, notes
+
+
+def _peer_notes(b: dict, o: dict, job_name) -> list[str]:
+    """Per job of the two traces' ranks (runs.by_job_rank), how its peers were had, or why they were not."""
+    notes = []
+    for job in sorted({k[0] for t in (b, o) for k, p in t.items() if p.joined}):
+        mine = [p for t in (b, o) for k, p in t.items() if k[0] == job]
+        how = {p.peers_how for p in mine if p.peers_ns is not None}
+        graphs = any(p.handoffs is None or any(p.handoffs) for p in mine)
+        if not graphs and not any(trace.eager(p.summary) for p in mine):
+            continue  # no collective in its window: no step to wait for a peer in
+        if len(how) > 1:
+            notes.append(f"peers of job {job_name(job)}: not compared (BASE's and OTHER's were had in two ways: "
+                         "graph-launched steps in one, blocking calls in the other)")
+        elif any(p.peers_ns is None for p in mine):
+            notes.append(f"peers of job {job_name(job)}: not measured " + (
+                "(its ranks' graph-launched steps do not pair up, or a rank hands its GPU steps with no readback or "
+                "synchronize between them: its host's lag is not the GPU's)" if graphs else
+                "(eager collectives, and its ranks' blocking calls do not pair up: a kind's count differs between "
+                "ranks, or none blocked)"))
+        elif how == {"waits"}:
+            notes.append(f"peers of job {job_name(job)}, eager collectives: matched by blocking calls, the k-th "
+                         "synchronize or readback of a kind on every rank one step's; a rank's wait is its time in it "
+                         "beyond the step's shortest (its last rank's); a wait polled between traced calls is host "
+                         "work unless the program writes it (ccbridge.marks.waited, as ccbridge.secure does)")
+    return notes
 
 
 def overall(base: TraceSummary, other: TraceSummary, ranks: list[RankAccount]) -> RankAccount | None:
@@ -424,8 +437,8 @@ def rank_rows(ranks: list[RankAccount]) -> list[Row]:
         if a.peer_ms:
             out.append(Row.of("account.rank", "peers", "ms", [a.peers_delta_ms], **p))
             out[-1].extra.update(base_ms=a.peer_ms[0], other_ms=a.peer_ms[1],
-                                 what="the growth of the rank's waits for its job's last rank to hand the GPU each "
-                                      "step (their host work): in its calls, not a toll; explained is the calls less it")
+                                 what="the growth of the rank's waits for its job's last rank each step (their host "
+                                      "work): in its calls, not a toll; explained is the calls less it")
         for x in a.lines:
             q = dict(p, api=x.api, kind=x.kind, dir=x.dir, mem=x.mem)
             out.append(Row.of("account.rank_api", "delta", "ms", [x.delta_ms], **q))
@@ -442,8 +455,7 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
            "are in);",
            "shares of the window's measured slowdown. collect. to other: each kind of call's growth; peers: the part of "
            "it",
-           "spent waiting for the job's last rank to hand the GPU each step; explained = calls - peers; host: the rank's "
-           "own",
+           "spent waiting for the job's last rank each step; explained = calls - peers; host: the rank's own",
            "work between calls (peers and host: no toll); explained + peers + host = the slowdown",
            f"{'rank':>5} {'window':<11} {'base ms':>10} {'other ms':>10} {'slowdown':>10} {'explained':>9} "
            f"{'collect.':>8} {'launch':>7} {'crossing':>8} {'sync':>7} {'other':>7} {'peers':>6} {'host':>6}"]

@@ -63,7 +63,9 @@ def merge(traces: list[TraceSummary]) -> tuple[TraceSummary, list[str]]:
         out.procs.append(_merged(mine))
         if out.procs[-1].peers_ns is None and any(p.peers_ns is not None for p in mine):
             notes.append(f"{who}: peers measured in {sum(p.peers_ns is not None for p in mine)} of the "
-                         f"{len(traces)} runs: not summed ('-'); its waits for them stay in its calls")
+                         f"{len(traces)} runs" + (", by steps in some and by waits in others" if not
+                                                   out.procs[-1].peers_how else "")
+                         + ": not summed ('-'); its waits for them stay in its calls")
     return out, notes
 
 
@@ -76,12 +78,11 @@ def _merged(procs: list[ProcessTrace]) -> ProcessTrace:
                        profiles=set().union(*(p.summary.profiles for p in procs)),
                        emulated=any(p.summary.emulated for p in procs), span_ns=sum(p.summary.span_ns for p in procs))
     handoffs = None if any(p.handoffs is None for p in procs) else [h for p in procs for h in p.handoffs]
-    peers = None if any(p.peers_ns is None for p in procs) else sum(p.peers_ns for p in procs)
+    how = {p.peers_how for p in procs}  # peers had one way in every run, else not summed
+    peers = None if any(p.peers_ns is None for p in procs) or len(how) > 1 else sum(p.peers_ns for p in procs)
     first = procs[0]
     return ProcessTrace(first.pid, first.rank, first.ranks, window, sum(p.window_ns for p in procs), own, [],
-                        first.job, all(p.joined for p in procs), handoffs, peers,
-                        "waits" if any(p.peers_how == "waits" for p in procs) else "steps",
-                        gpu_toll_ns=sum(p.gpu_toll_ns for p in procs))
+                        first.job, all(p.joined for p in procs), handoffs, peers, how.pop() if len(how) == 1 else "")
 
 
 def phases(each: list[dict[str, float]]) -> dict[str, float]:

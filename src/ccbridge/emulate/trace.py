@@ -163,11 +163,10 @@ class ProcessTrace:
     # a joined rank's steps handed to its GPU (windows.handoffs; None: handed ahead of its GPU, not matched)
     handoffs: list | None = field(default_factory=list)
     peers_ns: int | None = None  # its wait for its job's last rank to hand the GPU each step (None: not measured)
-    # how peers_ns was had: "steps" (graph-launched steps matched, windows.peer_waits) or "waits" (an eager job's:
-    # its blocking calls' waits less the GPU time its own collectives' tolls queued, _peers)
+    # how peers_ns was had: "steps" (graph-launched steps matched, windows.peer_waits) or "waits" (an eager job's
+    # blocking calls matched, windows.eager_waits)
     peers_how: str = "steps"
-    blocked: list = field(default_factory=list)  # its blocking calls inside its window (windows.eager_waits')
-    gpu_toll_ns: int = 0  # the device-side time its collectives' tolls queued inside its window (toll_ns)
+    blocked: list = field(default_factory=list)  # its blocking calls' (kind, time in its window), in order
 
 
 def check_header(path: str, first: str, second: str) -> re.Match:
@@ -247,17 +246,17 @@ def _rows(path: str, s: TraceSummary):
         raise ResultFileError(f"unreadable trace {path}, line {line}: {why}") from None
 
 
-def _fold(s: TraceSummary, lines, site_of, spans: list[tuple[int, int]] | None = None) -> tuple[list, int]:
+def _fold(s: TraceSummary, lines, site_of, spans: list[tuple[int, int]] | None = None) -> list:
     """Add the call lines (marks are not calls) to s; spans: only the calls in them (a window), each call's time
     cut to them (a call the window starts inside counts its time in the window, not the call: a rank's readback
     that waited for the job's other ranks to arrive) and counted once where several threads were in calls at once
-    (windows.exclusive()). With spans: the window's blocking calls (as windows.eager_waits takes them) and the
-    device-side time its collectives' tolls queued, ns; else ([], 0)."""
+    (windows.exclusive()). With spans: the window's blocking calls, as windows.eager_waits takes them (each one's
+    time in the window, whatever another thread's calls held of it); else []."""
     first = last = None
     lines = list(lines)
     calls = [(t0, t1, row["kind"]) for t0, t1, row in lines if row["kind"] != "mark"]
     alone = iter(windows.exclusive(calls, spans) if spans is not None else [t1 - t0 for t0, t1, _ in calls])
-    blocked, gpu_toll = [], 0
+    blocked = []
     for t0, t1, row in lines:
         first, last = t0 if first is None else min(first, t0), t1 if last is None else max(last, t1)
         if row["kind"] == "mark":
@@ -267,12 +266,8 @@ def _fold(s: TraceSummary, lines, site_of, spans: list[tuple[int, int]] | None =
             counted = windows.inside(spans, t0, t1)
             if not counted and not in_call:
                 continue
-            if windows.blocking(row):  # the emulator's crossings say how long they waited for the stream
-                paced = s.emulated and row["kind"] == "crossing"
-                own = t1 - t0 - _u64(row, "blocked_stream_ns") if paced else None
-                blocked.append(((row["api"], row["dir"], row["bytes"]), t1 - t0, in_call, own))
-            elif counted and row["kind"] == "collective" and row["graph"] != "capture":
-                gpu_toll += _u64(row, "toll_ns")
+            if windows.blocking(row):
+                blocked.append(((row["api"], row["dir"], row["bytes"]), windows.cut(spans, t0, t1)))
         key = (row["api"], row["dir"] or "-", row["mem"] or "-")
         add = _add if counted else _add_time
         add(s.by_api, key, row, in_call)
@@ -282,7 +277,7 @@ def _fold(s: TraceSummary, lines, site_of, spans: list[tuple[int, int]] | None =
         s.span_ns += last - first
         s.first_ns = first if s.first_ns is None else min(s.first_ns, first)
         s.last_ns = last if s.last_ns is None else max(s.last_ns, last)
-    return blocked, gpu_toll
+    return blocked
 
 
 def _process(path: str, pid: int, s: TraceSummary, meta: dict, job) -> ProcessTrace:
@@ -297,9 +292,9 @@ def _process(path: str, pid: int, s: TraceSummary, meta: dict, job) -> ProcessTr
     if joined:
         spans = job[1]
     own = TraceSummary(processes=1, profiles=set(s.profiles), emulated=s.emulated)
-    blocked, gpu_toll = _fold(own, lines, site_of, spans or None)
+    blocked = _fold(own, lines, site_of, spans or None)
     return ProcessTrace(pid, *_rank_of(meta.get(pid, {})), kind, sum(b - a for a, b in spans) if spans else own.span_ns,
-                        own, spans, job[0] if job else None, joined, handed, blocked=blocked, gpu_toll_ns=gpu_toll)
+                        own, spans, job[0] if job else None, joined, handed, blocked=blocked)
 
 
 def _rank_of(meta: dict) -> tuple[int | None, int]:
@@ -360,9 +355,8 @@ def summarize(prefix: str) -> TraceSummary:
 
 def _peers(procs: list[ProcessTrace]) -> None:
     """Each joined rank's wait for its job's last rank to hand the GPU each step (windows.peer_waits), where the
-    job's graph-launched steps pair up. Where the job has no graph-launched step and its collectives are eager
-    (DDP), a rank's waits in its blocking calls less the GPU time its own collectives' tolls queued (which it
-    waits for on its GPU, a toll): what it waited for its peers, there and in its GPU's collectives."""
+    job's graph-launched steps pair up; where the job has none and its collectives are eager (DDP), its waits in
+    its blocking calls beyond the step's last rank's (windows.eager_waits), where they pair up."""
     jobs: dict = {}
     for p in procs:
         if p.joined:
@@ -373,8 +367,8 @@ def _peers(procs: list[ProcessTrace]) -> None:
             p.peers_ns = ns
         graphs = any(p.handoffs is None or any(p.handoffs) for p in members)
         if waits is None and not graphs and any(eager(p.summary) for p in members):
-            for p, ns in zip(members, windows.eager_waits([p.blocked for p in members])):
-                p.peers_ns, p.peers_how = max(0, ns - p.gpu_toll_ns), "waits"
+            for p, ns in zip(members, windows.eager_waits([p.blocked for p in members]) or []):
+                p.peers_ns, p.peers_how = ns, "waits"
 
 
 def eager(s: TraceSummary) -> int:

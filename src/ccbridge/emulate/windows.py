@@ -126,7 +126,7 @@ def handoffs(lines, spans: list[Span]) -> list[list[tuple[int, int]]] | None:
             i = bisect.bisect_right(starts, t0) - 1
             if i >= 0 and t0 <= spans[i][1]:
                 handed[i].add(t0)
-        elif kind == "sync" or (kind == "crossing" and row.get("dir") == "d2h"):
+        elif blocking(row):
             blocks.append((t0, t1))
     blocks.sort()
     block_starts = [a for a, _ in blocks]
@@ -176,19 +176,35 @@ def blocking(row: dict) -> bool:
     return row["kind"] == "sync" or (row["kind"] == "crossing" and row.get("dir") == "d2h")
 
 
-def eager_waits(ranks: list[list[tuple[tuple, int, int, int | None]]]) -> list[int]:
-    """Each rank's waits in its blocking calls inside its job's window (ns), for a job whose collectives are eager
-    (peer_waits matches no step there): each call's time in the window beyond its own cost, what it costs when
-    nothing holds it: where the emulator split the call (a crossing it paced: all but its wait for the stream),
-    that; else the fastest call of its kind (API, direction, bytes) among the job's ranks, whose last rank hardly
-    waits (its copy, a synchronize's toll). ranks: per rank, (kind, the call's length, its time in the window, its
-    own cost where known) of each blocking call. A wait for its GPU and, through the collectives on it, its peers."""
-    floor: dict[tuple, int] = {}
+def eager_waits(ranks: list[list[tuple[tuple, int]]]) -> list[int] | None:
+    """Each rank's wait for its peers in its blocking calls inside its job's window (ns), for a job whose
+    collectives are eager (peer_waits matches no graph-launched step there): the k-th blocking call of a kind (API,
+    direction, bytes) on every rank is one step's, and a rank's wait in it is its time in the window beyond the
+    job's shortest k-th call of that kind: that step's last rank. What every rank waits alike (its own GPU's work,
+    a synchronize's toll, a toll its GPU hid) cancels, so one definition reads BASE and OTHER alike. ranks: per
+    rank, each blocking call's (kind, time in the window) in order. None where a kind's count differs between
+    ranks (the k-th would not be one step) or no rank blocked."""
+    per: list[dict[tuple, list[int]]] = []
     for calls in ranks:
-        for key, length, _, own in calls:
-            if own is None:
-                floor[key] = min(length, floor.get(key, length))
-    return [sum(max(0, held - (floor[key] if own is None else own)) for key, _, held, own in calls) for calls in ranks]
+        mine: dict[tuple, list[int]] = {}
+        for key, held in calls:
+            mine.setdefault(key, []).append(held)
+        per.append(mine)
+    keys = set().union(*per)
+    if not keys or any(len({len(m.get(k, ())) for m in per}) != 1 for k in keys):
+        return None
+    out = [0] * len(ranks)
+    for k in keys:
+        for step in zip(*(m[k] for m in per)):
+            least = min(step)
+            for r, held in enumerate(step):
+                out[r] += held - least
+    return out
+
+
+def cut(spans: list[Span], t0: int, t1: int) -> int:
+    """How much of a call [t0, t1) the spans (sorted, disjoint) hold."""
+    return _overlap(spans, [b for _, b in spans], t0, t1)
 
 
 def inside(spans: list[Span], t0: int, t1: int) -> bool:
