@@ -112,8 +112,24 @@ def _one_reads_back(emu, rank, t):
 def test_ranks_whose_blocking_calls_do_not_pair_up_get_no_peers_and_a_note(tmp_path):
     ranks, notes = _ranks(tmp_path, _one_reads_back)
     assert all(a.peer_ms is None for a in ranks)
-    assert notes == ["peers of job 2: not measured (eager collectives, and its ranks' blocking calls do not pair up: "
-                     "a kind's count differs between ranks, or none blocked)"]
+    assert notes == ["peers of job 2: not measured (eager collectives, and no kind of its ranks' blocking calls "
+                     "pairs up: each kind's count differs between ranks, or none blocked)"]
+
+
+def _timed_on_rank_0(emu, rank, t):
+    """eager_job's step shape with a timing synchronize on rank 0 alone (cuEventSynchronize, after its readback):
+    the readbacks pair up, the synchronizes do not and are left out, named in the note."""
+    out, t = _hidden_toll(emu, rank, t)
+    if rank == 0:
+        out.append((t, 7, "cuEventSynchronize", "sync", "", "", 0, 0, 0))
+    return out, t + 10
+
+
+def test_a_kind_whose_count_differs_between_ranks_is_left_out_and_named(tmp_path):
+    ranks, notes = _ranks(tmp_path, _timed_on_rank_0)
+    assert [round(a.peer_ms[0], 6) for a in ranks] == [0.6, 0.0]  # rank 0's 30 us a step for rank 1, 20 steps
+    assert "left out, their counts differing between ranks (their waits stay in the calls): cuEventSynchronize;" \
+        in notes[0]
 
 
 def test_runs_whose_peers_were_had_in_two_ways_are_not_summed(tmp_path):

@@ -381,13 +381,17 @@ def _peer_notes(b: dict, o: dict, job_name) -> list[str]:
             notes.append(f"peers of job {job_name(job)}: not measured " + (
                 "(its ranks' graph-launched steps do not pair up, or a rank hands its GPU steps with no readback or "
                 "synchronize between them: its host's lag is not the GPU's)" if graphs else
-                "(eager collectives, and its ranks' blocking calls do not pair up: a kind's count differs between "
-                "ranks, or none blocked)"))
+                "(eager collectives, and no kind of its ranks' blocking calls pairs up: each kind's count differs "
+                "between ranks, or none blocked)"))
         elif how == {"waits"}:
+            left = sorted({k for p in mine for k in p.unpaired})
             notes.append(f"peers of job {job_name(job)}, eager collectives: matched by blocking calls, the k-th "
                          "synchronize or readback of a kind on every rank one step's; a rank's wait is its time in it "
-                         "beyond the step's shortest (its last rank's); a wait polled between traced calls is host "
-                         "work unless the program writes it (ccbridge.marks.waited, as ccbridge.secure does)")
+                         "beyond the step's shortest (its last rank's)" + (
+                             "; left out, their counts differing between ranks (their waits stay in the calls): "
+                             + ", ".join(api if not d else f"{api} {d} {n} B" for api, d, n in left) if left else "")
+                         + "; a wait polled between traced calls is host work unless the program writes it "
+                         "(ccbridge.marks.waited, as ccbridge.secure does)")
     return notes
 
 

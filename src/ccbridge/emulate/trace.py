@@ -167,6 +167,7 @@ class ProcessTrace:
     # blocking calls matched, windows.eager_waits)
     peers_how: str = "steps"
     blocked: list = field(default_factory=list)  # its blocking calls' (kind, time in its window), in order
+    unpaired: list = field(default_factory=list)  # "waits": the kinds of blocking call left out (counts differ)
 
 
 def check_header(path: str, first: str, second: str) -> re.Match:
@@ -366,9 +367,10 @@ def _peers(procs: list[ProcessTrace]) -> None:
         for p, ns in zip(members, waits or []):
             p.peers_ns = ns
         graphs = any(p.handoffs is None or any(p.handoffs) for p in members)
-        if waits is None and not graphs and any(eager(p.summary) for p in members):
-            for p, ns in zip(members, windows.eager_waits([p.blocked for p in members]) or []):
-                p.peers_ns, p.peers_how = ns, "waits"
+        paired = None if waits is not None or graphs or not any(eager(p.summary) for p in members) else \
+            windows.eager_waits([p.blocked for p in members])
+        for p, ns in zip(members, paired[0] if paired else []):
+            p.peers_ns, p.peers_how, p.unpaired = ns, "waits", paired[1]
 
 
 def eager(s: TraceSummary) -> int:

@@ -176,14 +176,15 @@ def blocking(row: dict) -> bool:
     return row["kind"] == "sync" or (row["kind"] == "crossing" and row.get("dir") == "d2h")
 
 
-def eager_waits(ranks: list[list[tuple[tuple, int]]]) -> list[int] | None:
+def eager_waits(ranks: list[list[tuple[tuple, int]]]) -> tuple[list[int], list[tuple]] | None:
     """Each rank's wait for its peers in its blocking calls inside its job's window (ns), for a job whose
     collectives are eager (peer_waits matches no graph-launched step there): the k-th blocking call of a kind (API,
     direction, bytes) on every rank is one step's, and a rank's wait in it is its time in the window beyond the
     job's shortest k-th call of that kind: that step's last rank. What every rank waits alike (its own GPU's work,
     a synchronize's toll, a toll its GPU hid) cancels, so one definition reads BASE and OTHER alike. ranks: per
-    rank, each blocking call's (kind, time in the window) in order. None where a kind's count differs between
-    ranks (the k-th would not be one step) or no rank blocked."""
+    rank, each blocking call's (kind, time in the window) in order. Also the kinds left out, whose counts differ
+    between ranks (the k-th would not be one step: a timing synchronize on some ranks only); None where no kind
+    pairs up."""
     per: list[dict[tuple, list[int]]] = []
     for calls in ranks:
         mine: dict[tuple, list[int]] = {}
@@ -191,15 +192,16 @@ def eager_waits(ranks: list[list[tuple[tuple, int]]]) -> list[int] | None:
             mine.setdefault(key, []).append(held)
         per.append(mine)
     keys = set().union(*per)
-    if not keys or any(len({len(m.get(k, ())) for m in per}) != 1 for k in keys):
+    paired = {k for k in keys if len({len(m.get(k, ())) for m in per}) == 1}
+    if not paired:
         return None
     out = [0] * len(ranks)
-    for k in keys:
+    for k in paired:
         for step in zip(*(m[k] for m in per)):
             least = min(step)
             for r, held in enumerate(step):
                 out[r] += held - least
-    return out
+    return out, sorted(keys - paired)
 
 
 def cut(spans: list[Span], t0: int, t1: int) -> int:
