@@ -573,9 +573,9 @@ def eager_job(prefix, emu: int, steps: int = 20) -> None:
 
 
 def test_an_eager_job_gets_its_peers_from_its_waits_and_a_note_that_says_how(tmp_path):
-    """Each rank's peers are its waits in its blocking calls beyond each step's shortest (the k-th readback of
-    every rank one step's): then explained is exactly the tolls each rank paid, whichever rank was the straggler
-    in each run (eager_job)."""
+    """Each rank's peers are its time blocked between two of its collectives beyond the least blocked rank's there
+    (the span from the j-th collective to the j+1-th one step's on every rank): then explained is exactly the tolls
+    each rank paid, whichever rank was the straggler in each run (eager_job)."""
     steps = 20
     eager_job(tmp_path / "n", 0, steps)
     eager_job(tmp_path / "c", 1, steps)
@@ -583,14 +583,14 @@ def test_an_eager_job_gets_its_peers_from_its_waits_and_a_note_that_says_how(tmp
     assert all(p.joined and p.peers_how == "waits" for p in base.procs + other.procs)
     assert trace.eager(other.procs[0].summary) == 3 * steps
     us = lambda ns: round(ns / 1e3, 3)  # noqa: E731 - the trace's ns as the test's us
-    assert [us(p.peers_ns) for p in base.procs] == [30 * steps, 0]  # rank 1's readback: each step's shortest
+    assert [us(p.peers_ns) for p in base.procs] == [30 * steps, 0]  # rank 1's readback: each step's least
     assert [us(p.peers_ns) for p in other.procs] == [0, 10 * steps]  # rank 0's now
     ranks, notes = account.per_rank(base, other)
-    assert len(notes) == 1 and notes[0].startswith("peers of job 2, eager collectives: matched by blocking calls")
+    assert len(notes) == 1 and notes[0].startswith("peers of job 2, eager collectives: matched by collective")
     for a, peers, host in zip(ranks, (-30, 10), (40, 0)):
         assert abs(a.slowdown_ms - 95 * steps / 1e3) < 1e-3
         assert abs(a.explained_ms - 85 * steps / 1e3) < 1e-3, (a.rank, a.explained_ms)  # 30 + 40 + 15: its tolls
         assert abs(a.peers_delta_ms - peers * steps / 1e3) < 1e-3 and abs(a.host_delta_ms - host * steps / 1e3) < 1e-3
     text = account.render_ranks(ranks, notes)
     row0 = next(line for line in text.splitlines() if line.lstrip().startswith("0 marks")).split()
-    assert row0[-2] == "-32%" and "matched by blocking calls" in text and all(len(x) <= 120 for x in text.splitlines())
+    assert row0[-2] == "-32%" and "matched by collective" in text and all(len(x) <= 120 for x in text.splitlines())

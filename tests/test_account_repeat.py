@@ -56,7 +56,7 @@ def test_a_rank_missing_from_a_run_and_peers_one_run_measured_are_not_summed(tmp
     assert runs.merge([b1]) == (b1, [])  # one run: itself
 
 
-def test_an_eager_jobs_estimated_peers_are_summed_over_the_runs(tmp_path):
+def test_an_eager_jobs_matched_peers_are_summed_over_the_runs(tmp_path):
     for j in (1, 2):
         eager_job(tmp_path / f"n{j}", 0, steps=10 * j)
         eager_job(tmp_path / f"c{j}", 1, steps=10 * j)
@@ -65,7 +65,7 @@ def test_an_eager_jobs_estimated_peers_are_summed_over_the_runs(tmp_path):
     assert [p.peers_how for p in base.procs + other.procs] == ["waits"] * 4
     assert [p.peers_ns for p in base.procs] == [sum(t.procs[r].peers_ns for t in sides[0]) for r in (0, 1)]
     ranks, notes = account.per_rank(base, other)
-    assert notes[0].startswith("peers of job 2, eager collectives: matched by blocking calls")
+    assert notes[0].startswith("peers of job 2, eager collectives: matched by collective")
     for a in ranks:  # 30 steps of 85 us of tolls each
         assert abs(a.explained_ms - 30 * 85 / 1e3) < 1e-3 and abs(a.slowdown_ms - 30 * 95 / 1e3) < 1e-3
 

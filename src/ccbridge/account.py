@@ -287,7 +287,7 @@ class RankAccount:
     name: str = ""  # as printed: the rank, "rank/world" where the trace holds several jobs, "all"
     job: tuple[int, int] = (0, 0)  # the job's key (world size, its order among the jobs of that size)
     # ms waiting for the job's last rank each step, BASE and OTHER (graph-launched steps: windows.peer_waits; eager
-    # collectives: windows.eager_waits; None: not measured, the steps or blocking calls did not pair up)
+    # collectives: windows.eager_waits; None: not measured, the steps or the collectives did not pair up)
     peer_ms: tuple[float, float] | None = None
 
     @property
@@ -381,17 +381,14 @@ def _peer_notes(b: dict, o: dict, job_name) -> list[str]:
             notes.append(f"peers of job {job_name(job)}: not measured " + (
                 "(its ranks' graph-launched steps do not pair up, or a rank hands its GPU steps with no readback or "
                 "synchronize between them: its host's lag is not the GPU's)" if graphs else
-                "(eager collectives, and no kind of its ranks' blocking calls pairs up: each kind's count differs "
-                "between ranks, or none blocked)"))
+                "(eager collectives: no collective was issued as many times on every rank, or a rank blocked in no "
+                "traced call inside the window, its waits polled or spun outside them)"))
         elif how == {"waits"}:
-            left = sorted({k for p in mine for k in p.unpaired})
-            notes.append(f"peers of job {job_name(job)}, eager collectives: matched by blocking calls, the k-th "
-                         "synchronize or readback of a kind on every rank one step's; a rank's wait is its time in it "
-                         "beyond the step's shortest (its last rank's)" + (
-                             "; left out, their counts differing between ranks (their waits stay in the calls): "
-                             + ", ".join(api if not d else f"{api} {d} {n} B" for api, d, n in left) if left else "")
-                         + "; a wait polled between traced calls is host work unless the program writes it "
-                         "(ccbridge.marks.waited, as ccbridge.secure does)")
+            notes.append(f"peers of job {job_name(job)}, eager collectives: matched by collective, the span from a "
+                         "rank's j-th to its j+1-th the same step's on every rank (sends and receives left out where "
+                         "their counts differ between ranks); a rank's wait is its time blocked there (synchronizes "
+                         "and readbacks) beyond the least blocked rank's; a wait polled between traced calls is host "
+                         "work unless the program writes it (ccbridge.marks.waited, as ccbridge.secure does)")
     return notes
 
 

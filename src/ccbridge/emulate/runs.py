@@ -82,8 +82,7 @@ def _merged(procs: list[ProcessTrace]) -> ProcessTrace:
     peers = None if any(p.peers_ns is None for p in procs) or len(how) > 1 else sum(p.peers_ns for p in procs)
     first = procs[0]
     return ProcessTrace(first.pid, first.rank, first.ranks, window, sum(p.window_ns for p in procs), own, [],
-                        first.job, all(p.joined for p in procs), handoffs, peers, how.pop() if len(how) == 1 else "",
-                        unpaired=sorted({k for p in procs for k in p.unpaired}))
+                        first.job, all(p.joined for p in procs), handoffs, peers, how.pop() if len(how) == 1 else "")
 
 
 def phases(each: list[dict[str, float]]) -> dict[str, float]:

@@ -164,10 +164,10 @@ class ProcessTrace:
     handoffs: list | None = field(default_factory=list)
     peers_ns: int | None = None  # its wait for its job's last rank to hand the GPU each step (None: not measured)
     # how peers_ns was had: "steps" (graph-launched steps matched, windows.peer_waits) or "waits" (an eager job's
-    # blocking calls matched, windows.eager_waits)
+    # spans between its collectives matched, windows.eager_waits)
     peers_how: str = "steps"
-    blocked: list = field(default_factory=list)  # its blocking calls' (kind, time in its window), in order
-    unpaired: list = field(default_factory=list)  # "waits": the kinds of blocking call left out (counts differ)
+    eager_at: dict = field(default_factory=dict)  # NCCL name -> when it issued each eager one (whole trace, in order)
+    blocks: list = field(default_factory=list)  # its blocking calls' (t_enter, t_return), the whole trace's, in order
 
 
 def check_header(path: str, first: str, second: str) -> re.Match:
@@ -247,17 +247,15 @@ def _rows(path: str, s: TraceSummary):
         raise ResultFileError(f"unreadable trace {path}, line {line}: {why}") from None
 
 
-def _fold(s: TraceSummary, lines, site_of, spans: list[tuple[int, int]] | None = None) -> list:
+def _fold(s: TraceSummary, lines, site_of, spans: list[tuple[int, int]] | None = None) -> None:
     """Add the call lines (marks are not calls) to s; spans: only the calls in them (a window), each call's time
     cut to them (a call the window starts inside counts its time in the window, not the call: a rank's readback
     that waited for the job's other ranks to arrive) and counted once where several threads were in calls at once
-    (windows.exclusive()). With spans: the window's blocking calls, as windows.eager_waits takes them (each one's
-    time in the window, whatever another thread's calls held of it); else []."""
+    (windows.exclusive())."""
     first = last = None
     lines = list(lines)
     calls = [(t0, t1, row["kind"]) for t0, t1, row in lines if row["kind"] != "mark"]
     alone = iter(windows.exclusive(calls, spans) if spans is not None else [t1 - t0 for t0, t1, _ in calls])
-    blocked = []
     for t0, t1, row in lines:
         first, last = t0 if first is None else min(first, t0), t1 if last is None else max(last, t1)
         if row["kind"] == "mark":
@@ -267,8 +265,6 @@ def _fold(s: TraceSummary, lines, site_of, spans: list[tuple[int, int]] | None =
             counted = windows.inside(spans, t0, t1)
             if not counted and not in_call:
                 continue
-            if windows.blocking(row):
-                blocked.append(((row["api"], row["dir"], row["bytes"]), windows.cut(spans, t0, t1)))
         key = (row["api"], row["dir"] or "-", row["mem"] or "-")
         add = _add if counted else _add_time
         add(s.by_api, key, row, in_call)
@@ -278,7 +274,6 @@ def _fold(s: TraceSummary, lines, site_of, spans: list[tuple[int, int]] | None =
         s.span_ns += last - first
         s.first_ns = first if s.first_ns is None else min(s.first_ns, first)
         s.last_ns = last if s.last_ns is None else max(s.last_ns, last)
-    return blocked
 
 
 def _process(path: str, pid: int, s: TraceSummary, meta: dict, job) -> ProcessTrace:
@@ -293,9 +288,14 @@ def _process(path: str, pid: int, s: TraceSummary, meta: dict, job) -> ProcessTr
     if joined:
         spans = job[1]
     own = TraceSummary(processes=1, profiles=set(s.profiles), emulated=s.emulated)
-    blocked = _fold(own, lines, site_of, spans or None)
+    _fold(own, lines, site_of, spans or None)
+    eager_at: dict[str, list[int]] = {}  # when it issued each eager collective, by its NCCL name, in time order
+    for t0, _, row in sorted(lines, key=lambda x: x[0]):
+        if row["kind"] == "collective" and not row["graph"]:
+            eager_at.setdefault(row["api"], []).append(t0)
+    blocks = sorted((t0, t1) for t0, t1, row in lines if windows.blocking(row))  # in time: threads write in chunks
     return ProcessTrace(pid, *_rank_of(meta.get(pid, {})), kind, sum(b - a for a, b in spans) if spans else own.span_ns,
-                        own, spans, job[0] if job else None, joined, handed, blocked=blocked)
+                        own, spans, job[0] if job else None, joined, handed, eager_at=eager_at, blocks=blocks)
 
 
 def _rank_of(meta: dict) -> tuple[int | None, int]:
@@ -356,8 +356,8 @@ def summarize(prefix: str) -> TraceSummary:
 
 def _peers(procs: list[ProcessTrace]) -> None:
     """Each joined rank's wait for its job's last rank to hand the GPU each step (windows.peer_waits), where the
-    job's graph-launched steps pair up; where the job has none and its collectives are eager (DDP), its waits in
-    its blocking calls beyond the step's last rank's (windows.eager_waits), where they pair up."""
+    job's graph-launched steps pair up; where the job has none and its collectives are eager (DDP), its time
+    blocked beyond each span's least blocked rank between its j-th and j+1-th collectives (windows.eager_waits)."""
     jobs: dict = {}
     for p in procs:
         if p.joined:
@@ -367,10 +367,10 @@ def _peers(procs: list[ProcessTrace]) -> None:
         for p, ns in zip(members, waits or []):
             p.peers_ns = ns
         graphs = any(p.handoffs is None or any(p.handoffs) for p in members)
-        paired = None if waits is not None or graphs or not any(eager(p.summary) for p in members) else \
-            windows.eager_waits([p.blocked for p in members])
-        for p, ns in zip(members, paired[0] if paired else []):
-            p.peers_ns, p.peers_how, p.unpaired = ns, "waits", paired[1]
+        if waits is None and not graphs and any(p.eager_at for p in members):
+            for p, ns in zip(members, windows.eager_waits([(p.eager_at, p.blocks) for p in members],
+                                                          members[0].spans) or []):
+                p.peers_ns, p.peers_how = ns, "waits"
 
 
 def eager(s: TraceSummary) -> int:

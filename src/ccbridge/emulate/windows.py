@@ -18,8 +18,10 @@ between steps grew makes every other rank's waits grow, a toll of nobody's. peer
 steps are CUDA graph launches that replay collectives, each followed by a block on the GPU (a TP engine's decode
 step: launch, then read the token back): the k-th launch of every rank is one step, and a rank's wait for its
 peers is the last rank's launch less its own, at most its block. A host that hands steps ahead of its GPU (no
-block between launches: piecewise graphs, async loops) and eager collectives are not matched: their host's lag
-is not the GPU's.
+block between launches: piecewise graphs, async loops) is not matched: its host's lag is not the GPU's. A job whose
+collectives are eager (DDP) is matched by its collectives instead (eager_waits): the span between a rank's j-th and
+j+1-th is the same step's on every rank, and a rank's time blocked there beyond the least blocked rank's is its
+wait for its peers.
 """
 
 from __future__ import annotations
@@ -176,37 +178,40 @@ def blocking(row: dict) -> bool:
     return row["kind"] == "sync" or (row["kind"] == "crossing" and row.get("dir") == "d2h")
 
 
-def eager_waits(ranks: list[list[tuple[tuple, int]]]) -> tuple[list[int], list[tuple]] | None:
-    """Each rank's wait for its peers in its blocking calls inside its job's window (ns), for a job whose
-    collectives are eager (peer_waits matches no graph-launched step there): the k-th blocking call of a kind (API,
-    direction, bytes) on every rank is one step's, and a rank's wait in it is its time in the window beyond the
-    job's shortest k-th call of that kind: that step's last rank. What every rank waits alike (its own GPU's work,
-    a synchronize's toll, a toll its GPU hid) cancels, so one definition reads BASE and OTHER alike. ranks: per
-    rank, each blocking call's (kind, time in the window) in order. Also the kinds left out, whose counts differ
-    between ranks (the k-th would not be one step: a timing synchronize on some ranks only); None where no kind
-    pairs up."""
-    per: list[dict[tuple, list[int]]] = []
-    for calls in ranks:
-        mine: dict[tuple, list[int]] = {}
-        for key, held in calls:
-            mine.setdefault(key, []).append(held)
-        per.append(mine)
-    keys = set().union(*per)
-    paired = {k for k in keys if len({len(m.get(k, ())) for m in per}) == 1}
-    if not paired:
+def eager_waits(ranks: list[tuple[dict[str, list[int]], list[Span]]], spans: list[Span]) -> list[int] | None:
+    """Of a job whose collectives are eager (no graph-launched step for peer_waits), each rank's wait for its peers
+    inside the common spans (ns). ranks: per rank, when it issued each eager collective (by NCCL name) and its
+    blocking calls' (t_enter, t_return), each in time order. Every rank issues a collective the same number of
+    times in the same order (NCCL's contract; point-to-point sends and receives need not be, and are left out where
+    their counts differ), so the span from its j-th collective to its j+1-th is the same step's on every rank; a
+    rank's time blocked there (its synchronizes and readbacks, once where two of its threads blocked together, cut
+    to the window) beyond the least blocked rank's is its wait for its peers. What every rank waits alike (its own
+    GPU's work, a synchronize's toll, a toll its GPU hid) cancels, so BASE and OTHER read alike. None where no
+    collective's count is the same on every rank, or a rank blocked in no traced call inside the spans (its waits,
+    if any, were polled or spun outside them: not seen)."""
+    names = [n for n in ranks[0][0] if len({len(at.get(n, ())) for at, _ in ranks}) == 1]
+    if not names:
         return None
+    per = []
+    for by_name, blocks in ranks:
+        at = sorted(t for n in names for t in by_name[n])
+        held = _union([(max(a, x), min(b, y)) for a, b in blocks for x, y in spans if max(a, x) < min(b, y)])
+        if not held:
+            return None
+        steps = [0] * (len(at) + 1)  # before its first collective, between each two, after its last
+        for a, b in held:
+            k = bisect.bisect_right(at, a)
+            while a < b:
+                end = min(b, at[k]) if k < len(at) else b
+                steps[k] += end - a
+                a, k = end, k + 1
+        per.append(steps)
     out = [0] * len(ranks)
-    for k in paired:
-        for step in zip(*(m[k] for m in per)):
-            least = min(step)
-            for r, held in enumerate(step):
-                out[r] += held - least
-    return out, sorted(keys - paired)
-
-
-def cut(spans: list[Span], t0: int, t1: int) -> int:
-    """How much of a call [t0, t1) the spans (sorted, disjoint) hold."""
-    return _overlap(spans, [b for _, b in spans], t0, t1)
+    for step in zip(*per):
+        least = min(step)
+        for r, w in enumerate(step):
+            out[r] += w - least
+    return out
 
 
 def inside(spans: list[Span], t0: int, t1: int) -> bool:

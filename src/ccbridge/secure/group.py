@@ -158,11 +158,10 @@ class SecureGroup:
     def poll(self, done, what: str, timeout=None) -> None:
         """Wait until done() is true, at most timeout (default the group's)
         seconds; then PeerError, and the group is broken for good."""
-        began = time.monotonic_ns()
-        if done():  # a line all the same: every rank writes one per poll, so account pairs its k-th across ranks
-            marks.waited("secure.poll", began)
+        if done():
             return
         limit = self.timeout if timeout is None else timeout
+        began = time.monotonic_ns()
         end, delay = began / 1e9 + limit, 10e-6
         while not done():
             if time.monotonic() > end:
