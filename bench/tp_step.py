@@ -16,8 +16,9 @@ token read back), for each variant of the layer (serve/engine.py):
   compiled-kn compiled, every weight stored K-major (its transpose contiguous): the GEMVs as NN GEMMs, which
               cuBLAS's heuristics serve with other kernels than the TN ones of an (N, K) weight
 For each: the step's wall time (replay + read back), its GPU time (events around the replays), over the
-roofline, kernels per step (torch.profiler, one eager step), the top kernels, and the first step's logits against
-the first variant's (the bf16 tolerance of serve.tp.logits_tol).
+roofline, kernels per step (torch.profiler, one eager step), their summed time and what the step spends between
+them, the top kernels, and the first step's logits against the first variant's (the bf16 tolerance of
+serve.tp.logits_tol).
     python bench/tp_step.py --model llama-8b --tp 1 4 [--variants eager compiled autotuned] [--json F]
 """
 
@@ -135,6 +136,9 @@ def main() -> int:
             print(f"tp {n} {v:<9} wall {r['wall_ms']:7.3f} ms  gpu {r['gpu_ms']:7.3f}  roof {r['roofline_ms']:6.3f}"
                   f"  x{r['over_roof']:5.2f}  kernels {r['kernels_per_step']:5d}  logits {diff:.4f}"
                   f"{'' if ok else ' BEYOND'}  ({time.perf_counter() - t0:.0f} s)", flush=True)
+            busy = sum(us for _, _, us in r["top"]) / 1e3  # the profiled step's kernels, end to end of each
+            print(f"      kernels {busy:.3f} ms of the step; between them {r['wall_ms'] - busy:.3f} ms "
+                  f"({(r['wall_ms'] - busy) * 1e3 / max(r['kernels_per_step'], 1):.2f} us a kernel)")
             for name, cnt, us in r["top"][:6]:
                 print(f"      {us / 1e3:8.3f} ms  x{cnt:<5d} {name}")
             del m
