@@ -1,0 +1,177 @@
+"""A decode step's weight GEMVs as one Triton kernel each, fused with what comes before them, against cuBLAS (issue 31).
+
+bench/tp_step.py found one rank's llama-8b TP4 decode step at 2.41x its HBM roofline (goal 2x): its weight GEMVs
+and cuBLAS's split-K reduce kernels took 1.34 ms for 0.87 ms of weights at the copy rate, and 532 kernels a step
+cost ~1.1 us each between them. This asks whether one kernel per GEMV does better at those shapes: each program
+reads BLOCK_N rows of the weight across K once, with the RMSNorm before QKV and gate-up (and the residual add before
+it) or the SiLU x up before down computed in the kernel's prologue, so neither the norm, nor SiLU x up, nor a
+split-K reduce is a kernel of its own. Per shape it times, in CUDA graphs of REPS calls (the decode step is
+replayed as a graph): the engine's way (the norm or SiLU x up, then F.linear by cuBLAS, compiled by torch.compile
+as the engine's halves are) and the fused kernel
+over a small grid of tile shapes, and checks the fused result against torch's within bf16 rounding.
+
+    python3 bench/gemv.py [--model llama-8b] [--tp 4] [--json F]
+
+Not yet used by the engine: a variant of serve/engine.py follows only where this wins on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the GPU machines have it with torch; the CPU tests skip without it
+    triton = tl = None
+
+REPS, EPS = 200, 1e-5
+TILES = [(bn, bk, w) for bn in (4, 8, 16, 32) for bk in (128, 256, 512) for w in (4, 8)]
+
+if triton is not None:
+    @triton.jit
+    def gemv_kernel(W, X, Y, R, NW, N, K, eps, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, SILU: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Y[n] = sum_k W[n, k] x[k], x: X (+ R) RMS-normalized times NW (HAS_NORM), or SiLU(X[:K]) * X[K:] (SILU)."""
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask = rows < N
+        scale = 1.0
+        if HAS_NORM:  # every program sums the squares of the whole x (K values, from L2): no kernel before it
+            ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                xk = tl.load(X + ks, mask=ks < K, other=0.0).to(tl.float32)
+                if HAS_RES:
+                    xk += tl.load(R + ks, mask=ks < K, other=0.0).to(tl.float32)
+                ss += xk * xk
+            scale = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            km = ks < K
+            if SILU:
+                g = tl.load(X + ks, mask=km, other=0.0).to(tl.float32)
+                u = tl.load(X + K + ks, mask=km, other=0.0).to(tl.float32)
+                xk = (g / (1.0 + tl.exp(-g))).to(tl.bfloat16).to(tl.float32) * u
+            else:
+                xk = tl.load(X + ks, mask=km, other=0.0).to(tl.float32)
+                if HAS_RES:
+                    xk += tl.load(R + ks, mask=km, other=0.0).to(tl.float32)
+                if HAS_NORM:
+                    nw = tl.load(NW + ks, mask=km, other=0.0).to(tl.float32)
+                    xk = (xk * scale).to(tl.bfloat16).to(tl.float32) * nw
+            w = tl.load(W + rows[:, None] * K + ks[None, :], mask=rmask[:, None] & km[None, :], other=0.0)
+            acc += w.to(tl.float32) * xk[None, :]
+        tl.store(Y + rows, tl.sum(acc, 1).to(Y.dtype.element_ty), mask=rmask)
+
+
+def gemv(w, x, res=None, norm_w=None, silu=False, tile=(8, 256, 4), out=None):
+    """The fused kernel on one sequence: w (N, K) row-major, x (K,) or (2K,) with silu; res, norm_w (K,)."""
+    n, k = w.shape
+    y = torch.empty(n, device=w.device, dtype=w.dtype) if out is None else out
+    bn, bk, warps = tile
+    gemv_kernel[(triton.cdiv(n, bn),)](w, x, y, x if res is None else res, x if norm_w is None else norm_w, n, k, EPS,
+                                       HAS_NORM=norm_w is not None, HAS_RES=res is not None, SILU=silu, BLOCK_N=bn,
+                                       BLOCK_K=bk, num_warps=warps)
+    return y
+
+
+def torch_way(w, x, res=None, norm_w=None, silu=False):
+    """The engine's way (serve/engine.py, eagerly): the residual add and RMSNorm, or SiLU x up, then F.linear."""
+    k = w.shape[1]
+    if silu:
+        x = F.silu(x[:k]) * x[k:]
+    elif norm_w is not None:
+        x = F.rms_norm(x if res is None else x + res, (k,), norm_w, EPS)
+    return F.linear(x, w)
+
+
+def shapes(spec: dict, n: int) -> dict:
+    """One rank's weight GEMVs at degree n: name -> (N, K, prologue)."""
+    h, hq, hk = spec["hidden_size"], spec["num_attention_heads"], spec["num_key_value_heads"]
+    d, inter = spec.get("head_dim") or h // hq, spec["intermediate_size"]
+    return {"qkv": ((hq + 2 * hk) * d // n, h, "norm"), "o": (h, hq * d // n, ""),
+            "gate_up": (2 * inter // n, h, "norm"), "down": (h, inter // n, "silu")}
+
+
+def graph_us(fn) -> float:
+    """fn's time per call, REPS calls captured in one CUDA graph, the median of 5 replays (us)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(REPS):
+            fn()
+    a, b, times = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
+    for _ in range(5):
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / REPS)
+    return statistics.median(times)
+
+
+def measure(name, n_out, k, prologue, dev) -> dict:
+    g = torch.Generator(device=dev).manual_seed(n_out * 7 + k)
+    w = (torch.randn(n_out, k, device=dev, generator=g) * 0.02).to(torch.bfloat16)
+    x = torch.randn(2 * k if prologue == "silu" else k, device=dev, generator=g).to(torch.bfloat16)
+    res = torch.randn(k, device=dev, generator=g).to(torch.bfloat16) if prologue == "norm" else None
+    nw = torch.rand(k, device=dev, generator=g).to(torch.bfloat16) if prologue == "norm" else None
+    kw = dict(res=res, norm_w=nw, silu=prologue == "silu")
+    ref = torch_way(w, x, **kw).float()
+    out = torch.empty(n_out, device=dev, dtype=torch.bfloat16)
+    best = None
+    for tile in TILES:
+        got = gemv(w, x, tile=tile, out=out, **kw).float()
+        err = float((got - ref).abs().max() / ref.abs().max())
+        us = graph_us(lambda: gemv(w, x, tile=tile, out=out, **kw))
+        if best is None or us < best[0]:
+            best = (us, tile, err)
+    engine = torch.compile(torch_way, fullgraph=True)  # as the engine runs it: the prologue one inductor kernel
+    torch_us = graph_us(lambda: engine(w, x, **kw))
+    gb = w.numel() * w.element_size() / 1e9
+    return {"gemv": name, "n": n_out, "k": k, "prologue": prologue or "-", "torch_us": torch_us,
+            "fused_us": best[0], "tile": list(best[1]), "max_rel_err": best[2], "torch_gbps": gb / torch_us * 1e6,
+            "fused_gbps": gb / best[0] * 1e6}
+
+
+def main() -> int:
+    from ccbridge.serve import decode  # deferred with torch's other users: the presets
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="llama-8b", choices=sorted(decode.PRESETS))
+    ap.add_argument("--tp", type=int, default=4)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if triton is None or not torch.cuda.is_available():
+        print("gemv: needs a CUDA GPU and triton", file=sys.stderr)
+        return 2
+    dev, rows = torch.device("cuda", 0), []
+    print(f"{'gemv':<8} {'N x K':>12} {'prologue':>8} {'torch us':>9} {'fused us':>9} {'torch GB/s':>10} "
+          f"{'fused GB/s':>10} {'tile':>12} {'rel err':>8}")
+    for name, (n_out, k, prologue) in shapes(decode.PRESETS[args.model], args.tp).items():
+        r = measure(name, n_out, k, prologue, dev)
+        rows.append(r)
+        print(f"{name:<8} {f'{n_out}x{k}':>12} {r['prologue']:>8} {r['torch_us']:9.2f} {r['fused_us']:9.2f} "
+              f"{r['torch_gbps']:10.0f} {r['fused_gbps']:10.0f} {'/'.join(map(str, r['tile'])):>12} "
+              f"{r['max_rel_err']:8.4f}", flush=True)
+    t, f_ = sum(r["torch_us"] for r in rows), sum(r["fused_us"] for r in rows)
+    print(f"a layer's four: torch {t:.2f} us, fused {f_:.2f} us ({f_ / t:.2f}x); bf16 rounding: rel err <= 0.02")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 1 if any(r["max_rel_err"] > 0.02 for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
