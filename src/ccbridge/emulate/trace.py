@@ -162,7 +162,7 @@ class ProcessTrace:
     joined: bool = False  # on its job's common window (False: its own, the job's ranks' spans did not pair up)
     # a joined rank's steps handed to its GPU (windows.handoffs; None: handed ahead of its GPU, not matched)
     handoffs: list | None = field(default_factory=list)
-    peers_ns: int | None = None  # its wait for its job's last rank to hand the GPU each step (None: not measured)
+    peers_ns: int | None = None  # its wait for its job's last rank each step (None: not measured; peers_how says how)
     # how peers_ns was had: "steps" (graph-launched steps matched, windows.peer_waits) or "waits" (an eager job's
     # spans between its collectives matched, windows.eager_waits)
     peers_how: str = "steps"
