@@ -166,8 +166,10 @@ class ProcessTrace:
     # how peers_ns was had: "steps" (graph-launched steps matched, windows.peer_waits) or "waits" (an eager job's
     # spans between its collectives matched, windows.eager_waits)
     peers_how: str = "steps"
-    eager_at: dict = field(default_factory=dict)  # NCCL name -> when it issued each eager one (whole trace, in order)
-    blocks: list = field(default_factory=list)  # its blocking calls' (t_enter, t_return), the whole trace's, in order
+    # a joined rank's eager collectives (NCCL name -> when it issued each, in order) and blocking calls'
+    # (t_enter, t_return), in order, the whole trace's: its waits for its peers where the job has no graph steps
+    eager_at: dict = field(default_factory=dict)
+    blocks: list = field(default_factory=list)
 
 
 def check_header(path: str, first: str, second: str) -> re.Match:
@@ -284,16 +286,20 @@ def _process(path: str, pid: int, s: TraceSummary, meta: dict, job) -> ProcessTr
     _fold(s, lines, site_of)
     kind, spans = windows.windows(lines)
     joined = bool(job and job[1] and spans)
-    handed = windows.handoffs(lines, spans) if joined else []  # matched by order within its own spans
+    # a rank's blocking calls and eager collectives, for its waits for its peers (_peers); in time order: threads
+    # write their lines in chunks
+    blocks = sorted((t0, t1) for t0, t1, row in lines if windows.blocking(row)) if joined else []
+    eager_at: dict[str, list[int]] = {}  # NCCL name -> when it issued each eager one (whole trace)
+    for t0, _, row in lines if joined else ():
+        if row["kind"] == "collective" and not row["graph"]:
+            eager_at.setdefault(row["api"], []).append(t0)
+    for times in eager_at.values():
+        times.sort()
+    handed = windows.handoffs(lines, spans, blocks) if joined else []  # matched by order within its own spans
     if joined:
         spans = job[1]
     own = TraceSummary(processes=1, profiles=set(s.profiles), emulated=s.emulated)
     _fold(own, lines, site_of, spans or None)
-    eager_at: dict[str, list[int]] = {}  # when it issued each eager collective, by its NCCL name, in time order
-    for t0, _, row in sorted(lines, key=lambda x: x[0]):
-        if row["kind"] == "collective" and not row["graph"]:
-            eager_at.setdefault(row["api"], []).append(t0)
-    blocks = sorted((t0, t1) for t0, t1, row in lines if windows.blocking(row))  # in time: threads write in chunks
     return ProcessTrace(pid, *_rank_of(meta.get(pid, {})), kind, sum(b - a for a, b in spans) if spans else own.span_ns,
                         own, spans, job[0] if job else None, joined, handed, eager_at=eager_at, blocks=blocks)
 

@@ -113,24 +113,19 @@ def jobs(members: list[Member]) -> dict[int, tuple[tuple[int, int], list[Span] |
     return out
 
 
-def handoffs(lines, spans: list[Span]) -> list[list[tuple[int, int]]] | None:
+def handoffs(lines, spans: list[Span], blocks: list[Span]) -> list[list[tuple[int, int]]] | None:
     """Per span of a process's own window, its steps in order: (when it handed its GPU a step of graph-replayed
     collectives: a graph launch's replay lines share one time, the launch's return; how long it then blocked on
-    the GPU, in synchronizes and readbacks, before its next hand-off or the span's end). None where two hand-offs
-    have no block between them: a host that runs ahead of its GPU hands steps early, and its lag is not the
-    GPU's."""
+    the GPU, in synchronizes and readbacks (blocks: their (t_enter, t_return), in time order), before its next
+    hand-off or the span's end). None where two hand-offs have no block between them: a host that runs ahead of its
+    GPU hands steps early, and its lag is not the GPU's."""
     starts = [a for a, _ in spans]
     handed: list[set[int]] = [set() for _ in spans]
-    blocks = []
-    for t0, t1, row in lines:
-        kind = row["kind"]
-        if kind == "collective" and row["graph"] == "replay":
+    for t0, _, row in lines:
+        if row["kind"] == "collective" and row["graph"] == "replay":
             i = bisect.bisect_right(starts, t0) - 1
             if i >= 0 and t0 <= spans[i][1]:
                 handed[i].add(t0)
-        elif blocking(row):
-            blocks.append((t0, t1))
-    blocks.sort()
     block_starts = [a for a, _ in blocks]
     out = []
     for (_, end), times in zip(spans, handed):
