@@ -25,6 +25,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from ccbridge import gputimer
+
 try:
     import triton
     import triton.language as tl
@@ -101,7 +103,8 @@ def shapes(spec: dict, n: int) -> dict:
 
 
 def graph_us(fn) -> float:
-    """fn's time per call, REPS calls captured in one CUDA graph, the median of 5 replays (us)."""
+    """fn's time per call, REPS calls captured in one CUDA graph, the median of 5 replays (us), by the run's GPU
+    timer (gputimer: %globaltimer where CC is on)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -111,14 +114,7 @@ def graph_us(fn) -> float:
     with torch.cuda.graph(g):
         for _ in range(REPS):
             fn()
-    a, b, times = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True), []
-    for _ in range(5):
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / REPS)
-    return statistics.median(times)
+    return statistics.median(gputimer.time_ms(torch, g.replay, 5)) * 1e3 / REPS
 
 
 def measure(name, n_out, k, prologue, dev) -> dict:
