@@ -238,3 +238,12 @@ def test_sends_whose_counts_differ_between_ranks_are_left_out_and_the_collective
     sends_alone = _ranks(tmp_path / "x", lambda emu, rank, t: (
         [(t, 2, "ncclSend", "collective", "", "", 64, 0, 0)] * (rank + 1) + [(t + 5, 50, *RB)], t + 60))
     assert sends_alone[0][0].peer_ms is None  # nothing pairs
+
+
+def test_sides_whose_peers_were_had_in_two_ways_are_not_compared(tmp_path):
+    two_ranks(tmp_path / "g", 0, 100, 1000)  # graph-launched steps
+    eager_job(tmp_path / "e", 1)  # eager collectives
+    ranks, notes = account.per_rank(trace.summarize(str(tmp_path / "g")), trace.summarize(str(tmp_path / "e")))
+    assert all(a.peer_ms is None for a in ranks)
+    assert "peers of job 2: not compared (BASE's and OTHER's were had in two ways: graph-launched steps in one, its " \
+        "eager collectives in the other)" in notes

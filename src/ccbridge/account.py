@@ -376,7 +376,7 @@ def _peer_notes(b: dict, o: dict, job_name) -> list[str]:
             continue  # no collective in its window: no step to wait for a peer in
         if len(how) > 1:
             notes.append(f"peers of job {job_name(job)}: not compared (BASE's and OTHER's were had in two ways: "
-                         "graph-launched steps in one, blocking calls in the other)")
+                         "graph-launched steps in one, its eager collectives in the other)")
         elif any(p.peers_ns is None for p in mine):
             notes.append(f"peers of job {job_name(job)}: not measured " + (
                 "(its ranks' graph-launched steps do not pair up, or a rank hands its GPU steps with no readback or "
