@@ -68,7 +68,7 @@ def main() -> int:
         timed(200, before, d)
     torch.cuda.synchronize()
     out = {}
-    for rnd in range(3):  # the cases in turn, three rounds: drift shows as rounds that disagree
+    for _ in range(3):  # the cases in turn, three rounds: drift shows as rounds that disagree
         for name, before in cases.items():
             ns = timed(args.n, before, d)
             torch.cuda.synchronize()

@@ -21,6 +21,9 @@ def main() -> int:
     ap.add_argument("result")
     ap.add_argument("--top", type=int, default=12)
     args = ap.parse_args()
+    if args.top < 1:
+        print(f"probe_steps: --top must be 1 or more (got {args.top})", file=sys.stderr)
+        return 2
     try:
         res = results.load(args.result)
     except CCBridgeError as e:

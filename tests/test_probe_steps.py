@@ -34,6 +34,7 @@ def test_the_tests_and_their_slowest_steps_are_printed_slowest_first(tmp_path):
 def test_a_file_that_is_no_probe_result_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     Result(kind="account", env={"emulation": {"active": False}}, settings={}, rows=[]).save(tmp_path / "acct.json")
-    for path in (tmp_path / "missing.json", tmp_path / "bad.json", tmp_path / "acct.json"):
-        out = _run(path)
+    for args in ([tmp_path / "missing.json"], [tmp_path / "bad.json"], [tmp_path / "acct.json"],
+                 [tmp_path / "acct.json", "--top", "-1"]):
+        out = _run(*args)
         assert out.returncode == 2 and out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
