@@ -13,8 +13,9 @@ token read back), for each variant of the layer (serve/engine.py):
               cuBLAS: the split-K GEMVs and their reduce kernels; minutes of compiling)
   compiled-lt compiled, its GEMMs by cuBLASLt (torch.backends.cuda.preferred_blas_library): another heuristic
               for the GEMVs, which cuBLAS splits along K with a reduce kernel each
-  compiled-kn compiled, every weight stored K-major (its transpose contiguous): the GEMVs as NN GEMMs, which
-              cuBLAS's heuristics serve with other kernels than the TN ones of an (N, K) weight
+  compiled-kn compiled, every weight stored K-major (its transpose contiguous): the GEMVs as NN GEMMs instead of
+              the TN ones of an (N, K) weight
+(On H200s, 2026-11-27, neither -lt nor -kn moved the TP4 step: cuBLAS chose the same split-K kernels.)
 For each: the step's wall time (replay + read back), its GPU time (events around the replays), over the
 roofline, kernels per step (torch.profiler, one eager step), their summed time and what the step spends between
 them, the top kernels, and the first step's logits against the first variant's (the bf16 tolerance of
