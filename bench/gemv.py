@@ -12,7 +12,8 @@ over a small grid of tile shapes, and checks the fused result against torch's wi
 
     python3 bench/gemv.py [--model llama-8b] [--tp 4] [--json F]
 
-Not yet used by the engine: a variant of serve/engine.py follows only where this wins on a GPU.
+The kernel is serve/gemv.py's, as the engine calls it at one sequence; each row also times the tile the engine
+picks (serve/gemv.py's tile()) beside the best of the grid.
 """
 
 from __future__ import annotations
@@ -26,62 +27,16 @@ import torch
 import torch.nn.functional as F
 
 from ccbridge import gputimer
+from ccbridge.serve import gemv as fused
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the GPU machines have it with torch; the CPU tests skip without it
-    triton = tl = None
-
-REPS, EPS = 200, 1e-5
+REPS = 200
+EPS = fused.EPS
 TILES = [(bn, bk, w) for bn in (4, 8, 16, 32) for bk in (128, 256, 512) for w in (4, 8)]
 
-if triton is not None:
-    @triton.jit
-    def gemv_kernel(W, X, Y, R, NW, N, K, eps, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, SILU: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        """Y[n] = sum_k W[n, k] x[k], x: X (+ R) RMS-normalized times NW (HAS_NORM), or SiLU(X[:K]) * X[K:] (SILU)."""
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rmask = rows < N
-        scale = 1.0
-        if HAS_NORM:  # every program sums the squares of the whole x (K values, from L2): no kernel before it
-            ss = tl.zeros([BLOCK_K], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                xk = tl.load(X + ks, mask=ks < K, other=0.0).to(tl.float32)
-                if HAS_RES:
-                    xk += tl.load(R + ks, mask=ks < K, other=0.0).to(tl.float32)
-                ss += xk * xk
-            scale = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            km = ks < K
-            if SILU:
-                g = tl.load(X + ks, mask=km, other=0.0).to(tl.float32)
-                u = tl.load(X + K + ks, mask=km, other=0.0).to(tl.float32)
-                xk = (g / (1.0 + tl.exp(-g))).to(tl.bfloat16).to(tl.float32) * u
-            else:
-                xk = tl.load(X + ks, mask=km, other=0.0).to(tl.float32)
-                if HAS_RES:
-                    xk += tl.load(R + ks, mask=km, other=0.0).to(tl.float32)
-                if HAS_NORM:
-                    nw = tl.load(NW + ks, mask=km, other=0.0).to(tl.float32)
-                    xk = (xk * scale).to(tl.bfloat16).to(tl.float32) * nw
-            w = tl.load(W + rows[:, None] * K + ks[None, :], mask=rmask[:, None] & km[None, :], other=0.0)
-            acc += w.to(tl.float32) * xk[None, :]
-        tl.store(Y + rows, tl.sum(acc, 1).to(Y.dtype.element_ty), mask=rmask)
 
-
-def gemv(w, x, res=None, norm_w=None, silu=False, tile=(8, 256, 4), out=None):
-    """The fused kernel on one sequence: w (N, K) row-major, x (K,) or (2K,) with silu; res, norm_w (K,)."""
-    n, k = w.shape
-    y = torch.empty(n, device=w.device, dtype=w.dtype) if out is None else out
-    bn, bk, warps = tile
-    gemv_kernel[(triton.cdiv(n, bn),)](w, x, y, x if res is None else res, x if norm_w is None else norm_w, n, k, EPS,
-                                       HAS_NORM=norm_w is not None, HAS_RES=res is not None, SILU=silu, BLOCK_N=bn,
-                                       BLOCK_K=bk, num_warps=warps)
-    return y
+def gemv(w, x, res=None, norm_w=None, silu=False, tile=(8, 256, 4)):
+    """The fused kernel (serve/gemv.py, as the engine calls it) at one tile."""
+    return fused.gemv(w, x, res=res, norm_w=norm_w, silu=silu, tile_nkw=tile)[0]
 
 
 def torch_way(w, x, res=None, norm_w=None, silu=False):
@@ -125,19 +80,21 @@ def measure(name, n_out, k, prologue, dev) -> dict:
     nw = torch.rand(k, device=dev, generator=g).to(torch.bfloat16) if prologue == "norm" else None
     kw = dict(res=res, norm_w=nw, silu=prologue == "silu")
     ref = torch_way(w, x, **kw).float()
-    out = torch.empty(n_out, device=dev, dtype=torch.bfloat16)
-    best = None
-    for tile in TILES:
-        got = gemv(w, x, tile=tile, out=out, **kw).float()
+    best, chosen = None, fused.tile(n_out, k)
+    for tile in TILES + [chosen] * (chosen not in TILES):
+        got = gemv(w, x, tile=tile, **kw).float()
         err = float((got - ref).abs().max() / ref.abs().max())
-        us = graph_us(lambda: gemv(w, x, tile=tile, out=out, **kw))
+        us = graph_us(lambda: gemv(w, x, tile=tile, **kw))
+        if tile == chosen:
+            engine_us = us
         if best is None or us < best[0]:
             best = (us, tile, err)
     engine = torch.compile(torch_way, fullgraph=True)  # as the engine runs it: the prologue one inductor kernel
     torch_us = graph_us(lambda: engine(w, x, **kw))
     gb = w.numel() * w.element_size() / 1e9
     return {"gemv": name, "n": n_out, "k": k, "prologue": prologue or "-", "torch_us": torch_us,
-            "fused_us": best[0], "tile": list(best[1]), "max_rel_err": best[2], "torch_gbps": gb / torch_us * 1e6,
+            "fused_us": best[0], "tile": list(best[1]), "max_rel_err": best[2], "engine_tile": list(chosen),
+            "engine_tile_us": engine_us, "torch_gbps": gb / torch_us * 1e6,
             "fused_gbps": gb / best[0] * 1e6}
 
 
@@ -149,20 +106,22 @@ def main() -> int:
     ap.add_argument("--tp", type=int, default=4)
     ap.add_argument("--json")
     args = ap.parse_args()
-    if triton is None or not torch.cuda.is_available():
+    if not fused.available() or not torch.cuda.is_available():
         print("gemv: needs a CUDA GPU and triton", file=sys.stderr)
         return 2
     dev, rows = torch.device("cuda", 0), []
     print(f"{'gemv':<8} {'N x K':>12} {'prologue':>8} {'torch us':>9} {'fused us':>9} {'torch GB/s':>10} "
-          f"{'fused GB/s':>10} {'tile':>12} {'rel err':>8}")
+          f"{'fused GB/s':>10} {'tile':>12} {'rel err':>8} {'engine tile':>12} {'its us':>7}")
     for name, (n_out, k, prologue) in shapes(decode.PRESETS[args.model], args.tp).items():
         r = measure(name, n_out, k, prologue, dev)
         rows.append(r)
         print(f"{name:<8} {f'{n_out}x{k}':>12} {r['prologue']:>8} {r['torch_us']:9.2f} {r['fused_us']:9.2f} "
               f"{r['torch_gbps']:10.0f} {r['fused_gbps']:10.0f} {'/'.join(map(str, r['tile'])):>12} "
-              f"{r['max_rel_err']:8.4f}", flush=True)
-    t, f_ = sum(r["torch_us"] for r in rows), sum(r["fused_us"] for r in rows)
-    print(f"a layer's four: torch {t:.2f} us, fused {f_:.2f} us ({f_ / t:.2f}x); bf16 rounding: rel err <= 0.02")
+              f"{r['max_rel_err']:8.4f} {'/'.join(map(str, r['engine_tile'])):>12} {r['engine_tile_us']:7.2f}",
+              flush=True)
+    t, f_, e = (sum(r[key] for r in rows) for key in ("torch_us", "fused_us", "engine_tile_us"))
+    print(f"a layer's four: torch {t:.2f} us, fused {f_:.2f} us at the best tiles ({f_ / t:.2f}x), {e:.2f} us at the "
+          f"engine's (serve/gemv.py's tile()); bf16 rounding: rel err <= 0.02")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -7,14 +7,16 @@ collective, its decode step captured in a CUDA graph and replayed as the bench r
 token read back), for each variant of the layer (serve/engine.py):
   eager       the engine's decode step uncompiled (session 13's 4.31x at TP4 was the engine before 0b3fe6b: SDPA
               for decode too, each residual add its own kernel)
-  compiled    each layer's two halves (before and after each all-reduce) compiled by torch.compile, as the bench
-              runs them on a GPU
+  compiled    each layer's two halves (before and after each all-reduce) compiled by torch.compile, their GEMVs by
+              cuBLAS (the bench's engine at batch 1 until the fused GEMVs; at every other batch still)
   autotuned   the same compiled with mode max-autotune-no-cudagraphs (inductor tunes its GEMM templates against
               cuBLAS: the split-K GEMVs and their reduce kernels; minutes of compiling)
   compiled-lt compiled, its GEMMs by cuBLASLt (torch.backends.cuda.preferred_blas_library): another heuristic
               for the GEMVs, which cuBLAS splits along K with a reduce kernel each
   compiled-kn compiled, every weight stored K-major (its transpose contiguous): the GEMVs as NN GEMMs instead of
               the TN ones of an (N, K) weight
+  fused       compiled, each weight GEMV one Triton kernel with the residual add and RMSNorm, or SiLU x up, in its
+              prologue (serve/gemv.py): what the bench's engine runs at batch 1 on a GPU with triton
 (On H200s, 2026-11-27, neither -lt nor -kn moved the TP4 step: cuBLAS chose the same split-K kernels.)
 For each: the step's wall time (replay + read back), its GPU time (events around the replays), over the
 roofline, kernels per step (torch.profiler, one eager step), their summed time and what the step spends between
@@ -41,16 +43,18 @@ from ccbridge.serve import decode, engine, tp
 PROMPT, STEPS = 128, 64
 
 
-# variant -> (engine.build's compiled, torch.compile's mode, the BLAS library torch's GEMMs call, K-major weights)
-VARIANTS = {"eager": (False, None, "cublas", False), "compiled": (True, None, "cublas", False),
-            "autotuned": (True, "max-autotune-no-cudagraphs", "cublas", False),
-            "compiled-lt": (True, None, "cublaslt", False), "compiled-kn": (True, None, "cublas", True)}
+# variant -> (engine.build's compiled, torch.compile's mode, the BLAS library torch's GEMMs call, K-major weights,
+# engine.build's fused)
+VARIANTS = {"eager": (False, None, "cublas", False, False), "compiled": (True, None, "cublas", False, False),
+            "autotuned": (True, "max-autotune-no-cudagraphs", "cublas", False, False),
+            "compiled-lt": (True, None, "cublaslt", False, False), "compiled-kn": (True, None, "cublas", True, False),
+            "fused": (True, None, "cublas", False, True)}
 
 
 def build(spec, n, dev, dtype, variant: str):
-    compiled, engine.MODE, blas, k_major = VARIANTS[variant]
+    compiled, engine.MODE, blas, k_major, fused = VARIANTS[variant]
     torch.backends.cuda.preferred_blas_library(blas)
-    m = engine.build(spec, 0, n, dev, dtype, 0, None, compiled)  # rank 0's shard, no collective
+    m = engine.build(spec, 0, n, dev, dtype, 0, None, compiled, fused)  # rank 0's shard, no collective
     if k_major:  # the same values, each weight's transpose contiguous (F.linear then calls an NN GEMM)
         for lay in m.layers:
             for name in ("qkv", "gate_up", "o", "down"):
@@ -113,7 +117,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="llama-8b", choices=sorted(decode.PRESETS))
     ap.add_argument("--tp", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--variants", nargs="+", default=["eager", "compiled"], choices=list(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=["compiled", "fused"], choices=list(VARIANTS))
     ap.add_argument("--json")
     args = ap.parse_args()
     if not torch.cuda.is_available():

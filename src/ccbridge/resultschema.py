@@ -102,7 +102,7 @@ SETTINGS = {
     "decode": _nested("decode", _DECODE_SETTINGS),
     "decode_tp": _nested("decode_tp", {**_DECODE_SETTINGS, "degrees": array(POSITIVE), "backend": STRING,
                                        "all_reduces_per_step": COUNT, "replicated": STRING, "reference": STRING,
-                                       "engine": STRING, "logits_tolerance": NUMBER}),
+                                       "engine": STRING, "fused_gemv": STRING, "logits_tolerance": NUMBER}),
     "kv": _nested("kv", _KV_SETTINGS),
     "account": record({"base": STRING, "other": STRING, "profile": MAYBE_STRING, "overrides": nullable(STRINGS),
                        "command": nullable(STRINGS), "ranks": array(INTEGER),

@@ -13,9 +13,12 @@ all-reduces are: [residual add, RMSNorm, QKV, rotary, KV-cache write, attention,
 gate-up, SiLU x up, down], each compiled once for every layer (the weights are arguments, not guarded attributes),
 so a residual add is fused into the norm after it and the elementwise ops into one kernel each; a decode step's
 attention is two batched matmuls over each kv head's group of query heads (no kv copy per group) with the causal
-mask as an additive bias; a prefill (once a request) runs eagerly, its attention by SDPA. One rank's
-llama-8b step outside its collectives (bench/tp_step.py, one H200, 2026-11-26): 1264 kernels and 4.31x its HBM
-roofline at TP4 eagerly, 560 kernels and 2.44x compiled. On the CPU (the tests) the same code runs eagerly.
+mask as an additive bias; a prefill (once a request) runs eagerly, its attention by SDPA. At one sequence (batch
+1) the halves' weight GEMVs are serve/gemv.py's fused Triton kernels instead of cuBLAS's split-K GEMMs: the residual
+add and RMSNorm, or SiLU x up, in the GEMV's prologue, no reduce kernel (where triton is; fused=False turns it
+off). One rank's llama-8b step outside its collectives (bench/tp_step.py, one H200, 2026-11-26/27): 1264 kernels and
+4.31x its HBM roofline at TP4 eagerly, 532 kernels and 2.41-2.47x compiled with cuBLAS. On the CPU (the tests) the
+same code runs eagerly.
 
 The weights are random, the same function at every degree: each tensor is drawn in units that no degree
 splits (one attention head, 32 MLP features, 4096 vocabulary rows), each unit from its own seeded generator,
@@ -34,6 +37,8 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
+
+from ccbridge.serve import gemv
 
 HEAD_UNIT = 1  # heads per drawn unit
 MLP_UNIT = 32  # MLP features per drawn unit (divides every preset's width into units each degree splits)
@@ -80,7 +85,7 @@ class ShardedDecoder(torch.nn.Module):
     """
 
     def __init__(self, spec: dict, rank: int, n: int, dev, dtype, seed: int = 0, all_reduce=None,
-                 compiled: bool | None = None):
+                 compiled: bool | None = None, fused: bool | None = None):
         super().__init__()
         self.spec, self.rank, self.n, self.all_reduce = dict(spec), rank, n, all_reduce if n > 1 else None
         h, heads, kv = spec["hidden_size"], spec["num_attention_heads"], spec["num_key_value_heads"]
@@ -119,13 +124,18 @@ class ShardedDecoder(torch.nn.Module):
         half = torch.arange(0, d, 2, device=dev, dtype=torch.float32) / d
         self.inv_freq = 1.0 / (spec["rope_theta"] ** half)
         self._anchor = torch.nn.Parameter(torch.empty(0, device=dev, dtype=dtype), requires_grad=False)
-        self._pre, self._post = self._attention_half, self._mlp_half  # a decode step's halves (T = 1)
-        if (dev.type == "cuda") if compiled is None else compiled:
+        compiled = (dev.type == "cuda") if compiled is None else compiled
+        self.fused = (compiled and dev.type == "cuda" and gemv.available()) if fused is None else fused
+        if self.fused:
+            gemv.prepare()  # its custom op registered before torch.compile traces a call to it
+        # a decode step's halves (T = 1), and one sequence's with fused GEMVs
+        halves = (self._attention_half, self._mlp_half, self._attention_half_fused, self._mlp_half_fused)
+        if compiled:
             # dynamic=None: the first shape compiled as it is, a batch or cache size seen after it once more with
             # those sizes dynamic, so a bench of many batch sizes stays under dynamo's 8 entries per function
             opts = dict(dynamic=None, fullgraph=True, backend=BACKEND, mode=MODE)
-            self._pre = torch.compile(self._attention_half, **opts)
-            self._post = torch.compile(self._mlp_half, **opts)
+            halves = tuple(torch.compile(f, **opts) for f in halves)
+        self._pre, self._post, self._pre1, self._post1 = halves
 
     def weight_bytes(self, batch: int) -> int:
         """The weight bytes this rank reads per decode step: its shards, the replicated lm_head and norms, and
@@ -166,9 +176,13 @@ class ShardedDecoder(torch.nn.Module):
     def _attention_half(self, x, y, w_in, qkv_w, qkv_b, o_w, ck, cv, pos, attn, cos, nsin):
         """The residual stream plus the last all-reduced output (y), then attention to this rank's share of o."""
         x = x + y
-        B, T, _ = x.shape
-        d, hq, hk = self.d, self.hq, self.hk
         qkv = F.linear(F.rms_norm(x, (x.shape[-1],), w_in, RMS_EPS), qkv_w, qkv_b)
+        return x, self._attention(qkv, o_w, ck, cv, pos, attn, cos, nsin, F.linear)
+
+    def _attention(self, qkv, o_w, ck, cv, pos, attn, cos, nsin, linear):
+        """From the QKV projection (B, T, (hq + 2 hk) d): rotary, the KV-cache write, attention, and o by linear."""
+        B, T, _ = qkv.shape
+        d, hq, hk = self.d, self.hq, self.hk
         qk = self._rope(qkv[..., :(hq + hk) * d].view(B, T, hq + hk, d), cos, nsin)
         q, k = qk[:, :, :hq].transpose(1, 2), qk[:, :, hq:].transpose(1, 2)
         v = qkv[..., (hq + hk) * d:].view(B, T, hk, d).transpose(1, 2)
@@ -176,20 +190,36 @@ class ShardedDecoder(torch.nn.Module):
         ck.index_copy_(2, slots, k)
         cv.index_copy_(2, slots, v)
         att = self._attend(q, ck, cv, attn)
-        return x, F.linear(att.transpose(1, 2).reshape(B, T, hq * d), o_w)
+        return linear(att.transpose(1, 2).reshape(B, T, hq * d), o_w)
 
     def _mlp_half(self, x, o, w_post, gate_up, down):
         x = x + o
         g, u = F.linear(F.rms_norm(x, (x.shape[-1],), w_post, RMS_EPS), gate_up).chunk(2, dim=-1)
         return x, F.linear(F.silu(g) * u, down)
 
+    # One sequence's decode step (B = T = 1) with its weight GEMVs fused (serve/gemv.py): the residual add and
+    # RMSNorm in the QKV and gate-up kernels' prologue, SiLU x up in down's; the same ops otherwise.
+    @staticmethod
+    def _gemv(a, w):
+        return gemv.gemv(w, a)[0].view(1, 1, -1)
+
+    def _attention_half_fused(self, x, y, w_in, qkv_w, qkv_b, o_w, ck, cv, pos, attn, cos, nsin):
+        qkv, x1 = gemv.gemv(qkv_w, x, res=y, norm_w=w_in, bias=qkv_b)
+        return x1.view(x.shape), self._attention(qkv.view(1, 1, -1), o_w, ck, cv, pos, attn, cos, nsin, self._gemv)
+
+    def _mlp_half_fused(self, x, o, w_post, gate_up, down):
+        gu, x1 = gemv.gemv(gate_up, x, res=o, norm_w=w_post)
+        return x1.view(x.shape), gemv.gemv(down, gu, silu=True)[0].view(x.shape)
+
     def _layer(self, lay, i: int, x: torch.Tensor, y: torch.Tensor, pos: torch.Tensor, cache: Cache,
                attn: torch.Tensor, rot) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer i on the residual stream x and the last layer's all-reduced MLP output y (added here, fused into
         the norm): the new stream and this layer's all-reduced MLP output. Decode steps run the compiled halves; a
         prefill, once a request, runs them eagerly."""
-        step = x.shape[1] == 1
-        pre, post = (self._pre, self._post) if step else (self._attention_half, self._mlp_half)
+        if x.shape[1] > 1:
+            pre, post = self._attention_half, self._mlp_half
+        else:
+            pre, post = (self._pre1, self._post1) if self.fused and x.shape[0] == 1 else (self._pre, self._post)
         x, o = pre(x, y, lay.w_in, lay.qkv, lay.qkv_bias, lay.o, cache.k[i], cache.v[i], pos, attn, *rot)
         if self.all_reduce:
             self.all_reduce(o)
@@ -234,7 +264,8 @@ class ShardedDecoder(torch.nn.Module):
 
 
 def build(spec: dict, rank: int, n: int, dev, dtype, seed: int = 0, all_reduce=None,
-          compiled: bool | None = None) -> ShardedDecoder:
-    """Rank `rank` of n's shard; compiled: its layers' halves by torch.compile (None: on a GPU)."""
+          compiled: bool | None = None, fused: bool | None = None) -> ShardedDecoder:
+    """Rank `rank` of n's shard; compiled: its layers' halves by torch.compile (None: on a GPU); fused: one
+    sequence's decode step with fused GEMVs (serve/gemv.py; None: where compiled on a GPU with triton)."""
     with torch.no_grad():
-        return ShardedDecoder(spec, rank, n, torch.device(dev), dtype, seed, all_reduce, compiled).eval()
+        return ShardedDecoder(spec, rank, n, torch.device(dev), dtype, seed, all_reduce, compiled, fused).eval()

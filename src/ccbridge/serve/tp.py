@@ -49,7 +49,7 @@ from ccbridge.emulate import interposer
 from ccbridge.emulate import trace as emu_trace
 from ccbridge.errors import GpuError, UsageError
 from ccbridge.results import Result, Row
-from ccbridge.serve import decode, engine
+from ccbridge.serve import decode, engine, gemv
 from ccbridge.serve.judge import Judge
 
 TEST = "decode_tp"  # rows' test name: not decode's, whose readers (advise) key its rows by batch and mode alone
@@ -332,6 +332,8 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
                                   graphs, seed, host_prep_us)
     settings.update(degrees=sorted(degrees), backend="nccl" if dev.type == "cuda" else "gloo",
                     all_reduces_per_step=2 * layers, replicated="embeddings, norms, lm_head", engine="serve/engine.py",
+                    fused_gemv=("batch 1: the weight GEMVs by serve/gemv.py's Triton kernels" if dev.type == "cuda"
+                                and gemv.available() else "off: cuBLAS/CPU GEMMs at every batch"),
                     logits_tolerance=logits_tol(decode.dtype_for(dev), layers),
                     reference="within a degree: its first mode's tokens; across degrees: the smallest degree's "
                               "first-step logits")

@@ -1,0 +1,136 @@
+"""A decode step's weight GEMV as one Triton kernel, with what comes before it in its prologue (issue 31).
+
+At batch 1 a tensor-parallel rank's decode step is a chain of matrix-vector products over its weight shards. cuBLAS
+runs each as a split-K GEMM plus a reduce kernel, with the residual add and RMSNorm (or SiLU x up) a kernel of its
+own before it: bench/tp_step.py found one llama-8b TP4 rank's step at 2.41x its HBM roofline, 532 kernels, the
+GEMVs at 65% of the copy rate. Here one kernel per GEMV: each program reads BLOCK_N rows of the weight across K
+once; the RMSNorm (of x plus the residual, which program 0 also writes back as the new residual stream) or SiLU x up
+is computed in the prologue from x, which every program reads from L2. bench/gemv.py times it against the engine's
+compiled prologue + cuBLAS over a grid of tiles (one H200, llama-8b TP4 shapes: a layer's four 45.4 -> 32.3 us).
+
+The rounding follows the engine's torch ops: the residual sum is rounded to the model's dtype before the norm reads it, the
+normalized x is rounded before the norm weight multiplies it, SiLU(gate) is rounded before up multiplies it, and
+the products are summed in fp32. Registered as a torch custom op (torch.library.triton_op) so that torch.compile
+traces it inside the engine's compiled halves and CUDA graphs capture it. Needs triton (the GPU machines have it
+with torch); on a CPU it runs under Triton's interpreter (TRITON_INTERPRET=1, the tests).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ccbridge.errors import GpuError, UsageError
+
+EPS = 1e-5  # the engine's RMS_EPS
+
+
+def tile(n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps) for an (n, k) weight: bench/gemv.py's fastest tiles at llama-8b's TP4 shapes on an
+    H200 (qkv 1536x4096 16/512/4, o 4096x1024 8/128/8, gate-up 7168x4096 8/512/4, down 4096x3584 16/512/4): long
+    rows take 512-wide K steps on 4 warps; more, narrower programs where rows are short or many."""
+    bk, warps = (512, 4) if k >= 2048 else (128, 8)
+    bn = 8 if k < 2048 or n >= 1.5 * k else 16
+    return bn, bk, warps
+
+
+@functools.cache
+def prepare() -> None:
+    """Registers the kernel's custom op (torch.ops.ccbridge.gemv), once: on first use, as importing triton costs
+    start-up that only the GPU path needs, and a machine without triton gets a clear error, not an ImportError at
+    import. Call it before torch.compile traces gemv() (the engine does, when it builds)."""
+    try:
+        import triton  # deferred: triton (its import costs start-up only the GPU path needs)
+        import triton.language as tl  # deferred: triton
+    except ImportError as e:  # pragma: no cover - the message is the point
+        raise GpuError("the fused GEMV needs triton (installed with torch on a GPU machine)") from e
+
+    @triton.jit
+    def gemv_kernel(W, X, R, NW, B, Y, S, N, K, eps, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+        """Y[n] = sum_k W[n, k] x[k] (+ B[n]); x: X (+ R, written to S by program 0) RMS-normalized times NW, or
+        SiLU(X[:K]) * X[K:]."""
+        pid = tl.program_id(0)
+        rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask = rows < N
+        scale = 1.0
+        if HAS_NORM:  # every program sums the squares of the whole x (K values, from L2): no kernel before it
+            ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                ks = k0 + tl.arange(0, BLOCK_K)
+                xk = tl.load(X + ks, mask=ks < K, other=0.0).to(tl.float32)
+                if HAS_RES:
+                    xk = (xk + tl.load(R + ks, mask=ks < K, other=0.0).to(tl.float32)).to(Y.dtype.element_ty).to(tl.float32)
+                ss += xk * xk
+            scale = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            km = ks < K
+            if SILU:
+                g = tl.load(X + ks, mask=km, other=0.0).to(tl.float32)
+                u = tl.load(X + K + ks, mask=km, other=0.0).to(tl.float32)
+                xk = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32) * u
+            else:
+                xk = tl.load(X + ks, mask=km, other=0.0).to(tl.float32)
+                if HAS_RES:
+                    xs = (xk + tl.load(R + ks, mask=km, other=0.0).to(tl.float32)).to(Y.dtype.element_ty)
+                    if pid == 0:
+                        tl.store(S + ks, xs, mask=km)
+                    xk = xs.to(tl.float32)
+                if HAS_NORM:
+                    nw = tl.load(NW + ks, mask=km, other=0.0).to(tl.float32)
+                    xk = (xk * scale).to(Y.dtype.element_ty).to(tl.float32) * nw
+            w = tl.load(W + rows[:, None] * K + ks[None, :], mask=rmask[:, None] & km[None, :], other=0.0)
+            acc += w.to(tl.float32) * xk[None, :]
+        y = tl.sum(acc, 1)
+        if HAS_BIAS:
+            y = y.to(Y.dtype.element_ty).to(tl.float32) + tl.load(B + rows, mask=rmask, other=0.0).to(tl.float32)
+        tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rmask)
+
+    @torch.library.triton_op("ccbridge::gemv", mutates_args=())
+    def _gemv(w: torch.Tensor, x: torch.Tensor, res: torch.Tensor | None, norm_w: torch.Tensor | None,
+                bias: torch.Tensor | None, silu: bool, bn: int, bk: int, warps: int) -> tuple[torch.Tensor,
+                                                                                            torch.Tensor]:
+        n, k = w.shape
+        y = torch.empty(n, device=w.device, dtype=w.dtype)
+        s = torch.empty(k if res is not None else 0, device=w.device, dtype=w.dtype)
+        torch.library.wrap_triton(gemv_kernel)[(triton.cdiv(n, bn),)](
+            w, x, x if res is None else res, x if norm_w is None else norm_w, x if bias is None else bias, y,
+            s if res is not None else y, n, k, EPS, HAS_NORM=norm_w is not None, HAS_RES=res is not None,
+            HAS_BIAS=bias is not None, SILU=silu, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+        return y, s
+
+    @_gemv.register_fake
+    def _(w, x, res, norm_w, bias, silu, bn, bk, warps):  # the shapes alone, for torch.compile's tracing
+        return w.new_empty(w.shape[0]), w.new_empty(w.shape[1] if res is not None else 0)
+
+
+def available() -> bool:
+    """Whether this machine can run the fused GEMV: triton importable, and a torch with triton_op (2.6 on)."""
+    try:
+        import triton  # noqa: F401 - deferred: triton's import is the check
+    except ImportError:
+        return False
+    return hasattr(torch.library, "triton_op")
+
+
+def gemv(w: torch.Tensor, x: torch.Tensor, res: torch.Tensor | None = None, norm_w: torch.Tensor | None = None,
+         bias: torch.Tensor | None = None, silu: bool = False,
+         tile_nkw: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One sequence's y = w @ x' (+ bias), w (N, K) row-major and contiguous; x' is x (K values, any shape) as it
+    is, or rms_norm(x + res) * norm_w (res optional), or silu(x[:K]) * x[K:] for x of 2K values. Returns y (N,) and,
+    where res is given, x + res (K,) (the new residual stream), else None."""
+    if silu and (norm_w is not None or res is not None):
+        raise UsageError("the fused GEMV's prologue is a norm or SiLU x up, not both")
+    n, k = w.shape
+    x = x.reshape(-1).contiguous()
+    res = None if res is None else res.reshape(-1).contiguous()
+    if x.numel() != (2 * k if silu else k) or not w.is_contiguous():
+        raise UsageError(f"fused GEMV: weight {tuple(w.shape)} (contiguous: {w.is_contiguous()}) and x of "
+                         f"{x.numel()} values do not fit")
+    if not torch.compiler.is_compiling():
+        prepare()
+    y, s = torch.ops.ccbridge.gemv(w, x, res, norm_w, bias, silu, *(tile_nkw or tile(n, k)))
+    return y, (s if res is not None else None)

@@ -1,0 +1,68 @@
+"""The fused GEMV (serve/gemv.py) on a GPU: at llama-8b's TP4 shapes its results are torch's within bf16 rounding and
+the residual stream it writes is torch's bit for bit (the GPU rounds to nearest even, as torch does); the compiled
+engine's fused one-sequence step computes the cuBLAS step's logits within the degrees' tolerance, in a CUDA graph.
+
+Run through scripts/device-check (or `python -m pytest -m gpu tests/test_gemv_gpu.py`)."""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the fused GEMV needs torch")
+
+from ccbridge.serve import decode, engine, gemv, tp  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no GPU"),
+              pytest.mark.skipif(not gemv.available(), reason="no triton (or a torch without triton_op)")]
+F = torch.nn.functional
+
+
+@pytest.mark.parametrize("n,k,pro", [(1536, 4096, "norm"), (4096, 1024, ""), (7168, 4096, "norm"),
+                                     (4096, 3584, "silu")])
+def test_the_fused_gemv_is_torchs_within_rounding_and_its_residual_exact(n, k, pro):
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
+    x = torch.randn(2 * k if pro == "silu" else k, generator=g, device="cuda").to(torch.bfloat16)
+    res = torch.randn(k, generator=g, device="cuda").to(torch.bfloat16) if pro else None
+    nw = torch.rand(k, **bf) if pro == "norm" else None
+    y, s = gemv.gemv(w, x, res=res, norm_w=nw, silu=pro == "silu")
+    if pro == "silu":
+        want = F.linear(F.silu(x[:k]) * x[k:], w)
+    elif pro == "norm":
+        want = F.linear(F.rms_norm(x + res, (k,), nw, gemv.EPS), w)
+    else:
+        want = F.linear(x, w)
+    assert float((y.float() - want.float()).abs().max() / want.float().abs().max()) < 0.02
+    if pro == "norm":
+        assert torch.equal(s, x + res)
+
+
+def test_the_fused_engine_step_matches_cublas_in_a_graph():
+    spec = decode.PRESETS["llama-1b"]
+    ids = decode.prompts(spec["vocab_size"], 1, 16, 0).cuda()
+    got = {}
+    for fused in (False, True):
+        m = engine.build(spec, 0, 1, "cuda", torch.bfloat16, seed=5, fused=fused)
+        assert m.fused is fused
+        cache = m.static_cache(1, 64)
+        with torch.no_grad():
+            m(input_ids=ids, past_key_values=cache, cache_position=torch.arange(16, device="cuda"), use_cache=True,
+              logits_to_keep=1)
+            tok = torch.ones((1, 1), dtype=torch.int64, device="cuda")
+            pos = torch.full((1, 1), 16, dtype=torch.int64, device="cuda")
+            cp = torch.tensor([16], device="cuda")
+            step = lambda: m(input_ids=tok, position_ids=pos, past_key_values=cache, cache_position=cp,
+                             use_cache=True, logits_to_keep=1).logits[:, -1].float()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                step()
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = step()
+            graph.replay()
+            torch.cuda.synchronize()
+        got[fused] = out.clone()
+    a, b = got[False], got[True]
+    assert float((a - b).abs().max() / a.abs().max()) <= tp.logits_tol(torch.bfloat16, spec["num_hidden_layers"])
