@@ -20,11 +20,10 @@ F = torch.nn.functional
                                      (4096, 3584, "silu")])
 def test_the_fused_gemv_is_torchs_within_rounding_and_its_residual_exact(n, k, pro):
     g = torch.Generator(device="cuda").manual_seed(n + k)
-    bf = dict(device="cuda", dtype=torch.bfloat16)
     w = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
     x = torch.randn(2 * k if pro == "silu" else k, generator=g, device="cuda").to(torch.bfloat16)
-    res = torch.randn(k, generator=g, device="cuda").to(torch.bfloat16) if pro else None
-    nw = torch.rand(k, **bf) if pro == "norm" else None
+    res = torch.randn(k, generator=g, device="cuda").to(torch.bfloat16) if pro == "norm" else None
+    nw = torch.rand(k, device="cuda").to(torch.bfloat16) if pro == "norm" else None
     y, s = gemv.gemv(w, x, res=res, norm_w=nw, silu=pro == "silu")
     if pro == "silu":
         want = F.linear(F.silu(x[:k]) * x[k:], w)
