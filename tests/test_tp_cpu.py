@@ -204,7 +204,7 @@ def test_the_hbm_share_is_the_roofline_over_the_steps_gpu_time():
     def got(busy, step_ms):
         tok = Row.of(tp.TEST, "tok_per_s", "tok/s", [100.0], batch=1, mode="sync")
         tok.extra = {"gpu_busy": busy}
-        return {"step": {"weight_bytes": 16e9, "copy_gbps": 3000.0, "collective_ms": 0.0, "native_step_ms": None},
+        return {"step": {"weight_bytes": 16e9, "copy_gbps": 3000.0, "outside_ms": None, "native_step_ms": None},
                 "batch": 1, "mode": "sync", "rows": [tok, Row.of(tp.TEST, "step_ms", "ms", [step_ms])]}
 
     rows = {r.metric: r for r in tp._step_rows(got(0.8, 10.0), 1, "llama-8b", True, {})}
@@ -213,6 +213,28 @@ def test_the_hbm_share_is_the_roofline_over_the_steps_gpu_time():
     assert rows["hbm_share"].extra["gpu_busy_ms"] == pytest.approx(8.0)
     assert {r.metric: r for r in tp._step_rows(got(0.5, 4.0), 1, "llama-8b", True, {})}["hbm_share"].median == 1.0
     assert "hbm_share" not in {r.metric for r in tp._step_rows(got(None, 10.0), 1, "llama-8b", True, {})}
+
+
+def test_the_step_outside_the_collectives_is_measured_not_subtracted(tp_result):
+    """outside: the same decode with the all-reduces left out (each rank's kernels alone); collective_ms: the native
+    step less that; at TP=1 the step is all outside. The live gloo bench measures it at TP=2."""
+    from ccbridge.results import Row
+
+    def got(outside, native):
+        tok = Row.of(tp.TEST, "tok_per_s", "tok/s", [100.0], batch=1, mode="sync")
+        return {"step": {"weight_bytes": 6e9, "copy_gbps": 3000.0, "outside_ms": outside, "native_step_ms": native},
+                "batch": 1, "mode": "sync", "per_step": {}, "rows": [tok, Row.of(tp.TEST, "step_ms", "ms", [9.0])]}
+
+    rows = {r.metric: r for r in tp._step_rows(got(2.5, [3.0, 3.4, 3.5]), 4, "llama-8b", True, {})}
+    assert rows["collective_ms"].median == pytest.approx(0.9) and rows["collective_ms"].extra[
+        "outside_collectives_ms"] == 2.5
+    assert rows["outside_over_roofline"].median == pytest.approx(2.5 / 2.0)
+    one = {r.metric: r for r in tp._step_rows(got(None, None), 1, "llama-8b", True, {})}
+    assert one["collective_ms"].median == 0 and one["outside_over_roofline"].median == pytest.approx(9.0 / 2.0)
+    res, _ = tp_result
+    for r in (r for r in res.rows if r.metric == "collective_ms"):
+        outside = r.extra["outside_collectives_ms"]
+        assert outside > 0 and (r.median == 0) == (r.params["tp"] == 1), r.key()
 
 
 def test_the_result_file_and_table(tp_result):
@@ -323,7 +345,7 @@ def _oom_at_batch_2(rank, n, dev, send, job):
 
     row = Row.of(tp.TEST, "step_ms", "ms", [1.0], tp=n, batch=1, mode="sync")
     send(("rows", {"batch": 1, "mode": "sync", "errors": [], "tokens": [[1]], "rows": [row, row], "per_step": {},
-                   "step": {"weight_bytes": 1, "copy_gbps": None, "collective_ms": 0.0, "native_step_ms": None}}))
+                   "step": {"weight_bytes": 1, "copy_gbps": None, "outside_ms": None, "native_step_ms": None}}))
     send(("oom", f"tp {n}, batch 2, mode sync: CUDA out of memory"))
     raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
 

@@ -26,8 +26,8 @@ token and whether it was a near tie are information, not failure.
 
 Each row also says what the step is made of (rank 0's): its weight bytes read per step and the HBM roofline they
 give at this GPU's measured copy rate (which counts read plus write, as the probe's device copy does), the GPU
-time of the step's all-reduces (captured and replayed alone, natively), and so the native step outside the
-collectives over the roofline, and the roofline's share of the step's GPU busy time (hbm_share: what a
+native step outside the collectives (the same decode with the all-reduces left out, each rank's kernels alone,
+natively) over the roofline, what the collectives add to the step (the native step less that), and the roofline's share of the step's GPU busy time (hbm_share: what a
 projection to a faster GPU takes as F, `--project-by hbm:F`; emulate/targets.py). Under the emulator each
 (batch, mode) is also run with emulation paused in the same processes (emulate.interposer.emulation_paused): the
 native step, and the predicted emulated step (the native step plus each toll the step pays: collectives x (per-op
@@ -38,6 +38,7 @@ measured one.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Callable
 
@@ -126,22 +127,21 @@ def _agree(runs: list, dev) -> int:
     return int(total)
 
 
-def _collectives_ms(m, batch: int, dev) -> float:
-    """GPU time of one step's all-reduces alone (2 per layer, each of the step's (batch, 1, hidden) bf16), captured
-    in a CUDA graph and replayed, natively (emulation paused); 0 at world size 1 or on the CPU."""
-    if m.n == 1 or dev.type != "cuda":
-        return 0.0
-    count = 2 * len(m.layers)
-    x = torch.zeros((batch, 1, m.embed.shape[1]), device=dev, dtype=m.embed.dtype)
-    with interposer.emulation_paused(required=False):
-        for _ in range(3):
-            dist.all_reduce(x)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, capture_error_mode="thread_local"):
-            for _ in range(count):
-                dist.all_reduce(x)
-        g.replay()
-        return sorted(gputimer.time_ms(torch, g.replay, 5))[2]
+def _outside_ms(m, ids, output, mode, iters, graphs, host_prep_us) -> float | None:
+    """This rank's native step with its all-reduces left out (its shard's kernels alone, the same decode, emulation
+    and trace paused): the step's time outside its collectives, measured, not the step less the collectives timed
+    apart (64 all-reduces replayed alone took 1.7 ms of a 3.4 ms TP4 step on 4x H200, whose kernels alone took 2.6:
+    alone they wait for the other ranks' replays to start). None at world size 1: there the step is all of it."""
+    if m.all_reduce is None:
+        return None
+    keep, m.all_reduce = m.all_reduce, None
+    try:
+        with interposer.emulation_paused(required=False), emu_trace.paused(required=False):
+            runs = [decode.decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us)
+                    for _ in range(max(2, iters))]
+    finally:
+        m.all_reduce = keep
+    return statistics.median(r.wall_s / (output - 1) * 1e3 for r in runs)
 
 
 def _first_logits(m, ids: torch.Tensor, dev) -> torch.Tensor:
@@ -173,7 +173,6 @@ def _bench_rank(rank: int, n: int, dev, send, job: dict) -> None:
                 ids = decode.prompts(spec["vocab_size"], b, prompt, job["seed"])
                 say(("logits", {"batch": b, "logits": _first_logits(m, ids, dev)}))
                 judge, want = Judge(m, ids), None
-                coll_ms = _collectives_ms(m, b, dev)
                 for mode in job["modes"]:
                     what = f"tp {n}, batch {b}, mode {mode}"
                     say(("log", f"{what}: {warmup} warm-up + {iters} timed runs{decode.memory_note(dev)}"))
@@ -182,6 +181,7 @@ def _bench_rank(rank: int, n: int, dev, send, job: dict) -> None:
                                               host_prep_us=job["host_prep_us"])
                         native = _native(m, ids, output, mode, iters, job["graphs"], job["host_prep_us"]) \
                             if emulating else None
+                        outside = _outside_ms(m, ids, output, mode, iters, job["graphs"], job["host_prep_us"])
                     except torch.OutOfMemoryError as e:  # the parent keeps the rows so far and says where
                         send(("oom", f"{what}: {str(e).split('. ')[0]}{decode.memory_note(dev)}"))
                         raise
@@ -191,7 +191,7 @@ def _bench_rank(rank: int, n: int, dev, send, job: dict) -> None:
                     bad, ties = decode.verdict(judge, want, runs, what)
                     if rank:
                         continue
-                    step = {"weight_bytes": m.weight_bytes(b), "copy_gbps": copy, "collective_ms": coll_ms,
+                    step = {"weight_bytes": m.weight_bytes(b), "copy_gbps": copy, "outside_ms": outside,
                             "native_step_ms": [r.wall_s / (output - 1) * 1e3 for r in native] if native else None}
                     extra = {"tokens_match": bad is None, "near_ties": len(ties), "ranks_agree": differ == 0,
                              "reference": want[0], "collectives_per_step": 2 * len(m.layers) if n > 1 else 0}
@@ -251,17 +251,18 @@ def predicted_ms(params: dict, n: int, batch: int, hidden: int, collectives: int
 
 
 def _step_rows(got: dict, n: int, model: str, graphs: bool, params: dict) -> list:
-    """The (batch, mode)'s rows about its step: the roofline (rank 0's weight bytes at its copy rate), the
-    collectives' native GPU time, the native step outside them over the roofline; emulated: the native step
+    """The (batch, mode)'s rows about its step: the roofline (rank 0's weight bytes at its copy rate), what the
+    collectives add to the native step, the native step outside them over the roofline; emulated: the native step
     (emulation paused) and the predicted emulated step beside the measured one."""
     st, b, mode = got["step"], got["batch"], got["mode"]
     p = dict(model=model, tp=n, batch=b, mode=mode, graphs=graphs)
     measured = next(r for r in got["rows"] if r.metric == "step_ms")
     native = st["native_step_ms"] or [measured.median]
     native_ms = sorted(native)[len(native) // 2]
-    out = [Row.of(TEST, "collective_ms", "ms", [st["collective_ms"]], **p)]
-    out[-1].extra["what"] = "GPU time of one step's all-reduces alone, captured and replayed natively"
-    outside = native_ms - st["collective_ms"]
+    outside = native_ms if st["outside_ms"] is None else st["outside_ms"]
+    out = [Row.of(TEST, "collective_ms", "ms", [native_ms - outside], **p)]
+    out[-1].extra.update(outside_collectives_ms=outside, what="the native step less the same step with its "
+                         "all-reduces left out (each rank's kernels alone): what the collectives add to it")
     if st["copy_gbps"]:
         roof = st["weight_bytes"] / (st["copy_gbps"] * 1e9) * 1e3
         out += [Row.of(TEST, "roofline_ms", "ms", [roof], **p), Row.of(TEST, "outside_over_roofline", "x",
