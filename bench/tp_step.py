@@ -38,7 +38,7 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # as the bench's ra
 import torch  # noqa: E402 - after the environment inductor reads at import
 
 from ccbridge import gputimer
-from ccbridge.serve import decode, engine, tp
+from ccbridge.serve import decode, engine, gemv, tp
 
 PROMPT, STEPS = 128, 64
 
@@ -119,10 +119,14 @@ def main() -> int:
     ap.add_argument("--tp", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--variants", nargs="+", default=["compiled", "fused"], choices=list(VARIANTS))
     ap.add_argument("--json")
+    ap.add_argument("--tiles", help="bench/gemv.py --json output: the fused GEMVs take each shape's best tile from it")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("tp_step: needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.tiles:
+        with open(args.tiles) as fh:
+            gemv.TUNED.update({(r["n"], r["k"]): tuple(r["tile"]) for r in json.load(fh)})
     spec, dev = decode.PRESETS[args.model], torch.device("cuda", 0)
     rows, bad = [], 0
     for n in args.tp:

@@ -6,11 +6,13 @@ own before it: bench/tp_step.py found one llama-8b TP4 rank's step at 2.41x its 
 GEMVs at 65% of the copy rate. Here one kernel per GEMV: each program reads BLOCK_N rows of the weight across K
 once; the RMSNorm (of x plus the residual, which program 0 also writes back as the new residual stream) or SiLU x up
 is computed in the prologue from x, which every program reads from L2. bench/gemv.py times it against the engine's
-compiled prologue + cuBLAS over a grid of tiles (one H200, llama-8b TP4 shapes: a layer's four 45.4 -> 32.3 us).
+compiled prologue + cuBLAS over a grid of tiles, each weight read from HBM as in a step (one H200, llama-8b
+TP4 shapes: a layer's four 52.3 us by cuBLAS, 39.5 us fused at the best tiles; the TP4 step 2.48x -> 1.96x its
+roofline in bench/tp_step.py).
 
-The rounding follows the engine's torch ops: the residual sum is rounded to the model's dtype before the norm reads it, the
-normalized x is rounded before the norm weight multiplies it, SiLU(gate) is rounded before up multiplies it, and
-the products are summed in fp32. Registered as a torch custom op (torch.library.triton_op) so that torch.compile
+The rounding follows the engine's torch ops: the residual sum is rounded to the model's dtype before the norm reads
+it, the normalized x is rounded before the norm weight multiplies it, SiLU(gate) is rounded before up multiplies
+it, and the products are summed in fp32. Registered as a torch custom op (torch.library.triton_op) so that torch.compile
 traces it inside the engine's compiled halves and CUDA graphs capture it. Needs triton (the GPU machines have it
 with torch); on a CPU it runs under Triton's interpreter (TRITON_INTERPRET=1, the tests).
 """
@@ -26,12 +28,19 @@ from ccbridge.errors import GpuError, UsageError
 EPS = 1e-5  # the engine's RMS_EPS
 
 
+TUNED: dict[tuple[int, int], tuple[int, int, int]] = {}  # (n, k) -> a measured tile (bench/tp_step.py --tiles)
+
+
 def tile(n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps) for an (n, k) weight: bench/gemv.py's fastest tiles at llama-8b's TP4 shapes on an
-    H200 (qkv 1536x4096 16/512/4, o 4096x1024 8/128/8, gate-up 7168x4096 8/512/4, down 4096x3584 16/512/4): long
-    rows take 512-wide K steps on 4 warps; more, narrower programs where rows are short or many."""
-    bk, warps = (512, 4) if k >= 2048 else (128, 8)
-    bn = 8 if k < 2048 or n >= 1.5 * k else 16
+    """(BLOCK_N, BLOCK_K, warps) for an (n, k) weight: bench/gemv.py's fastest tiles with HBM-cold weights at
+    llama-8b's TP4 shapes on an H200 (qkv 1536x4096 4/512/4, o 4096x1024 2/512/4, gate-up 7168x4096 8/512/4, down
+    4096x3584 8/512/8): 512-wide K steps, and programs narrow enough to keep several on every SM streaming (2 or 4
+    rows a program where rows are few or short). TUNED (measured tiles) first."""
+    if (n, k) in TUNED:
+        return TUNED[(n, k)]
+    bk = 512 if k >= 512 else 128
+    bn = 2 if k < 2048 else 4 if n < 4096 else 8
+    warps = 4
     return bn, bk, warps
 
 
@@ -61,7 +70,8 @@ def prepare() -> None:
                 ks = k0 + tl.arange(0, BLOCK_K)
                 xk = tl.load(X + ks, mask=ks < K, other=0.0).to(tl.float32)
                 if HAS_RES:
-                    xk = (xk + tl.load(R + ks, mask=ks < K, other=0.0).to(tl.float32)).to(Y.dtype.element_ty).to(tl.float32)
+                    xk += tl.load(R + ks, mask=ks < K, other=0.0).to(tl.float32)
+                    xk = xk.to(Y.dtype.element_ty).to(tl.float32)
                 ss += xk * xk
             scale = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)

@@ -25,12 +25,12 @@ degree's within logits_tol() of its largest logit, recorded in the rows; where t
 token and whether it was a near tie are information, not failure.
 
 Each row also says what the step is made of (rank 0's): its weight bytes read per step and the HBM roofline they
-give at this GPU's measured copy rate (which counts read plus write, as the probe's device copy does), the GPU
-native step outside the collectives (the same decode with the all-reduces left out, each rank's kernels alone,
-natively) over the roofline, what the collectives add to the step (the native step less that), and the roofline's share of the step's GPU busy time (hbm_share: what a
-projection to a faster GPU takes as F, `--project-by hbm:F`; emulate/targets.py). Under the emulator each
-(batch, mode) is also run with emulation paused in the same processes (emulate.interposer.emulation_paused): the
-native step, and the predicted emulated step (the native step plus each toll the step pays: collectives x (per-op
+give at this GPU's measured copy rate (which counts read plus write, as the probe's device copy does), the native
+step outside the collectives (the same decode with the all-reduces left out, each rank's kernels alone, natively)
+over the roofline, what the collectives add to the step (the native step less that), and the roofline's share of
+the step's GPU busy time (hbm_share: what a projection to a faster GPU takes as F, `--project-by hbm:F`;
+emulate/targets.py). Under the emulator each (batch, mode) is also run with emulation paused in the same processes
+(emulate.interposer.emulation_paused): the native step, and the predicted emulated step (the native step plus each toll the step pays: collectives x (per-op
 toll + bandwidth term), the graph or kernel launches, the crossings and the readback's round trip) beside the
 measured one.
 """
