@@ -61,15 +61,7 @@ def shapes(spec: dict, n: int) -> dict:
 def graph_us(fn, copies: int) -> float:
     """fn(i)'s time per call, REPS calls over the weight's copies in turn captured in one CUDA graph, the median of
     5 replays (us), by the run's GPU timer (gputimer: %globaltimer where CC is on)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn(0)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(REPS):
-            fn(i % copies)
+    g, _ = gputimer.graphed(torch, lambda: [fn(i % copies) for i in range(REPS)])
     return statistics.median(gputimer.time_ms(torch, g.replay, 5)) * 1e3 / REPS
 
 

@@ -85,14 +85,7 @@ def measure(m, spec, dev) -> dict:
     top: dict[str, list[float]] = {}
     for e in kern:
         top.setdefault(e.name[:60], []).append(e.time_range.elapsed_us())
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        nxt = step()
+    g, nxt = gputimer.graphed(torch, step)
     host_tok = torch.zeros((1, 1), dtype=torch.int64)
     walls, a, b = [], torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for r in range(3):

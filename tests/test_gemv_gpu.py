@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the fused GEMV needs torch")
 
+from ccbridge import gputimer  # noqa: E402
 from ccbridge.serve import decode, engine, gemv, tp  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
@@ -52,14 +53,7 @@ def test_the_fused_engine_step_matches_cublas_in_a_graph():
             cp = torch.tensor([16], device="cuda")
             step = lambda: m(input_ids=tok, position_ids=pos, past_key_values=cache, cache_position=cp,
                              use_cache=True, logits_to_keep=1).logits[:, -1].float()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                step()
-            torch.cuda.current_stream().wait_stream(s)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = step()
+            graph, out = gputimer.graphed(torch, step)
             graph.replay()
             torch.cuda.synchronize()
         got[fused] = out.clone()

@@ -116,3 +116,45 @@ def test_peer_timer_pairs_alternate_both_timers_on_the_same_case_after_one_untim
     assert got["eager"][4096] == {"events": [3.0, 12.0], "globaltimer": [12.0, 18.0]}
     assert got["graph"][65536] == {"events": [16.0, 25.0], "globaltimer": [38.0, 44.0]}
     assert set(got) == set(peer.MODES) and 99.0 not in got["eager"][4096]["events"]
+
+
+def test_graphed_warms_up_on_a_side_stream_then_captures_once():
+    """graphed(): fn once on a side stream that waits for the current one (a JIT's first compile stays out of the
+    capture), the current stream waits for it, then fn captured once: the graph and what fn returned in it."""
+    order = []
+
+    class FakeStream:
+        def __init__(self, name="side"):
+            self.name = name
+
+        def wait_stream(self, other):
+            order.append(f"{self.name} waits {other.name}")
+
+    class Ctx:
+        def __init__(self, what):
+            self.what = what
+
+        def __enter__(self):
+            order.append(f"enter {self.what}")
+
+        def __exit__(self, *a):
+            order.append(f"exit {self.what}")
+
+    main = FakeStream("main")
+
+    class cuda:
+        Stream = FakeStream
+        CUDAGraph = object
+        current_stream = staticmethod(lambda: main)
+        stream = staticmethod(lambda s: Ctx(f"stream {s.name}"))
+        graph = staticmethod(lambda g: Ctx("capture"))
+
+    class Torch:
+        pass
+
+    Torch.cuda = cuda
+    calls = iter(["warm", "captured"])
+    graph, out = gputimer.graphed(Torch, lambda: order.append(next(calls)) or order[-1])
+    assert out == "captured" and graph is not None
+    assert order == ["side waits main", "enter stream side", "warm", "exit stream side", "main waits side",
+                     "enter capture", "captured", "exit capture"]

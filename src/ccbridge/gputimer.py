@@ -86,6 +86,20 @@ def stamp_cost_ns(torch, device: int) -> float:
     return sorted(st.intervals_ns(31))[15]
 
 
+def graphed(torch, fn):
+    """fn captured in a CUDA graph, after one warm-up call on a side stream (lazy set-ups, a JIT's first compile,
+    stay out of the capture): (the graph, what fn returned in it)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def time_ms(torch, fn, reps: int, inner: int = 1, backend: str | None = None, before=None) -> list[float]:
     """Per-call GPU time (ms) of fn on the current stream, `inner` calls per sample, reps samples, by the backend
     (None: choose()). before(): queued ahead of each sample's start mark, not timed (the peer family's ranks
