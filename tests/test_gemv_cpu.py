@@ -18,6 +18,10 @@ import pytest
 pytest.importorskip("torch")
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed (the GPU machines have it with torch)", allow_module_level=True)
+from ccbridge.serve import gemv as fused  # noqa: E402 - after torch's skip
+
+if not fused.available():
+    pytest.skip("this torch has no torch.library.triton_op (2.6 on)", allow_module_level=True)
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 CHILD = r"""
@@ -52,12 +56,18 @@ for dt, n, k, tile in cases:
         out["ops"].append([str(dt), pro, n, k, list(y.shape), rel(y), rel(swapped), s_err])
 w = torch.randn(8, 16)
 for kw in (dict(x=torch.randn(32), silu=True, norm_w=torch.ones(16)), dict(x=torch.randn(15)),
-           dict(x=torch.randn(16), w=torch.randn(16, 8).t())):
+           dict(x=torch.randn(16), w=torch.randn(16, 8).t()), dict(x=torch.randn(16), res=torch.randn(16)),
+           dict(x=torch.randn(16), bias=torch.randn(3)), dict(x=torch.randn(16), norm_w=torch.ones(16).double()),
+           dict(x=torch.randn(16), tile_nkw=(8, 96, 4))):
     try:
         gemv.gemv(kw.pop("w", w), **kw)
         out["errors"].append(None)
     except ValueError as e:
         out["errors"].append(str(e))
+# vectors given strided are read as they are, not as if contiguous
+nw, b, x = torch.rand(32)[::2] + 0.5, torch.randn(16)[::2], torch.randn(16)
+got, _ = gemv.gemv(w, x, norm_w=nw, bias=b, tile_nkw=(4, 16, 4))
+out["strided"] = float((got - ref(w, x, None, nw, b, False)).abs().max())
 
 calls = [0]
 real = gemv.gemv
@@ -120,10 +130,15 @@ def test_the_fused_kernel_matches_the_engines_ops(child):
 
 
 def test_the_fused_gemv_refuses_what_does_not_fit(child):
-    both, short, strided = child["errors"]
+    both, short, strided, bare_res, short_bias, other_dtype, odd_tile = child["errors"]
     assert "norm or SiLU x up, not both" in both
-    assert "do not fit" in short and "15 values" in short
-    assert "contiguous: False" in strided
+    assert "takes x of 16 values" in short and "not 15 torch.float32" in short
+    assert "must be contiguous (it is: False)" in strided
+    assert "res needs norm_w" in bare_res
+    assert "takes bias of 8 values" in short_bias and "not 3" in short_bias
+    assert "takes norm_w of 16 values" in other_dtype and "torch.float64" in other_dtype
+    assert "tile 8/96/4: each a power of 2" in odd_tile
+    assert child["strided"] < 1e-5
 
 
 def test_the_engine_fuses_one_sequences_decode_steps_only(child):

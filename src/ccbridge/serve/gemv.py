@@ -10,9 +10,9 @@ compiled prologue + cuBLAS over a grid of tiles, each weight read from HBM as in
 TP4 shapes: a layer's four 52.3 us by cuBLAS, 39.5 us fused at the best tiles; the TP4 step 2.48x -> 1.96x its
 roofline in bench/tp_step.py).
 
-The rounding follows the engine's torch ops: the residual sum is rounded to the model's dtype before the norm reads
-it, the normalized x is rounded before the norm weight multiplies it, SiLU(gate) is rounded before up multiplies
-it, and the products are summed in fp32. Registered as a torch custom op (torch.library.triton_op) so that torch.compile
+The rounding follows eager torch's ops, each rounding its output to the model's dtype: the residual sum before the
+norm reads it, the norm once after its weight (as F.rms_norm), SiLU(gate) and then its product with up, the GEMV's
+sums (fp32) once with the bias added (as addmm). Registered as a torch custom op (torch.library.triton_op) so that torch.compile
 traces it inside the engine's compiled halves and CUDA graphs capture it. Needs triton (the GPU machines have it
 with torch); on a CPU it runs under Triton's interpreter (TRITON_INTERPRET=1, the tests).
 """
@@ -81,7 +81,8 @@ def prepare() -> None:
             if SILU:
                 g = tl.load(X + ks, mask=km, other=0.0).to(tl.float32)
                 u = tl.load(X + K + ks, mask=km, other=0.0).to(tl.float32)
-                xk = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32) * u
+                g = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32)
+                xk = (g * u).to(Y.dtype.element_ty).to(tl.float32)
             else:
                 xk = tl.load(X + ks, mask=km, other=0.0).to(tl.float32)
                 if HAS_RES:
@@ -91,12 +92,12 @@ def prepare() -> None:
                     xk = xs.to(tl.float32)
                 if HAS_NORM:
                     nw = tl.load(NW + ks, mask=km, other=0.0).to(tl.float32)
-                    xk = (xk * scale).to(Y.dtype.element_ty).to(tl.float32) * nw
+                    xk = (xk * scale * nw).to(Y.dtype.element_ty).to(tl.float32)
             w = tl.load(W + rows[:, None] * K + ks[None, :], mask=rmask[:, None] & km[None, :], other=0.0)
             acc += w.to(tl.float32) * xk[None, :]
         y = tl.sum(acc, 1)
         if HAS_BIAS:
-            y = y.to(Y.dtype.element_ty).to(tl.float32) + tl.load(B + rows, mask=rmask, other=0.0).to(tl.float32)
+            y += tl.load(B + rows, mask=rmask, other=0.0).to(tl.float32)
         tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rmask)
 
     @torch.library.triton_op("ccbridge::gemv", mutates_args=())
@@ -130,17 +131,28 @@ def gemv(w: torch.Tensor, x: torch.Tensor, res: torch.Tensor | None = None, norm
          bias: torch.Tensor | None = None, silu: bool = False,
          tile_nkw: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One sequence's y = w @ x' (+ bias), w (N, K) row-major and contiguous; x' is x (K values, any shape) as it
-    is, or rms_norm(x + res) * norm_w (res optional), or silu(x[:K]) * x[K:] for x of 2K values. Returns y (N,) and,
-    where res is given, x + res (K,) (the new residual stream), else None."""
+    is, or rms_norm(x + res) * norm_w (res optional), or silu(x[:K]) * x[K:] for x of 2K values; every vector of
+    w's dtype and device. Returns y (N,) and, where res is given, x + res (K,) (the new residual stream), else
+    None."""
+    n, k = w.shape
     if silu and (norm_w is not None or res is not None):
         raise UsageError("the fused GEMV's prologue is a norm or SiLU x up, not both")
-    n, k = w.shape
-    x = x.reshape(-1).contiguous()
-    res = None if res is None else res.reshape(-1).contiguous()
-    if x.numel() != (2 * k if silu else k) or not w.is_contiguous():
-        raise UsageError(f"fused GEMV: weight {tuple(w.shape)} (contiguous: {w.is_contiguous()}) and x of "
-                         f"{x.numel()} values do not fit")
+    if res is not None and norm_w is None:
+        raise UsageError("the fused GEMV adds a residual only before its norm: res needs norm_w")
+    flat = lambda t: None if t is None else t.reshape(-1).contiguous()  # noqa: E731
+    x, res, norm_w, bias = flat(x), flat(res), flat(norm_w), flat(bias)
+    sizes = {"x": (x, 2 * k if silu else k), "res": (res, k), "norm_w": (norm_w, k), "bias": (bias, n)}
+    for name, (t, want) in sizes.items():
+        if t is not None and (t.numel() != want or t.dtype != w.dtype or t.device != w.device):
+            raise UsageError(f"fused GEMV: weight {tuple(w.shape)} {w.dtype} takes {name} of {want} values of its "
+                             f"dtype on {w.device}, not {t.numel()} {t.dtype} on {t.device}")
+    if not w.is_contiguous() or n * k >= 2 ** 31:
+        raise UsageError(f"fused GEMV: weight {tuple(w.shape)} must be contiguous (it is: {w.is_contiguous()}) and "
+                         "under 2^31 values (int32 offsets)")
+    bn, bk, warps = tile_nkw or tile(n, k)
+    if any(v < 1 or v & (v - 1) for v in (bn, bk, warps)):
+        raise UsageError(f"fused GEMV: tile {bn}/{bk}/{warps}: each a power of 2")
     if not torch.compiler.is_compiling():
         prepare()
-    y, s = torch.ops.ccbridge.gemv(w, x, res, norm_w, bias, silu, *(tile_nkw or tile(n, k)))
+    y, s = torch.ops.ccbridge.gemv(w, x, res, norm_w, bias, silu, bn, bk, warps)
     return y, (s if res is not None else None)

@@ -38,7 +38,6 @@ measured one.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from typing import Callable
 
@@ -141,7 +140,7 @@ def _outside_ms(m, ids, output, mode, iters, graphs, host_prep_us) -> float | No
                     for _ in range(max(2, iters))]
     finally:
         m.all_reduce = keep
-    return statistics.median(r.wall_s / (output - 1) * 1e3 for r in runs)
+    return sorted(r.wall_s / (output - 1) * 1e3 for r in runs)[len(runs) // 2]  # as _step_rows takes native's
 
 
 def _first_logits(m, ids: torch.Tensor, dev) -> torch.Tensor:
@@ -179,8 +178,9 @@ def _bench_rank(rank: int, n: int, dev, send, job: dict) -> None:
                     try:
                         runs = decode.measure(m, ids, output, mode, warmup, iters, recording, graphs=job["graphs"],
                                               host_prep_us=job["host_prep_us"])
+                        # the native step beside an emulated or traced one: the trace's own cost is not the step's
                         native = _native(m, ids, output, mode, iters, job["graphs"], job["host_prep_us"]) \
-                            if emulating else None
+                            if emulating or recording else None
                         outside = _outside_ms(m, ids, output, mode, iters, job["graphs"], job["host_prep_us"])
                     except torch.OutOfMemoryError as e:  # the parent keeps the rows so far and says where
                         send(("oom", f"{what}: {str(e).split('. ')[0]}{decode.memory_note(dev)}"))
@@ -278,7 +278,7 @@ def _step_rows(got: dict, n: int, model: str, graphs: bool, params: dict) -> lis
                                                           "--project-by hbm:F for this step")
     if st["native_step_ms"]:
         out.append(Row.of(TEST, "native_step_ms", "ms", native, **p))
-        out[-1].extra["what"] = "the same runs with emulation paused, in the same processes"
+        out[-1].extra["what"] = "the same runs with emulation and tracing paused, in the same processes"
         pred, tolls = predicted_ms(params, n, b, decode.PRESETS[model]["hidden_size"],
                                    got["rows"][0].extra.get("collectives_per_step", 0), got["per_step"], graphs,
                                    native_ms)
