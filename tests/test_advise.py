@@ -528,7 +528,17 @@ def test_the_narrowest_tp_degree_within_the_margin_is_advised_and_the_pair_says_
     kept = {a.setting for a in recs if "of native tok/s" in a.setting}
     assert kept == {"batch 8, TP 2: keeps 0.80 of native tok/s", "batch 8, TP 4: keeps 0.59 of native tok/s",
                     "batch 8, TP 8: keeps 0.33 of native tok/s"}
-    assert find(recs, "all", "batch 8: TP 2 keeps most (0.80)")
+    best = find(recs, "all", "batch 8: TP 2 keeps most (0.80)")
+    assert best and "against its own processes' native step" not in best[0].why  # no native_step_ms rows
+    # an emulated run's own processes' native step (emulation paused) beside its step: the keep without the two
+    # runs' native difference, in the why
+    for (t, ms, native_ms) in ((2, 10.0, 9.0), (4, 8.0, 6.8), (8, 12.0, 9.6)):
+        for metric, v in (("step_ms", ms), ("native_step_ms", native_ms)):
+            cc.rows.append(Row.of("decode_tp", metric, "ms", [v], model="tiny", batch=8, mode="async", graphs=False,
+                                  tp=t))
+    _, again = advise.advise([save(tmp_path, "n.json", native), save(tmp_path, "c2.json", cc)])
+    why = find(again, "all", "batch 8: TP 2 keeps most (0.80)")[0].why
+    assert "against its own processes' native step" in why and "TP 2 0.90, TP 4 0.85, TP 8 0.80" in why
     # under CC two TP=2 replicas make 800 tok/s on 4 GPUs against TP 4's 410; two TP=4 ones 820 against TP 8's 300
     assert find(recs, "all", "batch 8: two TP=2 replicas instead of one TP=4")
     assert find(recs, "all", "batch 8: two TP=4 replicas instead of one TP=8")

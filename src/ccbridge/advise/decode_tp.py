@@ -95,6 +95,17 @@ def pairs(inputs: list[Input]) -> list[Advice]:
     return out
 
 
+def own_keep(cc: Input, tp: int, batch: int, mode: str) -> float | None:
+    """The step the CC (emulated) run's own processes took natively, emulation paused (its native_step_ms row), over
+    the step it took (step_ms): the share kept without the difference between two runs' native steps (up to 7%
+    on 4x H200, bench/RESULTS.md 2026-11-27). None where the run has no such rows (a CC hardware run)."""
+    rows = {r.metric: r for r in cc.result.rows if r.metric in ("native_step_ms", "step_ms")
+            and (r.params.get("tp"), r.params.get("batch"), r.params.get("mode")) == (tp, batch, mode)}
+    if len(rows) < 2 or rows["step_ms"].median <= 0:
+        return None
+    return rows["native_step_ms"].median / rows["step_ms"].median
+
+
 def kept(native: Input, cc: Input, add: Add, tok: list[dict]) -> None:
     """A CC-off and a CC (or emulated) decode result with TP degrees, at each batch both measured: per degree the
     share of native tok/s the CC run keeps, the degree that keeps most, and two TP=N/2 replicas instead of one
@@ -112,6 +123,10 @@ def kept(native: Input, cc: Input, add: Add, tok: list[dict]) -> None:
         keep = {t: c.median / n.median for t, (c, n) in share.items()}
         why = (f"{state(cc)} vs {Path(native.path).name}, batch {b}, {mode}: kept "
                + ", ".join(f"TP {t} {k:.2f}" for t, k in keep.items()))
+        own = {t: own_keep(cc, t, b, mode) for t in share}
+        if all(k is not None for k in own.values()):
+            why += ("; against its own processes' native step (emulation paused: the two runs' native steps differ "
+                    "by host and process) " + ", ".join(f"TP {t} {k:.2f}" for t, k in own.items()))
         for t, (c, n) in share.items():
             add("all", f"batch {b}, TP {t}: keeps {keep[t]:.2f} of native tok/s", why, c, n,
                 brief=f"{c.median:.0f} vs {n.median:.0f} tok/s")
