@@ -379,3 +379,16 @@ def test_the_compiled_decode_step_takes_every_batch_and_cache_size_of_a_bench(mo
             got = decode.decode(compiled, ids, 6, "sync", graphs=graphs).tokens
             assert torch.equal(got, want), (batch, graphs)
     torch._dynamo.reset()
+
+
+def test_where_the_engine_fuses_its_gemvs_by_default(monkeypatch):
+    """One rule (engine.fuses), read by the engine and by the bench's fused_gemv setting: compiled, on a GPU, with
+    triton; the device need not exist to be judged."""
+    from ccbridge.serve import gemv
+
+    monkeypatch.setattr(gemv, "available", lambda: True)
+    assert engine.fuses("cuda") and engine.fuses("cuda", True)
+    assert not engine.fuses("cuda", False) and not engine.fuses("cpu") and not engine.fuses("cpu", True)
+    monkeypatch.setattr(gemv, "available", lambda: False)
+    assert not engine.fuses("cuda")
+    assert engine.build(decode.PRESETS["tiny"], 0, 1, "cpu", torch.float32).fused is False

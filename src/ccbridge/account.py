@@ -497,7 +497,8 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
             "together the others wait in their calls for a rank whose host work grew, and a rank whose host work "
             "shrank waits more in its own. Either the host ran at another speed (CPU placement, SMT siblings, other "
             "processes, a VM's vCPUs at half speed for seconds, pinned or not: pin each rank to its own cores, "
-            "ccbridge's benches with CCBRIDGE_RANK_CPUS=auto, and sum runs, --repeat K), or the program did other host work under CC (pinned memory typed managed: copies torch makes), "
+            "ccbridge's benches with CCBRIDGE_RANK_CPUS=auto, and sum runs, --repeat K), or the program did other "
+            "host work under CC (pinned memory typed managed: copies torch makes), "
             "or a wait moved: BASE waited for its GPU or its peers outside traced calls (polling an event, as DDP "
             "comm hooks do) where OTHER waits in a readback that blocks under CC, or pays launch tolls in that wait"])
     return "\n".join(out + _wrap(notes))

@@ -125,7 +125,7 @@ class ShardedDecoder(torch.nn.Module):
         self.inv_freq = 1.0 / (spec["rope_theta"] ** half)
         self._anchor = torch.nn.Parameter(torch.empty(0, device=dev, dtype=dtype), requires_grad=False)
         compiled = (dev.type == "cuda") if compiled is None else compiled
-        self.fused = (compiled and dev.type == "cuda" and gemv.available()) if fused is None else fused
+        self.fused = fuses(dev, compiled) if fused is None else fused
         if self.fused:
             gemv.prepare()  # its custom op registered before torch.compile traces a call to it
         # a decode step's halves (T = 1), and one sequence's with fused GEMVs
@@ -261,6 +261,13 @@ class ShardedDecoder(torch.nn.Module):
         new.k[:, :, :, :cache.capacity].copy_(cache.k)
         new.v[:, :, :, :cache.capacity].copy_(cache.v)
         return new
+
+
+def fuses(dev, compiled: bool | None = None) -> bool:
+    """Whether a shard on dev runs one sequence's decode step with fused GEMVs by default: compiled (by default on
+    a GPU), on a GPU, with triton."""
+    dev = torch.device(dev)
+    return (dev.type == "cuda" if compiled is None else compiled) and dev.type == "cuda" and gemv.available()
 
 
 def build(spec: dict, rank: int, n: int, dev, dtype, seed: int = 0, all_reduce=None,

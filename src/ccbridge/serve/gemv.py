@@ -12,9 +12,9 @@ roofline in bench/tp_step.py).
 
 The rounding follows eager torch's ops, each rounding its output to the model's dtype: the residual sum before the
 norm reads it, the norm once after its weight (as F.rms_norm), SiLU(gate) and then its product with up, the GEMV's
-sums (fp32) once with the bias added (as addmm). Registered as a torch custom op (torch.library.triton_op) so that torch.compile
-traces it inside the engine's compiled halves and CUDA graphs capture it. Needs triton (the GPU machines have it
-with torch); on a CPU it runs under Triton's interpreter (TRITON_INTERPRET=1, the tests).
+sums (fp32) once with the bias added (as addmm). Registered as a torch custom op (torch.library.triton_op) so
+that torch.compile traces it inside the engine's compiled halves and CUDA graphs capture it. Needs triton (the GPU
+machines have it with torch); on a CPU it runs under Triton's interpreter (TRITON_INTERPRET=1, the tests).
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ def prepare() -> None:
 
     @torch.library.triton_op("ccbridge::gemv", mutates_args=())
     def _gemv(w: torch.Tensor, x: torch.Tensor, res: torch.Tensor | None, norm_w: torch.Tensor | None,
-                bias: torch.Tensor | None, silu: bool, bn: int, bk: int, warps: int) -> tuple[torch.Tensor,
-                                                                                            torch.Tensor]:
+              bias: torch.Tensor | None, silu: bool, bn: int, bk: int,
+              warps: int) -> tuple[torch.Tensor, torch.Tensor]:
         n, k = w.shape
         y = torch.empty(n, device=w.device, dtype=w.dtype)
         s = torch.empty(k if res is not None else 0, device=w.device, dtype=w.dtype)

@@ -30,9 +30,9 @@ step outside the collectives (the same decode with the all-reduces left out, eac
 over the roofline, what the collectives add to the step (the native step less that), and the roofline's share of
 the step's GPU busy time (hbm_share: what a projection to a faster GPU takes as F, `--project-by hbm:F`;
 emulate/targets.py). Under the emulator each (batch, mode) is also run with emulation paused in the same processes
-(emulate.interposer.emulation_paused): the native step, and the predicted emulated step (the native step plus each toll the step pays: collectives x (per-op
-toll + bandwidth term), the graph or kernel launches, the crossings and the readback's round trip) beside the
-measured one.
+(emulate.interposer.emulation_paused): the native step, and the predicted emulated step (the native step plus
+each toll the step pays: collectives x (per-op toll + bandwidth term), the graph or kernel launches, the crossings
+and the readback's round trip) beside the measured one.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from ccbridge.emulate import interposer
 from ccbridge.emulate import trace as emu_trace
 from ccbridge.errors import GpuError, UsageError
 from ccbridge.results import Result, Row
-from ccbridge.serve import decode, engine, gemv
+from ccbridge.serve import decode, engine
 from ccbridge.serve.judge import Judge
 
 TEST = "decode_tp"  # rows' test name: not decode's, whose readers (advise) key its rows by batch and mode alone
@@ -135,9 +135,7 @@ def _outside_ms(m, ids, output, mode, iters, graphs, host_prep_us) -> float | No
         return None
     keep, m.all_reduce = m.all_reduce, None
     try:
-        with interposer.emulation_paused(required=False), emu_trace.paused(required=False):
-            runs = [decode.decode(m, ids, output, mode, graphs=graphs, host_prep_us=host_prep_us)
-                    for _ in range(max(2, iters))]
+        runs = _native(m, ids, output, mode, max(2, iters), graphs, host_prep_us)
     finally:
         m.all_reduce = keep
     return sorted(r.wall_s / (output - 1) * 1e3 for r in runs)[len(runs) // 2]  # as _step_rows takes native's
@@ -333,8 +331,8 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
                                   graphs, seed, host_prep_us)
     settings.update(degrees=sorted(degrees), backend="nccl" if dev.type == "cuda" else "gloo",
                     all_reduces_per_step=2 * layers, replicated="embeddings, norms, lm_head", engine="serve/engine.py",
-                    fused_gemv=("batch 1: the weight GEMVs by serve/gemv.py's Triton kernels" if dev.type == "cuda"
-                                and gemv.available() else "off: cuBLAS/CPU GEMMs at every batch"),
+                    fused_gemv=("batch 1: the weight GEMVs by serve/gemv.py's Triton kernels" if engine.fuses(dev)
+                                else "off: cuBLAS/CPU GEMMs at every batch"),
                     logits_tolerance=logits_tol(decode.dtype_for(dev), layers),
                     reference="within a degree: its first mode's tokens; across degrees: the smallest degree's "
                               "first-step logits")
