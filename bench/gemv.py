@@ -102,6 +102,9 @@ def main() -> int:
     ap.add_argument("--tp", type=int, default=4)
     ap.add_argument("--json", help="the rows; bench/tp_step.py --tiles takes each shape's best tile from it")
     args = ap.parse_args()
+    if args.tp < 1:
+        print(f"gemv: --tp takes a degree of 1 or more (got {args.tp})", file=sys.stderr)
+        return 2
     if not fused.available() or not torch.cuda.is_available():
         print("gemv: needs a CUDA GPU and triton", file=sys.stderr)
         return 2

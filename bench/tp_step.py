@@ -37,7 +37,7 @@ import time
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # as the bench's ranks compile (serve/tp.py)
 import torch  # noqa: E402 - after the environment inductor reads at import
 
-from ccbridge import gputimer
+from ccbridge import gputimer, textfit
 from ccbridge.serve import decode, engine, gemv, tp
 
 PROMPT, STEPS = 128, 64
@@ -106,6 +106,15 @@ def measure(m, spec, dev) -> dict:
             "kernels_per_step": len(kern), "top": [(k, n, t) for t, k, n in ranked], "first_logits": first}
 
 
+def tiles(path: str) -> dict:
+    """bench/gemv.py's --json rows as serve/gemv.py's TUNED: (n, k) -> each shape's best tile (3 ints)."""
+    with open(path) as fh:
+        out = {(int(r["n"]), int(r["k"])): tuple(int(v) for v in r["tile"]) for r in json.load(fh)}
+    if not out or any(len(t) != 3 for t in out.values()):
+        raise ValueError("no rows, or a tile that is not 3 numbers")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="llama-8b", choices=sorted(decode.PRESETS))
@@ -114,12 +123,19 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--tiles", help="bench/gemv.py --json output: the fused GEMVs take each shape's best tile from it")
     args = ap.parse_args()
+    if min(args.tp) < 1:
+        print(f"tp_step: --tp takes degrees of 1 or more (got {min(args.tp)})", file=sys.stderr)
+        return 2
+    if args.tiles:
+        try:
+            gemv.TUNED.update(tiles(args.tiles))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            why = e.strerror if isinstance(e, OSError) else f"not bench/gemv.py's --json rows ({e})"
+            print(textfit.cut(f"tp_step: --tiles {args.tiles}: {why}", textfit.WIDTH), file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("tp_step: needs a CUDA GPU", file=sys.stderr)
         return 2
-    if args.tiles:
-        with open(args.tiles) as fh:
-            gemv.TUNED.update({(r["n"], r["k"]): tuple(r["tile"]) for r in json.load(fh)})
     spec, dev = decode.PRESETS[args.model], torch.device("cuda", 0)
     rows, bad = [], 0
     for n in args.tp:
