@@ -32,7 +32,11 @@ from ccbridge.serve import gemv as fused
 REPS = 200
 COLD_BYTES = 1 << 30  # the weight copies a measurement cycles through (an H200's L2: 60 MiB)
 EPS = fused.EPS
-TILES = [(bn, bk, w) for bn in (2, 4, 8, 16, 32) for bk in (128, 256, 512) for w in (4, 8)]
+# K steps past 512 keep more of a weight's bytes in flight per program (a GEMV at batch 1 is latency-bound where
+# few programs each ask for little); 128 and 256 never won a shape on an H200. A program's fp32 partial sums
+# (BLOCK_N x BLOCK_K) stay within 128 registers a thread: more spills.
+TILES = [(bn, bk, w) for bn in (1, 2, 4, 8, 16, 32) for bk in (512, 1024, 2048, 4096) for w in (4, 8)
+         if bn * bk <= 128 * 32 * w]
 
 
 def gemv(w, x, res=None, norm_w=None, silu=False, tile=(8, 256, 4)):
