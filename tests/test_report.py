@@ -65,3 +65,14 @@ def test_early_reports_write_what_write_reports_writes(h100, tmp_path):
     dead.proc.wait()
     again = dead.write(res, tmp_path / "fallback")
     assert again[2].read_text() == want[2].read_text()
+
+
+def test_charts_drawn_side_by_side_are_the_same_pngs(h100):
+    """The report renderer's pool of forked workers draws each chart as this process would, in PLOTS' order."""
+    import multiprocessing as mp
+
+    with mp.get_context("fork").Pool(2) as pool:
+        got = plots.all_plots(h100, pool)
+    want = plots.all_plots(h100)
+    assert [name for name, _ in got] == [name for name, _ in want] and len(want) == 5
+    assert got == want

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from ccbridge import results
 from ccbridge.report import html, markdown, plots
+from ccbridge.resultschema import RESULTS
 from ccbridge.textfit import fit
 
 
@@ -29,14 +32,15 @@ def write_reports(res, out: Path) -> list[Path]:
     return paths
 
 
-def _render(res, paths: list[Path]) -> None:
+def _render(res, paths: list[Path], pool=None) -> None:
     paths[1].write_text(markdown.render(res))
-    paths[2].write_text(html.render(res))
+    paths[2].write_text(html.render(res, pool))
 
 
 class EarlyReports:
     """write_reports() by an interpreter started with the run: it imports the plotting library (seconds) while the
-    run works, then renders the saved result when told where it is. Should it fail, this process renders."""
+    run works, then renders the saved result when told where it is, its charts side by side. Should it fail, this
+    process renders."""
 
     def __init__(self):
         # its output is not read: a renderer that fails is replaced by this process's own rendering
@@ -65,12 +69,21 @@ def _main() -> int:
     """EarlyReports' interpreter: the renderers ready (matplotlib imported: the seconds), then a result.json path
     on stdin (nothing: leave)."""
     plots.ready()
-    line = sys.stdin.readline().strip()
-    if not line:
+    RESULTS["probe"].problem({})  # the result schema's validator built now (jsonschema's import, a tenth of a second)
+    # The charts' workers are forked now, warm, and wait: this interpreter has no thread and no CUDA context,
+    # so a fork of it is safe; where there is no fork, it draws them itself.
+    pool = (mp.get_context("fork").Pool(min(len(plots.PLOTS), os.cpu_count() or 1))
+            if "fork" in mp.get_all_start_methods() else None)
+    try:
+        line = sys.stdin.readline().strip()
+        if not line:
+            return 0
+        path = Path(line)
+        _render(results.load(path), report_paths(path.parent), pool)
         return 0
-    path = Path(line)
-    _render(results.load(path), report_paths(path.parent))
-    return 0
+    finally:
+        if pool is not None:
+            pool.terminate()
 
 
 def wrote(*paths) -> str:
