@@ -8,7 +8,9 @@ channels of their own. Natively all four should sit at the link's ceiling.
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from ccbridge.bindings import core
 from ccbridge.errors import GpuError
@@ -25,7 +27,16 @@ def _worker_iters(total_bytes: int, n: int, nbytes: int) -> int:
 
 
 def _proc_main(conn, device: int, nbytes: int) -> None:
-    """A worker process: one session on its own primary context, driven over a pipe."""
+    """A worker process: the driver started at once (no context: nothing on the GPU), then, once told to open, one
+    session on its own primary context, driven over a pipe."""
+    try:
+        core.device_count()  # cuInit: the driver's start-up in this process, no context made
+    except Exception as e:
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("started",))
+    if conn.recv()[0] != "open":  # closed before it opened: nothing to undo
+        return
     try:
         s = core.Session(device, "pinned", nbytes)
     except Exception as e:
@@ -53,18 +64,39 @@ def _proc_main(conn, device: int, nbytes: int) -> None:
 
 
 class ProcessPool:
-    """n worker processes, each with a session; never outlives the with-block."""
+    """n worker processes, each with a session; never outlives the with-block. Made, the workers start (their
+    interpreters, imports and the driver: no context, nothing on the GPU) while the caller goes on; started()
+    waits for that, open() has each make its context and session."""
 
     def __init__(self, n: int, device: int, nbytes: int):
         ctx = mp.get_context("spawn")  # never fork a process that holds a CUDA context
         self.procs, self.conns = [], []
-        for _ in range(n):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_proc_main, args=(child, device, nbytes), daemon=True)
-            p.start()
-            self.procs.append(p)
-            self.conns.append(parent)
-        for i in range(n):
+        try:
+            for _ in range(n):
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=_proc_main, args=(child, device, nbytes), daemon=True)
+                p.start()
+                self.procs.append(p)
+                self.conns.append(parent)
+        except BaseException:
+            self.__exit__()
+            raise
+        self._started = False
+
+    def started(self) -> None:
+        """Every worker's start-up over (its interpreter, imports and driver), so that none runs beside what the
+        caller measures next."""
+        if not self._started:
+            for i in range(len(self.conns)):
+                self._expect(i, "started")
+            self._started = True
+
+    def open(self) -> None:
+        """Each worker's context and session made (after started())."""
+        self.started()
+        for c in self.conns:
+            c.send(("open",))
+        for i in range(len(self.conns)):
             self._expect(i, "ready")
 
     def _expect(self, i: int, kind: str):
@@ -107,6 +139,25 @@ class ProcessPool:
                 p.join(timeout=5)
 
 
+def open_sessions(n: int, device: int, nbytes: int, own_context: bool) -> list[core.Session]:
+    """n sessions opened side by side, one thread each (what each does is the driver's, the interpreter's lock let
+    go): a context or a pinned buffer is made while another is, instead of after it. Nothing is measured while
+    sessions open. All or none: should one fail, the others are closed and its error raised."""
+    with ThreadPoolExecutor(n, thread_name_prefix="ccbridge-open") as pool:
+        futures = [pool.submit(core.Session, device, "pinned", nbytes, own_context=own_context) for _ in range(n)]
+    done = [f.result() for f in futures if f.exception() is None]
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:
+        close_sessions(done)
+        raise failed[0]
+    return done
+
+
+def close_sessions(sessions: list[core.Session]) -> None:
+    for s in sessions:
+        s.close()
+
+
 def _streams_gbps(s, direction: str, nbytes: int, iters: int, n: int) -> float:
     out, _ = s.copy(direction, nbytes, iters, nstreams=n)
     return out.bytes / (out.end_ns - out.start_ns)
@@ -125,7 +176,7 @@ def scaling(ctx):
         row = Row.of("concurrency.scaling", "aggregate_bandwidth", "GB/s", samples, mode=mode, dir=direction, n=n)
         rows.append(row)
 
-    ctx.step("streams: opening one context with 16 streams")
+    ctx.step(f"streams: opening one context with {nmax} streams")
     with core.Session(ctx.device, "pinned", nbytes, nstreams=nmax) as s:
         for direction in ("h2d", "d2h"):
             for n in ns:
@@ -134,24 +185,40 @@ def scaling(ctx):
                 s.copy(direction, nbytes, 2 * n, nstreams=n)
                 record("streams", direction, n, settled(lambda: _streams_gbps(s, direction, nbytes, iters, n), 2, reps))
 
-    for mode in ("threads", "contexts"):
-        ctx.step(f"{mode}: opening {nmax} sessions")
-        sessions = []
-        try:
-            for _ in range(nmax):
-                sessions.append(core.Session(ctx.device, "pinned", nbytes, own_context=(mode == "contexts")))
-            for direction in ("h2d", "d2h"):
-                for n in ns:
-                    ctx.step(f"{mode} x{n} {direction}")
-                    iters = _worker_iters(total, n, nbytes)
-                    record(mode, direction, n, settled(
-                        lambda: core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters)), 2, reps))
-        finally:
-            for s in sessions:
-                s.close()
+    def sessions_mode(mode: str, sessions: list[core.Session]) -> None:
+        for direction in ("h2d", "d2h"):
+            for n in ns:
+                ctx.step(f"{mode} x{n} {direction}")
+                iters = _worker_iters(total, n, nbytes)
+                record(mode, direction, n, settled(
+                    lambda: core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters)), 2, reps))
 
-    ctx.step(f"processes: starting {nmax} workers")
+    ctx.step(f"threads: opening {nmax} sessions")
+    sessions = open_sessions(nmax, ctx.device, nbytes, own_context=False)
+    try:
+        sessions_mode("threads", sessions)
+    finally:
+        close_sessions(sessions)
+
+    # The last two modes' set-ups overlap each other, never a measurement: the workers start (interpreters, imports,
+    # the driver; no context) while this process makes its contexts, and this process destroys its contexts while
+    # the workers make theirs. Each is over before the next measurement: pool.started() before the contexts mode,
+    # the closing thread joined before the processes mode.
+    ctx.step(f"contexts: opening {nmax} sessions")
     with ProcessPool(nmax, ctx.device, nbytes) as pool:
+        sessions = open_sessions(nmax, ctx.device, nbytes, own_context=True)
+        closing = threading.Thread(target=close_sessions, args=(sessions,), name="ccbridge-close-contexts")
+        try:
+            pool.started()
+            sessions_mode("contexts", sessions)
+            ctx.step(f"processes: starting {nmax} workers")
+            closing.start()
+            pool.open()
+        finally:
+            if closing.ident is None:  # not started (the contexts mode failed): closed here
+                close_sessions(sessions)
+            else:
+                closing.join()
         for direction in ("h2d", "d2h"):
             for n in ns:
                 ctx.step(f"processes x{n} {direction}")
