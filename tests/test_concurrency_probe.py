@@ -1,14 +1,14 @@
 """The concurrency family's order of work on the CPU, over stand-ins for the native core and the worker pool: the
 modes' set-ups may overlap one another, never a measurement."""
 
+import itertools
 import time
-from types import SimpleNamespace
 
 import pytest
 
 from ccbridge.bindings import core
 from ccbridge.errors import GpuError
-from ccbridge.probe import concurrency, registry
+from ccbridge.probe import concurrency, registry, sessions
 
 
 class World:
@@ -126,23 +126,23 @@ def test_a_failed_mode_leaves_no_session_open(monkeypatch, mode):
 
 
 def test_open_sessions_all_or_none(monkeypatch):
-    made = []
+    calls, made = itertools.count(), []
 
     class Session:
         def __init__(self, device, mem, nbytes, own_context=False):
-            if len(made) == 2:
-                made.append(None)
+            if next(calls) == 2:  # the third of four
                 raise GpuError("out of memory")
-            made.append(self)
             self.closed = False
+            made.append(self)
 
         def close(self):
             self.closed = True
 
-    monkeypatch.setattr(concurrency.core, "Session", Session)
+    monkeypatch.setattr(sessions.core, "Session", Session)
     with pytest.raises(GpuError, match="out of memory"):
-        concurrency.open_sessions(4, 0, 1024, own_context=True)
-    assert all(s.closed for s in made if s is not None)
+        sessions.open_all(0, [("pinned", 1024, True)] * 4)
+    assert len(made) == 3 and all(s.closed for s in made)
+    assert [s.closed for s in sessions.open_all(0, [("pinned", 1024, False), ("pageable", 1024, False)])] == [False] * 2
 
 
 def test_worker_processes_start_without_a_context_and_say_why_they_cannot(monkeypatch):

@@ -10,11 +10,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from ccbridge.bindings import core
 from ccbridge.errors import GpuError
 from ccbridge.probe.registry import test
+from ccbridge.probe.sessions import close_all, open_all
 from ccbridge.results import Row
 from ccbridge.stats import settled
 
@@ -139,25 +139,6 @@ class ProcessPool:
                 p.join(timeout=5)
 
 
-def open_sessions(n: int, device: int, nbytes: int, own_context: bool) -> list[core.Session]:
-    """n sessions opened side by side, one thread each (what each does is the driver's, the interpreter's lock let
-    go): a context or a pinned buffer is made while another is, instead of after it. Nothing is measured while
-    sessions open. All or none: should one fail, the others are closed and its error raised."""
-    with ThreadPoolExecutor(n, thread_name_prefix="ccbridge-open") as pool:
-        futures = [pool.submit(core.Session, device, "pinned", nbytes, own_context=own_context) for _ in range(n)]
-    done = [f.result() for f in futures if f.exception() is None]
-    failed = [f.exception() for f in futures if f.exception() is not None]
-    if failed:
-        close_sessions(done)
-        raise failed[0]
-    return done
-
-
-def close_sessions(sessions: list[core.Session]) -> None:
-    for s in sessions:
-        s.close()
-
-
 def _streams_gbps(s, direction: str, nbytes: int, iters: int, n: int) -> float:
     out, _ = s.copy(direction, nbytes, iters, nstreams=n)
     return out.bytes / (out.end_ns - out.start_ns)
@@ -194,11 +175,11 @@ def scaling(ctx):
                     lambda: core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters)), 2, reps))
 
     ctx.step(f"threads: opening {nmax} sessions")
-    sessions = open_sessions(nmax, ctx.device, nbytes, own_context=False)
+    sessions = open_all(ctx.device, [("pinned", nbytes, False)] * nmax)
     try:
         sessions_mode("threads", sessions)
     finally:
-        close_sessions(sessions)
+        close_all(sessions)
 
     # The last two modes' set-ups overlap each other, never a measurement: the workers start (interpreters, imports,
     # the driver; no context) while this process makes its contexts, and this process destroys its contexts while
@@ -206,8 +187,8 @@ def scaling(ctx):
     # the closing thread joined before the processes mode.
     ctx.step(f"contexts: opening {nmax} sessions")
     with ProcessPool(nmax, ctx.device, nbytes) as pool:
-        sessions = open_sessions(nmax, ctx.device, nbytes, own_context=True)
-        closing = threading.Thread(target=close_sessions, args=(sessions,), name="ccbridge-close-contexts")
+        sessions = open_all(ctx.device, [("pinned", nbytes, True)] * nmax)
+        closing = threading.Thread(target=close_all, args=(sessions,), name="ccbridge-close-contexts")
         try:
             pool.started()
             sessions_mode("contexts", sessions)
@@ -216,7 +197,7 @@ def scaling(ctx):
             pool.open()
         finally:
             if closing.ident is None:  # not started (the contexts mode failed): closed here
-                close_sessions(sessions)
+                close_all(sessions)
             else:
                 closing.join()
         for direction in ("h2d", "d2h"):
