@@ -43,18 +43,26 @@ def plan_iters(pilot_s: float, budget_s: float, lo: int, hi: int) -> int:
 
 
 SETTLED_SPREAD = 0.02  # samples whose (max - min) is within 2% of their median put it within +-1%: enough
+SETTLE_AFTER = 2  # samples taken before any judging: two within the spread bound the median as well as three do
 
 
 def settled(sample: Callable[[], T], lo: int, hi: int, value: Callable[[T], float] = float,
-            spread: float = SETTLED_SPREAD) -> list[T]:
+            spread: float = SETTLED_SPREAD, scale: float | None = None) -> list[T]:
     """Samples of sample(): lo of them, then one more at a time, up to hi, while their values' spread (max - min)
-    is over `spread` of their median. Bandwidth samples of a DMA engine often agree to 0.5% from the start, so
-    a probe stops there instead of repeating what it already knows; noisy ones still get every repetition."""
+    is over `spread` of their median (of `scale` where given: values near 0, such as fractions of a whole, are
+    judged against the whole). Bandwidth samples of a DMA engine often agree to 0.5% from the start, so a probe
+    stops there instead of repeating what it already knows; noisy ones still get every repetition.
+
+    Why that is enough: one more sample, whatever its value, moves the median by at most half the samples'
+    spread (two samples a <= b: their median (a + b) / 2 becomes a value between a and b; three: b becomes the
+    mean of b and a value between a and c), so a stop leaves the median within +-spread/2 of where another
+    repetition would put it. That holds from two samples on (SETTLE_AFTER): a third before judging only guards
+    against two samples disturbed alike."""
     out = [sample() for _ in range(lo)]
     while len(out) < hi:
         xs = sorted(value(s) for s in out)
-        mid = percentile(xs, 50)
-        if mid > 0 and (xs[-1] - xs[0]) <= spread * mid:
+        ref = percentile(xs, 50) if scale is None else scale
+        if ref > 0 and (xs[-1] - xs[0]) <= spread * ref:
             break
         out.append(sample())
     return out

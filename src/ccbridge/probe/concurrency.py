@@ -16,7 +16,7 @@ from ccbridge.errors import GpuError
 from ccbridge.probe.registry import test
 from ccbridge.probe.sessions import close_all, open_all
 from ccbridge.results import Row
-from ccbridge.stats import settled
+from ccbridge.stats import SETTLE_AFTER, settled
 
 MODES = ("streams", "threads", "contexts", "processes")
 ANSWER_TIMEOUT_S = 120
@@ -164,7 +164,8 @@ def scaling(ctx):
                 ctx.step(f"streams x{n} {direction}")
                 iters = _worker_iters(total, n, nbytes) * n
                 s.copy(direction, nbytes, 2 * n, nstreams=n)
-                record("streams", direction, n, settled(lambda: _streams_gbps(s, direction, nbytes, iters, n), 2, reps))
+                record("streams", direction, n,
+                       settled(lambda: _streams_gbps(s, direction, nbytes, iters, n), SETTLE_AFTER, reps))
 
     def sessions_mode(mode: str, sessions: list[core.Session]) -> None:
         for direction in ("h2d", "d2h"):
@@ -172,7 +173,8 @@ def scaling(ctx):
                 ctx.step(f"{mode} x{n} {direction}")
                 iters = _worker_iters(total, n, nbytes)
                 record(mode, direction, n, settled(
-                    lambda: core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters)), 2, reps))
+                    lambda: core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters)),
+                    SETTLE_AFTER, reps))
 
     ctx.step(f"threads: opening {nmax} sessions")
     sessions = open_all(ctx.device, [("pinned", nbytes, False)] * nmax)
@@ -205,7 +207,7 @@ def scaling(ctx):
                 ctx.step(f"processes x{n} {direction}")
                 iters = _worker_iters(total, n, nbytes)
                 record("processes", direction, n,
-                       settled(lambda: core.aggregate_gbps(pool.run(n, direction, iters)), 2, reps))
+                       settled(lambda: core.aggregate_gbps(pool.run(n, direction, iters)), SETTLE_AFTER, reps))
 
     for mode in MODES:  # headline: the best N of each mode and direction
         for direction in ("h2d", "d2h"):
