@@ -166,3 +166,13 @@ def test_each_tests_steps_and_their_seconds_are_in_the_settings(monkeypatch):
     assert lead >= 0.015 and opened >= 0.045 and copied >= 0.005  # each at least its sleep (a busy host: more)
     assert abs(lead + opened + copied - res.settings["seconds"]["fake.s"]) < 0.01
     Schema(resultschema.SETTINGS["probe"]).check(res.settings, "the probe's settings", ValueError)
+
+
+def test_torch_imports_with_a_short_switch_interval_then_the_interpreter_gets_its_own_back():
+    import sys
+
+    was = sys.getswitchinterval()
+    th = registry.import_torch_early()
+    assert sys.getswitchinterval() in (registry.IMPORT_SWITCH_S, was)  # (was: the import already over)
+    th.join()
+    assert sys.getswitchinterval() == was
