@@ -35,7 +35,10 @@ def _proc_main(conn, device: int, nbytes: int) -> None:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
     conn.send(("started",))
-    if conn.recv()[0] != "open":  # closed before it opened: nothing to undo
+    try:
+        if conn.recv()[0] != "open":  # closed before it opened: nothing to undo
+            return
+    except EOFError:  # the parent is gone
         return
     try:
         s = core.Session(device, "pinned", nbytes)
