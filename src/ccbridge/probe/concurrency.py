@@ -16,7 +16,7 @@ from ccbridge.errors import GpuError
 from ccbridge.probe.registry import test
 from ccbridge.probe.sessions import close_all, open_all
 from ccbridge.results import Row
-from ccbridge.stats import SETTLE_AFTER, settled
+from ccbridge.stats import settle_after, settled
 
 MODES = ("streams", "threads", "contexts", "processes")
 ANSWER_TIMEOUT_S = 120
@@ -168,7 +168,7 @@ def scaling(ctx):
                 iters = _worker_iters(total, n, nbytes) * n
                 s.copy(direction, nbytes, 2 * n, nstreams=n)
                 record("streams", direction, n,
-                       settled(lambda: _streams_gbps(s, direction, nbytes, iters, n), SETTLE_AFTER, reps))
+                       settled(lambda: _streams_gbps(s, direction, nbytes, iters, n), settle_after(reps), reps))
 
     def sessions_mode(mode: str, sessions: list[core.Session]) -> None:
         for direction in ("h2d", "d2h"):
@@ -177,7 +177,7 @@ def scaling(ctx):
                 iters = _worker_iters(total, n, nbytes)
                 record(mode, direction, n, settled(
                     lambda: core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters)),
-                    SETTLE_AFTER, reps))
+                    settle_after(reps), reps))
 
     ctx.step(f"threads: opening {nmax} sessions")
     sessions = open_all(ctx.device, [("pinned", nbytes, False)] * nmax)
@@ -210,7 +210,7 @@ def scaling(ctx):
                 ctx.step(f"processes x{n} {direction}")
                 iters = _worker_iters(total, n, nbytes)
                 record("processes", direction, n,
-                       settled(lambda: core.aggregate_gbps(pool.run(n, direction, iters)), SETTLE_AFTER, reps))
+                       settled(lambda: core.aggregate_gbps(pool.run(n, direction, iters)), settle_after(reps), reps))
 
     for mode in MODES:  # headline: the best N of each mode and direction
         for direction in ("h2d", "d2h"):

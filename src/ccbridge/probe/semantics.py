@@ -6,7 +6,7 @@ from ccbridge import gputimer
 from ccbridge.bindings import core
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
-from ccbridge.stats import SETTLE_AFTER, percentile, settled
+from ccbridge.stats import percentile, settle_after, settled
 
 RELATIONS = {"same": core.SAME_STREAM, "idle": core.IDLE_STREAM, "event-wait": core.EVENT_WAIT}
 COPY_BYTES = 4 << 20
@@ -48,7 +48,7 @@ def nonblocking(ctx):
             # The third repetition only where the first two disagree by more than 2% of the queued work
             # (stats.settled against the whole: a third could move the median by at most 1% of it).
             outs = settled(lambda: sessions[mem].semantics(direction, RELATIONS[rel], COPY_BYTES, spin_ns),
-                           SETTLE_AFTER, reps, value=_fraction, scale=1.0)
+                           settle_after(reps), reps, value=_fraction, scale=1.0)
             fracs = [_fraction(o) for o in outs]
             if any(f == float("inf") for f in fracs):
                 raise RuntimeError("the busy kernel finished before the copy was issued; host too slow to test")

@@ -15,7 +15,7 @@ from ccbridge.probe.framework import alternating, paired_rows
 from ccbridge.probe.registry import test
 from ccbridge.probe.sessions import close_all, open_all
 from ccbridge.results import Row
-from ccbridge.stats import SETTLE_AFTER, plan_iters, settled
+from ccbridge.stats import plan_iters, settle_after, settled
 from ccbridge.ui import human_bytes
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -62,7 +62,7 @@ def _case(ctx, s, direction: str, mem: str, size: int, reps: int, twinned: bool,
     if twinned and size >= SUSTAINED_BYTES:  # each after one untimed copy in its state
         outs, off = alternating(timed, lambda: s.copy(direction, size, 1), reps)
     else:  # stops once the samples agree (stats.settled)
-        outs, off = settled(timed, min(SETTLE_AFTER, reps), reps, lambda o: o.bytes / (o.end_ns - o.start_ns)), None
+        outs, off = settled(timed, settle_after(reps), reps, lambda o: o.bytes / (o.end_ns - o.start_ns)), None
     got = paired_rows("transfer.sweep", "bandwidth", "GB/s", (outs, off), lambda o: o.bytes / (o.end_ns - o.start_ns),
                       **p)
     got[0].extra["headline"] = headline
