@@ -1,5 +1,6 @@
 import re
 
+import pytest
 from conftest import synthetic
 
 from ccbridge.report import html, markdown, plots
@@ -69,10 +70,49 @@ def test_early_reports_write_what_write_reports_writes(h100, tmp_path):
 
 def test_charts_drawn_side_by_side_are_the_same_pngs(h100):
     """The report renderer's pool of forked workers draws each chart as this process would, in PLOTS' order."""
-    import multiprocessing as mp
+    from ccbridge.cli.reports import chart_pool
 
-    with mp.get_context("fork").Pool(2) as pool:
+    pool = chart_pool()
+    try:
         got = plots.all_plots(h100, pool)
+    finally:
+        pool.shutdown()
     want = plots.all_plots(h100)
     assert [name for name, _ in got] == [name for name, _ in want] and len(want) == 5
     assert got == want
+
+
+def test_a_chart_worker_that_dies_leaves_its_charts_to_the_renderer(h100, tmp_path, monkeypatch):
+    """A worker killed mid-chart (SIGKILL, out of memory, a native crash) fails the pool at once, and the renderer
+    draws the charts itself: the same report, in seconds (a multiprocessing.Pool waited for that chart forever)."""
+    import os
+    import signal
+    import threading
+    import time
+    from concurrent.futures.process import BrokenProcessPool
+
+    from ccbridge.cli import reports
+
+    renderer = os.getpid()
+
+    def dies(res):  # a worker's death; drawn here, no chart
+        if os.getpid() != renderer:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(plots, "PLOTS", plots.PLOTS + (("Dies", dies),))
+    want = reports.write_reports(h100, tmp_path / "here")
+    pool = reports.chart_pool()
+    paths = reports.report_paths(tmp_path / "pooled")
+    paths[0].parent.mkdir()
+    t0 = time.monotonic()
+    th = threading.Thread(target=reports.render, args=(h100, paths, pool), daemon=True)
+    th.start()
+    th.join(60)  # not forever, should it hang
+    took = time.monotonic() - t0
+    try:
+        assert not th.is_alive() and took < 30, f"the report took {took:.1f} s"
+        with pytest.raises(BrokenProcessPool):
+            pool.submit(int)  # the worker did die
+        assert paths[2].read_text() == want[2].read_text() and paths[1].read_text() == want[1].read_text()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)

@@ -6,6 +6,8 @@ import multiprocessing as mp
 import os
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from ccbridge import results
@@ -28,13 +30,30 @@ def _saved(res, out: Path) -> list[Path]:
 
 def write_reports(res, out: Path) -> list[Path]:
     paths = _saved(res, out)
-    _render(res, paths)
+    render(res, paths)
     return paths
 
 
-def _render(res, paths: list[Path], pool=None) -> None:
+def render(res, paths: list[Path], pool: ProcessPoolExecutor | None = None) -> None:
+    """report.md and report.html at paths (report_paths'). pool: chart_pool()'s workers, which draw the charts
+    side by side; should one die (killed, out of memory, a native crash), this process draws them."""
     paths[1].write_text(markdown.render(res))
-    paths[2].write_text(html.render(res, pool))
+    try:
+        page = html.render(res, pool)
+    except BrokenProcessPool:
+        page = html.render(res)
+    paths[2].write_text(page)
+
+
+def chart_pool() -> ProcessPoolExecutor | None:
+    """The charts' workers, forked now from this interpreter (call it after plots.ready(): each starts warm) and
+    waiting; None where there is no fork. An executor, not a multiprocessing.Pool: a worker that dies fails the
+    drawing at once (BrokenProcessPool), where a Pool waits for its chart forever."""
+    if "fork" not in mp.get_all_start_methods():
+        return None
+    pool = ProcessPoolExecutor(min(len(plots.PLOTS), os.cpu_count() or 1), mp_context=mp.get_context("fork"))
+    pool.submit(int)  # a fork executor forks every worker at its first task, before it starts its own thread
+    return pool
 
 
 class EarlyReports:
@@ -56,7 +75,7 @@ class EarlyReports:
             done = False
         if not done:
             self.close()
-            _render(res, paths)
+            render(res, paths)
         return paths
 
     def close(self) -> None:
@@ -72,18 +91,17 @@ def _main() -> int:
     RESULTS["probe"].problem({})  # the result schema's validator built now (jsonschema's import, a tenth of a second)
     # The charts' workers are forked now, warm, and wait: this interpreter has no thread and no CUDA context,
     # so a fork of it is safe; where there is no fork, it draws them itself.
-    pool = (mp.get_context("fork").Pool(min(len(plots.PLOTS), os.cpu_count() or 1))
-            if "fork" in mp.get_all_start_methods() else None)
+    pool = chart_pool()
     try:
         line = sys.stdin.readline().strip()
         if not line:
             return 0
         path = Path(line)
-        _render(results.load(path), report_paths(path.parent), pool)
+        render(results.load(path), report_paths(path.parent), pool)
         return 0
     finally:
         if pool is not None:
-            pool.terminate()
+            pool.shutdown(cancel_futures=True)
 
 
 def wrote(*paths) -> str:

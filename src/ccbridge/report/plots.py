@@ -162,11 +162,12 @@ def _plot(res: Result, i: int) -> bytes | None:
 
 
 def all_plots(res: Result, pool=None) -> list[tuple[str, bytes]]:
-    """(name, PNG) of each chart the result has data for, in PLOTS' order. pool: a multiprocessing pool that draws
-    them side by side, one chart a worker (the report renderer's: its workers forked after ready(), so each
-    starts warm); the same PNGs, a report's wall time that of its slowest chart instead of their sum."""
+    """(name, PNG) of each chart the result has data for, in PLOTS' order. pool: a process executor that draws them
+    side by side, one chart a worker (the report renderer's, cli.reports.chart_pool: its workers forked after
+    ready(), so each starts warm); the same PNGs, a report's wall time that of its slowest chart instead of their
+    sum. A worker that dies raises BrokenProcessPool."""
     draw = functools.partial(_plot, res)
-    pngs = pool.map(draw, range(len(PLOTS)), chunksize=1) if pool is not None else map(draw, range(len(PLOTS)))
+    pngs = pool.map(draw, range(len(PLOTS))) if pool is not None else map(draw, range(len(PLOTS)))
     return [(name, png) for (name, _), png in zip(PLOTS, pngs) if png]
 
 
