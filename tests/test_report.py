@@ -1,4 +1,11 @@
+import os
 import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 from conftest import synthetic
@@ -57,7 +64,9 @@ def test_early_reports_write_what_write_reports_writes(h100, tmp_path):
 
     res = h100
     want = write_reports(res, tmp_path / "here")
-    got = EarlyReports().write(res, tmp_path / "early")
+    early = EarlyReports()
+    got = early.write(res, tmp_path / "early")
+    assert early.proc.returncode == 0, "the early renderer failed: this process wrote the report instead"
     assert [p.name for p in got] == [p.name for p in want]
     for a, b in zip(want[1:], got[1:]):
         assert a.read_text() == b.read_text()
@@ -66,6 +75,19 @@ def test_early_reports_write_what_write_reports_writes(h100, tmp_path):
     dead.proc.wait()
     again = dead.write(res, tmp_path / "fallback")
     assert again[2].read_text() == want[2].read_text()
+
+
+def test_the_report_renderer_has_no_thread_of_its_own_when_it_forks_its_workers():
+    """Warm (matplotlib, and numpy's OpenBLAS with it, imported), the renderer's interpreter has its main thread
+    alone, in RENDERER_ENV: a fork of it copies no thread's half-held lock."""
+    from ccbridge.cli.reports import RENDERER_ENV
+
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("no /proc/self/task to count threads in")
+    code = "import os; from ccbridge.cli import reports; reports.warm_up(); print(len(os.listdir('/proc/self/task')))"
+    got = subprocess.run([sys.executable, "-c", code], env={**os.environ, **RENDERER_ENV}, capture_output=True,
+                         text=True, check=True)
+    assert got.stdout.strip() == "1"
 
 
 def test_charts_drawn_side_by_side_are_the_same_pngs(h100):
@@ -85,12 +107,6 @@ def test_charts_drawn_side_by_side_are_the_same_pngs(h100):
 def test_a_chart_worker_that_dies_leaves_its_charts_to_the_renderer(h100, tmp_path, monkeypatch):
     """A worker killed mid-chart (SIGKILL, out of memory, a native crash) fails the pool at once, and the renderer
     draws the charts itself: the same report, in seconds (a multiprocessing.Pool waited for that chart forever)."""
-    import os
-    import signal
-    import threading
-    import time
-    from concurrent.futures.process import BrokenProcessPool
-
     from ccbridge.cli import reports
 
     renderer = os.getpid()

@@ -15,6 +15,10 @@ from ccbridge.report import html, markdown, plots
 from ccbridge.resultschema import RESULTS
 from ccbridge.textfit import fit
 
+# The renderer's environment: numpy's OpenBLAS (and any OpenMP runtime) starts no threads when matplotlib imports it,
+# so the interpreter that forks the charts' workers has no thread but its own.
+RENDERER_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
 
 def report_paths(out: Path) -> list[Path]:
     return [out / "result.json", out / "report.md", out / "report.html"]
@@ -64,7 +68,8 @@ class EarlyReports:
     def __init__(self):
         # its output is not read: a renderer that fails is replaced by this process's own rendering
         self.proc = subprocess.Popen([sys.executable, "-m", "ccbridge.cli.reports"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+                                     env={**os.environ, **RENDERER_ENV})
 
     def write(self, res, out: Path) -> list[Path]:
         paths = _saved(res, out)
@@ -84,13 +89,19 @@ class EarlyReports:
             self.proc.wait()
 
 
-def _main() -> int:
-    """EarlyReports' interpreter: the renderers ready (matplotlib imported: the seconds), then a result.json path
-    on stdin (nothing: leave)."""
+def warm_up() -> None:
+    """The renderers ready: matplotlib imported (the seconds) and the result schema's validator built (jsonschema's
+    import, a tenth of a second)."""
     plots.ready()
-    RESULTS["probe"].problem({})  # the result schema's validator built now (jsonschema's import, a tenth of a second)
-    # The charts' workers are forked now, warm, and wait: this interpreter has no thread and no CUDA context,
-    # so a fork of it is safe; where there is no fork, it draws them itself.
+    RESULTS["probe"].problem({})
+
+
+def _main() -> int:
+    """EarlyReports' interpreter: the renderers ready (warm_up), then a result.json path on stdin (nothing:
+    leave)."""
+    warm_up()
+    # The charts' workers are forked now, warm, and wait: this interpreter has no thread (RENDERER_ENV) and no CUDA
+    # context, so a fork of it is safe; where there is no fork, it draws them itself.
     pool = chart_pool()
     try:
         line = sys.stdin.readline().strip()
