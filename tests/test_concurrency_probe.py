@@ -110,7 +110,8 @@ def test_rows_as_before_and_no_set_up_beside_a_measurement(monkeypatch, quick):
     # steps still name what each did
     assert world.log.index(("spawn", max(ns))) < world.log.index(("open", True))
     steps = [m for m, _ in ctx.steps]
-    assert steps.index(f"contexts: opening {max(ns)} sessions") < steps.index(f"processes: starting {max(ns)} workers")
+    assert steps.index(f"contexts: opening {max(ns)} sessions") < steps.index(
+        f"processes: closing contexts, opening {max(ns)} workers")
     assert steps[0] == f"streams: opening one context with {max(ns)} streams"
 
 

@@ -197,7 +197,7 @@ def scaling(ctx):
         try:
             pool.started()
             sessions_mode("contexts", sessions)
-            ctx.step(f"processes: starting {nmax} workers")
+            ctx.step(f"processes: closing contexts, opening {nmax} workers")
             closing.start()
             pool.open()
         finally:
