@@ -2,6 +2,8 @@
 modes' set-ups may overlap one another, never a measurement."""
 
 import itertools
+import multiprocessing as mp
+import threading
 import time
 
 import pytest
@@ -158,3 +160,25 @@ def test_worker_processes_start_without_a_context_and_say_why_they_cannot(monkey
         with pytest.raises(GpuError, match="probe worker process 0: GpuError: "):
             pool.started()
     assert not any(p.is_alive() for p in pool.procs)
+
+
+@pytest.mark.parametrize("gone", ["before its error", "before it started", "while it waits to open"])
+def test_a_worker_whose_parent_is_gone_leaves_quietly(monkeypatch, gone):
+    """A worker whose parent died after the driver's start-up (or its failure) leaves without a traceback: what it
+    would answer has no one to go to."""
+    def device_count():
+        if gone == "before its error":
+            raise GpuError("no driver")
+        return 1
+
+    monkeypatch.setattr(concurrency.core, "device_count", device_count)
+    parent, child = mp.get_context("spawn").Pipe()
+    reader = threading.Thread(target=lambda: (parent.recv(), parent.close()))  # reads "started", then dies
+    if gone == "while it waits to open":
+        reader.start()
+    else:
+        parent.close()
+    concurrency._proc_main(child, 0, 1 << 20)  # returns: nothing raised, nothing printed
+    child.close()
+    if reader.ident is not None:
+        reader.join()

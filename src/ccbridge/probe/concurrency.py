@@ -28,17 +28,23 @@ def _worker_iters(total_bytes: int, n: int, nbytes: int) -> int:
 
 def _proc_main(conn, device: int, nbytes: int) -> None:
     """A worker process: the driver started at once (no context: nothing on the GPU), then, once told to open, one
-    session on its own primary context, driven over a pipe."""
+    session on its own primary context, driven over a pipe. Once its parent is gone it leaves, quietly: there is no
+    one to tell (its session closed on the way out)."""
+    try:
+        _serve(conn, device, nbytes)
+    except (EOFError, ConnectionError):  # the pipe's other end closed: the parent died or left
+        pass
+
+
+def _serve(conn, device: int, nbytes: int) -> None:
+    """_proc_main's answers, in order: started (or error), ready, then warm or done to each ask until close."""
     try:
         core.device_count()  # cuInit: the driver's start-up in this process, no context made
     except Exception as e:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
     conn.send(("started",))
-    try:
-        if conn.recv()[0] != "open":  # closed before it opened: nothing to undo
-            return
-    except EOFError:  # the parent is gone
+    if conn.recv()[0] != "open":  # closed before it opened: nothing to undo
         return
     try:
         s = core.Session(device, "pinned", nbytes)
