@@ -166,3 +166,43 @@ def test_each_tests_steps_and_their_seconds_are_in_the_settings(monkeypatch):
     assert lead >= 0.015 and opened >= 0.045 and copied >= 0.005  # each at least its sleep (a busy host: more)
     assert abs(lead + opened + copied - res.settings["seconds"]["fake.s"]) < 0.01
     Schema(resultschema.SETTINGS["probe"]).check(res.settings, "the probe's settings", ValueError)
+
+
+def test_torch_imports_with_a_short_switch_interval_then_the_interpreter_gets_its_own_back():
+    import sys
+
+    was = sys.getswitchinterval()
+    th = registry.import_torch_early()
+    assert sys.getswitchinterval() in (registry.IMPORT_SWITCH_S, was)  # (was: the import already over)
+    th.join()
+    assert sys.getswitchinterval() == was
+
+
+def test_torch_imported_early_twice_still_gives_the_interpreter_its_own_switch_interval_back(monkeypatch):
+    """A second call while torch imports gives the same thread: it never takes the short interval for the one to
+    restore. The import is held (a finder that waits, then finds nothing) so that the calls overlap."""
+    import sys
+    import threading
+
+    gate = threading.Event()
+
+    class Held:
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch":
+                gate.wait(30)
+                raise ImportError("held by the test")
+            return None
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Held(), *sys.meta_path])
+    was = sys.getswitchinterval()
+    first = registry.import_torch_early()
+    second = registry.import_torch_early()
+    assert sys.getswitchinterval() == registry.IMPORT_SWITCH_S
+    gate.set()
+    first.join(30)
+    second.join(30)
+    assert sys.getswitchinterval() == was and second is first
+    third = registry.import_torch_early()  # over: a new import, from the interpreter's own interval
+    third.join(30)
+    assert third is not first and sys.getswitchinterval() == was

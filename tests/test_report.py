@@ -1,5 +1,13 @@
+import os
 import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures.process import BrokenProcessPool
 
+import pytest
 from conftest import synthetic
 
 from ccbridge.report import html, markdown, plots
@@ -56,7 +64,9 @@ def test_early_reports_write_what_write_reports_writes(h100, tmp_path):
 
     res = h100
     want = write_reports(res, tmp_path / "here")
-    got = EarlyReports().write(res, tmp_path / "early")
+    early = EarlyReports()
+    got = early.write(res, tmp_path / "early")
+    assert early.proc.returncode == 0, "the early renderer failed: this process wrote the report instead"
     assert [p.name for p in got] == [p.name for p in want]
     for a, b in zip(want[1:], got[1:]):
         assert a.read_text() == b.read_text()
@@ -65,3 +75,60 @@ def test_early_reports_write_what_write_reports_writes(h100, tmp_path):
     dead.proc.wait()
     again = dead.write(res, tmp_path / "fallback")
     assert again[2].read_text() == want[2].read_text()
+
+
+def test_the_report_renderer_has_no_thread_of_its_own_when_it_forks_its_workers():
+    """Warm (matplotlib, and numpy's OpenBLAS with it, imported), the renderer's interpreter has its main thread
+    alone, in RENDERER_ENV: a fork of it copies no thread's half-held lock."""
+    from ccbridge.cli.reports import RENDERER_ENV
+
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("no /proc/self/task to count threads in")
+    code = "import os; from ccbridge.cli import reports; reports.warm_up(); print(len(os.listdir('/proc/self/task')))"
+    got = subprocess.run([sys.executable, "-c", code], env={**os.environ, **RENDERER_ENV}, capture_output=True,
+                         text=True, check=True)
+    assert got.stdout.strip() == "1"
+
+
+def test_charts_drawn_side_by_side_are_the_same_pngs(h100):
+    """The report renderer's pool of forked workers draws each chart as this process would, in PLOTS' order."""
+    from ccbridge.cli.reports import chart_pool
+
+    pool = chart_pool()
+    try:
+        got = plots.all_plots(h100, pool)
+    finally:
+        pool.shutdown()
+    want = plots.all_plots(h100)
+    assert [name for name, _ in got] == [name for name, _ in want] and len(want) == 5
+    assert got == want
+
+
+def test_a_chart_worker_that_dies_leaves_its_charts_to_the_renderer(h100, tmp_path, monkeypatch):
+    """A worker killed mid-chart (SIGKILL, out of memory, a native crash) fails the pool at once, and the renderer
+    draws the charts itself: the same report, in seconds (a multiprocessing.Pool waited for that chart forever)."""
+    from ccbridge.cli import reports
+
+    renderer = os.getpid()
+
+    def dies(res):  # a worker's death; drawn here, no chart
+        if os.getpid() != renderer:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(plots, "PLOTS", plots.PLOTS + (("Dies", dies),))
+    want = reports.write_reports(h100, tmp_path / "here")
+    pool = reports.chart_pool()
+    paths = reports.report_paths(tmp_path / "pooled")
+    paths[0].parent.mkdir()
+    t0 = time.monotonic()
+    th = threading.Thread(target=reports.render, args=(h100, paths, pool), daemon=True)
+    th.start()
+    th.join(60)  # not forever, should it hang
+    took = time.monotonic() - t0
+    try:
+        assert not th.is_alive() and took < 30, f"the report took {took:.1f} s"
+        with pytest.raises(BrokenProcessPool):
+            pool.submit(int)  # the worker did die
+        assert paths[2].read_text() == want[2].read_text() and paths[1].read_text() == want[1].read_text()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)

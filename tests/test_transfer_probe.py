@@ -5,13 +5,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from ccbridge.probe import framework, registry, transfer
+from ccbridge.probe import framework, registry, sessions, transfer
 
 
 class FakeSession:
     """core.Session's copy loop: native (or paused) copies at 10 GB/s, emulated ones at 2."""
 
-    def __init__(self, state, *args):
+    def __init__(self, state, *args, **kwargs):
         self.state = state
 
     def __enter__(self):
@@ -20,8 +20,14 @@ class FakeSession:
     def __exit__(self, *exc):
         return False
 
+    def close(self):
+        self.state.setdefault("closed_after", []).append(len(self.state["log"]))  # copies made before it closed
+
     def copy(self, direction, nbytes, iters, nstreams=1, sync_every=0):
         gbps = 2.0 if self.state["emulating"] and not self.state["paused"] else 10.0
+        if self.state.get("noisy"):  # every copy 5% off the one before, up and down
+            self.state["noisy"] = -self.state["noisy"]
+            gbps *= 1 + self.state["noisy"]
         ns = nbytes * iters / gbps
         self.state["log"].append((nbytes, iters, self.state["paused"]))
         out = SimpleNamespace(bytes=nbytes * iters, start_ns=0, end_ns=ns, incall_ns=ns / 2, seconds=ns / 1e9)
@@ -46,7 +52,7 @@ def test_sustained_sizes_take_paused_twins_in_the_same_process_under_emulation(m
 
     monkeypatch.setattr(transfer, "emulating", lambda: emulating)
     monkeypatch.setattr(framework, "emulation_paused", paused)
-    monkeypatch.setattr(transfer.core, "Session", lambda *a: FakeSession(state, *a))
+    monkeypatch.setattr(sessions.core, "Session", lambda *a, **kw: FakeSession(state, *a, **kw))
     ctx = registry.ProbeContext(registry.Settings(quick=True), registry.Machine(gpu_count=1))
     rows = transfer.sweep(ctx)
     bw = {(r.metric, r.params["dir"], r.params["mem"], r.params["bytes"]): r for r in rows if r.metric.startswith("bandwidth")}
@@ -56,9 +62,29 @@ def test_sustained_sizes_take_paused_twins_in_the_same_process_under_emulation(m
                       for b in sustained} if emulating else set())
     for (metric, d, m, b), row in bw.items():
         want = 10.0 if metric.endswith(framework.PAUSED) or not emulating else 2.0
-        assert row.median == pytest.approx(want) and row.n == 3, (metric, d, m, b)
+        # alternating pairs: every repetition; settled samples (a steady 10 GB/s): stopped after two of the three
+        n = 3 if emulating and b >= transfer.SUSTAINED_BYTES else 2
+        assert row.median == pytest.approx(want) and row.n == n, (metric, d, m, b)
     if emulating:  # the timed copies of one sustained case: on/off, off/on, on/off, each after its untimed one
         big = max(transfer.SIZES_QUICK)
         timed = [p for n, k, p in state["log"] if n == big and k > 1][-6:]
         untimed = [p for n, k, p in state["log"] if n == big and k == 1][-6:]
         assert timed == untimed == [False, True, True, False, False, True]
+
+
+@pytest.mark.parametrize("noisy", [False, True])
+def test_bandwidth_stops_early_only_when_the_samples_agree(monkeypatch, noisy):
+    """More than half the allowed samples within 2% of their median stop a case's bandwidth samples (two of the
+    quick run's three, three of the full run's five: stats.settle_after); samples 10% apart get every repetition.
+    Both sessions are open before the first copy and closed after the last."""
+    state = {"emulating": False, "paused": False, "log": [], "noisy": 0.05 if noisy else 0}
+    monkeypatch.setattr(transfer, "emulating", lambda: False)
+    monkeypatch.setattr(sessions.core, "Session", lambda *a, **kw: FakeSession(state, *a, **kw))
+    for quick, reps in ((True, 3), (False, 5)):
+        state["log"].clear()
+        state["closed_after"] = []
+        ctx = registry.ProbeContext(registry.Settings(quick=quick), registry.Machine(gpu_count=1))
+        rows = transfer.sweep(ctx)
+        counts = {r.n for r in rows if r.metric in ("bandwidth", "in_call_fraction")}
+        assert counts == ({reps} if noisy else {{3: 2, 5: 3}[reps]})
+        assert state["closed_after"] == [len(state["log"])] * 2

@@ -42,19 +42,34 @@ def plan_iters(pilot_s: float, budget_s: float, lo: int, hi: int) -> int:
     return max(lo, min(hi, int(budget_s / pilot_s)))
 
 
-SETTLED_SPREAD = 0.02  # samples whose (max - min) is within 2% of their median put it within +-1%: enough
+SETTLED_SPREAD = 0.02  # samples whose (max - min) is within 2% of their median: where a stop leaves it
+
+
+def settle_after(max_reps: int) -> int:
+    """Samples taken before settled() judges them, of max_reps allowed: more than half (2 of 3, 3 of 5). Once more
+    than half the allowed samples agree, the median of every allowed sample must fall within their range, whatever
+    the others would have been; two of five could both be outliers of the median that five would give."""
+    return max_reps // 2 + 1
 
 
 def settled(sample: Callable[[], T], lo: int, hi: int, value: Callable[[T], float] = float,
-            spread: float = SETTLED_SPREAD) -> list[T]:
-    """Samples of sample(): lo of them, then one more at a time, up to hi, while their values' spread (max - min)
-    is over `spread` of their median. Bandwidth samples of a DMA engine often agree to 0.5% from the start, so
-    a probe stops there instead of repeating what it already knows; noisy ones still get every repetition."""
+            spread: float = SETTLED_SPREAD, scale: float | None = None) -> list[T]:
+    """Samples of sample(): lo of them (settle_after(hi) for a stop that holds), then one more at a time, up to hi,
+    while their values' spread (max - min) is over `spread` of their median (of `scale` where given: values near 0,
+    such as fractions of a whole, are judged against the whole). Bandwidth samples of a DMA engine often agree to
+    0.5% from the start, so a probe stops there instead of repeating what it already knows; noisy ones still get
+    every repetition.
+
+    Why that is enough: with more than half of the hi allowed samples taken (lo = settle_after(hi)), the median of
+    all hi samples lies within the range of those taken, whatever the rest would be (more than half of them at or
+    above its low end, more than half at or below its high end). So a stop leaves the median within `spread` of
+    where every repetition would put it; within spread/2 where two of three stop it (their midpoint, and the
+    third's median clamped to their range)."""
     out = [sample() for _ in range(lo)]
     while len(out) < hi:
         xs = sorted(value(s) for s in out)
-        mid = percentile(xs, 50)
-        if mid > 0 and (xs[-1] - xs[0]) <= spread * mid:
+        ref = percentile(xs, 50) if scale is None else scale
+        if ref > 0 and (xs[-1] - xs[0]) <= spread * ref:
             break
         out.append(sample())
     return out

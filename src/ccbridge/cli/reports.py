@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from ccbridge import results
 from ccbridge.report import html, markdown, plots
+from ccbridge.resultschema import RESULTS
 from ccbridge.textfit import fit
+
+# The renderer's environment: numpy's OpenBLAS (and any OpenMP runtime) starts no threads when matplotlib imports it,
+# so the interpreter that forks the charts' workers has no thread but its own.
+RENDERER_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 
 def report_paths(out: Path) -> list[Path]:
@@ -25,23 +34,42 @@ def _saved(res, out: Path) -> list[Path]:
 
 def write_reports(res, out: Path) -> list[Path]:
     paths = _saved(res, out)
-    _render(res, paths)
+    render(res, paths)
     return paths
 
 
-def _render(res, paths: list[Path]) -> None:
+def render(res, paths: list[Path], pool: ProcessPoolExecutor | None = None) -> None:
+    """report.md and report.html at paths (report_paths'). pool: chart_pool()'s workers, which draw the charts
+    side by side; should one die (killed, out of memory, a native crash), this process draws them."""
     paths[1].write_text(markdown.render(res))
-    paths[2].write_text(html.render(res))
+    try:
+        page = html.render(res, pool)
+    except BrokenProcessPool:
+        page = html.render(res)
+    paths[2].write_text(page)
+
+
+def chart_pool() -> ProcessPoolExecutor | None:
+    """The charts' workers, forked now from this interpreter (call it after plots.ready(): each starts warm) and
+    waiting; None where there is no fork. An executor, not a multiprocessing.Pool: a worker that dies fails the
+    drawing at once (BrokenProcessPool), where a Pool waits for its chart forever."""
+    if "fork" not in mp.get_all_start_methods():
+        return None
+    pool = ProcessPoolExecutor(min(len(plots.PLOTS), os.cpu_count() or 1), mp_context=mp.get_context("fork"))
+    pool.submit(int)  # a fork executor forks every worker at its first task, before it starts its own thread
+    return pool
 
 
 class EarlyReports:
     """write_reports() by an interpreter started with the run: it imports the plotting library (seconds) while the
-    run works, then renders the saved result when told where it is. Should it fail, this process renders."""
+    run works, then renders the saved result when told where it is, its charts side by side. Should it fail, this
+    process renders."""
 
     def __init__(self):
         # its output is not read: a renderer that fails is replaced by this process's own rendering
         self.proc = subprocess.Popen([sys.executable, "-m", "ccbridge.cli.reports"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+                                     env={**os.environ, **RENDERER_ENV})
 
     def write(self, res, out: Path) -> list[Path]:
         paths = _saved(res, out)
@@ -52,7 +80,7 @@ class EarlyReports:
             done = False
         if not done:
             self.close()
-            _render(res, paths)
+            render(res, paths)
         return paths
 
     def close(self) -> None:
@@ -61,16 +89,30 @@ class EarlyReports:
             self.proc.wait()
 
 
-def _main() -> int:
-    """EarlyReports' interpreter: the renderers ready (matplotlib imported: the seconds), then a result.json path
-    on stdin (nothing: leave)."""
+def warm_up() -> None:
+    """The renderers ready: matplotlib imported (the seconds) and the result schema's validator built (jsonschema's
+    import, a tenth of a second)."""
     plots.ready()
-    line = sys.stdin.readline().strip()
-    if not line:
+    RESULTS["probe"].problem({})
+
+
+def _main() -> int:
+    """EarlyReports' interpreter: the renderers ready (warm_up), then a result.json path on stdin (nothing:
+    leave)."""
+    warm_up()
+    # The charts' workers are forked now, warm, and wait: this interpreter has no thread (RENDERER_ENV) and no CUDA
+    # context, so a fork of it is safe; where there is no fork, it draws them itself.
+    pool = chart_pool()
+    try:
+        line = sys.stdin.readline().strip()
+        if not line:
+            return 0
+        path = Path(line)
+        render(results.load(path), report_paths(path.parent), pool)
         return 0
-    path = Path(line)
-    _render(results.load(path), report_paths(path.parent))
-    return 0
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
 
 
 def wrote(*paths) -> str:

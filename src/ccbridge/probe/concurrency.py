@@ -8,13 +8,15 @@ channels of their own. Natively all four should sit at the link's ceiling.
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 import time
 
 from ccbridge.bindings import core
 from ccbridge.errors import GpuError
 from ccbridge.probe.registry import test
+from ccbridge.probe.sessions import close_all, open_all
 from ccbridge.results import Row
-from ccbridge.stats import settled
+from ccbridge.stats import settle_after, settled
 
 MODES = ("streams", "threads", "contexts", "processes")
 ANSWER_TIMEOUT_S = 120
@@ -25,7 +27,25 @@ def _worker_iters(total_bytes: int, n: int, nbytes: int) -> int:
 
 
 def _proc_main(conn, device: int, nbytes: int) -> None:
-    """A worker process: one session on its own primary context, driven over a pipe."""
+    """A worker process: the driver started at once (no context: nothing on the GPU), then, once told to open, one
+    session on its own primary context, driven over a pipe. Once its parent is gone it leaves, quietly: there is no
+    one to tell (its session closed on the way out)."""
+    try:
+        _serve(conn, device, nbytes)
+    except (EOFError, ConnectionError):  # the pipe's other end closed: the parent died or left
+        pass
+
+
+def _serve(conn, device: int, nbytes: int) -> None:
+    """_proc_main's answers, in order: started (or error), ready, then warm or done to each ask until close."""
+    try:
+        core.device_count()  # cuInit: the driver's start-up in this process, no context made
+    except Exception as e:
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    conn.send(("started",))
+    if conn.recv()[0] != "open":  # closed before it opened: nothing to undo
+        return
     try:
         s = core.Session(device, "pinned", nbytes)
     except Exception as e:
@@ -53,18 +73,39 @@ def _proc_main(conn, device: int, nbytes: int) -> None:
 
 
 class ProcessPool:
-    """n worker processes, each with a session; never outlives the with-block."""
+    """n worker processes, each with a session; never outlives the with-block. Made, the workers start (their
+    interpreters, imports and the driver: no context, nothing on the GPU) while the caller goes on; started()
+    waits for that, open() has each make its context and session."""
 
     def __init__(self, n: int, device: int, nbytes: int):
         ctx = mp.get_context("spawn")  # never fork a process that holds a CUDA context
         self.procs, self.conns = [], []
-        for _ in range(n):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_proc_main, args=(child, device, nbytes), daemon=True)
-            p.start()
-            self.procs.append(p)
-            self.conns.append(parent)
-        for i in range(n):
+        try:
+            for _ in range(n):
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=_proc_main, args=(child, device, nbytes), daemon=True)
+                p.start()
+                self.procs.append(p)
+                self.conns.append(parent)
+        except BaseException:
+            self.__exit__()
+            raise
+        self._started = False
+
+    def started(self) -> None:
+        """Every worker's start-up over (its interpreter, imports and driver), so that none runs beside what the
+        caller measures next."""
+        if not self._started:
+            for i in range(len(self.conns)):
+                self._expect(i, "started")
+            self._started = True
+
+    def open(self) -> None:
+        """Each worker's context and session made (after started())."""
+        self.started()
+        for c in self.conns:
+            c.send(("open",))
+        for i in range(len(self.conns)):
             self._expect(i, "ready")
 
     def _expect(self, i: int, kind: str):
@@ -125,39 +166,57 @@ def scaling(ctx):
         row = Row.of("concurrency.scaling", "aggregate_bandwidth", "GB/s", samples, mode=mode, dir=direction, n=n)
         rows.append(row)
 
-    ctx.step("streams: opening one context with 16 streams")
+    ctx.step(f"streams: opening one context with {nmax} streams")
     with core.Session(ctx.device, "pinned", nbytes, nstreams=nmax) as s:
         for direction in ("h2d", "d2h"):
             for n in ns:
                 ctx.step(f"streams x{n} {direction}")
                 iters = _worker_iters(total, n, nbytes) * n
                 s.copy(direction, nbytes, 2 * n, nstreams=n)
-                record("streams", direction, n, settled(lambda: _streams_gbps(s, direction, nbytes, iters, n), 2, reps))
+                record("streams", direction, n,
+                       settled(lambda: _streams_gbps(s, direction, nbytes, iters, n), settle_after(reps), reps))
 
-    for mode in ("threads", "contexts"):
-        ctx.step(f"{mode}: opening {nmax} sessions")
-        sessions = []
-        try:
-            for _ in range(nmax):
-                sessions.append(core.Session(ctx.device, "pinned", nbytes, own_context=(mode == "contexts")))
-            for direction in ("h2d", "d2h"):
-                for n in ns:
-                    ctx.step(f"{mode} x{n} {direction}")
-                    iters = _worker_iters(total, n, nbytes)
-                    record(mode, direction, n, settled(
-                        lambda: core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters)), 2, reps))
-        finally:
-            for s in sessions:
-                s.close()
+    def sessions_mode(mode: str, sessions: list[core.Session]) -> None:
+        for direction in ("h2d", "d2h"):
+            for n in ns:
+                ctx.step(f"{mode} x{n} {direction}")
+                iters = _worker_iters(total, n, nbytes)
+                record(mode, direction, n, settled(
+                    lambda: core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters)),
+                    settle_after(reps), reps))
 
-    ctx.step(f"processes: starting {nmax} workers")
+    ctx.step(f"threads: opening {nmax} sessions")
+    sessions = open_all(ctx.device, [("pinned", nbytes, False)] * nmax)
+    try:
+        sessions_mode("threads", sessions)
+    finally:
+        close_all(sessions)
+
+    # The last two modes' set-ups overlap each other, never a measurement: the workers start (interpreters, imports,
+    # the driver; no context) while this process makes its contexts, and this process destroys its contexts while
+    # the workers make theirs. Each is over before the next measurement: pool.started() before the contexts mode,
+    # the closing thread joined before the processes mode.
+    ctx.step(f"contexts: opening {nmax} sessions")
     with ProcessPool(nmax, ctx.device, nbytes) as pool:
+        sessions = open_all(ctx.device, [("pinned", nbytes, True)] * nmax)
+        closing = threading.Thread(target=close_all, args=(sessions,), name="ccbridge-close-contexts")
+        try:
+            pool.started()
+            sessions_mode("contexts", sessions)
+            ctx.step(f"processes: closing contexts, opening {nmax} workers")
+            closing.start()
+            pool.open()
+        finally:
+            if closing.ident is None:  # not started (the contexts mode failed): closed here
+                close_all(sessions)
+            else:
+                closing.join()
         for direction in ("h2d", "d2h"):
             for n in ns:
                 ctx.step(f"processes x{n} {direction}")
                 iters = _worker_iters(total, n, nbytes)
                 record("processes", direction, n,
-                       settled(lambda: core.aggregate_gbps(pool.run(n, direction, iters)), 2, reps))
+                       settled(lambda: core.aggregate_gbps(pool.run(n, direction, iters)), settle_after(reps), reps))
 
     for mode in MODES:  # headline: the best N of each mode and direction
         for direction in ("h2d", "d2h"):

@@ -25,7 +25,7 @@ from typing import Callable, TypeVar
 from ccbridge.emulate.interposer import emulating, emulation_paused
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
-from ccbridge.stats import plan_iters, settled
+from ccbridge.stats import plan_iters, settle_after, settled
 
 MiB = 1 << 20
 LAUNCH = "framework.launch"
@@ -74,7 +74,7 @@ def paired_us(body: Callable[[], object], finish: Callable[[], object], n: int, 
     for bandwidth, not for latencies whose medians must ride out a preempted sample."""
     if not emulating():
         if settle:
-            return settled(lambda: per_iteration_us(body, finish, n, 1)[0], min(3, reps), reps), None
+            return settled(lambda: per_iteration_us(body, finish, n, 1)[0], settle_after(reps), reps), None
         return per_iteration_us(body, finish, n, reps), None
     return alternating(lambda: per_iteration_us(body, finish, n, 1)[0],
                        lambda: per_iteration_us(body, finish, warm, 1), reps)

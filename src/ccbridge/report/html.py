@@ -44,7 +44,8 @@ def page(title: str, banner: str, intro: list[str], bullets: list[str], plots: l
     return "\n".join(parts)
 
 
-def render(res) -> str:
+def render(res, pool=None) -> str:
+    """The page; pool: the charts' drawing pool, if any (plots.all_plots)."""
     intro = [run_line(res)]
     tables = [headline_table(res), errors_table(res), machine_table(res.env), *test_tables(res), skipped_table(res)]
-    return page(title(res), emulation_banner(res), intro, [f.text for f in shown(res)], all_plots(res), tables)
+    return page(title(res), emulation_banner(res), intro, [f.text for f in shown(res)], all_plots(res, pool), tables)

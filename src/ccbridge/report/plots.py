@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import io
 
 from ccbridge.results import Result
+
+# The PNGs' resolution. Every figure is made at it: tight_layout lays the labels out at the figure's dpi and
+# savefig draws at this one, and a figure made at matplotlib's default (100) measured its labels again at 110
+# (a tenth of the transfer and concurrency charts' CPU time); the pictures are the same size in pixels.
+DPI = 110
 
 
 def _plt():
@@ -17,17 +23,21 @@ def _plt():
 
 
 def ready() -> None:
-    """matplotlib imported and its fonts loaded (a report's first chart pays both), for a renderer started early."""
+    """matplotlib imported, its fonts loaded and its mathtext parser built (a log axis labels its ticks 2^k in
+    mathtext; the first chart with one paid a few tenths of a second for it), for a renderer started early."""
     plt = _plt()
-    fig = plt.figure(figsize=(1, 1))
-    fig.text(0.5, 0.5, "0")
+    fig, ax = plt.subplots(figsize=(2, 2), dpi=DPI)
+    ax.plot([1, 2], [1, 2], marker="o", label="0")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.legend()
     _png(fig)
 
 
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format="png", dpi=DPI)
     _plt().close(fig)
     return buf.getvalue()
 
@@ -52,7 +62,7 @@ def transfer(res: Result):
     if not rows:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=DPI)
     for ax, metric, ylabel in ((axes[0], "bandwidth", "GB/s"), (axes[1], "latency", "us per copy")):
         _lines(ax, _series([r for r in rows if r.metric == metric], ("dir", "mem"), "bytes"), "bytes",
                lambda k: f"{k[0].upper()} {k[1]}")
@@ -72,7 +82,7 @@ def concurrency(res: Result):
     if not rows:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True, dpi=DPI)
     for ax, d in zip(axes, ("h2d", "d2h")):
         _lines(ax, _series([r for r in rows if r.params["dir"] == d], ("mode",), "n"), "n", lambda k: k[0])
         ax.set_xscale("log", base=2)
@@ -86,7 +96,7 @@ def concurrency(res: Result):
 
 def _bars(labels, rows, ylabel, title):
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=DPI)
     med = [r.median for r in rows]
     err = [[r.median - r.p10 for r in rows], [r.p90 - r.median for r in rows]]
     ax.bar(labels, med, yerr=err, capsize=4, color="#4878a8")
@@ -123,7 +133,8 @@ def account(res: Result, top: int = 10):
     if not groups:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(len(groups), 1, figsize=(10, sum(0.35 * len(g) + 1.3 for _, g in groups)), squeeze=False)
+    fig, axes = plt.subplots(len(groups), 1, figsize=(10, sum(0.35 * len(g) + 1.3 for _, g in groups)), squeeze=False,
+                             dpi=DPI)
     for ax, (test, rows) in zip(axes[:, 0], groups):
         labels = [(r.params.get("site") or f"{r.params['api']} {r.params.get('dir') or ''}")[-70:] for r in rows]
         left = [0.0] * len(rows)
@@ -146,13 +157,18 @@ PLOTS = (("Bandwidth and latency vs size", transfer), ("Scaling vs N", concurren
          ("Where the time went", account))
 
 
-def all_plots(res: Result) -> list[tuple[str, bytes]]:
-    out = []
-    for name, fn in PLOTS:
-        png = fn(res)
-        if png:
-            out.append((name, png))
-    return out
+def _plot(res: Result, i: int) -> bytes | None:
+    return PLOTS[i][1](res)
+
+
+def all_plots(res: Result, pool=None) -> list[tuple[str, bytes]]:
+    """(name, PNG) of each chart the result has data for, in PLOTS' order. pool: a process executor that draws them
+    side by side, one chart a worker (the report renderer's, cli.reports.chart_pool: its workers forked after
+    ready(), so each starts warm); the same PNGs, a report's wall time that of its slowest chart instead of their
+    sum. A worker that dies raises BrokenProcessPool."""
+    draw = functools.partial(_plot, res)
+    pngs = pool.map(draw, range(len(PLOTS))) if pool is not None else map(draw, range(len(PLOTS)))
+    return [(name, png) for (name, _), png in zip(PLOTS, pngs) if png]
 
 
 def ratio_chart(items: list[tuple[str, float, float, float]]) -> bytes | None:
@@ -160,7 +176,7 @@ def ratio_chart(items: list[tuple[str, float, float, float]]) -> bytes | None:
     if not items:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(items) + 1.2))
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(items) + 1.2), dpi=DPI)
     labels = [i[0] for i in items]
     ratios = [i[1] for i in items]
     err = [[max(r - lo, 0) for _, r, lo, _ in items], [max(hi - r, 0) for _, r, _, hi in items]]

@@ -1,0 +1,184 @@
+"""The concurrency family's order of work on the CPU, over stand-ins for the native core and the worker pool: the
+modes' set-ups may overlap one another, never a measurement."""
+
+import itertools
+import multiprocessing as mp
+import threading
+import time
+
+import pytest
+
+from ccbridge.bindings import core
+from ccbridge.errors import GpuError
+from ccbridge.probe import concurrency, registry, sessions
+
+
+class World:
+    """What happened, in order: sessions opened and closed, workers started and opened, each measurement."""
+
+    def __init__(self, fail_mode=None):
+        self.log = []
+        self.live = set()  # own-context sessions not yet closed
+        self.pool_started = self.pool_open = False
+        self.fail_mode = fail_mode
+
+    def session(self, device, mem, nbytes, nstreams=1, own_context=False):
+        world = self
+
+        class Session:
+            def __init__(self):
+                self.own = own_context
+                world.log.append(("open", own_context))
+                if own_context:
+                    world.live.add(self)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.close()
+
+            def close(self):
+                time.sleep(0.005)  # a context takes a while to go: a measurement that did not wait would see it
+                world.log.append(("close", self.own))
+                world.live.discard(self)
+
+            def copy(self, direction, nbytes, iters, nstreams=1, sync_every=0):
+                world.measured("streams")
+                return core.CopyOut(0.0, 1e6, 0.0, 55e3), []
+
+        return Session()
+
+    def measured(self, mode):
+        self.log.append(("measure", mode))
+        if mode == "contexts":
+            assert self.pool_started and not self.pool_open, "the workers' start-up ran beside the contexts mode"
+        if mode == "processes":
+            assert self.pool_open and not self.live, "a context was still being destroyed beside the processes mode"
+        if mode == self.fail_mode:
+            raise RuntimeError(f"{mode} failed")
+
+    def run_workers(self, sessions, direction, nbytes, iters):
+        self.measured("contexts" if sessions[0].own else "threads")
+        return [core.CopyOut(0.0, 1e6, 0.0, 55e3) for _ in sessions]
+
+    def pool(self, n, device, nbytes):
+        world = self
+
+        class Pool:
+            def __enter__(self):
+                world.log.append(("spawn", n))
+                return self
+
+            def __exit__(self, *exc):
+                world.log.append(("pool closed", n))
+
+            def started(self):
+                world.pool_started = True
+
+            def open(self):
+                assert world.pool_started
+                world.pool_open = True
+
+            def run(self, n, direction, iters):
+                world.measured("processes")
+                return [core.CopyOut(0.0, 1e6, 0.0, 55e3)] * n
+
+        return Pool()
+
+
+def _run(monkeypatch, world, quick=True):
+    monkeypatch.setattr(concurrency.core, "Session", world.session)
+    monkeypatch.setattr(concurrency.core, "run_workers", world.run_workers)
+    monkeypatch.setattr(concurrency, "ProcessPool", world.pool)
+    ctx = registry.ProbeContext(registry.Settings(quick=quick), registry.Machine(gpu_count=1))
+    return concurrency.scaling(ctx), ctx
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_rows_as_before_and_no_set_up_beside_a_measurement(monkeypatch, quick):
+    world = World()
+    rows, ctx = _run(monkeypatch, world, quick)
+    ns = (1, 4) if quick else (1, 2, 4, 8, 16)
+    assert [(r.params["mode"], r.params["dir"], r.params["n"]) for r in rows] == [
+        (m, d, n) for m in concurrency.MODES for d in ("h2d", "d2h") for n in ns]
+    assert {(r.metric, r.unit) for r in rows} == {("aggregate_bandwidth", "GB/s")}
+    assert sum(1 for r in rows if r.extra.get("headline")) == 2 * len(concurrency.MODES)
+    opened = [own for what, own in world.log if what == "open"]
+    closed = [own for what, own in world.log if what == "close"]
+    assert sorted(opened) == sorted(closed)  # every session closed once
+    assert opened.count(True) == max(ns) and not world.live
+    # the workers are spawned before this process makes its contexts (their start-ups overlap), and the
+    # steps still name what each did
+    assert world.log.index(("spawn", max(ns))) < world.log.index(("open", True))
+    steps = [m for m, _ in ctx.steps]
+    assert steps.index(f"contexts: opening {max(ns)} sessions") < steps.index(
+        f"processes: closing contexts, opening {max(ns)} workers")
+    assert steps[0] == f"streams: opening one context with {max(ns)} streams"
+
+
+@pytest.mark.parametrize("mode", ["threads", "contexts", "processes"])
+def test_a_failed_mode_leaves_no_session_open(monkeypatch, mode):
+    world = World(fail_mode=mode)
+    with pytest.raises(RuntimeError, match=f"{mode} failed"):
+        _run(monkeypatch, world)
+    opened = [own for what, own in world.log if what == "open"]
+    closed = [own for what, own in world.log if what == "close"]
+    assert sorted(opened) == sorted(closed) and not world.live
+    assert ("pool closed", 4) in world.log or mode == "threads"
+
+
+def test_open_sessions_all_or_none(monkeypatch):
+    calls, made = itertools.count(), []
+
+    class Session:
+        def __init__(self, device, mem, nbytes, own_context=False):
+            if next(calls) == 2:  # the third of four
+                raise GpuError("out of memory")
+            self.closed = False
+            made.append(self)
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(sessions.core, "Session", Session)
+    with pytest.raises(GpuError, match="out of memory"):
+        sessions.open_all(0, [("pinned", 1024, True)] * 4)
+    assert len(made) == 3 and all(s.closed for s in made)
+    assert [s.closed for s in sessions.open_all(0, [("pinned", 1024, False), ("pageable", 1024, False)])] == [False] * 2
+
+
+def test_worker_processes_start_without_a_context_and_say_why_they_cannot(monkeypatch):
+    """The real pool on a machine without a usable driver: its workers start, fail at the driver's start-up (no
+    context asked for yet) and say so in one line; the with-block leaves no process behind."""
+    try:
+        core.device_count()
+        pytest.skip("a CUDA driver is here: the workers would start")
+    except GpuError:
+        pass
+    with concurrency.ProcessPool(2, 0, 1 << 20) as pool:
+        with pytest.raises(GpuError, match="probe worker process 0: GpuError: "):
+            pool.started()
+    assert not any(p.is_alive() for p in pool.procs)
+
+
+@pytest.mark.parametrize("gone", ["before its error", "before it started", "while it waits to open"])
+def test_a_worker_whose_parent_is_gone_leaves_quietly(monkeypatch, gone):
+    """A worker whose parent died after the driver's start-up (or its failure) leaves without a traceback: what it
+    would answer has no one to go to."""
+    def device_count():
+        if gone == "before its error":
+            raise GpuError("no driver")
+        return 1
+
+    monkeypatch.setattr(concurrency.core, "device_count", device_count)
+    parent, child = mp.get_context("spawn").Pipe()
+    reader = threading.Thread(target=lambda: (parent.recv(), parent.close()))  # reads "started", then dies
+    if gone == "while it waits to open":
+        reader.start()
+    else:
+        parent.close()
+    concurrency._proc_main(child, 0, 1 << 20)  # returns: nothing raised, nothing printed
+    child.close()
+    if reader.ident is not None:
+        reader.join()
