@@ -12,8 +12,9 @@ and the fused kernel over a grid of tile shapes, and checks the fused result aga
 
     python3 bench/gemv.py [--model llama-8b] [--tp 4] [--json F]
 
-The kernel is serve/gemv.py's, as the engine calls it at one sequence; each row also times the tile the engine
-picks (serve/gemv.py's tile()) beside the best of the grid.
+The kernel is serve/gemv.py's, as the engine calls it at one sequence; each row also times the rule's tile
+(serve/gemv.py's tile(): the engine's with CCBRIDGE_GEMV_TUNE=0) beside the best of the grid. The engine itself
+times a compact set of candidates per shape as it builds (serve/gemv_tune.py); this grid is the wider search.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def main() -> int:
               flush=True)
     t, f_, e = (sum(r[key] for r in rows) for key in ("torch_us", "fused_us", "engine_tile_us"))
     print(f"a layer's four: torch {t:.2f} us, fused {f_:.2f} us at the best tiles ({f_ / t:.2f}x), {e:.2f} us at the "
-          f"engine's (serve/gemv.py's tile()); bf16 rounding: rel err <= 0.02")
+          f"rule's\n(serve/gemv.py's tile(); the engine tunes its own: serve/gemv_tune.py); "
+          f"bf16 rounding: rel err <= 0.02")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -16,13 +16,15 @@ token read back), for each variant of the layer (serve/engine.py):
   compiled-kn compiled, every weight stored K-major (its transpose contiguous): the GEMVs as NN GEMMs instead of
               the TN ones of an (N, K) weight
   fused       compiled, each weight GEMV one Triton kernel with the residual add and RMSNorm, or SiLU x up, in its
-              prologue (serve/gemv.py): what the bench's engine runs at batch 1 on a GPU with triton
+              prologue (serve/gemv.py): what the bench's engine runs at batch 1 on a GPU with triton, each shape's
+              tile tuned on this GPU as the engine builds (serve/gemv_tune.py, cached; CCBRIDGE_GEMV_TUNE=0: the
+              rule's; --tiles F: bench/gemv.py's best instead), printed under its row
 (On H200s, 2026-11-27, neither -lt nor -kn moved the TP4 step: cuBLAS chose the same split-K kernels.)
 For each: the step's wall time (replay + read back), its GPU time (events around the replays), over the
 roofline, kernels per step (torch.profiler, one eager step), their summed time and what the step spends between
 them, the top kernels, and the first step's logits against the first variant's (the bf16 tolerance of
 serve.tp.logits_tol).
-    python bench/tp_step.py --model llama-8b --tp 1 4 [--variants eager compiled autotuned] [--json F]
+    python bench/tp_step.py --model llama-8b --tp 1 4 [--variants eager compiled autotuned] [--tiles F] [--json F]
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ def main() -> int:
     ap.add_argument("--tp", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--variants", nargs="+", default=["compiled", "fused"], choices=list(VARIANTS))
     ap.add_argument("--json")
-    ap.add_argument("--tiles", help="bench/gemv.py --json output: the fused GEMVs take each shape's best tile from it")
+    ap.add_argument("--tiles", help="bench/gemv.py --json output: the fused GEMVs take each shape's best tile from it "
+                                    "(instead of the engine's tuning)")
     args = ap.parse_args()
     if min(args.tp) < 1:
         print(f"tp_step: --tp takes degrees of 1 or more (got {min(args.tp)})", file=sys.stderr)
@@ -150,7 +153,7 @@ def main() -> int:
             ok = diff <= tp.logits_tol(torch.bfloat16, spec["num_hidden_layers"])
             bad += not ok
             rows.append(dict(r, model=args.model, tp=n, variant=v, logits_vs_first=diff, within_tol=ok,
-                             seconds=time.perf_counter() - t0))
+                             seconds=time.perf_counter() - t0, gemv_tiles=m.tiles_used()))
             print(f"tp {n} {v:<9} wall {r['wall_ms']:7.3f} ms  gpu {r['gpu_ms']:7.3f}  roof {r['roofline_ms']:6.3f}"
                   f"  x{r['over_roof']:5.2f}  kernels {r['kernels_per_step']:5d}  logits {diff:.4f}"
                   f"{'' if ok else ' BEYOND'}  ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -159,6 +162,9 @@ def main() -> int:
                   f"({(r['wall_ms'] - busy) * 1e3 / max(r['kernels_per_step'], 1):.2f} us a kernel)")
             for name, cnt, us in r["top"][:6]:
                 print(f"      {us / 1e3:8.3f} ms  x{cnt:<5d} {name}")
+            if m.gemv_tiles:
+                print(textfit.cut("      tiles " + ", ".join(f"{shape} {'/'.join(map(str, t))}"
+                                                          for shape, t in m.tiles_used().items()), textfit.WIDTH))
             del m
             torch.cuda.empty_cache()
     if args.json:

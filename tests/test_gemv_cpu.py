@@ -69,6 +69,21 @@ nw, b, x = torch.rand(32)[::2] + 0.5, torch.randn(16)[::2], torch.randn(16)
 got, _ = gemv.gemv(w, x, norm_w=nw, bias=b, tile_nkw=(4, 16, 4))
 out["strided"] = float((got - ref(w, x, None, nw, b, False)).abs().max())
 
+# every tile the engine's tuning may choose (serve/gemv_tune.py) computes the rule's tile's result within rounding
+from ccbridge.serve import gemv_tune
+out["candidates"] = []
+for pro in ("", "norm+res", "silu"):
+    n, k = 40, 300
+    g = torch.Generator().manual_seed(7)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16)
+    x = torch.randn(2 * k if pro == "silu" else k, generator=g).to(torch.bfloat16)
+    kw = dict(res=torch.randn(k, generator=g).to(torch.bfloat16), norm_w=torch.rand(k, generator=g).to(torch.bfloat16))
+    kw = kw if pro == "norm+res" else dict(silu=pro == "silu")
+    base = gemv.gemv(w, x, tile_nkw=gemv.rule(n, k), **kw)[0].float()
+    for t in gemv_tune.candidates(n, k):
+        y = gemv.gemv(w, x, tile_nkw=t, **kw)[0].float()
+        out["candidates"].append([pro, list(t), float((y - base).abs().max() / base.abs().max())])
+
 calls = [0]
 real = gemv.gemv
 def counted(*a, **k):
@@ -139,6 +154,12 @@ def test_the_fused_gemv_refuses_what_does_not_fit(child):
     assert "takes norm_w of 16 values" in other_dtype and "torch.float64" in other_dtype
     assert "tile 8/96/4: each a power of 2" in odd_tile
     assert child["strided"] < 1e-5
+
+
+def test_every_candidate_tile_computes_the_rules_result(child):
+    assert len(child["candidates"]) >= 3 * 6
+    for pro, tile, rel in child["candidates"]:
+        assert rel < 0.02, (pro, tile, rel)  # bf16 rounding: the sums run in another order
 
 
 def test_the_engine_fuses_one_sequences_decode_steps_only(child):

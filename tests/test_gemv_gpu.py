@@ -1,6 +1,8 @@
 """The fused GEMV (serve/gemv.py) on a GPU: at llama-8b's TP4 shapes its results are torch's within bf16 rounding and
-the residual stream it writes is torch's bit for bit (the GPU rounds to nearest even, as torch does); the compiled
-engine's fused one-sequence step computes the cuBLAS step's logits within the degrees' tolerance, in a CUDA graph.
+the residual stream it writes is torch's bit for bit (the GPU rounds to nearest even, as torch does); the tile tuned
+on this GPU (serve/gemv_tune.py) at llama-8b's TP4 and TP1 shapes computes the rule's tile's result within bf16
+rounding; the compiled engine's fused one-sequence step, its tiles tuned, computes the cuBLAS step's logits within
+the degrees' tolerance, in a CUDA graph.
 
 Run through scripts/device-check (or `python -m pytest -m gpu tests/test_gemv_gpu.py`)."""
 
@@ -9,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the fused GEMV needs torch")
 
 from ccbridge import gputimer  # noqa: E402
-from ccbridge.serve import decode, engine, gemv, tp  # noqa: E402
+from ccbridge.serve import decode, engine, gemv, gemv_tune, tp  # noqa: E402
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no GPU"),
@@ -17,15 +19,21 @@ pytestmark = [pytest.mark.gpu,
 F = torch.nn.functional
 
 
-@pytest.mark.parametrize("n,k,pro", [(1536, 4096, "norm"), (4096, 1024, ""), (7168, 4096, "norm"),
-                                     (4096, 3584, "silu")])
-def test_the_fused_gemv_is_torchs_within_rounding_and_its_residual_exact(n, k, pro):
-    g = torch.Generator(device="cuda").manual_seed(n + k)
+def inputs(n, k, pro, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
     w = (torch.randn(n, k, generator=g, device="cuda") * 0.02).to(torch.bfloat16)
     x = torch.randn(2 * k if pro == "silu" else k, generator=g, device="cuda").to(torch.bfloat16)
     res = torch.randn(k, generator=g, device="cuda").to(torch.bfloat16) if pro == "norm" else None
-    nw = torch.rand(k, device="cuda").to(torch.bfloat16) if pro == "norm" else None
-    y, s = gemv.gemv(w, x, res=res, norm_w=nw, silu=pro == "silu")
+    nw = torch.rand(k, generator=g, device="cuda").to(torch.bfloat16) if pro == "norm" else None
+    return w, x, dict(res=res, norm_w=nw, silu=pro == "silu")
+
+
+@pytest.mark.parametrize("n,k,pro", [(1536, 4096, "norm"), (4096, 1024, ""), (7168, 4096, "norm"),
+                                     (4096, 3584, "silu")])
+def test_the_fused_gemv_is_torchs_within_rounding_and_its_residual_exact(n, k, pro):
+    w, x, kw = inputs(n, k, pro, n + k)
+    res, nw = kw["res"], kw["norm_w"]
+    y, s = gemv.gemv(w, x, **kw)
     if pro == "silu":
         want = F.linear(F.silu(x[:k]) * x[k:], w)
     elif pro == "norm":
@@ -37,13 +45,38 @@ def test_the_fused_gemv_is_torchs_within_rounding_and_its_residual_exact(n, k, p
         assert torch.equal(s, x + res)
 
 
-def test_the_fused_engine_step_matches_cublas_in_a_graph():
+@pytest.fixture
+def own_cache(monkeypatch, tmp_path):
+    """Tuning on, into a cache of this test's own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(gemv_tune.ENV, raising=False)
+    monkeypatch.setattr(gemv_tune, "CHOSEN", {})
+    return tmp_path
+
+
+def test_the_tuned_tile_computes_the_rules_result(own_cache):
+    shapes = [(1536, 4096, "norm"), (4096, 1024, ""), (7168, 4096, "norm"), (4096, 3584, "silu"),
+              (6144, 4096, "norm"), (4096, 4096, ""), (28672, 4096, "norm"), (4096, 14336, "silu")]
+    tiles = gemv_tune.tune(shapes, "cuda", progress=False)
+    assert gemv_tune.cache_path().exists()
+    for (n, k, pro), tile in tiles.items():
+        assert tile in gemv_tune.candidates(n, k), (n, k, tile)
+        w, x, kw = inputs(n, k, pro, n + k)
+        y, s = gemv.gemv(w, x, tile_nkw=tile, **kw)
+        want, s_want = gemv.gemv(w, x, tile_nkw=gemv.rule(n, k), **kw)
+        assert float((y.float() - want.float()).abs().max() / want.float().abs().max()) < 0.01, (n, k, tile)
+        if pro == "norm":
+            assert torch.equal(s, s_want)
+    print({f"{n}x{k} {pro or '-'}": "/".join(map(str, t)) for (n, k, pro), t in tiles.items()})
+
+
+def test_the_fused_engine_step_matches_cublas_in_a_graph(own_cache):
     spec = decode.PRESETS["llama-1b"]
     ids = decode.prompts(spec["vocab_size"], 1, 16, 0).cuda()
     got = {}
     for fused in (False, True):
         m = engine.build(spec, 0, 1, "cuda", torch.bfloat16, seed=5, fused=fused)
-        assert m.fused is fused
+        assert m.fused is fused and bool(m.gemv_tiles) is fused  # the fused engine's tiles tuned as it built
         cache = m.static_cache(1, 64)
         with torch.no_grad():
             m(input_ids=ids, past_key_values=cache, cache_position=torch.arange(16, device="cuda"), use_cache=True,

@@ -16,9 +16,10 @@ attention is two batched matmuls over each kv head's group of query heads (no kv
 mask as an additive bias; a prefill (once a request) runs eagerly, its attention by SDPA. At one sequence (batch
 1) the halves' weight GEMVs are serve/gemv.py's fused Triton kernels instead of cuBLAS's split-K GEMMs: the residual
 add and RMSNorm, or SiLU x up, in the GEMV's prologue, no reduce kernel (where triton is; fused=False turns it
-off). One rank's llama-8b step outside its collectives (bench/tp_step.py, one H200, 2026-11-26/27): 1264 kernels and
-4.31x its HBM roofline at TP4 eagerly, 532 kernels and 2.41-2.47x compiled with cuBLAS. On the CPU (the tests) the
-same code runs eagerly.
+off), each shape's tile timed on this GPU at build over the layers' own weights and cached (serve/gemv_tune.py;
+CCBRIDGE_GEMV_TUNE=0: the fixed rule's tiles; gemv_tiles says which ran). One rank's llama-8b step outside its
+collectives (bench/tp_step.py, one H200, 2026-11-26/27): 1264 kernels and 4.31x its HBM roofline at TP4 eagerly, 532
+kernels and 2.41-2.47x compiled with cuBLAS. On the CPU (the tests) the same code runs eagerly.
 
 The weights are random, the same function at every degree: each tensor is drawn in units that no degree
 splits (one attention head, 32 MLP features, 4096 vocabulary rows), each unit from its own seeded generator,
@@ -38,7 +39,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from ccbridge.serve import gemv
+from ccbridge.serve import gemv, gemv_tune
 
 HEAD_UNIT = 1  # heads per drawn unit
 MLP_UNIT = 32  # MLP features per drawn unit (divides every preset's width into units each degree splits)
@@ -46,6 +47,7 @@ VOCAB_UNIT = 4096  # vocabulary rows per drawn unit
 RMS_EPS = 1e-5
 BACKEND = "inductor"  # torch.compile's backend for the decode step's halves (the CPU tests use "eager")
 MODE = None  # torch.compile's mode (bench/tp_step.py tries "max-autotune-no-cudagraphs": GEMMs tuned, minutes)
+GEMVS = {"qkv": "norm", "o": "", "gate_up": "norm", "down": "silu"}  # each fused GEMV's weight -> its prologue
 
 
 def _seed(*key) -> int:
@@ -126,8 +128,10 @@ class ShardedDecoder(torch.nn.Module):
         self._anchor = torch.nn.Parameter(torch.empty(0, device=dev, dtype=dtype), requires_grad=False)
         compiled = (dev.type == "cuda") if compiled is None else compiled
         self.fused = fuses(dev, compiled) if fused is None else fused
+        self.gemv_tiles: dict[str, tuple[int, int, int]] = {}  # GEMVS' weight -> the tile its fused kernel runs
         if self.fused:
             gemv.prepare()  # its custom op registered before torch.compile traces a call to it
+            self.gemv_tiles = self._tune_gemvs(dev)
         # a decode step's halves (T = 1), and one sequence's with fused GEMVs
         halves = (self._attention_half, self._mlp_half, self._attention_half_fused, self._mlp_half_fused)
         if compiled:
@@ -136,6 +140,24 @@ class ShardedDecoder(torch.nn.Module):
             opts = dict(dynamic=None, fullgraph=True, backend=BACKEND, mode=MODE)
             halves = tuple(torch.compile(f, **opts) for f in halves)
         self._pre, self._post, self._pre1, self._post1 = halves
+
+    def _tune_gemvs(self, dev) -> dict[str, tuple[int, int, int]]:
+        """Each fused GEMV's tile: on a GPU timed over this rank's own per-layer weights of its shape, each read
+        cold in turn as a step reads them (serve/gemv_tune.py; cached; rank 0 says so where it takes a while);
+        on a CPU (Triton's interpreter, no timing) the rule's."""
+        shape = {name: (*getattr(self.layers[0], name).shape, pro) for name, pro in GEMVS.items()}
+        if not gemv_tune.tunes(dev):
+            return {name: gemv.tile(n, k) for name, (n, k, _) in shape.items()}
+        weights: dict = {}
+        for name, s in shape.items():
+            weights.setdefault(s, []).extend(getattr(lay, name) for lay in self.layers)
+        tiles = gemv_tune.tune(shape.values(), dev, weights, progress=self.rank == 0)
+        return {name: tiles[s] for name, s in shape.items()}
+
+    def tiles_used(self) -> dict[str, list[int]]:
+        """The fused GEMVs' tiles for a record: 'qkv 1536x4096' -> [BLOCK_N, BLOCK_K, warps] ({} unfused)."""
+        return {f"{name} {'x'.join(map(str, getattr(self.layers[0], name).shape))}": list(t)
+                for name, t in self.gemv_tiles.items()}
 
     def weight_bytes(self, batch: int) -> int:
         """The weight bytes this rank reads per decode step: its shards, the replicated lm_head and norms, and
@@ -199,17 +221,18 @@ class ShardedDecoder(torch.nn.Module):
 
     # One sequence's decode step (B = T = 1) with its weight GEMVs fused (serve/gemv.py): the residual add and
     # RMSNorm in the QKV and gate-up kernels' prologue, SiLU x up in down's; the same ops otherwise.
-    @staticmethod
-    def _gemv(a, w):
-        return gemv.gemv(w, a)[0].view(1, 1, -1)
+    # Each at its tile (gemv_tiles: read at tracing, a constant of the compiled half).
+    def _o_gemv(self, a, w):
+        return gemv.gemv(w, a, tile_nkw=self.gemv_tiles["o"])[0].view(1, 1, -1)
 
     def _attention_half_fused(self, x, y, w_in, qkv_w, qkv_b, o_w, ck, cv, pos, attn, cos, nsin):
-        qkv, x1 = gemv.gemv(qkv_w, x, res=y, norm_w=w_in, bias=qkv_b)
-        return x1.view(x.shape), self._attention(qkv.view(1, 1, -1), o_w, ck, cv, pos, attn, cos, nsin, self._gemv)
+        qkv, x1 = gemv.gemv(qkv_w, x, res=y, norm_w=w_in, bias=qkv_b, tile_nkw=self.gemv_tiles["qkv"])
+        return x1.view(x.shape), self._attention(qkv.view(1, 1, -1), o_w, ck, cv, pos, attn, cos, nsin,
+                                                 self._o_gemv)
 
     def _mlp_half_fused(self, x, o, w_post, gate_up, down):
-        gu, x1 = gemv.gemv(gate_up, x, res=o, norm_w=w_post)
-        return x1.view(x.shape), gemv.gemv(down, gu, silu=True)[0].view(x.shape)
+        gu, x1 = gemv.gemv(gate_up, x, res=o, norm_w=w_post, tile_nkw=self.gemv_tiles["gate_up"])
+        return x1.view(x.shape), gemv.gemv(down, gu, silu=True, tile_nkw=self.gemv_tiles["down"])[0].view(x.shape)
 
     def _layer(self, lay, i: int, x: torch.Tensor, y: torch.Tensor, pos: torch.Tensor, cache: Cache,
                attn: torch.Tensor, rot) -> tuple[torch.Tensor, torch.Tensor]:
@@ -273,6 +296,7 @@ def fuses(dev, compiled: bool | None = None) -> bool:
 def build(spec: dict, rank: int, n: int, dev, dtype, seed: int = 0, all_reduce=None,
           compiled: bool | None = None, fused: bool | None = None) -> ShardedDecoder:
     """Rank `rank` of n's shard; compiled: its layers' halves by torch.compile (None: on a GPU); fused: one
-    sequence's decode step with fused GEMVs (serve/gemv.py; None: where compiled on a GPU with triton)."""
+    sequence's decode step with fused GEMVs (serve/gemv.py; None: where compiled on a GPU with triton), their tiles
+    tuned on this GPU as it builds (serve/gemv_tune.py; CCBRIDGE_GEMV_TUNE=0: the rule's)."""
     with torch.no_grad():
         return ShardedDecoder(spec, rank, n, torch.device(dev), dtype, seed, all_reduce, compiled, fused).eval()

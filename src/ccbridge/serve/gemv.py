@@ -15,6 +15,11 @@ norm reads it, the norm once after its weight (as F.rms_norm), SiLU(gate) and th
 sums (fp32) once with the bias added (as addmm). Registered as a torch custom op (torch.library.triton_op) so
 that torch.compile traces it inside the engine's compiled halves and CUDA graphs capture it. Needs triton (the GPU
 machines have it with torch); on a CPU it runs under Triton's interpreter (TRITON_INTERPRET=1, the tests).
+
+The tile (rows a program, K a step, warps) is shape- and GPU-dependent (at llama-8b's TP1 and TP4 shapes on one
+H200 the best of a wider grid took 4-39% less time than rule()'s, and another H200 preferred others): the engine
+times a few candidates per shape on its own GPU when it builds and caches the choice (serve/gemv_tune.py;
+CCBRIDGE_GEMV_TUNE=0 keeps rule()'s tiles).
 """
 
 from __future__ import annotations
@@ -31,17 +36,22 @@ EPS = 1e-5  # the engine's RMS_EPS
 TUNED: dict[tuple[int, int], tuple[int, int, int]] = {}  # (n, k) -> a measured tile (bench/tp_step.py --tiles)
 
 
-def tile(n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps) for an (n, k) weight: bench/gemv.py's fastest tiles with HBM-cold weights at
-    llama-8b's TP4 shapes on an H200 (qkv 1536x4096 4/512/4, o 4096x1024 2/512/4, gate-up 7168x4096 8/512/4, down
-    4096x3584 8/512/8): 512-wide K steps, and programs narrow enough to keep several on every SM streaming (2 or 4
-    rows a program where rows are few or short). TUNED (measured tiles) first."""
-    if (n, k) in TUNED:
-        return TUNED[(n, k)]
+def rule(n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps) for an (n, k) weight by a fixed rule: bench/gemv.py's fastest tiles with HBM-cold
+    weights at llama-8b's TP4 shapes on an H200 (qkv 1536x4096 4/512/4, o 4096x1024 2/512/4, gate-up 7168x4096
+    8/512/4, down 4096x3584 8/512/8) over a grid of BLOCK_K <= 512: 512-wide K steps, and programs narrow enough to
+    keep several on every SM streaming (2 or 4 rows a program where rows are few or short). The engine measures
+    its own shapes' tiles instead (serve/gemv_tune.py) and falls back to this one."""
     bk = 512 if k >= 512 else 128
     bn = 2 if k < 2048 else 4 if n < 4096 else 8
     warps = 4
     return bn, bk, warps
+
+
+def tile(n: int, k: int) -> tuple[int, int, int]:
+    """The tile gemv() takes where its caller names none: TUNED's (measured tiles, an override) first, else the
+    rule's."""
+    return TUNED.get((n, k)) or rule(n, k)
 
 
 @functools.cache

@@ -49,7 +49,7 @@ from ccbridge.emulate import interposer
 from ccbridge.emulate import trace as emu_trace
 from ccbridge.errors import GpuError, UsageError
 from ccbridge.results import Result, Row
-from ccbridge.serve import decode, engine
+from ccbridge.serve import decode, engine, gemv_tune
 from ccbridge.serve.judge import Judge
 
 TEST = "decode_tp"  # rows' test name: not decode's, whose readers (advise) key its rows by batch and mode alone
@@ -162,6 +162,8 @@ def _bench_rank(rank: int, n: int, dev, send, job: dict) -> None:
     with emu_trace.paused(required=False) as recording:  # only the timed runs are traced (decode.measure)
         say(("log", f"tp {n}: building {model}'s shards (random weights, seed {job['seed']}), rank 0 on {dev}"))
         m = engine.build(spec, rank, n, dev, decode.dtype_for(dev), job["seed"], dist.all_reduce if n > 1 else None)
+        if m.gemv_tiles:  # each rank tuned its own GPU; the record holds rank 0's
+            say(("tiles", m.tiles_used()))
         emulating = interposer.emulating()
         # the roofline's rate (the probe's device copy), on rank 0 alone: the others' rows are not sent
         copy = sorted(gputimer.device_copy_gbps(torch, dev, 5))[2] if rank == 0 and dev.type == "cuda" else None
@@ -327,12 +329,14 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
     params = (stamp.get("emulation") or {}).get("params", {}) if stamp.get("emulation", {}).get("active") else {}
     t_start = time.monotonic()
     layers = decode.PRESETS[model]["num_hidden_layers"]
+    tiles = "tuned on each rank's GPU (gemv_tiles: rank 0's)" if gemv_tune.enabled() else \
+        f"by rule ({gemv_tune.ENV}=0)"
     settings = decode.settings_of(model, dev, decode.dtype_for(dev), prompt, output, batches, modes, iters, warmup,
                                   graphs, seed, host_prep_us)
     settings.update(degrees=sorted(degrees), backend="nccl" if dev.type == "cuda" else "gloo",
                     all_reduces_per_step=2 * layers, replicated="embeddings, norms, lm_head", engine="serve/engine.py",
-                    fused_gemv=("batch 1: the weight GEMVs by serve/gemv.py's Triton kernels" if engine.fuses(dev)
-                                else "off: cuBLAS/CPU GEMMs at every batch"),
+                    fused_gemv=(f"batch 1: the weight GEMVs by serve/gemv.py's Triton kernels, tiles {tiles}"
+                                if engine.fuses(dev) else "off: cuBLAS/CPU GEMMs at every batch"),
                     logits_tolerance=logits_tol(decode.dtype_for(dev), layers),
                     reference="within a degree: its first mode's tokens; across degrees: the smallest degree's "
                               "first-step logits")
@@ -349,6 +353,8 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
                 oom.append(body)
             elif kind == "logits":
                 logits[(n, body["batch"])] = body["logits"]
+            elif kind == "tiles":
+                settings.setdefault("gemv_tiles", {})[str(n)] = body
             else:
                 got.append(body)
 
