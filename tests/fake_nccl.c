@@ -5,7 +5,16 @@
  * all-gather n copies, a reduce-scatter n x this rank's slice; a send lands in a mailbox a recv empties. Buffers
  * are host memory (the fake driver's device memory is). Each operation is counted, so a test can tell that the
  * hook reached the real entry point exactly once per call; groups are counted likewise.
+ *
+ * As the real one, an operation may launch its kernel through the driver entry point it was handed (the
+ * interposer's hooked cuLaunchKernel, as NCCL gets it through cuGetProcAddress): fake_nccl_launch_with. Then each
+ * operation launches two 1-us kernels on its stream (or the stream given), at its call or, grouped, at the
+ * outermost group end (there the last queued first); on another thread, as a non-blocking communicator's launch
+ * is (returning ncclInProgress); or none. Around its first launch it notes the fake driver's last wait kernel, so
+ * a test can tell where the interposer queued the operation's wait. fake_nccl_fail_next: the next operation
+ * returns that error and launches nothing.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +39,68 @@ static void times(void *dst, const void *src, size_t count, int t, int n) {
     else memmove(dst, src, count * tsize(t));
 }
 
+/* ---- kernel launches ---- */
+enum { NO_KERNEL, KERNEL, KERNEL_ELSEWHERE };
+typedef int launch_fn(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **,
+                      void **);
+static launch_fn *g_launch;
+static unsigned long long (*g_last_spin)(void);
+static void *g_launch_stream;
+static int g_mode, g_fail_rc, g_depth, g_nheld;
+static void *g_held[64];
+static unsigned long long g_spin_entry, g_spin_before, g_spin_after;
+static char g_kernel; /* its handle: not the fake driver's wait kernel */
+
+void fake_nccl_launch_with(void *launch, void *last_spin, void *stream, int mode) {
+    g_launch = (launch_fn *)launch, g_last_spin = (unsigned long long (*)(void))last_spin;
+    g_launch_stream = stream, g_mode = mode, g_depth = g_nheld = 0;
+}
+void fake_nccl_fail_next(int rc) { g_fail_rc = rc; }
+/* the fake driver's last wait (ns) as the last operation began, just before its first launch, just after it */
+unsigned long long fake_nccl_spin_seen(int when) {
+    return when == 0 ? g_spin_entry : when == 1 ? g_spin_before : g_spin_after;
+}
+
+static unsigned long long last_spin(void) { return g_last_spin ? g_last_spin() : 0; }
+static int g_noted; /* the first launch of the operation (or group) noted the wait kernel around it */
+static void note_anew(void) { g_noted = 0, g_spin_before = g_spin_after = 0; }
+static void *launch_on(void *st) {
+    for (int k = 0; k < 2; k++) {
+        int note = !g_noted;
+        g_noted = 1;
+        if (note) g_spin_before = last_spin();
+        g_launch(&g_kernel, 1, 1, 1, 1, 1, 1, 0, g_launch_stream ? g_launch_stream : st, NULL, NULL);
+        if (note) g_spin_after = last_spin();
+    }
+    return NULL;
+}
+static void launch(void *st) {
+    if (g_mode == KERNEL) launch_on(st);
+    else if (g_mode == KERNEL_ELSEWHERE) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, launch_on, st) == 0) pthread_join(t, NULL);
+    }
+}
+/* an operation issued: its error, or 0 with its kernel launched (or held for the group's end) */
+static int issue(void *st) {
+    g_ops++;
+    g_spin_entry = last_spin();
+    int rc = g_fail_rc;
+    g_fail_rc = 0;
+    if (rc || !g_launch) return rc;
+    if (g_depth > 0) {
+        if (g_nheld < 64) g_held[g_nheld++] = st;
+    } else note_anew(), launch(st);
+    return 0;
+}
+/* what a queued operation returns: in progress where its launch is another thread's */
+static int queued(void) { return g_launch && g_mode == KERNEL_ELSEWHERE && g_depth == 0 ? 7 : 0; }
+#define ISSUE(st)                  \
+    do {                           \
+        int rc_ = issue(st);       \
+        if (rc_) return rc_;       \
+    } while (0)
+
 int ncclCommInitRank(comm **c, int nranks, ncclUniqueId id, int rank) {
     (void)id;
     if (!(*c = malloc(sizeof **c))) return 1;
@@ -41,73 +112,85 @@ int ncclCommUserRank(const comm *c, int *r) { if (!c) return 4; *r = c->rank; re
 int ncclCommDestroy(comm *c) { free(c); return 0; }
 
 int ncclAllReduce(const void *s, void *r, size_t n, int t, int op, comm *c, void *st) {
-    (void)st;
-    g_ops++;
+    ISSUE(st);
     if (op == 0) times(r, s, n, t, c->nranks); else memmove(r, s, n * tsize(t));
-    return 0;
+    return queued();
 }
 int ncclReduceScatter(const void *s, void *r, size_t n, int t, int op, comm *c, void *st) {
-    (void)st; (void)op;
-    g_ops++;
+    (void)op;
+    ISSUE(st);
     times(r, (const char *)s + (size_t)c->rank * n * tsize(t), n, t, c->nranks);
-    return 0;
+    return queued();
 }
 int ncclAllGather(const void *s, void *r, size_t n, int t, comm *c, void *st) {
-    (void)st;
-    g_ops++;
+    ISSUE(st);
     for (int k = 0; k < c->nranks; k++) memmove((char *)r + (size_t)k * n * tsize(t), s, n * tsize(t));
-    return 0;
+    return queued();
 }
 int ncclBroadcast(const void *s, void *r, size_t n, int t, int root, comm *c, void *st) {
-    (void)root; (void)c; (void)st;
-    g_ops++;
+    (void)root; (void)c;
+    ISSUE(st);
     memmove(r, s, n * tsize(t));
-    return 0;
+    return queued();
 }
 /* As the real one (NCCL 2.28): ncclBcast is ncclBroadcast in place, called through the PLT, so a preloaded
  * interposer sees that inner call too */
 int ncclBcast(void *b, size_t n, int t, int root, comm *c, void *st) { return ncclBroadcast(b, b, n, t, root, c, st); }
 int ncclAlltoAll(const void *s, void *r, size_t n, int t, comm *c, void *st) {
-    (void)st;
-    g_ops++;
+    ISSUE(st);
     for (int k = 0; k < c->nranks; k++) memmove((char *)r + (size_t)k * n * tsize(t), (const char *)s + (size_t)c->rank * n * tsize(t), n * tsize(t));
-    return 0;
+    return queued();
 }
 int ncclGather(const void *s, void *r, size_t n, int t, int root, comm *c, void *st) {
-    (void)root; (void)st;
-    g_ops++;
+    (void)root;
+    ISSUE(st);
     for (int k = 0; k < c->nranks; k++) memmove((char *)r + (size_t)k * n * tsize(t), s, n * tsize(t));
-    return 0;
+    return queued();
 }
 int ncclScatter(const void *s, void *r, size_t n, int t, int root, comm *c, void *st) {
-    (void)root; (void)st;
-    g_ops++;
+    (void)root;
+    ISSUE(st);
     memmove(r, (const char *)s + (size_t)c->rank * n * tsize(t), n * tsize(t));
-    return 0;
+    return queued();
 }
 int ncclReduce(const void *s, void *r, size_t n, int t, int op, int root, comm *c, void *st) {
-    (void)root; (void)st;
-    g_ops++;
+    (void)root;
+    ISSUE(st);
     if (op == 0) times(r, s, n, t, c->nranks); else memmove(r, s, n * tsize(t));
-    return 0;
+    return queued();
 }
 int ncclSend(const void *s, size_t n, int t, int peer, comm *c, void *st) {
-    (void)peer; (void)c; (void)st;
-    g_ops++;
+    (void)peer; (void)c;
+    ISSUE(st);
     g_mail_n = n * tsize(t) < sizeof g_mail ? n * tsize(t) : sizeof g_mail;
     memcpy(g_mail, s, g_mail_n);
-    return 0;
+    return queued();
 }
 int ncclRecv(void *r, size_t n, int t, int peer, comm *c, void *st) {
-    (void)peer; (void)c; (void)st;
-    g_ops++;
+    (void)peer; (void)c;
+    ISSUE(st);
     size_t want = n * tsize(t);
     memcpy(r, g_mail, want < g_mail_n ? want : g_mail_n);
+    return queued();
+}
+int ncclGroupStart(void) { g_group_starts++; g_depth++; return 0; }
+int ncclGroupEnd(void) {
+    g_group_ends++;
+    if (g_depth > 0 && --g_depth == 0) {
+        int n = g_nheld;
+        g_nheld = 0;
+        note_anew();
+        while (n > 0) launch(g_held[--n]);
+        if (g_launch && g_mode == KERNEL_ELSEWHERE) return 7;
+    }
     return 0;
 }
-int ncclGroupStart(void) { g_group_starts++; return 0; }
-int ncclGroupEnd(void) { g_group_ends++; return 0; }
-int ncclGroupSimulateEnd(void *info) { (void)info; g_group_ends++; return 0; }
+int ncclGroupSimulateEnd(void *info) {
+    (void)info;
+    g_group_ends++;
+    if (g_depth > 0 && --g_depth == 0) g_nheld = 0; /* runs nothing */
+    return 0;
+}
 
 long long fake_nccl_ops(void) { return g_ops; }
 long long fake_nccl_groups(void) { return g_group_starts * 1000 + g_group_ends; }

@@ -61,7 +61,7 @@ def fake_nccl(tmp_path_factory):
         pytest.skip("no C compiler to build the fake libnccl")
     d = tmp_path_factory.mktemp("nccl")
     so = d / "libnccl.so.2"
-    subprocess.run([cc(), "-shared", "-fPIC", "-O1", "-Wl,-soname,libnccl.so.2", "-o", str(so),
+    subprocess.run([cc(), "-shared", "-fPIC", "-O1", "-pthread", "-Wl,-soname,libnccl.so.2", "-o", str(so),
                     str(HERE / "fake_nccl.c")], check=True)
     (d / "libnccl.so").symlink_to(so.name)
     return d
@@ -613,3 +613,210 @@ def test_the_wait_is_shortened_by_its_own_dispatch_as_the_launcher_measured_it(l
     assert h["ncclAllReduce"](buf, buf, 2, INT32, SUM, c, s) == 0
     assert lib.ccbemu_fake_last_spin_ns() == 12500 - 1500  # no kernel launched
     lib.cuStreamSynchronize(s)
+
+
+# ---- where an operation's device-side wait is queued: right before the operation's own kernel launch ----
+# The fake libnccl (tests/fake_nccl.c) launches its kernels through the interposer's hooked cuLaunchKernel, as NCCL
+# does through the entry point cuGetProcAddress hands it, and notes the fake driver's last wait kernel when the
+# operation began and around its first launch. A wait queued by that launch (inside the real call, on the launch's
+# stream) is serial with the operation in a captured graph; one queued before the call ran beside NCCL's graph-mixing
+# event-record node. What no launch on the calling thread takes is queued after the call on the operation's stream.
+
+NO_KERNEL, KERNEL, KERNEL_ELSEWHERE = 0, 1, 2  # fake_nccl.c: none, on the calling thread, on another thread
+OWN_NS = 1000  # native_kernel_ns: the wait kernel is asked for the charge less this
+ENTRY, BEFORE, AFTER = 0, 1, 2  # fake_nccl_spin_seen: as the operation began, around its first launch
+
+
+@pytest.fixture
+def launching(lib, nccl):  # noqa: F811
+    """mode(m, stream=None): how the fake's operations launch from now on (stream: NCCL's own launch stream)."""
+    F, _ = nccl
+    F.fake_nccl_launch_with.argtypes = [c_p, c_p, c_p, c_int]
+    F.fake_nccl_spin_seen.restype = ctypes.c_ulonglong
+    F.fake_nccl_spin_seen.argtypes = [c_int]
+    lib.ccbemu_fake_last_spin_ns.restype = ctypes.c_ulonglong
+    last_spin = ctypes.cast(lib.ccbemu_fake_last_spin_ns, c_p)
+
+    def mode(m, stream=None):
+        F.fake_nccl_launch_with(lib.ccbemu_lookup(b"cuLaunchKernel"), last_spin, stream, m)
+
+    yield mode
+    F.fake_nccl_launch_with(None, None, None, NO_KERNEL)
+    F.fake_nccl_fail_next(0)
+
+
+def emulate_with(lib, toll_us, **more):  # noqa: F811
+    init(lib, nccl_toll_us=toll_us, sync_toll_us=0, launch_toll_us=0, native_kernel_ns=OWN_NS, **more)
+
+
+def spin_ns(toll_us):
+    return int(toll_us * 1000) - OWN_NS
+
+
+def seen(F):
+    return tuple(F.fake_nccl_spin_seen(w) for w in (ENTRY, BEFORE, AFTER))
+
+
+def one_toll(seconds, tolls=1):
+    return tolls * TOLL_US / 1e6 * 0.9 <= seconds <= tolls * TOLL_US / 1e6 + 0.02
+
+
+def mark_last_spin(lib, h, c, s, buf):  # noqa: F811
+    """A first operation of another toll (7 us): the fake driver's last wait then names it, not the next one."""
+    emulate_with(lib, 7)
+    assert h["ncclAllReduce"](buf, buf, 64, INT32, SUM, c, s) in (0, 7)
+    assert lib.cuStreamSynchronize(s) == 0
+    assert lib.ccbemu_fake_last_spin_ns() == spin_ns(7)
+
+
+def test_the_wait_is_queued_by_the_operation_s_kernel_launch_on_its_stream_once(lib, nccl, launching):  # noqa: F811
+    F, h = nccl
+    c, s, ls = comm(F, 2), lib.ccbemu_fake_stream(), lib.ccbemu_fake_stream()
+    buf = ints(lib, list(range(64)))
+    launching(KERNEL, ls)  # NCCL launches on a stream other than the operation's: the wait goes with the launch
+    mark_last_spin(lib, h, c, s, buf)
+    assert sync_seconds(lib, ls) < QUIET
+    emulate_with(lib, TOLL_US)
+    assert h["ncclAllReduce"](buf, buf, 64, INT32, SUM, c, s) == 0
+    # not queued before the call; queued by the first launch (of the two the fake makes), not by the second
+    assert seen(F) == (spin_ns(7), spin_ns(7), spin_ns(TOLL_US))
+    assert one_toll(sync_seconds(lib, ls)), "the launch's stream did not pay one toll"
+    assert sync_seconds(lib, s) < QUIET, "the wait went on the operation's stream as well"
+
+
+def test_a_captured_operation_with_a_kernel_leaves_its_wait_in_the_graph(lib, nccl, launching, tmp_path):  # noqa: F811
+    F, h = nccl
+    prefix = tmp_path / "c"
+    emulate_with(lib, TOLL_US, trace=str(prefix))
+    c, s, buf = comm(F, 2), lib.ccbemu_fake_stream(), ints(lib, list(range(64)))
+    launching(KERNEL)
+    lib.ccbemu_fake_capture(s, 1)
+    assert h["ncclAllReduce"](buf, buf, 64, INT32, SUM, c, s) == 0
+    lib.ccbemu_fake_capture(s, 0)
+    assert sync_seconds(lib, s) < QUIET  # captured, not run (and not paid again after the call)
+    (r,) = rows(lib, prefix)
+    assert int(r["toll_ns"]) == TOLL_US * 1000 and r["graph"] == "capture"
+
+
+@pytest.mark.parametrize("mode", [NO_KERNEL, KERNEL_ELSEWHERE])
+def test_without_a_kernel_launched_on_this_thread_the_wait_follows_the_call(lib, nccl, launching, mode):  # noqa: F811
+    """A one-rank or copy-engine operation (no kernel), a non-blocking communicator's (launched on NCCL's own
+    thread, the call returning ncclInProgress): the wait is queued after the real call, on the operation's stream."""
+    F, h = nccl
+    c, s = comm(F, 2), lib.ccbemu_fake_stream()
+    buf = ints(lib, list(range(64)))
+    launching(mode)
+    mark_last_spin(lib, h, c, s, buf)
+    emulate_with(lib, TOLL_US)
+    assert h["ncclAllReduce"](buf, buf, 64, INT32, SUM, c, s) == (0 if mode == NO_KERNEL else 7)
+    entry, before, after = seen(F)
+    assert entry == spin_ns(7), "queued before the call"
+    if mode == KERNEL_ELSEWHERE:
+        assert before == after == spin_ns(7), "another thread's launch took the calling thread's wait"
+    assert lib.ccbemu_fake_last_spin_ns() == spin_ns(TOLL_US)  # queued after the call
+    assert one_toll(sync_seconds(lib, s))
+
+
+def test_a_group_pays_one_toll_per_gpu_at_its_first_launch_on_that_gpu(lib, nccl, launching, tmp_path):  # noqa: F811
+    """Two operations on one GPU, then one on each of two GPUs: the fake launches a group's kernels last queued first,
+    so each GPU's wait must follow its own first launch (its context), once."""
+    F, h = nccl
+    prefix = tmp_path / "g"
+    c, buf = comm(F, 2), ints(lib, list(range(64)))
+    launching(KERNEL)
+    s1, s2 = lib.ccbemu_fake_stream(), lib.ccbemu_fake_stream()
+    mark_last_spin(lib, h, c, s1, buf)
+    emulate_with(lib, TOLL_US, trace=str(prefix))
+    assert h["ncclGroupStart"]() == 0
+    for st in (s1, s2):
+        assert h["ncclAllReduce"](buf, buf, 64, INT32, SUM, c, st) == 0
+    assert seen(F)[ENTRY] == spin_ns(7)
+    assert h["ncclGroupEnd"]() == 0
+    assert seen(F)[BEFORE:] == (spin_ns(7), spin_ns(TOLL_US))
+    assert one_toll(sync_seconds(lib, s2)), "the group's first launch (on s2) did not take its toll"
+    assert sync_seconds(lib, s1) < QUIET, "the group paid twice on one GPU"
+    assert [int(r["toll_ns"]) for r in rows(lib, prefix)] == [TOLL_US * 1000, 0]  # the first operation's line
+    gpus = []
+    for _ in range(2):
+        lib.ccbemu_fake_set_ctx(lib.ccbemu_fake_ctx_new())
+        gpus.append(lib.ccbemu_fake_stream())
+    lib.ccbemu_fake_set_ctx(1)
+    # each GPU's charge its own: 64 and 128 int32s at 1 GB/s keeping half add 256 and 512 ns
+    emulate_with(lib, TOLL_US, trace=str(prefix), native_nvlink_gbps=1, nvlink_kept=0.5)
+    big = ints(lib, list(range(128)))
+    assert h["ncclGroupStart"]() == 0
+    for st, n in zip(gpus, (64, 128)):
+        assert h["ncclAllReduce"](big, big, n, INT32, SUM, c, st) == 0
+    t = time.perf_counter()
+    assert h["ncclGroupEnd"]() == 0
+    charge = [TOLL_US * 1000 + 256, TOLL_US * 1000 + 512]
+    # the second GPU's kernel launched first took the second GPU's charge; the first GPU's launch its own
+    assert seen(F)[AFTER] == charge[1] - OWN_NS and lib.ccbemu_fake_last_spin_ns() == charge[0] - OWN_NS
+    for st in gpus:
+        assert lib.cuStreamSynchronize(st) == 0
+    assert one_toll(time.perf_counter() - t)  # in parallel, one toll each
+    assert [int(r["toll_ns"]) for r in rows(lib, prefix)] == charge
+
+
+def test_an_error_pays_after_the_call_and_leaves_nothing_pending(lib, nccl, launching, tmp_path):  # noqa: F811
+    F, h = nccl
+    prefix = tmp_path / "e"
+    c, s, buf = comm(F, 2), lib.ccbemu_fake_stream(), ints(lib, list(range(64)))
+    launching(KERNEL)
+    emulate_with(lib, TOLL_US, trace=str(prefix))
+    F.fake_nccl_fail_next(5)
+    assert h["ncclAllReduce"](buf, buf, 64, INT32, SUM, c, s) == 5
+    assert lib.ccbemu_fake_last_spin_ns() == spin_ns(TOLL_US)  # charged, as a refused launch's toll is
+    assert one_toll(sync_seconds(lib, s))
+    emulate_with(lib, 2 * TOLL_US, trace=str(prefix))
+    assert h["ncclAllReduce"](buf, buf, 64, INT32, SUM, c, s) == 0
+    assert seen(F) == (spin_ns(TOLL_US), spin_ns(TOLL_US), spin_ns(2 * TOLL_US))
+    assert one_toll(sync_seconds(lib, s), tolls=2), "the failed operation's charge was queued again"
+    (r,) = rows(lib, prefix)
+    assert (r["rc"], int(r["toll_ns"])) == ("0", 2 * TOLL_US * 1000)
+
+
+SEQUENCE_TOLL_US, BW_NS = 40, 4096  # 4 KiB on 2 ranks at 1 GB/s keeping half: 4096 ns beyond the link's own
+
+
+def run_sequence(lib, F, h, prefix):  # noqa: F811
+    """All-reduce, a send/recv group, a one-rank all-reduce, a failed all-reduce, a 4-rank all-reduce, a group with a
+    failed operation: the charges each writes."""
+    emulate_with(lib, SEQUENCE_TOLL_US, trace=str(prefix), native_nvlink_gbps=1, nvlink_kept=0.5)
+    two, one, four = comm(F, 2), comm(F, 1), comm(F, 4)
+    s, buf = lib.ccbemu_fake_stream(), lib.ccbemu_fake_alloc(4096 * 8, 2)
+    assert h["ncclAllReduce"](buf, buf, 1024, INT32, SUM, two, s) in (0, 7)
+    assert h["ncclGroupStart"]() == 0
+    assert h["ncclSend"](buf, 1024, INT32, 1, two, s) == 0
+    assert h["ncclRecv"](buf, 1024, INT32, 1, two, s) == 0
+    assert h["ncclGroupEnd"]() in (0, 7)
+    assert h["ncclAllReduce"](buf, buf, 1024, INT32, SUM, one, s) in (0, 7)
+    F.fake_nccl_fail_next(5)
+    assert h["ncclAllReduce"](buf, buf, 1024, INT32, SUM, two, s) == 5
+    assert h["ncclAllReduce"](buf, buf, 1024, INT32, SUM, four, s) in (0, 7)
+    assert h["ncclGroupStart"]() == 0
+    F.fake_nccl_fail_next(5)
+    assert h["ncclAllReduce"](buf, buf, 1024, INT32, SUM, two, s) == 5
+    assert h["ncclAllReduce"](buf, buf, 1024, INT32, SUM, two, s) == 0
+    assert h["ncclGroupEnd"]() in (0, 7)
+    assert lib.cuStreamSynchronize(s) == 0
+    got = [(r["api"], int(r["toll_ns"]), r["rc"]) for r in rows(lib, prefix)]
+    return got, trace.summarize(str(prefix)).by_api[("ncclAllReduce", "-", "-")]["toll_ns"]
+
+
+def test_the_charges_traced_are_the_same_wherever_the_wait_is_queued(lib, nccl, launching, tmp_path):  # noqa: F811
+    F, h = nccl
+    toll = SEQUENCE_TOLL_US * 1000
+    ok = "0"
+    want = [("ncclAllReduce", toll + BW_NS, ok), ("ncclSend", toll + BW_NS, ok), ("ncclRecv", 0, ok),
+            ("ncclAllReduce", 0, ok), ("ncclAllReduce", toll + BW_NS, "5"),
+            ("ncclAllReduce", toll + 6144, ok),  # 4 ranks: 2 x 3/4 of 4 KiB on the wire
+            ("ncclAllReduce", 0, "5"), ("ncclAllReduce", toll + BW_NS, ok)]
+    for mode in (NO_KERNEL, KERNEL, KERNEL_ELSEWHERE):
+        launching(mode)
+        got, total = run_sequence(lib, F, h, tmp_path / f"s{mode}")
+        assert [(a, n) for a, n, _ in got] == [(a, n) for a, n, _ in want], mode
+        # (ungrouped, a non-blocking communicator's operation is in progress when its call returns)
+        assert [rc for *_, rc in got] == [rc if mode != KERNEL_ELSEWHERE or i in (1, 2, 6, 7) else rc.replace("0", "7")
+                                          for i, (*_, rc) in enumerate(want)], mode
+        assert total == sum(n for a, n, _ in want if a == "ncclAllReduce")

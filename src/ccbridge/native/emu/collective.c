@@ -4,10 +4,18 @@
  * Published (bridge-law section 6): under multi-GPU CC every cross-GPU operation pays a fixed toll (+10-15 us
  * on B300, +9-13 us on H200, messages <= 1 MB), attributed to the GPU secure firmware's set-up of each
  * operation, and large transfers keep 0.89x / 0.94x of NVLink's bandwidth. Both are GPU time: the host that
- * issues an all_reduce is not held, the stream is. So the charge is a wait the GPU executes, queued on the
- * operation's stream ahead of the real operation: a one-thread kernel that spins on %globaltimer. Compute on
- * other streams overlaps it as it would overlap the firmware's work; a CUDA graph that captures the operation
- * captures the wait too, so each replay pays it (collectives in graphs still move data and pay per operation).
+ * issues an all_reduce is not held, the stream is. So the charge is a wait the GPU executes, queued right before
+ * the operation's own kernel: a one-thread kernel that spins on %globaltimer. Compute on other streams overlaps
+ * it as it would overlap the firmware's work; a CUDA graph that captures the operation captures the wait too, so
+ * each replay pays it (collectives in graphs still move data and pay per operation).
+ *
+ * Where: the charge is computed as the operation is issued and left pending on the thread; NCCL's first kernel
+ * launch inside the real call (the hooked launch, emu_coll_at_launch) queues it on that launch's stream, after
+ * NCCL's own stream joins. Queued before the real call instead, a captured graph runs it beside NCCL's
+ * graph-mixing event-record node (a branch off the previous kernel), and that node's time leaves the charge.
+ * What no launch on this thread took (a one-rank operation, a copy-engine collective, a non-blocking
+ * communicator's launch on NCCL's own thread, an error) is queued after the real call on the operation's stream
+ * (emu_coll_settle): each charge is queued once, in one of the two places.
  *
  * A group (ncclGroupStart..ncclGroupEnd) is one operation per GPU: NCCL collects the group's tasks and launches
  * them at the outermost ncclGroupEnd as one plan per communicator (src/group.cc, src/enqueue.cc ncclLaunchPrepare
@@ -16,7 +24,7 @@
  * (ncclCommInitAll, nccl-tests -g) work in parallel and are charged in parallel. A send and its matching recv
  * are one exchange: the send carries the bytes on the wire, the recv none (it waits for the sender's stream).
  * An operation that fails before it is queued (its rc is neither success nor in-progress) is not charged in a
- * group; outside one the charge was already queued, as a refused launch's toll is paid.
+ * group; outside one it is charged, as a refused launch's toll is paid.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -151,6 +159,49 @@ uint64_t emu_device_wait(CUstream st, uint64_t ns) {
     return ns;
 }
 
+/* ---- charges pending for the operation's own kernel ----
+ * Per thread: an operation's one charge (any context: ctx NULL), or a group's one per GPU (its context). */
+typedef struct { CUcontext ctx; CUstream stream; uint64_t ns; } pending;
+static __thread pending *t_pend;
+static __thread int t_npend, t_pcap;
+
+/* Leave ns pending for stream st's operation (queued at once where the list cannot grow); returns ns, the charge */
+static uint64_t pend(CUcontext ctx, CUstream st, uint64_t ns) {
+    if (!ns) return 0;
+    if (t_npend == t_pcap) {
+        pending *grown = realloc(t_pend, (size_t)(t_pcap ? 2 * t_pcap : 4) * sizeof *grown);
+        if (!grown) return emu_device_wait(st, ns);
+        t_pend = grown, t_pcap = t_pcap ? 2 * t_pcap : 4;
+    }
+    t_pend[t_npend++] = (pending){ctx, st, ns};
+    return ns;
+}
+
+static void take(int i, CUstream st) {
+    uint64_t ns = t_pend[i].ns;
+    memmove(&t_pend[i], &t_pend[i + 1], (size_t)(t_npend - i - 1) * sizeof *t_pend);
+    t_npend--;
+    emu_device_wait(st, ns);
+}
+
+void emu_coll_at_launch(CUstream st) {
+    if (!t_npend) return;
+    CUcontext ctx = NULL;
+    int looked = 0;
+    for (int i = 0; i < t_npend; i++) {
+        if (t_pend[i].ctx) {
+            if (!looked) ctx = ctx_of(st), looked = 1;
+            if (t_pend[i].ctx != ctx) continue;
+        }
+        take(i, st);
+        return;
+    }
+}
+
+void emu_coll_settle(void) {
+    while (t_npend) take(0, t_pend[0].stream);
+}
+
 /* ---- operations and groups ---- */
 typedef int (*comm_int_fn)(void *, int *);
 /* The communicator's size through the same library's ncclCommCount (real_fn: the operation's real entry, so a
@@ -238,11 +289,12 @@ void emu_coll_begin(emu_coll *c, int api, int op, size_t count, int dtype, void 
     c->wire = emu_wire_bytes(op, c->bytes, c->ranks);
     if (c->ranks > 1) emu_mgpu_on();
     if (t_depth > 0 || !charging() || !pays(c)) return; /* grouped: charged at the group's end */
-    c->charged = emu_device_wait(st, toll_ns(c->bytes) + bandwidth_ns(c->wire));
+    c->charged = pend(NULL, st, toll_ns(c->bytes) + bandwidth_ns(c->wire));
     if (!emu_capturing(st)) emu_work_submitted();
 }
 
 void emu_coll_end(emu_coll *c, int rc) {
+    emu_coll_settle(); /* (inside the call's line, as a wait queued before the call was) */
     uint64_t t1 = c->t_enter ? emu_now() : 0;
     if (t_depth > 0) {
         if (t_ngroup == t_cap) {
@@ -281,7 +333,7 @@ void emu_group_end(void) {
                     uint64_t b = bandwidth_ns(t_group[j].c.wire);
                     t_group[j].c.charged += b, total += b;
                 }
-            emu_device_wait(first->stream, total);
+            pend(first->ctx, first->stream, total);
             if (!emu_capturing(first->stream)) emu_work_submitted();
         }
     }

@@ -216,14 +216,15 @@ uint64_t emu_roundtrip(int always);
 uint64_t emu_roundtrip_due(int always);
 
 /* ---- multi-GPU: collectives on the GPU timeline (collective.c) ----
- * An NCCL operation pays, on its stream and ahead of it, device-side time (a kernel that waits on the GPU's
- * global timer): the profile's per-operation toll plus its wire bytes x (1/nvlink_kept - 1) at this machine's
- * NVLink rate. The host is not held. A group (ncclGroupStart..End) is one operation: NCCL launches it as one
+ * An NCCL operation pays, on its stream right before its own kernel, device-side time (a kernel that waits on the
+ * GPU's global timer): the profile's per-operation toll plus its wire bytes x (1/nvlink_kept - 1) at this
+ * machine's NVLink rate. The host is not held. A group (ncclGroupStart..End) is one operation: NCCL launches it as one
  * plan, one per GPU. An operation captured into a CUDA graph leaves its wait in the graph, so every replay pays it. */
 enum { OP_ALLREDUCE, OP_BROADCAST, OP_REDUCE, OP_ALLGATHER, OP_REDUCESCATTER, OP_ALLTOALL, OP_GATHER, OP_SEND, OP_RECV };
 size_t emu_nccl_type_size(int dtype);              /* ncclDataType_t -> bytes; 0: unknown */
 size_t emu_wire_bytes(int op, size_t bytes, int ranks);
-/* An operation about to be issued (its real call next): charged now, or noted for its group's end. */
+/* An operation about to be issued (its real call next): its charge left pending for its kernel, or noted for its
+ * group's end. */
 typedef struct {
     int api, op, ranks, site;
     size_t bytes, wire;
@@ -242,6 +243,10 @@ int emu_rank(void);                      /* this process's rank in its first com
 int emu_world(void);                     /* that communicator's size; 0: none */
 void emu_group_start(void);
 void emu_group_end(void);                /* before the real ncclGroupEnd: the outermost charges its group */
+/* hooks.c, a kernel launch inside a real NCCL call on this thread: a pending charge of the launch's context is
+ * queued on the launch's stream, before the kernel */
+void emu_coll_at_launch(CUstream st);
+void emu_coll_settle(void);              /* after the real call: a charge no launch took, on its operation's stream */
 void emu_group_drop(void);               /* ncclGroupSimulateEnd: the group ran nothing, nothing is charged */
 void emu_spin_forget(CUcontext ctx);     /* a context gone: its wait kernel with it */
 int emu_mgpu(void);                      /* multi-GPU: a communicator of 2+ ranks, peer access, or multi_gpu=1 */

@@ -755,6 +755,10 @@ DEF_BATCH3D_V2(cuMemcpy3DBatchAsync_v2_ptsz)
  * captured into a graph is not submitted, so it pays nothing; a launch the
  * driver refuses has paid it (the submission was made). */
 typedef struct { int on; uint64_t toll; } launch_charge;
+/* Inside a real NCCL call: NCCL's own calls of its API (ncclBcast calls ncclBroadcast, ncclAlltoAll a group of
+ * sends and recvs, through its PLT, so into our exports) pass straight through, neither charged nor traced; and
+ * its kernel launch queues the operation's pending charge first (collective.c). */
+static __thread int t_in_nccl;
 static launch_charge launch_begin(CUstream st) {
     launch_charge c = {0, 0};
     if (!emu_on()) return c;
@@ -770,9 +774,11 @@ static CUresult launch_done(int api, uint64_t t0, CUresult rc, CUstream st, laun
     if (t0 && (c.on || (rc == CUDA_SUCCESS && !emu_capturing(st)))) rec(api, REC_LAUNCH, -1, 0, 0, st, t0, emu_now(), c.toll, rc);
     return rc;
 }
-/* (a GNU statement expression: the toll is paid before `call` runs) */
-#define LAUNCH_DONE(n, call, st) \
-    ({ CUstream st_ = (st); launch_charge c_ = launch_begin(st_); launch_done(H_##n, t0_, (call), st_, c_); })
+/* (a GNU statement expression: the toll is paid, and inside NCCL its operation's wait queued, before `call` runs) */
+#define LAUNCH_DONE(n, call, st)                                                                                  \
+    ({ CUstream st_ = (st); launch_charge c_ = launch_begin(st_);                                                 \
+       if (t_in_nccl) emu_coll_at_launch(st_);                                                                    \
+       launch_done(H_##n, t0_, (call), st_, c_); })
 typedef CUresult cuLaunchKernel_t(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                   CUstream, void **, void **);
 typedef CUresult cuLaunchCooperativeKernel_t(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -822,7 +828,7 @@ typedef cuGraphLaunch_t cuGraphLaunch_ptsz_t;
  *    decrypts it: paid after the real launch, waiting for the stream to reach
  *    the end of the graph first, so cuGraphLaunch returns only once the
  *    graph's readbacks would be in host memory (asynchrony revoked).
- * An NCCL operation captured into a graph left its device-side wait in the graph
+ * An NCCL operation captured into a graph left its device-side wait in the graph (before its kernel node)
  * (collective.c), so the GPU pays it on every replay; the side table notes it
  * too, so that each launch writes its trace line again (graph replay) and an
  * account sees every replay's toll, not the capture's alone.
@@ -1254,7 +1260,7 @@ EMU_API CUresult cuMulticastBindAddr(cu_handle h, size_t o, CUdeviceptr p, size_
 }
 EMU_API CUresult cuMulticastUnbind(cu_handle h, CUdevice d, size_t o, size_t n) { MULTICAST(cuMulticastUnbind, (h, d, o, n)); }
 
-/* ---- NCCL: each operation is charged on its stream ahead of the real one (collective.c) ---- */
+/* ---- NCCL: each operation is charged on its stream, right before its own kernel (collective.c) ---- */
 typedef int ncclResult_t;
 #define NCCL_INTERNAL_ERROR 3
 #define NCCL_FIRST H_ncclAllReduce /* NCCL_HOOKS are the table's last rows */
@@ -1326,9 +1332,6 @@ static void *nccl_real(int i, void *ret) {
     return p;
 }
 
-/* Inside a real NCCL call: NCCL's own calls of its API (ncclBcast calls ncclBroadcast, ncclAlltoAll a group of
- * sends and recvs, through its PLT, so into our exports) pass straight through, neither charged nor traced. */
-static __thread int t_in_nccl;
 #define NCCL_ENTER(n)                                                       \
     emu_init();                                                             \
     EMU_DILATE_SCOPE;                                                       \
@@ -1337,7 +1340,7 @@ static __thread int t_in_nccl;
     n##_t *real_ = (n##_t *)nccl_real(H_##n, __builtin_return_address(0));  \
     if (!real_) return NCCL_INTERNAL_ERROR
 #define NCCL_INNER(call) ({ t_in_nccl++; ncclResult_t r_ = (call); t_in_nccl--; r_; })
-/* (GNU statement expression) charge, make the real call, write or hold the trace line */
+/* (GNU statement expression) the charge left pending, the real call (whose kernel launch queues it), the trace line */
 #define NCCL_OP(n, op, count, dtype, comm, st, call)                                                             \
     ({ ncclResult_t r_;                                                                                         \
        if (t_in_nccl || !emu_coll_looks(t0_)) r_ = (call);                                                      \
@@ -1401,13 +1404,15 @@ EMU_API ncclResult_t ncclGroupStart(void) {
     if (rc == 0) emu_group_start();
     return rc;
 }
-/* the group's charge is queued before NCCL launches the group's work, inside the real call */
+/* the group's charges are queued as NCCL launches the group's work, inside the real call; what no launch took, after */
 EMU_API ncclResult_t ncclGroupEnd(void) {
     NCCL_ENTER(ncclGroupEnd);
     (void)t0_;
     if (t_in_nccl) return real_();
     emu_group_end();
-    return NCCL_INNER(real_());
+    ncclResult_t rc = NCCL_INNER(real_());
+    emu_coll_settle();
+    return rc;
 }
 /* a simulated group (a cost estimate: PyTorch's collective time estimator) runs nothing: nothing is charged */
 EMU_API ncclResult_t ncclGroupSimulateEnd(void *info) {
