@@ -820,3 +820,60 @@ def test_the_charges_traced_are_the_same_wherever_the_wait_is_queued(lib, nccl, 
         assert [rc for *_, rc in got] == [rc if mode != KERNEL_ELSEWHERE or i in (1, 2, 6, 7) else rc.replace("0", "7")
                                           for i, (*_, rc) in enumerate(want)], mode
         assert total == sum(n for a, n, _ in want if a == "ncclAllReduce")
+
+
+# ---- review (rev29): what moving the wait to NCCL's kernel launch changes beyond the captured graph ----
+
+def test_review_an_eager_operation_on_an_idle_stream_no_longer_overlaps_its_wait_with_the_launch_toll(
+        lib, nccl, launching):  # noqa: F811
+    """Eager, the GPU idle (a synchronize after each operation: a host-bound decode step without graphs): queued
+    before the call, the wait ran while the host paid NCCL's work and its kernel's launch toll; queued at the launch,
+    after that toll, it adds to it. Latency of one operation: old max(launch toll, wait), new their sum."""
+    F, h = nccl
+    c, s, buf = comm(F, 2), lib.ccbemu_fake_stream(), ints(lib, list(range(64)))
+    launching(KERNEL)
+    init(lib, nccl_toll_us=TOLL_US, sync_toll_us=0, launch_toll_us=TOLL_US // 2, native_kernel_ns=OWN_NS)
+    assert lib.cuStreamSynchronize(s) == 0
+    t = time.perf_counter()
+    assert h["ncclAllReduce"](buf, buf, 64, INT32, SUM, c, s) == 0
+    assert lib.cuStreamSynchronize(s) == 0
+    took = time.perf_counter() - t
+    # the fake launches 2 kernels, each paying half a toll on the host: the wait queued before the call ran beside
+    # both (old: 1 toll in all); queued at the first launch, after its toll, it ends 1.5 tolls in
+    assert took >= 1.4 * TOLL_US / 1e6, f"{took:.3f} s: the wait overlapped the launch tolls (queued before the call)"
+
+
+def test_review_the_wait_s_host_time_is_not_counted_as_the_launch_s(lib, nccl, launching, tmp_path):  # noqa: F811
+    """The hooked launch that queues the wait writes its trace line around it: in the host fallback (a driver that
+    refuses the wait's PTX) the whole toll, and on a GPU the wait kernel's own driver launch (its module's PTX JIT on
+    a context's first), lands in the launch's line as well as the collective's: trace.summarize's per-API time (and
+    account's launch line, its 'CUDA graphs' advice) grows by each collective's toll."""
+    F, h = nccl
+    prefix = tmp_path / "f"
+    launching(KERNEL)
+    emulate_with(lib, TOLL_US, trace=str(prefix))
+    lib.ccbemu_fake_modules_fail(1)
+    try:
+        lib.ccbemu_fake_set_ctx(lib.ccbemu_fake_ctx_new())  # no wait kernel loaded yet: the host pays
+        c, s, buf = comm(F, 2), lib.ccbemu_fake_stream(), ints(lib, list(range(64)))
+        assert h["ncclAllReduce"](buf, buf, 64, INT32, SUM, c, s) == 0
+    finally:
+        lib.ccbemu_fake_modules_fail(0)
+        lib.ccbemu_fake_set_ctx(1)
+    lib.ccbemu_trace_flush()
+    by_api = trace.summarize(str(prefix)).by_api
+    launch_ms = by_api[("cuLaunchKernel", "-", "-")]["blocked_ns"] / 1e6
+    coll_ms = by_api[("ncclAllReduce", "-", "-")]["blocked_ns"] / 1e6
+    assert coll_ms >= 0.9 * TOLL_US / 1e3
+    assert launch_ms < 0.25 * TOLL_US / 1e3, f"launch lines hold {launch_ms:.1f} ms of the collective's toll"
+
+
+def test_review_a_nested_call_ncclbcast_pays_once_at_its_launch(lib, nccl, launching):  # noqa: F811
+    F, h = nccl
+    c, s, buf = comm(F, 2), lib.ccbemu_fake_stream(), ints(lib, list(range(64)))
+    launching(KERNEL)
+    mark_last_spin(lib, h, c, s, buf)
+    emulate_with(lib, TOLL_US)
+    assert h["ncclBcast"](buf, 64, INT32, 0, c, s) == 0
+    assert seen(F) == (spin_ns(7), spin_ns(7), spin_ns(TOLL_US))
+    assert one_toll(sync_seconds(lib, s))
