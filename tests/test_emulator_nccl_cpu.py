@@ -824,7 +824,7 @@ def test_the_charges_traced_are_the_same_wherever_the_wait_is_queued(lib, nccl, 
 
 # ---- review (rev29): what moving the wait to NCCL's kernel launch changes beyond the captured graph ----
 
-def test_review_an_eager_operation_on_an_idle_stream_no_longer_overlaps_its_wait_with_the_launch_toll(
+def test_an_eager_operation_on_an_idle_stream_pays_its_wait_after_the_launch_toll(
         lib, nccl, launching):  # noqa: F811
     """Eager, the GPU idle (a synchronize after each operation: a host-bound decode step without graphs): queued
     before the call, the wait ran while the host paid NCCL's work and its kernel's launch toll; queued at the launch,
@@ -843,7 +843,7 @@ def test_review_an_eager_operation_on_an_idle_stream_no_longer_overlaps_its_wait
     assert took >= 1.4 * TOLL_US / 1e6, f"{took:.3f} s: the wait overlapped the launch tolls (queued before the call)"
 
 
-def test_review_the_wait_s_host_time_is_not_counted_as_the_launch_s(lib, nccl, launching, tmp_path):  # noqa: F811
+def test_the_wait_s_host_time_is_not_counted_as_the_launch_s(lib, nccl, launching, tmp_path):  # noqa: F811
     """The hooked launch that queues the wait writes its trace line around it: in the host fallback (a driver that
     refuses the wait's PTX) the whole toll, and on a GPU the wait kernel's own driver launch (its module's PTX JIT on
     a context's first), lands in the launch's line as well as the collective's: trace.summarize's per-API time (and
@@ -868,7 +868,7 @@ def test_review_the_wait_s_host_time_is_not_counted_as_the_launch_s(lib, nccl, l
     assert launch_ms < 0.25 * TOLL_US / 1e3, f"launch lines hold {launch_ms:.1f} ms of the collective's toll"
 
 
-def test_review_a_nested_call_ncclbcast_pays_once_at_its_launch(lib, nccl, launching):  # noqa: F811
+def test_a_nested_call_ncclbcast_pays_once_at_its_launch(lib, nccl, launching):  # noqa: F811
     F, h = nccl
     c, s, buf = comm(F, 2), lib.ccbemu_fake_stream(), ints(lib, list(range(64)))
     launching(KERNEL)

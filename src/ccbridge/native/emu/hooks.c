@@ -774,11 +774,12 @@ static CUresult launch_done(int api, uint64_t t0, CUresult rc, CUstream st, laun
     if (t0 && (c.on || (rc == CUDA_SUCCESS && !emu_capturing(st)))) rec(api, REC_LAUNCH, -1, 0, 0, st, t0, emu_now(), c.toll, rc);
     return rc;
 }
-/* (a GNU statement expression: the toll is paid, and inside NCCL its operation's wait queued, before `call` runs) */
+/* (a GNU statement expression: the toll is paid, and inside NCCL its operation's wait queued, before `call` runs;
+ * the time queuing the wait took is the collective's, so the launch's line starts that much later) */
 #define LAUNCH_DONE(n, call, st)                                                                                  \
-    ({ CUstream st_ = (st); launch_charge c_ = launch_begin(st_);                                                 \
-       if (t_in_nccl) emu_coll_at_launch(st_);                                                                    \
-       launch_done(H_##n, t0_, (call), st_, c_); })
+    ({ CUstream st_ = (st); launch_charge c_ = launch_begin(st_); uint64_t w_ = 0;                                \
+       if (t_in_nccl) { uint64_t a_ = emu_now(); emu_coll_at_launch(st_); w_ = emu_now() - a_; }                 \
+       launch_done(H_##n, t0_ ? t0_ + w_ : 0, (call), st_, c_); })
 typedef CUresult cuLaunchKernel_t(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                   CUstream, void **, void **);
 typedef CUresult cuLaunchCooperativeKernel_t(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
