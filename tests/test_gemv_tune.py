@@ -167,3 +167,67 @@ def test_the_engine_tunes_its_shapes_over_its_own_layers_and_records_the_tiles(m
     assert used == {f"{name} {shapes[name][0]}x{shapes[name][1]}": list(m.gemv_tiles[name]) for name in shapes}
     settings = {"decode_tp": {"gemv_tiles": {"1": used}}}  # as serve/tp.py records rank 0's
     Schema(resultschema.SETTINGS["decode_tp"]).check(settings, "settings", ValueError)
+
+
+# --- review 30: failing before its fixes ---
+
+def test_no_home_and_no_cache_home_writes_no_cache_under_the_working_folder(monkeypatch, tmp_path):
+    """A container's uid with no passwd entry and HOME unset: expanduser('~') is '~' itself, so the cache went to
+    ./~/.cache/ccbridge/ under whatever folder the bench ran in (a '~' folder that `rm -rf ~` would 'clean')."""
+    import pwd
+
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+    monkeypatch.chdir(tmp_path)
+    got = gemv_tune.tune(SHAPES[:1], "cpu", timer=Timer(), progress=False)
+    assert got[SHAPES[0]] in gemv_tune.candidates(48, 256)  # still tuned, in this process
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_relative_cache_home_is_ignored_as_the_xdg_spec_says(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", "rel")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert gemv_tune.cache_path() == tmp_path / "home" / ".cache" / "ccbridge" / "gemv-tiles.json"
+
+
+def test_a_cached_tile_that_no_tuning_could_choose_is_timed_again():
+    """The file parses and each value is 3 powers of two, but the tile is none of the shape's candidates (an edited
+    or planted file, or one from before CANDIDATES changed): the engine compiled whatever it said (here 4096-wide
+    blocks and 64 warps, which Triton cannot launch) instead of tuning."""
+    n, k, pro = SHAPES[0]
+    path = gemv_tune.cache_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"format": gemv_tune.FORMAT,
+                                "tiles": {gemv_tune.key("cpu", SHAPES[0]): [4096, 4096, 64]}}))
+    timer = Timer()
+    got = gemv_tune.tune(SHAPES[:1], "cpu", timer=timer, progress=False)
+    assert got[SHAPES[0]] in gemv_tune.candidates(n, k) and timer.calls
+    assert json.loads(path.read_text())["tiles"][gemv_tune.key("cpu", SHAPES[0])] == list(got[SHAPES[0]])
+
+
+def test_tuning_runs_with_emulation_and_the_trace_paused(monkeypatch):
+    """Under `ccbridge run --profile P` the build is traced-paused by serve/tp.py, but the tolls go on: each timed
+    graph replay paid the launch toll between its start and end events, so the emulated run's tiles were chosen
+    on toll-inflated times (the rule favoured by TIE) and cached on disk for native runs too."""
+    from ccbridge.emulate import interposer
+
+    off = {"ccbemu_emulate_pause": 0, "ccbemu_trace_pause": 0}
+
+    def switch(name, required, needs):
+        def fn(pause):
+            was = not off[name]
+            off[name] = pause
+            return was
+        return fn
+
+    monkeypatch.setattr(interposer, "switch", switch)
+    seen = []
+
+    def timer(ws, prologue, tile):
+        seen.append(dict(off))
+        return 10.0 + sum(tile) % 7
+
+    gemv_tune.tune(SHAPES[:1], "cpu", timer=timer, progress=False)
+    assert seen and all(s == {"ccbemu_emulate_pause": 1, "ccbemu_trace_pause": 1} for s in seen), seen[:1]
+    assert off == {"ccbemu_emulate_pause": 0, "ccbemu_trace_pause": 0}  # both on again after

@@ -7,9 +7,10 @@ a compact set of candidates per (N, K, prologue) on its own GPU at build, readin
 them (its own per-layer weights of that shape in turn: 32 layers of one shape pass the L2 many times, no extra
 memory), and keeps the fastest; rule()'s tile where it is within TIE of the fastest (a tile that timing noise alone
 would not move). The choice is cached in the process (by GPU name and shape) and on disk, as JSON in
-$XDG_CACHE_HOME (else ~/.cache)/ccbridge/gemv-tiles.json, keyed by GPU name, torch and triton versions and shape:
-a corrupt or unreadable file is ignored with a one-line warning and rewritten, and it is written atomically (a
-temporary file renamed over it), since the ranks of one job tune at once. CCBRIDGE_GEMV_TUNE=0 turns tuning off:
+$XDG_CACHE_HOME (else ~/.cache; none without a home folder)/ccbridge/gemv-tiles.json, keyed by GPU name, torch and
+triton versions and shape: a corrupt or unreadable file is ignored with a one-line warning and rewritten, a tile
+there that is none of the shape's candidates is timed again, and it is written atomically (a temporary file
+renamed over it), since the ranks of one job tune at once. CCBRIDGE_GEMV_TUNE=0 turns tuning off:
 the rule's tiles (gemv.tile(), which also honours gemv.TUNED, bench/tp_step.py --tiles's override).
 """
 
@@ -28,6 +29,8 @@ from typing import Callable, Iterable
 import torch
 
 from ccbridge import gputimer, textfit
+from ccbridge.emulate import interposer
+from ccbridge.emulate import trace as emu_trace
 from ccbridge.serve import gemv
 
 ENV = "CCBRIDGE_GEMV_TUNE"  # "0": no tuning, the rule's tiles
@@ -67,10 +70,13 @@ def enabled() -> bool:
     return os.environ.get(ENV, "1").strip() != "0"
 
 
-def cache_path() -> Path:
-    """The tile cache: $XDG_CACHE_HOME/ccbridge/gemv-tiles.json, ~/.cache's where that is unset."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ccbridge" / "gemv-tiles.json"
+def cache_path() -> Path | None:
+    """The tile cache: $XDG_CACHE_HOME/ccbridge/gemv-tiles.json, ~/.cache's where that is unset or relative (as the
+    XDG spec says); None without a home folder either (HOME unset and a uid with no passwd entry, as in some
+    containers: expanduser() then answers '~' itself, a folder of that name under the working folder)."""
+    xdg, home = os.environ.get("XDG_CACHE_HOME", ""), os.path.expanduser("~")
+    base = xdg if os.path.isabs(xdg) else os.path.join(home, ".cache") if os.path.isabs(home) else None
+    return Path(base) / "ccbridge" / "gemv-tiles.json" if base else None
 
 
 def device_name(dev) -> str:
@@ -193,7 +199,7 @@ def tune(shapes: Iterable[Shape], dev, weights: dict[Shape, list[torch.Tensor]] 
     shapes = list(dict.fromkeys((int(n), int(k), p) for n, k, p in shapes))
     if not enabled():
         return {s: gemv.tile(s[0], s[1]) for s in shapes}
-    name, path = device_name(dev), Path(path) if path else cache_path()
+    name, path = device_name(dev), Path(path) if path else cache_path()  # None: no disk cache
     out: dict[Shape, Tile] = {}
     disk = None
     for s in shapes:
@@ -202,8 +208,8 @@ def tune(shapes: Iterable[Shape], dev, weights: dict[Shape, list[torch.Tensor]] 
         elif (name, *s) in CHOSEN:
             out[s] = CHOSEN[(name, *s)]
         else:
-            disk = load(path) if disk is None else disk
-            if key(name, s) in disk:
+            disk = (load(path) if path else {}) if disk is None else disk
+            if disk.get(key(name, s)) in candidates(*s[:2]):  # an edited or stale file's other tile: timed again
                 out[s] = CHOSEN[(name, *s)] = disk[key(name, s)]
     todo = [s for s in shapes if s not in out]
     if todo:
@@ -211,15 +217,17 @@ def tune(shapes: Iterable[Shape], dev, weights: dict[Shape, list[torch.Tensor]] 
     return {s: out[s] for s in shapes}
 
 
-def _measure(todo: list[Shape], dev, name: str, path: Path, out: dict, weights: dict, dtype, timer,
+def _measure(todo: list[Shape], dev, name: str, path: Path | None, out: dict, weights: dict, dtype, timer,
              progress: bool) -> None:
-    """tune()'s timing of the shapes no cache held, into out, CHOSEN and the cache file."""
+    """tune()'s timing of the shapes no cache held, into out, CHOSEN and the cache file (where there is one). Under
+    `ccbridge run`, with emulation and the trace paused: a timed replay's tolls would weigh on the choice (and be
+    cached for native runs), and the tuning's launches are no part of the program's trace."""
     say = threading.Timer(1.0, _warn, (f"tuning {len(todo)} GEMV shape{'s' * (len(todo) > 1)} on {name} "
-                                       f"(cached in {path})",))
+                                       f"({f'cached in {path}' if path else 'not cached: no home folder'})",))
     if progress:
         say.start()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), interposer.emulation_paused(required=False), emu_trace.paused(required=False):
             for s in todo:
                 n, k, prologue = s
                 ws = weights.get(s) or [(torch.randn(n, k, device=dev) * 0.02).to(dtype)]
@@ -227,4 +235,5 @@ def _measure(todo: list[Shape], dev, name: str, path: Path, out: dict, weights: 
                 out[s] = CHOSEN[(name, *s)] = choose(times, gemv.rule(n, k))
     finally:
         say.cancel()
-    save(path, {key(name, s): out[s] for s in todo})
+    if path:
+        save(path, {key(name, s): out[s] for s in todo})
