@@ -231,3 +231,31 @@ def test_tuning_runs_with_emulation_and_the_trace_paused(monkeypatch):
     gemv_tune.tune(SHAPES[:1], "cpu", timer=timer, progress=False)
     assert seen and all(s == {"ccbemu_emulate_pause": 1, "ccbemu_trace_pause": 1} for s in seen), seen[:1]
     assert off == {"ccbemu_emulate_pause": 0, "ccbemu_trace_pause": 0}  # both on again after
+
+
+def test_adopt_makes_another_rank_s_tiles_this_process_s_and_the_cache_s(tmp_path):
+    theirs = {SHAPES[0]: (8, 256, 4), SHAPES[1]: (2, 128, 4)}
+    gemv.TUNED[SHAPES[1][:2]] = (4, 128, 8)  # an override is kept, neither adopted nor cached
+    assert gemv_tune.adopt(theirs, "cpu", path=tmp_path / "c.json") == theirs
+    timer = Timer()
+    got = gemv_tune.tune(SHAPES[:2], "cpu", timer=timer, path=tmp_path / "c.json", progress=False)
+    assert got == {SHAPES[0]: (8, 256, 4), SHAPES[1]: (4, 128, 8)} and timer.calls == []
+    gemv_tune.CHOSEN.clear()  # a later process: the file alone
+    on_disk = gemv_tune.load(tmp_path / "c.json")
+    assert on_disk == {gemv_tune.key("cpu", SHAPES[0]): (8, 256, 4)}
+
+
+def test_a_job_s_ranks_all_run_rank_0_s_tiles():
+    """Each rank tunes its own GPU; the engine then takes rank 0's tile for every shape on every rank, through the
+    group's sum (rank 0's tiles plus the others' zeros)."""
+    rank0 = {SHAPES[0]: (8, 256, 4), SHAPES[2]: (16, 512, 8)}
+    rank1 = {SHAPES[0]: (2, 128, 4), SHAPES[2]: (4, 256, 4)}
+
+    def group_sum(t):  # rank 1's view of the all-reduce: its own contribution plus rank 0's
+        t += torch.tensor([v for s in rank0 for v in rank0[s]], dtype=t.dtype)
+
+    m = engine.ShardedDecoder.__new__(engine.ShardedDecoder)
+    m.rank, m.all_reduce = 1, group_sum
+    assert m._rank0s(rank1, "cpu") == rank0
+    m.rank, m.all_reduce = 0, lambda t: None  # rank 0's view: the others add zeros
+    assert m._rank0s(rank0, "cpu") == rank0

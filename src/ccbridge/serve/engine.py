@@ -152,7 +152,20 @@ class ShardedDecoder(torch.nn.Module):
         for name, s in shape.items():
             weights.setdefault(s, []).extend(getattr(lay, name) for lay in self.layers)
         tiles = gemv_tune.tune(shape.values(), dev, weights, progress=self.rank == 0)
+        if self.all_reduce:  # one job, one tile a shape: rank 0's on every rank, and in the cache
+            tiles = gemv_tune.adopt(self._rank0s(tiles, dev), dev)
         return {name: tiles[s] for name, s in shape.items()}
+
+    def _rank0s(self, tiles: dict, dev) -> dict:
+        """Rank 0's tiles on every rank (a sum over the group of rank 0's and zeros): tunings of one shape on
+        several GPUs can part by timing noise (o 4096x1024 chose 2/512/4, then 2/1024/4, on one H200), and ranks at
+        other tiles would round their shards' sums apart and leave the cache to whichever wrote last."""
+        shapes = list(tiles)
+        mine = [v for s in shapes for v in tiles[s]] if self.rank == 0 else [0] * (3 * len(shapes))
+        t = torch.tensor(mine, dtype=torch.int64, device=dev)
+        self.all_reduce(t)
+        got = t.tolist()
+        return {s: tuple(got[3 * i:3 * i + 3]) for i, s in enumerate(shapes)}
 
     def tiles_used(self) -> dict[str, list[int]]:
         """The fused GEMVs' tiles for a record: 'qkv 1536x4096' -> [BLOCK_N, BLOCK_K, warps] ({} unfused)."""

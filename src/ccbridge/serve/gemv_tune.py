@@ -217,6 +217,19 @@ def tune(shapes: Iterable[Shape], dev, weights: dict[Shape, list[torch.Tensor]] 
     return {s: out[s] for s in shapes}
 
 
+def adopt(tiles: dict[Shape, Tile], dev, path: Path | None = None) -> dict[Shape, Tile]:
+    """tiles (another rank's choice, say) as this process's and the cache file's choice on dev, where tuning is on
+    and no override (gemv.TUNED) holds the shape; returns tiles."""
+    if not enabled():
+        return tiles
+    name, path = device_name(dev), Path(path) if path else cache_path()
+    mine = {s: t for s, t in tiles.items() if s[:2] not in gemv.TUNED}
+    CHOSEN.update({(name, *s): t for s, t in mine.items()})
+    if path and mine:
+        save(path, {key(name, s): t for s, t in mine.items()})
+    return tiles
+
+
 def _measure(todo: list[Shape], dev, name: str, path: Path | None, out: dict, weights: dict, dtype, timer,
              progress: bool) -> None:
     """tune()'s timing of the shapes no cache held, into out, CHOSEN and the cache file (where there is one). Under

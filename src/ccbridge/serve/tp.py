@@ -329,7 +329,7 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
     params = (stamp.get("emulation") or {}).get("params", {}) if stamp.get("emulation", {}).get("active") else {}
     t_start = time.monotonic()
     layers = decode.PRESETS[model]["num_hidden_layers"]
-    tiles = "tuned on each rank's GPU (gemv_tiles: rank 0's)" if gemv_tune.enabled() else \
+    tiles = "tuned on each rank's GPU, rank 0's run by all (gemv_tiles)" if gemv_tune.enabled() else \
         f"by rule ({gemv_tune.ENV}=0)"
     settings = decode.settings_of(model, dev, decode.dtype_for(dev), prompt, output, batches, modes, iters, warmup,
                                   graphs, seed, host_prep_us)
