@@ -10,11 +10,14 @@ that together pass the L2 many times (a step reads each weight from HBM; the ste
 engine's cuBLAS way (the norm or SiLU x up, then F.linear, compiled by torch.compile as the engine's halves are)
 and the fused kernel over a grid of tile shapes, and checks the fused result against torch's within bf16 rounding.
 
-    python3 bench/gemv.py [--model llama-8b] [--tp 4] [--json F]
+    python3 bench/gemv.py [--model llama-8b] [--tp 4] [--json F] [--pdl]
 
 The kernel is serve/gemv.py's, as the engine calls it at one sequence; each row also times the rule's tile
 (serve/gemv.py's tile(): the engine's with CCBRIDGE_GEMV_TUNE=0) beside the best of the grid. The engine itself
 times a compact set of candidates per shape as it builds (serve/gemv_tune.py); this grid is the wider search.
+--pdl also times each shape's best tile launched with Programmatic Dependent Launch (serve/gemv.py's PDL) against
+without, in the same graphs of back-to-back calls (PDL acts between kernels: each call's first weight tile and launch
+overlap the call before it), and checks that both compute the same bits. The grid itself runs without PDL.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ TILES = [(bn, bk, w) for bn in (1, 2, 4, 8, 16, 32) for bk in (512, 1024, 2048, 
          if bn * bk <= 128 * 32 * w]
 
 
-def gemv(w, x, res=None, norm_w=None, silu=False, tile=(8, 256, 4)):
-    """The fused kernel (serve/gemv.py, as the engine calls it) at one tile."""
+def gemv(w, x, res=None, norm_w=None, silu=False, tile=(8, 256, 4), pdl=False):
+    """The fused kernel (serve/gemv.py, as the engine calls it) at one tile, launched with PDL or not."""
+    fused.PDL = pdl
     return fused.gemv(w, x, res=res, norm_w=norm_w, silu=silu, tile_nkw=tile)[0]
 
 
@@ -70,7 +74,7 @@ def graph_us(fn, copies: int) -> float:
     return statistics.median(gputimer.time_ms(torch, g.replay, 5)) * 1e3 / REPS
 
 
-def measure(name, n_out, k, prologue, dev) -> dict:
+def measure(name, n_out, k, prologue, dev, pdl=False) -> dict:
     g = torch.Generator(device=dev).manual_seed(n_out * 7 + k)
     w = (torch.randn(n_out, k, device=dev, generator=g) * 0.02).to(torch.bfloat16)
     # as in a decode step, every call reads its weight from HBM: copies in turn, together past the L2 many times
@@ -93,7 +97,14 @@ def measure(name, n_out, k, prologue, dev) -> dict:
     engine = torch.compile(torch_way, fullgraph=True)  # as the engine runs it: the prologue one inductor kernel
     torch_us = graph_us(lambda i: engine(ws[i], x, **kw), len(ws))
     gb = w.numel() * w.element_size() / 1e9
-    return {"gemv": name, "n": n_out, "k": k, "prologue": prologue or "-", "torch_us": torch_us,
+    more = {}
+    if pdl:  # the best tile again without PDL beside with it: the same graphs, one after the other
+        off, on = gemv(w, x, tile=best[1], **kw), gemv(w, x, tile=best[1], pdl=True, **kw)
+        more = {"nopdl_us": graph_us(lambda i: gemv(ws[i], x, tile=best[1], **kw), len(ws)),
+                "pdl_us": graph_us(lambda i: gemv(ws[i], x, tile=best[1], pdl=True, **kw), len(ws)),
+                "pdl_same_bits": bool(torch.equal(off, on))}
+        fused.PDL = False
+    return more | {"gemv": name, "n": n_out, "k": k, "prologue": prologue or "-", "torch_us": torch_us,
             "fused_us": best[0], "tile": list(best[1]), "max_rel_err": best[2], "engine_tile": list(chosen),
             "engine_tile_us": engine_us, "torch_gbps": gb / torch_us * 1e6,
             "fused_gbps": gb / best[0] * 1e6}
@@ -106,6 +117,7 @@ def main() -> int:
     ap.add_argument("--model", default="llama-8b", choices=sorted(decode.PRESETS))
     ap.add_argument("--tp", type=int, default=4)
     ap.add_argument("--json", help="the rows; bench/tp_step.py --tiles takes each shape's best tile from it")
+    ap.add_argument("--pdl", action="store_true", help="each best tile also timed launched with PDL (Hopper on)")
     args = ap.parse_args()
     if args.tp < 1:
         print(f"gemv: --tp takes a degree of 1 or more (got {args.tp})", file=sys.stderr)
@@ -117,12 +129,21 @@ def main() -> int:
     print(f"{'gemv':<8} {'N x K':>12} {'prologue':>8} {'torch us':>9} {'fused us':>9} {'torch GB/s':>10} "
           f"{'fused GB/s':>10} {'tile':>12} {'rel err':>8} {'engine tile':>12} {'its us':>7}")
     for name, (n_out, k, prologue) in shapes(decode.PRESETS[args.model], args.tp).items():
-        r = measure(name, n_out, k, prologue, dev)
+        r = measure(name, n_out, k, prologue, dev, args.pdl)
         rows.append(r)
         print(f"{name:<8} {f'{n_out}x{k}':>12} {r['prologue']:>8} {r['torch_us']:9.2f} {r['fused_us']:9.2f} "
               f"{r['torch_gbps']:10.0f} {r['fused_gbps']:10.0f} {'/'.join(map(str, r['tile'])):>12} "
               f"{r['max_rel_err']:8.4f} {'/'.join(map(str, r['engine_tile'])):>12} {r['engine_tile_us']:7.2f}",
               flush=True)
+        if args.pdl:
+            off, on = r["nopdl_us"], r["pdl_us"]
+            print(f"{'':<8} PDL: {off:7.2f} us off, {on:7.2f} us on ({on / off:.3f}x) at "
+                  f"{'/'.join(map(str, r['tile']))}; the same bits: {'yes' if r['pdl_same_bits'] else 'NO'}",
+                  flush=True)
+    if args.pdl:
+        off, on = (sum(r[key] for r in rows) for key in ("nopdl_us", "pdl_us"))
+        print(f"PDL: a layer's four {off:.2f} us off, {on:.2f} us on ({on / off:.3f}x) at the best tiles, "
+              f"back to back in a graph")
     t, f_, e = (sum(r[key] for r in rows) for key in ("torch_us", "fused_us", "engine_tile_us"))
     print(f"a layer's four: torch {t:.2f} us, fused {f_:.2f} us at the best tiles ({f_ / t:.2f}x), {e:.2f} us at the "
           f"rule's\n(serve/gemv.py's tile(); the engine tunes its own: serve/gemv_tune.py); "
@@ -130,7 +151,7 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
-    return 1 if any(r["max_rel_err"] > 0.02 for r in rows) else 0
+    return 1 if any(r["max_rel_err"] > 0.02 or not r.get("pdl_same_bits", True) for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -18,12 +18,16 @@ token read back), for each variant of the layer (serve/engine.py):
   fused       compiled, each weight GEMV one Triton kernel with the residual add and RMSNorm, or SiLU x up, in its
               prologue (serve/gemv.py): what the bench's engine runs at batch 1 on a GPU with triton, each shape's
               tile tuned on this GPU as the engine builds (serve/gemv_tune.py, cached; CCBRIDGE_GEMV_TUNE=0: the
-              rule's; --tiles F: bench/gemv.py's best instead), printed under its row
+              rule's; --tiles F: bench/gemv.py's best instead), printed under its row; launched with PDL where
+              CCBRIDGE_GEMV_PDL=1 (serve/gemv.py's prototype; its row says which)
+  fused-pdl   fused, every fused GEMV launched with PDL whatever CCBRIDGE_GEMV_PDL says (an A/B in one process:
+              --variants fused fused-pdl)
 (On H200s, 2026-11-27, neither -lt nor -kn moved the TP4 step: cuBLAS chose the same split-K kernels.)
 For each: the step's wall time (replay + read back), its GPU time (events around the replays), over the
 roofline, kernels per step (torch.profiler, one eager step), their summed time and what the step spends between
 them, the top kernels, and the first step's logits against the first variant's (the bf16 tolerance of
-serve.tp.logits_tol).
+serve.tp.logits_tol). With PDL a GEMV starts before the kernel ahead of it ends and waits inside, so the profiled
+kernels' summed time counts that wait and "between them" shrinks by it: judge PDL by the step's wall time and x roof.
     python bench/tp_step.py --model llama-8b --tp 1 4 [--variants eager compiled autotuned] [--tiles F] [--json F]
 """
 
@@ -40,21 +44,25 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # as the bench's ra
 import torch  # noqa: E402 - after the environment inductor reads at import
 
 from ccbridge import gputimer, textfit
+from ccbridge.errors import UsageError
 from ccbridge.serve import decode, engine, gemv, tp
 
 PROMPT, STEPS = 128, 64
 
 
 # variant -> (engine.build's compiled, torch.compile's mode, the BLAS library torch's GEMMs call, K-major weights,
-# engine.build's fused)
-VARIANTS = {"eager": (False, None, "cublas", False, False), "compiled": (True, None, "cublas", False, False),
-            "autotuned": (True, "max-autotune-no-cudagraphs", "cublas", False, False),
-            "compiled-lt": (True, None, "cublaslt", False, False), "compiled-kn": (True, None, "cublas", True, False),
-            "fused": (True, None, "cublas", False, True)}
+# engine.build's fused, PDL for the fused GEMVs: None as CCBRIDGE_GEMV_PDL says)
+VARIANTS = {"eager": (False, None, "cublas", False, False, None),
+            "compiled": (True, None, "cublas", False, False, None),
+            "autotuned": (True, "max-autotune-no-cudagraphs", "cublas", False, False, None),
+            "compiled-lt": (True, None, "cublaslt", False, False, None),
+            "compiled-kn": (True, None, "cublas", True, False, None),
+            "fused": (True, None, "cublas", False, True, None), "fused-pdl": (True, None, "cublas", False, True, True)}
 
 
-def build(spec, n, dev, dtype, variant: str):
-    compiled, engine.MODE, blas, k_major, fused = VARIANTS[variant]
+def build(spec, n, dev, dtype, variant: str, env_pdl: bool):
+    compiled, engine.MODE, blas, k_major, fused, pdl = VARIANTS[variant]
+    gemv.PDL = env_pdl if pdl is None else pdl  # read as torch.compile traces the fused GEMVs, at the first step
     torch.backends.cuda.preferred_blas_library(blas)
     m = engine.build(spec, 0, n, dev, dtype, 0, None, compiled, fused)  # rank 0's shard, no collective
     if k_major:  # the same values, each weight's transpose contiguous (F.linear then calls an NN GEMM)
@@ -136,6 +144,11 @@ def main() -> int:
             why = e.strerror if isinstance(e, OSError) else f"not bench/gemv.py's --json rows ({e})"
             print(textfit.cut(f"tp_step: --tiles {args.tiles}: {why}", textfit.WIDTH), file=sys.stderr)
             return 2
+    try:
+        env_pdl = gemv.pdl_from_env()
+    except UsageError as e:
+        print(textfit.cut(f"tp_step: {e}", textfit.WIDTH), file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("tp_step: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -145,7 +158,7 @@ def main() -> int:
         ref = None
         for v in args.variants:
             t0 = time.perf_counter()
-            m = build(spec, n, dev, torch.bfloat16, v)
+            m = build(spec, n, dev, torch.bfloat16, v, env_pdl)
             r = measure(m, spec, dev)
             first = r.pop("first_logits")
             ref = first if ref is None else ref
@@ -153,7 +166,8 @@ def main() -> int:
             ok = diff <= tp.logits_tol(torch.bfloat16, spec["num_hidden_layers"])
             bad += not ok
             rows.append(dict(r, model=args.model, tp=n, variant=v, logits_vs_first=diff, within_tol=ok,
-                             seconds=time.perf_counter() - t0, gemv_tiles=m.tiles_used()))
+                             seconds=time.perf_counter() - t0, gemv_tiles=m.tiles_used(),
+                             gemv_pdl=bool(m.gemv_tiles and gemv.PDL)))
             print(f"tp {n} {v:<9} wall {r['wall_ms']:7.3f} ms  gpu {r['gpu_ms']:7.3f}  roof {r['roofline_ms']:6.3f}"
                   f"  x{r['over_roof']:5.2f}  kernels {r['kernels_per_step']:5d}  logits {diff:.4f}"
                   f"{'' if ok else ' BEYOND'}  ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -163,8 +177,9 @@ def main() -> int:
             for name, cnt, us in r["top"][:6]:
                 print(f"      {us / 1e3:8.3f} ms  x{cnt:<5d} {name}")
             if m.gemv_tiles:
-                print(textfit.cut("      tiles " + ", ".join(f"{shape} {'/'.join(map(str, t))}"
-                                                          for shape, t in m.tiles_used().items()), textfit.WIDTH))
+                shown = ", ".join(f"{shape} {'/'.join(map(str, t))}" for shape, t in m.tiles_used().items())
+                print(textfit.cut(f"      GEMVs {'with' if gemv.PDL else 'without'} PDL ({gemv.ENV}); tiles {shown}",
+                                  textfit.WIDTH))
             del m
             torch.cuda.empty_cache()
     if args.json:

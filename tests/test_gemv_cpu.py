@@ -206,3 +206,69 @@ def test_the_engines_tiles_cover_every_presets_shapes():
         assert gemv.tile(1536, 4096) == (32, 256, 8) and gemv.tile(4096, 1024) == (2, 512, 4)
     finally:
         gemv.TUNED.clear()
+
+
+def test_the_pdl_switch_parses(monkeypatch):
+    monkeypatch.delenv(fused.ENV, raising=False)
+    assert fused.pdl_from_env() is False
+    for value, want in (("", False), ("0", False), ("1", True), (" 1 ", True)):
+        monkeypatch.setenv(fused.ENV, value)
+        assert fused.pdl_from_env() is want, value
+    monkeypatch.setenv(fused.ENV, "yes")
+    with pytest.raises(ValueError, match="CCBRIDGE_GEMV_PDL='yes': 0 .* or 1"):
+        fused.pdl_from_env()
+
+
+# The PDL layout (the first weight tile read before the wait) under the interpreter, CCBRIDGE_GEMV_PDL=1: no
+# griddepcontrol there (a CPU), so the kernel runs its PDL layout without the wait and trigger, launched plainly.
+CHILD_PDL = r"""
+import json, torch
+from ccbridge.serve import decode, engine, gemv
+
+out = {"ops": []}
+for dt in (torch.float32, torch.bfloat16):
+    # K past one step, K one step, K short of one (the loop after the first step empty)
+    for n, k, tile in ((40, 300, (8, 128, 4)), (33, 64, (16, 64, 4)), (7, 50, (4, 64, 4))):
+        for pro in ("", "norm", "norm+res", "silu", "bias"):
+            g = torch.Generator().manual_seed(n + k)
+            w = torch.randn(n, k, generator=g).to(dt)
+            x = torch.randn(2 * k if pro == "silu" else k, generator=g).to(dt)
+            res = torch.randn(k, generator=g).to(dt) if pro == "norm+res" else None
+            nw = torch.rand(k, generator=g).to(dt) if pro.startswith("norm") else None
+            b = torch.randn(n, generator=g).to(dt) if pro == "bias" else None
+            kw = dict(res=res, norm_w=nw, bias=b, silu=pro == "silu", tile_nkw=tile)
+            y1, s1 = gemv.gemv(w, x, **kw)  # the first call takes PDL from the environment
+            out["resolved"] = gemv.PDL
+            gemv.PDL = False
+            y0, s0 = gemv.gemv(w, x, **kw)
+            gemv.PDL = True
+            out["ops"].append([str(dt), pro, n, k, torch.equal(y0, y1), s0 is None or torch.equal(s0, s1)])
+engine.BACKEND = "eager"  # torch.compile traces the custom op without inductor's C++ toolchain
+spec = decode.PRESETS["tiny"]
+ids = decode.prompts(spec["vocab_size"], 1, 8, 0)
+got = []
+for compiled, fused in ((False, False), (True, True)):
+    m = engine.build(spec, 0, 1, "cpu", torch.float32, seed=3, compiled=compiled, fused=fused)
+    cache = m.static_cache(1, 32)
+    o = m(input_ids=ids, past_key_values=cache, cache_position=torch.arange(8), use_cache=True, logits_to_keep=1)
+    tok, logits = o.logits[:, -1].argmax(-1, keepdim=True), []
+    for i in range(2):
+        o = m(input_ids=tok, position_ids=torch.full((1, 1), 8 + i), past_key_values=cache,
+              cache_position=torch.tensor([8 + i]), use_cache=True, logits_to_keep=1)
+        logits.append(o.logits[:, -1])
+        tok = o.logits[:, -1].argmax(-1, keepdim=True)
+    got.append(torch.stack(logits))
+out["engine"] = float((got[0] - got[1]).abs().max() / got[0].abs().max())
+print(json.dumps(out))
+"""
+
+
+def test_the_pdl_layout_computes_the_same_bits_and_the_compiled_engine_runs_it():
+    env = dict(os.environ, TRITON_INTERPRET="1", CCBRIDGE_GEMV_PDL="1")
+    run = subprocess.run([sys.executable, "-c", CHILD_PDL], capture_output=True, text=True, env=env, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    assert out["resolved"] is True and len(out["ops"]) == 30
+    for dt, pro, n, k, same_y, same_s in out["ops"]:
+        assert same_y and same_s, (dt, pro, n, k)
+    assert out["engine"] < 1e-5

@@ -92,3 +92,33 @@ def test_the_fused_engine_step_matches_cublas_in_a_graph(own_cache):
         got[fused] = out.clone()
     a, b = got[False], got[True]
     assert float((a - b).abs().max() / a.abs().max()) <= tp.logits_tol(torch.bfloat16, spec["num_hidden_layers"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="PDL needs a Hopper GPU or later")
+def test_pdl_gemvs_in_a_dependent_chain_compute_the_same_bits(monkeypatch):
+    """Each GEMV reads the one before it's output (and the residual stream it wrote): launched with PDL in a CUDA
+    graph, a read before griddepcontrol.wait would race that kernel and change the bits."""
+    n = 4096
+    ws = [(torch.randn(n, n, device="cuda") * 0.02).to(torch.bfloat16) for _ in range(6)]
+    nw = torch.rand(n, device="cuda").to(torch.bfloat16)
+    x0, r0 = torch.randn(n, device="cuda").to(torch.bfloat16), torch.randn(n, device="cuda").to(torch.bfloat16)
+
+    def chain():
+        x, r = x0, r0
+        for w in ws:
+            y, r = gemv.gemv(w, x, res=r, norm_w=nw, tile_nkw=(8, 512, 4))
+            x = gemv.gemv(w, y, tile_nkw=(4, 512, 4))[0]
+        return torch.cat([x, r])
+
+    got = {}
+    for pdl in (False, True):
+        monkeypatch.setattr(gemv, "PDL", pdl)
+        eager = chain()
+        graph, out = gputimer.graphed(torch, chain)
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        got[pdl] = (eager, out.clone())
+    assert torch.equal(got[False][0], got[True][0]) and torch.equal(got[False][1], got[True][1])
+    assert torch.equal(got[True][0], got[True][1])

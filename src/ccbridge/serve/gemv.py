@@ -1,5 +1,19 @@
 """A decode step's weight GEMV as one Triton kernel, with what comes before it in its prologue (issue 31).
 
+PROTOTYPE, off by default, not yet measured: CCBRIDGE_GEMV_PDL=1 (or PDL = True) launches each fused GEMV with
+Programmatic Dependent Launch (Hopper on): it may start while the kernel ahead of it drains, reads its first weight
+tile, then waits for that kernel (griddepcontrol.wait) before any read of x, the residual, the norm's weight or the
+bias and before any write (the graph may give y or s memory that kernel still reads), and lets the next kernel
+launch. The op is then opaque to torch.compile (inductor launches a traced triton_op's kernel by its own launcher,
+which drops launch_pdl), and CUDA graphs capture the PDL launch as a programmatic edge. Off, the same op, launch and
+arithmetic as before. To decide it on one H200/H100 (PDL pays if the step's wall time falls: a llama-8b TP4 rank's
+2.20 ms, 2.02x its 1.09 ms roof, 0.26-0.38 ms between 340 kernels, 2026-11-27; the kernels' "between them" also
+shrinks, but counts a PDL GEMV's wait as its own time):
+    python3 bench/gemv.py --tp 4 --pdl          # each shape off/on back to back in a graph; the same bits
+    python3 bench/tp_step.py --tp 4 --variants fused fused-pdl       # the step, both in one process
+    python3 bench/tp_step.py --tp 4 --variants fused-pdl fused       # the order swapped
+    CCBRIDGE_GEMV_PDL=1 python3 bench/tp_step.py --tp 4 --variants fused    # as the engine would run it
+
 At batch 1 a tensor-parallel rank's decode step is a chain of matrix-vector products over its weight shards. cuBLAS
 runs each as a split-K GEMM plus a reduce kernel, with the residual add and RMSNorm (or SiLU x up) a kernel of its
 own before it: bench/tp_step.py found one llama-8b TP4 rank's step at 2.41x its HBM roofline, 532 kernels, the
@@ -25,6 +39,7 @@ CCBRIDGE_GEMV_TUNE=0 keeps rule()'s tiles).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -34,6 +49,9 @@ EPS = 1e-5  # the engine's RMS_EPS
 
 
 TUNED: dict[tuple[int, int], tuple[int, int, int]] = {}  # (n, k) -> a measured tile (bench/tp_step.py --tiles)
+ENV = "CCBRIDGE_GEMV_PDL"  # "1": every fused GEMV launched with PDL (a prototype, off by default; see above)
+# Whether gemv() launches with PDL: None until prepare() takes it from ENV; the benches set it to compare
+PDL: bool | None = None
 
 
 def rule(n: int, k: int) -> tuple[int, int, int]:
@@ -54,25 +72,78 @@ def tile(n: int, k: int) -> tuple[int, int, int]:
     return TUNED.get((n, k)) or rule(n, k)
 
 
-@functools.cache
+def pdl_from_env() -> bool:
+    """CCBRIDGE_GEMV_PDL: unset, empty or 0 off (the default), 1 on; anything else a UsageError."""
+    v = os.environ.get(ENV, "").strip()
+    if v not in ("", "0", "1"):
+        raise UsageError(f"{ENV}={v!r}: 0 (off, the default) or 1 (the fused GEMVs launched with PDL)")
+    return v == "1"
+
+
 def prepare() -> None:
-    """Registers the kernel's custom op (torch.ops.ccbridge.gemv), once: on first use, as importing triton costs
-    start-up that only the GPU path needs, and a machine without triton gets a clear error, not an ImportError at
-    import. Call it before torch.compile traces gemv() (the engine does, when it builds)."""
+    """Registers the kernel's custom ops (torch.ops.ccbridge.gemv and .gemv_pdl) once, and takes PDL from the
+    environment where nothing set it. On first use: importing triton costs start-up that only the GPU path needs,
+    and a machine without triton gets a clear error, not an ImportError at import. Call it before torch.compile
+    traces gemv() (the engine does, when it builds): the trace reads PDL, not the environment."""
+    global PDL
+    if PDL is None:
+        PDL = pdl_from_env()
+    register()
+
+
+@functools.cache
+def register() -> None:
+    """prepare()'s registering, once."""
     try:
         import triton  # deferred: triton (its import costs start-up only the GPU path needs)
         import triton.language as tl  # deferred: triton
     except ImportError as e:  # pragma: no cover - the message is the point
         raise GpuError("the fused GEMV needs triton (installed with torch on a GPU machine)") from e
+    global x_step, w_step  # the kernel's helpers: Triton (and its interpreter) finds a callee among its globals
+
+    @triton.jit
+    def x_step(X, R, NW, S, Y, ks, K, scale, pid, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
+               SILU: tl.constexpr):
+        """One K step of x' (fp32): X's values at ks, through the prologue; program 0 writes x + R's to S."""
+        km = ks < K
+        if SILU:
+            g = tl.load(X + ks, mask=km, other=0.0).to(tl.float32)
+            u = tl.load(X + K + ks, mask=km, other=0.0).to(tl.float32)
+            g = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32)
+            xk = (g * u).to(Y.dtype.element_ty).to(tl.float32)
+        else:
+            xk = tl.load(X + ks, mask=km, other=0.0).to(tl.float32)
+            if HAS_RES:
+                xs = (xk + tl.load(R + ks, mask=km, other=0.0).to(tl.float32)).to(Y.dtype.element_ty)
+                if pid == 0:
+                    tl.store(S + ks, xs, mask=km)
+                xk = xs.to(tl.float32)
+            if HAS_NORM:
+                nw = tl.load(NW + ks, mask=km, other=0.0).to(tl.float32)
+                xk = (xk * scale * nw).to(Y.dtype.element_ty).to(tl.float32)
+        return xk
+
+    @triton.jit
+    def w_step(W, rows, rmask, ks, K):
+        """One K step of the program's weight rows."""
+        return tl.load(W + rows[:, None] * K + ks[None, :], mask=rmask[:, None] & (ks < K)[None, :], other=0.0)
 
     @triton.jit
     def gemv_kernel(W, X, R, NW, B, Y, S, N, K, eps, HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    PDL: tl.constexpr, GDC: tl.constexpr):
         """Y[n] = sum_k W[n, k] x[k] (+ B[n]); x: X (+ R, written to S by program 0) RMS-normalized times NW, or
-        SiLU(X[:K]) * X[K:]."""
+        SiLU(X[:K]) * X[K:]. PDL: the first K step's weight tile read first, then (GDC: launched with PDL on a
+        Hopper) the wait for the kernel before, which everything else (every read of X, R, NW, B; the writes to S
+        and Y, whose memory that kernel may still read) follows; the weights no kernel writes."""
         pid = tl.program_id(0)
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < N
+        if PDL:
+            w0 = w_step(W, rows, rmask, tl.arange(0, BLOCK_K), K)
+            if GDC:
+                tl.extra.cuda.gdc_wait()
+                tl.extra.cuda.gdc_launch_dependents()  # the next kernel may launch; its own wait waits for this
         scale = 1.0
         if HAS_NORM:  # every program sums the squares of the whole x (K values, from L2): no kernel before it
             ss = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -85,26 +156,15 @@ def prepare() -> None:
                 ss += xk * xk
             scale = 1.0 / tl.sqrt(tl.sum(ss, 0) / K + eps)
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        start = 0
+        if PDL:  # the first step's sums, from the tile read before the wait
+            xk = x_step(X, R, NW, S, Y, tl.arange(0, BLOCK_K), K, scale, pid, HAS_NORM, HAS_RES, SILU)
+            acc += w0.to(tl.float32) * xk[None, :]
+            start = BLOCK_K
+        for k0 in range(start, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
-            km = ks < K
-            if SILU:
-                g = tl.load(X + ks, mask=km, other=0.0).to(tl.float32)
-                u = tl.load(X + K + ks, mask=km, other=0.0).to(tl.float32)
-                g = (g / (1.0 + tl.exp(-g))).to(Y.dtype.element_ty).to(tl.float32)
-                xk = (g * u).to(Y.dtype.element_ty).to(tl.float32)
-            else:
-                xk = tl.load(X + ks, mask=km, other=0.0).to(tl.float32)
-                if HAS_RES:
-                    xs = (xk + tl.load(R + ks, mask=km, other=0.0).to(tl.float32)).to(Y.dtype.element_ty)
-                    if pid == 0:
-                        tl.store(S + ks, xs, mask=km)
-                    xk = xs.to(tl.float32)
-                if HAS_NORM:
-                    nw = tl.load(NW + ks, mask=km, other=0.0).to(tl.float32)
-                    xk = (xk * scale * nw).to(Y.dtype.element_ty).to(tl.float32)
-            w = tl.load(W + rows[:, None] * K + ks[None, :], mask=rmask[:, None] & km[None, :], other=0.0)
-            acc += w.to(tl.float32) * xk[None, :]
+            xk = x_step(X, R, NW, S, Y, ks, K, scale, pid, HAS_NORM, HAS_RES, SILU)
+            acc += w_step(W, rows, rmask, ks, K).to(tl.float32) * xk[None, :]
         y = tl.sum(acc, 1)
         if HAS_BIAS:
             y += tl.load(B + rows, mask=rmask, other=0.0).to(tl.float32)
@@ -114,18 +174,42 @@ def prepare() -> None:
     def _gemv(w: torch.Tensor, x: torch.Tensor, res: torch.Tensor | None, norm_w: torch.Tensor | None,
               bias: torch.Tensor | None, silu: bool, bn: int, bk: int,
               warps: int) -> tuple[torch.Tensor, torch.Tensor]:
-        n, k = w.shape
-        y = torch.empty(n, device=w.device, dtype=w.dtype)
-        s = torch.empty(k if res is not None else 0, device=w.device, dtype=w.dtype)
-        torch.library.wrap_triton(gemv_kernel)[(triton.cdiv(n, bn),)](
-            w, x, x if res is None else res, x if norm_w is None else norm_w, x if bias is None else bias, y,
-            s if res is not None else y, n, k, EPS, HAS_NORM=norm_w is not None, HAS_RES=res is not None,
-            HAS_BIAS=bias is not None, SILU=silu, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
-        return y, s
+        return launch(torch.library.wrap_triton(gemv_kernel), w, x, res, norm_w, bias, silu, bn, bk, warps, False)
 
-    @_gemv.register_fake
-    def _(w, x, res, norm_w, bias, silu, bn, bk, warps):  # the shapes alone, for torch.compile's tracing
-        return w.new_empty(w.shape[0]), w.new_empty(w.shape[1] if res is not None else 0)
+    # Opaque to torch.compile (a custom_op, not a triton_op): inductor launches a traced triton_op's kernel by its
+    # own launcher, which drops launch_pdl; this op launches the kernel itself, as CUDA graphs then capture it.
+    @torch.library.custom_op("ccbridge::gemv_pdl", mutates_args=())
+    def _gemv_pdl(w: torch.Tensor, x: torch.Tensor, res: torch.Tensor | None, norm_w: torch.Tensor | None,
+                  bias: torch.Tensor | None, silu: bool, bn: int, bk: int,
+                  warps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return launch(gemv_kernel, w, x, res, norm_w, bias, silu, bn, bk, warps, True)
+
+    _gemv.register_fake(fake_gemv)
+    _gemv_pdl.register_fake(fake_gemv)
+
+
+def launch(run, w, x, res, norm_w, bias, silu, bn, bk, warps, pdl):
+    """y, s by the kernel as run launches it (wrap_triton's, or the kernel itself), PDL's layout or not."""
+    n, k = w.shape
+    y = torch.empty(n, device=w.device, dtype=w.dtype)
+    s = torch.empty(k if res is not None else 0, device=w.device, dtype=w.dtype)
+    gdc = pdl and hopper(w.device)  # griddepcontrol: sm_90 on; the interpreter (a CPU) has no such op
+    run[(-(-n // bn),)](
+        w, x, x if res is None else res, x if norm_w is None else norm_w, x if bias is None else bias, y,
+        s if res is not None else y, n, k, EPS, HAS_NORM=norm_w is not None, HAS_RES=res is not None,
+        HAS_BIAS=bias is not None, SILU=silu, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, GDC=gdc, num_warps=warps,
+        **({"launch_pdl": True} if gdc else {}))
+    return y, s
+
+
+def fake_gemv(w, x, res, norm_w, bias, silu, bn, bk, warps):  # the shapes alone, for torch.compile's tracing
+    return w.new_empty(w.shape[0]), w.new_empty(w.shape[1] if res is not None else 0)
+
+
+@functools.cache
+def hopper(dev: torch.device) -> bool:
+    """Whether dev runs griddepcontrol (PDL's wait and trigger): a CUDA GPU of compute capability 9 on."""
+    return dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
 
 
 def available() -> bool:
@@ -164,5 +248,6 @@ def gemv(w: torch.Tensor, x: torch.Tensor, res: torch.Tensor | None = None, norm
         raise UsageError(f"fused GEMV: tile {bn}/{bk}/{warps}: each a power of 2")
     if not torch.compiler.is_compiling():
         prepare()
-    y, s = torch.ops.ccbridge.gemv(w, x, res, norm_w, bias, silu, bn, bk, warps)
+    op = torch.ops.ccbridge.gemv_pdl if PDL else torch.ops.ccbridge.gemv
+    y, s = op(w, x, res, norm_w, bias, silu, bn, bk, warps)
     return y, (s if res is not None else None)
