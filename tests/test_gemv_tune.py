@@ -259,3 +259,20 @@ def test_a_job_s_ranks_all_run_rank_0_s_tiles():
     assert m._rank0s(rank1, "cpu") == rank0
     m.rank, m.all_reduce = 0, lambda t: None  # rank 0's view: the others add zeros
     assert m._rank0s(rank0, "cpu") == rank0
+
+
+def test_in_a_job_rank_0_alone_tunes(monkeypatch):
+    """The other ranks time nothing (their tiles would be thrown away): they take rank 0's through the group."""
+    from types import SimpleNamespace
+
+    layer = SimpleNamespace(**{name: torch.zeros(n, k) for name, (n, k) in
+                               zip(engine.GEMVS, [(48, 256), (64, 128), (96, 256), (64, 192)])})
+    calls = []
+    monkeypatch.setattr(gemv_tune, "tunes", lambda dev: True)
+    monkeypatch.setattr(gemv_tune, "tune", lambda shapes, dev, weights, progress: calls.append(progress) or
+                        {s: (8, 256, 4) for s in shapes})
+    m = engine.ShardedDecoder.__new__(engine.ShardedDecoder)
+    m.layers, m.rank, m.all_reduce = [layer], 1, lambda t: t.add_(torch.tensor([8, 256, 4] * 4))
+    assert m._tune_gemvs("cpu") == {name: (8, 256, 4) for name in engine.GEMVS} and calls == []
+    m.rank, m.all_reduce = 0, lambda t: None
+    assert m._tune_gemvs("cpu") == {name: (8, 256, 4) for name in engine.GEMVS} and calls == [True]

@@ -148,18 +148,22 @@ class ShardedDecoder(torch.nn.Module):
         shape = {name: (*getattr(self.layers[0], name).shape, pro) for name, pro in GEMVS.items()}
         if not gemv_tune.tunes(dev):
             return {name: gemv.tile(n, k) for name, (n, k, _) in shape.items()}
-        weights: dict = {}
-        for name, s in shape.items():
-            weights.setdefault(s, []).extend(getattr(lay, name) for lay in self.layers)
-        tiles = gemv_tune.tune(shape.values(), dev, weights, progress=self.rank == 0)
-        if self.all_reduce:  # one job, one tile a shape: rank 0's on every rank, and in the cache
+        if self.all_reduce and self.rank:  # one job, one tile a shape: rank 0 tunes, the others take its tiles
+            tiles = {s: (0, 0, 0) for s in shape.values()}
+        else:
+            weights: dict = {}
+            for name, s in shape.items():
+                weights.setdefault(s, []).extend(getattr(lay, name) for lay in self.layers)
+            tiles = gemv_tune.tune(shape.values(), dev, weights, progress=self.rank == 0)
+        if self.all_reduce:  # rank 0's on every rank, and in each rank's cache
             tiles = gemv_tune.adopt(self._rank0s(tiles, dev), dev)
         return {name: tiles[s] for name, s in shape.items()}
 
     def _rank0s(self, tiles: dict, dev) -> dict:
         """Rank 0's tiles on every rank (a sum over the group of rank 0's and zeros): tunings of one shape on
         several GPUs can part by timing noise (o 4096x1024 chose 2/512/4, then 2/1024/4, on one H200), and ranks at
-        other tiles would round their shards' sums apart and leave the cache to whichever wrote last."""
+        other tiles would round their shards' sums apart and leave the cache to whichever wrote last; so the other
+        ranks do not tune at all (their timing would be thrown away)."""
         shapes = list(tiles)
         mine = [v for s in shapes for v in tiles[s]] if self.rank == 0 else [0] * (3 * len(shapes))
         t = torch.tensor(mine, dtype=torch.int64, device=dev)

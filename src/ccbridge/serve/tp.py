@@ -162,7 +162,7 @@ def _bench_rank(rank: int, n: int, dev, send, job: dict) -> None:
     with emu_trace.paused(required=False) as recording:  # only the timed runs are traced (decode.measure)
         say(("log", f"tp {n}: building {model}'s shards (random weights, seed {job['seed']}), rank 0 on {dev}"))
         m = engine.build(spec, rank, n, dev, decode.dtype_for(dev), job["seed"], dist.all_reduce if n > 1 else None)
-        if m.gemv_tiles:  # each rank tuned its own GPU; the record holds rank 0's
+        if m.gemv_tiles:  # rank 0's tiles, which every rank runs
             say(("tiles", m.tiles_used()))
         emulating = interposer.emulating()
         # the roofline's rate (the probe's device copy), on rank 0 alone: the others' rows are not sent
@@ -329,7 +329,7 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
     params = (stamp.get("emulation") or {}).get("params", {}) if stamp.get("emulation", {}).get("active") else {}
     t_start = time.monotonic()
     layers = decode.PRESETS[model]["num_hidden_layers"]
-    tiles = "tuned on each rank's GPU, rank 0's run by all (gemv_tiles)" if gemv_tune.enabled() else \
+    tiles = "tuned on rank 0's GPU, run by every rank (gemv_tiles)" if gemv_tune.enabled() else \
         f"by rule ({gemv_tune.ENV}=0)"
     settings = decode.settings_of(model, dev, decode.dtype_for(dev), prompt, output, batches, modes, iters, warmup,
                                   graphs, seed, host_prep_us)
