@@ -18,10 +18,10 @@ token read back), for each variant of the layer (serve/engine.py):
   fused       compiled, each weight GEMV one Triton kernel with the residual add and RMSNorm, or SiLU x up, in its
               prologue (serve/gemv.py): what the bench's engine runs at batch 1 on a GPU with triton, each shape's
               tile tuned on this GPU as the engine builds (serve/gemv_tune.py, cached; CCBRIDGE_GEMV_TUNE=0: the
-              rule's; --tiles F: bench/gemv.py's best instead), printed under its row; launched with PDL where
-              CCBRIDGE_GEMV_PDL=1 (serve/gemv.py's prototype; its row says which)
-  fused-pdl   fused, every fused GEMV launched with PDL whatever CCBRIDGE_GEMV_PDL says (an A/B in one process:
-              --variants fused fused-pdl)
+              rule's; --tiles F: bench/gemv.py's best instead), printed under its row; launched with PDL as the
+              engine does (on a Hopper GPU unless CCBRIDGE_GEMV_PDL=0; its row says which)
+  fused-pdl   fused, every fused GEMV launched with PDL whatever CCBRIDGE_GEMV_PDL says
+  fused-nopdl fused, none launched with PDL (an A/B in one process: --variants fused-nopdl fused-pdl)
 (On H200s, 2026-11-27, neither -lt nor -kn moved the TP4 step: cuBLAS chose the same split-K kernels.)
 For each: the step's wall time (replay + read back), its GPU time (events around the replays), over the
 roofline, kernels per step (torch.profiler, one eager step), their summed time and what the step spends between
@@ -57,7 +57,8 @@ VARIANTS = {"eager": (False, None, "cublas", False, False, None),
             "autotuned": (True, "max-autotune-no-cudagraphs", "cublas", False, False, None),
             "compiled-lt": (True, None, "cublaslt", False, False, None),
             "compiled-kn": (True, None, "cublas", True, False, None),
-            "fused": (True, None, "cublas", False, True, None), "fused-pdl": (True, None, "cublas", False, True, True)}
+            "fused": (True, None, "cublas", False, True, None), "fused-pdl": (True, None, "cublas", False, True, True),
+            "fused-nopdl": (True, None, "cublas", False, True, False)}
 
 
 def build(spec, n, dev, dtype, variant: str, env_pdl: bool):
@@ -144,15 +145,15 @@ def main() -> int:
             why = e.strerror if isinstance(e, OSError) else f"not bench/gemv.py's --json rows ({e})"
             print(textfit.cut(f"tp_step: --tiles {args.tiles}: {why}", textfit.WIDTH), file=sys.stderr)
             return 2
-    try:
-        env_pdl = gemv.pdl_from_env()
-    except UsageError as e:
-        print(textfit.cut(f"tp_step: {e}", textfit.WIDTH), file=sys.stderr)
-        return 2
     if not torch.cuda.is_available():
         print("tp_step: needs a CUDA GPU", file=sys.stderr)
         return 2
     spec, dev = decode.PRESETS[args.model], torch.device("cuda", 0)
+    try:
+        env_pdl = gemv.pdl_from_env(dev)
+    except UsageError as e:
+        print(textfit.cut(f"tp_step: {e}", textfit.WIDTH), file=sys.stderr)
+        return 2
     rows, bad = [], 0
     for n in args.tp:
         ref = None

@@ -210,12 +210,16 @@ def test_the_engines_tiles_cover_every_presets_shapes():
 
 def test_the_pdl_switch_parses(monkeypatch):
     monkeypatch.delenv(fused.ENV, raising=False)
-    assert fused.pdl_from_env() is False
+    assert fused.pdl_from_env() is False and fused.pdl_from_env("cpu") is False
+    monkeypatch.setattr(fused, "hopper", lambda dev: str(dev) == "cuda:0")  # unset: on where the GPU has PDL
+    assert fused.pdl_from_env("cuda:0") is True and fused.pdl_from_env("cuda:1") is False
     for value, want in (("", False), ("0", False), ("1", True), (" 1 ", True)):
         monkeypatch.setenv(fused.ENV, value)
         assert fused.pdl_from_env() is want, value
+    monkeypatch.setenv(fused.ENV, "0")
+    assert fused.pdl_from_env("cuda:0") is False
     monkeypatch.setenv(fused.ENV, "yes")
-    with pytest.raises(ValueError, match="CCBRIDGE_GEMV_PDL='yes': 0 .* or 1"):
+    with pytest.raises(ValueError, match="CCBRIDGE_GEMV_PDL='yes': 0 .*, 1 .* or unset"):
         fused.pdl_from_env()
 
 

@@ -130,7 +130,7 @@ class ShardedDecoder(torch.nn.Module):
         self.fused = fuses(dev, compiled) if fused is None else fused
         self.gemv_tiles: dict[str, tuple[int, int, int]] = {}  # GEMVS' weight -> the tile its fused kernel runs
         if self.fused:
-            gemv.prepare()  # its custom op registered before torch.compile traces a call to it
+            gemv.prepare(dev)  # its custom op registered (and PDL decided) before torch.compile traces a call to it
             self.gemv_tiles = self._tune_gemvs(dev)
         # a decode step's halves (T = 1), and one sequence's with fused GEMVs
         halves = (self._attention_half, self._mlp_half, self._attention_half_fused, self._mlp_half_fused)

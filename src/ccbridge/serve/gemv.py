@@ -1,18 +1,14 @@
 """A decode step's weight GEMV as one Triton kernel, with what comes before it in its prologue (issue 31).
 
-PROTOTYPE, off by default, not yet measured: CCBRIDGE_GEMV_PDL=1 (or PDL = True) launches each fused GEMV with
-Programmatic Dependent Launch (Hopper on): it may start while the kernel ahead of it drains, reads its first weight
-tile, then waits for that kernel (griddepcontrol.wait) before any read of x, the residual, the norm's weight or the
-bias and before any write (the graph may give y or s memory that kernel still reads), and lets the next kernel
-launch. The op is then opaque to torch.compile (inductor launches a traced triton_op's kernel by its own launcher,
-which drops launch_pdl), and CUDA graphs capture the PDL launch as a programmatic edge. Off, the same op, launch and
-arithmetic as before. To decide it on one H200/H100 (PDL pays if the step's wall time falls: a llama-8b TP4 rank's
-2.20 ms, 2.02x its 1.09 ms roof, 0.26-0.38 ms between 340 kernels, 2026-11-27; the kernels' "between them" also
-shrinks, but counts a PDL GEMV's wait as its own time):
-    python3 bench/gemv.py --tp 4 --pdl          # each shape off/on back to back in a graph; the same bits
-    python3 bench/tp_step.py --tp 4 --variants fused fused-pdl       # the step, both in one process
-    python3 bench/tp_step.py --tp 4 --variants fused-pdl fused       # the order swapped
-    CCBRIDGE_GEMV_PDL=1 python3 bench/tp_step.py --tp 4 --variants fused    # as the engine would run it
+On a Hopper or later GPU each fused GEMV is launched with Programmatic Dependent Launch (CCBRIDGE_GEMV_PDL=0 turns
+it off; =1 forces the PDL layout everywhere, without the wait where the GPU has none): it may start while the kernel
+ahead of it drains, reads its first weight tile, then waits for that kernel (griddepcontrol.wait) before any read of
+x, the residual, the norm's weight or the bias and before any write (the graph may give y or s memory that kernel
+still reads), and lets the next kernel launch. The op is then opaque to torch.compile (inductor launches a traced
+triton_op's kernel by its own launcher, which drops launch_pdl), and CUDA graphs capture the PDL launch as a
+programmatic edge. Measured (bench/RESULTS.md, 2026-11-27, one H200, `bench/tp_step.py --tp 4 --variants fused
+fused-pdl` and the order swapped): a llama-8b TP4 rank's step 2.09-2.11 ms with PDL, 2.22-2.44 without; the same
+bits. PDL off: the same op, launch and arithmetic as before it.
 
 At batch 1 a tensor-parallel rank's decode step is a chain of matrix-vector products over its weight shards. cuBLAS
 runs each as a split-K GEMM plus a reduce kernel, with the residual add and RMSNorm (or SiLU x up) a kernel of its
@@ -49,7 +45,7 @@ EPS = 1e-5  # the engine's RMS_EPS
 
 
 TUNED: dict[tuple[int, int], tuple[int, int, int]] = {}  # (n, k) -> a measured tile (bench/tp_step.py --tiles)
-ENV = "CCBRIDGE_GEMV_PDL"  # "1": every fused GEMV launched with PDL (a prototype, off by default; see above)
+ENV = "CCBRIDGE_GEMV_PDL"  # unset: PDL where the GPU runs griddepcontrol; 0 off; 1 the PDL layout everywhere
 # Whether gemv() launches with PDL: None until prepare() takes it from ENV; the benches set it to compare
 PDL: bool | None = None
 
@@ -72,22 +68,24 @@ def tile(n: int, k: int) -> tuple[int, int, int]:
     return TUNED.get((n, k)) or rule(n, k)
 
 
-def pdl_from_env() -> bool:
-    """CCBRIDGE_GEMV_PDL: unset, empty or 0 off (the default), 1 on; anything else a UsageError."""
+def pdl_from_env(dev: torch.device | None = None) -> bool:
+    """CCBRIDGE_GEMV_PDL: 0 off, 1 on (the PDL layout even where the GPU has no griddepcontrol: the same bits),
+    unset or empty on where dev runs griddepcontrol (a Hopper or later GPU; no device: off); anything else a
+    UsageError."""
     v = os.environ.get(ENV, "").strip()
     if v not in ("", "0", "1"):
-        raise UsageError(f"{ENV}={v!r}: 0 (off, the default) or 1 (the fused GEMVs launched with PDL)")
-    return v == "1"
+        raise UsageError(f"{ENV}={v!r}: 0 (off), 1 (on) or unset (on where the GPU has PDL, Hopper on)")
+    return hopper(dev) if v == "" and dev is not None else v == "1"
 
 
-def prepare() -> None:
+def prepare(dev: torch.device | None = None) -> None:
     """Registers the kernel's custom ops (torch.ops.ccbridge.gemv and .gemv_pdl) once, and takes PDL from the
-    environment where nothing set it. On first use: importing triton costs start-up that only the GPU path needs,
-    and a machine without triton gets a clear error, not an ImportError at import. Call it before torch.compile
-    traces gemv() (the engine does, when it builds): the trace reads PDL, not the environment."""
+    environment (for dev's GPU) where nothing set it. On first use: importing triton costs start-up that only the
+    GPU path needs, and a machine without triton gets a clear error, not an ImportError at import. Call it before
+    torch.compile traces gemv() (the engine does, when it builds): the trace reads PDL, not the environment."""
     global PDL
     if PDL is None:
-        PDL = pdl_from_env()
+        PDL = pdl_from_env(dev)
     register()
 
 
@@ -138,6 +136,7 @@ def fake_gemv(w, x, res, norm_w, bias, silu, bn, bk, warps):  # the shapes alone
 @functools.cache
 def hopper(dev: torch.device) -> bool:
     """Whether dev runs griddepcontrol (PDL's wait and trigger): a CUDA GPU of compute capability 9 on."""
+    dev = torch.device(dev)
     return dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
 
 
@@ -176,7 +175,7 @@ def gemv(w: torch.Tensor, x: torch.Tensor, res: torch.Tensor | None = None, norm
     if any(v < 1 or v & (v - 1) for v in (bn, bk, warps)):
         raise UsageError(f"fused GEMV: tile {bn}/{bk}/{warps}: each a power of 2")
     if not torch.compiler.is_compiling():
-        prepare()
+        prepare(w.device)
     op = torch.ops.ccbridge.gemv_pdl if PDL else torch.ops.ccbridge.gemv
     y, s = op(w, x, res, norm_w, bias, silu, bn, bk, warps)
     return y, (s if res is not None else None)

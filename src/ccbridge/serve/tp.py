@@ -49,7 +49,7 @@ from ccbridge.emulate import interposer
 from ccbridge.emulate import trace as emu_trace
 from ccbridge.errors import GpuError, UsageError
 from ccbridge.results import Result, Row
-from ccbridge.serve import decode, engine, gemv_tune
+from ccbridge.serve import decode, engine, gemv, gemv_tune
 from ccbridge.serve.judge import Judge
 
 TEST = "decode_tp"  # rows' test name: not decode's, whose readers (advise) key its rows by batch and mode alone
@@ -331,6 +331,7 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
     layers = decode.PRESETS[model]["num_hidden_layers"]
     tiles = "tuned on rank 0's GPU, run by every rank (gemv_tiles)" if gemv_tune.enabled() else \
         f"by rule ({gemv_tune.ENV}=0)"
+    tiles += ", launched with PDL" if gemv.pdl_from_env(dev) else ", launched without PDL"
     settings = decode.settings_of(model, dev, decode.dtype_for(dev), prompt, output, batches, modes, iters, warmup,
                                   graphs, seed, host_prep_us)
     settings.update(degrees=sorted(degrees), backend="nccl" if dev.type == "cuda" else "gloo",
