@@ -13,13 +13,21 @@
  * is (returning ncclInProgress); or none. Around its first launch it notes the fake driver's last wait kernel, so
  * a test can tell where the interposer queued the operation's wait. fake_nccl_fail_next: the next operation
  * returns that error and launches nothing.
+ *
+ * FAKE_NCCL_RENDEZVOUS=FILE (a multi-process test's ranks, one file a job): each all-reduce waits in its call until
+ * every rank of the communicator has made as many, as a real one's kernel waits for the last rank. Without it no
+ * rank waits for another, and a rank that falls behind stays behind.
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
 
-typedef struct { int nranks, rank; } comm;
+typedef struct { int nranks, rank; long long *calls; } comm; /* calls: FAKE_NCCL_RENDEZVOUS's, one count a rank */
 typedef struct { char internal[128]; } ncclUniqueId;
 
 static long long g_ops, g_group_starts, g_group_ends;
@@ -104,14 +112,42 @@ static int queued(void) { return g_launch && g_mode == KERNEL_ELSEWHERE && g_dep
 int ncclCommInitRank(comm **c, int nranks, ncclUniqueId id, int rank) {
     (void)id;
     if (!(*c = malloc(sizeof **c))) return 1;
-    (*c)->nranks = nranks, (*c)->rank = rank;
+    (*c)->nranks = nranks, (*c)->rank = rank, (*c)->calls = NULL;
+    const char *path = getenv("FAKE_NCCL_RENDEZVOUS");
+    if (path && nranks > 1) {
+        size_t len = (size_t)nranks * sizeof(long long);
+        int fd = open(path, O_RDWR | O_CREAT, 0600);
+        void *m = MAP_FAILED;
+        if (fd >= 0 && ftruncate(fd, (off_t)len) == 0) m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (fd >= 0) close(fd);
+        if (m == MAP_FAILED) return free(*c), 2;
+        (*c)->calls = m;
+    }
     return 0;
+}
+/* FAKE_NCCL_RENDEZVOUS: this rank's all-reduce counted, then a wait for every rank's (10 s at most: an error) */
+static int rendezvous(comm *c) {
+    if (!c->calls) return 0;
+    long long mine = __atomic_add_fetch(&c->calls[c->rank], 1, __ATOMIC_SEQ_CST);
+    struct timespec pause = {0, 20000};
+    for (int spins = 0; spins < 500000; spins++) {
+        int behind = 0;
+        for (int r = 0; r < c->nranks; r++) behind |= __atomic_load_n(&c->calls[r], __ATOMIC_SEQ_CST) < mine;
+        if (!behind) return 0;
+        nanosleep(&pause, NULL);
+    }
+    return 5;
 }
 int ncclCommCount(const comm *c, int *n) { if (!c) return 4; *n = c->nranks; return 0; }
 int ncclCommUserRank(const comm *c, int *r) { if (!c) return 4; *r = c->rank; return 0; }
-int ncclCommDestroy(comm *c) { free(c); return 0; }
+int ncclCommDestroy(comm *c) {
+    if (c && c->calls) munmap(c->calls, (size_t)c->nranks * sizeof(long long));
+    free(c);
+    return 0;
+}
 
 int ncclAllReduce(const void *s, void *r, size_t n, int t, int op, comm *c, void *st) {
+    if (rendezvous(c)) return 5;
     ISSUE(st);
     if (op == 0) times(r, s, n, t, c->nranks); else memmove(r, s, n * tsize(t));
     return queued();
