@@ -76,8 +76,8 @@ class World:
             def started(self):
                 world.pool_started = True
 
-            def open(self):
-                assert world.pool_started
+            def open(self, at_once=None):
+                assert world.pool_started and at_once == concurrency.MAKING_AT_ONCE
                 world.pool_open = True
 
             def run(self, n, direction, iters):
@@ -182,3 +182,72 @@ def test_a_worker_whose_parent_is_gone_leaves_quietly(monkeypatch, gone):
     child.close()
     if reader.ident is not None:
         reader.join()
+
+
+def test_sessions_open_at_most_so_many_at_once(monkeypatch):
+    """open_all(at_once=k): never more than k sessions being made at one time, every one made, in order."""
+    lock, busy, peak = threading.Lock(), [0], [0]
+
+    class Session:
+        def __init__(self, device, mem, nbytes, own_context=False):
+            with lock:
+                busy[0] += 1
+                peak[0] = max(peak[0], busy[0])
+            time.sleep(0.02)
+            with lock:
+                busy[0] -= 1
+            self.nbytes = nbytes
+
+    monkeypatch.setattr(sessions.core, "Session", Session)
+    got = sessions.open_all(0, [("pinned", n, True) for n in range(10)], at_once=3)
+    assert [s.nbytes for s in got] == list(range(10)) and peak[0] == 3
+
+
+def _pool_of_threads(n, ready_after):
+    """A ProcessPool whose workers are threads at the pipes' other ends: each answers started, then ready
+    ready_after[i] s after it is told to open; what each was told, and how many were opening at once."""
+    pool = concurrency.ProcessPool.__new__(concurrency.ProcessPool)
+    pool.procs, pool.conns, pool._started = [], [], False
+    lock, busy, peak, told, threads = threading.Lock(), [0], [0], [], []
+
+    def worker(i, conn):
+        conn.send(("started",))
+        msg = conn.recv()
+        if msg[0] != "open":
+            return
+        with lock:
+            told.append(i)
+            busy[0] += 1
+            peak[0] = max(peak[0], busy[0])
+        time.sleep(abs(ready_after[i]))
+        with lock:
+            busy[0] -= 1
+        conn.send(("ready",) if ready_after[i] >= 0 else ("error", "no context"))
+        conn.recv()
+
+    for i in range(n):
+        parent, child = mp.Pipe()
+        pool.conns.append(parent)
+        threads.append(threading.Thread(target=worker, args=(i, child), daemon=True))
+        threads[-1].start()
+    return pool, told, peak, threads
+
+
+def test_workers_open_at_most_so_many_at_once():
+    """ProcessPool.open(at_once=k): the next worker is told to open as soon as any one is ready, never more than k
+    opening at a time, every worker opened; a worker's error is raised in its words."""
+    delays = [0.05, 0.01, 0.03, 0.01, 0.02, 0.01, 0.04, 0.01]
+    pool, told, peak, threads = _pool_of_threads(len(delays), delays)
+    pool.open(at_once=3)
+    assert sorted(told) == list(range(len(delays))) and peak[0] == 3
+    pool.__exit__(None, None, None)
+    for t in threads:
+        t.join(timeout=5)
+    pool, told, peak, threads = _pool_of_threads(4, [0.01, 0.01, 0.01, 0.01])
+    pool.open()  # all at once
+    assert peak[0] == 4
+    pool.__exit__(None, None, None)
+    pool, _, _, _ = _pool_of_threads(3, [0.01, -1, 0.01])
+    with pytest.raises(GpuError, match="probe worker process 1: no context"):
+        pool.open(at_once=2)
+    pool.__exit__(None, None, None)
