@@ -58,8 +58,9 @@ class World:
         if mode == self.fail_mode:
             raise RuntimeError(f"{mode} failed")
 
-    def run_workers(self, sessions, direction, nbytes, iters):
+    def run_workers(self, sessions, direction, nbytes, iters, streams=None):
         self.measured("contexts" if sessions[0].own else "threads")
+        self.log.append(("workers", (len(set(map(id, sessions))), tuple(streams or ()))))
         return [core.CopyOut(0.0, 1e6, 0.0, 55e3) for _ in sessions]
 
     def pool(self, n, device, nbytes):
@@ -115,6 +116,10 @@ def test_rows_as_before_and_no_set_up_beside_a_measurement(monkeypatch, quick):
     assert steps.index(f"contexts: opening {max(ns)} sessions") < steps.index(
         f"processes: closing contexts, opening {max(ns)} workers")
     assert steps[0] == f"streams: opening one context with {max(ns)} streams"
+    # the threads mode: a thread on each of the streams session's streams, no session of its own
+    assert opened.count(False) == 1
+    threads = [got for what, got in world.log if what == "workers" and got[1]]
+    assert threads and set(threads) == {(1, tuple(range(n))) for n in ns}
 
 
 @pytest.mark.parametrize("mode", ["threads", "contexts", "processes"])

@@ -182,6 +182,20 @@ def scaling(ctx):
         row = Row.of("concurrency.scaling", "aggregate_bandwidth", "GB/s", samples, mode=mode, dir=direction, n=n)
         rows.append(row)
 
+    def sessions_mode(mode: str, sessions: list[core.Session], streams: list[int] | None = None) -> None:
+        for direction in ("h2d", "d2h"):
+            for n in ns:
+                ctx.step(f"{mode} x{n} {direction}")
+                iters = _worker_iters(total, n, nbytes)
+                picked = None if streams is None else streams[:n]
+                record(mode, direction, n, settled(
+                    lambda: core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters,
+                                                                 streams=picked)),
+                    settle_after(reps), reps))
+
+    # The threads mode's threads each drive one stream of the streams mode's session, with that stream's own
+    # buffers: N threads on the primary context, each with its stream and buffers, as N sessions of one stream
+    # there would be, without making and filling a second set.
     ctx.step(f"streams: opening one context with {nmax} streams")
     with core.Session(ctx.device, "pinned", nbytes, nstreams=nmax) as s:
         for direction in ("h2d", "d2h"):
@@ -191,22 +205,7 @@ def scaling(ctx):
                 s.copy(direction, nbytes, 2 * n, nstreams=n)
                 record("streams", direction, n,
                        settled(lambda: _streams_gbps(s, direction, nbytes, iters, n), settle_after(reps), reps))
-
-    def sessions_mode(mode: str, sessions: list[core.Session]) -> None:
-        for direction in ("h2d", "d2h"):
-            for n in ns:
-                ctx.step(f"{mode} x{n} {direction}")
-                iters = _worker_iters(total, n, nbytes)
-                record(mode, direction, n, settled(
-                    lambda: core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters)),
-                    settle_after(reps), reps))
-
-    ctx.step(f"threads: opening {nmax} sessions")
-    sessions = open_all(ctx.device, [("pinned", nbytes, False)] * nmax)
-    try:
-        sessions_mode("threads", sessions)
-    finally:
-        close_all(sessions)
+        sessions_mode("threads", [s] * nmax, streams=list(range(nmax)))
 
     # The last two modes' set-ups overlap each other, never a measurement: the workers start (interpreters, imports,
     # the driver; no context) while this process makes its contexts, and this process destroys its contexts while

@@ -182,33 +182,34 @@ static CUresult issue_copy(ccb_session *s, int dir, int i, size_t bytes) {
 }
 
 /*
- * iters copies of `bytes`, round-robin over the session's first `nstreams`
- * streams. sync_every=k>0: after every k copies all streams are waited for
- * and the group's wall time becomes one entry of samples_ns (k=1: per-copy
- * latency; k=nstreams: one copy on each stream per round). sync_every=0: all
- * copies are queued and waited for once (sustained bandwidth). incall_ns is
- * how long the host thread sat inside the copy calls themselves.
+ * iters copies of `bytes`, round-robin over the session's streams first..first+nstreams-1. sync_every=k>0: after
+ * every k copies all those streams are waited for and the group's wall time becomes one entry of samples_ns (k=1:
+ * per-copy latency; k=nstreams: one copy on each stream per round). sync_every=0: all copies are queued and waited
+ * for once (sustained bandwidth). incall_ns is how long the host thread sat inside the copy calls themselves.
  */
-int ccb_copy(ccb_session *s, int dir, size_t bytes, int nstreams, int iters, int sync_every,
-             double *samples_ns, ccb_copy_out *out) {
+static int copy_on(ccb_session *s, int dir, size_t bytes, int first, int nstreams, int iters, int sync_every,
+                   double *samples_ns, ccb_copy_out *out) {
     if (bytes > s->max_bytes) { set_err("copy size %zu exceeds session buffers (%zu)", bytes, s->max_bytes); return -1; }
-    if (nstreams < 1 || nstreams > s->nstreams) { set_err("nstreams %d outside 1..%d", nstreams, s->nstreams); return -1; }
+    if (first < 0 || nstreams < 1 || first + nstreams > s->nstreams) {
+        set_err("streams %d..%d outside 0..%d", first, first + nstreams - 1, s->nstreams - 1);
+        return -1;
+    }
     CK(cu.CtxSetCurrent(s->ctx));
     double incall = 0, t0 = ccb_now_ns(), g0 = t0;
     int g = 0;
     for (int k = 0; k < iters; k++) {
         double a = ccb_now_ns();
-        CK(issue_copy(s, dir, k % nstreams, bytes));
+        CK(issue_copy(s, dir, first + k % nstreams, bytes));
         double b = ccb_now_ns();
         incall += b - a;
         if (sync_every > 0 && (k + 1) % sync_every == 0) {
-            for (int i = 0; i < nstreams; i++) CK(cu.StreamSynchronize(s->stream[i]));
+            for (int i = first; i < first + nstreams; i++) CK(cu.StreamSynchronize(s->stream[i]));
             double t = ccb_now_ns();
             if (samples_ns) samples_ns[g++] = t - g0;
             g0 = t;
         }
     }
-    for (int i = 0; i < nstreams; i++) CK(cu.StreamSynchronize(s->stream[i]));
+    for (int i = first; i < first + nstreams; i++) CK(cu.StreamSynchronize(s->stream[i]));
     out->start_ns = t0;
     out->end_ns = ccb_now_ns();
     out->incall_ns = incall;
@@ -216,6 +217,12 @@ int ccb_copy(ccb_session *s, int dir, size_t bytes, int nstreams, int iters, int
     return 0;
 fail:
     return -1;
+}
+
+int ccb_copy(ccb_session *s, int dir, size_t bytes, int nstreams, int iters, int sync_every,
+             double *samples_ns, ccb_copy_out *out) {
+    if (nstreams < 1 || nstreams > s->nstreams) { set_err("nstreams %d outside 1..%d", nstreams, s->nstreams); return -1; }
+    return copy_on(s, dir, bytes, 0, nstreams, iters, sync_every, samples_ns, out);
 }
 
 /* A start gate: workers warm up, check in, and wait until the caller opens it. */
@@ -227,7 +234,7 @@ typedef struct {
 
 typedef struct {
     ccb_session *s;
-    int dir, iters, warmup;
+    int stream, dir, iters, warmup;
     size_t bytes;
     gate_t *gate;
     ccb_copy_out out;
@@ -238,27 +245,29 @@ typedef struct {
 static void *worker_main(void *p) {
     worker_arg *w = p;
     ccb_copy_out warm;
-    w->rc = ccb_copy(w->s, w->dir, w->bytes, 1, w->warmup, 0, NULL, &warm);
+    w->rc = copy_on(w->s, w->dir, w->bytes, w->stream, 1, w->warmup, 0, NULL, &warm);
     pthread_mutex_lock(&w->gate->mu);
     w->gate->ready++;
     pthread_cond_broadcast(&w->gate->cv);
     while (!w->gate->open) pthread_cond_wait(&w->gate->cv, &w->gate->mu);
     int abort = w->gate->abort;
     pthread_mutex_unlock(&w->gate->mu);
-    if (w->rc == 0 && !abort) w->rc = ccb_copy(w->s, w->dir, w->bytes, 1, w->iters, 0, NULL, &w->out);
+    if (w->rc == 0 && !abort) w->rc = copy_on(w->s, w->dir, w->bytes, w->stream, 1, w->iters, 0, NULL, &w->out);
     if (w->rc != 0) memcpy(w->err, g_err, sizeof w->err);
     return NULL;
 }
 
-/* One thread per session, all released together after their warm-up. */
-int ccb_workers(ccb_session **sessions, int n, int dir, size_t bytes, int iters, int warmup, ccb_copy_out *outs) {
+/* One thread per (session, stream), all released together after their warm-up; streams NULL: stream 0 of each. */
+int ccb_workers(ccb_session **sessions, const int *streams, int n, int dir, size_t bytes, int iters, int warmup,
+                ccb_copy_out *outs) {
     pthread_t th[CCB_MAX_STREAMS];
     worker_arg args[CCB_MAX_STREAMS];
     gate_t gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0};
     if (n < 1 || n > CCB_MAX_STREAMS) { set_err("worker count %d outside 1..%d", n, CCB_MAX_STREAMS); return -1; }
     int started = 0, rc = 0;
     for (int i = 0; i < n; i++) {
-        args[i] = (worker_arg){.s = sessions[i], .dir = dir, .iters = iters, .warmup = warmup, .bytes = bytes, .gate = &gate};
+        args[i] = (worker_arg){.s = sessions[i], .stream = streams ? streams[i] : 0, .dir = dir, .iters = iters,
+                               .warmup = warmup, .bytes = bytes, .gate = &gate};
         if (pthread_create(&th[i], NULL, worker_main, &args[i]) != 0) break;
         started++;
     }
