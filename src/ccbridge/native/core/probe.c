@@ -41,15 +41,49 @@ fail:
 }
 
 /* Fill with non-zero pseudo-random bytes: zeros hide unwritten outputs. */
-static void fill_random(void *p, size_t n, uint64_t seed) {
+static void fill_part(unsigned char *b, size_t n, uint64_t seed) {
     uint64_t x = seed | 1;
-    unsigned char *b = p;
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         x ^= x << 13; x ^= x >> 7; x ^= x << 17;
         memcpy(b + i, &x, 8);
     }
     for (; i < n; i++) b[i] = (unsigned char)(x >> (8 * (i & 7))) | 1;
+}
+
+/* A buffer is filled in up to FILL_PARTS parts of at least FILL_PART_MIN bytes, each by a thread of its own with a
+ * seed of its own: one thread filled (and, pageable, faulted in) 1 GiB in about 0.7 s, the transfer family's set-up
+ * before its first copy. Nothing is measured while a session opens. */
+#define FILL_PARTS 8
+#define FILL_PART_MIN ((size_t)4 << 20)
+
+typedef struct {
+    unsigned char *b;
+    size_t n;
+    uint64_t seed;
+} fill_arg;
+
+static void *fill_main(void *p) {
+    fill_arg *a = p;
+    fill_part(a->b, a->n, a->seed);
+    return NULL;
+}
+
+static void fill_random(void *p, size_t n, uint64_t seed) {
+    size_t parts = n / FILL_PART_MIN < FILL_PARTS ? n / FILL_PART_MIN : FILL_PARTS;
+    if (parts < 2) { fill_part(p, n, seed); return; }
+    size_t step = (n / parts) & ~(size_t)7;
+    pthread_t th[FILL_PARTS];
+    fill_arg args[FILL_PARTS];
+    int made[FILL_PARTS] = {0};
+    for (size_t k = 0; k < parts; k++) {
+        size_t at = k * step;
+        args[k] = (fill_arg){(unsigned char *)p + at, k + 1 < parts ? step : n - at, seed ^ 0xD1B54A32D192ED03ull * k};
+        made[k] = k > 0 && pthread_create(&th[k], NULL, fill_main, &args[k]) == 0;
+        if (k > 0 && !made[k]) fill_part(args[k].b, args[k].n, args[k].seed); /* no thread: filled here */
+    }
+    fill_part(args[0].b, args[0].n, args[0].seed);
+    for (size_t k = 1; k < parts; k++) if (made[k]) pthread_join(th[k], NULL);
 }
 
 struct ccb_session {
