@@ -256,3 +256,27 @@ def test_workers_open_at_most_so_many_at_once():
     with pytest.raises(GpuError, match="probe worker process 1: no context"):
         pool.open(at_once=2)
     pool.__exit__(None, None, None)
+
+
+def test_run_workers_refuses_streams_that_are_not_one_per_session(monkeypatch):
+    """REVIEW (rev32), a defect: run_workers(sessions, ..., streams=) built a c_int array of len(sessions) from
+    streams, so a shorter list was zero-filled in silence (workers past its end all on stream 0, sharing one
+    stream and its buffers: a different measurement, no error) and a longer one raised IndexError from ctypes.
+    Each session must have its stream: anything else is refused before the native call."""
+    called = []
+
+    class Lib:
+        def ccb_workers(self, handles, picked, n, *rest):
+            called.append(None if picked is None else list(picked))
+            return 0
+
+    class S:
+        handle = None
+
+    monkeypatch.setattr(core, "lib", lambda: Lib())
+    for streams in ([0, 1], [0, 1, 2, 3]):
+        with pytest.raises(ValueError, match="streams: 3 sessions, 2 streams|streams: 3 sessions, 4 streams"):
+            core.run_workers([S()] * 3, "h2d", 64, 1, streams=streams)
+    assert called == []
+    core.run_workers([S()] * 3, "h2d", 64, 1, streams=[0, 1, 2])
+    assert called == [[0, 1, 2]]
