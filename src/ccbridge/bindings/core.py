@@ -183,6 +183,8 @@ def run_workers(sessions: list[Session], direction: str, nbytes: int, iters: int
     """One thread per session, released together; each copies on its own stream: stream 0 of its session, or
     streams[i] of sessions[i] (one session's streams may each have their thread)."""
     n = len(sessions)
+    if streams is not None and len(streams) != n:  # (c_int * n) would zero-fill a short list: threads sharing stream 0
+        raise ValueError(f"run_workers streams: {n} sessions, {len(streams)} streams")
     handles = (c_void_p * n)(*[s.handle for s in sessions])
     picked = None if streams is None else (c_int * n)(*streams)
     outs = (CopyOut * n)()
