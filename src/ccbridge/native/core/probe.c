@@ -8,7 +8,7 @@
  * A "session" is one context (the device's primary context, or a context of
  * its own) with its streams and one host + one device buffer per stream.
  * Sessions are what the concurrency tests multiply: N streams in one session,
- * N sessions on the primary context (threads), N sessions with contexts of
+ * a thread on each of those N streams (threads), N sessions with contexts of
  * their own, or one session per process.
  */
 #define _GNU_SOURCE /* RTLD_DEFAULT */
