@@ -280,3 +280,25 @@ def test_run_workers_refuses_streams_that_are_not_one_per_session(monkeypatch):
     assert called == []
     core.run_workers([S()] * 3, "h2d", 64, 1, streams=[0, 1, 2])
     assert called == [[0, 1, 2]]
+
+
+def test_open_sessions_all_or_none_at_most_so_many_at_once(monkeypatch):
+    """REVIEW (rev32), coverage: with at_once, failures among sessions made k at a time (the second and the sixth of
+    eight) raise the first in spec order, once, and every session made is closed."""
+    made = []
+
+    class Session:
+        def __init__(self, device, mem, nbytes, own_context=False):
+            time.sleep(0.005)
+            if nbytes in (1, 5):
+                raise GpuError(f"no context {nbytes}")
+            self.closed = False
+            made.append(self)
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(sessions.core, "Session", Session)
+    with pytest.raises(GpuError, match="^no context 1$"):
+        sessions.open_all(0, [("pinned", n, True) for n in range(8)], at_once=2)
+    assert len(made) == 6 and all(s.closed for s in made)
