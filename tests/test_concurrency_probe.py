@@ -58,8 +58,9 @@ class World:
         if mode == self.fail_mode:
             raise RuntimeError(f"{mode} failed")
 
-    def run_workers(self, sessions, direction, nbytes, iters):
+    def run_workers(self, sessions, direction, nbytes, iters, streams=None):
         self.measured("contexts" if sessions[0].own else "threads")
+        self.log.append(("workers", (len(set(map(id, sessions))), tuple(streams or ()))))
         return [core.CopyOut(0.0, 1e6, 0.0, 55e3) for _ in sessions]
 
     def pool(self, n, device, nbytes):
@@ -76,8 +77,8 @@ class World:
             def started(self):
                 world.pool_started = True
 
-            def open(self):
-                assert world.pool_started
+            def open(self, at_once=None):
+                assert world.pool_started and at_once == concurrency.MAKING_AT_ONCE
                 world.pool_open = True
 
             def run(self, n, direction, iters):
@@ -115,6 +116,10 @@ def test_rows_as_before_and_no_set_up_beside_a_measurement(monkeypatch, quick):
     assert steps.index(f"contexts: opening {max(ns)} sessions") < steps.index(
         f"processes: closing contexts, opening {max(ns)} workers")
     assert steps[0] == f"streams: opening one context with {max(ns)} streams"
+    # the threads mode: a thread on each of the streams session's streams, no session of its own
+    assert opened.count(False) == 1
+    threads = [got for what, got in world.log if what == "workers" and got[1]]
+    assert threads and set(threads) == {(1, tuple(range(n))) for n in ns}
 
 
 @pytest.mark.parametrize("mode", ["threads", "contexts", "processes"])
@@ -182,3 +187,118 @@ def test_a_worker_whose_parent_is_gone_leaves_quietly(monkeypatch, gone):
     child.close()
     if reader.ident is not None:
         reader.join()
+
+
+def test_sessions_open_at_most_so_many_at_once(monkeypatch):
+    """open_all(at_once=k): never more than k sessions being made at one time, every one made, in order."""
+    lock, busy, peak = threading.Lock(), [0], [0]
+
+    class Session:
+        def __init__(self, device, mem, nbytes, own_context=False):
+            with lock:
+                busy[0] += 1
+                peak[0] = max(peak[0], busy[0])
+            time.sleep(0.02)
+            with lock:
+                busy[0] -= 1
+            self.nbytes = nbytes
+
+    monkeypatch.setattr(sessions.core, "Session", Session)
+    got = sessions.open_all(0, [("pinned", n, True) for n in range(10)], at_once=3)
+    assert [s.nbytes for s in got] == list(range(10)) and peak[0] == 3
+
+
+def _pool_of_threads(n, ready_after):
+    """A ProcessPool whose workers are threads at the pipes' other ends: each answers started, then ready
+    ready_after[i] s after it is told to open; what each was told, and how many were opening at once."""
+    pool = concurrency.ProcessPool.__new__(concurrency.ProcessPool)
+    pool.procs, pool.conns, pool._started = [], [], False
+    lock, busy, peak, told, threads = threading.Lock(), [0], [0], [], []
+
+    def worker(i, conn):
+        conn.send(("started",))
+        msg = conn.recv()
+        if msg[0] != "open":
+            return
+        with lock:
+            told.append(i)
+            busy[0] += 1
+            peak[0] = max(peak[0], busy[0])
+        time.sleep(abs(ready_after[i]))
+        with lock:
+            busy[0] -= 1
+        conn.send(("ready",) if ready_after[i] >= 0 else ("error", "no context"))
+        conn.recv()
+
+    for i in range(n):
+        parent, child = mp.Pipe()
+        pool.conns.append(parent)
+        threads.append(threading.Thread(target=worker, args=(i, child), daemon=True))
+        threads[-1].start()
+    return pool, told, peak, threads
+
+
+def test_workers_open_at_most_so_many_at_once():
+    """ProcessPool.open(at_once=k): the next worker is told to open as soon as any one is ready, never more than k
+    opening at a time, every worker opened; a worker's error is raised in its words."""
+    delays = [0.05, 0.01, 0.03, 0.01, 0.02, 0.01, 0.04, 0.01]
+    pool, told, peak, threads = _pool_of_threads(len(delays), delays)
+    pool.open(at_once=3)
+    assert sorted(told) == list(range(len(delays))) and peak[0] == 3
+    pool.__exit__(None, None, None)
+    for t in threads:
+        t.join(timeout=5)
+    pool, told, peak, threads = _pool_of_threads(4, [0.01, 0.01, 0.01, 0.01])
+    pool.open()  # all at once
+    assert peak[0] == 4
+    pool.__exit__(None, None, None)
+    pool, _, _, _ = _pool_of_threads(3, [0.01, -1, 0.01])
+    with pytest.raises(GpuError, match="probe worker process 1: no context"):
+        pool.open(at_once=2)
+    pool.__exit__(None, None, None)
+
+
+def test_run_workers_refuses_streams_that_are_not_one_per_session(monkeypatch):
+    """REVIEW (rev32), a defect: run_workers(sessions, ..., streams=) built a c_int array of len(sessions) from
+    streams, so a shorter list was zero-filled in silence (workers past its end all on stream 0, sharing one
+    stream and its buffers: a different measurement, no error) and a longer one raised IndexError from ctypes.
+    Each session must have its stream: anything else is refused before the native call."""
+    called = []
+
+    class Lib:
+        def ccb_workers(self, handles, picked, n, *rest):
+            called.append(None if picked is None else list(picked))
+            return 0
+
+    class S:
+        handle = None
+
+    monkeypatch.setattr(core, "lib", lambda: Lib())
+    for streams in ([0, 1], [0, 1, 2, 3]):
+        with pytest.raises(ValueError, match="streams: 3 sessions, 2 streams|streams: 3 sessions, 4 streams"):
+            core.run_workers([S()] * 3, "h2d", 64, 1, streams=streams)
+    assert called == []
+    core.run_workers([S()] * 3, "h2d", 64, 1, streams=[0, 1, 2])
+    assert called == [[0, 1, 2]]
+
+
+def test_open_sessions_all_or_none_at_most_so_many_at_once(monkeypatch):
+    """REVIEW (rev32), coverage: with at_once, failures among sessions made k at a time (the second and the sixth of
+    eight) raise the first in spec order, once, and every session made is closed."""
+    made = []
+
+    class Session:
+        def __init__(self, device, mem, nbytes, own_context=False):
+            time.sleep(0.005)
+            if nbytes in (1, 5):
+                raise GpuError(f"no context {nbytes}")
+            self.closed = False
+            made.append(self)
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(sessions.core, "Session", Session)
+    with pytest.raises(GpuError, match="^no context 1$"):
+        sessions.open_all(0, [("pinned", n, True) for n in range(8)], at_once=2)
+    assert len(made) == 6 and all(s.closed for s in made)

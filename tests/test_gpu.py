@@ -58,6 +58,15 @@ def test_workers_threads_and_contexts():
                 s.close()
 
 
+def test_workers_on_the_streams_of_one_session():
+    """A thread on each stream of one session (the threads mode); a stream the session lacks is refused."""
+    with core.Session(0, "pinned", 8 << 20, nstreams=3) as s:
+        outs = core.run_workers([s] * 3, "d2h", 8 << 20, 4, streams=[0, 1, 2])
+        assert len(outs) == 3 and all(o.bytes == 4 * (8 << 20) for o in outs)
+        with pytest.raises(GpuError, match="streams 3..3 outside 0..2"):
+            core.run_workers([s], "h2d", 8 << 20, 1, streams=[3])
+
+
 def test_launch_modes_give_positive_costs():
     with core.Session(0, "pinned", 64) as s:
         for mode in (core.LAUNCH_PIPELINED, core.LAUNCH_WAIT, core.LAUNCH_GRAPH):

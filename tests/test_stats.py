@@ -46,6 +46,18 @@ def test_settled_stops_once_samples_agree_and_repeats_noisy_ones():
     assert settled(lambda: next(objects), 2, 3, value=lambda o: o[1]) == [(1, 100.0), (2, 100.5)]
 
 
+def test_settled_judges_each_figure_of_a_sample():
+    """A sample of several figures (one round making two rows) stops only once every figure agrees."""
+    from ccbridge.stats import settled
+
+    both = iter([(1.0, 0.5), (1.01, 0.505), (9.0, 9.0)])
+    assert settled(lambda: next(both), 2, 3, value=tuple) == [(1.0, 0.5), (1.01, 0.505)]
+    second_apart = iter([(1.0, 0.5), (1.0, 0.6), (1.0, 0.55), (9.0, 9.0)])
+    assert settled(lambda: next(second_apart), 2, 3, value=tuple) == [(1.0, 0.5), (1.0, 0.6), (1.0, 0.55)]
+    first_apart = iter([(1.0, 0.5), (1.1, 0.5), (1.0, 0.5)])
+    assert len(settled(lambda: next(first_apart), 2, 3, value=tuple)) == 3
+
+
 def test_settled_judges_from_more_than_half_the_allowed_samples():
     """Of five allowed, two agreeing samples do not stop it (the other three could all lie on one side, and the
     median of five with them), three do; of three allowed, two do. Whatever the samples not taken, the median of

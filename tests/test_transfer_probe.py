@@ -88,3 +88,27 @@ def test_bandwidth_stops_early_only_when_the_samples_agree(monkeypatch, noisy):
         counts = {r.n for r in rows if r.metric in ("bandwidth", "in_call_fraction")}
         assert counts == ({reps} if noisy else {{3: 2, 5: 3}[reps]})
         assert state["closed_after"] == [len(state["log"])] * 2
+
+
+def test_latency_takes_the_pilots_second_copy_and_as_many_samples_as_planned(monkeypatch):
+    """Each case's latency row: the pilot's second copy (timed alone, after one of its size) and n - 1 more timed
+    alone, n as planned from the pilot; the copies timed alone are the pilot's two and those n - 1."""
+    state = {"emulating": False, "paused": False, "log": []}
+    monkeypatch.setattr(transfer, "emulating", lambda: False)
+    monkeypatch.setattr(sessions.core, "Session", lambda *a, **kw: FakeSession(state, *a, **kw))
+    calls = []
+    real = FakeSession.copy
+
+    def copy(self, direction, nbytes, iters, nstreams=1, sync_every=0):
+        calls.append((nbytes, iters, sync_every))
+        return real(self, direction, nbytes, iters, nstreams, sync_every)
+
+    monkeypatch.setattr(FakeSession, "copy", copy)
+    ctx = registry.ProbeContext(registry.Settings(quick=True), registry.Machine(gpu_count=1))
+    rows = transfer.sweep(ctx)
+    for r in (r for r in rows if r.metric == "latency"):
+        alone = [k for b, k, every in calls if b == r.params["bytes"] and every == 1]
+        size = r.params["bytes"]
+        want = transfer.plan_iters(size / 10.0 / 1e9, 0.03, 3, 200)  # the fake copies at 10 GB/s
+        assert r.n == want and r.median == pytest.approx(size / 10.0 / 1e3)
+        assert alone.count(2) >= 1 and sum(alone) == 4 * (want + 1)  # 2 directions x 2 kinds, each 2 + want - 1

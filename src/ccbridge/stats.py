@@ -52,24 +52,30 @@ def settle_after(max_reps: int) -> int:
     return max_reps // 2 + 1
 
 
-def settled(sample: Callable[[], T], lo: int, hi: int, value: Callable[[T], float] = float,
+def settled(sample: Callable[[], T], lo: int, hi: int, value: Callable[[T], float | tuple[float, ...]] = float,
             spread: float = SETTLED_SPREAD, scale: float | None = None) -> list[T]:
     """Samples of sample(): lo of them (settle_after(hi) for a stop that holds), then one more at a time, up to hi,
     while their values' spread (max - min) is over `spread` of their median (of `scale` where given: values near 0,
-    such as fractions of a whole, are judged against the whole). Bandwidth samples of a DMA engine often agree to
-    0.5% from the start, so a probe stops there instead of repeating what it already knows; noisy ones still get
-    every repetition.
+    such as fractions of a whole, are judged against the whole). Where value gives several figures of one sample
+    (a round that makes two rows), each figure is judged so, and the samples stop only once every one agrees.
+    Bandwidth samples of a DMA engine often agree to 0.5% from the start, so a probe stops there instead of
+    repeating what it already knows; noisy ones still get every repetition.
 
     Why that is enough: with more than half of the hi allowed samples taken (lo = settle_after(hi)), the median of
     all hi samples lies within the range of those taken, whatever the rest would be (more than half of them at or
     above its low end, more than half at or below its high end). So a stop leaves the median within `spread` of
     where every repetition would put it; within spread/2 where two of three stop it (their midpoint, and the
     third's median clamped to their range)."""
+    def agree(xs: list[float]) -> bool:
+        xs = sorted(xs)
+        ref = percentile(xs, 50) if scale is None else scale
+        return ref > 0 and (xs[-1] - xs[0]) <= spread * ref
+
     out = [sample() for _ in range(lo)]
     while len(out) < hi:
-        xs = sorted(value(s) for s in out)
-        ref = percentile(xs, 50) if scale is None else scale
-        if ref > 0 and (xs[-1] - xs[0]) <= spread * ref:
+        figures = [value(s) for s in out]
+        columns = zip(*figures) if isinstance(figures[0], tuple) else [figures]
+        if all(agree(list(col)) for col in columns):
             break
         out.append(sample())
     return out

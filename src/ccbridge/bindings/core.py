@@ -56,7 +56,7 @@ FUNCTIONS = {
     "ccb_session_close": (None, [c_void_p]),
     "ccb_verify": (c_int, [c_void_p, c_size_t]),
     "ccb_copy": (c_int, [c_void_p, c_int, c_size_t, c_int, c_int, c_int, _D, POINTER(CopyOut)]),
-    "ccb_workers": (c_int, [POINTER(c_void_p), c_int, c_int, c_size_t, c_int, c_int, POINTER(CopyOut)]),
+    "ccb_workers": (c_int, [POINTER(c_void_p), POINTER(c_int), c_int, c_int, c_size_t, c_int, c_int, POINTER(CopyOut)]),
     "ccb_launch": (c_int, [c_void_p, c_int, c_int, _D]),
     "ccb_kernel_gap": (c_int, [c_void_p, c_int, c_int, _D]),
     "ccb_stamp": (c_int, [c_void_p, c_ulonglong]),
@@ -178,12 +178,17 @@ def stamp(stream: int, at: int) -> None:
     _check(lib().ccb_stamp(stream or None, at))
 
 
-def run_workers(sessions: list[Session], direction: str, nbytes: int, iters: int, warmup: int = 2) -> list[CopyOut]:
-    """One thread per session, released together; each copies on its own stream."""
+def run_workers(sessions: list[Session], direction: str, nbytes: int, iters: int, warmup: int = 2,
+                streams: list[int] | None = None) -> list[CopyOut]:
+    """One thread per session, released together; each copies on its own stream: stream 0 of its session, or
+    streams[i] of sessions[i] (one session's streams may each have their thread)."""
     n = len(sessions)
+    if streams is not None and len(streams) != n:  # (c_int * n) would zero-fill a short list: threads sharing stream 0
+        raise ValueError(f"run_workers streams: {n} sessions, {len(streams)} streams")
     handles = (c_void_p * n)(*[s.handle for s in sessions])
+    picked = None if streams is None else (c_int * n)(*streams)
     outs = (CopyOut * n)()
-    _check(lib().ccb_workers(handles, n, DIRS[direction], nbytes, iters, warmup, outs))
+    _check(lib().ccb_workers(handles, picked, n, DIRS[direction], nbytes, iters, warmup, outs))
     return list(outs)
 
 

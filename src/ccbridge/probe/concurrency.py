@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 import time
+from multiprocessing import connection
 
 from ccbridge.bindings import core
 from ccbridge.errors import GpuError
@@ -20,6 +21,12 @@ from ccbridge.stats import settle_after, settled
 
 MODES = ("streams", "threads", "contexts", "processes")
 ANSWER_TIMEOUT_S = 120
+# Contexts made at once (this process's threads, or the workers): on one H200 four at once took 0.13 s a context,
+# what one takes alone (the quick run's 4, and lifecycle's), where sixteen at once took 0.17 s a context, and
+# sixteen workers making theirs while this process destroyed its sixteen took 5.1 s, 1.5 s over the two done one
+# after the other (bench/RESULTS.md session 16, run 3): as if the driver made contexts one at a time and a crowd of
+# callers only added to that.
+MAKING_AT_ONCE = 4
 
 
 def _worker_iters(total_bytes: int, n: int, nbytes: int) -> int:
@@ -100,13 +107,22 @@ class ProcessPool:
                 self._expect(i, "started")
             self._started = True
 
-    def open(self) -> None:
-        """Each worker's context and session made (after started())."""
+    def open(self, at_once: int | None = None) -> None:
+        """Each worker's context and session made (after started()), at most `at_once` workers making theirs at a
+        time (all where None): the next is told to open as soon as one is ready."""
         self.started()
-        for c in self.conns:
-            c.send(("open",))
-        for i in range(len(self.conns)):
-            self._expect(i, "ready")
+        untold = list(range(len(self.conns)))
+        making: dict = {}  # pipe -> worker index, told to open and not yet ready
+        while untold or making:
+            while untold and len(making) < (at_once or len(self.conns)):
+                i = untold.pop(0)
+                self.conns[i].send(("open",))
+                making[self.conns[i]] = i
+            ready = connection.wait(list(making), ANSWER_TIMEOUT_S)
+            if not ready:
+                raise GpuError(f"probe worker process {min(making.values())} did not answer in {ANSWER_TIMEOUT_S} s")
+            for c in ready:
+                self._expect(making.pop(c), "ready")
 
     def _expect(self, i: int, kind: str):
         if not self.conns[i].poll(ANSWER_TIMEOUT_S):
@@ -166,6 +182,20 @@ def scaling(ctx):
         row = Row.of("concurrency.scaling", "aggregate_bandwidth", "GB/s", samples, mode=mode, dir=direction, n=n)
         rows.append(row)
 
+    def sessions_mode(mode: str, sessions: list[core.Session], streams: list[int] | None = None) -> None:
+        for direction in ("h2d", "d2h"):
+            for n in ns:
+                ctx.step(f"{mode} x{n} {direction}")
+                iters = _worker_iters(total, n, nbytes)
+                picked = None if streams is None else streams[:n]
+                record(mode, direction, n, settled(
+                    lambda: core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters,
+                                                                 streams=picked)),
+                    settle_after(reps), reps))
+
+    # The threads mode's threads each drive one stream of the streams mode's session, with that stream's own
+    # buffers: N threads on the primary context, each with its stream and buffers, as N sessions of one stream
+    # there would be, without making and filling a second set.
     ctx.step(f"streams: opening one context with {nmax} streams")
     with core.Session(ctx.device, "pinned", nbytes, nstreams=nmax) as s:
         for direction in ("h2d", "d2h"):
@@ -175,37 +205,22 @@ def scaling(ctx):
                 s.copy(direction, nbytes, 2 * n, nstreams=n)
                 record("streams", direction, n,
                        settled(lambda: _streams_gbps(s, direction, nbytes, iters, n), settle_after(reps), reps))
-
-    def sessions_mode(mode: str, sessions: list[core.Session]) -> None:
-        for direction in ("h2d", "d2h"):
-            for n in ns:
-                ctx.step(f"{mode} x{n} {direction}")
-                iters = _worker_iters(total, n, nbytes)
-                record(mode, direction, n, settled(
-                    lambda: core.aggregate_gbps(core.run_workers(sessions[:n], direction, nbytes, iters)),
-                    settle_after(reps), reps))
-
-    ctx.step(f"threads: opening {nmax} sessions")
-    sessions = open_all(ctx.device, [("pinned", nbytes, False)] * nmax)
-    try:
-        sessions_mode("threads", sessions)
-    finally:
-        close_all(sessions)
+        sessions_mode("threads", [s] * nmax, streams=list(range(nmax)))
 
     # The last two modes' set-ups overlap each other, never a measurement: the workers start (interpreters, imports,
     # the driver; no context) while this process makes its contexts, and this process destroys its contexts while
     # the workers make theirs. Each is over before the next measurement: pool.started() before the contexts mode,
-    # the closing thread joined before the processes mode.
+    # the closing thread joined before the processes mode. Contexts are made MAKING_AT_ONCE at a time.
     ctx.step(f"contexts: opening {nmax} sessions")
     with ProcessPool(nmax, ctx.device, nbytes) as pool:
-        sessions = open_all(ctx.device, [("pinned", nbytes, True)] * nmax)
+        sessions = open_all(ctx.device, [("pinned", nbytes, True)] * nmax, at_once=MAKING_AT_ONCE)
         closing = threading.Thread(target=close_all, args=(sessions,), name="ccbridge-close-contexts")
         try:
             pool.started()
             sessions_mode("contexts", sessions)
             ctx.step(f"processes: closing contexts, opening {nmax} workers")
             closing.start()
-            pool.open()
+            pool.open(at_once=MAKING_AT_ONCE)
         finally:
             if closing.ident is None:  # not started (the contexts mode failed): closed here
                 close_all(sessions)

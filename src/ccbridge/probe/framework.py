@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
 from ccbridge.emulate.interposer import emulating, emulation_paused
@@ -183,12 +184,23 @@ def copies(ctx):
     rows = []
     device_buf = torch.empty(size, dtype=torch.uint8, device=dev)
     block = torch.randint(0, 256, (MiB,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
-    for mem in ("pinned", "pageable"):
-        ctx.step(f"allocating {size // MiB} MiB {mem}")
+
+    def host_pair(mem: str):
+        """The mem kind's source, every MiB different so that a misplaced chunk is caught (uint8 wraps), and the
+        buffer its readbacks land in."""
+        torch.cuda.set_device(dev)  # this thread's device: where pinned memory is registered
         host = torch.empty(size, dtype=torch.uint8, pin_memory=mem == "pinned")
-        # every MiB different, so that a misplaced chunk is caught (uint8 wraps)
         host.view(-1, MiB).copy_(block + torch.arange(size // MiB, dtype=torch.uint8)[:, None])
-        back = torch.empty(size, dtype=torch.uint8, pin_memory=mem == "pinned")
+        return host, torch.empty(size, dtype=torch.uint8, pin_memory=mem == "pinned")
+
+    # Both kinds' buffers are made side by side before the first copy (torch lets the interpreter's lock go
+    # while it allocates and fills), each idle while the other's copies run.
+    ctx.step(f"allocating {size // MiB} MiB pinned and pageable")
+    with ThreadPoolExecutor(2, thread_name_prefix="ccbridge-alloc") as pool:
+        pairs = {mem: pool.submit(host_pair, mem) for mem in ("pinned", "pageable")}
+    for mem in ("pinned", "pageable"):
+        ctx.step(f"{mem}: H2D -> D2H round trip")
+        host, back = pairs.pop(mem).result()  # popped: freed after its copies
         device_buf.copy_(host, non_blocking=True)
         back.copy_(device_buf, non_blocking=True)
         torch.cuda.synchronize()

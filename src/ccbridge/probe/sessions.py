@@ -12,10 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 from ccbridge.bindings import core
 
 
-def open_all(device: int, specs: list[tuple[str, int, bool]]) -> list[core.Session]:
-    """One session of each (memory kind, buffer bytes, own context) on `device`, in order, opened side by side.
-    All or none: should one fail, those that opened are closed and the first failure raised."""
-    with ThreadPoolExecutor(len(specs), thread_name_prefix="ccbridge-open") as pool:
+def open_all(device: int, specs: list[tuple[str, int, bool]], at_once: int | None = None) -> list[core.Session]:
+    """One session of each (memory kind, buffer bytes, own context) on `device`, in order, opened side by side,
+    at most `at_once` at a time (all where None). All or none: should one fail, those that opened are closed and
+    the first failure raised."""
+    with ThreadPoolExecutor(min(len(specs), at_once or len(specs)), thread_name_prefix="ccbridge-open") as pool:
         futures = [pool.submit(core.Session, device, mem, nbytes, own_context=own) for mem, nbytes, own in specs]
     failed = [f.exception() for f in futures if f.exception() is not None]
     if failed:

@@ -61,8 +61,8 @@ CCB_API void ccb_session_close(ccb_session *s);
 CCB_API int ccb_verify(ccb_session *s, size_t bytes);
 CCB_API int ccb_copy(ccb_session *s, int dir, size_t bytes, int nstreams, int iters, int sync_every,
                      double *samples_ns, ccb_copy_out *out);
-CCB_API int ccb_workers(ccb_session **sessions, int n, int dir, size_t bytes, int iters, int warmup,
-                        ccb_copy_out *outs);
+CCB_API int ccb_workers(ccb_session **sessions, const int *streams, int n, int dir, size_t bytes, int iters,
+                        int warmup, ccb_copy_out *outs);
 CCB_API int ccb_launch(ccb_session *s, int mode, int n, double *ns_per_kernel);
 CCB_API int ccb_kernel_gap(ccb_session *s, int reps, int timer, double *ns);
 /* Queue a %globaltimer stamp (8 bytes, ns) at device address at on stream st of the calling thread's current

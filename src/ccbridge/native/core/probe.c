@@ -8,7 +8,7 @@
  * A "session" is one context (the device's primary context, or a context of
  * its own) with its streams and one host + one device buffer per stream.
  * Sessions are what the concurrency tests multiply: N streams in one session,
- * N sessions on the primary context (threads), N sessions with contexts of
+ * a thread on each of those N streams (threads), N sessions with contexts of
  * their own, or one session per process.
  */
 #define _GNU_SOURCE /* RTLD_DEFAULT */
@@ -41,15 +41,53 @@ fail:
 }
 
 /* Fill with non-zero pseudo-random bytes: zeros hide unwritten outputs. */
-static void fill_random(void *p, size_t n, uint64_t seed) {
+static void fill_part(unsigned char *b, size_t n, uint64_t seed) {
     uint64_t x = seed | 1;
-    unsigned char *b = p;
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         x ^= x << 13; x ^= x >> 7; x ^= x << 17;
         memcpy(b + i, &x, 8);
     }
     for (; i < n; i++) b[i] = (unsigned char)(x >> (8 * (i & 7))) | 1;
+}
+
+/* A buffer is filled in up to FILL_PARTS parts of at least FILL_PART_MIN bytes, each by a thread of its own with a
+ * seed of its own: one thread filled (and faulted in) 1 GiB of pageable memory in 0.73 s on a CPU core of the
+ * build machine (no GPU there), where the transfer family's set-up before its first copy took 1.65 s on one H200.
+ * Nothing is measured while a session opens. */
+#define FILL_PARTS 8
+#define FILL_PART_MIN ((size_t)4 << 20)
+
+typedef struct {
+    unsigned char *b;
+    size_t n;
+    uint64_t seed;
+} fill_arg;
+
+static void *fill_main(void *p) {
+    fill_arg *a = p;
+    fill_part(a->b, a->n, a->seed);
+    return NULL;
+}
+
+static void fill_random(void *p, size_t n, uint64_t seed) {
+    size_t parts = n / FILL_PART_MIN < FILL_PARTS ? n / FILL_PART_MIN : FILL_PARTS;
+    if (parts < 2) { fill_part(p, n, seed); return; }
+    /* First touch on this thread: a pageable buffer's pages land on its memory node, as when it filled them all
+     * (the fill threads may run on another socket); pinned pages are placed already, and touched again cheaply. */
+    for (size_t at = 0; at < n; at += 4096) ((volatile unsigned char *)p)[at] = 0;
+    size_t step = (n / parts) & ~(size_t)7;
+    pthread_t th[FILL_PARTS];
+    fill_arg args[FILL_PARTS];
+    int made[FILL_PARTS] = {0};
+    for (size_t k = 0; k < parts; k++) {
+        size_t at = k * step;
+        args[k] = (fill_arg){(unsigned char *)p + at, k + 1 < parts ? step : n - at, seed ^ 0xD1B54A32D192ED03ull * k};
+        made[k] = k > 0 && pthread_create(&th[k], NULL, fill_main, &args[k]) == 0;
+        if (k > 0 && !made[k]) fill_part(args[k].b, args[k].n, args[k].seed); /* no thread: filled here */
+    }
+    fill_part(args[0].b, args[0].n, args[0].seed);
+    for (size_t k = 1; k < parts; k++) if (made[k]) pthread_join(th[k], NULL);
 }
 
 struct ccb_session {
@@ -182,33 +220,34 @@ static CUresult issue_copy(ccb_session *s, int dir, int i, size_t bytes) {
 }
 
 /*
- * iters copies of `bytes`, round-robin over the session's first `nstreams`
- * streams. sync_every=k>0: after every k copies all streams are waited for
- * and the group's wall time becomes one entry of samples_ns (k=1: per-copy
- * latency; k=nstreams: one copy on each stream per round). sync_every=0: all
- * copies are queued and waited for once (sustained bandwidth). incall_ns is
- * how long the host thread sat inside the copy calls themselves.
+ * iters copies of `bytes`, round-robin over the session's streams first..first+nstreams-1. sync_every=k>0: after
+ * every k copies all those streams are waited for and the group's wall time becomes one entry of samples_ns (k=1:
+ * per-copy latency; k=nstreams: one copy on each stream per round). sync_every=0: all copies are queued and waited
+ * for once (sustained bandwidth). incall_ns is how long the host thread sat inside the copy calls themselves.
  */
-int ccb_copy(ccb_session *s, int dir, size_t bytes, int nstreams, int iters, int sync_every,
-             double *samples_ns, ccb_copy_out *out) {
+static int copy_on(ccb_session *s, int dir, size_t bytes, int first, int nstreams, int iters, int sync_every,
+                   double *samples_ns, ccb_copy_out *out) {
     if (bytes > s->max_bytes) { set_err("copy size %zu exceeds session buffers (%zu)", bytes, s->max_bytes); return -1; }
-    if (nstreams < 1 || nstreams > s->nstreams) { set_err("nstreams %d outside 1..%d", nstreams, s->nstreams); return -1; }
+    if (first < 0 || nstreams < 1 || first + nstreams > s->nstreams) {
+        set_err("streams %d..%d outside 0..%d", first, first + nstreams - 1, s->nstreams - 1);
+        return -1;
+    }
     CK(cu.CtxSetCurrent(s->ctx));
     double incall = 0, t0 = ccb_now_ns(), g0 = t0;
     int g = 0;
     for (int k = 0; k < iters; k++) {
         double a = ccb_now_ns();
-        CK(issue_copy(s, dir, k % nstreams, bytes));
+        CK(issue_copy(s, dir, first + k % nstreams, bytes));
         double b = ccb_now_ns();
         incall += b - a;
         if (sync_every > 0 && (k + 1) % sync_every == 0) {
-            for (int i = 0; i < nstreams; i++) CK(cu.StreamSynchronize(s->stream[i]));
+            for (int i = first; i < first + nstreams; i++) CK(cu.StreamSynchronize(s->stream[i]));
             double t = ccb_now_ns();
             if (samples_ns) samples_ns[g++] = t - g0;
             g0 = t;
         }
     }
-    for (int i = 0; i < nstreams; i++) CK(cu.StreamSynchronize(s->stream[i]));
+    for (int i = first; i < first + nstreams; i++) CK(cu.StreamSynchronize(s->stream[i]));
     out->start_ns = t0;
     out->end_ns = ccb_now_ns();
     out->incall_ns = incall;
@@ -216,6 +255,12 @@ int ccb_copy(ccb_session *s, int dir, size_t bytes, int nstreams, int iters, int
     return 0;
 fail:
     return -1;
+}
+
+int ccb_copy(ccb_session *s, int dir, size_t bytes, int nstreams, int iters, int sync_every,
+             double *samples_ns, ccb_copy_out *out) {
+    if (nstreams < 1 || nstreams > s->nstreams) { set_err("nstreams %d outside 1..%d", nstreams, s->nstreams); return -1; }
+    return copy_on(s, dir, bytes, 0, nstreams, iters, sync_every, samples_ns, out);
 }
 
 /* A start gate: workers warm up, check in, and wait until the caller opens it. */
@@ -227,7 +272,7 @@ typedef struct {
 
 typedef struct {
     ccb_session *s;
-    int dir, iters, warmup;
+    int stream, dir, iters, warmup;
     size_t bytes;
     gate_t *gate;
     ccb_copy_out out;
@@ -238,27 +283,29 @@ typedef struct {
 static void *worker_main(void *p) {
     worker_arg *w = p;
     ccb_copy_out warm;
-    w->rc = ccb_copy(w->s, w->dir, w->bytes, 1, w->warmup, 0, NULL, &warm);
+    w->rc = copy_on(w->s, w->dir, w->bytes, w->stream, 1, w->warmup, 0, NULL, &warm);
     pthread_mutex_lock(&w->gate->mu);
     w->gate->ready++;
     pthread_cond_broadcast(&w->gate->cv);
     while (!w->gate->open) pthread_cond_wait(&w->gate->cv, &w->gate->mu);
     int abort = w->gate->abort;
     pthread_mutex_unlock(&w->gate->mu);
-    if (w->rc == 0 && !abort) w->rc = ccb_copy(w->s, w->dir, w->bytes, 1, w->iters, 0, NULL, &w->out);
+    if (w->rc == 0 && !abort) w->rc = copy_on(w->s, w->dir, w->bytes, w->stream, 1, w->iters, 0, NULL, &w->out);
     if (w->rc != 0) memcpy(w->err, g_err, sizeof w->err);
     return NULL;
 }
 
-/* One thread per session, all released together after their warm-up. */
-int ccb_workers(ccb_session **sessions, int n, int dir, size_t bytes, int iters, int warmup, ccb_copy_out *outs) {
+/* One thread per (session, stream), all released together after their warm-up; streams NULL: stream 0 of each. */
+int ccb_workers(ccb_session **sessions, const int *streams, int n, int dir, size_t bytes, int iters, int warmup,
+                ccb_copy_out *outs) {
     pthread_t th[CCB_MAX_STREAMS];
     worker_arg args[CCB_MAX_STREAMS];
     gate_t gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, 0};
     if (n < 1 || n > CCB_MAX_STREAMS) { set_err("worker count %d outside 1..%d", n, CCB_MAX_STREAMS); return -1; }
     int started = 0, rc = 0;
     for (int i = 0; i < n; i++) {
-        args[i] = (worker_arg){.s = sessions[i], .dir = dir, .iters = iters, .warmup = warmup, .bytes = bytes, .gate = &gate};
+        args[i] = (worker_arg){.s = sessions[i], .stream = streams ? streams[i] : 0, .dir = dir, .iters = iters,
+                               .warmup = warmup, .bytes = bytes, .gate = &gate};
         if (pthread_create(&th[i], NULL, worker_main, &args[i]) != 0) break;
         started++;
     }
