@@ -92,8 +92,8 @@ def prepare(dev: torch.device | None = None) -> None:
 @functools.cache
 def register() -> None:
     """prepare()'s registering, once."""
-    try:  # deferred: triton (imported by the kernel's module; its import costs start-up only the GPU path needs)
-        from ccbridge.serve.gemv_kernel import gemv_kernel
+    try:  # triton is imported by the kernel's module; its import costs start-up that only the GPU path needs
+        from ccbridge.serve.gemv_kernel import gemv_kernel  # deferred: triton
     except ImportError as e:  # pragma: no cover - the message is the point
         raise GpuError("the fused GEMV needs triton (installed with torch on a GPU machine)") from e
 
