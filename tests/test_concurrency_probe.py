@@ -241,14 +241,14 @@ def _pool_of_threads(n, ready_after):
 def test_workers_open_at_most_so_many_at_once():
     """ProcessPool.open(at_once=k): the next worker is told to open as soon as any one is ready, never more than k
     opening at a time, every worker opened; a worker's error is raised in its words."""
-    delays = [0.05, 0.01, 0.03, 0.01, 0.02, 0.01, 0.04, 0.01]
+    delays = [0.25, 0.05, 0.15, 0.05, 0.1, 0.05, 0.2, 0.05]  # long beside a loaded CPU's scheduling delays
     pool, told, peak, threads = _pool_of_threads(len(delays), delays)
     pool.open(at_once=3)
     assert sorted(told) == list(range(len(delays))) and peak[0] == 3
     pool.__exit__(None, None, None)
     for t in threads:
         t.join(timeout=5)
-    pool, told, peak, threads = _pool_of_threads(4, [0.01, 0.01, 0.01, 0.01])
+    pool, told, peak, threads = _pool_of_threads(4, [0.3, 0.3, 0.3, 0.3])
     pool.open()  # all at once
     assert peak[0] == 4
     pool.__exit__(None, None, None)
