@@ -162,6 +162,15 @@ def run_pair(sizes, key=KEY, send_key=None, capacity=None, concurrent=1, port=0,
         _reap(r, s)
 
 
+def set_stages(monkeypatch, mode: str) -> None:
+    """A lane's threads: "t<T>" sets CCBRIDGE_NET_TURNS (T threads taking turns at the socket), anything else
+    CCBRIDGE_NET_PIPELINE (the stage pipeline's depth; 0 one thread a lane)."""
+    if mode.startswith("t"):
+        monkeypatch.setenv("CCBRIDGE_NET_TURNS", mode[1:])
+    else:
+        monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", mode)
+
+
 # ---- plain runs ----
 
 @pytest.mark.parametrize("lanes", [1, 3, 4])
@@ -173,12 +182,14 @@ def test_messages_of_many_sizes_arrive_byte_exact(lanes, monkeypatch):
     assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
 
 
-@pytest.mark.parametrize("pipeline,lanes", [("0", 1), ("0", 3), ("1", 1), ("8", 1), ("8", 3)])
+@pytest.mark.parametrize("pipeline,lanes", [("0", 1), ("0", 3), ("1", 1), ("8", 1), ("8", 3), ("t2", 1), ("t3", 3),
+                                            ("t8", 4), ("t1", 2)])
 def test_every_pipeline_depth_arrives_byte_exact(pipeline, lanes, monkeypatch):
     # CCBRIDGE_NET_PIPELINE: 0 runs each lane's stages in turn on one thread, 1 is taken as 2 (one
-    # slot cannot overlap), 8 the most; each side reads its own, so the two ranks may differ
+    # slot cannot overlap), 8 the most; each side reads its own, so the two ranks may differ.
+    # CCBRIDGE_NET_TURNS (t2..t8): a lane's threads take turns at its socket (t1: off, the pipeline's)
     monkeypatch.setenv("CCBRIDGE_NET_LANES", str(lanes))
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     sizes = [0, 1, RECORD_MIN, RECORD_MIN + 1, RECORD + 1, 5 << 20, 7, (16 << 20) + 3, 4096 + 3] * 2
     got, sent = run_pair(sizes, concurrent=8)
     assert got["error"] is None and sent["error"] is None, (got, sent)
@@ -195,13 +206,14 @@ def test_concurrent_requests_and_bandwidth():
           f"({total >> 20} MiB, 8 requests in flight, 1 connection, {os.cpu_count()} cores)")
 
 
-@pytest.mark.parametrize("lanes", [3, 8])
-def test_sender_far_ahead_of_late_receives(lanes, monkeypatch):
+@pytest.mark.parametrize("lanes,pipeline", [(3, "2"), (8, "2"), (3, "t3")])
+def test_sender_far_ahead_of_late_receives(lanes, pipeline, monkeypatch):
     # 32 sends in flight (NCCL's most) against receives posted one at a time, some only after a
     # pause longer than a lane waits with a record in its socket (conn.c EARLY_WAIT_MS, 20 ms): records
     # arrive before their receive in both ways (left in the socket until the post, and read and
     # authenticated into the lane's buffer first); sizes off the record grid, empty, one-record
     monkeypatch.setenv("CCBRIDGE_NET_LANES", str(lanes))
+    set_stages(monkeypatch, pipeline)
     odd = [0, 1, RECORD_MIN - 1, RECORD_MIN + 1, RECORD - 1, RECORD + 4095, 3 * RECORD + 1, (1 << 20) + 5, 7,
            (2 << 20) - 3, 0, lanes * RECORD + 17]
     sizes = [odd[i % len(odd)] for i in range(96)]
@@ -210,13 +222,13 @@ def test_sender_far_ahead_of_late_receives(lanes, monkeypatch):
     assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
 
 
-@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "8", "t3"])
 def test_a_killed_receiver_fails_the_sender_with_an_error_not_a_hang(pipeline, monkeypatch):
     """The receiving rank dies (no close) after two messages of a long stream: the sender's requests fail
     with the plugin's error well inside the deadline (NCCL then aborts that rank too), never complete
     into nowhere and never wait out the deadline; also with sealed records waiting in the lanes'
     rings for their send stage (pipeline 2, 8), and without that stage (0)."""
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     sizes = [1 << 20] * 400
     got, sent = run_pair(sizes, concurrent=8, die_after=2)
     assert got["error"] is None and len(got["completed"]) >= 2, got
@@ -397,13 +409,13 @@ def test_proxy_passes_an_honest_stream():
     assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True)], got
 
 
-@pytest.mark.parametrize("pipeline", ["0", "2"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "t2"])
 @pytest.mark.parametrize("fault", ["flip", "flip_header", "drop", "duplicate", "reorder",
                                    "truncate_mid", "truncate_boundary", "close", "swap_lanes"])
 def test_wire_fault_fails_the_receiver(fault, pipeline, monkeypatch):
     # pipeline 2: a record that fails its tag fails in the open stage, with the lane's next records
     # read behind it; 0: in the lane's own thread
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     got = run_through_proxy(fault, MESSAGE)
     # a lane cut before the receive was posted fails the post itself (or the accept, when cut before
     # NCCL got the connection); either way the plugin says why
@@ -414,10 +426,10 @@ def test_wire_fault_fails_the_receiver(fault, pipeline, monkeypatch):
     assert got["elapsed"] < 20
 
 
-@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "8", "t3"])
 def test_lost_fin_after_complete_messages_costs_nothing(pipeline, monkeypatch):
     # every record arrived, only lane 0's clean-close record is missing: the message stands
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     got = run_through_proxy("drop_fin", MESSAGE)
     assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True)], got
 
@@ -681,7 +693,7 @@ def in_one_write(script):
 
 
 @pytest.mark.parametrize("write", ["per_record", "one_write"])
-@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "8", "t3"])
 @pytest.mark.parametrize("lanes", [1, 2, 4])
 def test_sockets_ended_without_fin_after_complete_messages_cost_nothing(lanes, pipeline, write, monkeypatch):
     # the sending rank exits right after its last send completed, without closeSend: every lane's socket
@@ -691,7 +703,7 @@ def test_sockets_ended_without_fin_after_complete_messages_cost_nothing(lanes, p
     # the open stage (pipeline 2, 8) the lane's last records may still sit in its ring as its socket ends:
     # they are opened and counted before the lane ends (they were dropped: 14 of 20 at 1 lane; in one write
     # 47-49 of 50 at 1, 2 and 4 lanes)
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     # (the last message has several records a lane at 4 lanes, so its lanes' last records queue in their rings)
     sizes, rounds = MESSAGE + [0, 7, 3 * RECORD + 1] + MESSAGE, 20
     def script(p):
@@ -718,11 +730,11 @@ def _cut_at_boundary(sent, close):
                                         (range(7), [0, 1]), ([], [0, 1])],
                          ids=["lane0_short_lane1_open", "lane0_empty_lane1_open", "lane1_short_lane0_open",
                               "both_short", "nothing"])
-@pytest.mark.parametrize("pipeline", ["0", "2"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "t2"])
 def test_a_message_cut_at_a_record_boundary_fails_promptly(sent, close, pipeline, monkeypatch):
     # a lane that ends quietly ends only itself, but a receive that still needs its records can never
     # complete: it fails at once, though another lane's socket stays open, and never completes with holes
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     t0 = time.monotonic()
     got = run_rogue(MESSAGE, _cut_at_boundary(sent, close))
     # irecv: nothing was sent, and both lanes ended before the receive was posted
@@ -733,11 +745,11 @@ def test_a_message_cut_at_a_record_boundary_fails_promptly(sent, close, pipeline
 
 @pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("late", [False, True], ids=["pending", "posted_later"])
-@pytest.mark.parametrize("pipeline", ["0", "2"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "t2"])
 def test_a_receive_no_lane_can_serve_fails_once_every_lane_ended(lanes, late, pipeline, monkeypatch):
     # message 0 complete, then every socket ends without FIN: message 1's receive, pending as the lanes
     # end or posted after, fails with the plugin's error (never waits for records that cannot come)
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     def script(p):
         honest(p, 0, MESSAGE[0])
         if not late:
@@ -753,11 +765,11 @@ def test_a_receive_no_lane_can_serve_fails_once_every_lane_ended(lanes, late, pi
 
 @pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("cut", [HEADER // 2, HEADER + 1000], ids=["in_header", "in_payload"])
-@pytest.mark.parametrize("pipeline", ["0", "2"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "t2"])
 def test_a_lane_that_ends_mid_record_fails_the_receive(cut, lanes, pipeline, monkeypatch):
     # lane 0's record 6 of message 0 stops part way and its socket ends (its later records never come): the
     # message fails, while lane 1 (at 2 lanes) has all of its records in and its socket still open
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     def script(p):
         data = payload(0, MESSAGE[0])
         for j in range(8 if lanes == 2 else 7):
@@ -769,13 +781,13 @@ def test_a_lane_that_ends_mid_record_fails_the_receive(cut, lanes, pipeline, mon
     assert any("mid-record" in m for m in got["logs"]), got["logs"]
 
 
-@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "8", "t3"])
 @pytest.mark.parametrize("cut", [HEADER // 2, HEADER + 1000], ids=["in_header", "in_payload"])
 def test_a_message_sent_before_a_mid_record_cut_stands(cut, pipeline, monkeypatch):
     # one lane: message 0 whole, then message 1's first record stops part way and the socket ends (a rank
     # killed mid-send). Message 0 completes: its last records may still sit in the open stage's ring as the
     # lane meets the cut, and are opened and counted before it fails the connection; message 1 fails
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     def script(p):
         honest(p, 0, MESSAGE[0])
         rec = netbench.record_bytes(MESSAGE[0], 1)
@@ -1067,16 +1079,19 @@ print(json.dumps(out))
 '''
 
 
-@pytest.mark.parametrize("pipeline,per_lane", [("0", 1), ("2", 2), ("8", 2), ("", 2)])
+@pytest.mark.parametrize("pipeline,per_lane", [("0", 1), ("2", 2), ("8", 2), ("", 2), ("t3", 3), ("t8", 8)])
 def test_pipeline_threads_and_no_thread_or_fd_left_behind(pipeline, per_lane):
     # CCBRIDGE_NET_PIPELINE (default 2): a lane is one thread at 0, two (a crypto and a socket stage)
-    # otherwise, on each side; every close, clean or with records in the rings, ends them all and
-    # closes every socket
+    # otherwise, on each side; CCBRIDGE_NET_TURNS=T (t3, t8): T threads taking turns. Every close, clean or
+    # with records in the rings (or being sealed/opened by a lane's threads), ends them all and closes
+    # every socket
     import json
     import subprocess
     import sys
 
-    env = {**os.environ, "CCBRIDGE_KEY": KEY, "NCCL_SOCKET_IFNAME": "lo", "CCBRIDGE_NET_PIPELINE": pipeline}
+    env = {k: v for k, v in os.environ.items() if k not in ("CCBRIDGE_NET_PIPELINE", "CCBRIDGE_NET_TURNS")}
+    env.update(CCBRIDGE_KEY=KEY, NCCL_SOCKET_IFNAME="lo")
+    env["CCBRIDGE_NET_TURNS" if pipeline.startswith("t") else "CCBRIDGE_NET_PIPELINE"] = pipeline.lstrip("t")
     p = subprocess.run([sys.executable, "-c", _LEFT_BEHIND_SCRIPT, str(pluginenv.library())], capture_output=True,
                        text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -1119,7 +1134,8 @@ print("ok")
 '''
 
 
-def test_lanes_and_close_are_race_free_under_thread_sanitizer(tmp_path):
+@pytest.mark.parametrize("turns", ["", "3"], ids=["pipeline", "turns3"])
+def test_lanes_and_close_are_race_free_under_thread_sanitizer(turns, tmp_path):
     # both ends of connections in one process (as NCCL holds many), messages on and off the record
     # grid, then closes that race the lanes: a clean close while the peer's FINs arrive, aborts with
     # records in flight on either side. comm_close destroyed lane i's condition variable and closed
@@ -1141,6 +1157,7 @@ def test_lanes_and_close_are_race_free_under_thread_sanitizer(tmp_path):
                     "-ldl", "-lpthread"], check=True)
     log = tmp_path / "tsan"
     env = {**os.environ, "CCBRIDGE_KEY": KEY, "NCCL_SOCKET_IFNAME": "lo", "LD_PRELOAD": tsan,
+           "CCBRIDGE_NET_TURNS": turns,
            "TSAN_OPTIONS": f"halt_on_error=0 exitcode=0 history_size=4 log_path={log}"}
     p = subprocess.run([sys.executable, "-c", _RACE_SCRIPT, str(lib)], capture_output=True, text=True, timeout=600,
                        env=env)
