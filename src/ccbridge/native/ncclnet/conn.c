@@ -57,6 +57,19 @@
  * receives' buffers with what arrived, unauthenticated (a lane reads up to
  * depth records past one whose tag its stage has yet to find bad).
  *
+ * Turns (CCBRIDGE_NET_TURNS = T, 2..8; replaces the stages): a lane's T
+ * threads take turns at its socket. The turn's holder does what one lane
+ * thread does up to the crypto (sending: takes the lane's next record and
+ * its seq; receiving: reads the next record in place, every check above
+ * first, claims, early records and the lane's end included), then passes
+ * the turn on and seals (opens) that record itself under its own key
+ * context, so the record's bytes stay in the cache of the core that
+ * touched them and up to T records of a lane are sealed (opened) at once.
+ * Sealed records are written in seq order (a write turn). A receiving
+ * lane's end waits, as with the stages, until every record it read is
+ * opened and counted; a lane reads up to T - 1 records past one whose tag
+ * another of its threads has yet to find bad.
+ *
  * Hand-off, kept off the per-record path: isend puts a message on the queue
  * of each lane with records in it (the lanes read their queues without the
  * lock and work out their records from the plan); a receiving lane takes the

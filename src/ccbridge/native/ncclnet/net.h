@@ -46,7 +46,8 @@ int key_load(uint8_t key[KEY_BYTES], char *err, size_t errlen);
 #include <netinet/in.h>
 
 /* A connection is NLANES TCP sockets ("lanes"), each with its own worker
- * thread (two with CCBRIDGE_NET_PIPELINE), keys and record sequence: large messages are cut into records
+ * thread (two with CCBRIDGE_NET_PIPELINE, T with CCBRIDGE_NET_TURNS), keys and record sequence: large
+ * messages are cut into records
  * spread over the lanes so that several cores seal, send, receive and open
  * at once; a message of one record always takes lane 0. */
 #define MAX_LANES 16
