@@ -360,6 +360,9 @@ class Proxy:
             return r[:-2]
         if f == "drop_fin":
             return r[:-1]
+        if f.startswith("tag_at_"):  # lane 0's data record i with its tag's last bit flipped (its payload intact)
+            i = int(f[len("tag_at_"):])
+            return [*r[:i], r[i][:-1] + bytes([r[i][-1] ^ 1]), *r[i + 1:]]
         if f == "wrap_offset":  # offset + n wraps to 0 (passes `offset + n <= size`): 256 KiB before the buffer
             b = bytearray(r[1])
             b[24:32] = struct.pack("<Q", (1 << 64) - RECORD)
@@ -443,7 +446,9 @@ def test_offset_that_wraps_is_refused_before_a_byte_is_written():
     assert any("malformed record header" in m for m in got["logs"]), got["logs"]
 
 
-def test_replayed_connection_fails():
+@pytest.mark.parametrize("pipeline", ["2", "t2", "t3"])
+def test_replayed_connection_fails(pipeline, monkeypatch):
+    set_stages(monkeypatch, pipeline)
     recorded = {}
     got = run_through_proxy("record", MESSAGE, recorded)
     assert got["error"] is None and recorded["records"], got
@@ -488,12 +493,16 @@ class RoguePeer:
     def hello(self, lane):
         return MAGIC + struct.pack("<IHH", 1, lane, self.nlanes) + os.urandom(32) + self.listen_id + self.conn_id
 
-    def record(self, lane, msg, size, offset, data, n=None, flags=0, cut=None):
-        """cut: send only the record's first `cut` bytes (a lane that ends mid-record)."""
+    def record(self, lane, msg, size, offset, data, n=None, flags=0, cut=None, bad_tag=False):
+        """cut: send only the record's first `cut` bytes (a lane that ends mid-record); bad_tag: its tag's last
+        bit flipped (a record tampered with on the wire, its header and payload as sealed)."""
         seq = self.seq[lane]
         h = struct.pack("<QQQQII", seq, msg, size, offset, len(data) if n is None else n, flags)
         epoch = keys.hkdf(self.keys[lane], bytes(32), b"ccbridge/net/v2 epoch" + struct.pack("<Q", seq >> 16))
-        self.socks[lane].sendall((h + self.aesgcm(epoch).encrypt(bytes(4) + struct.pack("<Q", seq), data, h))[:cut])
+        wire = h + self.aesgcm(epoch).encrypt(bytes(4) + struct.pack("<Q", seq), data, h)
+        if bad_tag:
+            wire = wire[:-1] + bytes([wire[-1] ^ 1])
+        self.socks[lane].sendall(wire[:cut])
         self.seq[lane] += 1
 
     def close(self):
@@ -575,9 +584,11 @@ def _wrap_empty(p):  # a zero-byte message with 4 KiB at offset 2^64 - 4096 (aut
     p.record(0, 0, 0, (1 << 64) - 4096, payload(0, 4096))
 
 
+@pytest.mark.parametrize("pipeline", ["2", "t2", "t3"])
 @pytest.mark.parametrize("script", [_dup, _short, _wrong_lane, _sizes_disagree, _wrap_empty],
                          ids=["duplicate", "short", "wrong_lane", "sizes_disagree", "wrap_empty"])
-def test_keyed_peer_cannot_complete_a_message_out_of_place(script):
+def test_keyed_peer_cannot_complete_a_message_out_of_place(script, pipeline, monkeypatch):
+    set_stages(monkeypatch, pipeline)
     # authentic records that do not tile the message exactly once, as the plan cuts it, fail the
     # connection: none may complete a receive with holes, or write outside the posted buffer
     sizes = [0] if script is _wrap_empty else MESSAGE
@@ -599,6 +610,67 @@ def test_keyed_peer_record_after_its_message_finished_fails(claimed, why):
     got = run_rogue(MESSAGE * 2, script)
     assert got["error"] is not None and got["completed"] == [(0, MESSAGE[0], True)], got
     assert any(why in m for m in got["logs"]), got["logs"]
+
+
+@pytest.mark.parametrize("pipeline", ["0", "2", "t2", "t3"])
+@pytest.mark.parametrize("bad", range(5))
+def test_a_bad_tag_anywhere_in_a_lane_completes_nothing(bad, pipeline, monkeypatch):
+    # lane 0's five records of the message arrive back to back (one write), one of them with a bad tag: with
+    # CCBRIDGE_NET_TURNS the lane's threads read up to T - 1 records past it and open those at once, in any
+    # order; the message (which counts a record only once its tag verified) must still never complete
+    set_stages(monkeypatch, pipeline)
+    got = run_through_proxy(f"tag_at_{bad}", MESSAGE)
+    assert got["error"] is not None and got["where"] in ("test", "irecv") and got["completed"] == [], got
+    assert any("failed authentication" in m for m in got["logs"]), got["logs"]
+
+
+@pytest.mark.parametrize("pipeline", ["0", "2", "t2", "t3"])
+@pytest.mark.parametrize("bad", [0, 4, 8, 9])
+def test_authentic_records_after_a_bad_one_complete_no_earlier_message(bad, pipeline, monkeypatch):
+    # one lane, every receive posted at once: message 0 (nine records), then one-record messages 1 and 2,
+    # written in one go; record `bad` of the stream has a bad tag (9: message 1's). The receives up to the
+    # bad record's message may complete only if every record of theirs verified: message 0 never completes
+    # with a bad record of its own, and whatever completed is byte-exact and before the bad record's message
+    set_stages(monkeypatch, pipeline)
+    sizes = MESSAGE + [7, RECORD_MIN]
+
+    def script(p):
+        data, n = payload(0, MESSAGE[0]), 0
+        for j in range(9):
+            p.record(0, 0, MESSAGE[0], j * RECORD, data[j * RECORD:(j + 1) * RECORD], bad_tag=n == bad)
+            n += 1
+        for i in (1, 2):
+            p.record(0, i, sizes[i], 0, payload(i, sizes[i]), bad_tag=n == bad)
+            n += 1
+    lib = str(pluginenv.library())
+    ctx = mp.get_context("spawn")
+    rp, rc = ctx.Pipe()
+    os.environ["CCBRIDGE_NET_LANES"] = "1"
+    try:
+        r = ctx.Process(target=receiver, args=(rc, lib, KEY, sizes, None, len(sizes)))
+        r.start()
+    finally:
+        del os.environ["CCBRIDGE_NET_LANES"]
+    rc.close()
+    peer = None
+    try:
+        assert rp.poll(DEADLINE), "receiver never listened"
+        peer = RoguePeer(bytearray(rp.recv()))
+        time.sleep(0.3)  # every receive posted: each record lands in place
+        try:
+            in_one_write(script)(peer)
+        except OSError:
+            pass
+        assert rp.poll(20), "the receiver neither failed nor finished"
+        got = rp.recv()
+    finally:
+        if peer:
+            peer.close()
+        _reap(r)
+    bad_msg = 0 if bad < 9 else 1
+    assert got["error"] is not None, got
+    assert all(ok and i < bad_msg for i, _, ok in got["completed"]), got
+    assert any("failed authentication" in m for m in got["logs"]), got["logs"]
 
 
 def test_extra_sockets_after_the_lanes_change_nothing():
@@ -1100,6 +1172,46 @@ def test_pipeline_threads_and_no_thread_or_fd_left_behind(pipeline, per_lane):
     assert all(t == 0 and f == 0 for _, _, t, f in out["after"]), out["after"]
 
 
+_EPOCH_SCRIPT = r'''
+import ctypes, sys, time
+from ccbridge.secure import netplugin
+
+net = netplugin.Net(sys.argv[1])
+assert net.rc == 0, net.logs
+deadline = time.monotonic() + 240
+lcomm, s, r = net.pair(deadline, 1)
+n, wrong = 66000, 0  # one record each on one lane: records 65535 and 65536 are sealed under different keys
+for start in range(0, n, 32):
+    idx = range(start, min(n, start + 32))
+    sb = {i: ctypes.create_string_buffer(i.to_bytes(8, "little") * 3, 24) for i in idx}
+    rb = {i: ctypes.create_string_buffer(24) for i in idx}
+    rq = [(i, net.irecv(r, rb[i], 24, deadline)) for i in idx]
+    sq = [net.isend(s, sb[i], 24, deadline) for i in idx]
+    for q in sq:
+        net.wait(q, deadline, 0)
+    wrong += sum(net.wait(q, deadline, 0) != 24 or rb[i].raw != sb[i].raw for i, q in rq)
+net.t.closeSend(s), net.t.closeRecv(r), net.t.closeListen(lcomm)
+net.t.finalize(net.ctx)
+print("wrong", wrong)
+'''
+
+
+@pytest.mark.parametrize("pipeline", ["2", "t2", "t3"])
+def test_a_lane_crosses_its_record_key_epoch(pipeline):
+    # a fresh record key every 2^16 records of a lane (conn.c EPOCH_SHIFT): with CCBRIDGE_NET_TURNS each of a
+    # lane's threads keys its own context, so records either side of the boundary are sealed and opened at
+    # once under different keys; 66000 one-record messages on one lane, 32 in flight, all byte-exact
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CCBRIDGE_NET_PIPELINE", "CCBRIDGE_NET_TURNS")}
+    env.update(CCBRIDGE_KEY=KEY, NCCL_SOCKET_IFNAME="lo")
+    env["CCBRIDGE_NET_TURNS" if pipeline.startswith("t") else "CCBRIDGE_NET_PIPELINE"] = pipeline.lstrip("t")
+    p = subprocess.run([sys.executable, "-c", _EPOCH_SCRIPT, str(pluginenv.library())], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert p.returncode == 0 and p.stdout.split()[-2:] == ["wrong", "0"], p.stdout + p.stderr
+
+
 # ---- the plugin's threads under ThreadSanitizer ----
 
 _RACE_SCRIPT = r'''
@@ -1134,7 +1246,7 @@ print("ok")
 '''
 
 
-@pytest.mark.parametrize("turns", ["", "3"], ids=["pipeline", "turns3"])
+@pytest.mark.parametrize("turns", ["", "2", "3"], ids=["pipeline", "turns2", "turns3"])
 def test_lanes_and_close_are_race_free_under_thread_sanitizer(turns, tmp_path):
     # both ends of connections in one process (as NCCL holds many), messages on and off the record
     # grid, then closes that race the lanes: a clean close while the peer's FINs arrive, aborts with
