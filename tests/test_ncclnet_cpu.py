@@ -162,6 +162,15 @@ def run_pair(sizes, key=KEY, send_key=None, capacity=None, concurrent=1, port=0,
         _reap(r, s)
 
 
+def set_stages(monkeypatch, mode: str) -> None:
+    """A lane's threads: "t<T>" sets CCBRIDGE_NET_TURNS (T threads taking turns at the socket), anything else
+    CCBRIDGE_NET_PIPELINE (the stage pipeline's depth; 0 one thread a lane)."""
+    if mode.startswith("t"):
+        monkeypatch.setenv("CCBRIDGE_NET_TURNS", mode[1:])
+    else:
+        monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", mode)
+
+
 # ---- plain runs ----
 
 @pytest.mark.parametrize("lanes", [1, 3, 4])
@@ -173,12 +182,14 @@ def test_messages_of_many_sizes_arrive_byte_exact(lanes, monkeypatch):
     assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
 
 
-@pytest.mark.parametrize("pipeline,lanes", [("0", 1), ("0", 3), ("1", 1), ("8", 1), ("8", 3)])
+@pytest.mark.parametrize("pipeline,lanes", [("0", 1), ("0", 3), ("1", 1), ("8", 1), ("8", 3), ("t2", 1), ("t3", 3),
+                                            ("t8", 4), ("t1", 2)])
 def test_every_pipeline_depth_arrives_byte_exact(pipeline, lanes, monkeypatch):
     # CCBRIDGE_NET_PIPELINE: 0 runs each lane's stages in turn on one thread, 1 is taken as 2 (one
-    # slot cannot overlap), 8 the most; each side reads its own, so the two ranks may differ
+    # slot cannot overlap), 8 the most; each side reads its own, so the two ranks may differ.
+    # CCBRIDGE_NET_TURNS (t2..t8): a lane's threads take turns at its socket (t1: off, the pipeline's)
     monkeypatch.setenv("CCBRIDGE_NET_LANES", str(lanes))
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     sizes = [0, 1, RECORD_MIN, RECORD_MIN + 1, RECORD + 1, 5 << 20, 7, (16 << 20) + 3, 4096 + 3] * 2
     got, sent = run_pair(sizes, concurrent=8)
     assert got["error"] is None and sent["error"] is None, (got, sent)
@@ -195,13 +206,14 @@ def test_concurrent_requests_and_bandwidth():
           f"({total >> 20} MiB, 8 requests in flight, 1 connection, {os.cpu_count()} cores)")
 
 
-@pytest.mark.parametrize("lanes", [3, 8])
-def test_sender_far_ahead_of_late_receives(lanes, monkeypatch):
+@pytest.mark.parametrize("lanes,pipeline", [(3, "2"), (8, "2"), (3, "t3")])
+def test_sender_far_ahead_of_late_receives(lanes, pipeline, monkeypatch):
     # 32 sends in flight (NCCL's most) against receives posted one at a time, some only after a
     # pause longer than a lane waits with a record in its socket (conn.c EARLY_WAIT_MS, 20 ms): records
     # arrive before their receive in both ways (left in the socket until the post, and read and
     # authenticated into the lane's buffer first); sizes off the record grid, empty, one-record
     monkeypatch.setenv("CCBRIDGE_NET_LANES", str(lanes))
+    set_stages(monkeypatch, pipeline)
     odd = [0, 1, RECORD_MIN - 1, RECORD_MIN + 1, RECORD - 1, RECORD + 4095, 3 * RECORD + 1, (1 << 20) + 5, 7,
            (2 << 20) - 3, 0, lanes * RECORD + 17]
     sizes = [odd[i % len(odd)] for i in range(96)]
@@ -210,13 +222,13 @@ def test_sender_far_ahead_of_late_receives(lanes, monkeypatch):
     assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
 
 
-@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "8", "t3"])
 def test_a_killed_receiver_fails_the_sender_with_an_error_not_a_hang(pipeline, monkeypatch):
     """The receiving rank dies (no close) after two messages of a long stream: the sender's requests fail
     with the plugin's error well inside the deadline (NCCL then aborts that rank too), never complete
     into nowhere and never wait out the deadline; also with sealed records waiting in the lanes'
     rings for their send stage (pipeline 2, 8), and without that stage (0)."""
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     sizes = [1 << 20] * 400
     got, sent = run_pair(sizes, concurrent=8, die_after=2)
     assert got["error"] is None and len(got["completed"]) >= 2, got
@@ -348,6 +360,9 @@ class Proxy:
             return r[:-2]
         if f == "drop_fin":
             return r[:-1]
+        if f.startswith("tag_at_"):  # lane 0's data record i with its tag's last bit flipped (its payload intact)
+            i = int(f[len("tag_at_"):])
+            return [*r[:i], r[i][:-1] + bytes([r[i][-1] ^ 1]), *r[i + 1:]]
         if f == "wrap_offset":  # offset + n wraps to 0 (passes `offset + n <= size`): 256 KiB before the buffer
             b = bytearray(r[1])
             b[24:32] = struct.pack("<Q", (1 << 64) - RECORD)
@@ -397,13 +412,13 @@ def test_proxy_passes_an_honest_stream():
     assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True)], got
 
 
-@pytest.mark.parametrize("pipeline", ["0", "2"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "t2"])
 @pytest.mark.parametrize("fault", ["flip", "flip_header", "drop", "duplicate", "reorder",
                                    "truncate_mid", "truncate_boundary", "close", "swap_lanes"])
 def test_wire_fault_fails_the_receiver(fault, pipeline, monkeypatch):
     # pipeline 2: a record that fails its tag fails in the open stage, with the lane's next records
     # read behind it; 0: in the lane's own thread
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     got = run_through_proxy(fault, MESSAGE)
     # a lane cut before the receive was posted fails the post itself (or the accept, when cut before
     # NCCL got the connection); either way the plugin says why
@@ -414,10 +429,10 @@ def test_wire_fault_fails_the_receiver(fault, pipeline, monkeypatch):
     assert got["elapsed"] < 20
 
 
-@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "8", "t3"])
 def test_lost_fin_after_complete_messages_costs_nothing(pipeline, monkeypatch):
     # every record arrived, only lane 0's clean-close record is missing: the message stands
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     got = run_through_proxy("drop_fin", MESSAGE)
     assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True)], got
 
@@ -431,7 +446,9 @@ def test_offset_that_wraps_is_refused_before_a_byte_is_written():
     assert any("malformed record header" in m for m in got["logs"]), got["logs"]
 
 
-def test_replayed_connection_fails():
+@pytest.mark.parametrize("pipeline", ["2", "t2", "t3"])
+def test_replayed_connection_fails(pipeline, monkeypatch):
+    set_stages(monkeypatch, pipeline)
     recorded = {}
     got = run_through_proxy("record", MESSAGE, recorded)
     assert got["error"] is None and recorded["records"], got
@@ -476,12 +493,16 @@ class RoguePeer:
     def hello(self, lane):
         return MAGIC + struct.pack("<IHH", 1, lane, self.nlanes) + os.urandom(32) + self.listen_id + self.conn_id
 
-    def record(self, lane, msg, size, offset, data, n=None, flags=0, cut=None):
-        """cut: send only the record's first `cut` bytes (a lane that ends mid-record)."""
+    def record(self, lane, msg, size, offset, data, n=None, flags=0, cut=None, bad_tag=False):
+        """cut: send only the record's first `cut` bytes (a lane that ends mid-record); bad_tag: its tag's last
+        bit flipped (a record tampered with on the wire, its header and payload as sealed)."""
         seq = self.seq[lane]
         h = struct.pack("<QQQQII", seq, msg, size, offset, len(data) if n is None else n, flags)
         epoch = keys.hkdf(self.keys[lane], bytes(32), b"ccbridge/net/v2 epoch" + struct.pack("<Q", seq >> 16))
-        self.socks[lane].sendall((h + self.aesgcm(epoch).encrypt(bytes(4) + struct.pack("<Q", seq), data, h))[:cut])
+        wire = h + self.aesgcm(epoch).encrypt(bytes(4) + struct.pack("<Q", seq), data, h)
+        if bad_tag:
+            wire = wire[:-1] + bytes([wire[-1] ^ 1])
+        self.socks[lane].sendall(wire[:cut])
         self.seq[lane] += 1
 
     def close(self):
@@ -563,9 +584,11 @@ def _wrap_empty(p):  # a zero-byte message with 4 KiB at offset 2^64 - 4096 (aut
     p.record(0, 0, 0, (1 << 64) - 4096, payload(0, 4096))
 
 
+@pytest.mark.parametrize("pipeline", ["2", "t2", "t3"])
 @pytest.mark.parametrize("script", [_dup, _short, _wrong_lane, _sizes_disagree, _wrap_empty],
                          ids=["duplicate", "short", "wrong_lane", "sizes_disagree", "wrap_empty"])
-def test_keyed_peer_cannot_complete_a_message_out_of_place(script):
+def test_keyed_peer_cannot_complete_a_message_out_of_place(script, pipeline, monkeypatch):
+    set_stages(monkeypatch, pipeline)
     # authentic records that do not tile the message exactly once, as the plan cuts it, fail the
     # connection: none may complete a receive with holes, or write outside the posted buffer
     sizes = [0] if script is _wrap_empty else MESSAGE
@@ -587,6 +610,67 @@ def test_keyed_peer_record_after_its_message_finished_fails(claimed, why):
     got = run_rogue(MESSAGE * 2, script)
     assert got["error"] is not None and got["completed"] == [(0, MESSAGE[0], True)], got
     assert any(why in m for m in got["logs"]), got["logs"]
+
+
+@pytest.mark.parametrize("pipeline", ["0", "2", "t2", "t3"])
+@pytest.mark.parametrize("bad", range(5))
+def test_a_bad_tag_anywhere_in_a_lane_completes_nothing(bad, pipeline, monkeypatch):
+    # lane 0's five records of the message arrive back to back (one write), one of them with a bad tag: with
+    # CCBRIDGE_NET_TURNS the lane's threads read up to T - 1 records past it and open those at once, in any
+    # order; the message (which counts a record only once its tag verified) must still never complete
+    set_stages(monkeypatch, pipeline)
+    got = run_through_proxy(f"tag_at_{bad}", MESSAGE)
+    assert got["error"] is not None and got["where"] in ("test", "irecv") and got["completed"] == [], got
+    assert any("failed authentication" in m for m in got["logs"]), got["logs"]
+
+
+@pytest.mark.parametrize("pipeline", ["0", "2", "t2", "t3"])
+@pytest.mark.parametrize("bad", [0, 4, 8, 9])
+def test_authentic_records_after_a_bad_one_complete_no_earlier_message(bad, pipeline, monkeypatch):
+    # one lane, every receive posted at once: message 0 (nine records), then one-record messages 1 and 2,
+    # written in one go; record `bad` of the stream has a bad tag (9: message 1's). The receives up to the
+    # bad record's message may complete only if every record of theirs verified: message 0 never completes
+    # with a bad record of its own, and whatever completed is byte-exact and before the bad record's message
+    set_stages(monkeypatch, pipeline)
+    sizes = MESSAGE + [7, RECORD_MIN]
+
+    def script(p):
+        data, n = payload(0, MESSAGE[0]), 0
+        for j in range(9):
+            p.record(0, 0, MESSAGE[0], j * RECORD, data[j * RECORD:(j + 1) * RECORD], bad_tag=n == bad)
+            n += 1
+        for i in (1, 2):
+            p.record(0, i, sizes[i], 0, payload(i, sizes[i]), bad_tag=n == bad)
+            n += 1
+    lib = str(pluginenv.library())
+    ctx = mp.get_context("spawn")
+    rp, rc = ctx.Pipe()
+    os.environ["CCBRIDGE_NET_LANES"] = "1"
+    try:
+        r = ctx.Process(target=receiver, args=(rc, lib, KEY, sizes, None, len(sizes)))
+        r.start()
+    finally:
+        del os.environ["CCBRIDGE_NET_LANES"]
+    rc.close()
+    peer = None
+    try:
+        assert rp.poll(DEADLINE), "receiver never listened"
+        peer = RoguePeer(bytearray(rp.recv()))
+        time.sleep(0.3)  # every receive posted: each record lands in place
+        try:
+            in_one_write(script)(peer)
+        except OSError:
+            pass
+        assert rp.poll(20), "the receiver neither failed nor finished"
+        got = rp.recv()
+    finally:
+        if peer:
+            peer.close()
+        _reap(r)
+    bad_msg = 0 if bad < 9 else 1
+    assert got["error"] is not None, got
+    assert all(ok and i < bad_msg for i, _, ok in got["completed"]), got
+    assert any("failed authentication" in m for m in got["logs"]), got["logs"]
 
 
 def test_extra_sockets_after_the_lanes_change_nothing():
@@ -681,7 +765,7 @@ def in_one_write(script):
 
 
 @pytest.mark.parametrize("write", ["per_record", "one_write"])
-@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "8", "t3"])
 @pytest.mark.parametrize("lanes", [1, 2, 4])
 def test_sockets_ended_without_fin_after_complete_messages_cost_nothing(lanes, pipeline, write, monkeypatch):
     # the sending rank exits right after its last send completed, without closeSend: every lane's socket
@@ -691,7 +775,7 @@ def test_sockets_ended_without_fin_after_complete_messages_cost_nothing(lanes, p
     # the open stage (pipeline 2, 8) the lane's last records may still sit in its ring as its socket ends:
     # they are opened and counted before the lane ends (they were dropped: 14 of 20 at 1 lane; in one write
     # 47-49 of 50 at 1, 2 and 4 lanes)
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     # (the last message has several records a lane at 4 lanes, so its lanes' last records queue in their rings)
     sizes, rounds = MESSAGE + [0, 7, 3 * RECORD + 1] + MESSAGE, 20
     def script(p):
@@ -718,11 +802,11 @@ def _cut_at_boundary(sent, close):
                                         (range(7), [0, 1]), ([], [0, 1])],
                          ids=["lane0_short_lane1_open", "lane0_empty_lane1_open", "lane1_short_lane0_open",
                               "both_short", "nothing"])
-@pytest.mark.parametrize("pipeline", ["0", "2"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "t2"])
 def test_a_message_cut_at_a_record_boundary_fails_promptly(sent, close, pipeline, monkeypatch):
     # a lane that ends quietly ends only itself, but a receive that still needs its records can never
     # complete: it fails at once, though another lane's socket stays open, and never completes with holes
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     t0 = time.monotonic()
     got = run_rogue(MESSAGE, _cut_at_boundary(sent, close))
     # irecv: nothing was sent, and both lanes ended before the receive was posted
@@ -733,11 +817,11 @@ def test_a_message_cut_at_a_record_boundary_fails_promptly(sent, close, pipeline
 
 @pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("late", [False, True], ids=["pending", "posted_later"])
-@pytest.mark.parametrize("pipeline", ["0", "2"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "t2"])
 def test_a_receive_no_lane_can_serve_fails_once_every_lane_ended(lanes, late, pipeline, monkeypatch):
     # message 0 complete, then every socket ends without FIN: message 1's receive, pending as the lanes
     # end or posted after, fails with the plugin's error (never waits for records that cannot come)
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     def script(p):
         honest(p, 0, MESSAGE[0])
         if not late:
@@ -753,11 +837,11 @@ def test_a_receive_no_lane_can_serve_fails_once_every_lane_ended(lanes, late, pi
 
 @pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("cut", [HEADER // 2, HEADER + 1000], ids=["in_header", "in_payload"])
-@pytest.mark.parametrize("pipeline", ["0", "2"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "t2"])
 def test_a_lane_that_ends_mid_record_fails_the_receive(cut, lanes, pipeline, monkeypatch):
     # lane 0's record 6 of message 0 stops part way and its socket ends (its later records never come): the
     # message fails, while lane 1 (at 2 lanes) has all of its records in and its socket still open
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     def script(p):
         data = payload(0, MESSAGE[0])
         for j in range(8 if lanes == 2 else 7):
@@ -769,13 +853,13 @@ def test_a_lane_that_ends_mid_record_fails_the_receive(cut, lanes, pipeline, mon
     assert any("mid-record" in m for m in got["logs"]), got["logs"]
 
 
-@pytest.mark.parametrize("pipeline", ["0", "2", "8"])
+@pytest.mark.parametrize("pipeline", ["0", "2", "8", "t3"])
 @pytest.mark.parametrize("cut", [HEADER // 2, HEADER + 1000], ids=["in_header", "in_payload"])
 def test_a_message_sent_before_a_mid_record_cut_stands(cut, pipeline, monkeypatch):
     # one lane: message 0 whole, then message 1's first record stops part way and the socket ends (a rank
     # killed mid-send). Message 0 completes: its last records may still sit in the open stage's ring as the
     # lane meets the cut, and are opened and counted before it fails the connection; message 1 fails
-    monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", pipeline)
+    set_stages(monkeypatch, pipeline)
     def script(p):
         honest(p, 0, MESSAGE[0])
         rec = netbench.record_bytes(MESSAGE[0], 1)
@@ -1067,22 +1151,65 @@ print(json.dumps(out))
 '''
 
 
-@pytest.mark.parametrize("pipeline,per_lane", [("0", 1), ("2", 2), ("8", 2), ("", 2)])
+@pytest.mark.parametrize("pipeline,per_lane", [("0", 1), ("2", 2), ("8", 2), ("", 2), ("t3", 3), ("t8", 8)])
 def test_pipeline_threads_and_no_thread_or_fd_left_behind(pipeline, per_lane):
     # CCBRIDGE_NET_PIPELINE (default 2): a lane is one thread at 0, two (a crypto and a socket stage)
-    # otherwise, on each side; every close, clean or with records in the rings, ends them all and
-    # closes every socket
+    # otherwise, on each side; CCBRIDGE_NET_TURNS=T (t3, t8): T threads taking turns. Every close, clean or
+    # with records in the rings (or being sealed/opened by a lane's threads), ends them all and closes
+    # every socket
     import json
     import subprocess
     import sys
 
-    env = {**os.environ, "CCBRIDGE_KEY": KEY, "NCCL_SOCKET_IFNAME": "lo", "CCBRIDGE_NET_PIPELINE": pipeline}
+    env = {k: v for k, v in os.environ.items() if k not in ("CCBRIDGE_NET_PIPELINE", "CCBRIDGE_NET_TURNS")}
+    env.update(CCBRIDGE_KEY=KEY, NCCL_SOCKET_IFNAME="lo")
+    env["CCBRIDGE_NET_TURNS" if pipeline.startswith("t") else "CCBRIDGE_NET_PIPELINE"] = pipeline.lstrip("t")
     p = subprocess.run([sys.executable, "-c", _LEFT_BEHIND_SCRIPT, str(pluginenv.library())], capture_output=True,
                        text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["during"] == {str(n): 2 * n * per_lane for n in (1, 4)}, out
     assert all(t == 0 and f == 0 for _, _, t, f in out["after"]), out["after"]
+
+
+_EPOCH_SCRIPT = r'''
+import ctypes, sys, time
+from ccbridge.secure import netplugin
+
+net = netplugin.Net(sys.argv[1])
+assert net.rc == 0, net.logs
+deadline = time.monotonic() + 240
+lcomm, s, r = net.pair(deadline, 1)
+n, wrong = 66000, 0  # one record each on one lane: records 65535 and 65536 are sealed under different keys
+for start in range(0, n, 32):
+    idx = range(start, min(n, start + 32))
+    sb = {i: ctypes.create_string_buffer(i.to_bytes(8, "little") * 3, 24) for i in idx}
+    rb = {i: ctypes.create_string_buffer(24) for i in idx}
+    rq = [(i, net.irecv(r, rb[i], 24, deadline)) for i in idx]
+    sq = [net.isend(s, sb[i], 24, deadline) for i in idx]
+    for q in sq:
+        net.wait(q, deadline, 0)
+    wrong += sum(net.wait(q, deadline, 0) != 24 or rb[i].raw != sb[i].raw for i, q in rq)
+net.t.closeSend(s), net.t.closeRecv(r), net.t.closeListen(lcomm)
+net.t.finalize(net.ctx)
+print("wrong", wrong)
+'''
+
+
+@pytest.mark.parametrize("pipeline", ["2", "t2", "t3"])
+def test_a_lane_crosses_its_record_key_epoch(pipeline):
+    # a fresh record key every 2^16 records of a lane (conn.c EPOCH_SHIFT): with CCBRIDGE_NET_TURNS each of a
+    # lane's threads keys its own context, so records either side of the boundary are sealed and opened at
+    # once under different keys; 66000 one-record messages on one lane, 32 in flight, all byte-exact
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CCBRIDGE_NET_PIPELINE", "CCBRIDGE_NET_TURNS")}
+    env.update(CCBRIDGE_KEY=KEY, NCCL_SOCKET_IFNAME="lo")
+    env["CCBRIDGE_NET_TURNS" if pipeline.startswith("t") else "CCBRIDGE_NET_PIPELINE"] = pipeline.lstrip("t")
+    p = subprocess.run([sys.executable, "-c", _EPOCH_SCRIPT, str(pluginenv.library())], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert p.returncode == 0 and p.stdout.split()[-2:] == ["wrong", "0"], p.stdout + p.stderr
 
 
 # ---- the plugin's threads under ThreadSanitizer ----
@@ -1119,7 +1246,8 @@ print("ok")
 '''
 
 
-def test_lanes_and_close_are_race_free_under_thread_sanitizer(tmp_path):
+@pytest.mark.parametrize("turns", ["", "2", "3"], ids=["pipeline", "turns2", "turns3"])
+def test_lanes_and_close_are_race_free_under_thread_sanitizer(turns, tmp_path):
     # both ends of connections in one process (as NCCL holds many), messages on and off the record
     # grid, then closes that race the lanes: a clean close while the peer's FINs arrive, aborts with
     # records in flight on either side. comm_close destroyed lane i's condition variable and closed
@@ -1141,6 +1269,7 @@ def test_lanes_and_close_are_race_free_under_thread_sanitizer(tmp_path):
                     "-ldl", "-lpthread"], check=True)
     log = tmp_path / "tsan"
     env = {**os.environ, "CCBRIDGE_KEY": KEY, "NCCL_SOCKET_IFNAME": "lo", "LD_PRELOAD": tsan,
+           "CCBRIDGE_NET_TURNS": turns,
            "TSAN_OPTIONS": f"halt_on_error=0 exitcode=0 history_size=4 log_path={log}"}
     p = subprocess.run([sys.executable, "-c", _RACE_SCRIPT, str(lib)], capture_output=True, text=True, timeout=600,
                        env=env)

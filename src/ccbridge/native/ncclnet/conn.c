@@ -57,6 +57,19 @@
  * receives' buffers with what arrived, unauthenticated (a lane reads up to
  * depth records past one whose tag its stage has yet to find bad).
  *
+ * Turns (CCBRIDGE_NET_TURNS = T, 2..8; replaces the stages): a lane's T
+ * threads take turns at its socket. The turn's holder does what one lane
+ * thread does up to the crypto (sending: takes the lane's next record and
+ * its seq; receiving: reads the next record in place, every check above
+ * first, claims, early records and the lane's end included), then passes
+ * the turn on and seals (opens) that record itself under its own key
+ * context, so the record's bytes stay in the cache of the core that
+ * touched them and up to T records of a lane are sealed (opened) at once.
+ * Sealed records are written in seq order (a write turn). A receiving
+ * lane's end waits, as with the stages, until every record it read is
+ * opened and counted; a lane reads up to T - 1 records past one whose tag
+ * another of its threads has yet to find bad.
+ *
  * Hand-off, kept off the per-record path: isend puts a message on the queue
  * of each lane with records in it (the lanes read their queues without the
  * lock and work out their records from the plan); a receiving lane takes the
@@ -98,6 +111,13 @@ int pipeline_wanted(void) {
     int n = s && *s ? atoi(s) : DEFAULT_PIPELINE;
     /* one slot would not overlap: the lane thread would wait for it before sealing the next record */
     return n < 1 ? 0 : n < 2 ? 2 : n > MAX_PIPELINE ? MAX_PIPELINE : n;
+}
+
+int turns_wanted(void) {
+    const char *s = getenv("CCBRIDGE_NET_TURNS");
+    int n = s && *s ? atoi(s) : 0;
+    /* one thread taking turns with itself is the serial lane (CCBRIDGE_NET_PIPELINE=0) */
+    return n < 2 ? 0 : n > MAX_TURNS ? MAX_TURNS : n;
 }
 
 /* how long lane 0 (every one-record message's lane) polls before it sleeps: a thread woken from
@@ -327,24 +347,24 @@ static int handshake(lane *l) {
     set_timeout(l->fd, 0);
     int one = 1;
     setsockopt(l->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* small records go out at once */
-    l->epoch = UINT64_MAX;
+    for (int t = 0; t < MAX_TURNS; t++) l->kx[t].epoch = UINT64_MAX;
     rc = 0;
 out:
     wipe(kmine, 32), wipe(ktheirs, 32), wipe(rnd, 32);
     return rc;
 }
 
-/* the nonce of record seq on lane l, with l->g keyed for its epoch */
-static int record_key(lane *l, uint64_t seq, uint8_t iv[12]) {
+/* the nonce of record seq on lane l, with kx (one of l's key contexts) keyed for its epoch */
+static int record_key(lane *l, keyed *kx, uint64_t seq, uint8_t iv[12]) {
     uint64_t e = seq >> EPOCH_SHIFT;
-    if (e != l->epoch) {
+    if (e != kx->epoch) {
         uint8_t info[29], zero[32] = {0}, key[KEY_BYTES];
         memcpy(info, "ccbridge/net/v2 epoch", 21);
         memcpy(info + 21, &e, 8);
-        int rc = crypto_hkdf(l->data_key, KEY_BYTES, zero, info, sizeof info, key) || gcm_key(l->g, key, l->c->sender);
+        int rc = crypto_hkdf(l->data_key, KEY_BYTES, zero, info, sizeof info, key) || gcm_key(kx->g, key, l->c->sender);
         wipe(key, sizeof key);
         if (rc) return -1;
-        l->epoch = e;
+        kx->epoch = e;
     }
     memset(iv, 0, 4);
     memcpy(iv + 4, &seq, 8);
@@ -359,7 +379,7 @@ static void finish(req *r) {
     atomic_compare_exchange_strong(&r->state, &pending, REQ_DONE);
 }
 
-/* ---- a lane's two stages: the ring between them ---- */
+/* ---- a lane's two stages: the ring between them; or its threads taking turns ---- */
 
 static int halted(comm *c) { return c->stop || failed(c); }
 
@@ -381,13 +401,18 @@ static void ring_advance(lane *l, uint64_t *end) {
     pthread_mutex_unlock(&l->rmu);
 }
 
-/* the lane thread: 1 when the stage holds no record (so the lane's key, socket and buffers are the
- * lane thread's alone until it pushes again), waiting for that if `wait`; 0 not yet, -1 halted */
+/* records the lane read and handed on that are not yet opened and counted (caller holds rmu): in the
+ * ring, or (turns) opening on the lane's other threads */
+static int handed(const lane *l) { return l->staged ? l->rhead != l->rtail : l->opening > 0; }
+
+/* the lane thread (or the turn's holder): 1 when no record it handed on is outstanding (ring: the lane's
+ * key, socket and buffers are then the lane thread's alone until it pushes again), waiting for that if
+ * `wait`; 0 not yet, -1 halted */
 static int ring_idle(lane *l, int wait) {
-    if (!l->staged) return 1;
+    if (!l->staged && !l->turns) return 1;
     pthread_mutex_lock(&l->rmu);
-    while (wait && l->rhead != l->rtail && !halted(l->c)) pthread_cond_wait(&l->rcv, &l->rmu);
-    int rc = halted(l->c) ? -1 : l->rhead == l->rtail;
+    while (wait && handed(l) && !halted(l->c)) pthread_cond_wait(&l->rcv, &l->rmu);
+    int rc = halted(l->c) ? -1 : !handed(l);
     pthread_mutex_unlock(&l->rmu);
     return rc;
 }
@@ -407,6 +432,36 @@ static slot *ring_next(lane *l) {
     return s;
 }
 
+/* turns: the lane's socket (and its record in turn: seq, the message being cut or claimed, l->next,
+ * l->buf) to this thread alone, once no other holds it; 0 once the lane is over or halted */
+static int take_turn(lane *l) {
+    pthread_mutex_lock(&l->rmu);
+    while (l->held && !l->over && !l->quit && !halted(l->c)) pthread_cond_wait(&l->rcv, &l->rmu);
+    int ok = !l->over && !l->quit && !halted(l->c);
+    l->held |= ok;
+    pthread_mutex_unlock(&l->rmu);
+    return ok;
+}
+
+/* turns: the socket to the next thread; `opening` records (0 or 1) now outstanding with this one, `over`
+ * when the lane ended (every thread of it leaves) */
+static void give_turn(lane *l, int opening, int over) {
+    pthread_mutex_lock(&l->rmu);
+    l->held = 0, l->opening += opening, l->over |= over;
+    pthread_cond_broadcast(&l->rcv);
+    pthread_mutex_unlock(&l->rmu);
+}
+
+/* turns, send: wait until record seq is the next to be written (records are written in seq order);
+ * 0 once halted */
+static int write_turn(lane *l, uint64_t seq) {
+    pthread_mutex_lock(&l->rmu);
+    while (l->wseq != seq && !halted(l->c)) pthread_cond_wait(&l->rcv, &l->rmu);
+    int ok = !halted(l->c);
+    pthread_mutex_unlock(&l->rmu);
+    return ok;
+}
+
 /* one of r's k records moved (sent, or received and opened): the k-th completes r (recv: its size) */
 static void finish_record(req *r, uint32_t k, const uint64_t *size) {
     if (atomic_fetch_add(&r->done, 1) + 1 == k) {
@@ -423,20 +478,21 @@ static uint32_t first_share(const req *r, int idx, int nlanes) {
     return j < r->k ? j : r->k;
 }
 
-/* record j of r sealed into h (header | ciphertext | tag), *len its bytes on the wire */
-static int seal_record(lane *l, const req *r, uint32_t j, size_t rec, uint8_t *h, size_t *len) {
+/* record j of r sealed as record seq of lane l under kx into h (header | ciphertext | tag), *len its bytes
+ * on the wire */
+static int seal_record(lane *l, keyed *kx, const req *r, uint32_t j, size_t rec, uint64_t seq, uint8_t *h,
+                       size_t *len) {
     size_t off = (size_t)j * rec, n = r->size - off < rec ? r->size - off : rec;
     uint32_t n32 = (uint32_t)n, flags = 0;
     uint64_t size = r->size, off64 = off;
     uint8_t iv[12];
-    memcpy(h, &l->seq, 8), memcpy(h + 8, &r->msg, 8), memcpy(h + 16, &size, 8), memcpy(h + 24, &off64, 8);
+    memcpy(h, &seq, 8), memcpy(h + 8, &r->msg, 8), memcpy(h + 16, &size, 8), memcpy(h + 24, &off64, 8);
     memcpy(h + 32, &n32, 4), memcpy(h + 36, &flags, 4);
-    if (record_key(l, l->seq, iv) ||
-        gcm_seal(l->g, iv, h, HEADER_BYTES, (uint8_t *)r->data + off, n, h + HEADER_BYTES, h + HEADER_BYTES + n)) {
+    if (record_key(l, kx, seq, iv) ||
+        gcm_seal(kx->g, iv, h, HEADER_BYTES, (uint8_t *)r->data + off, n, h + HEADER_BYTES, h + HEADER_BYTES + n)) {
         fail(l->c, 0, ncclSystemError, "AES-GCM seal failed");
         return -1;
     }
-    l->seq++;
     *len = HEADER_BYTES + n + TAG_BYTES;
     return 0;
 }
@@ -474,33 +530,65 @@ static req *next_message(lane *l, long spin) {
     return &c->reqs[l->q[l->qtail++ % MAX_REQS] % MAX_REQS];
 }
 
-static void send_lane(lane *l) {
+/* lane l's next record to send, record *j of *r (*rec bytes a record of it, *k records in all): the lane's
+ * share of each queued message in turn; 0 once the connection stops or fails. A message's fields were
+ * written before its queue entry was published, and stay until every lane with a share (this one too) has
+ * counted its records: r is not read here after this lane's last record of it is handed out */
+static int next_record(lane *l, req **r, uint32_t *j, size_t *rec, uint32_t *k) {
     comm *c = l->c;
-    long spin = l->idx == 0 ? spin_ns() : 0;
-    uint32_t k = 1, nl = (uint32_t)c->nlanes; /* k: the last message's records */
-    for (req *r; (r = next_message(l, k == 1 || nl == 1 ? spin : 0));) {
-        /* r's fields were written before its queue entry was published, and stay until every
-         * lane with a share (this one too) has counted its records: r is not read after this
-         * lane's last record of it is pushed */
-        size_t rec, len;
-        record_plan(r->size, c->nlanes, &rec);
-        k = r->k;
-        for (uint32_t j = first_share(r, l->idx, c->nlanes); j < k; j += nl) {
-            /* nothing to overlap with (the lane's last record of r, no message queued after it, the
-             * send stage idle): sent from here, sparing a small message the hand-off */
-            int alone = j + nl >= k && l->qtail == atomic_load(&l->qhead);
-            int idle = !l->staged ? 1 : alone ? ring_idle(l, 0) : 0;
-            if (idle < 0) return;
-            if (idle) {
-                if (seal_record(l, r, j, rec, l->buf, &len) || write_record(l, l->buf, len)) return;
-                finish_record(r, k, NULL);
-                continue;
-            }
-            slot *s = ring_slot(l);
-            if (!s || seal_record(l, r, j, rec, l->buf + (size_t)(s - l->ring) * SLOT_BYTES, &s->n)) return;
-            s->r = r, s->k = k;
-            ring_advance(l, &l->rhead);
+    uint32_t nl = (uint32_t)c->nlanes;
+    if (l->sj >= l->sk) { /* lane 0 polls after a message that was all its own (sk: the last one's records) */
+        req *m = next_message(l, l->sk == 1 || nl == 1 ? (l->idx == 0 ? spin_ns() : 0) : 0);
+        if (!m) return 0;
+        l->sreq = m, l->sk = m->k, l->sj = first_share(m, l->idx, c->nlanes);
+        record_plan(m->size, c->nlanes, &l->srec);
+    }
+    *r = l->sreq, *j = l->sj, *rec = l->srec, *k = l->sk;
+    l->sj += nl;
+    return 1;
+}
+
+static void send_lane(lane *l) {
+    keyed *kx = &l->kx[0];
+    size_t rec, len;
+    uint32_t j, k;
+    for (req *r; next_record(l, &r, &j, &rec, &k);) {
+        /* nothing to overlap with (the lane's last record of r, no message queued after it, the
+         * send stage idle): sent from here, sparing a small message the hand-off */
+        int alone = l->sj >= k && l->qtail == atomic_load(&l->qhead);
+        int idle = !l->staged ? 1 : alone ? ring_idle(l, 0) : 0;
+        if (idle < 0) return;
+        if (idle) {
+            if (seal_record(l, kx, r, j, rec, l->seq++, l->buf, &len) || write_record(l, l->buf, len)) return;
+            finish_record(r, k, NULL);
+            continue;
         }
+        slot *s = ring_slot(l);
+        if (!s || seal_record(l, kx, r, j, rec, l->seq++, l->buf + (size_t)(s - l->ring) * SLOT_BYTES, &s->n))
+            return;
+        s->r = r, s->k = k;
+        ring_advance(l, &l->rhead);
+    }
+}
+
+/* turns, send: thread t takes the lane's next record and its number in turn, seals it into its own slot
+ * with its own key context while the other threads take theirs, then writes it once every earlier record
+ * of the lane is written */
+static void send_turns(lane *l, int t) {
+    keyed *kx = &l->kx[t];
+    uint8_t *buf = l->buf + (size_t)t * SLOT_BYTES;
+    size_t rec, len;
+    uint32_t j, k;
+    for (req *r; take_turn(l);) {
+        int got = next_record(l, &r, &j, &rec, &k);
+        uint64_t seq = l->seq;
+        l->seq += (uint64_t)got;
+        give_turn(l, 0, !got);
+        if (!got || seal_record(l, kx, r, j, rec, seq, buf, &len) || !write_turn(l, seq) ||
+            write_record(l, buf, len))
+            return;
+        ring_advance(l, &l->wseq); /* the next record's writer goes on while r is counted */
+        finish_record(r, k, NULL);
     }
 }
 
@@ -628,16 +716,23 @@ static int read_body(lane *l, void *dst, size_t n, uint8_t tag[TAG_BYTES], int *
     return 0;
 }
 
-/* a record's payload opened in place under lane l's key (the caller owns it: the open stage, or the
- * lane thread while that stage is idle) */
-static int open_record(lane *l, uint64_t seq, const uint8_t h[HEADER_BYTES], uint8_t *dst, size_t n,
+/* a record's payload opened in place under kx, a key context of lane l the caller owns (the open stage's,
+ * the lane thread's while that stage is idle, or a turn thread's own) */
+static int open_record(lane *l, keyed *kx, uint64_t seq, const uint8_t h[HEADER_BYTES], uint8_t *dst, size_t n,
                        const uint8_t tag[TAG_BYTES]) {
     uint8_t iv[12];
-    if (record_key(l, seq, iv) || gcm_open(l->g, iv, h, HEADER_BYTES, dst, n, dst, tag)) {
+    if (record_key(l, kx, seq, iv) || gcm_open(kx->g, iv, h, HEADER_BYTES, dst, n, dst, tag)) {
         fail(l->c, 0, ncclSystemError, "lane %d: record %llu failed authentication (tampered, or a different key)",
              l->idx, (unsigned long long)seq);
         return -1;
     }
+    return 0;
+}
+
+/* a record read in place (s), opened and counted by whoever holds it */
+static int open_slot(lane *l, keyed *kx, slot *s) {
+    if (open_record(l, kx, s->seq, s->h, s->dst, s->n, s->tag)) return -1;
+    finish_record(s->r, s->k, &s->size);
     return 0;
 }
 
@@ -660,129 +755,156 @@ static int wait_posted(lane *l, uint64_t msg, long ms) {
     return c->stop || failed(c) ? -1 : posted;
 }
 
-/* record seq of r, read in place at dst: opened here when nothing is left to overlap with (the lane's
- * last record of r, no next record begun to arrive, the open stage idle: a small message spared the
- * hand-off), else handed to that stage; 0, or -1 after failing or halting */
-static int open_in_turn(lane *l, req *r, uint32_t k, int last, uint64_t seq, uint64_t size,
-                        const uint8_t h[HEADER_BYTES], uint8_t *dst, size_t n, const uint8_t tag[TAG_BYTES]) {
+/* the stage pipeline: record s, read in place, opened here when nothing is left to overlap with (the
+ * lane's last record of its message, no next record begun to arrive, the open stage idle: a small message
+ * spared the hand-off), else handed to that stage; 0, or -1 after failing or halting */
+static int open_in_turn(lane *l, const slot *s, int last) {
     int idle = !l->staged ? 1 : !last || l->have ? 0 : ring_idle(l, 0);
     if (idle < 0) return -1;
-    if (idle) {
-        if (open_record(l, seq, h, dst, n, tag)) return -1;
-        finish_record(r, k, &size);
-        return 0;
-    }
-    slot *s = ring_slot(l);
-    if (!s) return -1;
-    s->r = r, s->dst = dst, s->n = n, s->seq = seq, s->size = size, s->k = k;
-    memcpy(s->h, h, HEADER_BYTES), memcpy(s->tag, tag, TAG_BYTES);
+    if (idle) return open_slot(l, &l->kx[0], (slot *)s);
+    slot *to = ring_slot(l);
+    if (!to) return -1;
+    *to = *s;
     ring_advance(l, &l->rhead);
     return 0;
 }
 
-static void recv_lane(lane *l) {
+/* the lane's end, read instead of a record's header: its socket's end or a break (eof as read_header set
+ * it), or a FIN record (h); judged once every record the lane read is opened and counted. Always -1 (the
+ * lane is over) */
+static int recv_end(lane *l, keyed *kx, const uint8_t *h, int eof, int e) {
     comm *c = l->c;
-    uint64_t last_msg = 0, last_j = 0;
-    int any = 0;            /* a record came on this lane: last_msg and last_j hold its place */
-    req *cur = NULL;        /* the receive of message last_msg, once this lane claimed it */
-    long spin = l->idx == 0 ? spin_ns() : 0;
-    uint32_t last_k = 1;    /* records in the last record's message */
+    if (!drain(l)) return -1;
+    if (!h) {
+        /* no FIN first: the peer exited or died, or the lane was cut on the wire; at a record
+         * boundary that ends the lane alone (a truncated message fails where it is needed) */
+        if (eof == 1) lane_end(l, LANE_EOF, l->rmsg, l->rj, l->rany);
+        else if (eof) fail(c, 0, ncclRemoteError, "lane %d: the peer closed the connection mid-record", l->idx);
+        else fail(c, !busy(c), ncclRemoteError, "lane %d: %s without closing", l->idx, strerror(e));
+        return -1;
+    }
+    uint64_t seq, msg, size, off;
+    uint32_t n;
+    uint8_t none[1], tag[TAG_BYTES], iv[12];
+    memcpy(&seq, h, 8), memcpy(&msg, h + 8, 8), memcpy(&size, h + 16, 8), memcpy(&off, h + 24, 8);
+    memcpy(&n, h + 32, 4);
+    /* the records before it are opened and counted first (the peer's close ends no request) */
+    if (n || msg || size || off || seq != l->seq || read_body(l, none, 0, tag, &eof) ||
+        record_key(l, kx, seq, iv) || gcm_open(kx->g, iv, h, HEADER_BYTES, none, 0, none, tag)) {
+        fail(c, 0, ncclSystemError, "lane %d: a bad end-of-connection record", l->idx);
+        return -1;
+    }
+    lane_end(l, LANE_FIN, l->rmsg, l->rj, l->rany);
+    return -1;
+}
+
+/* lane l's next record, read by the lane thread or the turn's holder (kx its key context): 1 with the
+ * record read in place (s, *last: the lane's last record of its message) for the caller to open and count,
+ * 0 when it was opened and counted here (it came before its receive), -1 once the lane is over (ended,
+ * failed or halted) */
+static int recv_record(lane *l, keyed *kx, slot *s, int *last) {
+    comm *c = l->c;
+    uint8_t *h = s->h, *tag = s->tag;
+    uint64_t seq, msg, size, off;
+    uint32_t n, flags;
+    int eof = 0;
+    if (read_header(l, h, l->rk == 1 || c->nlanes == 1 ? (l->idx == 0 ? spin_ns() : 0) : 0, &eof))
+        return recv_end(l, kx, NULL, eof, errno);
+    memcpy(&seq, h, 8), memcpy(&msg, h + 8, 8), memcpy(&size, h + 16, 8), memcpy(&off, h + 24, 8);
+    memcpy(&n, h + 32, 4), memcpy(&flags, h + 36, 4);
+    if (flags == FLAG_FIN) return recv_end(l, kx, h, 0, 0);
+    /* the record must be exactly one of the plan's records: record j = offset / rec of the k that
+     * record_plan cuts `size` into, of the length the plan gives it (so offset + n never passes size,
+     * never wraps), on the lane the plan puts it (first + j), and on this lane the records of one
+     * message come as the plan deals them (j, j + nlanes, ...): each record counts once, and k
+     * counted records fill the message exactly. Checked before a byte of payload is read. */
+    size_t rec = 0;
+    uint32_t k = size <= (1ull << 40) ? record_plan(size, c->nlanes, &rec) : 0;
+    if (seq != l->seq) {
+        fail(c, 0, ncclSystemError, "lane %d: record %llu arrived where %llu was due: replayed, reordered or dropped",
+             l->idx, (unsigned long long)seq, (unsigned long long)l->seq);
+        return -1;
+    }
+    uint64_t j = rec ? off / rec : 0;
+    int nl = c->nlanes;
+    int same = l->rany && msg == l->rmsg;
+    if (flags || !k || (rec ? off % rec != 0 : off != 0) || j >= k ||
+        n != (size - off < rec ? size - off : rec) || (l->rany && msg < l->rmsg) ||
+        (same ? j != l->rj + (uint64_t)nl : j >= (uint64_t)nl)) {
+        fail(c, 0, ncclSystemError, "lane %d: malformed record header", l->idx);
+        return -1;
+    }
+    uint32_t first = (uint32_t)((l->idx - (int)(j % (uint64_t)nl) + nl) % nl);
+    l->rmsg = msg, l->rj = j, l->rk = k, l->rany = 1;
+    /* a later record of a message this lane claimed: the claim's checks, against what it recorded */
+    req *r = same ? l->rcur : NULL;
+    if (r && (r->total != size || r->first != first)) {
+        fail(c, 0, ncclSystemError, "lane %d: records of one message disagree on its size or layout", l->idx);
+        return -1;
+    }
+    if (!same) l->rcur = NULL;
+    /* a posted receive takes the record in place. One not posted yet (the sender ran ahead) is
+     * waited for a while with the payload left in the socket, so that the record still lands in
+     * place (a copy costs a quarter of what opening it does); after that the record goes into the
+     * lane's own buffer and is authenticated before the lane waits on, so that a forged message
+     * number fails soon instead of waiting for a receive that never comes */
+    if (!r && msg >= atomic_load(&c->posted) && wait_posted(l, msg, EARLY_WAIT_MS) < 0) return -1;
+    if (!r && msg < atomic_load(&c->posted) && !(r = l->rcur = claim_message(l, msg, size, k, first))) return -1;
+    uint8_t *dst = r ? (uint8_t *)r->data + off : l->buf;
+    if (read_body(l, dst, n, tag, &eof)) {
+        int e = errno;
+        if (drain(l)) /* not when our own close shut the socket */
+            fail(c, 0, ncclRemoteError, "lane %d: %s mid-record", l->idx,
+                 eof ? "the peer closed the connection" : strerror(e));
+        return -1;
+    }
+    l->seq++;
+    /* this lane's last record of the message: r may finish (and be reused) once it is counted */
+    *last = j + (uint64_t)nl >= k;
+    if (*last) l->rcur = NULL;
+    s->dst = dst, s->n = n, s->seq = seq, s->size = size, s->k = k, s->r = r;
+    if (r) return 1;
+    /* authenticated before it waits for its receive (nothing handed on outstanding: the key is this
+     * thread's) */
+    if (ring_idle(l, 1) < 0 || open_record(l, kx, seq, h, l->buf, n, tag)) return -1;
+    if (wait_posted(l, msg, -1) < 0 || !(r = l->rcur = claim_message(l, msg, size, k, first))) return -1;
+    memcpy((uint8_t *)r->data + off, l->buf, n);
+    if (*last) l->rcur = NULL;
+    finish_record(r, k, &size);
+    return 0;
+}
+
+static void recv_lane(lane *l) {
     for (;;) {
-        uint8_t h[HEADER_BYTES], tag[TAG_BYTES], iv[12];
-        uint64_t seq, msg, size, off;
-        uint32_t n, flags;
-        int eof = 0;
-        if (read_header(l, h, last_k == 1 || c->nlanes == 1 ? spin : 0, &eof)) {
-            int e = errno;
-            /* no FIN first: the peer exited or died, or the lane was cut on the wire; at a record
-             * boundary that ends the lane alone (a truncated message fails where it is needed) */
-            if (!drain(l)) return;
-            if (eof == 1) lane_end(l, LANE_EOF, last_msg, last_j, any);
-            else if (eof) fail(c, 0, ncclRemoteError, "lane %d: the peer closed the connection mid-record", l->idx);
-            else fail(c, !busy(c), ncclRemoteError, "lane %d: %s without closing", l->idx, strerror(e));
-            return;
-        }
-        memcpy(&seq, h, 8), memcpy(&msg, h + 8, 8), memcpy(&size, h + 16, 8), memcpy(&off, h + 24, 8);
-        memcpy(&n, h + 32, 4), memcpy(&flags, h + 36, 4);
-        if (flags == FLAG_FIN) {
-            uint8_t none[1];
-            /* the records before it are opened and counted first (the peer's close ends no request) */
-            if (!drain(l)) return;
-            if (n || msg || size || off || seq != l->seq || read_body(l, none, 0, tag, &eof) ||
-                record_key(l, seq, iv) || gcm_open(l->g, iv, h, HEADER_BYTES, none, 0, none, tag)) {
-                fail(c, 0, ncclSystemError, "lane %d: a bad end-of-connection record", l->idx);
-                return;
-            }
-            lane_end(l, LANE_FIN, last_msg, last_j, any);
-            return;
-        }
-        /* the record must be exactly one of the plan's records: record j = offset / rec of the k that
-         * record_plan cuts `size` into, of the length the plan gives it (so offset + n never passes size,
-         * never wraps), on the lane the plan puts it (first + j), and on this lane the records of one
-         * message come as the plan deals them (j, j + nlanes, ...): each record counts once, and k
-         * counted records fill the message exactly. Checked before a byte of payload is read. */
-        size_t rec = 0;
-        uint32_t k = size <= (1ull << 40) ? record_plan(size, c->nlanes, &rec) : 0;
-        if (seq != l->seq) {
-            fail(c, 0, ncclSystemError, "lane %d: record %llu arrived where %llu was due: replayed, reordered or dropped",
-                 l->idx, (unsigned long long)seq, (unsigned long long)l->seq);
-            return;
-        }
-        uint64_t j = rec ? off / rec : 0;
-        int nl = c->nlanes;
-        int same = any && msg == last_msg;
-        if (flags || !k || (rec ? off % rec != 0 : off != 0) || j >= k ||
-            n != (size - off < rec ? size - off : rec) || (any && msg < last_msg) ||
-            (same ? j != last_j + (uint64_t)nl : j >= (uint64_t)nl)) {
-            fail(c, 0, ncclSystemError, "lane %d: malformed record header", l->idx);
-            return;
-        }
-        uint32_t first = (uint32_t)((l->idx - (int)(j % (uint64_t)nl) + nl) % nl);
-        last_msg = msg, last_j = j, last_k = k, any = 1;
-        /* a later record of a message this lane claimed: the claim's checks, against what it recorded */
-        req *r = same ? cur : NULL;
-        if (r && (r->total != size || r->first != first)) {
-            fail(c, 0, ncclSystemError, "lane %d: records of one message disagree on its size or layout", l->idx);
-            return;
-        }
-        if (!same) cur = NULL;
-        /* a posted receive takes the record in place. One not posted yet (the sender ran ahead) is
-         * waited for a while with the payload left in the socket, so that the record still lands in
-         * place (a copy costs a quarter of what opening it does); after that the record goes into the
-         * lane's own buffer and is authenticated before the lane waits on, so that a forged message
-         * number fails soon instead of waiting for a receive that never comes */
-        if (!r && msg >= atomic_load(&c->posted) && wait_posted(l, msg, EARLY_WAIT_MS) < 0) return;
-        if (!r && msg < atomic_load(&c->posted) && !(r = cur = claim_message(l, msg, size, k, first))) return;
-        uint8_t *dst = r ? (uint8_t *)r->data + off : l->buf;
-        if (read_body(l, dst, n, tag, &eof)) {
-            int e = errno;
-            if (drain(l)) /* not when our own close shut the socket */
-                fail(c, 0, ncclRemoteError, "lane %d: %s mid-record", l->idx,
-                     eof ? "the peer closed the connection" : strerror(e));
-            return;
-        }
-        l->seq++;
-        if (r) {
-            /* this lane's last record of the message: r may finish (and be reused) once it is counted */
-            int last = j + (uint64_t)nl >= k;
-            if (last) cur = NULL;
-            if (open_in_turn(l, r, k, last, seq, size, h, dst, n, tag)) return;
-            continue;
-        }
-        /* authenticated before it waits for its receive (the open stage idle: the key is this thread's) */
-        if (ring_idle(l, 1) < 0 || open_record(l, seq, h, l->buf, n, tag)) return;
-        if (wait_posted(l, msg, -1) < 0 || !(r = cur = claim_message(l, msg, size, k, first))) return;
-        memcpy((uint8_t *)r->data + off, l->buf, n);
-        if (j + (uint64_t)nl >= k) cur = NULL;
-        finish_record(r, k, &size);
+        slot s;
+        int last = 0, rc = recv_record(l, &l->kx[0], &s, &last);
+        if (rc < 0 || (rc > 0 && open_in_turn(l, &s, last))) return;
+    }
+}
+
+/* turns, recv: thread t reads the lane's next record in turn, then opens it with its own key context, in
+ * place on the core that read it, while another thread reads the next */
+static void recv_turns(lane *l, int t) {
+    keyed *kx = &l->kx[t];
+    while (take_turn(l)) {
+        slot s;
+        int last = 0, rc = recv_record(l, kx, &s, &last);
+        give_turn(l, rc > 0, rc < 0);
+        if (rc < 0) return;
+        if (!rc) continue;
+        int bad = open_slot(l, kx, &s);
+        pthread_mutex_lock(&l->rmu);
+        l->opening--;
+        pthread_cond_broadcast(&l->rcv);
+        pthread_mutex_unlock(&l->rmu);
+        if (bad) return;
     }
 }
 
 /* the open stage: opens the records read in place, in order, counting each */
 static void open_stage(lane *l) {
     for (slot *s; (s = ring_next(l));) {
-        if (open_record(l, s->seq, s->h, s->dst, s->n, s->tag)) return;
-        finish_record(s->r, s->k, &s->size);
+        if (open_slot(l, &l->kx[0], s)) return;
         ring_advance(l, &l->rtail);
     }
 }
@@ -792,6 +914,30 @@ static void *stage_main(void *p) {
     if (l->c->sender) write_stage(l);
     else open_stage(l);
     return NULL;
+}
+
+/* thread t of a lane whose threads take turns (0: the lane thread; t > 0 started into tth[t]) */
+static void lane_turns(lane *l, int t) {
+    if (l->c->sender) send_turns(l, t);
+    else recv_turns(l, t);
+}
+
+/* a turn thread's start: its key context, kx[t] of its lane */
+static void *turn_main(void *p) {
+    keyed *kx = p;
+    lane_turns((lane *)((char *)(kx - kx->t) - offsetof(lane, kx)), kx->t);
+    return NULL;
+}
+
+/* the lane's other threads, after the lane thread's own work ended: told, then joined */
+static void lane_join(lane *l) {
+    if (!l->staged && l->crew < 2) return;
+    pthread_mutex_lock(&l->rmu);
+    l->quit = 1;
+    pthread_cond_broadcast(&l->rcv);
+    pthread_mutex_unlock(&l->rmu);
+    if (l->staged) pthread_join(l->th2, NULL);
+    for (int t = 1; t < l->crew; t++) pthread_join(l->tth[t], NULL);
 }
 
 static void *worker(void *p) {
@@ -807,18 +953,20 @@ static void *worker(void *p) {
         atomic_store(&c->state, COMM_READY);
     }
     pthread_mutex_unlock(&c->mu);
-    /* the second stage; without its thread the lane runs both stages in turn */
-    l->depth = c->depth;
-    l->staged = l->depth && pthread_create(&l->th2, NULL, stage_main, l) == 0;
-    if (c->sender) send_lane(l);
-    else recv_lane(l);
-    if (l->staged) {
-        pthread_mutex_lock(&l->rmu);
-        l->quit = 1;
-        pthread_cond_broadcast(&l->rcv);
-        pthread_mutex_unlock(&l->rmu);
-        pthread_join(l->th2, NULL);
+    if (c->turns) {
+        /* the lane's threads take turns (fewer where one fails to start: the lane still runs on those) */
+        l->turns = c->turns;
+        for (l->crew = 1; l->crew < l->turns; l->crew++)
+            if (pthread_create(&l->tth[l->crew], NULL, turn_main, &l->kx[l->crew])) break;
+        lane_turns(l, 0);
+    } else {
+        /* the second stage; without its thread the lane runs both stages in turn */
+        l->depth = c->depth;
+        l->staged = l->depth && pthread_create(&l->th2, NULL, stage_main, l) == 0;
+        if (c->sender) send_lane(l);
+        else recv_lane(l);
     }
+    lane_join(l);
     return NULL;
 }
 
@@ -827,7 +975,7 @@ comm *comm_new(int sender, int nlanes, const net_addr *peer, const uint8_t secre
     if (nlanes < 1 || nlanes > MAX_LANES) return NULL;
     comm *c = calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->sender = sender, c->nlanes = nlanes, c->depth = pipeline_wanted();
+    c->sender = sender, c->nlanes = nlanes, c->depth = pipeline_wanted(), c->turns = turns_wanted();
     if (peer) c->peer = *peer;
     memcpy(c->secret, secret, KEY_BYTES);
     memcpy(c->listen_id, listen_id, 16);
@@ -839,6 +987,7 @@ comm *comm_new(int sender, int nlanes, const net_addr *peer, const uint8_t secre
     for (int i = 0; i < nlanes; i++) {
         lane *l = &c->lanes[i];
         l->c = c, l->fd = -1, l->idx = i;
+        l->sj = l->sk = l->rk = 1; /* as after a message of one record: lane 0 polls for the first */
         pthread_cond_init(&l->cv, &ca);
         pthread_cond_init(&l->rcv, NULL);
         pthread_mutex_init(&l->rmu, NULL);
@@ -846,9 +995,10 @@ comm *comm_new(int sender, int nlanes, const net_addr *peer, const uint8_t secre
     pthread_condattr_destroy(&ca);
     for (int i = 0; i < nlanes; i++) {
         lane *l = &c->lanes[i];
-        l->g = gcm_new();
-        l->buf = malloc((size_t)(sender && c->depth > 1 ? c->depth : 1) * SLOT_BYTES);
-        if (!l->g || !l->buf) { comm_close(c); return NULL; } /* every lane's fd is -1 by now: none is closed */
+        int keys = c->turns ? c->turns : 1, slots = !sender ? 1 : c->turns ? c->turns : c->depth > 1 ? c->depth : 1;
+        int ok = (l->buf = malloc((size_t)slots * SLOT_BYTES)) != NULL;
+        for (int t = 0; t < keys; t++) ok &= (l->kx[t].g = gcm_new()) != NULL, l->kx[t].t = t;
+        if (!ok) { comm_close(c); return NULL; } /* every lane's fd is -1 by now: none is closed */
     }
     return c;
 }
@@ -916,7 +1066,8 @@ static void send_fin(lane *l) {
     uint32_t flags = FLAG_FIN;
     memset(h, 0, HEADER_BYTES);
     memcpy(h, &l->seq, 8), memcpy(h + 36, &flags, 4);
-    if (!record_key(l, l->seq, iv) && !gcm_seal(l->g, iv, h, HEADER_BYTES, none, 0, none, h + HEADER_BYTES))
+    keyed *kx = &l->kx[0];
+    if (!record_key(l, kx, l->seq, iv) && !gcm_seal(kx->g, iv, h, HEADER_BYTES, none, 0, none, h + HEADER_BYTES))
         (void)!send(l->fd, h, HEADER_BYTES + TAG_BYTES, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
@@ -941,7 +1092,7 @@ void comm_close(comm *c) {
         lane *l = &c->lanes[i];
         if (clean) send_fin(l);
         if (l->fd >= 0) close(l->fd);
-        gcm_free(l->g);
+        for (int t = 0; t < MAX_TURNS; t++) gcm_free(l->kx[t].g);
         free(l->buf);
         pthread_cond_destroy(&l->cv);
         pthread_cond_destroy(&l->rcv);

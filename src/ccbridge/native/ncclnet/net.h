@@ -46,7 +46,8 @@ int key_load(uint8_t key[KEY_BYTES], char *err, size_t errlen);
 #include <netinet/in.h>
 
 /* A connection is NLANES TCP sockets ("lanes"), each with its own worker
- * thread (two with CCBRIDGE_NET_PIPELINE), keys and record sequence: large messages are cut into records
+ * thread (two with CCBRIDGE_NET_PIPELINE, T with CCBRIDGE_NET_TURNS), keys and record sequence: large
+ * messages are cut into records
  * spread over the lanes so that several cores seal, send, receive and open
  * at once; a message of one record always takes lane 0. */
 #define MAX_LANES 16
@@ -57,6 +58,11 @@ int key_load(uint8_t key[KEY_BYTES], char *err, size_t errlen);
  * record sealed then sent (read then opened) in turn. Each send-side slot is a record buffer. */
 #define DEFAULT_PIPELINE 2
 #define MAX_PIPELINE 8
+/* CCBRIDGE_NET_TURNS (0: off, the stages above): threads a lane that take turns at its socket, each
+ * sealing (opening) the records it wrote (read) itself, with its own key context, so that a record's
+ * bytes stay on the core that touched them and a lane's crypto runs on up to TURNS cores at once;
+ * it replaces the stage pipeline where set */
+#define MAX_TURNS 8
 #define RECORD_MIN (32u << 10)  /* a message up to this size is one record */
 #define RECORD_MAX (256u << 10) /* plaintext bytes per record, at most */
 #define HEADER_BYTES 40         /* le64 seq | le64 msg | le64 size | le64 offset | le32 n | le32 flags: the AAD */
@@ -107,6 +113,13 @@ typedef struct req {
     _Atomic int state;
 } req;
 
+/* a record key context: the lane's key for one epoch, held by one thread at a time */
+typedef struct keyed {
+    gcm *g;
+    uint64_t epoch;          /* g's epoch (UINT64_MAX: none yet) */
+    int t;                   /* its index in its lane's kx */
+} keyed;
+
 typedef struct lane {
     struct comm *c;
     int fd, idx;             /* idx: the sender's lane number (recv: from its hello) */
@@ -128,10 +141,20 @@ typedef struct lane {
     uint64_t end_msg, end_j;
     int end_any;
     uint8_t data_key[KEY_BYTES];
-    uint64_t epoch, seq;     /* the record key's epoch, the next record's number on this lane */
-    gcm *g;                  /* keyed with the epoch's record key */
-    uint8_t *buf;            /* sender: max(pipeline, 1) sealed records (slot i at i * SLOT_BYTES); recv: a record
-                              * that arrived before its receive was posted */
+    uint64_t seq;            /* the next record's number on this lane */
+    keyed kx[MAX_TURNS];     /* kx[0]: the lane thread's (and its stage's); kx[t]: turn thread t's */
+    uint8_t *buf;            /* sender: max(pipeline, turns, 1) sealed records (slot i at i * SLOT_BYTES); recv: a
+                              * record that arrived before its receive was posted */
+    /* the record in turn, carried from one record to the next (by the lane thread, or the turn's holder).
+     * send: the message being cut (sk records, this lane's next one sj, srec bytes each); recv: the last
+     * record's place (rany: one came) and the receive it belongs to once claimed (rcur) */
+    req *sreq;
+    uint32_t sj, sk;
+    size_t srec;
+    uint64_t rmsg, rj;
+    uint32_t rk;
+    int rany;
+    req *rcur;
     /* the pipeline: the lane thread (sealing, or reading) fills ring[rhead % depth], the stage thread
      * (sending, or opening) drains ring[rtail % depth]; both under rmu. depth 0: no stage thread */
     int depth, staged, quit;
@@ -140,6 +163,12 @@ typedef struct lane {
     pthread_cond_t rcv;
     uint64_t rhead, rtail;
     slot ring[MAX_PIPELINE];
+    /* turns (under rmu, waits on rcv): held: a thread has the socket; over: the lane ended (its threads
+     * leave); wseq: send: the record whose turn it is to be written; opening: recv: records read and not
+     * yet opened and counted; crew: threads running the lane (the lane thread one of them) */
+    int turns, held, over, opening, crew;
+    uint64_t wseq;
+    pthread_t tth[MAX_TURNS];
 } lane;
 
 enum { LANE_OPEN = 0, LANE_FIN, LANE_EOF }; /* recv: a lane's end: none yet, a FIN, its socket's end */
@@ -158,6 +187,7 @@ typedef struct comm {
     _Atomic uint64_t posted; /* messages posted (the next message's number) */
     uint64_t rr;             /* send: the lane of the next multi-record message's record 0 */
     int depth;               /* CCBRIDGE_NET_PIPELINE at comm_new */
+    int turns;               /* CCBRIDGE_NET_TURNS at comm_new (0: off) */
     _Atomic int err;         /* ncclResult_t: the first failure, for every later request */
     char why[256];
     lane lanes[MAX_LANES];
@@ -167,6 +197,7 @@ typedef struct comm {
 uint32_t record_plan(size_t size, int nlanes, size_t *record);
 int lanes_wanted(void);
 int pipeline_wanted(void);
+int turns_wanted(void);
 comm *comm_new(int sender, int nlanes, const net_addr *peer, const uint8_t secret[KEY_BYTES],
                const uint8_t listen_id[16]);
 /* sender: start every lane (connect + handshake); recv: one accepted socket */
