@@ -166,9 +166,9 @@ def main() -> int:
             diff = float((first - ref).abs().max() / ref.abs().max())
             ok = diff <= tp.logits_tol(torch.bfloat16, spec["num_hidden_layers"])
             bad += not ok
+            pdl = bool(m.gemv_tiles and gemv.PDL and gemv.launches_pdl(dev))  # the PDL layout elsewhere: plain
             rows.append(dict(r, model=args.model, tp=n, variant=v, logits_vs_first=diff, within_tol=ok,
-                             seconds=time.perf_counter() - t0, gemv_tiles=m.tiles_used(),
-                             gemv_pdl=bool(m.gemv_tiles and gemv.PDL)))
+                             seconds=time.perf_counter() - t0, gemv_tiles=m.tiles_used(), gemv_pdl=pdl))
             print(f"tp {n} {v:<9} wall {r['wall_ms']:7.3f} ms  gpu {r['gpu_ms']:7.3f}  roof {r['roofline_ms']:6.3f}"
                   f"  x{r['over_roof']:5.2f}  kernels {r['kernels_per_step']:5d}  logits {diff:.4f}"
                   f"{'' if ok else ' BEYOND'}  ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -179,7 +179,7 @@ def main() -> int:
                 print(f"      {us / 1e3:8.3f} ms  x{cnt:<5d} {name}")
             if m.gemv_tiles:
                 shown = ", ".join(f"{shape} {'/'.join(map(str, t))}" for shape, t in m.tiles_used().items())
-                print(textfit.cut(f"      GEMVs {'with' if gemv.PDL else 'without'} PDL ({gemv.ENV}); tiles {shown}",
+                print(textfit.cut(f"      GEMVs {'with' if pdl else 'without'} PDL ({gemv.ENV}); tiles {shown}",
                                   textfit.WIDTH))
             del m
             torch.cuda.empty_cache()

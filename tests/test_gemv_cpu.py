@@ -276,3 +276,18 @@ def test_the_pdl_layout_computes_the_same_bits_and_the_compiled_engine_runs_it()
     for dt, pro, n, k, same_y, same_s in out["ops"]:
         assert same_y and same_s, (dt, pro, n, k)
     assert out["engine"] < 1e-5
+
+
+def test_pdl_is_on_by_default_only_where_triton_can_emit_it(monkeypatch):
+    """REVIEW rev37: a Hopper with a triton older than PDL's (no tl.extra.cuda.gdc_wait: torch 2.6 and 2.7's
+    tritons) must not take the PDL launch by default: its kernel, calling gdc_wait, would not compile and the fused
+    engine would fail as it builds. CCBRIDGE_GEMV_PDL=1 there runs the PDL layout without the wait."""
+    import triton.language.extra.cuda as tl_cuda
+
+    monkeypatch.delenv(fused.ENV, raising=False)
+    monkeypatch.setattr(fused, "hopper", lambda dev: True)
+    assert fused.pdl_from_env("cuda:0") is True  # this triton has it
+    monkeypatch.delattr(tl_cuda, "gdc_wait")
+    assert fused.pdl_from_env("cuda:0") is False
+    monkeypatch.setenv(fused.ENV, "1")
+    assert fused.pdl_from_env("cuda:0") is True and not fused.launches_pdl("cuda:0")

@@ -392,3 +392,25 @@ def test_where_the_engine_fuses_its_gemvs_by_default(monkeypatch):
     monkeypatch.setattr(gemv, "available", lambda: False)
     assert not engine.fuses("cuda")
     assert engine.build(decode.PRESETS["tiny"], 0, 1, "cpu", torch.float32).fused is False
+
+
+def _no_rows(rank, n, dev, send, job):
+    """A rank that measures nothing: the bench's settings alone are in question."""
+
+
+@needs_transformers
+def test_the_fused_gemv_setting_says_pdl_only_where_the_ranks_launch_with_it(monkeypatch):
+    """REVIEW rev37: CCBRIDGE_GEMV_PDL=1 on a GPU without griddepcontrol runs the PDL layout launched plainly (its
+    launch_pdl only where the GPU has it), so the result must not say 'launched with PDL' there."""
+    from ccbridge.serve import gemv
+
+    monkeypatch.setattr(tp, "_bench_rank", _no_rows)
+    monkeypatch.setattr(engine, "fuses", lambda dev, compiled=None: True)  # as a GPU rank's engine would
+    said = {}
+    for env, has_gdc in (("1", False), ("1", True), ("0", True), ("", True), ("", False)):
+        monkeypatch.setenv(gemv.ENV, env)
+        monkeypatch.setattr(gemv, "hopper", lambda dev, has_gdc=has_gdc: has_gdc)
+        res = tp.bench("tiny", [1], [1], 4, 3, ["sync"], "cpu", iters=1, warmup=0)
+        said[(env, has_gdc)] = res.settings["decode_tp"]["fused_gemv"].endswith(", launched with PDL")
+    assert said == {("1", False): False, ("1", True): True, ("0", True): False, ("", True): True,
+                    ("", False): False}

@@ -1,7 +1,8 @@
 """A decode step's weight GEMV as one Triton kernel, with what comes before it in its prologue (issue 31).
 
-On a Hopper or later GPU each fused GEMV is launched with Programmatic Dependent Launch (CCBRIDGE_GEMV_PDL=0 turns
-it off; =1 forces the PDL layout everywhere, without the wait where the GPU has none): it may start while the kernel
+On a Hopper or later GPU, with a triton that has it, each fused GEMV is launched with Programmatic Dependent Launch
+(CCBRIDGE_GEMV_PDL=0 turns it off; =1 forces the PDL layout everywhere, without the wait where the GPU or triton has
+none; launches_pdl() says where it is launched so): it may start while the kernel
 ahead of it drains, reads its first weight tile, then waits for that kernel (griddepcontrol.wait) before any read of
 x, the residual, the norm's weight or the bias and before any write (the graph may give y or s memory that kernel
 still reads), and lets the next kernel launch. The op is then opaque to torch.compile (inductor launches a traced
@@ -70,12 +71,22 @@ def tile(n: int, k: int) -> tuple[int, int, int]:
 
 def pdl_from_env(dev: torch.device | None = None) -> bool:
     """CCBRIDGE_GEMV_PDL: 0 off, 1 on (the PDL layout even where the GPU has no griddepcontrol: the same bits),
-    unset or empty on where dev runs griddepcontrol (a Hopper or later GPU; no device: off); anything else a
-    UsageError."""
+    unset or empty on where a kernel on dev can be launched with PDL (launches_pdl(): a Hopper or later GPU and a
+    triton that has it; no device: off); anything else a UsageError."""
     v = os.environ.get(ENV, "").strip()
     if v not in ("", "0", "1"):
         raise UsageError(f"{ENV}={v!r}: 0 (off), 1 (on) or unset (on where the GPU has PDL, Hopper on)")
-    return hopper(dev) if v == "" and dev is not None else v == "1"
+    return launches_pdl(dev) if v == "" and dev is not None else v == "1"
+
+
+def launches_pdl(dev: torch.device) -> bool:
+    """Whether the PDL layout on dev is launched with PDL and waits by griddepcontrol: dev runs it (hopper()) and
+    this triton emits it (tl.extra.cuda.gdc_wait and launch_pdl: an older triton has neither, and a kernel calling
+    gdc_wait would not compile). Elsewhere the PDL layout is launched plainly."""
+    if not hopper(dev):
+        return False
+    import triton.language.extra.cuda as tl_cuda  # deferred: triton (its import costs start-up only GPUs need)
+    return hasattr(tl_cuda, "gdc_wait") and hasattr(tl_cuda, "gdc_launch_dependents")
 
 
 def prepare(dev: torch.device | None = None) -> None:
@@ -120,7 +131,7 @@ def launch(run, w, x, res, norm_w, bias, silu, bn, bk, warps, pdl):
     n, k = w.shape
     y = torch.empty(n, device=w.device, dtype=w.dtype)
     s = torch.empty(k if res is not None else 0, device=w.device, dtype=w.dtype)
-    gdc = pdl and hopper(w.device)  # griddepcontrol: sm_90 on; the interpreter (a CPU) has no such op
+    gdc = pdl and launches_pdl(w.device)  # griddepcontrol: sm_90 on; the interpreter (a CPU) has no such op
     run[(-(-n // bn),)](
         w, x, x if res is None else res, x if norm_w is None else norm_w, x if bias is None else bias, y,
         s if res is not None else y, n, k, EPS, HAS_NORM=norm_w is not None, HAS_RES=res is not None,
@@ -155,7 +166,8 @@ def gemv(w: torch.Tensor, x: torch.Tensor, res: torch.Tensor | None = None, norm
     """One sequence's y = w @ x' (+ bias), w (N, K) row-major and contiguous; x' is x (K values, any shape) as it
     is, or rms_norm(x + res) * norm_w (res optional), or silu(x[:K]) * x[K:] for x of 2K values; every vector of
     w's dtype and device. Returns y (N,) and, where res is given, x + res (K,) (the new residual stream), else
-    None."""
+    None. With PDL (PDL, launches_pdl()) w's first tile is read before the wait for the kernel ahead of it: w must
+    not be written by that kernel (the engine's weights are written by none of a step's)."""
     n, k = w.shape
     if silu and (norm_w is not None or res is not None):
         raise UsageError("the fused GEMV's prologue is a norm or SiLU x up, not both")

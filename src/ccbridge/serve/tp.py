@@ -310,6 +310,20 @@ def _first_parting(tokens: list, ref: list) -> str | None:
     return None
 
 
+def fused_gemv_setting(dev) -> str:
+    """The result's fused_gemv setting, as a rank on a GPU like dev runs its batch-1 GEMVs: fused or not
+    (engine.fuses), its tiles, and launched with PDL only where the rank's launches carry it (gemv.launches_pdl():
+    CCBRIDGE_GEMV_PDL=1 elsewhere runs the PDL layout launched plainly). A bad CCBRIDGE_GEMV_PDL is refused here,
+    fused or not."""
+    pdl = gemv.pdl_from_env(dev) and gemv.launches_pdl(dev)
+    if not engine.fuses(dev):
+        return "off: cuBLAS/CPU GEMMs at every batch"
+    tiles = "tuned on rank 0's GPU, run by every rank (gemv_tiles)" if gemv_tune.enabled() else \
+        f"by rule ({gemv_tune.ENV}=0)"
+    return (f"batch 1: the weight GEMVs by serve/gemv.py's Triton kernels, tiles {tiles}, launched "
+            f"{'with' if pdl else 'without'} PDL")
+
+
 def bench(model: str, degrees: list[int], batches: list[int], prompt: int, output: int, modes: list[str],
           device: str = "cuda", iters: int = 3, warmup: int = 1, graphs: bool = False, seed: int = 0,
           log: Callable[[str], None] = lambda _: None, host_prep_us: float = 0.0):
@@ -329,15 +343,11 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
     params = (stamp.get("emulation") or {}).get("params", {}) if stamp.get("emulation", {}).get("active") else {}
     t_start = time.monotonic()
     layers = decode.PRESETS[model]["num_hidden_layers"]
-    tiles = "tuned on rank 0's GPU, run by every rank (gemv_tiles)" if gemv_tune.enabled() else \
-        f"by rule ({gemv_tune.ENV}=0)"
-    tiles += ", launched with PDL" if gemv.pdl_from_env(dev) else ", launched without PDL"
     settings = decode.settings_of(model, dev, decode.dtype_for(dev), prompt, output, batches, modes, iters, warmup,
                                   graphs, seed, host_prep_us)
     settings.update(degrees=sorted(degrees), backend="nccl" if dev.type == "cuda" else "gloo",
                     all_reduces_per_step=2 * layers, replicated="embeddings, norms, lm_head", engine="serve/engine.py",
-                    fused_gemv=(f"batch 1: the weight GEMVs by serve/gemv.py's Triton kernels, tiles {tiles}"
-                                if engine.fuses(dev) else "off: cuBLAS/CPU GEMMs at every batch"),
+                    fused_gemv=fused_gemv_setting(dev),
                     logits_tolerance=logits_tol(decode.dtype_for(dev), layers),
                     reference="within a degree: its first mode's tokens; across degrees: the smallest degree's "
                               "first-step logits")
