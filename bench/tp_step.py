@@ -150,7 +150,7 @@ def main() -> int:
         return 2
     spec, dev = decode.PRESETS[args.model], torch.device("cuda", 0)
     try:
-        env_pdl = gemv.pdl_from_env(dev)
+        env_pdl = gemv.pdl_from_env(dev, graphs=True)  # its steps replay as CUDA graphs
     except UsageError as e:
         print(textfit.cut(f"tp_step: {e}", textfit.WIDTH), file=sys.stderr)
         return 2

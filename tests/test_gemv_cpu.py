@@ -211,13 +211,16 @@ def test_the_engines_tiles_cover_every_presets_shapes():
 def test_the_pdl_switch_parses(monkeypatch):
     monkeypatch.delenv(fused.ENV, raising=False)
     assert fused.pdl_from_env() is False and fused.pdl_from_env("cpu") is False
-    monkeypatch.setattr(fused, "hopper", lambda dev: str(dev) == "cuda:0")  # unset: on where the GPU has PDL
-    assert fused.pdl_from_env("cuda:0") is True and fused.pdl_from_env("cuda:1") is False
+    monkeypatch.setattr(fused, "hopper", lambda dev: str(dev) == "cuda:0")  # unset: on in graphs where the GPU has PDL
+    assert fused.pdl_from_env("cuda:0", graphs=True) is True and fused.pdl_from_env("cuda:1", graphs=True) is False
+    assert fused.pdl_from_env("cuda:0") is False  # not by default outside CUDA graphs (each call's host cost)
     for value, want in (("", False), ("0", False), ("1", True), (" 1 ", True)):
         monkeypatch.setenv(fused.ENV, value)
         assert fused.pdl_from_env() is want, value
     monkeypatch.setenv(fused.ENV, "0")
-    assert fused.pdl_from_env("cuda:0") is False
+    assert fused.pdl_from_env("cuda:0", graphs=True) is False
+    monkeypatch.setenv(fused.ENV, "1")
+    assert fused.pdl_from_env("cuda:0") is True  # forced, graphs or not
     monkeypatch.setenv(fused.ENV, "yes")
     with pytest.raises(ValueError, match="CCBRIDGE_GEMV_PDL='yes': 0 .*, 1 .* or unset"):
         fused.pdl_from_env()
@@ -286,8 +289,8 @@ def test_pdl_is_on_by_default_only_where_triton_can_emit_it(monkeypatch):
 
     monkeypatch.delenv(fused.ENV, raising=False)
     monkeypatch.setattr(fused, "hopper", lambda dev: True)
-    assert fused.pdl_from_env("cuda:0") is True  # this triton has it
+    assert fused.pdl_from_env("cuda:0", graphs=True) is True  # this triton has it
     monkeypatch.delattr(tl_cuda, "gdc_wait")
-    assert fused.pdl_from_env("cuda:0") is False
+    assert fused.pdl_from_env("cuda:0", graphs=True) is False
     monkeypatch.setenv(fused.ENV, "1")
     assert fused.pdl_from_env("cuda:0") is True and not fused.launches_pdl("cuda:0")

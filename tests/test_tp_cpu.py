@@ -412,5 +412,10 @@ def test_the_fused_gemv_setting_says_pdl_only_where_the_ranks_launch_with_it(mon
         monkeypatch.setattr(gemv, "hopper", lambda dev, has_gdc=has_gdc: has_gdc)
         res = tp.bench("tiny", [1], [1], 4, 3, ["sync"], "cpu", iters=1, warmup=0)
         said[(env, has_gdc)] = res.settings["decode_tp"]["fused_gemv"].endswith(", launched with PDL")
-    assert said == {("1", False): False, ("1", True): True, ("0", True): False, ("", True): True,
+    # unset: PDL only where the steps replay as CUDA graphs (this CPU bench runs none)
+    assert said == {("1", False): False, ("1", True): True, ("0", True): False, ("", True): False,
                     ("", False): False}
+    monkeypatch.setenv(gemv.ENV, "")
+    monkeypatch.setattr(gemv, "hopper", lambda dev: True)
+    assert tp.fused_gemv_setting("cpu", graphs=True).endswith(", launched with PDL")
+    assert tp.fused_gemv_setting("cpu", graphs=False).endswith(", launched without PDL")

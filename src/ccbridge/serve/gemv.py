@@ -1,8 +1,9 @@
 """A decode step's weight GEMV as one Triton kernel, with what comes before it in its prologue (issue 31).
 
-On a Hopper or later GPU, with a triton that has it, each fused GEMV is launched with Programmatic Dependent Launch
-(CCBRIDGE_GEMV_PDL=0 turns it off; =1 forces the PDL layout everywhere, without the wait where the GPU or triton has
-none; launches_pdl() says where it is launched so): it may start while the kernel
+Where the steps replay as CUDA graphs on a Hopper or later GPU, with a triton that has it, each fused GEMV is launched
+with Programmatic Dependent Launch (the TP bench with --graphs and bench/tp_step.py ask for it: pdl_from_env(dev,
+graphs=True); CCBRIDGE_GEMV_PDL=0 turns it off; =1 forces the PDL layout everywhere, without the wait where the GPU or
+triton has none; launches_pdl() says where it is launched so): it may start while the kernel
 ahead of it drains, reads its first weight tile, then waits for that kernel (griddepcontrol.wait) before any read of
 x, the residual, the norm's weight or the bias and before any write (the graph may give y or s memory that kernel
 still reads), and lets the next kernel launch. The op is then opaque to torch.compile (inductor launches a traced
@@ -69,14 +70,17 @@ def tile(n: int, k: int) -> tuple[int, int, int]:
     return TUNED.get((n, k)) or rule(n, k)
 
 
-def pdl_from_env(dev: torch.device | None = None) -> bool:
+def pdl_from_env(dev: torch.device | None = None, graphs: bool = False) -> bool:
     """CCBRIDGE_GEMV_PDL: 0 off, 1 on (the PDL layout even where the GPU has no griddepcontrol: the same bits),
-    unset or empty on where a kernel on dev can be launched with PDL (launches_pdl(): a Hopper or later GPU and a
-    triton that has it; no device: off); anything else a UsageError."""
+    unset or empty on where the steps replay as CUDA graphs (graphs) and a kernel on dev can be launched with PDL
+    (launches_pdl(): a Hopper or later GPU and a triton that has it; no device: off). Not by default outside
+    graphs: there the PDL op (a custom op, opaque to torch.compile) costs each call a dispatcher and Python launch
+    that inductor's launcher does not, which a host-bound eager step would pay 4 times a layer. Anything else a
+    UsageError."""
     v = os.environ.get(ENV, "").strip()
     if v not in ("", "0", "1"):
-        raise UsageError(f"{ENV}={v!r}: 0 (off), 1 (on) or unset (on where the GPU has PDL, Hopper on)")
-    return launches_pdl(dev) if v == "" and dev is not None else v == "1"
+        raise UsageError(f"{ENV}={v!r}: 0 (off), 1 (on) or unset (on in CUDA graphs where the GPU has PDL)")
+    return graphs and launches_pdl(dev) if v == "" and dev is not None else v == "1"
 
 
 def launches_pdl(dev: torch.device) -> bool:
