@@ -133,13 +133,18 @@ def test_a_failed_mode_leaves_no_session_open(monkeypatch, mode):
     assert ("pool closed", 4) in world.log or mode == "threads"
 
 
-def test_open_sessions_all_or_none(monkeypatch):
-    calls, made = itertools.count(), []
+def _failing_sessions(monkeypatch, fails, pause_s=0.0):
+    """core.Session replaced by a stand-in that takes pause_s to make and raises fails(call, nbytes)'s GpuError (the
+    calls counted from 0) or None; returns the list of those made, each closed or not."""
+    calls, made, lock = itertools.count(), [], threading.Lock()
 
     class Session:
         def __init__(self, device, mem, nbytes, own_context=False):
-            if next(calls) == 2:  # the third of four
-                raise GpuError("out of memory")
+            time.sleep(pause_s)
+            with lock:
+                error = fails(next(calls), nbytes)
+            if error:
+                raise error
             self.closed = False
             made.append(self)
 
@@ -147,6 +152,12 @@ def test_open_sessions_all_or_none(monkeypatch):
             self.closed = True
 
     monkeypatch.setattr(sessions.core, "Session", Session)
+    return made
+
+
+def test_open_sessions_all_or_none(monkeypatch):
+    # the third of four fails
+    made = _failing_sessions(monkeypatch, lambda call, nbytes: GpuError("out of memory") if call == 2 else None)
     with pytest.raises(GpuError, match="out of memory"):
         sessions.open_all(0, [("pinned", 1024, True)] * 4)
     assert len(made) == 3 and all(s.closed for s in made)
@@ -285,20 +296,8 @@ def test_run_workers_refuses_streams_that_are_not_one_per_session(monkeypatch):
 def test_open_sessions_all_or_none_at_most_so_many_at_once(monkeypatch):
     """REVIEW (rev32), coverage: with at_once, failures among sessions made k at a time (the second and the sixth of
     eight) raise the first in spec order, once, and every session made is closed."""
-    made = []
-
-    class Session:
-        def __init__(self, device, mem, nbytes, own_context=False):
-            time.sleep(0.005)
-            if nbytes in (1, 5):
-                raise GpuError(f"no context {nbytes}")
-            self.closed = False
-            made.append(self)
-
-        def close(self):
-            self.closed = True
-
-    monkeypatch.setattr(sessions.core, "Session", Session)
+    made = _failing_sessions(monkeypatch, lambda call, nbytes: GpuError(f"no context {nbytes}") if nbytes in (1, 5)
+                             else None, pause_s=0.005)
     with pytest.raises(GpuError, match="^no context 1$"):
         sessions.open_all(0, [("pinned", n, True) for n in range(8)], at_once=2)
     assert len(made) == 6 and all(s.closed for s in made)

@@ -161,7 +161,7 @@ def _bench_rank(rank: int, n: int, dev, send, job: dict) -> None:
     spec = decode.PRESETS[model]
     with emu_trace.paused(required=False) as recording:  # only the timed runs are traced (decode.measure)
         say(("log", f"tp {n}: building {model}'s shards (random weights, seed {job['seed']}), rank 0 on {dev}"))
-        gemv.PDL = gemv.pdl_from_env(dev, job["graphs"])  # PDL where the steps replay as graphs (engine.build traces it)
+        gemv.PDL = gemv.pdl_from_env(dev, job["graphs"])  # PDL where steps replay as graphs (engine.build traces it)
         m = engine.build(spec, rank, n, dev, decode.dtype_for(dev), job["seed"], dist.all_reduce if n > 1 else None)
         if m.gemv_tiles:  # rank 0's tiles, which every rank runs
             say(("tiles", m.tiles_used()))
@@ -313,9 +313,9 @@ def _first_parting(tokens: list, ref: list) -> str | None:
 
 def fused_gemv_setting(dev, graphs: bool = False) -> str:
     """The result's fused_gemv setting, as a rank on a GPU like dev runs its batch-1 GEMVs: fused or not
-    (engine.fuses), its tiles, and launched with PDL (by default in CUDA graphs) only where the rank's launches carry it (gemv.launches_pdl():
-    CCBRIDGE_GEMV_PDL=1 elsewhere runs the PDL layout launched plainly). A bad CCBRIDGE_GEMV_PDL is refused here,
-    fused or not."""
+    (engine.fuses), its tiles, and launched with PDL (by default in CUDA graphs) only where the rank's launches
+    carry it (gemv.launches_pdl(): CCBRIDGE_GEMV_PDL=1 elsewhere runs the PDL layout launched plainly). A bad
+    CCBRIDGE_GEMV_PDL is refused here, fused or not."""
     pdl = gemv.pdl_from_env(dev, graphs) and gemv.launches_pdl(dev)
     if not engine.fuses(dev):
         return "off: cuBLAS/CPU GEMMs at every batch"
