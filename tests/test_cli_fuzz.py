@@ -698,3 +698,13 @@ def test_a_full_disk_while_writing_is_one_line(tmp_path):
 def test_python_dash_m_ccbridge_cli_runs_main():
     r = subprocess.run([sys.executable, "-m", "ccbridge.cli", "--version"], capture_output=True, text=True, timeout=TIMEOUT_S)
     assert r.returncode == 0 and r.stdout.startswith("ccbridge ")
+
+
+def test_a_bad_gemv_pdl_switch_is_one_line_before_any_rank_starts(tmp_path):
+    """CCBRIDGE_GEMV_PDL is input too: the TP bench refuses a value other than 0, 1 or empty in one line, exit 2."""
+    r = subprocess.run([sys.executable, "-m", "ccbridge.cli", "bench", "decode", "--tp", "1", "--device", "cpu",
+                        "--model", "tiny", "--batch", "1", "--output", "4", "--iters", "1"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, "CCBRIDGE_GEMV_PDL": "yes"})
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(lines) == 1 and len(lines[0]) <= 120, r.stderr
+    assert lines[0].startswith("ccbridge bench: CCBRIDGE_GEMV_PDL='yes': 0 (off), 1 (on)"), r.stderr
