@@ -462,6 +462,9 @@ def test_shipped_profiles_parse_and_the_interposer_accepts_them(lib, name):
     init(lib)  # reset, then the profile's own text
     err = ctypes.create_string_buffer(256)
     assert lib.ccbemu_test_init(p.config_text().encode(), err, 256) == 0, err.value
+    with_host = p.config_text(None, {"native_h2d_pinned_gbps": 55.0}, {"native_h2d_pageable_gbps": 5.8})
+    assert "#host native_h2d_pageable_gbps=5.8" in with_host  # a line the interposer skips
+    assert lib.ccbemu_test_init(with_host.encode(), err, 256) == 0, err.value
 
 
 HOST_MEM, DEVICE_MEM = 1, 2

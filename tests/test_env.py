@@ -138,6 +138,24 @@ def test_a_what_if_run_is_stamped_with_its_overrides(monkeypatch, tmp_path):
     assert env.emulation_label(info) == "b300 with --set launch_toll_us=0 (was 18.6), h2d_pinned_gbps=20 (was 11.26)"
 
 
+def test_the_launchers_host_facts_reach_the_stamp_and_not_the_parameters(monkeypatch, tmp_path):
+    """native_floor.host_facts' measurements ride as `#host` lines: the loader's policy reads them from the stamp,
+    a malformed one is dropped, and none is taken for a profile parameter."""
+    from ccbridge.emulate import profiles
+    from ccbridge.load import policy
+
+    cfg = tmp_path / "profile.conf"
+    text = profiles.load("b300").config_text(None, {"native_h2d_pinned_gbps": 55.0}, {"native_h2d_pageable_gbps": 5.8})
+    cfg.write_text(text + "#host bad=oops\n#host inf=inf\n")
+    monkeypatch.setenv(env.EMULATION_VAR, "b300")
+    monkeypatch.setenv("CCBRIDGE_EMU_CONFIG", str(cfg))
+    info = env.emulation_info()
+    assert info["host"] == {"native_h2d_pageable_gbps": 5.8} and "native_h2d_pageable_gbps" not in info["params"]
+    mode, params = policy.cc_situation()
+    assert mode == "emulated" and params["native_h2d_pageable_gbps"] == 5.8
+    assert policy.choose(0).config.staging == "pinned"  # 0.78 x 5.8 GB/s per context pageable, 11.26 pinned
+
+
 def test_a_run_without_overrides_has_none(monkeypatch, tmp_path):
     from ccbridge.emulate import profiles
 

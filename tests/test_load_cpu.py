@@ -197,11 +197,18 @@ def test_policy_follows_the_cc_state(monkeypatch):
     for cores, readers in ((1, 2), (4, 2), (16, 14), (64, 16)):  # a core each for the copy issuer and the caller
         monkeypatch.setattr(policy, "_cpus", lambda: cores)
         assert policy.choose(0, ("off", {})).config.workers == readers
-    b300 = {"emulate": 1, "h2d_pinned_gbps": 11.26, "h2d_pageable_gbps": 15.0, "h2d_system_gbps": 34.18}
-    emu = policy.choose(0, ("emulated", b300)).config
-    assert (emu.contexts, emu.workers, emu.staging) == (4, 8, "mapped")  # ceil(34.18 / 15) + 1 contexts
+    b300 = {"emulate": 1, "h2d_pinned_gbps": 11.26, "h2d_pageable_gbps": 15.0, "h2d_system_gbps": 34.18,
+            "h2d_pinned_ratio": 0.203, "h2d_pageable_ratio": 0.78}
+    emu = policy.choose(0, ("emulated", b300)).config  # no host facts: the profile's rates as they stand
+    assert (emu.contexts, emu.workers, emu.staging, emu.chunk_bytes) == (6, 12, "mapped", 64 << 20)  # 2 x ceil(34.18 / 15)
     pinned_faster = policy.choose(0, ("emulated", {**b300, "h2d_pageable_gbps": 5.0})).config
-    assert pinned_faster.staging == "pinned" and pinned_faster.contexts == 5
+    assert (pinned_faster.staging, pinned_faster.contexts, pinned_faster.chunk_bytes) == ("pinned", 8, 4 << 20)
+    # a host whose one pageable call moves 5.8 GB/s: the emulator paces pageable crossings at 0.78 x that
+    slow_host = policy.choose(0, ("emulated", {**b300, "native_h2d_pageable_gbps": 5.8, "native_h2d_pinned_gbps": 55.0}))
+    assert (slow_host.config.staging, slow_host.config.contexts) == ("pinned", 8) and "pageable 4.52" in slow_host.why
+    assert policy.emulated_rates({**b300, "native_h2d_pageable_gbps": 30.0}) == (11.26, 15.0)  # a fast host: no cap
+    assert policy.emulated_rates({**b300, "native_h2d_pinned_gbps": 40.0}) == (11.26 if 40 * 0.203 > 11.26 else
+                                                                                 40 * 0.203, 15.0)
     on = policy.choose(0, ("on", {})).config
     assert on.contexts == policy.CC_ON_CONTEXTS and on.staging == "mapped"
     assert policy.choose(-1).config.device == -1

@@ -23,6 +23,7 @@ CRYPTO_FLAGS = ("aes", "pclmulqdq", "vaes", "vpclmulqdq", "avx2", "avx512f", "sh
 EMULATION_VAR = "CCBRIDGE_EMULATION_PROFILE"  # the profile's name
 CONFIG_VAR = "CCBRIDGE_EMU_CONFIG"  # the path of the key=value configuration the interposer reads
 OVERRIDE_MARK = "#was "  # a configuration line: a parameter set on the command line, with the profile's own value
+HOST_MARK = "#host "  # a configuration line: a fact of this machine that programs plan by (native_floor.host_facts)
 
 
 def cpu_info(cpuinfo_text: str | None = None) -> dict[str, Any]:
@@ -226,6 +227,9 @@ def emulation_info() -> dict[str, Any]:
         # native or real CC-on, and must not be labelled EMULATED
         info["active"] = info["params"].get("emulate", "1").strip() != "0"
         overrides = _overrides(text, info["params"])
+        host = _host_facts(text)
+        if host:
+            info["host"] = host
         if overrides:
             info["overrides"] = overrides
     except OSError as e:
@@ -249,6 +253,20 @@ def _overrides(config_text: str, params: dict[str, str]) -> dict[str, dict[str, 
             continue
         if math.isfinite(now) and math.isfinite(was):
             out[key] = {"value": now, "was": was}
+    return out
+
+
+def _host_facts(config_text: str) -> dict[str, float]:
+    """The `#host KEY=VALUE` lines of a configuration (the launcher's measurements for planning), finite numbers only."""
+    out = {}
+    for line in config_text.splitlines():
+        key, _, value = line[len(HOST_MARK):].partition("=") if line.startswith(HOST_MARK) else ("", "", "")
+        try:
+            v = float(value)
+        except ValueError:
+            continue
+        if key and math.isfinite(v):
+            out[key] = v
     return out
 
 

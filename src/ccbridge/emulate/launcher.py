@@ -119,7 +119,8 @@ def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, covera
         floor = native_floor.measure(collectives=projection is not None or v["nccl_toll_us"] > 0 or
                                      v["nvlink_kept"] < 1, links=projection is not None or v["nvlink_kept"] < 1) \
             if profile.emulates or projection else {}
-        text = profile.config_text(check_trace(trace) if trace else None, floor)
+        host = native_floor.host_facts() if profile.emulates else {}
+        text = profile.config_text(check_trace(trace) if trace else None, floor, host)
         if projection:
             text += projection.config_lines(floor)
         cov_prefix = str(Path(tmp) / "cov")

@@ -16,6 +16,10 @@ Without a second GPU, or without peer access, there is no rate and no such term 
 And it times the GPU time one more empty kernel adds to a busy stream: the collectives' device-side wait is such
 a kernel, and is shortened by it, so that a stream is held for the charge and not the charge plus the wait's own
 dispatch (about 1.5 us on an H100, 12% of a 12.5 us toll).
+
+`host_facts` times one call's pageable H2D for the programs that plan by it (the loader's policy: the emulator ends a
+pageable crossing no sooner than that copy over the published ratio, so one context moves at most that much). It is a
+snapshot for planning, written as a `#host` line the interposer skips; the floor itself stays crossing by crossing.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from ccbridge.errors import GpuError
 SIZES, ITERS = (64 << 20, 256 << 20), 3
 PEER_BYTES, PEER_ITERS = 256 << 20, 5  # a few ms over NVLink
 GAP_REPS = 21  # 200 us each
+PAGEABLE_BYTES = 64 << 20  # the loader's chunk under CC; about 40 ms for the four copies
 
 
 def measure(device: int = 0, collectives: bool = True, links: bool = True) -> dict[str, float]:
@@ -54,3 +59,14 @@ def measure(device: int = 0, collectives: bool = True, links: bool = True) -> di
     except GpuError:
         pass  # no peer access: the collectives pay their toll without a bandwidth term
     return out
+
+
+def host_facts(device: int = 0) -> dict[str, float]:
+    """{native_h2d_pageable_gbps: one call's pageable H2D, GB/s}; empty when no GPU is usable."""
+    try:
+        with core.Session(device, "pageable", PAGEABLE_BYTES) as s:
+            s.copy("h2d", PAGEABLE_BYTES, 1)  # warm-up: the pages faulted in, the driver's staging made
+            res, _ = s.copy("h2d", PAGEABLE_BYTES, ITERS)
+    except GpuError:
+        return {}
+    return {"native_h2d_pageable_gbps": round(res.bytes / res.seconds / 1e9, 3)}

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from ccbridge import schema
-from ccbridge.env import OVERRIDE_MARK
+from ccbridge.env import HOST_MARK, OVERRIDE_MARK
 from ccbridge.errors import ProfileError  # noqa: F401 - part of this module's API
 from ccbridge.textfit import cut
 
@@ -146,14 +146,17 @@ class Profile:
     def emulates(self) -> bool:
         return bool(self.params["emulate"].value)
 
-    def config_text(self, trace: str | None = None, native: dict[str, float] | None = None) -> str:
+    def config_text(self, trace: str | None = None, native: dict[str, float] | None = None,
+                    host: dict[str, float] | None = None) -> str:
         """The key=value text the interposer reads (env.CONFIG_VAR names its file); native:
-        this machine's measured bandwidths (native_floor.measure), the floor."""
+        this machine's measured bandwidths (native_floor.measure), the floor; host: facts for the programs
+        that plan by them (native_floor.host_facts), which the interposer does not read."""
         lines = [f"profile={self.name}"]
         for key, v in [(k, self.params[k].value) for k in PARAMS] + sorted((native or {}).items()):
             lines.append(f"{key}={_num(v)}")
         # the interposer skips comments; the run's env stamp reads these (env.emulation_info)
         lines += [f"{OVERRIDE_MARK}{key}={_num(was)}" for key, was in self.overrides.items()]
+        lines += [f"{HOST_MARK}{key}={_num(v)}" for key, v in sorted((host or {}).items())]
         if trace:
             lines.append(f"trace={trace}")
         return "\n".join(lines) + "\n"

@@ -10,16 +10,24 @@ then has one thread issue every copy (load.c says why), so the readers
 leave it a core, and the caller one.
 
 CC on: each context's secure channel serializes its crossings and caps them
-at a fraction of the link, so the pool takes as many contexts as it needs to
-reach the machine's aggregate ceiling, plus one, and two workers per context
-(under CC a copy call holds its thread, so one worker prepares while the
-other copies). When pageable is the faster path of one context (the bridge
-law: the pinned fast path collapses under CC) there is no staging at all:
-the copy reads the file's page-cache mapping, so the CPU encrypts straight
-from the page cache (one pass over the bytes instead of pread's extra one;
-33 vs 23 GB/s under the emulated b300 bridge). Otherwise pinned staging.
-Chunks are large (64 MiB): each crossing pays a toll, and the caches cannot
-help a path whose CPU work is encryption into a bounce buffer.
+at a fraction of the link, so the pool takes several contexts, and two
+workers per context (under CC a copy call holds its thread, so one worker
+prepares while the other copies). When pageable is the faster path of one
+context (the bridge law: the pinned fast path collapses under CC) there is no
+staging at all: the copy reads the file's page-cache mapping, so the CPU
+encrypts straight from the page cache; 64 MiB chunks, each crossing paying a
+toll. Otherwise pinned staging in 4 MiB chunks: a chunk read into staging is
+still in the CPU's caches when its channel seals it.
+
+Under the emulator the rates come from the profile, each capped as the
+emulator paces it (emulated_rates): on a host whose one pageable call is slow
+the pinned path wins. Contexts: twice what the profile's per-context rate
+needs to fill the machine-wide bridge, because a channel sealing on the host
+while the readers share its cores moves about half its rate. Emulated b300 on
+one 16-core H200 host (bench/RESULTS.md, 2026-11-27, session 18), GB/s over
+the data movement: pinned 8 contexts x 4 MiB 28.5-29.8, x 64 MiB 23.5-24.1,
+5 contexts x 4 MiB 25.6, 7 x 4 MiB 29.8; mapped 8 contexts 22.4 at 4 and 64
+MiB, 4 contexts 14.3 (the old plan's, which took the profile's 15 GB/s).
 """
 
 from __future__ import annotations
@@ -65,14 +73,28 @@ def cc_situation() -> tuple[str, dict[str, float]]:
             except ValueError:
                 pass
         if params.get("emulate", 1.0):
-            return "emulated", params
+            return "emulated", {**params, **(emu.get("host") or {})}
         return "off", {}  # passthrough: the interposer adds no cost
     return env.nvml_info().get("cc", {}).get("mode", "unknown"), {}
 
 
 def _cc_plan(device: int, contexts: int, staging: str, why: str) -> Plan:
     workers = min(2 * contexts, 64)
-    return Plan(PoolConfig(device, workers, contexts, staging, 64 * MiB, 2), why)
+    chunk = 4 * MiB if staging == "pinned" else 64 * MiB
+    return Plan(PoolConfig(device, workers, contexts, staging, chunk, 2), why)
+
+
+def emulated_rates(params: dict[str, float]) -> tuple[float, float]:
+    """(pinned, pageable) GB/s that one context moves under the emulator: the profile's rates, each no more than
+    this host's own copy times the published CC ratio, as the emulator paces them (native/emu/pace.c, channel.c).
+    A host whose one pageable call is slow (5.8-7.3 GB/s on an H200 host, 2026-11-27) moves pageable crossings at
+    ratio x that, not at the profile's 15 GB/s: there pinned staging is the faster path."""
+    rates = []
+    for mem in ("pinned", "pageable"):
+        rate, native, ratio = (params.get(k, 0) for k in (f"h2d_{mem}_gbps", f"native_h2d_{mem}_gbps",
+                                                           f"h2d_{mem}_ratio"))
+        rates.append(min(rate, native * ratio) if rate > 0 and native > 0 and ratio > 0 else rate)
+    return rates[0], rates[1]
 
 
 def choose(device: int, situation: tuple[str, dict[str, float]] | None = None) -> Plan:
@@ -82,13 +104,14 @@ def choose(device: int, situation: tuple[str, dict[str, float]] | None = None) -
         return Plan(PoolConfig(-1, n, 0, "pageable", 64 * MiB, 1), f"host target: {n} reader threads")
     mode, params = situation or cc_situation()
     if mode == "emulated":
-        pinned, pageable = params.get("h2d_pinned_gbps", 0), params.get("h2d_pageable_gbps", 0)
+        pinned, pageable = emulated_rates(params)
         staging, per_ctx = ("mapped", pageable) if pageable >= pinned else ("pinned", pinned)
         system = params.get("h2d_system_gbps", 0)
         if per_ctx > 0 and system > 0:
-            n = max(2, min(16, math.ceil(system / per_ctx) + 1))
-            return _cc_plan(device, n, staging, f"emulated CC: {per_ctx:g} GB/s per context, "
-                                                f"{system:g} GB/s machine-wide: {n} contexts, staging {staging}")
+            n = max(2, min(16, 2 * math.ceil(system / per_ctx)))
+            return _cc_plan(device, n, staging, f"emulated CC: {per_ctx:.3g} GB/s per context {staging} (pinned "
+                                                f"{pinned:.3g}, pageable {pageable:.3g}), {system:g} GB/s machine-wide: "
+                                                f"{n} contexts")
         return _cc_plan(device, CC_ON_CONTEXTS, staging, "emulated CC without bandwidth figures: "
                                                          f"{CC_ON_CONTEXTS} contexts")
     if mode == "on":
