@@ -207,13 +207,34 @@ def test_policy_follows_the_cc_state(monkeypatch):
     slow_host = policy.choose(0, ("emulated", {**b300, "native_h2d_pageable_gbps": 5.8, "native_h2d_pinned_gbps": 55.0}))
     assert (slow_host.config.staging, slow_host.config.contexts) == ("pinned", 8) and "pageable 4.52" in slow_host.why
     assert policy.emulated_rates({**b300, "native_h2d_pageable_gbps": 30.0}) == (11.26, 15.0)  # a fast host: no cap
-    assert policy.emulated_rates({**b300, "native_h2d_pinned_gbps": 40.0}) == (11.26 if 40 * 0.203 > 11.26 else
-                                                                                 40 * 0.203, 15.0)
+    pinned, pageable = policy.emulated_rates({**b300, "native_h2d_pinned_gbps": 40.0})  # 0.203 x 40 < 11.26
+    assert (pinned, pageable) == (pytest.approx(8.12), 15.0)
     on = policy.choose(0, ("on", {})).config
-    assert on.contexts == policy.CC_ON_CONTEXTS and on.staging == "mapped"
+    assert (on.contexts, on.staging, on.chunk_bytes) == (policy.CC_ON_CONTEXTS, "mapped", 64 << 20)
     assert policy.choose(-1).config.device == -1
     forced = policy.override(policy.choose(0, ("off", {})), contexts=3)
     assert forced.config.contexts == 3 and "overridden" in forced.why
+
+
+def test_a_cc_plans_chunk_follows_an_overridden_staging_and_no_rate_breaks_the_plan():
+    """Under CC the chunk goes with the staging (pinned 4 MiB, the copy from the mapping 64 MiB): a caller who
+    names only the staging gets that staging's chunk, not the other's; a chunk given is kept. Rates so small that
+    the bridge over one context's is past any float (`--set h2d_pinned_gbps=1e-320`) plan the most contexts."""
+    from ccbridge.load import policy
+
+    b300 = {"emulate": 1, "h2d_pinned_gbps": 11.26, "h2d_pageable_gbps": 15.0, "h2d_system_gbps": 34.18}
+    mapped = policy.choose(0, ("emulated", b300))
+    assert mapped.config.staging == "mapped"
+    as_pinned = policy.override(mapped, staging="pinned")
+    assert (as_pinned.config.staging, as_pinned.config.chunk_bytes) == ("pinned", 4 << 20)
+    assert "chunk_bytes=4194304" in as_pinned.why
+    assert policy.override(as_pinned, staging="mapped").config.chunk_bytes == 64 << 20
+    assert policy.override(mapped, staging="pinned", chunk_bytes=16 << 20).config.chunk_bytes == 16 << 20
+    assert policy.override(policy.choose(0, ("on", {})), staging="pinned").config.chunk_bytes == 4 << 20
+    off = policy.choose(0, ("off", {}))  # CC off: no contexts of the pool's own, the chunk is the caller's to set
+    assert policy.override(off, staging="mapped").config.chunk_bytes == off.config.chunk_bytes
+    tiny = policy.choose(0, ("emulated", {**b300, "h2d_pinned_gbps": 1e-320, "h2d_pageable_gbps": 1e-320}))
+    assert tiny.config.contexts == 16
 
 
 def test_make_checkpoint_refuses_a_folder_that_holds_a_checkpoint(tmp_path):

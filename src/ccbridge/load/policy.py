@@ -78,10 +78,15 @@ def cc_situation() -> tuple[str, dict[str, float]]:
     return env.nvml_info().get("cc", {}).get("mode", "unknown"), {}
 
 
+def _cc_chunk(staging: str) -> int:
+    """A crossing under CC: pinned staging's chunk is still in cache when sealed; a copy from the mapping has none
+    to keep warm, and each crossing pays a toll."""
+    return 4 * MiB if staging == "pinned" else 64 * MiB
+
+
 def _cc_plan(device: int, contexts: int, staging: str, why: str) -> Plan:
     workers = min(2 * contexts, 64)
-    chunk = 4 * MiB if staging == "pinned" else 64 * MiB
-    return Plan(PoolConfig(device, workers, contexts, staging, chunk, 2), why)
+    return Plan(PoolConfig(device, workers, contexts, staging, _cc_chunk(staging), 2), why)
 
 
 def emulated_rates(params: dict[str, float]) -> tuple[float, float]:
@@ -108,10 +113,11 @@ def choose(device: int, situation: tuple[str, dict[str, float]] | None = None) -
         staging, per_ctx = ("mapped", pageable) if pageable >= pinned else ("pinned", pinned)
         system = params.get("h2d_system_gbps", 0)
         if per_ctx > 0 and system > 0:
-            n = max(2, min(16, 2 * math.ceil(system / per_ctx)))
+            need = system / per_ctx  # inf where per_ctx is a denormal (--set h2d_pinned_gbps=1e-320): ceil refuses it
+            n = 16 if need > 8 else max(2, 2 * math.ceil(need))
             return _cc_plan(device, n, staging, f"emulated CC: {per_ctx:.3g} GB/s per context {staging} (pinned "
-                                                f"{pinned:.3g}, pageable {pageable:.3g}), {system:g} GB/s machine-wide: "
-                                                f"{n} contexts")
+                                                f"{pinned:.3g}, pageable {pageable:.3g}), {system:g} GB/s "
+                                                f"machine-wide: {n} contexts")
         return _cc_plan(device, CC_ON_CONTEXTS, staging, "emulated CC without bandwidth figures: "
                                                          f"{CC_ON_CONTEXTS} contexts")
     if mode == "on":
@@ -139,6 +145,8 @@ def override(plan: Plan, workers: int | None = None, contexts: int | None = None
         given["workers"] = max(c.workers, contexts)
     if workers is not None and contexts is None and c.contexts > workers:
         given["contexts"] = workers
+    if staging is not None and chunk_bytes is None and c.contexts:  # under CC the chunk goes with the staging
+        given["chunk_bytes"] = _cc_chunk(staging)
     cfg = PoolConfig(c.device, given.get("workers", c.workers), given.get("contexts", c.contexts),
                      given.get("staging", c.staging), given.get("chunk_bytes", c.chunk_bytes),
                      given.get("buffers", c.buffers))
