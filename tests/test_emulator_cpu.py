@@ -467,6 +467,35 @@ def test_shipped_profiles_parse_and_the_interposer_accepts_them(lib, name):
     assert lib.ccbemu_test_init(with_host.encode(), err, 256) == 0, err.value
 
 
+@pytest.mark.parametrize("name", ["b300", "passthrough"])
+def test_the_launcher_writes_host_facts_for_an_emulating_profile_only(monkeypatch, tmp_path, name):
+    """The launcher's pageable snapshot reaches the program's configuration as a `#host` line, which the interposer
+    preloaded into it skips (the program runs); a passthrough run adds no cost and times nothing for it."""
+    import sys
+
+    asked = []
+    monkeypatch.setattr(launcher.native_floor, "measure", lambda **kw: {})
+    monkeypatch.setattr(launcher.native_floor, "host_facts",
+                        lambda: asked.append(1) or {"native_h2d_pageable_gbps": 5.8})
+    out = tmp_path / "seen.conf"
+    code = f"import os, shutil; shutil.copy(os.environ['CCBRIDGE_EMU_CONFIG'], {str(out)!r})"
+    assert launcher.run(profiles.load(name), [sys.executable, "-c", code]) == 0
+    emulates = name != "passthrough"
+    assert ("#host native_h2d_pageable_gbps=5.8" in out.read_text().splitlines()) == emulates
+    assert asked == [1] * emulates
+
+
+def test_host_facts_are_empty_without_a_usable_gpu(monkeypatch):
+    from ccbridge.emulate import native_floor
+    from ccbridge.errors import GpuError
+
+    def no_gpu(*a, **kw):
+        raise GpuError("no CUDA driver")
+
+    monkeypatch.setattr(native_floor.core, "Session", no_gpu)
+    assert native_floor.host_facts() == {}
+
+
 HOST_MEM, DEVICE_MEM = 1, 2
 
 

@@ -32,7 +32,7 @@ from ccbridge.errors import GpuError
 SIZES, ITERS = (64 << 20, 256 << 20), 3
 PEER_BYTES, PEER_ITERS = 256 << 20, 5  # a few ms over NVLink
 GAP_REPS = 21  # 200 us each
-PAGEABLE_BYTES = 64 << 20  # the loader's chunk under CC; about 40 ms for the four copies
+PAGEABLE_BYTES = 64 << 20  # the loader's chunk from the page-cache mapping under CC; about 40 ms for the four copies
 
 
 def measure(device: int = 0, collectives: bool = True, links: bool = True) -> dict[str, float]:
