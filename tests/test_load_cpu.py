@@ -181,6 +181,29 @@ def test_f6_dtype_has_no_torch_dtype(tmp_path):
         load_safetensors(p, device="cpu")
 
 
+def test_zero_size_tensors_of_any_shape_torch_takes_load_and_others_are_a_header_error(tmp_path):
+    """A tensor of no bytes is made as safetensors makes it (a reshape of nothing): [0, 2**40, 2**40] loads,
+    though torch.empty of that shape overflows its strides; a shape no reshape takes (a dimension past 63 bits,
+    strides past 63 bits) is a HeaderError naming the tensor, not a torch traceback."""
+    import json
+    import struct
+
+    import torch
+
+    def write(name, shape):
+        text = json.dumps({"z": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]},
+                           "a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}).encode()
+        (tmp_path / name).write_bytes(struct.pack("<Q", len(text)) + text + b"\x01\x02")
+        return tmp_path / name
+
+    got = load_safetensors(write("wide.safetensors", [0, 2**40, 2**40]), device="cpu")
+    assert got["z"].shape == (0, 2**40, 2**40) and got["z"].dtype == torch.float32 and got["a"].tolist() == [1, 2]
+    for shape in ([0, 2**63], [0, 2**62, 2]):
+        with pytest.raises(HeaderError, match="tensor 'z'") as e:
+            load_safetensors(write("bad.safetensors", shape), device="cpu")
+        assert e.value.rule == "shape" and "\n" not in str(e.value)
+
+
 def test_bad_arguments(ckpt):
     d, _ = ckpt
     with pytest.raises(ValueError, match="workers"):

@@ -78,6 +78,13 @@ def _torch_dtype(torch, h: header.Header, t: header.TensorInfo):
         if not shape or shape[-1] % 2:
             raise header.HeaderError(h.path, "shape", f"tensor {t.name!r} is F4 with shape {t.shape}: torch needs an even last dimension")
         shape[-1] //= 2
+    if not t.nbytes:  # a reshape of nothing (_run): the shapes such a reshape refuses fail here, pool unstarted
+        try:
+            torch.empty(0, dtype=dt, device="meta").reshape(shape)
+        except (RuntimeError, TypeError):  # torch's own words run to 200 columns: the cause in ours
+            shown = f"{str(list(t.shape)):.60}"
+            raise header.HeaderError(h.path, "shape", f"tensor {t.name!r} of shape {shown}: a dimension or a stride "
+                                                      "past 63 bits, which torch cannot make") from None
     return dt, shape
 
 
