@@ -92,8 +92,8 @@ def _cc_plan(device: int, contexts: int, staging: str, why: str) -> Plan:
 def emulated_rates(params: dict[str, float]) -> tuple[float, float]:
     """(pinned, pageable) GB/s that one context moves under the emulator: the profile's rates, each no more than
     this host's own copy times the published CC ratio, as the emulator paces them (native/emu/pace.c, channel.c).
-    A host whose one pageable call is slow (5.8-7.3 GB/s on an H200 host, 2026-11-27) moves pageable crossings at
-    ratio x that, not at the profile's 15 GB/s: there pinned staging is the faster path."""
+    A host whose one pageable call is slow (5.6-6.5 GB/s on an H200 host, bench/RESULTS.md 2026-11-27 session 18)
+    moves pageable crossings at ratio x that, not at the profile's 15 GB/s: there pinned staging is the faster path."""
     rates = []
     for mem in ("pinned", "pageable"):
         rate, native, ratio = (params.get(k, 0) for k in (f"h2d_{mem}_gbps", f"native_h2d_{mem}_gbps",
