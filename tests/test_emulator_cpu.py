@@ -474,9 +474,14 @@ def test_the_launcher_writes_host_facts_for_an_emulating_profile_only(monkeypatc
     import sys
 
     asked = []
-    monkeypatch.setattr(launcher.native_floor, "measure", lambda **kw: {})
-    monkeypatch.setattr(launcher.native_floor, "host_facts",
-                        lambda: asked.append(1) or {"native_h2d_pageable_gbps": 5.8})
+
+    def measure(host=None, **kw):  # as native_floor.measure: host facts into `host`, timed in the same context
+        if host is not None:
+            asked.append(1)
+            host.update({"native_h2d_pageable_gbps": 5.8})
+        return {}
+
+    monkeypatch.setattr(launcher.native_floor, "measure", measure)
     out = tmp_path / "seen.conf"
     code = f"import os, shutil; shutil.copy(os.environ['CCBRIDGE_EMU_CONFIG'], {str(out)!r})"
     assert launcher.run(profiles.load(name), [sys.executable, "-c", code]) == 0

@@ -232,6 +232,8 @@ def test_policy_follows_the_cc_state(monkeypatch):
     slow_host = policy.choose(0, ("emulated", {**b300, "native_h2d_pageable_gbps": 5.8, "native_h2d_pinned_gbps": 55.0}))
     assert (slow_host.config.staging, slow_host.config.contexts) == ("pinned", 8) and "pageable 4.52" in slow_host.why
     assert policy.emulated_rates({**b300, "native_h2d_pageable_gbps": 30.0}) == (11.26, 15.0)  # a fast host: no cap
+    # a profile that leaves pageable unpaced (0): the emulator's floor alone holds it, 0.78 x 5.0
+    assert policy.emulated_rates({**b300, "h2d_pageable_gbps": 0, "native_h2d_pageable_gbps": 5.0}) == (11.26, pytest.approx(3.9))
     pinned, pageable = policy.emulated_rates({**b300, "native_h2d_pinned_gbps": 40.0})  # 0.203 x 40 < 11.26
     assert (pinned, pageable) == (pytest.approx(8.12), 15.0)
     on = policy.choose(0, ("on", {})).config

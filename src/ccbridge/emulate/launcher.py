@@ -116,10 +116,11 @@ def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, covera
         cfg = Path(tmp) / "profile.conf"
         v = {k: profile.params[k].value for k in ("nccl_toll_us", "nvlink_kept")}
         # projected, also a CC-off run dilates its crossings and links: it needs this machine's rates too
+        host: dict[str, float] = {}  # what the loaded program plans by (the loader's policy), emulating runs only
         floor = native_floor.measure(collectives=projection is not None or v["nccl_toll_us"] > 0 or
-                                     v["nvlink_kept"] < 1, links=projection is not None or v["nvlink_kept"] < 1) \
+                                     v["nvlink_kept"] < 1, links=projection is not None or v["nvlink_kept"] < 1,
+                                     host=host if profile.emulates else None) \
             if profile.emulates or projection else {}
-        host = native_floor.host_facts() if profile.emulates else {}
         text = profile.config_text(check_trace(trace) if trace else None, floor, host)
         if projection:
             text += projection.config_lines(floor)

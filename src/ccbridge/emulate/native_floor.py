@@ -35,10 +35,13 @@ GAP_REPS = 21  # 200 us each
 PAGEABLE_BYTES = 64 << 20  # the loader's chunk from the page-cache mapping under CC; about 40 ms for the four copies
 
 
-def measure(device: int = 0, collectives: bool = True, links: bool = True) -> dict[str, float]:
+def measure(device: int = 0, collectives: bool = True, links: bool = True,
+            host: dict[str, float] | None = None) -> dict[str, float]:
     """{native_<dir>_pinned_gbps: GB/s, native_kernel_ns, native_nvlink_gbps}; empty when no GPU is usable (no
     floor then). collectives / links: the profile charges NCCL operations at all / a bandwidth-kept term (else
-    the kernel gap / the GPU-GPU rate, unused, are not timed: no second GPU touched for nothing)."""
+    the kernel gap / the GPU-GPU rate, unused, are not timed: no second GPU touched for nothing). host: a dict
+    that takes host_facts, timed while this measurement holds the primary context (apart, the launcher's
+    process would make that context a second time: 0.1-0.3 s)."""
     out: dict[str, float] = {}
     try:
         with core.Session(device, "pinned", max(SIZES)) as s:
@@ -51,6 +54,8 @@ def measure(device: int = 0, collectives: bool = True, links: bool = True) -> di
                     out[key] = min(out.get(key, gbps), gbps)
             if collectives:
                 out["native_kernel_ns"] = round(s.kernel_gap(GAP_REPS, gputimer.choose()), 1)
+            if host is not None:
+                host.update(host_facts(device))
     except GpuError:
         return {}
     try:

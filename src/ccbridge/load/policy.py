@@ -98,7 +98,9 @@ def emulated_rates(params: dict[str, float]) -> tuple[float, float]:
     for mem in ("pinned", "pageable"):
         rate, native, ratio = (params.get(k, 0) for k in (f"h2d_{mem}_gbps", f"native_h2d_{mem}_gbps",
                                                            f"h2d_{mem}_ratio"))
-        rates.append(min(rate, native * ratio) if rate > 0 and native > 0 and ratio > 0 else rate)
+        cap = native * ratio if native > 0 and ratio > 0 else 0.0
+        # 0: the profile leaves the channel unpaced, and the emulator's floor (this host x the ratio) alone holds it
+        rates.append(min(rate, cap) if rate > 0 and cap > 0 else rate or cap)
     return rates[0], rates[1]
 
 
