@@ -236,6 +236,17 @@ def test_policy_follows_the_cc_state(monkeypatch):
     assert policy.emulated_rates({**b300, "h2d_pageable_gbps": 0, "native_h2d_pageable_gbps": 5.0}) == (11.26, pytest.approx(3.9))
     pinned, pageable = policy.emulated_rates({**b300, "native_h2d_pinned_gbps": 40.0})  # 0.203 x 40 < 11.26
     assert (pinned, pageable) == (pytest.approx(8.12), 15.0)
+    # a pool made for one load: its contexts' making (0.65 s each under b300) counts against that load
+    b300_host = {**b300, "ctx_create_s": 0.519, "native_h2d_pageable_gbps": 5.8, "native_h2d_pinned_gbps": 55.0}
+    small = policy.choose(0, ("emulated", b300_host), nbytes=8 * 10**9)
+    assert (small.config.contexts, small.config.workers) == (0, 2) and "the primary context" in small.why
+    big = policy.choose(0, ("emulated", b300_host), nbytes=60 * 10**9)
+    assert 2 <= big.config.contexts < 8 and big.config.workers == 2 * big.config.contexts
+    assert policy.choose(0, ("emulated", b300_host)).config.contexts == 8  # prewarmed: making is off the load
+    free = policy.choose(0, ("emulated", {**b300_host, "ctx_create_s": 0}), nbytes=10**12)
+    assert free.config.contexts >= 6  # contexts that cost (almost) nothing to make: the throughput plan's
+    assert policy.cold_contexts(8 * 10**9, 11.26, 34.18, 0.65, 8) == 0  # 1.42 s on the primary; 2: 2.01 s
+    assert policy.cold_contexts(60 * 10**9, 11.26, 34.18, 0.65, 8) == 4  # 4 x 0.65 + 60 / 22.5 = 5.27 s
     on = policy.choose(0, ("on", {})).config
     assert (on.contexts, on.staging, on.chunk_bytes) == (policy.CC_ON_CONTEXTS, "mapped", 64 << 20)
     assert policy.choose(-1).config.device == -1

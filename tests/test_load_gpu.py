@@ -89,7 +89,7 @@ def test_bad_device_index(ckpt):
 EMULATED = """
 import json, sys, torch
 from safetensors.torch import load_file
-from ccbridge.load import LoadStats, load_safetensors
+from ccbridge.load import LoadStats, load_safetensors, prewarm
 sys.path.insert(0, {tests!r})
 import ckpt_util
 from pathlib import Path
@@ -97,10 +97,14 @@ d = Path({d!r})
 ref = {{}}
 for f in sorted(d.glob("*.safetensors")):
     ref.update(load_file(str(f), device="cuda:0"))
+def equal(got):
+    return got.keys() == ref.keys() and all(ckpt_util.same_bytes(torch, ref[k], got[k]) for k in ref)
 st = LoadStats()
-got = load_safetensors(d, device="cuda:0", stats=st)
-print(json.dumps({{"equal": got.keys() == ref.keys() and all(ckpt_util.same_bytes(torch, ref[k], got[k]) for k in ref),
-                  "why": st.why, "pool": st.pool}}))
+cold = equal(load_safetensors(d, device="cuda:0", stats=st))  # a pool made for this load alone
+with prewarm("cuda:0") as pool:  # the throughput plan, its contexts made before the load
+    warm = LoadStats()
+    prewarmed = equal(load_safetensors(d, device="cuda:0", pool=pool, stats=warm))
+print(json.dumps({{"equal": cold and prewarmed, "why": st.why, "pool": st.pool, "warm_pool": warm.pool}}))
 """
 
 
@@ -112,4 +116,7 @@ def test_under_emulated_b300_bridge(ckpt):
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["equal"]
-    assert res["why"].startswith("emulated CC") and res["pool"]["contexts"] >= 2
+    assert res["why"].startswith("emulated CC")
+    # a small checkpoint loaded cold: making contexts (0.65 s each under b300) costs more than they save
+    assert res["pool"]["contexts"] == 0 and "the primary context" in res["why"]
+    assert res["warm_pool"]["contexts"] >= 2  # prewarmed: several contexts, the bytes still exact

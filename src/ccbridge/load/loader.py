@@ -190,8 +190,8 @@ def _run(paths, device, *, pool: Pool | None = None, workers: int | None = None,
         infos = [(fd, h, t) for fd, h in zip(fds, headers) for t in h.tensors]
         dtypes = [_torch_dtype(torch, h, t) for _, h, t in infos]
         if own_pool:
-            plan = policy.for_device(index, workers=workers, contexts=contexts, staging=staging,
-                                     chunk_bytes=chunk_bytes, buffers=buffers)
+            plan = policy.for_device(index, nbytes=sum(t.nbytes for _, _, t in infos), workers=workers,
+                                     contexts=contexts, staging=staging, chunk_bytes=chunk_bytes, buffers=buffers)
             st.why = plan.why
             pool = Pool(plan.config)  # prewarms while we allocate and plan
         elif pool.config.device != index:

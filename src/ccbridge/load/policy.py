@@ -28,6 +28,9 @@ one 16-core H200 host (bench/RESULTS.md, 2026-11-27, session 18), GB/s over
 the data movement: pinned 8 contexts x 4 MiB 28.5-29.8, x 64 MiB 23.5-24.1,
 5 contexts x 4 MiB 25.6, 7 x 4 MiB 29.8; mapped 8 contexts 22.4 at 4 and 64
 MiB, 4 contexts 14.3 (the old plan's, which took the profile's 15 GB/s).
+A pool made for one load (not prewarmed) pays its contexts' making on that
+load's critical path: cold_contexts weighs it (4.19 GB cold under b300: the
+primary context 1.08-1.11 s, 8 contexts 5.97 s).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ MiB = 1 << 20
 # Real CC hardware with no measurement at hand: the bridge law's 8 worker
 # contexts (RTX Pro 6000 scales to ~35 GB/s by 24; B300 tops at ~34 GB/s).
 CC_ON_CONTEXTS = 8
+# One context made natively: our H100 with CC off, 0.131 s (the b300 profile's ctx_create_s is the CC-on rest)
+NATIVE_CONTEXT_S = 0.131
 # CC off, cores the readers leave to the thread that issues every copy and to the caller: on a 16-core H200 host
 # 14 and 12 readers moved 52.6 and 52.5 GB/s where 16 moved 51.9 (bench/load_sweep.py, bench/RESULTS.md)
 SPARE_CORES = 2
@@ -85,7 +90,7 @@ def _cc_chunk(staging: str) -> int:
 
 
 def _cc_plan(device: int, contexts: int, staging: str, why: str) -> Plan:
-    workers = min(2 * contexts, 64)
+    workers = min(2 * max(contexts, 1), 64)  # contexts 0: the primary context's one channel, two workers on it
     return Plan(PoolConfig(device, workers, contexts, staging, _cc_chunk(staging), 2), why)
 
 
@@ -104,8 +109,20 @@ def emulated_rates(params: dict[str, float]) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
-def choose(device: int, situation: tuple[str, dict[str, float]] | None = None) -> Plan:
-    """The default pool for a load to `device` (-1: host memory)."""
+def cold_contexts(nbytes: int, per_ctx: float, system: float, create_s: float, most: int) -> int:
+    """Contexts for a pool made for one load of nbytes, whose making is on that load's critical path: 0 (the
+    primary context, made already) or 2..most, whichever makes and moves soonest. The driver makes contexts one
+    after another (8 in 5.5 s under the emulated b300 bridge, session 18), so n cost n x create_s; n channels
+    move min(system, n x per_ctx / 2) GB/s, half a channel's rate as the pool's channels moved with the readers
+    sharing their cores (one channel alone, the primary's, counted the same: the estimate errs towards more)."""
+    def seconds(n: int) -> float:
+        return n * create_s + nbytes / 1e9 / min(system, max(n, 1) * per_ctx / 2)
+    return min([0] + list(range(2, most + 1)), key=seconds)
+
+
+def choose(device: int, situation: tuple[str, dict[str, float]] | None = None, nbytes: int | None = None) -> Plan:
+    """The default pool for a load to `device` (-1: host memory). nbytes: the pool is made for one load of that
+    many bytes (not prewarmed): under emulated CC its contexts' making then counts against the load."""
     if device < 0:
         n = max(2, min(8, _cpus()))
         return Plan(PoolConfig(-1, n, 0, "pageable", 64 * MiB, 1), f"host target: {n} reader threads")
@@ -117,9 +134,13 @@ def choose(device: int, situation: tuple[str, dict[str, float]] | None = None) -
         if per_ctx > 0 and system > 0:
             need = system / per_ctx  # inf where per_ctx is a denormal (--set h2d_pinned_gbps=1e-320): ceil refuses it
             n = 16 if need > 8 else max(2, 2 * math.ceil(need))
-            return _cc_plan(device, n, staging, f"emulated CC: {per_ctx:.3g} GB/s per context {staging} (pinned "
-                                                f"{pinned:.3g}, pageable {pageable:.3g}), {system:g} GB/s "
-                                                f"machine-wide: {n} contexts")
+            why = (f"emulated CC: {per_ctx:.3g} GB/s per context {staging} (pinned {pinned:.3g}, pageable "
+                   f"{pageable:.3g}), {system:g} GB/s machine-wide: {n} contexts")
+            create = params.get("ctx_create_s", 0) + NATIVE_CONTEXT_S
+            if nbytes and (cold := cold_contexts(nbytes, per_ctx, system, create, n)) < n:
+                n, why = cold, why + (f"; made for {nbytes / 1e9:.3g} GB alone, {create:.2g} s a context: "
+                                      f"{cold or 'the primary'} context{'s' if cold else ''}")
+            return _cc_plan(device, n, staging, why)
         return _cc_plan(device, CC_ON_CONTEXTS, staging, "emulated CC without bandwidth figures: "
                                                          f"{CC_ON_CONTEXTS} contexts")
     if mode == "on":
@@ -130,9 +151,10 @@ def choose(device: int, situation: tuple[str, dict[str, float]] | None = None) -
                 f"CC {mode}: {n} workers on the primary context, pinned staging, direct to the tensors")
 
 
-def for_device(device: int, **overrides) -> Plan:
-    """The plan for a load to `device`: the default, with the caller's overrides in place."""
-    return override(choose(device), **overrides)
+def for_device(device: int, nbytes: int | None = None, **overrides) -> Plan:
+    """The plan for a load to `device`: the default (for one load of nbytes, where given), with the caller's
+    overrides in place."""
+    return override(choose(device, nbytes=nbytes), **overrides)
 
 
 def override(plan: Plan, workers: int | None = None, contexts: int | None = None, staging: str | None = None,
