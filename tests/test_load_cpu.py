@@ -275,6 +275,25 @@ def test_a_cc_plans_chunk_follows_an_overridden_staging_and_no_rate_breaks_the_p
     assert tiny.config.contexts == 16
 
 
+def test_a_pool_made_for_one_load_of_nothing_or_at_no_rate():
+    """A checkpoint of only zero-size tensors is a load of 0 bytes: no context is worth making for it (the
+    throughput plan's 8 under b300 cost 5.5 s for nothing). The least denormal rate, which the profile ranges
+    accept (`--set h2d_pinned_gbps=5e-324 --set h2d_pageable_gbps=5e-324`), halves to 0: a plan, not a
+    ZeroDivisionError in the loaded program."""
+    from ccbridge.load import policy
+
+    b300 = {"emulate": 1, "h2d_pinned_gbps": 11.26, "h2d_pageable_gbps": 15.0, "h2d_system_gbps": 34.18,
+            "h2d_pinned_ratio": 0.203, "h2d_pageable_ratio": 0.78, "ctx_create_s": 0.519,
+            "native_h2d_pageable_gbps": 5.8, "native_h2d_pinned_gbps": 55.0}
+    empty = policy.choose(0, ("emulated", b300), nbytes=0)
+    assert (empty.config.contexts, empty.config.workers) == (0, 2) and "the primary context" in empty.why
+    least = {**b300, "h2d_pinned_gbps": 5e-324, "h2d_pageable_gbps": 5e-324}
+    for nbytes in (0, 10**9):  # 0 bytes take no time at any rate; 1 GB none that any count of contexts reaches
+        plan = policy.choose(0, ("emulated", least), nbytes=nbytes)
+        plan.config.check()
+        assert plan.config.contexts == 0
+
+
 def test_make_checkpoint_refuses_a_folder_that_holds_a_checkpoint(tmp_path):
     """New shards beside an old layout's would load as one checkpoint of both (a duplicate tensor)."""
     from ccbridge.errors import UsageError

@@ -116,7 +116,11 @@ def cold_contexts(nbytes: int, per_ctx: float, system: float, create_s: float, m
     move min(system, n x per_ctx / 2) GB/s, half a channel's rate as the pool's channels moved with the readers
     sharing their cores (one channel alone, the primary's, counted the same: the estimate errs towards more)."""
     def seconds(n: int) -> float:
-        return n * create_s + nbytes / 1e9 / min(system, max(n, 1) * per_ctx / 2)
+        rate = min(system, max(n, 1) * per_ctx / 2)
+        if not nbytes:  # nothing to move takes no time at any rate
+            return n * create_s
+        # per_ctx the least denormal (5e-324, which the profile ranges accept) halves to 0: nothing ever moves
+        return n * create_s + (nbytes / 1e9 / rate if rate > 0 else math.inf)
     return min([0] + list(range(2, most + 1)), key=seconds)
 
 
@@ -137,7 +141,8 @@ def choose(device: int, situation: tuple[str, dict[str, float]] | None = None, n
             why = (f"emulated CC: {per_ctx:.3g} GB/s per context {staging} (pinned {pinned:.3g}, pageable "
                    f"{pageable:.3g}), {system:g} GB/s machine-wide: {n} contexts")
             create = params.get("ctx_create_s", 0) + NATIVE_CONTEXT_S
-            if nbytes and (cold := cold_contexts(nbytes, per_ctx, system, create, n)) < n:
+            # nbytes 0 (only zero-size tensors) is a load too: nothing to move, so no context is worth making
+            if nbytes is not None and (cold := cold_contexts(nbytes, per_ctx, system, create, n)) < n:
                 n, why = cold, why + (f"; made for {nbytes / 1e9:.3g} GB alone, {create:.2g} s a context: "
                                       f"{cold or 'the primary'} context{'s' if cold else ''}")
             return _cc_plan(device, n, staging, why)
