@@ -294,6 +294,32 @@ def test_a_pool_made_for_one_load_of_nothing_or_at_no_rate():
         assert plan.config.contexts == 0
 
 
+def test_overrides_of_a_pool_made_for_one_load(monkeypatch):
+    """The primary-context plan of a cold load under CC is still a CC plan: a staging given alone takes that
+    staging's chunk (b3f9b5d's rule, which keyed on contexts > 0), and contexts given take the workers the
+    throughput plan gives them, not the cold plan's 2 (one worker a context, which under CC cannot read while
+    its copy holds it)."""
+    from ccbridge.load import policy
+
+    b300 = {"emulate": 1, "h2d_pinned_gbps": 11.26, "h2d_pageable_gbps": 15.0, "h2d_system_gbps": 34.18,
+            "h2d_pinned_ratio": 0.203, "h2d_pageable_ratio": 0.78, "ctx_create_s": 0.519,
+            "native_h2d_pageable_gbps": 5.8, "native_h2d_pinned_gbps": 55.0}
+    monkeypatch.setattr(policy, "cc_situation", lambda: ("emulated", b300))
+    cold = policy.for_device(0, nbytes=4 * 10**9)
+    assert (cold.config.contexts, cold.config.staging, cold.config.chunk_bytes) == (0, "pinned", 4 << 20)
+    as_pageable = policy.for_device(0, nbytes=4 * 10**9, staging="pageable")
+    assert (as_pageable.config.contexts, as_pageable.config.chunk_bytes) == (0, 64 << 20)
+    warm = policy.for_device(0, contexts=8)
+    for n in (8, 2, 0):
+        given = policy.for_device(0, nbytes=4 * 10**9, contexts=n)
+        assert given.config == policy.for_device(0, contexts=n).config and "the primary" not in given.why
+    assert policy.for_device(0, nbytes=4 * 10**9, contexts=8).config.workers == warm.config.workers == 16
+    one = policy.for_device(0, nbytes=4 * 10**9, workers=1)  # workers alone: the cold plan's contexts stand
+    assert (one.config.contexts, one.config.workers) == (0, 1)
+    off = policy.override(policy.choose(0, ("off", {})), staging="pageable")  # CC off: the chunk stays the caller's
+    assert off.config.chunk_bytes == 4 << 20
+
+
 def test_make_checkpoint_refuses_a_folder_that_holds_a_checkpoint(tmp_path):
     """New shards beside an old layout's would load as one checkpoint of both (a duplicate tensor)."""
     from ccbridge.errors import UsageError

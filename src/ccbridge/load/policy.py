@@ -58,6 +58,7 @@ SPARE_CORES = 2
 class Plan:
     config: PoolConfig
     why: str
+    cc: bool = False  # planned for CC's channels: the chunk goes with the staging (override), even on 0 contexts
 
 
 def _cpus() -> int:
@@ -91,7 +92,7 @@ def _cc_chunk(staging: str) -> int:
 
 def _cc_plan(device: int, contexts: int, staging: str, why: str) -> Plan:
     workers = min(2 * max(contexts, 1), 64)  # contexts 0: the primary context's one channel, two workers on it
-    return Plan(PoolConfig(device, workers, contexts, staging, _cc_chunk(staging), 2), why)
+    return Plan(PoolConfig(device, workers, contexts, staging, _cc_chunk(staging), 2), why, cc=True)
 
 
 def emulated_rates(params: dict[str, float]) -> tuple[float, float]:
@@ -158,7 +159,11 @@ def choose(device: int, situation: tuple[str, dict[str, float]] | None = None, n
 
 def for_device(device: int, nbytes: int | None = None, **overrides) -> Plan:
     """The plan for a load to `device`: the default (for one load of nbytes, where given), with the caller's
-    overrides in place."""
+    overrides in place. The plan for one load only chooses how many contexts to make: a caller who gives
+    contexts= gets the pool a prewarmed load gets with them (under b300, --contexts 8: 16 workers, not the
+    primary context's plan's 2 raised to 8, one a context, whose copies then hold the reads up)."""
+    if overrides.get("contexts") is not None:
+        nbytes = None
     return override(choose(device, nbytes=nbytes), **overrides)
 
 
@@ -174,7 +179,7 @@ def override(plan: Plan, workers: int | None = None, contexts: int | None = None
         given["workers"] = max(c.workers, contexts)
     if workers is not None and contexts is None and c.contexts > workers:
         given["contexts"] = workers
-    if staging is not None and chunk_bytes is None and c.contexts:  # under CC the chunk goes with the staging
+    if staging is not None and chunk_bytes is None and plan.cc:  # under CC the chunk goes with the staging
         given["chunk_bytes"] = _cc_chunk(staging)
     cfg = PoolConfig(c.device, given.get("workers", c.workers), given.get("contexts", c.contexts),
                      given.get("staging", c.staging), given.get("chunk_bytes", c.chunk_bytes),
@@ -183,4 +188,4 @@ def override(plan: Plan, workers: int | None = None, contexts: int | None = None
         cfg.check()
     except ValueError as e:
         raise UsageError(str(e)) from None
-    return Plan(cfg, plan.why + "; overridden: " + ", ".join(f"{k}={v}" for k, v in given.items()))
+    return Plan(cfg, plan.why + "; overridden: " + ", ".join(f"{k}={v}" for k, v in given.items()), plan.cc)
