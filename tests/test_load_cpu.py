@@ -320,6 +320,29 @@ def test_overrides_of_a_pool_made_for_one_load(monkeypatch):
     assert off.config.chunk_bytes == 4 << 20
 
 
+def test_bench_report_names_the_pool_each_ccbridge_row_ran():
+    """Under emulated CC the cold loads plan their own pool (the primary context) and the prewarmed one the
+    throughput plan: the report names both, so that neither row is read as the other's pool."""
+    from ccbridge.load import bench
+
+    def report(cold_pool):
+        row = {"gbps": 3.8, "seconds": [1.1], "error": None, "stages": {}}
+        return {"files": 2, "bytes": 4_190_000_000, "gpu": "H200", "device": "cuda:0", "repeat": 1,
+                "pool": {"workers": 16, "contexts": 8, "staging": "pinned", "chunk_bytes": 4 << 20, "buffers": 2,
+                         "prewarm_s": 5.5, "teardown_s": 3.9},
+                "why": "emulated CC: 8 contexts", "cold_pool": cold_pool, "verified": "bitwise equal",
+                "loaders": {"ccbridge prewarmed": row, "ccbridge cold": row}}
+
+    cold = {"workers": 2, "contexts": 0, "staging": "pinned", "chunk_bytes": 4 << 20, "buffers": 2,
+            "why": "emulated CC: 8 contexts; ...: the primary context"}
+    text = bench.render(report(cold))
+    assert "prewarmed pool: 16 workers, 8 contexts, pinned staging, 4 MiB chunks" in text
+    assert "cold pool (made inside each cold load): 2 workers, 0 contexts" in text and "the primary context" in text
+    same = bench.render(report({**cold, "workers": 16, "contexts": 8}))  # one plan for both: one line, as before
+    assert "\npool: 16 workers" in same and "cold pool" not in same
+    assert "64 KiB chunks" in bench.render({**report(None), "pool": {**report(None)["pool"], "chunk_bytes": 65536}})
+
+
 def test_make_checkpoint_refuses_a_folder_that_holds_a_checkpoint(tmp_path):
     """New shards beside an old layout's would load as one checkpoint of both (a duplicate tensor)."""
     from ccbridge.errors import UsageError
