@@ -29,8 +29,10 @@ the data movement: pinned 8 contexts x 4 MiB 28.5-29.8, x 64 MiB 23.5-24.1,
 5 contexts x 4 MiB 25.6, 7 x 4 MiB 29.8; mapped 8 contexts 22.4 at 4 and 64
 MiB, 4 contexts 14.3 (the old plan's, which took the profile's 15 GB/s).
 A pool made for one load (not prewarmed) pays its contexts' making on that
-load's critical path: cold_contexts weighs it (4.19 GB cold under b300: the
-primary context 1.08-1.11 s, 8 contexts 5.97 s).
+load's critical path: under emulated CC, where the profile gives the making's
+cost, cold_contexts weighs it (4.19 GB cold under b300: the primary context
+1.08-1.11 s, 8 contexts 5.97 s; on that host the primary up to ~58 GB). Real
+CC (NVML) keeps the throughput plan: no making cost to weigh is at hand.
 """
 
 from __future__ import annotations
@@ -112,12 +114,14 @@ def emulated_rates(params: dict[str, float]) -> tuple[float, float]:
 
 def cold_contexts(nbytes: int, per_ctx: float, system: float, create_s: float, most: int) -> int:
     """Contexts for a pool made for one load of nbytes, whose making is on that load's critical path: 0 (the
-    primary context, made already) or 2..most, whichever makes and moves soonest. The driver makes contexts one
-    after another (8 in 5.5 s under the emulated b300 bridge, session 18), so n cost n x create_s; n channels
-    move min(system, n x per_ctx / 2) GB/s, half a channel's rate as the pool's channels moved with the readers
-    sharing their cores (one channel alone, the primary's, counted the same: the estimate errs towards more)."""
+    primary context, which the load's tensors need anyway) or 2..most, whichever makes and moves soonest. The
+    driver makes contexts one after another (8 in 5.5 s under the emulated b300 bridge, session 18), so n cost
+    n x create_s; n channels move min(system, n x per_ctx / 2) GB/s, half a channel's rate as the pool's
+    channels moved with the readers sharing their cores. The primary's one channel, with two readers and the
+    one thread that issues its copies, moved its whole rate (10.85-10.93 GB/s of b300's 11.26, session 18 run
+    8): counted at half, it lost to 2 contexts past 15 GB, which then move no more than it does."""
     def seconds(n: int) -> float:
-        rate = min(system, max(n, 1) * per_ctx / 2)
+        rate = min(system, n * per_ctx / 2 if n else per_ctx)
         if not nbytes:  # nothing to move takes no time at any rate
             return n * create_s
         # per_ctx the least denormal (5e-324, which the profile ranges accept) halves to 0: nothing ever moves
@@ -144,7 +148,7 @@ def choose(device: int, situation: tuple[str, dict[str, float]] | None = None, n
             create = params.get("ctx_create_s", 0) + NATIVE_CONTEXT_S
             # nbytes 0 (only zero-size tensors) is a load too: nothing to move, so no context is worth making
             if nbytes is not None and (cold := cold_contexts(nbytes, per_ctx, system, create, n)) < n:
-                n, why = cold, why + (f"; made for {nbytes / 1e9:.3g} GB alone, {create:.2g} s a context: "
+                n, why = cold, why + (f"; made for one load of {nbytes / 1e9:.2f} GB, {create:.3g} s a context: "
                                       f"{cold or 'the primary'} context{'s' if cold else ''}")
             return _cc_plan(device, n, staging, why)
         return _cc_plan(device, CC_ON_CONTEXTS, staging, "emulated CC without bandwidth figures: "
