@@ -148,9 +148,10 @@ def iter_safetensors(paths, device="cuda:0", **kwargs) -> Iterator[tuple[str, ob
     paths: a .safetensors file, a list of them, a directory (its index json if
     it has one, else every *.safetensors in it) or an index json.
     pool: a prewarmed Pool to use (and keep); without one, the call makes
-    one chosen by policy.choose (CC state or emulation profile; workers,
-    contexts, staging, chunk_bytes, buffers override it) and tears it down
-    in the background when it returns.
+    one chosen by policy.choose (CC state or emulation profile, and under
+    emulated CC the checkpoint's size, its contexts' making being on this
+    load's path; workers, contexts, staging, chunk_bytes, buffers override
+    it) and tears it down in the background when it returns.
     progress(done_bytes, total_bytes) is called as tensors finish.
     stats: a LoadStats that the call fills in.
     """
