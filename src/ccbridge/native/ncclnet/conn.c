@@ -68,7 +68,15 @@
  * Sealed records are written in seq order (a write turn). A receiving
  * lane's end waits, as with the stages, until every record it read is
  * opened and counted; a lane reads up to T - 1 records past one whose tag
- * another of its threads has yet to find bad.
+ * another of its threads has yet to find bad. A message of one record on
+ * a lane with nothing else in flight (sending: every earlier record
+ * written, no message queued behind it; receiving: no record opening on
+ * another thread, no byte of the next one read) skips the hand-off for
+ * latency, as with the stages: the holder seals and writes (opens) it
+ * with the turn kept, so no thread of the lane is woken, and goes on to
+ * the lane's next record itself. Keeping the turn keeps it in seq order
+ * and its own key context keyed for its epoch, as any turn's record;
+ * bulk records pass the turn on as before.
  *
  * Hand-off, kept off the per-record path: isend puts a message on the queue
  * of each lane with records in it (the lanes read their queues without the
@@ -571,23 +579,42 @@ static void send_lane(lane *l) {
     }
 }
 
+/* turns, send: whether record seq (taken by the turn's holder) is the lane's next to be written, every
+ * earlier one written: nothing then waits in write_turn, and none can until the holder gives the turn */
+static int turn_idle(lane *l, uint64_t seq) {
+    pthread_mutex_lock(&l->rmu);
+    int idle = l->wseq == seq && !halted(l->c);
+    pthread_mutex_unlock(&l->rmu);
+    return idle;
+}
+
 /* turns, send: thread t takes the lane's next record and its number in turn, seals it into its own slot
  * with its own key context while the other threads take theirs, then writes it once every earlier record
- * of the lane is written */
+ * of the lane is written. A message of one record, none queued behind it, on a lane with nothing else in
+ * flight is sealed and written with the turn kept (the pipeline's fast path): no other thread is woken,
+ * for it or for the next message, which the same thread takes */
 static void send_turns(lane *l, int t) {
     keyed *kx = &l->kx[t];
     uint8_t *buf = l->buf + (size_t)t * SLOT_BYTES;
     size_t rec, len;
     uint32_t j, k;
-    for (req *r; take_turn(l);) {
+    for (int mine = 0; mine || take_turn(l);) {
+        req *r;
         int got = next_record(l, &r, &j, &rec, &k);
         uint64_t seq = l->seq;
         l->seq += (uint64_t)got;
-        give_turn(l, 0, !got);
-        if (!got || seal_record(l, kx, r, j, rec, seq, buf, &len) || !write_turn(l, seq) ||
+        mine = got && k == 1 && l->qtail == atomic_load(&l->qhead) && turn_idle(l, seq);
+        if (!mine) give_turn(l, 0, !got);
+        if (!got || seal_record(l, kx, r, j, rec, seq, buf, &len) || (!mine && !write_turn(l, seq)) ||
             write_record(l, buf, len))
             return;
-        ring_advance(l, &l->wseq); /* the next record's writer goes on while r is counted */
+        if (mine) {
+            /* no thread waits for this record's write (turn_idle): none to wake */
+            pthread_mutex_lock(&l->rmu);
+            l->wseq++;
+            pthread_mutex_unlock(&l->rmu);
+        } else
+            ring_advance(l, &l->wseq); /* the next record's writer goes on while r is counted */
         finish_record(r, k, NULL);
     }
 }
@@ -882,21 +909,36 @@ static void recv_lane(lane *l) {
     }
 }
 
+/* turns, recv: whether the lane has no record read and handed on that is not yet opened and counted (the
+ * turn's holder asks: none can be handed on until it gives the turn) */
+static int turn_quiet(lane *l) {
+    pthread_mutex_lock(&l->rmu);
+    int quiet = !l->opening && !halted(l->c);
+    pthread_mutex_unlock(&l->rmu);
+    return quiet;
+}
+
 /* turns, recv: thread t reads the lane's next record in turn, then opens it with its own key context, in
- * place on the core that read it, while another thread reads the next */
+ * place on the core that read it, while another thread reads the next. A message of one record, no next
+ * record begun to arrive, on a lane with nothing else being opened is opened with the turn kept (the
+ * pipeline's fast path): no other thread is woken, for it or for the next record, which the same thread
+ * reads */
 static void recv_turns(lane *l, int t) {
     keyed *kx = &l->kx[t];
-    while (take_turn(l)) {
+    for (int mine = 0; mine || take_turn(l);) {
         slot s;
         int last = 0, rc = recv_record(l, kx, &s, &last);
-        give_turn(l, rc > 0, rc < 0);
+        mine = rc > 0 && s.k == 1 && !l->have && turn_quiet(l);
+        if (!mine) give_turn(l, rc > 0, rc < 0);
         if (rc < 0) return;
         if (!rc) continue;
         int bad = open_slot(l, kx, &s);
-        pthread_mutex_lock(&l->rmu);
-        l->opening--;
-        pthread_cond_broadcast(&l->rcv);
-        pthread_mutex_unlock(&l->rmu);
+        if (!mine) {
+            pthread_mutex_lock(&l->rmu);
+            l->opening--;
+            pthread_cond_broadcast(&l->rcv);
+            pthread_mutex_unlock(&l->rmu);
+        }
         if (bad) return;
     }
 }

@@ -60,8 +60,9 @@ int key_load(uint8_t key[KEY_BYTES], char *err, size_t errlen);
 #define MAX_PIPELINE 8
 /* CCBRIDGE_NET_TURNS (0: off, the stages above): threads a lane that take turns at its socket, each
  * sealing (opening) the records it wrote (read) itself, with its own key context, so that a record's
- * bytes stay on the core that touched them and a lane's crypto runs on up to TURNS cores at once;
- * it replaces the stage pipeline where set */
+ * bytes stay on the core that touched them and a lane's crypto runs on up to TURNS cores at once
+ * (a lone one-record message stays with the thread that took it, the turn kept: no wake-up); it
+ * replaces the stage pipeline where set */
 #define MAX_TURNS 8
 #define RECORD_MIN (32u << 10)  /* a message up to this size is one record */
 #define RECORD_MAX (256u << 10) /* plaintext bytes per record, at most */
