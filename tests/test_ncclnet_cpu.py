@@ -504,6 +504,7 @@ class RoguePeer:
             wire = wire[:-1] + bytes([wire[-1] ^ 1])
         self.socks[lane].sendall(wire[:cut])
         self.seq[lane] += 1
+        return wire
 
     def close(self):
         for s in self.socks:
@@ -1210,6 +1211,237 @@ def test_a_lane_crosses_its_record_key_epoch(pipeline):
     p = subprocess.run([sys.executable, "-c", _EPOCH_SCRIPT, str(pluginenv.library())], capture_output=True,
                        text=True, timeout=300, env=env)
     assert p.returncode == 0 and p.stdout.split()[-2:] == ["wrong", "0"], p.stdout + p.stderr
+
+
+# ---- a lone one-record message: the lane's fast path (no hand-off, no other thread woken) ----
+
+_WAKES_SCRIPT = r"""
+import ctypes, json, os, sys, time
+from ccbridge.secure import netplugin
+
+def switches():
+    out = {}
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/status") as f:
+                out[int(t)] = sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+        except OSError:
+            pass
+    return out
+
+net = netplugin.Net(sys.argv[1])
+assert net.rc == 0, net.logs
+deadline = time.monotonic() + 120
+lcomm, s, r = net.pair(deadline, 1)
+n = int(sys.argv[2])
+sb, rb = ctypes.create_string_buffer(b"12345678", 8), ctypes.create_string_buffer(8)
+for i in range(n + 20):  # one message at a time, each on its own; the first 20 warm up
+    if i == 20:
+        before = switches()
+    rq, sq = net.irecv(r, rb, 8, deadline), net.isend(s, sb, 8, deadline)
+    net.wait(sq, deadline, 0), net.wait(rq, deadline, 0)
+after = switches()
+net.t.closeSend(s), net.t.closeRecv(r), net.t.closeListen(lcomm)
+net.t.finalize(net.ctx)
+print(json.dumps(sorted(after[t] - before.get(t, 0) for t in after if t != os.getpid())))
+"""
+
+
+def _mode_env(mode: str, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("CCBRIDGE_NET_PIPELINE", "CCBRIDGE_NET_TURNS")}
+    env.update(CCBRIDGE_KEY=KEY, NCCL_SOCKET_IFNAME="lo", **extra)
+    env["CCBRIDGE_NET_TURNS" if mode.startswith("t") else "CCBRIDGE_NET_PIPELINE"] = mode.lstrip("t")
+    return env
+
+
+@pytest.mark.parametrize("mode", ["2", "t2", "t3"])
+def test_a_lone_small_message_wakes_no_other_thread_of_its_lane(mode):
+    # one 8-byte message at a time on one lane (no polling): the thread that takes it seals and writes it
+    # (reads and opens it) itself, so each side's lane has one busy thread and the others never wake; with
+    # CCBRIDGE_NET_TURNS each record used to pass the turn on, waking the lane's next thread on both sides
+    import json
+    import subprocess
+    import sys
+
+    n = 2000
+    p = subprocess.run([sys.executable, "-c", _WAKES_SCRIPT, str(pluginenv.library()), str(n)], capture_output=True,
+                       text=True, timeout=300, env=_mode_env(mode, CCBRIDGE_NET_SPIN_US="0"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    switches = json.loads(p.stdout.strip().splitlines()[-1])  # the plugin's threads' context switches, fewest first
+    assert len(switches) == 2 * (int(mode[1:]) if mode.startswith("t") else 2), switches
+    assert switches[-2] >= n // 2 and sum(switches[:-2]) < n // 4, switches
+
+
+_INTERLEAVED = [7, (1 << 20) + 5, 0, 4096 + 3, 1, RECORD_MIN, (5 << 20) + 1, 8, 8, 8, RECORD + 1, 3, RECORD_MIN + 1]
+
+
+@pytest.mark.parametrize("how", ["one_at_a_time", "eight_in_flight", "late_receives"])
+@pytest.mark.parametrize("lanes", [1, 3])
+@pytest.mark.parametrize("mode", ["t2", "t3"])
+def test_lone_small_messages_between_bulk_ones_keep_the_lanes_order(how, lanes, mode, monkeypatch):
+    # one-record messages (lane 0) between multi-record ones on the same lanes and connection: the fast path
+    # (a small message taken while nothing of the lane is in flight, one at a time) and the turns path
+    # (behind bulk records still sealed or opened by the lane's other threads, or queued, or arriving before
+    # their receive) take turns on the same lane; the receiver wants every lane's records in sequence
+    monkeypatch.setenv("CCBRIDGE_NET_LANES", str(lanes))
+    set_stages(monkeypatch, mode)
+    sizes = _INTERLEAVED * 3
+    if how == "late_receives":
+        got, sent = run_pair(sizes, concurrent=16, recv_concurrent=1, delays=[0.03, 0, 0, 0.002])
+    else:
+        got, sent = run_pair(sizes, concurrent=1 if how == "one_at_a_time" else 8)
+    assert got["error"] is None and sent["error"] is None, (got, sent)
+    assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
+
+
+@pytest.mark.parametrize("concurrent", [1, 32])
+@pytest.mark.parametrize("mode", ["2", "t2", "t3"])
+def test_many_small_messages_back_to_back(concurrent, mode, monkeypatch):
+    # 3000 one-record messages of 0..3977 bytes on one connection: one at a time (each on the fast path), or
+    # 32 in flight (queued behind each other: the fast path only when a lane's queue runs dry)
+    set_stages(monkeypatch, mode)
+    sizes = [i % 97 * 41 for i in range(3000)]
+    got, sent = run_pair(sizes, concurrent=concurrent)
+    assert got["error"] is None and sent["error"] is None, (got, sent)
+    assert [(i, n, True) for i, n in enumerate(sizes)] == got["completed"]
+
+
+_EPOCH_FAST_SCRIPT = r"""
+import ctypes, sys, time
+from ccbridge.secure import netplugin
+
+net = netplugin.Net(sys.argv[1])
+assert net.rc == 0, net.logs
+deadline = time.monotonic() + 240
+lcomm, s, r = net.pair(deadline, 1)
+wrong, i = 0, 0
+
+def move(sizes):  # these messages in flight at once, then every one checked
+    global wrong, i
+    sb = [ctypes.create_string_buffer(bytes((i + j + b) % 251 for b in range(n)), max(n, 1))
+          for j, n in enumerate(sizes)]
+    rb = [ctypes.create_string_buffer(max(n, 1)) for n in sizes]
+    rq = [net.irecv(r, rb[j], n, deadline) for j, n in enumerate(sizes)]
+    sq = [net.isend(s, sb[j], n, deadline) for j, n in enumerate(sizes)]
+    for q in sq:
+        net.wait(q, deadline, 0)
+    wrong += sum(net.wait(q, deadline, 0) != n or rb[j].raw[:n] != sb[j].raw[:n]
+                 for j, (q, n) in enumerate(zip(rq, sizes)))
+    i += len(sizes)
+
+# one lane: record numbers count records. Up to record 65536 - before, one-record messages 32 at a time
+before = int(sys.argv[2])
+for _ in range((65536 - before) // 32):
+    move([24] * 32)
+move([24] * ((65536 - before) % 32))
+# then one at a time (each alone on the lane): before = 1 puts a small message at record 65536, the first
+# under the new record key; before = 2 a 1 MiB message (4 records) across the change, small ones after it
+for n in [8] * (before == 1) + [8, (1 << 20) + 5, 8, 4096 + 3, 0, 8]:
+    move([n])
+move([8, (1 << 20) + 5, 8] * 4)  # and in flight, each message behind another
+net.t.closeSend(s), net.t.closeRecv(r), net.t.closeListen(lcomm)
+net.t.finalize(net.ctx)
+print("wrong", wrong)
+"""
+
+
+@pytest.mark.parametrize("before", [1, 2], ids=["small_at_the_change", "bulk_across_the_change"])
+@pytest.mark.parametrize("mode", ["2", "t2", "t3"])
+def test_a_lone_small_message_at_the_record_key_change(before, mode):
+    # the fast path's record under the lane's next record key: the thread that keeps the turn keys its own
+    # context for the new epoch (the first record under it a lone small one, or small ones right after a
+    # bulk message crossed the change on the turns path)
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _EPOCH_FAST_SCRIPT, str(pluginenv.library()), str(before)],
+                       capture_output=True, text=True, timeout=300, env=_mode_env(mode))
+    assert p.returncode == 0 and p.stdout.split()[-2:] == ["wrong", "0"], p.stdout + p.stderr
+
+
+_LONE = [7, 4096 + 3, 1, 4096 + 3, 8, RECORD_MIN]  # one record each; the fault is at message 3
+
+
+def _lone(fault, recorded=None):
+    """A RoguePeer script: _LONE one message at a time, 20 ms apart (each receive posted before its record
+    arrives, nothing of the next one read with it: the fast path), message 3 with `fault`."""
+    def script(p):
+        wires = []
+        for i, n in enumerate(_LONE):
+            time.sleep(0.02)
+            data = payload(i, n)
+            if i != 3 or fault is None:
+                wires.append(p.record(0, i, n, 0, data))
+            elif fault == "bad_tag":
+                p.record(0, i, n, 0, data, bad_tag=True)
+            elif fault == "flip":  # a ciphertext bit
+                w = bytearray(_sealed(p, i, n, data))
+                w[HEADER + 100] ^= 0x10
+                p.socks[0].sendall(bytes(w))
+            elif fault == "truncate":  # half the record, then the socket's end
+                p.record(0, i, n, 0, data, cut=HEADER + n // 2)
+                time.sleep(0.1)
+                p.socks[0].close()
+                return
+            elif fault == "drop":  # record 3 never sent: record 4 comes where 3 was due
+                p.seq[0] += 1
+            elif fault == "replay":  # record 2 again where 3 is due
+                p.socks[0].sendall(wires[2])
+            elif fault == "reorder":  # records 4 and 3 swapped
+                p.seq[0] += 1
+                p.record(0, 4, _LONE[4], 0, payload(4, _LONE[4]))
+                p.seq[0] -= 2
+                p.record(0, 3, n, 0, data)
+                return
+            elif fault == "replay_session":  # record 3 of an earlier connection, its header exactly as due
+                p.socks[0].sendall(recorded[3])
+                p.seq[0] += 1
+        if recorded is not None and fault is None:
+            recorded.extend(wires)
+    return script
+
+
+def _sealed(p, i, n, data):
+    """Record i's wire as p would send it next, without sending it."""
+    sent = []
+    sock, p.socks[0] = p.socks[0], types.SimpleNamespace(sendall=sent.append)
+    try:
+        p.record(0, i, n, 0, data)
+    finally:
+        p.socks[0] = sock
+    return sent[0]
+
+
+@pytest.mark.parametrize("fault,why", [("bad_tag", "failed authentication"), ("flip", "failed authentication"),
+                                       ("truncate", "mid-record"), ("drop", "replayed, reordered or dropped"),
+                                       ("replay", "replayed, reordered or dropped"),
+                                       ("reorder", "replayed, reordered or dropped"),
+                                       ("replay_session", "failed authentication")])
+@pytest.mark.parametrize("mode", ["2", "t2", "t3"])
+def test_a_lone_small_record_is_checked_on_the_fast_path(fault, why, mode, monkeypatch):
+    # each small record alone on its lane, its receive posted: read and opened by the thread that took it.
+    # A tampered, truncated, dropped, reordered or replayed record (within the connection, or from an
+    # earlier one) fails the connection there: the messages before it stand, it and the later ones never
+    # complete
+    set_stages(monkeypatch, mode)
+    recorded = []
+    if fault == "replay_session":
+        got = run_rogue(_LONE, _lone(None, recorded))
+        assert got["error"] is None and len(got["completed"]) == len(_LONE) and len(recorded) == len(_LONE), got
+    got = run_rogue(_LONE, _lone(fault, recorded))
+    assert got["error"] is not None and got["completed"] == [(i, _LONE[i], True) for i in range(3)], got
+    assert any(why in m for m in got["logs"]), got["logs"]
+
+
+@pytest.mark.parametrize("mode", ["t2", "t3"])
+def test_a_killed_receiver_fails_a_sender_of_small_messages(mode, monkeypatch):
+    # the sending lane's thread keeps the turn for message after message (each one record, one at a time):
+    # once the receiving rank dies its writes fail, and so do the sender's requests, well inside the deadline
+    set_stages(monkeypatch, mode)
+    got, sent = run_pair([4096 + 3] * 20000, die_after=2)
+    assert got["error"] is None and len(got["completed"]) >= 2, got
+    assert sent["error"] is not None and sent["where"] != "timeout", sent
+    assert sent["elapsed"] < DEADLINE / 2, sent
 
 
 # ---- the plugin's threads under ThreadSanitizer ----
