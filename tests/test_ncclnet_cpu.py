@@ -1473,6 +1473,15 @@ for lanes in (1, 2, 8):
                 (net.t.closeRecv if first is r else net.t.closeSend)(first)
                 (net.t.closeSend if second is s else net.t.closeRecv)(second)
             net.t.closeListen(lcomm)
+for lanes in (1, 2):  # one message at a time: lone small ones on the lanes' fast path, bulk ones between them
+    lcomm, s, r = net.pair(time.monotonic() + 60, lanes)
+    deadline = time.monotonic() + 60
+    for n in [8, 4099, 0, 1 << 20, 8, 1, 300001, 8] * 8:
+        sb, rb = ctypes.create_string_buffer(b"y" * n, max(n, 1)), ctypes.create_string_buffer(max(n, 1))
+        rq, sq = net.irecv(r, rb, n, deadline), net.isend(s, sb, n, deadline)
+        net.wait(sq, deadline, 0), net.wait(rq, deadline, 0)
+        assert rb.raw[:n] == b"y" * n
+    net.t.closeSend(s), net.t.closeRecv(r), net.t.closeListen(lcomm)
 net.t.finalize(net.ctx)
 print("ok")
 '''
@@ -1482,9 +1491,10 @@ print("ok")
 def test_lanes_and_close_are_race_free_under_thread_sanitizer(turns, tmp_path):
     # both ends of connections in one process (as NCCL holds many), messages on and off the record
     # grid, then closes that race the lanes: a clean close while the peer's FINs arrive, aborts with
-    # records in flight on either side. comm_close destroyed lane i's condition variable and closed
-    # its socket (the fd number free for reuse) while lane i+1 could still fail() the connection,
-    # which broadcasts every lane's cv and shuts every lane's fd
+    # records in flight on either side; then one message at a time (a lone small one kept by the thread
+    # that took it, bulk ones passed between a lane's threads). comm_close destroyed lane i's condition
+    # variable and closed its socket (the fd number free for reuse) while lane i+1 could still fail() the
+    # connection, which broadcasts every lane's cv and shuts every lane's fd
     import shutil
     import subprocess
     import sys
