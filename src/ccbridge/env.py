@@ -13,7 +13,7 @@ import os
 import platform
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ccbridge import fabric, libcrypto, nvml, pluginenv
 from ccbridge.version import __version__
@@ -241,33 +241,36 @@ def emulation_info() -> dict[str, Any]:
     return info
 
 
+def _marked(config_text: str, mark: str) -> Iterator[tuple[str, float]]:
+    """(KEY, VALUE) of each `MARK KEY=VALUE` comment line of a configuration whose value is a finite number."""
+    for line in config_text.splitlines():
+        if line.startswith(mark):
+            key, _, value = line[len(mark):].partition("=")
+            try:
+                v = float(value)
+            except ValueError:
+                continue
+            if math.isfinite(v):
+                yield key, v
+
+
 def _overrides(config_text: str, params: dict[str, str]) -> dict[str, dict[str, float]]:
     """The parameters a what-if run set on the command line (profiles.override writes them into
     the configuration as `#was KEY=VALUE` lines): {key: {"value": now, "was": the profile's}}."""
     out = {}
-    for line in config_text.splitlines():
-        key, _, was = line[len(OVERRIDE_MARK):].partition("=") if line.startswith(OVERRIDE_MARK) else ("", "", "")
+    for key, was in _marked(config_text, OVERRIDE_MARK):
         try:
-            now, was = float(params[key]), float(was)
-        except (KeyError, ValueError):  # not such a line, or a hand-written configuration: not a what-if
+            now = float(params[key])
+        except (KeyError, ValueError):  # a hand-written configuration: not a what-if
             continue
-        if math.isfinite(now) and math.isfinite(was):
+        if math.isfinite(now):
             out[key] = {"value": now, "was": was}
     return out
 
 
 def _host_facts(config_text: str) -> dict[str, float]:
-    """The `#host KEY=VALUE` lines of a configuration (the launcher's measurements for planning), finite numbers only."""
-    out = {}
-    for line in config_text.splitlines():
-        key, _, value = line[len(HOST_MARK):].partition("=") if line.startswith(HOST_MARK) else ("", "", "")
-        try:
-            v = float(value)
-        except ValueError:
-            continue
-        if key and math.isfinite(v):
-            out[key] = v
-    return out
+    """The `#host KEY=VALUE` lines of a configuration (the launcher's measurements for planning)."""
+    return {key: v for key, v in _marked(config_text, HOST_MARK) if key}
 
 
 def emulation_label(emu: dict[str, Any]) -> str:
