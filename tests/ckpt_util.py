@@ -83,3 +83,53 @@ def assert_truncation_mid_load_raises(torch, d: Path, cut: int, big_elems: int, 
         for _ in it:
             pass
     assert st.join_teardown() is not None
+
+
+def publish_rig(tmp_path, device: int, n: int = 6, size: int = 64 << 10, **pool_opts):
+    """A file of n random ranges of `size` bytes, one per chunk, and a pool for them; (pool, file, bytes)."""
+    import os
+
+    from ccbridge.load.engine import Pool, PoolConfig
+
+    data = os.urandom(n * size)
+    f = tmp_path / "blob"
+    f.write_bytes(data)
+    cfg = dict(device=device, workers=3, contexts=0, staging="pinned", chunk_bytes=size, buffers=2) | pool_opts
+    return Pool(PoolConfig(**cfg)), f, data
+
+
+def run_published_in_steps(torch, pool, f, data, dests, size: int, mapped: int = 0) -> None:
+    """Submit with no destination published: nothing lands; publish two, then the rest: exactly those land."""
+    import ctypes
+    import os
+
+    from ccbridge.load.engine import File, Item
+
+    n = len(dests)
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        files = (File * 1)(File(fd, 0, mapped))
+        items = (Item * n)(*[Item(dests[i].data_ptr(), i * size, size, 0, i) for i in range(n)])
+        remaining, doneq, out = (ctypes.c_int32 * n)(), (ctypes.c_int32 * n)(), (ctypes.c_int32 * n)()
+        pool.ready()
+        pool.submit(files, items, remaining, doneq, ready=0)
+        assert pool.next(out, 0.3) == 0  # read ahead, but no copy before its destination is published
+        assert all(int(d.count_nonzero()) == 0 for d in dests)
+        pool.publish(2)
+        done = set()
+        while len(done) < 2:
+            k = pool.next(out, 5.0)
+            assert k > 0, pool.error()
+            done.update(out[:k])
+        assert done == {0, 1} and pool.next(out, 0.2) == 0
+        assert all(int(d.count_nonzero()) == 0 for d in dests[2:])
+        pool.publish(n + 5)  # past the end: clamped
+        while (k := pool.next(out, 5.0)) != -2:
+            assert k > 0, pool.error()
+            done.update(out[:k])
+        assert done == set(range(n))
+        got = b"".join(d.cpu().numpy().tobytes() for d in dests)
+        assert got == data
+    finally:
+        os.close(fd)
+

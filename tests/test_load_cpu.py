@@ -359,3 +359,37 @@ def test_make_checkpoint_refuses_a_folder_that_holds_a_checkpoint(tmp_path):
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "notes.txt").write_text("a folder of other files is fine")
     assert synth.make_checkpoint(tmp_path / "d", 4 << 20, 2 << 20, jobs=1)
+
+
+def test_a_load_copies_only_into_destinations_published(tmp_path):
+    """The loader starts the pool before its tensors exist; workers wait per chunk for theirs."""
+    pool, f, data = ckpt_util.publish_rig(tmp_path, -1)
+    with pool:
+        for _ in range(2):  # the pool serves the next load as well
+            dests = [torch.zeros(64 << 10, dtype=torch.uint8) for _ in range(6)]
+            ckpt_util.run_published_in_steps(torch, pool, f, data, dests, 64 << 10)
+
+
+def test_cancel_wakes_workers_that_wait_for_destinations(tmp_path):
+    import ctypes
+    import os
+    import time
+
+    pool, f, data = ckpt_util.publish_rig(tmp_path, -1)
+    with pool:
+        pool.ready()
+        dests = [torch.zeros(64 << 10, dtype=torch.uint8) for _ in range(6)]
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            items = (Item * 6)(*[Item(dests[i].data_ptr(), i * (64 << 10), 64 << 10, 0, i) for i in range(6)])
+            remaining, doneq = (ctypes.c_int32 * 6)(), (ctypes.c_int32 * 6)()
+            pool.submit((File * 1)(File(fd, 0, 0)), items, remaining, doneq, ready=1)
+            time.sleep(0.1)
+            t = time.perf_counter()
+            pool.cancel()  # returns: no worker is left waiting
+            assert time.perf_counter() - t < 2.0
+            assert all(int(d.count_nonzero()) == 0 for d in dests[1:])
+        finally:
+            os.close(fd)
+        dests = [torch.zeros(64 << 10, dtype=torch.uint8) for _ in range(6)]
+        ckpt_util.run_published_in_steps(torch, pool, f, data, dests, 64 << 10)

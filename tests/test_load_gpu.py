@@ -75,6 +75,33 @@ def test_prewarmed_pool_serves_several_loads(ckpt):
         pool.close()
 
 
+@pytest.mark.parametrize("shape", [{"staging": "pinned"}, {"staging": "mapped"}, {"staging": "pageable"},
+                                   {"contexts": 2, "staging": "pinned"}, {"contexts": 2, "staging": "mapped"}],
+                         ids=["primary-pinned-submitter", "primary-mapped", "primary-pageable", "2ctx-pinned",
+                              "2ctx-mapped"])
+def test_copies_wait_for_their_destinations_to_be_published(tmp_path, shape):
+    """Each way a chunk reaches its tensor (the submitter's queue, a worker's own copy, a crossing into a
+    context's staging and a peer copy) copies nothing before its destination is published."""
+    import os
+
+    from ccbridge.load import engine
+
+    pool, f, data = ckpt_util.publish_rig(tmp_path, 0, **shape)
+    with pool:
+        for _ in range(2):
+            dests = [torch.zeros(64 << 10, dtype=torch.uint8, device="cuda:0") for _ in range(6)]
+            mapped = 0
+            if shape["staging"] == "mapped":  # the mapping outlives its descriptor
+                fd = os.open(f, os.O_RDONLY)
+                mapped = engine.map_file(fd, len(data))
+                os.close(fd)
+            try:
+                ckpt_util.run_published_in_steps(torch, pool, f, data, dests, 64 << 10, mapped=mapped)
+            finally:
+                if mapped:
+                    engine.unmap_file(mapped, len(data))
+
+
 def test_truncated_during_load_raises_and_frees(tmp_path):
     ckpt_util.assert_truncation_mid_load_raises(torch, tmp_path / "c", 4_000_000, 2_000_000, "cuda:0",
                                                 contexts=2, workers=2, chunk_bytes=65536)

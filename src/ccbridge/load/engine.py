@@ -96,13 +96,23 @@ class Pool:
             raise LoadError(f"the loader pool could not start: {self.error()[0]}")
         return self.stats().prewarm_ns / 1e9
 
-    def submit(self, files, items, remaining, doneq) -> None:
+    def submit(self, files, items, remaining, doneq, ready: int | None = None) -> None:
         """Start a load of items (Item array) from files (File array); remaining and doneq are
-        int32 arrays, one slot per tensor. The arrays must stay alive until it is over or cancelled."""
-        rc = loader.lib().ccb_pool_submit(self.handle, files, len(files), items, len(items),
-                                    remaining, doneq, len(remaining))
+        int32 arrays, one slot per tensor. The arrays must stay alive until it is over or cancelled.
+        ready: how many items (a prefix) have their dst already (all by default); `publish` names more."""
+        n = len(items) if ready is None else ready
+        rc = loader.lib().ccb_pool_submit(self.handle, files, len(files), items, len(items), n,
+                                          remaining, doneq, len(remaining))
         if rc != 0:
             raise LoadError(core.error())
+
+    def publish(self, ready: int) -> None:
+        """Items [0, ready) of the running load have their dst now: the workers may copy into them."""
+        loader.lib().ccb_pool_publish(self.handle, ready)
+
+    def is_ready(self) -> bool:
+        """Whether every worker is prewarmed, without waiting (a failed prewarm reads as ready: submit says why)."""
+        return loader.lib().ccb_pool_wait_ready(self.handle, 0.0) != 1
 
     def next(self, out, timeout_s: float) -> int:
         """Finished tensor indices into out: count, 0 on timeout, -1 error, -2 load over."""

@@ -2,8 +2,9 @@
 
 Order of work, so that the expensive part (the pool's contexts and staging)
 overlaps with the cheap part: open every file and validate every header
-(nothing is allocated if one is bad), start the pool prewarming, allocate
-the destination tensors, plan the reads, wait for the pool, run the load.
+(nothing is allocated if one is bad), start the pool prewarming, plan the
+reads, allocate the destination tensors and start the load as soon as the
+pool is ready: its workers read ahead while the rest is allocated.
 The tensors are allocated where they will live and the pool writes into them;
 nothing is assembled afterwards. On any error, or when the caller stops
 iterating, the load is cancelled and waited for before the tensors are
@@ -34,7 +35,7 @@ class LoadStats:
     tensors: int = 0
     bytes: int = 0
     headers_s: float = 0.0    # open + validate every header
-    alloc_s: float = 0.0      # destination tensors
+    alloc_s: float = 0.0      # destination tensors (the load runs beside them once the pool is ready)
     prewarm_s: float = 0.0    # the pool's own prewarm (contexts, staging), off the critical path when it overlaps
     prewarm_wait_s: float = 0.0  # how long the load waited for it
     load_s: float = 0.0       # submit to the last tensor done
@@ -142,6 +143,50 @@ def _open_all(files: list[str]) -> tuple[list[int], list[header.Header]]:
     return fds, headers
 
 
+def _start(pool: Pool, load: tuple, items, ready: int, st: LoadStats) -> float:
+    """Wait for the pool (when it still prewarms) and submit the load; when it started."""
+    t = time.perf_counter()
+    st.prewarm_s = pool.ready()
+    st.prewarm_wait_s = time.perf_counter() - t
+    pool.reset_stats()
+    t_load = time.perf_counter()
+    files, remaining, doneq = load
+    pool.submit(files, items, remaining, doneq, ready=ready)
+    return t_load
+
+
+def _allocate(torch, dev, pool: Pool, infos, dtypes, tensors: list, items, load: tuple, st: LoadStats) -> float:
+    """Make every destination tensor with bytes (into tensors), in file and offset order, and start the
+    load as soon as the pool is ready: the workers read ahead while the rest is allocated (they copy into
+    published items only).
+    Publishing costs a lock and a wake-up, so it runs each time the unpublished bytes reach what is
+    published (8 MiB first): a few dozen times however many tensors, while the readers wait only at
+    the start. When the load started."""
+    t = time.perf_counter()
+    t_load = None
+    pos = published = 0
+    pub_bytes = new_bytes = 0
+    for i, ((_, _, info), (dt, shape)) in enumerate(zip(infos, dtypes)):
+        if not info.nbytes:
+            continue
+        tensors[i] = tensor = torch.empty(info.nbytes, dtype=torch.uint8, device=dev).view(dt).reshape(shape)
+        items[pos].dst = tensor.data_ptr()
+        pos += 1
+        new_bytes += info.nbytes
+        if t_load is None:
+            if pool.is_ready():
+                t_load, published, pub_bytes, new_bytes = _start(pool, load, items, pos, st), pos, new_bytes, 0
+        elif new_bytes >= max(8 << 20, pub_bytes):
+            pool.publish(pos)
+            published, pub_bytes, new_bytes = pos, pub_bytes + new_bytes, 0
+    st.alloc_s = time.perf_counter() - t
+    if t_load is None:
+        return _start(pool, load, items, pos, st) if pos else time.perf_counter()
+    if published < pos:
+        pool.publish(pos)
+    return t_load
+
+
 def iter_safetensors(paths, device="cuda:0", **kwargs) -> Iterator[tuple[str, object]]:
     """(name, tensor) pairs, each yielded as soon as all its bytes are on `device`.
 
@@ -182,7 +227,6 @@ def _run(paths, device, *, pool: Pool | None = None, workers: int | None = None,
     files, weight_map, idx = checkpoint.resolve(paths)
     fds, headers = _open_all(files)
     own_pool = pool is None
-    tensors: list = []
     maps: dict[int, tuple[int, int]] = {}  # fd -> (address, size) under mapped staging
     finished = False
     try:
@@ -198,35 +242,27 @@ def _run(paths, device, *, pool: Pool | None = None, workers: int | None = None,
         elif pool.config.device != index:
             raise ValueError(f"the pool serves device {pool.config.device}, not {index}")
         st.pool = {k: getattr(pool.config, k) for k in ("workers", "contexts", "staging", "chunk_bytes", "buffers")}
-        t = time.perf_counter()
-        for (_, _, info), (dt, shape) in zip(infos, dtypes):
-            tensors.append(torch.empty(info.nbytes, dtype=torch.uint8, device=dev).view(dt).reshape(shape))
-        st.alloc_s = time.perf_counter() - t
         # One item per tensor with bytes, in file and offset order; the pool cuts them into chunks.
         file_of = {fd: k for k, fd in enumerate(fds)}
         moving = [i for i, (_, _, info) in enumerate(infos) if info.nbytes]
         items = (Item * len(moving))(*[
-            Item(tensors[i].data_ptr(), infos[i][1].data_start + infos[i][2].begin, infos[i][2].nbytes,
-                 file_of[infos[i][0]], i) for i in moving])
+            Item(0, infos[i][1].data_start + infos[i][2].begin, infos[i][2].nbytes, file_of[infos[i][0]], i)
+            for i in moving])
         nt = max(1, len(infos))
         remaining, doneq = (ctypes.c_int32 * nt)(), (ctypes.c_int32 * nt)()
         st.files, st.tensors, st.bytes = len(files), len(infos), sum(it.nbytes for it in items)
-
-        t = time.perf_counter()
-        st.prewarm_s = pool.ready()
-        st.prewarm_wait_s = time.perf_counter() - t
-        done_bytes = 0
-        for i, (_, _, info) in enumerate(infos):  # nothing to move: done already
+        if moving and pool.config.staging in engine.MAPPED:
+            for fd, h in zip(fds, headers):
+                maps[fd] = (engine.map_file(fd, h.file_bytes), h.file_bytes)
+        file_arr = (File * len(fds))(*[File(fd, 0, maps[fd][0] if maps else 0) for fd in fds])
+        tensors = [None] * len(infos)
+        for i, ((_, _, info), (dt, shape)) in enumerate(zip(infos, dtypes)):  # nothing to move: done before any read
             if not info.nbytes:
+                tensors[i] = torch.empty(0, dtype=torch.uint8, device=dev).view(dt).reshape(shape)
                 yield i, info.name, tensors[i]
+        t_load = _allocate(torch, dev, pool, infos, dtypes, tensors, items, (file_arr, remaining, doneq), st)
+        done_bytes = 0
         if moving:
-            if pool.config.staging in engine.MAPPED:
-                for fd, h in zip(fds, headers):
-                    maps[fd] = (engine.map_file(fd, h.file_bytes), h.file_bytes)
-            file_arr = (File * len(fds))(*[File(fd, 0, maps[fd][0] if maps else 0) for fd in fds])
-            pool.reset_stats()
-            t_load = time.perf_counter()
-            pool.submit(file_arr, items, remaining, doneq)
             out = (ctypes.c_int32 * 256)()
             while True:
                 n = pool.next(out, 0.25)

@@ -49,6 +49,13 @@
  * (pageable or mapped staging, and every crossing under CC) each worker
  * issues its own, so that the calls overlap.
  *
+ * A load can start before its destinations exist: the caller names how many
+ * items (a prefix, in order) have their dst set at submit and publishes more
+ * as it allocates them (ccb_pool_publish). A worker reads its chunk into
+ * staging (and, with contexts of its own, moves it across into the device
+ * staging buffer) before it waits for the chunk's items to be published, so
+ * the first reads and crossings overlap the caller's allocation.
+ *
  * A tensor is reported done when its last chunk's copy has completed. The
  * first error stops the load; workers drain what they have in flight before
  * they go idle, so once ccb_pool_cancel() returns nothing writes to the
@@ -141,7 +148,8 @@ struct ccb_pool {
 
     /* the current load */
     plan pl;
-    size_t next; /* atomically claimed */
+    size_t next;      /* atomically claimed */
+    size_t published; /* items [0, published) have their dst: written under mu, read with acquire */
     int32_t *remaining;
     int32_t *doneq;
     int dq_head, dq_tail;
@@ -313,6 +321,16 @@ static void chunk_done(ccb_pool *p, const chunk_ref *c) {
     for (size_t i = c->item; i < c->end; i++) tensor_done(p, p->pl.items[i].tensor);
 }
 
+/* Wait until chunk c's items have their destinations; -1 when the load stops first. */
+static int await_dst(ccb_pool *p, const chunk_ref *c) {
+    if (__atomic_load_n(&p->published, __ATOMIC_ACQUIRE) >= c->end) return 0;
+    pthread_mutex_lock(&p->mu);
+    while (p->published < c->end && !p->failed && !p->cancel) pthread_cond_wait(&p->cv, &p->mu);
+    int ok = p->published >= c->end;
+    pthread_mutex_unlock(&p->mu);
+    return ok ? 0 : -1;
+}
+
 /* Slot k once the submitter has dealt with it: SLOT_FREE, SLOT_INFLIGHT or SLOT_DROPPED. */
 static int settled(worker *w, int k) {
     int st;
@@ -335,6 +353,7 @@ static int retire(worker *w, int k) {
 
 /* Host target: each segment is read straight into place. */
 static int read_host(ccb_pool *p, const chunk_ref *c) {
+    if (await_dst(p, c) != 0) return 1;
     for (size_t i = c->item; i < c->end; i++) {
         const ccb_item *it = &p->pl.items[i];
         uint64_t off, len;
@@ -344,10 +363,12 @@ static int read_host(ccb_pool *p, const chunk_ref *c) {
     return 0;
 }
 
-/* Queue the copies of a chunk that sits in staging slot k (or, mapped, at src). */
+/* Queue the copies of a chunk that sits in staging slot k (or, mapped, at src): -1 on a refused call,
+ * 1 when the load stopped while the chunk's items waited for their destinations. */
 static int copy_out(worker *w, int k, const chunk_ref *c, const char *src) {
     ccb_pool *p = w->p;
     if (p->ncontexts > 0) CK(cu.MemcpyHtoDAsync(w->dstage[k], src, c->hi - c->lo, w->stream));
+    if (!p->submit && await_dst(p, c) != 0) return 1; /* the submitter's slots were waited for when queued */
     for (size_t i = c->item; i < c->end; i++) {
         const ccb_item *it = &p->pl.items[i];
         uint64_t off, len;
@@ -451,6 +472,7 @@ static void run_load(worker *w) {
         if (p->device < 0) {
             int rc = read_host(p, &c);
             w->read_ns += now_ns() - t;
+            if (rc > 0) break; /* stopped */
             if (rc != 0) { pool_fail(p, (int64_t)c.item); break; }
             chunk_done(p, &c);
             continue;
@@ -469,11 +491,19 @@ static void run_load(worker *w) {
         if (rc != 0) { pool_fail(p, (int64_t)c.item); break; }
         w->inflight[k] = c;
         if (p->submit) {
+            t = now_ns();
+            rc = await_dst(p, &c);
+            w->copy_ns += now_ns() - t;
+            if (rc != 0) break; /* stopped: slot k stays free */
             queue_slot(w, k);
         } else {
             t = now_ns();
             rc = copy_out(w, k, &c, src);
             w->copy_ns += now_ns() - t;
+            if (rc > 0) {
+                cu.StreamSynchronize(w->stream); /* the crossing into dstage[k] read host[k] */
+                break;
+            }
             if (rc != 0) {
                 pool_fail(p, (int64_t)c.item);
                 cu.StreamSynchronize(w->stream); /* copies queued before the refusal */
@@ -661,11 +691,12 @@ int ccb_pool_wait_ready(ccb_pool *p, double timeout_s) {
     return rc;
 }
 
-/* Start a load of items (see ccb_item) from files. remaining (ntensors long)
- * receives how many chunks each tensor spans and is counted down; doneq
- * (ntensors long) receives the finished tensors. The arrays must outlive the load. */
+/* Start a load of items (see ccb_item) from files, items [0, nready) with
+ * their destinations. remaining (ntensors long) receives how many chunks each
+ * tensor spans and is counted down; doneq (ntensors long) receives the
+ * finished tensors. The arrays must outlive the load. */
 int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, const ccb_item *items, size_t nitems,
-                    int32_t *remaining, int32_t *doneq, int ntensors) {
+                    size_t nready, int32_t *remaining, int32_t *doneq, int ntensors) {
     pthread_mutex_lock(&p->mu);
     int rc = -1;
     if (p->broken) set_err("%s", p->err);
@@ -689,6 +720,7 @@ int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, const ccb_it
             }
         }
         p->next = 0;
+        __atomic_store_n(&p->published, nready < nitems ? nready : nitems, __ATOMIC_RELEASE);
         p->doneq = doneq;
         p->dq_head = p->dq_tail = 0;
         p->cancel = 0;
@@ -724,10 +756,21 @@ int ccb_pool_next(ccb_pool *p, int32_t *out, int max, double timeout_s) {
     return n;
 }
 
+/* Items [0, nready) of the running load have their destinations. */
+void ccb_pool_publish(ccb_pool *p, size_t nready) {
+    pthread_mutex_lock(&p->mu);
+    if (p->busy && nready > p->published) {
+        __atomic_store_n(&p->published, nready < p->pl.nitems ? nready : p->pl.nitems, __ATOMIC_RELEASE);
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
 /* Stop the load and wait until no worker can write anything more. */
 void ccb_pool_cancel(ccb_pool *p) {
     pthread_mutex_lock(&p->mu);
     __atomic_store_n(&p->cancel, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&p->cv); /* workers waiting for destinations */
     while (p->busy) pthread_cond_wait(&p->cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
 }
@@ -756,6 +799,7 @@ void ccb_pool_free(ccb_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     __atomic_store_n(&p->cancel, 1, __ATOMIC_RELEASE);
+    pthread_cond_broadcast(&p->cv);
     while (p->busy) pthread_cond_wait(&p->cv, &p->mu);
     p->stop = 1;
     pthread_cond_broadcast(&p->cv);

@@ -49,10 +49,14 @@ typedef struct ccb_pool ccb_pool;
 CCB_API ccb_pool *ccb_pool_new(int device, int nworkers, int ncontexts, int staging, size_t chunk, int nbuf);
 /* 0 when every worker is ready, 1 on timeout, -1 when one failed (ccb_pool_error). */
 CCB_API int ccb_pool_wait_ready(ccb_pool *p, double timeout_s);
-/* Start a load of items from files. remaining (ntensors long) receives how many chunks each tensor spans
- * and is counted down; doneq (ntensors long) receives the finished tensors. The arrays must outlive the load. */
+/* Start a load of items from files; items [0, nready) have their dst set, the others get theirs before
+ * ccb_pool_publish names them (workers read ahead and wait to copy). remaining (ntensors long) receives how
+ * many chunks each tensor spans and is counted down; doneq (ntensors long) receives the finished tensors.
+ * The arrays must outlive the load. */
 CCB_API int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, const ccb_item *items, size_t nitems,
-                            int32_t *remaining, int32_t *doneq, int ntensors);
+                            size_t nready, int32_t *remaining, int32_t *doneq, int ntensors);
+/* Items [0, nready) of the running load now have their dst (written before this call). */
+CCB_API void ccb_pool_publish(ccb_pool *p, size_t nready);
 /* Tensors finished since the last call, into out (at most max): the count; 0 on timeout; -1 on error
  * (ccb_pool_error); -2 when the load is over and everything was reported. */
 CCB_API int ccb_pool_next(ccb_pool *p, int32_t *out, int max, double timeout_s);
