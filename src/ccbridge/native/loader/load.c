@@ -321,16 +321,6 @@ static void chunk_done(ccb_pool *p, const chunk_ref *c) {
     for (size_t i = c->item; i < c->end; i++) tensor_done(p, p->pl.items[i].tensor);
 }
 
-/* Wait until chunk c's items have their destinations; -1 when the load stops first. */
-static int await_dst(ccb_pool *p, const chunk_ref *c) {
-    if (__atomic_load_n(&p->published, __ATOMIC_ACQUIRE) >= c->end) return 0;
-    pthread_mutex_lock(&p->mu);
-    while (p->published < c->end && !p->failed && !p->cancel) pthread_cond_wait(&p->cv, &p->mu);
-    int ok = p->published >= c->end;
-    pthread_mutex_unlock(&p->mu);
-    return ok ? 0 : -1;
-}
-
 /* Slot k once the submitter has dealt with it: SLOT_FREE, SLOT_INFLIGHT or SLOT_DROPPED. */
 static int settled(worker *w, int k) {
     int st;
@@ -351,9 +341,24 @@ static int retire(worker *w, int k) {
     return 0;
 }
 
+/* Wait until chunk c's items have their destinations; -1 when the load stops first. Before it blocks the
+ * worker retires its other slots, so that what has landed is reported while it waits (slot k is c's own). */
+static int await_dst(worker *w, int k, const chunk_ref *c) {
+    ccb_pool *p = w->p;
+    if (__atomic_load_n(&p->published, __ATOMIC_ACQUIRE) >= c->end) return 0;
+    for (int j = 0; j < p->nbuf && p->device >= 0; j++)
+        if (j != k && retire(w, j) != 0) return -1;
+    pthread_mutex_lock(&p->mu);
+    while (p->published < c->end && !p->failed && !p->cancel) pthread_cond_wait(&p->cv, &p->mu);
+    int ok = p->published >= c->end;
+    pthread_mutex_unlock(&p->mu);
+    return ok ? 0 : -1;
+}
+
 /* Host target: each segment is read straight into place. */
-static int read_host(ccb_pool *p, const chunk_ref *c) {
-    if (await_dst(p, c) != 0) return 1;
+static int read_host(worker *w, const chunk_ref *c) {
+    ccb_pool *p = w->p;
+    if (await_dst(w, 0, c) != 0) return 1;
     for (size_t i = c->item; i < c->end; i++) {
         const ccb_item *it = &p->pl.items[i];
         uint64_t off, len;
@@ -368,7 +373,7 @@ static int read_host(ccb_pool *p, const chunk_ref *c) {
 static int copy_out(worker *w, int k, const chunk_ref *c, const char *src) {
     ccb_pool *p = w->p;
     if (p->ncontexts > 0) CK(cu.MemcpyHtoDAsync(w->dstage[k], src, c->hi - c->lo, w->stream));
-    if (!p->submit && await_dst(p, c) != 0) return 1; /* the submitter's slots were waited for when queued */
+    if (!p->submit && await_dst(w, k, c) != 0) return 1; /* the submitter's slots were waited for when queued */
     for (size_t i = c->item; i < c->end; i++) {
         const ccb_item *it = &p->pl.items[i];
         uint64_t off, len;
@@ -470,7 +475,7 @@ static void run_load(worker *w) {
         const ccb_file *f = &p->pl.files[c.file];
         double t = now_ns();
         if (p->device < 0) {
-            int rc = read_host(p, &c);
+            int rc = read_host(w, &c);
             w->read_ns += now_ns() - t;
             if (rc > 0) break; /* stopped */
             if (rc != 0) { pool_fail(p, (int64_t)c.item); break; }
@@ -492,7 +497,7 @@ static void run_load(worker *w) {
         w->inflight[k] = c;
         if (p->submit) {
             t = now_ns();
-            rc = await_dst(p, &c);
+            rc = await_dst(w, k, &c);
             w->copy_ns += now_ns() - t;
             if (rc != 0) break; /* stopped: slot k stays free */
             queue_slot(w, k);
