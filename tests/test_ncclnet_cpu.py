@@ -162,13 +162,30 @@ def run_pair(sizes, key=KEY, send_key=None, capacity=None, concurrent=1, port=0,
         _reap(r, s)
 
 
-def set_stages(monkeypatch, mode: str) -> None:
-    """A lane's threads: "t<T>" sets CCBRIDGE_NET_TURNS (T threads taking turns at the socket), anything else
-    CCBRIDGE_NET_PIPELINE (the stage pipeline's depth; 0 one thread a lane)."""
+def stage_vars(mode: str) -> dict:
+    """A lane's threads, as the variables to set (None: unset): "t<T>" CCBRIDGE_NET_TURNS=T (T threads taking turns
+    at the socket; t1: turns off, the pipeline at its default depth), "default" neither (the plugin's default), anything
+    else CCBRIDGE_NET_TURNS=0 (turns off) and CCBRIDGE_NET_PIPELINE (the stage pipeline's depth; 0 one thread a
+    lane, "" the default 2)."""
     if mode.startswith("t"):
-        monkeypatch.setenv("CCBRIDGE_NET_TURNS", mode[1:])
-    else:
-        monkeypatch.setenv("CCBRIDGE_NET_PIPELINE", mode)
+        return {"CCBRIDGE_NET_TURNS": mode[1:], "CCBRIDGE_NET_PIPELINE": None}
+    if mode == "default":
+        return {"CCBRIDGE_NET_TURNS": None, "CCBRIDGE_NET_PIPELINE": None}
+    return {"CCBRIDGE_NET_TURNS": "0", "CCBRIDGE_NET_PIPELINE": mode}
+
+
+def set_stages(monkeypatch, mode: str) -> None:
+    """stage_vars(mode) in this process's environment, which the ranks inherit."""
+    for k, v in stage_vars(mode).items():
+        monkeypatch.setenv(k, v) if v is not None else monkeypatch.delenv(k, raising=False)
+
+
+def _mode_env(mode: str, **extra) -> dict:
+    """This process's environment with the test key, loopback, stage_vars(mode) and extra."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CCBRIDGE_NET_PIPELINE", "CCBRIDGE_NET_TURNS")}
+    env.update(CCBRIDGE_KEY=KEY, NCCL_SOCKET_IFNAME="lo", **extra)
+    env.update({k: v for k, v in stage_vars(mode).items() if v is not None})
+    return env
 
 
 # ---- plain runs ----
@@ -1154,19 +1171,16 @@ print(json.dumps(out))
 
 @pytest.mark.parametrize("pipeline,per_lane", [("0", 1), ("2", 2), ("8", 2), ("", 2), ("t3", 3), ("t8", 8)])
 def test_pipeline_threads_and_no_thread_or_fd_left_behind(pipeline, per_lane):
-    # CCBRIDGE_NET_PIPELINE (default 2): a lane is one thread at 0, two (a crypto and a socket stage)
-    # otherwise, on each side; CCBRIDGE_NET_TURNS=T (t3, t8): T threads taking turns. Every close, clean or
-    # with records in the rings (or being sealed/opened by a lane's threads), ends them all and closes
-    # every socket
+    # with CCBRIDGE_NET_TURNS=0, CCBRIDGE_NET_PIPELINE (default 2): a lane is one thread at 0, two (a crypto
+    # and a socket stage) otherwise, on each side; CCBRIDGE_NET_TURNS=T (t3, t8): T threads taking
+    # turns. Every close, clean or with records in the rings (or being sealed/opened by a lane's threads), ends
+    # them all and closes every socket
     import json
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in ("CCBRIDGE_NET_PIPELINE", "CCBRIDGE_NET_TURNS")}
-    env.update(CCBRIDGE_KEY=KEY, NCCL_SOCKET_IFNAME="lo")
-    env["CCBRIDGE_NET_TURNS" if pipeline.startswith("t") else "CCBRIDGE_NET_PIPELINE"] = pipeline.lstrip("t")
     p = subprocess.run([sys.executable, "-c", _LEFT_BEHIND_SCRIPT, str(pluginenv.library())], capture_output=True,
-                       text=True, timeout=300, env=env)
+                       text=True, timeout=300, env=_mode_env(pipeline))
     assert p.returncode == 0, p.stdout + p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["during"] == {str(n): 2 * n * per_lane for n in (1, 4)}, out
@@ -1205,9 +1219,7 @@ def test_a_lane_crosses_its_record_key_epoch(pipeline):
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in ("CCBRIDGE_NET_PIPELINE", "CCBRIDGE_NET_TURNS")}
-    env.update(CCBRIDGE_KEY=KEY, NCCL_SOCKET_IFNAME="lo")
-    env["CCBRIDGE_NET_TURNS" if pipeline.startswith("t") else "CCBRIDGE_NET_PIPELINE"] = pipeline.lstrip("t")
+    env = _mode_env(pipeline)
     p = subprocess.run([sys.executable, "-c", _EPOCH_SCRIPT, str(pluginenv.library())], capture_output=True,
                        text=True, timeout=300, env=env)
     assert p.returncode == 0 and p.stdout.split()[-2:] == ["wrong", "0"], p.stdout + p.stderr
@@ -1245,13 +1257,6 @@ net.t.closeSend(s), net.t.closeRecv(r), net.t.closeListen(lcomm)
 net.t.finalize(net.ctx)
 print(json.dumps(sorted(after[t] - before.get(t, 0) for t in after if t != os.getpid())))
 """
-
-
-def _mode_env(mode: str, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("CCBRIDGE_NET_PIPELINE", "CCBRIDGE_NET_TURNS")}
-    env.update(CCBRIDGE_KEY=KEY, NCCL_SOCKET_IFNAME="lo", **extra)
-    env["CCBRIDGE_NET_TURNS" if mode.startswith("t") else "CCBRIDGE_NET_PIPELINE"] = mode.lstrip("t")
-    return env
 
 
 @pytest.mark.parametrize("mode", ["2", "t2", "t3"])
@@ -1487,8 +1492,8 @@ print("ok")
 '''
 
 
-@pytest.mark.parametrize("turns", ["", "2", "3"], ids=["pipeline", "turns2", "turns3"])
-def test_lanes_and_close_are_race_free_under_thread_sanitizer(turns, tmp_path):
+@pytest.mark.parametrize("mode", ["2", "t2", "t3"], ids=["pipeline", "turns2", "turns3"])
+def test_lanes_and_close_are_race_free_under_thread_sanitizer(mode, tmp_path):
     # both ends of connections in one process (as NCCL holds many), messages on and off the record
     # grid, then closes that race the lanes: a clean close while the peer's FINs arrive, aborts with
     # records in flight on either side; then one message at a time (a lone small one kept by the thread
@@ -1510,9 +1515,8 @@ def test_lanes_and_close_are_race_free_under_thread_sanitizer(turns, tmp_path):
                     "-o", str(lib), *sorted(str(p) for p in (src / "ncclnet").glob("*.c")), str(src / "common" / "ossl.c"),
                     "-ldl", "-lpthread"], check=True)
     log = tmp_path / "tsan"
-    env = {**os.environ, "CCBRIDGE_KEY": KEY, "NCCL_SOCKET_IFNAME": "lo", "LD_PRELOAD": tsan,
-           "CCBRIDGE_NET_TURNS": turns,
-           "TSAN_OPTIONS": f"halt_on_error=0 exitcode=0 history_size=4 log_path={log}"}
+    env = _mode_env(mode, LD_PRELOAD=tsan,
+                    TSAN_OPTIONS=f"halt_on_error=0 exitcode=0 history_size=4 log_path={log}")
     p = subprocess.run([sys.executable, "-c", _RACE_SCRIPT, str(lib)], capture_output=True, text=True, timeout=600,
                        env=env)
     assert p.returncode == 0 and "ok" in p.stdout, p.stdout + p.stderr
