@@ -164,7 +164,7 @@ def run_pair(sizes, key=KEY, send_key=None, capacity=None, concurrent=1, port=0,
 
 def stage_vars(mode: str) -> dict:
     """A lane's threads, as the variables to set (None: unset): "t<T>" CCBRIDGE_NET_TURNS=T (T threads taking turns
-    at the socket; t1: turns off, the pipeline at its default depth), "default" neither (the plugin's default), anything
+    at the socket; t1: turns off, the pipeline at its default depth), "default" neither (turns, 2 a lane), anything
     else CCBRIDGE_NET_TURNS=0 (turns off) and CCBRIDGE_NET_PIPELINE (the stage pipeline's depth; 0 one thread a
     lane, "" the default 2)."""
     if mode.startswith("t"):
@@ -1169,10 +1169,11 @@ print(json.dumps(out))
 '''
 
 
-@pytest.mark.parametrize("pipeline,per_lane", [("0", 1), ("2", 2), ("8", 2), ("", 2), ("t3", 3), ("t8", 8)])
+@pytest.mark.parametrize("pipeline,per_lane", [("0", 1), ("2", 2), ("8", 2), ("", 2), ("t3", 3), ("t8", 8),
+                                               ("default", 2)])
 def test_pipeline_threads_and_no_thread_or_fd_left_behind(pipeline, per_lane):
     # with CCBRIDGE_NET_TURNS=0, CCBRIDGE_NET_PIPELINE (default 2): a lane is one thread at 0, two (a crypto
-    # and a socket stage) otherwise, on each side; CCBRIDGE_NET_TURNS=T (t3, t8): T threads taking
+    # and a socket stage) otherwise, on each side; CCBRIDGE_NET_TURNS=T (t3, t8; unset: 2): T threads taking
     # turns. Every close, clean or with records in the rings (or being sealed/opened by a lane's threads), ends
     # them all and closes every socket
     import json
@@ -1185,6 +1186,67 @@ def test_pipeline_threads_and_no_thread_or_fd_left_behind(pipeline, per_lane):
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["during"] == {str(n): 2 * n * per_lane for n in (1, 4)}, out
     assert all(t == 0 and f == 0 for _, _, t, f in out["after"]), out["after"]
+
+
+_THREADS_SCRIPT = r'''
+import ctypes, os, sys, time
+from ccbridge.secure import netplugin
+
+net = netplugin.Net(sys.argv[1])
+assert net.rc == 0, net.logs
+base, n = len(os.listdir("/proc/self/task")), (1 << 20) + 5
+deadline = time.monotonic() + 60
+lcomm, s, r = net.pair(deadline, 2)
+sb, rb = ctypes.create_string_buffer(b"z" * n, n), ctypes.create_string_buffer(n)
+rq, sq = net.irecv(r, rb, n, deadline), net.isend(s, sb, n, deadline)
+net.wait(sq, deadline, 0), net.wait(rq, deadline, 0)
+assert rb.raw == sb.raw
+print("threads", len(os.listdir("/proc/self/task")) - base)
+net.t.closeSend(s), net.t.closeRecv(r), net.t.closeListen(lcomm)
+net.t.finalize(net.ctx)
+'''
+
+
+@pytest.mark.parametrize("env,mode,per_lane", [
+    ({}, "turns 2", 2),
+    ({"CCBRIDGE_NET_PIPELINE": "0"}, "turns 2", 2),  # the pipeline's depth alone no longer picks the pipeline
+    ({"CCBRIDGE_NET_TURNS": "", "CCBRIDGE_NET_PIPELINE": "0"}, "turns 2", 2),
+    ({"CCBRIDGE_NET_TURNS": "0", "CCBRIDGE_NET_PIPELINE": "0"}, "pipeline 0", 1),
+    ({"CCBRIDGE_NET_TURNS": "1", "CCBRIDGE_NET_PIPELINE": "0"}, "pipeline 0", 1),
+    ({"CCBRIDGE_NET_TURNS": "0"}, "pipeline 2", 2),
+    ({"CCBRIDGE_NET_TURNS": "12", "CCBRIDGE_NET_PIPELINE": "0"}, "turns 8", 8),
+], ids=["unset", "pipeline0_alone", "turns_empty", "turns0", "turns1", "turns0_depth_default", "turns12"])
+def test_turns_are_the_default_and_turns_0_or_1_the_pipeline(env, mode, per_lane):
+    # CCBRIDGE_NET_TURNS unset or empty: 2 threads a lane taking turns, whatever CCBRIDGE_NET_PIPELINE says (the
+    # stage pipeline at 0 would run one thread a lane); 0 or 1: the stage pipeline at CCBRIDGE_NET_PIPELINE's
+    # depth; above 8: 8. The threads of one 2-lane connection's two ends, and pluginenv.lane_mode (what a result
+    # records) reading the same environment as the plugin
+    import subprocess
+    import sys
+
+    full = {k: v for k, v in os.environ.items() if k not in ("CCBRIDGE_NET_PIPELINE", "CCBRIDGE_NET_TURNS")}
+    full.update(CCBRIDGE_KEY=KEY, NCCL_SOCKET_IFNAME="lo", **env)
+    assert pluginenv.lane_mode(full) == mode
+    p = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(pluginenv.library())], capture_output=True,
+                       text=True, timeout=120, env=full)
+    assert p.returncode == 0 and p.stdout.split()[-2:] == ["threads", str(2 * 2 * per_lane)], p.stdout + p.stderr
+
+
+def test_lane_mode_reads_the_environment_as_the_plugin_does():
+    # C's atoi on a set, non-empty variable; net.h's defaults and bounds
+    import re
+    from pathlib import Path
+
+    h = (Path(__file__).resolve().parent.parent / "src/ccbridge/native/ncclnet/net.h").read_text()
+    defines = {k: int(v) for k, v in re.findall(r"(?m)^#define (\w+) (\d+)\b", h)}
+    assert [defines[k] for k in ("DEFAULT_TURNS", "MAX_TURNS", "DEFAULT_PIPELINE", "MAX_PIPELINE")] == \
+        [pluginenv.DEFAULT_TURNS, pluginenv.MAX_TURNS, pluginenv.DEFAULT_PIPELINE, pluginenv.MAX_PIPELINE]
+    mode = pluginenv.lane_mode
+    assert mode({"CCBRIDGE_NET_TURNS": " 3x"}) == "turns 3" and mode({"CCBRIDGE_NET_TURNS": "-4"}) == "pipeline 2"
+    assert mode({"CCBRIDGE_NET_TURNS": "two", "CCBRIDGE_NET_PIPELINE": "1"}) == "pipeline 2"
+    assert mode({"CCBRIDGE_NET_TURNS": "0", "CCBRIDGE_NET_PIPELINE": "20"}) == "pipeline 8"
+    assert mode({"CCBRIDGE_NET_TURNS": "0", "CCBRIDGE_NET_PIPELINE": "no"}) == "pipeline 0"
+    assert mode({"CCBRIDGE_NET_TURNS": "0", "CCBRIDGE_NET_PIPELINE": ""}) == "pipeline 2"
 
 
 _EPOCH_SCRIPT = r'''
@@ -1492,7 +1554,7 @@ print("ok")
 '''
 
 
-@pytest.mark.parametrize("mode", ["2", "t2", "t3"], ids=["pipeline", "turns2", "turns3"])
+@pytest.mark.parametrize("mode", ["2", "default", "t3"], ids=["pipeline", "turns2_default", "turns3"])
 def test_lanes_and_close_are_race_free_under_thread_sanitizer(mode, tmp_path):
     # both ends of connections in one process (as NCCL holds many), messages on and off the record
     # grid, then closes that race the lanes: a clean close while the peer's FINs arrive, aborts with

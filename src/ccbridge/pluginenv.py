@@ -12,9 +12,12 @@ the stamp (env) reads status() without NCCL, torch or the secure package.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 NAME = "libnccl-net-ccbridge.so"
+# net.h's: a lane's threads take turns at its socket unless CCBRIDGE_NET_TURNS is 0 or 1 (then the stage pipeline)
+DEFAULT_TURNS, MAX_TURNS, DEFAULT_PIPELINE, MAX_PIPELINE = 2, 8, 2, 8
 
 
 def path() -> Path:
@@ -49,3 +52,24 @@ def status(environ: dict[str, str] | None = None) -> dict:
            "will_load": lib.exists() and selected and on_path,
            "required": e.get("NCCL_NET") == "ccbridge"}  # without it NCCL falls back to plaintext if the plugin fails
     return out
+
+
+def lane_mode(environ: dict[str, str] | None = None) -> str:
+    """How the plugin runs each lane in this environment, read as conn.c reads it (turns_wanted, pipeline_wanted):
+    "turns T", T threads taking turns at the lane's socket (CCBRIDGE_NET_TURNS, unset or empty: 2; at most 8), or,
+    where CCBRIDGE_NET_TURNS is 0 or 1 (or not a number), "pipeline D": the stage pipeline, D records apart
+    (CCBRIDGE_NET_PIPELINE, default 2, 1 read as 2, at most 8; two threads a lane), "pipeline 0" one thread a lane."""
+    e = os.environ if environ is None else environ
+    turns = _atoi(e.get("CCBRIDGE_NET_TURNS"), DEFAULT_TURNS)
+    if turns >= 2:
+        return f"turns {min(turns, MAX_TURNS)}"
+    depth = _atoi(e.get("CCBRIDGE_NET_PIPELINE"), DEFAULT_PIPELINE)
+    return f"pipeline {0 if depth < 1 else max(2, min(depth, MAX_PIPELINE))}"
+
+
+def _atoi(text: str | None, default: int) -> int:
+    """C's atoi where text is set and not empty (leading blanks, a sign, the digits; 0 where none), else default."""
+    if not text:
+        return default
+    m = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", text)
+    return int(m.group(1)) if m else 0

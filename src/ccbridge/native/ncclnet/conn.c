@@ -38,7 +38,8 @@
  * (nothing more can come). A socket that ends inside a record, and anything
  * else, fails the connection and every request on it.
  *
- * Stages (CCBRIDGE_NET_PIPELINE = depth, default 2; 0: none): each lane
+ * Stages (CCBRIDGE_NET_TURNS=0 or 1: turns below off; CCBRIDGE_NET_PIPELINE
+ * = depth, default 2; 0: none): each lane
  * has a second thread, so that its cryptography overlaps its socket I/O.
  * Sending, the lane thread seals records into depth buffer slots and the
  * send stage writes them in order and counts each once written; receiving,
@@ -57,7 +58,8 @@
  * receives' buffers with what arrived, unauthenticated (a lane reads up to
  * depth records past one whose tag its stage has yet to find bad).
  *
- * Turns (CCBRIDGE_NET_TURNS = T, 2..8; replaces the stages): a lane's T
+ * Turns (CCBRIDGE_NET_TURNS = T, 2..8, the default 2 where it is unset or
+ * empty; the stages above at 0 or 1): a lane's T
  * threads take turns at its socket. The turn's holder does what one lane
  * thread does up to the crypto (sending: takes the lane's next record and
  * its seq; receiving: reads the next record in place, every check above
@@ -123,8 +125,8 @@ int pipeline_wanted(void) {
 
 int turns_wanted(void) {
     const char *s = getenv("CCBRIDGE_NET_TURNS");
-    int n = s && *s ? atoi(s) : 0;
-    /* one thread taking turns with itself is the serial lane (CCBRIDGE_NET_PIPELINE=0) */
+    int n = s && *s ? atoi(s) : DEFAULT_TURNS;
+    /* 0 or 1 (one thread taking turns with itself would be the serial lane): off, the stage pipeline */
     return n < 2 ? 0 : n > MAX_TURNS ? MAX_TURNS : n;
 }
 

@@ -46,23 +46,26 @@ int key_load(uint8_t key[KEY_BYTES], char *err, size_t errlen);
 #include <netinet/in.h>
 
 /* A connection is NLANES TCP sockets ("lanes"), each with its own worker
- * thread (two with CCBRIDGE_NET_PIPELINE, T with CCBRIDGE_NET_TURNS), keys and record sequence: large
- * messages are cut into records
- * spread over the lanes so that several cores seal, send, receive and open
- * at once; a message of one record always takes lane 0. */
+ * threads (T with CCBRIDGE_NET_TURNS, default 2; with turns off, two with
+ * CCBRIDGE_NET_PIPELINE, one at 0), keys and record sequence: large
+ * messages are cut into records spread over the lanes so that several
+ * cores seal, send, receive and open at once; a message of one record
+ * always takes lane 0. */
 #define MAX_LANES 16
 #define DEFAULT_LANES 8   /* CCBRIDGE_NET_LANES: 8 held >= 0.9 of tuned NCCL sockets on 2x H200, 4 did not */
 #define DEFAULT_SPIN_US 50     /* CCBRIDGE_NET_SPIN_US */
-/* CCBRIDGE_NET_PIPELINE: records a lane holds between its crypto and its socket stage (two threads a
- * lane, so that sealing overlaps sending and reading overlaps opening); 0: one thread a lane, each
- * record sealed then sent (read then opened) in turn. Each send-side slot is a record buffer. */
+/* CCBRIDGE_NET_PIPELINE, read only with CCBRIDGE_NET_TURNS=0 or 1: records a lane holds between its
+ * crypto and its socket stage (two threads a lane, so that sealing overlaps sending and reading overlaps
+ * opening); 0: one thread a lane, each record sealed then sent (read then opened) in turn. Each
+ * send-side slot is a record buffer. */
 #define DEFAULT_PIPELINE 2
 #define MAX_PIPELINE 8
-/* CCBRIDGE_NET_TURNS (0: off, the stages above): threads a lane that take turns at its socket, each
- * sealing (opening) the records it wrote (read) itself, with its own key context, so that a record's
- * bytes stay on the core that touched them and a lane's crypto runs on up to TURNS cores at once
- * (a lone one-record message stays with the thread that took it, the turn kept: no wake-up); it
- * replaces the stage pipeline where set */
+/* CCBRIDGE_NET_TURNS (unset or empty: DEFAULT_TURNS; 0 or 1: off, the stages above): threads a lane
+ * that take turns at its socket, each sealing (opening) the records it wrote (read) itself, with its
+ * own key context, so that a record's bytes stay on the core that touched them and a lane's crypto
+ * runs on up to TURNS cores at once (a lone one-record message stays with the thread that took it, the
+ * turn kept: no wake-up) */
+#define DEFAULT_TURNS 2 /* 4 MiB 0-19% faster than the pipeline, 8 B-64 KiB no slower: bench/RESULTS.md 2026-11-27 session 19 */
 #define MAX_TURNS 8
 #define RECORD_MIN (32u << 10)  /* a message up to this size is one record */
 #define RECORD_MAX (256u << 10) /* plaintext bytes per record, at most */
