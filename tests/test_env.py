@@ -187,4 +187,7 @@ def test_the_stamp_says_whether_nccl_will_load_the_encrypting_plugin(tmp_path):
 
     assert "needs NCCL_NET_PLUGIN=ccbridge and its folder on LD_LIBRARY_PATH" in row(off)
     assert row(on).startswith("NCCL will load it; set NCCL_NET=ccbridge")
+    # how the plugin will run each lane: turns unless CCBRIDGE_NET_TURNS is 0 or 1
+    assert on["lane_mode"] == "turns 2" and row(on).endswith("; lanes: turns 2")
+    assert pluginenv.status({"CCBRIDGE_NET_TURNS": "0"})["lane_mode"] == "pipeline 2"
     assert row({**on, "built": False}) == "not built"

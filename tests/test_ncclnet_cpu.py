@@ -1016,6 +1016,10 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
     assert all(r.extra["cpu_s_per_gb_send"] > 0 and r.extra["cpu_s_per_gb_recv"] > 0 for r in streams)
     assert {r.params["size"] for r in res.rows if r.metric == "half_rtt"} == {8, 4096, 65536}
     assert res.env and "GB/s" in p.stdout and "CPU-s/GB" in p.stdout
+    # which lane mode ran (what the two processes read from the environment they inherit)
+    mode = pluginenv.lane_mode({**os.environ, "CCBRIDGE_KEY": KEY})
+    assert res.settings["lane_mode"] == res.env["nccl_net_plugin"]["lane_mode"] == mode
+    assert f"lanes: {mode}" in p.stdout
     # beside each encrypted row: plain TCP at its lane count, the CPU bound and the inputs it was made of
     for r in streams:
         x = r.extra

@@ -50,7 +50,8 @@ def status(environ: dict[str, str] | None = None) -> dict:
     selected = e.get("NCCL_NET_PLUGIN") == "ccbridge"
     out = {"built": lib.exists(), "path": str(lib), "selected": selected, "on_library_path": on_path,
            "will_load": lib.exists() and selected and on_path,
-           "required": e.get("NCCL_NET") == "ccbridge"}  # without it NCCL falls back to plaintext if the plugin fails
+           "required": e.get("NCCL_NET") == "ccbridge",  # without it NCCL falls back to plaintext if the plugin fails
+           "lane_mode": lane_mode(e)}
     return out
 
 

@@ -68,7 +68,7 @@ STAMP = record({
                      "devices": STRINGS, "error": STRING}),
     "emulation": _EMULATION,
     "nccl_net_plugin": nullable(record({k: BOOL for k in ("built", "selected", "on_library_path", "will_load",
-                                                          "required")} | {"path": STRING})),
+                                                          "required")} | {"path": STRING, "lane_mode": STRING})),
 })
 
 # ---- results: one shape of settings and rows per kind ----
@@ -109,7 +109,8 @@ SETTINGS = {
                        "command": nullable(STRINGS), "ranks": array(INTEGER),
                        "projection": nullable({"type": "object"}), "runs": array(STRINGS)}, closed=True),
     "net": record({"bench": {"const": "net"}, "inflight": POSITIVE, "total_bytes": POSITIVE, "repeat": POSITIVE,
-                   "spin_us": MAYBE_STRING, "pipeline": MAYBE_STRING, "turns": MAYBE_STRING, "interface": STRING},
+                   "spin_us": MAYBE_STRING, "pipeline": MAYBE_STRING, "turns": MAYBE_STRING, "lane_mode": STRING,
+                   "interface": STRING},
                   closed=True),
     "ddp": record({"models": STRINGS, "ngpus": array(POSITIVE), "buckets": array(POSITIVE), "iters": POSITIVE,
                    "warmup": COUNT, "backend": STRING, "net": MAYBE_STRING, "wrap": {"enum": ["ddp", "fsdp"]}},

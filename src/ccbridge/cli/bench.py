@@ -69,7 +69,8 @@ def cmd_net(args) -> int:
         raise UsageError(f"--lanes: at most {MAX_LANES} (got {max(args.lanes)})")
     plugin_built()
     print(fit(f"# ccbridge bench net: {pluginenv.NAME} loopback, two processes, {args.inflight} messages in flight, "
-              f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores"), flush=True)
+              f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores, lanes: "
+              f"{pluginenv.lane_mode()}"), flush=True)
     res = netbench.loopback(bench.sizes(args.minbytes, args.maxbytes, 8), args.lanes, args.inflight, args.total,
                             args.iters)
     return _done(res, netbench.render(res), args.json)

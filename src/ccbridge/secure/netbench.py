@@ -380,10 +380,11 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
     res = Result(kind="net", env=envmod.stamp(),
                  settings={"bench": "net", "inflight": inflight, "total_bytes": total, "repeat": repeat,
                            "spin_us": os.environ.get("CCBRIDGE_NET_SPIN_US"),
-                           # a lane's threads (the stage pipeline's depth, or threads taking turns), as the
-                           # two processes inherit them
+                           # a lane's threads (threads taking turns, or the stage pipeline's depth), as the
+                           # two processes inherit them, and the mode the plugin reads from them ("turns 2")
                            "pipeline": os.environ.get("CCBRIDGE_NET_PIPELINE"),
-                           "turns": os.environ.get("CCBRIDGE_NET_TURNS"), "interface": env["NCCL_SOCKET_IFNAME"]})
+                           "turns": os.environ.get("CCBRIDGE_NET_TURNS"), "lane_mode": pluginenv.lane_mode(),
+                           "interface": env["NCCL_SOCKET_IFNAME"]})
     t_start = time.perf_counter()
     gcm = _gcm_rows(sorted({record_bytes(s, n) for s in sizes for n in lanes}), progress) if tcp_baseline else []
     got = _Rows(plan, progress)
