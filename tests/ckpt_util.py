@@ -112,10 +112,10 @@ def run_published_in_steps(torch, pool, f, data, dests, size: int, mapped: int =
         items = (Item * n)(*[Item(dests[i].data_ptr(), i * size, size, 0, i) for i in range(n)])
         remaining, doneq, out = (ctypes.c_int32 * n)(), (ctypes.c_int32 * n)(), (ctypes.c_int32 * n)()
         pool.ready()
-        pool.submit(files, items, remaining, doneq, ready=0)
+        load = pool.submit(files, items, remaining, doneq, ready=0)
         assert pool.next(out, 0.3) == 0  # read ahead, but no copy before its destination is published
         assert all(int(d.count_nonzero()) == 0 for d in dests)
-        pool.publish(2)
+        pool.publish(load, 2)
         done = set()
         while len(done) < 2:
             k = pool.next(out, 5.0)
@@ -123,7 +123,7 @@ def run_published_in_steps(torch, pool, f, data, dests, size: int, mapped: int =
             done.update(out[:k])
         assert done == {0, 1} and pool.next(out, 0.2) == 0
         assert all(int(d.count_nonzero()) == 0 for d in dests[2:])
-        pool.publish(n + 5)  # past the end: clamped
+        pool.publish(load, n + 5)  # past the end: clamped
         while (k := pool.next(out, 5.0)) != -2:
             assert k > 0, pool.error()
             done.update(out[:k])

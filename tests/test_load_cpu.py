@@ -393,3 +393,55 @@ def test_cancel_wakes_workers_that_wait_for_destinations(tmp_path):
             os.close(fd)
         dests = [torch.zeros(64 << 10, dtype=torch.uint8) for _ in range(6)]
         ckpt_util.run_published_in_steps(torch, pool, f, data, dests, 64 << 10)
+
+
+def test_a_publish_for_a_load_that_ended_never_reaches_the_next(tmp_path):
+    """Publication names its load: one meant for a cancelled (or failed) load does not publish the next one's
+    items, whose destinations are not set yet (here 0: a copy there would fault)."""
+    import ctypes
+    import os
+
+    pool, f, data = ckpt_util.publish_rig(tmp_path, -1)
+    with pool:
+        pool.ready()
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            files = (File * 1)(File(fd, 0, 0))
+            dests = [torch.zeros(64 << 10, dtype=torch.uint8) for _ in range(6)]
+            first = (Item * 6)(*[Item(dests[i].data_ptr(), i * (64 << 10), 64 << 10, 0, i) for i in range(6)])
+            arrays = [(ctypes.c_int32 * 6)() for _ in range(3)]
+            old = pool.submit(files, first, arrays[0], arrays[1], ready=0)
+            pool.cancel()
+            unset = (Item * 6)(*[Item(0, i * (64 << 10), 64 << 10, 0, i) for i in range(6)])
+            new = pool.submit(files, unset, arrays[0], arrays[1], ready=0)
+            assert new != old
+            pool.publish(old, 6)  # the cancelled load's: ignored
+            assert pool.next(arrays[2], 0.3) == 0 and pool.error() == ("", -1)
+            for i in range(6):
+                unset[i].dst = dests[i].data_ptr()
+            pool.publish(new, 6)
+            done = 0
+            while (k := pool.next(arrays[2], 5.0)) != -2:
+                assert k > 0, pool.error()
+                done += k
+            assert done == 6 and b"".join(d.numpy().tobytes() for d in dests) == data
+        finally:
+            os.close(fd)
+
+
+def test_a_second_load_on_a_pool_in_use_is_refused_and_leaves_the_first_whole(ckpt):
+    """Two loads on one pool: the second is refused before it touches the pool; its refusal does not cancel
+    the first (it once did: the refused load's cleanup cancelled whatever ran on the pool)."""
+    from ccbridge.load import LoadError, prewarm
+
+    d, expected = ckpt
+    with prewarm("cpu", workers=2, chunk_bytes=4096) as pool:
+        pool.ready()
+        first = iter_safetensors(d, device="cpu", pool=pool)
+        got = dict([next(first)])  # under way, paused between tensors
+        with pytest.raises(LoadError, match="serving another load"):
+            load_safetensors(d, device="cpu", pool=pool)
+        got.update(first)
+        assert got.keys() == expected.keys()
+        assert not [k for k in expected if not ckpt_util.same_bytes(torch, expected[k], got[k])]
+        assert load_safetensors(d, device="cpu", pool=pool).keys() == expected.keys()  # free again

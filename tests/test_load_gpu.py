@@ -102,6 +102,23 @@ def test_copies_wait_for_their_destinations_to_be_published(tmp_path, shape):
                     engine.unmap_file(mapped, len(data))
 
 
+def test_mapped_staging_sees_a_cut_inside_the_files_last_page(tmp_path):
+    """A file cut after its header was accepted, its new end inside its last page: that page still maps (no
+    SIGBUS, no populate failure), so the loader checks the file's size too; it once loaded zeros there."""
+    import os
+
+    ckpt_util.write(torch, tmp_path, seed=5, shards=1, big_elems=2_000_000)
+    f = next(tmp_path.glob("*.safetensors"))
+    size = f.stat().st_size
+    cut = max(1, (size % 4096 or 4096) // 2)
+    it = iter_safetensors(tmp_path, device="cuda:0", staging="mapped", contexts=0, workers=2, chunk_bytes=65536)
+    next(it)  # the empty tensors come first, before any read: the headers were valid
+    os.truncate(f, size - cut)
+    with pytest.raises(LoadError, match="file ended"):
+        for _ in it:
+            pass
+
+
 def test_truncated_during_load_raises_and_frees(tmp_path):
     ckpt_util.assert_truncation_mid_load_raises(torch, tmp_path / "c", 4_000_000, 2_000_000, "cuda:0",
                                                 contexts=2, workers=2, chunk_bytes=65536)

@@ -43,7 +43,7 @@ FUNCTIONS = {
     "ccb_pool_wait_ready": (c_int, [c_void_p, c_double]),
     "ccb_pool_submit": (c_int, [c_void_p, POINTER(File), c_int, POINTER(Item), c_size_t, c_size_t, _I32, _I32,
                                 c_int]),
-    "ccb_pool_publish": (None, [c_void_p, c_size_t]),
+    "ccb_pool_publish": (None, [c_void_p, c_int, c_size_t]),
     "ccb_pool_next": (c_int, [c_void_p, _I32, c_int, c_double]),
     "ccb_pool_cancel": (None, [c_void_p]),
     "ccb_pool_stats": (None, [c_void_p, POINTER(Stats)]),

@@ -75,6 +75,7 @@ class Pool:
         config.check()
         self.config = config
         self._closing: threading.Thread | None = None
+        self._held = threading.Lock()
         self.teardown_s: float | None = None
         h = loader.lib().ccb_pool_new(config.device, config.workers, config.contexts, STAGING[config.staging],
                                       config.chunk_bytes, config.buffers)
@@ -96,19 +97,31 @@ class Pool:
             raise LoadError(f"the loader pool could not start: {self.error()[0]}")
         return self.stats().prewarm_ns / 1e9
 
-    def submit(self, files, items, remaining, doneq, ready: int | None = None) -> None:
+    def take(self) -> None:
+        """Hold the pool for one load (LoadError where another holds it), so that a load's cancel and publish
+        never reach another's: one load at a time runs on a pool. `give` hands it back."""
+        if not self._held.acquire(blocking=False):
+            raise LoadError("the loader pool is serving another load: one load at a time runs on a pool")
+
+    def give(self) -> None:
+        self._held.release()
+
+    def submit(self, files, items, remaining, doneq, ready: int | None = None) -> int:
         """Start a load of items (Item array) from files (File array); remaining and doneq are
         int32 arrays, one slot per tensor. The arrays must stay alive until it is over or cancelled.
-        ready: how many items (a prefix) have their dst already (all by default); `publish` names more."""
+        ready: how many items (a prefix) have their dst already (all by default); `publish` names more.
+        The load's id, for publish."""
         n = len(items) if ready is None else ready
-        rc = loader.lib().ccb_pool_submit(self.handle, files, len(files), items, len(items), n,
-                                          remaining, doneq, len(remaining))
-        if rc != 0:
+        load = loader.lib().ccb_pool_submit(self.handle, files, len(files), items, len(items), n,
+                                            remaining, doneq, len(remaining))
+        if load < 0:
             raise LoadError(core.error())
+        return load
 
-    def publish(self, ready: int) -> None:
-        """Items [0, ready) of the running load have their dst now: the workers may copy into them."""
-        loader.lib().ccb_pool_publish(self.handle, ready)
+    def publish(self, load: int, ready: int) -> None:
+        """Items [0, ready) of load `load` (submit's id) have their dst now: the workers may copy into them.
+        Ignored once that load is over."""
+        loader.lib().ccb_pool_publish(self.handle, load, ready)
 
     def is_ready(self) -> bool:
         """Whether every worker is prewarmed, without waiting (a failed prewarm reads as ready: submit says why)."""

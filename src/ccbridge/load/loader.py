@@ -40,7 +40,7 @@ class LoadStats:
     prewarm_wait_s: float = 0.0  # how long the load waited for it
     load_s: float = 0.0       # submit to the last tensor done
     read_s: float = 0.0       # per worker, average time inside pread
-    copy_s: float = 0.0       # per worker, average time inside copy calls and staging waits
+    copy_s: float = 0.0       # per worker, average time inside copy calls, staging waits and waits for destinations
     teardown_s: float | None = None  # pool teardown (in the background unless the pool was the caller's)
     unmap_s: float | None = None     # releasing the files' mappings (mapped staging; in the background)
     total_s: float = 0.0      # call to return
@@ -143,16 +143,15 @@ def _open_all(files: list[str]) -> tuple[list[int], list[header.Header]]:
     return fds, headers
 
 
-def _start(pool: Pool, load: tuple, items, ready: int, st: LoadStats) -> float:
-    """Wait for the pool (when it still prewarms) and submit the load; when it started."""
+def _start(pool: Pool, load: tuple, items, ready: int, st: LoadStats) -> tuple[float, int]:
+    """Wait for the pool (when it still prewarms) and submit the load: when it started, and its id."""
     t = time.perf_counter()
     st.prewarm_s = pool.ready()
     st.prewarm_wait_s = time.perf_counter() - t
     pool.reset_stats()
     t_load = time.perf_counter()
     files, remaining, doneq = load
-    pool.submit(files, items, remaining, doneq, ready=ready)
-    return t_load
+    return t_load, pool.submit(files, items, remaining, doneq, ready=ready)
 
 
 def _allocate(torch, dev, pool: Pool, infos, dtypes, tensors: list, items, load: tuple, st: LoadStats) -> float:
@@ -163,7 +162,7 @@ def _allocate(torch, dev, pool: Pool, infos, dtypes, tensors: list, items, load:
     published (8 MiB first): a few dozen times however many tensors, while the readers wait only at
     the start. When the load started."""
     t = time.perf_counter()
-    t_load = None
+    started = None  # (when, id)
     pos = published = 0
     pub_bytes = new_bytes = 0
     for i, ((_, _, info), (dt, shape)) in enumerate(zip(infos, dtypes)):
@@ -173,18 +172,18 @@ def _allocate(torch, dev, pool: Pool, infos, dtypes, tensors: list, items, load:
         items[pos].dst = tensor.data_ptr()
         pos += 1
         new_bytes += info.nbytes
-        if t_load is None:
+        if started is None:
             if pool.is_ready():
-                t_load, published, pub_bytes, new_bytes = _start(pool, load, items, pos, st), pos, new_bytes, 0
+                started, published, pub_bytes, new_bytes = _start(pool, load, items, pos, st), pos, new_bytes, 0
         elif new_bytes >= max(8 << 20, pub_bytes):
-            pool.publish(pos)
+            pool.publish(started[1], pos)
             published, pub_bytes, new_bytes = pos, pub_bytes + new_bytes, 0
     st.alloc_s = time.perf_counter() - t
-    if t_load is None:
-        return _start(pool, load, items, pos, st) if pos else time.perf_counter()
+    if started is None:
+        return _start(pool, load, items, pos, st)[0] if pos else time.perf_counter()
     if published < pos:
-        pool.publish(pos)
-    return t_load
+        pool.publish(started[1], pos)
+    return started[0]
 
 
 def iter_safetensors(paths, device="cuda:0", **kwargs) -> Iterator[tuple[str, object]]:
@@ -228,7 +227,7 @@ def _run(paths, device, *, pool: Pool | None = None, workers: int | None = None,
     fds, headers = _open_all(files)
     own_pool = pool is None
     maps: dict[int, tuple[int, int]] = {}  # fd -> (address, size) under mapped staging
-    finished = False
+    finished = held = False
     try:
         checkpoint.check_names(headers, weight_map, idx)
         st.headers_s = time.perf_counter() - t_call
@@ -241,6 +240,8 @@ def _run(paths, device, *, pool: Pool | None = None, workers: int | None = None,
             pool = Pool(plan.config)  # prewarms while we allocate and plan
         elif pool.config.device != index:
             raise ValueError(f"the pool serves device {pool.config.device}, not {index}")
+        pool.take()  # this load's cancel and publish are its own
+        held = True
         st.pool = {k: getattr(pool.config, k) for k in ("workers", "contexts", "staging", "chunk_bytes", "buffers")}
         # One item per tensor with bytes, in file and offset order; the pool cuts them into chunks.
         file_of = {fd: k for k, fd in enumerate(fds)}
@@ -287,8 +288,10 @@ def _run(paths, device, *, pool: Pool | None = None, workers: int | None = None,
             st.read_s, st.copy_s = s.read_ns / 1e9 / w, s.copy_ns / 1e9 / w
         finished = True
     finally:
-        if pool is not None and not finished:
+        if held and not finished:
             pool.cancel()  # before the tensors go: no worker writes after this
+        if held:
+            pool.give()
         if finished and maps:
             # Unmapping costs ~30 ns per page the load touched (60 ms for 8 GB): after
             # the last tensor is done nothing reads the mappings, so it is off the

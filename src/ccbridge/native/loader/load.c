@@ -54,7 +54,10 @@
  * as it allocates them (ccb_pool_publish). A worker reads its chunk into
  * staging (and, with contexts of its own, moves it across into the device
  * staging buffer) before it waits for the chunk's items to be published, so
- * the first reads and crossings overlap the caller's allocation.
+ * the first reads and crossings overlap the caller's allocation. A chunk is
+ * copied once all its items are published (a tensor sharing its last chunk
+ * with the next item waits for that item too), and publication names its
+ * load: one meant for a load that ended is ignored.
  *
  * A tensor is reported done when its last chunk's copy has completed. The
  * first error stops the load; workers drain what they have in flight before
@@ -165,7 +168,7 @@ struct ccb_pool {
 static void pool_fail(ccb_pool *p, int64_t item) {
     pthread_mutex_lock(&p->mu);
     if (!p->failed) {
-        p->failed = 1;
+        __atomic_store_n(&p->failed, 1, __ATOMIC_RELEASE); /* stopping() reads it without mu */
         p->err_item = item;
         memcpy(p->err, g_err, sizeof p->err);
     }
@@ -348,10 +351,12 @@ static int await_dst(worker *w, int k, const chunk_ref *c) {
     if (__atomic_load_n(&p->published, __ATOMIC_ACQUIRE) >= c->end) return 0;
     for (int j = 0; j < p->nbuf && p->device >= 0; j++)
         if (j != k && retire(w, j) != 0) return -1;
+    double t = now_ns();
     pthread_mutex_lock(&p->mu);
     while (p->published < c->end && !p->failed && !p->cancel) pthread_cond_wait(&p->cv, &p->mu);
-    int ok = p->published >= c->end;
+    int ok = !p->failed && !p->cancel; /* a publish racing a cancel lands nothing more */
     pthread_mutex_unlock(&p->mu);
+    w->copy_ns += now_ns() - t;
     return ok ? 0 : -1;
 }
 
@@ -359,21 +364,29 @@ static int await_dst(worker *w, int k, const chunk_ref *c) {
 static int read_host(worker *w, const chunk_ref *c) {
     ccb_pool *p = w->p;
     if (await_dst(w, 0, c) != 0) return 1;
-    for (size_t i = c->item; i < c->end; i++) {
+    double t = now_ns();
+    int rc = 0;
+    for (size_t i = c->item; i < c->end && rc == 0; i++) {
         const ccb_item *it = &p->pl.items[i];
         uint64_t off, len;
         clip(&p->pl, c, i, &off, &len);
-        if (read_full(p->pl.files[c->file].fd, (char *)(uintptr_t)it->dst + (off - it->offset), len, off) != 0) return -1;
+        rc = read_full(p->pl.files[c->file].fd, (char *)(uintptr_t)it->dst + (off - it->offset), len, off);
     }
-    return 0;
+    w->read_ns += now_ns() - t;
+    return rc;
 }
 
 /* Queue the copies of a chunk that sits in staging slot k (or, mapped, at src): -1 on a refused call,
  * 1 when the load stopped while the chunk's items waited for their destinations. */
 static int copy_out(worker *w, int k, const chunk_ref *c, const char *src) {
     ccb_pool *p = w->p;
+    double t = now_ns();
     if (p->ncontexts > 0) CK(cu.MemcpyHtoDAsync(w->dstage[k], src, c->hi - c->lo, w->stream));
-    if (!p->submit && await_dst(w, k, c) != 0) return 1; /* the submitter's slots were waited for when queued */
+    if (!p->submit) {
+        w->copy_ns += now_ns() - t;
+        if (await_dst(w, k, c) != 0) return 1; /* the submitter's slots were waited for when queued */
+        t = now_ns();
+    }
     for (size_t i = c->item; i < c->end; i++) {
         const ccb_item *it = &p->pl.items[i];
         uint64_t off, len;
@@ -385,8 +398,10 @@ static int copy_out(worker *w, int k, const chunk_ref *c, const char *src) {
             CK(cu.MemcpyPeerAsync(dst, p->primary, w->dstage[k] + (off - c->lo), w->ctx, len, w->stream));
     }
     CK(cu.EventRecord(w->ev[k], w->stream));
+    if (!p->submit) w->copy_ns += now_ns() - t; /* the worker's own copies (the submitter's are not timed) */
     return 0;
 fail:
+    if (!p->submit) w->copy_ns += now_ns() - t;
     return -1;
 }
 
@@ -451,7 +466,7 @@ static int map_in(int fd, const char *src, const chunk_ref *c) {
     if (!__atomic_load_n(&g_no_populate, __ATOMIC_RELAXED)) {
         uintptr_t page = page_size(), a = (uintptr_t)src & ~(page - 1);
         uintptr_t b = ((uintptr_t)src + (c->hi - c->lo) + page - 1) & ~(page - 1);
-        if (madvise((void *)a, b - a, MADV_POPULATE_READ) == 0) return 0;
+        if (madvise((void *)a, b - a, MADV_POPULATE_READ) == 0) goto size; /* the page of the file's end passes */
         if (errno == EFAULT) return file_ended(c->lo);
         if (errno != EINVAL) {
             set_err("cannot read the file's pages at offset %llu: %s", (unsigned long long)c->lo, strerror(errno));
@@ -459,6 +474,7 @@ static int map_in(int fd, const char *src, const chunk_ref *c) {
         }
         __atomic_store_n(&g_no_populate, 1, __ATOMIC_RELAXED);
     }
+size:;
     struct stat st;
     if (fstat(fd, &st) != 0) { set_err("cannot stat the file: %s", strerror(errno)); return -1; }
     return (uint64_t)st.st_size < c->hi ? file_ended((uint64_t)st.st_size) : 0;
@@ -473,10 +489,9 @@ static void run_load(worker *w) {
         chunk_ref c;
         if (!chunk_at(&p->pl, g, &c)) continue;
         const ccb_file *f = &p->pl.files[c.file];
-        double t = now_ns();
+        double t;
         if (p->device < 0) {
             int rc = read_host(w, &c);
-            w->read_ns += now_ns() - t;
             if (rc > 0) break; /* stopped */
             if (rc != 0) { pool_fail(p, (int64_t)c.item); break; }
             chunk_done(p, &c);
@@ -496,15 +511,11 @@ static void run_load(worker *w) {
         if (rc != 0) { pool_fail(p, (int64_t)c.item); break; }
         w->inflight[k] = c;
         if (p->submit) {
-            t = now_ns();
-            rc = await_dst(w, k, &c);
-            w->copy_ns += now_ns() - t;
+            rc = await_dst(w, k, &c); /* times its own wait */
             if (rc != 0) break; /* stopped: slot k stays free */
             queue_slot(w, k);
         } else {
-            t = now_ns();
-            rc = copy_out(w, k, &c, src);
-            w->copy_ns += now_ns() - t;
+            rc = copy_out(w, k, &c, src); /* times its copy calls; await_dst and retire their waits */
             if (rc > 0) {
                 cu.StreamSynchronize(w->stream); /* the crossing into dstage[k] read host[k] */
                 break;
@@ -697,7 +708,7 @@ int ccb_pool_wait_ready(ccb_pool *p, double timeout_s) {
 }
 
 /* Start a load of items (see ccb_item) from files, items [0, nready) with
- * their destinations. remaining (ntensors long) receives how many chunks each
+ * their destinations; the load's id (> 0, for ccb_pool_publish), or -1. remaining (ntensors long) receives how many chunks each
  * tensor spans and is counted down; doneq (ntensors long) receives the
  * finished tensors. The arrays must outlive the load. */
 int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, const ccb_item *items, size_t nitems,
@@ -734,9 +745,9 @@ int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, const ccb_it
         p->busy = p->nworkers;
         p->remaining = remaining;
         p->t_submit = now_ns();
-        p->job++;
+        p->job = p->job == INT32_MAX ? 1 : p->job + 1;
         pthread_cond_broadcast(&p->cv);
-        rc = 0;
+        rc = p->job;
     }
 out:
     pthread_mutex_unlock(&p->mu);
@@ -761,10 +772,11 @@ int ccb_pool_next(ccb_pool *p, int32_t *out, int max, double timeout_s) {
     return n;
 }
 
-/* Items [0, nready) of the running load have their destinations. */
-void ccb_pool_publish(ccb_pool *p, size_t nready) {
+/* Items [0, nready) of load `load` (submit's id) have their destinations; ignored once that load is over,
+ * so that a publish meant for a load that failed never reaches the next one. */
+void ccb_pool_publish(ccb_pool *p, int load, size_t nready) {
     pthread_mutex_lock(&p->mu);
-    if (p->busy && nready > p->published) {
+    if (p->busy && load == p->job && nready > p->published) {
         __atomic_store_n(&p->published, nready < p->pl.nitems ? nready : p->pl.nitems, __ATOMIC_RELEASE);
         pthread_cond_broadcast(&p->cv);
     }

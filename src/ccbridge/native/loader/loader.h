@@ -38,7 +38,7 @@ typedef struct {
 typedef struct {
     double prewarm_ns; /* from ccb_pool_new to every worker ready */
     double read_ns;    /* summed over workers: inside pread */
-    double copy_ns;    /* summed over workers: inside copy calls and staging waits */
+    double copy_ns;    /* summed over workers: inside copy calls, staging waits and waits for destinations */
     double bytes;      /* bytes delivered by the last load */
     double load_ns;    /* last load: submit to the last worker idle */
 } ccb_load_stats;
@@ -50,13 +50,14 @@ CCB_API ccb_pool *ccb_pool_new(int device, int nworkers, int ncontexts, int stag
 /* 0 when every worker is ready, 1 on timeout, -1 when one failed (ccb_pool_error). */
 CCB_API int ccb_pool_wait_ready(ccb_pool *p, double timeout_s);
 /* Start a load of items from files; items [0, nready) have their dst set, the others get theirs before
- * ccb_pool_publish names them (workers read ahead and wait to copy). remaining (ntensors long) receives how
+ * ccb_pool_publish names them (workers read ahead and wait to copy). The load's id (> 0), or -1. remaining (ntensors long) receives how
  * many chunks each tensor spans and is counted down; doneq (ntensors long) receives the finished tensors.
  * The arrays must outlive the load. */
 CCB_API int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, const ccb_item *items, size_t nitems,
                             size_t nready, int32_t *remaining, int32_t *doneq, int ntensors);
-/* Items [0, nready) of the running load now have their dst (written before this call). */
-CCB_API void ccb_pool_publish(ccb_pool *p, size_t nready);
+/* Items [0, nready) of load `load` (submit's id) now have their dst (written before this call); ignored
+ * once that load is over. A chunk is copied once all its items are published. */
+CCB_API void ccb_pool_publish(ccb_pool *p, int load, size_t nready);
 /* Tensors finished since the last call, into out (at most max): the count; 0 on timeout; -1 on error
  * (ccb_pool_error); -2 when the load is over and everything was reported. */
 CCB_API int ccb_pool_next(ccb_pool *p, int32_t *out, int max, double timeout_s);
