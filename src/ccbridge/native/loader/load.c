@@ -445,12 +445,14 @@ static void *submitter_main(void *arg) {
 }
 
 static size_t page_size(void) {
-    static size_t page;
-    if (!page) {
-        long v = sysconf(_SC_PAGESIZE);
-        page = v > 0 ? (size_t)v : 4096;
+    static size_t page; /* atomic (relaxed): workers may race to fill it, all with the same value */
+    size_t v = __atomic_load_n(&page, __ATOMIC_RELAXED);
+    if (!v) {
+        long n = sysconf(_SC_PAGESIZE);
+        v = n > 0 ? (size_t)n : 4096;
+        __atomic_store_n(&page, v, __ATOMIC_RELAXED);
     }
-    return page;
+    return v;
 }
 
 static int g_no_populate; /* MADV_POPULATE_READ is Linux >= 5.14: EINVAL before */
