@@ -1,5 +1,6 @@
 /*
- * A stand-in for common/cudrv.c: the driver table filled with a fake CUDA
+ * For tests/loader_stress.c (the loader pool's stress, built by
+ * tests/test_load_stress_cpu.py): a stand-in for common/cudrv.c: the driver table filled with a fake CUDA
  * whose "device" memory is host memory and whose streams are real threads,
  * so that load.c's device paths (submitter, worker copies, contexts with
  * device staging and peer copies) run, asynchronously, without a GPU and
@@ -30,7 +31,7 @@
 __thread char g_err[CCB_ERR_LEN];
 ccb_driver cu;
 
-void ccbt_check_write(const void *dst, size_t n, const char *who); /* harness.c */
+void ccbt_check_write(const void *dst, size_t n, const char *who); /* loader_stress.c */
 int ccbt_fail_rate;                                                    /* 0: no injected errors */
 static long g_pending;                                                 /* atomic */
 long ccbt_pending_ops(void) { return __atomic_load_n(&g_pending, __ATOMIC_ACQUIRE); }

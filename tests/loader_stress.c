@@ -9,18 +9,33 @@
  * loader does); the main thread at times truncates a file mid-load or before
  * submit, publishes stale counts before submit and after the end, and at
  * times frees the pool while workers wait for destinations. Then, on the same
- * pool, the next load.
+ * pool, the next load; right after its submit the main thread at times
+ * publishes everything under an id that is not the running load's (the last
+ * load's, a future one, 0): a publish meant for a load that is over must
+ * never reach the next one, whose unpublished items still have dst 0.
  *
  * Checked: no byte is written to an unpublished destination (dst 0, or a
  * range of an item the publisher has not published) or after the load is
  * over (next said -2, or cancel returned: destinations then released); no
  * copy left queued once the pool is idle; every tensor reported at most once,
  * with its bytes right; on success every tensor reported, every byte right.
- * A watchdog aborts when no load finishes for 60 s (a hang).
+ * Mapped staging of a file cut before the load never reports zeros as its
+ * bytes (6f61bd3). A watchdog aborts when nothing is reported for HANG_S
+ * seconds (a hang; 60 by default), and a publisher that waits for a tensor
+ * whose chunks are all published aborts after as long.
+ * Shapes are taken in turn, so a run of a few seconds reaches each; the last
+ * line counts loads per shape ("loads by shape: host N ok M, ...").
  *
- *   harness MODE SECONDS SEED     MODE: host (device -1, the real pread path),
- *                                 gpu (fake_cuda.c: five device shapes), all
- * Build: tsan/build.sh.
+ *   loader_stress MODE SECONDS SEED [HANG_S]
+ *       MODE: host (device -1, the real pread path), gpu (fake_cuda_loader.c:
+ *       five device shapes), all
+ * Built and run by tests/test_load_stress_cpu.py (load.c as in ccbridge._native,
+ * with pread renamed: -Dpread=ccbt_pread):
+ *   gcc -g -O1 -std=gnu11 -U_FORTIFY_SOURCE -fsanitize=thread -Dpread=ccbt_pread -c \
+ *       src/ccbridge/native/loader/load.c -o load.o
+ *   gcc -g -O1 -std=gnu11 -fsanitize=thread tests/loader_stress.c tests/fake_cuda_loader.c load.o \
+ *       -lpthread -o loader_stress
+ * From review helper-45's harness (review-publish:tsan/).
  */
 #define _GNU_SOURCE
 #include "../src/ccbridge/native/loader/loader.h"
@@ -36,8 +51,8 @@
 #include <time.h>
 #include <unistd.h>
 
-extern int ccbt_fail_rate;      /* fake_cuda.c (a weak zero in the host build) */
-long ccbt_pending_ops(void);    /* fake_cuda.c */
+extern int ccbt_fail_rate;      /* fake_cuda_loader.c: 1 in N driver calls fails (0: none) */
+long ccbt_pending_ops(void);    /* fake_cuda_loader.c */
 
 /* ---- what a write may touch: the current load's arena, item by item ---- */
 static uintptr_t g_lo, g_hi;    /* atomic: the arena of the running load */
@@ -48,7 +63,8 @@ static size_t *g_dstoff;        /* item i lands at arena + g_dstoff[i], items in
 static const ccb_item *g_items;
 static char g_where[256];       /* the load being run, for a failure report */
 static long g_progress;         /* atomic */
-static int g_stats_during_load; /* call ccb_pool_stats from the consumer (shows the stats race) */
+static int g_stats_during_load; /* CCBT_STATS: call ccb_pool_stats from the consumer during the load */
+static double g_hang_s = 60;    /* no progress for this long: a hang */
 
 static void die(const char *what, const void *dst, size_t n) {
     fprintf(stderr, "HARNESS FAILURE: %s (dst %p, %zu bytes) during %s\n", what, dst, n, g_where);
@@ -90,6 +106,7 @@ ssize_t ccbt_pread(int fd, void *buf, size_t n, off_t off) {
 /* ---- one load ---- */
 typedef struct {
     ccb_pool *p;
+    int id;                 /* ccb_pool_submit's */
     int mapped;
     unsigned seed;
     int nfiles, fd[2];
@@ -128,14 +145,14 @@ static double now_s(void) {
 
 /* Every tensor whose chunks hold only items [0, end) must be reported without any further publish. */
 static void await_due(load_t *L, size_t end) {
-    double dl = now_s() + 20;
+    double dl = now_s() + g_hang_s;
     for (int t = 0; t < L->ntensors; t++) {
         if (L->need[t] > end) continue;
         while (!__atomic_load_n(&L->reported[t], __ATOMIC_ACQUIRE)) {
             if (__atomic_load_n(&L->consumer_over, __ATOMIC_ACQUIRE)) return; /* failed or cancelled */
             if (now_s() > dl) {
-                fprintf(stderr, "tensor %d (all its chunks published: %zu of %zu items) not reported in 20 s\n", t, end,
-                        L->nitems);
+                fprintf(stderr, "tensor %d (all its chunks published: %zu of %zu items) not reported in %.0f s\n", t, end,
+                        L->nitems, g_hang_s);
                 die("progress: a published tensor held back while the publisher waits", NULL, 0);
             }
             usleep(200);
@@ -165,8 +182,8 @@ static void *publisher(void *arg) {
         else if (r < 5) sched_yield();
         __atomic_store_n(&g_pub, end, __ATOMIC_RELEASE);
         size_t say = end == L->nitems && rand_r(&s) % 3 == 0 ? end + rand_r(&s) % 5 : end; /* past the end: clamped */
-        ccb_pool_publish(L->p, say);
-        if (rand_r(&s) % 4 == 0) ccb_pool_publish(L->p, pos); /* a smaller count: ignored */
+        ccb_pool_publish(L->p, L->id, say);
+        if (rand_r(&s) % 4 == 0) ccb_pool_publish(L->p, L->id, pos); /* a smaller count: ignored */
         pos = end;
         if (L->progress && end < L->nitems) await_due(L, end);
     }
@@ -240,10 +257,11 @@ static void make_file(load_t *L, int f, unsigned *s, size_t chunk, int *tensor) 
     }
 }
 
-typedef struct { long loads, ok, failed, pub_cancel, cons_cancel, freed, truncs, mapped_zeros; } tally;
+typedef struct { long loads, ok, failed, pub_cancel, cons_cancel, freed, truncs, stale; } tally;
 
-/* One load on pool p (which this may free: then *p is NULL). */
-static void one_load(ccb_pool **pp, unsigned seed, size_t chunk, int mapped, int may_free, tally *T) {
+/* One load on pool p (which this may free: then *p is NULL); *last is the id of the pool's last load (0: none),
+ * and becomes this one's. */
+static void one_load(ccb_pool **pp, int *last, unsigned seed, size_t chunk, int mapped, int may_free, tally *T) {
     load_t L;
     memset(&L, 0, sizeof L);
     L.p = *pp; L.seed = seed; L.mapped = mapped;
@@ -295,11 +313,22 @@ static void one_load(ccb_pool **pp, unsigned seed, size_t chunk, int mapped, int
     __atomic_store_n(&g_lo, (uintptr_t)L.arena, __ATOMIC_RELEASE);
     __atomic_store_n(&g_hi, (uintptr_t)L.arena + L.arena_sz, __ATOMIC_RELEASE);
 
-    ccb_pool_publish(L.p, rand_r(&s) % (L.nitems + 3)); /* before submit: no load runs, ignored */
-    if (ccb_pool_submit(L.p, L.files, L.nfiles, L.items, L.nitems, L.nready, L.remaining, L.doneq, L.ntensors) != 0) {
-        fprintf(stderr, "submit failed: %s (%s)\n", g_err, g_where);
+    ccb_pool_publish(L.p, *last, rand_r(&s) % (L.nitems + 3)); /* before submit: no load runs, ignored */
+    L.id = ccb_pool_submit(L.p, L.files, L.nfiles, L.items, L.nitems, L.nready, L.remaining, L.doneq, L.ntensors);
+    if (L.id <= 0) {
+        fprintf(stderr, "submit failed (%d): %s (%s)\n", L.id, g_err, g_where);
         abort();
     }
+    if (L.id == *last) die("submit gave the last load's id again", NULL, (size_t)L.id);
+    if (rand_r(&s) % 3 == 0) {
+        /* A publish meant for another load: the last one (its owner still allocating after it failed or was
+         * cancelled; 0 on a new pool), or an id not handed out yet. The items past nready have dst 0: if this
+         * reached the load, a worker would write there (repro_stale_publish.c of the review). */
+        int stale = rand_r(&s) % 2 ? *last : L.id + 1 + (int)(rand_r(&s) % 3);
+        ccb_pool_publish(L.p, stale, L.nitems + rand_r(&s) % 3);
+        T->stale++;
+    }
+    *last = L.id;
     pthread_t pub, con;
     pthread_create(&pub, NULL, publisher, &L);
     if (!L.no_consumer) pthread_create(&con, NULL, consumer, &L);
@@ -335,17 +364,15 @@ static void one_load(ccb_pool **pp, unsigned seed, size_t chunk, int mapped, int
         const ccb_item *it = &L.items[i];
         if (!L.reported[it->tensor]) continue;
         if (memcmp(L.arena + L.dstoff[i], L.data[it->file] + it->offset, it->nbytes) != 0) {
-            if (mapped && trunc_before) { /* map_in passes a chunk that ends inside the file's last page: zeros */
-                T->mapped_zeros++;
-                break;
-            }
-            fprintf(stderr, "item %zu (tensor %d) bytes differ\n", i, it->tensor);
+            /* mapped && trunc_before: before 6f61bd3, map_in passed a chunk that ends inside the file's last page */
+            fprintf(stderr, "item %zu (tensor %d) bytes differ%s\n", i, it->tensor,
+                    mapped && trunc_before ? " (mapped staging, file cut before the load: zeros past its end?)" : "");
             die("wrong bytes in a tensor reported done", L.arena + L.dstoff[i], it->nbytes);
         }
     }
     if (success && L.got != L.ntensors) die("count of reported tensors", NULL, (size_t)L.got);
     if (!do_free) {
-        ccb_pool_publish(L.p, L.nitems); /* after the end: ignored */
+        ccb_pool_publish(L.p, L.id, L.nitems); /* after the end: ignored */
         ccb_load_stats st;
         ccb_pool_stats(L.p, &st);
         if (success && st.bytes <= 0) die("stats bytes", NULL, 0);
@@ -375,8 +402,8 @@ static void *watchdog(void *arg) {
         sleep(1);
         long now = __atomic_load_n(&g_progress, __ATOMIC_RELAXED);
         if (now != last) { last = now; still = 0; continue; }
-        if (++still == 60) {
-            fprintf(stderr, "HANG: no progress for 60 s during %s\n", g_where);
+        if (++still == (int)g_hang_s + 5) { /* after await_due's own report, which says more */
+            fprintf(stderr, "HANG: no progress for %d s during %s\n", still, g_where);
             fflush(stderr);
             abort();
         }
@@ -389,7 +416,9 @@ const char *ccb_error_text(void);
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "host";
     double seconds = argc > 2 ? atof(argv[2]) : 10;
-    unsigned seed = argc > 3 ? (unsigned)atoi(argv[3]) : (unsigned)time(NULL);
+    unsigned seed = argc > 3 ? (unsigned)strtoul(argv[3], NULL, 10) : (unsigned)time(NULL);
+    if (argc > 4) g_hang_s = atof(argv[4]);
+    if (!(g_hang_s >= 1)) { fprintf(stderr, "HANG_S must be at least 1\n"); return 2; }
     g_stats_during_load = getenv("CCBT_STATS") != NULL;
     int host = !strcmp(mode, "host") || !strcmp(mode, "all"), gpu = !strcmp(mode, "gpu") || !strcmp(mode, "all");
     pthread_t wd;
@@ -405,12 +434,12 @@ int main(int argc, char **argv) {
         {0, 2, CCB_STAGE_MAPPED, "2ctx-mapped"},
     };
     unsigned s = seed;
-    long per_shape[7] = {0};
+    long per_shape[7] = {0}, loads_of[7] = {0}, ok_of[7] = {0};
+    int k = -1;
     for (unsigned iter = 0;; iter++) {
         clock_gettime(CLOCK_MONOTONIC, &t);
         if ((double)(t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 > seconds) break;
-        int k;
-        do k = rand_r(&s) % 7; while (!(shapes[k].device < 0 ? host : gpu));
+        do k = (k + 1) % 7; while (!(shapes[k].device < 0 ? host : gpu)); /* in turn: every shape in a short run */
         int workers = 1 + rand_r(&s) % 5, nbuf = 1 + rand_r(&s) % 3;
         int contexts = shapes[k].contexts > workers ? workers : shapes[k].contexts;
         size_t chunk = 4096u << (rand_r(&s) % 3);
@@ -420,18 +449,24 @@ int main(int argc, char **argv) {
         if (rand_r(&s) % 2 && ccb_pool_wait_ready(p, 30) != 0) { fprintf(stderr, "not ready\n"); return 2; }
         pools++;
         per_shape[k]++;
-        int nloads = 1 + rand_r(&s) % 12;
+        int nloads = 1 + rand_r(&s) % 12, last = 0;
         for (int l = 0; l < nloads && p; l++) {
             if (ccb_pool_wait_ready(p, 30) != 0) { fprintf(stderr, "not ready\n"); return 2; }
-            one_load(&p, seed * 1000003u + iter * 101u + (unsigned)l, chunk, shapes[k].staging == CCB_STAGE_MAPPED, 1, &T);
+            long ok = T.ok;
+            one_load(&p, &last, seed * 1000003u + iter * 101u + (unsigned)l, chunk,
+                     shapes[k].staging == CCB_STAGE_MAPPED, 1, &T);
+            loads_of[k]++;
+            ok_of[k] += T.ok - ok;
         }
         if (p) ccb_pool_free(p);
     }
-    printf("seed %u: %ld pools (", seed, pools);
-    for (int k = 0; k < 7; k++) printf("%s%s %ld", k ? ", " : "", shapes[k].name, per_shape[k]);
-    printf("), %ld loads: %ld succeeded, %ld failed, %ld cancelled by the publisher, %ld by the consumer, "
-           "%ld pools freed mid-load, %ld truncations; %ld loads (mapped, truncated before) reported done with "
-           "zeros past the end of the file\n", T.loads, T.ok, T.failed, T.pub_cancel, T.cons_cancel, T.freed,
-           T.truncs, T.mapped_zeros);
+    printf("seed %u: %ld pools, %ld loads: %ld succeeded, %ld failed, %ld cancelled by the publisher, %ld by the "
+           "consumer, %ld pools freed mid-load, %ld truncations, %ld publishes under another load's id\n", seed,
+           pools, T.loads, T.ok, T.failed, T.pub_cancel, T.cons_cancel, T.freed, T.truncs, T.stale);
+    printf("loads by shape:");
+    for (int j = 0, n = 0; j < 7; j++)
+        if (shapes[j].device < 0 ? host : gpu)
+            printf("%s %s %ld ok %ld (%ld pools)", n++ ? "," : "", shapes[j].name, loads_of[j], ok_of[j], per_shape[j]);
+    printf("\n");
     return 0;
 }
