@@ -61,13 +61,18 @@ static size_t g_pub;            /* atomic: items the publisher has published (st
 static size_t g_nitems;
 static size_t *g_dstoff;        /* item i lands at arena + g_dstoff[i], items in order */
 static const ccb_item *g_items;
-static char g_where[256];       /* the load being run, for a failure report */
+static char g_where[256];       /* the load being run, for a failure report (under g_where_mu: the watchdog reads it) */
+static pthread_mutex_t g_where_mu = PTHREAD_MUTEX_INITIALIZER;
 static long g_progress;         /* atomic */
 static int g_stats_during_load; /* CCBT_STATS: call ccb_pool_stats from the consumer during the load */
 static double g_hang_s = 60;    /* no progress for this long: a hang */
 
 static void die(const char *what, const void *dst, size_t n) {
-    fprintf(stderr, "HARNESS FAILURE: %s (dst %p, %zu bytes) during %s\n", what, dst, n, g_where);
+    char where[sizeof g_where];
+    pthread_mutex_lock(&g_where_mu);
+    memcpy(where, g_where, sizeof where);
+    pthread_mutex_unlock(&g_where_mu);
+    fprintf(stderr, "HARNESS FAILURE: %s (dst %p, %zu bytes) during %s\n", what, dst, n, where);
     fflush(stderr);
     abort();
 }
@@ -303,9 +308,11 @@ static void one_load(ccb_pool **pp, int *last, unsigned seed, size_t chunk, int 
         T->truncs++;
         trunc_before = 1;
     }
+    pthread_mutex_lock(&g_where_mu);
     snprintf(g_where, sizeof g_where, "load seed %u: %zu items, %d tensors, %d files, chunk %zu, nready %zu, mapped %d, "
              "pub_cancel_at %ld, cons_cancel_after %ld, free %d, trunc_mid %d, trunc_before %d, progress %d", seed, L.nitems, L.ntensors, L.nfiles,
              chunk, L.nready, mapped, L.pub_cancel_at, L.cons_cancel_after, do_free, trunc_mid, trunc_before, L.progress);
+    pthread_mutex_unlock(&g_where_mu);
 
     g_nitems = L.nitems; g_dstoff = L.dstoff; g_items = L.items;
     __atomic_store_n(&g_pub, L.nready, __ATOMIC_RELEASE);
@@ -403,6 +410,7 @@ static void *watchdog(void *arg) {
         long now = __atomic_load_n(&g_progress, __ATOMIC_RELAXED);
         if (now != last) { last = now; still = 0; continue; }
         if (++still == (int)g_hang_s + 5) { /* after await_due's own report, which says more */
+            pthread_mutex_lock(&g_where_mu); /* held: the report and the abort are the last this process does */
             fprintf(stderr, "HANG: no progress for %d s during %s\n", still, g_where);
             fflush(stderr);
             abort();
