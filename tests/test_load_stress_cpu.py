@@ -39,6 +39,7 @@ SANITIZERS = {  # -fsanitize=, its runtime, its options (no suppressions)
 def sanitizer_env(san: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("TSAN_OPTIONS", "ASAN_OPTIONS", "LD_PRELOAD")}
     env.update(SANITIZERS[san][1])
+    env["CCBT_STATS"] = "1"  # the consumer also reads the pool's stats during each load
     return env
 
 

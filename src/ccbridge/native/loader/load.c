@@ -122,7 +122,7 @@ typedef struct {
     CUevent ev[CCB_MAX_BUFS];
     int state[CCB_MAX_BUFS];        /* SLOT_*, of slot k, holding chunk inflight[k] */
     chunk_ref inflight[CCB_MAX_BUFS];
-    double read_ns, copy_ns;
+    uint64_t read_ns, copy_ns; /* added to by the worker, read by ccb_pool_stats at any time: relaxed atomics */
 } worker;
 
 struct ccb_pool {
@@ -215,6 +215,12 @@ static int read_full(int fd, void *buf, uint64_t n, uint64_t off) {
 }
 
 static double now_ns(void) { return mono_ns(); }
+
+/* Time since t into a worker's counter (ccb_pool_stats may read it during a load). */
+static void add_ns(uint64_t *counter, double t) {
+    double d = now_ns() - t;
+    __atomic_fetch_add(counter, d > 0 ? (uint64_t)d : 0, __ATOMIC_RELAXED);
+}
 
 /* ---- the plan: chunks found from the items, never listed ---- */
 
@@ -338,7 +344,7 @@ static int retire(worker *w, int k) {
     w->state[k] = SLOT_FREE;
     if (st != SLOT_INFLIGHT) return 0;
     CUresult rc = cu.EventSynchronize(w->ev[k]);
-    w->copy_ns += now_ns() - t;
+    add_ns(&w->copy_ns, t);
     if (rc != 0) { cu_fail(rc, "cuEventSynchronize"); pool_fail(w->p, (int64_t)w->inflight[k].item); return -1; }
     chunk_done(w->p, &w->inflight[k]);
     return 0;
@@ -356,7 +362,7 @@ static int await_dst(worker *w, int k, const chunk_ref *c) {
     while (p->published < c->end && !p->failed && !p->cancel) pthread_cond_wait(&p->cv, &p->mu);
     int ok = !p->failed && !p->cancel; /* a publish racing a cancel lands nothing more */
     pthread_mutex_unlock(&p->mu);
-    w->copy_ns += now_ns() - t;
+    add_ns(&w->copy_ns, t);
     return ok ? 0 : -1;
 }
 
@@ -372,7 +378,7 @@ static int read_host(worker *w, const chunk_ref *c) {
         clip(&p->pl, c, i, &off, &len);
         rc = read_full(p->pl.files[c->file].fd, (char *)(uintptr_t)it->dst + (off - it->offset), len, off);
     }
-    w->read_ns += now_ns() - t;
+    add_ns(&w->read_ns, t);
     return rc;
 }
 
@@ -383,7 +389,7 @@ static int copy_out(worker *w, int k, const chunk_ref *c, const char *src) {
     double t = now_ns();
     if (p->ncontexts > 0) CK(cu.MemcpyHtoDAsync(w->dstage[k], src, c->hi - c->lo, w->stream));
     if (!p->submit) {
-        w->copy_ns += now_ns() - t;
+        add_ns(&w->copy_ns, t);
         if (await_dst(w, k, c) != 0) return 1; /* the submitter's slots were waited for when queued */
         t = now_ns();
     }
@@ -398,10 +404,10 @@ static int copy_out(worker *w, int k, const chunk_ref *c, const char *src) {
             CK(cu.MemcpyPeerAsync(dst, p->primary, w->dstage[k] + (off - c->lo), w->ctx, len, w->stream));
     }
     CK(cu.EventRecord(w->ev[k], w->stream));
-    if (!p->submit) w->copy_ns += now_ns() - t; /* the worker's own copies (the submitter's are not timed) */
+    if (!p->submit) add_ns(&w->copy_ns, t); /* the worker's own copies (the submitter's are not timed) */
     return 0;
 fail:
-    if (!p->submit) w->copy_ns += now_ns() - t;
+    if (!p->submit) add_ns(&w->copy_ns, t);
     return -1;
 }
 
@@ -509,7 +515,7 @@ static void run_load(worker *w) {
         } else {
             rc = read_full(f->fd, w->host[k], c.hi - c.lo, c.lo);
         }
-        w->read_ns += now_ns() - t;
+        add_ns(&w->read_ns, t);
         if (rc != 0) { pool_fail(p, (int64_t)c.item); break; }
         w->inflight[k] = c;
         if (p->submit) {
@@ -799,8 +805,8 @@ void ccb_pool_stats(ccb_pool *p, ccb_load_stats *s) {
     memset(s, 0, sizeof *s);
     s->prewarm_ns = p->prewarm_ns;
     for (int i = 0; i < p->nworkers; i++) {
-        s->read_ns += p->w[i].read_ns;
-        s->copy_ns += p->w[i].copy_ns;
+        s->read_ns += (double)__atomic_load_n(&p->w[i].read_ns, __ATOMIC_RELAXED);
+        s->copy_ns += (double)__atomic_load_n(&p->w[i].copy_ns, __ATOMIC_RELAXED);
     }
     s->bytes = p->bytes;
     s->load_ns = p->busy ? 0 : p->t_idle - p->t_submit;
@@ -809,7 +815,10 @@ void ccb_pool_stats(ccb_pool *p, ccb_load_stats *s) {
 
 void ccb_pool_reset_stats(ccb_pool *p) {
     pthread_mutex_lock(&p->mu);
-    for (int i = 0; i < p->nworkers; i++) p->w[i].read_ns = p->w[i].copy_ns = 0;
+    for (int i = 0; i < p->nworkers; i++) {
+        __atomic_store_n(&p->w[i].read_ns, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&p->w[i].copy_ns, 0, __ATOMIC_RELAXED);
+    }
     pthread_mutex_unlock(&p->mu);
 }
 
