@@ -16,7 +16,8 @@ from ccbridge.load.policy import choose as choose_pool
 
 def prewarm(device="cuda:0", **overrides) -> Pool:
     """A pool for `device`, sized by policy (overrides as in iter_safetensors), already
-    prewarming: make it early (while the model is built) and pass it as pool=."""
+    prewarming: make it early (while the model is built) and pass it as pool=. One load at a
+    time runs on it: a load started while another holds it raises LoadError, and leaves that one be."""
     import torch  # deferred: torch, an optional dependency (seconds of import)
 
     _, index = loader.resolve_device(torch, device)
