@@ -4,7 +4,7 @@
     SHAPE: staging:workers:contexts:chunk_mib[:buffers], e.g. pinned:16:0:16:2
 
 Each shape gets a prewarmed pool and `--repeat` loads (the page cache warmed
-first); gbps is over the data movement, call_gbps over the whole call;
+first); gbps is from submit to the last tensor (the allocation it overlaps included), call_gbps over the whole call;
 per-worker read and copy time show which side limits; cores is the
 process's CPU time (all threads, the emulator's included) over the calls' time. Under
 `ccbridge run --profile ...` the figures are EMULATED.

@@ -1219,7 +1219,11 @@ net.t.finalize(net.ctx)
     ({"CCBRIDGE_NET_TURNS": "1", "CCBRIDGE_NET_PIPELINE": "0"}, "pipeline 0", 1),
     ({"CCBRIDGE_NET_TURNS": "0"}, "pipeline 2", 2),
     ({"CCBRIDGE_NET_TURNS": "12", "CCBRIDGE_NET_PIPELINE": "0"}, "turns 8", 8),
-], ids=["unset", "pipeline0_alone", "turns_empty", "turns0", "turns1", "turns0_depth_default", "turns12"])
+    ({"CCBRIDGE_NET_TURNS": " 3x"}, "turns 3", 3),  # atoi: leading blanks, trailing junk
+    ({"CCBRIDGE_NET_TURNS": "two", "CCBRIDGE_NET_PIPELINE": "0"}, "pipeline 0", 1),  # no digits: 0
+    ({"CCBRIDGE_NET_TURNS": "4294967298", "CCBRIDGE_NET_PIPELINE": "0"}, "turns 2", 2),  # glibc cuts to int: 2
+], ids=["unset", "pipeline0_alone", "turns_empty", "turns0", "turns1", "turns0_depth_default", "turns12", "turns_3x",
+        "turns_two", "turns_2_wrapped"])
 def test_turns_are_the_default_and_turns_0_or_1_the_pipeline(env, mode, per_lane):
     # CCBRIDGE_NET_TURNS unset or empty: 2 threads a lane taking turns, whatever CCBRIDGE_NET_PIPELINE says (the
     # stage pipeline at 0 would run one thread a lane); 0 or 1: the stage pipeline at CCBRIDGE_NET_PIPELINE's

@@ -73,4 +73,7 @@ def _atoi(text: str | None, default: int) -> int:
     if not text:
         return default
     m = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", text)
-    return int(m.group(1)) if m else 0
+    if not m:
+        return 0
+    v = max(min(int(m.group(1)), 2**63 - 1), -2**63)  # glibc's atoi: strtol's long, then cut to int
+    return (v + 2**31) % 2**32 - 2**31

@@ -51,9 +51,9 @@ def cmd_load(args) -> int:
     st.join_teardown()
     print("\n".join(wrap([
         f"{st.tensors} tensors from {st.files} files, {st.bytes / 1e9:.2f} GB to {args.device} in {st.total_s:.2f} s: "
-        f"{st.gbps:.2f} GB/s ({st.load_gbps:.2f} GB/s once the pool was warm)" + (f" [{label}]" if label else ""),
+        f"{st.gbps:.2f} GB/s ({st.load_gbps:.2f} GB/s from the load's start, the pool warm)" + (f" [{label}]" if label else ""),
         f"pool: {st.why}",
-        f"stages: headers {st.headers_s:.3f} s, allocation {st.alloc_s:.3f} s, pool prewarm {st.prewarm_s:.3f} s "
+        f"stages: headers {st.headers_s:.3f} s, allocation {st.alloc_s:.3f} s (beside the data), pool prewarm {st.prewarm_s:.3f} s "
         f"(waited {st.prewarm_wait_s:.3f} s), data {st.load_s:.3f} s (per worker: read {st.read_s:.3f} s, "
         f"copy {st.copy_s:.3f} s), teardown {st.teardown_s or 0:.3f} s (in the background)"])))
     del got

@@ -124,7 +124,7 @@ class Pool:
         loader.lib().ccb_pool_publish(self.handle, load, ready)
 
     def is_ready(self) -> bool:
-        """Whether every worker is prewarmed, without waiting (a failed prewarm reads as ready: submit says why)."""
+        """Whether every worker is prewarmed, without waiting (a failed prewarm reads as ready: ready() says why)."""
         return loader.lib().ccb_pool_wait_ready(self.handle, 0.0) != 1
 
     def next(self, out, timeout_s: float) -> int:

@@ -64,7 +64,7 @@ class LoadStats:
 
     @property
     def load_gbps(self) -> float:
-        """Bytes over the data movement alone, the pool already warm."""
+        """Bytes from the load's submit to its last tensor, the pool warm (the allocation it overlaps included)."""
         return self.bytes / self.load_s / 1e9 if self.load_s else 0.0
 
 

@@ -54,7 +54,8 @@
  * as it allocates them (ccb_pool_publish). A worker reads its chunk into
  * staging (and, with contexts of its own, moves it across into the device
  * staging buffer) before it waits for the chunk's items to be published, so
- * the first reads and crossings overlap the caller's allocation. A chunk is
+ * the first reads and crossings overlap the caller's allocation (a host
+ * target waits first: it reads straight into the destination). A chunk is
  * copied once all its items are published (a tensor sharing its last chunk
  * with the next item waits for that item too), and publication names its
  * load: one meant for a load that ended is ignored.
