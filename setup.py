@@ -79,7 +79,7 @@ setup(
         Extension(
             "ccbridge._native",
             sources=files(NATIVE / "core", "c") + files(NATIVE / "loader", "c")
-            + [str(GCM_SRC / "gcm_host.c"), str(COMMON / "cudrv.c")],
+            + [str(GCM_SRC / "gcm_host.c"), str(COMMON / "cudrv.c"), str(COMMON / "err.c")],
             depends=files(NATIVE / "core", "h") + files(NATIVE / "loader", "h") + files(GCM_SRC, "h")
             + [str(COMMON / "cudrv.h"), str(COMMON / "spin_ptx.h")],
             libraries=["dl", "pthread"],

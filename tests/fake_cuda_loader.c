@@ -28,20 +28,12 @@
 #include <string.h>
 #include <unistd.h>
 
-__thread char g_err[CCB_ERR_LEN];
-ccb_driver cu;
+ccb_driver cu; /* g_err and set_err: common/err.c, as in the core */
 
 void ccbt_check_write(const void *dst, size_t n, const char *who); /* loader_stress.c */
 int ccbt_fail_rate;                                                    /* 0: no injected errors */
 static long g_pending;                                                 /* atomic */
 long ccbt_pending_ops(void) { return __atomic_load_n(&g_pending, __ATOMIC_ACQUIRE); }
-
-void set_err(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(g_err, sizeof g_err, fmt, ap);
-    va_end(ap);
-}
 
 int cu_fail(CUresult rc, const char *what) {
     int len = (int)strcspn(what, "(");

@@ -70,7 +70,7 @@ def build(gcc: str, san: str, tmp_path: Path) -> Path:
     subprocess.run([gcc, *CFLAGS, f"-fsanitize={san}", "-Dpread=ccbt_pread", f"-I{LOADER}", "-c",
                     str(LOADER / "load.c"), "-o", str(obj)], check=True)
     subprocess.run([gcc, *CFLAGS, f"-fsanitize={san}", str(HERE / "loader_stress.c"), str(HERE / "fake_cuda_loader.c"),
-                    str(obj), "-lpthread", "-o", str(exe)], check=True)
+                    str(LOADER.parent / "common" / "err.c"), str(obj), "-lpthread", "-o", str(exe)], check=True)
     return exe
 
 

@@ -3,22 +3,13 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-__thread char g_err[CCB_ERR_LEN];
 ccb_driver cu;
 static int g_opened;
 static pthread_mutex_t g_open_lock = PTHREAD_MUTEX_INITIALIZER;
-
-void set_err(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(g_err, sizeof g_err, fmt, ap);
-    va_end(ap);
-}
 
 /* what is the call's source text, e.g. "cu.DeviceGet(&dev, 0)": report it as cuDeviceGet. */
 int cu_fail(CUresult rc, const char *what) {
