@@ -143,6 +143,11 @@ def _open_all(files: list[str]) -> tuple[list[int], list[header.Header]]:
     return fds, headers
 
 
+def _tensor(torch, dev, nbytes: int, dt, shape):
+    """One destination: nbytes of storage on dev, seen as its dtype and shape (_torch_dtype checked both)."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=dev).view(dt).reshape(shape)
+
+
 def _start(pool: Pool, load: tuple, items, ready: int, st: LoadStats) -> tuple[float, int]:
     """Wait for the pool (when it still prewarms) and submit the load: when it started, and its id."""
     t = time.perf_counter()
@@ -163,25 +168,24 @@ def _allocate(torch, dev, pool: Pool, infos, dtypes, tensors: list, items, load:
     the start. When the load started."""
     t = time.perf_counter()
     started = None  # (when, id)
-    pos = published = 0
-    pub_bytes = new_bytes = 0
+    pos = pub_bytes = new_bytes = 0  # new_bytes: allocated, not yet published
     for i, ((_, _, info), (dt, shape)) in enumerate(zip(infos, dtypes)):
         if not info.nbytes:
             continue
-        tensors[i] = tensor = torch.empty(info.nbytes, dtype=torch.uint8, device=dev).view(dt).reshape(shape)
+        tensors[i] = tensor = _tensor(torch, dev, info.nbytes, dt, shape)
         items[pos].dst = tensor.data_ptr()
         pos += 1
         new_bytes += info.nbytes
         if started is None:
             if pool.is_ready():
-                started, published, pub_bytes, new_bytes = _start(pool, load, items, pos, st), pos, new_bytes, 0
+                started, pub_bytes, new_bytes = _start(pool, load, items, pos, st), new_bytes, 0
         elif new_bytes >= max(8 << 20, pub_bytes):
             pool.publish(started[1], pos)
-            published, pub_bytes, new_bytes = pos, pub_bytes + new_bytes, 0
+            pub_bytes, new_bytes = pub_bytes + new_bytes, 0
     st.alloc_s = time.perf_counter() - t
     if started is None:
         return _start(pool, load, items, pos, st)[0] if pos else time.perf_counter()
-    if published < pos:
+    if new_bytes:  # every item has bytes: some are not yet published
         pool.publish(started[1], pos)
     return started[0]
 
@@ -259,7 +263,7 @@ def _run(paths, device, *, pool: Pool | None = None, workers: int | None = None,
         tensors = [None] * len(infos)
         for i, ((_, _, info), (dt, shape)) in enumerate(zip(infos, dtypes)):  # nothing to move: done before any read
             if not info.nbytes:
-                tensors[i] = torch.empty(0, dtype=torch.uint8, device=dev).view(dt).reshape(shape)
+                tensors[i] = _tensor(torch, dev, 0, dt, shape)
                 yield i, info.name, tensors[i]
         t_load = _allocate(torch, dev, pool, infos, dtypes, tensors, items, (file_arr, remaining, doneq), st)
         done_bytes = 0

@@ -717,9 +717,10 @@ int ccb_pool_wait_ready(ccb_pool *p, double timeout_s) {
 }
 
 /* Start a load of items (see ccb_item) from files, items [0, nready) with
- * their destinations; the load's id (> 0, for ccb_pool_publish), or -1. remaining (ntensors long) receives how many chunks each
- * tensor spans and is counted down; doneq (ntensors long) receives the
- * finished tensors. The arrays must outlive the load. */
+ * their destinations; the load's id (> 0, for ccb_pool_publish), or -1.
+ * remaining (ntensors long) receives how many chunks each tensor spans and is
+ * counted down; doneq (ntensors long) receives the finished tensors. The
+ * arrays must outlive the load. */
 int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, const ccb_item *items, size_t nitems,
                     size_t nready, int32_t *remaining, int32_t *doneq, int ntensors) {
     pthread_mutex_lock(&p->mu);
@@ -792,12 +793,17 @@ void ccb_pool_publish(ccb_pool *p, int load, size_t nready) {
     pthread_mutex_unlock(&p->mu);
 }
 
-/* Stop the load and wait until no worker can write anything more. */
-void ccb_pool_cancel(ccb_pool *p) {
-    pthread_mutex_lock(&p->mu);
+/* With mu held: stop the load and wait until every worker is idle (nothing of it writes any more). */
+static void cancel_locked(ccb_pool *p) {
     __atomic_store_n(&p->cancel, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&p->cv); /* workers waiting for destinations */
     while (p->busy) pthread_cond_wait(&p->cv, &p->mu);
+}
+
+/* Stop the load and wait until no worker can write anything more. */
+void ccb_pool_cancel(ccb_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    cancel_locked(p);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -827,9 +833,7 @@ void ccb_pool_reset_stats(ccb_pool *p) {
 void ccb_pool_free(ccb_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    __atomic_store_n(&p->cancel, 1, __ATOMIC_RELEASE);
-    pthread_cond_broadcast(&p->cv);
-    while (p->busy) pthread_cond_wait(&p->cv, &p->mu);
+    cancel_locked(p);
     p->stop = 1;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
