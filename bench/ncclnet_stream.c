@@ -13,8 +13,9 @@
  *       src/ccbridge/lib/libnccl-net-ccbridge.so -l 1,2,8 -s 64K,512K,4M -t 256M [-i 8] [-r 3] [-p 20] [-P]
  *
  * -p: microseconds the polling thread sleeps after a pass that found nothing
- * (0 = spin, as NCCL does; give a machine of few cores a pause, or the two
- * polling threads take its cores from the plugin's).
+ * (0 = poll again after sched_yield(), as NCCL's proxy thread does; give a
+ * machine of few cores a pause, or the two polling threads take its cores
+ * from the plugin's).
  * -P: where the plugin threads' time goes (not in a -DCCB_NO_INTERPOSE build, the
  * one for sanitizers): this program interposes the libc calls the plugin makes (read, readv, recv, send, pthread_cond_wait,
  * pthread_mutex_lock; build with -rdynamic) and adds up their calls, wall
@@ -24,6 +25,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,6 +138,7 @@ static double now(clockid_t id) {
 
 static void nap(long us) {
     if (us > 0) nanosleep(&(struct timespec){.tv_nsec = us * 1000}, NULL);
+    else sched_yield(); /* NCCL's proxy thread after an idle pass (proxy.cc: if (idle) sched_yield()) */
 }
 
 static size_t parse_size(const char *s) {

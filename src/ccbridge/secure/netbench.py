@@ -29,9 +29,18 @@ from ccbridge.results import Result, Row
 from ccbridge.secure import netplugin
 
 DEADLINE_S = 120.0
-# the stream's polling pause: NCCL's proxy thread polls without one, but on a machine of few
-# cores a Python loop that never sleeps takes the plugin threads' CPU
+# the stream's polling pause. NCCL's proxy thread polls without one but yields its core after a pass that found
+# nothing (proxy.cc: `if (idle) sched_yield();`), so a plugin thread woken on that core runs at once; on a machine
+# of few cores a Python loop that never sleeps still takes the plugin threads' CPU, so it sleeps there
 POLL_S = 0.0 if (os.cpu_count() or 1) >= 8 else 1e-5
+
+
+def _idle() -> None:
+    """After a poll that found nothing: as NCCL's proxy thread does (or a short sleep where cores are few)."""
+    if POLL_S:
+        time.sleep(POLL_S)
+    else:
+        os.sched_yield()
 
 
 # the plugin's record plan (native/ncclnet/conn.c record_plan, RECORD_MIN/RECORD_MAX): the record size
@@ -182,8 +191,7 @@ def _stream(side: _Side, sender: bool, size: int, inflight: int, total: int) -> 
                     break
                 if time.monotonic() > deadline:
                     raise TimeoutError("test")
-                if POLL_S:
-                    time.sleep(POLL_S)
+                _idle()
             if not sender and (m - inflight < inflight or m - inflight >= count - inflight):
                 bad += got.value != size or (size and memcmp(bufs[slot], want[slot], size) != 0)
         if m < count:

@@ -103,6 +103,7 @@ class Net:
         return size.value if done.value else None
 
     def wait(self, req, deadline: float, pause: float = 0.0002) -> int:
+        """Poll req until it completes; between polls sleep `pause` s, or at 0 yield the core (NCCL's proxy)."""
         while True:
             got = self.done(req)
             if got is not None:
@@ -111,3 +112,5 @@ class Net:
                 raise TimeoutError("test")
             if pause:
                 time.sleep(pause)
+            else:
+                os.sched_yield()
