@@ -26,8 +26,9 @@
  * a read past the end of a file raises SIGBUS); a file truncated between
  * that check and the copy can still raise SIGBUS, as with any mmap-based
  * loader. (Registering the mapping for DMA instead measured
- * 3x slower than pinned staging on an H100 host: pinning pages costs more
- * than copying them.)
+ * 3x slower than pinned staging on an H100 host and on an H200 host, where
+ * the driver serialized the registrations: pinning pages costs more than
+ * copying them; bench/registered_file.py.)
  * Three shapes:
  *
  *   contexts == 0  every worker on the device's primary context (the one
