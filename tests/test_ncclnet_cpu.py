@@ -1030,22 +1030,6 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
         assert len(x["poll_cores"]) == 1 and x["poll_cores"][0] >= 0  # the two polling threads, apart
     assert {r.params["record"] for r in res.rows if r.metric == "aes_gcm_encrypt"} == {32768, 65536, 176128, 262144}
     assert "bound = cores / (plain TCP's CPU-s/GB" in p.stdout and max(map(len, p.stdout.splitlines())) <= 120
-    # and the plugin's work at that lane count with none of its waits (streams and AES-GCM at once)
-    for r in streams:
-        u = next(x for x in res.rows if x.metric == "uncoupled" and x.params["streams"] == r.params["lanes"])
-        assert r.extra["of_uncoupled"] == pytest.approx(r.median / u.median, abs=2e-3)
-    assert "TCP and AES-GCM at once GB/s" in p.stdout
-
-
-def test_the_uncoupled_aes_gcm_threads_do_exactly_their_bytes():
-    # beside the TCP streams each thread seals (opens) its share in whole records: ceil(nbytes / record) of them
-    for decrypt in (False, True):
-        out: list = []
-        netbench._gcm_thread(65536, decrypt, out, nbytes=65536 * 70 + 1)
-        assert len(out) == 1 and out[0][0] == 65536 * 71 and out[0][1] > 0
-    out = []
-    netbench._gcm_thread(4096, False, out)  # no byte count: GCM_S seconds of CPU, whole batches of 64 records
-    assert out[0][0] % (64 * 4096) == 0 and out[0][1] >= netbench.GCM_S
 
 
 def test_the_cpu_bound_adds_a_seal_and_an_open_to_what_tcp_costs():

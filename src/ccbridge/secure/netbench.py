@@ -12,12 +12,10 @@ every measurement, by memcmp against patterns made before the clock starts).
 from __future__ import annotations
 
 import ctypes
-import multiprocessing
 import os
 import random
 import resource
 import socket
-import statistics
 import tempfile
 import threading
 import time
@@ -64,11 +62,10 @@ def cores_visible() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def _gcm_thread(record: int, decrypt: bool, out: list, nbytes: int = 0) -> None:
+def _gcm_thread(record: int, decrypt: bool, out: list) -> None:
     """AES-256-GCM over record-sized pieces, as a lane seals or opens them, for GCM_S seconds of this
-    thread's CPU, or (nbytes > 0) until it has done nbytes: appends (bytes, CPU seconds, wall end). One EVP
-    update per record (a fresh nonce every 64 records): the ctypes call costs ~1 us, under 2% of a 256 KiB
-    record's time at 4 GB/s."""
+    thread's CPU: appends (bytes, CPU seconds). One EVP update per record (a fresh nonce every 64
+    records): the ctypes call costs ~1 us, under 2% of a 256 KiB record's time at 4 GB/s."""
     so = libcrypto.lib()
     init, update = (so.EVP_DecryptInit_ex, so.EVP_DecryptUpdate) if decrypt else (so.EVP_EncryptInit_ex,
                                                                                   so.EVP_EncryptUpdate)
@@ -79,15 +76,15 @@ def _gcm_thread(record: int, decrypt: bool, out: list, nbytes: int = 0) -> None:
         if init(ctx, so.EVP_aes_256_gcm(), None, os.urandom(32), None) != 1:
             raise SecureError("bench net: EVP cipher initialisation failed")
         done, c0 = 0, time.thread_time()
-        while done * record < nbytes if nbytes else time.thread_time() - c0 < GCM_S:
+        while time.thread_time() - c0 < GCM_S:
             iv[4:12] = done.to_bytes(8, "little")
             init(ctx, None, None, None, bytes(iv))
             update(ctx, None, ctypes.byref(outl), aad, HEADER_BYTES)
-            for _ in range(min(64, -(-nbytes // record) - done) if nbytes else 64):
+            for _ in range(64):
                 if update(ctx, dst, ctypes.byref(outl), src, record) != 1:
                     raise SecureError("bench net: EVP update failed")
-                done += 1
-        out.append((done * record, time.thread_time() - c0, time.perf_counter()))
+            done += 64
+        out.append((done * record, time.thread_time() - c0))
     finally:
         so.EVP_CIPHER_CTX_free(ctx)
 
@@ -103,7 +100,7 @@ def gcm_rate(record: int, threads: int, decrypt: bool) -> float:
         t.join()
     if len(out) != threads:
         raise SecureError("bench net: the AES-GCM rate measurement failed")
-    return sum(o[0] for o in out) / sum(o[1] for o in out) / 1e9
+    return sum(b for b, _ in out) / sum(c for _, c in out) / 1e9
 
 
 def _cpu_s() -> float:
@@ -212,42 +209,14 @@ def _stream(side: _Side, sender: bool, size: int, inflight: int, total: int) -> 
             "bad": bad}
 
 
-def _gcm_side(record: int, decrypt: bool, threads: int, nbytes: int, conn) -> None:
-    """The AES-GCM half of the uncoupled step, in a process of its own (spawned: no GIL shared with the TCP
-    streams' threads, which cost the crypto half its rate when they shared one): threads x nbytes once told to go;
-    sends back (threads that finished, the last one's end on the monotonic clock, this process's CPU seconds)."""
-    out: list = []
-    ts = [threading.Thread(target=_gcm_thread, args=(record, decrypt, out, nbytes)) for _ in range(threads)]
-    conn.send("ready")
-    conn.recv()
-    cpu0 = _cpu_s()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    conn.send((len(out), max((end for _, _, end in out), default=0.0), _cpu_s() - cpu0))
-
-
-def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int, inflight: int, crypto: bool = False) -> dict:
+def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int, inflight: int) -> dict:
     """The same bytes over `streams` plain TCP loopback connections, one thread each, no
     encryption: what this kernel's loopback carries with as many streams as the plugin's lanes.
     The senders cycle through `inflight` buffers as the plugin's stream does (one shared 4 MiB
     buffer stayed in cache, where the plugin reads 8 x 4 MiB from memory); the receivers' own
-    buffers, one a stream, add up to about the plugin's receive buffers.
-    crypto: the plugin's work without its coupling. As many threads again seal (sender) or open
-    (receiver) as many bytes at the plugin's record size, at the same time as the streams, neither
-    waiting for the other; the side's wall is the later of the two ends (the plugin cannot do both
-    jobs faster than they go with nothing between them)."""
+    buffers, one a stream, add up to about the plugin's receive buffers."""
     per = max(1, total // max(size, 1) // streams)
     bufs = [bytearray(_pattern(i, size)) for i in range(max(inflight, 1))]
-    if crypto:  # made and waiting before the two sides meet, so that its start-up is off the clock
-        mp = multiprocessing.get_context("spawn")
-        gcm, theirs = mp.Pipe()
-        proc = mp.Process(target=_gcm_side, args=(record_bytes(size, streams), not sender, streams, per * size,
-                                                  theirs), daemon=True)
-        proc.start()
-        if not gcm.poll(DEADLINE_S) or gcm.recv() != "ready":
-            raise SecureError("bench net: the AES-GCM process beside the TCP streams did not start")
     if sender:
         pipe.send("ready")
         port = pipe.recv()
@@ -259,8 +228,6 @@ def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int, infligh
         socks = [ls.accept()[0] for _ in range(streams)]
         ls.close()
     cpu0, t0 = _cpu_s(), time.perf_counter()
-    if crypto:
-        gcm.send("go")
 
     def send(s, first):
         for i in range(per):
@@ -280,18 +247,10 @@ def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int, infligh
         t.start()
     for t in threads:
         t.join()
-    tcp_wall, gcm_wall, gcm_cpu = time.perf_counter() - t0, None, 0.0
-    if crypto:
-        done = gcm.recv() if gcm.poll(DEADLINE_S) else (0, 0.0, 0.0)
-        proc.join()
-        if done[0] != streams:
-            raise SecureError("bench net: the AES-GCM threads beside the TCP streams failed")
-        gcm_wall, gcm_cpu = done[1] - t0, done[2]  # perf_counter is the monotonic clock, the same in both processes
-    wall = max(tcp_wall, gcm_wall or 0.0)
+    wall = time.perf_counter() - t0
     for s in socks:
         s.close()
-    return {"wall": wall, "bytes": per * size * streams, "plugin_cores": (_cpu_s() - cpu0 + gcm_cpu) / wall,
-            "bad": 0, "tcp_wall": tcp_wall, "gcm_wall": gcm_wall}
+    return {"wall": wall, "bytes": per * size * streams, "plugin_cores": (_cpu_s() - cpu0) / wall, "bad": 0}
 
 
 def _pingpong(side: _Side, first: bool, size: int, iters: int) -> float:
@@ -345,8 +304,8 @@ def _rank(rank: int, n: int, dev, send, plan: list[tuple], meet: str) -> None:
         for _ in range(repeat):
             if what == "stream":
                 send(("stream", _stream(side, rank == 0, size, inflight, amount)))
-            elif what in ("tcp", "uncoupled"):
-                send((what, _tcp_stream(pipe, rank == 0, size, lanes_now, amount, inflight, what == "uncoupled")))
+            elif what == "tcp":
+                send(("tcp", _tcp_stream(pipe, rank == 0, size, lanes_now, amount, inflight)))
             else:
                 send(("rtt", _pingpong(side, rank == 0, size, amount)))
     side.close()
@@ -375,19 +334,15 @@ class _Rows:
         what, n, size, infl, _, _ = step
         samples, extra = [], {"plugin_cores_send": [], "plugin_cores_recv": [], "bad": 0}
         for v0, v1 in pairs:
-            if what == "rtt":
+            if what in ("stream", "tcp"):
+                samples.append(v1["bytes"] / v1["wall"] / 1e9)
+                extra["plugin_cores_send"].append(round(v0["plugin_cores"], 2))
+                extra["plugin_cores_recv"].append(round(v1["plugin_cores"], 2))
+                if what == "stream":  # the polling threads (as NCCL's proxy threads poll), beside the plugin's
+                    extra.setdefault("poll_cores", []).append(round(v0["poll_cores"] + v1["poll_cores"], 2))
+                extra["bad"] += v1["bad"]
+            else:
                 samples.append(v0)
-                continue
-            # uncoupled: both sides' jobs (streams and AES-GCM) done at the later side's end
-            samples.append(v1["bytes"] / (max(v0["wall"], v1["wall"]) if what == "uncoupled" else v1["wall"]) / 1e9)
-            extra["plugin_cores_send"].append(round(v0["plugin_cores"], 2))
-            extra["plugin_cores_recv"].append(round(v1["plugin_cores"], 2))
-            if what == "stream":  # the polling threads (as NCCL's proxy threads poll), beside the plugin's
-                extra.setdefault("poll_cores", []).append(round(v0["poll_cores"] + v1["poll_cores"], 2))
-            if what == "uncoupled":
-                for k, v in (("tcp", v1["tcp_wall"]), ("seal", v0["gcm_wall"]), ("open", v1["gcm_wall"])):
-                    extra.setdefault(f"{k}_gbps_at_once", []).append(round(v1["bytes"] / v / 1e9, 3))
-            extra["bad"] += v1["bad"]
         # the cost per byte, which a loaded machine's wall clock does not blur: CPU-seconds of the
         # plugin's threads (or the TCP streams' threads) per GB moved (cores / GB/s), the median over
         # the repeats, per side
@@ -408,12 +363,6 @@ class _Rows:
                           f"send {max(extra['plugin_cores_send']):.1f} recv {max(extra['plugin_cores_recv']):.1f}  "
                           f"CPU-s/GB send {extra['cpu_s_per_gb_send']} recv {extra['cpu_s_per_gb_recv']}"
                           + ("  WRONG BYTES" if extra["bad"] else ""))
-        elif what == "uncoupled":
-            row = Row.of("net_loopback", "uncoupled", "GB/s", samples, size=size, streams=n)
-            row.extra = {k: v for k, v in extra.items() if k != "bad"}
-            at = {k: statistics.median(extra[f"{k}_gbps_at_once"]) for k in ("tcp", "seal", "open")}
-            self.progress(f"  TCP and AES-GCM at once {size:>7} B streams {n:>2}: {row.median:6.2f} GB/s (TCP "
-                          f"{at['tcp']:.2f}, seal {at['seal']:.2f}, open {at['open']:.2f}: uncoupled)")
         else:
             row = Row.of("net_loopback", "half_rtt", "us", samples, size=size, lanes=n)
             self.progress(f"  ping-pong {size:>7} B  lanes {n:>2}: {row.median:7.1f} us per one-way trip")
@@ -434,7 +383,7 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
     plan = []  # grouped by lane count: each group uses one pair of connections
     for n in lanes:
         plan += [("stream", n, s, inflight, total, repeat) for s in sizes]
-        plan += [(w, n, max(sizes), inflight, total, repeat) for w in ("tcp", "uncoupled")] if tcp_baseline else []
+        plan += [("tcp", n, max(sizes), inflight, total, repeat)] if tcp_baseline else []
         plan += [("rtt", n, s, 0, rtt_iters, repeat) for s in rtt_sizes]
     res = Result(kind="net", env=envmod.stamp(),
                  settings={"bench": "net", "inflight": inflight, "total_bytes": total, "repeat": repeat,
@@ -487,7 +436,6 @@ def _compare(rows: list[Row]) -> None:
     inputs (cores visible, plain TCP's CPU-s/GB per side, AES-GCM GB/s per core on every visible core)."""
     cores = cores_visible()
     tcp = {r.params["streams"]: r for r in rows if r.metric == "tcp_plaintext"}
-    uncoupled = {r.params["streams"]: r for r in rows if r.metric == "uncoupled"}
     gcm = {(r.metric, r.params["record"]): round(r.median, 3) for r in rows
            if r.metric.startswith("aes_gcm") and r.params["threads"] == cores}
     for r in rows:
@@ -497,9 +445,6 @@ def _compare(rows: list[Row]) -> None:
         rec = record_bytes(r.params["size"], r.params["lanes"])
         enc, dec = gcm.get(("aes_gcm_encrypt", rec)), gcm.get(("aes_gcm_decrypt", rec))
         ts, tr = t.extra.get("cpu_s_per_gb_send"), t.extra.get("cpu_s_per_gb_recv")
-        u = uncoupled.get(r.params["lanes"])
-        if u is not None:
-            r.extra.update(uncoupled_gbps=round(u.median, 3), of_uncoupled=round(r.median / u.median, 3))
         r.extra.update(tcp_gbps=round(t.median, 3), tcp_size=t.params["size"], of_tcp=round(r.median / t.median, 3),
                        cores_visible=cores, tcp_cpu_s_per_gb_send=ts, tcp_cpu_s_per_gb_recv=tr, record=rec,
                        aes_gcm_gbps_per_core_encrypt=enc, aes_gcm_gbps_per_core_decrypt=dec)
@@ -517,7 +462,7 @@ def _fraction(v) -> str:
 
 def render(res: Result) -> str:
     out = [f"{'size (B)':>10} {'lanes':>5} {'GB/s':>7} {'cores s/r':>9} {'CPU-s/GB s/r':>13} "
-           f"{'TCP GB/s':>8} {'of TCP':>6} {'bound GB/s':>10} {'of bound':>8} {'CPU eff':>7} {'at once':>7} {'of it':>5}"]
+           f"{'TCP GB/s':>8} {'of TCP':>6} {'bound GB/s':>10} {'of bound':>8} {'CPU eff':>7}"]
     for r in res.rows:
         if r.metric == "stream":
             x = r.extra
@@ -528,21 +473,13 @@ def render(res: Result) -> str:
             bound = "-" if x.get("bound_gbps") is None else f"{x['bound_gbps']:.2f}"
             out.append(f"{r.params['size']:>10} {r.params['lanes']:>5} {r.median:>7.2f} {cores:>9} {per:>13} "
                        f"{tcp:>8} {_fraction(x.get('of_tcp')):>6} {bound:>10} {_fraction(x.get('of_bound')):>8} "
-                       f"{_fraction(x.get('cpu_efficiency')):>7} {_fraction(x.get('uncoupled_gbps')):>7} "
-                       f"{_fraction(x.get('of_uncoupled')):>5}")
+                       f"{_fraction(x.get('cpu_efficiency')):>7}")
     tcp = [r for r in res.rows if r.metric == "tcp_plaintext"]
     if tcp:
         out.append(f"{'size (B)':>10} {'streams':>7} {'plain TCP GB/s':>14} {'cores s/r':>9} {'CPU-s/GB s/r':>13}")
         out += [f"{r.params['size']:>10} {r.params['streams']:>7} {r.median:>14.2f} "
                 f"{max(r.extra['cores_send']):>4.1f}/{max(r.extra['cores_recv']):<4.1f} "
                 f"{r.extra['cpu_s_per_gb_send']:>6.3f}/{r.extra['cpu_s_per_gb_recv']:<6.3f}" for r in tcp]
-    both = [r for r in res.rows if r.metric == "uncoupled"]
-    if both:
-        out.append(f"{'size (B)':>10} {'streams':>7} {'TCP and AES-GCM at once GB/s':>28} {'TCP':>6} {'seal':>6} "
-                   f"{'open':>6}")
-        out += [f"{r.params['size']:>10} {r.params['streams']:>7} {r.median:>28.2f} "
-                + " ".join(f"{statistics.median(r.extra[f'{k}_gbps_at_once']):>6.2f}" for k in ("tcp", "seal", "open"))
-                for r in both]
     gcm = [r for r in res.rows if r.metric.startswith("aes_gcm")]
     if gcm:
         out.append(f"{'record (B)':>10} {'threads':>7} {'AES-GCM GB/s per core: encrypt':>31} {'decrypt':>7}")
@@ -554,10 +491,7 @@ def render(res: Result) -> str:
                 "process may use (sched_getaffinity)), measured in this run:",
                 "  each encrypted byte costs what TCP's does plus one seal and one open. CPU eff = that CPU-s/GB over "
                 "the row's own", "  (plugin threads, both sides). TCP GB/s: the plain TCP row of the same lane "
-                "count (its size: the largest).", "at once: the plain TCP streams and as many threads sealing (sender) "
-                "and opening (receiver) the same bytes", "  at the row's record size, all at once with nothing coupling "
-                "them; GB/s when both sides' jobs are done: the plugin's", "  work at those lanes with none of its "
-                "waits (its bound on this machine, measured)."]
+                "count (its size: the largest)."]
     rtt = [r for r in res.rows if r.metric == "half_rtt"]
     if rtt:
         out.append(f"{'size (B)':>10} {'lanes':>5} {'one-way us':>10}")
