@@ -1,0 +1,285 @@
+"""The loader's uncoupled bound: its reads and its copies, alone and then at once, with nothing tying one to the other.
+
+The loader reads every byte of the checkpoint from the page cache into staging and copies the staging to the
+GPU; both share the host's memory (the page cache is read from DRAM while the DMA reads staging). Here the same
+work runs in the pool's shape without the loader's coupling (no reader waits for a copy, no copy for a read):
+
+  reads   as many threads as the pool has workers pread the files in chunk pieces, claimed in order, each into
+          `buffers` buffers of its own (the pool's staging per worker)
+  copies  about as many bytes of chunk-sized host buffers copied to the GPU, in the pool's shape: contexts 0
+          and pinned staging, one Session on the primary context and one thread issuing over a stream per
+          worker (the pool's submitter); otherwise a thread per worker issuing its own copies on its own stream
+          (pageable staging on the primary context: one Session; contexts k: k Sessions of their own contexts,
+          worker i on context i % k, as the pool spreads them)
+
+The slower of the two when run at once bounds the loader on this host: a loader cannot do both jobs faster than
+they go with no waits between them. Not modelled: under contexts k the pool moves each chunk from its
+context's device buffer to the tensors device-locally (no bridge crossing), which the bound leaves out.
+Mapped staging (copies straight from the page-cache mapping) has no read pass to set beside its copies, and a
+Session has no mapping to copy from: the bound refuses it rather than time another loader's work.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+from ccbridge.bindings import core
+from ccbridge.errors import CCBridgeError, LoadError, UsageError
+from ccbridge.load.engine import PoolConfig
+from ccbridge.ui import human_bytes
+
+ROWS = ("reads_alone", "copies_alone", "reads_at_once", "copies_at_once", "both_at_once")
+WARM_COPIES = 64  # untimed copies first: the streams' and the DMA's first-use costs stay out of the figures
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The bound's work, from the pool's plan (or the bench script's overrides)."""
+    device: int
+    readers: int
+    buffers: int  # read buffers per reader
+    streams: int  # one per copying worker
+    contexts: int  # 0: the primary context
+    chunk: int
+    mem: str  # the copies' host memory: pinned or pageable (core.MEMS)
+
+    @property
+    def one_issuer(self) -> bool:
+        """One thread issues every copy, as the pool's submitter does (contexts 0, pinned staging)."""
+        return self.contexts == 0 and self.mem == "pinned"
+
+    def describe(self) -> dict:
+        return {"readers": self.readers, "buffers": self.buffers, "streams": self.streams,
+                "contexts": self.contexts, "issuers": 1 if self.one_issuer else self.streams,
+                "chunk_bytes": self.chunk, "staging": self.mem}
+
+
+def shape_of(config: PoolConfig, readers: int | None = None, streams: int | None = None,
+             chunk: int | None = None) -> Shape:
+    """The pool's work as the bound runs it; UsageError where the bound has no equivalent of the plan."""
+    if config.device < 0:
+        raise UsageError("--bound times copies to a GPU: a host target (--device cpu) has none")
+    if config.staging not in core.MEMS:
+        raise UsageError(f"--bound: {config.staging} staging has no read pass to time beside its copies; "
+                         "give --staging pinned or pageable")
+    readers = config.workers if readers is None else readers
+    streams = config.workers if streams is None else streams
+    for name, n in (("readers", readers), ("streams", streams)):
+        if not 1 <= n <= core.MAX_STREAMS:  # run_workers' native threads and a Session's streams stop there
+            raise UsageError(f"bound {name}: expected 1..{core.MAX_STREAMS}, got {n}")
+    chunk = config.chunk_bytes if chunk is None else chunk
+    if chunk < 4096:
+        raise UsageError(f"bound chunk: expected at least 4096 bytes, got {chunk}")
+    return Shape(config.device, readers, config.buffers, streams, min(config.contexts, streams), chunk, config.staging)
+
+
+class Span(NamedTuple):
+    start_ns: float
+    end_ns: float
+    bytes: float
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / max(self.end_ns - self.start_ns, 1.0)  # bytes per ns: GB/s
+
+
+def chunks(files: list[str], chunk: int) -> list[tuple[str, int, int]]:
+    """(file, offset, length) of every chunk, in file order, as the pool's grid cuts them."""
+    out = []
+    for path in files:
+        size = os.path.getsize(path)
+        out += [(path, o, min(chunk, size - o)) for o in range(0, size, chunk)]
+    return out
+
+
+def _read_chunk(fd: int, buf: bytearray, off: int, n: int) -> int:
+    view, got = memoryview(buf)[:n], 0
+    while got < n:
+        r = os.preadv(fd, [view[got:]], off + got)
+        if r == 0:  # the file is shorter than when the chunks were listed
+            return got
+        got += r
+    return got
+
+
+def read_pass(work: list[tuple[str, int, int]], fds: dict[str, int], shape: Shape) -> Span:
+    """`readers` threads pread every chunk once (claimed in order) into buffers of their own."""
+    claim = itertools.count()  # next() on it is atomic under the GIL: each chunk is claimed once
+    done: list[int] = []
+    failed: list[BaseException] = []
+
+    def run():
+        bufs = [bytearray(shape.chunk) for _ in range(shape.buffers)]
+        k = total = 0
+        try:
+            while (i := next(claim)) < len(work):
+                path, off, n = work[i]
+                total += _read_chunk(fds[path], bufs[k], off, n)
+                k = (k + 1) % len(bufs)
+        except OSError as e:
+            failed.append(e)
+        done.append(total)  # list.append is atomic: no lock needed
+
+    ts = [threading.Thread(target=run, name=f"ccbridge-bound-read-{i}") for i in range(shape.readers)]
+    t0 = time.monotonic_ns()  # CLOCK_MONOTONIC, the native core's clock: spans compare with the copies'
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    t1 = time.monotonic_ns()
+    if failed:
+        raise LoadError(f"the bound's reads failed: {failed[0]}")
+    want = sum(w[2] for w in work)
+    if sum(done) != want:
+        raise LoadError(f"the bound read {sum(done)} of {want} bytes: a checkpoint file changed while it ran")
+    return Span(t0, t1, sum(done))
+
+
+class Copies:
+    """The pool's copies in its shape, on Sessions opened once (their contexts' making is not timed)."""
+
+    def __init__(self, shape: Shape):
+        self.shape = shape
+        self.sessions: list[core.Session] = []
+        try:
+            if shape.contexts == 0:
+                self.sessions.append(core.Session(shape.device, shape.mem, shape.chunk, nstreams=shape.streams))
+            for c in range(shape.contexts):
+                n = len(range(c, shape.streams, shape.contexts))  # workers c, c + k, ...: the pool's spread
+                self.sessions.append(core.Session(shape.device, shape.mem, shape.chunk, nstreams=n,
+                                                  own_context=True))
+        except BaseException:
+            self.close()
+            raise
+        k = max(shape.contexts, 1)
+        # worker i: session i % k, its stream i // k (on the primary context, k = 1: stream i of the one session)
+        self.worker_sessions = [self.sessions[i % k] for i in range(shape.streams)]
+        self.worker_streams = [i // k for i in range(shape.streams)]
+
+    def run(self, nbytes: int) -> tuple[Span, float]:
+        """Copy about nbytes in whole chunks; their span and GB/s (core.aggregate_gbps)."""
+        s = self.shape
+        n = max(1, round(nbytes / s.chunk))
+        if s.one_issuer:
+            out, _ = self.sessions[0].copy("h2d", s.chunk, n, nstreams=s.streams)
+            outs = [out]
+        else:  # warmup 0: the timed call is what a read pass at once overlaps
+            outs = core.run_workers(self.worker_sessions, "h2d", s.chunk, max(1, round(n / s.streams)), warmup=0,
+                                    streams=self.worker_streams)
+        span = Span(min(o.start_ns for o in outs), max(o.end_ns for o in outs), sum(o.bytes for o in outs))
+        return span, core.aggregate_gbps(outs)
+
+    def close(self) -> None:
+        for s in self.sessions:
+            s.close()
+        self.sessions = []
+
+
+def _at_once(work, fds, shape: Shape, copies: Copies, nbytes: int) -> tuple[Span, Span, float]:
+    """Both jobs started together, nothing coupling them: the reads' span, the copies' span and GB/s."""
+    got: dict = {}
+
+    def copy():
+        try:
+            got["copies"] = copies.run(nbytes)
+        except BaseException as e:  # re-raised on the caller's thread
+            got["error"] = e
+
+    t = threading.Thread(target=copy, name="ccbridge-bound-copies")
+    t.start()
+    try:
+        reads = read_pass(work, fds, shape)
+    finally:
+        t.join()
+    if "error" in got:
+        raise got["error"]
+    return reads, *got["copies"]
+
+
+def _repeat_once(work, fds, shape: Shape, copies: Copies, nbytes: int) -> dict[str, float]:
+    """One repeat's GB/s: reads alone, copies alone, then both at once."""
+    alone = read_pass(work, fds, shape).gbps
+    _, copies_alone = copies.run(nbytes)
+    reads, span, copies_gbps = _at_once(work, fds, shape, copies, nbytes)
+    both = Span(min(reads.start_ns, span.start_ns), max(reads.end_ns, span.end_ns), nbytes)
+    return {"reads_alone": alone, "copies_alone": copies_alone, "reads_at_once": reads.gbps,
+            "copies_at_once": copies_gbps, "both_at_once": both.gbps}
+
+
+def figures_line(figures: dict[str, float]) -> str:
+    """'reads alone 64.37, ..., both at once 50.09 GB/s' (bench/RESULTS.md's words for the figures)."""
+    return ", ".join(f"{k.replace('_', ' ')} {figures[k]:.2f}" for k in ROWS) + " GB/s"
+
+
+def measure(files: list[str], shape: Shape, repeat: int, log: Callable[[str], None] | None = None,
+            each: Callable[[int, dict[str, float]], None] | None = None) -> dict:
+    """The bound over `files`, `repeat` times: the shape's inputs, GB/s medians (`gbps`) and per repeat
+    (`samples`). each(r, figures) is called after every repeat; log gets progress. GpuError or LoadError
+    where a copy or a read fails."""
+    if repeat < 1:
+        raise UsageError(f"bound repeat: expected at least 1, got {repeat}")
+    work = chunks(files, shape.chunk)
+    nbytes = sum(w[2] for w in work)
+    if not nbytes:
+        raise UsageError("the bound needs bytes to move: the checkpoint's files are empty")
+    say = log or (lambda m: None)
+    samples: dict[str, list[float]] = {k: [] for k in ROWS}
+    fds: dict[str, int] = {}
+    copies = None
+    try:
+        for p in dict.fromkeys(w[0] for w in work):
+            fds[p] = os.open(p, os.O_RDONLY)
+        say(shape_line(shape.describe()))
+        copies = Copies(shape)
+        read_pass(work, fds, shape)  # the page cache warm, as the loader found it
+        copies.run(WARM_COPIES * shape.chunk)
+        for r in range(repeat):
+            got = _repeat_once(work, fds, shape, copies, nbytes)
+            for k in ROWS:
+                samples[k].append(got[k])
+            if each:
+                each(r, got)
+    except OSError as e:
+        raise LoadError(f"the bound cannot read the checkpoint: {e}") from None
+    finally:
+        if copies is not None:
+            copies.close()
+        for fd in fds.values():
+            os.close(fd)
+    return {**shape.describe(), "bytes": nbytes, "chunks": len(work), "repeat": repeat,
+            "gbps": {k: statistics.median(v) for k, v in samples.items()}, "samples": samples}
+
+
+def measured(files: list[str], shape: Shape, repeat: int, log: Callable[[str], None]) -> dict:
+    """measure() for the load bench, whose loaders have already run: a failure is reported, not fatal."""
+    try:
+        return measure(files, shape, repeat, log,
+                       each=lambda r, f: log(f"bound {r + 1}/{repeat}: {figures_line(f)}"))
+    except CCBridgeError as e:
+        log(f"bound not measured: {e}")
+        return {**shape.describe(), "error": f"{type(e).__name__}: {e}"}
+
+
+def shape_line(b: dict) -> str:
+    """The bound's shape in words, from its inputs (Shape.describe)."""
+    where = f"over {b['contexts']} contexts of their own" if b["contexts"] else "on the primary context"
+    who = "one thread issuing" if b["issuers"] == 1 else "a thread each"
+    return (f"bound's shape: {b['readers']} readers; {b['streams']} streams {where}, {who}; "
+            f"{human_bytes(b['chunk_bytes'])} {b['staging']} chunks")
+
+
+def render_lines(bound: dict) -> list[str]:
+    """The bound's lines of the load bench's report (each within 120 columns for figures under 1000 GB/s)."""
+    shape = shape_line(bound)
+    if bound.get("error"):
+        return [f"bound: not measured ({bound['error']})", shape]
+    g = bound["gbps"]
+    return [f"bound: {g['both_at_once']:.2f} GB/s (reads and copies at once, uncoupled: "
+            f"reads {g['reads_at_once']:.2f}, copies {g['copies_at_once']:.2f} at once; "
+            f"alone {g['reads_alone']:.2f} / {g['copies_alone']:.2f})", shape]

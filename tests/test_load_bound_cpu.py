@@ -1,0 +1,254 @@
+"""The loader's uncoupled bound (ccbridge.load.bound) without a GPU: the copies faked, the reads real.
+
+The fakes stand where the module reaches the native core (core.Session, core.run_workers) and sleep as copies
+would, returning core.CopyOut spans on the native core's clock (CLOCK_MONOTONIC, time.monotonic_ns here).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import runpy
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ccbridge.bindings import core
+from ccbridge.errors import LoadError, UsageError
+from ccbridge.load import bench, bound, policy, synth
+from ccbridge.load.engine import PoolConfig
+from ccbridge.textfit import fit
+
+KiB = 1 << 10
+CHUNK = 64 * KiB
+COPY_S = 0.02  # each fake copy call's time
+
+
+class Fakes:
+    """core.Session and core.run_workers, recording what the bound asked of them."""
+
+    def __init__(self):
+        self.sessions: list[dict] = []
+        self.copies: list[dict] = []  # one per call: its args and the spans it returned
+        self.lock = threading.Lock()
+
+    def out(self, nbytes: float) -> core.CopyOut:
+        t0 = time.monotonic_ns()
+        time.sleep(COPY_S)
+        return core.CopyOut(t0, time.monotonic_ns(), 0.0, nbytes)
+
+    def install(self, monkeypatch):
+        fakes = self
+
+        class Session:
+            def __init__(self, device, mem, max_bytes, nstreams=1, own_context=False):
+                self.args = dict(device=device, mem=mem, max_bytes=max_bytes, nstreams=nstreams,
+                                 own_context=own_context)
+                self.closed = False
+                fakes.sessions.append(self.args)
+                self.args["session"] = self
+
+            def copy(self, direction, nbytes, iters, nstreams=1, sync_every=0):
+                assert nbytes <= self.args["max_bytes"] and nstreams <= self.args["nstreams"]
+                out = fakes.out(float(nbytes) * iters)
+                with fakes.lock:
+                    fakes.copies.append(dict(kind="copy", direction=direction, nbytes=nbytes, iters=iters,
+                                             nstreams=nstreams, outs=[out]))
+                return out, []
+
+            def close(self):
+                self.closed = True
+
+        def run_workers(sessions, direction, nbytes, iters, warmup=2, streams=None):
+            assert streams is not None and len(streams) == len(sessions)
+            for s, i in zip(sessions, streams):
+                assert 0 <= i < s.args["nstreams"]
+            outs = [fakes.out(float(nbytes) * iters)]  # the workers at once: one sleep, each its own span
+            outs += [core.CopyOut(outs[0].start_ns, outs[0].end_ns, 0.0, float(nbytes) * iters)
+                     for _ in sessions[1:]]
+            with fakes.lock:
+                fakes.copies.append(dict(kind="workers", direction=direction, nbytes=nbytes, iters=iters,
+                                         warmup=warmup, sessions=list(sessions), streams=list(streams), outs=outs))
+            return outs
+
+        monkeypatch.setattr(core, "Session", Session)
+        monkeypatch.setattr(core, "run_workers", run_workers)
+        return self
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    return Fakes().install(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> list[str]:
+    d = tmp_path_factory.mktemp("bound-ckpt")
+    return [str(p) for p in synth.make_checkpoint(d, 3 << 20, 1 << 20, jobs=1)]
+
+
+def config(workers=3, contexts=0, staging="pinned", chunk=CHUNK, buffers=2) -> PoolConfig:
+    return PoolConfig(0, workers, contexts, staging, chunk, buffers)
+
+
+def total(files) -> int:
+    return sum(os.path.getsize(f) for f in files)
+
+
+def test_figures_are_bytes_over_seconds(files, fakes, monkeypatch):
+    """Each figure is its job's bytes over its own span; both at once, the checkpoint's bytes over the union of
+    the two spans of the run at once."""
+    spans = []
+    real = bound.read_pass
+    monkeypatch.setattr(bound, "read_pass", lambda *a: spans.append(real(*a)) or spans[-1])
+    got = bound.measure(files, bound.shape_of(config()), repeat=2)
+    n = total(files)
+    assert len(spans) == 1 + 2 * 2 and all(s.bytes == n for s in spans)  # warm, then alone and at once per repeat
+    assert len(fakes.copies) == 1 + 2 * 2
+    for r in range(2):
+        alone, once = spans[1 + 2 * r], spans[2 + 2 * r]
+        c_alone, c_once = fakes.copies[1 + 2 * r]["outs"][0], fakes.copies[2 + 2 * r]["outs"][0]
+        s = {k: v[r] for k, v in got["samples"].items()}
+        assert s["reads_alone"] == pytest.approx(n / (alone.end_ns - alone.start_ns))
+        assert s["reads_at_once"] == pytest.approx(n / (once.end_ns - once.start_ns))
+        assert s["copies_alone"] == pytest.approx(c_alone.bytes / (c_alone.end_ns - c_alone.start_ns))
+        assert s["copies_at_once"] == pytest.approx(c_once.bytes / (c_once.end_ns - c_once.start_ns))
+        union = max(once.end_ns, c_once.end_ns) - min(once.start_ns, c_once.start_ns)
+        assert s["both_at_once"] == pytest.approx(n / union)
+        assert s["both_at_once"] <= min(s["reads_at_once"], s["copies_at_once"] * n / c_once.bytes) * (1 + 1e-9)
+    assert got["gbps"] == {k: statistics.median(v) for k, v in got["samples"].items()}
+    assert (got["bytes"], got["chunks"], got["repeat"]) == (n, len(bound.chunks(files, CHUNK)), 2)
+    # the copies move about the checkpoint's bytes, in whole chunks
+    assert abs(fakes.copies[1]["nbytes"] * fakes.copies[1]["iters"] - n) <= CHUNK / 2
+    assert fakes.copies[0]["iters"] == bound.WARM_COPIES
+
+
+def test_readers_read_every_chunk_exactly_once_per_pass(files, fakes, monkeypatch):
+    reads = collections.Counter()
+    names = set()
+    lock = threading.Lock()
+    real = os.preadv
+
+    def counting(fd, bufs, off):
+        got = real(fd, bufs, off)
+        with lock:
+            reads[(os.readlink(f"/proc/self/fd/{fd}"), off)] += got
+            names.add(threading.current_thread().name)
+        return got
+
+    monkeypatch.setattr(os, "preadv", counting)
+    bound.measure(files, bound.shape_of(config(workers=4)), repeat=1)
+    passes = 1 + 2  # warm, alone, at once
+    assert sum(reads.values()) == passes * total(files)
+    want = {(os.path.realpath(p), o): passes * n for p, o, n in bound.chunks(files, CHUNK)}
+    assert dict(reads) == want
+    assert names <= {f"ccbridge-bound-read-{i}" for i in range(4)}
+
+
+def test_short_reads_are_finished_and_a_shrunk_file_is_an_error(files, fakes, monkeypatch):
+    real = os.preadv
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: real(fd, [bufs[0][:4096]], off))  # 4 KiB at most
+    fds = {p: os.open(p, os.O_RDONLY) for p in files}
+    try:
+        span = bound.read_pass(bound.chunks(files, CHUNK), fds, bound.shape_of(config()))
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    assert span.bytes == total(files)
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: 0)  # the file ends early
+    with pytest.raises(LoadError, match="a checkpoint file changed"):
+        bound.measure(files, bound.shape_of(config()), repeat=1)
+    assert fakes.sessions and all(s["session"].closed for s in fakes.sessions)  # closed on the way out
+
+
+def test_the_run_at_once_overlaps(files, fakes, monkeypatch):
+    """The reads at once run while the copies run: their spans intersect."""
+    real = os.preadv
+
+    def slow(fd, bufs, off):
+        time.sleep(0.002)  # 48 chunks over 3 readers: ~32 ms of reads against 20 ms of copies
+        return real(fd, bufs, off)
+
+    spans = []
+    real_pass = bound.read_pass
+    monkeypatch.setattr(os, "preadv", slow)
+    monkeypatch.setattr(bound, "read_pass", lambda *a: spans.append(real_pass(*a)) or spans[-1])
+    bound.measure(files, bound.shape_of(config()), repeat=1)
+    reads, copies = spans[2], fakes.copies[2]["outs"][0]
+    assert max(reads.start_ns, copies.start_ns) < min(reads.end_ns, copies.end_ns)
+    alone_reads, alone_copies = spans[1], fakes.copies[1]["outs"][0]  # the jobs alone do not overlap
+    assert alone_reads.end_ns <= alone_copies.start_ns
+
+
+def test_primary_context_pinned_is_one_session_one_issuer(files, fakes):
+    got = bound.measure(files, bound.shape_of(config(workers=5)), repeat=1)
+    assert [(s["own_context"], s["nstreams"], s["mem"], s["max_bytes"]) for s in fakes.sessions] == \
+        [(False, 5, "pinned", CHUNK)]
+    assert {c["kind"] for c in fakes.copies} == {"copy"} and {c["nstreams"] for c in fakes.copies} == {5}
+    assert (got["readers"], got["streams"], got["contexts"], got["issuers"]) == (5, 5, 0, 1)
+
+
+def test_primary_context_pageable_has_each_worker_issue_on_its_stream(files, fakes):
+    """Pageable staging: the pool's workers issue their own copies (a pageable copy call holds its thread)."""
+    got = bound.measure(files, bound.shape_of(config(workers=4, staging="pageable")), repeat=1)
+    assert [(s["own_context"], s["nstreams"], s["mem"]) for s in fakes.sessions] == [(False, 4, "pageable")]
+    assert {c["kind"] for c in fakes.copies} == {"workers"}
+    timed = fakes.copies[1]
+    assert timed["streams"] == [0, 1, 2, 3] and {id(s) for s in timed["sessions"]} == {id(fakes.sessions[0]["session"])}
+    assert timed["warmup"] == 0 and got["issuers"] == 4
+
+
+def test_own_contexts_spread_the_workers_as_the_pool_does(files, fakes):
+    """contexts k: k Sessions of their own contexts; worker i on context i % k (load.c's worker_init)."""
+    got = bound.measure(files, bound.shape_of(config(workers=5, contexts=3)), repeat=1)
+    assert [(s["own_context"], s["nstreams"], s["mem"]) for s in fakes.sessions] == [(True, 2, "pinned"),
+                                                                                        (True, 2, "pinned"),
+                                                                                        (True, 1, "pinned")]
+    timed = fakes.copies[1]
+    assert timed["kind"] == "workers" and timed["streams"] == [0, 0, 0, 1, 1]
+    order = [s["session"] for s in fakes.sessions]
+    assert [order.index(s) for s in timed["sessions"]] == [0, 1, 2, 0, 1]
+    assert (got["contexts"], got["streams"], got["issuers"]) == (3, 5, 5)
+    assert all(s["session"].closed for s in fakes.sessions)
+
+
+def test_the_shape_follows_the_policy_and_refuses_what_it_cannot_bound():
+    off = policy.choose(0, ("off", {})).config
+    s = bound.shape_of(off)
+    assert (s.readers, s.streams, s.contexts, s.chunk, s.mem, s.one_issuer) == \
+        (off.workers, off.workers, 0, off.chunk_bytes, "pinned", True)
+    emu = policy.choose(0, ("emulated", {"h2d_pinned_gbps": 11.26, "h2d_pageable_gbps": 15.0,
+                                         "h2d_system_gbps": 34.18, "h2d_pinned_ratio": 0.203,
+                                         "h2d_pageable_ratio": 0.78, "native_h2d_pageable_gbps": 5.8,
+                                         "native_h2d_pinned_gbps": 55.0})).config
+    s = bound.shape_of(emu)
+    assert (s.contexts, s.streams, s.readers, s.one_issuer) == (emu.contexts, emu.workers, emu.workers, False)
+    s = bound.shape_of(off, readers=7, streams=9, chunk=16 << 20)  # bench/load_bound.py's overrides
+    assert (s.readers, s.buffers, s.streams, s.contexts, s.chunk, s.mem) == (7, off.buffers, 9, 0, 16 << 20, "pinned")
+    with pytest.raises(UsageError, match="mapped staging has no read pass"):
+        bound.shape_of(policy.choose(0, ("on", {})).config)
+    with pytest.raises(UsageError, match="host target"):
+        bound.shape_of(policy.choose(-1).config)
+    with pytest.raises(UsageError, match="streams: expected 1..64"):
+        bound.shape_of(off, streams=65)
+    with pytest.raises(UsageError, match="chunk"):
+        bound.shape_of(off, chunk=0)
+
+
+def test_bench_script_is_a_command_line_over_the_module(files, fakes, monkeypatch, capsys):
+    """bench/load_bound.py prints the lines bench/RESULTS.md quotes, from the module's measurement."""
+    script = Path(__file__).resolve().parent.parent / "bench" / "load_bound.py"
+    monkeypatch.setattr(sys, "argv", ["load_bound.py", str(Path(files[0]).parent), "--readers", "2", "--streams",
+                                      "3", "--chunk-mib", "1", "--repeat", "2", "--contexts", "0",
+                                      "--staging", "pinned"])
+    runpy.run_path(str(script), run_name="__main__")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(f"chunks of 1 MiB; 2 readers, 3 streams; {os.cpu_count()} CPUs")
+    assert out[1].startswith("bound's shape: 2 readers; 3 streams on the primary context, one thread issuing")
+    assert [line.split(":")[0] for line in out[2:]] == ["repeat 0", "repeat 1", "median GB/s"]
+    assert out[2].endswith(" GB/s") and "both at once" in out[-1] and not out[-1].endswith("GB/s")
+    assert [(s["nstreams"], s["max_bytes"]) for s in fakes.sessions] == [(3, 1 << 20)]
