@@ -252,3 +252,99 @@ def test_bench_script_is_a_command_line_over_the_module(files, fakes, monkeypatc
     assert [line.split(":")[0] for line in out[2:]] == ["repeat 0", "repeat 1", "median GB/s"]
     assert out[2].endswith(" GB/s") and "both at once" in out[-1] and not out[-1].endswith("GB/s")
     assert [(s["nstreams"], s["max_bytes"]) for s in fakes.sessions] == [(3, 1 << 20)]
+
+
+def test_a_failed_copy_is_reported_by_the_bench_not_fatal(files, fakes, monkeypatch):
+    from ccbridge.errors import GpuError
+
+    def refused(*a, **k):
+        raise GpuError("cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY")
+
+    monkeypatch.setattr(core, "Session", refused)
+    logged = []
+    got = bound.measured(files, bound.shape_of(config()), 1, logged.append)
+    assert got["error"] == "GpuError: cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY" and got["readers"] == 3
+    assert any("bound not measured" in m for m in logged)
+    text = bench.render(report(bound=got))
+    assert "bound: not measured (GpuError" in text and "/ bound" not in text
+
+
+def report(bound=None, gbps=48.39):
+    row = {"gbps": gbps, "seconds": [0.35], "error": None, "stages": {}}
+    rep = {"files": 5, "bytes": 16_810_000_000, "gpu": "NVIDIA H200", "device": "cuda:0", "repeat": 3,
+           "pool": {"workers": 14, "contexts": 0, "staging": "pinned", "chunk_bytes": 4 << 20, "buffers": 2,
+                    "prewarm_s": 0.5, "teardown_s": 0.2},
+           "why": "CC off: 14 workers on the primary context, pinned staging, direct to the tensors",
+           "cold_pool": None, "verified": "bitwise equal",
+           "loaders": {"ccbridge prewarmed": row, "ccbridge cold": {**row, "gbps": gbps * 0.88},
+                       "fastsafetensors (nogds)": {"gbps": None, "seconds": [], "error": "not installed here",
+                                                   "stages": {}}}}
+    if bound is not None:
+        rep["bound"] = bound
+    return rep
+
+
+def measured_bound(both=50.09, big=False):
+    f = 999.99 if big else None
+    g = {"reads_alone": f or 64.37, "copies_alone": f or 53.25, "reads_at_once": f or 56.45,
+         "copies_at_once": f or 50.18, "both_at_once": f or both}
+    return {"readers": 14, "buffers": 2, "streams": 14, "contexts": 0, "issuers": 1, "chunk_bytes": 4 << 20,
+            "staging": "pinned", "bytes": 16_810_000_000, "chunks": 4010, "repeat": 3, "gbps": g,
+            "samples": {k: [v] * 3 for k, v in g.items()}}
+
+
+@pytest.mark.parametrize("ceiling", [None, 55.12])
+def test_render_shows_the_bound_and_its_column_within_120_columns(ceiling):
+    """The CLI prints render() through fit(); the table's rows and the bound's lines fit as they are (not
+    wrapped: the columns stay columns)."""
+    plain = bench.render(report(), ceiling)
+    assert "/ bound" not in plain and "bound:" not in plain
+    assert all(len(line) <= 120 for line in fit(plain).splitlines())
+    text = bench.render(report(measured_bound()), ceiling)
+    lines = fit(text).splitlines()
+    assert all(len(line) <= 120 for line in lines), max(lines, key=len)
+    assert lines[-2].startswith("bound: ") and lines[-1].startswith("bound's shape: ")
+    hdr = next(line for line in lines if line.startswith("loader"))
+    assert hdr.endswith("/ bound") and ("/ ceiling" in hdr) == bool(ceiling)
+    row = next(line for line in lines if line.startswith("ccbridge prewarmed"))
+    assert row.split()[-1] == f"{48.39 / 50.09:.3f}"
+    assert ("bound: 50.09 GB/s (reads and copies at once, uncoupled: reads 56.45, copies 50.18 at once; "
+            "alone 64.37 / 53.25)") in lines
+    assert "bound's shape: 14 readers; 14 streams on the primary context, one thread issuing; 4 MiB pinned chunks" \
+        in lines
+    wide = bench.render(report(measured_bound(big=True), gbps=999.99), ceiling).splitlines()
+    assert all(len(line) <= 120 for line in wide if not line.startswith("pool:")), max(wide, key=len)
+    ctx = {**measured_bound(), "contexts": 8, "streams": 16, "readers": 16, "issuers": 16}
+    assert "16 streams over 8 contexts of their own, a thread each" in bench.render(report(ctx), ceiling)
+
+
+def test_the_bench_refuses_a_bound_it_cannot_measure_before_any_load(files, monkeypatch):
+    pytest.importorskip("torch")
+    from ccbridge.load import loader
+
+    monkeypatch.setattr(loader, "load_safetensors", lambda *a, **k: pytest.fail("a load ran"))
+    with pytest.raises(UsageError, match="host target"):
+        bench.run(files, "cpu", 1, log=lambda m: None, with_bound=True)
+
+
+def test_the_bench_measures_the_bound_after_its_loaders(files, fakes, monkeypatch):
+    """On the CPU (the loaders to host memory) with the bound's shape for a device and its copies faked: the
+    bound runs once the loaders are done, on the same files, and the report carries it."""
+    pytest.importorskip("torch")
+    from ccbridge.load import loader
+
+    order = []
+    real_load = loader.load_safetensors
+    monkeypatch.setattr(loader, "load_safetensors", lambda *a, **k: order.append("load") or real_load(*a, **k))
+    real_measure = bound.measure
+    monkeypatch.setattr(bound, "measure",
+                        lambda f, *a, **k: order.append(("bound", tuple(f))) or real_measure(f, *a, **k))
+    real_shape = bound.shape_of
+    monkeypatch.setattr(bound, "shape_of", lambda c: real_shape(PoolConfig(0, *list(vars(c).values())[1:])))
+    logged = []
+    rep = bench.run(files, "cpu", 1, log=logged.append, with_bound=True)
+    assert order[-1] == ("bound", tuple(files)) and "load" in order and ("bound", tuple(files)) not in order[:-1]
+    b = rep["bound"]
+    assert "error" not in b and all(v > 0 for v in b["gbps"].values()) and b["bytes"] == total(files)
+    assert any(m.startswith("bound 1/1: reads alone") for m in logged)
+    assert "/ bound" in bench.render(rep)

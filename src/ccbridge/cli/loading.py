@@ -18,6 +18,10 @@ from ccbridge.textfit import fit, wrap
 def cmd_load(args) -> int:
     if not args.bench and (args.json or args.ceiling):
         raise UsageError("--json and --ceiling go with --bench")
+    if args.bound and not args.bench:
+        raise UsageError("--bound goes with --bench")
+    if args.bound and args.device == "cpu":
+        raise UsageError("--bound times copies to a GPU: give a CUDA --device")
     if args.json:
         ui.writable_file(args.json, "--json")
     checkpoint.resolve(args.paths)  # the paths exist and none is given twice, before torch is imported
@@ -34,7 +38,7 @@ def cmd_load(args) -> int:
         print(f"ccbridge load: {label}", file=sys.stderr)
     if args.bench:
         rep = bench.run(args.paths, args.device, args.repeat, overrides,
-                        log=lambda m: print(f"ccbridge load: {m}", file=sys.stderr))
+                        log=lambda m: print(fit(f"ccbridge load: {m}"), file=sys.stderr), with_bound=args.bound)
         rep["emulation"] = label
         rep["ceiling_gbps"] = ceiling
         print(fit(bench.render(rep, ceiling)))
@@ -78,6 +82,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--repeat", type=integer(1), default=3, help="with --bench: loads per loader (default 3)")
     p.add_argument("--ceiling", help="with --bench: a probe result.json whose best multi-worker H2D is the ceiling")
     p.add_argument("--json", help="with --bench: write the full report here")
+    p.add_argument("--bound", action="store_true", help="with --bench: then time the loader's reads and copies at "
+                   "once, nothing coupling them (its bound on this host), in the pool's shape")
     p.add_argument("--workers", type=integer(1, MAX_WORKERS), help="worker threads (default: by CC state or emulation profile)")
     p.add_argument("--contexts", type=integer(0, MAX_WORKERS), help="contexts of the pool's own; 0 = the primary context")
     p.add_argument("--staging", choices=["pinned", "pageable"], help="host staging buffers")

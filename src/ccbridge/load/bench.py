@@ -9,7 +9,9 @@ made before the clock starts (what a server that prewarms at start-up gets);
 its stage breakdown comes from LoadStats. The two pools may differ: under
 emulated CC the cold pool is planned for that one load (its contexts' making
 counted, policy.cold_contexts), so the report shows each. The first ccbridge load is compared
-bitwise with safetensors' own; a mismatch fails the bench.
+bitwise with safetensors' own; a mismatch fails the bench. Asked for, the loader's uncoupled bound
+(load/bound.py: its reads and copies at once, nothing coupling them) runs last, on the same files in the
+prewarmed pool's shape, once that pool is closed; a bound that fails is reported, as a failed baseline is.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from ccbridge.load import checkpoint, loader
+from ccbridge.load import bound, checkpoint, loader
 from ccbridge.load.loader import LoadStats
 from ccbridge.results import ResultFileError, load as load_result
 from ccbridge.ui import human_bytes
@@ -93,12 +95,18 @@ def _equal(torch, a: dict, b: dict) -> str | None:
     return None
 
 
-def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None = None, log=print) -> dict:
+def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None = None, log=print,
+        with_bound: bool = False) -> dict:
+    """with_bound: after the loaders, the loader's uncoupled bound (load/bound.py) in the prewarmed pool's shape
+    on the same files, `repeat` times (UsageError before any load where the plan has no such bound)."""
     import torch  # deferred: torch, an optional dependency (seconds of import)
 
     overrides = overrides or {}
     files, _, _ = checkpoint.resolve(paths)
     nbytes = sum(os.path.getsize(f) for f in files)
+    index = loader.resolve_device(torch, device)[1]
+    plan = loader.policy.for_device(index, **overrides)
+    shape = bound.shape_of(plan.config) if with_bound else None  # refused before minutes of loads, not after
     log(f"checkpoint: {len(files)} files, {nbytes / 1e9:.2f} GB; warming the page cache...")
     warm_s = warm_page_cache(files)
     log(f"page cache warm ({nbytes / warm_s / 1e9:.1f} GB/s read pass)")
@@ -114,8 +122,6 @@ def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None =
     results["fastsafetensors (nogds)"].error = fst_error
     verified = None
     cold_pool: dict = {}  # the pool each cold load made for itself (the same plan every round)
-    index = loader.resolve_device(torch, device)[1]
-    plan = loader.policy.for_device(index, **overrides)
     pool = loader.Pool(plan.config)
     pool_prewarm = pool.ready()
 
@@ -179,6 +185,8 @@ def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None =
     }
     if verified not in (None, "bitwise equal"):
         report["error"] = f"ccbridge's tensors differ from safetensors': {verified}"
+    if shape is not None:  # the pool is closed: its contexts and staging are gone before the bound runs
+        report["bound"] = bound.measured(files, shape, repeat, log)
     return report
 
 
@@ -189,7 +197,8 @@ def _stages(st: LoadStats) -> dict:
 
 
 def render(report: dict, ceiling: float | None = None) -> str:
-    """The comparison table, fastest first, with the ceiling ratio when one is given."""
+    """The comparison table, fastest first, with the ceiling ratio when one is given and the bound's when the
+    report holds a measured one."""
     def shape(p: dict) -> str:
         return (f"{p['workers']} workers, {p['contexts']} contexts, {p['staging']} staging, "
                 f"{human_bytes(p['chunk_bytes'])} chunks")
@@ -203,7 +212,10 @@ def render(report: dict, ceiling: float | None = None) -> str:
     if not same:
         lines.append(f"cold pool (made inside each cold load): {shape(cold)} ({cold['why']})")
     lines += [f"check: ccbridge vs safetensors: {report['verified']}", ""]
-    hdr = f"{'loader':30} {'GB/s':>8} {'s (median)':>11}" + (f" {'/ ceiling':>10}" if ceiling else "")
+    b = report.get("bound")
+    bound_gbps = b["gbps"]["both_at_once"] if b and not b.get("error") else None
+    hdr = (f"{'loader':30} {'GB/s':>8} {'s (median)':>11}" + (f" {'/ ceiling':>10}" if ceiling else "")
+           + (f" {'/ bound':>10}" if bound_gbps else ""))
     lines += [hdr, "-" * len(hdr)]
     rows = sorted(report["loaders"].items(), key=lambda kv: -(kv[1]["gbps"] or 0))
     for name, o in rows:
@@ -213,6 +225,8 @@ def render(report: dict, ceiling: float | None = None) -> str:
         s = f"{name:30} {o['gbps']:8.2f} {statistics.median(o['seconds']):11.3f}"
         if ceiling:
             s += f" {o['gbps'] / ceiling:10.3f}"
+        if bound_gbps:
+            s += f" {o['gbps'] / bound_gbps:10.3f}"
         lines.append(s)
     for name in ("ccbridge prewarmed", "ccbridge cold"):
         runs = report["loaders"][name]["stages"].get("runs")
@@ -223,6 +237,8 @@ def render(report: dict, ceiling: float | None = None) -> str:
                 f"{k[:-2]} {v:.3f}" for k, v in med.items() if v is not None))
     if ceiling:
         lines.append(f"ceiling: {ceiling:.2f} GB/s (the probe's best multi-worker H2D)")
+    if b:
+        lines += bound.render_lines(b)
     return "\n".join(lines)
 
 
