@@ -1,0 +1,53 @@
+"""The loader's uncoupled bound on a GPU (marked): every figure measured in each pool shape, and the bench's report."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("need_gpu")]
+
+from ccbridge.load import bench, bound, policy, synth  # noqa: E402
+from ccbridge.textfit import fit  # noqa: E402
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bound-gpu-ckpt")
+    return d, [str(p) for p in synth.make_checkpoint(d, 24 * MiB, 8 * MiB, jobs=1)]
+
+
+SHAPES = [{}, {"contexts": 0, "staging": "pageable"}, {"contexts": 2, "workers": 4, "staging": "pinned"},
+          {"contexts": 2, "workers": 3, "staging": "pageable"}]
+
+
+@pytest.mark.parametrize("opts", SHAPES, ids=["policy", "primary-pageable", "2ctx-pinned", "2ctx-pageable"])
+def test_every_figure_is_measured(ckpt, opts):
+    _, files = ckpt
+    plan = policy.for_device(0, chunk_bytes=MiB, **opts)
+    got = bound.measure(files, bound.shape_of(plan.config), repeat=2)
+    assert got["streams"] == plan.config.workers and got["contexts"] == plan.config.contexts
+    for k in bound.ROWS:
+        assert got["gbps"][k] > 0 and len(got["samples"][k]) == 2 and all(v > 0 for v in got["samples"][k]), k
+    # at once, neither job goes faster than the two together finish
+    assert got["gbps"]["both_at_once"] <= got["gbps"]["reads_at_once"] * 1.0001
+    lines = bound.render_lines(got)
+    assert lines[0].startswith("bound: ") and all(len(line) <= 120 for line in lines)
+
+
+def test_load_bench_bound_reports_and_renders(ckpt, tmp_path):
+    pytest.importorskip("torch")
+    d, _ = ckpt
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "ccbridge", "load", str(d), "--bench", "--bound", "--repeat", "1",
+                        "--chunk", "1MiB", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert "error" not in rep["bound"] and all(v > 0 for v in rep["bound"]["gbps"].values())
+    assert rep["bound"]["chunk_bytes"] == MiB and rep["bound"]["readers"] == rep["pool"]["workers"]
+    assert "bound: " in r.stdout and "/ bound" in r.stdout
+    assert all(len(line) <= 120 for line in r.stdout.splitlines())
+    assert fit(bench.render(rep)).splitlines() == r.stdout.splitlines()
