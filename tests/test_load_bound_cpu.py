@@ -25,7 +25,7 @@ from ccbridge.textfit import fit
 
 KiB = 1 << 10
 CHUNK = 64 * KiB
-COPY_S = 0.02  # each fake copy call's time
+COPY_S = 0.05  # each fake copy call's time: long enough that the reads at once start inside it on a busy machine
 
 
 class Fakes:
@@ -170,7 +170,7 @@ def test_the_run_at_once_overlaps(files, fakes, monkeypatch):
     real = os.preadv
 
     def slow(fd, bufs, off):
-        time.sleep(0.002)  # 48 chunks over 3 readers: ~32 ms of reads against 20 ms of copies
+        time.sleep(0.002)  # 48 chunks over 3 readers: ~32 ms of reads against 50 ms of copies
         return real(fd, bufs, off)
 
     spans = []
