@@ -47,6 +47,9 @@ def main(r: Path) -> None:
             print(f"| load{tag} {rep['bytes'] / 2**30:.1f} GiB: ccbridge prewarmed / cold | {mine:.2f} / "
                   f"{ld['ccbridge cold']['gbps'] or 0:.2f} GB/s; / ceiling {ceil or 0:.2f}: {mine / ceil if ceil else 0:.3f}; "
                   f"{rep['verified']} |")
+            both = ((rep.get("bound") or {}).get("gbps") or {}).get("both_at_once")
+            if both:  # load --bench --bound: the host's limit with reads and copies at once
+                print(f"| load{tag}: uncoupled bound | {both:.2f} GB/s; ccbridge prewarmed / bound {mine / both:.3f} |")
             for k, v in others.items():
                 print(f"| load{tag}: {k} | {v:.2f} GB/s (ccbridge x{mine / v:.1f}) |")
     secure_rows(r)
