@@ -6,11 +6,14 @@ work runs in the pool's shape without the loader's coupling (no reader waits for
 
   reads   as many threads as the pool has workers pread the files in chunk pieces, claimed in order, each into
           `buffers` buffers of its own (the pool's staging per worker)
-  copies  about as many bytes of chunk-sized host buffers copied to the GPU, in the pool's shape: contexts 0
-          and pinned staging, one Session on the primary context and one thread issuing over a stream per
-          worker (the pool's submitter); otherwise a thread per worker issuing its own copies on its own stream
-          (pageable staging on the primary context: one Session; contexts k: k Sessions of their own contexts,
-          worker i on context i % k, as the pool spreads them)
+  copies  chunk-sized host buffers copied to the GPU in the pool's shape: contexts 0 and pinned staging, one
+          Session on the primary context and one thread issuing over a stream per worker (the pool's submitter);
+          otherwise a thread per worker issuing its own copies on its own stream (pageable staging on the
+          primary context: one Session; contexts k: k Sessions of their own contexts, worker i on context
+          i % k, as the pool spreads them). Whole chunks, at least the checkpoint's bytes in all (each worker
+          copies as many): `copy_bytes`, a little over the checkpoint's; each copy figure is the copies' own
+          bytes over their span, and both at once scales their span to the checkpoint's bytes before taking
+          its union with the reads'
 
 The slower of the two when run at once bounds the loader on this host: a loader cannot do both jobs faster than
 they go with no waits between them. Not modelled: under contexts k the pool moves each chunk from its
@@ -162,18 +165,18 @@ class Copies:
         self.worker_sessions = [self.sessions[i % k] for i in range(shape.streams)]
         self.worker_streams = [i // k for i in range(shape.streams)]
 
-    def run(self, nbytes: int) -> tuple[Span, float]:
-        """Copy about nbytes in whole chunks; their span and GB/s (core.aggregate_gbps)."""
+    def run(self, nbytes: int) -> Span:
+        """Whole chunks, at least nbytes of them in all (in the pool's shape with a thread per worker, each worker
+        copies as many): their span and bytes."""
         s = self.shape
-        n = max(1, round(nbytes / s.chunk))
+        n = -(-nbytes // s.chunk)  # ceil: the copies move no fewer bytes than the reads
         if s.one_issuer:
             out, _ = self.sessions[0].copy("h2d", s.chunk, n, nstreams=s.streams)
             outs = [out]
         else:  # warmup 0: the timed call is what a read pass at once overlaps
-            outs = core.run_workers(self.worker_sessions, "h2d", s.chunk, max(1, round(n / s.streams)), warmup=0,
+            outs = core.run_workers(self.worker_sessions, "h2d", s.chunk, -(-n // s.streams), warmup=0,
                                     streams=self.worker_streams)
-        span = Span(min(o.start_ns for o in outs), max(o.end_ns for o in outs), sum(o.bytes for o in outs))
-        return span, core.aggregate_gbps(outs)
+        return Span(min(o.start_ns for o in outs), max(o.end_ns for o in outs), sum(o.bytes for o in outs))
 
     def close(self) -> None:
         for s in self.sessions:
@@ -181,8 +184,8 @@ class Copies:
         self.sessions = []
 
 
-def _at_once(work, fds, shape: Shape, copies: Copies, nbytes: int) -> tuple[Span, Span, float]:
-    """Both jobs started together, nothing coupling them: the reads' span, the copies' span and GB/s."""
+def _at_once(work, fds, shape: Shape, copies: Copies, nbytes: int) -> tuple[Span, Span]:
+    """Both jobs started together, nothing coupling them: the reads' span and the copies'."""
     got: dict = {}
 
     def copy():
@@ -199,17 +202,24 @@ def _at_once(work, fds, shape: Shape, copies: Copies, nbytes: int) -> tuple[Span
         t.join()
     if "error" in got:
         raise got["error"]
-    return reads, *got["copies"]
+    return reads, got["copies"]
+
+
+def both_span(reads: Span, copies: Span, nbytes: int) -> Span:
+    """The checkpoint's bytes over the union of the reads' span and the copies' scaled to those bytes (the copies
+    move whole chunks, a little more than the reads: their span ends where nbytes of them would have)."""
+    end = copies.start_ns + (copies.end_ns - copies.start_ns) * nbytes / copies.bytes
+    return Span(min(reads.start_ns, copies.start_ns), max(reads.end_ns, end), nbytes)
 
 
 def _repeat_once(work, fds, shape: Shape, copies: Copies, nbytes: int) -> dict[str, float]:
-    """One repeat's GB/s: reads alone, copies alone, then both at once."""
+    """One repeat's GB/s (each job's own bytes over its own span): reads alone, copies alone, then both at once."""
     alone = read_pass(work, fds, shape).gbps
-    _, copies_alone = copies.run(nbytes)
-    reads, span, copies_gbps = _at_once(work, fds, shape, copies, nbytes)
-    both = Span(min(reads.start_ns, span.start_ns), max(reads.end_ns, span.end_ns), nbytes)
+    copies_alone = copies.run(nbytes).gbps
+    reads, span = _at_once(work, fds, shape, copies, nbytes)
     return {"reads_alone": alone, "copies_alone": copies_alone, "reads_at_once": reads.gbps,
-            "copies_at_once": copies_gbps, "both_at_once": both.gbps}
+            "copies_at_once": span.gbps, "both_at_once": both_span(reads, span, nbytes).gbps,
+            "copy_bytes": int(span.bytes)}
 
 
 def figures_line(figures: dict[str, float]) -> str:
@@ -232,6 +242,7 @@ def measure(files: list[str], shape: Shape, repeat: int, log: Callable[[str], No
     samples: dict[str, list[float]] = {k: [] for k in ROWS}
     fds: dict[str, int] = {}
     copies = None
+    copy_bytes = 0
     try:
         for p in dict.fromkeys(w[0] for w in work):
             fds[p] = os.open(p, os.O_RDONLY)
@@ -241,6 +252,7 @@ def measure(files: list[str], shape: Shape, repeat: int, log: Callable[[str], No
         copies.run(WARM_COPIES * shape.chunk)
         for r in range(repeat):
             got = _repeat_once(work, fds, shape, copies, nbytes)
+            copy_bytes = got["copy_bytes"]
             for k in ROWS:
                 samples[k].append(got[k])
             if each:
@@ -252,7 +264,7 @@ def measure(files: list[str], shape: Shape, repeat: int, log: Callable[[str], No
             copies.close()
         for fd in fds.values():
             os.close(fd)
-    return {**shape.describe(), "bytes": nbytes, "chunks": len(work), "repeat": repeat,
+    return {**shape.describe(), "bytes": nbytes, "copy_bytes": copy_bytes, "chunks": len(work), "repeat": repeat,
             "gbps": {k: statistics.median(v) for k, v in samples.items()}, "samples": samples}
 
 
