@@ -5,7 +5,8 @@ GPU; both share the host's memory (the page cache is read from DRAM while the DM
 work runs in the pool's shape without the loader's coupling (no reader waits for a copy, no copy for a read):
 
   reads   as many threads as the pool has workers pread the files in chunk pieces, claimed in order, each into
-          `buffers` buffers of its own (the pool's staging per worker)
+          `buffers` buffers of its own (the pool's staging per worker), made and faulted in once before any
+          pass as the pool's staging is at its prewarm; a pass's clock starts once every reader is running
   copies  chunk-sized host buffers copied to the GPU in the pool's shape: contexts 0 and pinned staging, one
           Session on the primary context and one thread issuing over a stream per worker (the pool's submitter);
           otherwise a thread per worker issuing its own copies on its own stream (pageable staging on the
@@ -38,6 +39,7 @@ from ccbridge.load.engine import PoolConfig
 from ccbridge.ui import human_bytes
 
 ROWS = ("reads_alone", "copies_alone", "reads_at_once", "copies_at_once", "both_at_once")
+PAGE = 4096  # the smallest page: a write to each touches every page of a buffer
 WARM_COPIES = 64  # untimed copies first: the streams' and the DMA's first-use costs stay out of the figures
 
 
@@ -111,31 +113,53 @@ def _read_chunk(fd: int, buf: bytearray, off: int, n: int) -> int:
     return got
 
 
-def read_pass(work: list[tuple[str, int, int]], fds: dict[str, int], shape: Shape) -> Span:
-    """`readers` threads pread every chunk once (claimed in order) into buffers of their own."""
+def buffers(shape: Shape) -> list[list[bytearray]]:
+    """Every reader's `buffers` chunk buffers, made and touched once before any pass (the loader's staging is
+    faulted in at its prewarm, not while it loads)."""
+    def touched() -> bytearray:
+        b = bytearray(shape.chunk)
+        b[::PAGE] = b"\1" * len(range(0, shape.chunk, PAGE))  # a write to every page: each one faulted in now
+        return b
+
+    return [[touched() for _ in range(shape.buffers)] for _ in range(shape.readers)]
+
+
+def read_pass(work: list[tuple[str, int, int]], fds: dict[str, int], bufs: list[list[bytearray]],
+              gate: threading.Barrier | None = None) -> Span:
+    """A thread per entry of `bufs` preads every chunk once (claimed in order) into its own buffers. The clock
+    starts once every reader is running: `gate` holds the readers and this thread (and any party the caller
+    adds, released with them)."""
+    gate = gate or threading.Barrier(len(bufs) + 1)
     claim = itertools.count()  # next() on it is atomic under the GIL: each chunk is claimed once
     done: list[int] = []
     failed: list[BaseException] = []
 
-    def run():
-        bufs = [bytearray(shape.chunk) for _ in range(shape.buffers)]
+    def run(mine: list[bytearray]):
         k = total = 0
         try:
+            gate.wait()
             while (i := next(claim)) < len(work):
                 path, off, n = work[i]
-                total += _read_chunk(fds[path], bufs[k], off, n)
-                k = (k + 1) % len(bufs)
+                total += _read_chunk(fds[path], mine[k], off, n)
+                k = (k + 1) % len(mine)
+        except threading.BrokenBarrierError:  # the pass was called off before it started
+            return
         except OSError as e:
             failed.append(e)
         done.append(total)  # list.append is atomic: no lock needed
 
-    ts = [threading.Thread(target=run, name=f"ccbridge-bound-read-{i}") for i in range(shape.readers)]
-    t0 = time.monotonic_ns()  # CLOCK_MONOTONIC, the native core's clock: spans compare with the copies'
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    t1 = time.monotonic_ns()
+    ts = [threading.Thread(target=run, args=(b,), name=f"ccbridge-bound-read-{i}") for i, b in enumerate(bufs)]
+    try:
+        for t in ts:
+            t.start()
+        gate.wait()
+        t0 = time.monotonic_ns()  # CLOCK_MONOTONIC, the native core's clock: spans compare with the copies'
+        for t in ts:
+            t.join()
+        t1 = time.monotonic_ns()
+    except BaseException:
+        gate.abort()  # whoever still waits at the gate is let go
+        raise
     if failed:
         raise LoadError(f"the bound's reads failed: {failed[0]}")
     want = sum(w[2] for w in work)
@@ -184,20 +208,25 @@ class Copies:
         self.sessions = []
 
 
-def _at_once(work, fds, shape: Shape, copies: Copies, nbytes: int) -> tuple[Span, Span]:
-    """Both jobs started together, nothing coupling them: the reads' span and the copies'."""
+def _at_once(work, fds, bufs, copies: Copies, nbytes: int) -> tuple[Span, Span]:
+    """Both jobs released together (the copy thread waits at the readers' gate), nothing coupling them after:
+    the reads' span and the copies'."""
+    gate = threading.Barrier(len(bufs) + 2)  # the readers, the timing thread and the copy thread
     got: dict = {}
 
     def copy():
         try:
+            gate.wait()
             got["copies"] = copies.run(nbytes)
+        except threading.BrokenBarrierError:  # the reads were called off before they started: theirs is the error
+            pass
         except BaseException as e:  # re-raised on the caller's thread
             got["error"] = e
 
     t = threading.Thread(target=copy, name="ccbridge-bound-copies")
     t.start()
     try:
-        reads = read_pass(work, fds, shape)
+        reads = read_pass(work, fds, bufs, gate)
     finally:
         t.join()
     if "error" in got:
@@ -212,11 +241,11 @@ def both_span(reads: Span, copies: Span, nbytes: int) -> Span:
     return Span(min(reads.start_ns, copies.start_ns), max(reads.end_ns, end), nbytes)
 
 
-def _repeat_once(work, fds, shape: Shape, copies: Copies, nbytes: int) -> dict[str, float]:
+def _repeat_once(work, fds, bufs, copies: Copies, nbytes: int) -> dict[str, float]:
     """One repeat's GB/s (each job's own bytes over its own span): reads alone, copies alone, then both at once."""
-    alone = read_pass(work, fds, shape).gbps
+    alone = read_pass(work, fds, bufs).gbps
     copies_alone = copies.run(nbytes).gbps
-    reads, span = _at_once(work, fds, shape, copies, nbytes)
+    reads, span = _at_once(work, fds, bufs, copies, nbytes)
     return {"reads_alone": alone, "copies_alone": copies_alone, "reads_at_once": reads.gbps,
             "copies_at_once": span.gbps, "both_at_once": both_span(reads, span, nbytes).gbps,
             "copy_bytes": int(span.bytes)}
@@ -247,11 +276,12 @@ def measure(files: list[str], shape: Shape, repeat: int, log: Callable[[str], No
         for p in dict.fromkeys(w[0] for w in work):
             fds[p] = os.open(p, os.O_RDONLY)
         say(shape_line(shape.describe()))
+        bufs = buffers(shape)
         copies = Copies(shape)
-        read_pass(work, fds, shape)  # the page cache warm, as the loader found it
+        read_pass(work, fds, bufs)  # the page cache warm, as the loader found it
         copies.run(WARM_COPIES * shape.chunk)
         for r in range(repeat):
-            got = _repeat_once(work, fds, shape, copies, nbytes)
+            got = _repeat_once(work, fds, bufs, copies, nbytes)
             copy_bytes = got["copy_bytes"]
             for k in ROWS:
                 samples[k].append(got[k])
