@@ -235,6 +235,137 @@ def test_the_run_at_once_overlaps(files, fakes, monkeypatch):
     assert alone_reads.end_ns <= alone_copies.start_ns
 
 
+def alive() -> list[str]:
+    """The bound's threads still running: listed by threading.enumerate(), not asked is_alive() (a Thread.join
+    that a ^C interrupts marks a running thread stopped, CPython 3.11; it stays listed until it ends)."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("ccbridge-bound-")]
+
+
+def open_fds(files) -> int:
+    """This process's descriptors open on the checkpoint's files."""
+    real = {os.path.realpath(f) for f in files}
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    return sum(link in real for link in links)
+
+
+def failing_preadv(after: int, exc: BaseException):
+    """os.preadv that raises exc on its call number `after` (from 1), slowed to 2 ms a call so a pass lasts."""
+    real, calls, lock = os.preadv, [0], threading.Lock()
+
+    def preadv(fd, bufs, off):
+        with lock:
+            calls[0] += 1
+            n = calls[0]
+        if n == after:
+            raise exc
+        time.sleep(0.002)
+        return real(fd, bufs, off)
+    return preadv
+
+
+@pytest.mark.parametrize("exc, match", [(OSError(5, "Input/output error"), "OSError: .*Input/output error"),
+                                        (MemoryError("no room"), "MemoryError: no room")])
+def test_a_reader_that_fails_mid_pass_is_a_load_error_and_nothing_is_left_open(files, fakes, monkeypatch, exc, match):
+    """Not "a checkpoint file changed": the reader's own error, named; its fellows stopped and joined, the fds
+    and Sessions closed."""
+    before = open_fds(files)
+    monkeypatch.setattr(os, "preadv", failing_preadv(60, exc))  # the warm pass is 48 chunks: this is the next
+    with pytest.raises(LoadError, match=f"the bound's reads failed: {match}"):
+        bound.measure(files, bound.shape_of(config()), repeat=1)
+    assert alive() == [] and open_fds(files) == before
+    assert fakes.sessions and all(s["session"].closed for s in fakes.sessions)
+
+
+def test_a_keyboard_interrupt_in_a_reader_is_raised_as_is(files, fakes, monkeypatch):
+    monkeypatch.setattr(os, "preadv", failing_preadv(5, KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        bound.measure(files, bound.shape_of(config()), repeat=1)
+    assert alive() == []
+
+
+def test_a_copy_that_fails_at_once_is_raised_and_the_sessions_closed(files, fakes, monkeypatch):
+    from ccbridge.errors import GpuError
+
+    before, real, calls = open_fds(files), fakes.out, []
+
+    def out(nbytes):
+        calls.append(nbytes)
+        if len(calls) == 3:  # warm, alone, then the copies at once
+            raise GpuError("cuMemcpyHtoDAsync: CUDA_ERROR_LAUNCH_FAILED")
+        return real(nbytes)
+
+    monkeypatch.setattr(fakes, "out", out)
+    with pytest.raises(GpuError, match="LAUNCH_FAILED"):
+        bound.measure(files, bound.shape_of(config()), repeat=2)
+    assert len(calls) == 3 and alive() == [] and open_fds(files) == before
+    assert all(s["session"].closed for s in fakes.sessions)
+
+
+@pytest.fixture
+def sigint():
+    """sigint(): SIGINT to the main thread (where pytest runs the test), as a ^C in a terminal gives."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    signal.signal(signal.SIGINT, old)
+
+
+def test_an_interrupt_during_a_pass_stops_and_joins_every_reader(files, fakes, monkeypatch, sigint):
+    real, calls = os.preadv, []
+
+    def preadv(fd, bufs, off):
+        calls.append(off)
+        if len(calls) == 60:  # inside the first pass after the warm one
+            sigint()
+        time.sleep(0.005)
+        return real(fd, bufs, off)
+
+    before = open_fds(files)
+    monkeypatch.setattr(os, "preadv", preadv)
+    with pytest.raises(KeyboardInterrupt):
+        bound.measure(files, bound.shape_of(config()), repeat=1)
+    assert alive() == [] and open_fds(files) == before
+    assert len(calls) < 48 * 2  # the readers stopped at their next chunk, not at the pass's end
+    assert all(s["session"].closed for s in fakes.sessions)
+
+
+def test_the_sessions_are_not_closed_under_a_copy_in_flight(files, fakes, monkeypatch, sigint):
+    """^C during the reads at once, and again while the copies' native call is still in flight: the copy thread
+    is waited for before any Session closes."""
+    monkeypatch.setattr(sys.modules[__name__], "COPY_S", 1.0)
+    real, timers, closes = os.preadv, [], []
+
+    def again():  # only while the copy is in flight: a ^C after the test would stop pytest itself
+        if "ccbridge-bound-copies" in alive():
+            sigint()
+
+    def preadv(fd, bufs, off):
+        if "ccbridge-bound-copies" in alive() and not timers:
+            timers.append(threading.Timer(0.2, again))
+            sigint()
+            timers[0].start()  # the second ^C lands while the copy thread is waited for
+        time.sleep(0.002)
+        return real(fd, bufs, off)
+
+    class Session(core.Session):
+        def close(self):
+            closes.append(alive())
+            super().close()
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    monkeypatch.setattr(core, "Session", Session)
+    with pytest.raises(KeyboardInterrupt):
+        bound.measure(files, bound.shape_of(config()), repeat=1)
+    timers[0].join()
+    assert closes == [[]] and alive() == []
+
+
 def test_primary_context_pinned_is_one_session_one_issuer(files, fakes):
     got = bound.measure(files, bound.shape_of(config(workers=5)), repeat=1)
     assert [(s["own_context"], s["nstreams"], s["mem"], s["max_bytes"]) for s in fakes.sessions] == \

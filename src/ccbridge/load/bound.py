@@ -124,12 +124,53 @@ def buffers(shape: Shape) -> list[list[bytearray]]:
     return [[touched() for _ in range(shape.buffers)] for _ in range(shape.readers)]
 
 
+class _Worker(threading.Thread):
+    """A thread whose end is waited for through an Event: a Thread.join that a ^C interrupts marks a thread
+    still running as stopped (CPython 3.11's _wait_for_tstate_lock), while an interrupted Event.wait leaves
+    the Event as it was, to be waited for again."""
+
+    def __init__(self, target, name: str, args: tuple = ()):
+        super().__init__(target=target, name=name, args=args)
+        self.ended = threading.Event()
+
+    def run(self):
+        try:
+            super().run()
+        finally:
+            self.ended.set()
+
+
+def _join(threads: list[_Worker]) -> None:
+    """Every (started) thread waited for to its end; a KeyboardInterrupt meanwhile is held until then, then
+    raised. A reader ends at its next chunk, a copy once its native call returns."""
+    held = None
+    for t in threads:
+        while True:
+            try:
+                t.ended.wait()
+                t.join()  # the thread's last steps after its run
+                break
+            except KeyboardInterrupt as e:
+                held = e
+    if held is not None:
+        raise held
+
+
+def _failed(e: BaseException) -> BaseException:
+    """What a reader's exception is raised as on the timing thread: KeyboardInterrupt as is, else a LoadError."""
+    if isinstance(e, KeyboardInterrupt):
+        return e
+    return LoadError(f"the bound's reads failed: {type(e).__name__}: {e}")
+
+
 def read_pass(work: list[tuple[str, int, int]], fds: dict[str, int], bufs: list[list[bytearray]],
               gate: threading.Barrier | None = None) -> Span:
     """A thread per entry of `bufs` preads every chunk once (claimed in order) into its own buffers. The clock
     starts once every reader is running: `gate` holds the readers and this thread (and any party the caller
-    adds, released with them)."""
+    adds, released with them). Whatever ends the pass early (a reader's error, an interrupt here), the readers
+    stop at their next chunk and are joined before it returns: the caller may close `fds` then."""
     gate = gate or threading.Barrier(len(bufs) + 1)
+    stop = threading.Event()
     claim = itertools.count()  # next() on it is atomic under the GIL: each chunk is claimed once
     done: list[int] = []
     failed: list[BaseException] = []
@@ -138,30 +179,37 @@ def read_pass(work: list[tuple[str, int, int]], fds: dict[str, int], bufs: list[
         k = total = 0
         try:
             gate.wait()
-            while (i := next(claim)) < len(work):
+            while not stop.is_set() and (i := next(claim)) < len(work):
                 path, off, n = work[i]
                 total += _read_chunk(fds[path], mine[k], off, n)
                 k = (k + 1) % len(mine)
         except threading.BrokenBarrierError:  # the pass was called off before it started
             return
-        except OSError as e:
+        except BaseException as e:  # OSError, MemoryError, ...: raised on the timing thread, the others stopped
             failed.append(e)
+            stop.set()
         done.append(total)  # list.append is atomic: no lock needed
 
-    ts = [threading.Thread(target=run, args=(b,), name=f"ccbridge-bound-read-{i}") for i, b in enumerate(bufs)]
+    ts = [_Worker(run, f"ccbridge-bound-read-{i}", (b,)) for i, b in enumerate(bufs)]
+    started: list[_Worker] = []
+    ok = False
     try:
         for t in ts:
             t.start()
+            started.append(t)
         gate.wait()
         t0 = time.monotonic_ns()  # CLOCK_MONOTONIC, the native core's clock: spans compare with the copies'
         for t in ts:
             t.join()
         t1 = time.monotonic_ns()
-    except BaseException:
-        gate.abort()  # whoever still waits at the gate is let go
-        raise
+        ok = True
+    finally:
+        if not ok:
+            stop.set()
+            gate.abort()  # whoever still waits at the gate is let go
+        _join(started)
     if failed:
-        raise LoadError(f"the bound's reads failed: {failed[0]}")
+        raise _failed(failed[0])
     want = sum(w[2] for w in work)
     if sum(done) != want:
         raise LoadError(f"the bound read {sum(done)} of {want} bytes: a checkpoint file changed while it ran")
@@ -174,6 +222,7 @@ class Copies:
     def __init__(self, shape: Shape):
         self.shape = shape
         self.sessions: list[core.Session] = []
+        self.thread: _Worker | None = None  # the thread copying at once with the reads
         try:
             if shape.contexts == 0:
                 self.sessions.append(core.Session(shape.device, shape.mem, shape.chunk, nstreams=shape.streams))
@@ -203,6 +252,10 @@ class Copies:
         return Span(min(o.start_ns for o in outs), max(o.end_ns for o in outs), sum(o.bytes for o in outs))
 
     def close(self) -> None:
+        """The Sessions closed, never under a copy still in flight (its thread is waited for first)."""
+        if self.thread is not None:
+            _join([self.thread])
+            self.thread = None
         for s in self.sessions:
             s.close()
         self.sessions = []
@@ -223,12 +276,12 @@ def _at_once(work, fds, bufs, copies: Copies, nbytes: int) -> tuple[Span, Span]:
         except BaseException as e:  # re-raised on the caller's thread
             got["error"] = e
 
-    t = threading.Thread(target=copy, name="ccbridge-bound-copies")
+    t = copies.thread = _Worker(copy, "ccbridge-bound-copies")
     t.start()
     try:
         reads = read_pass(work, fds, bufs, gate)
     finally:
-        t.join()
+        _join([t])  # an interrupt waits for the copies' native call: the Sessions are not closed under it
     if "error" in got:
         raise got["error"]
     return reads, got["copies"]
@@ -289,11 +342,13 @@ def measure(files: list[str], shape: Shape, repeat: int, log: Callable[[str], No
                 each(r, got)
     except OSError as e:
         raise LoadError(f"the bound cannot read the checkpoint: {e}") from None
-    finally:
-        if copies is not None:
-            copies.close()
-        for fd in fds.values():
-            os.close(fd)
+    finally:  # every reader has been joined (read_pass returns or raises only then): the fds can close
+        try:
+            if copies is not None:
+                copies.close()
+        finally:
+            for fd in fds.values():
+                os.close(fd)
     return {**shape.describe(), "bytes": nbytes, "copy_bytes": copy_bytes, "chunks": len(work), "repeat": repeat,
             "gbps": {k: statistics.median(v) for k, v in samples.items()}, "samples": samples}
 
