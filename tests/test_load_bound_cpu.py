@@ -7,6 +7,7 @@ would, returning core.CopyOut spans on the native core's clock (CLOCK_MONOTONIC,
 from __future__ import annotations
 
 import collections
+import json
 import os
 import runpy
 import statistics
@@ -120,6 +121,12 @@ def test_figures_are_bytes_over_seconds(files, fakes, monkeypatch):
         end = c_once.start_ns + (c_once.end_ns - c_once.start_ns) * n / c_once.bytes
         union = max(once.end_ns, end) - min(once.start_ns, c_once.start_ns)
         assert s["both_at_once"] == pytest.approx(n / union)
+        # from the samples alone: the copies' span scaled to the checkpoint's bytes bounds both at once
+        (r0, r1), (c0, c1) = s["reads_span_ns"], s["copies_span_ns"]
+        scaled = c0 + (c1 - c0) * n / s["copy_bytes"]
+        assert s["both_at_once"] == pytest.approx(n / (max(r1, scaled) - min(r0, c0)), rel=1e-6)
+        assert s["both_at_once"] <= min(s["reads_at_once"], s["copies_at_once"]) * (1 + 1e-6)
+        assert s["copy_bytes"] >= n
     assert got["gbps"] == {k: statistics.median(got["samples"][k]) for k in bound.ROWS}
     assert (got["bytes"], got["chunks"], got["repeat"]) == (n, len(bound.chunks(files, CHUNK)), 2)
     # the copies move at least the checkpoint's bytes, in whole chunks
@@ -228,11 +235,44 @@ def test_the_run_at_once_overlaps(files, fakes, monkeypatch):
     real_pass = bound.read_pass
     monkeypatch.setattr(os, "preadv", slow)
     monkeypatch.setattr(bound, "read_pass", lambda *a, **k: spans.append(real_pass(*a, **k)) or spans[-1])
-    bound.measure(files, bound.shape_of(config()), repeat=1)
+    got = bound.measure(files, bound.shape_of(config()), repeat=1)
     reads, copies = spans[2], fakes.copies[2]["outs"][0]
     assert max(reads.start_ns, copies.start_ns) < min(reads.end_ns, copies.end_ns)
     alone_reads, alone_copies = spans[1], fakes.copies[1]["outs"][0]  # the jobs alone do not overlap
     assert alone_reads.end_ns <= alone_copies.start_ns
+    # the evidence in the report: both spans from the earlier start, the copies' bytes, the overlap
+    t0 = min(reads.start_ns, copies.start_ns)
+    s = got["samples"]
+    assert s["reads_span_ns"] == [[round(reads.start_ns - t0), round(reads.end_ns - t0)]]
+    assert s["copies_span_ns"] == [[round(copies.start_ns - t0), round(copies.end_ns - t0)]]
+    assert s["copy_bytes"] == [copies.bytes] and 0 in s["reads_span_ns"][0] + s["copies_span_ns"][0]
+    inter = min(reads.end_ns, copies.end_ns) - max(reads.start_ns, copies.start_ns)
+    assert s["overlap"] == [pytest.approx(inter / min(reads.end_ns - reads.start_ns, copies.end_ns - copies.start_ns))]
+    assert (got["overlap_warning"] is None) == (s["overlap"][0] >= bound.MIN_OVERLAP)
+    json.dumps(got)  # the report as the bench writes it
+
+
+def test_copies_that_did_not_run_beside_the_reads_are_flagged(files, fakes, monkeypatch):
+    """A repeat whose copies at once began after its reads were done overlapped 0: logged, marked in the report
+    and printed under the bound's lines."""
+    real, calls = fakes.out, []
+
+    def late(nbytes):
+        calls.append(nbytes)
+        if len(calls) % 2 == 1 and len(calls) > 1:  # the copies at once (warm, then alone and at once per repeat)
+            time.sleep(0.3)  # 3 MiB from the page cache read by now
+        return real(nbytes)
+
+    monkeypatch.setattr(fakes, "out", late)
+    logged = []
+    got = bound.measure(files, bound.shape_of(config()), repeat=2, log=logged.append)
+    assert got["samples"]["overlap"] == [0.0, 0.0]
+    for (r0, r1), (c0, c1) in zip(got["samples"]["reads_span_ns"], got["samples"]["copies_span_ns"]):
+        assert r0 == 0 and r1 <= c0
+    want = "2 of 2 repeats overlapped under 0.9 (lowest 0.00): their reads and copies did not all run at once"
+    assert got["overlap_warning"] == want and f"bound: warning: {want}" in logged
+    lines = fit(bench.render(report(got))).splitlines()
+    assert lines[-1] == f"bound: warning: {want}" and all(len(line) <= 120 for line in lines)
 
 
 def alive() -> list[str]:

@@ -39,6 +39,8 @@ from ccbridge.load.engine import PoolConfig
 from ccbridge.ui import human_bytes
 
 ROWS = ("reads_alone", "copies_alone", "reads_at_once", "copies_at_once", "both_at_once")
+EVIDENCE = ("reads_span_ns", "copies_span_ns", "copy_bytes", "overlap")  # per repeat, of the run at once
+MIN_OVERLAP = 0.9  # of the shorter span: under it, a repeat's two jobs did not run at once
 PAGE = 4096  # the smallest page: a write to each touches every page of a buffer
 WARM_COPIES = 64  # untimed copies first: the streams' and the DMA's first-use costs stay out of the figures
 
@@ -294,14 +296,35 @@ def both_span(reads: Span, copies: Span, nbytes: int) -> Span:
     return Span(min(reads.start_ns, copies.start_ns), max(reads.end_ns, end), nbytes)
 
 
-def _repeat_once(work, fds, bufs, copies: Copies, nbytes: int) -> dict[str, float]:
-    """One repeat's GB/s (each job's own bytes over its own span): reads alone, copies alone, then both at once."""
+def evidence(reads: Span, copies: Span) -> dict:
+    """That the run at once ran at once: its reads' and copies' spans (ns from the earlier start), the copies'
+    bytes, and the spans' overlap over the shorter one (1.0: the shorter ran wholly inside the longer)."""
+    t0 = min(reads.start_ns, copies.start_ns)
+    overlap = max(0.0, min(reads.end_ns, copies.end_ns) - max(reads.start_ns, copies.start_ns))
+    shorter = max(min(reads.end_ns - reads.start_ns, copies.end_ns - copies.start_ns), 1.0)
+    return {"reads_span_ns": [round(reads.start_ns - t0), round(reads.end_ns - t0)],
+            "copies_span_ns": [round(copies.start_ns - t0), round(copies.end_ns - t0)],
+            "copy_bytes": int(copies.bytes), "overlap": overlap / shorter}
+
+
+def _repeat_once(work, fds, bufs, copies: Copies, nbytes: int) -> dict:
+    """One repeat's GB/s (each job's own bytes over its own span): reads alone, copies alone, then both at once;
+    and the run at once's evidence."""
     alone = read_pass(work, fds, bufs).gbps
     copies_alone = copies.run(nbytes).gbps
     reads, span = _at_once(work, fds, bufs, copies, nbytes)
     return {"reads_alone": alone, "copies_alone": copies_alone, "reads_at_once": reads.gbps,
             "copies_at_once": span.gbps, "both_at_once": both_span(reads, span, nbytes).gbps,
-            "copy_bytes": int(span.bytes)}
+            **evidence(reads, span)}
+
+
+def overlap_warning(overlaps: list[float]) -> str | None:
+    """A line where a repeat's jobs at once overlapped under MIN_OVERLAP of the shorter span, else None."""
+    low = [f for f in overlaps if f < MIN_OVERLAP]
+    if not low:
+        return None
+    return (f"{len(low)} of {len(overlaps)} repeats overlapped under {MIN_OVERLAP} (lowest {min(low):.2f}): "
+            "their reads and copies did not all run at once")
 
 
 def figures_line(figures: dict[str, float]) -> str:
@@ -312,8 +335,10 @@ def figures_line(figures: dict[str, float]) -> str:
 def measure(files: list[str], shape: Shape, repeat: int, log: Callable[[str], None] | None = None,
             each: Callable[[int, dict[str, float]], None] | None = None) -> dict:
     """The bound over `files`, `repeat` times: the shape's inputs, GB/s medians (`gbps`) and per repeat
-    (`samples`). each(r, figures) is called after every repeat; log gets progress. GpuError or LoadError
-    where a copy or a read fails."""
+    (`samples`: the figures and the run at once's evidence, EVIDENCE), and `overlap_warning` (None, or a line
+    where a repeat's two jobs at once overlapped under MIN_OVERLAP of the shorter span, also logged).
+    each(r, figures) is called after every repeat; log gets progress. GpuError or LoadError where a copy or a
+    read fails."""
     if repeat < 1:
         raise UsageError(f"bound repeat: expected at least 1, got {repeat}")
     work = chunks(files, shape.chunk)
@@ -321,10 +346,9 @@ def measure(files: list[str], shape: Shape, repeat: int, log: Callable[[str], No
     if not nbytes:
         raise UsageError("the bound needs bytes to move: the checkpoint's files are empty")
     say = log or (lambda m: None)
-    samples: dict[str, list[float]] = {k: [] for k in ROWS}
+    samples: dict[str, list] = {k: [] for k in ROWS + EVIDENCE}
     fds: dict[str, int] = {}
     copies = None
-    copy_bytes = 0
     try:
         for p in dict.fromkeys(w[0] for w in work):
             fds[p] = os.open(p, os.O_RDONLY)
@@ -335,8 +359,7 @@ def measure(files: list[str], shape: Shape, repeat: int, log: Callable[[str], No
         copies.run(WARM_COPIES * shape.chunk)
         for r in range(repeat):
             got = _repeat_once(work, fds, bufs, copies, nbytes)
-            copy_bytes = got["copy_bytes"]
-            for k in ROWS:
+            for k in samples:
                 samples[k].append(got[k])
             if each:
                 each(r, got)
@@ -349,8 +372,12 @@ def measure(files: list[str], shape: Shape, repeat: int, log: Callable[[str], No
         finally:
             for fd in fds.values():
                 os.close(fd)
-    return {**shape.describe(), "bytes": nbytes, "copy_bytes": copy_bytes, "chunks": len(work), "repeat": repeat,
-            "gbps": {k: statistics.median(v) for k, v in samples.items()}, "samples": samples}
+    warning = overlap_warning(samples["overlap"])
+    if warning:
+        say(f"bound: warning: {warning}")
+    return {**shape.describe(), "bytes": nbytes, "copy_bytes": samples["copy_bytes"][0], "chunks": len(work),
+            "repeat": repeat, "gbps": {k: statistics.median(samples[k]) for k in ROWS}, "samples": samples,
+            "overlap_warning": warning}
 
 
 def measured(files: list[str], shape: Shape, repeat: int, log: Callable[[str], None]) -> dict:
@@ -377,6 +404,9 @@ def render_lines(bound: dict) -> list[str]:
     if bound.get("error"):
         return [f"bound: not measured ({bound['error']})", shape]
     g = bound["gbps"]
-    return [f"bound: {g['both_at_once']:.2f} GB/s (reads and copies at once, uncoupled: "
-            f"reads {g['reads_at_once']:.2f}, copies {g['copies_at_once']:.2f} at once; "
-            f"alone {g['reads_alone']:.2f} / {g['copies_alone']:.2f})", shape]
+    lines = [f"bound: {g['both_at_once']:.2f} GB/s (reads and copies at once, uncoupled: "
+             f"reads {g['reads_at_once']:.2f}, copies {g['copies_at_once']:.2f} at once; "
+             f"alone {g['reads_alone']:.2f} / {g['copies_alone']:.2f})", shape]
+    if bound.get("overlap_warning"):
+        lines.append(f"bound: warning: {bound['overlap_warning']}")
+    return lines
