@@ -18,8 +18,18 @@ work runs in the pool's shape without the loader's coupling (no reader waits for
 
 The slower of the two when run at once bounds the loader on this host: a loader cannot do both jobs faster than
 they go with no waits between them. An upper bound is the best the host did: the bound is the best repeat of
-both at once (`best`), its median beside it (`gbps`, as every figure's). Not modelled: under contexts k the pool moves each chunk from its
-context's device buffer to the tensors device-locally (no bridge crossing), which the bound leaves out.
+both at once (`best`), its median beside it (`gbps`, as every figure's).
+
+Not reproduced:
+  - the footprint: the loader's DMA reads the staging its pread has just written (still in the caches), while
+    the bound's copies read each Session's own per-stream buffers and its readers write buffers never copied;
+    both stay within a large LLC (the measured host's 300 MiB of L3), so the difference is small there
+  - the readers: Python threads calling os.preadv (a 4 MiB call releases the GIL for ~0.7 ms), where the
+    pool's workers are native threads
+  - per-call costs: on the primary context the loader issues one copy per tensor segment, the bound one per
+    chunk; and under contexts k the pool moves each chunk from its context's device buffer to the tensors
+    device-locally (no bridge crossing), which the bound leaves out
+
 Mapped staging (copies straight from the page-cache mapping) has no read pass to set beside its copies, and a
 Session has no mapping to copy from: the bound refuses it rather than time another loader's work.
 """
