@@ -47,9 +47,7 @@ def main(r: Path) -> None:
             print(f"| load{tag} {rep['bytes'] / 2**30:.1f} GiB: ccbridge prewarmed / cold | {mine:.2f} / "
                   f"{ld['ccbridge cold']['gbps'] or 0:.2f} GB/s; / ceiling {ceil or 0:.2f}: {mine / ceil if ceil else 0:.3f}; "
                   f"{rep['verified']} |")
-            both = ((rep.get("bound") or {}).get("gbps") or {}).get("both_at_once")
-            if both:  # load --bench --bound: the host's limit with reads and copies at once
-                print(f"| load{tag}: uncoupled bound | {both:.2f} GB/s; ccbridge prewarmed / bound {mine / both:.3f} |")
+            bound_row(rep.get("bound"), tag, mine)
             for k, v in others.items():
                 print(f"| load{tag}: {k} | {v:.2f} GB/s (ccbridge x{mine / v:.1f}) |")
     secure_rows(r)
@@ -75,6 +73,21 @@ def main(r: Path) -> None:
         rat = [x.ratio for x in c.ratios if x.ratio == x.ratio]
         print(f"| compare run1/run2 | {len(rat)} rows, median ratio {statistics.median(rat):.3f}, "
               f"middle 80% {sorted(rat)[len(rat) // 10]:.3f}-{sorted(rat)[len(rat) * 9 // 10]:.3f} |")
+
+
+def bound_row(b: dict | None, tag: str, mine: float) -> None:
+    """load --bench --bound: the host's limit with reads and copies at once (its best repeat, as the bench's
+    ratio takes it), or why it was not measured."""
+    if not b:
+        return
+    if b.get("error"):
+        why = str(b["error"]).replace("|", "/")
+        print(f"| load{tag}: uncoupled bound | not measured: {why} |")
+        return
+    pick = "best" if "best" in b else "median"  # (a report from before `best` has its median alone)
+    both = b[pick if pick == "best" else "gbps"]["both_at_once"]
+    print(f"| load{tag}: uncoupled bound | {both:.2f} GB/s ({pick} of {b['repeat']}); ccbridge prewarmed / bound "
+          f"{mine / both:.3f} |")
 
 
 def mgpu_rows(r: Path) -> None:

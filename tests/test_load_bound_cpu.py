@@ -586,10 +586,65 @@ def test_the_bench_measures_the_bound_after_its_loaders(files, fakes, monkeypatc
                         lambda f, *a, **k: order.append(("bound", tuple(f))) or real_measure(f, *a, **k))
     real_shape = bound.shape_of
     monkeypatch.setattr(bound, "shape_of", lambda c: real_shape(PoolConfig(0, *list(vars(c).values())[1:])))
-    logged = []
-    rep = bench.run(files, "cpu", 1, log=logged.append, with_bound=True)
+    logged, early = [], []
+    rep = bench.run(files, "cpu", 1, log=logged.append, with_bound=True,
+                    before_bound=lambda r: early.append(json.loads(json.dumps(r))) or order.append("saved"))
     assert order[-1] == ("bound", tuple(files)) and "load" in order and ("bound", tuple(files)) not in order[:-1]
+    assert order[-2] == "saved" and early[0]["loaders"] == json.loads(json.dumps(rep["loaders"]))
+    assert early[0]["bound"]["error"] == "the run stopped before the bound finished"
     b = rep["bound"]
     assert "error" not in b and all(v > 0 for v in b["gbps"].values()) and b["bytes"] == total(files)
     assert any(m.startswith("bound 1/1: reads alone") for m in logged)
     assert "/ bound" in bench.render(rep)
+
+
+@pytest.mark.parametrize("exc, status", [(KeyboardInterrupt(), 130), (RuntimeError("a bug in the bound"), None)])
+def test_the_cli_keeps_the_loaders_results_when_the_bound_does_not_finish(files, tmp_path, monkeypatch, capsys,
+                                                                           exc, status):
+    """--json is written with the loaders' results before the bound runs: a ^C or an unexpected error in the
+    bound leaves them on disk, the bound marked not measured."""
+    pytest.importorskip("torch")
+    from ccbridge.cli import main
+
+    def run(paths, device, repeat, overrides, log, with_bound, before_bound):
+        rep = report(bound={**measured_bound(), "error": "the run stopped before the bound finished"})
+        before_bound(rep)
+        raise exc
+
+    monkeypatch.setattr(bench, "run", run)
+    out = tmp_path / "r.json"
+    argv = ["load", files[0], "--bench", "--bound", "--json", str(out)]
+    if status is None:
+        with pytest.raises(RuntimeError, match="a bug in the bound"):
+            main(argv)
+    else:
+        assert main(argv) == status
+    rep = json.loads(out.read_text())
+    assert rep["loaders"]["ccbridge prewarmed"]["gbps"] == 48.39 and "emulation" in rep and "ceiling_gbps" in rep
+    assert rep["bound"]["error"] == "the run stopped before the bound finished"
+    err = capsys.readouterr().err
+    assert f"the loaders' results written to {out} before the bound runs" in " ".join(err.split())
+    assert all(len(line) <= 120 for line in err.splitlines())
+
+
+def summary_rows(tmp_path, b) -> list[str]:
+    """scripts/device_summary.py's rows for a load-native.json holding bound b."""
+    (tmp_path / "load-native.json").write_text(json.dumps({**report(bound=b), "emulation": None,
+                                                            "ceiling_gbps": 55.09}))
+    script = Path(__file__).resolve().parent.parent / "scripts" / "device_summary.py"
+    code = runpy.run_path(str(script))
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code["main"](tmp_path)
+    return [line for line in buf.getvalue().splitlines() if "uncoupled bound" in line]
+
+
+def test_device_summary_prints_the_best_bound_or_why_it_is_missing(tmp_path):
+    assert summary_rows(tmp_path, measured_bound()) == [
+        f"| load: uncoupled bound | 51.56 GB/s (best of 3); ccbridge prewarmed / bound {48.39 / 51.56:.3f} |"]
+    failed = {**measured_bound(), "error": "GpuError: cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY"}
+    assert summary_rows(tmp_path, failed) == [
+        "| load: uncoupled bound | not measured: GpuError: cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY |"]

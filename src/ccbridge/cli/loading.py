@@ -37,13 +37,20 @@ def cmd_load(args) -> int:
     if label:
         print(f"ccbridge load: {label}", file=sys.stderr)
     if args.bench:
+        def save(rep: dict, early: bool = False) -> None:  # early: before the bound, which may not finish
+            rep.update(emulation=label, ceiling_gbps=ceiling)
+            if args.json:
+                Path(args.json).write_text(json.dumps(rep, indent=1))
+                if early:
+                    print(fit(f"ccbridge load: the loaders' results written to {args.json} before the bound runs"),
+                          file=sys.stderr)
+
         rep = bench.run(args.paths, args.device, args.repeat, overrides,
-                        log=lambda m: print(fit(f"ccbridge load: {m}"), file=sys.stderr), with_bound=args.bound)
-        rep["emulation"] = label
-        rep["ceiling_gbps"] = ceiling
+                        log=lambda m: print(fit(f"ccbridge load: {m}"), file=sys.stderr), with_bound=args.bound,
+                        before_bound=lambda r: save(r, early=True))
+        save(rep)
         print(fit(bench.render(rep, ceiling)))
         if args.json:
-            Path(args.json).write_text(json.dumps(rep, indent=1))
             print(wrote(args.json), file=sys.stderr)
         if rep.get("error"):
             print(fit(f"ccbridge load: {rep['error']}"), file=sys.stderr)

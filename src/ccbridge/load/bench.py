@@ -98,9 +98,11 @@ def _equal(torch, a: dict, b: dict) -> str | None:
 
 
 def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None = None, log=print,
-        with_bound: bool = False) -> dict:
+        with_bound: bool = False, before_bound=None) -> dict:
     """with_bound: after the loaders, the loader's uncoupled bound (load/bound.py) in the prewarmed pool's shape
-    on the same files, `repeat` times (UsageError before any load where the plan has no such bound)."""
+    on the same files, `repeat` times (UsageError before any load where the plan has no such bound).
+    before_bound(report), if given, gets the report before the bound runs (the loaders' results, the bound
+    marked not measured): the caller can keep it should the bound be interrupted or fail unexpectedly."""
     import torch  # deferred: torch, an optional dependency (seconds of import)
 
     overrides = overrides or {}
@@ -188,6 +190,9 @@ def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None =
     if verified not in (None, "bitwise equal"):
         report["error"] = f"ccbridge's tensors differ from safetensors': {verified}"
     if shape is not None:  # the pool is closed: its contexts and staging are gone before the bound runs
+        report["bound"] = {**shape.describe(), "error": "the run stopped before the bound finished"}
+        if before_bound:
+            before_bound(report)
         report["bound"] = bound.measured(files, shape, repeat, log)
     return report
 
