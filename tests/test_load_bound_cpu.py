@@ -459,21 +459,43 @@ def test_the_shape_follows_the_policy_and_refuses_what_it_cannot_bound():
         bound.shape_of(off, streams=65)
     with pytest.raises(UsageError, match="chunk"):
         bound.shape_of(off, chunk=0)
+    with pytest.raises(UsageError, match="^bound streams: 2 is fewer than the plan's 3 contexts$"):  # not lowered
+        bound.shape_of(config(workers=5, contexts=3), streams=2)
+
+
+def run_script(monkeypatch, args: list[str]):
+    script = Path(__file__).resolve().parent.parent / "bench" / "load_bound.py"
+    monkeypatch.setattr(sys, "argv", ["load_bound.py", *args])
+    runpy.run_path(str(script), run_name="__main__")
 
 
 def test_bench_script_is_a_command_line_over_the_module(files, fakes, monkeypatch, capsys):
-    """bench/load_bound.py prints the lines bench/RESULTS.md quotes, from the module's measurement."""
-    script = Path(__file__).resolve().parent.parent / "bench" / "load_bound.py"
-    monkeypatch.setattr(sys, "argv", ["load_bound.py", str(Path(files[0]).parent), "--readers", "2", "--streams",
-                                      "3", "--chunk-mib", "1", "--repeat", "2", "--contexts", "0",
-                                      "--staging", "pinned"])
-    runpy.run_path(str(script), run_name="__main__")
+    """bench/load_bound.py prints the module's measurement: its shape, each repeat (from 1, as the bench), the
+    bytes and chunks it timed, the medians and the best repeats."""
+    real, got = bound.measure, []
+    monkeypatch.setattr(bound, "measure", lambda *a, **k: got.append(real(*a, **k)) or got[-1])
+    run_script(monkeypatch, [str(Path(files[0]).parent), "--readers", "2", "--streams", "3", "--chunk-mib", "1",
+                             "--repeat", "2", "--contexts", "0", "--staging", "pinned"])
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith(f"chunks of 1 MiB; 2 readers, 3 streams; {os.cpu_count()} CPUs")
-    assert out[1].startswith("bound's shape: 2 readers; 3 streams on the primary context, one thread issuing")
-    assert [line.split(":")[0] for line in out[2:]] == ["repeat 0", "repeat 1", "median GB/s"]
-    assert out[2].endswith(" GB/s") and "both at once" in out[-1] and not out[-1].endswith("GB/s")
+    assert out[0].startswith("bound's shape: 2 readers; 3 streams on the primary context, one thread issuing")
+    assert [line.split(":")[0] for line in out[1:]] == ["bound 1/2", "bound 2/2", out[3].split(":")[0],
+                                                        "median GB/s", "best GB/s"]
+    assert out[1].endswith(" GB/s") and "both at once" in out[-1] and not out[-1].endswith("GB/s")
+    g = got[0]
+    assert out[3] == (f"{g['bytes'] / 1e9:.2f} GB in {g['chunks']} chunks of 1 MiB (copies {g['copy_bytes'] / 1e9:.2f} "
+                      f"GB); 2 readers, 3 streams; {os.cpu_count()} CPUs")
+    assert out[-1] == "best GB/s: " + bound.figures_line(g["best"])[:-len(" GB/s")]
     assert [(s["nstreams"], s["max_bytes"]) for s in fakes.sessions] == [(3, 1 << 20)]
+
+
+@pytest.mark.parametrize("args, line", [(["--streams", "1", "--contexts", "2"],
+                                         "load_bound: bound streams: 1 is fewer than the plan's 2 contexts"),
+                                        (["--repeat", "0"], "load_bound: bound repeat: expected at least 1, got 0")])
+def test_bench_script_bad_input_is_one_line_and_exit_2(files, fakes, monkeypatch, capsys, args, line):
+    with pytest.raises(SystemExit) as e:
+        run_script(monkeypatch, [str(Path(files[0]).parent), *args])
+    err = capsys.readouterr()
+    assert e.value.code == 2 and err.err == line + "\n" and not fakes.sessions
 
 
 def test_a_failed_copy_is_reported_by_the_bench_not_fatal(files, fakes, monkeypatch):

@@ -91,10 +91,12 @@ def shape_of(config: PoolConfig, readers: int | None = None, streams: int | None
     for name, n in (("readers", readers), ("streams", streams)):
         if not 1 <= n <= core.MAX_STREAMS:  # run_workers' native threads and a Session's streams stop there
             raise UsageError(f"bound {name}: expected 1..{core.MAX_STREAMS}, got {n}")
+    if streams < config.contexts:  # each of the pool's contexts has a worker at least
+        raise UsageError(f"bound streams: {streams} is fewer than the plan's {config.contexts} contexts")
     chunk = config.chunk_bytes if chunk is None else chunk
     if chunk < 4096:
         raise UsageError(f"bound chunk: expected at least 4096 bytes, got {chunk}")
-    return Shape(config.device, readers, config.buffers, streams, min(config.contexts, streams), chunk, config.staging)
+    return Shape(config.device, readers, config.buffers, streams, config.contexts, chunk, config.staging)
 
 
 class Span(NamedTuple):
