@@ -32,8 +32,17 @@ def test_every_figure_is_measured(ckpt, opts):
     assert got["streams"] == plan.config.workers and got["contexts"] == plan.config.contexts
     for k in bound.ROWS:
         assert got["gbps"][k] > 0 and len(got["samples"][k]) == 2 and all(v > 0 for v in got["samples"][k]), k
-    # at once, neither job goes faster than the two together finish
-    assert got["gbps"]["both_at_once"] <= got["gbps"]["reads_at_once"] * 1.0001
+    # the copies move at least the checkpoint's bytes, in whole chunks (ceil over the chunks, then the workers)
+    n, s = got["bytes"], got["samples"]
+    assert n <= got["copy_bytes"] < n + (got["streams"] + 1) * MiB and s["copy_bytes"] == [got["copy_bytes"]] * 2
+    for r in range(2):
+        (r0, r1), (c0, c1) = s["reads_span_ns"][r], s["copies_span_ns"][r]
+        assert min(r0, c0) == 0 and max(r0, c0) < min(r1, c1), (r0, r1, c0, c1)  # the two jobs ran at once
+        scaled = c0 + (c1 - c0) * n / s["copy_bytes"][r]  # where the checkpoint's bytes of copies would have ended
+        assert s["both_at_once"][r] == pytest.approx(n / (max(r1, scaled) - min(r0, c0)), rel=1e-3)
+        assert s["both_at_once"][r] <= min(s["reads_at_once"][r], s["copies_at_once"][r]) * (1 + 1e-3)
+    for k in bound.ROWS:
+        assert got["best"][k] == max(s[k]) >= got["gbps"][k], k
     lines = bound.render_lines(got)
     assert lines[0].startswith("bound: ") and all(len(line) <= 120 for line in lines)
 
@@ -47,6 +56,7 @@ def test_load_bench_bound_reports_and_renders(ckpt, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads(out.read_text())
     assert "error" not in rep["bound"] and all(v > 0 for v in rep["bound"]["gbps"].values())
+    assert rep["bound"]["best"]["both_at_once"] >= rep["bound"]["gbps"]["both_at_once"]
     assert rep["bound"]["chunk_bytes"] == MiB and rep["bound"]["readers"] == rep["pool"]["workers"]
     assert "bound: " in r.stdout and "/ bound" in r.stdout
     assert all(len(line) <= 120 for line in r.stdout.splitlines())
