@@ -179,12 +179,17 @@ def _failed(e: BaseException) -> BaseException:
 
 
 def read_pass(work: list[tuple[str, int, int]], fds: dict[str, int], bufs: list[list[bytearray]],
-              gate: threading.Barrier | None = None) -> Span:
+              gate: threading.Barrier | None = None, go: threading.Event | None = None) -> Span:
     """A thread per entry of `bufs` preads every chunk once (claimed in order) into its own buffers. The clock
     starts once every reader is running: `gate` holds the readers and this thread (and any party the caller
-    adds, released with them). Whatever ends the pass early (a reader's error, an interrupt here), the readers
-    stop at their next chunk and are joined before it returns: the caller may close `fds` then."""
+    adds, released with them), and past it they wait for `go` where one is given (the copies at once set it as
+    they start, so that no reader takes the GIL from them first). Whatever ends the pass early (a reader's
+    error, an interrupt here), the readers stop at their next chunk and are joined before it returns: the
+    caller may close `fds` then."""
     gate = gate or threading.Barrier(len(bufs) + 1)
+    if go is None:  # nothing to wait for past the gate
+        go = threading.Event()
+        go.set()
     stop = threading.Event()
     claim = itertools.count()  # next() on it is atomic under the GIL: each chunk is claimed once
     done: list[int] = []
@@ -194,6 +199,7 @@ def read_pass(work: list[tuple[str, int, int]], fds: dict[str, int], bufs: list[
         k = total = 0
         try:
             gate.wait()
+            go.wait()
             while not stop.is_set() and (i := next(claim)) < len(work):
                 path, off, n = work[i]
                 total += _read_chunk(fds[path], mine[k], off, n)
@@ -213,6 +219,7 @@ def read_pass(work: list[tuple[str, int, int]], fds: dict[str, int], bufs: list[
             t.start()
             started.append(t)
         gate.wait()
+        go.wait()
         t0 = time.monotonic_ns()  # CLOCK_MONOTONIC, the native core's clock: spans compare with the copies'
         for t in ts:
             t.join()
@@ -221,7 +228,8 @@ def read_pass(work: list[tuple[str, int, int]], fds: dict[str, int], bufs: list[
     finally:
         if not ok:
             stop.set()
-            gate.abort()  # whoever still waits at the gate is let go
+            gate.abort()  # whoever still waits at the gate is let go, and past it
+            go.set()
         _join(started)
     if failed:
         raise _failed(failed[0])
@@ -280,21 +288,25 @@ def _at_once(work, fds, bufs, copies: Copies, nbytes: int) -> tuple[Span, Span]:
     """Both jobs released together (the copy thread waits at the readers' gate), nothing coupling them after:
     the reads' span and the copies'."""
     gate = threading.Barrier(len(bufs) + 2)  # the readers, the timing thread and the copy thread
+    go = threading.Event()  # set by the copy thread as it starts: it holds the GIL into the native call
     got: dict = {}
 
     def copy():
         try:
             gate.wait()
+            go.set()
             got["copies"] = copies.run(nbytes)
         except threading.BrokenBarrierError:  # the reads were called off before they started: theirs is the error
             pass
         except BaseException as e:  # re-raised on the caller's thread
             got["error"] = e
+        finally:
+            go.set()  # no reader waits on a copy thread that is gone
 
     t = copies.thread = _Worker(copy, "ccbridge-bound-copies")
     t.start()
     try:
-        reads = read_pass(work, fds, bufs, gate)
+        reads = read_pass(work, fds, bufs, gate, go)
     finally:
         _join([t])  # an interrupt waits for the copies' native call: the Sessions are not closed under it
     if "error" in got:
