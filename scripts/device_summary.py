@@ -85,7 +85,7 @@ def bound_row(b: dict | None, tag: str, mine: float) -> None:
         print(f"| load{tag}: uncoupled bound | not measured: {why} |")
         return
     pick = "best" if "best" in b else "median"  # (a report from before `best` has its median alone)
-    both = b[pick if pick == "best" else "gbps"]["both_at_once"]
+    both = (b["best"] if "best" in b else b["gbps"])["both_at_once"]
     print(f"| load{tag}: uncoupled bound | {both:.2f} GB/s ({pick} of {b['repeat']}); ccbridge prewarmed / bound "
           f"{mine / both:.3f} |")
 
