@@ -16,9 +16,11 @@ work runs in the pool's shape without the loader's coupling (no reader waits for
           bytes over their span, and both at once scales their span to the checkpoint's bytes before taking
           its union with the reads'
 
-The slower of the two when run at once bounds the loader on this host: a loader cannot do both jobs faster than
-they go with no waits between them. An upper bound is the best the host did: the bound is the best repeat of
-both at once (`best`), its median beside it (`gbps`, as every figure's).
+The slower of the two when run at once is the loader's reference on this host: a loader does both jobs no faster
+than they go with no waits between them, but for one thing: the bound's readers never wait, so they read faster
+than a loader needs and take more of the memory from the DMA (run 7 of bench/RESULTS.md 2026-11-27 session 20:
+the loader at 1.030 of it once). An upper bound is the best the host did: the bound is the best repeat of both
+at once (`best`), its median beside it (`gbps`, as every figure's).
 
 Not reproduced:
   - the footprint: the loader's DMA reads the staging its pread has just written (still in the caches), while
