@@ -572,8 +572,8 @@ def test_a_loader_above_its_bound_gets_one_warning_line():
     row = next(line for line in lines if line.startswith("ccbridge prewarmed"))
     assert row.split()[-1] == f"{48.39 / 48.0:.3f}"
     warned = [line for line in lines if "understates" in line]
-    assert warned == [f"warning: ccbridge prewarmed moved {48.39 / 48.0:.3f} of the bound, which understates this "
-                      "host (repeat noise, or readers that never wait)"]
+    assert warned == [f"warning: ccbridge prewarmed moved {48.39 / 48.0:.3f} of the bound: it understates this "
+                      "host (repeat noise; its readers never wait)"]
     assert max(map(len, lines)) <= 120
     at = bench.render(report(measured_bound(best=48.39), gbps=48.39))  # at the bound: no warning
     assert "understates" not in at

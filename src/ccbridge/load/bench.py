@@ -249,8 +249,8 @@ def render(report: dict, ceiling: float | None = None) -> str:
         lines += bound.render_lines(b)
     mine = report["loaders"]["ccbridge prewarmed"]["gbps"]
     if bound_gbps and mine and mine > bound_gbps:
-        lines.append(f"warning: ccbridge prewarmed moved {mine / bound_gbps:.3f} of the bound, which understates this "
-                     "host (repeat noise, or readers that never wait)")
+        lines.append(f"warning: ccbridge prewarmed moved {mine / bound_gbps:.3f} of the bound: it understates this "
+                     "host (repeat noise; its readers never wait)")
     return "\n".join(lines)
 
 
