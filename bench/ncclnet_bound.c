@@ -1,0 +1,266 @@
+/*
+ * The NCCL net plugin's work with none of its waits, in native threads: the
+ * reference `bench net`'s encrypted rows lack (its Python attempt measured
+ * its own GIL: bench/RESULTS.md 2026-11-27 session 20, runs 3-4).
+ *
+ * Two processes, a sender and a receiver, each with L stream threads moving
+ * their share of the bytes over L plain TCP loopback connections (messages of
+ * S bytes) and, at the same time and tied to nothing, L threads sealing
+ * (sender) or opening (receiver) as many bytes in records of R bytes with
+ * AES-256-GCM under OpenSSL (the plugin's own library, bound as the plugin
+ * binds it: native/common/ossl.c). First the streams alone, then the crypto
+ * alone, then both at once; each as GB/s of the bytes over the later side's
+ * end. The plugin does all of it and more (hand-offs, headers, ordering), so
+ * its encrypted GB/s at L lanes sits at or below "both at once" on the same
+ * cores: that figure is the limit the row is judged against.
+ *
+ *   cc -O2 -o /tmp/ncclnet_bound bench/ncclnet_bound.c src/ccbridge/native/common/ossl.c -ldl -lpthread
+ *   /tmp/ncclnet_bound -l 4,8,16 -s 4M [-r 256K] [-t 2G] [-n 3]
+ *
+ * -r: record bytes (default: the plugin's plan for S over L lanes, capped at
+ * 256 KiB as native/ncclnet/net.h's RECORD_MAX). Opened records are real:
+ * one record is sealed first and opened again and again (its tag checked).
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../src/ccbridge/native/common/ossl.h"
+
+#define TAG 16
+#define AAD 40
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static double cpu_s(void) {
+    struct rusage r;
+    getrusage(RUSAGE_SELF, &r);
+    return r.ru_utime.tv_sec + r.ru_stime.tv_sec + (r.ru_utime.tv_usec + r.ru_stime.tv_usec) * 1e-6;
+}
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+static size_t parse_size(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    switch (*end) {
+    case 'K': case 'k': v *= 1 << 10; break;
+    case 'M': case 'm': v *= 1 << 20; break;
+    case 'G': case 'g': v *= 1 << 30; break;
+    }
+    return (size_t)v;
+}
+
+static double median(const double *v, int k) {
+    double s[16];
+    memcpy(s, v, sizeof(double) * (size_t)k);
+    for (int i = 1; i < k; i++)
+        for (int j = i; j > 0 && s[j] < s[j - 1]; j--) { double t = s[j]; s[j] = s[j - 1]; s[j - 1] = t; }
+    return k % 2 ? s[k / 2] : (s[k / 2 - 1] + s[k / 2]) / 2;
+}
+
+/* the plugin's record plan (native/ncclnet/conn.c record_plan) for a message of size over nlanes */
+static size_t record_of(size_t size, int nlanes) {
+    if (size <= (32u << 10)) return size;
+    size_t r = (size + (size_t)nlanes - 1) / (size_t)nlanes;
+    r = (r + 4095) & ~(size_t)4095;
+    return r < (32u << 10) ? (32u << 10) : r > (256u << 10) ? (256u << 10) : r;
+}
+
+typedef struct {
+    int fd, sender;
+    size_t size, bytes; /* message size; this thread's bytes */
+    int crypt;          /* 1: a crypto thread, not a stream */
+    size_t record;
+    const uint8_t *sealed; /* receiver: one record sealed under key/iv, to open again and again */
+    const uint8_t *key, *iv;
+    double end;
+} job;
+
+static void *stream_main(void *p) {
+    job *j = p;
+    uint8_t *buf = malloc(j->size);
+    if (!buf) die("malloc");
+    memset(buf, 0x5a, j->size);
+    for (size_t left = j->bytes; left;) {
+        size_t n = left < j->size ? left : j->size, off = 0;
+        while (off < n) {
+            ssize_t r = j->sender ? send(j->fd, buf + off, n - off, 0) : recv(j->fd, buf + off, n - off, 0);
+            if (r <= 0) die(j->sender ? "send" : "recv");
+            off += (size_t)r;
+        }
+        left -= n;
+    }
+    j->end = now();
+    free(buf);
+    return NULL;
+}
+
+static void *crypto_main(void *p) {
+    job *j = p;
+    OSSL_CTX *c = ossl.ctx_new();
+    uint8_t *in = malloc(j->record + TAG), *out = malloc(j->record + TAG), aad[AAD] = {0}, tag[TAG];
+    int len;
+    if (!c || !in || !out) die("crypto buffers");
+    memset(in, 0x3c, j->record);
+    if (!j->sender) memcpy(in, j->sealed, j->record + TAG);
+    int ok = (j->sender ? ossl.enc_init : ossl.dec_init)(c, ossl.aes_256_gcm(), NULL, j->key, NULL) == 1;
+    for (size_t done = 0; ok && done < j->bytes; done += j->record) {
+        if (j->sender) {
+            ok = ossl.enc_init(c, NULL, NULL, NULL, j->iv) == 1 && ossl.enc_update(c, NULL, &len, aad, AAD) == 1 &&
+                 ossl.enc_update(c, out, &len, in, (int)j->record) == 1 &&
+                 ossl.enc_final(c, out + j->record, &len) == 1 && ossl.ctrl(c, OSSL_GCM_GET_TAG, TAG, tag) == 1;
+        } else {
+            memcpy(tag, in + j->record, TAG);
+            ok = ossl.dec_init(c, NULL, NULL, NULL, j->iv) == 1 && ossl.dec_update(c, NULL, &len, aad, AAD) == 1 &&
+                 ossl.dec_update(c, out, &len, in, (int)j->record) == 1 &&
+                 ossl.ctrl(c, OSSL_GCM_SET_TAG, TAG, tag) == 1 && ossl.dec_final(c, out + j->record, &len) == 1;
+        }
+    }
+    if (!ok) {
+        fprintf(stderr, "AES-GCM %s failed\n", j->sender ? "seal" : "open (tag)");
+        exit(1);
+    }
+    j->end = now();
+    ossl.ctx_free(c);
+    free(in);
+    free(out);
+    return NULL;
+}
+
+/* one side of one measurement: streams and/or crypto from t0; writes (end of streams, end of crypto, CPU s) */
+static void side(int sender, int *fds, int lanes, size_t size, size_t total, size_t record, int streams, int crypt,
+                 const uint8_t *sealed, const uint8_t *key, const uint8_t *iv, int ctl) {
+    job jobs[64];
+    pthread_t th[64];
+    int n = 0;
+    char go;
+    size_t per = total / (size_t)lanes / record * record; /* whole records: both jobs move the same bytes */
+    for (int i = 0; i < lanes && streams; i++) jobs[n++] = (job){fds[i], sender, size, per, 0, 0, NULL, NULL, NULL, 0};
+    for (int i = 0; i < lanes && crypt; i++) jobs[n++] = (job){-1, sender, size, per, 1, record, sealed, key, iv, 0};
+    if (write(ctl, "r", 1) != 1 || read(ctl, &go, 1) != 1) die("sync");
+    double t0 = now(), c0 = cpu_s();
+    for (int i = 0; i < n; i++)
+        if (pthread_create(&th[i], NULL, jobs[i].crypt ? crypto_main : stream_main, &jobs[i])) die("pthread_create");
+    double ends[2] = {t0, t0};
+    for (int i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+        if (jobs[i].end > ends[jobs[i].crypt]) ends[jobs[i].crypt] = jobs[i].end;
+    }
+    double out[4] = {t0, ends[0], ends[1], cpu_s() - c0};
+    if (write(ctl, out, sizeof out) != sizeof out) die("report");
+}
+
+int main(int argc, char **argv) {
+    int lanes_list[16] = {8}, nl = 1, reps = 3;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    size_t size = 4u << 20, total = 2ull << 30, rec_arg = 0;
+    for (int o; (o = getopt(argc, argv, "l:s:r:t:n:")) != -1;) {
+        if (o == 'l') {
+            nl = 0;
+            for (char *t = strtok(optarg, ","); t && nl < 16; t = strtok(NULL, ",")) lanes_list[nl++] = atoi(t);
+        } else if (o == 's') size = parse_size(optarg);
+        else if (o == 'r') rec_arg = parse_size(optarg);
+        else if (o == 't') total = parse_size(optarg);
+        else if (o == 'n') reps = atoi(optarg) < 1 ? 1 : atoi(optarg) > 16 ? 16 : atoi(optarg);
+        else { fprintf(stderr, "usage: %s [-l 4,8,16] [-s 4M] [-r REC] [-t 2G] [-n 3]\n", argv[0]); return 2; }
+    }
+    char err[256];
+    if (ossl_load(err, sizeof err)) { fprintf(stderr, "libcrypto: %s\n", err); return 1; }
+    uint8_t key[32], iv[12];
+    for (int i = 0; i < 32; i++) key[i] = (uint8_t)(i * 7 + 1);
+    for (int i = 0; i < 12; i++) iv[i] = (uint8_t)(i + 3);
+    printf("# streams and AES-256-GCM of the same bytes, %zu B messages, %.0f MiB per measurement, %ld CPUs; GB/s of\n"
+           "# the bytes over the later side's end (median of %d); cores: both sides' CPU over that time\n",
+           size, total / 1048576.0, sysconf(_SC_NPROCESSORS_ONLN), reps);
+    printf("%5s %8s %12s %12s %12s %6s %12s %6s\n", "lanes", "record", "streams", "crypto", "both at once", "cores",
+           "seal, open", "TCP");
+    for (int li = 0; li < nl; li++) {
+        int lanes = lanes_list[li];
+        if (lanes < 1 || lanes > 32) { fprintf(stderr, "-l: 1..32\n"); return 2; }
+        size_t record = rec_arg ? rec_arg : record_of(size, lanes);
+        /* one record sealed for the receiver to open again and again */
+        uint8_t *sealed = calloc(1, record + TAG), aad[AAD] = {0};
+        OSSL_CTX *c = ossl.ctx_new();
+        int len;
+        memset(sealed, 0x3c, record);
+        if (ossl.enc_init(c, ossl.aes_256_gcm(), NULL, key, iv) != 1 || ossl.enc_update(c, NULL, &len, aad, AAD) != 1 ||
+            ossl.enc_update(c, sealed, &len, sealed, (int)record) != 1 || ossl.enc_final(c, sealed + record, &len) != 1 ||
+            ossl.ctrl(c, OSSL_GCM_GET_TAG, TAG, sealed + record) != 1) { fprintf(stderr, "seal failed\n"); return 1; }
+        ossl.ctx_free(c);
+        int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t al = sizeof a;
+        if (ls < 0 || bind(ls, (void *)&a, sizeof a) || listen(ls, lanes) || getsockname(ls, (void *)&a, &al)) die("listen");
+        int sfd[32], rfd[32];
+        for (int i = 0; i < lanes; i++) {
+            if ((sfd[i] = socket(AF_INET, SOCK_STREAM, 0)) < 0 || connect(sfd[i], (void *)&a, sizeof a)) die("connect");
+            if ((rfd[i] = accept(ls, NULL, NULL)) < 0) die("accept");
+            setsockopt(sfd[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        }
+        close(ls);
+        double res[3][16], cores[3][16], seal[16], open_[16], tcp[16];
+        for (int r = 0; r < reps && r < 16; r++) {
+            for (int m = 0; m < 3; m++) { /* streams alone, crypto alone, both */
+                int ctl[2][2];
+                pid_t pid[2];
+                for (int s = 0; s < 2; s++) {
+                    if (socketpair(AF_UNIX, SOCK_STREAM, 0, ctl[s])) die("socketpair");
+                    if ((pid[s] = fork()) < 0) die("fork");
+                    if (!pid[s]) {
+                        close(ctl[s][0]);
+                        side(s == 0, s == 0 ? sfd : rfd, lanes, size, total, record, m != 1, m != 0, sealed, key, iv,
+                             ctl[s][1]);
+                        _exit(0);
+                    }
+                    close(ctl[s][1]);
+                }
+                char b;
+                for (int s = 0; s < 2; s++)
+                    if (read(ctl[s][0], &b, 1) != 1) die("ready");
+                for (int s = 0; s < 2; s++)
+                    if (write(ctl[s][0], "g", 1) != 1) die("go");
+                double o[2][4];
+                for (int s = 0; s < 2; s++)
+                    if (read(ctl[s][0], o[s], sizeof o[s]) != sizeof o[s]) die("result");
+                for (int s = 0; s < 2; s++) { waitpid(pid[s], NULL, 0); close(ctl[s][0]); }
+                double t0 = o[0][0] < o[1][0] ? o[0][0] : o[1][0], end = 0;
+                for (int s = 0; s < 2; s++)
+                    for (int k = 1; k < 3; k++) end = o[s][k] > end ? o[s][k] : end;
+                double bytes = (double)(total / (size_t)lanes / record * record) * lanes;
+                res[m][r] = bytes / (end - t0) / 1e9;
+                cores[m][r] = (o[0][3] + o[1][3]) / (end - t0);
+                if (m == 2) {
+                    tcp[r] = bytes / ((o[1][1] > o[0][1] ? o[1][1] : o[0][1]) - t0) / 1e9;
+                    seal[r] = bytes / (o[0][2] - t0) / 1e9;
+                    open_[r] = bytes / (o[1][2] - t0) / 1e9;
+                }
+            }
+        }
+        int k = reps < 16 ? reps : 16;
+        printf("%5d %8zu %12.2f %12.2f %12.2f %6.1f %5.2f, %5.2f %6.2f\n", lanes, record, median(res[0], k),
+               median(res[1], k), median(res[2], k), median(cores[2], k), median(seal, k), median(open_, k),
+               median(tcp, k));
+        fflush(stdout);
+        for (int i = 0; i < lanes; i++) { close(sfd[i]); close(rfd[i]); }
+        free(sealed);
+    }
+    return 0;
+}
