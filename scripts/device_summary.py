@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ccbridge import results
 from ccbridge.compare import compare
+from ccbridge.load import benchresult
 from ccbridge.secure import benchrows
 
 
@@ -38,7 +39,7 @@ def main(r: Path) -> None:
     for name in ("native", "b300"):
         f = r / f"load-{name}.json"
         if f.exists():
-            rep = json.loads(f.read_text())
+            rep = benchresult.report_of(results.load(f))  # the Result (kind load) as the bench's report
             ld = rep["loaders"]
             mine = ld["ccbridge prewarmed"]["gbps"] or 0
             others = {k: v["gbps"] for k, v in ld.items() if not k.startswith("ccbridge") and v["gbps"]}

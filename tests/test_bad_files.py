@@ -22,7 +22,7 @@ RESULTS = {
     "env_gpu_name_a_number.json": "env.nvml.gpus[0].name: 5 is not of type 'string', 'null'",
     "env_cc_a_string.json": "env.nvml.cc: 'on' is not of type 'object'",
     "kind_unknown.json": "kind: 'training' is not one of probe, decode, decode_tp, kv, account, net, ddp, cipher, "
-                         "collectives",
+                         "collectives, load",
     "v1_of_no_kind.json": "a version-1 result of no kind this ccbridge can tell (settings gpus): write it again with "
                           "this ccbridge",
     "decode_with_probe_settings.json": "settings: 'decode' is a required property",

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from ccbridge import env, results
 from ccbridge.bindings import core
 from ccbridge.errors import LoadError, UsageError
-from ccbridge.load import bench, bound, policy, synth
+from ccbridge.load import bench, benchresult, bound, policy, synth
 from ccbridge.load.engine import PoolConfig
 from ccbridge.textfit import fit
 
@@ -522,7 +523,7 @@ def report(bound=None, gbps=48.39):
            "cold_pool": None, "verified": "bitwise equal",
            "loaders": {"ccbridge prewarmed": row, "ccbridge cold": {**row, "gbps": gbps * 0.88},
                        "fastsafetensors (nogds)": {"gbps": None, "seconds": [], "error": "not installed here",
-                                                   "stages": {}}}}
+                                                   "stages": {}, "skipped": True}}}
     if bound is not None:
         rep["bound"] = bound
     return rep
@@ -642,8 +643,10 @@ def test_the_cli_keeps_the_loaders_results_when_the_bound_does_not_finish(files,
             main(argv)
     else:
         assert main(argv) == status
-    rep = json.loads(out.read_text())
-    assert rep["loaders"]["ccbridge prewarmed"]["gbps"] == 48.39 and "emulation" in rep and "ceiling_gbps" in rep
+    res = results.load(out)  # a Result of kind load, as every bench writes
+    assert res.kind == "load" and "ccbridge" in res.env and "emulation" in res.settings
+    rep = benchresult.report_of(res)
+    assert rep["loaders"]["ccbridge prewarmed"]["gbps"] == 48.39 and "ceiling_gbps" in rep
     assert rep["bound"]["error"] == "the run stopped before the bound finished"
     err = capsys.readouterr().err
     assert f"the loaders' results written to {out} before the bound runs" in " ".join(err.split())
@@ -652,8 +655,8 @@ def test_the_cli_keeps_the_loaders_results_when_the_bound_does_not_finish(files,
 
 def summary_rows(tmp_path, b) -> list[str]:
     """scripts/device_summary.py's rows for a load-native.json holding bound b."""
-    (tmp_path / "load-native.json").write_text(json.dumps({**report(bound=b), "emulation": None,
-                                                            "ceiling_gbps": 55.09}))
+    rep = {**report(bound=b), "emulation": None, "ceiling_gbps": 55.09}
+    benchresult.to_result(rep, env.stamp(with_torch=False)).save(tmp_path / "load-native.json")
     script = Path(__file__).resolve().parent.parent / "scripts" / "device_summary.py"
     code = runpy.run_path(str(script))
     import contextlib

@@ -1,6 +1,5 @@
 """The loader's uncoupled bound on a GPU (marked): every figure measured in each pool shape, and the bench's report."""
 
-import json
 import subprocess
 import sys
 
@@ -8,7 +7,8 @@ import pytest
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("need_gpu")]
 
-from ccbridge.load import bench, bound, policy, synth  # noqa: E402
+from ccbridge import results  # noqa: E402
+from ccbridge.load import bench, benchresult, bound, policy, synth  # noqa: E402
 from ccbridge.textfit import fit  # noqa: E402
 
 MiB = 1 << 20
@@ -54,7 +54,9 @@ def test_load_bench_bound_reports_and_renders(ckpt, tmp_path):
     r = subprocess.run([sys.executable, "-m", "ccbridge", "load", str(d), "--bench", "--bound", "--repeat", "1",
                         "--chunk", "1MiB", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    rep = json.loads(out.read_text())
+    res = results.load(out)  # a Result of kind load
+    assert res.kind == "load" and {r.metric for r in res.by_test("load_bound")} == set(bound.ROWS)
+    rep = benchresult.report_of(res)
     assert "error" not in rep["bound"] and all(v > 0 for v in rep["bound"]["gbps"].values())
     assert rep["bound"]["best"]["both_at_once"] >= rep["bound"]["gbps"]["both_at_once"]
     assert rep["bound"]["chunk_bytes"] == MiB and rep["bound"]["readers"] == rep["pool"]["workers"]

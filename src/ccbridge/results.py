@@ -34,6 +34,7 @@ KINDS = {
     "ddp": "ccbridge bench ddp",
     "cipher": "ccbridge bench cipher",
     "collectives": "ccbridge collectives",
+    "load": "ccbridge load --bench",
 }
 
 # Units where a larger number is better; for every other unit smaller is.

@@ -122,6 +122,22 @@ SETTINGS = {
                            "iters": POSITIVE, "warmup": COUNT, "net": MAYBE_STRING}, closed=True),
 }
 
+# ccbridge load --bench (load/benchresult.py): the checkpoint, the pools, the check, and the bound's inputs
+_POOL = {"workers": POSITIVE, "contexts": COUNT, "staging": STRING, "chunk_bytes": POSITIVE, "buffers": POSITIVE,
+         "device": INTEGER}
+_POOL_NEEDS = ("workers", "contexts", "staging", "chunk_bytes")
+SETTINGS["load"] = record({
+    "device": STRING, "gpu": STRING, "files": POSITIVE, "bytes": POSITIVE, "repeat": POSITIVE,
+    "page_cache_read_gbps": nullable(NUMBER), "why": STRING, "verified": MAYBE_STRING, "emulation": MAYBE_STRING,
+    "ceiling_gbps": nullable(NUMBER), "error": STRING,
+    "pool": record({**_POOL, "prewarm_s": NUMBER, "teardown_s": nullable(NUMBER)}, required=_POOL_NEEDS),
+    "cold_pool": nullable(record({**_POOL, "why": STRING}, required=(*_POOL_NEEDS, "why"))),
+    "bound": record({**{k: POSITIVE for k in ("readers", "buffers", "streams", "issuers", "chunk_bytes", "bytes",
+                                              "copy_bytes", "chunks", "repeat")},
+                     "contexts": COUNT, "staging": STRING, "overlap_warning": MAYBE_STRING},
+                    required=("readers", "streams", "contexts", "issuers", "chunk_bytes", "staging"), closed=True),
+}, required=("device", "gpu", "files", "bytes", "repeat", "pool", "why", "verified"), closed=True)
+
 
 def _serving(test: str, by: str, modes, metric: str, tp: bool = False) -> dict:
     """bench decode/kv rows: a positive integer batch or threshold, a known mode (and a TP degree), a positive
@@ -143,6 +159,14 @@ _ROW_TESTS = {
     "ddp": {"properties": {"test": {"const": "ddp"}}},
     "cipher": {"properties": {"test": {"const": "cipher"}}},
     "collectives": {"properties": {"test": {"const": "collectives"}}},
+    # a loader's row names it; a bound's figure has no parameters
+    "load": {"properties": {"test": {"enum": ["load", "load_bound"]}, "unit": {"const": "GB/s"}},
+             "if": record({"test": {"const": "load"}}, required=("test",)),
+             "then": record({"params": record({"loader": STRING}, required=("loader",), closed=True),
+                             "extra": record({"gbps": NUMBER, "seconds": array(NUMBER)},
+                                             required=("gbps", "seconds"))}),
+             "else": record({"extra": record({"best": NUMBER, "repeats": array(NUMBER)},
+                                             required=("best", "repeats"))})},
 }
 
 _ROW = record({

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import sys
+import time
 from pathlib import Path
 
 from ccbridge import env, ui
 from ccbridge.cli.args import command, device_spec, integer, size
 from ccbridge.cli.reports import wrote
 from ccbridge.errors import UsageError
-from ccbridge.load import bench, checkpoint, loader, synth
+from ccbridge.load import bench, benchresult, checkpoint, loader, synth
 from ccbridge.load.engine import MAX_BUFS, MAX_WORKERS  # the pool's own limits, refused before it sees them
 from ccbridge.textfit import fit, wrap
 
@@ -37,10 +37,12 @@ def cmd_load(args) -> int:
     if label:
         print(f"ccbridge load: {label}", file=sys.stderr)
     if args.bench:
+        stamp, t0 = env.stamp(), time.perf_counter()
+
         def save(rep: dict, early: bool = False) -> None:  # early: before the bound, which may not finish
             rep.update(emulation=label, ceiling_gbps=ceiling)
-            if args.json:
-                Path(args.json).write_text(json.dumps(rep, indent=1))
+            if args.json:  # a Result of kind load, as every bench writes
+                benchresult.to_result(rep, stamp, time.perf_counter() - t0).save(Path(args.json))
                 if early:
                     print(fit(f"ccbridge load: the loaders' results written to {args.json} before the bound runs"),
                           file=sys.stderr)
@@ -88,7 +90,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--bench", action="store_true", help="compare with safetensors and fastsafetensors on the same files")
     p.add_argument("--repeat", type=integer(1), default=3, help="with --bench: loads per loader (default 3)")
     p.add_argument("--ceiling", help="with --bench: a probe result.json whose best multi-worker H2D is the ceiling")
-    p.add_argument("--json", help="with --bench: write the full report here")
+    p.add_argument("--json", help="with --bench: write the full report here, a result (kind load) as "
+                   "every bench writes")
     p.add_argument("--bound", action="store_true", help="with --bench: then time the loader's reads and copies at "
                    "once, nothing coupling them (its bound on this host), in the pool's shape")
     p.add_argument("--workers", type=integer(1, MAX_WORKERS), help="worker threads (default: by CC state or emulation profile)")

@@ -36,6 +36,7 @@ class Outcome:
     seconds: list[float] = field(default_factory=list)
     error: str | None = None
     stages: dict = field(default_factory=dict)
+    skipped: bool = False  # not installed here: not measured, not failed
 
     def gbps(self, nbytes: int) -> float | None:
         return nbytes / statistics.median(self.seconds) / 1e9 if self.seconds else None
@@ -124,6 +125,7 @@ def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None =
     results = {n: Outcome(n) for n in ("ccbridge prewarmed", "ccbridge cold", "safetensors load_file",
                                        "safetensors safe_open + .to", "fastsafetensors (nogds)")}
     results["fastsafetensors (nogds)"].error = fst_error
+    results["fastsafetensors (nogds)"].skipped = fst_error is not None
     verified = None
     cold_pool: dict = {}  # the pool each cold load made for itself (the same plan every round)
     pool = loader.Pool(plan.config)
@@ -184,8 +186,8 @@ def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None =
         "why": plan.why,
         "cold_pool": cold_pool or None,
         "verified": verified,
-        "loaders": {n: {"gbps": o.gbps(nbytes), "seconds": o.seconds, "error": o.error, "stages": o.stages}
-                    for n, o in results.items()},
+        "loaders": {n: {"gbps": o.gbps(nbytes), "seconds": o.seconds, "error": o.error, "stages": o.stages,
+                        **({"skipped": True} if o.skipped else {})} for n, o in results.items()},
     }
     if verified not in (None, "bitwise equal"):
         report["error"] = f"ccbridge's tensors differ from safetensors': {verified}"
