@@ -620,6 +620,11 @@ def test_the_bench_measures_the_bound_after_its_loaders(files, fakes, monkeypatc
     assert "error" not in b and all(v > 0 for v in b["gbps"].values()) and b["bytes"] == total(files)
     assert any(m.startswith("bound 1/1: reads alone") for m in logged)
     assert "/ bound" in bench.render(rep)
+    for got, name in ((early[0], "early.json"), (rep, "r.json")):  # as the CLI writes each: a Result of kind load
+        path = Path(files[0]).parent / name
+        benchresult.to_result({**got, "emulation": None, "ceiling_gbps": None}, env.stamp(with_torch=False)).save(path)
+        back = benchresult.report_of(results.load(path))
+        assert bench.render(back) == bench.render({**got, "emulation": None, "ceiling_gbps": None})
 
 
 @pytest.mark.parametrize("exc, status", [(KeyboardInterrupt(), 130), (RuntimeError("a bug in the bound"), None)])
