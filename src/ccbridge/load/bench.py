@@ -14,6 +14,8 @@ bitwise with safetensors' own; a mismatch fails the bench. Asked for, the loader
 prewarmed pool's shape, once that pool is closed; a bound that fails is reported, as a failed baseline is.
 The bound runs after all the loaders' rounds, not in turns with them: drift between the two (the host warming,
 a neighbour's load) is not shared as it is between the loaders. Its ratio is shown on the prewarmed row alone.
+run() returns the report that render() prints; `--json` writes it as a Result of kind load (benchresult.py),
+whose benchresult.report_of() gives that report back.
 """
 
 from __future__ import annotations
