@@ -172,5 +172,5 @@ def test_a_version_1_result_of_no_kind_and_an_unknown_kind_are_refused(tmp_path,
     h100_doc.update(version=2, kind="training", settings={})
     p.write_text(json.dumps(h100_doc))
     with pytest.raises(results.ResultFileError, match=r"r.json: kind: 'training' is not one of probe, decode, "
-                                                      r"decode_tp, kv, account, net, ddp, cipher, collectives$"):
+                                                      r"decode_tp, kv, account, net, ddp, cipher, collectives, load$"):
         results.load(p)
