@@ -37,7 +37,7 @@ def cmd_load(args) -> int:
     if label:
         print(f"ccbridge load: {label}", file=sys.stderr)
     if args.bench:
-        stamp, t0 = env.stamp(), time.perf_counter()
+        stamp, t0 = env.stamp() if args.json else None, time.perf_counter()  # the stamp: the run's start
 
         def save(rep: dict, early: bool = False) -> None:  # early: before the bound, which may not finish
             rep.update(emulation=label, ceiling_gbps=ceiling)
