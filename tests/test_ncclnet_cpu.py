@@ -1030,6 +1030,51 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
         assert len(x["poll_cores"]) == 1 and x["poll_cores"][0] >= 0  # the two polling threads, apart
     assert {r.params["record"] for r in res.rows if r.metric == "aes_gcm_encrypt"} == {32768, 65536, 176128, 262144}
     assert "bound = cores / (plain TCP's CPU-s/GB" in p.stdout and max(map(len, p.stdout.splitlines())) <= 120
+    # the plugin's work with none of its waits (ccbridge-net-bound), measured at the largest size, every lane count
+    both = {r.params["streams"]: r for r in res.rows if r.metric == "uncoupled"}
+    assert sorted(both) == [1, 3] and all(r.params["size"] == 524288 and r.median > 0 for r in both.values())
+    for r in streams:
+        x, u = r.extra, both[r.params["lanes"]]
+        if r.params["size"] == 524288:
+            assert x["of_uncoupled"] == pytest.approx(r.median / u.median, abs=2e-3)
+        else:
+            assert "of_uncoupled" not in x  # measured at another record size: not set beside it
+        assert u.extra["bytes"] > 0 and len(u.extra["streams"]) == len(u.extra["crypto"]) == 1
+    assert "at once GB/s" in p.stdout
+
+
+def test_a_missing_bound_program_is_a_skip_not_a_failure(monkeypatch):
+    from ccbridge import pluginenv
+
+    def gone():
+        raise FileNotFoundError("ccbridge-net-bound is not built")
+    monkeypatch.setattr(pluginenv, "bound_program", gone)
+    rows, skipped = netbench._bound_rows([1], 1 << 16, 1 << 20, 1, lambda _: None)
+    assert rows == [] and skipped == [{"test": "net_loopback:uncoupled",
+                                       "reason": "the uncoupled bound did not run: ccbridge-net-bound is not built"}]
+
+
+def test_the_bound_program_refuses_bad_arguments_and_checks_its_tags():
+    import subprocess
+
+    from ccbridge import pluginenv
+
+    try:
+        prog = str(pluginenv.bound_program())
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    bad = subprocess.run([prog, "-x"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "usage:" in bad.stderr
+    assert subprocess.run([prog, "-l", "40"], capture_output=True, text=True).returncode == 2
+    ok = subprocess.run([prog, "-j", "-l", "2", "-s", "256K", "-t", "4M", "-n", "2"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    import json
+    g = json.loads(ok.stdout)
+    # 256 KiB over 2 lanes: records of 128 KiB (the plugin's plan); 4 MiB in whole records, as both jobs move them
+    assert (g["lanes"], g["record"], g["size"], g["bytes"]) == (2, 131072, 262144, 4 << 20)
+    assert all(len(g[k]) == 2 and min(g[k]) > 0 for k in ("streams", "crypto", "both", "seal", "open", "tcp"))
+    # both at once ends when the later job ends: no faster than either job at once
+    assert all(b <= min(t, se, op) * 1.0001 for b, t, se, op in zip(g["both"], g["tcp"], g["seal"], g["open"]))
 
 
 def test_the_cpu_bound_adds_a_seal_and_an_open_to_what_tcp_costs():

@@ -210,11 +210,16 @@ def test_the_net_bench_runs_its_pair_through_the_launcher(clean, monkeypatch):
     assert not res.errors and res.settings["interface"] == "lo"
     net = [r for r in res.rows if not r.metric.startswith("aes_gcm")]
     assert [(r.metric, r.params.get("lanes", r.params.get("streams")), r.n) for r in net] == [
-        (m, n, 2) for n in (1, 2) for m in ("stream", "tcp_plaintext", "half_rtt")]
-    # the AES-GCM rates first (records of 32 and 64 KiB, on 1 thread and on every visible core), then the steps
+        (m, n, 2) for n in (1, 2) for m in ("stream", "tcp_plaintext", "half_rtt")] + [("uncoupled", n, 2) for n in (1, 2)]
+    # the AES-GCM rates first (records of 32 and 64 KiB, on 1 thread and on every visible core), then the steps,
+    # then the uncoupled bound at each lane count
     gcm = [line for line in lines if "AES-256-GCM" in line]
     assert len(gcm) == 2 * len({1, netbench.cores_visible()}) and lines[:len(gcm)] == gcm
-    assert len(lines) == len(gcm) + 6 and "ping-pong" in lines[len(gcm) + 2]
+    assert len(lines) == len(gcm) + 8 and "ping-pong" in lines[len(gcm) + 2]
+    assert all("at once" in line for line in lines[-2:]) and not res.skipped
+    for s in (r for r in net if r.metric == "stream"):  # each encrypted row beside the bound at its lanes and size
+        u = next(r for r in net if r.metric == "uncoupled" and r.params["streams"] == s.params["lanes"])
+        assert u.params["size"] == s.params["size"] and s.extra["of_uncoupled"] == round(s.median / u.median, 3)
 
 
 def test_a_net_bench_process_that_fails_is_one_line(clean, monkeypatch):

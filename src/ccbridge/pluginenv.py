@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 NAME = "libnccl-net-ccbridge.so"
+BOUND = "ccbridge-net-bound"  # the plugin's uncoupled bound, a program beside it (native/netbound/bound.c)
 # net.h's: a lane's threads take turns at its socket unless CCBRIDGE_NET_TURNS is 0 or 1 (then the stage pipeline)
 DEFAULT_TURNS, MAX_TURNS, DEFAULT_PIPELINE, MAX_PIPELINE = 2, 8, 2, 8
 
@@ -23,6 +24,14 @@ DEFAULT_TURNS, MAX_TURNS, DEFAULT_PIPELINE, MAX_PIPELINE = 2, 8, 2, 8
 def path() -> Path:
     """The folder holding the plugin (for LD_LIBRARY_PATH)."""
     return Path(__file__).resolve().parent / "lib"
+
+
+def bound_program() -> Path:
+    """`bench net`'s reference program; FileNotFoundError if the package was installed without building it."""
+    prog = path() / BOUND
+    if not os.access(prog, os.X_OK):
+        raise FileNotFoundError(f"{prog} is not built (pip install . builds it; or python setup.py build_ext --inplace)")
+    return prog
 
 
 def library() -> Path:

@@ -12,10 +12,13 @@ every measurement, by memcmp against patterns made before the clock starts).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import random
 import resource
 import socket
+import statistics
+import subprocess
 import tempfile
 import threading
 import time
@@ -402,12 +405,37 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
                   stall_s=2 * DEADLINE_S, failure=SecureError)
     if len(got.rows) < len(plan):
         raise netplugin.NetError("bench", -1, "a bench process stopped before the end of the plan")
-    res.rows = got.rows + gcm
+    bound, skipped = _bound_rows(lanes, max(sizes), total, repeat, progress) if tcp_baseline else ([], [])
+    res.rows = got.rows + bound + gcm
+    res.skipped += skipped
     _compare(res.rows)
     res.duration_s = time.perf_counter() - t_start
     if any(r.extra.get("bad") for r in res.rows):
         res.errors.append({"test": "net_loopback", "error": "received bytes differ from the sent ones"})
     return res
+
+
+def _bound_rows(lanes: list[int], size: int, total: int, repeat: int, progress) -> tuple[list[Row], list[dict]]:
+    """The plugin's work with none of its waits at each lane count (ccbridge-net-bound: the streams and the AES-GCM
+    of the same bytes at once, native threads in two processes): rows `uncoupled`, GB/s when both sides' jobs are
+    done, per repeat; or a skip (the program missing or failing), which costs the bench nothing else."""
+    try:
+        prog = pluginenv.bound_program()
+        out = subprocess.run([str(prog), "-j", "-l", ",".join(map(str, lanes)), "-s", str(size), "-t", str(total),
+                              "-n", str(repeat)], capture_output=True, text=True, timeout=DEADLINE_S * len(lanes))
+        if out.returncode:
+            raise OSError(f"exit {out.returncode}: {(out.stderr.strip().splitlines() or ['no message'])[-1]}")
+        got = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    except (OSError, subprocess.TimeoutExpired, ValueError) as e:
+        return [], [{"test": "net_loopback:uncoupled", "reason": f"the uncoupled bound did not run: {e}"}]
+    rows = []
+    for g in got:
+        row = Row.of("net_loopback", "uncoupled", "GB/s", g["both"], size=g["size"], streams=g["lanes"])
+        row.extra = {k: g[k] for k in ("record", "bytes", "streams", "crypto", "cores", "seal", "open", "tcp")}
+        rows.append(row)
+        progress(f"  streams and AES-GCM at once {size:>7} B lanes {g['lanes']:>2}: {row.median:6.2f} GB/s (alone "
+                 f"{statistics.median(g['streams']):.2f} and {statistics.median(g['crypto']):.2f})")
+    return rows, []
 
 
 def _gcm_rows(records: list[int], progress) -> list[Row]:
@@ -436,6 +464,7 @@ def _compare(rows: list[Row]) -> None:
     inputs (cores visible, plain TCP's CPU-s/GB per side, AES-GCM GB/s per core on every visible core)."""
     cores = cores_visible()
     tcp = {r.params["streams"]: r for r in rows if r.metric == "tcp_plaintext"}
+    uncoupled = {(r.params["streams"], r.params["size"]): r for r in rows if r.metric == "uncoupled"}
     gcm = {(r.metric, r.params["record"]): round(r.median, 3) for r in rows
            if r.metric.startswith("aes_gcm") and r.params["threads"] == cores}
     for r in rows:
@@ -445,6 +474,9 @@ def _compare(rows: list[Row]) -> None:
         rec = record_bytes(r.params["size"], r.params["lanes"])
         enc, dec = gcm.get(("aes_gcm_encrypt", rec)), gcm.get(("aes_gcm_decrypt", rec))
         ts, tr = t.extra.get("cpu_s_per_gb_send"), t.extra.get("cpu_s_per_gb_recv")
+        u = uncoupled.get((r.params["lanes"], r.params["size"]))
+        if u is not None:  # measured at the row's own lanes and size
+            r.extra.update(uncoupled_gbps=round(u.median, 3), of_uncoupled=round(r.median / u.median, 3))
         r.extra.update(tcp_gbps=round(t.median, 3), tcp_size=t.params["size"], of_tcp=round(r.median / t.median, 3),
                        cores_visible=cores, tcp_cpu_s_per_gb_send=ts, tcp_cpu_s_per_gb_recv=tr, record=rec,
                        aes_gcm_gbps_per_core_encrypt=enc, aes_gcm_gbps_per_core_decrypt=dec)
@@ -462,7 +494,7 @@ def _fraction(v) -> str:
 
 def render(res: Result) -> str:
     out = [f"{'size (B)':>10} {'lanes':>5} {'GB/s':>7} {'cores s/r':>9} {'CPU-s/GB s/r':>13} "
-           f"{'TCP GB/s':>8} {'of TCP':>6} {'bound GB/s':>10} {'of bound':>8} {'CPU eff':>7}"]
+           f"{'TCP GB/s':>8} {'of TCP':>6} {'bound GB/s':>10} {'of bound':>8} {'CPU eff':>7} {'at once':>7} {'of it':>5}"]
     for r in res.rows:
         if r.metric == "stream":
             x = r.extra
@@ -473,13 +505,21 @@ def render(res: Result) -> str:
             bound = "-" if x.get("bound_gbps") is None else f"{x['bound_gbps']:.2f}"
             out.append(f"{r.params['size']:>10} {r.params['lanes']:>5} {r.median:>7.2f} {cores:>9} {per:>13} "
                        f"{tcp:>8} {_fraction(x.get('of_tcp')):>6} {bound:>10} {_fraction(x.get('of_bound')):>8} "
-                       f"{_fraction(x.get('cpu_efficiency')):>7}")
+                       f"{_fraction(x.get('cpu_efficiency')):>7} {_fraction(x.get('uncoupled_gbps')):>7} "
+                       f"{_fraction(x.get('of_uncoupled')):>5}")
     tcp = [r for r in res.rows if r.metric == "tcp_plaintext"]
     if tcp:
         out.append(f"{'size (B)':>10} {'streams':>7} {'plain TCP GB/s':>14} {'cores s/r':>9} {'CPU-s/GB s/r':>13}")
         out += [f"{r.params['size']:>10} {r.params['streams']:>7} {r.median:>14.2f} "
                 f"{max(r.extra['cores_send']):>4.1f}/{max(r.extra['cores_recv']):<4.1f} "
                 f"{r.extra['cpu_s_per_gb_send']:>6.3f}/{r.extra['cpu_s_per_gb_recv']:<6.3f}" for r in tcp]
+    both = [r for r in res.rows if r.metric == "uncoupled"]
+    if both:
+        out.append(f"{'size (B)':>10} {'lanes':>5} {'at once GB/s':>12} {'streams alone':>13} {'AES-GCM alone':>13} "
+                   f"{'cores':>5}")
+        out += [f"{r.params['size']:>10} {r.params['streams']:>5} {r.median:>12.2f} "
+                f"{statistics.median(r.extra['streams']):>13.2f} {statistics.median(r.extra['crypto']):>13.2f} "
+                f"{statistics.median(r.extra['cores']):>5.1f}" for r in both]
     gcm = [r for r in res.rows if r.metric.startswith("aes_gcm")]
     if gcm:
         out.append(f"{'record (B)':>10} {'threads':>7} {'AES-GCM GB/s per core: encrypt':>31} {'decrypt':>7}")
@@ -492,6 +532,11 @@ def render(res: Result) -> str:
                 "  each encrypted byte costs what TCP's does plus one seal and one open. CPU eff = that CPU-s/GB over "
                 "the row's own", "  (plugin threads, both sides). TCP GB/s: the plain TCP row of the same lane "
                 "count (its size: the largest)."]
+    if both:
+        out += ["at once: the plugin's work with none of its waits (ccbridge-net-bound: as many plain TCP streams and "
+                "threads", "  sealing (sender) and opening (receiver) the same bytes in the plugin's records, native, "
+                "nothing coupling them),", "  GB/s when both sides are done: the limit the row is judged by (the "
+                "CPU bound assumes every core busy)."]
     rtt = [r for r in res.rows if r.metric == "half_rtt"]
     if rtt:
         out.append(f"{'size (B)':>10} {'lanes':>5} {'one-way us':>10}")

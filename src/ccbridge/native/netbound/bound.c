@@ -14,8 +14,10 @@
  * its encrypted GB/s at L lanes sits at or below "both at once" on the same
  * cores: that figure is the limit the row is judged against.
  *
- *   cc -O2 -o /tmp/ncclnet_bound bench/ncclnet_bound.c src/ccbridge/native/common/ossl.c -ldl -lpthread
- *   /tmp/ncclnet_bound -l 4,8,16 -s 4M [-r 256K] [-t 2G] [-n 3]
+ * Built with the package as ccbridge/lib/ccbridge-net-bound (setup.py); `ccbridge
+ * bench net` runs it beside its encrypted rows (-j: one JSON object a lane
+ * count, every repeat's figures). By hand:
+ *   ccbridge-net-bound -l 4,8,16 -s 4M [-r 256K] [-t 2G] [-n 3] [-j]
  *
  * -r: record bytes (default: the plugin's plan for S over L lanes, capped at
  * 256 KiB as native/ncclnet/net.h's RECORD_MAX). Opened records are real:
@@ -35,7 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../src/ccbridge/native/common/ossl.h"
+#include "../common/ossl.h"
 
 #define TAG 16
 #define AAD 40
@@ -82,6 +84,12 @@ static size_t record_of(size_t size, int nlanes) {
     size_t r = (size + (size_t)nlanes - 1) / (size_t)nlanes;
     r = (r + 4095) & ~(size_t)4095;
     return r < (32u << 10) ? (32u << 10) : r > (256u << 10) ? (256u << 10) : r;
+}
+
+/* each lane's bytes: whole records (both jobs move the same bytes), at least one */
+static size_t per_lane(size_t total, int lanes, size_t record) {
+    size_t per = total / (size_t)lanes / record * record;
+    return per ? per : record;
 }
 
 typedef struct {
@@ -152,7 +160,7 @@ static void side(int sender, int *fds, int lanes, size_t size, size_t total, siz
     pthread_t th[64];
     int n = 0;
     char go;
-    size_t per = total / (size_t)lanes / record * record; /* whole records: both jobs move the same bytes */
+    size_t per = per_lane(total, lanes, record);
     for (int i = 0; i < lanes && streams; i++) jobs[n++] = (job){fds[i], sender, size, per, 0, 0, NULL, NULL, NULL, 0};
     for (int i = 0; i < lanes && crypt; i++) jobs[n++] = (job){-1, sender, size, per, 1, record, sealed, key, iv, 0};
     if (write(ctl, "r", 1) != 1 || read(ctl, &go, 1) != 1) die("sync");
@@ -172,25 +180,27 @@ int main(int argc, char **argv) {
     int lanes_list[16] = {8}, nl = 1, reps = 3;
     setvbuf(stdout, NULL, _IOLBF, 0);
     size_t size = 4u << 20, total = 2ull << 30, rec_arg = 0;
-    for (int o; (o = getopt(argc, argv, "l:s:r:t:n:")) != -1;) {
+    int json = 0;
+    for (int o; (o = getopt(argc, argv, "l:s:r:t:n:j")) != -1;) {
         if (o == 'l') {
             nl = 0;
             for (char *t = strtok(optarg, ","); t && nl < 16; t = strtok(NULL, ",")) lanes_list[nl++] = atoi(t);
         } else if (o == 's') size = parse_size(optarg);
         else if (o == 'r') rec_arg = parse_size(optarg);
         else if (o == 't') total = parse_size(optarg);
+        else if (o == 'j') json = 1;
         else if (o == 'n') reps = atoi(optarg) < 1 ? 1 : atoi(optarg) > 16 ? 16 : atoi(optarg);
-        else { fprintf(stderr, "usage: %s [-l 4,8,16] [-s 4M] [-r REC] [-t 2G] [-n 3]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [-l 4,8,16] [-s 4M] [-r REC] [-t 2G] [-n 3] [-j]\n", argv[0]); return 2; }
     }
     char err[256];
     if (ossl_load(err, sizeof err)) { fprintf(stderr, "libcrypto: %s\n", err); return 1; }
     uint8_t key[32], iv[12];
     for (int i = 0; i < 32; i++) key[i] = (uint8_t)(i * 7 + 1);
     for (int i = 0; i < 12; i++) iv[i] = (uint8_t)(i + 3);
-    printf("# streams and AES-256-GCM of the same bytes, %zu B messages, %.0f MiB per measurement, %ld CPUs; GB/s of\n"
+    if (!json) printf("# streams and AES-256-GCM of the same bytes, %zu B messages, %.0f MiB per measurement, %ld CPUs; GB/s of\n"
            "# the bytes over the later side's end (median of %d); cores: both sides' CPU over that time\n",
            size, total / 1048576.0, sysconf(_SC_NPROCESSORS_ONLN), reps);
-    printf("%5s %8s %12s %12s %12s %6s %12s %6s\n", "lanes", "record", "streams", "crypto", "both at once", "cores",
+    if (!json) printf("%5s %8s %12s %12s %12s %6s %12s %6s\n", "lanes", "record", "streams", "crypto", "both at once", "cores",
            "seal, open", "TCP");
     for (int li = 0; li < nl; li++) {
         int lanes = lanes_list[li];
@@ -244,7 +254,7 @@ int main(int argc, char **argv) {
                 double t0 = o[0][0] < o[1][0] ? o[0][0] : o[1][0], end = 0;
                 for (int s = 0; s < 2; s++)
                     for (int k = 1; k < 3; k++) end = o[s][k] > end ? o[s][k] : end;
-                double bytes = (double)(total / (size_t)lanes / record * record) * lanes;
+                double bytes = (double)per_lane(total, lanes, record) * lanes;
                 res[m][r] = bytes / (end - t0) / 1e9;
                 cores[m][r] = (o[0][3] + o[1][3]) / (end - t0);
                 if (m == 2) {
@@ -255,9 +265,22 @@ int main(int argc, char **argv) {
             }
         }
         int k = reps < 16 ? reps : 16;
-        printf("%5d %8zu %12.2f %12.2f %12.2f %6.1f %5.2f, %5.2f %6.2f\n", lanes, record, median(res[0], k),
-               median(res[1], k), median(res[2], k), median(cores[2], k), median(seal, k), median(open_, k),
-               median(tcp, k));
+        if (json) {
+            const char *names[] = {"streams", "crypto", "both", "cores", "seal", "open", "tcp"};
+            const double *rows[] = {res[0], res[1], res[2], cores[2], seal, open_, tcp};
+            printf("{\"lanes\": %d, \"record\": %zu, \"size\": %zu, \"bytes\": %zu", lanes, record, size,
+                   per_lane(total, lanes, record) * (size_t)lanes);
+            for (int m = 0; m < 7; m++) {
+                printf(", \"%s\": [", names[m]);
+                for (int r = 0; r < k; r++) printf("%s%.4f", r ? ", " : "", rows[m][r]);
+                printf("]");
+            }
+            printf("}\n");
+        } else {
+            printf("%5d %8zu %12.2f %12.2f %12.2f %6.1f %5.2f, %5.2f %6.2f\n", lanes, record, median(res[0], k),
+                   median(res[1], k), median(res[2], k), median(cores[2], k), median(seal, k), median(open_, k),
+                   median(tcp, k));
+        }
         fflush(stdout);
         for (int i = 0; i < lanes; i++) { close(sfd[i]); close(rfd[i]); }
         free(sealed);
