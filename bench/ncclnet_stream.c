@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "../src/ccbridge/native/ncclnet/ncclnet.h"
+#include "../src/ccbridge/native/common/sizes.h"
 
 static ccbNet_v11 *net;
 
@@ -139,17 +140,6 @@ static double now(clockid_t id) {
 static void nap(long us) {
     if (us > 0) nanosleep(&(struct timespec){.tv_nsec = us * 1000}, NULL);
     else sched_yield(); /* NCCL's proxy thread after an idle pass (proxy.cc: if (idle) sched_yield()) */
-}
-
-static size_t parse_size(const char *s) {
-    char *end;
-    double v = strtod(s, &end);
-    switch (*end) {
-    case 'K': case 'k': v *= 1 << 10; break;
-    case 'M': case 'm': v *= 1 << 20; break;
-    case 'G': case 'g': v *= 1 << 30; break;
-    }
-    return (size_t)v;
 }
 
 static int parse_list(char *s, size_t *out, int max) {

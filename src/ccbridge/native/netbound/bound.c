@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "../common/ossl.h"
+#include "../common/sizes.h"
 
 #define TAG 16
 #define AAD 40
@@ -57,17 +58,6 @@ static double cpu_s(void) {
 static void die(const char *what) {
     perror(what);
     exit(1);
-}
-
-static size_t parse_size(const char *s) {
-    char *end;
-    double v = strtod(s, &end);
-    switch (*end) {
-    case 'K': case 'k': v *= 1 << 10; break;
-    case 'M': case 'm': v *= 1 << 20; break;
-    case 'G': case 'g': v *= 1 << 30; break;
-    }
-    return (size_t)v;
 }
 
 static double median(const double *v, int k) {
