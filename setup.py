@@ -71,8 +71,9 @@ class BuildAll(BuildWithKernels):
         self.compiler.link_shared_object(objects, str(dest), libraries=["dl", "pthread"])
         # the plugin's uncoupled bound, a program `ccbridge bench net` runs beside its rows (native/netbound/bound.c)
         bound = self.compiler.compile(
-            files(NATIVE / "netbound", "c") + OSSL, output_dir=str(Path(self.build_temp) / "netbound"),
-            depends=OSSL_H + [str(COMMON / "sizes.h")], extra_postargs=["-O2", "-std=gnu11", "-Wall"])
+            files(NATIVE / "netbound", "c") + [str(NET_SRC / "plan.c")] + OSSL,
+            output_dir=str(Path(self.build_temp) / "netbound"),
+            depends=OSSL_H + [str(COMMON / "sizes.h"), str(NET_SRC / "plan.h")], extra_postargs=["-O2", "-std=gnu11", "-Wall"])
         self.compiler.link_executable(bound, "ccbridge-net-bound", output_dir=str(dest.parent),
                                       libraries=["dl", "pthread"])
 

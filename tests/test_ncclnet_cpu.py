@@ -1080,7 +1080,7 @@ def test_the_bound_program_refuses_bad_arguments_and_checks_its_tags():
 def test_the_cpu_bound_adds_a_seal_and_an_open_to_what_tcp_costs():
     # 0.1 + 0.1 CPU-s/GB of TCP and 5 GB/s per core each way (0.2 + 0.2): 0.6 CPU-s/GB, so 16 cores move 26.7 GB/s
     assert netbench.cpu_bound(16, 0.1, 0.1, 5.0, 5.0) == pytest.approx(16 / 0.6)
-    # the plugin's record plan (conn.c record_plan): one record up to 32 KiB, then size / lanes in 4 KiB steps
+    # the plugin's record plan (ncclnet/plan.c record_plan): one record up to 32 KiB, then size / lanes in 4 KiB steps
     assert [netbench.record_bytes(s, n) for s, n in [(8, 4), (32 << 10, 8), (64 << 10, 8), (4 << 20, 8),
                                                      (512 << 10, 3)]] == [8, 32 << 10, 32 << 10, 256 << 10, 176128]
 
@@ -1102,7 +1102,7 @@ int main(int argc, char **argv) {
 
 
 def test_bench_nets_record_plan_is_the_plugins(tmp_path):
-    """netbench.record_bytes is the Python twin of conn.c's record_plan (the AES-GCM rate is measured at the record
+    """netbench.record_bytes is the Python twin of plan.c's record_plan (the AES-GCM rate is measured at the record
     size the plugin uses): the two agree, the plugin's own function compiled and asked here."""
     import shutil
     import subprocess

@@ -46,7 +46,7 @@ def _idle() -> None:
         os.sched_yield()
 
 
-# the plugin's record plan (native/ncclnet/conn.c record_plan, RECORD_MIN/RECORD_MAX): the record size
+# the plugin's record plan (native/ncclnet/plan.c record_plan, plan.h RECORD_MIN/RECORD_MAX): the record size
 # the AES-GCM rate is measured at
 RECORD_MIN, RECORD_MAX = 32 << 10, 256 << 10
 HEADER_BYTES = 40  # a record's header, its AAD

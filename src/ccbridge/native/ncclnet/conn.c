@@ -164,15 +164,6 @@ static inline void relax(void) {
 #endif
 }
 
-uint32_t record_plan(size_t size, int nlanes, size_t *record) {
-    if (size <= RECORD_MIN) { *record = size; return 1; }
-    size_t r = (size + (size_t)nlanes - 1) / (size_t)nlanes;
-    r = (r + 4095) & ~(size_t)4095;
-    r = r < RECORD_MIN ? RECORD_MIN : r > RECORD_MAX ? RECORD_MAX : r;
-    *record = r;
-    return (uint32_t)((size + r - 1) / r);
-}
-
 /* every wait of lane l rechecks stop and failure (its cv under c->mu, held by the caller; its ring's
  * under rmu, taken here: a stage between its check and its wait cannot miss the wakeup) */
 static void wake_lane(lane *l) {

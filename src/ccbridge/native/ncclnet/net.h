@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "ncclnet.h"
+#include "plan.h" /* RECORD_MIN, RECORD_MAX, record_plan */
 
 #define KEY_BYTES 32
 #define TAG_BYTES 16
@@ -67,8 +68,6 @@ int key_load(uint8_t key[KEY_BYTES], char *err, size_t errlen);
  * turn kept: no wake-up) */
 #define DEFAULT_TURNS 2 /* 4 MiB 0-19% faster than the pipeline, 8 B-64 KiB no slower: bench/RESULTS.md 2026-11-27 session 19 */
 #define MAX_TURNS 8
-#define RECORD_MIN (32u << 10)  /* a message up to this size is one record */
-#define RECORD_MAX (256u << 10) /* plaintext bytes per record, at most */
 #define HEADER_BYTES 40         /* le64 seq | le64 msg | le64 size | le64 offset | le32 n | le32 flags: the AAD */
 #define SLOT_BYTES (HEADER_BYTES + RECORD_MAX + TAG_BYTES) /* one record on the wire, at most */
 #define FLAG_FIN 1u             /* the sender's clean end of a lane (no payload) */
@@ -197,8 +196,6 @@ typedef struct comm {
     lane lanes[MAX_LANES];
 } comm;
 
-/* records of a message of `size` bytes over `nlanes`: count and record size */
-uint32_t record_plan(size_t size, int nlanes, size_t *record);
 int lanes_wanted(void);
 int pipeline_wanted(void);
 int turns_wanted(void);

@@ -20,7 +20,7 @@
  *   ccbridge-net-bound -l 4,8,16 -s 4M [-r 256K] [-t 2G] [-n 3] [-j]
  *
  * -r: record bytes (default: the plugin's plan for S over L lanes, capped at
- * 256 KiB as native/ncclnet/net.h's RECORD_MAX). Opened records are real:
+ * 256 KiB: RECORD_MAX of native/ncclnet/plan.h). Opened records are real:
  * one record is sealed first and opened again and again (its tag checked).
  */
 #define _GNU_SOURCE
@@ -39,6 +39,7 @@
 
 #include "../common/ossl.h"
 #include "../common/sizes.h"
+#include "../ncclnet/plan.h"
 
 #define TAG 16
 #define AAD 40
@@ -66,14 +67,6 @@ static double median(const double *v, int k) {
     for (int i = 1; i < k; i++)
         for (int j = i; j > 0 && s[j] < s[j - 1]; j--) { double t = s[j]; s[j] = s[j - 1]; s[j - 1] = t; }
     return k % 2 ? s[k / 2] : (s[k / 2 - 1] + s[k / 2]) / 2;
-}
-
-/* the plugin's record plan (native/ncclnet/conn.c record_plan) for a message of size over nlanes */
-static size_t record_of(size_t size, int nlanes) {
-    if (size <= (32u << 10)) return size;
-    size_t r = (size + (size_t)nlanes - 1) / (size_t)nlanes;
-    r = (r + 4095) & ~(size_t)4095;
-    return r < (32u << 10) ? (32u << 10) : r > (256u << 10) ? (256u << 10) : r;
 }
 
 /* each lane's bytes: whole records (both jobs move the same bytes), at least one */
@@ -195,7 +188,8 @@ int main(int argc, char **argv) {
     for (int li = 0; li < nl; li++) {
         int lanes = lanes_list[li];
         if (lanes < 1 || lanes > 32) { fprintf(stderr, "-l: 1..32\n"); return 2; }
-        size_t record = rec_arg ? rec_arg : record_of(size, lanes);
+        size_t record = rec_arg;
+        if (!record) record_plan(size, lanes, &record); /* the plugin's own plan (ncclnet/plan.c) */
         /* one record sealed for the receiver to open again and again */
         uint8_t *sealed = calloc(1, record + TAG), aad[AAD] = {0};
         OSSL_CTX *c = ossl.ctx_new();
