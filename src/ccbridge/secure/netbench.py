@@ -38,14 +38,6 @@ DEADLINE_S = 120.0
 POLL_S = 0.0 if (os.cpu_count() or 1) >= 8 else 1e-5
 
 
-def _idle() -> None:
-    """After a poll that found nothing: as NCCL's proxy thread does (or a short sleep where cores are few)."""
-    if POLL_S:
-        time.sleep(POLL_S)
-    else:
-        os.sched_yield()
-
-
 # the plugin's record plan (native/ncclnet/plan.c record_plan, plan.h RECORD_MIN/RECORD_MAX): the record size
 # the AES-GCM rate is measured at
 RECORD_MIN, RECORD_MAX = 32 << 10, 256 << 10
@@ -194,7 +186,7 @@ def _stream(side: _Side, sender: bool, size: int, inflight: int, total: int) -> 
                     break
                 if time.monotonic() > deadline:
                     raise TimeoutError("test")
-                _idle()
+                netplugin.idle(POLL_S)
             if not sender and (m - inflight < inflight or m - inflight >= count - inflight):
                 bad += got.value != size or (size and memcmp(bufs[slot], want[slot], size) != 0)
         if m < count:

@@ -13,6 +13,15 @@ from ccbridge.bindings import ncclnet
 from ccbridge.errors import SecureError
 
 
+def idle(pause: float) -> None:
+    """After a poll that found nothing: sleep `pause` s, or at 0 yield the core as NCCL's proxy thread does
+    (proxy.cc: `if (idle) sched_yield();`)."""
+    if pause:
+        time.sleep(pause)
+    else:
+        os.sched_yield()
+
+
 class NetError(SecureError):
     """A plugin call returned an NCCL error code (the plugin logged why)."""
 
@@ -110,7 +119,4 @@ class Net:
                 return got
             if time.monotonic() > deadline:
                 raise TimeoutError("test")
-            if pause:
-                time.sleep(pause)
-            else:
-                os.sched_yield()
+            idle(pause)
