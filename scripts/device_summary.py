@@ -85,9 +85,8 @@ def bound_row(b: dict | None, tag: str, mine: float) -> None:
         why = str(b["error"]).replace("|", "/")
         print(f"| load{tag}: uncoupled bound | not measured: {why} |")
         return
-    pick = "best" if "best" in b else "median"  # (a report from before `best` has its median alone)
-    both = (b["best"] if "best" in b else b["gbps"])["both_at_once"]
-    print(f"| load{tag}: uncoupled bound | {both:.2f} GB/s ({pick} of {b['repeat']}); ccbridge prewarmed / bound "
+    both = b["best"]["both_at_once"]  # the Result's bound rows always give their best repeat (benchresult)
+    print(f"| load{tag}: uncoupled bound | {both:.2f} GB/s (best of {b['repeat']}); ccbridge prewarmed / bound "
           f"{mine / both:.3f} |")
 
 
