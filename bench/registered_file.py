@@ -18,22 +18,19 @@ This is the experiment, not the loader: under CC a registered page-cache page ca
 import argparse
 import ctypes
 import glob
-import mmap
 import os
 import threading
 import time
 
 import torch
 
+from ccbridge.load import engine
+
 MiB = 1 << 20
 READ_ONLY = 8  # CU_MEMHOSTREGISTER_READ_ONLY
 ATTR_RO_REGISTER = 113  # CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED
 
 cu = ctypes.CDLL("libcuda.so.1")
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 for name, args in {"cuMemHostRegister_v2": [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint],
                    "cuMemHostUnregister": [ctypes.c_void_p],
                    "cuMemcpyHtoDAsync_v2": [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p],
@@ -55,10 +52,10 @@ def map_files(folder: str) -> list[tuple[str, int, int]]:
     for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
         fd = os.open(path, os.O_RDONLY)
         size = os.fstat(fd).st_size
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        os.close(fd)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            raise OSError(ctypes.get_errno(), f"mmap {path}")
+        try:
+            addr = engine.map_file(fd, size)  # the loader's own read-only shared mapping (mapped staging's)
+        finally:
+            os.close(fd)
         out.append((path, addr, size))
     return out
 
@@ -159,7 +156,7 @@ def main() -> None:
                       f"unregister {x['unregister']:.2f} (wall {x['wall']:.2f})", flush=True)
             verify(files, dst_t.data_ptr())
     for _, addr, size in files:
-        libc.munmap(addr, size)
+        engine.unmap_file(addr, size)
 
 
 if __name__ == "__main__":
