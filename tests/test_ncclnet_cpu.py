@@ -1040,6 +1040,7 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
         else:
             assert "of_uncoupled" not in x  # measured at another record size: not set beside it
         assert u.extra["bytes"] > 0 and len(u.extra["streams"]) == len(u.extra["crypto"]) == 1
+        assert u.extra["crypto_threads"] == pluginenv.crypto_threads({**os.environ})  # the plugin's own a lane
     assert "at once GB/s" in p.stdout
 
 
@@ -1075,6 +1076,17 @@ def test_the_bound_program_refuses_bad_arguments_and_checks_its_tags():
     assert all(len(g[k]) == 2 and min(g[k]) > 0 for k in ("streams", "crypto", "both", "seal", "open", "tcp"))
     # both at once ends when the later job ends: no faster than either job at once
     assert all(b <= min(t, se, op) * 1.0001 for b, t, se, op in zip(g["both"], g["tcp"], g["seal"], g["open"]))
+    assert g["crypto_threads"] == 1
+    # -c: a lane's records split over that many crypto threads (5 records of 128 KiB a lane over 3: 2, 2, 1),
+    # the same bytes in all; at most MAX_CRYPTO (8)
+    three = subprocess.run([prog, "-j", "-l", "2", "-s", "256K", "-t", "1280K", "-n", "1", "-c", "3"],
+                           capture_output=True, text=True)
+    assert three.returncode == 0, three.stderr
+    g3 = json.loads(three.stdout)
+    assert (g3["crypto_threads"], g3["bytes"]) == (3, 1280 << 10) and min(g3["crypto"]) > 0
+    for c in ("0", "9"):
+        too = subprocess.run([prog, "-c", c], capture_output=True, text=True)
+        assert too.returncode == 2 and "-c: 1..8" in too.stderr
 
 
 def test_the_cpu_bound_adds_a_seal_and_an_open_to_what_tcp_costs():
@@ -1300,6 +1312,11 @@ def test_lane_mode_reads_the_environment_as_the_plugin_does():
     assert mode({"CCBRIDGE_NET_TURNS": "0", "CCBRIDGE_NET_PIPELINE": "20"}) == "pipeline 8"
     assert mode({"CCBRIDGE_NET_TURNS": "0", "CCBRIDGE_NET_PIPELINE": "no"}) == "pipeline 0"
     assert mode({"CCBRIDGE_NET_TURNS": "0", "CCBRIDGE_NET_PIPELINE": ""}) == "pipeline 2"
+    # the threads a lane seals (opens) with at once, which the bound gives each lane: T taking turns, else one
+    threads = pluginenv.crypto_threads
+    assert [threads({}), threads({"CCBRIDGE_NET_TURNS": "5"}), threads({"CCBRIDGE_NET_TURNS": "12"}),
+            threads({"CCBRIDGE_NET_TURNS": "1"}), threads({"CCBRIDGE_NET_TURNS": "0", "CCBRIDGE_NET_PIPELINE": "0"})] \
+        == [2, 5, 8, 1, 1]
 
 
 _EPOCH_SCRIPT = r'''

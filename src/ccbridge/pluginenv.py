@@ -77,6 +77,14 @@ def lane_mode(environ: dict[str, str] | None = None) -> str:
     return f"pipeline {0 if depth < 1 else max(2, min(depth, MAX_PIPELINE))}"
 
 
+def crypto_threads(environ: dict[str, str] | None = None) -> int:
+    """How many of a lane's threads seal (open) its records at once under lane_mode: T taking turns; one in the
+    stage pipeline (the lane thread seals while its stage writes; the stage opens what the lane thread read) and
+    in the serial lane."""
+    mode, n = lane_mode(environ).split()
+    return int(n) if mode == "turns" else 1
+
+
 def _atoi(text: str | None, default: int) -> int:
     """C's atoi where text is set and not empty (leading blanks, a sign, the digits; 0 where none), else default."""
     if not text:

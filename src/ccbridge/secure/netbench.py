@@ -409,12 +409,14 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
 
 def _bound_rows(lanes: list[int], size: int, total: int, repeat: int, progress) -> tuple[list[Row], list[dict]]:
     """The plugin's work with none of its waits at each lane count (ccbridge-net-bound: the streams and the AES-GCM
-    of the same bytes at once, native threads in two processes): rows `uncoupled`, GB/s when both sides' jobs are
-    done, per repeat; or a skip (the program missing or failing), which costs the bench nothing else."""
+    of the same bytes at once, native threads in two processes, as many crypto threads a lane as the plugin's lanes
+    seal and open with): rows `uncoupled`, GB/s when both sides' jobs are done, per repeat; or a skip (the program
+    missing or failing), which costs the bench nothing else."""
     try:
         prog = pluginenv.bound_program()
         out = subprocess.run([str(prog), "-j", "-l", ",".join(map(str, lanes)), "-s", str(size), "-t", str(total),
-                              "-n", str(repeat)], capture_output=True, text=True, timeout=DEADLINE_S * len(lanes))
+                              "-n", str(repeat), "-c", str(pluginenv.crypto_threads())],
+                             capture_output=True, text=True, timeout=DEADLINE_S * len(lanes))
         if out.returncode:
             raise OSError(f"exit {out.returncode}: {(out.stderr.strip().splitlines() or ['no message'])[-1]}")
         got = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
@@ -423,7 +425,8 @@ def _bound_rows(lanes: list[int], size: int, total: int, repeat: int, progress) 
     rows = []
     for g in got:
         row = Row.of("net_loopback", "uncoupled", "GB/s", g["both"], size=g["size"], streams=g["lanes"])
-        row.extra = {k: g[k] for k in ("record", "bytes", "streams", "crypto", "cores", "seal", "open", "tcp")}
+        row.extra = {k: g[k] for k in ("record", "crypto_threads", "bytes", "streams", "crypto", "cores", "seal",
+                                       "open", "tcp")}
         rows.append(row)
         progress(f"  streams and AES-GCM at once {size:>7} B lanes {g['lanes']:>2}: {row.median:6.2f} GB/s (alone "
                  f"{statistics.median(g['streams']):.2f} and {statistics.median(g['crypto']):.2f})")
@@ -525,10 +528,10 @@ def render(res: Result) -> str:
                 "the row's own", "  (plugin threads, both sides). TCP GB/s: the plain TCP row of the same lane "
                 "count (its size: the largest)."]
     if both:
-        out += ["at once: the plugin's work with none of its waits (ccbridge-net-bound: as many plain TCP streams and "
-                "threads", "  sealing (sender) and opening (receiver) the same bytes in the plugin's records, native, "
-                "nothing coupling them),", "  GB/s when both sides are done: the limit the row is judged by (the "
-                "CPU bound assumes every core busy)."]
+        out += ["at once: the plugin's work with none of its waits (ccbridge-net-bound: as many plain TCP streams, "
+                "and as many threads a lane", "  as the plugin's sealing (sender) and opening (receiver) the same "
+                "bytes in its records, native, nothing coupling them),", "  GB/s when both sides are done: the limit "
+                "the row is judged by (the CPU bound assumes every core busy)."]
     rtt = [r for r in res.rows if r.metric == "half_rtt"]
     if rtt:
         out.append(f"{'size (B)':>10} {'lanes':>5} {'one-way us':>10}")

@@ -5,7 +5,7 @@
  *
  * Two processes, a sender and a receiver, each with L stream threads moving
  * their share of the bytes over L plain TCP loopback connections (messages of
- * S bytes) and, at the same time and tied to nothing, L threads sealing
+ * S bytes) and, at the same time and tied to nothing, C threads a lane sealing
  * (sender) or opening (receiver) as many bytes in records of R bytes with
  * AES-256-GCM under OpenSSL (the plugin's own library, bound as the plugin
  * binds it: native/common/ossl.c). First the streams alone, then the crypto
@@ -17,7 +17,11 @@
  * Built with the package as ccbridge/lib/ccbridge-net-bound (setup.py); `ccbridge
  * bench net` runs it beside its encrypted rows (-j: one JSON object a lane
  * count, every repeat's figures). By hand:
- *   ccbridge-net-bound -l 4,8,16 -s 4M [-r 256K] [-t 2G] [-n 3] [-j]
+ *   ccbridge-net-bound -l 4,8,16 -s 4M [-r 256K] [-c 2] [-t 2G] [-n 3] [-j]
+ *
+ * -c: crypto threads a lane (default 1), as many as seal or open a lane's
+ * records at once in the plugin (its turns, CCBRIDGE_NET_TURNS: `bench net`
+ * passes them); fewer would bound the plugin below what it does at few lanes.
  *
  * -r: record bytes (default: the plugin's plan for S over L lanes, capped at
  * 256 KiB: RECORD_MAX of native/ncclnet/plan.h). Opened records are real:
@@ -73,6 +77,12 @@ static double median(const double *v, int k) {
 static size_t per_lane(size_t total, int lanes, size_t record) {
     size_t per = total / (size_t)lanes / record * record;
     return per ? per : record;
+}
+
+/* crypto thread i of a lane's c: its share of the lane's records (i, i + c, ...) in bytes */
+static size_t crypto_share(size_t per, size_t record, int c, int i) {
+    size_t n = per / record;
+    return (n / (size_t)c + ((size_t)i < n % (size_t)c)) * record;
 }
 
 typedef struct {
@@ -137,15 +147,20 @@ static void *crypto_main(void *p) {
 }
 
 /* one side of one measurement: streams and/or crypto from t0; writes (end of streams, end of crypto, CPU s) */
-static void side(int sender, int *fds, int lanes, size_t size, size_t total, size_t record, int streams, int crypt,
-                 const uint8_t *sealed, const uint8_t *key, const uint8_t *iv, int ctl) {
-    job jobs[64];
-    pthread_t th[64];
+#define MAX_LANES 32
+#define MAX_CRYPTO 8
+static void side(int sender, int *fds, int lanes, int cpl, size_t size, size_t total, size_t record, int streams,
+                 int crypt, const uint8_t *sealed, const uint8_t *key, const uint8_t *iv, int ctl) {
+    job jobs[MAX_LANES * (1 + MAX_CRYPTO)];
+    pthread_t th[MAX_LANES * (1 + MAX_CRYPTO)];
     int n = 0;
     char go;
     size_t per = per_lane(total, lanes, record);
     for (int i = 0; i < lanes && streams; i++) jobs[n++] = (job){fds[i], sender, size, per, 0, 0, NULL, NULL, NULL, 0};
-    for (int i = 0; i < lanes && crypt; i++) jobs[n++] = (job){-1, sender, size, per, 1, record, sealed, key, iv, 0};
+    for (int i = 0; i < lanes * cpl && crypt; i++) {
+        size_t share = crypto_share(per, record, cpl, i % cpl);
+        if (share) jobs[n++] = (job){-1, sender, size, share, 1, record, sealed, key, iv, 0};
+    }
     if (write(ctl, "r", 1) != 1 || read(ctl, &go, 1) != 1) die("sync");
     double t0 = now(), c0 = cpu_s();
     for (int i = 0; i < n; i++)
@@ -160,11 +175,11 @@ static void side(int sender, int *fds, int lanes, size_t size, size_t total, siz
 }
 
 int main(int argc, char **argv) {
-    int lanes_list[16] = {8}, nl = 1, reps = 3;
+    int lanes_list[16] = {8}, nl = 1, reps = 3, cpl = 1;
     setvbuf(stdout, NULL, _IOLBF, 0);
     size_t size = 4u << 20, total = 2ull << 30, rec_arg = 0;
     int json = 0;
-    for (int o; (o = getopt(argc, argv, "l:s:r:t:n:j")) != -1;) {
+    for (int o; (o = getopt(argc, argv, "l:s:r:c:t:n:j")) != -1;) {
         if (o == 'l') {
             nl = 0;
             for (char *t = strtok(optarg, ","); t && nl < 16; t = strtok(NULL, ",")) lanes_list[nl++] = atoi(t);
@@ -172,22 +187,26 @@ int main(int argc, char **argv) {
         else if (o == 'r') rec_arg = parse_size(optarg);
         else if (o == 't') total = parse_size(optarg);
         else if (o == 'j') json = 1;
+        else if (o == 'c') {
+            cpl = atoi(optarg);
+            if (cpl < 1 || cpl > MAX_CRYPTO) { fprintf(stderr, "-c: 1..%d\n", MAX_CRYPTO); return 2; }
+        }
         else if (o == 'n') reps = atoi(optarg) < 1 ? 1 : atoi(optarg) > 16 ? 16 : atoi(optarg);
-        else { fprintf(stderr, "usage: %s [-l 4,8,16] [-s 4M] [-r REC] [-t 2G] [-n 3] [-j]\n", argv[0]); return 2; }
+        else { fprintf(stderr, "usage: %s [-l 4,8,16] [-s 4M] [-r REC] [-c 1] [-t 2G] [-n 3] [-j]\n", argv[0]); return 2; }
     }
     char err[256];
     if (ossl_load(err, sizeof err)) { fprintf(stderr, "libcrypto: %s\n", err); return 1; }
     uint8_t key[32], iv[12];
     for (int i = 0; i < 32; i++) key[i] = (uint8_t)(i * 7 + 1);
     for (int i = 0; i < 12; i++) iv[i] = (uint8_t)(i + 3);
-    if (!json) printf("# streams and AES-256-GCM of the same bytes, %zu B messages, %.0f MiB per measurement, %ld CPUs; GB/s of\n"
-           "# the bytes over the later side's end (median of %d); cores: both sides' CPU over that time\n",
-           size, total / 1048576.0, sysconf(_SC_NPROCESSORS_ONLN), reps);
+    if (!json) printf("# streams and AES-256-GCM (%d threads a lane) of the same bytes, %zu B messages, %.0f MiB per\n"
+           "# measurement, %ld CPUs; GB/s of the bytes over the later side's end (median of %d); cores: both sides'\n"
+           "# CPU over that time\n", cpl, size, total / 1048576.0, sysconf(_SC_NPROCESSORS_ONLN), reps);
     if (!json) printf("%5s %8s %12s %12s %12s %6s %12s %6s\n", "lanes", "record", "streams", "crypto", "both at once", "cores",
            "seal, open", "TCP");
     for (int li = 0; li < nl; li++) {
         int lanes = lanes_list[li];
-        if (lanes < 1 || lanes > 32) { fprintf(stderr, "-l: 1..32\n"); return 2; }
+        if (lanes < 1 || lanes > MAX_LANES) { fprintf(stderr, "-l: 1..%d\n", MAX_LANES); return 2; }
         size_t record = rec_arg;
         if (!record) record_plan(size, lanes, &record); /* the plugin's own plan (ncclnet/plan.c) */
         /* one record sealed for the receiver to open again and again */
@@ -203,7 +222,7 @@ int main(int argc, char **argv) {
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         socklen_t al = sizeof a;
         if (ls < 0 || bind(ls, (void *)&a, sizeof a) || listen(ls, lanes) || getsockname(ls, (void *)&a, &al)) die("listen");
-        int sfd[32], rfd[32];
+        int sfd[MAX_LANES], rfd[MAX_LANES];
         for (int i = 0; i < lanes; i++) {
             if ((sfd[i] = socket(AF_INET, SOCK_STREAM, 0)) < 0 || connect(sfd[i], (void *)&a, sizeof a)) die("connect");
             if ((rfd[i] = accept(ls, NULL, NULL)) < 0) die("accept");
@@ -220,7 +239,7 @@ int main(int argc, char **argv) {
                     if ((pid[s] = fork()) < 0) die("fork");
                     if (!pid[s]) {
                         close(ctl[s][0]);
-                        side(s == 0, s == 0 ? sfd : rfd, lanes, size, total, record, m != 1, m != 0, sealed, key, iv,
+                        side(s == 0, s == 0 ? sfd : rfd, lanes, cpl, size, total, record, m != 1, m != 0, sealed, key, iv,
                              ctl[s][1]);
                         _exit(0);
                     }
@@ -252,8 +271,8 @@ int main(int argc, char **argv) {
         if (json) {
             const char *names[] = {"streams", "crypto", "both", "cores", "seal", "open", "tcp"};
             const double *rows[] = {res[0], res[1], res[2], cores[2], seal, open_, tcp};
-            printf("{\"lanes\": %d, \"record\": %zu, \"size\": %zu, \"bytes\": %zu", lanes, record, size,
-                   per_lane(total, lanes, record) * (size_t)lanes);
+            printf("{\"lanes\": %d, \"crypto_threads\": %d, \"record\": %zu, \"size\": %zu, \"bytes\": %zu", lanes,
+                   cpl, record, size, per_lane(total, lanes, record) * (size_t)lanes);
             for (int m = 0; m < 7; m++) {
                 printf(", \"%s\": [", names[m]);
                 for (int r = 0; r < k; r++) printf("%s%.4f", r ? ", " : "", rows[m][r]);
