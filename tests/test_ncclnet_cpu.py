@@ -13,6 +13,7 @@ import hmac
 import multiprocessing as mp
 import os
 import random
+import statistics
 import socket
 import struct
 import threading
@@ -1035,12 +1036,17 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
     assert sorted(both) == [1, 3] and all(r.params["size"] == 524288 and r.median > 0 for r in both.values())
     for r in streams:
         x, u = r.extra, both[r.params["lanes"]]
-        if r.params["size"] == 524288:
-            assert x["of_uncoupled"] == pytest.approx(r.median / u.median, abs=2e-3)
+        if r.params["size"] == 524288:  # paired: each repeat's share of the bound measured right after it
+            assert x["of_uncoupled_each"] == pytest.approx([g / b for g, b in zip(x["gbps_each"], u.extra["both"])],
+                                                           abs=2e-3)
+            assert min(x["gbps_each"]) == pytest.approx(r.min, abs=1e-3) and min(u.extra["both"]) == u.min
+            assert x["of_uncoupled"] == pytest.approx(statistics.median(x["of_uncoupled_each"]), abs=1e-3)
         else:
             assert "of_uncoupled" not in x  # measured at another record size: not set beside it
-        assert u.extra["bytes"] > 0 and len(u.extra["streams"]) == len(u.extra["crypto"]) == 1
-        assert u.extra["crypto_threads"] == pluginenv.crypto_threads({**os.environ})  # the plugin's own a lane
+        assert u.extra["bytes"] > 0 and len(u.extra["streams"]) == len(u.extra["crypto"]) == u.n == r.n
+        # the plugin's threads a lane, the bench's messages in flight, a polling thread a side as the bench's
+        assert u.extra["crypto_threads"] == pluginenv.crypto_threads({**os.environ})
+        assert (u.extra["inflight"], u.extra["poll"]) == (r.params["inflight"], 1)
     assert "at once GB/s" in p.stdout
 
 
@@ -1050,9 +1056,39 @@ def test_a_missing_bound_program_is_a_skip_not_a_failure(monkeypatch):
     def gone():
         raise FileNotFoundError("ccbridge-net-bound is not built")
     monkeypatch.setattr(pluginenv, "bound_program", gone)
-    rows, skipped = netbench._bound_rows([1], 1 << 16, 1 << 20, 1, lambda _: None)
-    assert rows == [] and skipped == [{"test": "net_loopback:uncoupled",
-                                       "reason": "the uncoupled bound did not run: ccbridge-net-bound is not built"}]
+    argv, skipped = netbench._bound_argv(1 << 16, 1 << 20, 4)
+    assert argv is None and skipped == [{"test": "net_loopback:uncoupled",
+                                         "reason": "the uncoupled bound did not run: ccbridge-net-bound is not built"}]
+
+
+def test_a_bound_that_fails_mid_bench_is_one_skip_and_leaves_the_rows_unjudged(tmp_path):
+    from ccbridge import pluginenv
+
+    try:
+        pluginenv.library()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    # a program that exits 1 with a message: each repeat's bound fails, the bench goes on, one skip says why
+    fake = tmp_path / "bound"
+    fake.write_text("#!/bin/sh\necho 'libcrypto: not found' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    got = netbench._bound_once([str(fake), "-j", ",".join(map(str, sorted(os.sched_getaffinity(0))))], 2)
+    assert got == "exit 1: libcrypto: not found"
+    rows = netbench._Rows([("stream", 2, 1024, 1, 1024, 2)], lambda _: None)
+    for rank, v in ((0, {"bytes": 1, "wall": 1, "plugin_cores": 1, "poll_cores": 0, "bad": 0, "bound": got}),
+                    (1, {"bytes": 1024, "wall": 1e-6, "plugin_cores": 1, "poll_cores": 0, "bad": 0})) * 2:
+        rows.take(rank, ("stream", v))
+    assert [r.metric for r in rows.rows] == ["stream"] and not rows.bound_rows
+    assert "of_uncoupled" not in rows.rows[0].extra and rows.skipped == [
+        {"test": "net_loopback:uncoupled", "reason": "the uncoupled bound did not run: exit 1: libcrypto: not found"}]
+    # the bound runs on the cores given (not only this thread's), and this thread's are restored after it
+    mine = os.sched_getaffinity(0)
+    probe = tmp_path / "cores"
+    probe.write_text("#!/bin/sh\ngrep Cpus_allowed_list /proc/self/status >&2\nexit 3\n")
+    probe.chmod(0o755)
+    one = str(min(mine))
+    assert netbench._bound_once([str(probe), one], 1) == f"exit 3: Cpus_allowed_list:\t{one}"
+    assert os.sched_getaffinity(0) == mine
 
 
 def test_the_bound_program_refuses_bad_arguments_and_checks_its_tags():
@@ -1087,6 +1123,17 @@ def test_the_bound_program_refuses_bad_arguments_and_checks_its_tags():
     for c in ("0", "9"):
         too = subprocess.run([prog, "-c", c], capture_output=True, text=True)
         assert too.returncode == 2 and "-c: 1..8" in too.stderr
+    # -i: the messages in flight the records lie in (default 8, the bench's); -y: a polling thread a side
+    assert (g["inflight"], g["poll"], g3["poll"]) == (8, 0, 0)
+    polled = subprocess.run([prog, "-j", "-l", "3", "-s", "64K", "-t", "1M", "-n", "1", "-i", "2", "-y"],
+                            capture_output=True, text=True)
+    assert polled.returncode == 0, polled.stderr
+    gp = json.loads(polled.stdout)
+    # 64 KiB over 3 lanes: two records of 32 KiB a message, so lane 2 carries none of the plan's and takes record 0
+    assert (gp["inflight"], gp["poll"], gp["record"], gp["lanes"]) == (2, 1, 32768, 3) and min(gp["both"]) > 0
+    for i in ("0", "65"):
+        too = subprocess.run([prog, "-i", i], capture_output=True, text=True)
+        assert too.returncode == 2 and "-i: 1..64" in too.stderr
 
 
 def test_the_cpu_bound_adds_a_seal_and_an_open_to_what_tcp_costs():

@@ -32,6 +32,7 @@ from ccbridge.results import Result, Row
 from ccbridge.secure import netplugin
 
 DEADLINE_S = 120.0
+BOUND_S = 60.0  # one measurement of the uncoupled bound (three passes over the bench's bytes): at most this
 # the stream's polling pause. NCCL's proxy thread polls without one but yields its core after a pass that found
 # nothing (proxy.cc: `if (idle) sched_yield();`), so a plugin thread woken on that core runs at once; on a machine
 # of few cores a Python loop that never sleeps still takes the plugin threads' CPU, so it sleeps there
@@ -147,7 +148,7 @@ def _stream(side: _Side, sender: bool, size: int, inflight: int, total: int) -> 
     message in Python, which capped 64 KiB messages), and the received bytes of the first and
     last rounds compared with a memcmp against patterns also made before (drawing a 4 MiB pattern
     in the loop took ~5 ms, 16 times a measurement: more than the plugin's own time at 4 MiB)."""
-    net, deadline, t = side.net, time.monotonic() + DEADLINE_S, side.net.t
+    net, t = side.net, side.net.t
     memcmp = libc.lib().memcmp
     n = max(size, 1)
     bufs = [(ctypes.c_char * n)() for _ in range(inflight)]
@@ -172,7 +173,8 @@ def _stream(side: _Side, sender: bool, size: int, inflight: int, total: int) -> 
         def post(slot):
             return t.irecv(comm, 1, datas[slot], sizes[slot], tag, None, None, preqs[slot])
     side.pipe.send("ready")
-    side.pipe.recv()
+    side.pipe.recv()  # the peer may have measured the uncoupled bound meanwhile: the deadline counts from here
+    deadline = time.monotonic() + DEADLINE_S
     main0, cpu0, t0 = time.thread_time(), _cpu_s(), time.perf_counter()
     bad = 0
     for m in range(count + inflight):
@@ -249,10 +251,11 @@ def _tcp_stream(pipe, sender: bool, size: int, streams: int, total: int, infligh
 
 
 def _pingpong(side: _Side, first: bool, size: int, iters: int) -> float:
-    net, deadline = side.net, time.monotonic() + DEADLINE_S
+    net = side.net
     out, back = (ctypes.c_char * max(size, 1))(), (ctypes.c_char * max(size, 1))()
     side.pipe.send("ready")
     side.pipe.recv()
+    deadline = time.monotonic() + DEADLINE_S
     t0 = 0.0
     for i in range(iters + 50):  # 50 warm-up round trips
         if i == 50:
@@ -285,10 +288,13 @@ def _meet(rank: int, path: str) -> Connection:
             time.sleep(0.01)
 
 
-def _rank(rank: int, n: int, dev, send, plan: list[tuple], meet: str) -> None:
+def _rank(rank: int, n: int, dev, send, plan: list[tuple], meet: str, bound: list[str] | None = None) -> None:
     """One of the two bench processes (ccbridge.ranks started it, no process group): rank 0 sends, rank 1
-    receives; each result goes to the parent through send."""
+    receives; each result goes to the parent through send. With `bound` (the bound program's command line), rank 0
+    measures the bound once right after each repeat of a stream at the largest size, at its lanes, while rank 1
+    waits for the next step: each repeat has its bound from the same moment of a host whose speed drifts."""
     pipe = _meet(rank, meet)
+    paired = max((s[2] for s in plan if s[0] == "stream"), default=None) if bound else None
     lanes = None
     side = None
     for what, lanes_now, size, inflight, amount, repeat in plan:
@@ -298,7 +304,10 @@ def _rank(rank: int, n: int, dev, send, plan: list[tuple], meet: str) -> None:
             side, lanes = _Side(pipe, lanes_now), lanes_now
         for _ in range(repeat):
             if what == "stream":
-                send(("stream", _stream(side, rank == 0, size, inflight, amount)))
+                got = _stream(side, rank == 0, size, inflight, amount)
+                if rank == 0 and size == paired:
+                    got["bound"] = _bound_once(bound, lanes_now)
+                send(("stream", got))
             elif what == "tcp":
                 send(("tcp", _tcp_stream(pipe, rank == 0, size, lanes_now, amount, inflight)))
             else:
@@ -314,6 +323,8 @@ class _Rows:
         self.plan, self.progress = list(plan), progress
         self.got: tuple[list, list] = ([], [])
         self.rows: list[Row] = []
+        self.bound_rows: list[Row] = []
+        self.skipped: list[dict] = []
 
     def take(self, rank: int, msg: tuple) -> None:
         self.got[rank].append(msg[1])
@@ -331,6 +342,8 @@ class _Rows:
         for v0, v1 in pairs:
             if what in ("stream", "tcp"):
                 samples.append(v1["bytes"] / v1["wall"] / 1e9)
+                if "bound" in v0:
+                    extra.setdefault("bounds", []).append(v0["bound"])
                 extra["plugin_cores_send"].append(round(v0["plugin_cores"], 2))
                 extra["plugin_cores_recv"].append(round(v1["plugin_cores"], 2))
                 if what == "stream":  # the polling threads (as NCCL's proxy threads poll), beside the plugin's
@@ -352,16 +365,42 @@ class _Rows:
             self.progress(f"  plain TCP {size:>7} B streams {n:>2}: {row.median:6.2f} GB/s (no encryption: this "
                           f"kernel's loopback; Python threads)")
         elif what == "stream":
+            bounds = extra.pop("bounds", None)
             row = Row.of("net_loopback", "stream", "GB/s", samples, size=size, lanes=n, inflight=infl)
             row.extra = extra
             self.progress(f"  stream {size:>10} B  lanes {n:>2}: {row.median:6.2f} GB/s  plugin cores "
                           f"send {max(extra['plugin_cores_send']):.1f} recv {max(extra['plugin_cores_recv']):.1f}  "
                           f"CPU-s/GB send {extra['cpu_s_per_gb_send']} recv {extra['cpu_s_per_gb_recv']}"
                           + ("  WRONG BYTES" if extra["bad"] else ""))
+            if bounds:  # after the row's line: the bound's names the row's share of it
+                self._bound(row, samples, bounds)
         else:
             row = Row.of("net_loopback", "half_rtt", "us", samples, size=size, lanes=n)
             self.progress(f"  ping-pong {size:>7} B  lanes {n:>2}: {row.median:7.1f} us per one-way trip")
         return row
+
+    def _bound(self, row: Row, samples: list[float], bounds: list) -> None:
+        """The stream row's paired bound: an `uncoupled` row of the repeats' bounds, and the row's share of it per
+        repeat (its own GB/s over the bound measured right after it); its median is the row's `of_uncoupled`. A
+        bound that failed is a skip and leaves the row without one."""
+        bad = next((b for b in bounds if isinstance(b, str)), None)
+        if bad is not None:
+            self.skipped.append({"test": "net_loopback:uncoupled", "reason": f"the uncoupled bound did not run: {bad}"})
+            return
+        n = row.params["lanes"]
+        u = Row.of("net_loopback", "uncoupled", "GB/s", [b["both"][0] for b in bounds], size=row.params["size"],
+                   streams=n)
+        u.extra = {k: bounds[0][k] for k in ("record", "crypto_threads", "inflight", "poll", "bytes")}
+        u.extra.update({k: [b[k][0] for b in bounds] for k in ("both", "streams", "crypto", "cores", "seal", "open",
+                                                                "tcp")})
+        each = [round(g / b, 3) for g, b in zip(samples, u.extra["both"])]
+        row.extra.update(uncoupled_gbps=round(u.median, 3), gbps_each=[round(g, 3) for g in samples],
+                         of_uncoupled_each=each,
+                         of_uncoupled=round(statistics.median(each), 3))
+        self.bound_rows.append(u)
+        self.progress(f"  bound (at once) {row.params['size']:>7} B lanes {n:>2}: {u.median:6.2f} GB/s (streams alone "
+                      f"{statistics.median(u.extra['streams']):.2f}, AES-GCM {statistics.median(u.extra['crypto']):.2f});"
+                      f" stream of it: " + " ".join(f"{e:.2f}" for e in each))
 
 
 def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int = 2 << 30, repeat: int = 3,
@@ -389,17 +428,17 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
                            "turns": os.environ.get("CCBRIDGE_NET_TURNS"), "lane_mode": pluginenv.lane_mode(),
                            "interface": env["NCCL_SOCKET_IFNAME"]})
     t_start = time.perf_counter()
+    bound, skipped = _bound_argv(max(sizes), total, inflight) if tcp_baseline else (None, [])
     gcm = _gcm_rows(sorted({record_bytes(s, n) for s in sizes for n in lanes}), progress) if tcp_baseline else []
     got = _Rows(plan, progress)
     with tempfile.TemporaryDirectory(prefix="ccbridge-net-") as d:
         # two processes, no process group: they meet over their own socket, which no parent relays
-        ranks.run(2, _rank, plan, os.path.join(d, "meet"), label="net bench", env=env, on_message=got.take,
-                  stall_s=2 * DEADLINE_S, failure=SecureError)
+        ranks.run(2, _rank, plan, os.path.join(d, "meet"), bound, label="net bench", env=env,
+                  on_message=got.take, stall_s=2 * DEADLINE_S + BOUND_S, failure=SecureError)
     if len(got.rows) < len(plan):
         raise netplugin.NetError("bench", -1, "a bench process stopped before the end of the plan")
-    bound, skipped = _bound_rows(lanes, max(sizes), total, repeat, progress) if tcp_baseline else ([], [])
-    res.rows = got.rows + bound + gcm
-    res.skipped += skipped
+    res.rows = got.rows + got.bound_rows + gcm
+    res.skipped += skipped + [dict(t) for t in dict.fromkeys(tuple(x.items()) for x in got.skipped)]
     _compare(res.rows)
     res.duration_s = time.perf_counter() - t_start
     if any(r.extra.get("bad") for r in res.rows):
@@ -407,30 +446,35 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
     return res
 
 
-def _bound_rows(lanes: list[int], size: int, total: int, repeat: int, progress) -> tuple[list[Row], list[dict]]:
-    """The plugin's work with none of its waits at each lane count (ccbridge-net-bound: the streams and the AES-GCM
-    of the same bytes at once, native threads in two processes, as many crypto threads a lane as the plugin's lanes
-    seal and open with): rows `uncoupled`, GB/s when both sides' jobs are done, per repeat; or a skip (the program
-    missing or failing), which costs the bench nothing else."""
+def _bound_argv(size: int, total: int, inflight: int) -> tuple[list[str] | None, list[dict]]:
+    """The bound program's command line (ccbridge-net-bound: the plugin's work with none of its waits, as many plain
+    TCP streams and crypto threads a lane as the plugin's, its messages in flight, a polling thread a side as the
+    bench's), lanes and repeats left to add; or None and a skip where the program is missing, which costs the bench
+    nothing else. Its last item is this process's cores (for _bound_once)."""
     try:
         prog = pluginenv.bound_program()
-        out = subprocess.run([str(prog), "-j", "-l", ",".join(map(str, lanes)), "-s", str(size), "-t", str(total),
-                              "-n", str(repeat), "-c", str(pluginenv.crypto_threads())],
-                             capture_output=True, text=True, timeout=DEADLINE_S * len(lanes))
+    except OSError as e:
+        return None, [{"test": "net_loopback:uncoupled", "reason": f"the uncoupled bound did not run: {e}"}]
+    return [str(prog), "-j", "-y", "-n", "1", "-s", str(size), "-t", str(total), "-i", str(inflight),
+            "-c", str(pluginenv.crypto_threads()), ",".join(map(str, sorted(os.sched_getaffinity(0))))], []
+
+
+def _bound_once(argv: list[str], lanes: int):
+    """One measurement of the bound at `lanes` (its JSON object), or why it failed (a string). It runs on the cores
+    the bench was given (argv[-1] lists them), not only on this rank's where CCBRIDGE_RANK_CPUS splits them: the
+    plugin's two processes had both sets."""
+    *argv, cpus = argv
+    mine = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})  # this thread's, which the child inherits
+        out = subprocess.run(argv + ["-l", str(lanes)], capture_output=True, text=True, timeout=BOUND_S)
         if out.returncode:
             raise OSError(f"exit {out.returncode}: {(out.stderr.strip().splitlines() or ['no message'])[-1]}")
-        got = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    except (OSError, subprocess.TimeoutExpired, ValueError) as e:
-        return [], [{"test": "net_loopback:uncoupled", "reason": f"the uncoupled bound did not run: {e}"}]
-    rows = []
-    for g in got:
-        row = Row.of("net_loopback", "uncoupled", "GB/s", g["both"], size=g["size"], streams=g["lanes"])
-        row.extra = {k: g[k] for k in ("record", "crypto_threads", "bytes", "streams", "crypto", "cores", "seal",
-                                       "open", "tcp")}
-        rows.append(row)
-        progress(f"  streams and AES-GCM at once {size:>7} B lanes {g['lanes']:>2}: {row.median:6.2f} GB/s (alone "
-                 f"{statistics.median(g['streams']):.2f} and {statistics.median(g['crypto']):.2f})")
-    return rows, []
+        return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
+    except (OSError, subprocess.TimeoutExpired, ValueError, StopIteration) as e:
+        return str(e) or type(e).__name__
+    finally:
+        os.sched_setaffinity(0, mine)
 
 
 def _gcm_rows(records: list[int], progress) -> list[Row]:
@@ -459,7 +503,6 @@ def _compare(rows: list[Row]) -> None:
     inputs (cores visible, plain TCP's CPU-s/GB per side, AES-GCM GB/s per core on every visible core)."""
     cores = cores_visible()
     tcp = {r.params["streams"]: r for r in rows if r.metric == "tcp_plaintext"}
-    uncoupled = {(r.params["streams"], r.params["size"]): r for r in rows if r.metric == "uncoupled"}
     gcm = {(r.metric, r.params["record"]): round(r.median, 3) for r in rows
            if r.metric.startswith("aes_gcm") and r.params["threads"] == cores}
     for r in rows:
@@ -469,9 +512,6 @@ def _compare(rows: list[Row]) -> None:
         rec = record_bytes(r.params["size"], r.params["lanes"])
         enc, dec = gcm.get(("aes_gcm_encrypt", rec)), gcm.get(("aes_gcm_decrypt", rec))
         ts, tr = t.extra.get("cpu_s_per_gb_send"), t.extra.get("cpu_s_per_gb_recv")
-        u = uncoupled.get((r.params["lanes"], r.params["size"]))
-        if u is not None:  # measured at the row's own lanes and size
-            r.extra.update(uncoupled_gbps=round(u.median, 3), of_uncoupled=round(r.median / u.median, 3))
         r.extra.update(tcp_gbps=round(t.median, 3), tcp_size=t.params["size"], of_tcp=round(r.median / t.median, 3),
                        cores_visible=cores, tcp_cpu_s_per_gb_send=ts, tcp_cpu_s_per_gb_recv=tr, record=rec,
                        aes_gcm_gbps_per_core_encrypt=enc, aes_gcm_gbps_per_core_decrypt=dec)
@@ -528,10 +568,12 @@ def render(res: Result) -> str:
                 "the row's own", "  (plugin threads, both sides). TCP GB/s: the plain TCP row of the same lane "
                 "count (its size: the largest)."]
     if both:
-        out += ["at once: the plugin's work with none of its waits (ccbridge-net-bound: as many plain TCP streams, "
-                "and as many threads a lane", "  as the plugin's sealing (sender) and opening (receiver) the same "
-                "bytes in its records, native, nothing coupling them),", "  GB/s when both sides are done: the limit "
-                "the row is judged by (the CPU bound assumes every core busy)."]
+        out += ["at once: the plugin's work with none of its waits (ccbridge-net-bound: as many plain TCP streams and "
+                "threads a lane", "  as the plugin's sealing (sender) and opening (receiver) the same bytes in its "
+                "records where it finds them,", "  native, nothing coupling them; a polling thread a side as the "
+                "bench's), GB/s when both sides are done, measured", "  right after each repeat of the row: the limit "
+                "it is judged by (of it: the median of the repeats' shares; the CPU", "  bound assumes every core "
+                "busy)."]
     rtt = [r for r in res.rows if r.metric == "half_rtt"]
     if rtt:
         out.append(f"{'size (B)':>10} {'lanes':>5} {'one-way us':>10}")
