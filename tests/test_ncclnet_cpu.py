@@ -1081,14 +1081,28 @@ def test_a_bound_that_fails_mid_bench_is_one_skip_and_leaves_the_rows_unjudged(t
     assert [r.metric for r in rows.rows] == ["stream"] and not rows.bound_rows
     assert "of_uncoupled" not in rows.rows[0].extra and rows.skipped == [
         {"test": "net_loopback:uncoupled", "reason": "the uncoupled bound did not run: exit 1: libcrypto: not found"}]
-    # the bound runs on the cores given (not only this thread's), and this thread's are restored after it
+    # the bound runs on the cores given, wider than this thread's own (a rank's where CCBRIDGE_RANK_CPUS splits
+    # them), and this thread's are restored after it
     mine = os.sched_getaffinity(0)
+    if len(mine) < 2:
+        pytest.skip("one core: no wider set to give")
     probe = tmp_path / "cores"
     probe.write_text("#!/bin/sh\ngrep Cpus_allowed_list /proc/self/status >&2\nexit 3\n")
     probe.chmod(0o755)
-    one = str(min(mine))
-    assert netbench._bound_once([str(probe), one], 1) == f"exit 3: Cpus_allowed_list:\t{one}"
-    assert os.sched_getaffinity(0) == mine
+    got = {}
+
+    def narrowed():  # a thread of its own, so that narrowing it leaves the test's thread as it was
+        os.sched_setaffinity(0, {min(mine)})
+        got["why"] = netbench._bound_once([str(probe), ",".join(map(str, sorted(mine)))], 1)
+        got["after"] = os.sched_getaffinity(0)
+    t = threading.Thread(target=narrowed)
+    t.start()
+    t.join()
+    cpus = set()
+    for part in got["why"].split("\t")[1].split(","):
+        lo, _, hi = part.partition("-")
+        cpus |= set(range(int(lo), int(hi or lo) + 1))
+    assert got["why"].startswith("exit 3: Cpus_allowed_list:") and cpus == mine and got["after"] == {min(mine)}
 
 
 def test_the_bound_program_refuses_bad_arguments_and_checks_its_tags():
@@ -1120,6 +1134,8 @@ def test_the_bound_program_refuses_bad_arguments_and_checks_its_tags():
     assert three.returncode == 0, three.stderr
     g3 = json.loads(three.stdout)
     assert (g3["crypto_threads"], g3["bytes"]) == (3, 1280 << 10) and min(g3["crypto"]) > 0
+    # every record sealed and opened once over the lane's three threads (5 a lane): none dropped or done twice
+    assert (g3["lane_records"], g3["sealed"], g3["opened"]) == ([5, 5], [10], [10])
     for c in ("0", "9"):
         too = subprocess.run([prog, "-c", c], capture_output=True, text=True)
         assert too.returncode == 2 and "-c: 1..8" in too.stderr
@@ -1134,6 +1150,92 @@ def test_the_bound_program_refuses_bad_arguments_and_checks_its_tags():
     for i in ("0", "65"):
         too = subprocess.run([prog, "-i", i], capture_output=True, text=True)
         assert too.returncode == 2 and "-i: 1..64" in too.stderr
+    # -p: the pollers nap that long between passes (bench net's on a machine of few cores)
+    napped = json.loads(subprocess.run([prog, "-j", "-l", "1", "-s", "64K", "-t", "1M", "-n", "1", "-y", "-p", "10"],
+                                       capture_output=True, text=True, check=True).stdout)
+    assert (napped["poll"], napped["poll_pause_us"]) == (1, 10)
+    for bad, why in ((["-p", "-1"], "-p: 0..100000 us"), (["-s", "0"], "-s: at least 1 byte")):
+        too = subprocess.run([prog] + bad, capture_output=True, text=True)
+        assert too.returncode == 2 and why in too.stderr
+
+
+def _bound(*args) -> dict:
+    import json
+    import subprocess
+
+    from ccbridge import pluginenv
+
+    try:
+        prog = str(pluginenv.bound_program())
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    return json.loads(subprocess.run([prog, "-j", "-n", "1", *args], capture_output=True, text=True,
+                                     check=True).stdout)
+
+
+def test_the_bound_keeps_its_records_inside_messages_of_any_size():
+    # 40000 B over 1 lane: the plugin's plan rounds the record up to 40960, past the message; a record of one
+    # message is the message (the bound read and wrote 960 B past each 40000 B buffer before)
+    g = _bound("-l", "1", "-s", "40000", "-i", "1", "-t", "4M")
+    assert (g["record"], g["lane_records"], g["bytes"]) == (40000, [104], 104 * 40000)
+    assert _bound("-l", "1", "-s", "1K", "-r", "4K", "-t", "1M")["record"] == 1024
+    # messages of one record travel on lane 0 alone, as the plugin sends them (its first lane rotates only for
+    # messages of several): the other lanes carry nothing, and the bytes are lane 0's
+    one = _bound("-l", "3", "-s", "1K", "-t", "1M")
+    assert (one["lane_records"], one["bytes"], one["sealed"], one["opened"]) == ([1024, 0, 0], 1 << 20, [1024],
+                                                                                  [1024])
+    # 100 KiB over 3 lanes: records of 36 KiB, two whole ones a message; every lane carries its share
+    odd = _bound("-l", "3", "-s", "100K", "-t", "3M")
+    assert odd["record"] == 36864 and odd["lane_records"] == [28, 28, 28] and odd["bytes"] == 84 * 36864
+
+
+def test_a_bound_side_that_dies_takes_the_measurement_down_and_leaves_no_process():
+    import signal
+    import subprocess
+
+    from ccbridge import pluginenv
+
+    try:
+        prog = str(pluginenv.bound_program())
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+    def children(pid):
+        out = []
+        for d in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if d.isdigit() and int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(d))
+        return sorted(out)
+
+    p = subprocess.Popen([prog, "-j", "-l", "2", "-s", "4M", "-t", "64G", "-n", "1", "-y"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while len(kids := children(p.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(kids) == 2, kids
+        os.kill(kids[0], signal.SIGKILL)  # the sending side, mid-pass
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 1 and "result: a measuring process ended early" in err
+        deadline = time.monotonic() + 10  # the other side ends with the program (its parent-death signal)
+        while os.path.exists(f"/proc/{kids[1]}") and time.monotonic() < deadline:
+            with open(f"/proc/{kids[1]}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.05)
+        alive = os.path.exists(f"/proc/{kids[1]}")
+        if alive:
+            with open(f"/proc/{kids[1]}/stat") as f:
+                alive = f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        assert not alive
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_the_cpu_bound_adds_a_seal_and_an_open_to_what_tcp_costs():

@@ -32,7 +32,6 @@ from ccbridge.results import Result, Row
 from ccbridge.secure import netplugin
 
 DEADLINE_S = 120.0
-BOUND_S = 60.0  # one measurement of the uncoupled bound (three passes over the bench's bytes): at most this
 # the stream's polling pause. NCCL's proxy thread polls without one but yields its core after a pass that found
 # nothing (proxy.cc: `if (idle) sched_yield();`), so a plugin thread woken on that core runs at once; on a machine
 # of few cores a Python loop that never sleeps still takes the plugin threads' CPU, so it sleeps there
@@ -288,7 +287,8 @@ def _meet(rank: int, path: str) -> Connection:
             time.sleep(0.01)
 
 
-def _rank(rank: int, n: int, dev, send, plan: list[tuple], meet: str, bound: list[str] | None = None) -> None:
+def _rank(rank: int, n: int, dev, send, plan: list[tuple], meet: str, bound: list[str] | None = None,
+          bound_s: float = 60.0) -> None:
     """One of the two bench processes (ccbridge.ranks started it, no process group): rank 0 sends, rank 1
     receives; each result goes to the parent through send. With `bound` (the bound program's command line), rank 0
     measures the bound once right after each repeat of a stream at the largest size, at its lanes, while rank 1
@@ -306,7 +306,7 @@ def _rank(rank: int, n: int, dev, send, plan: list[tuple], meet: str, bound: lis
             if what == "stream":
                 got = _stream(side, rank == 0, size, inflight, amount)
                 if rank == 0 and size == paired:
-                    got["bound"] = _bound_once(bound, lanes_now)
+                    got["bound"] = _bound_once(bound, lanes_now, bound_s)
                 send(("stream", got))
             elif what == "tcp":
                 send(("tcp", _tcp_stream(pipe, rank == 0, size, lanes_now, amount, inflight)))
@@ -390,17 +390,19 @@ class _Rows:
         n = row.params["lanes"]
         u = Row.of("net_loopback", "uncoupled", "GB/s", [b["both"][0] for b in bounds], size=row.params["size"],
                    streams=n)
-        u.extra = {k: bounds[0][k] for k in ("record", "crypto_threads", "inflight", "poll", "bytes")}
+        u.extra = {k: bounds[0][k] for k in ("record", "crypto_threads", "inflight", "poll", "poll_pause_us", "bytes",
+                                             "lane_records")}
         u.extra.update({k: [b[k][0] for b in bounds] for k in ("both", "streams", "crypto", "cores", "seal", "open",
-                                                                "tcp")})
+                                                                "tcp", "sealed", "opened")})
         each = [round(g / b, 3) for g, b in zip(samples, u.extra["both"])]
         row.extra.update(uncoupled_gbps=round(u.median, 3), gbps_each=[round(g, 3) for g in samples],
                          of_uncoupled_each=each,
                          of_uncoupled=round(statistics.median(each), 3))
         self.bound_rows.append(u)
-        self.progress(f"  bound (at once) {row.params['size']:>7} B lanes {n:>2}: {u.median:6.2f} GB/s (streams alone "
-                      f"{statistics.median(u.extra['streams']):.2f}, AES-GCM {statistics.median(u.extra['crypto']):.2f});"
-                      f" stream of it: " + " ".join(f"{e:.2f}" for e in each))
+        alone = f"streams alone {statistics.median(u.extra['streams']):.2f}, AES-GCM " \
+                f"{statistics.median(u.extra['crypto']):.2f}"
+        self.progress(f"  bound (at once) {row.params['size']:>7} B lanes {n:>2}: {u.median:6.2f} GB/s ({alone}); "
+                      f"stream of it {statistics.median(each):.2f} ({min(each):.2f}-{max(each):.2f})")
 
 
 def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int = 2 << 30, repeat: int = 3,
@@ -433,8 +435,8 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
     got = _Rows(plan, progress)
     with tempfile.TemporaryDirectory(prefix="ccbridge-net-") as d:
         # two processes, no process group: they meet over their own socket, which no parent relays
-        ranks.run(2, _rank, plan, os.path.join(d, "meet"), bound, label="net bench", env=env,
-                  on_message=got.take, stall_s=2 * DEADLINE_S + BOUND_S, failure=SecureError)
+        ranks.run(2, _rank, plan, os.path.join(d, "meet"), bound, bound_timeout(total), label="net bench", env=env,
+                  on_message=got.take, stall_s=2 * DEADLINE_S + bound_timeout(total), failure=SecureError)
     if len(got.rows) < len(plan):
         raise netplugin.NetError("bench", -1, "a bench process stopped before the end of the plan")
     res.rows = got.rows + got.bound_rows + gcm
@@ -455,26 +457,37 @@ def _bound_argv(size: int, total: int, inflight: int) -> tuple[list[str] | None,
         prog = pluginenv.bound_program()
     except OSError as e:
         return None, [{"test": "net_loopback:uncoupled", "reason": f"the uncoupled bound did not run: {e}"}]
-    return [str(prog), "-j", "-y", "-n", "1", "-s", str(size), "-t", str(total), "-i", str(inflight),
-            "-c", str(pluginenv.crypto_threads()), ",".join(map(str, sorted(os.sched_getaffinity(0))))], []
+    return [str(prog), "-j", "-y", "-p", str(round(POLL_S * 1e6)), "-n", "1", "-s", str(size), "-t", str(total),
+            "-i", str(inflight), "-c", str(pluginenv.crypto_threads()),
+            ",".join(map(str, sorted(os.sched_getaffinity(0))))], []
 
 
-def _bound_once(argv: list[str], lanes: int):
-    """One measurement of the bound at `lanes` (its JSON object), or why it failed (a string). It runs on the cores
+def bound_timeout(total: int) -> float:
+    """How long one measurement of the bound may take: its three passes over `total` bytes at 0.5 GB/s, and a
+    minute more."""
+    return 60.0 + 3 * total / 0.5e9
+
+
+def _bound_once(argv: list[str], lanes: int, timeout_s: float = 60.0):
+    """One measurement of the bound at `lanes` (its JSON object), or why it failed within timeout_s (a string; the
+    program's own processes end with it). It runs on the cores
     the bench was given (argv[-1] lists them), not only on this rank's where CCBRIDGE_RANK_CPUS splits them: the
     plugin's two processes had both sets."""
     *argv, cpus = argv
     mine = os.sched_getaffinity(0)
     try:
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})  # this thread's, which the child inherits
-        out = subprocess.run(argv + ["-l", str(lanes)], capture_output=True, text=True, timeout=BOUND_S)
+        out = subprocess.run(argv + ["-l", str(lanes)], capture_output=True, text=True, timeout=timeout_s)
         if out.returncode:
             raise OSError(f"exit {out.returncode}: {(out.stderr.strip().splitlines() or ['no message'])[-1]}")
         return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
     except (OSError, subprocess.TimeoutExpired, ValueError, StopIteration) as e:
         return str(e) or type(e).__name__
     finally:
-        os.sched_setaffinity(0, mine)
+        try:
+            os.sched_setaffinity(0, mine)
+        except OSError:
+            pass  # the wider set stays with this thread: the bench's own cores
 
 
 def _gcm_rows(records: list[int], progress) -> list[Row]:
@@ -529,7 +542,8 @@ def _fraction(v) -> str:
 
 def render(res: Result) -> str:
     out = [f"{'size (B)':>10} {'lanes':>5} {'GB/s':>7} {'cores s/r':>9} {'CPU-s/GB s/r':>13} "
-           f"{'TCP GB/s':>8} {'of TCP':>6} {'bound GB/s':>10} {'of bound':>8} {'CPU eff':>7} {'at once':>7} {'of it':>5}"]
+           f"{'TCP GB/s':>8} {'of TCP':>6} {'bound GB/s':>10} {'of bound':>8} {'CPU eff':>7} {'at once':>7} "
+           f"{'of it':>5}"]
     for r in res.rows:
         if r.metric == "stream":
             x = r.extra

@@ -24,13 +24,16 @@
  * Built with the package as ccbridge/lib/ccbridge-net-bound (setup.py); `ccbridge
  * bench net` runs it beside its encrypted rows (-j: one JSON object a lane
  * count, every repeat's figures). By hand:
- *   ccbridge-net-bound -l 4,8,16 -s 4M [-r 256K] [-c 2] [-i 8] [-t 2G] [-n 3] [-y] [-j]
+ *   ccbridge-net-bound -l 4,8,16 -s 4M [-r 256K] [-c 2] [-i 8] [-t 2G] [-n 3] [-y [-p US]] [-j]
  *
  * -c: crypto threads a lane (default 1), as many as seal or open a lane's
  * records at once in the plugin (its turns, CCBRIDGE_NET_TURNS: `bench net`
  * passes them); fewer would bound the plugin below what it does at few lanes.
  * -i: messages in flight (default 8, bench net's). -y: a thread a side that
- * polls and yields as NCCL's proxy thread does beside any transport.
+ * polls and yields as NCCL's proxy thread does beside any transport (-p US:
+ * napping that long between passes instead, as bench net's pollers do on a
+ * machine of few cores). A message of one record travels on lane 0 alone, as
+ * in the plugin. Each side is a process of its own that ends with this one.
  *
  * -r: record bytes (default: the plugin's plan for S over L lanes, capped at
  * 256 KiB: RECORD_MAX of native/ncclnet/plan.h). Opened records are real:
@@ -46,6 +49,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -77,6 +82,15 @@ static void die(const char *what) {
     exit(1);
 }
 
+/* n bytes from the other process over the control socket, or exit saying which step lost it */
+static void must_read(int fd, void *p, size_t n, const char *what) {
+    ssize_t r = read(fd, p, n);
+    if (r == (ssize_t)n) return;
+    if (r < 0) die(what);
+    fprintf(stderr, "%s: a measuring process ended early\n", what);
+    exit(1);
+}
+
 static double median(const double *v, int k) {
     double s[16];
     memcpy(s, v, sizeof(double) * (size_t)k);
@@ -85,17 +99,25 @@ static double median(const double *v, int k) {
     return k % 2 ? s[k / 2] : (s[k / 2 - 1] + s[k / 2]) / 2;
 }
 
-/* each lane's bytes: whole records (both jobs move the same bytes), at least one */
-static size_t per_lane(size_t total, int lanes, size_t record) {
-    size_t per = total / (size_t)lanes / record * record;
-    return per ? per : record;
+/* lane i's records in a measurement of about total bytes: whole records (both jobs move the same bytes), at
+ * least one. A message of one record (k 1) travels on lane 0 in the plugin (its first lane rotates only for
+ * messages of several), so there the other lanes carry none */
+static size_t lane_records(size_t total, int lanes, size_t record, size_t k, int i) {
+    size_t per = k == 1 ? (i ? 0 : total / record) : total / (size_t)lanes / record;
+    return per || (k == 1 && i) ? per : 1;
+}
+
+static size_t total_bytes(size_t total, int lanes, size_t record, size_t k) {
+    size_t n = 0;
+    for (int i = 0; i < lanes; i++) n += lane_records(total, lanes, record, k, i);
+    return n * record;
 }
 
 typedef struct {
     int fd, sender, crypt; /* crypt 1: a crypto thread, not a stream */
     int lane, nlanes, t, cpl; /* this thread's lane of nlanes; a crypto thread's index t of its lane's cpl */
     size_t size, record, k;   /* message size, record size, records a message */
-    size_t nrec;              /* the lane's records in the measurement */
+    size_t nrec, done;        /* the lane's records in the measurement; a crypto thread's, sealed or opened */
     uint8_t *msgs;            /* inflight messages of size bytes, one after another */
     int inflight;
     const uint8_t *sealed; /* receiver: one record sealed under key/iv, to open again and again */
@@ -103,8 +125,10 @@ typedef struct {
     double end;
 } job;
 
-/* where the lane's q-th record lies in the messages: the plugin deals record j of each message to lane
- * j % nlanes (the message's first lane rotates, which changes which lane, not how much each carries) */
+/* where the lane's q-th record lies in the messages: the plugin deals record j of a message of k > 1 to lane
+ * (first + j) % nlanes, the first rotating from message to message, so each lane carries its share; here lane i
+ * takes records i, i + nlanes, ... of every message (record i % k where k <= i: the plugin's rotation gives
+ * such a lane records of some messages, as many over time). One record a message: lane 0 alone */
 static uint8_t *record_at(const job *j, size_t q) {
     size_t i = (size_t)j->lane, nl = (size_t)j->nlanes;
     size_t first = j->k > i ? i : i % j->k, per_msg = j->k > i ? (j->k - 1 - i) / nl + 1 : 1;
@@ -152,7 +176,7 @@ static void *crypto_main(void *p) {
     if (!c || !in || !out) die("crypto buffers");
     if (!j->sender) memcpy(in, j->sealed, j->record + TAG);
     int ok = (j->sender ? ossl.enc_init : ossl.dec_init)(c, ossl.aes_256_gcm(), NULL, j->key, NULL) == 1;
-    for (size_t q = (size_t)j->t; ok && q < j->nrec; q += (size_t)j->cpl) {
+    for (size_t q = (size_t)j->t; ok && q < j->nrec; q += (size_t)j->cpl, j->done++) {
         if (j->sender) {
             ok = ossl.enc_init(c, NULL, NULL, NULL, j->iv) == 1 && ossl.enc_update(c, NULL, &len, aad, AAD) == 1 &&
                  ossl.enc_update(c, out, &len, record_at(j, q), (int)j->record) == 1 &&
@@ -176,11 +200,16 @@ static void *crypto_main(void *p) {
 }
 
 /* -y: the thread NCCL's proxy runs beside any transport, polling and yielding its core between passes
- * (proxy.cc: `if (idle) sched_yield();`), as bench net's polling threads do beside the plugin */
+ * (proxy.cc: `if (idle) sched_yield();`), as bench net's polling threads do beside the plugin; -p US: napping
+ * that long between passes instead, as bench net's do on a machine of few cores */
 static _Atomic int polling;
+static long poll_pause_us;
 static void *poll_main(void *p) {
     (void)p;
-    while (atomic_load(&polling)) sched_yield();
+    struct timespec nap = {poll_pause_us / 1000000, poll_pause_us % 1000000 * 1000};
+    while (atomic_load(&polling))
+        if (poll_pause_us) nanosleep(&nap, NULL);
+        else sched_yield();
     return NULL;
 }
 
@@ -190,7 +219,8 @@ typedef struct {
     const uint8_t *sealed, *key, *iv;
 } plan;
 
-/* one side of one measurement: streams and/or crypto from t0; writes (t0, end of streams, end of crypto, CPU s) */
+/* one side of one measurement: streams and/or crypto from t0; writes (t0, end of streams, end of crypto, CPU s,
+ * records its crypto threads sealed or opened) */
 #define MAX_LANES 32
 #define MAX_CRYPTO 8
 static void side(int sender, int *fds, const plan *pl, int ctl) {
@@ -198,48 +228,166 @@ static void side(int sender, int *fds, const plan *pl, int ctl) {
     pthread_t th[MAX_LANES * (1 + MAX_CRYPTO)], poller;
     int n = 0;
     char go;
-    size_t k = pl->size / pl->record ? pl->size / pl->record : 1, nrec = per_lane(pl->total, pl->lanes, pl->record) /
-                                                                        pl->record;
+    size_t k = pl->size / pl->record ? pl->size / pl->record : 1;
     /* the messages, touched before the clock (the plugin's callers' buffers) */
     uint8_t *msgs = malloc(pl->size * (size_t)pl->inflight);
     if (!msgs) die("malloc messages");
     memset(msgs, 0x3c, pl->size * (size_t)pl->inflight);
-    job base = {-1, sender, 0, 0, pl->lanes, 0, 1, pl->size, pl->record, k, nrec, msgs, pl->inflight, pl->sealed,
+    job base = {-1, sender, 0, 0, pl->lanes, 0, 1, pl->size, pl->record, k, 0, 0, msgs, pl->inflight, pl->sealed,
                 pl->key, pl->iv, 0};
-    for (int i = 0; i < pl->lanes && pl->streams; i++) {
+    for (int i = 0; i < pl->lanes * (1 + pl->cpl); i++) { /* a stream a lane, then cpl crypto threads a lane */
+        int crypt = i >= pl->lanes, lane = crypt ? (i - pl->lanes) / pl->cpl : i;
+        size_t nrec = lane_records(pl->total, pl->lanes, pl->record, k, lane);
+        if (!nrec || !(crypt ? pl->crypt : pl->streams)) continue;
         jobs[n] = base;
-        jobs[n].fd = fds[i], jobs[n].lane = i;
+        jobs[n].fd = crypt ? -1 : fds[lane], jobs[n].crypt = crypt, jobs[n].lane = lane, jobs[n].nrec = nrec;
+        if (crypt) jobs[n].t = (i - pl->lanes) % pl->cpl, jobs[n].cpl = pl->cpl;
         n++;
     }
-    for (int i = 0; i < pl->lanes * pl->cpl && pl->crypt; i++) {
-        jobs[n] = base;
-        jobs[n].crypt = 1, jobs[n].lane = i / pl->cpl, jobs[n].t = i % pl->cpl, jobs[n].cpl = pl->cpl;
-        n++;
-    }
-    if (write(ctl, "r", 1) != 1 || read(ctl, &go, 1) != 1) die("sync");
+    if (write(ctl, "r", 1) != 1) die("sync");
+    must_read(ctl, &go, 1, "sync");
     double t0 = now(), c0 = cpu_s();
     atomic_store(&polling, 1);
     if (pl->poll && pthread_create(&poller, NULL, poll_main, NULL)) die("pthread_create");
     for (int i = 0; i < n; i++)
         if (pthread_create(&th[i], NULL, jobs[i].crypt ? crypto_main : stream_main, &jobs[i])) die("pthread_create");
-    double ends[2] = {t0, t0};
+    double ends[2] = {t0, t0}, done = 0;
     for (int i = 0; i < n; i++) {
         pthread_join(th[i], NULL);
         if (jobs[i].end > ends[jobs[i].crypt]) ends[jobs[i].crypt] = jobs[i].end;
+        done += (double)jobs[i].done;
     }
     atomic_store(&polling, 0);
     if (pl->poll) pthread_join(poller, NULL);
-    double out[4] = {t0, ends[0], ends[1], cpu_s() - c0};
+    double out[5] = {t0, ends[0], ends[1], cpu_s() - c0, done};
     if (write(ctl, out, sizeof out) != sizeof out) die("report");
     free(msgs);
 }
 
+/* one pass (m: 0 streams alone, 1 crypto alone, 2 both) of both sides, each in a process of its own that ends
+ * with this one and holds only its side's sockets; o[side] = what side() wrote */
+static void one_pass(const plan *base, int m, int *sfd, int *rfd, pid_t parent, double o[2][5]) {
+    int ctl[2][2];
+    pid_t pid[2];
+    for (int s = 0; s < 2; s++) {
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, ctl[s])) die("socketpair");
+        if ((pid[s] = fork()) < 0) die("fork");
+        if (!pid[s]) {
+            close(ctl[s][0]);
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent) _exit(1);
+            for (int i = 0; i < base->lanes; i++) close(s == 0 ? rfd[i] : sfd[i]);
+            plan pl = *base;
+            pl.streams = m != 1, pl.crypt = m != 0;
+            side(s == 0, s == 0 ? sfd : rfd, &pl, ctl[s][1]);
+            _exit(0);
+        }
+        close(ctl[s][1]);
+    }
+    char b;
+    for (int s = 0; s < 2; s++) must_read(ctl[s][0], &b, 1, "ready");
+    for (int s = 0; s < 2; s++)
+        if (write(ctl[s][0], "g", 1) != 1) die("go");
+    for (int s = 0; s < 2; s++) must_read(ctl[s][0], o[s], sizeof o[s], "result");
+    for (int s = 0; s < 2; s++) { waitpid(pid[s], NULL, 0); close(ctl[s][0]); }
+}
+
+/* L connected loopback pairs: sfd[i] the sender's end of lane i, rfd[i] the receiver's */
+static void connect_lanes(int lanes, int *sfd, int *rfd) {
+    int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof a;
+    if (ls < 0 || bind(ls, (void *)&a, sizeof a) || listen(ls, lanes) || getsockname(ls, (void *)&a, &al))
+        die("listen");
+    for (int i = 0; i < lanes; i++) {
+        if ((sfd[i] = socket(AF_INET, SOCK_STREAM, 0)) < 0 || connect(sfd[i], (void *)&a, sizeof a)) die("connect");
+        if ((rfd[i] = accept(ls, NULL, NULL)) < 0) die("accept");
+        setsockopt(sfd[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
+    close(ls);
+}
+
+/* one record sealed under key/iv for the receiver to open again and again (its tag checked each time) */
+static uint8_t *seal_one(size_t record, const uint8_t *key, const uint8_t *iv) {
+    uint8_t *sealed = calloc(1, record + TAG), aad[AAD] = {0};
+    OSSL_CTX *c = ossl.ctx_new();
+    int len;
+    if (!sealed || !c) die("seal");
+    memset(sealed, 0x3c, record);
+    if (ossl.enc_init(c, ossl.aes_256_gcm(), NULL, key, iv) != 1 || ossl.enc_update(c, NULL, &len, aad, AAD) != 1 ||
+        ossl.enc_update(c, sealed, &len, sealed, (int)record) != 1 || ossl.enc_final(c, sealed + record, &len) != 1 ||
+        ossl.ctrl(c, OSSL_GCM_GET_TAG, TAG, sealed + record) != 1) {
+        fprintf(stderr, "seal failed\n");
+        exit(1);
+    }
+    ossl.ctx_free(c);
+    return sealed;
+}
+
+/* every repeat's figures at one lane count: one JSON object, or a row of medians */
+static void report(int json, const plan *pl, int reps, double res[3][16], double cores[16], double seal[16],
+                   double open_[16], double tcp[16], double recs[2][16]) {
+    size_t k = pl->size / pl->record ? pl->size / pl->record : 1;
+    if (!json) {
+        printf("%5d %8zu %12.2f %12.2f %12.2f %6.1f %5.2f, %5.2f %6.2f\n", pl->lanes, pl->record, median(res[0], reps),
+               median(res[1], reps), median(res[2], reps), median(cores, reps), median(seal, reps),
+               median(open_, reps), median(tcp, reps));
+        return;
+    }
+    const char *names[] = {"streams", "crypto", "both", "cores", "seal", "open", "tcp", "sealed", "opened"};
+    const double *rows[] = {res[0], res[1], res[2], cores, seal, open_, tcp, recs[0], recs[1]};
+    printf("{\"lanes\": %d, \"crypto_threads\": %d, \"inflight\": %d, \"poll\": %d, \"poll_pause_us\": %ld, "
+           "\"record\": %zu, \"size\": %zu, \"bytes\": %zu, \"lane_records\": [", pl->lanes, pl->cpl, pl->inflight,
+           pl->poll, poll_pause_us, pl->record, pl->size, total_bytes(pl->total, pl->lanes, pl->record, k));
+    for (int i = 0; i < pl->lanes; i++)
+        printf("%s%zu", i ? ", " : "", lane_records(pl->total, pl->lanes, pl->record, k, i));
+    printf("]");
+    for (int m = 0; m < 9; m++) {
+        printf(", \"%s\": [", names[m]);
+        for (int r = 0; r < reps; r++) printf(m < 7 ? "%s%.4f" : "%s%.0f", r ? ", " : "", rows[m][r]);
+        printf("]");
+    }
+    printf("}\n");
+}
+
+/* reps repeats of the three passes at pl->lanes lanes, then their report */
+static void measure(const plan *base, int reps, int json, pid_t parent) {
+    int sfd[MAX_LANES], rfd[MAX_LANES];
+    size_t k = base->size / base->record ? base->size / base->record : 1;
+    double bytes = (double)total_bytes(base->total, base->lanes, base->record, k);
+    double res[3][16], cores[3][16], seal[16], open_[16], tcp[16], recs[2][16];
+    connect_lanes(base->lanes, sfd, rfd);
+    for (int r = 0; r < reps; r++) {
+        for (int m = 0; m < 3; m++) {
+            double o[2][5];
+            one_pass(base, m, sfd, rfd, parent, o);
+            double t0 = o[0][0] < o[1][0] ? o[0][0] : o[1][0], end = 0;
+            for (int s = 0; s < 2; s++)
+                for (int e = 1; e < 3; e++) end = o[s][e] > end ? o[s][e] : end;
+            res[m][r] = bytes / (end - t0) / 1e9;
+            cores[m][r] = (o[0][3] + o[1][3]) / (end - t0);
+            if (m == 2) {
+                tcp[r] = bytes / ((o[1][1] > o[0][1] ? o[1][1] : o[0][1]) - t0) / 1e9;
+                seal[r] = bytes / (o[0][2] - t0) / 1e9;
+                open_[r] = bytes / (o[1][2] - t0) / 1e9;
+                recs[0][r] = o[0][4], recs[1][r] = o[1][4];
+            }
+        }
+    }
+    report(json, base, reps, res, cores[2], seal, open_, tcp, recs);
+    fflush(stdout);
+    for (int i = 0; i < base->lanes; i++) { close(sfd[i]); close(rfd[i]); }
+}
+
+static int usage(const char *argv0) {
+    fprintf(stderr, "usage: %s [-l 4,8,16] [-s 4M] [-r REC] [-c 1] [-i 8] [-t 2G] [-n 3] [-y] [-p US] [-j]\n", argv0);
+    return 2;
+}
+
 int main(int argc, char **argv) {
-    int lanes_list[16] = {8}, nl = 1, reps = 3, cpl = 1, inflight = 8, poll = 0;
+    int lanes_list[16] = {8}, nl = 1, reps = 3, cpl = 1, inflight = 8, poll = 0, json = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
     size_t size = 4u << 20, total = 2ull << 30, rec_arg = 0;
-    int json = 0;
-    for (int o; (o = getopt(argc, argv, "l:s:r:c:i:t:n:yj")) != -1;) {
+    for (int o; (o = getopt(argc, argv, "l:s:r:c:i:t:n:p:yj")) != -1;) {
         if (o == 'l') {
             nl = 0;
             for (char *t = strtok(optarg, ","); t && nl < 16; t = strtok(NULL, ",")) lanes_list[nl++] = atoi(t);
@@ -248,114 +396,42 @@ int main(int argc, char **argv) {
         else if (o == 't') total = parse_size(optarg);
         else if (o == 'j') json = 1;
         else if (o == 'y') poll = 1;
-        else if (o == 'i') {
+        else if (o == 'p') {
+            poll_pause_us = atol(optarg);
+            if (poll_pause_us < 0 || poll_pause_us > 100000) { fprintf(stderr, "-p: 0..100000 us\n"); return 2; }
+        } else if (o == 'i') {
             inflight = atoi(optarg);
             if (inflight < 1 || inflight > 64) { fprintf(stderr, "-i: 1..64\n"); return 2; }
-        }
-        else if (o == 'c') {
+        } else if (o == 'c') {
             cpl = atoi(optarg);
             if (cpl < 1 || cpl > MAX_CRYPTO) { fprintf(stderr, "-c: 1..%d\n", MAX_CRYPTO); return 2; }
-        }
-        else if (o == 'n') reps = atoi(optarg) < 1 ? 1 : atoi(optarg) > 16 ? 16 : atoi(optarg);
-        else { fprintf(stderr, "usage: %s [-l 4,8,16] [-s 4M] [-r REC] [-c 1] [-i 8] [-t 2G] [-n 3] [-y] [-j]\n",
-                           argv[0]);
-            return 2;
-        }
+        } else if (o == 'n') reps = atoi(optarg) < 1 ? 1 : atoi(optarg) > 16 ? 16 : atoi(optarg);
+        else return usage(argv[0]);
     }
+    if (!size) { fprintf(stderr, "-s: at least 1 byte\n"); return 2; }
+    for (int li = 0; li < nl; li++)
+        if (lanes_list[li] < 1 || lanes_list[li] > MAX_LANES) { fprintf(stderr, "-l: 1..%d\n", MAX_LANES); return 2; }
     char err[256];
+    pid_t parent = getpid();
     if (ossl_load(err, sizeof err)) { fprintf(stderr, "libcrypto: %s\n", err); return 1; }
     uint8_t key[32], iv[12];
     for (int i = 0; i < 32; i++) key[i] = (uint8_t)(i * 7 + 1);
     for (int i = 0; i < 12; i++) iv[i] = (uint8_t)(i + 3);
-    if (!json) printf("# streams and AES-256-GCM (%d threads a lane) of the same bytes, %d messages of %zu B in flight%s,\n"
-           "# %.0f MiB per measurement, %ld CPUs; GB/s of the bytes over the later side's end (median of %d); cores:\n"
-           "# both sides' CPU over that time\n", cpl, inflight, size, poll ? ", a polling thread a side" : "",
-           total / 1048576.0, sysconf(_SC_NPROCESSORS_ONLN), reps);
-    if (!json) printf("%5s %8s %12s %12s %12s %6s %12s %6s\n", "lanes", "record", "streams", "crypto", "both at once", "cores",
-           "seal, open", "TCP");
+    if (!json) {
+        printf("# streams and AES-256-GCM (%d threads a lane) of the same bytes, %d messages of %zu B in flight;\n"
+               "# %.0f MiB a measurement, %ld CPUs%s; GB/s of the bytes over the later side's end (median of %d);\n"
+               "# cores: both sides' CPU over that time\n", cpl, inflight, size, total / 1048576.0,
+               sysconf(_SC_NPROCESSORS_ONLN), poll ? ", a polling thread a side" : "", reps);
+        printf("%5s %8s %12s %12s %12s %6s %12s %6s\n", "lanes", "record", "streams", "crypto", "both at once",
+               "cores", "seal, open", "TCP");
+    }
     for (int li = 0; li < nl; li++) {
-        int lanes = lanes_list[li];
-        if (lanes < 1 || lanes > MAX_LANES) { fprintf(stderr, "-l: 1..%d\n", MAX_LANES); return 2; }
         size_t record = rec_arg;
-        if (!record) record_plan(size, lanes, &record); /* the plugin's own plan (ncclnet/plan.c) */
-        /* one record sealed for the receiver to open again and again */
-        uint8_t *sealed = calloc(1, record + TAG), aad[AAD] = {0};
-        OSSL_CTX *c = ossl.ctx_new();
-        int len;
-        memset(sealed, 0x3c, record);
-        if (ossl.enc_init(c, ossl.aes_256_gcm(), NULL, key, iv) != 1 || ossl.enc_update(c, NULL, &len, aad, AAD) != 1 ||
-            ossl.enc_update(c, sealed, &len, sealed, (int)record) != 1 || ossl.enc_final(c, sealed + record, &len) != 1 ||
-            ossl.ctrl(c, OSSL_GCM_GET_TAG, TAG, sealed + record) != 1) { fprintf(stderr, "seal failed\n"); return 1; }
-        ossl.ctx_free(c);
-        int ls = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t al = sizeof a;
-        if (ls < 0 || bind(ls, (void *)&a, sizeof a) || listen(ls, lanes) || getsockname(ls, (void *)&a, &al)) die("listen");
-        int sfd[MAX_LANES], rfd[MAX_LANES];
-        for (int i = 0; i < lanes; i++) {
-            if ((sfd[i] = socket(AF_INET, SOCK_STREAM, 0)) < 0 || connect(sfd[i], (void *)&a, sizeof a)) die("connect");
-            if ((rfd[i] = accept(ls, NULL, NULL)) < 0) die("accept");
-            setsockopt(sfd[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        }
-        close(ls);
-        double res[3][16], cores[3][16], seal[16], open_[16], tcp[16];
-        for (int r = 0; r < reps && r < 16; r++) {
-            for (int m = 0; m < 3; m++) { /* streams alone, crypto alone, both */
-                int ctl[2][2];
-                pid_t pid[2];
-                for (int s = 0; s < 2; s++) {
-                    if (socketpair(AF_UNIX, SOCK_STREAM, 0, ctl[s])) die("socketpair");
-                    if ((pid[s] = fork()) < 0) die("fork");
-                    if (!pid[s]) {
-                        close(ctl[s][0]);
-                        plan pl = {lanes, cpl, inflight, m != 1, m != 0, poll, size, total, record, sealed, key, iv};
-                        side(s == 0, s == 0 ? sfd : rfd, &pl, ctl[s][1]);
-                        _exit(0);
-                    }
-                    close(ctl[s][1]);
-                }
-                char b;
-                for (int s = 0; s < 2; s++)
-                    if (read(ctl[s][0], &b, 1) != 1) die("ready");
-                for (int s = 0; s < 2; s++)
-                    if (write(ctl[s][0], "g", 1) != 1) die("go");
-                double o[2][4];
-                for (int s = 0; s < 2; s++)
-                    if (read(ctl[s][0], o[s], sizeof o[s]) != sizeof o[s]) die("result");
-                for (int s = 0; s < 2; s++) { waitpid(pid[s], NULL, 0); close(ctl[s][0]); }
-                double t0 = o[0][0] < o[1][0] ? o[0][0] : o[1][0], end = 0;
-                for (int s = 0; s < 2; s++)
-                    for (int k = 1; k < 3; k++) end = o[s][k] > end ? o[s][k] : end;
-                double bytes = (double)per_lane(total, lanes, record) * lanes;
-                res[m][r] = bytes / (end - t0) / 1e9;
-                cores[m][r] = (o[0][3] + o[1][3]) / (end - t0);
-                if (m == 2) {
-                    tcp[r] = bytes / ((o[1][1] > o[0][1] ? o[1][1] : o[0][1]) - t0) / 1e9;
-                    seal[r] = bytes / (o[0][2] - t0) / 1e9;
-                    open_[r] = bytes / (o[1][2] - t0) / 1e9;
-                }
-            }
-        }
-        int k = reps < 16 ? reps : 16;
-        if (json) {
-            const char *names[] = {"streams", "crypto", "both", "cores", "seal", "open", "tcp"};
-            const double *rows[] = {res[0], res[1], res[2], cores[2], seal, open_, tcp};
-            printf("{\"lanes\": %d, \"crypto_threads\": %d, \"inflight\": %d, \"poll\": %d, \"record\": %zu, "
-                   "\"size\": %zu, \"bytes\": %zu", lanes, cpl, inflight, poll, record, size,
-                   per_lane(total, lanes, record) * (size_t)lanes);
-            for (int m = 0; m < 7; m++) {
-                printf(", \"%s\": [", names[m]);
-                for (int r = 0; r < k; r++) printf("%s%.4f", r ? ", " : "", rows[m][r]);
-                printf("]");
-            }
-            printf("}\n");
-        } else {
-            printf("%5d %8zu %12.2f %12.2f %12.2f %6.1f %5.2f, %5.2f %6.2f\n", lanes, record, median(res[0], k),
-                   median(res[1], k), median(res[2], k), median(cores[2], k), median(seal, k), median(open_, k),
-                   median(tcp, k));
-        }
-        fflush(stdout);
-        for (int i = 0; i < lanes; i++) { close(sfd[i]); close(rfd[i]); }
+        if (!record) record_plan(size, lanes_list[li], &record); /* the plugin's own plan (ncclnet/plan.c) */
+        if (record > size) record = size; /* a one-record message: its record is the message (no byte past it) */
+        uint8_t *sealed = seal_one(record, key, iv);
+        plan pl = {lanes_list[li], cpl, inflight, 1, 1, poll, size, total, record, sealed, key, iv};
+        measure(&pl, reps, json, parent);
         free(sealed);
     }
     return 0;
