@@ -99,18 +99,28 @@ static double median(const double *v, int k) {
     return k % 2 ? s[k / 2] : (s[k / 2 - 1] + s[k / 2]) / 2;
 }
 
-/* lane i's records in a measurement of about total bytes: whole records (both jobs move the same bytes), at
- * least one. A message of one record (k 1) travels on lane 0 in the plugin (its first lane rotates only for
- * messages of several), so there the other lanes carry none */
-static size_t lane_records(size_t total, int lanes, size_t record, size_t k, int i) {
-    size_t per = k == 1 ? (i ? 0 : total / record) : total / (size_t)lanes / record;
-    return per || (k == 1 && i) ? per : 1;
+typedef struct {
+    int lanes, cpl, inflight, streams, crypt, poll;
+    size_t size, total, record;
+    const uint8_t *sealed, *key, *iv;
+} plan;
+
+/* the whole records of a message (main keeps a record within its message: at least one) */
+static size_t per_message(const plan *pl) { return pl->size / pl->record; }
+
+/* lane i's records in a measurement of about pl->total bytes: whole records (both jobs move the same bytes), at
+ * least one. A message of one record travels on lane 0 in the plugin (its first lane rotates only for messages
+ * of several), so there the other lanes carry none */
+static size_t lane_records(const plan *pl, int i) {
+    int one = per_message(pl) == 1;
+    size_t per = one ? (i ? 0 : pl->total / pl->record) : pl->total / (size_t)pl->lanes / pl->record;
+    return per || (one && i) ? per : 1;
 }
 
-static size_t total_bytes(size_t total, int lanes, size_t record, size_t k) {
+static size_t total_bytes(const plan *pl) {
     size_t n = 0;
-    for (int i = 0; i < lanes; i++) n += lane_records(total, lanes, record, k, i);
-    return n * record;
+    for (int i = 0; i < pl->lanes; i++) n += lane_records(pl, i);
+    return n * pl->record;
 }
 
 typedef struct {
@@ -213,12 +223,6 @@ static void *poll_main(void *p) {
     return NULL;
 }
 
-typedef struct {
-    int lanes, cpl, inflight, streams, crypt, poll;
-    size_t size, total, record;
-    const uint8_t *sealed, *key, *iv;
-} plan;
-
 /* one side of one measurement: streams and/or crypto from t0; writes (t0, end of streams, end of crypto, CPU s,
  * records its crypto threads sealed or opened) */
 #define MAX_LANES 32
@@ -228,16 +232,15 @@ static void side(int sender, int *fds, const plan *pl, int ctl) {
     pthread_t th[MAX_LANES * (1 + MAX_CRYPTO)], poller;
     int n = 0;
     char go;
-    size_t k = pl->size / pl->record ? pl->size / pl->record : 1;
     /* the messages, touched before the clock (the plugin's callers' buffers) */
     uint8_t *msgs = malloc(pl->size * (size_t)pl->inflight);
     if (!msgs) die("malloc messages");
     memset(msgs, 0x3c, pl->size * (size_t)pl->inflight);
-    job base = {-1, sender, 0, 0, pl->lanes, 0, 1, pl->size, pl->record, k, 0, 0, msgs, pl->inflight, pl->sealed,
+    job base = {-1, sender, 0, 0, pl->lanes, 0, 1, pl->size, pl->record, per_message(pl), 0, 0, msgs, pl->inflight, pl->sealed,
                 pl->key, pl->iv, 0};
     for (int i = 0; i < pl->lanes * (1 + pl->cpl); i++) { /* a stream a lane, then cpl crypto threads a lane */
         int crypt = i >= pl->lanes, lane = crypt ? (i - pl->lanes) / pl->cpl : i;
-        size_t nrec = lane_records(pl->total, pl->lanes, pl->record, k, lane);
+        size_t nrec = lane_records(pl, lane);
         if (!nrec || !(crypt ? pl->crypt : pl->streams)) continue;
         jobs[n] = base;
         jobs[n].fd = crypt ? -1 : fds[lane], jobs[n].crypt = crypt, jobs[n].lane = lane, jobs[n].nrec = nrec;
@@ -326,7 +329,6 @@ static uint8_t *seal_one(size_t record, const uint8_t *key, const uint8_t *iv) {
 /* every repeat's figures at one lane count: one JSON object, or a row of medians */
 static void report(int json, const plan *pl, int reps, double res[3][16], double cores[16], double seal[16],
                    double open_[16], double tcp[16], double recs[2][16]) {
-    size_t k = pl->size / pl->record ? pl->size / pl->record : 1;
     if (!json) {
         printf("%5d %8zu %12.2f %12.2f %12.2f %6.1f %5.2f, %5.2f %6.2f\n", pl->lanes, pl->record, median(res[0], reps),
                median(res[1], reps), median(res[2], reps), median(cores, reps), median(seal, reps),
@@ -337,9 +339,9 @@ static void report(int json, const plan *pl, int reps, double res[3][16], double
     const double *rows[] = {res[0], res[1], res[2], cores, seal, open_, tcp, recs[0], recs[1]};
     printf("{\"lanes\": %d, \"crypto_threads\": %d, \"inflight\": %d, \"poll\": %d, \"poll_pause_us\": %ld, "
            "\"record\": %zu, \"size\": %zu, \"bytes\": %zu, \"lane_records\": [", pl->lanes, pl->cpl, pl->inflight,
-           pl->poll, poll_pause_us, pl->record, pl->size, total_bytes(pl->total, pl->lanes, pl->record, k));
+           pl->poll, poll_pause_us, pl->record, pl->size, total_bytes(pl));
     for (int i = 0; i < pl->lanes; i++)
-        printf("%s%zu", i ? ", " : "", lane_records(pl->total, pl->lanes, pl->record, k, i));
+        printf("%s%zu", i ? ", " : "", lane_records(pl, i));
     printf("]");
     for (int m = 0; m < 9; m++) {
         printf(", \"%s\": [", names[m]);
@@ -352,8 +354,7 @@ static void report(int json, const plan *pl, int reps, double res[3][16], double
 /* reps repeats of the three passes at pl->lanes lanes, then their report */
 static void measure(const plan *base, int reps, int json, pid_t parent) {
     int sfd[MAX_LANES], rfd[MAX_LANES];
-    size_t k = base->size / base->record ? base->size / base->record : 1;
-    double bytes = (double)total_bytes(base->total, base->lanes, base->record, k);
+    double bytes = (double)total_bytes(base);
     double res[3][16], cores[3][16], seal[16], open_[16], tcp[16], recs[2][16];
     connect_lanes(base->lanes, sfd, rfd);
     for (int r = 0; r < reps; r++) {
