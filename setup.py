@@ -73,7 +73,8 @@ class BuildAll(BuildWithKernels):
         bound = self.compiler.compile(
             files(NATIVE / "netbound", "c") + [str(NET_SRC / "plan.c")] + OSSL,
             output_dir=str(Path(self.build_temp) / "netbound"),
-            depends=OSSL_H + [str(COMMON / "sizes.h"), str(NET_SRC / "plan.h")], extra_postargs=["-O2", "-std=gnu11", "-Wall"])
+            depends=OSSL_H + [str(COMMON / "sizes.h"), str(NET_SRC / "plan.h")],
+            extra_postargs=["-O2", "-std=gnu11", "-Wall"])
         self.compiler.link_executable(bound, "ccbridge-net-bound", output_dir=str(dest.parent),
                                       libraries=["dl", "pthread"])
 
