@@ -1056,8 +1056,8 @@ def test_a_missing_bound_program_is_a_skip_not_a_failure(monkeypatch):
     def gone():
         raise FileNotFoundError("ccbridge-net-bound is not built")
     monkeypatch.setattr(pluginenv, "bound_program", gone)
-    argv, skipped = netbench._bound_argv(1 << 16, 1 << 20, 4)
-    assert argv is None and skipped == [{"test": "net_loopback:uncoupled",
+    bound, skipped = netbench._bound_for(1 << 16, 1 << 20, 4)
+    assert bound is None and skipped == [{"test": "net_loopback:uncoupled",
                                          "reason": "the uncoupled bound did not run: ccbridge-net-bound is not built"}]
 
 
@@ -1072,7 +1072,7 @@ def test_a_bound_that_fails_mid_bench_is_one_skip_and_leaves_the_rows_unjudged(t
     fake = tmp_path / "bound"
     fake.write_text("#!/bin/sh\necho 'libcrypto: not found' >&2\nexit 1\n")
     fake.chmod(0o755)
-    got = netbench._bound_once([str(fake), "-j", ",".join(map(str, sorted(os.sched_getaffinity(0))))], 2)
+    got = netbench._Bound((str(fake), "-j"), frozenset(os.sched_getaffinity(0))).once(2)
     assert got == "exit 1: libcrypto: not found"
     rows = netbench._Rows([("stream", 2, 1024, 1, 1024, 2)], lambda _: None)
     for rank, v in ((0, {"bytes": 1, "wall": 1, "plugin_cores": 1, "poll_cores": 0, "bad": 0, "bound": got}),
@@ -1093,7 +1093,7 @@ def test_a_bound_that_fails_mid_bench_is_one_skip_and_leaves_the_rows_unjudged(t
 
     def narrowed():  # a thread of its own, so that narrowing it leaves the test's thread as it was
         os.sched_setaffinity(0, {min(mine)})
-        got["why"] = netbench._bound_once([str(probe), ",".join(map(str, sorted(mine)))], 1)
+        got["why"] = netbench._Bound((str(probe),), frozenset(mine)).once(1)
         got["after"] = os.sched_getaffinity(0)
     t = threading.Thread(target=narrowed)
     t.start()

@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener
 
 from ccbridge import env as envmod
@@ -287,10 +288,9 @@ def _meet(rank: int, path: str) -> Connection:
             time.sleep(0.01)
 
 
-def _rank(rank: int, n: int, dev, send, plan: list[tuple], meet: str, bound: list[str] | None = None,
-          bound_s: float = 60.0) -> None:
+def _rank(rank: int, n: int, dev, send, plan: list[tuple], meet: str, bound: _Bound | None = None) -> None:
     """One of the two bench processes (ccbridge.ranks started it, no process group): rank 0 sends, rank 1
-    receives; each result goes to the parent through send. With `bound` (the bound program's command line), rank 0
+    receives; each result goes to the parent through send. With `bound`, rank 0
     measures the bound once right after each repeat of a stream at the largest size, at its lanes, while rank 1
     waits for the next step: each repeat has its bound from the same moment of a host whose speed drifts."""
     pipe = _meet(rank, meet)
@@ -306,7 +306,7 @@ def _rank(rank: int, n: int, dev, send, plan: list[tuple], meet: str, bound: lis
             if what == "stream":
                 got = _stream(side, rank == 0, size, inflight, amount)
                 if rank == 0 and size == paired:
-                    got["bound"] = _bound_once(bound, lanes_now, bound_s)
+                    got["bound"] = bound.once(lanes_now)
                 send(("stream", got))
             elif what == "tcp":
                 send(("tcp", _tcp_stream(pipe, rank == 0, size, lanes_now, amount, inflight)))
@@ -385,7 +385,9 @@ class _Rows:
         bound that failed is a skip and leaves the row without one."""
         bad = next((b for b in bounds if isinstance(b, str)), None)
         if bad is not None:
-            self.skipped.append({"test": "net_loopback:uncoupled", "reason": f"the uncoupled bound did not run: {bad}"})
+            skip = {"test": "net_loopback:uncoupled", "reason": f"the uncoupled bound did not run: {bad}"}
+            if skip not in self.skipped:  # the same failure at every lane count is said once
+                self.skipped.append(skip)
             return
         n = row.params["lanes"]
         u = Row.of("net_loopback", "uncoupled", "GB/s", [b["both"][0] for b in bounds], size=row.params["size"],
@@ -430,17 +432,17 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
                            "turns": os.environ.get("CCBRIDGE_NET_TURNS"), "lane_mode": pluginenv.lane_mode(),
                            "interface": env["NCCL_SOCKET_IFNAME"]})
     t_start = time.perf_counter()
-    bound, skipped = _bound_argv(max(sizes), total, inflight) if tcp_baseline else (None, [])
+    bound, skipped = _bound_for(max(sizes), total, inflight) if tcp_baseline else (None, [])
     gcm = _gcm_rows(sorted({record_bytes(s, n) for s in sizes for n in lanes}), progress) if tcp_baseline else []
     got = _Rows(plan, progress)
     with tempfile.TemporaryDirectory(prefix="ccbridge-net-") as d:
         # two processes, no process group: they meet over their own socket, which no parent relays
-        ranks.run(2, _rank, plan, os.path.join(d, "meet"), bound, bound_timeout(total), label="net bench", env=env,
-                  on_message=got.take, stall_s=2 * DEADLINE_S + bound_timeout(total), failure=SecureError)
+        ranks.run(2, _rank, plan, os.path.join(d, "meet"), bound, label="net bench", env=env, on_message=got.take,
+                  stall_s=2 * DEADLINE_S + (bound.timeout_s if bound else 0), failure=SecureError)
     if len(got.rows) < len(plan):
         raise netplugin.NetError("bench", -1, "a bench process stopped before the end of the plan")
     res.rows = got.rows + got.bound_rows + gcm
-    res.skipped += skipped + [dict(t) for t in dict.fromkeys(tuple(x.items()) for x in got.skipped)]
+    res.skipped += skipped + got.skipped
     _compare(res.rows)
     res.duration_s = time.perf_counter() - t_start
     if any(r.extra.get("bad") for r in res.rows):
@@ -448,46 +450,47 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
     return res
 
 
-def _bound_argv(size: int, total: int, inflight: int) -> tuple[list[str] | None, list[dict]]:
-    """The bound program's command line (ccbridge-net-bound: the plugin's work with none of its waits, as many plain
-    TCP streams and crypto threads a lane as the plugin's, its messages in flight, a polling thread a side as the
-    bench's), lanes and repeats left to add; or None and a skip where the program is missing, which costs the bench
-    nothing else. Its last item is this process's cores (for _bound_once)."""
+@dataclass(frozen=True)
+class _Bound:
+    """ccbridge-net-bound as the bench runs it (the plugin's work with none of its waits: as many plain TCP streams
+    and crypto threads a lane as the plugin's, its messages in flight, a polling thread a side as the bench's): its
+    command line less the lanes, the cores it runs on, and how long one measurement may take."""
+    argv: tuple[str, ...]
+    cpus: frozenset[int]
+    timeout_s: float = 60.0
+
+    def once(self, lanes: int) -> dict | str:
+        """One measurement at `lanes` (its JSON object), or why it failed within timeout_s (a string; the program's
+        own processes end with it). It runs on `cpus`, the bench's, not only on this rank's where
+        CCBRIDGE_RANK_CPUS splits them: the plugin's two processes had both sets."""
+        mine = os.sched_getaffinity(0)
+        try:
+            os.sched_setaffinity(0, self.cpus)  # this thread's, which the child inherits
+            out = subprocess.run([*self.argv, "-l", str(lanes)], capture_output=True, text=True,
+                                 timeout=self.timeout_s)
+            if out.returncode:
+                raise OSError(f"exit {out.returncode}: {(out.stderr.strip().splitlines() or ['no message'])[-1]}")
+            return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
+        except (OSError, subprocess.TimeoutExpired, ValueError, StopIteration) as e:
+            return str(e) or type(e).__name__
+        finally:
+            try:
+                os.sched_setaffinity(0, mine)
+            except OSError:
+                pass  # the wider set stays with this thread: the bench's own cores
+
+
+def _bound_for(size: int, total: int, inflight: int) -> tuple[_Bound | None, list[dict]]:
+    """The bound at the bench's largest size, bytes and messages in flight, on this process's cores; or None and a
+    skip where the program is missing, which costs the bench nothing else."""
     try:
         prog = pluginenv.bound_program()
     except OSError as e:
         return None, [{"test": "net_loopback:uncoupled", "reason": f"the uncoupled bound did not run: {e}"}]
-    return [str(prog), "-j", "-y", "-p", str(round(POLL_S * 1e6)), "-n", "1", "-s", str(size), "-t", str(total),
-            "-i", str(inflight), "-c", str(pluginenv.crypto_threads()),
-            ",".join(map(str, sorted(os.sched_getaffinity(0))))], []
-
-
-def bound_timeout(total: int) -> float:
-    """How long one measurement of the bound may take: its three passes over `total` bytes at 0.5 GB/s, and a
-    minute more."""
-    return 60.0 + 3 * total / 0.5e9
-
-
-def _bound_once(argv: list[str], lanes: int, timeout_s: float = 60.0):
-    """One measurement of the bound at `lanes` (its JSON object), or why it failed within timeout_s (a string; the
-    program's own processes end with it). It runs on the cores
-    the bench was given (argv[-1] lists them), not only on this rank's where CCBRIDGE_RANK_CPUS splits them: the
-    plugin's two processes had both sets."""
-    *argv, cpus = argv
-    mine = os.sched_getaffinity(0)
-    try:
-        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})  # this thread's, which the child inherits
-        out = subprocess.run(argv + ["-l", str(lanes)], capture_output=True, text=True, timeout=timeout_s)
-        if out.returncode:
-            raise OSError(f"exit {out.returncode}: {(out.stderr.strip().splitlines() or ['no message'])[-1]}")
-        return json.loads(next(line for line in out.stdout.splitlines() if line.startswith("{")))
-    except (OSError, subprocess.TimeoutExpired, ValueError, StopIteration) as e:
-        return str(e) or type(e).__name__
-    finally:
-        try:
-            os.sched_setaffinity(0, mine)
-        except OSError:
-            pass  # the wider set stays with this thread: the bench's own cores
+    argv = (str(prog), "-j", "-y", "-p", str(round(POLL_S * 1e6)), "-n", "1", "-s", str(size), "-t", str(total),
+            "-i", str(inflight), "-c", str(pluginenv.crypto_threads()))
+    # one measurement may take its three passes over `total` bytes at 0.5 GB/s, and a minute more
+    return _Bound(argv, frozenset(os.sched_getaffinity(0)), 60.0 + 3 * total / 0.5e9), []
 
 
 def _gcm_rows(records: list[int], progress) -> list[Row]:
