@@ -46,5 +46,7 @@ def test_workers_started_ahead_measure_at_their_turn_and_leave_unasked():
     w = hostcrypto.Workers([("default", "encrypt", 1), ("no-aes-ni", "encrypt", 1), ("default", "decrypt", 1)], 0.05)
     out = w.result(2)
     assert len(out["samples"]) >= 3 and all(s > 0 for s in out["samples"])
+    # the measurement began once every worker was ready: none started up beside it
+    assert None not in w.ready_at and out["started"] >= max(w.ready_at)
     w.close()
     assert all(p.poll() == 0 for p in w.procs)
