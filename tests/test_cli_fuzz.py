@@ -14,6 +14,7 @@ The cases need no GPU: argument checks run before the GPU is looked for.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -29,6 +30,8 @@ from pathlib import Path
 import pytest
 
 from conftest import DATA, set_field
+
+from ccbridge import cli
 
 TIMEOUT_S = 60  # a hang fails its case instead of blocking the run
 
@@ -350,6 +353,10 @@ CASES = [
     (["bench", "net", "--total", "lots"], "argument --total: not a size: 'lots'"),
     (["bench", "net", "-b", "4M", "-e", "64K"], "-e/--maxbytes (65536) is smaller than -b/--minbytes"),
     (["bench", "net", "--json", "/nonexistent-dir/x.json"], "--json"),
+    # fewer bytes than the messages each measurement moves: the plugin, plain TCP and the bound moved different ones
+    (["bench", "net", "--total", "1K", "-b", "64K", "-e", "64K"], "--total 1024: at least 1048576 here"),
+    (["bench", "net", "--total", "15M", "--lanes", "16", "--inflight", "1", "-b", "1M", "-e", "1M"],
+     "--total 15728640: at least 16777216 here"),
     (["bench", "decode", "--model", "gpt5"], "argument --model: invalid choice: 'gpt5'"),
     (["bench", "decode", "--batch", "0"], "argument --batch: expected at least 1, got 0"),
     (["bench", "decode", "--output", "0"], "argument --output: expected at least 2, got 0"),
@@ -360,7 +367,7 @@ CASES = [
     (["bench", "decode", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
     _not_its("cipher", "--model", "tiny"),
     _not_its("net", "--checkpoint", "{d}/folder"),
-    (["bench", "decode", "--checkpoint", "{d}/nosuch", "--device", "cpu"], "--checkpoint {d}/nosuch: not a folder (a Hugging Face model folder holds config.json"),
+    (["bench", "decode", "--checkpoint", "{d}/nosuch", "--device", "cpu"], "--checkpoint {d}/nosuch: not a folder (a Hugging Face model folder: config.json"),
     (["bench", "decode", "--checkpoint", "{d}/folder", "--device", "cpu"], "--checkpoint {d}/folder: no config.json or no *.safetensors in it"),
     (["bench", "decode", "--checkpoint", "{d}/folder", "--model", "tiny"], "give --model (a preset with random weights) or --checkpoint DIR"),
     (["bench", "decode", "--checkpoint", "", "--device", "cpu"], "--checkpoint : not a folder"),
@@ -370,6 +377,7 @@ CASES = [
      "--host-prep-us 2e+06: expected 0 to 1e+06 us of host work per step"),
     _not_its("kv", "--host-prep-us", "100"),
     # bench decode --tp: degrees checked before a rank is spawned or a GPU looked for
+    (["run", "--project", "h200", "--project-by", "-2", "--", "true"], "--project-by -2: a ratio is above 0"),
     (["run", "--project", "h200", "--project-by", "hbm:1.5", "--", "true"],
      "--project-by hbm:F: F, the GPU time's share at the HBM roofline, is above 0 and at most 1, got '1.5'"),
     (["bench", "decode", "--tp", "0"], "argument --tp: expected at least 1, got 0"),
@@ -593,6 +601,14 @@ def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
                           timeout=TIMEOUT_S, env={**os.environ, "COLUMNS": "250"})
 
 
+def _benches() -> set[str]:
+    """The names `ccbridge bench` takes, from its parser."""
+    def subs(parser):
+        return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+    return set(subs(subs(cli.build_parser())["bench"]))
+
+
 @pytest.mark.parametrize("case", CASES, ids=[" ".join(c[0])[:60] for c in CASES])
 def test_bad_input_is_one_clear_line(d, case):
     argv, fragment, extra = case[0], case[1], (case[2] if len(case) > 2 else {})
@@ -605,9 +621,10 @@ def test_bad_input_is_one_clear_line(d, case):
     lines = r.stderr.splitlines()
     assert "Traceback" not in r.stdout + r.stderr, r.stderr
     assert r.returncode == 2, r.stderr
-    # bench's argparse errors name the bench too (`ccbridge bench kv: argument ...`); its own checks, `ccbridge bench:`
-    heads = (f"ccbridge {argv[0]}: ",) + ((f"ccbridge bench {argv[1]}: ",) if argv[:1] == ["bench"] and argv[1:] else ())
-    assert len(lines) == 1 and lines[0].startswith(heads), r.stderr
+    # a bench's errors, argparse's and its own checks' alike, name the bench (`ccbridge bench kv: ...`)
+    head = f"ccbridge bench {argv[1]}: " if argv[:1] == ["bench"] and argv[1:2] and argv[1] in _benches() else \
+        f"ccbridge {argv[0]}: "
+    assert len(lines) == 1 and lines[0].startswith(head), r.stderr
     assert fragment in lines[0]
     if "wide" not in extra:  # 120 columns where the fixture folder's name is short
         assert len(lines[0].replace(str(d), "{d}")) <= 120, lines[0]
@@ -710,4 +727,4 @@ def test_a_bad_gemv_pdl_switch_is_one_line_before_any_rank_starts(tmp_path):
                        capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, "CCBRIDGE_GEMV_PDL": "yes"})
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(lines) == 1 and len(lines[0]) <= 120, r.stderr
-    assert lines[0].startswith("ccbridge bench: CCBRIDGE_GEMV_PDL='yes': 0 (off), 1 (on)"), r.stderr
+    assert lines[0].startswith("ccbridge bench decode: CCBRIDGE_GEMV_PDL='yes': 0 (off), 1 (on)"), r.stderr

@@ -79,7 +79,7 @@ MATRIX = [
     (["load", "ckpt-{m}", "--device", "cpu", "--bench", "--repeat", "1"], 0),
     (["load", "ckpt-{m}"], 2, "cpu"),
     (["collectives", "--backend", "gloo", "-e", "1K", "-f", "32", "-n", "1", "-w", "0"], 0, "cpu"),
-    (["bench", "net", "--total", "8M", "--lanes", "1", "--iters", "1", "-b", "1M", "-e", "1M"], 0),
+    (["bench", "net", "--total", "16M", "--lanes", "1", "--iters", "1", "-b", "1M", "-e", "1M"], 0),
     (["bench", "decode", "--device", "cpu", "--model", "tiny", "--batch", "1", "--prompt", "4", "--output", "3",
       "--iters", "1", "--warmup", "0", "--modes", "sync", "drain"], 0),
     (["bench", "kv", "--device", "cpu", "--model", "tiny", "--prefixes", "2", "--requests", "2", "--churn", "0",

@@ -342,7 +342,7 @@ def test_api_checks():
 def test_default_device_without_gpu_is_one_line(capsys):
     assert cli.main(["bench", "decode", "--model", "tiny", "--batch", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == "ccbridge bench: --device cuda: torch sees no GPU (give --device cpu)", err
+    assert err[-1] == "ccbridge bench decode: --device cuda: torch sees no GPU (give --device cpu)", err
     assert sys.modules.get("ccbridge.serve.decode") is decode
 
 

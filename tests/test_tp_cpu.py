@@ -335,7 +335,7 @@ def test_a_failing_rank_is_one_line_from_the_cli(tmp_path, monkeypatch, capsys):
     rc = cli.main(["bench", "decode", "--tp", "1", "--model", "tiny", "--device", "cpu", "--batch", "1",
                    "--json", str(tmp_path / "t.json")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and err == ["ccbridge bench: tensor-parallel rank 0 of 1 failed: RuntimeError: rank 0 cannot "
+    assert rc == 2 and err == ["ccbridge bench decode: tensor-parallel rank 0 of 1 failed: RuntimeError: rank 0 cannot "
                                "build tiny"], err
     assert not (tmp_path / "t.json").exists()
 

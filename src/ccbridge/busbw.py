@@ -1,6 +1,7 @@
-"""nccl-tests' bus bandwidth: algorithm bandwidth (bytes / time) times a factor of the operation and the rank
-count, so that every collective's figure compares with the links' own speed (nccl-tests, doc/PERFORMANCE.md).
-The one definition for the collectives bench (secure/bench.py) and the peer family (probe/peer.py)."""
+"""nccl-tests' conventions: the bus bandwidth, algorithm bandwidth (bytes / time) times a factor of the operation
+and the rank count, so that every collective's figure compares with the links' own speed (nccl-tests,
+doc/PERFORMANCE.md), and the size sweep (-b, -e, -f). The one definition for the benches (secure/bench.py,
+secure/netbench.py through the CLI) and the peer family (probe/peer.py). Needs no torch."""
 
 from __future__ import annotations
 
@@ -23,3 +24,13 @@ def factor(op: str, n: int) -> float:
 def formula(op: str) -> str:
     """The factor as nccl-tests writes it, e.g. "2(n-1)/n"."""
     return _FACTORS[op][0]
+
+
+def sizes(begin: int, end: int, factor: int) -> list[int]:
+    """The sweep begin, begin x factor, ... up to end, as nccl-tests' -b/-e/-f: end itself only where it falls on
+    a step."""
+    out, s = [], begin
+    while s <= end:
+        out.append(s)
+        s *= factor
+    return out

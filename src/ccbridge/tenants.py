@@ -30,7 +30,7 @@ from typing import Any
 
 from ccbridge import results
 from ccbridge.errors import ResultFileError, UsageError
-from ccbridge.textfit import wrap
+from ccbridge.textfit import cut, wrap
 
 GPU_COUNTS = (1, 2, 4, 8)  # an HGX baseboard holds 8; partitions halve it
 SIZES = (1, 2, 4, 8)
@@ -197,7 +197,7 @@ def from_stamp(path: str | Path) -> tuple[int, str, frozenset[int]]:
     nv = env.get("nvml") or {}
     gpus = nv.get("gpus")
     if not nv.get("available") or not isinstance(gpus, list) or not gpus:
-        raise ResultFileError(f"{path}: the stamp saw no GPU ({nv.get('error') or 'nvml.gpus is empty'})")
+        raise ResultFileError(f"{path}: the stamp saw no GPU ({cut(nv.get('error') or 'nvml.gpus is empty', 50)})")
     n = len(gpus)
     if n not in GPU_COUNTS:
         raise ResultFileError(f"{path}: the stamp sees {n} GPUs; a partitioned node shows 1, 2, 4 or 8 "

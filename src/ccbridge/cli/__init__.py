@@ -1,7 +1,8 @@
 """The ccbridge command line: thin wrappers that parse, call and print.
 
 Each module of this package adds its commands' parsers (add_parsers) and holds their handlers; main() runs the
-one named and turns every CCBridgeError into one line `ccbridge CMD: reason` and exit 2.
+one named and turns every CCBridgeError into one line `ccbridge CMD: reason` (CMD in full: `ccbridge bench net`, as argparse
+names it) and exit 2.
 """
 
 from __future__ import annotations
@@ -36,15 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except CCBridgeError as e:  # say why, in one line
-        print(one_line(f"ccbridge {args.command}", str(e)), file=sys.stderr)
+        print(one_line(args.prog, str(e)), file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader stopped (`| head`): nothing went wrong, and nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python's own flush at exit would fail)
         return 0
     except OSError as e:  # the machine refused after the checks passed: a full disk, a lost mount
         where = f": {e.filename}" if e.filename else ""
-        print(one_line(f"ccbridge {args.command}", f"{e.strerror or e}{where}"), file=sys.stderr)
+        print(one_line(args.prog, f"{e.strerror or e}{where}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # whatever was half-written has been removed on the way out
-        print(f"ccbridge {args.command}: interrupted", file=sys.stderr)
+        print(f"{args.prog}: interrupted", file=sys.stderr)
         return 130

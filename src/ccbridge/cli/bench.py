@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from ccbridge import pluginenv, ui
+from ccbridge import busbw, pluginenv, ui
 from ccbridge.choices import DDP_MODELS, DECODE_MODES, DECODE_PRESETS, TP_ONLY
 from ccbridge.cli.args import Distinct, add_timer, apply_timer, command, device_spec, float_ge0, integer, size
 from ccbridge.cli.checks import gpus_ready, plugin_built, sizes_in_order
@@ -21,6 +21,7 @@ from ccbridge.textfit import fit
 
 DECODE_MODEL = "llama-1b"  # bench decode's model when neither --model nor --checkpoint names one
 MAX_LANES = 16  # bench net: sockets per connection
+CIPHER_STEP, NET_STEP = 4, 8  # the size sweeps' factors (nccl-tests' -f): bench cipher, bench net
 
 
 def cmd_ddp(args) -> int:
@@ -38,7 +39,7 @@ def cmd_ddp(args) -> int:
     if args.json:
         res.save(Path(args.json))
     if benchrows.grads_differ(res):
-        print("ccbridge bench: gradients differ across ranks (see the grads column)", file=sys.stderr)
+        print(f"{args.prog}: gradients differ across ranks (see the grads column)", file=sys.stderr)
         return 1
     return 0
 
@@ -51,7 +52,7 @@ def cmd_cipher(args) -> int:
     apply_timer(args)
     from ccbridge.secure import bench, benchrows  # (deferred: torch)
 
-    res = bench.cipher(bench.sizes(args.minbytes, args.maxbytes, 4), args.iters)
+    res = bench.cipher(busbw.sizes(args.minbytes, args.maxbytes, CIPHER_STEP), args.iters)
     print(benchrows.render_cipher(res))
     if args.json:
         res.save(Path(args.json))
@@ -60,20 +61,26 @@ def cmd_cipher(args) -> int:
 
 def cmd_net(args) -> int:
     """The net plugin's loopback stream: needs neither torch nor a GPU."""
-    from ccbridge.secure import bench, netbench  # (deferred: torch, which secure.bench imports)
+    from ccbridge.secure import netbench  # (deferred: its ranks and plugin bindings)
 
     sizes_in_order(args)
     if args.json:
         ui.writable_file(args.json, "--json")
     if max(args.lanes) > MAX_LANES:
         raise UsageError(f"--lanes: at most {MAX_LANES} (got {max(args.lanes)})")
+    sizes = busbw.sizes(args.minbytes, args.maxbytes, NET_STEP)
+    # every measurement moves whole messages: at least twice the messages in flight, and one a lane, of the
+    # largest size, so that the plugin, plain TCP and the bound move the same bytes (fewer were rounded up)
+    least = max(2 * args.inflight, max(args.lanes)) * sizes[-1]
+    if args.total < least:
+        raise UsageError(f"--total {args.total}: at least {least} here (max(2 x --inflight, lanes) messages of "
+                         f"{sizes[-1]} B)")
     plugin_built()
     print(fit(f"# ccbridge bench net: {pluginenv.NAME} loopback, two processes, {args.inflight} messages in flight, "
               f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores, lanes: "
               f"{pluginenv.lane_mode()}"), flush=True)
-    res = netbench.loopback(bench.sizes(args.minbytes, args.maxbytes, 8), args.lanes, args.inflight, args.total,
-                            args.iters)
-    return _done(res, netbench.render(res), args.json)
+    res = netbench.loopback(sizes, args.lanes, args.inflight, args.total, args.iters)
+    return _done(res, netbench.render(res), args)
 
 
 def cmd_decode(args) -> int:
@@ -98,9 +105,9 @@ def cmd_decode(args) -> int:
         from ccbridge.serve import tp  # (deferred: torch)
 
         res = tp.bench(args.model or DECODE_MODEL, args.tp, *shape, **common)
-        return _done(res, tp.render(res), args.json)
+        return _done(res, tp.render(res), args)
     res = decode.bench(args.model or DECODE_MODEL, *shape, checkpoint=args.checkpoint, **common)
-    return _done(res, decode.render(res), args.json)
+    return _done(res, decode.render(res), args)
 
 
 def cmd_kv(args) -> int:
@@ -117,13 +124,13 @@ def cmd_kv(args) -> int:
                         args.thresholds, args.modes, args.device, zipf=args.zipf,
                         gpu_fraction=args.gpu_fraction, device_blocks=args.device_blocks, seed=args.seed,
                         warmup=args.warmup, iters=args.iters, churn=args.churn, log=_log)
-    return _done(res, kvbench.render(res), args.json)
+    return _done(res, kvbench.render(res), args)
 
 
 def _torch_found(what: str) -> bool:
     """torch is installed (looked up, not imported: the arguments are checked first)."""
     if importlib.util.find_spec("torch") is None:
-        print(f"ccbridge bench: {what} needs torch (pip install torch)", file=sys.stderr)
+        print(f"ccbridge bench {what}: needs torch (pip install torch)", file=sys.stderr)
         return False
     return True
 
@@ -132,15 +139,16 @@ def _log(message: str) -> None:
     print(f"ccbridge bench: {message}", file=sys.stderr, flush=True)
 
 
-def _done(res, table: str, json_path: str | None) -> int:
-    """A bench Result's ending: its table (each line within 120 columns), the file, its errors on stderr; 1 if it
-    had any (tokens that differ are one)."""
+def _done(res, table: str, args) -> int:
+    """A bench Result's ending: its table (each line within 120 columns), the --json file, its errors on stderr,
+    each after the bench's name; 1 if it had any (tokens that differ are one)."""
+    json_path = args.json
     print(fit(table))
     if json_path:
         res.save(Path(json_path))
         print(wrote(json_path), file=sys.stderr)
     for e in res.errors:
-        print(fit(f"ccbridge bench: {e['error']}"), file=sys.stderr)
+        print(fit(f"{args.prog}: {e['error']}"), file=sys.stderr)
     return 1 if res.errors else 0
 
 
@@ -169,9 +177,11 @@ def _add_warmup(p, default: int | None, what: str) -> None:
     p.add_argument("--warmup", type=integer(0), default=default, help=what)
 
 
-def _add_sizes(p, smallest: str, largest: str) -> None:
+def _add_sizes(p, smallest: str, largest: str, step: int) -> None:
     p.add_argument("-b", "--minbytes", type=size, default=smallest, help=f"smallest size (default {smallest})")
-    p.add_argument("-e", "--maxbytes", type=size, default=largest, help=f"largest size (default {largest})")
+    p.add_argument("-e", "--maxbytes", type=size, default=largest,
+                   help=f"largest size (default {largest}); sizes go -b, {step}x -b, ... up to it (nccl-tests' -f "
+                        f"{step}): -e is measured where it falls on that step")
 
 
 def _add_json(p) -> None:
@@ -210,7 +220,7 @@ def _add_ddp(benches) -> None:
 def _add_cipher(benches) -> None:
     p = _bench(benches, "cipher", cmd_cipher, "GB/s of the GPU AES-256-GCM kernels (encrypt, decrypt, fused "
                "reduce hop)")
-    _add_sizes(p, "1M", "1G")
+    _add_sizes(p, "1M", "1G", CIPHER_STEP)
     _add_iters(p, 10, "timed iterations (default 10)")
     add_timer(p)
     _add_json(p)
@@ -224,7 +234,7 @@ def _add_net(benches) -> None:
                         f"{MAX_LANES})")
     p.add_argument("--inflight", type=integer(1), default=8, help="messages in flight (default 8, as NCCL's steps)")
     p.add_argument("--total", type=size, default="2G", help="bytes moved per measurement (default 2G)")
-    _add_sizes(p, "64K", "4M")
+    _add_sizes(p, "64K", "4M", NET_STEP)
     _add_iters(p, 3, "repeats (default 3)")
     _add_json(p)
 

@@ -142,6 +142,8 @@ def parse_by(text: str) -> str | float:
         raise UsageError(f"--project-by: expected hbm, flops, hbm:F or a number, got {text[:24]!r}") from None
     if not math.isfinite(v):
         raise UsageError(f"--project-by: expected a finite number, got {text}")
+    if v <= 0:  # not a slower GPU (r < 1, refused by project()): no GPU at all
+        raise UsageError(f"--project-by {v:g}: a ratio is above 0 (and 1 or more: a faster target)")
     return v
 
 

@@ -35,14 +35,6 @@ STALL_S = 600.0  # no word from any rank this long: stuck (rank 0 speaks after e
 DTYPES = {name: getattr(torch, dtype) for name, dtype in choices.SECURE_DTYPES.items()}
 
 
-def sizes(begin: int, end: int, factor: int) -> list[int]:
-    out, s = [], begin
-    while s <= end:
-        out.append(s)
-        s *= factor
-    return out
-
-
 NETS = {"socket": "Socket", "ccbridge": "ccbridge"}  # --net name -> NCCL_NET
 
 
@@ -272,7 +264,7 @@ def _collectives(op: str, begin: int, end: int, factor: int, dtype: str, iters: 
     if nproc < 2:
         raise GpuError(f"collectives need at least 2 GPUs; this machine has {gpus} (--backend gloo runs CPU ranks "
                        "where there is none)")
-    size_list = sizes(begin, end, factor)
+    size_list = busbw.sizes(begin, end, factor)
     if net is None:
         res = launch(_collectives_rank, nproc, op, size_list, dtype, iters, warmup, backend,
                      env=transport_env(transport), label="collectives")

@@ -528,7 +528,7 @@ def _compare(rows: list[Row]) -> None:
         rec = record_bytes(r.params["size"], r.params["lanes"])
         enc, dec = gcm.get(("aes_gcm_encrypt", rec)), gcm.get(("aes_gcm_decrypt", rec))
         ts, tr = t.extra.get("cpu_s_per_gb_send"), t.extra.get("cpu_s_per_gb_recv")
-        r.extra.update(tcp_gbps=round(t.median, 3), tcp_size=t.params["size"], of_tcp=round(r.median / t.median, 3),
+        r.extra.update(tcp_gbps=t.median, tcp_size=t.params["size"], of_tcp=round(r.median / t.median, 3),
                        cores_visible=cores, tcp_cpu_s_per_gb_send=ts, tcp_cpu_s_per_gb_recv=tr, record=rec,
                        aes_gcm_gbps_per_core_encrypt=enc, aes_gcm_gbps_per_core_decrypt=dec)
         if enc and dec and ts is not None and tr is not None:

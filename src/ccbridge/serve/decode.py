@@ -118,7 +118,7 @@ def _fits(name: str, limit: int | None, tokens: int) -> None:
 def check_checkpoint(path: str) -> Path:
     """The folder as a Path, if it looks like a Hugging Face model folder; UsageError otherwise."""
     p = Path(path)
-    what = "a Hugging Face model folder holds config.json and *.safetensors"
+    what = "a Hugging Face model folder: config.json, *.safetensors"
     if not path or not p.is_dir():  # "" would be the current folder
         raise UsageError(f"--checkpoint {path}: not a folder ({what})")
     if not (p / "config.json").is_file() or not any(p.glob("*.safetensors")):

@@ -90,7 +90,7 @@ def check(model: str, degrees: list[int], device: str) -> None:
         raise UsageError(f"--tp {twice[0]} is given twice")
     if dev.type == "cuda" and dev.index is not None:
         raise UsageError(f"--device {device}: --tp puts rank r on cuda:r; give --device cuda "
-                         "(CUDA_VISIBLE_DEVICES chooses the GPUs)")
+                         "(CUDA_VISIBLE_DEVICES picks GPUs)")
     if dev.type == "cpu" and max(degrees) > MAX_CPU_RANKS:
         raise UsageError(f"--tp {max(degrees)}: at most {MAX_CPU_RANKS} ranks on --device cpu")
     for n in sorted(degrees) if model in decode.PRESETS else ():  # an unknown model: decode.check names it
