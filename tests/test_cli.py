@@ -123,6 +123,10 @@ def test_the_emulator_banner_names_the_what_if():
     b = launcher.banner(profiles.override(profiles.load("b300"), ["launch_toll_us=0", "h2d_pinned_gbps=20"]))
     assert "profile b300 with --set launch_toll_us=0 --set h2d_pinned_gbps=20 (" in b and "not CC hardware" in b
     assert " with --set" not in launcher.banner(profiles.load("b300"))
+    # passthrough (`run --record` alone) adds no cost: what it records on a CC-on machine is CC hardware's own
+    lines = launcher.banner(profiles.load("passthrough")).splitlines()
+    b = " ".join(line.strip() for line in lines)
+    assert "not CC hardware" not in b and "figures are this machine's own" in b and max(map(len, lines)) <= 120
 
 
 def test_a_reader_that_stops_early_is_no_error(monkeypatch, capsys):

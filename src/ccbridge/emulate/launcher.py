@@ -148,9 +148,11 @@ def banner(profile: Profile, projection: Projection | None = None, who: str = "c
     """One line (more where what-ifs, a projection or `who`, the words it starts with, make it long: 120 columns
     each); the profile's title is `ccbridge profiles`'."""
     what = "EMULATED CC bridge" if profile.emulates else "interposer on, no costs (passthrough)"
+    # passthrough adds nothing: on a CC-on machine its figures are that machine's own CC measurements
+    whose = "not CC hardware measurements" if profile.emulates else "this machine's own"
     whatif = "".join(f" --set {k}={show(k, profile.params[k].value)}" for k in profile.overrides)
     lines = [f"{who}: {what}, profile {profile.name}{' with' + whatif if whatif else ''} "
-             f"({profile.name}.json); figures are not CC hardware measurements"]
+             f"({profile.name}.json); figures are {whose}"]
     if projection:
         lines.append(projection.describe() + "; times read / r are the projection (a model, not a measurement)")
     return "\n".join(wrap(lines))
