@@ -209,3 +209,13 @@ def test_the_width_check_sees_a_wide_line_through_a_terminal(d):
         out += chunk
     os.close(leader)
     assert too_wide(out.decode()) == ["x" * 200]
+
+
+def test_a_pipe_without_columns_gets_the_full_width(d):
+    """Into a pipe with no $COLUMNS rich would wrap at 80 and split the paths of the `wrote` line a script reads:
+    the probe's lines run to 120 there too."""
+    p = subprocess.run([sys.executable, "-m", "ccbridge", "probe", "--quick", "--out", str(d / "pipe-probe")],
+                       cwd=d, capture_output=True, text=True, timeout=TIMEOUT_S, env=_env())  # no COLUMNS
+    assert p.returncode == 0, p.stderr
+    lengths = [len(line) for line in p.stderr.splitlines()]
+    assert 80 < max(lengths) <= WIDTH, p.stderr

@@ -19,9 +19,10 @@ from ccbridge.textfit import WIDTH
 
 
 def terminal(stderr: bool = False) -> Console:
-    """A rich console of the terminal's width (or $COLUMNS), at most WIDTH: rich wraps and shrinks to it."""
+    """A rich console of the terminal's width (or $COLUMNS), at most WIDTH: rich wraps and shrinks to it. Into a
+    pipe or a file without $COLUMNS, WIDTH (rich's 80 there split the paths a script reads from `wrote` lines)."""
     c = Console(stderr=stderr)
-    c.width = min(c.width, WIDTH)
+    c.width = min(c.width, WIDTH) if c.is_terminal or os.environ.get("COLUMNS") else WIDTH
     return c
 
 
