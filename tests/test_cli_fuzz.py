@@ -357,6 +357,7 @@ CASES = [
     (["bench", "net", "--total", "1K", "-b", "64K", "-e", "64K"], "--total 1024: at least 1048576 here"),
     (["bench", "net", "--total", "15M", "--lanes", "16", "--inflight", "1", "-b", "1M", "-e", "1M"],
      "--total 15728640: at least 16777216 here"),
+    (["bench", "net", "--inflight", "33"], "--inflight: at most 32, the plugin's requests per connection (got 33)"),
     (["bench", "decode", "--model", "gpt5"], "argument --model: invalid choice: 'gpt5'"),
     (["bench", "decode", "--batch", "0"], "argument --batch: expected at least 1, got 0"),
     (["bench", "decode", "--output", "0"], "argument --output: expected at least 2, got 0"),

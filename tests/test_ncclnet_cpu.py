@@ -1007,7 +1007,8 @@ def test_bench_net_runs_without_torch(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None  # import torch fails\n")
-    env = {**os.environ, "CCBRIDGE_KEY": KEY, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "CCBRIDGE_KEY": KEY, "PYTHONPATH": path}
     p = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, text=True, env=env)
     assert p.returncode == 1 and "ModuleNotFoundError" in p.stderr  # the block holds in a child
     p = subprocess.run([sys.executable, "-m", "ccbridge", "bench", "net", "--lanes", "1", "--total", "1M", "-b", "64K",
@@ -1471,8 +1472,9 @@ def test_lane_mode_reads_the_environment_as_the_plugin_does():
 
     h = (Path(__file__).resolve().parent.parent / "src/ccbridge/native/ncclnet/net.h").read_text()
     defines = {k: int(v) for k, v in re.findall(r"(?m)^#define (\w+) (\d+)\b", h)}
-    assert [defines[k] for k in ("DEFAULT_TURNS", "MAX_TURNS", "DEFAULT_PIPELINE", "MAX_PIPELINE")] == \
-        [pluginenv.DEFAULT_TURNS, pluginenv.MAX_TURNS, pluginenv.DEFAULT_PIPELINE, pluginenv.MAX_PIPELINE]
+    assert [defines[k] for k in ("DEFAULT_TURNS", "MAX_TURNS", "DEFAULT_PIPELINE", "MAX_PIPELINE", "MAX_LANES")] == \
+        [pluginenv.DEFAULT_TURNS, pluginenv.MAX_TURNS, pluginenv.DEFAULT_PIPELINE, pluginenv.MAX_PIPELINE,
+         pluginenv.MAX_LANES]
     mode = pluginenv.lane_mode
     assert mode({"CCBRIDGE_NET_TURNS": " 3x"}) == "turns 3" and mode({"CCBRIDGE_NET_TURNS": "-4"}) == "pipeline 2"
     assert mode({"CCBRIDGE_NET_TURNS": "two", "CCBRIDGE_NET_PIPELINE": "1"}) == "pipeline 2"

@@ -19,6 +19,7 @@ NAME = "libnccl-net-ccbridge.so"
 BOUND = "ccbridge-net-bound"  # the plugin's uncoupled bound, a program beside it (native/netbound/bound.c)
 # net.h's: a lane's threads take turns at its socket unless CCBRIDGE_NET_TURNS is 0 or 1 (then the stage pipeline)
 DEFAULT_TURNS, MAX_TURNS, DEFAULT_PIPELINE, MAX_PIPELINE = 2, 8, 2, 8
+MAX_LANES = 16  # net.h's: sockets a connection may have (CCBRIDGE_NET_LANES is held to it)
 
 
 def path() -> Path:

@@ -1,8 +1,8 @@
 """The ccbridge command line: thin wrappers that parse, call and print.
 
 Each module of this package adds its commands' parsers (add_parsers) and holds their handlers; main() runs the
-one named and turns every CCBridgeError into one line `ccbridge CMD: reason` (CMD in full: `ccbridge bench net`, as argparse
-names it) and exit 2.
+one named and turns every CCBridgeError into one line `ccbridge CMD: reason` (CMD in full: `ccbridge bench net`,
+as argparse names it) and exit 2.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ from ccbridge.errors import UsageError
 from ccbridge.textfit import fit
 
 DECODE_MODEL = "llama-1b"  # bench decode's model when neither --model nor --checkpoint names one
-MAX_LANES = 16  # bench net: sockets per connection
 CIPHER_STEP, NET_STEP = 4, 8  # the size sweeps' factors (nccl-tests' -f): bench cipher, bench net
 
 
@@ -66,15 +65,8 @@ def cmd_net(args) -> int:
     sizes_in_order(args)
     if args.json:
         ui.writable_file(args.json, "--json")
-    if max(args.lanes) > MAX_LANES:
-        raise UsageError(f"--lanes: at most {MAX_LANES} (got {max(args.lanes)})")
     sizes = busbw.sizes(args.minbytes, args.maxbytes, NET_STEP)
-    # every measurement moves whole messages: at least twice the messages in flight, and one a lane, of the
-    # largest size, so that the plugin, plain TCP and the bound move the same bytes (fewer were rounded up)
-    least = max(2 * args.inflight, max(args.lanes)) * sizes[-1]
-    if args.total < least:
-        raise UsageError(f"--total {args.total}: at least {least} here (max(2 x --inflight, lanes) messages of "
-                         f"{sizes[-1]} B)")
+    netbench.check(sizes, args.lanes, args.inflight, args.total)
     plugin_built()
     print(fit(f"# ccbridge bench net: {pluginenv.NAME} loopback, two processes, {args.inflight} messages in flight, "
               f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores, lanes: "
@@ -231,7 +223,7 @@ def _add_net(benches) -> None:
                "(CPU only)")
     p.add_argument("--lanes", type=integer(1), nargs="+", action=Distinct, default=[1, 2, 4, 8],
                    help=f"sockets (each with a thread) per connection to compare (default 1 2 4 8; at most "
-                        f"{MAX_LANES})")
+                        f"{pluginenv.MAX_LANES})")
     p.add_argument("--inflight", type=integer(1), default=8, help="messages in flight (default 8, as NCCL's steps)")
     p.add_argument("--total", type=size, default="2G", help="bytes moved per measurement (default 2G)")
     _add_sizes(p, "64K", "4M", NET_STEP)

@@ -407,13 +407,26 @@ class _Rows:
                       f"stream of it {statistics.median(each):.2f} ({min(each):.2f}-{max(each):.2f})")
 
 
+def check(sizes: list[int], lanes: list[int], inflight: int, total: int) -> None:
+    """The bench's inputs, checked before it starts (the CLI calls it before it prints a line)."""
+    if not lanes or min(lanes) < 1:
+        raise UsageError(f"--lanes: each between 1 and {pluginenv.MAX_LANES}")
+    if max(lanes) > pluginenv.MAX_LANES:
+        raise UsageError(f"--lanes: at most {pluginenv.MAX_LANES} (got {max(lanes)})")
+    if inflight > 32:  # the plugin holds NCCL_NET_MAX_REQUESTS; more would wait out the deadline
+        raise UsageError(f"--inflight: at most 32, the plugin's requests per connection (got {inflight})")
+    # every measurement moves whole messages: the stream at least twice the messages in flight (_stream), plain
+    # TCP one a stream (_tcp_stream), of the largest size; with fewer bytes asked the three moved different ones
+    least = max(2 * inflight, max(lanes)) * max(sizes)
+    if total < least:
+        raise UsageError(f"--total {total}: at least {least} here (max(2 x --inflight, lanes) messages of "
+                         f"{max(sizes)} B)")
+
+
 def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int = 2 << 30, repeat: int = 3,
              rtt_sizes: tuple[int, ...] = (8, 4096, 65536), rtt_iters: int = 1000,
              tcp_baseline: bool = True, progress=print) -> Result:
-    if not lanes or min(lanes) < 1 or max(lanes) > 16:
-        raise UsageError("--lanes: each between 1 and 16")
-    if inflight > 32:  # the plugin holds NCCL_NET_MAX_REQUESTS; more would wait out the deadline
-        raise UsageError(f"--inflight: at most 32, the plugin's requests per connection (got {inflight})")
+    check(sizes, lanes, inflight, total)
     env = {"NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}  # the two processes', not this one's
     if os.environ.get("CCBRIDGE_KEY") is None and os.environ.get("CCBRIDGE_KEY_FILE") is None:
         env["CCBRIDGE_KEY"] = os.urandom(32).hex()  # a benchmark key for both processes
