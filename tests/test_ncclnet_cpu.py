@@ -1305,6 +1305,7 @@ def test_bench_nets_record_plan_is_the_plugins(tmp_path):
 
 def test_bench_net_renders_each_row_beside_its_anchors_within_120_columns(monkeypatch):
     from ccbridge.results import Result, Row
+    from ccbridge.secure import benchrows
 
     monkeypatch.setattr(netbench, "cores_visible", lambda: 128)
     stream = Row.of("net_loopback", "stream", "GB/s", [20.0, 21.0, 22.0], size=4 << 20, lanes=16, inflight=8)
@@ -1320,7 +1321,7 @@ def test_bench_net_renders_each_row_beside_its_anchors_within_120_columns(monkey
     assert x["bound_gbps"] == pytest.approx(128 / 0.6, abs=1e-3) and x["of_tcp"] == 0.525
     assert x["of_bound"] == round(21.0 / (128 / 0.6), 3) and x["cpu_efficiency"] == round(0.6 / 0.85, 3)
     assert x["record"] == 256 << 10 and x["cores_visible"] == 128 and x["tcp_cpu_s_per_gb_recv"] == 0.1
-    out = netbench.render(Result(kind="net", env={}, settings={}, rows=rows))
+    out = benchrows.render_net(Result(kind="net", env={}, settings={}, rows=rows))
     assert max(map(len, out.splitlines())) <= 120
     assert "   4194304    16   21.00   8.0/9.0   0.400/0.450    40.00   0.53     213.33     0.10    0.71" in out
     assert "on all 128 cores this" in out

@@ -60,7 +60,7 @@ def cmd_cipher(args) -> int:
 
 def cmd_net(args) -> int:
     """The net plugin's loopback stream: needs neither torch nor a GPU."""
-    from ccbridge.secure import netbench  # (deferred: its ranks and plugin bindings)
+    from ccbridge.secure import benchrows, netbench  # (deferred: its ranks and plugin bindings)
 
     sizes_in_order(args)
     if args.json:
@@ -72,7 +72,7 @@ def cmd_net(args) -> int:
               f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores, lanes: "
               f"{pluginenv.lane_mode()}"), flush=True)
     res = netbench.loopback(sizes, args.lanes, args.inflight, args.total, args.iters)
-    return _done(res, netbench.render(res), args)
+    return _done(res, benchrows.render_net(res), args)
 
 
 def cmd_decode(args) -> int:
