@@ -13,6 +13,7 @@ import hmac
 import multiprocessing as mp
 import os
 import random
+import re
 import statistics
 import socket
 import struct
@@ -1234,10 +1235,18 @@ def test_a_bound_side_that_dies_takes_the_measurement_down_and_leaves_no_process
     p = subprocess.Popen([prog, "-j", "-l", "2", "-s", "4M", "-t", "64G", "-n", "1", "-y"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        def threads(pid):
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    return int(re.search(r"^Threads:\s+(\d+)", f.read(), re.M).group(1))
+            except OSError:
+                return 0
+
+        # mid-pass: both sides forked and the sender's lane threads started (they start after the go)
         deadline = time.monotonic() + 20
-        while len(kids := children(p.pid)) < 2 and time.monotonic() < deadline:
+        while (len(kids := children(p.pid)) < 2 or threads(kids[0]) < 2) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(kids) == 2, kids
+        assert len(kids) == 2 and threads(kids[0]) >= 2, kids
         os.kill(kids[0], signal.SIGKILL)  # the sending side, mid-pass
         _, err = p.communicate(timeout=30)
         assert p.returncode == 1 and "result: a measuring process ended early" in err
