@@ -336,6 +336,7 @@ CASES = [
     (["collectives", "--json", "/proc/forbidden/c.json"], "--json /proc/forbidden/c.json: the folder /proc/forbidden does not exist"),
     (["collectives", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
     (["collectives", "--backend", "gloo", "-g", "1"], "argument -g/--ngpus: expected at least 2, got 1"),
+    (["collectives", "--backend", "gloo", "-g", "4096", "-e", "8"], "4096 CPU ranks: at most one a core"),
     (["bench", "cipher", "-b", "foo"], "argument -b/--minbytes: not a size: 'foo'"),
     (["bench", "cipher", "-b", "1G", "-e", "1M"], "-e/--maxbytes (1048576) is smaller than -b/--minbytes"),
     (["bench", "ddp", "--ngpus", "0"], "argument --ngpus: expected at least 2, got 0"),

@@ -343,3 +343,33 @@ def test_collectives_bench_checks_each_result_against_the_exact_value(op, monkey
     want = bench._expected(op, 4096, 3, torch.float32, torch.device("cpu"), 1)
     own = bench._buffers(op, 4096, 3, torch.float32, torch.device("cpu"), 1)[0][: want.numel()]
     assert want.numel() and not torch.equal(want, own)
+
+
+def test_ranks_that_do_not_fit_the_machine_are_refused_before_any_starts(monkeypatch):
+    """NCCL wants a GPU a rank, Gloo's CPU ranks at most one a core, the ddp bench one GPU a rank: each
+    a UsageError (the CLI's one line, exit 2) before a rank is started."""
+    import torch
+
+    from ccbridge.errors import UsageError
+    from ccbridge.secure import bench
+
+    started = []
+    monkeypatch.setattr(bench, "launch", lambda *a, **k: started.append(a) or {"rows": []})
+    monkeypatch.setattr(bench, "_ddp", lambda models, nproc, *a: started.append(nproc) or {"nranks": nproc,
+                                                                                              "rows": []})
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(UsageError, match="3 ranks: NCCL needs a GPU for each and this machine has 2"):
+        bench._collectives("all_reduce", 8, 8, 2, "float", 1, 0, 3, "nccl", "default", None)
+    bench._collectives("all_reduce", 8, 8, 2, "float", 1, 0, 3, "gloo", "default", None)  # Gloo shares the GPUs
+    with pytest.raises(UsageError, match="--ngpus 4: the ddp bench runs 2 to this machine's 2 GPUs"):
+        bench.ddp(["resnet50"], [2, 4], [25])
+    assert len(started) == 1  # the Gloo collectives alone; the ddp bench checked every size before the first
+    started.clear()
+    assert bench.ddp(["resnet50"], None, [25]).settings["ngpus"] == [2] and started == [2]  # the default that fits
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(UsageError, match="5 CPU ranks: at most one a core, and this machine has 4"):
+        bench._collectives("all_reduce", 8, 8, 2, "float", 1, 0, 5, "gloo", "default", None)
+    bench._collectives("all_reduce", 8, 8, 2, "float", 1, 0, 4, "gloo", "default", None)
+    assert len(started) == 2

@@ -197,8 +197,8 @@ def _add_ddp(benches) -> None:
                "vs encrypted (one rank per GPU)")
     p.add_argument("--models", nargs="+", choices=DDP_MODELS, action=Distinct, default=list(DDP_MODELS),
                    help="models (default all three)")
-    p.add_argument("--ngpus", type=integer(2), nargs="+", action=Distinct, default=[2, 4],
-                   help="world sizes, each at least 2 (default 2 4)")
+    p.add_argument("--ngpus", type=integer(2), nargs="+", action=Distinct,
+                   help="world sizes, each at least 2 (default 2 4, those this machine has the GPUs for)")
     p.add_argument("--buckets", type=integer(1), nargs="+", action=Distinct, default=[25, 100, 400, 800],
                    help="bucket_cap_mb sweep for the encrypted runs (default 25 100 400 800)")
     _add_iters(p, 10, "timed iterations (default 10)")

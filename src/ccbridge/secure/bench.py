@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ccbridge import busbw, choices, marks, pluginenv, ranks
 from ccbridge import env as envmod
-from ccbridge.errors import GpuError
+from ccbridge.errors import GpuError, UsageError
 from ccbridge.gputimer import time_ms as gpu_time_ms
 from ccbridge.results import Result
 from ccbridge.secure import benchrows, gcm
@@ -52,6 +52,19 @@ def transport_env(transport: str) -> dict:
         out.update({k: v for k, v in pluginenv.env().items() if k in ("NCCL_NET_PLUGIN", "LD_LIBRARY_PATH")})
         out["NCCL_NET"] = NETS["ccbridge"]  # required: NCCL fails instead of falling back to plaintext
     return out
+
+
+def _ranks_fit(nproc: int, backend: str, gpus: int) -> None:
+    """nproc ranks started here fit this machine: NCCL wants a GPU of its own for each rank; Gloo's ranks share
+    the GPUs (rank % GPUs) or, with none, run on the CPU, at most a rank a core (each is a process with torch
+    loaded). Under torchrun the launcher chose the ranks: nothing to check."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return
+    if backend == "nccl" and nproc > gpus:
+        raise UsageError(f"{nproc} ranks: NCCL needs a GPU for each and this machine has {gpus}")
+    cores = os.cpu_count() or 1
+    if not gpus and nproc > max(2, cores):
+        raise UsageError(f"{nproc} CPU ranks: at most one a core, and this machine has {cores}")
 
 
 def _nccl_log_env(d: str) -> dict:
@@ -264,6 +277,7 @@ def _collectives(op: str, begin: int, end: int, factor: int, dtype: str, iters: 
     if nproc < 2:
         raise GpuError(f"collectives need at least 2 GPUs; this machine has {gpus} (--backend gloo runs CPU ranks "
                        "where there is none)")
+    _ranks_fit(nproc, backend, gpus)
     size_list = busbw.sizes(begin, end, factor)
     if net is None:
         res = launch(_collectives_rank, nproc, op, size_list, dtype, iters, warmup, backend,
@@ -407,15 +421,17 @@ def _ddp_rank(rank, n, models, plan, iters, warmup, backend, wrap="ddp", say=_sh
     return {"nranks": n, "rows": rows}
 
 
-def ddp(models: list[str], nprocs: list[int], buckets: list[int], iters: int = 10, warmup: int = 3,
+def ddp(models: list[str], nprocs: list[int] | None, buckets: list[int], iters: int = 10, warmup: int = 3,
         backend: str = "nccl", net: str | None = None, wrap: str = "ddp", show=lambda table: None) -> Result:
-    """Training iterations at each world size in nprocs, as a Result of kind ddp (benchrows.ddp_rows);
-    show(table) after each world size. Without `net`: NCCL (plaintext, default transport) beside
-    ccbridge.secure's DDP hook at each bucket size. With net="ccbridge": NCCL on its plaintext sockets
-    beside NCCL on the ccbridge net plugin, DDP at the default 25 MB buckets or FSDP2 (wrap="fsdp")."""
+    """Training iterations at each world size in nprocs (None: 2 and 4, where the GPUs are there), as a Result
+    of kind ddp (benchrows.ddp_rows); show(table) after each world size. Without `net`: NCCL (plaintext, default
+    transport) beside ccbridge.secure's DDP hook at each bucket size. With net="ccbridge": NCCL on its plaintext
+    sockets beside NCCL on the ccbridge net plugin, DDP at the default 25 MB buckets or FSDP2 (wrap="fsdp")."""
+    nprocs = nprocs or [n for n in (2, 4) if n <= max(2, torch.cuda.device_count())]
     for nproc in nprocs:
         if nproc < 2 or nproc > torch.cuda.device_count():
-            raise RuntimeError(f"ddp bench needs 2..{torch.cuda.device_count()} GPUs, asked for {nproc}")
+            raise UsageError(f"--ngpus {nproc}: the ddp bench runs 2 to this machine's {torch.cuda.device_count()} "
+                             "GPUs, one rank each")
     if net is None and wrap != "ddp":
         raise ValueError("--wrap fsdp goes with --net ccbridge (ccbridge.secure's hook is for DDP)")
     res = Result(kind="ddp", env=envmod.stamp(),
