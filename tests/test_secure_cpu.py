@@ -373,3 +373,19 @@ def test_ranks_that_do_not_fit_the_machine_are_refused_before_any_starts(monkeyp
         bench._collectives("all_reduce", 8, 8, 2, "float", 1, 0, 5, "gloo", "default", None)
     bench._collectives("all_reduce", 8, 8, 2, "float", 1, 0, 4, "gloo", "default", None)
     assert len(started) == 2
+
+
+@pytest.mark.parametrize("progress", ["1", "0"])
+def test_collectives_prints_each_row_once_after_its_header(progress, tmp_path):
+    """nccl-tests' way: the header, then each size's row as it is measured, once; without progress, the table at
+    the end."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "ccbridge", "collectives", "--backend", "gloo", "-e", "1K", "-f", "32",
+                        "-n", "1", "-w", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "CCBRIDGE_PROGRESS": progress})
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    sizes = [ln.split()[0] for ln in lines if ln.split() and ln.split()[0].isdigit()]
+    assert lines[0].startswith("# ccbridge collectives: all_reduce on 2 CPU ranks") and sizes == ["8", "256"], lines

@@ -23,15 +23,20 @@ def cmd_collectives(args) -> int:
 
     from ccbridge.secure import bench, benchrows  # deferred: torch
 
-    res = bench.collectives(args.op, args.minbytes, args.maxbytes, args.stepfactor, args.dtype,
-                            args.iters, args.warmup, args.ngpus, args.backend, args.transport, args.net)
-    s = res.settings
-    how = ("each encrypted op ends with a host wait" if args.net is None
-           else f"NCCL's log showed networks {s['nets']}")
+    n = bench.nranks(args.ngpus, args.backend)
     ranks = "GPUs" if torch.cuda.is_available() else "CPU ranks"
-    print(fit(f"# ccbridge collectives: {args.op} on {s['nranks']} {ranks}, backend {s['backend']}, transport "
-              f"{s['transport']}, {args.iters} iterations ({how}); #wrong: elements differing from the exact result"))
-    print(benchrows.render_collectives(benchrows.collectives_rows(res), encrypted=s["encrypted"]))
+    transport = "sockets vs ccbridge net plugin" if args.net else args.transport
+    how = "; each encrypted op ends with a host wait" if args.net is None else ""
+    print(fit(f"# ccbridge collectives: {args.op} on {n} {ranks}, backend {args.backend}, transport {transport}, "
+              f"{args.iters} iterations{how}; #wrong: elements differing from the exact result"), flush=True)
+    res = bench.collectives(args.op, args.minbytes, args.maxbytes, args.stepfactor, args.dtype,
+                            args.iters, args.warmup, n, args.backend, args.transport, args.net)
+    # rank 0 printed each size's row as it came (nccl-tests' way); --net's passes printed one transport each,
+    # so their rows side by side follow, as they do where no progress was shown
+    if args.net or not bench.rows_shown():
+        if args.net:
+            print(fit(f"# both transports side by side; NCCL's log showed networks {res.settings['nets']}"))
+        print(benchrows.render_collectives(benchrows.collectives_rows(res), encrypted=res.settings["encrypted"]))
     if args.json:
         res.save(Path(args.json))
     return 1 if benchrows.wrong_elements(res) else 0

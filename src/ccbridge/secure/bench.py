@@ -54,17 +54,32 @@ def transport_env(transport: str) -> dict:
     return out
 
 
-def _ranks_fit(nproc: int, backend: str, gpus: int) -> None:
-    """nproc ranks started here fit this machine: NCCL wants a GPU of its own for each rank; Gloo's ranks share
-    the GPUs (rank % GPUs) or, with none, run on the CPU, at most a rank a core (each is a process with torch
-    loaded). Under torchrun the launcher chose the ranks: nothing to check."""
+def progress() -> bool:
+    """Rank 0 prints each size's row (each model's mode) as it comes: CCBRIDGE_PROGRESS unset or 1."""
+    return os.environ.get("CCBRIDGE_PROGRESS", "1") == "1"
+
+
+def rows_shown() -> bool:
+    """This process printed collectives' rows as they came (progress(), and rank 0 of a torchrun job)."""
+    return progress() and os.environ.get("RANK", "0") == "0"
+
+
+def nranks(nproc: int | None, backend: str) -> int:
+    """The ranks collectives() runs: under torchrun its world; else nproc or every GPU (none: Gloo on two CPU
+    ranks), where this machine holds them: NCCL wants a GPU of its own for each rank; Gloo's ranks share the GPUs
+    (rank % GPUs) or, with none, run on the CPU, at most a rank a core (each a process with torch loaded)."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return
+        return int(os.environ["WORLD_SIZE"])
+    gpus, cores = torch.cuda.device_count(), os.cpu_count() or 1
+    nproc = nproc or (gpus if gpus or backend != "gloo" else 2)
+    if nproc < 2:
+        raise GpuError(f"collectives need at least 2 GPUs; this machine has {gpus} (--backend gloo runs CPU ranks "
+                       "where there is none)")
     if backend == "nccl" and nproc > gpus:
         raise UsageError(f"{nproc} ranks: NCCL needs a GPU for each and this machine has {gpus}")
-    cores = os.cpu_count() or 1
     if not gpus and nproc > max(2, cores):
         raise UsageError(f"{nproc} CPU ranks: at most one a core, and this machine has {cores}")
+    return nproc
 
 
 def _nccl_log_env(d: str) -> dict:
@@ -243,7 +258,7 @@ def _collectives_rank(rank, n, op, size_list, dtype_name, iters, warmup, backend
         rows.append(row)
         if rank == 0:
             say(benchrows.render_collectives([row], header=len(rows) == 1)
-                if os.environ.get("CCBRIDGE_PROGRESS", "1") == "1" else None)
+                if progress() else None)
     dist.barrier()
     dist.destroy_process_group()
     return {"op": op, "nranks": n, "backend": backend, "rows": rows}
@@ -272,12 +287,7 @@ def _collectives(op: str, begin: int, end: int, factor: int, dtype: str, iters: 
         raise ValueError(f"op must be one of {', '.join(OPS)}")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
-    gpus = torch.cuda.device_count()
-    nproc = nproc or (gpus if gpus or backend != "gloo" else 2)  # no GPU: Gloo on two CPU ranks
-    if nproc < 2:
-        raise GpuError(f"collectives need at least 2 GPUs; this machine has {gpus} (--backend gloo runs CPU ranks "
-                       "where there is none)")
-    _ranks_fit(nproc, backend, gpus)
+    nproc = nranks(nproc, backend)
     size_list = busbw.sizes(begin, end, factor)
     if net is None:
         res = launch(_collectives_rank, nproc, op, size_list, dtype, iters, warmup, backend,
@@ -290,7 +300,7 @@ def _collectives(op: str, begin: int, end: int, factor: int, dtype: str, iters: 
     runs = {}
     for t in ("sockets", "ccbridge"):
         with tempfile.TemporaryDirectory() as d:
-            if os.environ.get("CCBRIDGE_PROGRESS", "1") == "1":
+            if progress():
                 print(f"# NCCL on {'its plaintext sockets' if t == 'sockets' else 'the ccbridge net plugin'}", flush=True)
             runs[t] = launch(_collectives_rank, nproc, op, size_list, dtype, iters, warmup, backend, False,
                              env={**transport_env(t), **_nccl_log_env(d)}, label="collectives")
