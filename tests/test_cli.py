@@ -39,7 +39,9 @@ def test_probe_without_gpu_exits_0_and_writes_reports(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "ccbridge", "probe", "--quick", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "The GPU families need a GPU (" in proc.stderr
+    # the answer on stdout, the progress and the files on stderr
+    assert "The GPU families need a GPU (" in proc.stdout and "rows in" in proc.stdout
+    assert "ccbridge probe: " in proc.stderr and "wrote " in proc.stderr and str(tmp_path) not in proc.stdout
     res = results.load(tmp_path / "result.json")
     assert {r.test for r in res.rows} == {"hostcrypto.aes256gcm"}
     assert any(s["test"] == "transfer.sweep" and "GPU" in s["reason"] for s in res.skipped)

@@ -62,14 +62,15 @@ def cmd_probe(args) -> int:
         reports.close()
         for handle in filter(None, started.values()):
             handle.close()
-    console.print()
+    # the answer on stdout (`ccbridge probe > findings.txt`), its progress and the files' paths on stderr
+    answer = ui.terminal()
     for f in shown(res):
-        console.print(f"- {f.text}", highlight=False)
+        answer.print(f"- {f.text}", highlight=False)
     if res.no_gpu:
-        console.print(f"[yellow]The GPU families need a GPU ({res.no_gpu}); ran what needs none.[/]")
+        answer.print(f"[yellow]The GPU families need a GPU ({res.no_gpu}); ran what needs none.[/]")
     elif res.skipped:
-        console.print("[yellow]Skipped: " + "; ".join(f"{s['test']} ({s['reason']})" for s in res.skipped) + "[/]")
-    console.print(f"\n{len(res.rows)} rows in {time.perf_counter() - t_enter:.0f} s ({phases})", highlight=False)
+        answer.print("[yellow]Skipped: " + "; ".join(f"{s['test']} ({s['reason']})" for s in res.skipped) + "[/]")
+    answer.print(f"\n{len(res.rows)} rows in {time.perf_counter() - t_enter:.0f} s ({phases})", highlight=False)
     console.print(wrote(*paths), highlight=False)
     if res.errors:
         console.print(f"[red]{len(res.errors)} test(s) failed:[/] " + "; ".join(f"{e['test']}: {e['error']}" for e in res.errors))
