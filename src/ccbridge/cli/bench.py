@@ -88,7 +88,7 @@ def cmd_decode(args) -> int:
         return 2
     from ccbridge.serve import decode  # (deferred: torch)
 
-    common = dict(iters=args.iters, warmup=args.warmup, graphs=args.graphs, seed=args.seed, log=_log,
+    common = dict(iters=args.iters, warmup=args.warmup, graphs=args.graphs, seed=args.seed, log=_logger(args.prog),
                   host_prep_us=args.host_prep_us)
     shape = (args.batch, args.prompt, args.output, args.modes, args.device)
     if args.tp:
@@ -115,7 +115,7 @@ def cmd_kv(args) -> int:
     res = kvbench.bench(args.model, args.prefixes, args.prefix_len, args.suffix_len, args.requests,
                         args.thresholds, args.modes, args.device, zipf=args.zipf,
                         gpu_fraction=args.gpu_fraction, device_blocks=args.device_blocks, seed=args.seed,
-                        warmup=args.warmup, iters=args.iters, churn=args.churn, log=_log)
+                        warmup=args.warmup, iters=args.iters, churn=args.churn, log=_logger(args.prog))
     return _done(res, kvbench.render(res), args)
 
 
@@ -127,8 +127,9 @@ def _torch_found(what: str) -> bool:
     return True
 
 
-def _log(message: str) -> None:
-    print(f"ccbridge bench: {message}", file=sys.stderr, flush=True)
+def _logger(prog: str):
+    """A bench's progress lines on stderr, named as its errors are (`ccbridge bench decode: ...`)."""
+    return lambda message: print(f"{prog}: {message}", file=sys.stderr, flush=True)
 
 
 def _done(res, table: str, args) -> int:
