@@ -27,8 +27,9 @@ def cmd_collectives(args) -> int:
     ranks = "GPUs" if torch.cuda.is_available() else "CPU ranks"
     transport = "sockets vs ccbridge net plugin" if args.net else args.transport
     how = "; each encrypted op ends with a host wait" if args.net is None else ""
+    iters = f"{args.iters} iteration{'s' if args.iters != 1 else ''}"
     print(fit(f"# ccbridge collectives: {args.op} on {n} {ranks}, backend {args.backend}, transport {transport}, "
-              f"{args.iters} iterations{how}; #wrong: elements differing from the exact result"), flush=True)
+              f"{iters}{how}; #wrong: elements differing from the exact result"), flush=True)
     res = bench.collectives(args.op, args.minbytes, args.maxbytes, args.stepfactor, args.dtype,
                             args.iters, args.warmup, n, args.backend, args.transport, args.net)
     # rank 0 printed each size's row as it came (nccl-tests' way); --net's passes printed one transport each,
