@@ -1240,3 +1240,29 @@ def test_the_driver_entry_behind_a_hook_launches_without_toll_or_count(lib):
     assert lib.cuLaunchKernel(None, 0, 1, 1, 1, 1, 1, 0, s, None, None) == 0
     assert time.perf_counter() - t0 >= 0.027
     assert summary(lib)["calls"]["cuLaunchKernel"] == 1
+
+
+def test_the_interposer_is_preloaded_from_a_folder_with_a_space(tmp_path):
+    """ld.so splits LD_PRELOAD at spaces: from such a folder the interposer is named by file and found through
+    LD_LIBRARY_PATH, and a child process really loads it (not 'cannot be preloaded ... ignored', a native run
+    labelled EMULATED)."""
+    import subprocess
+    import sys
+
+    real = launcher.library()
+    d = tmp_path / "odd dir"
+    d.mkdir()
+    link = d / os.path.basename(real)
+    link.symlink_to(real)
+    env = {"LD_PRELOAD": f"/x/a.so b.so:{link}", "LD_LIBRARY_PATH": "/y"}
+    assert launcher._preload(str(link), env) == f"{link.name}:/x/a.so:b.so" and env["LD_LIBRARY_PATH"] == f"{d}:/y"
+    env = {**os.environ, "LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", "")}
+    env.pop("LD_PRELOAD", None)
+    env["LD_PRELOAD"] = launcher._preload(str(link), env)
+    r = subprocess.run([sys.executable, "-c", "print(open('/proc/self/maps').read())"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "preloaded" not in r.stderr and os.path.realpath(real) in r.stdout, r.stderr
+    # a plain folder keeps the full path (a child that resets LD_LIBRARY_PATH still loads it), once
+    assert launcher._preload(real, {"LD_PRELOAD": f"{real} other.so"}) == f"{real}:other.so"
+    with pytest.raises(Exception, match="holds a ':'"):
+        launcher._preload("/opt/a:b/" + os.path.basename(real), {})

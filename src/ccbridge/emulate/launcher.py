@@ -43,11 +43,27 @@ def check_libcrypto() -> None:
         raise EmulatorError(f"the emulator's AES-GCM needs OpenSSL 3 (libcrypto.so.3): {e}") from None
 
 
+def _preload(lib: str, env: dict[str, str]) -> str:
+    """env's LD_PRELOAD with the interposer first (once). ld.so splits LD_PRELOAD at spaces and colons: where the
+    library's folder holds a space, LD_PRELOAD names the file alone and LD_LIBRARY_PATH (split at colons only)
+    leads to its folder; a folder with a colon cannot be named either way."""
+    folder, name = os.path.split(lib)
+    if ":" in folder:
+        raise EmulatorError(f"the emulator library's folder {folder} holds a ':', which the dynamic loader reads as "
+                            "a separator: install ccbridge under a path without one")
+    entry = lib
+    if any(c.isspace() for c in folder):
+        entry = name
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([folder] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":")
+                                                             if p and p != folder])
+    others = [p for p in env.get("LD_PRELOAD", "").replace(lib, "").replace(" ", ":").split(":") if p and p != name]
+    return ":".join([entry] + others)
+
+
 def environment(profile: Profile, config_path: str, base: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     lib = library()
-    preload = env.get("LD_PRELOAD", "")
-    env["LD_PRELOAD"] = lib + (":" + preload if preload and lib not in preload else "")
+    env["LD_PRELOAD"] = _preload(lib, env)
     env[CONFIG_VAR] = config_path
     env[ccbridge_sites.LIB_ENV] = lib  # lets tools in the child reach the interposer (counters, trace switch)
     env[EMULATION_VAR] = profile.name
