@@ -201,3 +201,24 @@ def test_bench_help_imports_no_torch():
     assert r.returncode == 0 and "--batch" in r.stdout, r.stderr
     imported = {line.split("|")[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")}
     assert "torch" not in imported and "ccbridge.cli.bench" in imported
+
+
+def test_report_leaves_a_folders_own_result_and_reports_alone(tmp_path, capsys):
+    """`report X` beside another result.json would have replaced it with a copy of X (and its reports with X's):
+    refused in one line; the folder's own result.json gets its reports again, the file byte for byte as it was."""
+    from conftest import DATA
+
+    d = tmp_path / "p"
+    d.mkdir()
+    own, other = d / "result.json", d / "peer.json"
+    own.write_bytes((DATA / "h100-native-full.json").read_bytes())
+    other.write_bytes((DATA / "h200x2-peer.json").read_bytes())
+    before = own.read_bytes()
+    assert main(["report", str(other)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is another result, whose reports these would replace" in err[0]
+    assert own.read_bytes() == before and sorted(p.name for p in d.iterdir()) == ["peer.json", "result.json"]
+    assert main(["report", str(own)]) == 0
+    assert own.read_bytes() == before and (d / "report.md").exists() and (d / "report.html").exists()
+    assert main(["report", str(other), "--out", str(tmp_path / "q")]) == 0  # a folder of its own: the copy too
+    assert results.load(tmp_path / "q" / "result.json").rows == results.load(other).rows

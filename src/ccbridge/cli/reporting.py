@@ -9,14 +9,24 @@ from pathlib import Path
 
 from ccbridge import advise, compare, results, ui
 from ccbridge.cli.args import command
-from ccbridge.cli.reports import write_reports, wrote
+from ccbridge.cli.reports import render, report_paths, write_reports, wrote
 from ccbridge.errors import UsageError
 
 
 def cmd_report(args) -> int:
-    out = ui.writable_folder(args.out or Path(args.result).parent, "--out")
-    res = results.load(args.result)
-    for p in write_reports(res, out)[1:]:
+    src = Path(args.result)
+    out = ui.writable_folder(args.out or src.parent, "--out")
+    res = results.load(src)
+    paths = report_paths(out)
+    if paths[0].exists() and not paths[0].samefile(src):
+        # that folder's reports are its result.json's: these would replace them and a copy of src would replace it
+        raise UsageError(f"{paths[0]} is another result, whose reports these would replace: give --out a folder")
+    if paths[0].exists():  # the folder's own result: its reports again, the file left as it is
+        out.mkdir(parents=True, exist_ok=True)
+        render(res, paths)
+    else:
+        write_reports(res, out)
+    for p in paths[1:]:
         print(p)
     return 0
 
@@ -60,7 +70,8 @@ def cmd_advise(args) -> int:
 def add_parsers(sub) -> None:
     p = command(sub, "report", cmd_report, help="re-render report.md and report.html from a result.json")
     p.add_argument("result")
-    p.add_argument("--out", help="output folder (default: beside the result)")
+    p.add_argument("--out", help="output folder (default: beside the result); a folder without a result.json "
+                                 "gets a copy of it, one holding another result is refused")
 
     p = command(sub, "compare", cmd_compare, help="OTHER/BASE ratio table and changed findings of two probe results")
     p.add_argument("base")
