@@ -111,6 +111,35 @@ def test_degrees_are_checked_before_any_rank_starts():
         decode.bench("llama-70b", [1], 4, 3, ["sync"], "cpu")
 
 
+
+def test_weights_that_do_not_fit_are_refused_before_any_rank_builds_them(monkeypatch):
+    """On the CPU every rank's shard is in host memory at once; on CUDA a rank's shard is on its GPU. Estimated
+    from the preset's shape (fits.shard_bytes), which the built engine's weights match."""
+    from ccbridge.serve import fits
+
+    spec = decode.PRESETS["tiny"]
+    h, v, layers = spec["hidden_size"], spec["vocab_size"], spec["num_hidden_layers"]
+    for n in (1, 2):  # the engine reads one embedding row a sequence, where the shard holds the table; norms aside
+        built = engine.build(spec, 0, n, "cpu", torch.float32)
+        assert fits.shard_bytes("tiny", n, 4) == built.weight_bytes(1) - h * 4 + v * h * 4 - layers * 2 * h * 4
+    gib = 2**30
+    monkeypatch.setattr(fits.hostmem, "available_bytes", lambda: 20 * gib)
+    with pytest.raises(UsageError, match=r"--tp 2: llama-70b's shard, 135.3 GiB of float32 x 2 ranks on the CPU; "
+                                         r"20.0 GiB free"):
+        tp.bench("llama-70b", [2], [1], 2, 2, ["sync"], "cpu")
+    with pytest.raises(UsageError, match=r"^llama-8b, 29.9 GiB of float32 on the CPU; 20.0 GiB free"):
+        decode.check("llama-8b", [1], 2, 2, ["sync"], "cpu", False)
+    decode.check("llama-1b", [1], 2, 2, ["sync"], "cpu", False)  # 4.6 GiB: fits
+    monkeypatch.setattr(fits.hostmem, "available_bytes", lambda: None)  # no /proc/meminfo: not judged
+    decode.check("llama-8b", [1], 2, 2, ["sync"], "cpu", False)
+    props = type("P", (), {"total_memory": 80 * gib})
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: props)
+    with pytest.raises(UsageError, match=r"--tp 1: llama-70b's shard is 131 GiB, this GPU holds 80 GiB: give degrees "
+                                         r"of 2 or more"):
+        fits.check("llama-70b", [2, 1], torch.device("cuda", 0), torch.bfloat16)
+    fits.check("llama-70b", [2, 4], torch.device("cuda", 0), torch.bfloat16)
+
+
 @pytest.fixture(scope="module")
 def tp_result(tmp_path_factory):
     """TP=1 (no group: one process, no collective) and TP=2 (gloo ranks, float32)."""

@@ -64,7 +64,7 @@ from ccbridge.emulate import trace as emu_trace  # (decode()'s own `trace` is it
 from ccbridge.errors import UsageError
 from ccbridge.load import load_safetensors
 from ccbridge.results import Result, Row
-from ccbridge.serve import DrainWorker, StagedH2D, layout
+from ccbridge.serve import DrainWorker, StagedH2D, fits, layout
 from ccbridge.serve.judge import Judge
 from ccbridge.serve.stepper import GraphStepper, Stepper, transformers
 
@@ -101,6 +101,8 @@ def check(model: str | None, batches: list[int], prompt: int, output: int, modes
             raise UsageError(f"--device {device}: torch sees {torch.cuda.device_count()} GPU(s)")
     if graphs and dev.type != "cuda":
         raise UsageError("--graphs captures CUDA graphs: it needs a CUDA device")
+    if model is not None and not tp:  # (tp: its degrees' shards, checked by the tensor-parallel bench)
+        fits.check(model, [1], dev, dtype_for(dev), tp=False)
     return dev
 
 

@@ -49,7 +49,7 @@ from ccbridge.emulate import interposer
 from ccbridge.emulate import trace as emu_trace
 from ccbridge.errors import GpuError, UsageError
 from ccbridge.results import Result, Row
-from ccbridge.serve import decode, engine, gemv, gemv_tune
+from ccbridge.serve import decode, engine, fits, gemv, gemv_tune
 from ccbridge.serve.judge import Judge
 
 TEST = "decode_tp"  # rows' test name: not decode's, whose readers (advise) key its rows by batch and mode alone
@@ -210,22 +210,6 @@ def _per_step(runs: list, output: int) -> dict:
     return {k: v / (output - 1) for k, v in runs[-1].stats.items()}
 
 
-def check_fits(model: str, degrees: list[int], dev) -> None:
-    """Each degree's shard (weights and a little room) within this GPU's memory, before any rank builds one."""
-    if dev.type != "cuda":
-        return
-    total = torch.cuda.get_device_properties(dev).total_memory
-    spec = decode.PRESETS[model]
-    h, v, L, inter = spec["hidden_size"], spec["vocab_size"], spec["num_hidden_layers"], spec["intermediate_size"]
-    kv = h // spec["num_attention_heads"] * spec["num_key_value_heads"]
-    layer = (h * (h + 2 * kv) + h * h + 3 * h * inter) * 2
-    for n in degrees:
-        need = L * layer / n + (1 if spec["tie_word_embeddings"] else 2) * v * h * 2
-        if need > 0.92 * total:
-            raise UsageError(f"--tp {n}: {model}'s shard is {need / 2**30:.0f} GiB, this GPU holds "
-                             f"{total / 2**30:.0f} GiB: give degrees of {int(need / total / 0.92) + 1} or more")
-
-
 def predicted_ms(params: dict, n: int, batch: int, hidden: int, collectives: int, per_step: dict, graphs: bool,
                  native_ms: float, itemsize: int = 2) -> tuple[float | None, dict]:
     """The emulated step the toll model predicts from the native one (ms) and each toll in it (us), from the
@@ -338,7 +322,7 @@ def bench(model: str, degrees: list[int], batches: list[int], prompt: int, outpu
     dev = decode.check(model, batches, prompt, output, modes, device, graphs, tp=True)
     if dev.type == "cuda" and max(degrees) > torch.cuda.device_count():
         raise UsageError(f"--tp {max(degrees)}: one process per GPU, and torch sees {torch.cuda.device_count()} GPU(s)")
-    check_fits(model, degrees, dev)
+    fits.check(model, degrees, dev, decode.dtype_for(dev))
     decode.check_host_prep(host_prep_us)
     stamp = env.stamp()
     params = (stamp.get("emulation") or {}).get("params", {}) if stamp.get("emulation", {}).get("active") else {}
