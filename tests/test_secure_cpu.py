@@ -373,6 +373,20 @@ def test_ranks_that_do_not_fit_the_machine_are_refused_before_any_starts(monkeyp
         bench._collectives("all_reduce", 8, 8, 2, "float", 1, 0, 5, "gloo", "default", None)
     bench._collectives("all_reduce", 8, 8, 2, "float", 1, 0, 4, "gloo", "default", None)
     assert len(started) == 2
+    # the largest size's buffers: every CPU rank's in this machine's memory, a GPU rank's on its GPU
+    monkeypatch.setattr(bench.hostmem, "available_bytes", lambda: 20 << 30)
+    with pytest.raises(UsageError, match=r"size 2.0 GiB: 2 ranks x ~8 buffers of it need 32.0 GiB, 20.0 GiB free"):
+        bench._collectives("all_reduce", 8, 2 << 30, 2, "float", 1, 0, 2, "gloo", "default", None)
+    bench._collectives("all_reduce", 8, 1 << 30, 2, "float", 1, 0, 2, "gloo", "default", None)
+    assert len(started) == 3
+    # sizes as whole elements, each once: -b 1 -e 2 of float is one size of 4 B
+    bench._collectives("all_gather", 1, 16, 2, "float", 1, 0, 2, "gloo", "default", None)
+    assert started[-1][3] == [8, 16]  # (fn, nproc, op, sizes, ...): 1, 2, 4 and 8 B gather 2 floats; 16 B 4
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 << 30}))
+    with pytest.raises(UsageError, match=r"size 16.0 GiB: a rank's ~8 buffers of it need 128.0 GiB, a GPU holds 80 GiB"):
+        bench._collectives("all_reduce", 8, 16 << 30, 2, "float", 1, 0, 2, "nccl", "default", None)
 
 
 @pytest.mark.parametrize("progress", ["1", "0"])

@@ -24,6 +24,7 @@ def cmd_collectives(args) -> int:
     from ccbridge.secure import bench, benchrows  # deferred: torch
 
     n = bench.nranks(args.ngpus, args.backend)
+    bench.sizes(args.op, args.minbytes, args.maxbytes, args.stepfactor, args.dtype, n)  # they fit: before the header
     ranks = "GPUs" if torch.cuda.is_available() else "CPU ranks"
     transport = "sockets vs ccbridge net plugin" if args.net else args.transport
     how = "; each encrypted op ends with a host wait" if args.net is None else ""

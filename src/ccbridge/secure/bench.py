@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ccbridge import busbw, choices, marks, pluginenv, ranks
+from ccbridge import busbw, choices, hostmem, marks, pluginenv, ranks, ui
 from ccbridge import env as envmod
 from ccbridge.errors import GpuError, UsageError
 from ccbridge.gputimer import time_ms as gpu_time_ms
@@ -31,6 +31,7 @@ from ccbridge.secure import keys as keymod
 from ccbridge.secure.group import SecureGroup, allreduce_hook
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+RANK_BUFFERS = 8  # buffers of the largest size a collectives rank holds at once, at most (_buffers_fit)
 STALL_S = 600.0  # no word from any rank this long: stuck (rank 0 speaks after each size or each model's mode)
 DTYPES = {name: getattr(torch, dtype) for name, dtype in choices.SECURE_DTYPES.items()}
 
@@ -80,6 +81,30 @@ def nranks(nproc: int | None, backend: str) -> int:
     if not gpus and nproc > max(2, cores):
         raise UsageError(f"{nproc} CPU ranks: at most one a core, and this machine has {cores}")
     return nproc
+
+
+def sizes(op: str, begin: int, end: int, factor: int, dtype: str, nproc: int) -> list[int]:
+    """collectives()' sizes, as whole elements (-b 1 -e 2 of float: one size of 4 B, not two), once each
+    checked to fit (_buffers_fit)."""
+    item = DTYPES[dtype].itemsize
+    out = sorted({_count(op, b, nproc, DTYPES[dtype]) * item for b in busbw.sizes(begin, end, factor)})
+    _buffers_fit(out[-1], nproc)
+    return out
+
+
+def _buffers_fit(largest: int, nproc: int) -> None:
+    """A UsageError before any rank starts where the largest size's buffers cannot fit: each rank holds about
+    RANK_BUFFERS of them at once (input, output, the input kept, the exact result and its making, ciphertexts),
+    on its GPU, or with none every rank's in this machine's memory."""
+    need, size = RANK_BUFFERS * largest, ui.approx_bytes(largest)
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory
+        if need > 0.9 * total:
+            raise UsageError(f"size {size}: a rank's ~{RANK_BUFFERS} buffers of it need {need / 2**30:.1f} GiB, a GPU "
+                             f"holds {total / 2**30:.0f} GiB")
+    elif (avail := hostmem.available_bytes()) is not None and nproc * need > 0.8 * avail:
+        raise UsageError(f"size {size}: {nproc} ranks x ~{RANK_BUFFERS} buffers of it need {nproc * need / 2**30:.1f} "
+                         f"GiB, {avail / 2**30:.1f} GiB free")
 
 
 def _nccl_log_env(d: str) -> dict:
@@ -288,7 +313,7 @@ def _collectives(op: str, begin: int, end: int, factor: int, dtype: str, iters: 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
     nproc = nranks(nproc, backend)
-    size_list = busbw.sizes(begin, end, factor)
+    size_list = sizes(op, begin, end, factor, dtype, nproc)
     if net is None:
         res = launch(_collectives_rank, nproc, op, size_list, dtype, iters, warmup, backend,
                      env=transport_env(transport), label="collectives")
