@@ -390,6 +390,7 @@ CASES = [
     _not_its("kv", "--host-prep-us", "100"),
     # bench decode --tp: degrees checked before a rank is spawned or a GPU looked for
     (["run", "--project", "h200", "--project-by", "-2", "--", "true"], "--project-by -2: a ratio is above 0"),
+    (["account", "--profile", "b300", "--project-by", "banana", "--", "true"], "--project-by goes with --project GPU"),
     (["run", "--project", "h200", "--project-by", "hbm:1.5", "--", "true"],
      "--project-by hbm:F: F, the GPU time's share at the HBM roofline, is above 0 and at most 1, got '1.5'"),
     (["bench", "decode", "--tp", "0"], "argument --tp: expected at least 1, got 0"),

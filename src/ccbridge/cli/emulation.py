@@ -59,7 +59,7 @@ def cmd_account(args) -> int:
         raise UsageError("--project goes with --profile NAME -- CMD (it runs CMD again as the target would)")
     if args.repeat > 1 and not prof:
         raise UsageError("--repeat goes with --profile NAME -- CMD (trace pairs: give BASE1 OTHER1 BASE2 OTHER2 ...)")
-    if args.project and proj is None:
+    if proj is None:
         args.target = projection(args)  # made (or refused) now, before the first run; the second pass runs as it
     if prof:
         pairs, runs_at, each = _record(args, prof, proj, rest, out)
