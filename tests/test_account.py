@@ -4,8 +4,8 @@ import subprocess
 from pathlib import Path
 import sys
 
-from ccbridge import account, results
-from ccbridge.emulate import trace, windows
+from ccbridge import account, cli, results
+from ccbridge.emulate import launcher, trace, windows
 
 
 def write_trace(prefix, lines, pid=1, profile="passthrough", emulate=0, ranks=8):
@@ -598,3 +598,19 @@ def test_an_eager_job_gets_its_peers_from_its_waits_and_a_note_that_says_how(tmp
     text = account.render_ranks(ranks, notes)
     row0 = next(line for line in text.splitlines() if line.lstrip().startswith("0 marks")).split()
     assert row0[-2] == "-32%" and "matched by collective" in text and all(len(x) <= 120 for x in text.splitlines())
+
+
+def test_runs_that_make_no_driver_call_leave_no_result_folder(tmp_path, monkeypatch, capsys):
+    """Both runs made under the interposer (where no CUDA driver loads, past the check that refuses that), then
+    nothing to attribute: the folders account made are taken away again; one the user made stays."""
+    real = launcher.check
+    monkeypatch.setattr(launcher, "check", lambda *a, needs_driver=False, **k: real(*a, **k))
+    monkeypatch.chdir(tmp_path)
+    for out, left in ((None, []), ("a/b", []), ("kept", ["kept"])):
+        if out == "kept":
+            (tmp_path / "kept").mkdir()
+        assert cli.main(["account", "--profile", "b300", *(["--out", out] if out else []), "--", "true"]) == 2
+        err = capsys.readouterr().err
+        assert "run 2 of 2" in err and err.splitlines()[-1] == ("ccbridge account: true made no CUDA driver call: "
+                                                                "nothing to attribute")
+        assert sorted(p.name for p in tmp_path.iterdir()) == left

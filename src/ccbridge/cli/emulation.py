@@ -30,6 +30,9 @@ def cmd_run(args) -> int:
     proj = projection(args)
     launcher.check(prof, cmd, args.record, args.coverage)
     print(launcher.banner(prof, proj), file=sys.stderr)
+    if prof.emulates and (why := launcher.driver_missing()):
+        print(cut(f"ccbridge run: note: {why}: it runs natively", 120),
+              file=sys.stderr)
     rc = launcher.run(prof, cmd, trace=args.record, coverage=args.coverage, sites=args.sites, projection=proj)
     if args.record:
         print(trace.render(trace.summarize(str(Path(args.record).resolve()))), file=sys.stderr)
@@ -117,7 +120,7 @@ def _record(args, prof, proj, rest: list[str], out: Path) -> tuple[list[tuple[st
     pairs = [tuple(str(d / name) for _, name in sides) for d in at]
     for pair in pairs:  # every run's, before the first starts (an old trace at any prefix refuses the run)
         for (p, _), prefix in zip(sides, pair):
-            launcher.check(p, rest)
+            launcher.check(p, rest, needs_driver=True)
             launcher.refuse_old_trace(prefix)
     runs_at: list[tuple] = []
     with contextlib.ExitStack() as made:  # the traces go there; a run that fails takes empty folders away again

@@ -16,7 +16,7 @@ from pathlib import Path
 from ccbridge import ui
 from ccbridge.bindings import libcrypto
 from ccbridge.env import CONFIG_VAR, EMULATION_VAR
-from ccbridge.errors import EmulatorError, UsageError
+from ccbridge.errors import EmulatorError, GpuError, UsageError
 from ccbridge.emulate import coverage as driver_coverage
 from ccbridge.emulate import native_floor
 from ccbridge.emulate import sites as siterecorder
@@ -24,7 +24,7 @@ from ccbridge.emulate.siteboot import ccbridge_sites
 from ccbridge.emulate.profiles import Profile, show
 from ccbridge.emulate.targets import ENV_VAR as PROJECTION_VAR, Projection
 from ccbridge.ranks import NVLS_OFF  # what a job sees under a profile without NVLS, as every rank ccbridge starts
-from ccbridge.textfit import wrap
+from ccbridge.textfit import cut, wrap
 
 TRACE_MAX = 512  # the interposer's trace path buffer (emu.h), with its terminating NUL
 
@@ -72,10 +72,22 @@ def environment(profile: Profile, config_path: str, base: dict[str, str] | None 
     return env
 
 
-def check(profile: Profile, cmd: list[str], trace: str | None = None, coverage: str | None = None) -> None:
+def driver_missing() -> str | None:
+    """Why the CUDA driver the interposer stands in front of cannot be loaded here (None: it can)."""
+    from ccbridge.bindings import core  # (deferred: the native module, built with the package)
+
+    try:
+        core.device_count()
+    except GpuError as e:
+        return str(e).split(": ")[0]  # the driver's own words after it (dlerror's path and errno) aside
+    return None
+
+
+def check(profile: Profile, cmd: list[str], trace: str | None = None, coverage: str | None = None,
+          needs_driver: bool = False) -> None:
     """Everything run() needs, checked before anything starts: a command that can be
     executed, a trace folder, a coverage file to write, the library, libcrypto when
-    the profile emulates."""
+    the profile emulates, and (needs_driver) a CUDA driver for the program to call."""
     if not cmd:
         raise EmulatorError("no command given: put the program after --, as in `-- CMD [ARGS...]`")
     exe = cmd[0] if os.sep in cmd[0] else shutil.which(cmd[0])
@@ -92,6 +104,8 @@ def check(profile: Profile, cmd: list[str], trace: str | None = None, coverage: 
     library()
     if profile.emulates:
         check_libcrypto()
+    if needs_driver and (why := driver_missing()):
+        raise EmulatorError(cut(f"{why}: nothing to emulate", 100))
 
 
 def refuse_old_trace(trace: str) -> None:
