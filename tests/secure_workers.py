@@ -183,7 +183,9 @@ class _Tap:
 
     def __init__(self, alter=None):
         self.sent, self.alter = [], alter
-        self._orig = (dist.batch_isend_irecv, dist.all_gather_into_tensor, dist.all_gather)
+        # the gather into one tensor under each name a torch has for it (2.13: all_gather_single as well)
+        self._single = [n for n in ("all_gather_into_tensor", "all_gather_single") if hasattr(dist, n)]
+        self._orig = (dist.batch_isend_irecv, [getattr(dist, n) for n in self._single], dist.all_gather)
 
     def _touch(self, t, kind):
         verdict = self.alter(t, len(self.sent), kind) if self.alter else None
@@ -193,7 +195,7 @@ class _Tap:
         return verdict
 
     def __enter__(self):
-        orig_batch, orig_agit, orig_ag = self._orig
+        orig_batch, orig_singles, orig_ag = self._orig
 
         def batch(ops):
             out = []
@@ -213,18 +215,24 @@ class _Tap:
                 own().copy_(keep)
             return work
 
-        def agit(out, inp, group=None, async_op=False):
-            r, m = dist.get_rank(group), inp.numel()
-            return gathered(orig_agit, out, inp, group, async_op, lambda: out[r * m:(r + 1) * m])
+        def single(orig):
+            def agit(out, inp, group=None, async_op=False):
+                r, m = dist.get_rank(group), inp.numel()
+                return gathered(orig, out, inp, group, async_op, lambda: out[r * m:(r + 1) * m])
+            return agit
 
         def ag(outs, inp, group=None, async_op=False):
             return gathered(orig_ag, outs, inp, group, async_op, lambda: outs[dist.get_rank(group)])
 
-        dist.batch_isend_irecv, dist.all_gather_into_tensor, dist.all_gather = batch, agit, ag
+        dist.batch_isend_irecv, dist.all_gather = batch, ag
+        for name, orig in zip(self._single, orig_singles):
+            setattr(dist, name, single(orig))
         return self
 
     def __exit__(self, *exc):
-        dist.batch_isend_irecv, dist.all_gather_into_tensor, dist.all_gather = self._orig
+        dist.batch_isend_irecv, _, dist.all_gather = self._orig
+        for name, orig in zip(self._single, self._orig[1]):
+            setattr(dist, name, orig)
 
 
 def _expect_integrity_error(fn, what):

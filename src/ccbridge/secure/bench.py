@@ -28,7 +28,8 @@ from ccbridge.gputimer import time_ms as gpu_time_ms
 from ccbridge.results import Result
 from ccbridge.secure import benchrows, gcm
 from ccbridge.secure import keys as keymod
-from ccbridge.secure.group import SecureGroup, allreduce_hook
+from ccbridge.secure.group import SecureGroup, all_gather_tensor, allreduce_hook
+from ccbridge.secure.group import reduce_scatter_tensor as dist_reduce_scatter
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 RANK_BUFFERS = 8  # buffers of the largest size a collectives rank holds at once, at most (_buffers_fit)
@@ -166,9 +167,9 @@ def _op(api, op: str, out, inp):
     if op == "all_reduce":
         api.all_reduce(out)
     elif op == "all_gather":
-        api.all_gather_into_tensor(out, inp)
+        (all_gather_tensor if api is dist else api.all_gather_into_tensor)(out, inp)
     elif op == "reduce_scatter":
-        api.reduce_scatter_tensor(out, inp)
+        (dist_reduce_scatter if api is dist else api.reduce_scatter_tensor)(out, inp)
     else:
         api.broadcast(out, 0)
 
