@@ -344,6 +344,12 @@ CASES = [
     (["collectives", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
     (["collectives", "--backend", "gloo", "-g", "1"], "argument -g/--ngpus: expected at least 2, got 1"),
     (["collectives", "--backend", "gloo", "-g", "4096", "-e", "8"], "4096 CPU ranks: at most one a core"),
+    (["collectives", "--backend", "gloo", "--transport", "sockets"], "--transport sockets picks NCCL's transport: it "
+                                                                     "goes with --backend nccl"),
+    (["bench", "decode", "--device", "cpu", "--timer", "globaltimer"], "--timer globaltimer times GPU work"),
+    (["bench", "kv", "--device", "cpu", "--timer", "events"], "--timer events times GPU work"),
+    (["run", "--profile", "b300", "--set", "launch_toll_us=1", "--set", "launch_toll_us=2", "--", "true"],
+     "--set launch_toll_us is given twice"),
     (["collectives", "--backend", "gloo", "-e", "100T"], "2 ranks x ~8 buffers of it need", {"skip": _big_memory}),
     (["collectives", "--backend", "gloo", "-b", "1.5"], "argument -b/--minbytes: size '1.5' is not a whole number of "
                                                       "bytes"),

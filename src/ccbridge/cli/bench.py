@@ -29,7 +29,7 @@ def cmd_ddp(args) -> int:
         raise UsageError("--wrap fsdp goes with `bench ddp --net ccbridge` (ccbridge.secure's hook is for DDP)")
     if args.net:
         plugin_built()
-    if not gpus_ready("bench", args.json):
+    if not gpus_ready("bench ddp", args.json):
         return 2
     from ccbridge.secure import bench, benchrows  # (deferred: torch)
 
@@ -46,7 +46,7 @@ def cmd_ddp(args) -> int:
 def cmd_cipher(args) -> int:
     """GB/s of the GPU AES-256-GCM kernels per size."""
     sizes_in_order(args)
-    if not gpus_ready("bench", args.json):
+    if not gpus_ready("bench cipher", args.json):
         return 2
     apply_timer(args)
     from ccbridge.secure import bench, benchrows  # (deferred: torch)
@@ -75,9 +75,16 @@ def cmd_net(args) -> int:
     return _done(res, benchrows.render_net(res), args)
 
 
+def _gpu_timer(args) -> None:
+    """apply_timer(), a --timer named on a CPU run refused (it times GPU work; the result would record none)."""
+    if args.timer not in (None, "auto") and str(args.device or "").startswith("cpu"):
+        raise UsageError(f"--timer {args.timer} times GPU work: it goes with a CUDA --device")
+    apply_timer(args)
+
+
 def cmd_decode(args) -> int:
     """Greedy decode of a transformer (random weights) in each scheduling mode; tokens must agree."""
-    apply_timer(args)
+    _gpu_timer(args)
     if args.json:
         ui.writable_file(args.json, "--json")
     if args.graphs and args.device == "cpu":
@@ -105,7 +112,7 @@ def cmd_decode(args) -> int:
 def cmd_kv(args) -> int:
     """Prefix-reuse churn through a KVCache with a host tier, per store threshold and sync/async crossings.
     An option not given is None: kvbench's defaults depend on the device."""
-    apply_timer(args)
+    _gpu_timer(args)
     if args.json:
         ui.writable_file(args.json, "--json")
     if not _torch_found("kv"):

@@ -14,6 +14,8 @@ from ccbridge.textfit import fit
 def cmd_collectives(args) -> int:
     if args.net and (args.backend != "nccl" or args.transport != "default"):
         raise UsageError("--net compares NCCL's own transports: it takes neither --backend gloo nor --transport")
+    if args.transport != "default" and args.backend != "nccl":
+        raise UsageError(f"--transport {args.transport} picks NCCL's transport: it goes with --backend nccl")
     if args.net:
         plugin_built()
     sizes_in_order(args)

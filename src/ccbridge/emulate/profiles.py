@@ -171,12 +171,16 @@ def override(profile: Profile, settings: list[str] | None) -> Profile:
     Each value is checked as a profile file's is; the profile's own value is kept in
     `overrides` and in the parameter's source, so a result says which what-if made it."""
     params, overrides = dict(profile.params), dict(profile.overrides)
+    given: set[str] = set()
     for text in settings or []:
         key, eq, value = (part.strip() for part in text.partition("="))
         if not eq or not key or not value:
             raise ProfileError(f"--set {cut(text, 32)!r}: expected KEY=VALUE, e.g. launch_toll_us=0")
         if key not in PARAMS:
             raise ProfileError(f"--set {cut(text, 32)!r}: {_unknown(key)}")
+        if key in given:  # which one a run used would be a guess
+            raise ProfileError(f"--set {key} is given twice")
+        given.add(key)
         try:
             number = float(value)
         except ValueError:
