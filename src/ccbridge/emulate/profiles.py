@@ -178,9 +178,6 @@ def override(profile: Profile, settings: list[str] | None) -> Profile:
             raise ProfileError(f"--set {cut(text, 32)!r}: expected KEY=VALUE, e.g. launch_toll_us=0")
         if key not in PARAMS:
             raise ProfileError(f"--set {cut(text, 32)!r}: {_unknown(key)}")
-        if key in given:  # which one a run used would be a guess
-            raise ProfileError(f"--set {key} is given twice")
-        given.add(key)
         try:
             number = float(value)
         except ValueError:
@@ -189,6 +186,9 @@ def override(profile: Profile, settings: list[str] | None) -> Profile:
             number = check_value(key, number)
         except ProfileError as e:
             raise ProfileError(f"--set {cut(text, 32)!r}: {e}") from None
+        if key in given:  # which one a run used would be a guess
+            raise ProfileError(f"--set {key} is given twice")
+        given.add(key)
         was = overrides.setdefault(key, profile.params[key].value)
         params[key] = Param(number, f"overridden on the command line (was {was:g})")
     return replace(profile, params=params, overrides=overrides)
