@@ -119,9 +119,10 @@ def _record(args, prof, proj, rest: list[str], out: Path) -> tuple[list[tuple[st
     at = [out] if k == 1 else [out / f"run{j}" for j in range(1, k + 1)]  # one pair: out/native, out/emulated
     pairs = [tuple(str(d / name) for _, name in sides) for d in at]
     for pair in pairs:  # every run's, before the first starts (an old trace at any prefix refuses the run)
-        for (p, _), prefix in zip(sides, pair):
-            launcher.check(p, rest, needs_driver=True)
+        for prefix in pair:
             launcher.refuse_old_trace(prefix)
+    for p, _ in sides:  # (the driver last: bad input is named first)
+        launcher.check(p, rest, needs_driver=True)
     runs_at: list[tuple] = []
     with contextlib.ExitStack() as made:  # the traces go there; a run that fails takes empty folders away again
         for d in at:
