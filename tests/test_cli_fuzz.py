@@ -680,7 +680,7 @@ def test_every_readme_command_has_a_bad_input_case():
 
 @pytest.mark.parametrize("value,fragment", [
     ("bogus", "CCBRIDGE_RANK_CPUS='bogus': expected a CPU list per rank"),
-    ("0;0", "CCBRIDGE_RANK_CPUS: ranks 0 and 1 share CPUs [0]"), ("0", "CCBRIDGE_RANK_CPUS: 1 CPU list for 2 ranks")])
+    ("0;0", "CCBRIDGE_RANK_CPUS: ranks 0 and 1 share CPUs 0:"), ("0", "CCBRIDGE_RANK_CPUS: 1 CPU list for 2 ranks")])
 def test_a_bad_rank_cpu_list_is_one_line_before_any_rank_starts(tmp_path, value, fragment):
     """CCBRIDGE_RANK_CPUS is input too: a bench whose ranks it would pin refuses a bad one in one line, exit 2."""
     r = subprocess.run([sys.executable, "-m", "ccbridge.cli", "bench", "decode", "--tp", "2", "--device", "cpu",
@@ -690,6 +690,12 @@ def test_a_bad_rank_cpu_list_is_one_line_before_any_rank_starts(tmp_path, value,
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(lines[-1]) <= 120, r.stderr
     assert lines[-1].startswith("ccbridge bench") and fragment in lines[-1], r.stderr
+    # collectives: before its header, nothing on stdout
+    r = subprocess.run([sys.executable, "-m", "ccbridge.cli", "collectives", "--backend", "gloo", "-e", "8"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S,
+                       env={**os.environ, "CCBRIDGE_RANK_CPUS": value})
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.startswith("ccbridge collectives: " + fragment[:19])
+    assert fragment in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
 
 
 def test_run_is_named_run_and_passes_the_status(tmp_path):

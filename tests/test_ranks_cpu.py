@@ -310,8 +310,9 @@ def test_each_rank_runs_on_the_cores_it_was_given(clean, monkeypatch):
     ("0-1", "1 CPU list for 2 ranks"), ("a;b", "expected a CPU list per rank"),
     ("3-1;0", "expected a CPU list per rank"), ("0;;", "expected a CPU list per rank"),
     ("0-;1", "expected a CPU list per rank"), ("+0;1", "expected a CPU list per rank"),
-    ("0-4000000000;1", "expected a CPU list per rank"), ("0-1;1", "ranks 0 and 1 share CPUs [1]"),
-    ("0;9999", "rank 1's CPUs [9999] are not this process's to use")])
+    ("0-4000000000;1", "expected a CPU list per rank"), ("0-1;1", "ranks 0 and 1 share CPUs 1:"),
+    ("0;9999", "rank 1's CPUs 9999 are outside this process's 0"),
+    ("0;9990-9999,5000", "CPUs 5000,9990-9999 are outside"), ("0;9991,9993,9995,9997,9999", "CPUs 9991,9993,9995,9997,...")])
 def test_a_bad_cpu_list_is_one_line_before_any_rank_starts(text, why, clean, monkeypatch):
     from ccbridge.errors import UsageError
 

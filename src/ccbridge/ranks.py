@@ -161,12 +161,25 @@ def rank_cpus(n: int, text: str | None = None) -> tuple[frozenset[int], ...] | N
     sets, allowed = sets[:n], os.sched_getaffinity(0)
     for r, cpus in enumerate(sets):
         if not cpus <= allowed:
-            raise UsageError(f"{CPUS_ENV}: rank {r}'s CPUs {sorted(cpus - allowed)[:4]} are not this process's to use")
+            raise UsageError(f"{CPUS_ENV}: rank {r}'s CPUs {_ranges(cpus - allowed)} are outside this process's "
+                             f"{_ranges(allowed)}")
         for q in range(r):
             if cpus & sets[q]:
-                raise UsageError(f"{CPUS_ENV}: ranks {q} and {r} share CPUs {sorted(cpus & sets[q])[:4]}: each rank "
+                raise UsageError(f"{CPUS_ENV}: ranks {q} and {r} share CPUs {_ranges(cpus & sets[q])}: each rank "
                                  "is meant to have its own")
     return sets
+
+
+def _ranges(cpus) -> str:
+    """CPUs as a CPU list is written (0-3,8,10-11), the first few runs of them."""
+    runs: list[list[int]] = []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    text = ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:4])
+    return text + (",..." if len(runs) > 4 else "")
 
 
 def _send(link: Connection, obj) -> None:

@@ -81,6 +81,7 @@ def nranks(nproc: int | None, backend: str) -> int:
         raise UsageError(f"{nproc} ranks: NCCL needs a GPU for each and this machine has {gpus}")
     if not gpus and nproc > max(2, cores):
         raise UsageError(f"{nproc} CPU ranks: at most one a core, and this machine has {cores}")
+    ranks.rank_cpus(nproc)  # a bad CCBRIDGE_RANK_CPUS for them: one line now, not once the ranks start
     return nproc
 
 
