@@ -1331,7 +1331,7 @@ def test_bench_net_renders_each_row_beside_its_anchors_within_120_columns(monkey
     assert x["of_bound"] == round(21.0 / (128 / 0.6), 3) and x["cpu_efficiency"] == round(0.6 / 0.85, 3)
     assert x["record"] == 256 << 10 and x["cores_visible"] == 128 and x["tcp_cpu_s_per_gb_recv"] == 0.1
     out = benchrows.render_net(Result(kind="net", env={}, settings={}, rows=rows))
-    assert max(map(len, out.splitlines())) <= 120
+    assert max(map(len, out.splitlines())) <= 120 and all(ln == ln.rstrip() for ln in out.splitlines())
     assert "   4194304    16   21.00   8.0/9.0   0.400/0.450    40.00   0.53     213.33     0.10    0.71" in out
     assert "on all 128 cores this" in out
 

@@ -403,3 +403,4 @@ def test_collectives_prints_each_row_once_after_its_header(progress, tmp_path):
     lines = r.stdout.splitlines()
     sizes = [ln.split()[0] for ln in lines if ln.split() and ln.split()[0].isdigit()]
     assert lines[0].startswith("# ccbridge collectives: all_reduce on 2 CPU ranks") and sizes == ["8", "256"], lines
+    assert not [ln for ln in lines if ln != ln.rstrip()]  # no trailing spaces (the header's centred titles had)

@@ -184,7 +184,7 @@ def banner(profile: Profile, projection: Projection | None = None, who: str = "c
     lines = [f"{who}: {what}, profile {profile.name}{' with' + whatif if whatif else ''} "
              f"({profile.name}.json); figures are {whose}"]
     if projection:
-        lines.append(projection.describe() + "; times read / r are the projection (a model, not a measurement)")
+        lines.append(f"{who}: {projection.describe()}; times read / r are the projection (a model, not a measurement)")
     return "\n".join(wrap(lines))
 
 

@@ -136,7 +136,7 @@ def render_collectives(rows: list[dict], header: bool = True, encrypted: str = "
                      f"{r['plain_us']:>9.1f} {r['plain_algbw']:>7.2f} {r['plain_busbw']:>7.2f} {r['wrong_plain']:>7}  "
                      f"{r['secure_us']:>9.1f} {r['secure_algbw']:>7.2f} {r['secure_busbw']:>7.2f} {r['wrong']:>7}  "
                      f"{r['secure_busbw'] / r['plain_busbw']:>6.3f}")
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 # ---- bench net: the tables of netbench.loopback's Result ----
@@ -201,4 +201,4 @@ def render_net(res: Result) -> str:
     if rtt:
         out.append(f"{'size (B)':>10} {'lanes':>5} {'one-way us':>10}")
         out += [f"{r.params['size']:>10} {r.params['lanes']:>5} {r.median:>10.1f}" for r in rtt]
-    return "\n".join(out)
+    return "\n".join(line.rstrip() for line in out)

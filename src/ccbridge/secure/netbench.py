@@ -516,7 +516,8 @@ def _gcm_rows(records: list[int], progress) -> list[Row]:
                 row = Row.of("net_loopback", f"aes_gcm_{op}", "GB/s per core",
                              [gcm_rate(rec, threads, op == "decrypt")], record=rec, threads=threads)
                 rows.append(row)
-            progress(f"  AES-256-GCM {rec:>7} B records, {threads:>3} threads: encrypt {rows[-2].median:6.2f} "
+            many = "s" if threads != 1 else ""
+            progress(f"  AES-256-GCM {rec:>7} B records, {threads:>3} thread{many}: encrypt {rows[-2].median:6.2f} "
                      f"decrypt {rows[-1].median:6.2f} GB/s per core")
     return rows
 
