@@ -1266,3 +1266,9 @@ def test_the_interposer_is_preloaded_from_a_folder_with_a_space(tmp_path):
     assert launcher._preload(real, {"LD_PRELOAD": f"{real} other.so"}) == f"{real}:other.so"
     with pytest.raises(Exception, match="holds a ':'"):
         launcher._preload("/opt/a:b/" + os.path.basename(real), {})
+
+
+def test_the_driver_launcher_looks_for_is_the_one_the_native_code_loads():
+    """launcher.driver_missing() (account's refusal, run's note) asks for the library cudrv.c dlopens: one name."""
+    src = (Path(launcher.__file__).parents[1] / "native" / "common" / "cudrv.c").read_text()
+    assert f'dlopen("{launcher.DRIVER_SONAME}"' in src

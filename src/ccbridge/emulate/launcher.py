@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import importlib.util
 import json
@@ -16,7 +17,7 @@ from pathlib import Path
 from ccbridge import ui
 from ccbridge.bindings import libcrypto
 from ccbridge.env import CONFIG_VAR, EMULATION_VAR
-from ccbridge.errors import EmulatorError, GpuError, UsageError
+from ccbridge.errors import EmulatorError, UsageError
 from ccbridge.emulate import coverage as driver_coverage
 from ccbridge.emulate import native_floor
 from ccbridge.emulate import sites as siterecorder
@@ -26,6 +27,7 @@ from ccbridge.emulate.targets import ENV_VAR as PROJECTION_VAR, Projection
 from ccbridge.ranks import NVLS_OFF  # what a job sees under a profile without NVLS, as every rank ccbridge starts
 from ccbridge.textfit import cut, wrap
 
+DRIVER_SONAME = "libcuda.so.1"  # what the interposer's cudrv.c loads
 TRACE_MAX = 512  # the interposer's trace path buffer (emu.h), with its terminating NUL
 
 
@@ -73,13 +75,12 @@ def environment(profile: Profile, config_path: str, base: dict[str, str] | None 
 
 
 def driver_missing() -> str | None:
-    """Why the CUDA driver the interposer stands in front of cannot be loaded here (None: it can)."""
-    from ccbridge.bindings import core  # (deferred: the native module, built with the package)
-
+    """Why the CUDA driver the interposer stands in front of cannot be loaded here (None: it can). Loaded only,
+    not initialised: cuInit in this process would cost every run a driver start-up."""
     try:
-        core.device_count()
-    except GpuError as e:
-        return str(e).split(": ")[0]  # the driver's own words after it (dlerror's path and errno) aside
+        ctypes.CDLL(DRIVER_SONAME)
+    except OSError:
+        return f"cannot load the CUDA driver library {DRIVER_SONAME} (no NVIDIA driver here?)"
     return None
 
 
