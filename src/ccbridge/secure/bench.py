@@ -28,8 +28,8 @@ from ccbridge.gputimer import time_ms as gpu_time_ms
 from ccbridge.results import Result
 from ccbridge.secure import benchrows, gcm
 from ccbridge.secure import keys as keymod
-from ccbridge.secure.group import SecureGroup, all_gather_tensor, allreduce_hook
-from ccbridge.secure.group import reduce_scatter_tensor as dist_reduce_scatter
+from ccbridge.secure import tensorops
+from ccbridge.secure.group import SecureGroup, allreduce_hook
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 RANK_BUFFERS = 8  # buffers of the largest size a collectives rank holds at once, at most (_buffers_fit)
@@ -168,9 +168,9 @@ def _op(api, op: str, out, inp):
     if op == "all_reduce":
         api.all_reduce(out)
     elif op == "all_gather":
-        (all_gather_tensor if api is dist else api.all_gather_into_tensor)(out, inp)
+        (tensorops.all_gather if api is dist else api.all_gather_into_tensor)(out, inp)
     elif op == "reduce_scatter":
-        (dist_reduce_scatter if api is dist else api.reduce_scatter_tensor)(out, inp)
+        (tensorops.reduce_scatter if api is dist else api.reduce_scatter_tensor)(out, inp)
     else:
         api.broadcast(out, 0)
 

@@ -42,22 +42,10 @@ import torch.distributed as dist
 
 from ccbridge import marks
 from ccbridge.errors import CCBridgeError, IntegrityError, PeerError
-from ccbridge.secure import gcm, handshake
+from ccbridge.secure import gcm, handshake, tensorops
 from ccbridge.secure import keys as keymod
 from ccbridge.secure.gcm import Ident
 from ccbridge.secure.work import SecureWork
-
-
-
-def all_gather_tensor(out: torch.Tensor, inp: torch.Tensor, **kw):
-    """torch.distributed's gather into one tensor, by its name in this torch, looked up at each call: 2.13 names it
-    all_gather_single (its old name warns on every call), 2.11 has the old name alone."""
-    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, inp, **kw)
-
-
-def reduce_scatter_tensor(out: torch.Tensor, inp: torch.Tensor, **kw):
-    """torch.distributed's reduce-scatter of one tensor, by its name in this torch (as all_gather_tensor)."""
-    return (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, inp, **kw)
 
 OPS = {"all_reduce": 1, "all_gather": 2, "reduce_scatter": 3, "broadcast": 4, "p2p": 5}
 STATUS_STEP = keymod.MAX_STEPS - 1
@@ -232,7 +220,7 @@ class SecureGroup:
         if self.backend == "nccl":
             out = torch.empty(len(data) * self.n, dtype=torch.uint8, device=inp.device)
             with self._transport(what):
-                work = all_gather_tensor(out, inp, group=self.pg, async_op=True)
+                work = tensorops.all_gather(out, inp, group=self.pg, async_op=True)
             self._await([work], what)
             parts = list(out.cpu().split(len(data)))
         else:
@@ -317,7 +305,7 @@ class SecureGroup:
         if self.backend == "nccl":
             self._bound_inflight("the status round")
             with self._transport("the status round"):
-                work = all_gather_tensor(out, inp, group=self.pg, async_op=True)
+                work = tensorops.all_gather(out, inp, group=self.pg, async_op=True)
             self._inflight.append(work)
             work.wait()  # stream-ordered: the host does not wait here
         else:
