@@ -134,8 +134,8 @@ def test_weights_that_do_not_fit_are_refused_before_any_rank_builds_them(monkeyp
     decode.check("llama-8b", [1], 2, 2, ["sync"], "cpu", False)
     props = type("P", (), {"total_memory": 80 * gib})
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: props)
-    with pytest.raises(UsageError, match=r"--tp 1: llama-70b's shard is 131 GiB, this GPU holds 80 GiB: give degrees "
-                                         r"of 2 or more"):
+    with pytest.raises(UsageError, match=r"--tp 1: llama-70b's shard is 131 GiB, over 92% of this GPU's 80 GiB: give "
+                                         r"degrees of 2 or more"):
         fits.check("llama-70b", [2, 1], torch.device("cuda", 0), torch.bfloat16)
     fits.check("llama-70b", [2, 4], torch.device("cuda", 0), torch.bfloat16)
 

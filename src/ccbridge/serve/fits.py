@@ -33,9 +33,9 @@ def check(model: str, degrees: list[int], dev: torch.device, dtype: torch.dtype,
         if dev.type == "cuda":
             total = torch.cuda.get_device_properties(dev).total_memory
             if need > GPU_ROOM * total:
-                raise UsageError(f"{what.format(n=n)} is {need / 2**30:.0f} GiB, this GPU holds {total / 2**30:.0f} "
-                                 f"GiB" + (f": give degrees of {int(need / total / GPU_ROOM) + 1} or more" if tp
-                                           else ""))
+                raise UsageError(f"{what.format(n=n)} is {need / 2**30:.0f} GiB, over {GPU_ROOM:.0%} of this GPU's "
+                                 f"{total / 2**30:.0f} GiB" +
+                                 (f": give degrees of {int(need / total / GPU_ROOM) + 1} or more" if tp else ""))
         elif (avail := hostmem.available_bytes()) is not None and n * need > CPU_ROOM * avail:
             ranks = f" x {n} ranks" if tp else ""
             raise UsageError(f"{what.format(n=n)}, {need / 2**30:.1f} GiB of {str(dtype).removeprefix('torch.')}"
