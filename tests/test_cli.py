@@ -222,3 +222,9 @@ def test_report_leaves_a_folders_own_result_and_reports_alone(tmp_path, capsys):
     assert own.read_bytes() == before and (d / "report.md").exists() and (d / "report.html").exists()
     assert main(["report", str(other), "--out", str(tmp_path / "q")]) == 0  # a folder of its own: the copy too
     assert results.load(tmp_path / "q" / "result.json").rows == results.load(other).rows
+    copy = (tmp_path / "q" / "result.json").read_bytes()
+    assert main(["report", str(other), "--out", str(tmp_path / "q")]) == 0  # again: the copy is its own
+    assert (tmp_path / "q" / "result.json").read_bytes() == copy
+    assert main(["report", str(own), "--out", str(tmp_path / "q")]) == 2  # another result there: refused
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("is another result, whose reports these would replace")  # --out given: no advice to give it

@@ -343,16 +343,17 @@ CASES = [
     (["collectives", "--json", "/proc/forbidden/c.json"], "--json /proc/forbidden/c.json: the folder /proc/forbidden does not exist"),
     (["collectives", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
     (["collectives", "--backend", "gloo", "-g", "1"], "argument -g/--ngpus: expected at least 2, got 1"),
-    (["collectives", "--backend", "gloo", "-g", "4096", "-e", "8"], "4096 CPU ranks: at most one a core"),
+    (["collectives", "--backend", "gloo", "-g", "4096", "-e", "8"], "4096 ranks: at most 4 a CPU"),
     (["collectives", "--backend", "gloo", "--transport", "sockets"], "--transport sockets picks NCCL's transport: it "
                                                                      "goes with --backend nccl"),
     (["bench", "decode", "--device", "cpu", "--timer", "globaltimer"], "--timer globaltimer times GPU work"),
     (["bench", "kv", "--device", "cpu", "--timer", "events"], "--timer events times GPU work"),
     (["run", "--profile", "b300", "--set", "launch_toll_us=1", "--set", "launch_toll_us=2", "--", "true"],
      "--set launch_toll_us is given twice"),
-    (["collectives", "--backend", "gloo", "-e", "100T"], "2 ranks x ~8 buffers of it need", {"skip": _big_memory}),
+    (["collectives", "--backend", "gloo", "-e", "100T"], "size 65536.0 GiB: ", {"skip": _big_memory}),
     (["collectives", "--backend", "gloo", "-b", "1.5"], "argument -b/--minbytes: size '1.5' is not a whole number of "
-                                                      "bytes"),
+                                                      "bytes (1.5)"),
+    (["collectives", "--backend", "gloo", "-e", "1.1k"], "size '1.1k' is not a whole number of bytes (1126.4)"),
     (["bench", "cipher", "-b", "foo"], "argument -b/--minbytes: not a size: 'foo'"),
     (["bench", "cipher", "-b", "1G", "-e", "1M"], "-e/--maxbytes (1048576) is smaller than -b/--minbytes"),
     (["bench", "ddp", "--ngpus", "0"], "argument --ngpus: expected at least 2, got 0"),
@@ -656,11 +657,11 @@ def test_bad_input_is_one_clear_line(d, case):
 def test_a_failed_account_profile_leaves_no_result_folder(tmp_path):
     """Both runs made (their banners), then nothing to attribute: the folders it made are taken away again. Where
     no CUDA driver loads, refused before the first run (test_account.py makes the runs there too)."""
-    from ccbridge.emulate import launcher
+    from ccbridge.bindings import core
 
     r = run_cli(["account", "--profile", "b300", "--", "true"], tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    why = launcher.driver_missing()
+    why = core.driver_missing()
     assert r.stderr.splitlines()[-1] == (f"ccbridge account: {why}: nothing to emulate" if why else
                                          "ccbridge account: true made no CUDA driver call: nothing to attribute")
     assert ("run 1 of 2" in r.stderr) == (why is None)

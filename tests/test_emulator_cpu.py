@@ -1262,13 +1262,19 @@ def test_the_interposer_is_preloaded_from_a_folder_with_a_space(tmp_path):
     r = subprocess.run([sys.executable, "-c", "print(open('/proc/self/maps').read())"], env=env, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and "preloaded" not in r.stderr and os.path.realpath(real) in r.stdout, r.stderr
-    # a plain folder keeps the full path (a child that resets LD_LIBRARY_PATH still loads it), once
-    assert launcher._preload(real, {"LD_PRELOAD": f"{real} other.so"}) == f"{real}:other.so"
+    # a plain folder keeps the full path (a child that resets LD_LIBRARY_PATH still loads it), once; a user's entry
+    # that only starts with it stays whole, and LD_LIBRARY_PATH's empty entries (the current folder) stay
+    assert launcher._preload(real, {"LD_PRELOAD": f"{real} other.so:{real}.bak"}) == f"{real}:other.so:{real}.bak"
+    env = {"LD_LIBRARY_PATH": "/y::/z"}
+    launcher._preload(str(link), env)
+    assert env["LD_LIBRARY_PATH"] == f"{d}:/y::/z"
     with pytest.raises(Exception, match="holds a ':'"):
         launcher._preload("/opt/a:b/" + os.path.basename(real), {})
 
 
-def test_the_driver_launcher_looks_for_is_the_one_the_native_code_loads():
-    """launcher.driver_missing() (account's refusal, run's note) asks for the library cudrv.c dlopens: one name."""
+def test_the_driver_account_looks_for_is_the_one_the_native_code_loads():
+    """core.driver_missing() (account's refusal, run's note) asks for the library cudrv.c dlopens: one name."""
+    from ccbridge.bindings import core
+
     src = (Path(launcher.__file__).parents[1] / "native" / "common" / "cudrv.c").read_text()
-    assert f'dlopen("{launcher.DRIVER_SONAME}"' in src
+    assert f'dlopen("{core.DRIVER_SONAME}"' in src

@@ -346,8 +346,8 @@ def test_collectives_bench_checks_each_result_against_the_exact_value(op, monkey
 
 
 def test_ranks_that_do_not_fit_the_machine_are_refused_before_any_starts(monkeypatch):
-    """NCCL wants a GPU a rank, Gloo's CPU ranks at most one a core, the ddp bench one GPU a rank: each
-    a UsageError (the CLI's one line, exit 2) before a rank is started."""
+    """NCCL wants a GPU a rank, Gloo's ranks at most RANKS_PER_CPU a CPU, the ddp bench one GPU a rank, the largest
+    size's buffers the memory they go to: each a UsageError (the CLI's one line, exit 2) before a rank starts."""
     import torch
 
     from ccbridge.errors import UsageError
@@ -357,36 +357,49 @@ def test_ranks_that_do_not_fit_the_machine_are_refused_before_any_starts(monkeyp
     monkeypatch.setattr(bench, "launch", lambda *a, **k: started.append(a) or {"rows": []})
     monkeypatch.setattr(bench, "_ddp", lambda models, nproc, *a: started.append(nproc) or {"nranks": nproc,
                                                                                               "rows": []})
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 << 30}))
     with pytest.raises(UsageError, match="3 ranks: NCCL needs a GPU for each and this machine has 2"):
         bench._collectives("all_reduce", 8, 8, 2, "float", 1, 0, 3, "nccl", "default", None)
     bench._collectives("all_reduce", 8, 8, 2, "float", 1, 0, 3, "gloo", "default", None)  # Gloo shares the GPUs
+    with pytest.raises(UsageError, match="5 ranks: at most 4 a CPU, and this process may use 1 CPU$"):
+        bench._collectives("all_reduce", 8, 8, 2, "float", 1, 0, 5, "gloo", "default", None)  # GPUs or none
+    with pytest.raises(UsageError, match=r"size 16.0 GiB: a rank needs 144.0 GiB \(~9 buffers of it\), a GPU holds "
+                                         r"80 GiB"):
+        bench._collectives("all_reduce", 8, 16 << 30, 2, "float", 1, 0, 2, "nccl", "default", None)
     with pytest.raises(UsageError, match="--ngpus 4: the ddp bench runs 2 to this machine's 2 GPUs"):
         bench.ddp(["resnet50"], [2, 4], [25])
     assert len(started) == 1  # the Gloo collectives alone; the ddp bench checked every size before the first
     started.clear()
     assert bench.ddp(["resnet50"], None, [25]).settings["ngpus"] == [2] and started == [2]  # the default that fits
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(UsageError, match="the ddp bench runs a rank on each of 2 or more GPUs, and this machine has 1"):
+        bench.ddp(["resnet50"], None, [25])
+    started.clear()
+    bench._collectives("all_reduce", 8, 8, 2, "float", 1, 0, None, "gloo", "default", None)  # one GPU: Gloo on 2
+    assert started[0][1] == 2
+    # CPU ranks: every one of this host's in this machine's memory, with torch's own
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    with pytest.raises(UsageError, match="5 CPU ranks: at most one a core, and this machine has 4"):
-        bench._collectives("all_reduce", 8, 8, 2, "float", 1, 0, 5, "gloo", "default", None)
-    bench._collectives("all_reduce", 8, 8, 2, "float", 1, 0, 4, "gloo", "default", None)
-    assert len(started) == 2
-    # the largest size's buffers: every CPU rank's in this machine's memory, a GPU rank's on its GPU
     monkeypatch.setattr(bench.hostmem, "available_bytes", lambda: 20 << 30)
-    with pytest.raises(UsageError, match=r"size 2.0 GiB: 2 ranks x ~8 buffers of it need 32.0 GiB, 20.0 GiB free"):
+    with pytest.raises(UsageError, match=r"size 2.0 GiB: 2 ranks x 18.5 GiB \(~9 buffers of it, and torch\), "
+                                         r"20.0 GiB free"):
         bench._collectives("all_reduce", 8, 2 << 30, 2, "float", 1, 0, 2, "gloo", "default", None)
-    bench._collectives("all_reduce", 8, 1 << 30, 2, "float", 1, 0, 2, "gloo", "default", None)
+    with pytest.raises(UsageError, match=r"size 1.0 GiB: 2 ranks x 15.5 GiB \(~15 buffers"):  # uint8: int64 draws
+        bench._collectives("all_reduce", 8, 1 << 30, 2, "uint8", 1, 0, 2, "gloo", "default", None)
+    bench._collectives("all_reduce", 8, 512 << 20, 2, "float", 1, 0, 2, "gloo", "default", None)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # torchrun across hosts: this host's ranks alone
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    bench._collectives("all_reduce", 8, 1 << 30, 2, "float", 1, 0, None, "gloo", "default", None)
     assert len(started) == 3
     # sizes as whole elements, each once: -b 1 -e 2 of float is one size of 4 B
     bench._collectives("all_gather", 1, 16, 2, "float", 1, 0, 2, "gloo", "default", None)
     assert started[-1][3] == [8, 16]  # (fn, nproc, op, sizes, ...): 1, 2, 4 and 8 B gather 2 floats; 16 B 4
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 << 30}))
-    with pytest.raises(UsageError, match=r"size 16.0 GiB: a rank's ~8 buffers of it need 128.0 GiB, a GPU holds 80 GiB"):
-        bench._collectives("all_reduce", 8, 16 << 30, 2, "float", 1, 0, 2, "nccl", "default", None)
 
 
 @pytest.mark.parametrize("progress", ["1", "0"])
@@ -396,11 +409,11 @@ def test_collectives_prints_each_row_once_after_its_header(progress, tmp_path):
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "ccbridge", "collectives", "--backend", "gloo", "-e", "1K", "-f", "32",
-                        "-n", "1", "-w", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    r = subprocess.run([sys.executable, "-m", "ccbridge", "collectives", "--backend", "gloo", "-g", "2", "-e", "1K",
+                        "-f", "32", "-n", "1", "-w", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "CCBRIDGE_PROGRESS": progress})
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     sizes = [ln.split()[0] for ln in lines if ln.split() and ln.split()[0].isdigit()]
-    assert lines[0].startswith("# ccbridge collectives: all_reduce on 2 CPU ranks") and sizes == ["8", "256"], lines
+    assert lines[0].startswith("# ccbridge collectives: all_reduce on 2 ") and sizes == ["8", "256"], lines
     assert not [ln for ln in lines if ln != ln.rstrip()]  # no trailing spaces (the header's centred titles had)

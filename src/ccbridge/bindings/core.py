@@ -16,6 +16,7 @@ from ccbridge.bindings import declare
 from ccbridge.errors import GpuError
 
 HEADER = "core/core.h"
+DRIVER_SONAME = "libcuda.so.1"  # the CUDA driver native/common/cudrv.c dlopens
 
 H2D, D2H, D2D = 0, 1, 2
 PINNED, PAGEABLE = 0, 1
@@ -204,3 +205,13 @@ def aggregate_gbps(outs: list[CopyOut]) -> float:
     start = min(o.start_ns for o in outs)
     end = max(o.end_ns for o in outs)
     return sum(o.bytes for o in outs) / (end - start)
+
+
+def driver_missing() -> str | None:
+    """Why the CUDA driver cannot be loaded here (None: it can). Loaded only, not initialised: cuInit would cost
+    the caller a driver start-up."""
+    try:
+        ctypes.CDLL(DRIVER_SONAME)
+    except OSError:
+        return f"cannot load the CUDA driver library {DRIVER_SONAME} (no NVIDIA driver here?)"
+    return None

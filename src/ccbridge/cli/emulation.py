@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ccbridge import account, env, ui
+from ccbridge.bindings import core
 from ccbridge.cli.args import add_set, command, integer, what_if
 from ccbridge.cli.reports import write_reports, wrote
 from ccbridge.emulate import coverage, launcher, profiles, runs, targets, trace
@@ -30,7 +31,7 @@ def cmd_run(args) -> int:
     proj = projection(args)
     launcher.check(prof, cmd, args.record, args.coverage)
     print(launcher.banner(prof, proj), file=sys.stderr)
-    if prof.emulates and (why := launcher.driver_missing()):
+    if prof.emulates and (why := core.driver_missing()):
         print(cut(f"ccbridge run: note: {why}: it runs natively", 120),
               file=sys.stderr)
     rc = launcher.run(prof, cmd, trace=args.record, coverage=args.coverage, sites=args.sites, projection=proj)

@@ -10,7 +10,7 @@ from pathlib import Path
 from ccbridge import advise, compare, results, ui
 from ccbridge.cli.args import command
 from ccbridge.cli.reports import render, report_paths, write_reports, wrote
-from ccbridge.errors import UsageError
+from ccbridge.errors import CCBridgeError, UsageError
 
 
 def cmd_report(args) -> int:
@@ -18,10 +18,11 @@ def cmd_report(args) -> int:
     out = ui.writable_folder(args.out or src.parent, "--out")
     res = results.load(src)
     paths = report_paths(out)
-    if paths[0].exists() and not paths[0].samefile(src):
+    if paths[0].exists() and not _same(paths[0], src, res):
         # that folder's reports are its result.json's: these would replace them and a copy of src would replace it
-        raise UsageError(f"{paths[0]} is another result, whose reports these would replace: give --out a folder")
-    if paths[0].exists():  # the folder's own result: its reports again, the file left as it is
+        raise UsageError(f"{paths[0]} is another result, whose reports these would replace"
+                         + ("" if args.out else ": give --out a folder"))
+    if paths[0].exists():  # the folder's own result (or the copy an earlier report made): its reports again
         out.mkdir(parents=True, exist_ok=True)
         render(res, paths)
     else:
@@ -29,6 +30,16 @@ def cmd_report(args) -> int:
     for p in paths[1:]:
         print(p)
     return 0
+
+
+def _same(there: Path, src: Path, res) -> bool:
+    """there is src, or a copy of the same result (an earlier `report src` made it)."""
+    if there.samefile(src):
+        return True
+    try:
+        return results.load(there).to_json() == res.to_json()
+    except CCBridgeError:  # not a result at all: another file, kept
+        return False
 
 
 def cmd_compare(args) -> int:

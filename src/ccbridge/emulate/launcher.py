@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import ctypes
 import glob
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ccbridge import ui
-from ccbridge.bindings import libcrypto
+from ccbridge.bindings import core, libcrypto
 from ccbridge.env import CONFIG_VAR, EMULATION_VAR
 from ccbridge.errors import EmulatorError, UsageError
 from ccbridge.emulate import coverage as driver_coverage
@@ -27,7 +27,6 @@ from ccbridge.emulate.targets import ENV_VAR as PROJECTION_VAR, Projection
 from ccbridge.ranks import NVLS_OFF  # what a job sees under a profile without NVLS, as every rank ccbridge starts
 from ccbridge.textfit import cut, wrap
 
-DRIVER_SONAME = "libcuda.so.1"  # what the interposer's cudrv.c loads
 TRACE_MAX = 512  # the interposer's trace path buffer (emu.h), with its terminating NUL
 
 
@@ -56,9 +55,12 @@ def _preload(lib: str, env: dict[str, str]) -> str:
     entry = lib
     if any(c.isspace() for c in folder):
         entry = name
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([folder] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":")
-                                                             if p and p != folder])
-    others = [p for p in env.get("LD_PRELOAD", "").replace(lib, "").replace(" ", ":").split(":") if p and p != name]
+        paths = env.get("LD_LIBRARY_PATH", "")
+        kept = [p for p in paths.split(":") if p != folder] if paths else []
+        env["LD_LIBRARY_PATH"] = ":".join([folder] + kept)
+    # the interposer's own entries dropped whole (its path holds the separators where its folder has a space)
+    rest = re.sub(rf"(^|[:\s]){re.escape(lib)}(?=$|[:\s])", r"\1", env.get("LD_PRELOAD", ""))
+    others = [p for p in re.split(r"[:\s]+", rest) if p and p != name]
     return ":".join([entry] + others)
 
 
@@ -72,16 +74,6 @@ def environment(profile: Profile, config_path: str, base: dict[str, str] | None 
     if profile.emulates and not profile.params["nvls"].value:
         env.update(NVLS_OFF)  # CC turns multicast off: the program's NCCL, PyTorch and NVSHMEM must not try it
     return env
-
-
-def driver_missing() -> str | None:
-    """Why the CUDA driver the interposer stands in front of cannot be loaded here (None: it can). Loaded only,
-    not initialised: cuInit in this process would cost every run a driver start-up."""
-    try:
-        ctypes.CDLL(DRIVER_SONAME)
-    except OSError:
-        return f"cannot load the CUDA driver library {DRIVER_SONAME} (no NVIDIA driver here?)"
-    return None
 
 
 def check(profile: Profile, cmd: list[str], trace: str | None = None, coverage: str | None = None,
@@ -105,7 +97,7 @@ def check(profile: Profile, cmd: list[str], trace: str | None = None, coverage: 
     library()
     if profile.emulates:
         check_libcrypto()
-    if needs_driver and (why := driver_missing()):
+    if needs_driver and (why := core.driver_missing()):
         raise EmulatorError(cut(f"{why}: nothing to emulate", 100))
 
 

@@ -49,8 +49,8 @@ def parse_size(text: str) -> int:
         raise UsageError(f"size {cut(text, 16)!r} is too large (the limit is 2^63 bytes)")
     if int(value) < 1:
         raise UsageError(f"size {cut(text, 16)!r} is under one byte")
-    if _UNITS[m.group(2).lower()] == 1 and value != int(value):
-        raise UsageError(f"size {cut(text, 16)!r} is not a whole number of bytes")
+    if value != int(value):  # 1.5 or 1.1K (1126.4 B): which byte was meant is a guess
+        raise UsageError(f"size {cut(text, 16)!r} is not a whole number of bytes ({value:g})")
     return int(value)
 
 

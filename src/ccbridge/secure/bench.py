@@ -32,7 +32,9 @@ from ccbridge.secure import tensorops
 from ccbridge.secure.group import SecureGroup, allreduce_hook
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-RANK_BUFFERS = 8  # buffers of the largest size a collectives rank holds at once, at most (_buffers_fit)
+RANK_BUFFERS = 7  # buffers of the largest size a collectives rank holds at once, besides its draw (_buffers_fit)
+RANK_PROCESS_BYTES = 512 << 20  # a CPU rank's own: an interpreter with torch and Gloo loaded
+RANKS_PER_CPU = 4  # Gloo ranks a CPU at most: more only queue for it (and each holds torch's memory)
 STALL_S = 600.0  # no word from any rank this long: stuck (rank 0 speaks after each size or each model's mode)
 DTYPES = {name: getattr(torch, dtype) for name, dtype in choices.SECURE_DTYPES.items()}
 
@@ -63,24 +65,30 @@ def progress() -> bool:
 
 def rows_shown() -> bool:
     """This process printed collectives' rows as they came (progress(), and rank 0 of a torchrun job)."""
-    return progress() and os.environ.get("RANK", "0") == "0"
+    return progress() and (not _torchrun() or os.environ["RANK"] == "0")
+
+
+def _torchrun() -> bool:
+    """This process is a rank a launcher started (launch() then runs the rank's work here)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def nranks(nproc: int | None, backend: str) -> int:
-    """The ranks collectives() runs: under torchrun its world; else nproc or every GPU (none: Gloo on two CPU
-    ranks), where this machine holds them: NCCL wants a GPU of its own for each rank; Gloo's ranks share the GPUs
-    (rank % GPUs) or, with none, run on the CPU, at most a rank a core (each a process with torch loaded)."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    """The ranks collectives() runs: under torchrun its world; else nproc or every GPU (Gloo: at least two, sharing
+    the GPUs, rank % GPUs, or CPU ranks where there is none), where this machine holds them: NCCL wants a GPU of
+    its own for each rank, and Gloo's ranks, each a process with torch loaded, are at most RANKS_PER_CPU a CPU."""
+    if _torchrun():
         return int(os.environ["WORLD_SIZE"])
-    gpus, cores = torch.cuda.device_count(), os.cpu_count() or 1
-    nproc = nproc or (gpus if gpus or backend != "gloo" else 2)
+    gpus, cpus = torch.cuda.device_count(), len(os.sched_getaffinity(0))
+    nproc = nproc or (max(2, gpus) if backend == "gloo" else gpus)
     if nproc < 2:
         raise GpuError(f"collectives need at least 2 GPUs; this machine has {gpus} (--backend gloo runs CPU ranks "
                        "where there is none)")
     if backend == "nccl" and nproc > gpus:
         raise UsageError(f"{nproc} ranks: NCCL needs a GPU for each and this machine has {gpus}")
-    if not gpus and nproc > max(2, cores):
-        raise UsageError(f"{nproc} CPU ranks: at most one a core, and this machine has {cores}")
+    if nproc > max(2, RANKS_PER_CPU * cpus):
+        raise UsageError(f"{nproc} ranks: at most {RANKS_PER_CPU} a CPU, and this process may use {cpus} CPU"
+                         f"{'s' if cpus != 1 else ''}")
     ranks.rank_cpus(nproc)  # a bad CCBRIDGE_RANK_CPUS for them: one line now, not once the ranks start
     return nproc
 
@@ -88,25 +96,32 @@ def nranks(nproc: int | None, backend: str) -> int:
 def sizes(op: str, begin: int, end: int, factor: int, dtype: str, nproc: int) -> list[int]:
     """collectives()' sizes, as whole elements (-b 1 -e 2 of float: one size of 4 B, not two), once each
     checked to fit (_buffers_fit)."""
+    if end < begin:
+        raise UsageError(f"the largest size ({end}) is smaller than the smallest ({begin})")
     item = DTYPES[dtype].itemsize
     out = sorted({_count(op, b, nproc, DTYPES[dtype]) * item for b in busbw.sizes(begin, end, factor)})
-    _buffers_fit(out[-1], nproc)
+    _buffers_fit(out[-1], nproc, item)
     return out
 
 
-def _buffers_fit(largest: int, nproc: int) -> None:
-    """A UsageError before any rank starts where the largest size's buffers cannot fit: each rank holds about
-    RANK_BUFFERS of them at once (input, output, the input kept, the exact result and its making, ciphertexts),
-    on its GPU, or with none every rank's in this machine's memory."""
-    need, size = RANK_BUFFERS * largest, ui.approx_bytes(largest)
+def _buffers_fit(largest: int, nproc: int, itemsize: int) -> None:
+    """A UsageError before any rank starts where the largest size's buffers cannot fit. A rank holds about
+    RANK_BUFFERS of them at once (input, output, the input kept, the exact result, ciphertexts) and, while it draws
+    its data, 8 bytes an element (randint's int64); on its GPU, or with none all of this host's ranks' (with
+    RANK_PROCESS_BYTES each) in this machine's memory."""
+    per, size = largest * (RANK_BUFFERS + 8 / itemsize), ui.approx_bytes(largest)
     if torch.cuda.is_available():
         total = torch.cuda.get_device_properties(0).total_memory
-        if need > 0.9 * total:
-            raise UsageError(f"size {size}: a rank's ~{RANK_BUFFERS} buffers of it need {need / 2**30:.1f} GiB, a GPU "
-                             f"holds {total / 2**30:.0f} GiB")
-    elif (avail := hostmem.available_bytes()) is not None and nproc * need > 0.8 * avail:
-        raise UsageError(f"size {size}: {nproc} ranks x ~{RANK_BUFFERS} buffers of it need {nproc * need / 2**30:.1f} "
-                         f"GiB, {avail / 2**30:.1f} GiB free")
+        if per > 0.9 * total:
+            raise UsageError(f"size {size}: a rank needs {per / 2**30:.1f} GiB (~{per / largest:.0f} buffers of "
+                             f"it), a GPU holds {total / 2**30:.0f} GiB")
+        return
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", nproc))  # a torchrun job's ranks on this host
+    per += RANK_PROCESS_BYTES
+    if (avail := hostmem.available_bytes()) is not None and here * per > 0.8 * avail:
+        bufs = (per - RANK_PROCESS_BYTES) / largest
+        raise UsageError(f"size {size}: {here} ranks x {per / 2**30:.1f} GiB (~{bufs:.0f} buffers of it, and torch), "
+                         f"{avail / 2**30:.1f} GiB free")
 
 
 def _nccl_log_env(d: str) -> dict:
@@ -203,7 +218,8 @@ def _expected(op: str, nbytes: int, n: int, dtype, device, rank: int):
     if op == "broadcast":
         return _data(0, count, dtype, device)
     if op == "all_gather":
-        return torch.cat([_data(r, count, dtype, device)[: count // n] for r in range(n)])
+        # each rank's part cloned off its whole draw at once, so one draw at a time is alive, not n
+        return torch.cat([_data(r, count, dtype, device)[: count // n].clone() for r in range(n)])
     total = _data(0, count, dtype, device)
     for r in range(1, n):
         total += _data(r, count, dtype, device)
@@ -464,11 +480,13 @@ def ddp(models: list[str], nprocs: list[int] | None, buckets: list[int], iters: 
     of kind ddp (benchrows.ddp_rows); show(table) after each world size. Without `net`: NCCL (plaintext, default
     transport) beside ccbridge.secure's DDP hook at each bucket size. With net="ccbridge": NCCL on its plaintext
     sockets beside NCCL on the ccbridge net plugin, DDP at the default 25 MB buckets or FSDP2 (wrap="fsdp")."""
-    nprocs = nprocs or [n for n in (2, 4) if n <= max(2, torch.cuda.device_count())]
+    gpus = torch.cuda.device_count()
+    if not nprocs and gpus < 2:
+        raise UsageError(f"the ddp bench runs a rank on each of 2 or more GPUs, and this machine has {gpus}")
+    nprocs = nprocs or [n for n in (2, 4) if n <= gpus]
     for nproc in nprocs:
-        if nproc < 2 or nproc > torch.cuda.device_count():
-            raise UsageError(f"--ngpus {nproc}: the ddp bench runs 2 to this machine's {torch.cuda.device_count()} "
-                             "GPUs, one rank each")
+        if nproc < 2 or nproc > gpus:
+            raise UsageError(f"--ngpus {nproc}: the ddp bench runs 2 to this machine's {gpus} GPUs, one rank each")
     if net is None and wrap != "ddp":
         raise ValueError("--wrap fsdp goes with --net ccbridge (ccbridge.secure's hook is for DDP)")
     res = Result(kind="ddp", env=envmod.stamp(),
