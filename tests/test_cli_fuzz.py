@@ -148,6 +148,7 @@ def d(tmp_path_factory) -> Path:
         content = make()
         (root / name).write_bytes(content if isinstance(content, bytes) else content.encode())
     (root / "folder").mkdir()
+    (root / "sites_only.77.sites.json").write_text("{}")  # a recorded run that made no driver call: sites alone
     (root / "acc_old").mkdir()  # an account folder whose emulated trace is there already
     (root / "acc_old" / "emulated.7.csv").write_text("")
     (root / "used").mkdir()  # a checkpoint folder an earlier make-checkpoint wrote
@@ -519,6 +520,8 @@ CASES = [
     # account
     (["account"], "give two trace prefixes"),
     (["account", "{d}/nosuch", "{d}/nosuch2"], "no trace lines under {d}/nosuch.<pid>.csv"),
+    (["account", "{d}/sites_only", "{d}/nosuch2"], "the trace at {d}/sites_only holds no CUDA driver call (its "
+                                                    "program made none)"),
     (["account", "{d}/nosuch"], "give two trace prefixes"),
     (["account", "--set", "lanes=2", "{d}/a", "{d}/b"], "--set changes an emulator profile: it needs --profile"),
     (["account", "--profile", "nosuch", "--", "true"], "unknown profile 'nosuch'"),

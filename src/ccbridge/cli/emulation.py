@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import datetime as dt
 import json
 import signal
@@ -271,9 +272,13 @@ def _summaries(prefixes: list[str], rest: list[str], emulated: bool):
     """The two traces' summaries; a trace without a driver call is refused (nothing to attribute)."""
     out = [trace.summarize(x) for x in prefixes]
     for x, s in zip(prefixes, out):
-        if not s.by_api:
-            raise UsageError(f"{cut(' '.join(rest), 40)} made no CUDA driver call: nothing to attribute" if emulated
-                             else f"no trace lines under {x}.<pid>.csv: record with `ccbridge run --record {x} -- CMD`")
+        if not s.by_api and emulated:
+            raise UsageError(f"{cut(' '.join(rest), 40)} made no CUDA driver call: nothing to attribute")
+        if not s.by_api:  # a recorded run whose program made no driver call left files, but no trace line
+            recorded = glob.glob(f"{glob.escape(x)}.*")
+            raise UsageError(f"the trace at {x} holds no CUDA driver call (its program made none): nothing to "
+                             "attribute" if recorded else
+                             f"no trace lines under {x}.<pid>.csv: record with `ccbridge run --record {x} -- CMD`")
     return out
 
 
