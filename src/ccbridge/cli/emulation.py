@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import datetime as dt
+import glob
 import json
 import signal
 import sys
@@ -33,8 +33,7 @@ def cmd_run(args) -> int:
     launcher.check(prof, cmd, args.record, args.coverage)
     print(launcher.banner(prof, proj), file=sys.stderr)
     if prof.emulates and (why := core.driver_missing()):
-        print(cut(f"ccbridge run: note: {why}: it runs natively", 120),
-              file=sys.stderr)
+        print(cut(f"ccbridge run: note: {why}: it runs natively", 120), file=sys.stderr)
     rc = launcher.run(prof, cmd, trace=args.record, coverage=args.coverage, sites=args.sites, projection=proj)
     if args.record:
         print(trace.render(trace.summarize(str(Path(args.record).resolve()))), file=sys.stderr)

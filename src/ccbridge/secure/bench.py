@@ -109,17 +109,17 @@ def _buffers_fit(largest: int, nproc: int, itemsize: int) -> None:
     RANK_BUFFERS of them at once (input, output, the input kept, the exact result, ciphertexts) and, while it draws
     its data, 8 bytes an element (randint's int64); on its GPU, or with none all of this host's ranks' (with
     RANK_PROCESS_BYTES each) in this machine's memory."""
-    per, size = largest * (RANK_BUFFERS + 8 / itemsize), ui.approx_bytes(largest)
+    bufs = RANK_BUFFERS + 8 / itemsize
+    per, size = largest * bufs, ui.approx_bytes(largest)
     if torch.cuda.is_available():
         total = torch.cuda.get_device_properties(0).total_memory
         if per > 0.9 * total:
-            raise UsageError(f"size {size}: a rank needs {per / 2**30:.1f} GiB (~{per / largest:.0f} buffers of "
-                             f"it), a GPU holds {total / 2**30:.0f} GiB")
+            raise UsageError(f"size {size}: a rank needs {per / 2**30:.1f} GiB (~{bufs:.0f} buffers of it), a GPU "
+                             f"holds {total / 2**30:.0f} GiB")
         return
     here = int(os.environ.get("LOCAL_WORLD_SIZE", nproc))  # a torchrun job's ranks on this host
     per += RANK_PROCESS_BYTES
     if (avail := hostmem.available_bytes()) is not None and here * per > 0.8 * avail:
-        bufs = (per - RANK_PROCESS_BYTES) / largest
         raise UsageError(f"size {size}: {here} ranks x {per / 2**30:.1f} GiB (~{bufs:.0f} buffers of it, and torch), "
                          f"{avail / 2**30:.1f} GiB free")
 
@@ -142,7 +142,7 @@ def launch(fn, nproc: int, *args, env: dict | None = None, label: str = "bench")
     ccbridge.ranks with `env` on top of this process's environment: rank 0's result. A started rank joins its group
     as a torchrun rank does (_init, env://), at a free port of 127.0.0.1; rank 0's progress lines are printed here
     as they come. label names the ranks in errors."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    if _torchrun():
         return fn(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), *args)
     env = {**(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(ranks.free_port())}
     if keymod.ENV_VAR not in os.environ:  # a benchmark key, shared by the ranks

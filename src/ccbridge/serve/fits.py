@@ -26,7 +26,7 @@ def shard_bytes(model: str, n: int, itemsize: int) -> float:
 def check(model: str, degrees: list[int], dev: torch.device, dtype: torch.dtype, tp: bool = True) -> None:
     """A UsageError before anything is built where a degree's weights do not fit: on CUDA one rank's shard against
     its GPU, on the CPU every rank's together against the memory available."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     what = f"--tp {{n}}: {model}'s shard" if tp else f"{model}"
     for n in sorted(degrees):
         need = shard_bytes(model, n, itemsize)
