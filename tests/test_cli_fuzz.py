@@ -149,6 +149,9 @@ def d(tmp_path_factory) -> Path:
         (root / name).write_bytes(content if isinstance(content, bytes) else content.encode())
     (root / "folder").mkdir()
     (root / "sites_only.77.sites.json").write_text("{}")  # a recorded run that made no driver call: sites alone
+    (root / "probed").mkdir()  # a probe's folder, and another result put beside its result.json
+    (root / "probed" / "result.json").write_text((DATA / "h100-native-full.json").read_text())
+    (root / "probed" / "peer.json").write_text((DATA / "h200x2-peer.json").read_text())
     (root / "acc_old").mkdir()  # an account folder whose emulated trace is there already
     (root / "acc_old" / "emulated.7.csv").write_text("")
     (root / "used").mkdir()  # a checkpoint folder an earlier make-checkpoint wrote
@@ -289,6 +292,8 @@ CASES = [
     (["report", "{d}/median_text.json", "--out", "{d}/rep"], "median_text.json: rows[0].median: 'fast' is not",
      {"absent": ["{d}/rep"]}),
     (["report", "{d}/folder"], "is a folder; pass the result.json in it"),
+    (["report", "{d}/probed/peer.json"], "{d}/probed/result.json is another result, whose reports these would "
+                                         "replace: give --out a folder"),
     (["report", "{d}/good.json", "--out", "/proc/forbidden"], "--out /proc/forbidden: cannot write in /proc"),
     # calibrate: given results read first, the output folder checked first
     (["calibrate", "--profile", "b300", "--native", "{d}/missing.json"], "{d}/missing.json: no such file"),
