@@ -174,6 +174,13 @@ def _init(rank: int, n: int, backend: str, secure: bool = True):
     return SecureGroup()
 
 
+def _barrier() -> None:
+    """dist.barrier(), under NCCL on this rank's GPU: named, as torch (2.11) warns on every rank-0 barrier where it
+    must take the current device itself."""
+    nccl = dist.get_backend() == "nccl"
+    dist.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
+
+
 def _device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -302,7 +309,7 @@ def _collectives_rank(rank, n, op, size_list, dtype_name, iters, warmup, backend
         if rank == 0:
             say(benchrows.render_collectives([row], header=len(rows) == 1)
                 if progress() else None)
-    dist.barrier()
+    _barrier()
     dist.destroy_process_group()
     return {"op": op, "nranks": n, "backend": backend, "rows": rows}
 
@@ -469,7 +476,7 @@ def _ddp_rank(rank, n, models, plan, iters, warmup, backend, wrap="ddp", say=_sh
             del model
         del base
         torch.cuda.empty_cache()
-    dist.barrier()
+    _barrier()
     dist.destroy_process_group()
     return {"nranks": n, "rows": rows}
 
