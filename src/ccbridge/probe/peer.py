@@ -209,40 +209,54 @@ def _rank(rank: int, world: int, dev, send, plan: Plan) -> dict:
     import torch  # deferred: torch (the probe registry imports this module where torch may be missing)
     import torch.distributed as dist
 
-    return _measure(torch, dist, plan, rank, world)
+    out = _measure(torch, dist, plan, rank, world)
+    send(out)  # now: leaving the group and ending take longer than the measurements (run_ranks)
+    return out
 
 
 def run_ranks(devices: list[int], plan: Plan, timeout_s: float = RANK_TIMEOUT_S, gate: ranks.Gate | None = None,
-              env: dict[str, str] | None = None) -> dict | None:
+              env: dict[str, str] | None = None, on_message=lambda rank, obj: None) -> dict | None:
     """Run `plan` on one rank per device, started by ccbridge.ranks (rank r on devices[r], one NCCL group met
     through a file); rank 0's measurements (None when a gate was shut), or a GpuError naming the first rank that
-    failed, died or did not answer in time."""
+    failed, died or did not answer in time. Each rank also sends its measurements (on_message(rank, them)) before
+    it leaves its group and ends, which take it half a second or more (bench/RESULTS.md 2026-11-28, session 24)."""
     return ranks.run(len(devices), _rank, plan, label=plan.op, backend="nccl", devices=devices, rendezvous="file",
-                     timeout_s=timeout_s, gate=gate, env=env)[0]
+                     timeout_s=timeout_s, gate=gate, env=env, on_message=on_message)[0]
 
 
 class EarlyRanks:
     """run_ranks() started ahead of its test's turn (ranks.Gate: the ranks start and import torch, then wait,
-    touching no GPU); result() lets them run and waits for rank 0's measurements."""
+    touching no GPU); result() lets them run and returns rank 0's measurements as soon as they arrive: the ranks
+    leave their group and end in the background, and close() waits for that (the probe calls it after its
+    reports, which it hides behind; the test runs last for it: registry's `last`)."""
 
     def __init__(self, devices: list[int], plan: Plan, timer: str):
         self.devices, self.plan, self.timer, self.gate = devices, plan, timer, ranks.Gate()
         self._out: dict = {}
+        self._arrived = threading.Event()  # rank 0's measurements, or the job's end (with or without them)
         self._thread = threading.Thread(target=self._run, daemon=True, name="ccbridge-early-ranks")
         self._thread.start()
+
+    def _heard(self, rank: int, obj) -> None:
+        if rank == 0:
+            self._out.setdefault("payload", obj)
+            self._arrived.set()
 
     def _run(self) -> None:
         try:
             # started before the run sets its timer in the environment: the ranks get it here
-            self._out["payload"] = run_ranks(self.devices, self.plan, gate=self.gate,
-                                             env={gputimer.ENV_VAR: self.timer})
-        except BaseException as e:  # noqa: BLE001 - handed to result()
+            payload = run_ranks(self.devices, self.plan, gate=self.gate, env={gputimer.ENV_VAR: self.timer},
+                                on_message=self._heard)
+            self._out.setdefault("payload", payload)
+        except BaseException as e:  # noqa: BLE001 - handed to result(), unless the measurements came first
             self._out["error"] = e
+        finally:
+            self._arrived.set()
 
     def result(self) -> dict:
         self.gate.open()
-        self._thread.join()
-        if "error" in self._out:
+        self._arrived.wait()
+        if "payload" not in self._out:
             raise self._out["error"]
         return self._out["payload"]
 
@@ -306,6 +320,6 @@ def _early_one_rank(settings) -> EarlyRanks | None:
 
 
 @test(ONE_RANK, "NCCL all_reduce of 4 KiB on a one-rank communicator: per-op time, eager and graph (an emulator's "
-      "per-op charge alone)", needs=("gpu", "torch"), ahead=_early_one_rank)
+      "per-op charge alone)", needs=("gpu", "torch"), ahead=_early_one_rank, last=True)
 def allreduce_1rank(ctx):
     return _collective(ctx, ONE_RANK, "all_reduce", [ctx.device], SMALL_BYTES[:1], ())

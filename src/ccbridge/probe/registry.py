@@ -37,6 +37,7 @@ class Test:
     needs: tuple[str, ...]
     fn: Callable[["ProbeContext"], Iterable[Row]]
     ahead: Callable[["Settings"], Any] | None = None  # starts its slow start-up early (see prestart())
+    last: bool = False  # runs after the others: what it started ends in the background (see test())
 
     @property
     def family(self) -> str:
@@ -46,10 +47,13 @@ class Test:
 REGISTRY: dict[str, Test] = {}
 
 
-def test(name: str, title: str, needs: tuple[str, ...] = (), ahead: Callable[["Settings"], Any] | None = None):
+def test(name: str, title: str, needs: tuple[str, ...] = (), ahead: Callable[["Settings"], Any] | None = None,
+         last: bool = False):
     """Register a probe test under a unique dotted name. ahead(settings), if given, starts what the test would
     otherwise start at its turn (interpreters, imports) while the run starts up, touching no GPU and measuring
-    nothing; it returns a handle with close() (or None), which the test finds as ctx.ahead."""
+    nothing; it returns a handle with close() (or None), which the test finds as ctx.ahead. last: the test's
+    processes end after its rows, in the background (their GPU contexts going away): it runs after every other
+    test, so that no measurement shares the machine with that end."""
     unknown = set(needs) - set(NEEDS)
     if unknown:
         raise ValueError(f"unknown needs {unknown}")
@@ -57,7 +61,7 @@ def test(name: str, title: str, needs: tuple[str, ...] = (), ahead: Callable[["S
     def wrap(fn):
         if name in REGISTRY:
             raise ValueError(f"probe test {name} registered twice")
-        REGISTRY[name] = Test(name, title, tuple(needs), fn, ahead)
+        REGISTRY[name] = Test(name, title, tuple(needs), fn, ahead, last)
         return fn
 
     return wrap
@@ -185,7 +189,8 @@ def load_families() -> None:
 
 def prestart(settings: Settings) -> dict[str, Any]:
     """The selected tests' ahead() handles by test name: call it first thing, so that their start-up overlaps the
-    run's own (torch's import, the environment stamp). run() closes them; without it, run() starts them itself."""
+    run's own (torch's import, the environment stamp), and close them after run() (and after anything that may
+    hide their ends: the probe's reports). Without them, run() starts and closes its own."""
     started = {}
     for t in select(settings.tests):
         if t.ahead is not None:
@@ -240,21 +245,23 @@ def _host_quiet() -> None:
 def run(settings: Settings, env: dict[str, Any], progress=None, started: dict[str, Any] | None = None) -> Result:
     """Run the selected tests; progress is an optional ui.Progress-like object, started what prestart() gave. The
     tests that need no torch run first, with this device's primary context held for them all (one context for the
-    families that share it, as torch's held it for them when torch's tests ran first); the result lists everything
-    in the selection's order."""
+    families that share it, as torch's held it for them when torch's tests ran first), those marked last after
+    every other; the result lists everything in the selection's order. The caller closes what it started."""
     t_start = time.perf_counter()
     tests = select(settings.tests)
-    started = prestart(settings) if started is None else started
+    own = started is None
+    started = prestart(settings) if own else started
     try:
         machine = Machine.detect(settings.device, torch_now=False)
         result = Result(kind="probe", env=env, settings={"device": settings.device, "quick": settings.quick,
                                                          "tests": [t.name for t in tests], "missing": machine.missing,
                                                          "timer": settings.timer, "seconds": {}, "steps": {}})
         with _timer_env(settings.timer), _primary_context(settings.device, machine, tests):
-            _run_tests(sorted(tests, key=lambda t: "torch" in t.needs), settings, machine, result, progress, started)
+            _run_tests(sorted(tests, key=lambda t: (t.last, "torch" in t.needs)), settings, machine, result, progress,
+                       started)
         machine.check_torch()  # the result's list of what was missing, whether or not a test needed torch
     finally:
-        for handle in started.values():
+        for handle in started.values() if own else ():
             if handle is not None:
                 handle.close()
     _selection_order(result, [t.name for t in tests])
