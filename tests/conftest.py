@@ -23,6 +23,15 @@ def need_gpu():
 
 
 @pytest.fixture
+def driver_here(monkeypatch):
+    """The CUDA driver loads (bindings.core.driver_missing says so): an emulated run faked by its environment
+    on a machine without one is stamped as emulating, as it would be where the interposer has a driver to hook."""
+    from ccbridge.bindings import core
+
+    monkeypatch.setattr(core, "driver_missing", lambda: None)
+
+
+@pytest.fixture
 def h100() -> Result:
     """A real full probe run (H100, native, 2026-11-21): every single-GPU family's rows."""
     return results.load(DATA / "h100-native-full.json")

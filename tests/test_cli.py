@@ -101,6 +101,22 @@ def test_run_starts_the_program_labelled_and_passes_its_status(capsys, tmp_path)
     assert main(["run", "--profile", "passthrough", "--", sys.executable, "-c", code]) == 3
 
 
+def test_run_where_no_cuda_driver_loads_labels_nothing_emulated(tmp_path):
+    """The interposer hooks the CUDA driver: where none loads, `run --profile b300` says the program runs natively,
+    prints no EMULATED banner, and the program's own stamp is not emulated (a stranger's review, session 24:
+    `load --bench` under it printed EMULATED and compare called run-to-run noise an emulated CC cost)."""
+    from ccbridge.bindings import core
+
+    if core.driver_missing() is None:
+        pytest.skip("a CUDA driver loads here: the profile emulates")
+    code = "from ccbridge import env; e = env.emulation_info(); print(e['active'], e['no_driver'][:6], env.emulated_banner(e))"
+    r = subprocess.run([sys.executable, "-m", "ccbridge", "run", "--profile", "b300", "--", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "cannot", "None"]
+    assert "EMULATED CC" not in r.stderr and r.stderr.strip().endswith("runs natively, not EMULATED"), r.stderr
+
+
 def test_run_with_set_stamps_the_what_if_in_the_program(tmp_path):
     """The overrides reach the interposer's configuration and the child's env stamp."""
     code = "import json; from ccbridge import env; print(json.dumps(env.emulation_info()))"

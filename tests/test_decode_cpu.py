@@ -202,7 +202,7 @@ def test_bench_result_rows_and_compare(tmp_path, capsys):
     assert cli.main(["compare", str(tmp_path / "d.json"), str(tmp_path / "d.json")]) == 0
 
 
-def test_emulated_runs_say_so(tmp_path, monkeypatch, capsys):
+def test_emulated_runs_say_so(tmp_path, monkeypatch, capsys, driver_here):
     monkeypatch.setenv("CCBRIDGE_EMULATION_PROFILE", "b300")
     monkeypatch.setenv("CCBRIDGE_EMU_CONFIG", str(tmp_path / "none.conf"))
     rc = cli.main(["bench", "decode", "--model", "tiny", "--device", "cpu", "--batch", "1", "--prompt", "4",

@@ -91,7 +91,7 @@ def test_stamp_tolerates_missing_pieces():
     assert env.cc_mode(s) in ("on", "off", "unknown")
 
 
-def test_emulation_flag_from_environment(monkeypatch, tmp_path):
+def test_emulation_flag_from_environment(monkeypatch, tmp_path, driver_here):
     cfg = tmp_path / "profile.conf"
     cfg.write_text("profile=b300\nh2d_pinned_gbps=11.26\n")
     monkeypatch.setenv(env.EMULATION_VAR, "b300")
@@ -104,7 +104,7 @@ def test_emulation_flag_from_environment(monkeypatch, tmp_path):
     assert info["interposer_loaded"] is ("_emu_native" in Path("/proc/self/maps").read_text())
 
 
-def test_a_record_only_or_passthrough_run_is_not_emulated(monkeypatch, tmp_path):
+def test_a_record_only_or_passthrough_run_is_not_emulated(monkeypatch, tmp_path, driver_here):
     """Hooks on, nothing emulated (`ccbridge run --record T`, account's native run, real CC-on machines):
     the profile is named, the figures are not EMULATED."""
     cfg = tmp_path / "profile.conf"
@@ -118,12 +118,31 @@ def test_a_record_only_or_passthrough_run_is_not_emulated(monkeypatch, tmp_path)
     assert env.emulation_info()["active"] is True
 
 
+def test_a_profile_without_a_cuda_driver_emulates_nothing(monkeypatch, tmp_path):
+    """`ccbridge run --profile b300` where no CUDA driver loads runs natively: its figures must not be labelled
+    EMULATED, nor the serving defaults taken for emulated CC (a stranger's review, session 24)."""
+    from ccbridge.bindings import core
+    from ccbridge.load import policy
+
+    cfg = tmp_path / "profile.conf"
+    cfg.write_text("profile=b300\nemulate=1\n")
+    monkeypatch.setenv(env.EMULATION_VAR, "b300")
+    monkeypatch.setenv("CCBRIDGE_EMU_CONFIG", str(cfg))
+    monkeypatch.setattr(core, "driver_missing", lambda: "cannot load the CUDA driver library libcuda.so.1")
+    info = env.emulation_info()
+    assert info["active"] is False and info["profile"] == "b300" and "libcuda" in info["no_driver"]
+    assert env.emulated_banner(info) is None
+    assert policy.cc_situation()[0] != "emulated"
+    monkeypatch.setattr(core, "driver_missing", lambda: None)
+    assert env.emulation_info()["active"] is True and "no_driver" not in env.emulation_info()
+
+
 def test_no_emulation_without_the_variable(monkeypatch):
     monkeypatch.delenv(env.EMULATION_VAR, raising=False)
     assert env.emulation_info() == {"active": False, "profile": None}
 
 
-def test_a_what_if_run_is_stamped_with_its_overrides(monkeypatch, tmp_path):
+def test_a_what_if_run_is_stamped_with_its_overrides(monkeypatch, tmp_path, driver_here):
     from ccbridge.emulate import profiles
 
     prof = profiles.override(profiles.load("b300"), ["launch_toll_us=0", "h2d_pinned_gbps=20"])
@@ -138,7 +157,7 @@ def test_a_what_if_run_is_stamped_with_its_overrides(monkeypatch, tmp_path):
     assert env.emulation_label(info) == "b300 with --set launch_toll_us=0 (was 18.6), h2d_pinned_gbps=20 (was 11.26)"
 
 
-def test_the_launchers_host_facts_reach_the_stamp_and_not_the_parameters(monkeypatch, tmp_path):
+def test_the_launchers_host_facts_reach_the_stamp_and_not_the_parameters(monkeypatch, tmp_path, driver_here):
     """native_floor.host_facts' measurements ride as `#host` lines: the loader's policy reads them from the stamp,
     a malformed one is dropped, and none is taken for a profile parameter."""
     from ccbridge.emulate import profiles
@@ -156,7 +175,7 @@ def test_the_launchers_host_facts_reach_the_stamp_and_not_the_parameters(monkeyp
     assert policy.choose(0).config.staging == "pinned"  # 0.78 x 5.8 GB/s per context pageable, 11.26 pinned
 
 
-def test_a_run_without_overrides_has_none(monkeypatch, tmp_path):
+def test_a_run_without_overrides_has_none(monkeypatch, tmp_path, driver_here):
     from ccbridge.emulate import profiles
 
     cfg = tmp_path / "profile.conf"

@@ -135,7 +135,7 @@ def test_bench_kv_cli_writes_a_result(tmp_path, capsys):
     assert cli.main(["compare", str(tmp_path / "k.json"), str(tmp_path / "k.json")]) == 0
 
 
-def test_emulated_runs_say_so(tmp_path, monkeypatch, capsys):
+def test_emulated_runs_say_so(tmp_path, monkeypatch, capsys, driver_here):
     monkeypatch.setenv("CCBRIDGE_EMULATION_PROFILE", "b300")
     monkeypatch.setenv("CCBRIDGE_EMU_CONFIG", str(tmp_path / "none.conf"))
     rc = cli.main(["bench", "kv", "--model", "tiny", "--device", "cpu", "--prefixes", "2", "--prefix-len", "16",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ccbridge import fabric, libcrypto, nvml, pluginenv
+from ccbridge.bindings import core
 from ccbridge.version import __version__
 
 CRYPTO_FLAGS = ("aes", "pclmulqdq", "vaes", "vpclmulqdq", "avx2", "avx512f", "sha_ni")
@@ -238,6 +239,9 @@ def emulation_info() -> dict[str, Any]:
         info["interposer_loaded"] = "_emu_native" in Path("/proc/self/maps").read_text()
     except OSError:
         info["interposer_loaded"] = None
+    if info["active"] and (why := core.driver_missing()):
+        # the interposer hooks the CUDA driver: without one it emulates nothing, and the figures are native
+        info["active"], info["no_driver"] = False, why
     return info
 
 

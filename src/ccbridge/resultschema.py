@@ -43,6 +43,7 @@ _EMULATION = {
     **record({"active": BOOL, "profile": MAYBE_STRING, "params": mapping(STRING), "params_error": STRING,
               "overrides": mapping(record({"value": NUMBER, "was": NUMBER}, required=("value", "was"))),
               "interposer_loaded": nullable(BOOL),
+              "no_driver": STRING,  # why a profile that emulates emulated nothing (no CUDA driver here)
               # `ccbridge run --project`: the target GPU and the time dilation (emulate/targets.py)
               "projection": record({"target": STRING, "local": MAYBE_STRING, "by": STRING, "r": NUMBER,
                                     "hbm_ratio": nullable(NUMBER), "flops_ratio": nullable(NUMBER)},

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ccbridge import account, env, ui
-from ccbridge.bindings import core
 from ccbridge.cli.args import add_set, command, integer, what_if
 from ccbridge.cli.reports import write_reports, wrote
 from ccbridge.emulate import coverage, launcher, profiles, runs, targets, trace
@@ -31,9 +30,7 @@ def cmd_run(args) -> int:
     prof = what_if(args, "passthrough")  # without a profile: the interposer records, adds no cost
     proj = projection(args)
     launcher.check(prof, cmd, args.record, args.coverage)
-    print(launcher.banner(prof, proj), file=sys.stderr)
-    if prof.emulates and (why := core.driver_missing()):
-        print(cut(f"ccbridge run: note: {why}: it runs natively", 120), file=sys.stderr)
+    print(launcher.announce(prof, proj), file=sys.stderr)
     rc = launcher.run(prof, cmd, trace=args.record, coverage=args.coverage, sites=args.sites, projection=proj)
     if args.record:
         print(trace.render(trace.summarize(str(Path(args.record).resolve()))), file=sys.stderr)

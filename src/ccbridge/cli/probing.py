@@ -85,7 +85,7 @@ def _probe_under(args, prof, out: Path) -> int:
     rest += ["--tests", args.tests] if args.tests else []
     cmd = launcher.python_cmd(*rest)
     launcher.check(prof, cmd, args.record)
-    print(launcher.banner(prof), file=sys.stderr)
+    print(launcher.announce(prof), file=sys.stderr)
     return launcher.run(prof, cmd, trace=args.record)
 
 

@@ -181,5 +181,14 @@ def banner(profile: Profile, projection: Projection | None = None, who: str = "c
     return "\n".join(wrap(lines))
 
 
+def announce(profile: Profile, projection: Projection | None = None, who: str = "ccbridge run") -> str:
+    """What a run under profile says first: its banner, or, for a profile that emulates where no CUDA driver
+    loads, that it runs natively (the interposer hooks the driver: there is nothing to emulate, and the child's
+    stamp says so: env.emulation_info)."""
+    if profile.emulates and (why := core.driver_missing()):
+        return "\n".join(wrap([f"{who}: {why}: runs natively, not EMULATED"]))
+    return banner(profile, projection, who)
+
+
 def python_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "ccbridge", *args]
