@@ -134,3 +134,22 @@ def test_cc_defaults_follow_the_cc_state(monkeypatch, state):
     assert d.cc == state and d.drain is cc and d.staged_h2d is cc and d.cuda_graphs
     assert d.host_memory == ("pageable" if cc else "pinned") and d.why
     assert set(d.as_dict()) == set(defaults_mod.ServeDefaults.__dataclass_fields__)
+    assert d.why.startswith({"unknown": "CC state unknown", "off": "CC off"}.get(state, "CC:"))  # not "CC off" unread
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU here: the default device is there")
+@pytest.mark.parametrize("make", ["staged", "kv", "kv-bad"])
+def test_components_made_for_a_gpu_torch_cannot_see_say_so_in_one_line(make):
+    """The README's StagedH2D(capacity=...) and a KVCache with no device, on a machine without a GPU: one line
+    naming device='cpu', not torch's pin_memory RuntimeError or AssertionError (a stranger's review, session 24)."""
+    from ccbridge.serve import KVCache
+
+    with pytest.raises(UsageError) as e:
+        if make == "staged":
+            StagedH2D(capacity=1 << 20)
+        elif make == "kv":
+            KVCache([2, 4], torch.bfloat16, device_blocks=4, host_blocks=8, block_tokens=4)
+        else:
+            KVCache([2, 4], torch.bfloat16, device_blocks=4, host_blocks=8, block_tokens=4, device="gpu")
+    assert "\n" not in str(e.value)
+    assert ("device='cpu'" if make != "kv-bad" else "'gpu' is not a device") in str(e.value)

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ccbridge.errors import KVCacheError, UsageError
+from ccbridge.serve import devices
 from ccbridge.serve.defaults import cc_defaults
 from ccbridge.serve.drain import DrainWorker
 
@@ -117,7 +118,7 @@ class KVCache:
                 raise UsageError(f"{name} must be a whole number >= {lo}, not {v!r}")
         if not block_shape or not all(isinstance(d, int) and d >= 1 for d in block_shape):
             raise UsageError(f"block_shape must be one or more positive sizes, not {block_shape!r}")
-        self.device = torch.device(device if device is not None else "cuda")
+        self.device = devices.resolve(device, "KVCache")
         self.cuda = self.device.type == "cuda"
         if host_memory is None:
             host_memory = cc_defaults().host_memory if self.cuda else "pageable"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ccbridge.errors import UsageError
+from ccbridge.serve import devices
 
 ALIGN = 64  # bytes: every packed tensor starts on a boundary any dtype accepts
 
@@ -67,7 +68,7 @@ class StagedH2D:
             raise UsageError(f"capacity must be a positive number of bytes, not {capacity!r}")
         if not isinstance(slots, int) or slots < 1:
             raise UsageError(f"slots must be a whole number >= 1, not {slots!r}")
-        self.device = torch.device(device if device is not None else "cuda")
+        self.device = devices.resolve(device, "StagedH2D")
         cuda = self.device.type == "cuda"
         self.capacity = -(-capacity // ALIGN) * ALIGN
         self._host = [torch.empty(self.capacity, dtype=torch.uint8, pin_memory=pin and cuda) for _ in range(slots)]
