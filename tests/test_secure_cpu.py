@@ -417,3 +417,17 @@ def test_collectives_prints_each_row_once_after_its_header(progress, tmp_path):
     sizes = [ln.split()[0] for ln in lines if ln.split() and ln.split()[0].isdigit()]
     assert lines[0].startswith("# ccbridge collectives: all_reduce on 2 ") and sizes == ["8", "256"], lines
     assert not [ln for ln in lines if ln != ln.rstrip()]  # no trailing spaces (the header's centred titles had)
+
+
+def test_a_secure_group_takes_torchs_reduce_ops_as_well_as_their_names():
+    """A SecureGroup stands in for torch.distributed: all_reduce(t, op=dist.ReduceOp.SUM) must not be refused as
+    `not RedOpType.SUM` (a stranger's review, session 24); any other reduction is refused, named."""
+    import torch.distributed as dist
+
+    from ccbridge.secure import tensorops
+
+    assert [tensorops.reduce_op(op, "all_reduce") for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, "sum", "avg")] == \
+        ["sum", "avg", "sum", "avg"]
+    for bad in (dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT, "max"):
+        with pytest.raises(NotImplementedError, match="encrypted reduce_scatter supports sum and avg, not"):
+            tensorops.reduce_op(bad, "reduce_scatter")

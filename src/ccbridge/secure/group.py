@@ -433,9 +433,8 @@ class SecureGroup:
 
     # ---- collectives ----
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False) -> SecureWork:
-        """In place, like dist.all_reduce; op "sum" or "avg" (floating types)."""
-        if op not in ("sum", "avg"):
-            raise NotImplementedError(f"encrypted all_reduce supports sum and avg, not {op}")
+        """In place, like dist.all_reduce; op "sum" or "avg" (floating types), or dist.ReduceOp.SUM / AVG."""
+        op = tensorops.reduce_op(op, "all_reduce")
         if op == "avg" and not tensor.is_floating_point():
             raise ValueError("avg needs a floating-point tensor")
         self._check_device(tensor)
@@ -480,11 +479,11 @@ class SecureGroup:
 
     def reduce_scatter_tensor(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum",
                               async_op: bool = False) -> SecureWork:
-        """output gets the sum over ranks of input's segment `rank` (input has n * output.numel() elements)."""
+        """output gets the sum (or average: op as all_reduce's) over ranks of input's segment `rank` (input has
+        n * output.numel() elements)."""
         if input.numel() != self.n * output.numel() or output.dtype != input.dtype:
             raise ValueError("input must hold n outputs of the same dtype")
-        if op not in ("sum", "avg"):
-            raise NotImplementedError(f"encrypted reduce_scatter supports sum and avg, not {op}")
+        op = tensorops.reduce_op(op, "reduce_scatter")
         self._check_device(output, input)
         return self._run(self._reduce_scatter, output, input, op, async_op=async_op)
 

@@ -15,3 +15,12 @@ def all_gather(out, inp, **kw):
 def reduce_scatter(out, inp, **kw):
     """inp summed over the ranks, this rank's slice into out (reduce_scatter_single, or reduce_scatter_tensor)."""
     return (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, inp, **kw)
+
+
+def reduce_op(op, what: str) -> str:
+    """"sum" or "avg" for op given as either name or as dist.ReduceOp.SUM / AVG (a SecureGroup stands in for
+    torch.distributed); NotImplementedError for any other reduction, naming it."""
+    named = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}.get(op) if not isinstance(op, str) else op
+    if named not in ("sum", "avg"):
+        raise NotImplementedError(f"encrypted {what} supports sum and avg, not {op}")
+    return named
