@@ -429,7 +429,7 @@ CASES = [
      "--device-blocks 100000000000000: at most 10000000"),
     (["bench", "decode", "--batch", "100000000000", "--device", "cpu", "--model", "tiny"], "batch sizes must be 1 to 4096"),
     _not_its("decode", "--churn", "2"),
-    (["bench", "kv", "--modes", "staged"], "--modes staged: bench kv schedules sync or async"),
+    (["bench", "kv", "--modes", "staged"], "argument --modes: invalid choice: 'staged' (choose from 'sync', 'async')"),
     (["bench", "kv", "--modes", "eager"], "argument --modes: invalid choice: 'eager'"),
     (["bench", "kv", "--model", "gpt5"], "argument --model: invalid choice: 'gpt5'"),
     (["bench", "kv", "--thresholds", "0"], "argument --thresholds: expected at least 1, got 0"),

@@ -38,6 +38,7 @@ TP_ONLY = ("llama-70b",)  # presets bench decode builds only shard by shard (--t
 
 # bench decode's ways to schedule a step, in the order its tables list them (serve/decode.py says what each does)
 DECODE_MODES = ("sync", "async", "staged", "drain")
+KV_MODES = ("sync", "async")  # bench kv's: each restore and spill crossing waited for, or not
 
 # collectives' element types: the name on the command line and the torch dtype (its attribute name) it stands for
 SECURE_DTYPES = {"float": "float32", "half": "float16", "bfloat16": "bfloat16", "double": "float64",

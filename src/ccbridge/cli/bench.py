@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ccbridge import busbw, pluginenv, ui
-from ccbridge.choices import DDP_MODELS, DECODE_MODES, DECODE_PRESETS, TP_ONLY
+from ccbridge.choices import DDP_MODELS, DECODE_MODES, DECODE_PRESETS, KV_MODES, TP_ONLY
 from ccbridge.cli.args import Distinct, add_timer, apply_timer, command, device_spec, float_ge0, integer, size
 from ccbridge.cli.checks import gpus_ready, plugin_built, sizes_in_order
 from ccbridge.cli.reports import wrote
@@ -282,8 +282,7 @@ def _add_kv(benches) -> None:
                    "each request, not timed (default 3)")
     p.add_argument("--thresholds", type=integer(1), nargs="+", action=Distinct, help="store thresholds to sweep: "
                    "a block is spilled to the host on eviction only if looked up this often (default 1 2 3)")
-    # choices: decode's four, so that `--modes staged` gets kvbench's own answer (it schedules sync or async)
-    p.add_argument("--modes", nargs="+", choices=DECODE_MODES, action=Distinct, help="sync (wait for each "
+    p.add_argument("--modes", nargs="+", choices=KV_MODES, action=Distinct, help="sync (wait for each "
                    "restore and spill crossing) and/or async (default both)")
     p.add_argument("--zipf", type=float_ge0, help="reuse skew, prefix i drawn with weight 1/(i+1)^S (default 1; "
                    "0 uniform)")

@@ -46,7 +46,7 @@ from typing import Callable
 
 import torch
 
-from ccbridge import env
+from ccbridge import choices, env
 from ccbridge.errors import UsageError
 from ccbridge.results import Result, Row
 from ccbridge.serve import KVCache, decode
@@ -54,7 +54,7 @@ from ccbridge.serve.judge import TIE_TOL
 from ccbridge.serve.stepper import Stepper, transformers
 from ccbridge.ui import approx_bytes
 
-MODES = ("sync", "async")
+MODES = choices.KV_MODES  # (in choices, which the CLI reads without importing torch)
 BLOCK_TOKENS = 16
 
 DEFAULTS = dict(suffix_len=32, zipf=1.0, gpu_fraction=1 / 3, thresholds=(1, 2, 3), modes=MODES, warmup=2, iters=1,
