@@ -380,7 +380,8 @@ def decode(model, prompt: torch.Tensor, output: int, mode: str, *, stage=None, d
     stage (a StagedH2D) and drain (a DrainWorker) are made per call when not given.
     trace, when given, gets ("launch", n) as step n's forward is enqueued and ("read", n) as
     token n reaches the host (token 0 comes from prefill, step n makes token n).
-    graphs: each step one CUDA-graph replay over a StaticCache, captured after prefill, before the timing.
+    graphs: each step one CUDA-graph replay over a StaticCache, captured after prefill, before the timing (a
+    model on the CPU runs the same static-cache steps eagerly: there is no CUDA graph to replay).
     host_prep_us: CPU work per step between its input crossings and its launch (an engine's host preparation).
     """
     if mode not in MODES:
@@ -532,7 +533,7 @@ def bench(model: str, batches: list[int], prompt: int, output: int, modes: list[
         return res
 
 
-TIMING_HEADER = f"{'tok/s':>10} {'step ms':>9} {'gap p50':>8} {'gap p90':>8} {'gpu busy':>8}"
+TIMING_HEADER = f"{'tok/s':>10} {'step ms':>9} {'gap50 ms':>8} {'gap90 ms':>8} {'gpu busy':>8}"
 
 
 def timing_columns(res, keys: tuple[str, ...]):

@@ -392,10 +392,10 @@ def render(res) -> str:
             f"{_churn_words(s)}\n"
             f"# KV blocks of {s['block_tokens']} tokens ({approx_bytes(s['block_bytes'])}): {s['device_blocks']} on the "
             f"device ({s['gpu_fraction']:.0%} of the prefixes' blocks), {s['host_blocks']} on the host; first tokens "
-            f"of {s['checked']} requests checked against a full prefill")
+            f"of {s['checked']} request{'s' if s['checked'] != 1 else ''} checked against a full prefill")
     if banner := env.emulated_banner(res.env.get("emulation", {})):  # EMULATED, or a projected CC-off run
         head += f"\n# {banner}"
-    lines = [head, f"{'thresh':>6} {'mode':<5} {'TTFT p50':>9} {'p99 ms':>8} {'req ms':>8} {'spill D2H':>10} "
+    lines = [head, f"{'thresh':>6} {'mode':<5} {'TTFT50 ms':>9} {'p99 ms':>8} {'req ms':>8} {'spill D2H':>10} "
                    f"{'restore H2D':>11} {'dev hit':>7} {'host hit':>8} {'miss':>6}  tokens"]
     rows = {(r.params["threshold"], r.params["mode"], r.metric): r for r in res.rows}
     for r in res.rows:
