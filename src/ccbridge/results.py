@@ -43,6 +43,9 @@ HIGHER_IS_BETTER = {"GB/s", "TFLOP/s", "tok/s", "hit fraction"}
 
 @dataclass
 class Row:
+    """One measured quantity: test and metric name it, params say where it was measured (bytes, mode, ...), unit
+    its unit; median, p10, p90, min and max summarise its n samples; extra holds what a report adds (notes,
+    verdicts, headline). key() identifies it across runs and machines (compare pairs rows by it)."""
     test: str
     metric: str
     unit: str
@@ -76,6 +79,9 @@ class Row:
 
 @dataclass
 class Result:
+    """Every measurement's format (probe, load, collectives, calibrate, account, bench ...): its kind, the env
+    stamp of the machine and run (emulated: the stamp says it ran under the emulator), the settings it ran with,
+    its rows, what it skipped and what failed; load() reads one back, checked, and save() writes one."""
     kind: str  # one of KINDS
     env: dict[str, Any]
     settings: dict[str, Any]

@@ -40,7 +40,9 @@ def cmd_probe(args) -> int:
         return _probe_under(args, prof, out)
     t_enter = time.perf_counter()
     console = ui.terminal(stderr=True)
-    console.print(f"ccbridge probe: {len(tests)} tests, {'quick' if args.quick else 'full'} suite, device {args.device}")
+    of = f" of {len(registry.select(None))}" if args.tests else ""
+    console.print(f"ccbridge probe: {len(tests)}{of} test{'s' if len(tests) != 1 or of else ''}, "
+                  f"{'quick' if args.quick else 'full'} suite, device {args.device}")
     settings = registry.Settings(device=args.device, quick=args.quick, tests=args.tests, timer=apply_timer(args))
     # first: their start-ups (interpreters, imports) overlap the stamp's (torch's import) and the run
     started, reports = registry.prestart(settings), EarlyReports()
