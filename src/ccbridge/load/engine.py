@@ -4,13 +4,14 @@ A Pool is worker threads with their contexts and staging buffers. Making one
 starts the workers, which prewarm in the background (context creation,
 staging allocation); `ready()` waits for them. One load at a time runs on a
 pool; a load that failed or was cancelled leaves it ready for the next one
-(only a failed prewarm breaks it for good); `close()` joins the workers and destroys their contexts, and
-`close(background=True)` does that on a thread of its own so that the caller
-does not wait for context teardown.
+(only a failed prewarm breaks it for good); `close()` cancels the load under way, joins the workers and
+destroys their contexts, and `close(background=True)` does that on a thread of its own so that the caller
+does not wait for context teardown. After close() every call on the pool raises LoadError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 from ctypes import c_int64, c_void_p
@@ -21,6 +22,7 @@ from ccbridge.bindings.loader import MAX_BUFS, MAX_WORKERS, STAGING, File, Item,
 from ccbridge.errors import LoadError
 
 MAPPED = ("mapped",)
+CLOSED = "the loader pool is closed: prewarm() a new one"
 
 
 def plan_walk(files, items, chunk_bytes: int, ntensors: int) -> list[tuple[int, int, int, int]]:
@@ -71,11 +73,22 @@ class PoolConfig:
 
 
 class Pool:
+    """A loader pool: worker threads, their contexts and staging, serving one load at a time (what prewarm()
+    returns; pass it as pool= to load_safetensors or iter_safetensors). Making one starts the prewarm; close()
+    frees it, and every later call raises LoadError. A context manager: leaving the block closes it and waits.
+
+    Every native call goes through _native(), which counts it in flight; close() marks the pool closed, cancels
+    the load under way and frees only once no call is in flight: the handle never reaches C after it is freed,
+    and a load on another thread ends with LoadError rather than reading freed memory."""
+
     def __init__(self, config: PoolConfig):
         config.check()
         self.config = config
         self._closing: threading.Thread | None = None
         self._held = threading.Lock()
+        self._calls = threading.Condition()  # guards _closed, _in_flight and the handle's freeing
+        self._closed = False
+        self._in_flight = 0
         self.teardown_s: float | None = None
         h = loader.lib().ccb_pool_new(config.device, config.workers, config.contexts, STAGING[config.staging],
                                       config.chunk_bytes, config.buffers)
@@ -83,14 +96,35 @@ class Pool:
             raise LoadError(f"cannot start the loader pool: {core.error()}")
         self.handle = c_void_p(h)
 
+    @contextlib.contextmanager
+    def _native(self):
+        """The handle for one native call: LoadError once the pool is closed; counted until the call returns."""
+        with self._calls:
+            if self._closed:
+                raise LoadError(CLOSED)
+            self._in_flight += 1
+        try:
+            yield self.handle
+        finally:
+            with self._calls:
+                self._in_flight -= 1
+                self._calls.notify_all()
+
+    def ensure_open(self) -> None:
+        """LoadError once the pool is closed (a load that resumes after a close stops there)."""
+        if self._closed:
+            raise LoadError(CLOSED)
+
     def error(self) -> tuple[str, int]:
         """The load's first error, and the index of the item it concerns (-1: none)."""
         lib = loader.lib()
-        return lib.ccb_pool_error(self.handle).decode(errors="replace"), lib.ccb_pool_error_item(self.handle)
+        with self._native() as h:
+            return lib.ccb_pool_error(h).decode(errors="replace"), lib.ccb_pool_error_item(h)
 
     def ready(self, timeout_s: float = 600.0) -> float:
         """Wait until every worker is prewarmed; the prewarm time in seconds."""
-        rc = loader.lib().ccb_pool_wait_ready(self.handle, timeout_s)
+        with self._native() as h:
+            rc = loader.lib().ccb_pool_wait_ready(h, timeout_s)
         if rc == 1:
             raise LoadError(f"the loader pool was not ready after {timeout_s:.0f} s")
         if rc != 0:
@@ -98,12 +132,14 @@ class Pool:
         return self.stats().prewarm_ns / 1e9
 
     def take(self) -> None:
-        """Hold the pool for one load (LoadError where another holds it), so that a load's cancel and publish
-        never reach another's: one load at a time runs on a pool. `give` hands it back."""
+        """Hold the pool for one load (LoadError where another holds it, or the pool is closed), so that a load's
+        cancel and publish never reach another's: one load at a time runs on a pool. `give` hands it back."""
+        self.ensure_open()
         if not self._held.acquire(blocking=False):
             raise LoadError("the loader pool is serving another load: one load at a time runs on a pool")
 
     def give(self) -> None:
+        """Hand back the hold that `take` got (no native call: it works on a closed pool too)."""
         self._held.release()
 
     def submit(self, files, items, remaining, doneq, ready: int | None = None) -> int:
@@ -112,8 +148,9 @@ class Pool:
         ready: how many items (a prefix) have their dst already (all by default); `publish` names more.
         The load's id, for publish."""
         n = len(items) if ready is None else ready
-        load = loader.lib().ccb_pool_submit(self.handle, files, len(files), items, len(items), n,
-                                            remaining, doneq, len(remaining))
+        with self._native() as h:
+            load = loader.lib().ccb_pool_submit(h, files, len(files), items, len(items), n,
+                                                remaining, doneq, len(remaining))
         if load < 0:
             raise LoadError(core.error())
         return load
@@ -121,50 +158,78 @@ class Pool:
     def publish(self, load: int, ready: int) -> None:
         """Items [0, ready) of load `load` (submit's id) have their dst now: the workers may copy into them.
         Ignored once that load is over."""
-        loader.lib().ccb_pool_publish(self.handle, load, ready)
+        with self._native() as h:
+            loader.lib().ccb_pool_publish(h, load, ready)
 
     def is_ready(self) -> bool:
         """Whether every worker is prewarmed, without waiting (a failed prewarm reads as ready: ready() says why)."""
-        return loader.lib().ccb_pool_wait_ready(self.handle, 0.0) != 1
+        with self._native() as h:
+            return loader.lib().ccb_pool_wait_ready(h, 0.0) != 1
 
     def next(self, out, timeout_s: float) -> int:
-        """Finished tensor indices into out: count, 0 on timeout, -1 error, -2 load over."""
-        return loader.lib().ccb_pool_next(self.handle, out, len(out), timeout_s)
+        """Finished tensor indices into out: count, 0 on timeout, -1 error, -2 load over.
+        LoadError where the pool was closed, before or during the wait (close cancels the load: its -2 is no end)."""
+        with self._native() as h:
+            n = loader.lib().ccb_pool_next(h, out, len(out), timeout_s)
+            if self._closed:
+                raise LoadError(CLOSED)
+            return n
 
     def cancel(self) -> None:
-        """Stop the load; returns once no worker can write anything more."""
-        loader.lib().ccb_pool_cancel(self.handle)
+        """Stop the load; returns once no worker can write anything more. On a closed pool it waits for the
+        teardown instead, which cancels: a submit that slipped in before the close may still be writing."""
+        with self._calls:
+            if self._closed:
+                self._calls.wait_for(lambda: self.handle is None)
+                return
+        with self._native() as h:
+            loader.lib().ccb_pool_cancel(h)
 
     def stats(self) -> Stats:
+        """The pool's figures (times in ns): prewarm_ns; read_ns and copy_ns since reset_stats(), summed over the
+        workers; the last load's bytes and load_ns (submit to idle; 0 while it runs). LoadError once closed."""
         s = Stats()
-        loader.lib().ccb_pool_stats(self.handle, ctypes.byref(s))
+        with self._native() as h:
+            loader.lib().ccb_pool_stats(h, ctypes.byref(s))
         return s
 
     def reset_stats(self) -> None:
-        loader.lib().ccb_pool_reset_stats(self.handle)
+        """Zero the workers' read and copy times (stats()), so that they count one load. LoadError once closed."""
+        with self._native() as h:
+            loader.lib().ccb_pool_reset_stats(h)
 
     def _free(self) -> None:
+        """Cancel the load under way, wait for the calls in flight to return (a next() blocked on another thread
+        returns as the load is cancelled), then free. close() marked the pool closed: no call starts after."""
         t = core.now_ns()
-        loader.lib().ccb_pool_free(self.handle)
-        self.teardown_s = (core.now_ns() - t) / 1e9
+        lib = loader.lib()
+        lib.ccb_pool_cancel(self.handle)
+        with self._calls:
+            self._calls.wait_for(lambda: not self._in_flight)
+        lib.ccb_pool_free(self.handle)
+        with self._calls:
+            self.handle = None
+            self.teardown_s = (core.now_ns() - t) / 1e9
+            self._calls.notify_all()
 
     def close(self, background: bool = False) -> None:
-        """Join the workers and destroy the contexts; in the background if asked."""
-        if self.handle is None or self._closing is not None:
-            return
+        """Cancel any load, join the workers and destroy the contexts; in the background if asked (join() waits).
+        A second close is a no-op; after the first, every call but close, join, give and cancel raises LoadError."""
+        with self._calls:
+            if self._closed:
+                return
+            self._closed = True
         if background:
             # Not a daemon: interpreter exit waits for the contexts to go.
             self._closing = threading.Thread(target=self._free, name="ccbridge-pool-teardown")
             self._closing.start()
         else:
             self._free()
-            self.handle = None
 
     def join(self) -> float | None:
-        """Wait for a background close; the teardown time in seconds."""
+        """Wait for a background close; the teardown time in seconds (None while the pool is open)."""
         if self._closing is not None:
             self._closing.join()
-            self.handle = None
         return self.teardown_s
 
     def __enter__(self) -> "Pool":

@@ -286,6 +286,7 @@ def _run(paths, device, *, pool: Pool | None = None, workers: int | None = None,
                     if progress:
                         progress(done_bytes, st.bytes)
                     yield j, infos[j][2].name, tensors[j]
+                    pool.ensure_open()  # closed while the caller held this tensor: no more from this batch
             st.load_s = time.perf_counter() - t_load
             s = pool.stats()
             w = pool.config.workers
