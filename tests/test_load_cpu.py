@@ -214,6 +214,21 @@ def test_bad_arguments(ckpt):
         load_safetensors([], device="cpu")
 
 
+def test_a_size_that_is_not_a_number_is_a_usage_error(ckpt):
+    """chunk_bytes="16MiB" reached a comparison with an int: TypeError '<' not supported."""
+    from ccbridge.errors import UsageError
+    from ccbridge.load import prewarm
+    from ccbridge.load.engine import PoolConfig
+
+    d, _ = ckpt
+    with pytest.raises(UsageError, match="chunk_bytes must be a whole number, got '16MiB'"):
+        load_safetensors(d, device="cpu", chunk_bytes="16MiB")
+    with pytest.raises(UsageError, match="workers must be a whole number, got 2.5"):
+        prewarm("cpu", workers=2.5)
+    with pytest.raises(ValueError, match="staging must be one of"):
+        PoolConfig(-1, 2, 0, ["pinned"], 4096, 1).check()  # unhashable: a TypeError from the dict's lookup
+
+
 def test_policy_follows_the_cc_state(monkeypatch):
     from ccbridge.load import policy
 

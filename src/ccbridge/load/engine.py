@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import operator
 import threading
 from ctypes import c_int64, c_void_p
 from dataclasses import dataclass
@@ -58,11 +59,17 @@ class PoolConfig:
     buffers: int  # staging buffers per worker
 
     def check(self) -> None:
+        """ValueError naming the first value the native pool cannot take (the loader raises it as UsageError)."""
+        for name in ("device", "workers", "contexts", "chunk_bytes", "buffers"):
+            try:  # an int or what stands for one (a numpy integer); "16MiB" failed the comparisons below
+                operator.index(getattr(self, name))
+            except TypeError:
+                raise ValueError(f"{name} must be a whole number, got {getattr(self, name)!r}") from None
         if not 1 <= self.workers <= MAX_WORKERS:
             raise ValueError(f"workers must be 1..{MAX_WORKERS}, got {self.workers}")
         if not 0 <= self.contexts <= self.workers:
             raise ValueError(f"contexts must be 0..workers ({self.workers}), got {self.contexts}")
-        if self.staging not in STAGING:
+        if not isinstance(self.staging, str) or self.staging not in STAGING:
             raise ValueError(f"staging must be one of {sorted(STAGING)}, got {self.staging!r}")
         if self.chunk_bytes < 4096:
             raise ValueError(f"chunk_bytes must be at least 4096, got {self.chunk_bytes}")
