@@ -214,6 +214,36 @@ def test_bad_arguments(ckpt):
         load_safetensors([], device="cpu")
 
 
+def test_a_device_index_or_torch_device_means_what_it_means_to_torch(monkeypatch):
+    """device=0 (cuda:0 in torch) was refused as not cpu, cuda or cuda:N; here as on a host with two GPUs."""
+    from ccbridge.errors import LoadError, UsageError
+    from ccbridge.load.loader import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(LoadError, match="torch sees no GPU for 'cuda:0'"):
+        resolve_device(torch, 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device(torch, 1) == resolve_device(torch, torch.device("cuda", 1)) == (torch.device("cuda:1"), 1)
+    assert resolve_device(torch, torch.device("cpu")) == (torch.device("cpu"), -1)
+    for bad in (-1, True, 1.5, torch.device("meta")):
+        with pytest.raises(UsageError, match="device must be cpu, cuda, cuda:N or an index N"):
+            resolve_device(torch, bad)
+
+
+def test_a_pool_for_another_device_is_a_usage_error_in_the_callers_words(ckpt):
+    """It was a plain ValueError naming the pool's internal index: 'the pool serves device -1, not 0'."""
+    from types import SimpleNamespace
+
+    from ccbridge.errors import UsageError
+    from ccbridge.load.engine import PoolConfig
+
+    d, _ = ckpt
+    gpu_pool = SimpleNamespace(config=PoolConfig(0, 2, 0, "pinned", 4096, 1))  # refused before the pool is used
+    with pytest.raises(UsageError, match=r"the pool serves cuda:0, not cpu: prewarm\(\) one for this device"):
+        load_safetensors(d, device="cpu", pool=gpu_pool)
+
+
 def test_a_size_that_is_not_a_number_is_a_usage_error(ckpt):
     """chunk_bytes="16MiB" reached a comparison with an int: TypeError '<' not supported."""
     from ccbridge.errors import UsageError

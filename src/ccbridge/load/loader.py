@@ -97,13 +97,22 @@ def check_device(device: str) -> str:
     raise UsageError(f"device must be cpu, cuda or cuda:N (N = 0, 1, ...), got {device!r}")
 
 
+def device_name(index: int) -> str:
+    """A pool's device (-1: host memory) as the caller writes it: cpu or cuda:N."""
+    return "cpu" if index < 0 else f"cuda:{index}"
+
+
 def resolve_device(torch, device) -> tuple[object, int]:
-    try:  # a string is checked here; an index or a torch.device by torch
+    """(torch.device, the pool's device index, -1 for host memory) for cpu, cuda, cuda:N, an index N (cuda:N, as
+    torch reads it) or a torch.device of those; UsageError for any other, LoadError where that GPU is not there."""
+    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
+        device = f"cuda:{device}"  # torch.device(0) asks for an accelerator: without one, not our message
+    try:  # a string is checked here; a torch.device by torch
         dev = torch.device(check_device(device) if isinstance(device, str) else device)
     except (RuntimeError, TypeError):
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
-        raise UsageError(f"device must be cpu, cuda or cuda:N, got {device!r}")
+        raise UsageError(f"device must be cpu, cuda, cuda:N or an index N, got {device!r}")
     if dev.type == "cpu":
         return dev, -1
     if not torch.cuda.is_available():
@@ -243,7 +252,8 @@ def _run(paths, device, *, pool: Pool | None = None, workers: int | None = None,
             st.why = plan.why
             pool = Pool(plan.config)  # prewarms while we allocate and plan
         elif pool.config.device != index:
-            raise ValueError(f"the pool serves device {pool.config.device}, not {index}")
+            raise UsageError(f"the pool serves {device_name(pool.config.device)}, not {device_name(index)}: "
+                             "prewarm() one for this device")
         pool.take()  # this load's cancel and publish are its own
         held = True
         st.pool = {k: getattr(pool.config, k) for k in ("workers", "contexts", "staging", "chunk_bytes", "buffers")}
