@@ -244,6 +244,19 @@ def test_a_pool_for_another_device_is_a_usage_error_in_the_callers_words(ckpt):
         load_safetensors(d, device="cpu", pool=gpu_pool)
 
 
+def test_a_misspelt_keyword_is_a_type_error_naming_the_public_function(ckpt):
+    """It named the private _run(), and iter_safetensors raised it only at the first next()."""
+    from ccbridge.load import prewarm
+
+    d, _ = ckpt
+    calls = {"load_safetensors": lambda: load_safetensors(d, "cpu", wrokers=3),
+             "iter_safetensors": lambda: iter_safetensors(d, "cpu", wrokers=3),  # at the call, not at next()
+             "prewarm": lambda: prewarm("cpu", wrokers=3)}
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'wrokers'"):
+            call()
+
+
 def test_a_size_that_is_not_a_number_is_a_usage_error(ckpt):
     """chunk_bytes="16MiB" reached a comparison with an int: TypeError '<' not supported."""
     from ccbridge.errors import UsageError

@@ -199,7 +199,10 @@ def _allocate(torch, dev, pool: Pool, infos, dtypes, tensors: list, items, load:
     return started[0]
 
 
-def iter_safetensors(paths, device="cuda:0", **kwargs) -> Iterator[tuple[str, object]]:
+def iter_safetensors(paths, device="cuda:0", *, pool: Pool | None = None, workers: int | None = None,
+                     contexts: int | None = None, staging: str | None = None, chunk_bytes: int | None = None,
+                     buffers: int | None = None, progress: Callable[[int, int], None] | None = None,
+                     stats: LoadStats | None = None) -> Iterator[tuple[str, object]]:
     """(name, tensor) pairs, each yielded as soon as all its bytes are on `device`.
 
     paths: a .safetensors file, a list of them, a directory (its index json if
@@ -212,18 +215,24 @@ def iter_safetensors(paths, device="cuda:0", **kwargs) -> Iterator[tuple[str, ob
     progress(done_bytes, total_bytes) is called as tensors finish.
     stats: a LoadStats that the call fills in.
     """
-    for _, name, tensor in _run(paths, device, **kwargs):
+    # the keywords spelt out (here and in load_safetensors): a misspelt one is a TypeError naming this function
+    for _, name, tensor in _run(paths, device, pool=pool, workers=workers, contexts=contexts, staging=staging,
+                                chunk_bytes=chunk_bytes, buffers=buffers, progress=progress, stats=stats):
         yield name, tensor
 
 
-def load_safetensors(paths, device="cuda:0", **kwargs) -> dict[str, object]:
+def load_safetensors(paths, device="cuda:0", *, pool: Pool | None = None, workers: int | None = None,
+                     contexts: int | None = None, staging: str | None = None, chunk_bytes: int | None = None,
+                     buffers: int | None = None, progress: Callable[[int, int], None] | None = None,
+                     stats: LoadStats | None = None) -> dict[str, object]:
     """Every tensor of a checkpoint on `device`, in file and offset order.
 
     Bitwise what safetensors' own loader gives. Keyword arguments are those of
     iter_safetensors. Raises HeaderError (a file breaks a format rule; nothing
     is read) or LoadError (the load failed; nothing is returned).
     """
-    got = sorted(_run(paths, device, **kwargs), key=lambda x: x[0])
+    got = sorted(_run(paths, device, pool=pool, workers=workers, contexts=contexts, staging=staging,
+                      chunk_bytes=chunk_bytes, buffers=buffers, progress=progress, stats=stats), key=lambda x: x[0])
     return {name: tensor for _, name, tensor in got}
 
 
