@@ -33,7 +33,7 @@ class EmulatorError(CCBridgeError, RuntimeError):
 
 
 class LoadError(CCBridgeError, RuntimeError):
-    """A load failed after its headers were accepted: a refused CUDA call, a file that changed."""
+    """A load could not run or failed: no such GPU, a closed or busy pool, a refused CUDA call, a file that changed."""
 
 
 class CryptoUnavailable(CCBridgeError, RuntimeError):

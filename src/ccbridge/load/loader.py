@@ -207,7 +207,9 @@ def iter_safetensors(paths, device="cuda:0", *, pool: Pool | None = None, worker
 
     paths: a .safetensors file, a list of them, a directory (its index json if
     it has one, else every *.safetensors in it) or an index json.
-    pool: a prewarmed Pool to use (and keep); without one, the call makes
+    device: "cpu", "cuda", "cuda:N", an index N (cuda:N) or a torch.device.
+    pool: a prewarmed Pool for that device to use and keep (a closed pool, or one
+    closed mid-load, is a LoadError at the next step); without one, the call makes
     one chosen by policy.choose (CC state or emulation profile, and under
     emulated CC the checkpoint's size, its contexts' making being on this
     load's path; workers, contexts, staging, chunk_bytes, buffers override
@@ -228,8 +230,11 @@ def load_safetensors(paths, device="cuda:0", *, pool: Pool | None = None, worker
     """Every tensor of a checkpoint on `device`, in file and offset order.
 
     Bitwise what safetensors' own loader gives. Keyword arguments are those of
-    iter_safetensors. Raises HeaderError (a file breaks a format rule; nothing
-    is read) or LoadError (the load failed; nothing is returned).
+    iter_safetensors. Raises UsageError (an argument it cannot use: a path that
+    is not there, a device, an override out of range, a pool for another
+    device), HeaderError (a file breaks a format rule; nothing is read) or
+    LoadError (the load could not run or failed: no such GPU, a closed or busy
+    pool, a refused CUDA call, a file that changed; nothing is returned).
     """
     got = sorted(_run(paths, device, pool=pool, workers=workers, contexts=contexts, staging=staging,
                       chunk_bytes=chunk_bytes, buffers=buffers, progress=progress, stats=stats), key=lambda x: x[0])
