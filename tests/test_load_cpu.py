@@ -404,6 +404,47 @@ def test_bench_report_names_the_pool_each_ccbridge_row_ran():
     assert "64 KiB chunks" in bench.render({**report(None), "pool": {**report(None)["pool"], "chunk_bytes": 65536}})
 
 
+def test_the_bench_safetensors_rows_own_their_bytes_on_cpu(tmp_path):
+    """On cpu safetensors hands back views of the file's mapping: `.to("cpu")` copied nothing, and its row read
+    76 GB/s against ccbridge's 2 (which copies) on two cores. Both rows now copy: a write to the file after the
+    load does not show in their tensors."""
+    from safetensors.torch import save_file
+
+    from ccbridge.load import bench
+
+    f = tmp_path / "one.safetensors"
+    save_file({"a": torch.zeros(1 << 16, dtype=torch.uint8)}, str(f))
+    for fn in (bench._safetensors_load_file, bench._safetensors_safe_open):
+        got = fn([str(f)], "cpu")
+        with open(f, "r+b") as fh:
+            fh.seek(-1, 2)
+            fh.write(b"\x07")
+        try:
+            assert int(got["a"][-1]) == 0, f"{fn.__name__}: a view of the file"
+        finally:
+            with open(f, "r+b") as fh:
+                fh.seek(-1, 2)
+                fh.write(b"\x00")
+
+
+def test_the_bench_table_marks_the_rows_that_copy_on_cpu():
+    from ccbridge.load import bench
+
+    row = {"gbps": 2.0, "seconds": [0.5], "error": None, "stages": {}}
+    loaders = {"ccbridge prewarmed": row, "ccbridge cold": row, "safetensors load_file": row,
+               "safetensors safe_open + .to": row}
+    report = {"files": 1, "bytes": 10**9, "gpu": "cpu", "device": "cpu", "repeat": 1,
+              "pool": {"workers": 2, "contexts": 0, "staging": "pageable", "chunk_bytes": 64 << 20, "buffers": 1,
+                       "prewarm_s": 0.0, "teardown_s": 0.0},
+              "why": "host target", "cold_pool": None, "verified": "bitwise equal", "loaders": loaders}
+    host = bench.render(report).splitlines()
+    assert [ln[:30].rstrip() for ln in host if ln.endswith("0.500")] == [
+        "ccbridge prewarmed", "ccbridge cold", "safetensors load_file*", "safetensors safe_open + .to*"]
+    assert any(ln.startswith("* then copied (.clone(), .to(copy=True))") and len(ln) <= 120 for ln in host)
+    gpu = bench.render({**report, "gpu": "H100", "device": "cuda:0"})
+    assert "*" not in gpu and "then copied" not in gpu
+
+
 def test_make_checkpoint_refuses_a_folder_that_holds_a_checkpoint(tmp_path):
     """New shards beside an old layout's would load as one checkpoint of both (a duplicate tensor)."""
     from ccbridge.errors import UsageError
