@@ -460,6 +460,18 @@ def test_make_checkpoint_refuses_a_folder_that_holds_a_checkpoint(tmp_path):
     assert synth.make_checkpoint(tmp_path / "d", 4 << 20, 2 << 20, jobs=1)
 
 
+def test_make_checkpoint_index_total_size_counts_tensor_bytes_only(tmp_path):
+    """Hugging Face's metadata.total_size is the tensors' bytes; it was the shards' sizes, headers included."""
+    import json
+
+    from ccbridge.load import read_header, synth
+
+    files = synth.make_checkpoint(tmp_path / "c", 3 << 20, 1 << 20, jobs=1)
+    index = json.loads((tmp_path / "c" / "model.safetensors.index.json").read_text())
+    assert len(files) > 1
+    assert index["metadata"]["total_size"] == sum(t.nbytes for f in files for t in read_header(f).tensors)
+
+
 def test_a_load_copies_only_into_destinations_published(tmp_path):
     """The loader starts the pool before its tensors exist; workers wait per chunk for theirs."""
     pool, f, data = ckpt_util.publish_rig(tmp_path, -1)

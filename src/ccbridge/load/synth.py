@@ -196,18 +196,18 @@ def make_checkpoint(out_dir: str | os.PathLike, total_bytes: int, shard_bytes: i
     shards = shard(layout(total_bytes, hidden), shard_bytes)
     n = len(shards)
     names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-    _check_space(out, sum(len(h) + d for h, d in map(header_bytes, shards)), [out / nm for nm in names])
+    heads = [header_bytes(s) for s in shards]  # (header, data length) per shard
+    _check_space(out, sum(len(h) + d for h, d in heads), [out / nm for nm in names])
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     weight_map = {t[0]: names[i] for i, s in enumerate(shards) for t in s}
-    total = 0
     jobs = jobs or max(1, min(n, (os.cpu_count() or 2) // 2))
     try:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
             futs = [ex.submit(_write_shard, str(out / names[i]), s, seed * 1000003 + i) for i, s in enumerate(shards)]
             try:
                 for i, f in enumerate(futs):
-                    total += f.result()
+                    f.result()
                     if progress:
                         progress(i + 1, n)
             except BaseException:
@@ -220,7 +220,8 @@ def make_checkpoint(out_dir: str | os.PathLike, total_bytes: int, shard_bytes: i
         if made and not any(out.iterdir()):
             out.rmdir()
         raise
-    index = {"metadata": {"total_size": total, "generator": "ccbridge make-checkpoint", "seed": seed},
+    # Hugging Face's total_size: the tensors' bytes, without the shards' headers
+    index = {"metadata": {"total_size": sum(d for _, d in heads), "generator": "ccbridge make-checkpoint", "seed": seed},
              "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     return [str(out / nm) for nm in names]
