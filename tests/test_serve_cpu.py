@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="ccbridge.serve needs torch")
 
-from ccbridge.errors import UsageError  # noqa: E402
+from ccbridge.errors import GpuError, UsageError  # noqa: E402
 from ccbridge.serve import DrainWorker, StagedH2D, cc_defaults, layout, pack_into, views  # noqa: E402
 from ccbridge.serve import defaults as defaults_mod  # noqa: E402
 
@@ -106,8 +106,10 @@ def test_drain_worker_bounds_what_is_pending_and_shuts_down_cleanly():
     first = drain.submit(torch.ones(1))  # taken by the worker, blocked at the gate
     time.sleep(0.05)
     second = drain.submit(torch.ones(2))  # fills the queue
-    with pytest.raises(UsageError, match="still pending"):
+    with pytest.raises(GpuError, match="still pending"):  # not bad input: a worker that stopped
         drain.submit(torch.ones(3))
+    with pytest.raises(UsageError, match="takes a tensor, not list"):
+        drain.submit([1, 2])
     closer = threading.Thread(target=drain.close)
     closer.start()
     time.sleep(0.05)
@@ -122,6 +124,19 @@ def test_drain_worker_bounds_what_is_pending_and_shuts_down_cleanly():
     for bad in (0, -2, 1.5):
         with pytest.raises(UsageError):
             DrainWorker(max_pending=bad)
+
+
+def test_closing_a_drain_worker_whose_worker_is_stuck_says_so_instead_of_hanging():
+    gate = threading.Event()
+    drain = DrainWorker(max_pending=1, timeout=0.2)
+    orig = drain._read
+    drain._read = lambda t, e: (gate.wait(10), orig(t, e))[1]
+    drain.submit(torch.ones(1))  # taken by the worker, blocked at the gate
+    time.sleep(0.05)
+    drain.submit(torch.ones(2))  # fills the queue
+    with pytest.raises(GpuError, match="at close"):
+        drain.close()
+    gate.set()
 
 
 @pytest.mark.parametrize("state", ["on", "emulated", "off", "unknown"])

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 
 import torch
 
-from ccbridge.errors import UsageError
+from ccbridge.errors import GpuError, UsageError
 
 _STOP = object()
 
@@ -50,7 +50,11 @@ class DrainWorker:
         self._thread.start()
 
     def submit(self, t: torch.Tensor) -> Future:
-        """Read t back once the work the current stream has queued so far is done."""
+        """Read t back once the work the current stream has queued so far is done: a Future of a CPU tensor.
+        UsageError for anything but a tensor or after close(); GpuError where max_pending readbacks are still
+        pending after timeout seconds (the worker is stuck: a GPU that stopped)."""
+        if not isinstance(t, torch.Tensor):
+            raise UsageError(f"DrainWorker.submit takes a tensor, not {type(t).__name__}")
         fut: Future = Future()
         event = None
         if t.is_cuda:
@@ -62,8 +66,8 @@ class DrainWorker:
             try:
                 self._q.put((t, event, fut), timeout=self.timeout)
             except queue.Full:
-                raise UsageError(f"DrainWorker: {self._q.maxsize} readbacks still pending after {self.timeout:g} s; "
-                                 "is the worker blocked on a GPU that stopped?") from None
+                raise GpuError(f"DrainWorker: {self._q.maxsize} readbacks still pending after {self.timeout:g} s; "
+                               "is the worker blocked on a GPU that stopped?") from None
         return fut
 
     def _stream(self, device):
@@ -101,7 +105,11 @@ class DrainWorker:
             if self._closed:
                 return
             self._closed = True
-            self._q.put(_STOP)
+            try:
+                self._q.put(_STOP, timeout=self.timeout)
+            except queue.Full:  # as submit: the worker has not taken a readback for timeout seconds
+                raise GpuError(f"DrainWorker: {self._q.maxsize} readbacks still pending after {self.timeout:g} s at "
+                               "close; is the worker blocked on a GPU that stopped?") from None
         self._thread.join()
 
     def __enter__(self) -> "DrainWorker":
