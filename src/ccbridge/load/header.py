@@ -168,10 +168,12 @@ def parse(fd: int, path: str) -> Header:
     """Validate the header of the file open at fd (read with pread, offset-free)."""
     size = os.fstat(fd).st_size
     if size < 8:
-        raise HeaderError(path, "truncated", f"the file has {size} bytes, fewer than the 8-byte header length")
+        raise HeaderError(path, "truncated", f"the file has {size} bytes, fewer than the 8-byte header length "
+                          "(not a safetensors file?)")
     n = int.from_bytes(os.pread(fd, 8, 0), "little")
     if n > MAX_HEADER_BYTES:
-        raise HeaderError(path, "header too large", f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit")
+        raise HeaderError(path, "header too large", f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit "
+                          "(not a safetensors file?)")
     if 8 + n > size:
         raise HeaderError(path, "truncated", f"header length {n} runs past the end of the {size}-byte file")
     raw = os.pread(fd, n, 8)
