@@ -89,6 +89,7 @@ def test_collectives_rows_keep_the_table_the_settings_and_the_wrong_counts(tmp_p
     assert benchrows.wrong_elements(back) and len(back.rows) == 2 * 2 * 3
     keys = {r.key() for r in back.rows}
     assert "collectives:busbw[bytes=268435456,dtype=float,nranks=2,op=all_reduce,side=encrypted]" in keys
+    assert all(r.n == 1 and "mean of the timed iterations" in r.extra["note"] for r in back.rows)  # n=1, said
     fine = benchrows.collectives_result({**COLLECTIVES, "rows": COLLECTIVES["rows"][:1]}, ENV, {})
     assert not benchrows.wrong_elements(fine)
 

@@ -96,7 +96,9 @@ def collectives_result(got: dict[str, Any], env: dict[str, Any], settings: dict[
             rows = [Row.of("collectives", metric, unit, [r[f"{prefix}_{key}"]], op=got["op"], dtype=r["type"],
                            nranks=got["nranks"], bytes=r["size"], side=side)
                     for metric, (key, unit) in _METRICS.items()]
-            rows[0].extra = {"count": r["count"], "wrong": r[wrong]}  # on the time row
+            for row in rows:  # n is 1: say so where a reader of the row would take it for one iteration
+                row.extra["note"] = "one sample: the mean of the timed iterations (settings), as nccl-tests reports"
+            rows[0].extra.update(count=r["count"], wrong=r[wrong])  # on the time row
             res.rows += rows
     return res
 

@@ -82,9 +82,11 @@ def _wire(n: int, device) -> torch.Tensor:
 class SecureGroup:
     """Encrypted collectives over a torch.distributed process group.
 
-    keys: a KeyProvider (default: $CCBRIDGE_KEY or $CCBRIDGE_KEY_FILE).
-    The group must be formed on every rank in the same order, like the process
-    group itself; collectives must be issued in the same order on every rank.
+    keys: a KeyProvider (default: $CCBRIDGE_KEY or $CCBRIDGE_KEY_FILE); device: where the ciphertext lives (default
+    this rank's current GPU, else the CPU). The group must be formed on every rank in the same order, like the
+    process group itself; collectives must be issued in the same order on every rank. Raises KeyMaterialError (bad
+    key material), HandshakeError (a peer with another key or session), IntegrityError (tampered or replayed
+    ciphertext) and PeerError (a peer that stopped answering; the group is then unusable): all SecureErrors.
     """
 
     def __init__(self, group=None, *, keys: keymod.KeyProvider | None = None, device=None, name: str = "",

@@ -106,6 +106,9 @@ class KVCache:
     host_memory: "pinned" or "pageable" for the host tier and its staging
     (default: cc_defaults().host_memory on CUDA). staging_blocks: the most
     blocks one crossing carries. timeout: seconds to wait for a block in flight.
+    device_blocks / host_blocks: blocks in the device pool and the host tier; block_tokens: tokens per block;
+    device: the pool's device (default "cuda"; "cpu" runs it without a GPU). KVCacheError when the cache cannot
+    serve a request (full, or a block in flight late); UsageError for arguments it cannot use.
     """
 
     def __init__(self, block_shape, dtype, device_blocks: int, host_blocks: int, block_tokens: int,
