@@ -1,3 +1,5 @@
+import json
+
 import pynvml
 import pytest
 
@@ -133,7 +135,18 @@ def test_a_profile_without_a_cuda_driver_emulates_nothing(monkeypatch, tmp_path)
     assert info["active"] is False and info["profile"] == "b300" and "libcuda" in info["no_driver"]
     assert env.emulated_banner(info) is None
     assert policy.cc_situation()[0] != "emulated"
+    from ccbridge.report.tables import machine_table
+
+    rows = dict(machine_table({**env.stamp(), "emulation": info}).rows)
+    assert rows["emulation"].startswith("off (native): profile b300 emulated nothing here")
+    # a projection dilates driver calls: none here, so none is stamped (times would be read as the target's)
+    cfg.write_text("profile=passthrough\nemulate=0\n")
+    monkeypatch.setenv("CCBRIDGE_PROJECTION", json.dumps({"target": "b300", "r": 2.5}))
+    info = env.emulation_info()
+    assert "projection" not in info and info["no_driver"] and env.emulated_banner(info) is None
     monkeypatch.setattr(core, "driver_missing", lambda: None)
+    assert env.emulation_info()["projection"]["r"] == 2.5
+    cfg.write_text("profile=b300\nemulate=1\n")
     assert env.emulation_info()["active"] is True and "no_driver" not in env.emulation_info()
 
 

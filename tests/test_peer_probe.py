@@ -67,3 +67,47 @@ def test_a_rank_sends_its_measurements_before_it_leaves_its_group(monkeypatch):
     monkeypatch.setattr(peer, "_measure", lambda torch, dist, plan, rank, world: PAYLOAD)
     assert peer._rank(0, 1, None, sent.append, PLAN) == PAYLOAD
     assert sent == [PAYLOAD]
+
+
+def _send_then_hang(rank, n, dev, send):
+    """A rank that sends its measurements and then never ends (a destroy_process_group that hangs)."""
+    import os
+
+    send({"pid": os.getpid()})
+    time.sleep(120)
+
+
+def _send_then_fail(rank, n, dev, send):
+    send({"ok": True})
+    raise RuntimeError("destroy_process_group: NCCL error")
+
+
+@pytest.mark.parametrize("rank_fn", [_send_then_hang, _send_then_fail])
+def test_a_rank_that_hangs_or_fails_after_its_measurements_is_stopped_and_said(monkeypatch, capsys, rank_fn):
+    """close() waits ENDING_S for the rank to end, then stops it (before, a closed gate read as 'not yet open' and
+    the rank outlived the probe); an error after the measurements is a note on stderr, the measurements stand."""
+    import os
+
+    from ccbridge import ranks
+
+    monkeypatch.setattr(peer.EarlyRanks, "ENDING_S", 1.0)
+    monkeypatch.setattr(peer, "run_ranks", lambda devices, plan, gate=None, env=None, on_message=None, **kw:
+                        ranks.run(1, rank_fn, label="all_reduce", gate=gate, env=env, on_message=on_message)[0])
+    early = peer.EarlyRanks([0], PLAN, "events")
+    got = early.result()
+    t0 = time.monotonic()
+    early.close()
+    assert time.monotonic() - t0 < 12 and not early._thread.is_alive()
+    err = capsys.readouterr().err
+    assert err.startswith("ccbridge probe: note: after its measurements") and max(map(len, err.splitlines())) <= 120
+    if "pid" in got:
+        with pytest.raises(ProcessLookupError):
+            os.kill(got["pid"], 0)
+        assert "stopped by their caller" in err
+    else:
+        assert got == {"ok": True} and "NCCL error" in " ".join(err.split())
+
+
+def test_early_ranks_run_one_rank():
+    with pytest.raises(ValueError, match="one-rank job"):
+        peer.EarlyRanks([0, 1], PLAN, "events")

@@ -203,7 +203,7 @@ def test_projection_is_refused_in_one_line(args, msg, tmp_path):
     assert p.returncode == 2 and len(err) == 1 and msg in err[0] and len(err[0]) <= 120, p.stderr
 
 
-def test_a_projected_run_reads_projected_in_its_stamp(tmp_path, monkeypatch):
+def test_a_projected_run_reads_projected_in_its_stamp(tmp_path, monkeypatch, driver_here):
     import json
 
     from ccbridge import env

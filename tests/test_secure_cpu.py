@@ -428,6 +428,7 @@ def test_a_secure_group_takes_torchs_reduce_ops_as_well_as_their_names():
 
     assert [tensorops.reduce_op(op, "all_reduce") for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, "sum", "avg")] == \
         ["sum", "avg", "sum", "avg"]
-    for bad in (dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT, "max"):
+    assert tensorops.reduce_op(dist.ReduceOp(dist.ReduceOp.SUM), "all_reduce") == "sum"
+    for bad in (dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT, "max", [1]):
         with pytest.raises(NotImplementedError, match="encrypted reduce_scatter supports sum and avg, not"):
             tensorops.reduce_op(bad, "reduce_scatter")

@@ -126,17 +126,25 @@ def test_drain_worker_bounds_what_is_pending_and_shuts_down_cleanly():
             DrainWorker(max_pending=bad)
 
 
-def test_closing_a_drain_worker_whose_worker_is_stuck_says_so_instead_of_hanging():
+@pytest.mark.parametrize("queued", [1, 0])
+def test_closing_a_drain_worker_whose_worker_is_stuck_says_so_instead_of_hanging(queued):
+    """A worker stuck in a readback (a GPU that stopped): close() raises GpuError after timeout seconds instead of
+    waiting forever, whether the queue is full or has room; the readbacks still queued fail with it."""
     gate = threading.Event()
-    drain = DrainWorker(max_pending=1, timeout=0.2)
+    drain = DrainWorker(max_pending=2 - queued, timeout=0.2)
     orig = drain._read
     drain._read = lambda t, e: (gate.wait(10), orig(t, e))[1]
     drain.submit(torch.ones(1))  # taken by the worker, blocked at the gate
     time.sleep(0.05)
-    drain.submit(torch.ones(2))  # fills the queue
+    waiting = [drain.submit(torch.ones(2)) for _ in range(queued)]  # fills the queue
+    t0 = time.monotonic()
     with pytest.raises(GpuError, match="at close"):
         drain.close()
+    assert time.monotonic() - t0 < 3
+    assert all(isinstance(f.exception(0), GpuError) for f in waiting)
     gate.set()
+    drain._thread.join(5)
+    assert not drain._thread.is_alive()  # it left once free
 
 
 @pytest.mark.parametrize("state", ["on", "emulated", "off", "unknown"])
@@ -167,4 +175,4 @@ def test_components_made_for_a_gpu_torch_cannot_see_say_so_in_one_line(make):
         else:
             KVCache([2, 4], torch.bfloat16, device_blocks=4, host_blocks=8, block_tokens=4, device="gpu")
     assert "\n" not in str(e.value)
-    assert ("device='cpu'" if make != "kv-bad" else "'gpu' is not a device") in str(e.value)
+    assert ("device='cpu'" if make != "kv-bad" else "device must be cpu, cuda or cuda:N") in str(e.value)

@@ -239,9 +239,10 @@ def emulation_info() -> dict[str, Any]:
         info["interposer_loaded"] = "_emu_native" in Path("/proc/self/maps").read_text()
     except OSError:
         info["interposer_loaded"] = None
-    if info["active"] and (why := core.driver_missing()):
-        # the interposer hooks the CUDA driver: without one it emulates nothing, and the figures are native
+    if (info["active"] or "projection" in info) and (why := core.driver_missing()):
+        # the interposer hooks the CUDA driver: without one it emulates and dilates nothing, the figures are native
         info["active"], info["no_driver"] = False, why
+        info.pop("projection", None)
     return info
 
 

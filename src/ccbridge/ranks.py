@@ -218,20 +218,28 @@ class Gate:
     def __init__(self):
         self._dir = tempfile.TemporaryDirectory(prefix="ccbridge-gate-")
         self.path = os.path.join(self._dir.name, "gate")
+        self.word: str | None = None  # "open" or "shut" once set (run() counts its clocks from the opening)
+        self.stopped = False  # stop(): the caller gave up on the ranks, and run() stops them
 
     def _set(self, word: str) -> None:
-        if self._dir is None or os.path.exists(self.path):
+        if self._dir is None or self.word is not None:
             return  # closed, or already open or shut: a gate is set once
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             f.write(word)
         os.replace(tmp, self.path)  # whole or absent: a rank never reads half a word
+        self.word = word
 
     def open(self) -> None:
         self._set("open")
 
     def shut(self) -> None:
         self._set("shut")
+
+    def stop(self) -> None:
+        """The caller gives up on the ranks (they have not ended when it must go on): run() stops them, terminated,
+        then killed, at its next pass, and raises its failure."""
+        self.stopped = True
 
     def close(self) -> None:
         """Shut (if it was never opened) and gone; again: nothing."""
@@ -396,8 +404,10 @@ def run(n: int, target: Callable, *args, label: str, backend: str | None = None,
             ranks.start(job, {**os.environ, **(env or {}), **NVLS_OFF}, cpus)
             start = heard = time.monotonic()
             while len(ranks.done) < n:
-                if gate is not None and not os.path.exists(gate.path):  # waiting for its turn: no clock yet
+                if gate is not None and gate.word is None:  # waiting for its turn: no clock yet
                     start = heard = time.monotonic()
+                if gate is not None and gate.stopped:
+                    raise failure(f"{label} ranks: stopped by their caller ({ranks.answered()})")
                 if ranks.hear(POLL_S):
                     heard = time.monotonic()
                 if ranks.failed or ranks.dead():

@@ -185,12 +185,17 @@ class Pool:
     def cancel(self) -> None:
         """Stop the load; returns once no worker can write anything more. On a closed pool it waits for the
         teardown instead, which cancels: a submit that slipped in before the close may still be writing."""
-        with self._calls:
+        with self._calls:  # the closed check and the count in flight under one lock: a close cannot slip between
             if self._closed:
                 self._calls.wait_for(lambda: self.handle is None)
                 return
-        with self._native() as h:
-            loader.lib().ccb_pool_cancel(h)
+            self._in_flight += 1
+        try:
+            loader.lib().ccb_pool_cancel(self.handle)
+        finally:
+            with self._calls:
+                self._in_flight -= 1
+                self._calls.notify_all()
 
     def stats(self) -> Stats:
         """The pool's figures (times in ns): prewarm_ns; read_ns and copy_ns since reset_stats(), summed over the

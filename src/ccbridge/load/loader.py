@@ -116,8 +116,7 @@ def resolve_device(torch, device) -> tuple[object, int]:
     if dev.type == "cpu":
         return dev, -1
     if not torch.cuda.is_available():
-        raise LoadError(f"torch sees no GPU for {device!r}; --device cpu (device='cpu' in Python) loads into host "
-                        "memory")
+        raise LoadError(f"torch sees no GPU for {device!r}; device='cpu' (--device cpu) works in host memory")
     index = torch.cuda.current_device() if dev.index is None else dev.index
     if index >= torch.cuda.device_count():
         raise LoadError(f"no CUDA device {index}: torch sees {torch.cuda.device_count()}")
@@ -317,21 +316,24 @@ def _run(paths, device, *, pool: Pool | None = None, workers: int | None = None,
             st.read_s, st.copy_s = s.read_ns / 1e9 / w, s.copy_ns / 1e9 / w
         finished = True
     finally:
-        if held and not finished:
-            pool.cancel()  # before the tensors go: no worker writes after this
-        if held:
-            pool.give()
-        if finished and maps:
-            # Unmapping costs ~30 ns per page the load touched (60 ms for 8 GB): after
-            # the last tensor is done nothing reads the mappings, so it is off the
-            # critical path. Not a daemon: interpreter exit waits for it.
-            st.unmapping = threading.Thread(target=_unmap_all, args=(list(maps.values()), st), name="ccbridge-unmap")
-            st.unmapping.start()
-        else:
-            _unmap_all(maps.values())
-        for fd in fds:
-            os.close(fd)
-        if own_pool and pool is not None:
-            pool.close(background=True)
-            st.owned_pool = pool
+        try:
+            if held and not finished:
+                pool.cancel()  # before the tensors go: no worker writes after this
+        finally:  # the hold, the mappings and the files go back whatever the cancel said
+            if held:
+                pool.give()
+            if finished and maps:
+                # Unmapping costs ~30 ns per page the load touched (60 ms for 8 GB): after
+                # the last tensor is done nothing reads the mappings, so it is off the
+                # critical path. Not a daemon: interpreter exit waits for it.
+                st.unmapping = threading.Thread(target=_unmap_all, args=(list(maps.values()), st),
+                                                name="ccbridge-unmap")
+                st.unmapping.start()
+            else:
+                _unmap_all(maps.values())
+            for fd in fds:
+                os.close(fd)
+            if own_pool and pool is not None:
+                pool.close(background=True)
+                st.owned_pool = pool
         st.total_s = time.perf_counter() - t_call

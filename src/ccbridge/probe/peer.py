@@ -16,6 +16,7 @@ so an emulator's preload applies to every rank. Rank 0's times make the rows.
 from __future__ import annotations
 
 import statistics
+import sys
 import threading
 import time
 import warnings
@@ -27,6 +28,7 @@ from ccbridge.errors import GpuError
 from ccbridge.gputimer import time_ms as gpu_time_ms
 from ccbridge.probe.registry import test
 from ccbridge.results import Row
+from ccbridge.textfit import wrap
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 P2P_BYTES = 256 * MiB
@@ -230,7 +232,11 @@ class EarlyRanks:
     leave their group and end in the background, and close() waits for that (the probe calls it after its
     reports, which it hides behind; the test runs last for it: registry's `last`)."""
 
+    ENDING_S = 30.0  # how long close() lets the rank end (it takes about a second) before it stops it
+
     def __init__(self, devices: list[int], plan: Plan, timer: str):
+        if len(devices) != 1:  # rank 0's measurements say nothing of another rank's exact-result check
+            raise ValueError(f"EarlyRanks runs a one-rank job, not {len(devices)} ranks")
         self.devices, self.plan, self.timer, self.gate = devices, plan, timer, ranks.Gate()
         self._out: dict = {}
         self._arrived = threading.Event()  # rank 0's measurements, or the job's end (with or without them)
@@ -261,8 +267,16 @@ class EarlyRanks:
         return self._out["payload"]
 
     def close(self) -> None:
+        """The ranks ended: waits ENDING_S for that, then stops them; an error after the measurements (a rank
+        that failed or hung while it left its group) is a note on stderr, the measurements stand."""
         self.gate.close()  # unopened: the ranks leave without joining
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=self.ENDING_S)
+        if self._thread.is_alive():
+            self.gate.stop()
+            self._thread.join(timeout=15)  # run() terminates them, then kills them after 5 s
+        if "payload" in self._out and "error" in self._out:
+            print("\n".join(wrap([f"ccbridge probe: note: after its measurements, {self._out['error']}"])),
+                  file=sys.stderr)
 
 
 def rows(test_id: str, op: str, payload: dict, world: int, ops: int) -> list[Row]:

@@ -132,12 +132,19 @@ def machine_table(env: dict) -> Table:
         ["CPU", f"{cpu.get('model')} x{cpu.get('cores')}; " + " ".join(f"{k}{'+' if v else '-'}" for k, v in flags.items())],
         ["OpenSSL", ssl.get("version") or ssl.get("error", "n/a")],
         ["torch", f"{tor.get('version')} (CUDA {tor.get('cuda')})" if tor.get("available") else tor.get("error", "n/a")],
-        ["emulation", f"ACTIVE, profile {envmod.emulation_label(env['emulation'])}" if env.get("emulation", {}).get("active")
-         else "off (native)"],
+        ["emulation", _emulation_text(env.get("emulation") or {})],
         ["host / OS / Python", f"{env.get('host')} / {env.get('os')} / {env.get('python')}"],
         ["NCCL net plugin (encrypted)", _plugin_text(env.get("nccl_net_plugin"))],
     ]
     return t
+
+
+def _emulation_text(emu: dict) -> str:
+    if emu.get("active"):
+        return f"ACTIVE, profile {envmod.emulation_label(emu)}"
+    if emu.get("no_driver"):  # run under a profile where no CUDA driver loads: nothing was hooked
+        return f"off (native): profile {emu.get('profile')} emulated nothing here, {emu['no_driver']}"
+    return "off (native)"
 
 
 def headline_table(res: Result) -> Table:

@@ -20,7 +20,9 @@ def reduce_scatter(out, inp, **kw):
 def reduce_op(op, what: str) -> str:
     """"sum" or "avg" for op given as either name or as dist.ReduceOp.SUM / AVG (a SecureGroup stands in for
     torch.distributed); NotImplementedError for any other reduction, naming it."""
-    named = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg"}.get(op) if not isinstance(op, str) else op
+    op = getattr(op, "op", op)  # dist.ReduceOp(dist.ReduceOp.SUM), which torch takes too, holds its RedOpType
+    named = op if isinstance(op, str) else "sum" if op == dist.ReduceOp.SUM else "avg" if op == dist.ReduceOp.AVG \
+        else None
     if named not in ("sum", "avg"):
         raise NotImplementedError(f"encrypted {what} supports sum and avg, not {op}")
     return named

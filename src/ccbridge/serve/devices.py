@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from ccbridge.errors import UsageError
+from ccbridge.errors import LoadError, UsageError
+from ccbridge.load.loader import resolve_device
 
 
 def resolve(device, who: str) -> torch.device:
-    """device as torch names it (None: "cuda"); a CUDA device torch cannot use is refused in one line that names
-    the CPU alternative, not left to fail inside torch (pin_memory, the first allocation)."""
+    """device as the loader reads it (None: "cuda"; cpu, cuda, cuda:N, an index N or a torch.device of those): one
+    UsageError naming who and the CPU alternative where torch cannot use it, not a failure inside torch
+    (pin_memory, the first allocation)."""
     try:
-        dev = torch.device(device if device is not None else "cuda")
-    except (RuntimeError, TypeError):
-        raise UsageError(f"{who}: {device!r} is not a device torch knows ('cuda', 'cuda:1', 'cpu')") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError(f"{who}: torch sees no GPU for {str(dev)!r}; device='cpu' runs it on the CPU")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UsageError(f"{who}: {dev} is not there (torch sees {torch.cuda.device_count()} GPU(s))")
-    return dev
+        return resolve_device(torch, "cuda" if device is None else device)[0]
+    except (LoadError, UsageError) as e:
+        raise UsageError(f"{who}: {e}") from None

@@ -100,7 +100,8 @@ class DrainWorker:
                 fut.set_exception(e)
 
     def close(self) -> None:
-        """Wait for every submitted readback, then stop the worker (idempotent)."""
+        """Wait for every submitted readback, then stop the worker (idempotent). GpuError where the worker takes
+        no readback for timeout seconds (a GPU that stopped): the readbacks still queued fail with it."""
         with self._lock:
             if self._closed:
                 return
@@ -108,9 +109,27 @@ class DrainWorker:
             try:
                 self._q.put(_STOP, timeout=self.timeout)
             except queue.Full:  # as submit: the worker has not taken a readback for timeout seconds
-                raise GpuError(f"DrainWorker: {self._q.maxsize} readbacks still pending after {self.timeout:g} s at "
-                               "close; is the worker blocked on a GPU that stopped?") from None
-        self._thread.join()
+                self._give_up()
+        while self._thread.is_alive():
+            pending = self._q.qsize()
+            self._thread.join(self.timeout)
+            if self._thread.is_alive() and self._q.qsize() >= pending:  # nothing taken for timeout seconds
+                with self._lock:
+                    self._give_up()
+
+    def _give_up(self) -> None:
+        """The worker is stuck: every queued readback fails, and the worker leaves once it gets free."""
+        err = GpuError(f"DrainWorker: no readback taken for {self.timeout:g} s at close ({self._q.qsize()} queued); "
+                       "is the worker blocked on a GPU that stopped?")
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP and item[2].set_running_or_notify_cancel():
+                item[2].set_exception(err)
+        self._q.put(_STOP)  # room now: the worker stops once the readback it is stuck in returns
+        raise err
 
     def __enter__(self) -> "DrainWorker":
         return self
