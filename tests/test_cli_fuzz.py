@@ -498,7 +498,8 @@ CASES = [
     (["load", "--device", "cpu", "{d}/rank.safetensors"], "shape: tensor 'a': 1000000 dimensions; at most 64 are accepted",
      {"skip": _no_torch}),
     (["load", "--device", "cpu", "--contexts", "3", "--workers", "2", "{d}/ok.safetensors"],
-     "contexts must be 0..workers (2), got 3", {"skip": _no_torch}),
+     "contexts and staging choose how a load crosses to a GPU: a load into host memory has neither",
+     {"skip": _no_torch}),
     # make-checkpoint: sizes, folder and free space checked before the first byte
     (["make-checkpoint", "{d}/mc", "--size", "-1"], "argument --size: not a size: '-1'", {"absent": ["{d}/mc"]}),
     (["make-checkpoint", "{d}/mc", "--size", "nan"], "argument --size: not a size: 'nan'"),

@@ -270,6 +270,19 @@ def test_a_size_that_is_not_a_number_is_a_usage_error(ckpt):
         prewarm("cpu", workers=2.5)
     with pytest.raises(ValueError, match="staging must be one of"):
         PoolConfig(-1, 2, 0, ["pinned"], 4096, 1).check()  # unhashable: a TypeError from the dict's lookup
+    with pytest.raises(ValueError, match=r"contexts must be 0..workers \(2\), got 3"):
+        PoolConfig(0, 2, 3, "pinned", 4096, 1).check()
+
+
+@pytest.mark.parametrize("given", [dict(contexts=1), dict(staging="pinned")])
+def test_gpu_only_choices_for_a_load_into_host_memory_are_refused(given):
+    """prewarm("cpu", contexts=1) was accepted and recorded, and did nothing (a stranger's review, session 24)."""
+    from ccbridge.errors import UsageError
+    from ccbridge.load import prewarm
+
+    with pytest.raises(UsageError, match="a load into host memory has neither"):
+        prewarm("cpu", **given)
+    prewarm("cpu", contexts=0, staging="pageable").close()  # what it is: accepted
 
 
 def test_policy_follows_the_cc_state(monkeypatch):

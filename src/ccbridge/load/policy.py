@@ -179,6 +179,9 @@ def override(plan: Plan, workers: int | None = None, contexts: int | None = None
                                    chunk_bytes=chunk_bytes, buffers=buffers).items() if v is not None}
     if not given:
         return plan
+    if c.device < 0 and (given.get("contexts") or given.get("staging", c.staging) != c.staging):
+        raise UsageError("contexts and staging choose how a load crosses to a GPU: a load into host memory has "
+                         "neither")
     if contexts is not None and workers is None:
         given["workers"] = max(c.workers, contexts)
     if workers is not None and contexts is None and c.contexts > workers:
