@@ -198,7 +198,22 @@ def test_the_summary_fits_120_columns():
     b, _ = make(fake_nvml.h100_cc_off(), tee=NONE)
     b["verification"] = {"verifier": "nv-attestation-sdk remote", "result": False, "error": "x" * 300}
     lines = attest.summary(b)
-    assert all(len(line) <= 120 for line in lines) and "protected: NO" in lines[0]
+    assert all(len(line) <= 120 for line in lines) and "protected by its own readings: NO" in lines[0]
+
+
+def test_a_protected_bundle_says_its_yes_is_unverified(tmp_path):
+    """'protected: yes' read as attested (exit 0): it is the machine's own readings with the evidence for them
+    collected, which NVIDIA's and the CPU vendor's verifiers judge (a stranger's review, session 24)."""
+    b, _ = make(fake_nvml.b300_tenant(2), tmp_path=tmp_path)
+    lines = attest.summary(b)
+    assert "protected by its own readings: yes" in lines[0] and lines[1].startswith("  unverified here")
+    assert all(len(line) <= 120 for line in lines)
+
+
+@pytest.mark.parametrize("hexed", ["00" * 32, "ff" * 32, "0x" + "ab" * 32])
+def test_a_nonce_of_one_repeated_byte_is_refused(hexed):
+    with pytest.raises(attest.UsageError, match="no fresh challenge"):
+        attest.parse_nonce(hexed)
 
 
 def test_the_command_exits_non_zero_when_unprotected_unless_allowed(tmp_path):

@@ -53,6 +53,9 @@ def parse_nonce(text: str) -> bytes:
         raise UsageError(f"not hex: {text!r:.80}") from None
     if len(nonce) != NONCE_BYTES:
         raise UsageError(f"expected {NONCE_BYTES} bytes ({2 * NONCE_BYTES} hex digits), got {len(nonce)}")
+    if len(set(nonce)) == 1:  # 00...00, ff...ff: no verifier's fresh challenge, and a replayable binding
+        raise UsageError(f"a nonce of one repeated byte ({nonce[:1].hex()}...) is no fresh challenge: "
+                         "take the verifier's")
     return nonce
 
 
@@ -136,10 +139,11 @@ def gpu_evidence_sdk(sdk, nonce: bytes, ppcie: bool) -> dict[str, Any]:
             "errors": errors}
 
 
-def verify(sdk, nonce: bytes, gpu: dict[str, Any], where: str, url: str | None) -> dict[str, Any]:
+def verify(sdk, nonce: bytes, gpu: dict[str, Any], where: str, url: str | None, ppcie: bool = False) -> dict[str, Any]:
     """The SDK's verdict on the GPU evidence: `remote` sends the bundle's evidence to NVIDIA's service
     (url: another one); `local` runs the SDK's local verifier, which collects its own evidence for the
-    same nonce. Recorded as given: the result and the SDK's token."""
+    same nonce, in the same multi-GPU mode as the bundle's collection (ppcie). Recorded as given: the result and the
+    SDK's token."""
     out: dict[str, Any] = {"verifier": f"nv-attestation-sdk {where}", "url": url}
     try:
         client = _sdk_client(sdk, nonce, where, url)
@@ -147,7 +151,7 @@ def verify(sdk, nonce: bytes, gpu: dict[str, Any], where: str, url: str | None) 
             evidence = [{"arch": e["arch"], "evidence": e["evidence"], "certificate": e["certificate"]}
                         for e in gpu["evidences"]]
         else:
-            evidence = client.get_evidence(options={"ppcie_mode": False})
+            evidence = client.get_evidence(options={"ppcie_mode": ppcie})
             out["evidence"] = "collected by the SDK's local verifier for the same nonce"
         out["result"] = bool(client.attest(evidence))
         out["token"] = client.get_token()
@@ -205,7 +209,9 @@ def protection(stamp: dict[str, Any], gpu: dict[str, Any] | None = None, cpu: di
     """Whether this tenant runs protected (a TDX or SEV-SNP guest with GPU CC on) and the bundle holds the evidence
     for it (every visible GPU's report and the CPU TEE report, each bound to the nonce), and if not, why. The CC
     state and TEE kind are the machine's own unsigned readings: without the signed evidence beside them a bundle
-    says "not protected", never "yes" on their word alone. evidence_bound names the pieces that carry the nonce."""
+    says "not protected", never "yes" on their word alone; with it, "yes" still verifies nothing (the evidence is
+    collected, not checked: NVIDIA's and the CPU vendor's verifiers judge it). evidence_bound names the pieces
+    that carry the nonce."""
     tee = stamp.get("tee", {}).get("kind", "none")
     seen = stamp.get("nvml", {})
     cc = envmod.cc_label(seen.get("cc", {})) if seen.get("available") else "unknown"
@@ -274,8 +280,11 @@ def summary(b: dict[str, Any]) -> list[str]:
     """What a person reads: one line each, within 120 columns."""
     p, gpu, cpu = b["protection"], b["gpu_evidence"], b["cpu_report"]
     n = len(b["env"].get("nvml", {}).get("gpus") or [])
-    lines = [f"nonce {b['nonce'][:16]}...; protected: {'yes' if p['protected'] else 'NO'} "
+    # "yes" is the machine's own readings with the evidence for them in the bundle: nothing here verified it
+    lines = [f"nonce {b['nonce'][:16]}...; protected by its own readings: {'yes' if p['protected'] else 'NO'} "
              f"(CPU TEE {p['tee']}, GPU CC {p['gpu_cc']})"]
+    if p["protected"]:
+        lines.append("  unverified here: the evidence is for NVIDIA's and the CPU vendor's verifiers")
     lines += [cut(f"  not protected: {w}", 120) for w in p["why"]]
     lines.append(f"GPU evidence: {len(gpu['evidences'])} of {n} GPU(s), collected by {gpu['collector']}")
     lines += [cut(f"  GPU {e['index'] if e['index'] is not None else '-'}: {e['error']}", 120) for e in gpu["errors"]]

@@ -41,7 +41,8 @@ def cmd_attest(args) -> int:
     sdk = attest.load_sdk(required=bool(args.verify))
     b = attest.bundle(args.nonce, sdk=sdk)
     if args.verify:
-        b["verification"] = attest.verify(sdk, args.nonce, b["gpu_evidence"], args.verify, args.verifier_url)
+        ppcie = b["env"].get("nvml", {}).get("cc", {}).get("multi_gpu_mode") == "protected-pcie"  # as collected
+        b["verification"] = attest.verify(sdk, args.nonce, b["gpu_evidence"], args.verify, args.verifier_url, ppcie)
     b["protection"]["unprotected_allowed"] = bool(args.allow_unprotected)
     text = json.dumps(b, indent=1)
     if out:
