@@ -69,10 +69,10 @@ def no_compare(tmp_path, monkeypatch):
 
 def no_attest(tmp_path, monkeypatch):
     """Outside a CVM with GPU CC on (every machine that runs this suite): not protected."""
-    r = _cli(["attest", "--nonce", "00" * 32, "--out", str(tmp_path / "b.json")], tmp_path)
+    r = _cli(["attest", "--nonce", bytes(range(32)).hex(), "--out", str(tmp_path / "b.json")], tmp_path)
     assert json.loads((tmp_path / "b.json").read_text())["protection"]["protected"] is False
     assert "ccbridge attest: not protected" in r.stderr, r.stderr
-    assert _cli(["attest", "--nonce", "00" * 32, "--out", str(tmp_path / "c.json"), "--allow-unprotected"],
+    assert _cli(["attest", "--nonce", bytes(range(32)).hex(), "--out", str(tmp_path / "c.json"), "--allow-unprotected"],
                 tmp_path).returncode == 0
     return r.returncode
 

@@ -33,7 +33,7 @@ from test_cli_fuzz import _profile
 WIDTH = 120
 COLUMNS = 250  # the terminal: wider than any line may be
 TIMEOUT_S = 240
-NONCE = "00" * 32
+NONCE = bytes(range(32)).hex()
 ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)|\x1b[()][0-9A-Za-z]")
 
 
