@@ -68,7 +68,11 @@ def test_the_interposer_writes_that_schema_record_only_or_emulated(lib, tmp_path
     assert s.by_api[("cuStreamSynchronize", "-", "-")]["kind"] == "sync"
     # the crossing entries of the summary count only emulated crossings
     assert s.total_crossings() == (3 if emulate else 0)
-    assert "1 launches" in trace.render(s)
+    text = trace.render(s)
+    assert "1 launches" in text and text.startswith("EMULATED trace:" if emulate else "trace:")
+    assert "stream wait ms" in text and all(len(line) <= 120 for line in text.splitlines())
+    generic = next(line for line in text.splitlines() if line.startswith("cuMemcpy "))
+    assert " <0.1 " in generic  # 100 bytes moved: not 0.0 MiB
 
 
 def test_a_trace_of_another_schema_is_refused(tmp_path):

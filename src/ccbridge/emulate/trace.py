@@ -395,17 +395,24 @@ def _files(prefix: str, suffix: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def _mib(nbytes: int) -> str:
+    """MiB to one decimal; a few bytes read <0.1, not 0.0 (ten 32-byte copies moved something)."""
+    mib = nbytes / 2**20
+    return "<0.1" if 0 < mib < 0.05 else f"{mib:.1f}"
+
+
 def render(s: TraceSummary) -> str:
-    lines = [f"trace: {s.processes} process(es)" + (f" ({', '.join(sorted(s.profiles))})" if s.profiles else "")
+    lines = [("EMULATED " if s.emulated else "") + f"trace: {s.processes} process(es)"
+             + (f" ({', '.join(sorted(s.profiles))})" if s.profiles else "")
              + f", {s.total('crossing')} crossings, {s.total('launch')} launches, {s.total('sync')} synchronizes"
              + f", {s.total('context')} context and {s.total('alloc')} pinned-allocation calls"]
-    if s.by_api:  # 116 columns
-        lines.append(f"{'api':<30} {'kind':<8} {'dir':<4} {'mem':<8} {'count':>7} {'MiB':>9} {'in call ms':>10} "
-                     f"{'stream wait':>11} {'channel wait':>12} {'toll ms':>8}")
+    if s.by_api:  # 119 columns
+        lines.append(f"{'api':<28} {'kind':<8} {'dir':<4} {'mem':<8} {'count':>7} {'MiB':>8} {'in call ms':>10} "
+                     f"{'stream wait ms':>14} {'channel wait ms':>15} {'toll ms':>8}")
         for (api, d, m), a in sorted(s.by_api.items(), key=lambda kv: -kv[1]["blocked_ns"]):
-            lines.append(f"{api:<30} {a['kind']:<8} {d:<4} {m:<8} {a['count']:>7} {a['bytes'] / 2**20:>9.1f} "
-                         f"{a['blocked_ns'] / 1e6:>10.2f} {a['stream_wait_ns'] / 1e6:>11.2f} "
-                         f"{a['channel_wait_ns'] / 1e6:>12.2f} {a['toll_ns'] / 1e6:>8.2f}")
+            lines.append(f"{api:<28} {a['kind']:<8} {d:<4} {m:<8} {a['count']:>7} {_mib(a['bytes']):>8} "
+                         f"{a['blocked_ns'] / 1e6:>10.2f} {a['stream_wait_ns'] / 1e6:>14.2f} "
+                         f"{a['channel_wait_ns'] / 1e6:>15.2f} {a['toll_ns'] / 1e6:>8.2f}")
     top = sorted(s.calls.items(), key=lambda kv: -kv[1])
     if top:
         lines += wrap(["hooked calls: " + ", ".join(f"{k} {v}" for k, v in top)])
