@@ -196,6 +196,9 @@ def test_render_fits_120_columns_and_says_activation_is_context():
         text = tenants.render(p)
         assert max(map(len, text.splitlines())) <= 120
         assert "10-20 s per tenant (Serialized Bridge paper): context, not measured here" in text
+        assert ("1-2 = 4s" in text) == (p.mode == "nvle")  # no fabric partition legend for the whole complex
+        assert ("rule: most GPUs placed" in text) == bool(p.unplaced and p.mode == "nvle")
+    assert tenants.render(plan(1, [1])).startswith("# 1 GPU, ")
     doc = plan(8, [4, 2], busy=[0]).as_dict()
     assert doc["tenants"][0] == {"request": 1, "size": 4, "placed": True, "gpus": [4, 5, 6, 7], "partition_id": 2,
                                  "why": ""}

@@ -252,10 +252,14 @@ def _id_legend(n: int) -> str:
 
 def render(p: Plan) -> str:
     mode = "NVLink encryption, fabric partitions (nvle)" if p.mode == "nvle" else "protected PCIe (whole complex)"
-    lines = [f"# {p.n} GPUs, {mode}; busy before: {_gpus(p.busy)}" + (f" (from {p.source})" if p.source else "")]
+    lines = [f"# {p.n} GPU{'s' * (p.n > 1)}, {mode}; busy before: {_gpus(p.busy)}"
+             + (f" (from {p.source})" if p.source else "")]
     lines.append(f"{'tenant':<7} {'size':>4}  {'GPUs':<7} {'partition':>9}")
     lines += [f"#{t.request:<6} {t.size:>4}  {_gpus(t.partition.gpus):<7} {t.partition.id:>9}" for t in p.placed]
     lines += [f"not placed: #{t.request} ({t.size} GPU{'s' * (t.size > 1)}): {t.why}" for t in p.unplaced]
+    if p.unplaced and p.mode == "nvle":  # which tenants win, said where some lose
+        lines.append("rule: most GPUs placed, then larger tenants, then most free space left whole (README: "
+                     "Planning confidential tenants)")
     lines.append(f"free GPUs: {_gpus(p.free)} ({len(p.free)}); largest tenant still placeable: "
                  + (f"{p.largest_placeable} GPU{'s' * (p.largest_placeable > 1)}" if p.largest_placeable else "none"))
     lines += p.notes
@@ -263,6 +267,7 @@ def render(p: Plan) -> str:
         lines += wrap(["busy = GPUs the stamp saw in an active fabric partition (clique); a stamp sees only the GPUs "
                        "of the machine or tenant it ran in, never another tenant's: take it where the whole baseboard "
                        "is visible"])
-    lines.append(f"partition {_id_legend(p.n)}")
+    # the fabric's partitions (nvle); protected PCIe gives the whole complex to one tenant
+    lines.append(f"partition {_id_legend(p.n)}" if p.mode == "nvle" else "partition 0 = the whole GPU complex")
     lines.append(f"{ACTIVATION}: context, not measured here")
     return "\n".join(lines)
