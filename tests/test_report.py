@@ -132,3 +132,16 @@ def test_a_chart_worker_that_dies_leaves_its_charts_to_the_renderer(h100, tmp_pa
         assert paths[2].read_text() == want[2].read_text() and paths[1].read_text() == want[1].read_text()
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def test_the_skipped_table_gives_a_shared_reason_once():
+    """A machine without a driver skipped 16 GPU tests for one 150-character reason: report.md repeated it 16
+    times; the rows after the first say (same reason), as the console does."""
+    from ccbridge.report.tables import skipped_table
+    from ccbridge.results import Result
+
+    why = "no GPU: cannot load the CUDA driver library libcuda.so.1"
+    res = Result(kind="probe", env={}, settings={}, skipped=[{"test": "a.x", "reason": why},
+                                                             {"test": "a.y", "reason": why},
+                                                             {"test": "b.z", "reason": "needs 2+ GPUs"}])
+    assert skipped_table(res).rows == [["a.x", why], ["a.y", "(same reason)"], ["b.z", "needs 2+ GPUs"]]
