@@ -174,3 +174,41 @@ def test_a_version_1_result_of_no_kind_and_an_unknown_kind_are_refused(tmp_path,
     with pytest.raises(results.ResultFileError, match=r"r.json: kind: 'training' is not one of probe, decode, "
                                                       r"decode_tp, kv, account, net, ddp, cipher, collectives, load$"):
         results.load(p)
+
+
+def _row_with(doc: dict, i: int, **fields) -> dict:
+    doc["rows"][i].update(fields)
+    return doc
+
+
+@pytest.mark.parametrize("change,match", [
+    # a summary out of order: a schema cannot compare two fields, the reader does after it
+    (lambda d: _row_with(d, 3, p10=d["rows"][3]["median"] * 2), r"rows\[3\].p10: .* is above its median"),
+    (lambda d: _row_with(d, 3, p90=d["rows"][3]["median"] / 2), r"rows\[3\].median: .* is above its p90"),
+    (lambda d: _row_with(d, 0, min=5.0, p10=5.0, median=5.0, p90=5.0, max=4.0), r"rows\[0\].p90: 5.0 is above its max"),
+    (lambda d: _row_with(d, 0, min=790.0), r"rows\[0\].min: 790.0 is above its p10"),
+    (lambda d: _doc_with(d, "created", "yesterday"), "created: 'yesterday' is not an ISO date-time"),
+    (lambda d: _doc_with(d, "created", "2026-11-21"), "created: '2026-11-21' is not an ISO date-time"),
+    (lambda d: _doc_with(d, "created", "2026-13-21T10:00:00"), "created: '2026-13-21T10:00:00' is not an ISO"),
+    # one quantity twice: compare and advise would each read one of the two
+    (lambda d: _doc_with(d, "rows", d["rows"] + [dict(d["rows"][5])]),
+     r"rows\[203\] repeats transfer.sweep:.* \(rows\[5\]\): which one holds\?"),
+])
+def test_rows_that_cannot_be_are_refused(tmp_path, h100_doc, change, match):
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps(change(h100_doc)))
+    with pytest.raises(results.ResultFileError, match=match) as e:
+        results.load(p)
+    assert str(e.value).startswith(f"{p}: ")
+
+
+def test_a_date_time_in_utc_z_reads(tmp_path, h100_doc):
+    """Z is ISO 8601's UTC (what other tools write); a date without a time is not a date-time."""
+    for created, ok in (("2026-11-21T19:41:44Z", True), ("2026-11-21 19:41:44.5+01:00", True), ("2026-11-21", False)):
+        p = tmp_path / "r.json"
+        p.write_text(json.dumps(_doc_with(h100_doc, "created", created)))
+        if ok:
+            assert results.load(p).created == created
+        else:
+            with pytest.raises(results.ResultFileError, match="not an ISO date-time"):
+                results.load(p)

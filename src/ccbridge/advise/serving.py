@@ -18,18 +18,12 @@ _MISMATCH = {"decode": "its modes generated different tokens", "decode_tp": "its
 
 
 def check(inp: Input) -> None:
-    """Headline rows, one per quantity (the schema checked each row's parameters at read); ResultFileError
+    """Headline rows (the reader checked each row's parameters, and that none repeats another); ResultFileError
     naming the file otherwise."""
     p, kind, res = Path(inp.path), inp.kind, inp.result
     metric = HEADLINE[kind]
     if not any(r.metric == metric for r in res.rows):
         raise ResultFileError(f"{p}: no {metric} rows (an interrupted `{KINDS[kind]}`?): nothing to advise")
-    seen = set()
-    for i, r in enumerate(res.rows):
-        key = (r.metric, tuple(sorted((k, str(x)) for k, x in r.params.items())))
-        if key in seen:
-            raise ResultFileError(f"{p}: rows[{i}] repeats {r.key()}: which one holds?")
-        seen.add(key)
 
 
 def more(a: Row, b: Row) -> float:
