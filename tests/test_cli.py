@@ -53,7 +53,15 @@ def test_compare_cli(tmp_path, capsys):
     from conftest import DATA
 
     f = DATA / "h100-native-full.json"
-    assert main(["compare", str(f), str(f), "--out", str(tmp_path)]) == 0
+    assert main(["compare", str(f), str(f)]) == 0  # one file twice: compared as asked, and nothing differs
+    assert capsys.readouterr().out.splitlines()[1:] == ["BASE and OTHER are one result (a file and itself, or a "
+                                                       "copy of it): nothing to compare"]
+    doc = json.loads(f.read_text())  # another run: every figure 10% higher
+    for r in doc["rows"]:
+        r.update({k: r[k] * 1.1 for k in ("median", "p10", "p90", "min", "max")})
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(doc))
+    assert main(["compare", str(f), str(other), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out  # the terminal's table: every ratio, in 120 columns
     assert "\ncompute.parity " in out and all(len(line) <= 120 for line in out.splitlines())
     assert "| compute.parity |" in (tmp_path / "compare.md").read_text()  # the file keeps the full Markdown table

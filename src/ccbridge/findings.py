@@ -19,6 +19,7 @@ class Finding:
     outcome: str  # categorical, compared across runs
     text: str
     shown: bool = True  # False: kept for compare, folded into a summary in reports
+    test: str = ""  # the rows' test it reads: compare leaves it out where one side ran no such test
 
 
 def _one(rows: list[Row], **params) -> Row | None:
@@ -195,8 +196,18 @@ def shown(res: Result) -> list[Finding]:
     return [f for f in findings(res) if f.shown]
 
 
+# the test whose rows each finding reads, by the finding id's start (peer's rule reads three tests)
+TESTS = {"smallcopy.": "smallcopy.d2h32", "semantics.": "semantics.nonblocking", "transfer.": "transfer.sweep",
+         "concurrency.": "concurrency.scaling", "launch.": "launch.cost", "toll.": "toll.h2d_idioms",
+         "hostcrypto": "hostcrypto.aes256gcm", "lifecycle": "lifecycle.contexts", "peer.p2p": "peer.p2p",
+         "peer.allreduce_1rank": "peer.allreduce_1rank", "peer.allreduce": "peer.allreduce",
+         "peer.sendrecv": "peer.sendrecv"}
+
+
 def findings(res: Result) -> list[Finding]:
     out = []
     for rule in RULES:
         out += list(rule(res))
+    for f in out:
+        f.test = next((t for prefix, t in TESTS.items() if f.id.startswith(prefix)), "")
     return out

@@ -52,8 +52,8 @@ def cmd_compare(args) -> int:
         (out / "compare.md").write_text(compare.render_markdown(c))
         (out / "compare.html").write_text(compare.render_html(c))
         print(wrote(out / "compare.md", out / "compare.html"), file=sys.stderr)
-    if not c.ratios:
-        print("ccbridge compare: the two results share no rows", file=sys.stderr)
+    if not c.ratios and not c.same:  # one result twice is compared as asked: nothing differs
+        print("ccbridge compare: the two results share no rows" + (" in one unit" if c.unlike else ""), file=sys.stderr)
         return 1
     return 0
 
