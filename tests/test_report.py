@@ -145,3 +145,14 @@ def test_the_skipped_table_gives_a_shared_reason_once():
                                                              {"test": "a.y", "reason": why},
                                                              {"test": "b.z", "reason": "needs 2+ GPUs"}])
     assert skipped_table(res).rows == [["a.x", why], ["a.y", "(same reason)"], ["b.z", "needs 2+ GPUs"]]
+
+
+def test_the_run_line_says_its_seconds_are_the_tests():
+    """report.md said '3 s' where the probe's own line said 4 s (start-up and reports added): the run line says
+    whose seconds it gives, and how many tests ran (a stranger's review, session 24)."""
+    from ccbridge.report.tables import run_line
+    from ccbridge.results import Result
+
+    res = Result(kind="probe", env={}, settings={"quick": True, "device": 0, "tests": ["hostcrypto.aes256gcm"]},
+                 duration_s=3.46)
+    assert run_line(res).startswith("Run: 1 test of the quick suite on device 0, tests 3.5 s, 0 rows")

@@ -82,7 +82,10 @@ def run_line(res: Result) -> str:
     if res.kind != "probe":
         return f"Run: {len(res.rows)} rows in {res.duration_s:.0f} s, created {res.created}."
     mode = "quick" if s.get("quick") else "full"
-    return (f"Run: {mode} suite on device {s.get('device', 0)}, {res.duration_s:.0f} s, "
+    tests = s.get("tests")
+    which = f"{len(tests)} test{'s' * (len(tests) != 1)} of the {mode} suite" if tests else f"{mode} suite"
+    # the tests' own seconds: the probe's stdout line adds its start-up and reports, settings.seconds each test's
+    return (f"Run: {which} on device {s.get('device', 0)}, tests {res.duration_s:.1f} s, "
             f"{len(res.rows)} rows, created {res.created}.")
 
 
