@@ -104,12 +104,20 @@ class Pool:
         self.handle = c_void_p(h)
 
     @contextlib.contextmanager
-    def _native(self):
-        """The handle for one native call: LoadError once the pool is closed; counted until the call returns."""
-        with self._calls:
-            if self._closed:
+    def _native(self, closed_waits: bool = False):
+        """The handle for one native call: LoadError once the pool is closed (closed_waits: None, after the
+        teardown, which cancels as it frees); counted until the call returns."""
+        with self._calls:  # the closed check and the count under one lock: a close cannot slip between them
+            closed = self._closed
+            if closed and not closed_waits:
                 raise LoadError(CLOSED)
-            self._in_flight += 1
+            if closed:
+                self._calls.wait_for(lambda: self.handle is None)
+            else:
+                self._in_flight += 1
+        if closed:
+            yield None
+            return
         try:
             yield self.handle
         finally:
@@ -185,17 +193,9 @@ class Pool:
     def cancel(self) -> None:
         """Stop the load; returns once no worker can write anything more. On a closed pool it waits for the
         teardown instead, which cancels: a submit that slipped in before the close may still be writing."""
-        with self._calls:  # the closed check and the count in flight under one lock: a close cannot slip between
-            if self._closed:
-                self._calls.wait_for(lambda: self.handle is None)
-                return
-            self._in_flight += 1
-        try:
-            loader.lib().ccb_pool_cancel(self.handle)
-        finally:
-            with self._calls:
-                self._in_flight -= 1
-                self._calls.notify_all()
+        with self._native(closed_waits=True) as h:
+            if h is not None:
+                loader.lib().ccb_pool_cancel(h)
 
     def stats(self) -> Stats:
         """The pool's figures (times in ns): prewarm_ns; read_ns and copy_ns since reset_stats(), summed over the
