@@ -175,8 +175,8 @@ def from_doc(path: str | Path, doc) -> Result:
     elif doc.get("kind") not in KINDS:
         raise ResultFileError(f"{path}: kind: {doc.get('kind')!r:.40} is not one of {', '.join(KINDS)}")
     RESULTS[doc["kind"]].check(doc, str(path), ResultFileError)
-    _check_consistent(path, doc)
     rows = [Row(**{k: r[k] for k in _ROW_FIELDS}, extra=r.get("extra", {})) for r in doc.get("rows", [])]
+    _check_consistent(path, doc.get("created"), rows)
     return Result(kind=doc["kind"], env=doc["env"], settings=doc.get("settings", {}), rows=rows,
                   skipped=doc.get("skipped", []), errors=doc.get("errors", []), created=doc.get("created", ""),
                   duration_s=doc.get("duration_s", 0.0))
@@ -187,19 +187,19 @@ _ORDER = ("min", "p10", "median", "p90", "max")  # Row.of's summary is in this o
 _DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}")
 
 
-def _check_consistent(path: Path, doc: dict) -> None:
+def _check_consistent(path: Path, created: str | None, rows: list[Row]) -> None:
     """What a schema cannot say, as it cannot compare fields: `created` is an ISO date-time, each row's summary
     is in order (min <= p10 <= median <= p90 <= max) and no two rows are one quantity (compare and advise would
     read one of them). ResultFileError naming the field otherwise."""
-    created = doc.get("created")
     if created is not None and not _iso_date_time(created):
         raise ResultFileError(f"{path}: created: {created!r:.40} is not an ISO date-time (2026-11-21T19:41:44+00:00)")
     seen: dict[str, int] = {}
-    for i, r in enumerate(doc.get("rows", [])):
+    for i, r in enumerate(rows):
         for lo, hi in zip(_ORDER, _ORDER[1:]):
-            if r[lo] > r[hi]:
-                raise ResultFileError(f"{path}: rows[{i}].{lo}: {r[lo]!r} is above its {hi} ({r[hi]!r})")
-        key = Row(**{k: r[k] for k in _ROW_FIELDS}).key()
+            if getattr(r, lo) > getattr(r, hi):
+                raise ResultFileError(f"{path}: rows[{i}].{lo}: {getattr(r, lo)!r} is above its {hi} "
+                                      f"({getattr(r, hi)!r})")
+        key = r.key()
         if key in seen:
             raise ResultFileError(f"{path}: rows[{i}] repeats {key} (rows[{seen[key]}]): which one holds?")
         seen[key] = i
