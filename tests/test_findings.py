@@ -81,3 +81,16 @@ def test_peer_findings_from_a_two_gpu_run():
     big = next(r for r in res.by_test("peer.allreduce") if r.params["bytes"] == 256 << 20)
     # nccl-tests' all-reduce busbw: size / time * 2(n-1)/n
     assert big.extra["busbw_GBps"] == (256 << 20) / (big.median * 1e-6) * 2 * (2 - 1) / 2 / 1e9
+
+
+def test_every_finding_names_a_test_whose_rows_it_read(h100):
+    """findings.TESTS maps finding ids to the test they read (compare leaves out those of a test one side never
+    ran): its twin is the rules' ids, so every finding the real runs give must map to a test of that run."""
+    from conftest import DATA
+
+    from ccbridge import results
+
+    for res in (h100, results.load(DATA / "h200x2-peer.json")):
+        tests = {r.test for r in res.rows}
+        for f in findings(res):
+            assert f.test in tests, f"{f.id}: test {f.test!r} (add its id's start to findings.TESTS)"
