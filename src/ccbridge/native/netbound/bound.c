@@ -43,6 +43,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -290,7 +291,20 @@ static void one_pass(const plan *base, int m, int *sfd, int *rfd, pid_t parent, 
     for (int s = 0; s < 2; s++) must_read(ctl[s][0], &b, 1, "ready");
     for (int s = 0; s < 2; s++)
         if (write(ctl[s][0], "g", 1) != 1) die("go");
-    for (int s = 0; s < 2; s++) must_read(ctl[s][0], o[s], sizeof o[s], "result");
+    /* a side that fails (exits) leaves the other blocked on a socket this process still holds: end it too */
+    for (int got = 0; got != 3;) {
+        struct pollfd pf[2] = {{ctl[0][0], got & 1 ? 0 : POLLIN, 0}, {ctl[1][0], got & 2 ? 0 : POLLIN, 0}};
+        if (poll(pf, 2, -1) < 0) die("poll");
+        for (int s = 0; s < 2; s++) {
+            if (got >> s & 1 || !pf[s].revents) continue;
+            if (read(ctl[s][0], o[s], sizeof o[s]) != (ssize_t)sizeof o[s]) {
+                kill(pid[1 - s], SIGKILL);
+                fprintf(stderr, "result: a measuring process ended early\n");
+                exit(1);
+            }
+            got |= 1 << s;
+        }
+    }
     for (int s = 0; s < 2; s++) { waitpid(pid[s], NULL, 0); close(ctl[s][0]); }
 }
 
