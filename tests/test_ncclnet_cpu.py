@@ -1209,6 +1209,19 @@ def test_the_bound_keeps_its_records_inside_messages_of_any_size():
     assert odd["record"] == 36864 and odd["lane_records"] == [28, 28, 28] and odd["bytes"] == 84 * 36864
 
 
+def test_the_bounds_coupled_pass_hands_real_records_over_where_no_places_are_shared():
+    # -k: a fourth pass whose receiving crypto threads open the records the sender sealed, in their places (a tag
+    # that failed would end the program with 1): 1 MiB messages over 2 lanes in records of 256 KiB (two a lane a
+    # message), one message in flight: the stream reads into a place again only once its record there is opened
+    g = _bound("-l", "2", "-s", "1M", "-r", "256K", "-t", "8M", "-c", "3", "-i", "1", "-k")
+    assert len(g["coupled"]) == 1 and g["coupled"][0] > 0
+    assert "coupled" not in _bound("-l", "2", "-s", "1M", "-t", "4M")
+    # one record a message travels on lane 0 alone: coupled too
+    assert _bound("-l", "3", "-s", "16K", "-t", "1M", "-k")["coupled"][0] > 0
+    # 64 KiB over 3 lanes: two records a message, so lane 2 reads into record 0's place as lane 0 does: none
+    assert _bound("-l", "3", "-s", "64K", "-t", "1M", "-k")["coupled"] is None
+
+
 # either side: the receiving one's death left the sender blocked on a socket the program still held, and the
 # program waiting for the sender's figures, for ever
 @pytest.mark.parametrize("dies", [0, 1], ids=["sender", "receiver"])

@@ -24,7 +24,7 @@
  * Built with the package as ccbridge/lib/ccbridge-net-bound (setup.py); `ccbridge
  * bench net` runs it beside its encrypted rows (-j: one JSON object a lane
  * count, every repeat's figures). By hand:
- *   ccbridge-net-bound -l 4,8,16 -s 4M [-r 256K] [-c 2] [-i 8] [-t 2G] [-n 3] [-y [-p US]] [-j]
+ *   ccbridge-net-bound -l 4,8,16 -s 4M [-r 256K] [-c 2] [-i 8] [-t 2G] [-n 3] [-y [-p US]] [-k] [-j]
  *
  * -c: crypto threads a lane (default 1), as many as seal or open a lane's
  * records at once in the plugin (its turns, CCBRIDGE_NET_TURNS: `bench net`
@@ -34,6 +34,10 @@
  * napping that long between passes instead, as bench net's pollers do on a
  * machine of few cores). A message of one record travels on lane 0 alone, as
  * in the plugin. Each side is a process of its own that ends with this one.
+ *
+ * -k: a fourth pass, "coupled" (below coupled_stream): the same work with each lane's stream and crypto threads
+ * handing records over in order, polling and yielding rather than sleeping, where no two lanes' records share a
+ * place (a message of one record or of at least one a lane); it measures the hand-over design, not a limit.
  *
  * -r: record bytes (default: the plugin's plan for S over L lanes, capped at
  * 256 KiB: RECORD_MAX of native/ncclnet/plan.h). Opened records are real:
@@ -101,7 +105,7 @@ static double median(const double *v, int k) {
 }
 
 typedef struct {
-    int lanes, cpl, inflight, streams, crypt, poll;
+    int lanes, cpl, inflight, streams, crypt, poll, coupled;
     size_t size, total, record;
     const uint8_t *sealed, *key, *iv;
 } plan;
@@ -133,6 +137,7 @@ typedef struct {
     int inflight;
     const uint8_t *sealed; /* receiver: one record sealed under key/iv, to open again and again */
     const uint8_t *key, *iv;
+    struct coupling *cp;   /* -k's coupled pass: the lane's hand-over between its stream and its crypto threads */
     double end;
 } job;
 
@@ -210,6 +215,114 @@ static void *crypto_main(void *p) {
     return NULL;
 }
 
+/* -k: the coupled pass, the plugin's data dependencies with none of its waits. Sending, a lane's crypto threads
+ * seal its records in order into a ring of 2 x cpl slots and its stream writes each slot once it is sealed, a slot
+ * sealed again once written; receiving, the stream reads each record into its place and the crypto threads open it
+ * there once it is read (its tag checked: the sender sealed it under the record's own nonce), the stream reading
+ * into a place again only once the record before it there is opened. A thread that finds nothing to do polls and
+ * yields its core, never sleeps: the bound of a design that hands records between a lane's threads. */
+#define MAX_CRYPTO 8
+#define RING (2 * MAX_CRYPTO)
+typedef struct coupling {
+    _Atomic size_t moved;            /* records the stream wrote (sender) or read (receiver) */
+    _Atomic size_t ready[RING];      /* sender: q + 1 once slot q % depth holds record q sealed */
+    _Atomic size_t next[MAX_CRYPTO]; /* receiver: crypto thread t's next record to open (those before it opened) */
+    size_t depth, window;            /* sender's slots; receiver: a place's records apart (the lane's per window) */
+    int cpl;                         /* the lane's crypto threads */
+    uint8_t *slots, (*tags)[TAG];
+} coupling;
+
+static void await_turn(int spun) { if (spun < 64) __builtin_ia32_pause(); else sched_yield(); }
+#define UNTIL(cond) for (int spun_ = 0; !(cond); spun_++) await_turn(spun_)
+
+static void record_iv(const job *j, size_t q, uint8_t iv[12]) {
+    uint32_t lane = (uint32_t)j->lane;
+    uint64_t seq = q;
+    memcpy(iv, &lane, 4), memcpy(iv + 4, &seq, 8);
+}
+
+static size_t opened_below(const job *j) { /* every record below this one is opened */
+    size_t m = SIZE_MAX;
+    for (int t = 0; t < j->cp->cpl; t++) {
+        size_t n = atomic_load(&j->cp->next[t]);
+        m = n < m ? n : m;
+    }
+    return m;
+}
+
+/* the coupled pass opens records in their places: it runs where no two lanes' records share one (a message of
+ * one record, or of a record or more a lane) */
+static int coupled_fits(const plan *pl) {
+    size_t k = per_message(pl);
+    return pl->coupled && (k == 1 || k >= (size_t)pl->lanes);
+}
+
+static void *coupled_stream(void *p) {
+    job *j = p;
+    coupling *cp = j->cp;
+    size_t wire = AAD + j->record + TAG;
+    uint8_t head[AAD];
+    for (size_t q = 0; q < j->nrec; q++) {
+        struct iovec v[3] = {{head, AAD}, {record_at(j, q), j->record}, {cp->tags ? cp->tags[q % cp->window] : NULL, TAG}};
+        int n = 3;
+        if (j->sender) {
+            UNTIL(atomic_load(&cp->ready[q % cp->depth]) == q + 1);
+            v[0] = (struct iovec){cp->slots + q % cp->depth * wire, wire}, n = 1;
+        } else
+            UNTIL(q < opened_below(j) + cp->window);
+        struct iovec *at = v;
+        for (size_t left = wire; left;) {
+            ssize_t r = j->sender ? send(j->fd, at->iov_base, at->iov_len, 0) : readv(j->fd, at, n);
+            if (r <= 0) die(j->sender ? "send" : "readv");
+            left -= (size_t)r;
+            for (size_t got = (size_t)r; got && n;) {
+                size_t take = got < at->iov_len ? got : at->iov_len;
+                at->iov_base = (uint8_t *)at->iov_base + take, at->iov_len -= take, got -= take;
+                if (!at->iov_len) at++, n--;
+            }
+        }
+        atomic_store(&cp->moved, q + 1);
+    }
+    j->end = now();
+    return NULL;
+}
+
+static void *coupled_crypto(void *p) {
+    job *j = p;
+    coupling *cp = j->cp;
+    OSSL_CTX *c = ossl.ctx_new();
+    uint8_t aad[AAD] = {0}, iv[12];
+    size_t wire = AAD + j->record + TAG;
+    int len, ok = c && (j->sender ? ossl.enc_init : ossl.dec_init)(c, ossl.aes_256_gcm(), NULL, j->key, NULL) == 1;
+    for (size_t q = (size_t)j->t; ok && q < j->nrec; q += (size_t)j->cpl, j->done++) {
+        uint8_t *place = record_at(j, q);
+        record_iv(j, q, iv);
+        if (j->sender) {
+            UNTIL(q < atomic_load(&cp->moved) + cp->depth);
+            uint8_t *slot = cp->slots + q % cp->depth * wire + AAD;
+            ok = ossl.enc_init(c, NULL, NULL, NULL, iv) == 1 && ossl.enc_update(c, NULL, &len, aad, AAD) == 1 &&
+                 ossl.enc_update(c, slot, &len, place, (int)j->record) == 1 &&
+                 ossl.enc_final(c, slot + j->record, &len) == 1 &&
+                 ossl.ctrl(c, OSSL_GCM_GET_TAG, TAG, slot + j->record) == 1;
+            atomic_store(&cp->ready[q % cp->depth], q + 1);
+        } else {
+            UNTIL(atomic_load(&cp->moved) > q);
+            ok = ossl.dec_init(c, NULL, NULL, NULL, iv) == 1 && ossl.dec_update(c, NULL, &len, aad, AAD) == 1 &&
+                 ossl.dec_update(c, place, &len, place, (int)j->record) == 1 &&
+                 ossl.ctrl(c, OSSL_GCM_SET_TAG, TAG, cp->tags[q % cp->window]) == 1 &&
+                 ossl.dec_final(c, place + j->record, &len) == 1;
+            atomic_store(&cp->next[j->t], q + (size_t)j->cpl);
+        }
+    }
+    if (!ok) {
+        fprintf(stderr, "AES-GCM %s failed (coupled pass)\n", j->sender ? "seal" : "open (tag)");
+        exit(1);
+    }
+    j->end = now();
+    ossl.ctx_free(c);
+    return NULL;
+}
+
 /* -y: the thread NCCL's proxy runs beside any transport, polling and yielding its core between passes
  * (proxy.cc: `if (idle) sched_yield();`), as bench net's polling threads do beside the plugin; -p US: napping
  * that long between passes instead, as bench net's do on a machine of few cores */
@@ -227,7 +340,6 @@ static void *poll_main(void *p) {
 /* one side of one measurement: streams and/or crypto from t0; writes (t0, end of streams, end of crypto, CPU s,
  * records its crypto threads sealed or opened) */
 #define MAX_LANES 32
-#define MAX_CRYPTO 8
 static void side(int sender, int *fds, const plan *pl, int ctl) {
     job jobs[MAX_LANES * (1 + MAX_CRYPTO)];
     pthread_t th[MAX_LANES * (1 + MAX_CRYPTO)], poller;
@@ -238,7 +350,18 @@ static void side(int sender, int *fds, const plan *pl, int ctl) {
     if (!msgs) die("malloc messages");
     memset(msgs, 0x3c, pl->size * (size_t)pl->inflight);
     job base = {-1, sender, 0, 0, pl->lanes, 0, 1, pl->size, pl->record, per_message(pl), 0, 0, msgs, pl->inflight, pl->sealed,
-                pl->key, pl->iv, 0};
+                pl->key, pl->iv, NULL, 0};
+    coupling *cps = pl->coupled ? calloc((size_t)pl->lanes, sizeof *cps) : NULL;
+    for (int i = 0; cps && i < pl->lanes; i++) {
+        /* a lane's records repeat their places every window: one record a message travels on lane 0 alone */
+        size_t k = per_message(pl), mine = k == 1 ? 1 : k > (size_t)i ? (k - 1 - (size_t)i) / (size_t)pl->lanes + 1 : 1;
+        cps[i].depth = 2 * (size_t)pl->cpl, cps[i].window = mine * (size_t)pl->inflight, cps[i].cpl = pl->cpl;
+        for (int t = 0; t < pl->cpl; t++) atomic_store(&cps[i].next[t], (size_t)t);
+        cps[i].slots = sender ? malloc(cps[i].depth * (AAD + pl->record + TAG)) : NULL;
+        cps[i].tags = sender ? NULL : calloc(cps[i].window, TAG);
+        if (sender ? !cps[i].slots : !cps[i].tags) die("malloc coupling");
+        if (sender) memset(cps[i].slots, 0x5a, cps[i].depth * (AAD + pl->record + TAG));
+    }
     for (int i = 0; i < pl->lanes * (1 + pl->cpl); i++) { /* a stream a lane, then cpl crypto threads a lane */
         int crypt = i >= pl->lanes, lane = crypt ? (i - pl->lanes) / pl->cpl : i;
         size_t nrec = lane_records(pl, lane);
@@ -246,6 +369,7 @@ static void side(int sender, int *fds, const plan *pl, int ctl) {
         jobs[n] = base;
         jobs[n].fd = crypt ? -1 : fds[lane], jobs[n].crypt = crypt, jobs[n].lane = lane, jobs[n].nrec = nrec;
         if (crypt) jobs[n].t = (i - pl->lanes) % pl->cpl, jobs[n].cpl = pl->cpl;
+        jobs[n].cp = cps ? &cps[lane] : NULL;
         n++;
     }
     if (write(ctl, "r", 1) != 1) die("sync");
@@ -254,7 +378,9 @@ static void side(int sender, int *fds, const plan *pl, int ctl) {
     atomic_store(&polling, 1);
     if (pl->poll && pthread_create(&poller, NULL, poll_main, NULL)) die("pthread_create");
     for (int i = 0; i < n; i++)
-        if (pthread_create(&th[i], NULL, jobs[i].crypt ? crypto_main : stream_main, &jobs[i])) die("pthread_create");
+        if (pthread_create(&th[i], NULL, jobs[i].cp ? (jobs[i].crypt ? coupled_crypto : coupled_stream)
+                                                   : jobs[i].crypt ? crypto_main : stream_main, &jobs[i]))
+            die("pthread_create");
     double ends[2] = {t0, t0}, done = 0;
     for (int i = 0; i < n; i++) {
         pthread_join(th[i], NULL);
@@ -265,10 +391,12 @@ static void side(int sender, int *fds, const plan *pl, int ctl) {
     if (pl->poll) pthread_join(poller, NULL);
     double out[5] = {t0, ends[0], ends[1], cpu_s() - c0, done};
     if (write(ctl, out, sizeof out) != sizeof out) die("report");
+    for (int i = 0; cps && i < pl->lanes; i++) free(cps[i].slots), free(cps[i].tags);
+    free(cps);
     free(msgs);
 }
 
-/* one pass (m: 0 streams alone, 1 crypto alone, 2 both) of both sides, each in a process of its own that ends
+/* one pass (m: 0 streams alone, 1 crypto alone, 2 both, 3 coupled) of both sides, each in a process of its own that ends
  * with this one and holds only its side's sockets; o[side] = what side() wrote */
 static void one_pass(const plan *base, int m, int *sfd, int *rfd, pid_t parent, double o[2][5]) {
     int ctl[2][2];
@@ -281,7 +409,7 @@ static void one_pass(const plan *base, int m, int *sfd, int *rfd, pid_t parent, 
             if (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent) _exit(1);
             for (int i = 0; i < base->lanes; i++) close(s == 0 ? rfd[i] : sfd[i]);
             plan pl = *base;
-            pl.streams = m != 1, pl.crypt = m != 0;
+            pl.streams = m != 1, pl.crypt = m != 0, pl.coupled = m == 3;
             side(s == 0, s == 0 ? sfd : rfd, &pl, ctl[s][1]);
             _exit(0);
         }
@@ -341,12 +469,15 @@ static uint8_t *seal_one(size_t record, const uint8_t *key, const uint8_t *iv) {
 }
 
 /* every repeat's figures at one lane count: one JSON object, or a row of medians */
-static void report(int json, const plan *pl, int reps, double res[3][16], double cores[16], double seal[16],
+static void report(int json, const plan *pl, int reps, double res[4][16], double cores[16], double seal[16],
                    double open_[16], double tcp[16], double recs[2][16]) {
     if (!json) {
-        printf("%5d %8zu %12.2f %12.2f %12.2f %6.1f %5.2f, %5.2f %6.2f\n", pl->lanes, pl->record, median(res[0], reps),
+        printf("%5d %8zu %12.2f %12.2f %12.2f %6.1f %5.2f, %5.2f %6.2f", pl->lanes, pl->record, median(res[0], reps),
                median(res[1], reps), median(res[2], reps), median(cores, reps), median(seal, reps),
                median(open_, reps), median(tcp, reps));
+        if (coupled_fits(pl)) printf(" %8.2f", median(res[3], reps));
+        else if (pl->coupled) printf(" %8s", "-");
+        printf("\n");
         return;
     }
     const char *names[] = {"streams", "crypto", "both", "cores", "seal", "open", "tcp", "sealed", "opened"};
@@ -362,6 +493,12 @@ static void report(int json, const plan *pl, int reps, double res[3][16], double
         for (int r = 0; r < reps; r++) printf(m < 7 ? "%s%.4f" : "%s%.0f", r ? ", " : "", rows[m][r]);
         printf("]");
     }
+    if (pl->coupled && !coupled_fits(pl)) printf(", \"coupled\": null");
+    if (coupled_fits(pl)) {
+        printf(", \"coupled\": [");
+        for (int r = 0; r < reps; r++) printf("%s%.4f", r ? ", " : "", res[3][r]);
+        printf("]");
+    }
     printf("}\n");
 }
 
@@ -369,10 +506,10 @@ static void report(int json, const plan *pl, int reps, double res[3][16], double
 static void measure(const plan *base, int reps, int json, pid_t parent) {
     int sfd[MAX_LANES], rfd[MAX_LANES];
     double bytes = (double)total_bytes(base);
-    double res[3][16], cores[3][16], seal[16], open_[16], tcp[16], recs[2][16];
+    double res[4][16], cores[4][16], seal[16], open_[16], tcp[16], recs[2][16];
     connect_lanes(base->lanes, sfd, rfd);
     for (int r = 0; r < reps; r++) {
-        for (int m = 0; m < 3; m++) {
+        for (int m = 0; m < (coupled_fits(base) ? 4 : 3); m++) {
             double o[2][5];
             one_pass(base, m, sfd, rfd, parent, o);
             double t0 = o[0][0] < o[1][0] ? o[0][0] : o[1][0], end = 0;
@@ -394,15 +531,15 @@ static void measure(const plan *base, int reps, int json, pid_t parent) {
 }
 
 static int usage(const char *argv0) {
-    fprintf(stderr, "usage: %s [-l 4,8,16] [-s 4M] [-r REC] [-c 1] [-i 8] [-t 2G] [-n 3] [-y] [-p US] [-j]\n", argv0);
+    fprintf(stderr, "usage: %s [-l 4,8,16] [-s 4M] [-r REC] [-c 1] [-i 8] [-t 2G] [-n 3] [-y] [-p US] [-k] [-j]\n", argv0);
     return 2;
 }
 
 int main(int argc, char **argv) {
-    int lanes_list[16] = {8}, nl = 1, reps = 3, cpl = 1, inflight = 8, poll = 0, json = 0;
+    int lanes_list[16] = {8}, nl = 1, reps = 3, cpl = 1, inflight = 8, poll = 0, json = 0, coupled = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
     size_t size = 4u << 20, total = 2ull << 30, rec_arg = 0;
-    for (int o; (o = getopt(argc, argv, "l:s:r:c:i:t:n:p:yj")) != -1;) {
+    for (int o; (o = getopt(argc, argv, "l:s:r:c:i:t:n:p:ykj")) != -1;) {
         if (o == 'l') {
             nl = 0;
             for (char *t = strtok(optarg, ","); t && nl < 16; t = strtok(NULL, ",")) lanes_list[nl++] = atoi(t);
@@ -411,6 +548,7 @@ int main(int argc, char **argv) {
         else if (o == 't') total = parse_size(optarg);
         else if (o == 'j') json = 1;
         else if (o == 'y') poll = 1;
+        else if (o == 'k') coupled = 1;
         else if (o == 'p') {
             poll_pause_us = atol(optarg);
             if (poll_pause_us < 0 || poll_pause_us > 100000) { fprintf(stderr, "-p: 0..100000 us\n"); return 2; }
@@ -437,15 +575,15 @@ int main(int argc, char **argv) {
                "# %.0f MiB a measurement, %ld CPUs%s; GB/s of the bytes over the later side's end (median of %d);\n"
                "# cores: both sides' CPU over that time\n", cpl, inflight, size, total / 1048576.0,
                sysconf(_SC_NPROCESSORS_ONLN), poll ? ", a polling thread a side" : "", reps);
-        printf("%5s %8s %12s %12s %12s %6s %12s %6s\n", "lanes", "record", "streams", "crypto", "both at once",
-               "cores", "seal, open", "TCP");
+        printf("%5s %8s %12s %12s %12s %6s %12s %6s%s\n", "lanes", "record", "streams", "crypto", "both at once",
+               "cores", "seal, open", "TCP", coupled ? "  coupled" : "");
     }
     for (int li = 0; li < nl; li++) {
         size_t record = rec_arg;
         if (!record) record_plan(size, lanes_list[li], &record); /* the plugin's own plan (ncclnet/plan.c) */
         if (record > size) record = size; /* a one-record message: its record is the message (no byte past it) */
         uint8_t *sealed = seal_one(record, key, iv);
-        plan pl = {lanes_list[li], cpl, inflight, 1, 1, poll, size, total, record, sealed, key, iv};
+        plan pl = {lanes_list[li], cpl, inflight, 1, 1, poll, coupled, size, total, record, sealed, key, iv};
         measure(&pl, reps, json, parent);
         free(sealed);
     }
