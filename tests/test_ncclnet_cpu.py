@@ -31,7 +31,7 @@ DEADLINE = 60.0
 KEY = hashlib.sha256(b"ccbridge ncclnet test key").hexdigest()
 OTHER_KEY = hashlib.sha256(b"ccbridge ncclnet other key").hexdigest()
 HELLO, CONFIRM, HEADER, TAG = 80, 32, 40, 16  # the wire format of conn.c
-RECORD_MIN, RECORD = 32 << 10, 256 << 10  # conn.c: one-record messages, the largest record
+RECORD_MIN, RECORD = 32 << 10, 512 << 10  # plan.h: one-record messages, the largest record
 ADDR_OFF = 24  # net_handle.addr in net.h: a sockaddr_in, port at +2 (big-endian)
 LANES_OFF = 52  # net_handle.nlanes
 
@@ -382,7 +382,7 @@ class Proxy:
         if f.startswith("tag_at_"):  # lane 0's data record i with its tag's last bit flipped (its payload intact)
             i = int(f[len("tag_at_"):])
             return [*r[:i], r[i][:-1] + bytes([r[i][-1] ^ 1]), *r[i + 1:]]
-        if f == "wrap_offset":  # offset + n wraps to 0 (passes `offset + n <= size`): 256 KiB before the buffer
+        if f == "wrap_offset":  # offset + n wraps to 0 (passes `offset + n <= size`): a record before the buffer
             b = bytearray(r[1])
             b[24:32] = struct.pack("<Q", (1 << 64) - RECORD)
             return [r[0], bytes(b), *r[2:]]
@@ -423,7 +423,7 @@ def run_through_proxy(fault, sizes, recorded=None):
         _reap(r, s)
 
 
-MESSAGE = [(2 << 20) + 5]  # nine records of 256 KiB (the last 5 bytes): five on lane 0, four on lane 1
+MESSAGE = [8 * RECORD + 5]  # nine records (the last of 5 bytes): five on lane 0, four on lane 1
 
 
 def test_proxy_passes_an_honest_stream():
@@ -458,8 +458,8 @@ def test_lost_fin_after_complete_messages_costs_nothing(pipeline, monkeypatch):
 
 def test_offset_that_wraps_is_refused_before_a_byte_is_written():
     # no key needed: the header is read and checked before the tag, and the payload lands at
-    # buffer + offset first; an offset of 2^64 - 256 KiB made offset + n wrap to 0 and wrote
-    # 256 KiB of attacker bytes below the posted buffer before the tag failed
+    # buffer + offset first; an offset of 2^64 - RECORD made offset + n wrap to 0 and wrote
+    # a record of attacker bytes below the posted buffer before the tag failed
     got = run_through_proxy("wrap_offset", MESSAGE)
     assert got["error"] is not None and got["where"] in ("test", "irecv") and got["completed"] == [], got
     assert any("malformed record header" in m for m in got["logs"]), got["logs"]
@@ -576,7 +576,7 @@ def test_rogue_peer_speaks_the_protocol():
     assert got["error"] is None and got["completed"] == [(0, MESSAGE[0], True), (1, 0, True), (2, 7, True)], got
 
 
-def _dup(p):  # record 0 nine times on lane 0: nine records counted, bytes 256 KiB.. never written
+def _dup(p):  # record 0 nine times on lane 0: nine records counted, bytes RECORD.. never written
     for _ in range(9):
         p.record(0, 0, MESSAGE[0], 0, payload(0, RECORD))
 
@@ -1049,7 +1049,7 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
         assert x["of_bound"] == pytest.approx(r.median / x["bound_gbps"], abs=2e-3)
         assert x["aes_gcm_gbps_per_core_encrypt"] > 0 and x["tcp_cpu_s_per_gb_send"] > 0
         assert len(x["poll_cores"]) == 1 and x["poll_cores"][0] >= 0  # the two polling threads, apart
-    assert {r.params["record"] for r in res.rows if r.metric == "aes_gcm_encrypt"} == {32768, 65536, 176128, 262144}
+    assert {r.params["record"] for r in res.rows if r.metric == "aes_gcm_encrypt"} == {32768, 65536, 176128, 524288}
     assert "bound = cores / (plain TCP's CPU-s/GB" in p.stdout and max(map(len, p.stdout.splitlines())) <= 120
     # the plugin's work with none of its waits (ccbridge-net-bound), measured at the largest size, every lane count
     both = {r.params["streams"]: r for r in res.rows if r.metric == "uncoupled"}
@@ -1288,7 +1288,7 @@ def test_the_cpu_bound_adds_a_seal_and_an_open_to_what_tcp_costs():
     assert netbench.cpu_bound(16, 0.1, 0.1, 5.0, 5.0) == pytest.approx(16 / 0.6)
     # the plugin's record plan (ncclnet/plan.c record_plan): one record up to 32 KiB, then size / lanes in 4 KiB steps
     assert [netbench.record_bytes(s, n) for s, n in [(8, 4), (32 << 10, 8), (64 << 10, 8), (4 << 20, 8),
-                                                     (512 << 10, 3)]] == [8, 32 << 10, 32 << 10, 256 << 10, 176128]
+                                                     (512 << 10, 3)]] == [8, 32 << 10, 32 << 10, 512 << 10, 176128]
 
 
 _PLAN_MAIN = r"""

@@ -41,7 +41,7 @@ POLL_S = 0.0 if (os.cpu_count() or 1) >= 8 else 1e-5
 
 # the plugin's record plan (native/ncclnet/plan.c record_plan, plan.h RECORD_MIN/RECORD_MAX): the record size
 # the AES-GCM rate is measured at
-RECORD_MIN, RECORD_MAX = 32 << 10, 256 << 10
+RECORD_MIN, RECORD_MAX = 32 << 10, 512 << 10
 HEADER_BYTES = 40  # a record's header, its AAD
 GCM_S = 0.25  # seconds of AES-GCM per thread per measurement
 

@@ -72,7 +72,7 @@ int key_load(uint8_t key[KEY_BYTES], char *err, size_t errlen);
 #define SLOT_BYTES (HEADER_BYTES + RECORD_MAX + TAG_BYTES) /* one record on the wire, at most */
 #define FLAG_FIN 1u             /* the sender's clean end of a lane (no payload) */
 #define EARLY_WAIT_MS 20        /* recv: how long a record whose receive is not posted yet waits in the socket */
-#define EPOCH_SHIFT 16          /* a fresh record key every 2^16 records of a lane (<= 16 GiB per key) */
+#define EPOCH_SHIFT 16          /* a fresh record key every 2^16 records of a lane (<= 32 GiB per key) */
 #define MAX_REQS NCCL_NET_MAX_REQUESTS
 
 typedef union { struct sockaddr sa; struct sockaddr_in in; struct sockaddr_in6 in6; } net_addr;

@@ -6,7 +6,9 @@
 #include <stdint.h>
 
 #define RECORD_MIN (32u << 10)  /* a message up to this size is one record */
-#define RECORD_MAX (256u << 10) /* plaintext bytes per record, at most */
+/* plaintext bytes per record, at most: 512 KiB moved 4-10% more than 256 KiB at 4 MiB messages over 8 lanes, with
+ * 40% fewer context switches (fewer hand-offs a byte; bench/RESULTS.md 2026-11-28 session 25) */
+#define RECORD_MAX (512u << 10)
 
 /* records of a message of `size` bytes over `nlanes`: count and record size */
 uint32_t record_plan(size_t size, int nlanes, size_t *record);

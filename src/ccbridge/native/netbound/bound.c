@@ -40,7 +40,7 @@
  * place (a message of one record or of at least one a lane); it measures the hand-over design, not a limit.
  *
  * -r: record bytes (default: the plugin's plan for S over L lanes, capped at
- * 256 KiB: RECORD_MAX of native/ncclnet/plan.h). Opened records are real:
+ * 512 KiB: RECORD_MAX of native/ncclnet/plan.h). Opened records are real:
  * one record is sealed first and opened again and again (its tag checked).
  */
 #define _GNU_SOURCE
