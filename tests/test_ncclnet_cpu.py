@@ -1222,6 +1222,76 @@ def test_the_bounds_coupled_pass_hands_real_records_over_where_no_places_are_sha
     assert _bound("-l", "3", "-s", "64K", "-t", "1M", "-k")["coupled"] is None
 
 
+def _children(pid):  # pid's live children (no zombies), lowest first: the bound forks its sender first
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if d.isdigit() and int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(d))
+    return sorted(out)
+
+
+def _threads(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return int(re.search(r"^Threads:\s+(\d+)", f.read(), re.M).group(1))
+    except OSError:
+        return 0
+
+
+def _cpu_s(pid):  # pid's own user + system CPU seconds (not its children's)
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_bound_waits_for_the_later_side_without_taking_a_core():
+    # the program polls both sides' reports; a side that reported and exited hangs up its socket, which poll
+    # reports whatever the events asked, so the program spun on a core until the later side reported. Pass 1
+    # (crypto alone, the sides share nothing): the receiver stopped, the sender ends, the program must sleep
+    import signal
+    import subprocess
+
+    try:
+        prog = str(pluginenv.bound_program())
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    p = subprocess.Popen([prog, "-j", "-l", "1", "-s", "1M", "-t", "1G", "-n", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = None
+    try:
+        deadline = time.monotonic() + 20
+        while len(first := _children(p.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        # pass 1's pair, its receiver's crypto thread started (after the go)
+        while (len(kids := _children(p.pid)) < 2 or set(kids) & set(first) or _threads(kids[1]) < 2) and \
+                time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(kids) == 2 and not set(kids) & set(first), (first, kids)
+        os.kill(kids[1], signal.SIGSTOP)
+        stopped = kids[1]
+        while kids[0] in _children(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert kids[0] not in _children(p.pid), "the sender never ended its pass"
+        c0 = _cpu_s(p.pid)
+        time.sleep(0.5)
+        spent = _cpu_s(p.pid) - c0
+        os.kill(stopped, signal.SIGCONT)
+        stopped = None
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        assert spent < 0.1, f"the program spent {spent:.2f} CPU-s of 0.5 s waiting for the receiver's report"
+    finally:
+        if stopped:
+            os.kill(stopped, signal.SIGCONT)
+        p.kill()
+        p.wait()
+
+
 # either side: the receiving one's death left the sender blocked on a socket the program still held, and the
 # program waiting for the sender's figures, for ever
 @pytest.mark.parametrize("dies", [0, 1], ids=["sender", "receiver"])
@@ -1236,33 +1306,14 @@ def test_a_bound_side_that_dies_takes_the_measurement_down_and_leaves_no_process
     except FileNotFoundError as e:
         pytest.skip(str(e))
 
-    def children(pid):
-        out = []
-        for d in os.listdir("/proc"):
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if d.isdigit() and int(fields[1]) == pid and fields[0] != "Z":
-                out.append(int(d))
-        return sorted(out)
-
     p = subprocess.Popen([prog, "-j", "-l", "2", "-s", "4M", "-t", "64G", "-n", "1", "-y"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        def threads(pid):
-            try:
-                with open(f"/proc/{pid}/status") as f:
-                    return int(re.search(r"^Threads:\s+(\d+)", f.read(), re.M).group(1))
-            except OSError:
-                return 0
-
         # mid-pass: both sides forked and the sender's lane threads started (they start after the go)
         deadline = time.monotonic() + 20
-        while (len(kids := children(p.pid)) < 2 or threads(kids[0]) < 2) and time.monotonic() < deadline:
+        while (len(kids := _children(p.pid)) < 2 or _threads(kids[0]) < 2) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(kids) == 2 and threads(kids[0]) >= 2, kids
+        assert len(kids) == 2 and _threads(kids[0]) >= 2, kids
         os.kill(kids[dies], signal.SIGKILL)  # mid-pass
         _, err = p.communicate(timeout=30)
         assert p.returncode == 1 and "result: a measuring process ended early" in err

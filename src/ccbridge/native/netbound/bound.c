@@ -419,9 +419,10 @@ static void one_pass(const plan *base, int m, int *sfd, int *rfd, pid_t parent, 
     for (int s = 0; s < 2; s++) must_read(ctl[s][0], &b, 1, "ready");
     for (int s = 0; s < 2; s++)
         if (write(ctl[s][0], "g", 1) != 1) die("go");
-    /* a side that fails (exits) leaves the other blocked on a socket this process still holds: end it too */
+    /* a side that fails (exits) leaves the other blocked on a socket this process still holds: end it too. A side
+     * that reported is left out (fd -1): its exit hangs its socket up, which poll reports whatever the events */
     for (int got = 0; got != 3;) {
-        struct pollfd pf[2] = {{ctl[0][0], got & 1 ? 0 : POLLIN, 0}, {ctl[1][0], got & 2 ? 0 : POLLIN, 0}};
+        struct pollfd pf[2] = {{got & 1 ? -1 : ctl[0][0], POLLIN, 0}, {got & 2 ? -1 : ctl[1][0], POLLIN, 0}};
         if (poll(pf, 2, -1) < 0) die("poll");
         for (int s = 0; s < 2; s++) {
             if (got >> s & 1 || !pf[s].revents) continue;
