@@ -1222,6 +1222,33 @@ def test_the_bounds_coupled_pass_hands_real_records_over_where_no_places_are_sha
     assert _bound("-l", "3", "-s", "64K", "-t", "1M", "-k")["coupled"] is None
 
 
+def test_native_spin_hints_stay_inside_their_architectures_guards():
+    # setup.py builds the plugin and its bound anywhere (plain C): an x86 builtin outside an x86 guard, as the bound's
+    # coupled pass had, stops the whole build on aarch64 (conn.c's relax() guards its own)
+    from pathlib import Path
+
+    native = Path(pluginenv.__file__).parent / "native"
+    if not native.is_dir():
+        pytest.skip(f"no native sources at {native}")
+    bare = []
+    for path in sorted(native.rglob("*.[ch]")):
+        conds = []  # the conditions of the #if blocks around each line (#else: the block's negation)
+        for no, line in enumerate(path.read_text().splitlines(), 1):
+            d = line.strip()
+            if re.match(r"#\s*if", d):
+                conds.append(d)
+            elif re.match(r"#\s*elif", d):
+                conds[-1] = d
+            elif re.match(r"#\s*else", d):
+                conds[-1] = "!" + conds[-1]
+            elif re.match(r"#\s*endif", d):
+                conds.pop()
+            elif "__builtin_ia32_" in line and not any(c[0] != "!" and re.search(r"__x86_64__|__i386__", c)
+                                                       for c in conds):
+                bare.append(f"{path.relative_to(native)}:{no}")
+    assert not bare, bare
+
+
 def _children(pid):  # pid's live children (no zombies), lowest first: the bound forks its sender first
     out = []
     for d in os.listdir("/proc"):

@@ -232,8 +232,17 @@ typedef struct coupling {
     uint8_t *slots, (*tags)[TAG];
 } coupling;
 
-static void await_turn(int spun) { if (spun < 64) __builtin_ia32_pause(); else sched_yield(); }
-#define UNTIL(cond) for (int spun_ = 0; !(cond); spun_++) await_turn(spun_)
+/* a spin hint for 64 polls, then the core yielded; guarded as conn.c's relax(): the bound builds anywhere the plugin
+ * does (an x86 builtin broke the build on aarch64). The count stops at 64: a long wait never overflows it */
+static void await_turn(int spun) {
+    if (spun >= 64) { sched_yield(); return; }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+#define UNTIL(cond) for (int spun_ = 0; !(cond); spun_ += spun_ < 64) await_turn(spun_)
 
 static void record_iv(const job *j, size_t q, uint8_t iv[12]) {
     uint32_t lane = (uint32_t)j->lane;
