@@ -272,7 +272,8 @@ static void *coupled_stream(void *p) {
     size_t wire = AAD + j->record + TAG;
     uint8_t head[AAD];
     for (size_t q = 0; q < j->nrec; q++) {
-        struct iovec v[3] = {{head, AAD}, {record_at(j, q), j->record}, {cp->tags ? cp->tags[q % cp->window] : NULL, TAG}};
+        struct iovec v[3] = {{head, AAD}, {record_at(j, q), j->record},
+                             {cp->tags ? cp->tags[q % cp->window] : NULL, TAG}};
         int n = 3;
         if (j->sender) {
             UNTIL(atomic_load(&cp->ready[q % cp->depth]) == q + 1);
@@ -405,8 +406,8 @@ static void side(int sender, int *fds, const plan *pl, int ctl) {
     free(msgs);
 }
 
-/* one pass (m: 0 streams alone, 1 crypto alone, 2 both, 3 coupled) of both sides, each in a process of its own that ends
- * with this one and holds only its side's sockets; o[side] = what side() wrote */
+/* one pass (m: 0 streams alone, 1 crypto alone, 2 both, 3 coupled) of both sides, each in a process of its own that
+ * ends with this one and holds only its side's sockets; o[side] = what side() wrote */
 static void one_pass(const plan *base, int m, int *sfd, int *rfd, pid_t parent, double o[2][5]) {
     int ctl[2][2];
     pid_t pid[2];
@@ -541,7 +542,8 @@ static void measure(const plan *base, int reps, int json, pid_t parent) {
 }
 
 static int usage(const char *argv0) {
-    fprintf(stderr, "usage: %s [-l 4,8,16] [-s 4M] [-r REC] [-c 1] [-i 8] [-t 2G] [-n 3] [-y] [-p US] [-k] [-j]\n", argv0);
+    fprintf(stderr, "usage: %s [-l 4,8,16] [-s 4M] [-r REC] [-c 1] [-i 8] [-t 2G] [-n 3] [-y] [-p US] [-k] [-j]\n",
+            argv0);
     return 2;
 }
 
