@@ -482,7 +482,7 @@ def test_replayed_connection_fails(pipeline, monkeypatch):
 
 # ---- a peer with the key that sends what it is told (the buggy-but-keyed peer), and the handle ----
 
-MAGIC = b"CCBNET\x00\x02"
+MAGIC = b"CCBNET\x00\x03"
 
 
 class RoguePeer:
@@ -530,8 +530,8 @@ class RoguePeer:
             s.close()
 
 
-def run_rogue(sizes, script, capacity=None, lanes=LANES, delays=None):
-    """The plugin receives `sizes` (one receive at a time) from a RoguePeer that runs `script`."""
+def run_rogue(sizes, script, capacity=None, lanes=LANES, delays=None, peer_class=None):
+    """The plugin receives `sizes` (one receive at a time) from a RoguePeer (or `peer_class`) that runs `script`."""
     lib = str(pluginenv.library())
     ctx = mp.get_context("spawn")
     rp, rc = ctx.Pipe()
@@ -545,7 +545,7 @@ def run_rogue(sizes, script, capacity=None, lanes=LANES, delays=None):
     peer = None
     try:
         assert rp.poll(DEADLINE), "receiver never listened"
-        peer = RoguePeer(bytearray(rp.recv()))
+        peer = (peer_class or RoguePeer)(bytearray(rp.recv()))
         try:
             script(peer)
         except OSError:  # the receiver already failed the connection and closed
@@ -615,6 +615,27 @@ def test_keyed_peer_cannot_complete_a_message_out_of_place(script, pipeline, mon
     got = run_rogue(sizes, script, capacity=None if script is not _wrap_empty else 0)
     assert got["error"] is not None and got["completed"] == [], got
     assert any("connection recv" in m for m in got["logs"]), got["logs"]
+
+
+class LastVersionPeer(RoguePeer):
+    """A keyed peer of protocol version 2 (records of up to 256 KiB) opening every lane with its hello."""
+
+    def __init__(self, handle):
+        port = struct.unpack(">H", handle[ADDR_OFF + 2:ADDR_OFF + 4])[0]
+        self.nlanes = struct.unpack("<I", handle[LANES_OFF:LANES_OFF + 4])[0]
+        self.listen_id, self.conn_id, self.socks = bytes(handle[8:24]), os.urandom(16), []
+        for i in range(self.nlanes):
+            s = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE)
+            self.socks.append(s)
+            s.sendall(b"CCBNET\x00\x02" + self.hello(i)[8:])
+
+
+def test_a_peer_of_the_last_protocol_version_is_refused_at_its_hello():
+    # version 2 cut 4 MiB into records of 256 KiB, which this version's receiver (512 KiB) would take for malformed
+    # records mid-stream, as if tampered with; the hello's version says it first, in words
+    got = run_rogue(MESSAGE, lambda p: None, peer_class=LastVersionPeer)
+    assert got["error"] is not None and got["completed"] == [], got
+    assert any("not a ccbridge net plugin of this version" in m for m in got["logs"]), got["logs"]
 
 
 @pytest.mark.parametrize("claimed,why", [(10 * RECORD, "a record of a finished message"),

@@ -7,7 +7,7 @@
  * connection several sockets and helper threads.
  *
  * Handshake (per lane, both sides, over the lane's new socket):
- *   hello   = "CCBNET" 0 2 | le32 role | le16 lane | le16 nlanes |
+ *   hello   = "CCBNET" 0 3 | le32 role | le16 lane | le16 nlanes |
  *             32 fresh random bytes | listen id (16) | connection id (16)
  *   th      = SHA-256("ccbridge/net/v2" | sender's hello | receiver's hello)
  *   K_x     = HKDF-SHA256(secret, salt = th, info = label_x)
@@ -102,7 +102,9 @@
 #include "net.h"
 
 #define HELLO_BYTES 80
-static const char MAGIC[8] = {'C', 'C', 'B', 'N', 'E', 'T', 0, 2};
+/* version 3: records of up to 512 KiB (2: 256 KiB), which a receiver checks against its own plan: a peer of
+ * another version is refused here, not mid-stream as a malformed record */
+static const char MAGIC[8] = {'C', 'C', 'B', 'N', 'E', 'T', 0, 3};
 
 int handshake_timeout_s(void) {
     const char *s = getenv("CCBRIDGE_NET_HANDSHAKE_TIMEOUT");

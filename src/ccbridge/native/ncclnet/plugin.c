@@ -23,7 +23,7 @@
 #include "net.h"
 
 #define HANDLE_MAGIC 0x4e424343u /* "CCBN" */
-#define HANDLE_VERSION 2
+#define HANDLE_VERSION 3 /* with the hello's (conn.c MAGIC): 3 since records of up to 512 KiB */
 
 _Static_assert(sizeof(net_handle) <= NCCL_NET_HANDLE_MAXSIZE, "handle too large for NCCL");
 _Static_assert(offsetof(net_handle, addr) == 24 && offsetof(net_handle, stage) == 56, "handle layout (tests rely on it)");
