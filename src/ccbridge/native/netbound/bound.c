@@ -152,6 +152,20 @@ static uint8_t *record_at(const job *j, size_t q) {
     return j->msgs + m % (size_t)j->inflight * j->size + jj * j->record;
 }
 
+/* one record on the lane's socket: the sender writes at[0] (the whole record), the receiver reads into at[0..2] */
+static void move_record(const job *j, struct iovec *at, int n, size_t wire) {
+    for (size_t left = wire; left;) {
+        ssize_t r = j->sender ? send(j->fd, at->iov_base, at->iov_len, 0) : readv(j->fd, at, n);
+        if (r <= 0) die(j->sender ? "send" : "readv");
+        left -= (size_t)r;
+        for (size_t got = (size_t)r; got && n;) {
+            size_t take = got < at->iov_len ? got : at->iov_len;
+            at->iov_base = (uint8_t *)at->iov_base + take, at->iov_len -= take, got -= take;
+            if (!at->iov_len) at++, n--;
+        }
+    }
+}
+
 /* a lane's socket, as the plugin's: the sender writes each record (header, payload, tag) from one buffer it
  * reuses (the plugin's sealed slot); the receiver reads each into its place in the messages, header and tag
  * apart (the plugin reads records in place) */
@@ -162,19 +176,9 @@ static void *stream_main(void *p) {
     if (!slot) die("malloc");
     memset(slot, 0x5a, wire);
     for (size_t q = 0; q < j->nrec; q++) {
-        struct iovec v[3] = {{head, AAD}, {record_at(j, q), j->record}, {tag, TAG}}, *at = v;
+        struct iovec v[3] = {{head, AAD}, {record_at(j, q), j->record}, {tag, TAG}};
         if (j->sender) v[0] = (struct iovec){slot, wire};
-        int n = j->sender ? 1 : 3;
-        for (size_t left = wire; left;) {
-            ssize_t r = j->sender ? send(j->fd, at->iov_base, at->iov_len, 0) : readv(j->fd, at, n);
-            if (r <= 0) die(j->sender ? "send" : "readv");
-            left -= (size_t)r;
-            for (size_t got = (size_t)r; got && n;) {
-                size_t take = got < at->iov_len ? got : at->iov_len;
-                at->iov_base = (uint8_t *)at->iov_base + take, at->iov_len -= take, got -= take;
-                if (!at->iov_len) at++, n--;
-            }
-        }
+        move_record(j, v, j->sender ? 1 : 3, wire);
     }
     j->end = now();
     free(slot);
@@ -280,17 +284,7 @@ static void *coupled_stream(void *p) {
             v[0] = (struct iovec){cp->slots + q % cp->depth * wire, wire}, n = 1;
         } else
             UNTIL(q < opened_below(j) + cp->window);
-        struct iovec *at = v;
-        for (size_t left = wire; left;) {
-            ssize_t r = j->sender ? send(j->fd, at->iov_base, at->iov_len, 0) : readv(j->fd, at, n);
-            if (r <= 0) die(j->sender ? "send" : "readv");
-            left -= (size_t)r;
-            for (size_t got = (size_t)r; got && n;) {
-                size_t take = got < at->iov_len ? got : at->iov_len;
-                at->iov_base = (uint8_t *)at->iov_base + take, at->iov_len -= take, got -= take;
-                if (!at->iov_len) at++, n--;
-            }
-        }
+        move_record(j, v, n, wire);
         atomic_store(&cp->moved, q + 1);
     }
     j->end = now();
