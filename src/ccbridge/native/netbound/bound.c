@@ -227,11 +227,14 @@ static void *crypto_main(void *p) {
  * yields its core, never sleeps: the bound of a design that hands records between a lane's threads. */
 #define MAX_CRYPTO 8
 #define RING (2 * MAX_CRYPTO)
+/* each counter on a cache line of its own, and each lane's on lines apart from the next lane's: no thread's write
+ * disturbs a line another lane polls */
 typedef struct coupling {
-    _Atomic size_t moved;            /* records the stream wrote (sender) or read (receiver) */
-    _Atomic size_t ready[RING];      /* sender: q + 1 once slot q % depth holds record q sealed */
-    _Atomic size_t next[MAX_CRYPTO]; /* receiver: crypto thread t's next record to open (those before it opened) */
-    size_t depth, window;            /* sender's slots; receiver: a place's records apart (the lane's per window) */
+    _Alignas(64) _Atomic size_t moved;            /* records the stream wrote (sender) or read (receiver) */
+    _Alignas(64) _Atomic size_t ready[RING];      /* sender: q + 1 once slot q % depth holds record q sealed */
+    _Alignas(64) _Atomic size_t next[MAX_CRYPTO]; /* receiver: crypto thread t's next record to open (those
+                                                   * before it opened) */
+    _Alignas(64) size_t depth, window; /* sender's slots; receiver: a place's records apart (the lane's per window) */
     int cpl;                         /* the lane's crypto threads */
     uint8_t *slots, (*tags)[TAG];
 } coupling;
@@ -353,9 +356,11 @@ static void side(int sender, int *fds, const plan *pl, int ctl) {
     uint8_t *msgs = malloc(pl->size * (size_t)pl->inflight);
     if (!msgs) die("malloc messages");
     memset(msgs, 0x3c, pl->size * (size_t)pl->inflight);
-    job base = {-1, sender, 0, 0, pl->lanes, 0, 1, pl->size, pl->record, per_message(pl), 0, 0, msgs, pl->inflight, pl->sealed,
-                pl->key, pl->iv, NULL, 0};
-    coupling *cps = pl->coupled ? calloc((size_t)pl->lanes, sizeof *cps) : NULL;
+    job base = {-1, sender, 0, 0, pl->lanes, 0, 1, pl->size, pl->record, per_message(pl), 0, 0, msgs, pl->inflight,
+                pl->sealed, pl->key, pl->iv, NULL, 0};
+    coupling *cps = pl->coupled ? aligned_alloc(_Alignof(coupling), (size_t)pl->lanes * sizeof *cps) : NULL;
+    if (pl->coupled && !cps) die("malloc coupling");
+    if (cps) memset(cps, 0, (size_t)pl->lanes * sizeof *cps);
     for (int i = 0; cps && i < pl->lanes; i++) {
         /* a lane's records repeat their places every window: one record a message travels on lane 0 alone */
         size_t k = per_message(pl), mine = k == 1 ? 1 : k > (size_t)i ? (k - 1 - (size_t)i) / (size_t)pl->lanes + 1 : 1;
