@@ -220,6 +220,12 @@ def test_the_stamp_says_whether_nccl_will_load_the_encrypting_plugin(tmp_path):
     assert "needs NCCL_NET_PLUGIN=ccbridge and its folder on LD_LIBRARY_PATH" in row(off)
     assert row(on).startswith("NCCL will load it; set NCCL_NET=ccbridge")
     # how the plugin will run each lane: turns unless CCBRIDGE_NET_TURNS is 0 or 1
-    assert on["lane_mode"] == "turns 2" and row(on).endswith("; lanes: turns 2")
+    # and the lanes a connection it listens for has, and lane 0's polling (both fall back without an error)
+    spin = pluginenv.spin_us({})
+    assert on["lane_mode"] == "turns 2" and row(on).endswith(f"; lanes 8, turns 2, spin {spin} us")
+    assert row({**on, **pluginenv.status({**pluginenv.env({}), "CCBRIDGE_NET_LANES": "99",
+                                            "CCBRIDGE_NET_SPIN_US": "abc"})}).endswith("; lanes 16, turns 2, spin 0 us")
+    old = {k: v for k, v in on.items() if k not in ("lanes", "spin_us")}  # a stamp from before them
+    assert row(old).endswith("; lanes: turns 2")
     assert pluginenv.status({"CCBRIDGE_NET_TURNS": "0"})["lane_mode"] == "pipeline 2"
     assert row({**on, "built": False}) == "not built"

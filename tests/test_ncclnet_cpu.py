@@ -1061,7 +1061,8 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
     # which lane mode ran (what the two processes read from the environment they inherit)
     mode = pluginenv.lane_mode({**os.environ, "CCBRIDGE_KEY": KEY})
     assert res.settings["lane_mode"] == res.env["nccl_net_plugin"]["lane_mode"] == mode
-    assert f"lanes: {mode}" in p.stdout
+    header = " ".join(line.lstrip("# ") for line in p.stdout.splitlines() if line.startswith("#"))
+    assert f"cores, {mode}, spin {pluginenv.spin_us({**os.environ})} us" in header
     # beside each encrypted row: plain TCP at its lane count, the CPU bound and the inputs it was made of
     for r in streams:
         x = r.extra
@@ -1598,9 +1599,11 @@ def test_lane_mode_reads_the_environment_as_the_plugin_does():
 
     h = (Path(__file__).resolve().parent.parent / "src/ccbridge/native/ncclnet/net.h").read_text()
     defines = {k: int(v) for k, v in re.findall(r"(?m)^#define (\w+) (\d+)\b", h)}
-    assert [defines[k] for k in ("DEFAULT_TURNS", "MAX_TURNS", "DEFAULT_PIPELINE", "MAX_PIPELINE", "MAX_LANES")] == \
+    assert [defines[k] for k in ("DEFAULT_TURNS", "MAX_TURNS", "DEFAULT_PIPELINE", "MAX_PIPELINE", "MAX_LANES",
+                                 "DEFAULT_LANES", "DEFAULT_SPIN_US", "SPIN_CORES", "MAX_SPIN_US")] == \
         [pluginenv.DEFAULT_TURNS, pluginenv.MAX_TURNS, pluginenv.DEFAULT_PIPELINE, pluginenv.MAX_PIPELINE,
-         pluginenv.MAX_LANES]
+         pluginenv.MAX_LANES, pluginenv.DEFAULT_LANES, pluginenv.DEFAULT_SPIN_US, pluginenv.SPIN_CORES,
+         pluginenv.MAX_SPIN_US]
     mode = pluginenv.lane_mode
     assert mode({"CCBRIDGE_NET_TURNS": " 3x"}) == "turns 3" and mode({"CCBRIDGE_NET_TURNS": "-4"}) == "pipeline 2"
     assert mode({"CCBRIDGE_NET_TURNS": "two", "CCBRIDGE_NET_PIPELINE": "1"}) == "pipeline 2"
@@ -1950,3 +1953,46 @@ def test_lanes_and_close_are_race_free_under_thread_sanitizer(mode, tmp_path):
     # the plugin's reports only (the interpreter is not instrumented)
     reports = [r for f in tmp_path.glob("tsan.*") for r in f.read_text().split("==================") if "ncclnet/" in r]
     assert not reports, "\n".join(reports)
+
+
+_INIT_LINE_SCRIPT = r'''
+import sys
+from ccbridge.secure import netplugin
+
+net = netplugin.Net(sys.argv[1])
+assert net.rc == 0, net.logs
+print(*[m for lvl, m in net.logs if "records over TCP" in m], sep="\n")
+net.t.finalize(net.ctx)
+'''
+
+
+@pytest.mark.parametrize("env,said", [
+    ({}, "lanes 8, turns 2, spin {default} us"),
+    ({"CCBRIDGE_NET_LANES": "", "CCBRIDGE_NET_TURNS": "", "CCBRIDGE_NET_SPIN_US": ""},
+     "lanes 8, turns 2, spin {default} us"),
+    ({"CCBRIDGE_NET_LANES": "99", "CCBRIDGE_NET_TURNS": "abc", "CCBRIDGE_NET_SPIN_US": "-1"},
+     "lanes 16, pipeline 2, spin 0 us"),
+    ({"CCBRIDGE_NET_LANES": "abc", "CCBRIDGE_NET_TURNS": "99", "CCBRIDGE_NET_SPIN_US": "abc"},
+     "lanes 8, turns 8, spin 0 us"),
+    ({"CCBRIDGE_NET_LANES": "-1", "CCBRIDGE_NET_TURNS": "0", "CCBRIDGE_NET_PIPELINE": "0",
+      "CCBRIDGE_NET_SPIN_US": "9999999999"}, "lanes 8, pipeline 0, spin 100000 us"),
+    ({"CCBRIDGE_NET_LANES": " 3x", "CCBRIDGE_NET_TURNS": "1", "CCBRIDGE_NET_PIPELINE": "99",
+      "CCBRIDGE_NET_SPIN_US": "20"}, "lanes 3, pipeline 8, spin 20 us"),
+], ids=["unset", "empty", "lanes99_turns_abc_spin_negative", "lanes_abc_turns99_spin_abc", "pipeline0_spin_huge",
+        "lanes_3x_pipeline99"])
+def test_the_plugins_init_line_names_the_lanes_mode_and_spin_it_runs_with(env, said):
+    # a value out of range or not a number falls back (held to a bound, the default, or off) without an error:
+    # NCCL's log (NCCL_DEBUG=INFO) is where every rank says what it took, in the words of `ccbridge env` and
+    # `bench net`'s header (pluginenv.settings, which reads the environment as the plugin does)
+    import subprocess
+    import sys
+
+    full = {k: v for k, v in os.environ.items() if not k.startswith("CCBRIDGE_NET_")}
+    full.update(CCBRIDGE_KEY=KEY, NCCL_SOCKET_IFNAME="lo", **env)
+    default = pluginenv.DEFAULT_SPIN_US if (os.sysconf("SC_NPROCESSORS_ONLN") or 1) >= 8 else 0
+    said = said.format(default=default)
+    assert pluginenv.settings(full) == said
+    p = subprocess.run([sys.executable, "-c", _INIT_LINE_SCRIPT, str(pluginenv.library())], capture_output=True,
+                       text=True, timeout=60, env=full)
+    assert p.returncode == 0 and p.stdout.strip() == f"NET/ccbridge: AES-256-GCM records over TCP on lo; {said}", \
+        p.stdout + p.stderr

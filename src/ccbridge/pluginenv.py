@@ -19,7 +19,10 @@ NAME = "libnccl-net-ccbridge.so"
 BOUND = "ccbridge-net-bound"  # the plugin's uncoupled bound, a program beside it (native/netbound/bound.c)
 # net.h's: a lane's threads take turns at its socket unless CCBRIDGE_NET_TURNS is 0 or 1 (then the stage pipeline)
 DEFAULT_TURNS, MAX_TURNS, DEFAULT_PIPELINE, MAX_PIPELINE = 2, 8, 2, 8
-MAX_LANES = 16  # net.h's: sockets a connection may have (CCBRIDGE_NET_LANES is held to it)
+MAX_LANES, DEFAULT_LANES = 16, 8  # net.h's: sockets a connection may have (CCBRIDGE_NET_LANES is held to it)
+# net.h's and conn.c's spin_ns: lane 0's polling before it sleeps (CCBRIDGE_NET_SPIN_US; unset or empty: the default
+# on machines of 8+ cores, else 0), held to 0..MAX_SPIN_US
+DEFAULT_SPIN_US, SPIN_CORES, MAX_SPIN_US = 50, 8, 100000
 
 
 def path() -> Path:
@@ -61,8 +64,30 @@ def status(environ: dict[str, str] | None = None) -> dict:
     out = {"built": lib.exists(), "path": str(lib), "selected": selected, "on_library_path": on_path,
            "will_load": lib.exists() and selected and on_path,
            "required": e.get("NCCL_NET") == "ccbridge",  # without it NCCL falls back to plaintext if the plugin fails
-           "lane_mode": lane_mode(e)}
+           "lane_mode": lane_mode(e), "lanes": lanes(e), "spin_us": spin_us(e)}
     return out
+
+
+def lanes(environ: dict[str, str] | None = None) -> int:
+    """Sockets a connection this side listens for will have, read as conn.c's lanes_wanted reads
+    CCBRIDGE_NET_LANES: unset, empty, 0, negative or not a number: 8; above 16: 16 (the receiving side's choice)."""
+    e = os.environ if environ is None else environ
+    n = _atoi(e.get("CCBRIDGE_NET_LANES"), 0)
+    return DEFAULT_LANES if n < 1 else min(n, MAX_LANES)
+
+
+def spin_us(environ: dict[str, str] | None = None) -> int:
+    """Microseconds lane 0 polls before it sleeps, read as conn.c's spin_ns reads CCBRIDGE_NET_SPIN_US (atol):
+    unset or empty: 50 on machines of 8+ cores, else 0; negative or not a number: 0; above 100000: 100000."""
+    e = os.environ if environ is None else environ
+    cores = os.sysconf("SC_NPROCESSORS_ONLN") if hasattr(os, "sysconf") else os.cpu_count()
+    us = _atoi(e.get("CCBRIDGE_NET_SPIN_US"), DEFAULT_SPIN_US if (cores or 1) >= SPIN_CORES else 0, bits=64)
+    return max(0, min(us, MAX_SPIN_US))
+
+
+def settings(environ: dict[str, str] | None = None) -> str:
+    """What the plugin runs with, in the words of its own line in NCCL's log: "lanes 8, turns 2, spin 50 us"."""
+    return f"lanes {lanes(environ)}, {lane_mode(environ)}, spin {spin_us(environ)} us"
 
 
 def lane_mode(environ: dict[str, str] | None = None) -> str:
@@ -86,12 +111,13 @@ def crypto_threads(environ: dict[str, str] | None = None) -> int:
     return int(n) if mode == "turns" else 1
 
 
-def _atoi(text: str | None, default: int) -> int:
-    """C's atoi where text is set and not empty (leading blanks, a sign, the digits; 0 where none), else default."""
+def _atoi(text: str | None, default: int, bits: int = 32) -> int:
+    """C's atoi (bits=64: atol) where text is set and not empty (leading blanks, a sign, the digits; 0 where none),
+    else default."""
     if not text:
         return default
     m = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", text)
     if not m:
         return 0
     v = max(min(int(m.group(1)), 2**63 - 1), -2**63)  # glibc's atoi: strtol's long, then cut to int
-    return (v + 2**31) % 2**32 - 2**31
+    return v if bits == 64 else (v + 2**31) % 2**32 - 2**31

@@ -69,7 +69,9 @@ STAMP = record({
                      "devices": STRINGS, "error": STRING}),
     "emulation": _EMULATION,
     "nccl_net_plugin": nullable(record({k: BOOL for k in ("built", "selected", "on_library_path", "will_load",
-                                                          "required")} | {"path": STRING, "lane_mode": STRING})),
+                                                          "required")} | {"path": STRING, "lane_mode": STRING,
+                                                                                   "lanes": POSITIVE,
+                                                                                   "spin_us": COUNT})),
 })
 
 # ---- results: one shape of settings and rows per kind ----

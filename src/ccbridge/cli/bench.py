@@ -69,8 +69,8 @@ def cmd_net(args) -> int:
     netbench.check(sizes, args.lanes, args.inflight, args.total)
     plugin_built()
     print(fit(f"# ccbridge bench net: {pluginenv.NAME} loopback, two processes, {args.inflight} messages in flight, "
-              f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores, lanes: "
-              f"{pluginenv.lane_mode()}"), flush=True)
+              f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores, "
+              f"{pluginenv.lane_mode()}, spin {pluginenv.spin_us()} us"), flush=True)
     res = netbench.loopback(sizes, args.lanes, args.inflight, args.total, args.iters)
     return _done(res, benchrows.render_net(res), args)
 

@@ -137,16 +137,20 @@ int turns_wanted(void) {
  * after a message that was all lane 0's (one record, or one lane): a message spread over lanes
  * waits on lanes that never poll, so lane 0 polling after one gains little latency, and in a
  * stream of them it kept up to a core busy per side that the other lanes need */
+long spin_us_wanted(void) {
+    const char *s = getenv("CCBRIDGE_NET_SPIN_US");
+    /* a machine of few cores has none to spare for polling (it starves the threads doing the work) */
+    long us = s && *s ? atol(s) : sysconf(_SC_NPROCESSORS_ONLN) >= SPIN_CORES ? DEFAULT_SPIN_US : 0;
+    return us < 0 ? 0 : us > MAX_SPIN_US ? MAX_SPIN_US : us;
+}
+
 static long spin_ns(void) {
     /* read and set by every connection's lane 0 (the send and the receive side's, at once): atomic,
      * relaxed (each computes the same value) */
     static _Atomic long cached = -1;
     long ns = atomic_load_explicit(&cached, memory_order_relaxed);
     if (ns < 0) {
-        const char *s = getenv("CCBRIDGE_NET_SPIN_US");
-        /* a machine of few cores has none to spare for polling (it starves the threads doing the work) */
-        long us = s && *s ? atol(s) : sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? DEFAULT_SPIN_US : 0;
-        ns = (us < 0 ? 0 : us > 100000 ? 100000 : us) * 1000;
+        ns = spin_us_wanted() * 1000;
         atomic_store_explicit(&cached, ns, memory_order_relaxed);
     }
     return ns;

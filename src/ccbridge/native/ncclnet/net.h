@@ -54,7 +54,9 @@ int key_load(uint8_t key[KEY_BYTES], char *err, size_t errlen);
  * always takes lane 0. */
 #define MAX_LANES 16
 #define DEFAULT_LANES 8   /* CCBRIDGE_NET_LANES: 8 held >= 0.9 of tuned NCCL sockets on 2x H200, 4 did not */
-#define DEFAULT_SPIN_US 50     /* CCBRIDGE_NET_SPIN_US */
+#define DEFAULT_SPIN_US 50     /* CCBRIDGE_NET_SPIN_US, on machines of SPIN_CORES or more (else 0) */
+#define SPIN_CORES 8
+#define MAX_SPIN_US 100000
 /* CCBRIDGE_NET_PIPELINE, read only with CCBRIDGE_NET_TURNS=0 or 1: records a lane holds between its
  * crypto and its socket stage (two threads a lane, so that sealing overlaps sending and reading overlaps
  * opening); 0: one thread a lane, each record sealed then sent (read then opened) in turn. Each
@@ -199,6 +201,7 @@ typedef struct comm {
 int lanes_wanted(void);
 int pipeline_wanted(void);
 int turns_wanted(void);
+long spin_us_wanted(void); /* CCBRIDGE_NET_SPIN_US, as lane 0 reads it */
 comm *comm_new(int sender, int nlanes, const net_addr *peer, const uint8_t secret[KEY_BYTES],
                const uint8_t listen_id[16]);
 /* sender: start every lane (connect + handshake); recv: one accepted socket */

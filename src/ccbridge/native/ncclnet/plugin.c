@@ -119,7 +119,11 @@ static ncclResult_t init_common(net_ctx *ctx, ncclDebugLogger_t log) {
         rc = ncclSystemError;
     } else if (!dev_ready) {
         dev_ready = 1;
-        net_log(0, "NET/ccbridge: AES-256-GCM records over TCP on %s", dev_name);
+        /* what it runs with, out-of-range and non-numeric settings already fallen back (pluginenv.settings's
+         * words: `ccbridge env` and `bench net` say the same) */
+        int turns = turns_wanted();
+        net_log(0, "NET/ccbridge: AES-256-GCM records over TCP on %s; lanes %d, %s %d, spin %ld us", dev_name,
+                lanes_wanted(), turns ? "turns" : "pipeline", turns ? turns : pipeline_wanted(), spin_us_wanted());
     }
     pthread_mutex_unlock(&init_mu);
     return rc;
