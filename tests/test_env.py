@@ -229,3 +229,43 @@ def test_the_stamp_says_whether_nccl_will_load_the_encrypting_plugin(tmp_path):
     assert row(old).endswith("; lanes: turns 2")
     assert pluginenv.status({"CCBRIDGE_NET_TURNS": "0"})["lane_mode"] == "pipeline 2"
     assert row({**on, "built": False}) == "not built"
+
+
+def test_ccbridge_env_says_whether_the_plugin_will_take_the_key(tmp_path, monkeypatch, capsys):
+    # "NCCL will load it" said nothing of the key: with none, or a key file others can read, NCCL loaded the plugin
+    # and its init failed on every rank. The key is checked here (not in the stamp: a result's key is the bench's)
+    import hashlib
+
+    import pytest
+
+    from ccbridge import pluginenv
+    from ccbridge.cli import main
+    from ccbridge.cli.checks import plugin_key_text
+
+    if not (pluginenv.path() / pluginenv.NAME).exists():
+        pytest.skip("the NCCL plugin is not built here")
+    for k, v in pluginenv.env({"NCCL_NET": "ccbridge"}).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("COLUMNS", "200")
+    f = tmp_path / "k"
+    f.write_text(hashlib.sha256(b"ccbridge env key").hexdigest() + "\n")
+    f.chmod(0o644)
+
+    def row(**keys):  # the row's text, and the whole table's where it wraps
+        for k in ("CCBRIDGE_KEY", "CCBRIDGE_KEY_FILE"):
+            monkeypatch.setenv(k, keys[k]) if k in keys else monkeypatch.delenv(k, raising=False)
+        assert main(["env"]) == 0
+        out = capsys.readouterr().out
+        assert out.count("NCCL net plugin key") == 1 and all(len(ln) <= 120 for ln in out.splitlines())
+        return plugin_key_text()
+
+    assert row() == "none: the plugin's init fails; set $CCBRIDGE_KEY (64 hex digits) or $CCBRIDGE_KEY_FILE"
+    assert row(CCBRIDGE_KEY_FILE=str(f)) == \
+        f"refused: key file {f} is readable by group or others (mode 644); chmod 600 it"
+    f.chmod(0o600)
+    assert row(CCBRIDGE_KEY_FILE=str(f)) == f"key file {f}: taken"
+    assert row(CCBRIDGE_KEY="abc", CCBRIDGE_KEY_FILE=str(f)) == \
+        "refused: $CCBRIDGE_KEY: expected 64 hex digits (32 bytes), got 3 characters"  # read first, as the plugin does
+    assert row(CCBRIDGE_KEY=f.read_text(), CCBRIDGE_KEY_FILE="") == "$CCBRIDGE_KEY: taken"
+    monkeypatch.setenv("NCCL_NET_PLUGIN", "")  # not selected: no key row
+    assert main(["env"]) == 0 and "NCCL net plugin key" not in capsys.readouterr().out

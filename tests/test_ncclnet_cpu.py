@@ -1996,3 +1996,38 @@ def test_the_plugins_init_line_names_the_lanes_mode_and_spin_it_runs_with(env, s
                        text=True, timeout=60, env=full)
     assert p.returncode == 0 and p.stdout.strip() == f"NET/ccbridge: AES-256-GCM records over TCP on lo; {said}", \
         p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("how", ["short", "weak", "file_644", "file_missing"])
+def test_bench_net_refuses_a_key_the_plugin_would_refuse_before_it_measures(how, tmp_path):
+    # one line of the key's own words and exit 2, before the header and the AES-GCM rates (the ranks' init
+    # failed after them, its reason behind "net bench rank 1 of 2 failed: NetError: init returned NCCL error 5")
+    import subprocess
+    import sys
+
+    f = tmp_path / "key"
+    f.write_text(KEY + "\n")
+    f.chmod(0o644)
+    env = {k: v for k, v in os.environ.items() if k not in ("CCBRIDGE_KEY", "CCBRIDGE_KEY_FILE")}
+    env.update({"short": {"CCBRIDGE_KEY": "abc"}, "weak": {"CCBRIDGE_KEY": "00" * 32},
+                "file_644": {"CCBRIDGE_KEY_FILE": str(f)}, "file_missing": {"CCBRIDGE_KEY_FILE": str(tmp_path / "no")}
+                }[how])
+    p = subprocess.run([sys.executable, "-m", "ccbridge", "bench", "net", "--lanes", "1", "--total", "1M", "-b", "64K",
+                        "-e", "64K", "--iters", "1"], capture_output=True, text=True, timeout=300, env=env)
+    said = {"short": "$CCBRIDGE_KEY: expected 64 hex digits (32 bytes), got 3 characters",
+            "weak": "$CCBRIDGE_KEY: refused, every byte is the same; use 32 random bytes, e.g. `openssl rand -hex 32`",
+            "file_644": f"key file {f} is readable by group or others (mode 644); chmod 600 it",
+            "file_missing": f"key file {tmp_path / 'no'}: No such file or directory"}[how]
+    assert (p.returncode, p.stdout, p.stderr) == (2, "", f"ccbridge bench net: {said}\n")
+
+
+def test_bench_net_takes_an_empty_key_variable_as_unset_as_the_plugin_does():
+    # neither key set (an empty variable counts as unset, as the plugin reads it): the bench draws its own key
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CCBRIDGE_KEY", "CCBRIDGE_KEY_FILE")}
+    p = subprocess.run([sys.executable, "-m", "ccbridge", "bench", "net", "--lanes", "1", "--total", "1M", "-b", "64K",
+                        "-e", "64K", "--iters", "1"], capture_output=True, text=True, timeout=300,
+                       env={**env, "CCBRIDGE_KEY": "", "CCBRIDGE_KEY_FILE": ""})
+    assert p.returncode == 0 and "GB/s" in p.stdout, p.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 from ccbridge import busbw, pluginenv, ui
 from ccbridge.choices import DDP_MODELS, DECODE_MODES, DECODE_PRESETS, KV_MODES, TP_ONLY
 from ccbridge.cli.args import Distinct, add_timer, apply_timer, command, device_spec, float_ge0, integer, size
-from ccbridge.cli.checks import gpus_ready, plugin_built, sizes_in_order
+from ccbridge.cli.checks import gpus_ready, plugin_built, plugin_key, sizes_in_order
 from ccbridge.cli.reports import wrote
 from ccbridge.errors import UsageError
 from ccbridge.textfit import fit
@@ -68,6 +68,7 @@ def cmd_net(args) -> int:
     sizes = busbw.sizes(args.minbytes, args.maxbytes, NET_STEP)
     netbench.check(sizes, args.lanes, args.inflight, args.total)
     plugin_built()
+    plugin_key()
     print(fit(f"# ccbridge bench net: {pluginenv.NAME} loopback, two processes, {args.inflight} messages in flight, "
               f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores, "
               f"{pluginenv.lane_mode()}, spin {pluginenv.spin_us()} us"), flush=True)

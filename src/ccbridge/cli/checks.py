@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ccbridge import pluginenv, ui
@@ -36,3 +37,30 @@ def plugin_built() -> None:
         pluginenv.library()
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
+
+
+def plugin_key() -> None:
+    """The key the plugin will read ($CCBRIDGE_KEY, else $CCBRIDGE_KEY_FILE; an empty variable is unset) held to
+    its rules (ccbridge.secure.keys's: the plugin's own, tests/test_ncclnet_cpu.py keeps them together), so that a
+    key it would refuse is one line before anything runs; none set: nothing to check (the bench draws its own)."""
+    if not (os.environ.get("CCBRIDGE_KEY") or os.environ.get("CCBRIDGE_KEY_FILE")):
+        return
+    from ccbridge.secure import keys  # (deferred: the secure package)
+
+    keys.default_provider().secret()  # KeyMaterialError: its one line, exit 2
+
+
+def plugin_key_text() -> str:
+    """What the plugin will make of the key in this environment, for `ccbridge env` (not the stamp: a result's key
+    is its bench's): where it comes from and "taken", or why it is refused, or that there is none."""
+    from ccbridge.errors import KeyMaterialError
+    from ccbridge.secure import keys  # (deferred: the secure package)
+
+    if not (os.environ.get("CCBRIDGE_KEY") or os.environ.get("CCBRIDGE_KEY_FILE")):
+        return "none: the plugin's init fails; set $CCBRIDGE_KEY (64 hex digits) or $CCBRIDGE_KEY_FILE"
+    try:
+        provider = keys.default_provider()
+        provider.secret()
+    except KeyMaterialError as e:
+        return f"refused: {e}"
+    return "$CCBRIDGE_KEY: taken" if isinstance(provider, keys.EnvKey) else f"key file {provider.path}: taken"

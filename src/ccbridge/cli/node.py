@@ -11,6 +11,7 @@ from rich.table import Table
 from ccbridge import attest, env
 from ccbridge import tenants, ui  # (tenants imports no GPU library)
 from ccbridge.cli.args import checked, command, integer
+from ccbridge.cli.checks import plugin_key_text
 from ccbridge.cli.reports import wrote
 from ccbridge.errors import UsageError
 from ccbridge.report.tables import machine_table
@@ -26,6 +27,8 @@ def cmd_env(args) -> int:
     table = Table(title="ccbridge env", show_header=False)
     for row in t.rows:
         table.add_row(*row)
+    if (stamp.get("nccl_net_plugin") or {}).get("selected"):  # its init reads the key: will it take it?
+        table.add_row("NCCL net plugin key", plugin_key_text())
     ui.terminal().print(table)
     return 0
 

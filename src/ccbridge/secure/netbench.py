@@ -428,7 +428,8 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
              tcp_baseline: bool = True, progress=print) -> Result:
     check(sizes, lanes, inflight, total)
     env = {"NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}  # the two processes', not this one's
-    if os.environ.get("CCBRIDGE_KEY") is None and os.environ.get("CCBRIDGE_KEY_FILE") is None:
+    # neither key set (an empty variable is unset, as the plugin reads it)
+    if not (os.environ.get("CCBRIDGE_KEY") or os.environ.get("CCBRIDGE_KEY_FILE")):
         env["CCBRIDGE_KEY"] = os.urandom(32).hex()  # a benchmark key for both processes
     pluginenv.library()
     plan = []  # grouped by lane count: each group uses one pair of connections
