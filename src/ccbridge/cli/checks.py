@@ -6,7 +6,7 @@ import os
 import sys
 
 from ccbridge import pluginenv, ui
-from ccbridge.errors import UsageError
+from ccbridge.errors import KeyMaterialError, UsageError
 
 
 def sizes_in_order(args) -> None:
@@ -53,7 +53,6 @@ def plugin_key() -> None:
 def plugin_key_text() -> str:
     """What the plugin will make of the key in this environment, for `ccbridge env` (not the stamp: a result's key
     is its bench's): where it comes from and "taken", or why it is refused, or that there is none."""
-    from ccbridge.errors import KeyMaterialError
     from ccbridge.secure import keys  # (deferred: the secure package)
 
     if not (os.environ.get("CCBRIDGE_KEY") or os.environ.get("CCBRIDGE_KEY_FILE")):
