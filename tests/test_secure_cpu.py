@@ -345,6 +345,41 @@ def test_collectives_bench_checks_each_result_against_the_exact_value(op, monkey
     assert want.numel() and not torch.equal(want, own)
 
 
+@pytest.mark.parametrize("named", [None, "", "file"])
+def test_launch_draws_a_benchmark_key_only_where_the_user_named_none(named, monkeypatch, tmp_path):
+    # a $CCBRIDGE_KEY_FILE was overridden by the ranks' random $CCBRIDGE_KEY (which wins over the file), so a key
+    # file the real job would refuse passed here; an empty $CCBRIDGE_KEY is unset, as the net plugin reads it
+    from ccbridge.secure import bench
+
+    got = {}
+    monkeypatch.setattr(bench.ranks, "run", lambda n, *a, env, **k: got.update(env) or [None])
+    for var in ("RANK", "WORLD_SIZE", "CCBRIDGE_KEY", "CCBRIDGE_KEY_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    if named == "file":
+        monkeypatch.setenv("CCBRIDGE_KEY_FILE", str(tmp_path / "key"))
+    elif named == "":
+        monkeypatch.setenv("CCBRIDGE_KEY", "")
+    bench.launch(print, 2)
+    assert ("CCBRIDGE_KEY" in got) == (named != "file")
+    assert named == "file" or len(bytes.fromhex(got["CCBRIDGE_KEY"])) == 32
+
+
+@pytest.mark.parametrize("cmd", [["collectives", "--backend", "gloo", "-g", "2", "-e", "1K"],
+                                 ["bench", "ddp", "--models", "resnet50"]])
+def test_collectives_and_ddp_refuse_a_named_key_the_ranks_would_refuse_in_one_line(cmd, tmp_path):
+    import subprocess
+    import sys
+
+    f = tmp_path / "key"
+    f.write_text(os.urandom(32).hex() + "\n")
+    f.chmod(0o644)
+    env = {k: v for k, v in os.environ.items() if k != "CCBRIDGE_KEY"} | {"CCBRIDGE_KEY_FILE": str(f)}
+    p = subprocess.run([sys.executable, "-m", "ccbridge", *cmd], capture_output=True, text=True, timeout=120, env=env)
+    want = f"ccbridge {cmd[0] if cmd[0] != 'bench' else 'bench ddp'}: key file {f} is readable by group or others " \
+           f"(mode 644); chmod 600 it\n"
+    assert (p.returncode, p.stderr) == (2, want)
+
+
 def test_ranks_that_do_not_fit_the_machine_are_refused_before_any_starts(monkeypatch):
     """NCCL wants a GPU a rank, Gloo's ranks at most RANKS_PER_CPU a CPU, the ddp bench one GPU a rank, the largest
     size's buffers the memory they go to: each a UsageError (the CLI's one line, exit 2) before a rank starts."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from ccbridge import busbw, pluginenv, ui
 from ccbridge.choices import DDP_MODELS, DECODE_MODES, DECODE_PRESETS, KV_MODES, TP_ONLY
 from ccbridge.cli.args import Distinct, add_timer, apply_timer, command, device_spec, float_ge0, integer, size
-from ccbridge.cli.checks import gpus_ready, plugin_built, plugin_key, sizes_in_order
+from ccbridge.cli.checks import gpus_ready, named_key, plugin_built, sizes_in_order
 from ccbridge.cli.reports import wrote
 from ccbridge.errors import UsageError
 from ccbridge.textfit import fit
@@ -29,6 +29,7 @@ def cmd_ddp(args) -> int:
         raise UsageError("--wrap fsdp goes with `bench ddp --net ccbridge` (ccbridge.secure's hook is for DDP)")
     if args.net:
         plugin_built()
+    named_key()  # the plugin's, or ccbridge.secure's: the ranks read it
     if not gpus_ready("bench ddp", args.json):
         return 2
     from ccbridge.secure import bench, benchrows  # (deferred: torch)
@@ -68,7 +69,7 @@ def cmd_net(args) -> int:
     sizes = busbw.sizes(args.minbytes, args.maxbytes, NET_STEP)
     netbench.check(sizes, args.lanes, args.inflight, args.total)
     plugin_built()
-    plugin_key()
+    named_key()
     print(fit(f"# ccbridge bench net: {pluginenv.NAME} loopback, two processes, {args.inflight} messages in flight, "
               f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores, "
               f"{pluginenv.lane_mode()}, spin {pluginenv.spin_us()} us"), flush=True)

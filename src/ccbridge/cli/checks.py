@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 from ccbridge import pluginenv, ui
@@ -39,15 +38,15 @@ def plugin_built() -> None:
         raise UsageError(str(e)) from None
 
 
-def plugin_key() -> None:
-    """The key the plugin will read ($CCBRIDGE_KEY, else $CCBRIDGE_KEY_FILE; an empty variable is unset) held to
-    its rules (ccbridge.secure.keys's: the plugin's own, tests/test_ncclnet_cpu.py keeps them together), so that a
-    key it would refuse is one line before anything runs; none set: nothing to check (the bench draws its own)."""
-    if not (os.environ.get("CCBRIDGE_KEY") or os.environ.get("CCBRIDGE_KEY_FILE")):
-        return
+def named_key() -> None:
+    """The key this environment names ($CCBRIDGE_KEY, else $CCBRIDGE_KEY_FILE; an empty variable is unset), held to
+    the rules the net plugin and ccbridge.secure hold it to (tests/test_ncclnet_cpu.py keeps the two together), so
+    that a key they would refuse is one line before any rank starts; none named: nothing to check (a benchmark draws
+    its own)."""
     from ccbridge.secure import keys  # (deferred: the secure package)
 
-    keys.default_provider().secret()  # KeyMaterialError: its one line, exit 2
+    if keys.configured():
+        keys.default_provider().secret()  # KeyMaterialError: its one line, exit 2
 
 
 def plugin_key_text() -> str:
@@ -55,7 +54,7 @@ def plugin_key_text() -> str:
     is its bench's): where it comes from and "taken", or why it is refused, or that there is none."""
     from ccbridge.secure import keys  # (deferred: the secure package)
 
-    if not (os.environ.get("CCBRIDGE_KEY") or os.environ.get("CCBRIDGE_KEY_FILE")):
+    if not keys.configured():
         return "none: the plugin's init fails; set $CCBRIDGE_KEY (64 hex digits) or $CCBRIDGE_KEY_FILE"
     try:
         provider = keys.default_provider()

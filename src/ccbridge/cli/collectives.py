@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ccbridge.choices import SECURE_DTYPES
 from ccbridge.cli.args import command, integer, size
-from ccbridge.cli.checks import gpus_ready, plugin_built, sizes_in_order
+from ccbridge.cli.checks import gpus_ready, named_key, plugin_built, sizes_in_order
 from ccbridge.errors import UsageError
 from ccbridge.textfit import fit
 
@@ -18,6 +18,7 @@ def cmd_collectives(args) -> int:
         raise UsageError(f"--transport {args.transport} picks NCCL's transport: it goes with --backend nccl")
     if args.net:
         plugin_built()
+    named_key()  # the plugin's, or ccbridge.secure's: the ranks read it
     sizes_in_order(args)
     if not gpus_ready("collectives", args.json, cpu_ok=args.backend == "gloo"):  # Gloo runs on CPU ranks too
         return 2

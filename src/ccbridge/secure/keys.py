@@ -52,7 +52,7 @@ MAX_SEQ = 1 << 32
 MAX_RANKS = 1 << 16
 MAX_STEPS = 1 << 16
 BYTES_PER_KEY = 1 << 40
-ENV_VAR = "CCBRIDGE_KEY"
+ENV_VAR, FILE_VAR = "CCBRIDGE_KEY", "CCBRIDGE_KEY_FILE"
 
 
 def hkdf(ikm: bytes, salt: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
@@ -213,13 +213,19 @@ class EnvKey(KeyProvider):
         return self._key
 
 
+def configured() -> bool:
+    """Whether this environment names a key ($CCBRIDGE_KEY or $CCBRIDGE_KEY_FILE; an empty variable is unset, as the
+    net plugin reads them): where none is named a benchmark draws its own, where one is it must be the one used."""
+    return bool(os.environ.get(ENV_VAR) or os.environ.get(FILE_VAR))
+
+
 def default_provider() -> KeyProvider:
     """$CCBRIDGE_KEY, else $CCBRIDGE_KEY_FILE, else a clear error."""
     if os.environ.get(ENV_VAR):
         return EnvKey()
-    if os.environ.get("CCBRIDGE_KEY_FILE"):
-        return FileKey(os.environ["CCBRIDGE_KEY_FILE"])
-    raise KeyMaterialError(f"no key: set ${ENV_VAR} (64 hex digits) or $CCBRIDGE_KEY_FILE, or pass keys=KeyProvider")
+    if os.environ.get(FILE_VAR):
+        return FileKey(os.environ[FILE_VAR])
+    raise KeyMaterialError(f"no key: set ${ENV_VAR} (64 hex digits) or ${FILE_VAR}, or pass keys=KeyProvider")
 
 
 def prefix(origin: int, seq: int, step: int) -> bytes:

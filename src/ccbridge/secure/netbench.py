@@ -30,7 +30,7 @@ from ccbridge import libcrypto, pluginenv, ranks
 from ccbridge.bindings import libc, ncclnet
 from ccbridge.errors import SecureError, UsageError
 from ccbridge.results import Result, Row
-from ccbridge.secure import netplugin
+from ccbridge.secure import keys, netplugin
 
 DEADLINE_S = 120.0
 # the stream's polling pause. NCCL's proxy thread polls without one but yields its core after a pass that found
@@ -428,9 +428,8 @@ def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int =
              tcp_baseline: bool = True, progress=print) -> Result:
     check(sizes, lanes, inflight, total)
     env = {"NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}  # the two processes', not this one's
-    # neither key set (an empty variable is unset, as the plugin reads it)
-    if not (os.environ.get("CCBRIDGE_KEY") or os.environ.get("CCBRIDGE_KEY_FILE")):
-        env["CCBRIDGE_KEY"] = os.urandom(32).hex()  # a benchmark key for both processes
+    if not keys.configured():
+        env[keys.ENV_VAR] = os.urandom(32).hex()  # a benchmark key for both processes
     pluginenv.library()
     plan = []  # grouped by lane count: each group uses one pair of connections
     for n in lanes:
