@@ -380,6 +380,8 @@ CASES = [
     (["bench", "net", "--lanes", "0"], "argument --lanes: expected at least 1, got 0"),
     (["bench", "net", "--lanes", "2", "17"], "--lanes: at most 16 (got 17)"),
     (["bench", "net", "--inflight", "0"], "argument --inflight: expected at least 1, got 0"),
+    (["bench", "net", "--link", "0"], "argument --link: expected a number above 0, got 0"),
+    (["bench", "net", "--link", "fast"], "argument --link: not a number: 'fast'"),
     (["bench", "net", "--total", "lots"], "argument --total: not a size: 'lots'"),
     (["bench", "net", "-b", "4M", "-e", "64K"], "-e/--maxbytes (65536) is smaller than -b/--minbytes"),
     (["bench", "net", "--json", "/nonexistent-dir/x.json"], "--json"),

@@ -1453,6 +1453,45 @@ def test_bench_net_renders_each_row_beside_its_anchors_within_120_columns(monkey
     assert "on all 128 cores this" in out
 
 
+def test_bench_net_link_says_whether_the_largest_size_carried_it_and_the_cores_a_host_needs():
+    from ccbridge.results import Result, Row
+    from ccbridge.secure import benchrows
+
+    def stream(size, lanes, gbps, send=0.4, recv=0.3):
+        r = Row.of("net_loopback", "stream", "GB/s", [gbps], size=size, lanes=lanes, inflight=8)
+        r.extra = {"cpu_s_per_gb_send": send, "cpu_s_per_gb_recv": recv, "cores_visible": 16}
+        return r
+
+    # the largest size's rows only (64 KiB's 30 GB/s is not a 4 MiB figure), each lane count's cores at the link
+    res = Result(kind="net", env={}, settings={}, rows=[stream(64 << 10, 8, 30.0), stream(4 << 20, 1, 5.0),
+                                                       stream(4 << 20, 8, 18.0, None, 0.3)])
+    lines, carried = benchrows.link_lines(res, 200)
+    assert not carried and lines == [
+        "link 200 Gb/s = 25.00 GB/s, 4194304 B messages, 16 cores here (loopback: both sides on them):",
+        "  1 lane: 5.00 GB/s (0.20 of the link); at the link a host needs 10.0 sending + 7.5 receiving cores",
+        " 8 lanes: 18.00 GB/s (0.72 of the link); at the link a host needs - cores",
+        "not carried here: at most 18.00 GB/s (8 lanes, 0.72 of the link)"]
+    lines, carried = benchrows.link_lines(res, 100)
+    assert carried and lines[-1] == "carried here at 8 lanes (18.00 GB/s)"
+    assert benchrows.link_lines(Result(kind="net", env={}, settings={}, rows=[]), 100) == (
+        ["link 100 Gb/s: no encrypted row was measured"], False)
+
+
+@pytest.mark.parametrize("gbits,rc,said", [("0.001", 0, "carried here at 1 lane"), ("1e6", 1, "not carried here")])
+def test_bench_net_link_exits_1_where_the_plugin_did_not_carry_it(gbits, rc, said, tmp_path):
+    import subprocess
+    import sys
+
+    from ccbridge import results
+
+    out = tmp_path / "net.json"
+    p = subprocess.run([sys.executable, "-m", "ccbridge", "bench", "net", "--lanes", "1", "--total", "4M", "-b",
+                        "64K", "-e", "64K", "--iters", "1", "--link", gbits, "--json", str(out)],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "CCBRIDGE_KEY": KEY})
+    assert p.returncode == rc, p.stderr
+    assert said in p.stdout and results.load(out).settings["link_gbits"] == float(gbits)
+
+
 def test_bench_net_refuses_more_in_flight_than_the_plugin_holds():
     from ccbridge.errors import UsageError
 

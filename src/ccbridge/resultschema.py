@@ -113,7 +113,7 @@ SETTINGS = {
                        "projection": nullable({"type": "object"}), "runs": array(STRINGS)}, closed=True),
     "net": record({"bench": {"const": "net"}, "inflight": POSITIVE, "total_bytes": POSITIVE, "repeat": POSITIVE,
                    "spin_us": MAYBE_STRING, "pipeline": MAYBE_STRING, "turns": MAYBE_STRING, "lane_mode": STRING,
-                   "interface": STRING},
+                   "interface": STRING, "link_gbits": NUMBER},
                   closed=True),
     "ddp": record({"models": STRINGS, "ngpus": array(POSITIVE), "buckets": array(POSITIVE), "iters": POSITIVE,
                    "warmup": COUNT, "backend": STRING, "net": MAYBE_STRING, "wrap": {"enum": ["ddp", "fsdp"]}},

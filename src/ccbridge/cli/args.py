@@ -101,7 +101,15 @@ def _float_ge0(text: str) -> float:
     return v
 
 
-float_ge0 = checked(_float_ge0)
+def _float_gt0(text: str) -> float:
+    """A finite number > 0."""
+    v = _float_ge0(text)
+    if v == 0:
+        raise UsageError("expected a number above 0, got 0")
+    return v
+
+
+float_ge0, float_gt0 = checked(_float_ge0), checked(_float_gt0)
 
 
 class Distinct(argparse.Action):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ccbridge import busbw, pluginenv, ui
 from ccbridge.choices import DDP_MODELS, DECODE_MODES, DECODE_PRESETS, KV_MODES, TP_ONLY
-from ccbridge.cli.args import Distinct, add_timer, apply_timer, command, device_spec, float_ge0, integer, size
+from ccbridge.cli.args import Distinct, add_timer, apply_timer, command, device_spec, float_ge0, float_gt0, integer, size
 from ccbridge.cli.checks import gpus_ready, named_key, plugin_built, sizes_in_order
 from ccbridge.cli.reports import wrote
 from ccbridge.errors import UsageError
@@ -74,7 +74,12 @@ def cmd_net(args) -> int:
               f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores, "
               f"{pluginenv.lane_mode()}, spin {pluginenv.spin_us()} us"), flush=True)
     res = netbench.loopback(sizes, args.lanes, args.inflight, args.total, args.iters)
-    return _done(res, benchrows.render_net(res), args)
+    if args.link is None:
+        return _done(res, benchrows.render_net(res), args)
+    res.settings["link_gbits"] = args.link
+    lines, carried = benchrows.link_lines(res, args.link)
+    rc = _done(res, "\n".join([benchrows.render_net(res), ""] + lines), args)
+    return rc or (0 if carried else 1)  # --link asks whether it carries the link here: no is 1
 
 
 def _gpu_timer(args) -> None:
@@ -238,6 +243,9 @@ def _add_net(benches) -> None:
     p.add_argument("--total", type=size, default="2G", help="bytes moved per measurement (default 2G)")
     _add_sizes(p, "64K", "4M", NET_STEP)
     _add_iters(p, 3, "repeats (default 3)")
+    p.add_argument("--link", type=float_gt0, metavar="GBITS",
+                   help="a link speed in Gb/s (e.g. 200): say whether the plugin carried it here at the largest "
+                        "size, and the cores a host needs to send and receive at it; exit 1 where it did not")
     _add_json(p)
 
 

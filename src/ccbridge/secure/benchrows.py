@@ -147,6 +147,33 @@ def _fraction(v) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def link_lines(res: Result, gbits: float) -> tuple[list[str], bool]:
+    """bench net --link: whether an encrypted row at the largest size moved the link's rate here, and per lane
+    count what sending and receiving at that rate takes in cores at the row's CPU-s/GB (a host of a ring collective
+    does both). Loopback puts both sides on this host's cores; two hosts have a side each. (lines, carried)"""
+    need = gbits / 8
+    rows = [r for r in res.rows if r.metric == "stream"]
+    if not rows:
+        return [f"link {gbits:g} Gb/s: no encrypted row was measured"], False
+    top = max(r.params["size"] for r in rows)
+    rows = sorted((r for r in rows if r.params["size"] == top), key=lambda r: r.params["lanes"])
+    cores = rows[0].extra.get("cores_visible")
+    out = [f"link {gbits:g} Gb/s = {need:.2f} GB/s, {top} B messages, {cores} cores here (loopback: both sides on "
+           "them):"]
+    for r in rows:
+        s, v = r.extra.get("cpu_s_per_gb_send"), r.extra.get("cpu_s_per_gb_recv")
+        at = "-" if s is None or v is None else f"{need * s:.1f} sending + {need * v:.1f} receiving"
+        lanes = f"{r.params['lanes']} lane" + ("s" if r.params["lanes"] != 1 else "")
+        out.append(f"{lanes:>8}: {r.median:.2f} GB/s ({r.median / need:.2f} of the link); at the "
+                   f"link a host needs {at} cores")
+    best = max(rows, key=lambda r: r.median)
+    carried = best.median >= need
+    out.append(f"carried here at {best.params['lanes']} lanes ({best.median:.2f} GB/s)" if carried else
+               f"not carried here: at most {best.median:.2f} GB/s ({best.params['lanes']} lanes, "
+               f"{best.median / need:.2f} of the link)")
+    return out, carried
+
+
 def render_net(res: Result) -> str:
     """bench net's tables (secure/netbench.py's rows): each encrypted row beside its anchors, then plain TCP, the
     uncoupled bound, the AES-GCM rates and the one-way trips."""
