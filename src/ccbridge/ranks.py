@@ -71,6 +71,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _class_name(e: BaseException) -> str:
+    """The name of the class the parent raises again: the first of ccbridge.errors' in e's (a subclass defined
+    elsewhere, the net plugin's NetError, is its SecureError: its message says what failed), else e's own."""
+    for cls in type(e).__mro__:
+        if getattr(errors, cls.__name__, None) is cls and issubclass(cls, errors.CCBridgeError):
+            return cls.__name__
+    return type(e).__name__
+
+
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [""])[0][:400]
 
@@ -283,7 +292,7 @@ def rank_main(link: Connection) -> None:
         _send(link, ("done", out))
     except BaseException as e:  # noqa: BLE001 - every failure goes to the parent as one line
         try:
-            _send(link, ("error", (type(e).__name__, _first_line(e), time.monotonic())))
+            _send(link, ("error", (_class_name(e), _first_line(e), time.monotonic())))
         except OSError:
             pass  # the parent is gone: nobody to tell
         sys.exit(1)  # SystemExit: no traceback printed

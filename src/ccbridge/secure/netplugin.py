@@ -26,7 +26,8 @@ class NetError(SecureError):
     """A plugin call returned an NCCL error code (the plugin logged why)."""
 
     def __init__(self, where: str, rc: int, why: str = ""):
-        super().__init__(f"{where} returned NCCL error {rc}" + (f": {why}" if why else ""))
+        why = why.removeprefix("NET/ccbridge: ")  # the plugin's log prefix: the message is about the plugin already
+        super().__init__(f"{where}: {why}" if why else f"{where} returned NCCL error {rc}")  # (rc: self.rc)
         self.where, self.rc = where, rc
 
 
