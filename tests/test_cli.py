@@ -180,7 +180,7 @@ def test_a_reader_that_stops_early_is_no_error(monkeypatch, capsys):
 BENCH_OPTIONS = {  # each bench's own options, and only those: another bench's is refused by argparse
     "ddp": {"--models", "--ngpus", "--buckets", "--iters", "--warmup", "--net", "--wrap", "--json"},
     "cipher": {"-b", "--minbytes", "-e", "--maxbytes", "--iters", "--timer", "--json"},
-    "net": {"--lanes", "--inflight", "--total", "-b", "--minbytes", "-e", "--maxbytes", "--iters", "--json"},
+    "net": {"--lanes", "--inflight", "--total", "-b", "--minbytes", "-e", "--maxbytes", "--iters", "--link", "--json"},
     "decode": {"--model", "--checkpoint", "--batch", "--prompt", "--output", "--modes", "--graphs", "--host-prep-us",
                "--tp", "--timer", "--device", "--seed", "--iters", "--warmup", "--json"},
     "kv": {"--model", "--prefixes", "--prefix-len", "--suffix-len", "--requests", "--churn", "--thresholds", "--modes",
