@@ -2022,7 +2022,7 @@ net.t.finalize(net.ctx)
 def test_the_plugins_init_line_names_the_lanes_mode_and_spin_it_runs_with(env, said):
     # a value out of range or not a number falls back (held to a bound, the default, or off) without an error:
     # NCCL's log (NCCL_DEBUG=INFO) is where every rank says what it took, in the words of `ccbridge env` and
-    # `bench net`'s header (pluginenv.settings, which reads the environment as the plugin does)
+    # `bench net`'s header (pluginenv.settings of pluginenv.status, which reads the environment as the plugin does)
     import subprocess
     import sys
 
@@ -2030,7 +2030,7 @@ def test_the_plugins_init_line_names_the_lanes_mode_and_spin_it_runs_with(env, s
     full.update(CCBRIDGE_KEY=KEY, NCCL_SOCKET_IFNAME="lo", **env)
     default = pluginenv.DEFAULT_SPIN_US if (os.sysconf("SC_NPROCESSORS_ONLN") or 1) >= 8 else 0
     said = said.format(default=default)
-    assert pluginenv.settings(full) == said
+    assert pluginenv.settings(pluginenv.status(full)) == said
     p = subprocess.run([sys.executable, "-c", _INIT_LINE_SCRIPT, str(pluginenv.library())], capture_output=True,
                        text=True, timeout=60, env=full)
     assert p.returncode == 0 and p.stdout.strip() == f"NET/ccbridge: AES-256-GCM records over TCP on lo; {said}", \

@@ -85,9 +85,10 @@ def spin_us(environ: dict[str, str] | None = None) -> int:
     return max(0, min(us, MAX_SPIN_US))
 
 
-def settings(environ: dict[str, str] | None = None) -> str:
-    """What the plugin runs with, in the words of its own line in NCCL's log: "lanes 8, turns 2, spin 50 us"."""
-    return f"lanes {lanes(environ)}, {lane_mode(environ)}, spin {spin_us(environ)} us"
+def settings(status_: dict) -> str:
+    """What the plugin runs with, from status() (or a result's stamp of it), in the words of its own line in NCCL's
+    log: "lanes 8, turns 2, spin 50 us"."""
+    return f"lanes {status_['lanes']}, {status_['lane_mode']}, spin {status_['spin_us']} us"
 
 
 def lane_mode(environ: dict[str, str] | None = None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ccbridge import env as envmod
-from ccbridge import fabric
+from ccbridge import fabric, pluginenv
 from ccbridge.probe import registry
 from ccbridge.results import KINDS, Result, Row
 from ccbridge.ui import human_bytes
@@ -104,7 +104,7 @@ def _plugin_text(p: dict | None) -> str:
     if p.get("will_load"):  # and how it runs each lane (stamps before it say nothing of it)
         return "NCCL will load it" + (" (NCCL_NET=ccbridge: required)" if p.get("required") else
                                       "; set NCCL_NET=ccbridge so NCCL fails rather than falls back to plaintext") \
-            + (f"; lanes {p['lanes']}, {p['lane_mode']}, spin {p['spin_us']} us" if p.get("lanes") else
+            + (f"; {pluginenv.settings(p)}" if p.get("lanes") else
                f"; lanes: {p['lane_mode']}" if p.get("lane_mode") else "")  # (stamps before the lanes and spin)
     missing = [w for w, ok in (("NCCL_NET_PLUGIN=ccbridge", p.get("selected")),
                                ("its folder on LD_LIBRARY_PATH", p.get("on_library_path"))) if not ok]
