@@ -1292,6 +1292,14 @@ def _threads(pid):
         return 0
 
 
+def _alive(pid):  # running, not a zombie
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _cpu_s(pid):  # pid's own user + system CPU seconds (not its children's)
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -1367,18 +1375,52 @@ def test_a_bound_side_that_dies_takes_the_measurement_down_and_leaves_no_process
         _, err = p.communicate(timeout=30)
         assert p.returncode == 1 and "result: a measuring process ended early" in err
         deadline = time.monotonic() + 10  # the other side ends with the program (its parent-death signal)
-        other = kids[1 - dies]
-        while os.path.exists(f"/proc/{other}") and time.monotonic() < deadline:
-            with open(f"/proc/{other}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    break
+        while _alive(kids[1 - dies]) and time.monotonic() < deadline:
             time.sleep(0.05)
-        alive = os.path.exists(f"/proc/{other}")
-        if alive:
-            with open(f"/proc/{other}/stat") as f:
-                alive = f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        assert not alive
+        assert not _alive(kids[1 - dies])
     finally:
+        p.kill()
+        p.wait()
+
+
+# a side that dies after its "ready" and before the go: the go met a closed socket and SIGPIPE killed the program
+# (exit -13, no word said) rather than its one line and exit 1
+def test_a_bound_side_that_dies_before_the_go_takes_the_measurement_down_with_a_line():
+    import signal
+    import subprocess
+
+    from ccbridge import pluginenv
+
+    try:
+        prog = str(pluginenv.bound_program())
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+    p = subprocess.Popen([prog, "-j", "-l", "2", "-s", "4M", "-t", "64G", "-n", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = None
+    try:
+        deadline = time.monotonic() + 20
+        while len(kids := _children(p.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert len(kids) == 2, kids
+        os.kill(p.pid, signal.SIGSTOP)  # the program holds its go while both sides get ready
+        stopped = p.pid
+        time.sleep(0.5)  # a side's set-up (its messages touched) takes milliseconds; then it waits for the go
+        assert _threads(kids[0]) == 1 and _threads(kids[1]) == 1, "a side started before the go"
+        os.kill(kids[0], signal.SIGKILL)
+        time.sleep(0.1)
+        os.kill(p.pid, signal.SIGCONT)
+        stopped = None
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 1 and "go: a measuring process ended early" in err, (p.returncode, err)
+        deadline = time.monotonic() + 10
+        while _alive(kids[1]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(kids[1])
+    finally:
+        if stopped:
+            os.kill(stopped, signal.SIGCONT)
         p.kill()
         p.wait()
 

@@ -426,8 +426,13 @@ static void one_pass(const plan *base, int m, int *sfd, int *rfd, pid_t parent, 
     }
     char b;
     for (int s = 0; s < 2; s++) must_read(ctl[s][0], &b, 1, "ready");
+    /* a side that died after its "ready": its end is closed, so the go fails (EPIPE, not the signal) */
     for (int s = 0; s < 2; s++)
-        if (write(ctl[s][0], "g", 1) != 1) die("go");
+        if (send(ctl[s][0], "g", 1, MSG_NOSIGNAL) != 1) {
+            kill(pid[1 - s], SIGKILL);
+            fprintf(stderr, "go: a measuring process ended early\n");
+            exit(1);
+        }
     /* a side that fails (exits) leaves the other blocked on a socket this process still holds: end it too. A side
      * that reported is left out (fd -1): its exit hangs its socket up, which poll reports whatever the events */
     for (int got = 0; got != 3;) {
