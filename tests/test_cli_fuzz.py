@@ -188,6 +188,13 @@ def _attest_sdk() -> bool:
     return importlib.util.find_spec("nv_attestation_sdk") is not None
 
 
+def _no_plugin() -> bool:
+    """The net plugin is not built: `bench net` refuses for that before its init is tried."""
+    from ccbridge import pluginenv
+
+    return not (pluginenv.path() / pluginenv.NAME).exists()
+
+
 def _terabyte_fits() -> bool:
     return shutil.disk_usage("/tmp").free > 2**40 + (1 << 30)
 
@@ -201,7 +208,7 @@ def _not_its(bench: str, *words: str) -> tuple[list[str], str]:
 
 # (argv with {d} for the fixture folder, expected fragment of the one stderr line[, extra]).
 # extra: absent = paths that must not exist after the case; skip = a precondition callable; wide = why the line
-# may pass 120 columns for now.
+# may pass 120 columns for now; env = variables the command runs with (input too).
 CASES = [
     # every subcommand, argparse's own errors included, says which subcommand it was
     (["env", "--bogus"], "unrecognized arguments: --bogus (see ccbridge env --help)"),
@@ -390,6 +397,10 @@ CASES = [
     (["bench", "net", "--total", "15M", "--lanes", "16", "--inflight", "1", "-b", "1M", "-e", "1M"],
      "--total 15728640: at least 16777216 here"),
     (["bench", "net", "--inflight", "33"], "--inflight: at most 32, the plugin's requests per connection (got 33)"),
+    # the plugin's init, in the two processes' environment, before the header (a rank's failure after the AES-GCM rates)
+    (["bench", "net", "--lanes", "1", "-b", "64K", "-e", "64K", "--total", "1M", "--iters", "1"],
+     "ccbridge bench net: the net plugin's init: no usable interface (NCCL_SOCKET_IFNAME=nope)",
+     {"env": {"NCCL_SOCKET_IFNAME": "nope"}, "skip": _no_plugin}),
     (["bench", "decode", "--model", "gpt5"], "argument --model: invalid choice: 'gpt5'"),
     (["bench", "decode", "--batch", "0"], "argument --batch: expected at least 1, got 0"),
     (["bench", "decode", "--output", "0"], "argument --output: expected at least 2, got 0"),
@@ -633,10 +644,10 @@ def _tree(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size if p.is_file() else -1 for p in root.rglob("*")}
 
 
-def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def run_cli(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The CLI as a user runs it, in a terminal wider than any line may be (its lines must fit 120 columns)."""
     return subprocess.run([sys.executable, "-m", "ccbridge.cli", *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env={**os.environ, "COLUMNS": "250"})
+                          timeout=TIMEOUT_S, env={**os.environ, "COLUMNS": "250", **(env or {})})
 
 
 def _benches() -> set[str]:
@@ -655,7 +666,7 @@ def test_bad_input_is_one_clear_line(d, case):
     argv = [a.replace("{d}", str(d)) for a in argv]
     fragment = fragment.replace("{d}", str(d))
     before = _tree(d)
-    r = run_cli(argv, d)
+    r = run_cli(argv, d, extra.get("env"))
     lines = r.stderr.splitlines()
     assert "Traceback" not in r.stdout + r.stderr, r.stderr
     assert r.returncode == 2, r.stderr

@@ -2112,3 +2112,31 @@ def test_bench_net_takes_an_empty_key_variable_as_unset_as_the_plugin_does():
                         "-e", "64K", "--iters", "1"], capture_output=True, text=True, timeout=300,
                        env={**env, "CCBRIDGE_KEY": "", "CCBRIDGE_KEY_FILE": ""})
     assert p.returncode == 0 and "GB/s" in p.stdout, p.stderr
+
+
+_REFUSED_SCRIPT = """
+import os, sys
+from ccbridge.secure import netbench
+before = dict(os.environ)
+try:
+    netbench.loopback([1 << 16], [1], total=1 << 20, repeat=1, progress=lambda line: print("measured:", line))
+except netbench.netplugin.NetError as e:
+    print("refused:", e)
+print("environment kept" if dict(os.environ) == before else "environment changed")
+"""
+
+
+@pytest.mark.parametrize("ifname", ["nope", "=l"])  # a prefix of none, an exact name of none
+def test_bench_net_finds_a_failing_plugin_init_before_it_measures(ifname):
+    # in a fresh process: an interface the plugin found stays found for its process. The ranks' init failed after
+    # the header and the AES-GCM rates ("net bench rank 1 of 2: init: no usable interface ..."): now the plugin's
+    # own init, here, in the ranks' environment, says it before a measurement, and puts this environment back
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CCBRIDGE_KEY", "CCBRIDGE_KEY_FILE")}
+    p = subprocess.run([sys.executable, "-c", _REFUSED_SCRIPT], capture_output=True, text=True, timeout=120,
+                       env={**env, "NCCL_SOCKET_IFNAME": ifname})
+    assert p.returncode == 0 and p.stdout.splitlines() == [
+        f"refused: the net plugin's init: no usable interface (NCCL_SOCKET_IFNAME={ifname})", "environment kept"], \
+        p.stdout + p.stderr

@@ -70,6 +70,7 @@ def cmd_net(args) -> int:
     netbench.check(sizes, args.lanes, args.inflight, args.total)
     plugin_built()
     named_key()
+    netbench.plugin_ready()  # (loopback checks again, for library callers: here it is before the header)
     print(fit(f"# ccbridge bench net: {pluginenv.NAME} loopback, two processes, {args.inflight} messages in flight, "
               f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores, "
               f"{pluginenv.lane_mode()}, spin {pluginenv.spin_us()} us"), flush=True)

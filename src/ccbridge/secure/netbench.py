@@ -423,14 +423,43 @@ def check(sizes: list[int], lanes: list[int], inflight: int, total: int) -> None
                          f"{max(sizes)} B)")
 
 
+def rank_env() -> dict[str, str]:
+    """What the two processes add to this one's environment: the interface (loopback unless one is named) and,
+    where none is configured, a benchmark key for both."""
+    env = {"NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}
+    if not keys.configured():
+        env[keys.ENV_VAR] = os.urandom(32).hex()
+    return env
+
+
+def plugin_ready(env: dict[str, str] | None = None) -> None:
+    """The plugin's own init, here, in the environment the two processes get (`env`, default rank_env()): what
+    would fail in both (an interface that matches nothing, no libcrypto) is one line in the plugin's words before
+    anything is measured, not a rank's failure after the AES-GCM rates. NetError where it fails. The plugin reads
+    that environment with getenv, so it is set for the call and put back. Its interface, once found, stays for this
+    process (a later call here passes whatever it names); the ranks are fresh processes."""
+    env = rank_env() if env is None else env
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        net = netplugin.Net()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+    if net.rc:
+        raise netplugin.NetError("the net plugin's init", net.rc, net.why())
+    net.t.finalize(net.ctx)
+
+
 def loopback(sizes: list[int], lanes: list[int], inflight: int = 8, total: int = 2 << 30, repeat: int = 3,
              rtt_sizes: tuple[int, ...] = (8, 4096, 65536), rtt_iters: int = 1000,
              tcp_baseline: bool = True, progress=print) -> Result:
     check(sizes, lanes, inflight, total)
-    env = {"NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME", "lo")}  # the two processes', not this one's
-    if not keys.configured():
-        env[keys.ENV_VAR] = os.urandom(32).hex()  # a benchmark key for both processes
-    pluginenv.library()
+    env = rank_env()  # the two processes', not this one's
+    plugin_ready(env)
     plan = []  # grouped by lane count: each group uses one pair of connections
     for n in lanes:
         plan += [("stream", n, s, inflight, total, repeat) for s in sizes]
