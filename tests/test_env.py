@@ -231,6 +231,57 @@ def test_the_stamp_says_whether_nccl_will_load_the_encrypting_plugin(tmp_path):
     assert row({**on, "built": False}) == "not built"
 
 
+# NCCL_NET_PLUGIN's forms: (value, {lib}: the plugin's file, {tmp}: a test folder; selected, will load without
+# LD_LIBRARY_PATH, with the plugin's folder on it)
+_PLUGIN_FORMS = [
+    ("ccbridge", True, False, True),  # libnccl-net-ccbridge.so, on the library path
+    ("libnccl-net-ccbridge.so", True, False, True),  # the file name itself, on the library path
+    ("{lib}", True, True, True),  # a path: opened as it is
+    ("{tmp}/link.so", True, True, True),  # a link to the plugin
+    ("./libnccl-net-ccbridge.so", True, True, True),  # relative to the working folder (the plugin's, here)
+    ("ccbridge,other", True, False, True),  # a list: tried in order
+    (",{lib}", True, True, True),  # empty names skipped (strtok)
+    ("other,ccbridge", False, False, False),  # another first: it is used where it loads
+    ("{tmp}/libnccl-net-other.so", False, False, False),  # a path to another file
+    ("{tmp}/libnccl-net-ccbridge.so", False, False, False),  # a path to no file
+    ("none", False, False, False), ("NONE", False, False, False), ("", False, False, False), (",", False, False, False),
+    ("CCBRIDGE", False, False, False),  # libnccl-net-CCBRIDGE.so: file names keep their case
+    ("ccbridge.so", False, False, False),  # ccbridge.so, then libnccl-net-ccbridge.so.so
+    (None, False, False, False),  # unset: libnccl-net.so
+]
+
+
+@pytest.mark.parametrize("value,selected,bare,on_path", _PLUGIN_FORMS, ids=[str(f[0]) for f in _PLUGIN_FORMS])
+def test_the_stamp_reads_nccl_net_plugin_as_nccl_resolves_it(value, selected, bare, on_path, tmp_path, monkeypatch):
+    # NCCL (2.28 and later, plugin_open.cc) opens the name as given, then, where it is no path and no lib*.so name,
+    # libnccl-net-<name>.so; a comma-separated list is tried in order (net.cc). Only NCCL_NET_PLUGIN=ccbridge
+    # counted: a path to the plugin (which needs no LD_LIBRARY_PATH) or its file name read "built, not selected"
+    from ccbridge import pluginenv
+    from ccbridge.report.tables import machine_table
+
+    lib = pluginenv.path() / pluginenv.NAME
+    if not lib.exists():
+        pytest.skip("the NCCL plugin is not built here")
+    (tmp_path / "libnccl-net-other.so").write_bytes(b"")
+    (tmp_path / "link.so").symlink_to(lib)
+    monkeypatch.chdir(lib.parent)
+    env = {} if value is None else {"NCCL_NET_PLUGIN": value.format(lib=lib, tmp=tmp_path)}
+    alone, found = pluginenv.status(env), pluginenv.status({**env, "LD_LIBRARY_PATH": str(pluginenv.path())})
+    assert (alone["selected"], alone["will_load"], found["selected"], found["will_load"]) == \
+        (selected, bare, selected, on_path)
+    said = dict(machine_table({"nccl_net_plugin": alone}).rows)["NCCL net plugin (encrypted)"]
+    assert said.startswith("NCCL will load it") == bare
+
+
+def test_nccl_net_is_read_without_case_as_nccl_compares_it():
+    from ccbridge import pluginenv
+
+    # net.cc: strcasecmp(comm->config.netName, ncclNet->name)
+    assert pluginenv.status({"NCCL_NET": "CCBridge"})["required"]
+    assert not pluginenv.status({"NCCL_NET": "x"})["required"]
+    assert pluginenv.plugin_first({}) == "libnccl-net.so" and pluginenv.plugin_first({"NCCL_NET_PLUGIN": ",a,b"}) == "a"
+
+
 def test_ccbridge_env_says_whether_the_plugin_will_take_the_key(tmp_path, monkeypatch, capsys):
     # "NCCL will load it" said nothing of the key: with none, or a key file others can read, NCCL loaded the plugin
     # and its init failed on every rank. The key is checked here (not in the stamp: a result's key is the bench's)

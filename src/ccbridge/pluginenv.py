@@ -1,7 +1,8 @@
 """Where the NCCL net plugin (libnccl-net-ccbridge.so) lives, and the environment that turns it on.
 
-NCCL loads `libnccl-net-${NCCL_NET_PLUGIN}.so` from the library path, so a
-job sets NCCL_NET_PLUGIN=ccbridge and puts `path()` on LD_LIBRARY_PATH; every
+NCCL loads `libnccl-net-${NCCL_NET_PLUGIN}.so` from the library path (or
+the library NCCL_NET_PLUGIN names: status()), so a job sets
+NCCL_NET_PLUGIN=ccbridge and puts `path()` on LD_LIBRARY_PATH; every
 byte NCCL sends between ranks over the network then travels as AES-256-GCM
 records keyed from $CCBRIDGE_KEY or $CCBRIDGE_KEY_FILE (the formats of
 ccbridge.secure.keys). The sources are in ccbridge/native/ncclnet; the plugin
@@ -56,16 +57,47 @@ def env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def status(environ: dict[str, str] | None = None) -> dict:
-    """Will NCCL load the plugin in this environment? For `ccbridge env` and every result's stamp."""
+    """Will NCCL load the plugin in this environment? For `ccbridge env` and every result's stamp.
+
+    Selected: the first library NCCL tries for NCCL_NET_PLUGIN is this one (plugin_first()). A name ("ccbridge",
+    whose library is libnccl-net-ccbridge.so, or that file name itself) is looked up on the library path, so it
+    loads where this folder is on LD_LIBRARY_PATH; a path (any name with a "/") is opened as it is, from this
+    process's working folder where relative, so it loads where it is this plugin's file, whatever the library
+    path. (NCCL 2.27 alone takes no path: it makes libnccl-net-<path>.so of one; 2.28 and later open it.)
+    Required: NCCL_NET names it (compared without case, as NCCL compares it with the plugin's name)."""
     e = os.environ if environ is None else environ
     lib = path() / NAME
     on_path = str(path()) in [str(Path(x).resolve()) for x in e.get("LD_LIBRARY_PATH", "").split(os.pathsep) if x]
-    selected = e.get("NCCL_NET_PLUGIN") == "ccbridge"
+    first = plugin_first(e)
+    by_path = first is not None and "/" in first
+    selected = _same_file(first, lib) if by_path else first in ("ccbridge", NAME)
     out = {"built": lib.exists(), "path": str(lib), "selected": selected, "on_library_path": on_path,
-           "will_load": lib.exists() and selected and on_path,
-           "required": e.get("NCCL_NET") == "ccbridge",  # without it NCCL falls back to plaintext if the plugin fails
+           "will_load": lib.exists() and selected and (by_path or on_path),
+           # without it NCCL falls back to plaintext if the plugin fails
+           "required": e.get("NCCL_NET", "").lower() == "ccbridge",
            "lane_mode": lane_mode(e), "lanes": lanes(e), "spin_us": spin_us(e)}
     return out
+
+
+def plugin_first(environ: dict[str, str] | None = None) -> str | None:
+    """The library NCCL tries first for NCCL_NET_PLUGIN, as NCCL 2.27 and later read it (net.cc
+    initPluginLibsOnceFunc, plugin_open.cc openPluginLib): unset, libnccl-net.so; "none" (in any case), empty or
+    only commas, none; else the first of its comma-separated names, whole. NCCL tries the next only where that
+    one fails to load or start, so a later name is not counted as selected."""
+    e = os.environ if environ is None else environ
+    value = e.get("NCCL_NET_PLUGIN")
+    if value is None:
+        return "libnccl-net.so"
+    names = [] if value.lower() == "none" else [n for n in value.split(",") if n]
+    return names[0] if names else None
+
+
+def _same_file(name: str, lib: Path) -> bool:
+    """dlopen(name) opens lib: the same file (a link to it counts), or where either is missing, the same path."""
+    try:
+        return os.path.samefile(name, lib)
+    except OSError:
+        return os.path.realpath(name) == os.path.realpath(lib)
 
 
 def lanes(environ: dict[str, str] | None = None) -> int:
