@@ -1057,7 +1057,13 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
     assert all(r.median > 0 and r.extra["bad"] == 0 for r in streams) and not res.errors
     assert all(r.extra["cpu_s_per_gb_send"] > 0 and r.extra["cpu_s_per_gb_recv"] > 0 for r in streams)
     assert {r.params["size"] for r in res.rows if r.metric == "half_rtt"} == {8, 4096, 65536}
-    assert res.env and "GB/s" in p.stdout and "CPU-s/GB" in p.stdout
+    # the account on stdout: each row once, in one table (progress, a line a measurement, went to stderr)
+    table = [ln.split() for ln in p.stdout.splitlines() if re.match(r" +\d+ +\d+ ", ln)]
+    assert sorted((int(t[1]), int(t[0])) for t in table) == sorted((r.params["lanes"], r.params["size"])
+                                                                     for r in streams)
+    assert all(float(t[2]) == round(r.median, 2) for t, r in zip(table, streams)) and res.env
+    assert len(p.stdout.splitlines()) <= 2 + 1 + len(streams) + 3 and "CPU-s/GB" not in p.stderr
+    assert sum(ln.startswith("  encrypted ") for ln in p.stderr.splitlines()) == len(streams)
     # which lane mode ran (what the two processes read from the environment they inherit)
     mode = pluginenv.lane_mode({**os.environ, "CCBRIDGE_KEY": KEY})
     assert res.settings["lane_mode"] == res.env["nccl_net_plugin"]["lane_mode"] == mode
@@ -1072,7 +1078,7 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
         assert x["aes_gcm_gbps_per_core_encrypt"] > 0 and x["tcp_cpu_s_per_gb_send"] > 0
         assert len(x["poll_cores"]) == 1 and x["poll_cores"][0] >= 0  # the two polling threads, apart
     assert {r.params["record"] for r in res.rows if r.metric == "aes_gcm_encrypt"} == {32768, 65536, 176128, 524288}
-    assert "bound = cores / (plain TCP's CPU-s/GB" in p.stdout and max(map(len, p.stdout.splitlines())) <= 120
+    assert max(map(len, (p.stdout + p.stderr).splitlines())) <= 120
     # the plugin's work with none of its waits (ccbridge-net-bound), measured at the largest size, every lane count
     both = {r.params["streams"]: r for r in res.rows if r.metric == "uncoupled"}
     assert sorted(both) == [1, 3] and all(r.params["size"] == 524288 and r.median > 0 for r in both.values())
@@ -1089,7 +1095,11 @@ def test_bench_net_writes_a_result_with_checked_bytes(tmp_path):
         # the plugin's threads a lane, the bench's messages in flight, a polling thread a side as the bench's
         assert u.extra["crypto_threads"] == pluginenv.crypto_threads({**os.environ})
         assert (u.extra["inflight"], u.extra["poll"]) == (r.params["inflight"], 1)
-    assert "at once GB/s" in p.stdout
+    # beside each row at the largest size: the bound at once and the share of it, plain TCP at its lane count
+    for t, r in zip(table, streams):
+        x = r.extra
+        assert t[3:] == [f"{x['uncoupled_gbps']:.2f}" if "of_uncoupled" in x else "-",
+                         f"{x['of_uncoupled']:.2f}" if "of_uncoupled" in x else "-", f"{x['tcp_gbps']:.2f}"]
 
 
 def test_a_missing_bound_program_is_a_skip_not_a_failure(monkeypatch):
@@ -1489,10 +1499,26 @@ def test_bench_net_renders_each_row_beside_its_anchors_within_120_columns(monkey
     assert x["bound_gbps"] == pytest.approx(128 / 0.6, abs=1e-3) and x["of_tcp"] == 0.525
     assert x["of_bound"] == round(21.0 / (128 / 0.6), 3) and x["cpu_efficiency"] == round(0.6 / 0.85, 3)
     assert x["record"] == 256 << 10 and x["cores_visible"] == 128 and x["tcp_cpu_s_per_gb_recv"] == 0.1
-    out = benchrows.render_net(Result(kind="net", env={}, settings={}, rows=rows))
-    assert max(map(len, out.splitlines())) <= 120 and all(ln == ln.rstrip() for ln in out.splitlines())
-    assert "   4194304    16   21.00   8.0/9.0   0.400/0.450    40.00   0.53     213.33     0.10    0.71" in out
-    assert "on all 128 cores this" in out
+    # the terminal's account: one line a row, with what judges it (the bound at once and the share of it, plain
+    # TCP); the cores, CPU-s/GB and the CPU bound stay in the rows (--json), not in 13 columns and a page of prose
+    stream.extra.update(uncoupled_gbps=25.0, of_uncoupled=0.84, bad=1)
+    rtt = [Row.of("net_loopback", "half_rtt", "us", [v], size=s, lanes=n)
+           for n, s, v in ((1, 8, 12.04), (1, 65536, 56.5), (16, 8, 14.5), (16, 65536, 60.61))]
+    skip = {"test": "net_loopback:uncoupled", "reason": "the uncoupled bound did not run: exit 1: no libcrypto"}
+    out = benchrows.render_net(Result(kind="net", env={}, settings={}, rows=rows + rtt, skipped=[skip]))
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 120 and all(ln == ln.rstrip() for ln in lines) and len(lines) == 6
+    assert lines[:2] == ["  size (B)  lanes  encrypted GB/s  at once GB/s  of it  plain TCP GB/s",
+                         "   4194304     16           21.00         25.00   0.84           40.00  WRONG BYTES"]
+    assert lines[2].startswith("at once: the plugin's work with none of its waits") and lines[3].endswith(": --json")
+    assert lines[4:] == [skip["reason"], "one-way trip (us) at 8 / 65536 B: 1 lane 12.0 / 56.5; 16 lanes 14.5 / 60.6"]
+    assert "0.400" not in out and "213.33" not in out and "CPU eff" not in out  # the evidence: --json
+    assert benchrows.render_net(Result(kind="net", env={}, settings={}, rows=[])) == lines[0]
+    # the trips of many lane counts: each count's on one line, every line within 120 columns
+    rtt = [Row.of("net_loopback", "half_rtt", "us", [123.45], size=s, lanes=n) for n in (1, 2, 4, 8, 16)
+           for s in (8, 4096, 65536)]
+    trips = benchrows.render_net(Result(kind="net", env={}, settings={}, rows=rtt)).splitlines()[1:]
+    assert len(trips) == 2 and max(map(len, trips)) <= 120 and trips[1].startswith("  4 lanes 123.5 / 123.5 / 123.5;")
 
 
 def test_bench_net_link_says_whether_the_largest_size_carried_it_and_the_cores_a_host_needs():

@@ -74,7 +74,9 @@ def cmd_net(args) -> int:
     print(fit(f"# ccbridge bench net: {pluginenv.NAME} loopback, two processes, {args.inflight} messages in flight, "
               f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores, "
               f"{pluginenv.lane_mode()}, spin {pluginenv.spin_us()} us"), flush=True)
-    res = netbench.loopback(sizes, args.lanes, args.inflight, args.total, args.iters)
+    # each measurement's line as it ends on stderr (a default run takes minutes); the account on stdout
+    res = netbench.loopback(sizes, args.lanes, args.inflight, args.total, args.iters,
+                            progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.link is None:
         return _done(res, benchrows.render_net(res), args)
     res.settings["link_gbits"] = args.link

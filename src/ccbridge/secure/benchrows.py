@@ -7,10 +7,10 @@ One row per measured quantity: `compare`, `report` and `advise` read them as any
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from ccbridge.results import Result, Row
+from ccbridge.textfit import WIDTH
 
 # ---- bench ddp: one row per model, world size, mode and bucket size ----
 
@@ -175,59 +175,40 @@ def link_lines(res: Result, gbits: float) -> tuple[list[str], bool]:
 
 
 def render_net(res: Result) -> str:
-    """bench net's tables (secure/netbench.py's rows): each encrypted row beside its anchors, then plain TCP, the
-    uncoupled bound, the AES-GCM rates and the one-way trips."""
-    out = [f"{'size (B)':>10} {'lanes':>5} {'GB/s':>7} {'cores s/r':>9} {'CPU-s/GB s/r':>13} "
-           f"{'TCP GB/s':>8} {'of TCP':>6} {'bound GB/s':>10} {'of bound':>8} {'CPU eff':>7} {'at once':>7} "
-           f"{'of it':>5}"]
+    """bench net's account for a terminal (secure/netbench.py's rows): per encrypted row what judges it, the
+    plugin's uncoupled bound measured right after it (`at once`, at the largest size) and the row's share of it
+    (`of it`, the median of the repeats' shares), and plain TCP at as many streams; then the one-way trips. The
+    evidence behind them (each repeat, the cores and CPU-s/GB per side, the CPU bound and its inputs, the AES-GCM
+    rates, the bound's own parts) is in the rows' extra: --json."""
+    out = [f"{'size (B)':>10}  {'lanes':>5}  {'encrypted GB/s':>14}  {'at once GB/s':>12}  {'of it':>5}  "
+           f"{'plain TCP GB/s':>14}"]
     for r in res.rows:
         if r.metric == "stream":
             x = r.extra
-            per = "/".join("-" if x.get(f"cpu_s_per_gb_{s}") is None else f"{x[f'cpu_s_per_gb_{s}']:.3f}"
-                           for s in ("send", "recv"))
-            cores = f"{max(x['plugin_cores_send']):.1f}/{max(x['plugin_cores_recv']):.1f}"
-            tcp = "-" if x.get("tcp_gbps") is None else f"{x['tcp_gbps']:.2f}"
-            bound = "-" if x.get("bound_gbps") is None else f"{x['bound_gbps']:.2f}"
-            out.append(f"{r.params['size']:>10} {r.params['lanes']:>5} {r.median:>7.2f} {cores:>9} {per:>13} "
-                       f"{tcp:>8} {_fraction(x.get('of_tcp')):>6} {bound:>10} {_fraction(x.get('of_bound')):>8} "
-                       f"{_fraction(x.get('cpu_efficiency')):>7} {_fraction(x.get('uncoupled_gbps')):>7} "
-                       f"{_fraction(x.get('of_uncoupled')):>5}")
-    tcp = [r for r in res.rows if r.metric == "tcp_plaintext"]
-    if tcp:
-        out.append(f"{'size (B)':>10} {'streams':>7} {'plain TCP GB/s':>14} {'cores s/r':>9} {'CPU-s/GB s/r':>13}")
-        out += [f"{r.params['size']:>10} {r.params['streams']:>7} {r.median:>14.2f} "
-                f"{max(r.extra['cores_send']):>4.1f}/{max(r.extra['cores_recv']):<4.1f} "
-                f"{r.extra['cpu_s_per_gb_send']:>6.3f}/{r.extra['cpu_s_per_gb_recv']:<6.3f}" for r in tcp]
-    both = [r for r in res.rows if r.metric == "uncoupled"]
-    if both:
-        out.append(f"{'size (B)':>10} {'lanes':>5} {'at once GB/s':>12} {'streams alone':>13} {'AES-GCM alone':>13} "
-                   f"{'cores':>5}")
-        out += [f"{r.params['size']:>10} {r.params['streams']:>5} {r.median:>12.2f} "
-                f"{statistics.median(r.extra['streams']):>13.2f} {statistics.median(r.extra['crypto']):>13.2f} "
-                f"{statistics.median(r.extra['cores']):>5.1f}" for r in both]
-    gcm = [r for r in res.rows if r.metric.startswith("aes_gcm")]
-    if gcm:
-        out.append(f"{'record (B)':>10} {'threads':>7} {'AES-GCM GB/s per core: encrypt':>31} {'decrypt':>7}")
-        out += [f"{e.params['record']:>10} {e.params['threads']:>7} {e.median:>31.2f} {d.median:>7.2f}"
-                for e, d in zip(gcm[::2], gcm[1::2])]
-    bounded = [r for r in res.rows if r.extra.get("bound_gbps")]
-    if bounded:
-        cores = bounded[0].extra["cores_visible"]  # the run's, which its bound was made of (netbench._compare)
-        out += [f"bound = cores / (plain TCP's CPU-s/GB send + recv at as many streams + 1 / AES-GCM encrypt + "
-                "1 / decrypt GB/s", f"  per core at the row's record size, on all {cores} cores this "
-                "process may use (sched_getaffinity)), measured in this run:",
-                "  each encrypted byte costs what TCP's does plus one seal and one open. CPU eff = that CPU-s/GB over "
-                "the row's own", "  (plugin threads, both sides). TCP GB/s: the plain TCP row of the same lane "
-                "count (its size: the largest)."]
-    if both:
-        out += ["at once: the plugin's work with none of its waits (ccbridge-net-bound: as many plain TCP streams and "
-                "threads a lane", "  as the plugin's sealing (sender) and opening (receiver) the same bytes in its "
-                "records where it finds them,", "  native, nothing coupling them; a polling thread a side as the "
-                "bench's), GB/s when both sides are done, measured", "  right after each repeat of the row: the limit "
-                "it is judged by (of it: the median of the repeats' shares; the CPU", "  bound assumes every core "
-                "busy)."]
-    rtt = [r for r in res.rows if r.metric == "half_rtt"]
-    if rtt:
-        out.append(f"{'size (B)':>10} {'lanes':>5} {'one-way us':>10}")
-        out += [f"{r.params['size']:>10} {r.params['lanes']:>5} {r.median:>10.1f}" for r in rtt]
+            out.append(f"{r.params['size']:>10}  {r.params['lanes']:>5}  {r.median:>14.2f}  "
+                       f"{_fraction(x.get('uncoupled_gbps')):>12}  {_fraction(x.get('of_uncoupled')):>5}  "
+                       f"{_fraction(x.get('tcp_gbps')):>14}" + ("  WRONG BYTES" if x.get("bad") else ""))
+    if len(out) > 1:
+        out += ["at once: the plugin's work with none of its waits (ccbridge-net-bound), right after each repeat at "
+                "the largest size;",
+                "  of it: the row's share. Plain TCP: as many streams (Python threads), largest size. Cores, CPU-s/GB, "
+                "CPU bound: --json"]
+        # where it did not run (not built, or it failed): why, since every row's `at once` is then "-"
+        out += [s["reason"] for s in res.skipped if s.get("test") == "net_loopback:uncoupled"]
+    by_lanes: dict[int, dict[int, float]] = {}
+    for r in res.rows:
+        if r.metric == "half_rtt":
+            by_lanes.setdefault(r.params["lanes"], {})[r.params["size"]] = r.median
+    if by_lanes:
+        sizes = sorted({s for got in by_lanes.values() for s in got})
+        each = [f"{n} lane{'s' if n != 1 else ''} " + " / ".join(f"{got[s]:.1f}" if s in got else "-" for s in sizes)
+                for n, got in by_lanes.items()]
+        line = f"one-way trip (us) at {' / '.join(map(str, sizes))} B: {each[0]}"
+        for part in each[1:]:  # within the terminal's columns, a lane count's trips kept on one line
+            if len(line) + 2 + len(part) > WIDTH:
+                out.append(line + ";")
+                line = "  " + part
+            else:
+                line += "; " + part
+        out.append(line)
     return "\n".join(line.rstrip() for line in out)

@@ -362,21 +362,18 @@ class _Rows:
             row.extra = {"cores_send": extra["plugin_cores_send"], "cores_recv": extra["plugin_cores_recv"],
                          "cpu_s_per_gb_send": extra["cpu_s_per_gb_send"],
                          "cpu_s_per_gb_recv": extra["cpu_s_per_gb_recv"]}
-            self.progress(f"  plain TCP {size:>7} B streams {n:>2}: {row.median:6.2f} GB/s (no encryption: this "
-                          f"kernel's loopback; Python threads)")
+            self.progress(f"  plain TCP {size:>10} B, streams {n:>2}: {row.median:6.2f} GB/s")
         elif what == "stream":
             bounds = extra.pop("bounds", None)
             row = Row.of("net_loopback", "stream", "GB/s", samples, size=size, lanes=n, inflight=infl)
             row.extra = extra
-            self.progress(f"  stream {size:>10} B  lanes {n:>2}: {row.median:6.2f} GB/s  plugin cores "
-                          f"send {max(extra['plugin_cores_send']):.1f} recv {max(extra['plugin_cores_recv']):.1f}  "
-                          f"CPU-s/GB send {extra['cpu_s_per_gb_send']} recv {extra['cpu_s_per_gb_recv']}"
+            self.progress(f"  encrypted {size:>10} B, lanes {n:>2}: {row.median:6.2f} GB/s"
                           + ("  WRONG BYTES" if extra["bad"] else ""))
             if bounds:  # after the row's line: the bound's names the row's share of it
                 self._bound(row, samples, bounds)
         else:
             row = Row.of("net_loopback", "half_rtt", "us", samples, size=size, lanes=n)
-            self.progress(f"  ping-pong {size:>7} B  lanes {n:>2}: {row.median:7.1f} us per one-way trip")
+            self.progress(f"  one-way trip {size:>7} B, lanes {n:>2}: {row.median:7.1f} us")
         return row
 
     def _bound(self, row: Row, samples: list[float], bounds: list) -> None:
@@ -401,10 +398,8 @@ class _Rows:
                          of_uncoupled_each=each,
                          of_uncoupled=round(statistics.median(each), 3))
         self.bound_rows.append(u)
-        alone = f"streams alone {statistics.median(u.extra['streams']):.2f}, AES-GCM " \
-                f"{statistics.median(u.extra['crypto']):.2f}"
-        self.progress(f"  bound (at once) {row.params['size']:>7} B lanes {n:>2}: {u.median:6.2f} GB/s ({alone}); "
-                      f"stream of it {statistics.median(each):.2f} ({min(each):.2f}-{max(each):.2f})")
+        self.progress(f"  at once   {row.params['size']:>10} B, lanes {n:>2}: {u.median:6.2f} GB/s, the encrypted "
+                      f"stream {statistics.median(each):.2f} of it")
 
 
 def check(sizes: list[int], lanes: list[int], inflight: int, total: int) -> None:
