@@ -15,7 +15,10 @@
  * copy writes (the harness aborts on a write to an unpublished or released
  * destination); ccbt_pending_ops() counts copies and event records queued but
  * not yet done; ccbt_fail_rate makes 1 in N copy calls (refused at issue) or
- * event waits (after the wait) return an error.
+ * event waits (after the wait) return an error; ccbt_prewarm_delay_ms makes
+ * each prewarm step (a context, a staging allocation) take that long.
+ * Also built alone as a shared library with load.c (tests/test_load_pool_cpu.py
+ * drives a pool on it from Python): ccbt_check_write then checks nothing.
  */
 #include "../src/ccbridge/native/common/cudrv.h"
 
@@ -30,8 +33,10 @@
 
 ccb_driver cu; /* g_err and set_err: common/err.c, as in the core */
 
-void ccbt_check_write(const void *dst, size_t n, const char *who); /* loader_stress.c */
+/* loader_stress.c's check overrides this one */
+__attribute__((weak)) void ccbt_check_write(const void *dst, size_t n, const char *who) { (void)dst, (void)n, (void)who; }
 int ccbt_fail_rate;                                                    /* 0: no injected errors */
+int ccbt_prewarm_delay_ms;                                             /* atomic; 0: prewarm steps are instant */
 static long g_pending;                                                 /* atomic */
 long ccbt_pending_ops(void) { return __atomic_load_n(&g_pending, __ATOMIC_ACQUIRE); }
 
@@ -47,6 +52,10 @@ static unsigned rnd(void) {
     return (unsigned)rand_r(&t_seed);
 }
 static int inject(void) { return ccbt_fail_rate > 0 && rnd() % (unsigned)ccbt_fail_rate == 0; }
+static void prewarm_step(void) {
+    int ms = __atomic_load_n(&ccbt_prewarm_delay_ms, __ATOMIC_RELAXED);
+    if (ms > 0) usleep((useconds_t)ms * 1000);
+}
 
 typedef struct fev {
     pthread_mutex_t mu;
@@ -124,6 +133,7 @@ static CUresult f_PrimaryRelease(CUdevice d) { (void)d; return 0; }
 static long g_ctx_id = 0x2000;
 static CUresult f_CtxCreate(CUcontext *c, unsigned f, CUdevice d) {
     (void)f; (void)d;
+    prewarm_step();
     *c = (CUcontext)(uintptr_t)__atomic_add_fetch(&g_ctx_id, 16, __ATOMIC_RELAXED);
     return 0;
 }
@@ -131,12 +141,18 @@ static CUresult f_CtxDestroy(CUcontext c) { (void)c; return 0; }
 static CUresult f_CtxPop(CUcontext *c) { if (c) *c = NULL; return 0; }
 static CUresult f_CtxSet(CUcontext c) { (void)c; return 0; }
 static CUresult f_MemAlloc(CUdeviceptr *p, size_t n) {
+    prewarm_step();
     void *m = malloc(n);
     *p = (CUdeviceptr)(uintptr_t)m;
     return m ? 0 : 2;
 }
 static CUresult f_MemFree(CUdeviceptr p) { free((void *)(uintptr_t)p); return 0; }
-static CUresult f_MemHostAlloc(void **p, size_t n, unsigned f) { (void)f; *p = malloc(n); return *p ? 0 : 2; }
+static CUresult f_MemHostAlloc(void **p, size_t n, unsigned f) {
+    (void)f;
+    prewarm_step();
+    *p = malloc(n);
+    return *p ? 0 : 2;
+}
 static CUresult f_MemFreeHost(void *p) { free(p); return 0; }
 static CUresult copy_async(void *dst, const void *src, size_t n, CUstream s) {
     if (inject()) return 1; /* refused at issue: nothing queued */

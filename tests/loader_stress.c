@@ -8,7 +8,8 @@
  * and at times cancels midway (and cancels after an error, as the Python
  * loader does); the main thread at times truncates a file mid-load or before
  * submit, publishes stale counts before submit and after the end, and at
- * times frees the pool while workers wait for destinations. Then, on the same
+ * times frees the pool while workers wait for destinations (and at times closes a
+ * new pool during its prewarm: waits end at once and the workers stop there). Then, on the same
  * pool, the next load; right after its submit the main thread at times
  * publishes everything under an id that is not the running load's (the last
  * load's, a future one, 0): a publish meant for a load that is over must
@@ -52,6 +53,7 @@
 #include <unistd.h>
 
 extern int ccbt_fail_rate;      /* fake_cuda_loader.c: 1 in N driver calls fails (0: none) */
+extern int ccbt_prewarm_delay_ms; /* fake_cuda_loader.c: how long each prewarm step takes */
 long ccbt_pending_ops(void);    /* fake_cuda_loader.c */
 
 /* ---- what a write may touch: the current load's arena, item by item ---- */
@@ -262,7 +264,7 @@ static void make_file(load_t *L, int f, unsigned *s, size_t chunk, int *tensor) 
     }
 }
 
-typedef struct { long loads, ok, failed, pub_cancel, cons_cancel, freed, truncs, stale; } tally;
+typedef struct { long loads, ok, failed, pub_cancel, cons_cancel, freed, truncs, stale, prewarm_closed; } tally;
 
 /* One load on pool p (which this may free: then *p is NULL); *last is the id of the pool's last load (0: none),
  * and becomes this one's. */
@@ -452,8 +454,22 @@ int main(int argc, char **argv) {
         int contexts = shapes[k].contexts > workers ? workers : shapes[k].contexts;
         size_t chunk = 4096u << (rand_r(&s) % 3);
         ccbt_fail_rate = shapes[k].device >= 0 && rand_r(&s) % 4 == 0 ? 150 : 0;
+        int early = shapes[k].device >= 0 && rand_r(&s) % 8 == 0; /* closed during its prewarm */
+        __atomic_store_n(&ccbt_prewarm_delay_ms, early, __ATOMIC_RELAXED); /* 1 ms a step: the close finds them at it */
         ccb_pool *p = ccb_pool_new(shapes[k].device, workers, contexts, shapes[k].staging, chunk, nbuf);
         if (!p) { fprintf(stderr, "pool_new: %s\n", g_err); return 2; }
+        if (early) { /* workers stop their prewarm part-way: what they made is freed (ASan), no wait outlives it */
+            ccb_pool_close(p);
+            int32_t out[1];
+            if (ccb_pool_wait_ready(p, 30) != -2 || ccb_pool_next(p, out, 1, 30) != -2) {
+                fprintf(stderr, "a wait on a closing pool did not end at once\n");
+                return 2;
+            }
+            ccb_pool_free(p);
+            T.prewarm_closed++;
+            __atomic_add_fetch(&g_progress, 1, __ATOMIC_RELAXED);
+            continue;
+        }
         if (rand_r(&s) % 2 && ccb_pool_wait_ready(p, 30) != 0) { fprintf(stderr, "not ready\n"); return 2; }
         pools++;
         per_shape[k]++;
@@ -469,8 +485,9 @@ int main(int argc, char **argv) {
         if (p) ccb_pool_free(p);
     }
     printf("seed %u: %ld pools, %ld loads: %ld succeeded, %ld failed, %ld cancelled by the publisher, %ld by the "
-           "consumer, %ld pools freed mid-load, %ld truncations, %ld publishes under another load's id\n", seed,
-           pools, T.loads, T.ok, T.failed, T.pub_cancel, T.cons_cancel, T.freed, T.truncs, T.stale);
+           "consumer, %ld pools freed mid-load, %ld truncations, %ld publishes under another load's id, %ld pools "
+           "closed in their prewarm\n", seed, pools, T.loads, T.ok, T.failed, T.pub_cancel, T.cons_cancel, T.freed,
+           T.truncs, T.stale, T.prewarm_closed);
     printf("loads by shape:");
     for (int j = 0, n = 0; j < 7; j++)
         if (shapes[j].device < 0 ? host : gpu)

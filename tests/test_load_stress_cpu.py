@@ -5,9 +5,9 @@ its pread goes through the harness's checked ccbt_pread, with randomized loads o
 target (the real pread path) and five device shapes on tests/fake_cuda_loader.c, a driver table whose streams are
 threads and whose device memory is host memory. Per load: items over one or two files, nready, publishes in random
 steps (stale, smaller, past the end, under another load's id), cancels by the publisher and by the consumer,
-truncations, frees while workers wait, injected driver errors. It aborts on a write into an unpublished or released
-destination, a copy left queued once the pool is idle, a tensor reported twice or with wrong bytes, a successful load
-that misses a tensor, a published tensor held back, or a hang. Here: each sanitizer, a fixed seed and a random one,
+truncations, frees while workers wait, injected driver errors; and pools closed during their prewarm. It aborts on
+a write into an unpublished or released destination, a copy left queued once the pool is idle, a tensor reported
+twice or with wrong bytes, a successful load that misses a tensor, a published tensor held back, or a hang. Here: each sanitizer, a fixed seed and a random one,
 no suppressions, and every shape must have run loads that succeeded (so the test cannot pass by doing nothing).
 CCB_LOADER_STRESS_S sets the seconds per seed (default 8).
 """
@@ -28,7 +28,7 @@ HANG_S = 10  # no progress for this long: a hang (the harness's watchdog; a load
 FIXED_SEED = 45
 SHAPES = ("host", "host-pageable", "submitter", "primary-pageable", "primary-mapped", "2ctx-pinned", "2ctx-mapped")
 CASES = ("failed", "cancelled by the publisher", "by the consumer", "pools freed mid-load", "truncations",
-         "publishes under another load's id")
+         "publishes under another load's id", "pools closed in their prewarm")
 CFLAGS = ["-g", "-O1", "-std=gnu11", "-Wall", "-U_FORTIFY_SOURCE", "-fno-omit-frame-pointer"]
 SANITIZERS = {  # -fsanitize=, its runtime, its options (no suppressions)
     "thread": ("libtsan.so", {"TSAN_OPTIONS": "halt_on_error=1"}),

@@ -46,6 +46,7 @@ FUNCTIONS = {
     "ccb_pool_publish": (None, [c_void_p, c_int, c_size_t]),
     "ccb_pool_next": (c_int, [c_void_p, _I32, c_int, c_double]),
     "ccb_pool_cancel": (None, [c_void_p]),
+    "ccb_pool_close": (None, [c_void_p]),
     "ccb_pool_stats": (None, [c_void_p, POINTER(Stats)]),
     "ccb_pool_reset_stats": (None, [c_void_p]),
     "ccb_pool_free": (None, [c_void_p]),

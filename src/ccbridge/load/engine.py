@@ -1,12 +1,12 @@
 """The loader pool (native/loader/load.c, declared in ccbridge.bindings.loader).
 
-A Pool is worker threads with their contexts and staging buffers. Making one
-starts the workers, which prewarm in the background (context creation,
-staging allocation); `ready()` waits for them. One load at a time runs on a
-pool; a load that failed or was cancelled leaves it ready for the next one
-(only a failed prewarm breaks it for good); `close()` cancels the load under way, joins the workers and
-destroys their contexts, and `close(background=True)` does that on a thread of its own so that the caller
-does not wait for context teardown. After close() every call on the pool raises LoadError.
+A Pool is worker threads with their contexts and staging buffers. Making one starts the workers, which prewarm
+in the background (context creation, staging allocation); `ready()` waits for them. One load at a time runs on a
+pool; a load that failed or was cancelled leaves it ready for the next one (only a failed prewarm breaks it for
+good). `close()` cancels the load under way, ends every wait on the pool (ready() and next() on other threads
+raise LoadError), stops a prewarm at each worker's current step, joins the workers and destroys their contexts;
+`close(background=True)` does that on a thread of its own so that the caller does not wait for context teardown.
+After close() every call on the pool raises LoadError.
 """
 
 from __future__ import annotations
@@ -137,9 +137,12 @@ class Pool:
             return lib.ccb_pool_error(h).decode(errors="replace"), lib.ccb_pool_error_item(h)
 
     def ready(self, timeout_s: float = 600.0) -> float:
-        """Wait until every worker is prewarmed; the prewarm time in seconds."""
+        """Wait until every worker is prewarmed; the prewarm time in seconds. LoadError where the pool is closed,
+        before or during the wait (a close on another thread ends the wait at once)."""
         with self._native() as h:
             rc = loader.lib().ccb_pool_wait_ready(h, timeout_s)
+        if rc == -2:
+            raise LoadError(CLOSED)
         if rc == 1:
             raise LoadError(f"the loader pool was not ready after {timeout_s:.0f} s")
         if rc != 0:
@@ -177,13 +180,17 @@ class Pool:
             loader.lib().ccb_pool_publish(h, load, ready)
 
     def is_ready(self) -> bool:
-        """Whether every worker is prewarmed, without waiting (a failed prewarm reads as ready: ready() says why)."""
+        """Whether every worker is prewarmed, without waiting (a failed prewarm reads as ready: ready() says why).
+        LoadError once the pool is closed: a closing pool is not one to start a load on."""
         with self._native() as h:
-            return loader.lib().ccb_pool_wait_ready(h, 0.0) != 1
+            rc = loader.lib().ccb_pool_wait_ready(h, 0.0)
+        if rc == -2:
+            raise LoadError(CLOSED)
+        return rc != 1
 
     def next(self, out, timeout_s: float) -> int:
         """Finished tensor indices into out: count, 0 on timeout, -1 error, -2 load over.
-        LoadError where the pool was closed, before or during the wait (close cancels the load: its -2 is no end)."""
+        LoadError where the pool was closed, before or during the wait (close ends the wait: its -2 is no end)."""
         with self._native() as h:
             n = loader.lib().ccb_pool_next(h, out, len(out), timeout_s)
             if self._closed:
@@ -211,11 +218,12 @@ class Pool:
             loader.lib().ccb_pool_reset_stats(h)
 
     def _free(self) -> None:
-        """Cancel the load under way, wait for the calls in flight to return (a next() blocked on another thread
-        returns as the load is cancelled), then free. close() marked the pool closed: no call starts after."""
+        """Close the native pool, which cancels the load under way, ends the waits (a next() or ready() blocked
+        on another thread returns) and stops the prewarm; wait for the calls in flight to return, then free.
+        close() marked the pool closed: no call starts after."""
         t = core.now_ns()
         lib = loader.lib()
-        lib.ccb_pool_cancel(self.handle)
+        lib.ccb_pool_close(self.handle)
         with self._calls:
             self._calls.wait_for(lambda: not self._in_flight)
         lib.ccb_pool_free(self.handle)

@@ -66,7 +66,10 @@
  * they go idle, so once ccb_pool_cancel() returns nothing writes to the
  * caller's memory any more. A failed or cancelled load leaves the pool as
  * it was: the next submit starts afresh. Only a failed prewarm (a context,
- * stream or buffer that could not be made) breaks the pool for good.
+ * stream or buffer that could not be made) breaks the pool for good, and a
+ * close (ccb_pool_close, which ccb_pool_free begins with): it ends every wait
+ * on the pool and stops a prewarm still under way at each worker's next step,
+ * so that a pool closed while it starts up is freed without waiting for it.
  */
 #include "loader.h"
 
@@ -149,6 +152,7 @@ struct ccb_pool {
     pthread_cond_t cv;
     int ready, ctx_made, stop;
     int broken; /* a worker or the submitter could not prewarm: no load can run */
+    int closing; /* ccb_pool_close: waits end, no load starts, the prewarm stops; written under mu */
     double t_new, prewarm_ns;
 
     /* the current load */
@@ -185,6 +189,8 @@ static void pool_break(ccb_pool *p) {
     pthread_mutex_unlock(&p->mu);
     pool_fail(p, -1);
 }
+
+static int is_closing(ccb_pool *p) { return __atomic_load_n(&p->closing, __ATOMIC_ACQUIRE); }
 
 static int stopping(ccb_pool *p) {
     return __atomic_load_n(&p->failed, __ATOMIC_ACQUIRE) || __atomic_load_n(&p->cancel, __ATOMIC_ACQUIRE);
@@ -550,9 +556,12 @@ static void run_load(worker *w) {
     }
 }
 
+/* -1 with g_err when a step fails, or quietly when the pool is closing: a close during the prewarm waits for
+ * each worker's current step (a context, a staging buffer), not for the whole prewarm. */
 static int worker_init(worker *w) {
     ccb_pool *p = w->p;
     if (p->device < 0) return 0;
+    if (is_closing(p)) return -1;
     if (p->ncontexts == 0) {
         w->ctx = p->primary;
     } else {
@@ -568,15 +577,17 @@ static int worker_init(worker *w) {
             cu.CtxPopCurrent(&popped);
         } else {
             pthread_mutex_lock(&p->mu);
-            while (p->ctx_made < p->ncontexts && !p->broken) pthread_cond_wait(&p->cv, &p->mu);
+            while (p->ctx_made < p->ncontexts && !p->broken && !p->closing) pthread_cond_wait(&p->cv, &p->mu);
+            int made = p->ctx_made == p->ncontexts; /* else ctx[c] may still be being written */
             pthread_mutex_unlock(&p->mu);
-            if (!p->ctx[c]) { set_err("context %d was not created", c); return -1; }
+            if (!made || !p->ctx[c]) { set_err("context %d was not created", c); return -1; }
         }
         w->ctx = p->ctx[c];
     }
     CK(cu.CtxSetCurrent(w->ctx));
     CK(cu.StreamCreate(&w->stream, 1 /* CU_STREAM_NON_BLOCKING */));
     for (int k = 0; k < p->nbuf; k++) {
+        if (is_closing(p)) return -1;
         if (p->staging == CCB_STAGE_MAPPED) {
             /* no host staging: the file's mapping is the source */
         } else if (p->staging == CCB_STAGE_PINNED) {
@@ -620,7 +631,7 @@ static void *worker_main(void *arg) {
     worker *w = arg;
     ccb_pool *p = w->p;
     int ok = worker_init(w) == 0;
-    if (!ok) pool_break(p);
+    if (!ok && !is_closing(p)) pool_break(p); /* a prewarm stopped by a close breaks nothing: no load comes */
     pthread_mutex_lock(&p->mu);
     if (++p->ready == p->nworkers) p->prewarm_ns = now_ns() - p->t_new;
     pthread_cond_broadcast(&p->cv);
@@ -706,13 +717,14 @@ static struct timespec deadline_in(double seconds) {
     return ts;
 }
 
-/* 0 when every worker is ready, 1 on timeout, -1 when one failed (ccb_pool_error). */
+/* 0 when every worker is ready, 1 on timeout, -1 when one failed (ccb_pool_error), -2 once the pool is
+ * closing (before or during the wait: workers that stopped their prewarm count as done, not as ready). */
 int ccb_pool_wait_ready(ccb_pool *p, double timeout_s) {
     struct timespec dl = deadline_in(timeout_s);
     pthread_mutex_lock(&p->mu);
-    while (p->ready < p->nworkers && !p->broken)
+    while (p->ready < p->nworkers && !p->broken && !p->closing)
         if (pthread_cond_timedwait(&p->cv, &p->mu, &dl) == ETIMEDOUT) break;
-    int rc = p->broken ? -1 : p->ready < p->nworkers ? 1 : 0;
+    int rc = p->closing ? -2 : p->broken ? -1 : p->ready < p->nworkers ? 1 : 0;
     pthread_mutex_unlock(&p->mu);
     return rc;
 }
@@ -726,7 +738,8 @@ int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, const ccb_it
                     size_t nready, int32_t *remaining, int32_t *doneq, int ntensors) {
     pthread_mutex_lock(&p->mu);
     int rc = -1;
-    if (p->broken) set_err("%s", p->err);
+    if (p->closing) set_err("the loader pool is closing");
+    else if (p->broken) set_err("%s", p->err);
     else if (p->ready < p->nworkers) set_err("the loader pool is not ready");
     else if (p->busy) set_err("the loader pool is busy with another load");
     else {
@@ -767,12 +780,13 @@ out:
 
 /* Tensors finished since the last call, into out (at most max): the count;
  * 0 on timeout; -1 on error (ccb_pool_error); -2 when the load is over and
- * everything was reported. */
+ * everything was reported, or the pool is closing. */
 int ccb_pool_next(ccb_pool *p, int32_t *out, int max, double timeout_s) {
     struct timespec dl = deadline_in(timeout_s);
     pthread_mutex_lock(&p->mu);
     int n = 0;
     for (;;) {
+        if (p->closing) { n = -2; break; }
         if (p->failed) { n = -1; break; }
         while (p->dq_head < p->dq_tail && n < max) out[n++] = p->doneq[p->dq_head++];
         if (n) break;
@@ -808,6 +822,15 @@ void ccb_pool_cancel(ccb_pool *p) {
     pthread_mutex_unlock(&p->mu);
 }
 
+/* Unlike a cancel, which ends one load, closing is for good: it also ends the waits that no load's end would
+ * (ccb_pool_wait_ready during a prewarm) and stops the prewarm, so that a free soon after need not wait for it. */
+void ccb_pool_close(ccb_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    __atomic_store_n(&p->closing, 1, __ATOMIC_RELEASE);
+    cancel_locked(p); /* its broadcast wakes every wait, and workers waiting for a context */
+    pthread_mutex_unlock(&p->mu);
+}
+
 void ccb_pool_stats(ccb_pool *p, ccb_load_stats *s) {
     pthread_mutex_lock(&p->mu);
     memset(s, 0, sizeof *s);
@@ -833,8 +856,8 @@ void ccb_pool_reset_stats(ccb_pool *p) {
 /* Stop and join the workers, free their buffers, destroy the contexts. */
 void ccb_pool_free(ccb_pool *p) {
     if (!p) return;
+    ccb_pool_close(p);
     pthread_mutex_lock(&p->mu);
-    cancel_locked(p);
     p->stop = 1;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);

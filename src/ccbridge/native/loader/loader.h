@@ -47,7 +47,7 @@ typedef struct ccb_pool ccb_pool;
 
 /* device < 0: a host target (no CUDA); ncontexts 0: the device's primary context. NULL with ccb_error(). */
 CCB_API ccb_pool *ccb_pool_new(int device, int nworkers, int ncontexts, int staging, size_t chunk, int nbuf);
-/* 0 when every worker is ready, 1 on timeout, -1 when one failed (ccb_pool_error). */
+/* 0 when every worker is ready, 1 on timeout, -1 when one failed (ccb_pool_error), -2 once the pool is closing. */
 CCB_API int ccb_pool_wait_ready(ccb_pool *p, double timeout_s);
 /* Start a load of items from files; items [0, nready) have their dst set, the others get theirs before
  * ccb_pool_publish names them (workers read ahead and wait to copy). The load's id (> 0), or -1. remaining (ntensors long) receives how
@@ -59,10 +59,13 @@ CCB_API int ccb_pool_submit(ccb_pool *p, const ccb_file *files, int nfiles, cons
  * once that load is over. A chunk is copied once all its items are published. */
 CCB_API void ccb_pool_publish(ccb_pool *p, int load, size_t nready);
 /* Tensors finished since the last call, into out (at most max): the count; 0 on timeout; -1 on error
- * (ccb_pool_error); -2 when the load is over and everything was reported. */
+ * (ccb_pool_error); -2 when the load is over and everything was reported, or the pool is closing. */
 CCB_API int ccb_pool_next(ccb_pool *p, int32_t *out, int max, double timeout_s);
 /* Stop the load and wait until no worker can write anything more. */
 CCB_API void ccb_pool_cancel(ccb_pool *p);
+/* Close for good, before ccb_pool_free: the load is cancelled, waits return (wait_ready -2, next -2), submit
+ * fails, and the prewarm stops at each worker's next step. Other threads' calls may still run until free. */
+CCB_API void ccb_pool_close(ccb_pool *p);
 CCB_API void ccb_pool_stats(ccb_pool *p, ccb_load_stats *s);
 CCB_API void ccb_pool_reset_stats(ccb_pool *p);
 /* Stop and join the workers, free their buffers, destroy the contexts. */
