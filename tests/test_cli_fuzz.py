@@ -507,7 +507,7 @@ CASES = [
     (["load", "--json", "{d}/r.json", "{d}/ok.safetensors"], "--json and --ceiling go with --bench"),
     (["load", "--bound", "{d}/ok.safetensors"], "--bound goes with --bench"),
     (["load", "--bench", "--bound", "--device", "cpu", "{d}/ok.safetensors"],
-     "--bound times copies to a GPU: give a CUDA --device"),
+     "--bound times copies to a GPU: a load into host memory has none; give a CUDA --device"),
     (["load", "--bench", "--json", "/proc/forbidden/r.json", "{d}/ok.safetensors"], "--json /proc/forbidden/r.json: "),
     (["load", "--bench", "--ceiling", "{d}/median_text.json", "{d}/ok.safetensors"], "rows[0].median: 'fast' is not"),
     (["load", "--device", "cpu", "{d}/deep.safetensors"], "deep.safetensors: not JSON: nested deeper than the JSON parser",

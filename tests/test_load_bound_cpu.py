@@ -454,7 +454,7 @@ def test_the_shape_follows_the_policy_and_refuses_what_it_cannot_bound():
     assert (s.readers, s.buffers, s.streams, s.contexts, s.chunk, s.mem) == (7, off.buffers, 9, 0, 16 << 20, "pinned")
     with pytest.raises(UsageError, match="mapped staging has no read pass"):
         bound.shape_of(policy.choose(0, ("on", {})).config)
-    with pytest.raises(UsageError, match="host target"):
+    with pytest.raises(UsageError, match="a load into host memory has none"):
         bound.shape_of(policy.choose(-1).config)
     with pytest.raises(UsageError, match="streams: expected 1..64"):
         bound.shape_of(off, streams=65)
@@ -592,7 +592,7 @@ def test_the_bench_refuses_a_bound_it_cannot_measure_before_any_load(files, monk
     from ccbridge.load import loader
 
     monkeypatch.setattr(loader, "load_safetensors", lambda *a, **k: pytest.fail("a load ran"))
-    with pytest.raises(UsageError, match="host target"):
+    with pytest.raises(UsageError, match="a load into host memory has none"):
         bench.run(files, "cpu", 1, log=lambda m: None, with_bound=True)
 
 

@@ -449,7 +449,7 @@ def test_the_bench_table_marks_the_rows_that_copy_on_cpu():
     report = {"files": 1, "bytes": 10**9, "gpu": "cpu", "device": "cpu", "repeat": 1,
               "pool": {"workers": 2, "contexts": 0, "staging": "pageable", "chunk_bytes": 64 << 20, "buffers": 1,
                        "prewarm_s": 0.0, "teardown_s": 0.0},
-              "why": "host target", "cold_pool": None, "verified": "bitwise equal", "loaders": loaders}
+              "why": "host memory: 2 reader threads", "cold_pool": None, "verified": "bitwise equal", "loaders": loaders}
     host = bench.render(report).splitlines()
     assert [ln[:30].rstrip() for ln in host if ln.endswith("0.500")] == [
         "ccbridge prewarmed", "ccbridge cold", "safetensors load_file*", "safetensors safe_open + .to*"]

@@ -10,7 +10,7 @@ from ccbridge import env, ui
 from ccbridge.cli.args import command, device_spec, integer, size
 from ccbridge.cli.reports import wrote
 from ccbridge.errors import UsageError
-from ccbridge.load import bench, benchresult, checkpoint, loader, synth
+from ccbridge.load import bench, benchresult, bound, checkpoint, loader, synth
 from ccbridge.load.engine import MAX_BUFS, MAX_WORKERS  # the pool's own limits, refused before it sees them
 from ccbridge.textfit import fit, wrap
 
@@ -21,7 +21,7 @@ def cmd_load(args) -> int:
     if args.bound and not args.bench:
         raise UsageError("--bound goes with --bench")
     if args.bound and args.device == "cpu":
-        raise UsageError("--bound times copies to a GPU: give a CUDA --device")
+        raise UsageError(bound.HOST_NO_BOUND)
     if args.json:
         ui.writable_file(args.json, "--json")
     checkpoint.resolve(args.paths)  # the paths exist and none is given twice, before torch is imported

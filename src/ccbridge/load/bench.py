@@ -225,7 +225,9 @@ def render(report: dict, ceiling: float | None = None) -> str:
 
     pool, cold = report["pool"], report.get("cold_pool")
     same = cold is None or all(cold[k] == pool[k] for k in ("workers", "contexts", "staging", "chunk_bytes"))
-    lines = [f"{report['files']} files, {report['bytes'] / 1e9:.2f} GB, {report['gpu']} ({report['device']}), "
+    copied = report["gpu"] == "cpu"  # into host memory: the safetensors rows copy out of the mapping (_on_host)
+    lines = [f"{report['files']} files, {report['bytes'] / 1e9:.2f} GB, "
+             f"{'host memory' if copied else report['gpu']} ({report['device']}), "
              f"median of {report['repeat']}; page cache warm",
              f"{'pool' if same else 'prewarmed pool'}: {shape(pool)} ({report['why']}); prewarm "
              f"{pool['prewarm_s']:.2f} s, teardown {pool['teardown_s'] or 0:.2f} s"]
@@ -238,7 +240,6 @@ def render(report: dict, ceiling: float | None = None) -> str:
            + (f" {'/ bound':>10}" if bound_gbps else ""))
     lines += [hdr, "-" * len(hdr)]
     rows = sorted(report["loaders"].items(), key=lambda kv: -(kv[1]["gbps"] or 0))
-    copied = report["gpu"] == "cpu"  # a host target: the safetensors rows copy out of the mapping (_on_host)
     for name, o in rows:
         label = f"{name}*" if copied and name.startswith("safetensors") else name
         if o["gbps"] is None:
@@ -251,8 +252,8 @@ def render(report: dict, ceiling: float | None = None) -> str:
             s += f" {o['gbps'] / bound_gbps:10.3f}" if name == "ccbridge prewarmed" else f" {'-':>10}"
         lines.append(s)
     if copied:
-        lines.append("* then copied (.clone(), .to(copy=True)): on cpu safetensors hands back views of the file's "
-                     "mapping, which copy nothing")
+        lines.append("* then copied (.clone(), .to(copy=True)): into host memory, safetensors returns views of the "
+                     "file's mapping (no copy)")
     for name in ("ccbridge prewarmed", "ccbridge cold"):
         runs = report["loaders"][name]["stages"].get("runs")
         if runs:

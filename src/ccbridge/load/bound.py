@@ -55,6 +55,8 @@ ROWS = ("reads_alone", "copies_alone", "reads_at_once", "copies_at_once", "both_
 EVIDENCE = ("reads_span_ns", "copies_span_ns", "copy_bytes", "overlap")  # per repeat, of the run at once
 MIN_OVERLAP = 0.9  # of the shorter span: under it, a repeat's two jobs did not run at once
 PAGE = 4096  # the smallest page: a write to each touches every page of a buffer
+# shape_of's refusal, and the load command's (before it imports torch): one wording for both
+HOST_NO_BOUND = "--bound times copies to a GPU: a load into host memory has none; give a CUDA --device"
 WARM_COPIES = 64  # untimed copies first: the streams' and the DMA's first-use costs stay out of the figures
 
 
@@ -84,7 +86,7 @@ def shape_of(config: PoolConfig, readers: int | None = None, streams: int | None
              chunk: int | None = None) -> Shape:
     """The pool's work as the bound runs it; UsageError where the bound has no equivalent of the plan."""
     if config.device < 0:
-        raise UsageError("--bound times copies to a GPU: a host target (--device cpu) has none")
+        raise UsageError(HOST_NO_BOUND)
     if config.staging not in core.MEMS:
         raise UsageError(f"--bound: {config.staging} staging has no read pass to time beside its copies; "
                          "give --staging pinned or pageable")

@@ -134,7 +134,7 @@ def choose(device: int, situation: tuple[str, dict[str, float]] | None = None, n
     many bytes (not prewarmed): under emulated CC its contexts' making then counts against the load."""
     if device < 0:
         n = max(2, min(8, _cpus()))
-        return Plan(PoolConfig(-1, n, 0, "pageable", 64 * MiB, 1), f"host target: {n} reader threads")
+        return Plan(PoolConfig(-1, n, 0, "pageable", 64 * MiB, 1), f"host memory: {n} reader threads")
     mode, params = situation or cc_situation()
     if mode == "emulated":
         pinned, pageable = emulated_rates(params)
