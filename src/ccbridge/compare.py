@@ -216,13 +216,19 @@ def notes(c: Comparison) -> list[str]:
     return [x for x in (timer_mix(c), reading(c), counts, unlike(c), ran_once(c)) if x]
 
 
+def tables(c: Comparison) -> tuple[Table, Table] | None:
+    """The findings that changed and the ratios; None for one result twice, which has nothing to compare (notes()
+    says so instead). Every renderer asks here, so they all leave out the same parts."""
+    return None if c.same else (changed_table(c), ratio_table(c))
+
+
 def render_markdown(c: Comparison) -> str:
     lines = ["# ccbridge compare", "", f"- BASE: {_label(c.base)}", f"- OTHER: {_label(c.other)}", ""]
     if c.base.emulated or c.other.emulated:
         lines += ["> **EMULATED: at least one side was produced by the ccbridge emulator, not measured on CC hardware.**", ""]
     for x in notes(c):
         lines += [f"> {x}", ""]
-    for t in () if c.same else (changed_table(c), ratio_table(c)):
+    for t in tables(c) or ():
         md = table_md(t)
         lines.append(md or f"## {t.title}\n\nnone\n")
     return "\n".join(lines)
@@ -235,11 +241,12 @@ def render_text(c: Comparison) -> str:
     if c.base.emulated or c.other.emulated:
         lines += ["EMULATED: at least one side was produced by the ccbridge emulator, not measured on CC hardware."]
     lines += wrap(notes(c))
-    if c.changed and not c.same:
+    shown = tables(c)
+    if shown and shown[0].rows:
         lines += ["", "Findings that changed:"] + table(["finding", "BASE -> OTHER", "OTHER says"],
-                                                        [[i, f"{b} -> {o}", text] for i, b, o, text in c.changed],
+                                                        [[i, f"{b} -> {o}", text] for i, b, o, text in shown[0].rows],
                                                         [34, 26, 56])
-    if c.ratios and not c.same:
+    if shown and c.ratios:  # the terminal's own columns, from the ratios rather than the table's cells
         rows = [[r.base.test, fmt_params(r.base.params), r.base.metric, r.base.unit, fmt_median(r.base.median),
                  fmt_median(r.other.median), fmt_ratio(r.ratio), fmt_cost(r.cost)] for r in c.ratios]
         lines += ["", "Ratios (OTHER / BASE):"] + table(
@@ -249,10 +256,12 @@ def render_text(c: Comparison) -> str:
 
 
 def render_html(c: Comparison) -> str:
-    chart = None if c.same else ratio_chart(headline_items(c))
+    shown = tables(c)
+    chart = ratio_chart(headline_items(c)) if shown else None
     banner = ("EMULATED: at least one side was produced by the ccbridge emulator, not measured on CC hardware."
               if c.base.emulated or c.other.emulated else "")
     intro = [f"BASE: {_label(c.base)}", f"OTHER: {_label(c.other)}", *notes(c)]
-    bullets = [f"{i}: {b} -> {o}." + (f" {text}" if text else "") for i, b, o, text in c.changed] if not c.same else []
+    # the findings that changed as bullets, the ratios as the page's one table
+    bullets = [f"{i}: {b} -> {o}." + (f" {text}" if text else "") for i, b, o, text in shown[0].rows] if shown else []
     plots = [("Headline ratios", chart)] if chart else []
-    return H.page("ccbridge compare", banner, intro, bullets, plots, [] if c.same else [ratio_table(c)])
+    return H.page("ccbridge compare", banner, intro, bullets, plots, [shown[1]] if shown else [])
