@@ -7,6 +7,7 @@ import pytest
 from ccbridge import results
 from ccbridge.bindings import core
 from ccbridge.errors import GpuError
+from ccbridge.report import markdown
 from ccbridge.cli import main
 
 
@@ -244,11 +245,26 @@ def test_report_leaves_a_folders_own_result_and_reports_alone(tmp_path, capsys):
     assert own.read_bytes() == before and sorted(p.name for p in d.iterdir()) == ["peer.json", "result.json"]
     assert main(["report", str(own)]) == 0
     assert own.read_bytes() == before and (d / "report.md").exists() and (d / "report.html").exists()
-    assert main(["report", str(other), "--out", str(tmp_path / "q")]) == 0  # a folder of its own: the copy too
-    assert results.load(tmp_path / "q" / "result.json").rows == results.load(other).rows
-    copy = (tmp_path / "q" / "result.json").read_bytes()
-    assert main(["report", str(other), "--out", str(tmp_path / "q")]) == 0  # again: the copy is its own
-    assert (tmp_path / "q" / "result.json").read_bytes() == copy
+    assert main(["report", str(other), "--out", str(tmp_path / "q")]) == 0  # a folder of its own: the reports only
+    assert sorted(p.name for p in (tmp_path / "q").iterdir()) == ["report.html", "report.md"]
+    (tmp_path / "q" / "result.json").write_bytes(other.read_bytes())  # a copy the old report made is still its own
+    assert main(["report", str(other), "--out", str(tmp_path / "q")]) == 0
     assert main(["report", str(own), "--out", str(tmp_path / "q")]) == 2  # another result there: refused
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.endswith("is another result, whose reports these would replace")  # --out given: no advice to give it
+
+
+def test_report_writes_the_two_reports_it_names_and_no_copy_of_the_result(tmp_path, capsys):
+    """`report X.json` wrote report.md, report.html and, unsaid, a result.json copy of X beside X; a second
+    `report Y.json` in that folder was then refused because of that copy (a stranger's review)."""
+    from conftest import DATA
+
+    first, second = tmp_path / "h100.json", tmp_path / "peer.json"
+    first.write_bytes((DATA / "h100-native-full.json").read_bytes())
+    second.write_bytes((DATA / "h200x2-peer.json").read_bytes())
+    assert main(["report", str(first)]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "report.md"), str(tmp_path / "report.html")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h100.json", "peer.json", "report.html", "report.md"]
+    assert main(["report", str(second)]) == 0, capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h100.json", "peer.json", "report.html", "report.md"]
+    assert (tmp_path / "report.md").read_text() == markdown.render(results.load(second))  # the second's own

@@ -9,31 +9,30 @@ from pathlib import Path
 
 from ccbridge import advise, compare, results, ui
 from ccbridge.cli.args import command
-from ccbridge.cli.reports import render, report_paths, write_reports, wrote
+from ccbridge.cli.reports import render, report_paths, wrote
 from ccbridge.errors import CCBridgeError, UsageError
 
 
 def cmd_report(args) -> int:
+    """report.md and report.html of a result, and nothing else: the reports embed everything they show (charts
+    inline), so no copy of the result is made beside them."""
     src = Path(args.result)
     out = ui.writable_folder(args.out or src.parent, "--out")
     res = results.load(src)
     paths = report_paths(out)
     if paths[0].exists() and not _same(paths[0], src, res):
-        # that folder's reports are its result.json's: these would replace them and a copy of src would replace it
+        # that folder's reports are its result.json's: these would replace them with another result's
         raise UsageError(f"{paths[0]} is another result, whose reports these would replace"
                          + ("" if args.out else ": give --out a folder"))
-    if paths[0].exists():  # the folder's own result (or the copy an earlier report made): its reports again
-        out.mkdir(parents=True, exist_ok=True)
-        render(res, paths)
-    else:
-        write_reports(res, out)
+    out.mkdir(parents=True, exist_ok=True)
+    render(res, paths)
     for p in paths[1:]:
         print(p)
     return 0
 
 
 def _same(there: Path, src: Path, res) -> bool:
-    """there is src, or a copy of the same result (an earlier `report src` made it)."""
+    """there is src, or a copy of the same result (its reports are these)."""
     if there.samefile(src):
         return True
     try:
@@ -81,8 +80,8 @@ def cmd_advise(args) -> int:
 def add_parsers(sub) -> None:
     p = command(sub, "report", cmd_report, help="re-render report.md and report.html from a result.json")
     p.add_argument("result")
-    p.add_argument("--out", help="output folder (default: beside the result); a folder without a result.json "
-                                 "gets a copy of it, one holding another result is refused")
+    p.add_argument("--out", help="output folder (default: beside the result); one whose result.json is another "
+                                 "result is refused (its reports are that result's)")
 
     p = command(sub, "compare", cmd_compare, help="OTHER/BASE ratio table and changed findings of two probe results")
     p.add_argument("base")
