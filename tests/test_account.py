@@ -600,11 +600,9 @@ def test_an_eager_job_gets_its_peers_from_its_waits_and_a_note_that_says_how(tmp
     assert row0[-2] == "-32%" and "matched by collective" in text and all(len(x) <= 120 for x in text.splitlines())
 
 
-def test_runs_that_make_no_driver_call_leave_no_result_folder(tmp_path, monkeypatch, capsys):
-    """Both runs made under the interposer (where no CUDA driver loads, past the check that refuses that), then
+def test_runs_that_make_no_driver_call_leave_no_result_folder(tmp_path, monkeypatch, capsys, driver_here):
+    """Both runs made under the interposer (where no CUDA driver loads, past the checks that refuse that), then
     nothing to attribute: the folders account made are taken away again; one the user made stays."""
-    real = launcher.check
-    monkeypatch.setattr(launcher, "check", lambda *a, needs_driver=False, **k: real(*a, **k))
     monkeypatch.chdir(tmp_path)
     for out, left in ((None, []), ("a/b", []), ("kept", ["kept"])):
         if out == "kept":

@@ -268,3 +268,25 @@ def test_report_writes_the_two_reports_it_names_and_no_copy_of_the_result(tmp_pa
     assert main(["report", str(second)]) == 0, capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h100.json", "peer.json", "report.html", "report.md"]
     assert (tmp_path / "report.md").read_text() == markdown.render(results.load(second))  # the second's own
+
+
+def test_recording_where_no_cuda_driver_loads_is_refused_before_the_program_runs(tmp_path, monkeypatch, capsys):
+    """`run --record T` (or --coverage) where no CUDA driver loads printed the passthrough banner, ran the program,
+    exited 0 and wrote no trace (a stranger's review): the interposer sees only driver calls, so nothing could be
+    recorded. Refused now, in one line, before the program starts; where a driver loads, it runs as before."""
+    marker = tmp_path / "ran"
+    cmd = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    monkeypatch.setattr(core, "driver_missing", lambda: "cannot load the CUDA driver library libcuda.so.1 (no NVIDIA "
+                                                        "driver here?)")
+    for argv in (["run", "--record", str(tmp_path / "t")], ["run", "--coverage", str(tmp_path / "c.json")],
+                 ["run", "--profile", "b300", "--record", str(tmp_path / "t")]):
+        assert main(argv + cmd) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert err == ["ccbridge run: cannot load the CUDA driver library libcuda.so.1 (no NVIDIA driver here?): "
+                       "nothing to record"], err
+        assert sorted(p.name for p in tmp_path.iterdir()) == []  # not run, no coverage file
+    assert main(["probe", "--record", str(tmp_path / "t"), "--out", str(tmp_path / "p")]) == 2
+    assert capsys.readouterr().err.startswith("ccbridge probe: cannot load the CUDA driver")  # its own name
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    monkeypatch.setattr(core, "driver_missing", lambda: None)  # a driver loads: recorded as before
+    assert main(["run", "--record", str(tmp_path / "t")] + cmd) == 0 and marker.exists()

@@ -181,6 +181,13 @@ def _gpu() -> bool:
         return False
 
 
+def _driver() -> bool:
+    """The CUDA driver loads: a recorded run would record."""
+    from ccbridge.bindings import core
+
+    return core.driver_missing() is None
+
+
 def _attest_sdk() -> bool:
     """NVIDIA's attestation SDK is installed: --verify would run it."""
     import importlib.util
@@ -541,6 +548,13 @@ CASES = [
     (["run", "--record", "/nonexistent/dir/t", "--", "true"],
      "trace prefix /nonexistent/dir/t: the folder /nonexistent/dir does not exist", {"absent": ["/nonexistent"]}),
     (["run", "--record", "{d}/t", "--set", "lanes=2", "--", "true"], "--set changes an emulator profile: it needs --profile"),
+    # where no CUDA driver loads there is nothing to record: refused before the program starts (it claimed success)
+    (["run", "--record", "{d}/t", "--", "true"], "(no NVIDIA driver here?): nothing to record", {"skip": _driver}),
+    (["run", "--coverage", "{d}/c.json", "--", "true"], "(no NVIDIA driver here?): nothing to record",
+     {"skip": _driver, "absent": ["{d}/c.json"]}),
+    (["run", "--profile", "b300", "--record", "{d}/t", "--", "true"], "nothing to record", {"skip": _driver}),
+    (["probe", "--record", "{d}/t", "--tests", "hostcrypto", "--out", "{d}/p"], "nothing to record",
+     {"skip": _driver, "absent": ["{d}/p"]}),
     (["run", "--trace", "{d}/t", "--profile", "b300", "--", "true"], "unrecognized arguments"),
     # account
     (["account"], "give two trace prefixes"),

@@ -80,7 +80,8 @@ def check(profile: Profile, cmd: list[str], trace: str | None = None, coverage: 
           needs_driver: bool = False) -> None:
     """Everything run() needs, checked before anything starts: a command that can be
     executed, a trace folder, a coverage file to write, the library, libcrypto when
-    the profile emulates, and (needs_driver) a CUDA driver for the program to call."""
+    the profile emulates, and a CUDA driver for the program to call where it records (trace, coverage: the
+    interposer sees only the driver's calls, and where none loads there is nothing to record) or needs_driver."""
     if not cmd:
         raise EmulatorError("no command given: put the program after --, as in `-- CMD [ARGS...]`")
     exe = cmd[0] if os.sep in cmd[0] else shutil.which(cmd[0])
@@ -97,8 +98,8 @@ def check(profile: Profile, cmd: list[str], trace: str | None = None, coverage: 
     library()
     if profile.emulates:
         check_libcrypto()
-    if needs_driver and (why := core.driver_missing()):
-        raise EmulatorError(cut(f"{why}: nothing to emulate", 100))
+    if (needs_driver or trace or coverage) and (why := core.driver_missing()):
+        raise EmulatorError(cut(f"{why}: nothing to {'emulate' if needs_driver else 'record'}", 100))
 
 
 def refuse_old_trace(trace: str) -> None:
