@@ -207,6 +207,8 @@ def test_bench_help_lists_only_its_own_options(bench, capsys, monkeypatch):
     listed = set(re.findall(r"^ {2}(-[\w-]+)|, (-[\w-]+)", options, re.M))
     assert {o for pair in listed for o in pair if o} - {"-h", "--help"} == BENCH_OPTIONS[bench], text
     assert all(len(line) <= 120 for line in text.splitlines()), text
+    named = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", options)) - {"--help"}  # kv's said "with --tp only"
+    assert named <= BENCH_OPTIONS[bench], (bench, named - BENCH_OPTIONS[bench])
     mine = {"decode": "--batch", "net": "--lanes", "kv": "--thresholds", "ddp": "--buckets", "cipher": "--minbytes"}
     for other, option in mine.items():
         assert (option in text) == (option in BENCH_OPTIONS[bench]), (bench, option)

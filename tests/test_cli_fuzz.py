@@ -458,6 +458,8 @@ CASES = [
     (["bench", "kv", "--modes", "staged"], "argument --modes: invalid choice: 'staged' (choose from 'sync', 'async')"),
     (["bench", "kv", "--modes", "eager"], "argument --modes: invalid choice: 'eager'"),
     (["bench", "kv", "--model", "gpt5"], "argument --model: invalid choice: 'gpt5'"),
+    (["bench", "kv", "--model", "llama-70b"], "argument --model: invalid choice: 'llama-70b'"),  # needs --tp
+    _not_its("kv", "--tp", "2"),
     (["bench", "kv", "--thresholds", "0"], "argument --thresholds: expected at least 1, got 0"),
     (["bench", "kv", "--prefixes", "0"], "argument --prefixes: expected at least 1, got 0"),
     (["bench", "kv", "--requests", "x"], "argument --requests: not an integer: 'x'"),

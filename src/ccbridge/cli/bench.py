@@ -284,7 +284,9 @@ def _add_kv(benches) -> None:
     """Its defaults that depend on the device (and those kvbench shares with library callers) are kvbench's own."""
     p = _bench(benches, "kv", cmd_kv, "prefix-reuse churn through a KV cache with a host tier: TTFT, spill and "
                "restore bytes, hit rates per store threshold")
-    _add_model(p, "qwen2.5-3b on CUDA, the published setup's; llama-1b on the CPU")
+    single = [m for m in DECODE_PRESETS if m not in TP_ONLY]  # one device: no preset that needs tensor parallelism
+    p.add_argument("--model", choices=single, metavar="MODEL", help=f"model shape, random weights: {', '.join(single)} "
+                   "(default qwen2.5-3b on CUDA, the published setup's; llama-1b on the CPU)")
     p.add_argument("--prefixes", type=integer(1), help="distinct shared prefixes (default 4 on CUDA, 8 on the CPU)")
     p.add_argument("--prefix-len", type=integer(1), help="tokens per prefix (default 31744 on CUDA, a 1.1 GiB "
                    "prefix of qwen2.5-3b as published; 64 on the CPU)")
