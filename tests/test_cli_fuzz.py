@@ -388,6 +388,9 @@ CASES = [
     (["collectives", "--net", "ccbridge", "--backend", "gloo"], "--net compares NCCL's own transports"),
     (["collectives", "--net", "ccbridge", "--transport", "sockets"], "--net compares NCCL's own transports"),
     (["collectives", "--net", "tls"], "argument --net: invalid choice: 'tls'"),
+    # no GPU: what runs without one is named (Gloo's CPU ranks), where the options allow it
+    (["collectives", "-e", "8"], "needs NVIDIA GPUs; torch sees none (without one: --backend gloo, CPU ranks)",
+     {"skip": _gpu}),
     (["bench", "ddp", "--wrap", "fsdp"], "--wrap fsdp goes with `bench ddp --net ccbridge`"),
     _not_its("cipher", "--net", "ccbridge"),
     (["bench", "ddp", "--wrap", "zero3"], "argument --wrap: invalid choice: 'zero3'"),

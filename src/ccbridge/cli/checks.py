@@ -14,9 +14,9 @@ def sizes_in_order(args) -> None:
         raise UsageError(f"-e/--maxbytes ({args.maxbytes}) is smaller than -b/--minbytes ({args.minbytes})")
 
 
-def gpus_ready(cmd: str, json_path: str | None, cpu_ok: bool = False) -> bool:
+def gpus_ready(cmd: str, json_path: str | None, cpu_ok: bool = False, without_gpu: str = "") -> bool:
     """The --json file can be written (that needs no GPU), then torch and GPUs are there (cpu_ok: or CPU ranks
-    will do, as Gloo's do)."""
+    will do, as Gloo's do). without_gpu: what runs without one, said where there is none."""
     if json_path:
         ui.writable_file(json_path, "--json")
     try:
@@ -25,7 +25,7 @@ def gpus_ready(cmd: str, json_path: str | None, cpu_ok: bool = False) -> bool:
         print(f"ccbridge {cmd}: needs torch (pip install torch)", file=sys.stderr)
         return False
     if not cpu_ok and not torch.cuda.is_available():
-        print(f"ccbridge {cmd}: needs NVIDIA GPUs; torch sees none", file=sys.stderr)
+        print(f"ccbridge {cmd}: needs NVIDIA GPUs; torch sees none{without_gpu}", file=sys.stderr)
         return False
     return True
 

@@ -20,7 +20,9 @@ def cmd_collectives(args) -> int:
         plugin_built()
     named_key()  # the plugin's, or ccbridge.secure's: the ranks read it
     sizes_in_order(args)
-    if not gpus_ready("collectives", args.json, cpu_ok=args.backend == "gloo"):  # Gloo runs on CPU ranks too
+    # Gloo runs on CPU ranks too (not with --net or --transport: they are NCCL's)
+    gloo = " (without one: --backend gloo, CPU ranks)" if not args.net and args.transport == "default" else ""
+    if not gpus_ready("collectives", args.json, cpu_ok=args.backend == "gloo", without_gpu=gloo):
         return 2
     import torch  # deferred: torch, which secure.bench imports (gpus_ready checked it is there)
 
