@@ -292,3 +292,24 @@ def test_recording_where_no_cuda_driver_loads_is_refused_before_the_program_runs
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     monkeypatch.setattr(core, "driver_missing", lambda: None)  # a driver loads: recorded as before
     assert main(["run", "--record", str(tmp_path / "t")] + cmd) == 0 and marker.exists()
+
+
+def test_a_projection_where_no_cuda_driver_loads_says_it_runs_natively(tmp_path, monkeypatch, capsys):
+    """Without a driver `run --project b300` asked for a datasheet ratio (--project-by R) that would not be applied,
+    and with one given announced PROJECTED and ran natively (a stranger's review). Now it says, as for a profile,
+    that the run is native: no ratio is needed for a projection that cannot be made; bad input is still refused."""
+    from ccbridge import env
+
+    monkeypatch.setattr(core, "driver_missing", lambda: "cannot load the CUDA driver library libcuda.so.1 (no NVIDIA "
+                                                        "driver here?)")
+    monkeypatch.setattr(env, "nvml_info", lambda: {"available": False})
+    for extra, said in (([], "not PROJECTED"), (["--project-by", "2"], "not PROJECTED"),
+                        (["--profile", "b300"], "not EMULATED or PROJECTED")):
+        assert main(["run", "--project", "b300", *extra, "--", "true"]) == 0
+        err = " ".join(capsys.readouterr().err.split())  # (wrapped at 120 columns)
+        assert err.endswith(f"(no NVIDIA driver here?): runs natively, {said}") and "PROJECTED to" not in err, err
+    assert main(["run", "--project", "b301", "--", "true"]) == 2  # an unknown target all the same
+    assert "unknown GPU 'b301'" in capsys.readouterr().err
+    monkeypatch.setattr(core, "driver_missing", lambda: None)  # a driver, no GPU named: the ratio is asked for
+    assert main(["run", "--project", "b300", "--", "true"]) == 2
+    assert "give the ratio: --project-by R" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ccbridge import account, env, ui
+from ccbridge.bindings import core
 from ccbridge.cli.args import add_set, command, integer, what_if
 from ccbridge.cli.reports import write_reports, wrote
 from ccbridge.emulate import coverage, launcher, profiles, runs, targets, trace
@@ -30,7 +31,7 @@ def cmd_run(args) -> int:
     prof = what_if(args, "passthrough")  # without a profile: the interposer records, adds no cost
     proj = projection(args)
     launcher.check(prof, cmd, args.record, args.coverage)
-    print(launcher.announce(prof, proj), file=sys.stderr)
+    print(launcher.announce(prof, proj, projecting=bool(args.project)), file=sys.stderr)
     rc = launcher.run(prof, cmd, trace=args.record, coverage=args.coverage, sites=args.sites, projection=proj)
     if args.record:
         print(trace.render(trace.summarize(str(Path(args.record).resolve()))), file=sys.stderr)
@@ -300,8 +301,12 @@ def projection(args):
         if args.project_by != "hbm":
             raise UsageError("--project-by goes with --project GPU")
         return None
-    gpus = env.nvml_info().get("gpus") or [{}]
-    return targets.project(args.project, gpus[0].get("name"), targets.parse_by(args.project_by))
+    name, by = (env.nvml_info().get("gpus") or [{}])[0].get("name"), targets.parse_by(args.project_by)
+    if name is None and not isinstance(by, float) and core.driver_missing():
+        # no GPU: no datasheet ratio to take, and nothing a projection would dilate (the run says it is not PROJECTED)
+        targets.target(args.project)  # an unknown target is bad input all the same
+        return None
+    return targets.project(args.project, name, by)
 
 
 def add_parsers(sub) -> None:

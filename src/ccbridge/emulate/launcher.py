@@ -182,12 +182,15 @@ def banner(profile: Profile, projection: Projection | None = None, who: str = "c
     return "\n".join(wrap(lines))
 
 
-def announce(profile: Profile, projection: Projection | None = None, who: str = "ccbridge run") -> str:
-    """What a run under profile says first: its banner, or, for a profile that emulates where no CUDA driver
-    loads, that it runs natively (the interposer hooks the driver: there is nothing to emulate, and the child's
-    stamp says so: env.emulation_info)."""
-    if profile.emulates and (why := core.driver_missing()):
-        return "\n".join(wrap([f"{who}: {why}: runs natively, not EMULATED"]))
+def announce(profile: Profile, projection: Projection | None = None, who: str = "ccbridge run",
+             projecting: bool = False) -> str:
+    """What a run under profile says first: its banner, or, for a profile that emulates or a projection
+    (projecting: one was asked for, even where none could be made) where no CUDA driver loads, that it runs
+    natively (the interposer hooks the driver: there is nothing to emulate or dilate, and the child's stamp says
+    so: env.emulation_info)."""
+    lost = [word for word, asked in (("EMULATED", profile.emulates), ("PROJECTED", projection or projecting)) if asked]
+    if lost and (why := core.driver_missing()):
+        return "\n".join(wrap([f"{who}: {why}: runs natively, not {' or '.join(lost)}"]))
     return banner(profile, projection, who)
 
 
