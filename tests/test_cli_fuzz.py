@@ -219,6 +219,7 @@ def _not_its(bench: str, *words: str) -> tuple[list[str], str]:
 CASES = [
     # every subcommand, argparse's own errors included, says which subcommand it was
     (["env", "--bogus"], "unrecognized arguments: --bogus (see ccbridge env --help)"),
+    (["--help-me"], "unrecognized arguments: --help-me (see ccbridge --help)"),  # said: COMMAND is required
     (["probe", "--quick", "extra"], "unrecognized arguments: extra"),
     (["load"], "the following arguments are required: paths"),
     # probe: checked before the run starts (a run takes minutes)
@@ -691,7 +692,7 @@ def test_bad_input_is_one_clear_line(d, case):
     assert r.returncode == 2, r.stderr
     # a bench's errors, argparse's and its own checks' alike, name the bench (`ccbridge bench kv: ...`)
     head = f"ccbridge bench {argv[1]}: " if argv[:1] == ["bench"] and argv[1:2] and argv[1] in _benches() else \
-        f"ccbridge {argv[0]}: "
+        "ccbridge: " if argv[0].startswith("-") else f"ccbridge {argv[0]}: "  # no command: ccbridge's own
     assert len(lines) == 1 and lines[0].startswith(head), r.stderr
     assert fragment in lines[0]
     if "wide" not in extra:  # 120 columns where the fixture folder's name is short

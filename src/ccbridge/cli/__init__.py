@@ -21,8 +21,9 @@ GROUPS = (node, probing, emulation, reporting, loading, collectives, bench)  # i
 def build_parser() -> Parser:
     ap = Parser(prog="ccbridge", description="Measure the CPU<->GPU bridge of GPU confidential computing.")
     ap.add_argument("--version", action="version", version=f"ccbridge {__version__}")
-    # dest "command": a subcommand's own arguments must not reuse the name (run's program did).
-    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # dest "command": a subcommand's own arguments must not reuse the name (run's program did). Not required here:
+    # main() names an unrecognised word first (`ccbridge --help-me`), then a missing command.
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     for group in GROUPS:
         group.add_parsers(sub)
     return ap
@@ -31,9 +32,12 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    prog = getattr(args, "prog", parser.prog)  # the (sub)command's, whose words these are; ccbridge's without one
     if extra:  # argparse would blame the top-level parser; the words belong to the (sub)command
-        parser.exit(2, one_line(args.prog, f"unrecognized arguments: {' '.join(extra)}",
-                                hint=f" (see {args.prog} --help)") + "\n")
+        parser.exit(2, one_line(prog, f"unrecognized arguments: {' '.join(extra)}", hint=f" (see {prog} --help)")
+                    + "\n")
+    if args.command is None:
+        parser.error("the following arguments are required: COMMAND")
     try:
         return args.fn(args)
     except CCBridgeError as e:  # say why, in one line
