@@ -46,7 +46,10 @@ def one_line(prog: str, message: str, hint: str = "") -> str:
 
 
 def command(sub, name: str, fn, **kw) -> Parser:
-    """A subcommand's parser, with its handler and its full name (`ccbridge bench kv`) for main's messages."""
+    """A subcommand's parser, with its handler and its full name (`ccbridge bench kv`) for main's messages. Its
+    --help opens with its line of the parent's --help (help) as a sentence, unless given a description of its own."""
+    if kw.get("help"):
+        kw.setdefault("description", kw["help"][0].upper() + kw["help"][1:] + ".")
     p = sub.add_parser(name, **kw)
     p.set_defaults(fn=fn, prog=p.prog)
     return p

@@ -50,17 +50,21 @@ def cmd_collectives(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    p = command(sub, "collectives", cmd_collectives,
-                help="nccl-tests style table: plaintext vs encrypted collectives (spawns one rank per GPU)")
-    p.add_argument("--op", default="all_reduce", choices=["all_reduce", "all_gather", "reduce_scatter", "broadcast"])
+    what = "nccl-tests style table: plaintext vs encrypted collectives (spawns one rank per GPU)"
+    p = command(sub, "collectives", cmd_collectives, help=what, description=f"An {what}.")
+    p.add_argument("--op", default="all_reduce", choices=["all_reduce", "all_gather", "reduce_scatter", "broadcast"],
+                   help="the collective (default all_reduce)")
     p.add_argument("-b", "--minbytes", type=size, default="8", help="smallest size (default 8)")
     p.add_argument("-e", "--maxbytes", type=size, default="256M", help="largest size (default 256M)")
     p.add_argument("-f", "--stepfactor", type=integer(2), default=2, help="size multiplier, at least 2 (default 2)")
-    p.add_argument("-d", "--dtype", default="float", choices=list(SECURE_DTYPES))
-    p.add_argument("-n", "--iters", type=integer(1), default=20)
-    p.add_argument("-w", "--warmup", type=integer(0), default=5)
+    p.add_argument("-d", "--dtype", default="float", choices=list(SECURE_DTYPES),
+                   help="element type, as nccl-tests' -d (default float)")
+    p.add_argument("-n", "--iters", type=integer(1), default=20, help="timed iterations per size (default 20)")
+    p.add_argument("-w", "--warmup", type=integer(0), default=5, help="untimed iterations per size first (default 5)")
     p.add_argument("-g", "--ngpus", type=integer(2), help="ranks, at least 2 (default: every GPU)")
-    p.add_argument("--backend", default="nccl", choices=["nccl", "gloo"])
+    p.add_argument("--backend", default="nccl", choices=["nccl", "gloo"],
+                   help="nccl (default: a GPU per rank) or gloo (ranks share the GPUs, or run on the CPU where there "
+                        "is none: two unless -g, at most 4 a CPU)")
     p.add_argument("--transport", default="default", choices=["default", "sockets"],
                    help="sockets: NCCL without P2P or shared memory, a stand-in for crossing nodes")
     p.add_argument("--net", choices=["ccbridge"],

@@ -347,5 +347,7 @@ def add_parsers(sub) -> None:
     p.add_argument("args", nargs="*", help="BASE OTHER (trace prefixes; several pairs, BASE1 OTHER1 BASE2 OTHER2 ..., "
                                            "are summed as runs), or -- CMD [ARGS...] with --profile")
 
-    p = command(sub, "trace", cmd_trace, help="summarise an emulator trace (TRACE.<pid>.csv files)")
-    p.add_argument("prefix")
+    p = command(sub, "trace", cmd_trace, help="per-API accounting of a trace of `ccbridge run --record T`: crossings, "
+                "bytes, time blocked, waiting for the stream or the channel")
+    p.add_argument("prefix", metavar="T", help="the trace prefix given to --record (its files: T.<pid>.csv and "
+                                               "T.<pid>.summary.json)")

@@ -79,13 +79,14 @@ def cmd_advise(args) -> int:
 
 def add_parsers(sub) -> None:
     p = command(sub, "report", cmd_report, help="re-render report.md and report.html from a result.json")
-    p.add_argument("result")
+    p.add_argument("result", help="a result.json, or a bench's or collectives' --json file")
     p.add_argument("--out", help="output folder (default: beside the result); one whose result.json is another "
                                  "result is refused (its reports are that result's)")
 
-    p = command(sub, "compare", cmd_compare, help="OTHER/BASE ratio table and changed findings of two probe results")
-    p.add_argument("base")
-    p.add_argument("other")
+    p = command(sub, "compare", cmd_compare, help="OTHER/BASE ratio of every row two results of one kind share (probe, "
+                "account, load, collectives or bench), and the findings that changed")
+    p.add_argument("base", help="the result the ratios are relative to: a result.json or a --json file")
+    p.add_argument("other", help="the result compared with BASE, of the same kind (e.g. CC on, or emulated)")
     p.add_argument("--out", help="also write compare.md and compare.html here")
 
 
