@@ -10,9 +10,12 @@ what is checked is the command's reading of its own answer.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -189,3 +192,52 @@ def test_a_yes_answer_exits_0(tmp_path):
     good = str(DATA / "h100-native-full.json")
     assert _cli(["compare", good, good], tmp_path).returncode == 0
     assert _cli(["run", "--profile", "passthrough", "--", "true"], tmp_path).returncode == 0
+
+
+def _tagged(tag: str) -> list[int]:
+    """Live processes (zombies left out) whose environment carries CCBRIDGE_TEST_RUN=tag: a run's and its children's,
+    whatever session or parent they have now."""
+    out = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if f"CCBRIDGE_TEST_RUN={tag}".encode() not in open(f"/proc/{entry}/environ", "rb").read().split(b"\0"):
+                continue
+            if open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+                out.append(int(entry))
+        except OSError:  # ended, or another user's
+            continue
+    return out
+
+
+@pytest.mark.parametrize("closed", ["stdout and stderr", "stderr"])
+def test_a_reader_that_stops_early_loses_no_probe_run(closed, tmp_path):
+    """`ccbridge probe --quick 2>&1 | head -2` exited 1 with nothing written (rich's exit on a broken pipe) and at
+    times left the report renderer's chart workers behind for ever; so did stderr alone to `head -1`. The run goes
+    on quietly: its status is the run's, its result and reports are written, and nothing it started outlives it."""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc to find leftover processes in")
+    tag = f"{os.getpid()}-{closed.replace(' ', '')}"
+    argv = [sys.executable, "-m", "ccbridge", "probe", "--quick", "--tests", "hostcrypto", "--out", str(tmp_path / "p")]
+    with open(tmp_path / "stdout", "w") as out:
+        p = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE if closed != "stderr" else out,
+                             stderr=subprocess.PIPE if closed == "stderr" else subprocess.STDOUT, text=True,
+                             env={**os.environ, "CCBRIDGE_TEST_RUN": tag})
+    reader = p.stdout or p.stderr
+    try:
+        assert reader.readline().startswith("ccbridge probe: 1 of")
+        reader.close()  # the reader is gone: every later write meets a closed pipe
+        assert p.wait(timeout=240) == 0
+        assert results.load(tmp_path / "p" / "result.json").by_test("hostcrypto.aes256gcm")
+        assert (tmp_path / "p" / "report.html").stat().st_size > 0
+        deadline = time.monotonic() + 10  # a killed process takes a moment to go
+        while _tagged(tag) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _tagged(tag), "processes of the probe outlived it"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for pid in _tagged(tag):
+            os.kill(pid, signal.SIGKILL)
+    if closed == "stderr":
+        assert "CPU AES-256-GCM" in (tmp_path / "stdout").read_text()  # the answer, where the reader still reads

@@ -156,3 +156,57 @@ def test_the_run_line_says_its_seconds_are_the_tests():
     res = Result(kind="probe", env={}, settings={"quick": True, "device": 0, "tests": ["hostcrypto.aes256gcm"]},
                  duration_s=3.46)
     assert run_line(res).startswith("Run: 1 test of the quick suite on device 0, tests 3.5 s, 0 rows")
+
+
+def _alive_children(pid: int) -> list[int]:
+    """The processes whose parent is pid, zombies left out (/proc/PID/stat: pid (comm) state ppid ...)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+        except OSError:  # not a process, or it ended
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == pid and state != "Z":
+            out.append(int(entry))
+    return out
+
+
+def _still_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for p in pids:
+        try:
+            if open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+                alive.append(p)
+        except OSError:
+            pass
+    return alive
+
+
+def test_closing_the_early_renderer_ends_its_chart_workers():
+    """A probe that ends before its reports (a broken pipe, an interrupt) closes the renderer: its chart workers,
+    forked one per core and waiting on their queue, end with it. SIGKILL of the renderer alone left them, children
+    of init, blocked for ever (a stranger's review found two after `ccbridge probe --quick 2>&1 | head -2`)."""
+    from ccbridge.cli.reports import EarlyReports
+
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("no /proc to find the workers in")
+    early = EarlyReports()
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120  # its warm-up (matplotlib's import), then the fork
+        while not workers and time.monotonic() < deadline and early.proc.poll() is None:
+            time.sleep(0.1)
+            workers = _alive_children(early.proc.pid)
+        assert workers, "the renderer forked no chart worker"
+        early.close()
+        deadline = time.monotonic() + 10
+        while _still_alive(workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _still_alive(workers), "chart workers outlived their renderer"
+    finally:
+        for p in _still_alive(workers):
+            os.kill(p, signal.SIGKILL)
+        if early.proc.poll() is None:
+            early.proc.kill()
+            early.proc.wait()

@@ -5,6 +5,7 @@ write can be written, made before the work."""
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -24,6 +25,54 @@ def terminal(stderr: bool = False) -> Console:
     c = Console(stderr=stderr)
     c.width = min(c.width, WIDTH) if c.is_terminal or os.environ.get("COLUMNS") else WIDTH
     return c
+
+
+class Unread:
+    """A stream (sys.stdout, sys.stderr) whose reader may stop reading (`| head`): once a write meets the closed pipe,
+    its descriptor is pointed at /dev/null and the rest is dropped, so the command finishes its work and exits with
+    its own status. Without it print() raised in the middle of the work and rich exited 1 (a probe lost its run)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._drop()
+
+    def _drop(self) -> None:
+        self.gone = True
+        try:  # what is left in its buffer, Python's flush at exit and children's output go nowhere, not to EPIPE
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):  # no descriptor (a test's stream): dropping is enough
+            pass
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def unread_ok():
+    """sys.stdout and sys.stderr as Unread streams for the block (a command's run)."""
+    was = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Unread(sys.stdout), Unread(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = was
 
 
 def human_bytes(n: int) -> str:

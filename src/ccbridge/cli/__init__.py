@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ccbridge import ui
 from ccbridge.version import __version__
 from ccbridge.cli import bench, collectives, emulation, loading, node, probing, reporting
 from ccbridge.cli.args import Parser, one_line
@@ -30,6 +31,11 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    with ui.unread_ok():  # a reader that stops (`| head`) silences the output, never the work or its status
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     prog = getattr(args, "prog", parser.prog)  # the (sub)command's, whose words these are; ccbridge's without one
@@ -43,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     except CCBridgeError as e:  # say why, in one line
         print(one_line(args.prog, str(e)), file=sys.stderr)
         return 2
-    except BrokenPipeError:  # the reader stopped (`| head`): nothing went wrong, and nothing more to say
+    except BrokenPipeError:  # a write past ui.Unread (to the descriptor): the reader stopped, nothing went wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python's own flush at exit would fail)
         return 0
     except OSError as e:  # the machine refused after the checks passed: a full disk, a lost mount

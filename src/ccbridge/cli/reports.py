@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -66,10 +67,12 @@ class EarlyReports:
     process renders."""
 
     def __init__(self):
-        # its output is not read: a renderer that fails is replaced by this process's own rendering
+        # its output is not read: a renderer that fails is replaced by this process's own rendering. Its own session
+        # (and process group): close() ends it with the chart workers it forks, which a kill of it alone left
+        # waiting on their queue for ever (one per core, children of init).
         self.proc = subprocess.Popen([sys.executable, "-m", "ccbridge.cli.reports"], stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
-                                     env={**os.environ, **RENDERER_ENV})
+                                     env={**os.environ, **RENDERER_ENV}, start_new_session=True)
 
     def write(self, res, out: Path) -> list[Path]:
         paths = _saved(res, out)
@@ -84,9 +87,14 @@ class EarlyReports:
         return paths
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        """The renderer ended, with every process it forked; nothing to do where it finished its work."""
+        if self.proc.returncode == 0:
+            return
+        try:  # the group's id is its own while the renderer (a zombie too) or a worker it forked lives
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it and its workers have all ended
+            pass
+        self.proc.wait()
 
 
 def warm_up() -> None:
