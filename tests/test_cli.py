@@ -1,3 +1,4 @@
+import datetime
 import json
 import subprocess
 import sys
@@ -341,3 +342,61 @@ def test_a_projection_where_no_cuda_driver_loads_says_it_runs_natively(tmp_path,
     monkeypatch.setattr(core, "driver_missing", lambda: None)  # a driver, no GPU named: the ratio is asked for
     assert main(["run", "--project", "b300", "--", "true"]) == 2
     assert "give the ratio: --project-by R" in capsys.readouterr().err
+
+
+class _OneSecond(datetime.datetime):
+    """A clock stopped within one second: every run it starts, started in the same second."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return cls(2026, 11, 28, 9, 26, 24, tzinfo=tz)
+
+
+def test_two_probes_started_in_one_second_write_two_folders(tmp_path, monkeypatch, capsys):
+    """`(ccbridge probe --quick &); ccbridge probe --quick` printed one folder twice and kept the last run's result:
+    the default folder was a name checked, then written at the end. A second probe, run while the first runs, gets a
+    folder of its own, and each keeps its result."""
+    from ccbridge.probe import registry
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(datetime, "datetime", _OneSecond)
+    real, inner = registry.run, []
+
+    def run(*args, **kwargs):  # the first probe's run: the second probe starts and ends inside it
+        if not inner:
+            inner.append("started")
+            inner.append(main(["probe", "--quick", "--tests", "launch"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "run", run)
+    assert main(["probe", "--quick", "--tests", "launch"]) == 0 and inner == ["started", 0]
+    folders = sorted((tmp_path / "ccbridge-results").iterdir())
+    assert [f.name for f in folders] == ["20261128-092624", "20261128-092624-2"]
+    assert all((f / "result.json").is_file() for f in folders)
+
+
+def test_default_folders_are_made_once_and_taken_away_unused(tmp_path, monkeypatch):
+    """probe, account and calibrate share the default: each name is made once (os.mkdir), and a folder the command
+    wrote nothing in (it failed) goes again, with ccbridge-results where the command made it."""
+    from ccbridge import ui
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(datetime, "datetime", _OneSecond)
+    with ui.run_folders():
+        made = [ui.run_folder("account-") for _ in range(3)] + [ui.run_folder()]
+        assert [str(p) for p in made] == ["ccbridge-results/account-20261128-092624",
+                                          "ccbridge-results/account-20261128-092624-2",
+                                          "ccbridge-results/account-20261128-092624-3",
+                                          "ccbridge-results/20261128-092624"]
+        assert all(p.is_dir() for p in made)
+        (made[1] / "result.json").write_text("{}")
+    assert sorted(p.name for p in (tmp_path / "ccbridge-results").iterdir()) == ["account-20261128-092624-2"]
+    with ui.run_folders():
+        ui.run_folder()
+    assert len(list((tmp_path / "ccbridge-results").iterdir())) == 1  # ccbridge-results was there before: kept
+    (made[1] / "result.json").unlink()
+    made[1].rmdir()
+    made[1].parent.rmdir()
+    with ui.run_folders():
+        ui.run_folder()
+    assert list(tmp_path.iterdir()) == []

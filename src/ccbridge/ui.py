@@ -4,6 +4,7 @@ write can be written, made before the work."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import sys
 import tempfile
@@ -130,11 +131,57 @@ def made_folder(path: Path):
     try:
         yield path
     except BaseException:
-        at = path
+        _remove_empty(path, had)
+        raise
+
+
+RESULTS_FOLDER = Path("ccbridge-results")
+_RUN_FOLDERS: list[tuple[Path, Path]] = []  # run_folder()'s, each with the nearest folder that existed before it
+
+
+def run_folder(prefix: str = "") -> Path:
+    """A command's default output folder, ccbridge-results/<prefix><YYYYmmdd-HHMMSS>, made now: os.mkdir makes a
+    name once, so runs started in the same second get folders of their own (<...>-2, -3), where a check of the name
+    and a later write gave both one folder and kept the last run's result. Where the command writes nothing in it,
+    run_folders() takes it away again."""
+    stamp = f"{prefix}{dt.datetime.now():%Y%m%d-%H%M%S}"
+    writable_folder(RESULTS_FOLDER / stamp, "--out")  # an unwritable place is refused as for --out
+    had = nearest_existing(RESULTS_FOLDER)
+    for k in range(1, 1000):
+        path = RESULTS_FOLDER / (stamp if k == 1 else f"{stamp}-{k}")
+        try:
+            RESULTS_FOLDER.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+        except (FileExistsError, FileNotFoundError):  # another run's (or its parent just taken away by one)
+            continue
+        except OSError as e:
+            raise UsageError(f"--out {path}: cannot make it ({e.strerror})") from None
+        _RUN_FOLDERS.append((path, had))
+        return path
+    raise UsageError(f"{RESULTS_FOLDER}: {stamp} and 998 more of its names are taken: give --out")
+
+
+@contextmanager
+def run_folders():
+    """The run_folder()s made in the block kept where the command wrote in them, else removed with the parents
+    made for them: a command that fails leaves no empty result folder behind."""
+    start = len(_RUN_FOLDERS)
+    try:
+        yield
+    finally:
+        while len(_RUN_FOLDERS) > start:
+            _remove_empty(*_RUN_FOLDERS.pop())
+
+
+def _remove_empty(path: Path, had: Path) -> None:
+    """path and its parents below had, where empty."""
+    at = path
+    try:
         while at != had and at.is_dir() and not any(at.iterdir()):
             at.rmdir()
             at = at.parent
-        raise
+    except OSError:  # another run wrote in it since: theirs
+        pass
 
 
 def nearest_existing(path: str | os.PathLike) -> Path:

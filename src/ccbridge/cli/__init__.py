@@ -31,7 +31,9 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    with ui.unread_ok():  # a reader that stops (`| head`) silences the output, never the work or its status
+    # a reader that stops (`| head`) silences the output, never the work or its status; a default output folder
+    # the command wrote nothing in is taken away again
+    with ui.unread_ok(), ui.run_folders():
         return _main(argv)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import glob
 import json
 import signal
@@ -53,8 +52,7 @@ def _ended(rc: int) -> str:
 def cmd_account(args) -> int:
     """Attribute the wall-time difference of two traces (or of CMD natively vs emulated) to the calls that grew."""
     rest = args.args[1:] if args.args[:1] == ["--"] else args.args
-    out = ui.writable_folder(args.out or Path("ccbridge-results") / f"account-{dt.datetime.now():%Y%m%d-%H%M%S}", "--out",
-                             fresh=("result.json",))
+    out = ui.writable_folder(args.out or ui.run_folder("account-"), "--out", fresh=("result.json",))
     prof = what_if(args)
     proj = getattr(args, "projected", None)  # the second pass of --project: both runs in dilated time
     if args.project and not prof:

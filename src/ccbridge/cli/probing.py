@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import subprocess
 import sys
@@ -34,8 +33,7 @@ def cmd_probe(args) -> int:
     prof = what_if(args, "passthrough" if args.record else None)
     tests = registry.select(args.tests)
     registry.check_device(args.device)
-    out = ui.writable_folder(args.out or Path("ccbridge-results") / dt.datetime.now().strftime("%Y%m%d-%H%M%S"), "--out",
-                             fresh=("result.json",))
+    out = ui.writable_folder(args.out or ui.run_folder(), "--out", fresh=("result.json",))
     if prof:
         return _probe_under(args, prof, out)
     t_enter = time.perf_counter()
@@ -117,8 +115,7 @@ def cmd_profiles(args) -> int:
 
 def cmd_calibrate(args) -> int:
     prof = profiles.override(profiles.load(args.profile), args.overrides)
-    out = ui.writable_folder(args.out or Path("ccbridge-results") / f"calibrate-{prof.name}-{dt.datetime.now():%Y%m%d-%H%M%S}",
-                             "--out", fresh=("calibration.json",))
+    out = ui.writable_folder(args.out or ui.run_folder(f"calibrate-{prof.name}-"), "--out", fresh=("calibration.json",))
     if args.rounds is not None and args.emulated is not None:
         raise UsageError("--rounds repeats native and emulated runs; with --emulated given this command runs no "
                          "emulated probe")
