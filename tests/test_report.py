@@ -210,3 +210,25 @@ def test_closing_the_early_renderer_ends_its_chart_workers():
         if early.proc.poll() is None:
             early.proc.kill()
             early.proc.wait()
+
+
+def test_the_run_line_names_no_device_where_there_is_no_gpu():
+    """report.md said 'on device 0' of a machine with no GPU (a stranger's review)."""
+    from ccbridge.report.tables import run_line
+    from ccbridge.results import Result
+
+    missing = {"gpu": "no usable GPU: cannot load the CUDA driver library libcuda.so.1 (no NVIDIA driver here?)"}
+    res = Result(kind="probe", env={}, settings={"quick": True, "device": 0, "tests": ["hostcrypto.aes256gcm"],
+                                                 "missing": missing}, duration_s=3.46)
+    line = run_line(res)
+    assert line.startswith("Run: 1 test of the quick suite without a usable GPU, tests 3.5 s") and "device" not in line
+
+
+def test_a_skip_reason_is_said_briefly_on_the_console():
+    from ccbridge.probe import registry
+
+    loader = ("no usable GPU: cannot load the CUDA driver library libcuda.so.1 (no NVIDIA driver here?): libcuda.so.1: "
+              "cannot open shared object file: No such file or directory")
+    assert registry.briefly(loader) == "no NVIDIA driver (libcuda.so.1 did not load)"
+    assert registry.briefly("the CUDA driver sees no GPU") == "the CUDA driver sees no GPU"
+    assert len(registry.briefly("no usable GPU: " + "x" * 200)) == 70

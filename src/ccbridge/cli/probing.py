@@ -66,8 +66,8 @@ def cmd_probe(args) -> int:
     answer = ui.terminal()
     for f in shown(res):
         answer.print(f"- {f.text}", highlight=False)
-    if res.no_gpu:
-        answer.print(f"[yellow]The GPU families need a GPU ({res.no_gpu}); ran what needs none.[/]")
+    if res.no_gpu:  # the reason whole is in result.json and report.md
+        answer.print(f"[yellow]GPU families skipped: {registry.briefly(res.no_gpu)}; the host families ran.[/]")
     elif res.skipped:
         answer.print("[yellow]Skipped: " + "; ".join(f"{s['test']} ({s['reason']})" for s in res.skipped) + "[/]")
     answer.print(f"\n{len(res.rows)} rows in {time.perf_counter() - t_enter:.0f} s ({phases})", highlight=False)

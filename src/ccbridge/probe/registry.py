@@ -113,6 +113,14 @@ class Settings:
         return quick if self.quick else full
 
 
+def briefly(reason: str) -> str:
+    """A skip reason in a few words, for the console; the result and its reports keep it whole. The driver's loader
+    failure ran to 150 columns and named libcuda.so.1 three times."""
+    if "cannot load the CUDA driver library" in reason:
+        return f"no NVIDIA driver ({core.DRIVER_SONAME} did not load)"
+    return cut(reason.removeprefix("no usable GPU: "), 70)
+
+
 @dataclass
 class Machine:
     """What the runner found, with the reason for each missing capability. Whether torch can use CUDA is asked
@@ -320,7 +328,7 @@ def _run_tests(tests, settings: Settings, machine: Machine, result: Result, prog
         if lacking:
             result.skipped.append({"test": t.name, "reason": lacking[0]})
             if progress:
-                progress.skipped(t, lacking[0])
+                progress.skipped(t, briefly(lacking[0]))
             continue
         if progress:
             progress.begin(t)

@@ -84,9 +84,10 @@ def run_line(res: Result) -> str:
     mode = "quick" if s.get("quick") else "full"
     tests = s.get("tests")
     which = f"{len(tests)} test{'s' * (len(tests) != 1)} of the {mode} suite" if tests else f"{mode} suite"
+    # a machine without a usable GPU ran on no device, whatever --device named
+    where = "without a usable GPU" if s.get("missing", {}).get("gpu") else f"on device {s.get('device', 0)}"
     # the tests' own seconds: the probe's stdout line adds its start-up and reports, settings.seconds each test's
-    return (f"Run: {which} on device {s.get('device', 0)}, tests {res.duration_s:.1f} s, "
-            f"{len(res.rows)} rows, created {res.created}.")
+    return (f"Run: {which} {where}, tests {res.duration_s:.1f} s, {len(res.rows)} rows, created {res.created}.")
 
 
 def emulation_banner(res: Result) -> str:
