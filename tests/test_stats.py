@@ -106,3 +106,12 @@ def test_paired_loops_take_every_repetition_unless_asked_to_settle():
     calls.clear()
     settled_samples, _ = paired_us(lambda: calls.append(1), lambda: None, 10, 7, settle=True)
     assert settle_after(7) <= len(settled_samples) <= 7 and len(calls) == 10 * len(settled_samples)
+
+
+def test_ratio_range_and_apart():
+    from ccbridge.stats import apart, ratio_range
+
+    assert ratio_range((2.0, 4.0), (1.0, 2.0)) == (1.0, 4.0)
+    assert not apart((2.0, 4.0), (1.0, 2.0))  # touching ranges: no claim
+    assert apart((2.1, 4.0), (1.0, 2.0)) and apart((0.1, 0.2), (1.0, 2.0))
+    assert not apart((1.0, 2.0), (0.0, 1.0))  # no range where the denominator's reaches 0

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from ccbridge import env as envmod
+from ccbridge import stats
 from ccbridge.errors import UsageError
 from ccbridge.findings import Finding, findings
 from ccbridge.report import html as H
@@ -30,9 +31,7 @@ class Ratio:
     @property
     def range(self) -> tuple[float, float]:
         """The ratio's plausible range from both runs' p10/p90."""
-        if self.base.p10 <= 0 or self.base.p90 <= 0:
-            return (float("nan"), float("nan"))
-        return self.other.p10 / self.base.p90, self.other.p90 / self.base.p10
+        return stats.ratio_range((self.other.p10, self.other.p90), (self.base.p10, self.base.p90))
 
     @property
     def cost(self) -> float:

@@ -35,6 +35,21 @@ def summarize(samples: Sequence[float]) -> dict:
     }
 
 
+def ratio_range(num: tuple[float, float], den: tuple[float, float]) -> tuple[float, float]:
+    """The plausible range of a ratio of two measured quantities from each one's (p10, p90): lowest over highest to
+    highest over lowest; NaN where den's range reaches 0. It holds 1 where the two ranges overlap: then the two
+    differ by no more than their own run-to-run noise, and no ratio of their medians says anything."""
+    if den[0] <= 0 or den[1] <= 0:
+        return float("nan"), float("nan")
+    return num[0] / den[1], num[1] / den[0]
+
+
+def apart(num: tuple[float, float], den: tuple[float, float]) -> bool:
+    """Whether two quantities' (p10, p90) ranges do not overlap (ratio_range excludes 1): a real difference."""
+    lo, hi = ratio_range(num, den)
+    return lo > 1 or hi < 1  # False for NaN: no range, no claim
+
+
 def plan_iters(pilot_s: float, budget_s: float, lo: int, hi: int) -> int:
     """How many repetitions of a pilot-timed operation fit in a time budget."""
     if pilot_s <= 0:
