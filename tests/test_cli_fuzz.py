@@ -341,9 +341,10 @@ CASES = [
     (["calibrate", "--profile", "b300", "--native", "{d}/emu_h200.json"], "the 'native' result was made under the emulator"),
     (["calibrate", "--profile", "b300", "--native", "{d}/no_gpu.json"], "the probe ran none of its GPU tests"),
     # without a GPU, said before a probe runs (and without the native probe's folder)
-    (["calibrate", "--profile", "b300"], "its probe runs need a GPU (or give --native and --emulated results): ",
+    (["calibrate", "--profile", "b300"], "; without a GPU give --native and --emulated results",
      {"skip": _gpu}),
-    (["calibrate", "--profile", "b300", "--native", "{d}/good.json"], "its probe runs need a GPU", {"skip": _gpu}),
+    (["calibrate", "--profile", "b300", "--native", "{d}/good.json"], "without a GPU give --native and --emulated",
+     {"skip": _gpu}),
     # trace
     (["trace", "{d}/none"], "no trace files {d}/none.<pid>.csv or .summary.json"),
     (["trace", "/nonexistent/dir/t"], "no trace files /nonexistent/dir/t.<pid>.csv"),

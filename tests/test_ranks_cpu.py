@@ -233,8 +233,8 @@ def test_the_net_bench_runs_its_pair_through_the_launcher(clean, monkeypatch):
     gcm = [line for line in lines if "AES-256-GCM" in line]
     assert len(gcm) == 2 * len({1, netbench.cores_visible()}) and lines[:len(gcm)] == gcm
     steps = lines[len(gcm):]
-    assert len(steps) == 8 and "stream " in steps[0] and "bound (at once)" in steps[1] and "ping-pong" in steps[3]
-    assert "bound (at once)" in steps[5] and not res.skipped and max(map(len, lines)) <= 120
+    assert len(steps) == 8 and "encrypted " in steps[0] and "at once " in steps[1] and "one-way trip" in steps[3]
+    assert "at once " in steps[5] and not res.skipped and max(map(len, lines)) <= 120
     for s in (r for r in net if r.metric == "stream"):  # each encrypted row beside the bound at its lanes and size
         u = next(r for r in net if r.metric == "uncoupled" and r.params["streams"] == s.params["lanes"])
         assert u.params["size"] == s.params["size"]
@@ -251,6 +251,10 @@ def test_a_net_bench_process_that_fails_is_one_line(clean, monkeypatch):
     except FileNotFoundError as e:
         pytest.skip(str(e))
     monkeypatch.setenv("CCBRIDGE_KEY", "not hex")
+    with pytest.raises(SecureError) as e:  # refused here before any rank starts (its own test: test_ncclnet_cpu.py)
+        netbench.plugin_ready()
+    assert str(e.value).startswith("the net plugin's init: $CCBRIDGE_KEY: expected 64 hex digits")
+    monkeypatch.setattr(netbench, "plugin_ready", lambda env=None: None)  # so that the ranks meet it themselves
     with pytest.raises(SecureError) as e:
         netbench.loopback([1 << 16], [1], total=1 << 20, repeat=1, rtt_sizes=(), progress=lambda _: None)
     # the plugin's init says why in the rank's line: its SecureError, no class name, no log prefix, within 120

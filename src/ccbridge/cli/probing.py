@@ -85,7 +85,7 @@ def _probe_under(args, prof, out: Path) -> int:
     rest += ["--tests", args.tests] if args.tests else []
     cmd = launcher.python_cmd(*rest)
     launcher.check(prof, cmd, args.record)
-    print(launcher.announce(prof), file=sys.stderr)
+    print(launcher.announce(prof, who="ccbridge probe"), file=sys.stderr)
     return launcher.run(prof, cmd, trace=args.record)
 
 
@@ -167,7 +167,7 @@ def _gpu_for_probes() -> None:
     except GpuError as e:
         count, why = 0, str(e)
     if not count:
-        raise UsageError(cut(f"its probe runs need a GPU (or give --native and --emulated results): {why}", 100))
+        raise UsageError(cut(f"{registry.briefly(why)}; without a GPU give --native and --emulated results", 100))
 
 
 def add_parsers(sub) -> None:
