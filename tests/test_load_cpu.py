@@ -458,6 +458,28 @@ def test_the_bench_table_marks_the_rows_that_copy_on_cpu():
     assert "*" not in gpu and "then copied" not in gpu
 
 
+def test_the_bench_without_safetensors_says_the_check_was_not_made(tmp_path, monkeypatch, capsys):
+    """Without safetensors the check printed `None` and its rows a raw ModuleNotFoundError, where
+    fastsafetensors' row said "not installed here": now all three say so, and the check says why it is absent."""
+    import sys
+
+    from ccbridge.cli import main
+    from ccbridge.load import bench, benchresult, synth
+    from ccbridge.results import load as load_result
+
+    synth.make_checkpoint(tmp_path / "c", 2 << 20, 1 << 20, jobs=1)
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # as if not installed: its import fails
+    assert main(["load", str(tmp_path / "c"), "--bench", "--device", "cpu", "--repeat", "1",
+                 "--json", str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert "check: ccbridge vs safetensors: not checked: safetensors is not installed" in out
+    rows = [ln for ln in out.splitlines() if ln.startswith(("safetensors", "fastsafetensors"))]
+    assert len(rows) == 3 and all("not installed here" in ln for ln in rows), rows
+    res = load_result(tmp_path / "r.json")  # skipped, not failed: the table reads back the same
+    assert {e["test"] for e in res.skipped} >= {"load:safetensors_load_file", "load:safetensors_safe_open"}
+    assert "not checked: safetensors is not installed" in bench.render(benchresult.report_of(res))
+
+
 def test_make_checkpoint_refuses_a_folder_that_holds_a_checkpoint(tmp_path):
     """New shards beside an old layout's would load as one checkpoint of both (a duplicate tensor)."""
     from ccbridge.errors import UsageError

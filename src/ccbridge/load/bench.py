@@ -9,7 +9,8 @@ made before the clock starts (what a server that prewarms at start-up gets);
 its stage breakdown comes from LoadStats. The two pools may differ: under
 emulated CC the cold pool is planned for that one load (its contexts' making
 counted, policy.cold_contexts), so the report shows each. The first ccbridge load is compared
-bitwise with safetensors' own; a mismatch fails the bench. On the host (device cpu) safetensors hands back
+bitwise with safetensors' own (not checked where safetensors is not installed: its rows are skipped, as
+fastsafetensors' are); a mismatch fails the bench. On the host (device cpu) safetensors hands back
 views of the file's mapping, which copy nothing: its rows copy them out, as ccbridge does, and say so. Asked for, the loader's uncoupled bound
 (load/bound.py: its reads and copies at once, nothing coupling them) runs last, on the same files in the
 prewarmed pool's shape, once that pool is closed; a bound that fails is reported, as a failed baseline is.
@@ -22,6 +23,7 @@ whose benchresult.report_of() gives that report back.
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import statistics
 import time
@@ -95,6 +97,32 @@ def _fastsafetensors(files, device):
         return {k: g.get_tensor(k) for k in g.keys()}
 
 
+# the optional loaders the bench compares with: row -> the module it needs
+_BASELINES = {"safetensors load_file": "safetensors", "safetensors safe_open + .to": "safetensors",
+              "fastsafetensors (nogds)": "fastsafetensors"}
+
+
+def _not_installed(module: str) -> str | None:
+    """None where `module` imports; else the row's reason, as the table and a result's `skipped` show it."""
+    try:
+        importlib.import_module(module)  # only asked whether it is installed
+    except Exception as e:  # a broken install is as absent as a missing one: its rows cannot run
+        return f"not installed here ({type(e).__name__}: {e})"
+    return None
+
+
+def _check(report: dict) -> str:
+    """The bitwise check's line: its verdict, or why there is none (a load failed, or safetensors is absent)."""
+    if report["verified"] is not None:
+        return report["verified"]
+    ref = report["loaders"].get("safetensors load_file") or {}
+    if ref.get("skipped"):
+        return "not checked: safetensors is not installed"
+    failed = [n for n in ("ccbridge prewarmed", "safetensors load_file")
+              if not (report["loaders"].get(n) or {}).get("seconds")]
+    return f"not checked: {' and '.join(failed) or 'no round'} loaded nothing"
+
+
 def _equal(torch, a: dict, b: dict) -> str | None:
     """None if a and b hold the same names, dtypes, shapes and bytes; else what differs."""
     if a.keys() != b.keys():
@@ -126,16 +154,11 @@ def run(paths, device: str = "cuda:0", repeat: int = 3, overrides: dict | None =
     warm_s = warm_page_cache(files)
     log(f"page cache warm ({nbytes / warm_s / 1e9:.1f} GB/s read pass)")
 
-    try:
-        import fastsafetensors  # noqa: F401 - deferred: fastsafetensors, optional: is it installed?
-        fst_error = None
-    except Exception as e:
-        fst_error = f"not installed here ({type(e).__name__}: {e})"
-
     results = {n: Outcome(n) for n in ("ccbridge prewarmed", "ccbridge cold", "safetensors load_file",
                                        "safetensors safe_open + .to", "fastsafetensors (nogds)")}
-    results["fastsafetensors (nogds)"].error = fst_error
-    results["fastsafetensors (nogds)"].skipped = fst_error is not None
+    for name, module in _BASELINES.items():  # a baseline not installed is skipped, not failed, on every row
+        results[name].error = _not_installed(module)
+        results[name].skipped = results[name].error is not None
     verified = None
     cold_pool: dict = {}  # the pool each cold load made for itself (the same plan every round)
     pool = loader.Pool(plan.config)
@@ -233,7 +256,7 @@ def render(report: dict, ceiling: float | None = None) -> str:
              f"{pool['prewarm_s']:.2f} s, teardown {pool['teardown_s'] or 0:.2f} s"]
     if not same:
         lines.append(f"cold pool (made inside each cold load): {shape(cold)} ({cold['why']})")
-    lines += [f"check: ccbridge vs safetensors: {report['verified']}", ""]
+    lines += [f"check: ccbridge vs safetensors: {_check(report)}", ""]
     b = report.get("bound")
     bound_gbps = b["best"]["both_at_once"] if b and not b.get("error") else None
     hdr = (f"{'loader':30} {'GB/s':>8} {'s (median)':>11}" + (f" {'/ ceiling':>10}" if ceiling else "")
