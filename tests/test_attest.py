@@ -225,9 +225,10 @@ def test_the_command_exits_non_zero_when_unprotected_unless_allowed(tmp_path):
         pytest.skip("this machine is a CVM with GPU CC on")
     assert r.returncode == 1 and r.stderr.startswith("ccbridge attest: not protected (")
     assert len(r.stderr.splitlines()) == 1 and b["protection"]["unprotected_allowed"] is False
+    argv[-1] = str(tmp_path / "b2.json")  # (an existing --out file is refused: the first bundle is kept)
     r = subprocess.run(argv + ["--allow-unprotected"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stderr == ""
-    assert json.loads((tmp_path / "b.json").read_text())["protection"]["unprotected_allowed"] is True
+    assert json.loads((tmp_path / "b2.json").read_text())["protection"]["unprotected_allowed"] is True
 
 
 @pytest.mark.gpu

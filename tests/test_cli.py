@@ -407,3 +407,19 @@ def test_default_folders_are_made_once_and_taken_away_unused(tmp_path, monkeypat
     with ui.run_folders():
         ui.run_folder()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_result_file_given_again_is_refused_and_kept_and_a_stream_is_still_written(tmp_path):
+    """`--json FILE` overwrote an earlier result silently (bench net twice: the first run gone), where an --out folder
+    holding one is refused: now the file is refused in one line, exit 2, and kept. /dev/stdout is no file that holds
+    a result: it is still written to."""
+    argv = [sys.executable, "-m", "ccbridge", "plan-tenants", "--request", "4"]
+    out = tmp_path / "p.json"
+    assert subprocess.run(argv + ["--json", str(out)], capture_output=True, timeout=120).returncode == 0
+    first = out.read_bytes()
+    r = subprocess.run(argv + ["2", "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == f"ccbridge plan-tenants: --json {out} exists: remove it or name another file\n"
+    assert out.read_bytes() == first
+    r = subprocess.run(argv + ["--json", "/dev/stdout"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and '"placed": 1' in r.stdout, r.stderr

@@ -213,6 +213,8 @@ def _not_its(bench: str, *words: str) -> tuple[list[str], str]:
     return ["bench", bench, *words], f"ccbridge bench {bench}: unrecognized arguments: {' '.join(words)}{hint}"
 
 
+EXISTS = "{d}/good.json exists: remove it or name another file"  # a result file given again
+
 # (argv with {d} for the fixture folder, expected fragment of the one stderr line[, extra]).
 # extra: absent = paths that must not exist after the case; skip = a precondition callable; wide = why the line
 # may pass 120 columns for now; env = variables the command runs with (input too).
@@ -645,6 +647,19 @@ CASES = [
      "--busy and --from-stamp: the stamp gives the GPUs, mode and busy GPUs"),
     (["plan-tenants", "--request", "1", "--json", "{d}/folder"], "--json {d}/folder: is a folder, not a file"),
     (["plan-tenants", "--request", "1", "--json", "/proc/forbidden/p.json"], "--json /proc/forbidden/p.json: "),
+    # a result file that exists is refused before any measurement (and kept: the tree is compared), as an --out
+    # folder holding a result is; it was overwritten
+    (["bench", "net", "--json", "{d}/good.json"], f"--json {EXISTS}"),
+    (["bench", "cipher", "--json", "{d}/good.json"], f"--json {EXISTS}"),
+    (["bench", "ddp", "--json", "{d}/good.json"], f"--json {EXISTS}"),
+    (["bench", "decode", "--device", "cpu", "--json", "{d}/good.json"], f"--json {EXISTS}"),
+    (["bench", "kv", "--device", "cpu", "--json", "{d}/good.json"], f"--json {EXISTS}"),
+    (["collectives", "--backend", "gloo", "--json", "{d}/good.json"], f"--json {EXISTS}"),
+    (["load", "--bench", "--device", "cpu", "--json", "{d}/good.json", "{d}/ok.safetensors"], f"--json {EXISTS}"),
+    (["advise", "{d}/emu_h200.json", "--json", "{d}/good.json"], f"--json {EXISTS}"),
+    (["plan-tenants", "--request", "1", "--json", "{d}/good.json"], f"--json {EXISTS}"),
+    (["attest", "--nonce", bytes(range(32)).hex(), "--out", "{d}/good.json"], f"--out {EXISTS}"),
+    (["run", "--profile", "b300", "--coverage", "{d}/good.json", "--", "true"], f"--coverage {EXISTS}"),
 ]
 
 

@@ -218,6 +218,7 @@ def test_the_command(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert doc == plan(8, [4, 2, 2, 1], busy=[0]).as_dict()
     assert (doc["placed"], doc["unplaced"]) == (3, 1) and "not placed: #3 (2 GPUs)" in text
+    out = tmp_path / "plan2.json"  # (an existing --json file is refused: the first plan is kept)
     assert cli.main(["plan-tenants", "--request", "4", "2", "1", "--busy", "0", "--json", str(out)]) == 0
     assert (json.loads(out.read_text())["placed"], json.loads(out.read_text())["unplaced"]) == (3, 0)
     capsys.readouterr()

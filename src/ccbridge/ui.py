@@ -113,12 +113,17 @@ def writable_folder(path: str | os.PathLike, what: str, create: bool = True, fre
     return Path(path)
 
 
-def writable_file(path: str | os.PathLike, what: str) -> Path:
-    """`path` as a file a command can write: not a folder, in an existing folder it can write in."""
+def writable_file(path: str | os.PathLike, what: str, fresh: bool = True) -> Path:
+    """`path` as a file a command can write: not a folder, in an existing folder it can write in, and (fresh) no
+    file yet: an earlier result is never overwritten, as an --out folder holding one is refused. A stream is no
+    file that holds a result (a pipe, a device, /dev/stdout even where it leads to a file): it is written to.
+    fresh=False: the command does not write `path` itself (a trace prefix, whose files check themselves)."""
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{what} {path}: is a folder, not a file")
     _check_folder(p.parent, f"{what} {path}", create=False)
+    if fresh and p.is_file() and not str(p.absolute()).startswith(("/dev/", "/proc/")):
+        raise UsageError(f"{what} {path} exists: remove it or name another file")
     return p
 
 

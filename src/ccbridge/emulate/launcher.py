@@ -115,7 +115,7 @@ def check_trace(trace: str) -> str:
     """The absolute trace prefix; its folder must exist (it is not made) and take files, and hold no trace
     at this prefix already (a second run's files would fold into the first's)."""
     prefix = str(Path(trace).resolve())
-    ui.writable_file(prefix, "trace prefix")
+    ui.writable_file(prefix, "trace prefix", fresh=False)  # its files are prefix.PID.*: refuse_old_trace
     refuse_old_trace(trace)
     if len(prefix) + len(".4294967295.summary.json") >= TRACE_MAX:
         raise UsageError(f"trace prefix {trace}: longer than the interposer's {TRACE_MAX}-byte limit")
