@@ -1560,6 +1560,29 @@ def test_bench_net_link_exits_1_where_the_plugin_did_not_carry_it(gbits, rc, sai
     assert said in p.stdout and results.load(out).settings["link_gbits"] == float(gbits)
 
 
+def test_bench_net_header_names_the_sizes_and_why_e_is_not_one(monkeypatch, capsys):
+    """`-b 64K -e 1M` stopped at 512 KiB (8x steps: the next is 4 MiB) and the header named no size: it names the
+    sizes before the run, and says why -e is not one of them."""
+    from ccbridge import cli
+
+    class Stop(Exception):
+        pass
+
+    def loopback(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(netbench, "loopback", loopback)
+    monkeypatch.setenv("CCBRIDGE_KEY", KEY)
+    for end, said in (("1M", "# sizes 64 KiB, 512 KiB (-e 1 MiB is not on the 8x steps from -b 64 KiB: the next, "
+                             "4 MiB, is past it), lanes 1 2"),
+                      ("512K", "# sizes 64 KiB, 512 KiB, lanes 1 2, 8 messages in flight")):
+        with pytest.raises(Stop):
+            cli.main(["bench", "net", "-b", "64K", "-e", end, "--lanes", "1", "2"])
+        out = capsys.readouterr().out
+        assert said in " ".join(ln.lstrip("#").strip() if ln.startswith("#   ") else ln for ln in out.splitlines())
+        assert all(len(ln) <= 120 for ln in out.splitlines())
+
+
 def test_bench_net_refuses_more_in_flight_than_the_plugin_holds():
     from ccbridge.errors import UsageError
 

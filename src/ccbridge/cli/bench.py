@@ -71,9 +71,10 @@ def cmd_net(args) -> int:
     plugin_built()
     named_key()
     netbench.plugin_ready()  # (loopback checks again, for library callers: here it is before the header)
-    print(fit(f"# ccbridge bench net: {pluginenv.NAME} loopback, two processes, {args.inflight} messages in flight, "
-              f"{args.total} bytes per measurement x {args.iters}, {os.cpu_count()} cores, "
-              f"{pluginenv.lane_mode()}, spin {pluginenv.spin_us()} us"), flush=True)
+    print(fit(f"# ccbridge bench net: {pluginenv.NAME} loopback, two processes, {os.cpu_count()} cores, "
+              f"{pluginenv.lane_mode()}, spin {pluginenv.spin_us()} us\n"
+              f"# {_sweep(sizes, args.maxbytes, NET_STEP)}, lanes {' '.join(map(str, args.lanes))}, {args.inflight} "
+              f"messages in flight, {args.total} bytes per measurement x {args.iters}"), flush=True)
     # each measurement's line as it ends on stderr (a default run takes minutes); the account on stdout
     res = netbench.loopback(sizes, args.lanes, args.inflight, args.total, args.iters,
                             progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -83,6 +84,16 @@ def cmd_net(args) -> int:
     lines, carried = benchrows.link_lines(res, args.link)
     rc = _done(res, "\n".join([benchrows.render_net(res), ""] + lines), args)
     return rc or (0 if carried else 1)  # --link asks whether it carries the link here: no is 1
+
+
+def _sweep(sizes: list[int], end: int, step: int) -> str:
+    """The sizes a sweep measures, and why -e is not one of them where it is not (-b, step x -b, ... up to -e, as
+    nccl-tests' -f: `-b 64K -e 1M` measured 64 KiB and 512 KiB and did not say that 1 MiB was left out)."""
+    text = f"sizes {', '.join(ui.human_bytes(s) for s in sizes)}"
+    if sizes[-1] != end:
+        text += (f" (-e {ui.human_bytes(end)} is not on the {step}x steps from -b {ui.human_bytes(sizes[0])}: "
+                 f"the next, {ui.human_bytes(sizes[-1] * step)}, is past it)")
+    return text
 
 
 def _gpu_timer(args) -> None:
