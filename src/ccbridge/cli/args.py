@@ -105,10 +105,13 @@ def _float_ge0(text: str) -> float:
 
 
 def _float_gt0(text: str) -> float:
-    """A finite number > 0."""
-    v = _float_ge0(text)
-    if v == 0:
-        raise UsageError("expected a number above 0, got 0")
+    """A finite number > 0: one message for 0, -5 and inf (the check of >= 0 said "finite number >= 0" of -5)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise UsageError(f"not a number: {text!r}") from None
+    if not 0 < v < float("inf"):
+        raise UsageError(f"expected a finite number above 0, got {text}")
     return v
 
 
