@@ -548,6 +548,11 @@ CASES = [
     (["make-checkpoint", "{d}/mc", "--size", "1000TB"], "not enough free space in {d}/mc", {"absent": ["{d}/mc"]}),
     (["make-checkpoint", "/proc/forbidden/mc", "--size", "1M"], "output folder /proc/forbidden/mc: cannot write in /proc"),
     (["make-checkpoint", "{d}/afile", "--size", "1M"], "output folder {d}/afile: {d}/afile is not a folder"),
+    # the folder is made, not its parents (it made /nonexistent): as every output file's folder must exist
+    (["make-checkpoint", "/nonexistent/mc", "--size", "1M"], "output folder /nonexistent/mc: the folder /nonexistent "
+     "does not exist", {"absent": ["/nonexistent"]}),
+    (["make-checkpoint", "{d}/nosuch/mc", "--size", "1M"], "output folder {d}/nosuch/mc: the folder {d}/nosuch does "
+     "not exist", {"absent": ["{d}/nosuch"]}),
     (["make-checkpoint", "{d}/mc", "--seed", "-1"], "argument --seed: expected at least 0, got -1"),
     (["make-checkpoint", "{d}/used", "--size", "1M"],
      "output folder {d}/used: already holds model.safetensors.index.json: give a new folder"),

@@ -182,7 +182,7 @@ def make_checkpoint(out_dir: str | os.PathLike, total_bytes: int, shard_bytes: i
                     hidden: int | None = None, jobs: int | None = None, progress=None) -> list[str]:
     """Write the shards and the index; the shard paths. progress(i, n) after each shard.
 
-    Checked before the first byte: sizes positive, the folder writable, the
+    Checked before the first byte: sizes positive, the folder writable (made, its parent not), the
     disk holding the checkpoint plus KEEP_FREE. On any failure or interrupt
     the shards of this call are removed: a folder of shards without its index
     would load as a smaller checkpoint.
@@ -191,6 +191,10 @@ def make_checkpoint(out_dir: str | os.PathLike, total_bytes: int, shard_bytes: i
         raise UsageError(f"sizes must be positive: total {total_bytes}, shard {shard_bytes} bytes")
     # a used folder is refused: new shards beside an old layout's would load as one checkpoint of both
     out = ui.writable_folder(out_dir, "output folder", fresh=("model.safetensors.index.json", "model-*.safetensors"))
+    # the folder is made, not its parents, as every output file's folder must exist: a mistyped path
+    # (/nonexist/ck) is one line, not a tree of new folders
+    if not out.exists() and not out.parent.exists():
+        raise UsageError(f"output folder {out_dir}: the folder {out.parent} does not exist")
     # The size asked first, before a layout of a size that will not fit is built; then the size it has.
     _check_space(out, total_bytes, list(out.glob("model-*.safetensors")))
     shards = shard(layout(total_bytes, hidden), shard_bytes)
@@ -199,7 +203,7 @@ def make_checkpoint(out_dir: str | os.PathLike, total_bytes: int, shard_bytes: i
     heads = [header_bytes(s) for s in shards]  # (header, data length) per shard
     _check_space(out, sum(len(h) + d for h, d in heads), [out / nm for nm in names])
     made = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(exist_ok=True)
     weight_map = {t[0]: names[i] for i, s in enumerate(shards) for t in s}
     jobs = jobs or max(1, min(n, (os.cpu_count() or 2) // 2))
     try:
