@@ -1310,6 +1310,16 @@ def _alive(pid):  # running, not a zombie
         return False
 
 
+def _start_bound(*args):  # the bound program with args, its output piped; skipped where it is not built
+    import subprocess
+
+    try:
+        prog = str(pluginenv.bound_program())
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    return subprocess.Popen([prog, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def _cpu_s(pid):  # pid's own user + system CPU seconds (not its children's)
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -1321,14 +1331,8 @@ def test_the_bound_waits_for_the_later_side_without_taking_a_core():
     # reports whatever the events asked, so the program spun on a core until the later side reported. Pass 1
     # (crypto alone, the sides share nothing): the receiver stopped, the sender ends, the program must sleep
     import signal
-    import subprocess
 
-    try:
-        prog = str(pluginenv.bound_program())
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    p = subprocess.Popen([prog, "-j", "-l", "1", "-s", "1M", "-t", "1G", "-n", "1"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = _start_bound("-j", "-l", "1", "-s", "1M", "-t", "1G", "-n", "1")
     stopped = None
     try:
         deadline = time.monotonic() + 20
@@ -1364,17 +1368,8 @@ def test_the_bound_waits_for_the_later_side_without_taking_a_core():
 @pytest.mark.parametrize("dies", [0, 1], ids=["sender", "receiver"])
 def test_a_bound_side_that_dies_takes_the_measurement_down_and_leaves_no_process(dies):
     import signal
-    import subprocess
 
-    from ccbridge import pluginenv
-
-    try:
-        prog = str(pluginenv.bound_program())
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-
-    p = subprocess.Popen([prog, "-j", "-l", "2", "-s", "4M", "-t", "64G", "-n", "1", "-y"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = _start_bound("-j", "-l", "2", "-s", "4M", "-t", "64G", "-n", "1", "-y")
     try:
         # mid-pass: both sides forked and the sender's lane threads started (they start after the go)
         deadline = time.monotonic() + 20
@@ -1397,17 +1392,8 @@ def test_a_bound_side_that_dies_takes_the_measurement_down_and_leaves_no_process
 # (exit -13, no word said) rather than its one line and exit 1
 def test_a_bound_side_that_dies_before_the_go_takes_the_measurement_down_with_a_line():
     import signal
-    import subprocess
 
-    from ccbridge import pluginenv
-
-    try:
-        prog = str(pluginenv.bound_program())
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-
-    p = subprocess.Popen([prog, "-j", "-l", "2", "-s", "4M", "-t", "64G", "-n", "1"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = _start_bound("-j", "-l", "2", "-s", "4M", "-t", "64G", "-n", "1")
     stopped = None
     try:
         deadline = time.monotonic() + 20
