@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import stat
 import sys
 import tempfile
 import time
@@ -69,10 +70,14 @@ class Unread:
 def unread_ok():
     """sys.stdout and sys.stderr as Unread streams for the block (a command's run)."""
     was = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = Unread(sys.stdout), Unread(sys.stderr)
+    # a closed descriptor (`>&-`) is None here: print() to None writes nothing, as it did before
+    sys.stdout, sys.stderr = (None if s is None else Unread(s) for s in was)
     try:
         yield
     finally:
+        for s in (sys.stdout, sys.stderr):  # what print() left in the buffers goes through Unread, not Python's exit
+            if s is not None:
+                s.flush()
         sys.stdout, sys.stderr = was
 
 
@@ -115,14 +120,29 @@ def writable_folder(path: str | os.PathLike, what: str, create: bool = True, fre
 
 def writable_file(path: str | os.PathLike, what: str, fresh: bool = True) -> Path:
     """`path` as a file a command can write: not a folder, in an existing folder it can write in, and (fresh) no
-    file yet: an earlier result is never overwritten, as an --out folder holding one is refused. A stream is no
-    file that holds a result (a pipe, a device, /dev/stdout even where it leads to a file): it is written to.
-    fresh=False: the command does not write `path` itself (a trace prefix, whose files check themselves)."""
+    regular file yet: an earlier result is never overwritten, as an --out folder holding one is refused. A stream
+    (a pipe, a device, /dev/stdout, a process substitution) holds no result: it is written to if it takes writes.
+    fresh=False: the command does not write `path` itself (a trace prefix, whose files check themselves).
+    A command that `account` runs again (CCBRIDGE_ACCOUNT_SINCE, its start in ns) may overwrite what an earlier
+    run of the same account wrote, not a file from before it."""
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{what} {path}: is a folder, not a file")
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise UsageError(f"{what} {path}: {e.strerror}") from None
+    own = str(p.absolute()).startswith(("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/"))
+    if st is not None and (own or not stat.S_ISREG(st.st_mode)):  # a stream (this process's own, even where it
+        # leads to a file): the folder holding it may take no new file
+        if not os.access(p, os.W_OK):
+            raise UsageError(f"{what} {path}: cannot write to it")
+        return p
     _check_folder(p.parent, f"{what} {path}", create=False)
-    if fresh and p.is_file() and not str(p.absolute()).startswith(("/dev/", "/proc/")):
+    since = os.environ.get("CCBRIDGE_ACCOUNT_SINCE", "")
+    if fresh and st is not None and not (since.isdigit() and st.st_mtime_ns >= int(since)):
         raise UsageError(f"{what} {path} exists: remove it or name another file")
     return p
 
@@ -156,6 +176,11 @@ def run_folder(prefix: str = "") -> Path:
         path = RESULTS_FOLDER / (stamp if k == 1 else f"{stamp}-{k}")
         try:
             RESULTS_FOLDER.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # a file, or a link to nothing (an unmounted disk): no folder of runs
+            raise UsageError(f"{RESULTS_FOLDER} is not a folder: give --out") from None
+        except FileNotFoundError:  # taken away by another run just now
+            continue
+        try:
             path.mkdir()
         except (FileExistsError, FileNotFoundError):  # another run's (or its parent just taken away by one)
             continue

@@ -7,7 +7,6 @@ as argparse names it) and exit 2.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from ccbridge import ui
@@ -51,10 +50,7 @@ def _main(argv: list[str] | None) -> int:
     except CCBridgeError as e:  # say why, in one line
         print(one_line(args.prog, str(e)), file=sys.stderr)
         return 2
-    except BrokenPipeError:  # a write past ui.Unread (to the descriptor): the reader stopped, nothing went wrong
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python's own flush at exit would fail)
-        return 0
-    except OSError as e:  # the machine refused after the checks passed: a full disk, a lost mount
+    except OSError as e:  # (a broken pipe here is not the terminal's, which ui.Unread takes: an --json stream's)  # the machine refused after the checks passed: a full disk, a lost mount
         where = f": {e.filename}" if e.filename else ""
         print(one_line(args.prog, f"{e.strerror or e}{where}"), file=sys.stderr)
         return 2
