@@ -2175,3 +2175,32 @@ def test_bench_net_finds_a_failing_plugin_init_before_it_measures(ifname):
     assert p.returncode == 0 and p.stdout.splitlines() == [
         f"refused: the net plugin's init: no usable interface (NCCL_SOCKET_IFNAME={ifname})", "environment kept"], \
         p.stdout + p.stderr
+
+
+_LOGGER_SCRIPT = r'''
+import ctypes, gc, sys
+from ccbridge.bindings import ncclnet
+from ccbridge.secure import netplugin
+a = netplugin.Net(sys.argv[1])
+assert a.rc == 0, a.logs
+b = netplugin.Net(sys.argv[1])  # as bench net's up-front check makes one and drops it
+del b
+gc.collect()
+others = [ncclnet.LOGGER(lambda *x: print("ANOTHER CALLBACK RAN")) for _ in range(50)]  # the freed one's place taken
+handle = ctypes.create_string_buffer(b"\xff" * ncclnet.HANDLE_BYTES, ncclnet.HANDLE_BYTES)
+out = ctypes.c_void_p()
+print("rc", a.t.connect(a.ctx, 0, handle, ctypes.byref(out), None), "logged", repr(a.why()))
+'''
+
+
+def test_a_net_dropped_in_a_process_leaves_the_plugin_logging_to_the_nets_alive():
+    """The plugin keeps the last logger it was given for good: each Net's own ctypes callback, freed with the Net
+    (bench net's up-front plugin check drops one), was called afterwards for another Net's messages: freed memory
+    (helper-69 saw another callback run, and the live Net's warning lost)."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _LOGGER_SCRIPT, str(pluginenv.library())], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "CCBRIDGE_KEY": os.urandom(32).hex()})
+    assert p.returncode == 0 and "ANOTHER CALLBACK RAN" not in p.stdout, (p.returncode, p.stdout, p.stderr)
+    assert "logged 'NET/ccbridge: connect: not a ccbridge handle" in p.stdout, p.stdout

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+import weakref
 
 from ccbridge import pluginenv
 from ccbridge.bindings import ncclnet
@@ -31,6 +32,24 @@ class NetError(SecureError):
         self.where, self.rc = where, rc
 
 
+# The plugin keeps the last logger it was given for the life of the process (plugin.c), so every Net hands it the
+# same callback, made once and never freed; a message goes to the newest Net still alive. (Each Net's own callback
+# was freed with it while the plugin still called it: bench net's up-front check dropped one.)
+_LISTENERS: list[weakref.ref] = []
+
+
+def _dispatch(lvl, flags, file, line, fmt, msg) -> None:
+    while _LISTENERS:
+        net = _LISTENERS[-1]()
+        if net is not None:
+            net.logs.append((lvl, (msg or b"").decode()))
+            return
+        _LISTENERS.pop()
+
+
+_LOG = ncclnet.LOGGER(_dispatch)
+
+
 class Net:
     """One process's plugin and its v11 context, with blocking helpers that
     poll like NCCL's proxy thread does, each bounded by a deadline. The key
@@ -39,10 +58,9 @@ class Net:
     def __init__(self, lib_path: str | None = None):
         self.lib, self.t = ncclnet.load(str(lib_path or pluginenv.library()))
         self.logs: list[tuple[int, str]] = []
-        self._log = ncclnet.LOGGER(lambda lvl, flags, f, line, fmt, msg:
-                                   self.logs.append((lvl, (msg or b"").decode())))
+        _LISTENERS.append(weakref.ref(self))
         self.ctx = ctypes.c_void_p()
-        self.rc = self.t.init(ctypes.byref(self.ctx), 7, None, ctypes.cast(self._log, ctypes.c_void_p), None)
+        self.rc = self.t.init(ctypes.byref(self.ctx), 7, None, ctypes.cast(_LOG, ctypes.c_void_p), None)
 
     def why(self) -> str:
         return self.logs[-1][1] if self.logs else ""
