@@ -63,7 +63,8 @@ def status(environ: dict[str, str] | None = None) -> dict:
     whose library is libnccl-net-ccbridge.so, or that file name itself) is looked up on the library path, so it
     loads where this folder is on LD_LIBRARY_PATH; a path (any name with a "/") is opened as it is, from this
     process's working folder where relative, so it loads where it is this plugin's file, whatever the library
-    path. (NCCL 2.27 alone takes no path: it makes libnccl-net-<path>.so of one; 2.28 and later open it.)
+    path. (NCCL 2.27.3 takes no path: it makes libnccl-net-<path>.so of one; 2.27.5 and later open it. The NCCL
+    version is not known here: a path is counted as those later releases read it.)
     Required: NCCL_NET names it (compared without case, as NCCL compares it with the plugin's name)."""
     e = os.environ if environ is None else environ
     lib = path() / NAME
