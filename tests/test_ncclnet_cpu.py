@@ -977,7 +977,7 @@ def test_plugin_refuses_the_keys_ccbridge_secure_refuses():
         os.environ["CCBRIDGE_KEY"] = k.hex()
         ctx = ctypes.c_void_p()
         net.logs.clear()
-        rc = net.t.init(ctypes.byref(ctx), 1, None, ctypes.cast(net._log, P), None)
+        rc = net.t.init(ctypes.byref(ctx), 1, None, ctypes.cast(netplugin._LOG, P), None)
         assert (rc == 0) == (keys._weakness(k) is None), (k.hex(), rc, keys._weakness(k))
         if rc == 0:
             net.t.finalize(ctx)
@@ -1003,7 +1003,7 @@ def test_plugin_reads_a_key_file_only_when_private(tmp_path, monkeypatch):
     assert net.rc == 5 and "chmod 600" in net.logs[-1][1]
     f.chmod(0o600)
     ctx = ctypes.c_void_p()
-    assert net.t.init(ctypes.byref(ctx), 1, None, ctypes.cast(net._log, P), None) == 0
+    assert net.t.init(ctypes.byref(ctx), 1, None, ctypes.cast(netplugin._LOG, P), None) == 0
     net.t.finalize(ctx)
 
 
