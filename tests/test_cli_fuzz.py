@@ -222,6 +222,8 @@ CASES = [
     # every subcommand, argparse's own errors included, says which subcommand it was
     (["env", "--bogus"], "unrecognized arguments: --bogus (see ccbridge env --help)"),
     (["--help-me"], "unrecognized arguments: --help-me (see ccbridge --help)"),  # said: COMMAND is required
+    (["bench", "--bogus"], "ccbridge bench: unrecognized arguments: --bogus (see ccbridge bench --help)"),
+    (["bench"], "ccbridge bench: the following arguments are required: BENCH"),
     (["probe", "--quick", "extra"], "unrecognized arguments: extra"),
     (["load"], "the following arguments are required: paths"),
     # probe: checked before the run starts (a run takes minutes)

@@ -45,6 +45,9 @@ def _main(argv: list[str] | None) -> int:
                     + "\n")
     if args.command is None:
         parser.error("the following arguments are required: COMMAND")
+    if args.fn is None:  # a command of subcommands (bench) given none
+        parser.exit(2, one_line(prog, "the following arguments are required: BENCH", hint=f" (see {prog} --help)")
+                    + "\n")
     try:
         return args.fn(args)
     except CCBridgeError as e:  # say why, in one line
