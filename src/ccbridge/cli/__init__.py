@@ -53,7 +53,8 @@ def _main(argv: list[str] | None) -> int:
     except CCBridgeError as e:  # say why, in one line
         print(one_line(args.prog, str(e)), file=sys.stderr)
         return 2
-    except OSError as e:  # (a broken pipe here is not the terminal's, which ui.Unread takes: an --json stream's)  # the machine refused after the checks passed: a full disk, a lost mount
+    except OSError as e:  # the machine refused after the checks passed: a full disk, a lost mount, or a broken pipe
+        # that is not the terminal's (ui.Unread takes those): an --json stream's reader gone
         where = f": {e.filename}" if e.filename else ""
         print(one_line(args.prog, f"{e.strerror or e}{where}"), file=sys.stderr)
         return 2
