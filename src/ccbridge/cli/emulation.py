@@ -6,14 +6,13 @@ import argparse
 import contextlib
 import glob
 import json
-import os
 import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ccbridge import account, env, ui
+from ccbridge import account, env, environ, ui
 from ccbridge.bindings import core
 from ccbridge.cli.args import add_set, command, integer, what_if
 from ccbridge.cli.reports import write_reports, wrote
@@ -126,7 +125,7 @@ def _record(args, prof, proj, rest: list[str], out: Path) -> tuple[list[tuple[st
     with contextlib.ExitStack() as made:  # the traces go there; a run that fails takes empty folders away again
         # CMD runs 2 x repeat times: a file it writes (its --json) may be written again by a later run of this
         # account, never a file from before it (ui.writable_file)
-        made.enter_context(_env("CCBRIDGE_ACCOUNT_SINCE", str(time.time_ns())))
+        made.enter_context(environ.setting({"CCBRIDGE_ACCOUNT_SINCE": str(time.time_ns())}))
         for d in at:
             made.enter_context(ui.made_folder(d))
         for j, pair in enumerate(pairs, 1):
@@ -142,20 +141,6 @@ def _record(args, prof, proj, rest: list[str], out: Path) -> tuple[list[tuple[st
             runs_at.append(tuple(when))
         # read inside: a command that made no driver call takes the folders away again
         return pairs, runs_at, [_summaries(list(pair), rest, emulated=True) for pair in pairs]
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str):
-    """os.environ[name] = value for the block (the programs it starts inherit it), then as it was."""
-    was = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if was is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = was
 
 
 def _walls(at: tuple) -> list:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import os
 import sys
 import threading
 import time
@@ -19,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from ccbridge import gputimer
+from ccbridge import environ, gputimer
 from ccbridge.bindings import core
 from ccbridge.errors import GpuError, UsageError
 from ccbridge.results import Result, Row
@@ -264,7 +263,8 @@ def run(settings: Settings, env: dict[str, Any], progress=None, started: dict[st
         result = Result(kind="probe", env=env, settings={"device": settings.device, "quick": settings.quick,
                                                          "tests": [t.name for t in tests], "missing": machine.missing,
                                                          "timer": settings.timer, "seconds": {}, "steps": {}})
-        with _timer_env(settings.timer), _primary_context(settings.device, machine, tests):
+        # the run's GPU timer for every GPU-time measurement of the run, its peer ranks too
+        with environ.setting({gputimer.ENV_VAR: settings.timer}), _primary_context(settings.device, machine, tests):
             _run_tests(sorted(tests, key=lambda t: (t.last, "torch" in t.needs)), settings, machine, result, progress,
                        started)
         machine.check_torch()  # the result's list of what was missing, whether or not a test needed torch
@@ -302,20 +302,6 @@ def _selection_order(result: Result, names: list[str]) -> None:
     for key in ("seconds", "steps"):
         per = result.settings[key]
         result.settings[key] = {n: per[n] for n in names if n in per}
-
-
-@contextmanager
-def _timer_env(timer: str):
-    """The run's GPU timer for every GPU-time measurement of the run, its peer ranks too."""
-    was = os.environ.get(gputimer.ENV_VAR)
-    os.environ[gputimer.ENV_VAR] = timer
-    try:
-        yield
-    finally:
-        if was is None:
-            os.environ.pop(gputimer.ENV_VAR, None)
-        else:
-            os.environ[gputimer.ENV_VAR] = was
 
 
 def _run_tests(tests, settings: Settings, machine: Machine, result: Result, progress, started: dict) -> None:

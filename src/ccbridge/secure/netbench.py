@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener
 
 from ccbridge import env as envmod
-from ccbridge import libcrypto, pluginenv, ranks
+from ccbridge import environ, libcrypto, pluginenv, ranks
 from ccbridge.bindings import libc, ncclnet
 from ccbridge.errors import SecureError, UsageError
 from ccbridge.results import Result, Row
@@ -433,17 +433,8 @@ def plugin_ready(env: dict[str, str] | None = None) -> None:
     anything is measured, not a rank's failure after the AES-GCM rates. NetError where it fails. The plugin reads
     that environment with getenv, so it is set for the call and put back. Its interface, once found, stays for this
     process (a later call here passes whatever it names); the ranks are fresh processes."""
-    env = rank_env() if env is None else env
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with environ.setting(rank_env() if env is None else env):
         net = netplugin.Net()
-    finally:
-        for k, v in old.items():
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
     if net.rc:
         raise netplugin.NetError("the net plugin's init", net.rc, net.why())
     net.t.finalize(net.ctx)

@@ -9,7 +9,7 @@ import os
 import time
 import weakref
 
-from ccbridge import pluginenv
+from ccbridge import environ, pluginenv
 from ccbridge.bindings import ncclnet
 from ccbridge.errors import SecureError
 
@@ -96,14 +96,8 @@ class Net:
         """Both ends of one connection in this process: a listen (its handle carrying `lanes`, the
         listener's choice, where given), then connect and accept polled in turn, since neither completes
         without the other; (listen comm, send comm, recv comm)."""
-        old = os.environ.get("CCBRIDGE_NET_LANES")
-        if lanes is not None:
-            os.environ["CCBRIDGE_NET_LANES"] = str(lanes)
-        try:
+        with environ.setting({} if lanes is None else {"CCBRIDGE_NET_LANES": str(lanes)}):
             handle, lcomm = self.listen()
-        finally:
-            if lanes is not None:
-                os.environ.pop("CCBRIDGE_NET_LANES") if old is None else os.environ.update(CCBRIDGE_NET_LANES=old)
         buf = ctypes.create_string_buffer(bytes(handle), ncclnet.HANDLE_BYTES)
         s, r = ctypes.c_void_p(), ctypes.c_void_p()
         while not (s.value and r.value):
