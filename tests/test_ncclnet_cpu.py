@@ -1310,6 +1310,13 @@ def _alive(pid):  # running, not a zombie
         return False
 
 
+def _children_when(pid, ready, deadline, step=0.005):
+    """pid's children once ready(children) holds, or at the deadline as they are then."""
+    while not ready(kids := _children(pid)) and time.monotonic() < deadline:
+        time.sleep(step)
+    return kids
+
+
 def _start_bound(*args):  # the bound program with args, its output piped; skipped where it is not built
     import subprocess
 
@@ -1336,12 +1343,10 @@ def test_the_bound_waits_for_the_later_side_without_taking_a_core():
     stopped = None
     try:
         deadline = time.monotonic() + 20
-        while len(first := _children(p.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        first = _children_when(p.pid, lambda k: len(k) >= 2, deadline)
         # pass 1's pair, its receiver's crypto thread started (after the go)
-        while (len(kids := _children(p.pid)) < 2 or set(kids) & set(first) or _threads(kids[1]) < 2) and \
-                time.monotonic() < deadline:
-            time.sleep(0.005)
+        kids = _children_when(p.pid, lambda k: len(k) >= 2 and not set(k) & set(first) and _threads(k[1]) >= 2,
+                              deadline)
         assert len(kids) == 2 and not set(kids) & set(first), (first, kids)
         os.kill(kids[1], signal.SIGSTOP)
         stopped = kids[1]
@@ -1373,8 +1378,7 @@ def test_a_bound_side_that_dies_takes_the_measurement_down_and_leaves_no_process
     try:
         # mid-pass: both sides forked and the sender's lane threads started (they start after the go)
         deadline = time.monotonic() + 20
-        while (len(kids := _children(p.pid)) < 2 or _threads(kids[0]) < 2) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        kids = _children_when(p.pid, lambda k: len(k) >= 2 and _threads(k[0]) >= 2, deadline, 0.05)
         assert len(kids) == 2 and _threads(kids[0]) >= 2, kids
         os.kill(kids[dies], signal.SIGKILL)  # mid-pass
         _, err = p.communicate(timeout=30)
@@ -1397,8 +1401,7 @@ def test_a_bound_side_that_dies_before_the_go_takes_the_measurement_down_with_a_
     stopped = None
     try:
         deadline = time.monotonic() + 20
-        while len(kids := _children(p.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.002)
+        kids = _children_when(p.pid, lambda k: len(k) >= 2, deadline, 0.002)
         assert len(kids) == 2, kids
         os.kill(p.pid, signal.SIGSTOP)  # the program holds its go while both sides get ready
         stopped = p.pid
