@@ -1,0 +1,55 @@
+"""The sample traces in examples/traces (README, "Try it without a GPU") read and account on any machine, in the
+trace schema of this ccbridge: a schema that moves on fails here first, and they are recorded again."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ccbridge.cli import main
+from ccbridge.emulate import trace
+
+TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
+SAMPLES = ("decode-h200", "ddp-h200x2")
+
+
+@pytest.mark.parametrize("sample", SAMPLES)
+def test_each_sample_is_a_native_and_an_emulated_run_in_this_schema(sample):
+    for side, profile, emulate in (("native", "passthrough", "0"), ("emulated", "b300", "1")):
+        csvs = sorted((TRACES / sample).glob(f"{side}.*.csv"))
+        assert csvs, f"{sample}: no {side} trace"
+        for csv in csvs:
+            head = trace.SCHEMA_LINE.match(csv.read_text().split("\n", 1)[0])
+            assert head and head.groups() == (str(trace.SCHEMA), profile, emulate), (csv.name, head)
+            assert csv.with_suffix(".summary.json").exists()
+
+
+def _account(tmp_path, sample: str, capsys) -> tuple[str, dict]:
+    out = tmp_path / sample
+    rc = main(["account", str(TRACES / sample / "native"), str(TRACES / sample / "emulated"), "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    return text, json.loads((out / "result.json").read_text())
+
+
+def test_the_decode_sample_accounts_its_slowdown_to_launches_and_its_own_lines(tmp_path, capsys):
+    text, res = _account(tmp_path, "decode-h200", capsys)
+    assert text.startswith("EMULATED: OTHER ran under the emulator (profile b300)")
+    apis = [line.split()[0] for line in text.splitlines() if re.match(r"cu\w+\s+\w+\s", line)]
+    assert apis[0] == "cuLaunchKernel", apis  # the launches grew the most: 1920 of them, the toll on each
+    assert "examples/decode_loop.py" in text  # the per-site table names the example's own lines
+    assert res["kind"] == "account" and res["settings"]["profile"] == "b300"
+
+
+def test_the_ddp_sample_accounts_each_rank_over_its_marked_steps(tmp_path, capsys):
+    text, res = _account(tmp_path, "ddp-h200x2", capsys)
+    ranks = [line.split() for line in text.splitlines() if re.match(r"\s+[01] marks\s", line)]
+    assert [r[0] for r in ranks] == ["0", "1"], text  # two ranks, each on the window its marks made
+    assert all(float(r[4]) > 0 for r in ranks)  # each rank's marked steps were slower emulated
+    assert "ncclAllReduce" in text
+
+
+def test_trace_summarises_a_sample(capsys):
+    assert main(["trace", str(TRACES / "decode-h200" / "emulated")]) == 0
+    assert "EMULATED trace: 1 process(es) (b300)" in capsys.readouterr().out
