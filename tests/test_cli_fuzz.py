@@ -591,6 +591,8 @@ CASES = [
     (["account", "--profile", "b300", "--repeat", "0", "--", "true"], "argument --repeat: expected at least 1, got 0"),
     (["account", "--profile", "b300", "--repeat", "two", "--", "true"], "argument --repeat: not an integer: 'two'"),
     (["account", "--repeat", "2", "{d}/a", "{d}/b"], "--repeat goes with --profile NAME -- CMD (trace pairs: give BASE1 OTHER1"),
+    (["account", "--warmup", "{d}/a", "{d}/b"],
+     "--warmup goes with --profile NAME -- CMD (it runs CMD once, untraced, before the traced runs)"),
     (["account", "{d}/a", "{d}/b", "{d}/c"], "give two trace prefixes"),
     # advise: every file read and checked before any advice is printed
     # call sites: beside a trace only

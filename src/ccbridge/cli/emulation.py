@@ -7,6 +7,7 @@ import contextlib
 import glob
 import json
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from ccbridge.bindings import core
 from ccbridge.cli.args import add_set, command, integer, what_if
 from ccbridge.cli.reports import write_reports, wrote
 from ccbridge.emulate import coverage, launcher, profiles, runs, targets, trace
-from ccbridge.errors import UsageError
+from ccbridge.errors import EmulatorError, UsageError
 from ccbridge.results import Result, Row
 from ccbridge.textfit import cut, wrap
 
@@ -60,6 +61,9 @@ def cmd_account(args) -> int:
         raise UsageError("--project goes with --profile NAME -- CMD (it runs CMD again as the target would)")
     if args.repeat > 1 and not prof:
         raise UsageError("--repeat goes with --profile NAME -- CMD (trace pairs: give BASE1 OTHER1 BASE2 OTHER2 ...)")
+    if args.warmup and not prof:
+        raise UsageError("--warmup goes with --profile NAME -- CMD (it runs CMD once, untraced, before the traced "
+                         "runs)")
     if proj is None:
         args.target = projection(args)  # made (or refused) now, before the first run; the second pass runs as it
     if prof:
@@ -128,6 +132,8 @@ def _record(args, prof, proj, rest: list[str], out: Path) -> tuple[list[tuple[st
         made.enter_context(environ.setting({"CCBRIDGE_ACCOUNT_SINCE": str(time.time_ns())}))
         for d in at:
             made.enter_context(ui.made_folder(d))
+        if args.warmup:
+            _warm_up(rest)
         for j, pair in enumerate(pairs, 1):
             when = []
             for i, ((p, name), prefix) in enumerate(zip(sides, pair)):
@@ -141,6 +147,19 @@ def _record(args, prof, proj, rest: list[str], out: Path) -> tuple[list[tuple[st
             runs_at.append(tuple(when))
         # read inside: a command that made no driver call takes the folders away again
         return pairs, runs_at, [_summaries(list(pair), rest, emulated=True) for pair in pairs]
+
+
+def _warm_up(rest: list[str]) -> None:
+    """--warmup: CMD once before the traced runs, natively, with no interposer and no trace (its environment is
+    theirs, less the interposer's), so that the first traced run does not read its libraries from a cold page
+    cache; it counts in nothing."""
+    print("ccbridge account: warm-up run: natively, no interposer, untraced; it counts in no figure", file=sys.stderr)
+    try:
+        rc = subprocess.call(rest)
+    except OSError as e:  # checked before; what is left: it changed since, or exec refused it
+        raise EmulatorError(f"cannot run {rest[0]}: {e.strerror or e}") from None
+    if rc:
+        raise UsageError(f"{cut(' '.join(rest), 40)} {_ended(rc)} in the warm-up run; nothing to compare")
 
 
 def _walls(at: tuple) -> list:
@@ -235,6 +254,7 @@ def _then_projected(args, out: Path) -> int:
           f"{proj.r:.3g}), shares read directly")
     again = argparse.Namespace(**vars(args))
     again.projected, again.out = proj, str(out / "projected")
+    again.warmup = False  # CMD's libraries are in the page cache: the account before ran it
     return cmd_account(again)
 
 
@@ -342,6 +362,10 @@ def add_parsers(sub) -> None:
                    help="with --profile: run CMD natively and emulated K times, alternately, each run's traces in "
                         "OUT/runJ, and account each rank over the K runs summed (a host whose speed moves from one "
                         "process to the next averages out; it costs 2K runs; default 1)")
+    p.add_argument("--warmup", action="store_true",
+                   help="with --profile: run CMD once first, natively and untraced, so that the first traced run "
+                        "does not read its libraries from a cold page cache (a start-up the emulated run would not "
+                        "pay); it counts in nothing")
     p.add_argument("--out", help="output folder (default ccbridge-results/account-<timestamp>)")
     p.add_argument("--why", action="store_true", help="also print the evidence behind each row (waits, tolls, "
                                                       "GPU time, the full recovery and call site)")
