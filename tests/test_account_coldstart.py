@@ -1,12 +1,20 @@
-"""account --profile P -- CMD where the first run would pay a cold start: --warmup runs CMD once, natively and
-untraced, before the traced runs."""
+"""account --profile P -- CMD where the first run paid a cold start: an emulated run is never faster than the native
+one, so an OTHER start-up markedly shorter than BASE's is noted (stderr and the start-up phase row); --warmup runs
+CMD once, natively and untraced, before the traced runs."""
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
-from ccbridge import cli
+import pytest
+
+from ccbridge import cli, results
+from ccbridge.cli import emulation
 from ccbridge.emulate import launcher
 from test_account import decode_loop
+from test_account_repeat import write_job
+
+NOTE = "note: OTHER's start-up (launch to first driver call) took"
 
 
 def fake_timed(monkeypatch, write, startup_s):
@@ -30,6 +38,57 @@ def fake_timed(monkeypatch, write, startup_s):
 def one_process(prefix, emulated, n):
     decode_loop(prefix, d2h_us=1400 if emulated else 30, launch_us=5, profile="b300" if emulated else "passthrough",
                 emulate=int(emulated))
+
+
+def test_a_shorter_emulated_start_up_is_noted_on_stderr_and_on_the_start_up_row(tmp_path, monkeypatch, capsys):
+    fake_timed(monkeypatch, one_process, {False: 2.5, True: 0.5})  # the native run read its libraries cold
+    out = tmp_path / "o"
+    assert cli.main(["account", "--profile", "b300", "--out", str(out), "--", "true"]) == 0
+    err = capsys.readouterr().err
+    assert all(len(line) <= 120 for line in err.splitlines()), err
+    text = err.replace("\n  ", " ")
+    assert f"{NOTE} 500.0 ms, BASE's 2500.0 ms: an emulated run is never faster than the native one" in text
+    assert "cold page cache" in text and "--warmup (or a run of CMD before the account) evens it" in text
+    assert text.count("note: OTHER's start-up") == 1
+    res = results.load(out / "result.json")
+    start = next(r for r in res.rows if r.test == "account.phase" and r.params["phase"] == "start-up")
+    assert abs(start.median + 2.0) < 1e-6 and "cold page cache" in start.extra["verdict"]
+    assert "cold page cache" in (out / "report.md").read_text()
+
+    fake_timed(monkeypatch, one_process, {False: 1.0, True: 0.9})  # within the noise: nothing said
+    assert cli.main(["account", "--profile", "b300", "--out", str(tmp_path / "p"), "--", "true"]) == 0
+    assert NOTE not in capsys.readouterr().err
+    res = results.load(tmp_path / "p" / "result.json")
+    assert not any("verdict" in r.extra for r in res.rows if r.test == "account.phase")
+
+
+@pytest.mark.parametrize("base_s, other_s, noted", [
+    (1.0, 0.79, True), (1.0, 0.81, False),  # 0.2 s: a short start-up's noise
+    (3.0, 2.5, True), (3.0, 2.6, False),  # 15% of a long one's (0.45 s)
+    (0.5, 2.5, False), (1.0, 1.0, False),  # OTHER's longer or the same: the emulator's cost, or none
+])
+def test_the_threshold_is_the_larger_of_its_seconds_and_its_share_of_bases_start_up(base_s, other_s, noted):
+    def run(start_s):  # launched at 0, first traced call start_s later
+        return SimpleNamespace(first_ns=int(start_s * 1e9)), (0, 10**12)
+
+    (b, b_at), (o, o_at) = run(base_s), run(other_s)
+    assert emulation.COLD_START == (0.2, 0.15)
+    assert (emulation._cold_start([(b, o)], [(b_at, o_at)], False) is not None) == noted
+
+
+def test_a_jobs_runs_summed_are_noted_too_and_after_warmup_the_host_is_named(tmp_path, monkeypatch, capsys):
+    fake_timed(monkeypatch, write_job, {False: 2.5, True: 0.5})
+    out = tmp_path / "o"
+    assert cli.main(["account", "--profile", "b300", "--repeat", "2", "--warmup", "--out", str(out), "--", "true"]) == 0
+    err = capsys.readouterr().err
+    assert all(len(line) <= 120 for line in err.splitlines()), err
+    text = err.replace("\n  ", " ")
+    assert f"{NOTE} 1000.0 ms, BASE's 5000.0 ms (the runs summed): an emulated run is never faster" in text
+    assert "the host likely changed speed between the runs (--warmup ran CMD before them" in text
+    res = results.load(out / "result.json")
+    assert res.settings["ranks"] == [0, 1]
+    start = next(r for r in res.rows if r.test == "account.phase" and r.params["phase"] == "start-up")
+    assert abs(start.median + 4.0) < 1e-6 and "--warmup ran CMD before them" in start.extra["verdict"]
 
 
 def test_warmup_runs_cmd_once_natively_untraced_before_the_traced_runs(tmp_path, monkeypatch, capsys):

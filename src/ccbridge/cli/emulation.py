@@ -83,18 +83,21 @@ def cmd_account(args) -> int:
     where = runs.phases([account.phases(b, o, *at) for (b, o), at in zip(each, runs_at)])
     emulated_as, settings = _settings(args, base, other, pairs, rest, proj)
     summed = _Runs(each, runs_at, out if prof else None, list(dict.fromkeys(both[0][1] + both[1][1])))
+    cold = _cold_start(each, runs_at, args.warmup) if where else None
     if account.multi_process(base, other):
-        return _account_ranks(args, base, other, where, prof, out, emulated_as, settings, summed)
+        return _account_ranks(args, base, other, where, prof, out, emulated_as, settings, summed, cold)
     of, base_s = _share_of(base, other, walls, where)
     shares = account.measurable(of, base_s)  # a slowdown within noise (or none) gets no shares
     lines, wall = account.attribute(base, other, *walls, share_of_s=of if shares else 0.0)
     at_sites = account.attribute_sites(base, other, of if shares else 0.0)
     res = Result(kind="account", env=env.stamp(), settings=settings,
-                 rows=account.rows(lines, wall, at_sites, where, spans=not args.profile) + summed.rows())
+                 rows=_noted(account.rows(lines, wall, at_sites, where, spans=not args.profile), cold) + summed.rows())
     paths = write_reports(res, out)
     print("\n".join([account.render(lines, wall, where=where, emulated=emulated_as, shares=shares)] + summed.text()))
     for x in summed.notes:
         print(f"note: {x}", file=sys.stderr)
+    if cold:
+        print("\n".join(wrap([f"note: {cold}"])), file=sys.stderr)
     if base.emulated and not other.emulated:
         print("note: BASE ran under the emulator and OTHER did not: give the CC-off (or record-only) trace first",
               file=sys.stderr)
@@ -160,6 +163,36 @@ def _warm_up(rest: list[str]) -> None:
         raise EmulatorError(f"cannot run {rest[0]}: {e.strerror or e}") from None
     if rc:
         raise UsageError(f"{cut(' '.join(rest), 40)} {_ended(rc)} in the warm-up run; nothing to compare")
+
+
+# An emulated run only adds costs, so OTHER's start-up (launch to first traced driver call) is never shorter than
+# BASE's but by noise: a process's start-up and imports move by about 0.1 s from one run to the next on a loaded
+# host, and by a share of a long start-up. Shorter beyond the larger of these, the runs differed in more than the
+# bridge: the first run read torch's and CUDA's libraries from a cold page cache (a small decode loop's native run
+# on an H200 host: about 2 s longer) or the host's speed changed between them.
+COLD_START = (0.2, 0.15)  # s, and a fraction of BASE's start-up: the larger is the noise allowed
+
+
+def _cold_start(each: list, runs_at: list, warmed: bool) -> str | None:
+    """Where OTHER's start-up (summed over the runs) is shorter than BASE's beyond COLD_START: a note that says
+    so (every run's phases known); else None."""
+    base, other = (sum(pair[i].first_ns - at[i][0] for pair, at in zip(each, runs_at)) / 1e9 for i in (0, 1))
+    if base - other <= max(COLD_START[0], COLD_START[1] * base):
+        return None
+    why = ("the host likely changed speed between the runs (--warmup ran CMD before them; --repeat K averages it)"
+           if warmed else "the first run likely read its libraries from a cold page cache (or the host changed "
+           "speed); --warmup (or a run of CMD before the account) evens it")
+    return (f"OTHER's start-up (launch to first driver call) took {other * 1e3:.1f} ms, BASE's {base * 1e3:.1f} ms"
+            f"{' (the runs summed)' if len(each) > 1 else ''}: an emulated run is never faster than the native one, "
+            f"so the runs differ in more than the bridge: {why}")
+
+
+def _noted(rows: list[Row], cold: str | None) -> list[Row]:
+    """rows, the start-up phase's row given the cold-start note (its verdict, which the reports show)."""
+    for r in rows if cold else []:
+        if r.test == "account.phase" and r.params.get("phase") == "start-up":
+            r.extra["verdict"] = cold
+    return rows
 
 
 def _walls(at: tuple) -> list:
@@ -259,7 +292,7 @@ def _then_projected(args, out: Path) -> int:
 
 
 def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str | None, settings: dict,
-                   summed: _Runs) -> int:
+                   summed: _Runs, cold: str | None) -> int:
     """A job of several ranks: each rank on its job's steady-state window, then all of them summed; the start-up
     and teardown phases apart, never in the shares. Several runs: each rank's windows and calls summed over them."""
     ranks, notes = account.per_rank(base, other)
@@ -267,7 +300,8 @@ def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str |
     if not ranks:
         raise UsageError("no rank of the job could be compared" + (f": {notes[0]}" if notes else ""))
     every = ranks + [account.overall(base, other, ranks)]
-    rows = account.rank_rows(every) + [Row.of("account.phase", "slowdown", "s", [v], phase=k) for k, v in where.items()]
+    rows = account.rank_rows(every) + _noted([Row.of("account.phase", "slowdown", "s", [v], phase=k)
+                                              for k, v in where.items()], cold)
     rows += summed.rows(every)
     res = Result(kind="account", env=env.stamp(), settings=dict(settings, ranks=[a.rank for a in ranks]), rows=rows)
     paths = write_reports(res, out)
@@ -280,6 +314,8 @@ def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str |
         runs = " (the runs summed)" if len(summed.each) > 1 else ""
         print(f"outside the windows, not in any share{runs}: " +
               ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in where.items() if k != "driver calls"))
+    if cold:
+        print("\n".join(wrap([f"note: {cold}"])), file=sys.stderr)
     if args.why:
         for a in every:
             print(f"rank {a.name}:\n" + account.render_why(a.lines))
