@@ -115,3 +115,13 @@ def test_a_failed_warmup_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, c
     assert err[-1] == "ccbridge account: sh -c exit 3 exited with status 3 in the warm-up run; nothing to compare"
     assert err == ["ccbridge account: warm-up run: natively, no interposer, untraced; it counts in no figure", err[-1]]
     assert done == [] and not out.exists()
+
+
+def test_the_projected_second_pass_runs_no_second_warmup(tmp_path, monkeypatch, capsys):
+    ran = tmp_path / "ran"
+    done = fake_timed(monkeypatch, one_process, {False: 0.5, True: 0.5})
+    argv = ["account", "--profile", "b300", "--warmup", "--project", "b300", "--project-by", "2", "--out",
+            str(tmp_path / "o"), "--", "sh", "-c", f"echo warm >> {ran}"]
+    assert cli.main(argv) == 0
+    assert len(done) == 4 and ran.read_text() == "warm\n"  # two runs, two projected: CMD warmed once
+    assert capsys.readouterr().err.count("warm-up run: natively") == 1
