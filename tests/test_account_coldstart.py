@@ -48,7 +48,7 @@ def test_a_shorter_emulated_start_up_is_noted_on_stderr_and_on_the_start_up_row(
     assert all(len(line) <= 120 for line in err.splitlines()), err
     text = err.replace("\n  ", " ")
     assert f"{NOTE} 500.0 ms, BASE's 2500.0 ms: an emulated run is never faster than the native one" in text
-    assert "cold page cache" in text and "--warmup (or a run of CMD before the account) evens it" in text
+    assert "cold page cache" in text and "--warmup (or a run of CMD before the account) evens the first" in text
     assert text.count("note: OTHER's start-up") == 1
     res = results.load(out / "result.json")
     start = next(r for r in res.rows if r.test == "account.phase" and r.params["phase"] == "start-up")
@@ -84,11 +84,11 @@ def test_a_jobs_runs_summed_are_noted_too_and_after_warmup_the_host_is_named(tmp
     assert all(len(line) <= 120 for line in err.splitlines()), err
     text = err.replace("\n  ", " ")
     assert f"{NOTE} 1000.0 ms, BASE's 5000.0 ms (the runs summed): an emulated run is never faster" in text
-    assert "the host likely changed speed between the runs (--warmup ran CMD before them" in text
+    assert "CMD ran once before them (--warmup), so not only the page cache" in text
     res = results.load(out / "result.json")
     assert res.settings["ranks"] == [0, 1]
     start = next(r for r in res.rows if r.test == "account.phase" and r.params["phase"] == "start-up")
-    assert abs(start.median + 4.0) < 1e-6 and "--warmup ran CMD before them" in start.extra["verdict"]
+    assert abs(start.median + 4.0) < 1e-6 and "CMD ran once before them (--warmup)" in start.extra["verdict"]
 
 
 def test_warmup_runs_cmd_once_natively_untraced_before_the_traced_runs(tmp_path, monkeypatch, capsys):

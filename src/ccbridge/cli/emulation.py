@@ -168,8 +168,9 @@ def _warm_up(rest: list[str]) -> None:
 # An emulated run only adds costs, so OTHER's start-up (launch to first traced driver call) is never shorter than
 # BASE's but by noise: a process's start-up and imports move by about 0.1 s from one run to the next on a loaded
 # host, and by a share of a long start-up. Shorter beyond the larger of these, the runs differed in more than the
-# bridge: the first run read torch's and CUDA's libraries from a cold page cache (a small decode loop's native run
-# on an H200 host: about 2 s longer) or the host's speed changed between them.
+# bridge. A small decode loop's native run on an H200 host (bench/RESULTS.md, session 27): 2.0 s longer as the
+# lease's first torch program (a cold page cache), still 0.8 s longer after a run of it before the account: which
+# first-run cost that is (the driver, the GPU waking, the host) the traces do not say, so the note names none.
 COLD_START = (0.2, 0.15)  # s, and a fraction of BASE's start-up: the larger is the noise allowed
 
 
@@ -179,9 +180,9 @@ def _cold_start(each: list, runs_at: list, warmed: bool) -> str | None:
     base, other = (sum(pair[i].first_ns - at[i][0] for pair, at in zip(each, runs_at)) / 1e9 for i in (0, 1))
     if base - other <= max(COLD_START[0], COLD_START[1] * base):
         return None
-    why = ("the host likely changed speed between the runs (--warmup ran CMD before them; --repeat K averages it)"
-           if warmed else "the first run likely read its libraries from a cold page cache (or the host changed "
-           "speed); --warmup (or a run of CMD before the account) evens it")
+    why = ("CMD ran once before them (--warmup), so not only the page cache: the driver, the GPU or the host's "
+           "speed; --repeat K averages it" if warmed else "a cold page cache for CMD's libraries in the first run, "
+           "the driver, the GPU or the host's speed; --warmup (or a run of CMD before the account) evens the first")
     return (f"OTHER's start-up (launch to first driver call) took {other * 1e3:.1f} ms, BASE's {base * 1e3:.1f} ms"
             f"{' (the runs summed)' if len(each) > 1 else ''}: an emulated run is never faster than the native one, "
             f"so the runs differ in more than the bridge: {why}")
@@ -400,8 +401,8 @@ def add_parsers(sub) -> None:
                         "process to the next averages out; it costs 2K runs; default 1)")
     p.add_argument("--warmup", action="store_true",
                    help="with --profile: run CMD once first, natively and untraced, so that the first traced run "
-                        "does not read its libraries from a cold page cache (a start-up the emulated run would not "
-                        "pay); it counts in nothing")
+                        "does not read its libraries from a cold page cache (a cost the emulated run after it would "
+                        "not pay); it counts in nothing")
     p.add_argument("--out", help="output folder (default ccbridge-results/account-<timestamp>)")
     p.add_argument("--why", action="store_true", help="also print the evidence behind each row (waits, tolls, "
                                                       "GPU time, the full recovery and call site)")
