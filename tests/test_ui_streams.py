@@ -3,6 +3,7 @@ named as a result file, a folder of runs that is no folder (helper-69's review o
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -110,3 +111,69 @@ def test_a_folder_of_runs_that_is_no_folder_is_said_once(tmp_path, monkeypatch):
     os.symlink(tmp_path / "nowhere", "ccbridge-results")
     with pytest.raises(UsageError, match="^ccbridge-results is not a folder: give --out$"):
         ui.run_folder()
+
+
+_DATA = Path(__file__).parent / "data"
+_TABLE_AND_JSON = {  # commands that print a table and write --json, on CPU from tests/data
+    "advise": ["advise", str(_DATA / "h100-native-full.json")],
+    "plan-tenants": ["plan-tenants", "--request", "4", "2"],
+}
+
+
+def _ccbridge(argv: list[str], shell_tail: str = "") -> subprocess.CompletedProcess:
+    """`ccbridge ARGV SHELL_TAIL` in a shell, block-buffered as a user's run is (no PYTHONUNBUFFERED)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    words = " ".join(f"'{w}'" for w in [sys.executable, "-m", "ccbridge", *argv])
+    return subprocess.run(f"{words} {shell_tail}", shell=True, capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("cmd", sorted(_TABLE_AND_JSON))
+def test_json_to_stdout_led_to_a_file_follows_the_table(tmp_path, cmd):
+    """`--json /dev/stdout > out.txt` opened the file anew with O_TRUNC: the table printed before was gone (the JSON
+    at offset 0, and had it been shorter, the table's tail after it). Now the file holds the table, then the JSON,
+    then (2>&1: stderr shares stdout's offset) the `wrote` line."""
+    argv = _TABLE_AND_JSON[cmd]
+    table = _ccbridge(argv).stdout
+    assert table.strip() and not table.lstrip().startswith("{")
+    out = tmp_path / "out.txt"
+    r = _ccbridge(argv + ["--json", "/dev/stdout"], f"> '{out}'")
+    assert r.returncode in (0, 1), r.stderr
+    text = out.read_text()
+    assert text.startswith(table), text[:200]
+    assert isinstance(json.loads(text[len(table):]), dict)
+    both = tmp_path / "both.txt"
+    _ccbridge(argv + ["--json", "/dev/stdout"], f"> '{both}' 2>&1")
+    text = both.read_text()
+    assert text.startswith(table) and text.endswith("wrote /dev/stdout\n"), text[-200:]
+    json.loads(text[len(table):-len("wrote /dev/stdout\n")])
+
+
+def test_json_to_stdout_in_a_pipe_follows_the_table_and_a_new_file_holds_the_json(tmp_path):
+    """Into a pipe the JSON was written by a descriptor of its own while print() still held the table: the JSON
+    came first. A new file is written as before: the JSON alone."""
+    argv = _TABLE_AND_JSON["advise"]
+    table = _ccbridge(argv).stdout
+    r = _ccbridge(argv + ["--json", "/dev/stdout"], "| cat")
+    assert r.stdout.startswith(table) and json.loads(r.stdout[len(table):])["advice"]
+    new = tmp_path / "advice.json"
+    r = _ccbridge(argv + ["--json", str(new)])
+    assert r.stdout == table and json.loads(new.read_text())["advice"]
+
+
+def test_a_result_saved_to_a_descriptor_of_a_file_is_written_at_its_offset(tmp_path):
+    """Result.save (every bench's --json) to /dev/fd/N where N leads to a file: what was written through N before
+    and after stays, the result between them."""
+    from ccbridge import results
+
+    res = results.Result(kind="cipher", env={}, settings={})
+    path = tmp_path / "log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"before\n")
+        res.save(Path(f"/dev/fd/{fd}"))
+        os.write(fd, b"after\n")
+    finally:
+        os.close(fd)
+    text = path.read_text()
+    assert text.startswith("before\n") and text.endswith("}\nafter\n"), text
+    assert json.loads(text[len("before\n"):-len("after\n")])["kind"] == "cipher"

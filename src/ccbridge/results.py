@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ccbridge import ui
 from ccbridge.errors import ResultFileError  # noqa: F401 - part of this module's API
 from ccbridge.resultschema import RESULTS, STAMP_SCHEMA
 from ccbridge.stats import summarize
@@ -124,7 +125,8 @@ class Result:
         }
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n")
+        """The result as JSON at path (ui.write_out: /dev/stdout and the like are written through)."""
+        ui.write_out(path, json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n")
 
 
 def read_json(path: str | Path, folder: str = "pass the result.json in it"):

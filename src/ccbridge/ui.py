@@ -1,11 +1,12 @@
 """Terminal output: rich consoles of at most textfit.WIDTH columns, progress for long runs (quiet when output is
-not a terminal); sizes as people read them (human_bytes, approx_bytes); and the check that where a command will
-write can be written, made before the work."""
+not a terminal); sizes as people read them (human_bytes, approx_bytes); the check that where a command will
+write can be written, made before the work, and the writing of a file it was asked for (write_out)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -134,9 +135,8 @@ def writable_file(path: str | os.PathLike, what: str, fresh: bool = True) -> Pat
         st = None
     except OSError as e:
         raise UsageError(f"{what} {path}: {e.strerror}") from None
-    own = str(p.absolute()).startswith(("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/"))
-    if st is not None and (own or not stat.S_ISREG(st.st_mode)):  # a stream (this process's own, even where it
-        # leads to a file): the folder holding it may take no new file
+    if st is not None and (own_descriptor(p) is not None or not stat.S_ISREG(st.st_mode)):  # a stream (this
+        # process's own, even where it leads to a file): the folder holding it may take no new file
         if not os.access(p, os.W_OK):
             raise UsageError(f"{what} {path}: cannot write to it")
         return p
@@ -145,6 +145,52 @@ def writable_file(path: str | os.PathLike, what: str, fresh: bool = True) -> Pat
     if fresh and st is not None and not (since.isdigit() and st.st_mtime_ns >= int(since)):
         raise UsageError(f"{what} {path} exists: remove it or name another file")
     return p
+
+
+_OWN = re.compile(r"/dev/(stdout|stderr)|/(?:dev|proc/self)/fd/(\d+)")
+
+
+def own_descriptor(path: str | os.PathLike) -> int | None:
+    """The descriptor of this process that `path` names (/dev/stdout 1, /dev/stderr 2, /dev/fd/N and
+    /proc/self/fd/N N), else None."""
+    m = _OWN.fullmatch(os.path.abspath(path))
+    if m is None:
+        return None
+    return int(m.group(2)) if m.group(2) else {"stdout": 1, "stderr": 2}[m.group(1)]
+
+
+def write_out(path: str | os.PathLike, text: str) -> None:
+    """`text` as the file a command was asked to write (--json, --out, --coverage). This process's own descriptor
+    (/dev/stdout, /dev/fd/N) is written through, after what print() holds for stdout and stderr: opened anew it
+    was truncated and written from offset 0 where it led to a regular file (`--json /dev/stdout > out.txt` lost
+    the table printed before), and came before the buffered table into a pipe. Anything else: written anew."""
+    fd = own_descriptor(path)
+    try:
+        if fd is not None:
+            os.fstat(fd)
+    except OSError:  # not open here: the path as any other
+        fd = None
+    if fd is None:
+        Path(path).write_text(text)
+        return
+    streams = [s for s in (sys.stdout, sys.stderr) if s is not None]
+    for s in streams:
+        s.flush()
+    for s in streams:  # stdout or stderr itself: through it, so that a reader gone is dropped as for print()
+        if _fileno(s) == fd:
+            s.write(text)
+            s.flush()
+            return
+    data = text.encode()
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _fileno(stream) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # a test's stream, or one closed
+        return None
 
 
 @contextmanager

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from rich.table import Table
 
@@ -49,7 +48,7 @@ def cmd_attest(args) -> int:
     b["protection"]["unprotected_allowed"] = bool(args.allow_unprotected)
     text = json.dumps(b, indent=1)
     if out:
-        out.write_text(text + "\n")
+        ui.write_out(out, text + "\n")
         print("\n".join(attest.summary(b)) + f"\nbundle: {out}")
     else:
         print(text)
@@ -87,7 +86,7 @@ def cmd_plan_tenants(args) -> int:
     plan = tenants.plan(n, args.request, mode, busy, source=args.from_stamp)
     print(tenants.render(plan))
     if args.json:
-        Path(args.json).write_text(json.dumps(plan.as_dict(), indent=1) + "\n")
+        ui.write_out(args.json, json.dumps(plan.as_dict(), indent=1) + "\n")
         print(wrote(args.json), file=sys.stderr)
     return 1 if plan.unplaced else 0  # ran, and the answer is no: a tenant did not fit
 

@@ -72,7 +72,7 @@ def cmd_advise(args) -> int:
     inputs, recs = advise.advise(args.files)
     print(advise.render_why(inputs, recs) if args.why else advise.render(inputs, recs))
     if args.json:
-        Path(args.json).write_text(json.dumps(advise.to_json(inputs, recs), indent=1) + "\n")
+        ui.write_out(args.json, json.dumps(advise.to_json(inputs, recs), indent=1) + "\n")
         print(wrote(args.json), file=sys.stderr)
     return 0
 

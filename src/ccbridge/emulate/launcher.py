@@ -164,7 +164,7 @@ def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, covera
         except KeyboardInterrupt:
             return 130, (0, 0)
         if coverage:
-            Path(coverage).write_text(json.dumps(driver_coverage.merge(cov_prefix), indent=1) + "\n")
+            ui.write_out(coverage, json.dumps(driver_coverage.merge(cov_prefix), indent=1) + "\n")
         return rc, bounds
 
 
