@@ -679,3 +679,27 @@ def test_device_summary_prints_the_best_bound_or_why_it_is_missing(tmp_path):
     failed = {**measured_bound(), "error": "GpuError: cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY"}
     assert summary_rows(tmp_path, failed) == [
         "| load: uncoupled bound | not measured: GpuError: cuMemHostAlloc: CUDA_ERROR_OUT_OF_MEMORY |"]
+
+
+def test_the_cli_writes_one_document_to_a_stream_the_final_one(files, tmp_path, monkeypatch):
+    """--json a pipe (or /dev/stdout) took the early save before the bound and then the final one: two JSON
+    documents one after the other, which no script parses. A stream gets the final one only."""
+    pytest.importorskip("torch")
+    from ccbridge.cli import main
+
+    def run(paths, device, repeat, overrides, log, with_bound, before_bound):
+        before_bound(report(bound={**measured_bound(), "error": "the run stopped before the bound finished"}))
+        return report(bound=measured_bound())
+
+    monkeypatch.setattr(bench, "run", run)
+    r, w = os.pipe()
+    got = []
+    reader = threading.Thread(target=lambda: got.append(os.fdopen(r, "rb").read()))
+    reader.start()
+    try:
+        assert main(["load", files[0], "--bench", "--bound", "--json", f"/dev/fd/{w}"]) == 0
+    finally:
+        os.close(w)
+        reader.join(60)
+    rep = benchresult.report_of(results.from_doc("pipe", json.loads(got[0])))  # one document
+    assert "error" not in rep["bound"] and rep["bound"]["best"]["both_at_once"] == 51.56

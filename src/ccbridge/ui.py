@@ -135,8 +135,8 @@ def writable_file(path: str | os.PathLike, what: str, fresh: bool = True) -> Pat
         st = None
     except OSError as e:
         raise UsageError(f"{what} {path}: {e.strerror}") from None
-    if st is not None and (own_descriptor(p) is not None or not stat.S_ISREG(st.st_mode)):  # a stream (this
-        # process's own, even where it leads to a file): the folder holding it may take no new file
+    if st is not None and is_stream(p):  # (this process's own, even where it leads to a file): the folder
+        # holding it may take no new file
         if not os.access(p, os.W_OK):
             raise UsageError(f"{what} {path}: cannot write to it")
         return p
@@ -157,6 +157,18 @@ def own_descriptor(path: str | os.PathLike) -> int | None:
     if m is None:
         return None
     return int(m.group(2)) if m.group(2) else {"stdout": 1, "stderr": 2}[m.group(1)]
+
+
+def is_stream(path: str | os.PathLike) -> bool:
+    """`path` holds no result, as writable_file judges: this process's own descriptor (even where it leads to a
+    file) or something there that is no regular file (a pipe, a device, a process substitution). What is written
+    there stays: it takes one document, never an early copy that a later one replaces."""
+    if own_descriptor(path) is not None:
+        return True
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:  # nothing there yet (or not to be looked at): a file the command makes
+        return False
 
 
 def write_out(path: str | os.PathLike, text: str) -> None:

@@ -41,7 +41,9 @@ def cmd_load(args) -> int:
 
         def save(rep: dict, early: bool = False) -> None:  # early: before the bound, which may not finish
             rep.update(emulation=label, ceiling_gbps=ceiling)
-            if args.json:  # a Result of kind load, as every bench writes
+            # a Result of kind load, as every bench writes; a stream (a pipe, /dev/stdout) gets the final one only:
+            # the early one would stand before it, two documents that no JSON reader parses
+            if args.json and not (early and ui.is_stream(args.json)):
                 benchresult.to_result(rep, stamp, time.perf_counter() - t0).save(Path(args.json))
                 if early:
                     print(fit(f"ccbridge load: the loaders' results written to {args.json} before the bound runs"),
