@@ -320,3 +320,120 @@ def test_ccbridge_env_says_whether_the_plugin_will_take_the_key(tmp_path, monkey
     assert row(CCBRIDGE_KEY=f.read_text(), CCBRIDGE_KEY_FILE="") == "$CCBRIDGE_KEY: taken"
     monkeypatch.setenv("NCCL_NET_PLUGIN", "")  # not selected: no key row
     assert main(["env"]) == 0 and "NCCL net plugin key" not in capsys.readouterr().out
+
+
+def _confs(tmp_path, **files):
+    """Settings files under tmp_path: name=text."""
+    for name, text in files.items():
+        (tmp_path / name).write_bytes(text.encode() if isinstance(text, str) else text)
+    return {name: str(tmp_path / name) for name in files}
+
+
+def test_nccl_settings_files_are_read_in_nccls_order_under_the_environment(tmp_path):
+    """`ccbridge env` read NCCL_NET_PLUGIN from the environment alone: NCCL also reads $NCCL_CONF_FILE (where set and
+    not empty, else ~/.nccl.conf), then /etc/nccl.conf, each setting without overwriting (param.cc initEnv,
+    setenv(..., 0)): the environment wins, then the first file, then /etc/nccl.conf."""
+    from ccbridge import pluginenv
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".nccl.conf").write_text("NCCL_NET_PLUGIN=user\nNCCL_NET=user\n")
+    f = _confs(tmp_path, named="NCCL_NET_PLUGIN=named\n", etc="NCCL_NET_PLUGIN=etc\nNCCL_NET=etc\n")
+
+    def files(environ):
+        return pluginenv.conf_files(environ, home=str(home), etc=f["etc"])
+
+    assert files({}) == [str(home / ".nccl.conf"), f["etc"]]
+    assert files({"NCCL_CONF_FILE": ""}) == files({})  # empty: as unset
+    assert files({"NCCL_CONF_FILE": f["named"]}) == [f["named"], f["etc"]]  # instead of ~/.nccl.conf, not before it
+
+    def got(environ):
+        s = pluginenv.nccl_settings(environ, files(environ))
+        return {k: (v["value"], v["from"]) for k, v in s.items()}
+
+    assert got({}) == {"NCCL_NET_PLUGIN": ("user", str(home / ".nccl.conf")),
+                       "NCCL_NET": ("user", str(home / ".nccl.conf"))}  # ~/.nccl.conf over /etc/nccl.conf
+    # $NCCL_CONF_FILE over /etc/nccl.conf, and ~/.nccl.conf not read: NCCL_NET from /etc/nccl.conf
+    assert got({"NCCL_CONF_FILE": f["named"]}) == {"NCCL_NET_PLUGIN": ("named", f["named"]),
+                                                   "NCCL_NET": ("etc", f["etc"])}
+    # the environment over every file, even set empty
+    assert got({"NCCL_CONF_FILE": f["named"], "NCCL_NET_PLUGIN": ""}) == {"NCCL_NET_PLUGIN": ("", "environment"),
+                                                                          "NCCL_NET": ("etc", f["etc"])}
+    assert pluginenv.nccl_settings({}, [f["etc"]]) == {"NCCL_NET_PLUGIN": {"value": "etc", "from": f["etc"]},
+                                                       "NCCL_NET": {"value": "etc", "from": f["etc"]}}
+
+
+def test_the_user_file_is_in_the_home_of_the_password_database_not_home(tmp_path):
+    """NCCL's ~ is getpwuid(getuid())'s home, not $HOME."""
+    import os
+    import pwd
+
+    from ccbridge import pluginenv
+
+    assert pluginenv.conf_files({"HOME": str(tmp_path)}) == [
+        os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".nccl.conf"), "/etc/nccl.conf"]
+
+
+def test_a_settings_file_is_read_line_by_line_as_nccl_reads_it(tmp_path):
+    """'#' at a line's start is a comment; a line without '=' (a blank one, a word) is passed over; nothing is
+    stripped (`KEY = v` is the key "KEY "); a key's first line holds; a trailing CR stays in the value; a NUL ends
+    the line; an empty key is no setting."""
+    from ccbridge import pluginenv
+
+    text = (b"# NCCL_NET_PLUGIN=comment\n\n   \nNCCL_NET_PLUGIN\nNCCL_NET = spaced\n=empty\n"
+            b"  # NCCL_DEBUG=INFO\nNCCL_NET_PLUGIN=first\nNCCL_NET_PLUGIN=second\nCR=v\r\nNUL=a\0b\n#x\nLAST=no newline")
+    f = _confs(tmp_path, conf=text)["conf"]
+    assert pluginenv.read_conf(f) == {"NCCL_NET ": " spaced", "  # NCCL_DEBUG": "INFO", "NCCL_NET_PLUGIN": "first",
+                                      "CR": "v\r", "NUL": "a", "LAST": "no newline"}
+    assert pluginenv.read_conf(_confs(tmp_path, long=b"K=" + b"v" * 2000)["long"])["K"] == "v" * 1023
+    s = pluginenv.nccl_settings({}, [f])
+    assert s == {"NCCL_NET_PLUGIN": {"value": "first", "from": f}}  # "NCCL_NET " is not NCCL_NET
+
+
+def test_a_settings_file_that_cannot_be_read_is_none_and_not_an_error(tmp_path):
+    """NCCL's fopen (or getline, for a folder) fails and it goes on to the next file."""
+    import os
+
+    from ccbridge import pluginenv
+
+    f = _confs(tmp_path, etc="NCCL_NET_PLUGIN=etc\n", locked="NCCL_NET_PLUGIN=locked\n")
+    os.chmod(f["locked"], 0)
+    bad = [str(tmp_path / "missing"), str(tmp_path)] + ([f["locked"]] if os.getuid() != 0 else [])  # (root reads it)
+    for b in bad:
+        assert pluginenv.read_conf(b) == {}
+        assert pluginenv.nccl_settings({}, [b, f["etc"]]) == {"NCCL_NET_PLUGIN": {"value": "etc", "from": f["etc"]}}
+        assert pluginenv.status({"NCCL_CONF_FILE": b}, [b, f["etc"]])["nccl_settings"]["NCCL_NET_PLUGIN"]["from"] == \
+            f["etc"]
+
+
+def test_the_plugin_selected_in_a_settings_file_is_said_with_where(tmp_path, monkeypatch, capsys):
+    """status() counts NCCL_NET_PLUGIN and NCCL_NET from NCCL's files (the library path still the environment's);
+    `ccbridge env` and its JSON say where each came from."""
+    from ccbridge import pluginenv
+    from ccbridge.cli import main
+
+    f = _confs(tmp_path, conf="NCCL_NET_PLUGIN=ccbridge\nNCCL_NET=ccbridge\n")["conf"]
+    st = pluginenv.status({"LD_LIBRARY_PATH": str(pluginenv.path()), "NCCL_NET": "other"}, [f])
+    assert st["selected"] and not st["required"] and st["conf_files"] == [f]
+    assert st["will_load"] == (pluginenv.path() / pluginenv.NAME).exists()
+    assert st["nccl_settings"] == {"NCCL_NET_PLUGIN": {"value": "ccbridge", "from": f},
+                                   "NCCL_NET": {"value": "other", "from": "environment"}}
+    assert pluginenv.settings_text(st) == f"NCCL_NET_PLUGIN='ccbridge' ({f}); NCCL_NET='other' (environment)"
+    assert pluginenv.settings_text(pluginenv.status({}, [f, "/nowhere"])) == \
+        f"NCCL_NET_PLUGIN='ccbridge' ({f}); NCCL_NET='ccbridge' ({f})"
+    assert pluginenv.settings_text(pluginenv.status({}, ["/nowhere"])) == \
+        "NCCL_NET_PLUGIN and NCCL_NET unset (not in the environment or /nowhere)"
+    for k in ("NCCL_NET_PLUGIN", "NCCL_NET"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NCCL_CONF_FILE", "conf")  # opened from the working folder, as NCCL's fopen
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["env", "--json"]) == 0
+    stamp = json.loads(capsys.readouterr().out)
+    assert stamp["nccl_net_plugin"]["nccl_settings"]["NCCL_NET_PLUGIN"] == {"value": "ccbridge", "from": "conf"}
+    from ccbridge.resultschema import STAMP_SCHEMA
+    STAMP_SCHEMA.check(stamp, "stamp", ValueError)
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "NCCL_NET_PLUGIN='ccbridge' (conf); NCCL_NET='ccbridge' (conf)" in out
+    assert all(len(line) <= 120 for line in out.splitlines())

@@ -1,7 +1,8 @@
 """Where the NCCL net plugin (libnccl-net-ccbridge.so) lives, and the environment that turns it on.
 
 NCCL loads `libnccl-net-${NCCL_NET_PLUGIN}.so` from the library path (or
-the library NCCL_NET_PLUGIN names: status()), so a job sets
+the library NCCL_NET_PLUGIN names, in the environment or NCCL's settings
+files: status(), nccl_settings()), so a job sets
 NCCL_NET_PLUGIN=ccbridge and puts `path()` on LD_LIBRARY_PATH; every
 byte NCCL sends between ranks over the network then travels as AES-256-GCM
 records keyed from $CCBRIDGE_KEY or $CCBRIDGE_KEY_FILE (the formats of
@@ -13,6 +14,7 @@ the stamp (env) reads status() without NCCL, torch or the secure package.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 from pathlib import Path
 
@@ -24,6 +26,8 @@ MAX_LANES, DEFAULT_LANES = 16, 8  # net.h's: sockets a connection may have (CCBR
 # net.h's and conn.c's spin_ns: lane 0's polling before it sleeps (CCBRIDGE_NET_SPIN_US; unset or empty: the default
 # on machines of 8+ cores, else 0), held to 0..MAX_SPIN_US
 DEFAULT_SPIN_US, SPIN_CORES, MAX_SPIN_US = 50, 8, 100000
+ETC_CONF = "/etc/nccl.conf"  # NCCL's settings file for the machine, read after the user's
+NCCL_KEYS = ("NCCL_NET_PLUGIN", "NCCL_NET")  # what status() reads as NCCL does: the environment, then the files
 
 
 def path() -> Path:
@@ -56,7 +60,7 @@ def env(base: dict[str, str] | None = None) -> dict[str, str]:
     return out
 
 
-def status(environ: dict[str, str] | None = None) -> dict:
+def status(environ: dict[str, str] | None = None, files: list[str] | None = None) -> dict:
     """Will NCCL load the plugin in this environment? For `ccbridge env` and every result's stamp.
 
     Selected: the first library NCCL tries for NCCL_NET_PLUGIN is this one (plugin_first()). A name ("ccbridge",
@@ -65,19 +69,91 @@ def status(environ: dict[str, str] | None = None) -> dict:
     process's working folder where relative, so it loads where it is this plugin's file, whatever the library
     path. (NCCL 2.27.3 takes no path: it makes libnccl-net-<path>.so of one; 2.27.5 and later open it. The NCCL
     version is not known here: a path is counted as those later releases read it.)
-    Required: NCCL_NET names it (compared without case, as NCCL compares it with the plugin's name)."""
+    Required: NCCL_NET names it (compared without case, as NCCL compares it with the plugin's name).
+    Both are read as NCCL reads them, from the environment, else its settings files (nccl_settings(); files: those
+    files, default conf_files()); "nccl_settings" says where each was set, "conf_files" which files NCCL reads.
+    LD_LIBRARY_PATH is the environment's alone: the loader takes the library path once, as the process starts."""
     e = os.environ if environ is None else environ
     lib = path() / NAME
     on_path = str(path()) in [str(Path(x).resolve()) for x in e.get("LD_LIBRARY_PATH", "").split(os.pathsep) if x]
-    first = plugin_first(e)
+    files = conf_files(e) if files is None else files
+    nccl = nccl_settings(e, files)
+    first = plugin_first({k: v["value"] for k, v in nccl.items()})
     by_path = first is not None and "/" in first
     selected = _same_file(first, lib) if by_path else first in ("ccbridge", NAME)
     out = {"built": lib.exists(), "path": str(lib), "selected": selected, "on_library_path": on_path,
            "will_load": lib.exists() and selected and (by_path or on_path),
            # without it NCCL falls back to plaintext if the plugin fails
-           "required": e.get("NCCL_NET", "").lower() == "ccbridge",
-           "lane_mode": lane_mode(e), "lanes": lanes(e), "spin_us": spin_us(e)}
+           "required": nccl.get("NCCL_NET", {}).get("value", "").lower() == "ccbridge",
+           "lane_mode": lane_mode(e), "lanes": lanes(e), "spin_us": spin_us(e),
+           "nccl_settings": nccl, "conf_files": [str(f) for f in files]}
     return out
+
+
+def conf_files(environ: dict[str, str] | None = None, home: str | None = None, etc: str = ETC_CONF) -> list[str]:
+    """The settings files NCCL reads, in its order (param.cc initEnv): the file $NCCL_CONF_FILE names where it is
+    set and not empty, else ~/.nccl.conf (home: the user's home folder, default the password database's for this
+    uid, as NCCL's getpwuid, not $HOME), then `etc` (/etc/nccl.conf) in either case. A missing file is read as none."""
+    e = os.environ if environ is None else environ
+    if e.get("NCCL_CONF_FILE"):
+        return [e["NCCL_CONF_FILE"], etc]
+    if home is None:
+        try:
+            home = pwd.getpwuid(os.getuid()).pw_dir
+        except KeyError:  # no user of this uid: NCCL reads no user file
+            return [etc]
+    return [os.path.join(home, ".nccl.conf"), etc]
+
+
+def read_conf(file: str | os.PathLike) -> dict[str, str]:
+    """KEY=VALUE settings of one of NCCL's files, as param.cc setEnvFile reads them: a line starting with '#' is a
+    comment, one without '=' is passed over, KEY is all before the first '=' and VALUE all after it, neither
+    stripped (`KEY = v` sets "KEY " to " v"; a trailing CR stays in VALUE), each cut at 1023 bytes and at a NUL.
+    A key's first line holds (setenv without overwriting). A file that cannot be read is no settings, no error."""
+    try:
+        data = Path(file).read_bytes()
+    except OSError:  # missing, unreadable or a folder: NCCL's fopen or getline fails and it reads nothing
+        return {}
+    out: dict[str, str] = {}
+    for line in data.split(b"\n"):
+        line = line.split(b"\0", 1)[0]
+        if line.startswith(b"#") or b"=" not in line:
+            continue
+        key, value = (os.fsdecode(w[:1023]) for w in line.split(b"=", 1))
+        if key:  # setenv refuses an empty name
+            out.setdefault(key, value)
+    return out
+
+
+def nccl_settings(environ: dict[str, str] | None = None, files: list[str] | None = None,
+                  keys: tuple[str, ...] = NCCL_KEYS) -> dict[str, dict[str, str]]:
+    """Each of `keys` that NCCL sees set, {"value": ..., "from": "environment" or the file}: NCCL's initEnv sets
+    each file's settings without overwriting (setenv(..., 0)), so the environment wins over every file, and the
+    first file (conf_files(): $NCCL_CONF_FILE or ~/.nccl.conf) over /etc/nccl.conf. (An env plugin, NCCL 2.28's
+    NCCL_ENV_PLUGIN, may answer otherwise: it is not asked here.)"""
+    e = os.environ if environ is None else environ
+    out = {k: {"value": e[k], "from": "environment"} for k in keys if k in e}
+    for f in conf_files(e) if files is None else files:
+        if len(out) == len(keys):
+            break
+        for k, v in read_conf(f).items():
+            if k in keys and k not in out:
+                out[k] = {"value": v, "from": str(f)}
+    return out
+
+
+def settings_text(status_: dict) -> str | None:
+    """Where NCCL_NET_PLUGIN and NCCL_NET come from, for `ccbridge env`: "NCCL_NET_PLUGIN='ccbridge' (environment);
+    NCCL_NET unset (not in the environment, /root/.nccl.conf or /etc/nccl.conf)", each value as Python writes it (a
+    CR a file left in it shows). None for a stamp from before status() said."""
+    if "nccl_settings" not in status_:
+        return None
+    *first, last = ["the environment", *status_.get("conf_files", [])]
+    nowhere = f"not in {', '.join(first)} or {last}" if first else f"not in {last}"
+    got = status_["nccl_settings"]
+    said = [f"{k}={got[k]['value']!r} ({got[k]['from']})" for k in NCCL_KEYS if k in got]
+    unset = [k for k in NCCL_KEYS if k not in got]
+    return "; ".join(said + ([f"{' and '.join(unset)} unset ({nowhere})"] if unset else []))
 
 
 def plugin_first(environ: dict[str, str] | None = None) -> str | None:

@@ -53,6 +53,12 @@ _EMULATION = {
     "then": record({"profile": STRING}, required=("profile",)),
 }
 
+_PLUGIN = record({k: BOOL for k in ("built", "selected", "on_library_path", "will_load", "required")} | {
+    "path": STRING, "lane_mode": STRING, "lanes": POSITIVE, "spin_us": COUNT,
+    # where NCCL_NET_PLUGIN and NCCL_NET were set ("environment", or one of NCCL's settings files), and those files
+    "nccl_settings": mapping(record({"value": STRING, "from": STRING}, required=("value", "from"))),
+    "conf_files": STRINGS})
+
 STAMP = record({
     "ccbridge": STRING, "host": STRING, "os": STRING, "python": STRING,
     "cpu": record({"model": MAYBE_STRING, "cores": MAYBE_COUNT, "flags": mapping(BOOL), "hypervisor": BOOL,
@@ -68,10 +74,7 @@ STAMP = record({
     "torch": record({"available": BOOL, "version": STRING, "cuda": MAYBE_STRING, "cuda_available": BOOL,
                      "devices": STRINGS, "error": STRING}),
     "emulation": _EMULATION,
-    "nccl_net_plugin": nullable(record({k: BOOL for k in ("built", "selected", "on_library_path", "will_load",
-                                                          "required")} | {"path": STRING, "lane_mode": STRING,
-                                                                                   "lanes": POSITIVE,
-                                                                                   "spin_us": COUNT})),
+    "nccl_net_plugin": nullable(_PLUGIN),
 })
 
 # ---- results: one shape of settings and rows per kind ----

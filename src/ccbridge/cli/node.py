@@ -7,7 +7,7 @@ import sys
 
 from rich.table import Table
 
-from ccbridge import attest, env
+from ccbridge import attest, env, pluginenv
 from ccbridge import tenants, ui  # (tenants imports no GPU library)
 from ccbridge.cli.args import checked, command, integer
 from ccbridge.cli.checks import plugin_key_text
@@ -26,7 +26,10 @@ def cmd_env(args) -> int:
     table = Table(title="ccbridge env", show_header=False)
     for row in t.rows:
         table.add_row(*row)
-    if (stamp.get("nccl_net_plugin") or {}).get("selected"):  # its init reads the key: will it take it?
+    plugin = stamp.get("nccl_net_plugin") or {}
+    if pluginenv.settings_text(plugin):  # NCCL's own settings files may select it (or another) too
+        table.add_row("NCCL net plugin settings", pluginenv.settings_text(plugin))
+    if plugin.get("selected"):  # its init reads the key: will it take it?
         table.add_row("NCCL net plugin key", plugin_key_text())
     ui.terminal().print(table)
     return 0
