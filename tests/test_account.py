@@ -4,7 +4,7 @@ import subprocess
 from pathlib import Path
 import sys
 
-from ccbridge import account, cli, results
+from ccbridge import account, account_ranks, cli, results
 from ccbridge.emulate import launcher, trace, windows
 
 
@@ -296,8 +296,8 @@ def test_each_rank_is_accounted_on_its_own_window_with_graph_replays_charged(tmp
     two_ranks(tmp_path / "n", 0, 100, 1000)
     two_ranks(tmp_path / "c", 12.5, 100 + 50 + 3, 2_001_000, slow_rank_us=4, profile="b300", emulate=1)
     base, other = trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c"))
-    assert account.multi_process(base, other)
-    ranks, notes = account.per_rank(base, other)
+    assert account_ranks.multi_process(base, other)
+    ranks, notes = account_ranks.per_rank(base, other)
     assert [a.rank for a in ranks] == [0, 1] and notes == [] and {a.window for a in ranks} == {"marks"}
     r0 = ranks[0]
     assert abs(r0.slowdown_ms - 50 * 57e-3) < 1e-6  # 50 steps x 57 us: the 2 s start-up is not in it
@@ -309,11 +309,11 @@ def test_each_rank_is_accounted_on_its_own_window_with_graph_replays_charged(tmp
     r1 = ranks[1]
     assert abs(r1.slowdown_ms - r0.slowdown_ms) < 1e-9 and abs(r1.host_delta_ms - 50 * 4e-3) < 1e-6
     assert abs(r1.explained_ms + r1.host_delta_ms - r1.slowdown_ms) < 1e-6  # calls and host: the whole window
-    assert account.straggler(ranks).rank == 1
-    text = account.render_ranks(ranks, notes)
+    assert account_ranks.straggler(ranks).rank == 1
+    text = account_ranks.render_ranks(ranks, notes)
     assert all(len(l) <= 120 for l in text.splitlines()), text
     assert "straggler: rank 1" in text and "ncclAllReduce 200 operations (200 replayed from CUDA graphs)" in text
-    rows = {(r.test, r.metric, r.params.get("rank"), r.params.get("kind")): r for r in account.rank_rows(ranks)}
+    rows = {(r.test, r.metric, r.params.get("rank"), r.params.get("kind")): r for r in account_ranks.rank_rows(ranks)}
     assert abs(rows[("account.rank", "slowdown", 0, None)].median - r0.slowdown_ms) < 1e-9
     assert abs(rows[("account.rank", "calls", 0, "collective")].median - 2.5) < 1e-6
     assert abs(rows[("account.rank", "explained", 0, None)].median - r0.explained_ms) < 1e-9
@@ -322,7 +322,7 @@ def test_each_rank_is_accounted_on_its_own_window_with_graph_replays_charged(tmp
 def test_without_marks_the_window_is_first_to_last_collective(tmp_path):
     two_ranks(tmp_path / "n", 0, 100, 1000, marks=False)
     two_ranks(tmp_path / "c", 12.5, 153, 900_000, marks=False, profile="b300", emulate=1)
-    ranks, _ = account.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
+    ranks, _ = account_ranks.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
     assert {a.window for a in ranks} == {"collectives"}
     # the window runs from the first replay to the last: 49 steps of 53 us more (the last readback is after it)
     assert abs(ranks[0].slowdown_ms - 49 * 53e-3) < 1e-6
@@ -331,17 +331,17 @@ def test_without_marks_the_window_is_first_to_last_collective(tmp_path):
 def test_a_rank_that_did_not_slow_down_gets_one_plain_line_and_no_shares(tmp_path):
     two_ranks(tmp_path / "n", 0, 100, 1000)
     two_ranks(tmp_path / "c", 0, 90, 1000, profile="b300", emulate=1)  # faster: a negative slowdown
-    ranks, _ = account.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
+    ranks, _ = account_ranks.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
     assert all(a.slowdown_ms < 0 and not a.measurable for a in ranks)
     assert all(x.share == 0 for a in ranks for x in a.lines)
-    text = account.render_ranks(ranks, [])
+    text = account_ranks.render_ranks(ranks, [])
     assert text.count("no measurable slowdown: no shares") == 2 and "%" not in text
 
 
 def test_a_single_process_trace_is_not_a_multi_process_job(tmp_path):
     write_trace(tmp_path / "one", [(0.0, 5, "cuLaunchKernel", "launch", "", "", 0, 0, 0)])
     one = trace.summarize(str(tmp_path / "one"))
-    assert not account.multi_process(one, one) and one.procs[0].rank is None
+    assert not account_ranks.multi_process(one, one) and one.procs[0].rank is None
 
 
 def test_a_jobs_ranks_share_the_span_all_of_them_are_in(tmp_path):
@@ -368,7 +368,7 @@ def test_a_jobs_ranks_share_the_span_all_of_them_are_in(tmp_path):
     for t in (base, other):
         spans = {p.rank: p.spans for p in t.procs}
         assert spans[0] == spans[1] and spans[0][0][0] == 300_000  # rank 1's begin, in ns
-    ranks, _ = account.per_rank(base, other)
+    ranks, _ = account_ranks.per_rank(base, other)
     assert ranks[0].base_ms == ranks[1].base_ms == 1.0 and ranks[0].slowdown_ms == ranks[1].slowdown_ms
     d2h = next(x for x in ranks[0].lines if x.api == "cuMemcpyDtoHAsync_v2")
     assert d2h.calls == (9, 9)  # the straddling readback's call is not counted, only its 100 us in the window
@@ -392,11 +392,11 @@ def test_a_rank_whose_host_work_grew_is_named_not_charged_to_a_toll(tmp_path):
     host speed differed between the runs, naming rank 1 alone."""
     two_ranks(tmp_path / "n", 0, 100, 1000)
     two_ranks(tmp_path / "c", 12.5, 153, 1000, slow_rank_us=100, profile="b300", emulate=1)
-    ranks, notes = account.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
+    ranks, notes = account_ranks.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
     r0, r1 = ranks
     assert abs(r1.host_delta_ms - 50 * 0.1) < 1e-6 and abs(r0.host_delta_ms) < 1e-6
-    assert [account.host_moved(a) for a in ranks] == [False, True] and account.straggler(ranks).rank == 1
-    text = account.render_ranks(ranks, notes)
+    assert [account_ranks.host_moved(a) for a in ranks] == [False, True] and account_ranks.straggler(ranks).rank == 1
+    text = account_ranks.render_ranks(ranks, notes)
     assert "changed between the runs, which no toll does by itself: rank 1 0.15 -> 5.15 ms;" in text.replace("\n  ", " ")
     assert "or a wait moved: BASE waited for its GPU or its peers outside traced calls" in text.replace("\n  ", " ")
     assert all(len(l) <= 120 for l in text.splitlines())
@@ -450,10 +450,10 @@ def test_two_jobs_of_one_size_in_a_trace_are_each_compared_with_their_own_twin(t
                 (prefix.parent / f"{prefix.name}.{pid}.summary.json").write_text(
                     f'{{"pid": {pid}, "calls": {{}}, "crossings": {{}}, "rank": {rank}, "ranks": 2}}\n')
     base, other = trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c"))
-    ranks, notes = account.per_rank(base, other)
+    ranks, notes = account_ranks.per_rank(base, other)
     assert notes == [] and [a.name for a in ranks] == ["0/2.1", "1/2.1", "0/2.2", "1/2.2"]
     assert all(abs(a.slowdown_ms - 0.5) < 1e-9 for a in ranks)
-    every = account.overall(base, other, ranks)
+    every = account_ranks.overall(base, other, ranks)
     assert abs(every.slowdown_ms - 2.0) < 1e-9 and abs(every.host_delta_ms) < 1e-6
 
 
@@ -466,7 +466,7 @@ def test_a_ranks_wait_for_a_later_peer_is_named_peers_and_taken_from_what_its_ca
         toll = 12.5 if extra else 0.0
         write_rank(prefix, 0, 100, 50, toll, 100 + 4 * toll + extra, 1000, **prof)
         write_rank(prefix, 1, 101, 50, toll, 100 + 4 * toll, 1000, prep_us=extra, **prof)
-    ranks, _ = account.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
+    ranks, _ = account_ranks.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
     r0, r1 = ranks
     for a in ranks:
         assert abs(a.slowdown_ms - 50 * 0.15) < 0.01 * 0.15, a.slowdown_ms  # the window: whole steps of both ranks
@@ -474,14 +474,14 @@ def test_a_ranks_wait_for_a_later_peer_is_named_peers_and_taken_from_what_its_ca
         assert abs(a.explained_ms + a.peers_delta_ms + a.host_delta_ms - a.slowdown_ms) < 1e-6
     assert abs(r0.peers_delta_ms - 49 * 0.1) < 0.11 and r0.peer_ms[0] == 0 and abs(r0.host_delta_ms) < 0.01
     assert r1.peer_ms == (0.0, 0.0) and abs(r1.host_delta_ms - 49 * 0.1) < 0.11
-    every = ranks + [account.overall(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")),
+    every = ranks + [account_ranks.overall(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")),
                                      ranks)]
-    text = account.render_ranks(every, [])
+    text = account_ranks.render_ranks(every, [])
     assert all(len(line) <= 120 for line in text.splitlines()), text
     head = next(line for line in text.splitlines() if line.lstrip().startswith("rank window")).split()
     row0 = next(line for line in text.splitlines() if line.lstrip().startswith("0 marks")).split()
     assert head[-2:] == ["peers", "host"] and row0[-2] == f"{r0.peers_delta_ms / r0.slowdown_ms:.0%}"
-    rows = {(r.metric, r.params.get("rank")): r for r in account.rank_rows(every)}
+    rows = {(r.metric, r.params.get("rank")): r for r in account_ranks.rank_rows(every)}
     assert rows[("peers", 0)].median == r0.peers_delta_ms and rows[("peers", 0)].extra["other_ms"] > 4.8
     assert abs(rows[("peers", "all")].median - r0.peers_delta_ms) < 1e-9
 
@@ -542,14 +542,14 @@ def test_three_ranks_that_began_apart_each_wait_for_the_last_hand_off_of_each_st
             (prefix.parent / f"{prefix.name}.{100 + r}.summary.json").write_text(
                 f'{{"pid": {100 + r}, "calls": {{}}, "crossings": {{}}, "rank": {r}, "ranks": 3}}\n')
     base, other = trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c"))
-    ranks, notes = account.per_rank(base, other)
+    ranks, notes = account_ranks.per_rank(base, other)
     assert notes == [] and [a.rank for a in ranks] == [0, 1, 2]
     for a, wait_us in zip(ranks, (60, 30, 0)):
         assert a.peer_ms[0] == 0 and abs(a.peers_delta_ms - (steps - 1) * wait_us / 1e3) < 1e-6, (a.rank, a.peer_ms)
         # within one step: an early rank's first readback, from the common begin on, stays in its calls
         assert abs(a.explained_ms - (steps - 1) * 50 / 1e3) <= 0.110 + 1e-6, (a.rank, a.explained_ms)
         assert abs(a.explained_ms + a.peers_delta_ms + a.host_delta_ms - a.slowdown_ms) < 1e-6
-    whole = account.overall(base, other, ranks)
+    whole = account_ranks.overall(base, other, ranks)
     assert abs(whole.peers_delta_ms - (steps - 1) * 90 / 1e3) < 1e-6
 
 
@@ -589,13 +589,13 @@ def test_an_eager_job_gets_its_peers_from_its_waits_and_a_note_that_says_how(tmp
     us = lambda ns: round(ns / 1e3, 3)  # noqa: E731 - the trace's ns as the test's us
     assert [us(p.peers_ns) for p in base.procs] == [30 * steps, 0]  # rank 1's readback: each step's least
     assert [us(p.peers_ns) for p in other.procs] == [0, 10 * steps]  # rank 0's now
-    ranks, notes = account.per_rank(base, other)
+    ranks, notes = account_ranks.per_rank(base, other)
     assert len(notes) == 1 and notes[0].startswith("peers of job 2, eager collectives: matched by collective")
     for a, peers, host in zip(ranks, (-30, 10), (40, 0)):
         assert abs(a.slowdown_ms - 95 * steps / 1e3) < 1e-3
         assert abs(a.explained_ms - 85 * steps / 1e3) < 1e-3, (a.rank, a.explained_ms)  # 30 + 40 + 15: its tolls
         assert abs(a.peers_delta_ms - peers * steps / 1e3) < 1e-3 and abs(a.host_delta_ms - host * steps / 1e3) < 1e-3
-    text = account.render_ranks(ranks, notes)
+    text = account_ranks.render_ranks(ranks, notes)
     row0 = next(line for line in text.splitlines() if line.lstrip().startswith("0 marks")).split()
     assert row0[-2] == "-32%" and "matched by collective" in text and all(len(x) <= 120 for x in text.splitlines())
 

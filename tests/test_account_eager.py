@@ -4,7 +4,7 @@ beyond the least blocked rank's), so what every rank waits alike cancels (its ow
 its GPU hid). The cases two independent reviews built against the earlier definitions (session 14: from the tolls,
 then by the k-th blocking call of a kind): each read wrong under one of them."""
 
-from ccbridge import account
+from ccbridge import account_ranks
 from ccbridge.emulate import runs, trace
 from test_account import eager_job, two_ranks, write_trace
 
@@ -30,7 +30,7 @@ def _job(prefix, emu, step, steps=20):
 def _ranks(tmp_path, step):
     _job(tmp_path / "n", 0, step)
     _job(tmp_path / "c", 1, step)
-    return account.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
+    return account_ranks.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
 
 
 def _gpu_bound(emu, rank, t):
@@ -142,7 +142,7 @@ def _rank_file(prefix, rank, lines, emu, in_time=True):
 def _sides(tmp_path, build):
     for emu, side in ((0, "n"), (1, "c")):
         build(tmp_path / side, emu)
-    return account.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
+    return account_ranks.per_rank(trace.summarize(str(tmp_path / "n")), trace.summarize(str(tmp_path / "c")))
 
 
 def _two_threads(prefix, emu, steps=20):
@@ -243,7 +243,7 @@ def test_sends_whose_counts_differ_between_ranks_are_left_out_and_the_collective
 def test_sides_whose_peers_were_had_in_two_ways_are_not_compared(tmp_path):
     two_ranks(tmp_path / "g", 0, 100, 1000)  # graph-launched steps
     eager_job(tmp_path / "e", 1)  # eager collectives
-    ranks, notes = account.per_rank(trace.summarize(str(tmp_path / "g")), trace.summarize(str(tmp_path / "e")))
+    ranks, notes = account_ranks.per_rank(trace.summarize(str(tmp_path / "g")), trace.summarize(str(tmp_path / "e")))
     assert all(a.peer_ms is None for a in ranks)
     assert "peers of job 2: not compared (BASE's and OTHER's were had in two ways: graph-launched steps in one, its " \
         "eager collectives in the other)" in notes

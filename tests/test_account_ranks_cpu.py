@@ -80,7 +80,7 @@ def test_a_job_that_did_not_slow_down_gets_no_shares(job):
 
 def test_jobs_of_two_sizes_in_one_trace_pair_each_rank_with_its_own_twin():
     """bench decode --tp 2 4 starts a job of 2 ranks, then one of 4: each has a rank 0, compared apart."""
-    from ccbridge import account
+    from ccbridge import account_ranks
 
     def traced(extra_ms):
         t = trace.TraceSummary()
@@ -88,9 +88,9 @@ def test_jobs_of_two_sizes_in_one_trace_pair_each_rank_with_its_own_twin():
                                       trace.TraceSummary()) for w in (2, 4) for r in range(w)]
         return t
 
-    ranks_, notes = account.per_rank(traced(0), traced(5))
+    ranks_, notes = account_ranks.per_rank(traced(0), traced(5))
     assert notes == [] and [a.name for a in ranks_] == ["0/2", "1/2", "0/4", "1/4", "2/4", "3/4"]
     assert [a.base_ms for a in ranks_] == [20, 21, 40, 41, 42, 43] and all(a.slowdown_ms == 5 for a in ranks_)
-    assert account.overall(traced(0), traced(5), ranks_).slowdown_ms == 30
-    table = account.render_ranks(ranks_ + [account.overall(traced(0), traced(5), ranks_)], notes, None)
+    assert account_ranks.overall(traced(0), traced(5), ranks_).slowdown_ms == 30
+    table = account_ranks.render_ranks(ranks_ + [account_ranks.overall(traced(0), traced(5), ranks_)], notes, None)
     assert "  3/4 marks" in table and all(len(line) <= 120 for line in table.splitlines()), table

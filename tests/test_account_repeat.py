@@ -4,7 +4,7 @@
 import json
 from pathlib import Path
 
-from ccbridge import account, cli, results
+from ccbridge import account_ranks, cli, results
 from ccbridge.emulate import launcher, runs, trace
 from test_account import decode_loop, eager_job, two_ranks
 
@@ -21,10 +21,10 @@ def host_moved_runs(tmp_path):
 
 def test_summed_runs_average_a_host_that_moved_each_way(tmp_path):
     pairs = host_moved_runs(tmp_path)
-    each = [{a.rank: a for a in account.per_rank(b, o)[0]} for b, o in pairs]
+    each = [{a.rank: a for a in account_ranks.per_rank(b, o)[0]} for b, o in pairs]
     (base, bnotes), (other, onotes) = runs.merge([p[0] for p in pairs]), runs.merge([p[1] for p in pairs])
-    assert bnotes == onotes == [] and account.multi_process(base, other)
-    ranks, notes = account.per_rank(base, other)
+    assert bnotes == onotes == [] and account_ranks.multi_process(base, other)
+    ranks, notes = account_ranks.per_rank(base, other)
     assert [a.rank for a in ranks] == [0, 1] and {a.window for a in ranks} == {"marks"}
     share = {a.rank: a.explained_ms / a.slowdown_ms for a in ranks}
     one, two = (each[i][1].explained_ms / each[i][1].slowdown_ms for i in (0, 1))
@@ -37,10 +37,10 @@ def test_summed_runs_average_a_host_that_moved_each_way(tmp_path):
         assert abs(a.other_ms - sum(e[a.rank].other_ms for e in each)) < 1e-9
         ar = next(x for x in a.lines if x.api == "ncclAllReduce")
         assert ar.calls == (400, 400) and ar.replays == 400  # 2 runs x 50 steps x 4 replays
-    whole = account.overall(base, other, ranks)
+    whole = account_ranks.overall(base, other, ranks)
     assert abs(whole.slowdown_ms - sum(a.slowdown_ms for a in ranks)) < 1e-9 and abs(whole.host_delta_ms) < 0.01
-    assert not any(account.host_moved(a) for a in ranks)  # each run alone names rank 1
-    assert [account.host_moved(e[1]) for e in each] == [True, True]
+    assert not any(account_ranks.host_moved(a) for a in ranks)  # each run alone names rank 1
+    assert [account_ranks.host_moved(e[1]) for e in each] == [True, True]
 
 
 def test_a_rank_missing_from_a_run_and_peers_one_run_measured_are_not_summed(tmp_path):
@@ -64,7 +64,7 @@ def test_an_eager_jobs_matched_peers_are_summed_over_the_runs(tmp_path):
     (base, _), (other, _) = runs.merge(sides[0]), runs.merge(sides[1])
     assert [p.peers_how for p in base.procs + other.procs] == ["waits"] * 4
     assert [p.peers_ns for p in base.procs] == [sum(t.procs[r].peers_ns for t in sides[0]) for r in (0, 1)]
-    ranks, notes = account.per_rank(base, other)
+    ranks, notes = account_ranks.per_rank(base, other)
     assert notes[0].startswith("peers of job 2, eager collectives: matched by collective")
     for a in ranks:  # 30 steps of 85 us of tolls each
         assert abs(a.explained_ms - 30 * 85 / 1e3) < 1e-3 and abs(a.slowdown_ms - 30 * 95 / 1e3) < 1e-3

@@ -201,8 +201,8 @@ def test_the_scan_sees_the_package():
 
 
 # The layers of README's Development section, top first: an import may point down or within a layer, never up.
-COMMANDS = {"probe", "emulate", "serve", "secure", "load", "report", "advise", "advise_mgpu", "account", "compare",
-            "attest", "tenants"}
+COMMANDS = {"probe", "emulate", "serve", "secure", "load", "report", "advise", "advise_mgpu", "account",
+            "account_ranks", "compare", "attest", "tenants"}
 ENTRY_POINTS = {"ccbridge": "ccbridge.load", "ccbridge.__main__": "ccbridge.cli"}  # the lazy facade, `python -m`
 
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ccbridge import account, env, environ, ui
+from ccbridge import account, account_ranks, env, environ, ui
 from ccbridge.bindings import core
 from ccbridge.cli.args import add_set, command, integer, what_if
 from ccbridge.cli.reports import write_reports, wrote
@@ -84,7 +84,7 @@ def cmd_account(args) -> int:
     emulated_as, settings = _settings(args, base, other, pairs, rest, proj)
     summed = _Runs(each, runs_at, out if prof else None, list(dict.fromkeys(both[0][1] + both[1][1])))
     cold = _cold_start(each, runs_at, args.warmup) if where else None
-    if account.multi_process(base, other):
+    if account_ranks.multi_process(base, other):
         return _account_ranks(args, base, other, where, prof, out, emulated_as, settings, summed, cold)
     of, base_s = _share_of(base, other, walls, where)
     shares = account.measurable(of, base_s)  # a slowdown within noise (or none) gets no shares
@@ -245,8 +245,8 @@ class _Runs:
                 net = account.net_in_calls_s(account.attribute(b, o, *walls, share_of_s=of)[0])
                 out.setdefault("all", []).append(net / of if account.measurable(of, base_s) else None)
                 continue
-            mine = account.per_rank(b, o)[0]
-            mine = {(a.job, a.rank): a for a in mine + ([account.overall(b, o, mine)] if mine else [])}
+            mine = account_ranks.per_rank(b, o)[0]
+            mine = {(a.job, a.rank): a for a in mine + ([account_ranks.overall(b, o, mine)] if mine else [])}
             for a in ranks:
                 got = mine.get((a.job, a.rank))
                 out.setdefault(a.name, []).append(got.explained_ms / got.slowdown_ms if got and got.measurable
@@ -296,12 +296,12 @@ def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str |
                    summed: _Runs, cold: str | None) -> int:
     """A job of several ranks: each rank on its job's steady-state window, then all of them summed; the start-up
     and teardown phases apart, never in the shares. Several runs: each rank's windows and calls summed over them."""
-    ranks, notes = account.per_rank(base, other)
+    ranks, notes = account_ranks.per_rank(base, other)
     notes = summed.notes + notes
     if not ranks:
         raise UsageError("no rank of the job could be compared" + (f": {notes[0]}" if notes else ""))
-    every = ranks + [account.overall(base, other, ranks)]
-    rows = account.rank_rows(every) + _noted([Row.of("account.phase", "slowdown", "s", [v], phase=k)
+    every = ranks + [account_ranks.overall(base, other, ranks)]
+    rows = account_ranks.rank_rows(every) + _noted([Row.of("account.phase", "slowdown", "s", [v], phase=k)
                                               for k, v in where.items()], cold)
     rows += summed.rows(every)
     res = Result(kind="account", env=env.stamp(), settings=dict(settings, ranks=[a.rank for a in ranks]), rows=rows)
@@ -310,7 +310,7 @@ def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str |
         print(f"EMULATED: OTHER ran under the emulator (profile {emulated_as}); no figure below is a CC hardware "
               "measurement")
     factor = prof.params["mgpu_launch_factor"].value if prof else None
-    print("\n".join([account.render_ranks(every, notes, factor)] + summed.text(every)))
+    print("\n".join([account_ranks.render_ranks(every, notes, factor)] + summed.text(every)))
     if where:
         runs = " (the runs summed)" if len(summed.each) > 1 else ""
         print(f"outside the windows, not in any share{runs}: " +

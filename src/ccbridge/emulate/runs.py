@@ -3,7 +3,7 @@
 On a host whose speed moves from one process to the next (a KVM guest's cores: +-30% between processes, even
 pinned), a rank's host work grows or shrinks between one BASE run and one OTHER run by chance, and a single pair
 cannot tell that from the emulator's cost. Summed over K runs a side, each rank's host speed averages over K
-processes. Each rank is matched across the runs by its job's key and its rank (as account.per_rank pairs BASE's
+processes. Each rank is matched across the runs by its job's key and its rank (as account_ranks.per_rank pairs BASE's
 with OTHER's); its windows' lengths and its windowed calls are summed, its waits for its peers where every run
 measured them. The whole traces' calls, sites and spans are summed too, for a command of one process.
 """
