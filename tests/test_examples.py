@@ -53,3 +53,20 @@ def test_the_ddp_sample_accounts_each_rank_over_its_marked_steps(tmp_path, capsy
 def test_trace_summarises_a_sample(capsys):
     assert main(["trace", str(TRACES / "decode-h200" / "emulated")]) == 0
     assert "EMULATED trace: 1 process(es) (b300)" in capsys.readouterr().out
+
+
+def _advice(tmp_path, sample: str, capsys) -> list[dict]:
+    _account(tmp_path, sample, capsys)
+    assert main(["advise", str(tmp_path / sample / "result.json"), "--json", str(tmp_path / "advice.json")]) == 0
+    capsys.readouterr()
+    return json.loads((tmp_path / "advice.json").read_text())["advice"]
+
+
+def test_advice_on_the_ddp_sample_reads_its_collectives_size_from_the_ranks(tmp_path, capsys):
+    advice = _advice(tmp_path, "ddp-h200x2", capsys)
+    coll = [a for a in advice if "ncclAllReduce" in a["why"]]
+    assert coll and all("of ?" not in a["why"] for a in coll)
+    assert all("64.0 MiB each" in a["why"] for a in coll), coll[0]["why"]
+    # 64 MiB an operation is bandwidth-bound: overlap it, not larger DDP buckets against a per-operation toll
+    assert any("overlap collectives" in a["setting"] for a in coll)
+    assert not any("bucket_cap_mb" in a["setting"] for a in coll)

@@ -257,15 +257,20 @@ def rows(lines: list[Line], wall_s: float, site_lines: list[Line] = (), where: d
             if x.moved_ms:
                 out.append(Row.of(test, "waits_moved", "ms", [x.moved_ms], **p))
             if x.kind == "collective":
-                out.append(Row.of(test, "gpu_time", "ms", [x.device_ms[1]], **p))
-                out[-1].extra["base_ms"] = x.device_ms[0]
-                out.append(Row.of(test, "payload_per_op", "B", [x.bytes / x.calls[1] if x.calls[1] else 0.0], **p))
+                out += collective_rows(test, x, p)
             out += [Row.of(test, "per_call_base", "us", [x.per_call_us(0)], **p),
                     Row.of(test, "per_call_other", "us", [x.per_call_us(1)], **p),
                     Row.of(test, "share_of_slowdown", "fraction", [x.share], **p)]
             out[-1].extra["recovery"] = x.recovery
             out[-1].extra["calls"] = list(x.calls)
     return out
+
+
+def collective_rows(test: str, x: Line, params: dict) -> list[Row]:
+    """A collective's evidence beside its share: its device time (OTHER's; BASE's in extra) and payload per op."""
+    gpu = Row.of(test, "gpu_time", "ms", [x.device_ms[1]], **params)
+    gpu.extra["base_ms"] = x.device_ms[0]
+    return [gpu, Row.of(test, "payload_per_op", "B", [x.bytes / x.calls[1] if x.calls[1] else 0.0], **params)]
 
 
 NOISE = 0.01  # a window's slowdown within this fraction of its base window (or NOISE_MS) is no slowdown

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ccbridge.account import Line, compared, measurable, recovery_name
+from ccbridge.account import Line, collective_rows, compared, measurable, recovery_name
 from ccbridge.emulate import runs, trace
 from ccbridge.emulate.trace import TraceSummary
 from ccbridge.results import Row
@@ -180,6 +180,8 @@ def rank_rows(ranks: list[RankAccount]) -> list[Row]:
             out.append(Row.of("account.rank_api", "delta", "ms", [x.delta_ms], **q))
             out[-1].extra.update(calls=list(x.calls), share=x.share if a.measurable else None,
                                  recovery=x.recovery, replays=x.replays)
+            if x.kind == "collective":  # its size and device time, as a one-process account gives them
+                out += collective_rows("account.rank_api", x, q)
     return out
 
 

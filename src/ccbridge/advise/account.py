@@ -110,7 +110,9 @@ def collectives(inp: Input, add: Add, shares: list[Row], total: Row | None) -> N
     res = inp.result
     for r in shares:
         p = r.params
-        same = [x for x in res.by_test("account.api") if x.params == p]
+        # beside it: account.api's rows of its params, or (a job's ranks) account.rank_api's of all ranks
+        same = [x for x in res.by_test("account.api") if x.params == p] + \
+            [x for x in res.by_test("account.rank_api") if x.params == dict(p, rank="all")]
         gpu = next((x for x in same if x.metric == "gpu_time"), None)
         size = next((x for x in same if x.metric == "payload_per_op"), None)
         calls = (r.extra.get("calls") or [0, 0])[-1]
