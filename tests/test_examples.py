@@ -62,6 +62,14 @@ def _advice(tmp_path, sample: str, capsys) -> list[dict]:
     return json.loads((tmp_path / "advice.json").read_text())["advice"]
 
 
+def test_advice_on_the_decode_sample_gives_each_setting_once_for_both_launch_apis(tmp_path, capsys):
+    advice = _advice(tmp_path, "decode-h200", capsys)
+    settings = [(a["stack"], a["setting"]) for a in advice]
+    assert len(settings) == len(set(settings)), settings  # one line a setting, not one a launch API
+    graphs = [a for a in advice if a["stack"] == "vLLM" and "CUDA graphs" in a["setting"]]
+    assert len(graphs) == 1 and "cuLaunchKernel (launch) and cuLaunchKernelEx (launch): 38%" in graphs[0]["why"]
+
+
 def test_advice_on_the_ddp_sample_reads_its_collectives_size_from_the_ranks(tmp_path, capsys):
     advice = _advice(tmp_path, "ddp-h200x2", capsys)
     coll = [a for a in advice if "ncclAllReduce" in a["why"]]

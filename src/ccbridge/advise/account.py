@@ -18,6 +18,7 @@ MIN_SHARE = 0.05
 NO_SLOWDOWN_MS = 0.05
 DDP_DEFAULT_MB = 25  # torch DDP's bucket_cap_mb default
 DDP_BUCKET_MB = 100  # where to start instead: 4x fewer all-reduces, each 4x larger
+KIND_DIR_MEM = ("kind", "dir", "mem")
 
 
 def check(inp: Input) -> None:
@@ -54,28 +55,36 @@ def advise(inp: Input) -> list[Advice]:
             brief=f"slowdown {total.median * 1e3:.1f} ms")
         return out
     cc_answers(inp, add)
-    shares = [r for r in rank_shares or res.by_test("account.api")
-              if r.metric == "share_of_slowdown" and r.median >= MIN_SHARE]
-    shares = sorted(shares, key=lambda r: -r.median)[:TOP_ACCOUNT]
-    if not shares:
+    shares = [r for r in rank_shares or res.by_test("account.api") if r.metric == "share_of_slowdown"]
+    # one recovery, one line: the APIs it recovers (cuLaunchKernel and cuLaunchKernelEx) summed; a collective
+    # stays a line of its own (its advice depends on its size)
+    groups: dict[str, list[Row]] = {}
+    for r in shares:
+        key = f"collective {id(r)}" if r.params.get("kind") == "collective" else str(r.extra.get("recovery", ""))
+        groups.setdefault(key, []).append(r)
+    groups = {k: g for k, g in groups.items() if sum(r.median for r in g) >= MIN_SHARE}
+    top = sorted(groups.values(), key=lambda g: -sum(r.median for r in g))[:TOP_ACCOUNT]
+    if not top:
         add("all", "no change: no call family explains 5% of the slowdown",
             f"{state(inp)}; largest shares under {MIN_SHARE:.0%}", *([total] if total else []))
         return out
     at_sites = [x for x in res.by_test("account.site") if x.metric == "share_of_slowdown"]
-    collectives(inp, add, [r for r in shares if r.params.get("kind") == "collective"], total)
-    for r in (r for r in shares if r.params.get("kind") != "collective"):
-        p = r.params
-        what = f"{p.get('api')} ({'/'.join(x for x in (p.get('kind'), p.get('dir'), p.get('mem')) if x)})"
-        # where in the program: the call sites of this API that explain most of the slowdown
-        where = sorted((x for x in at_sites if all(x.params.get(k) == p.get(k) for k in ("api", "dir", "mem"))
-                        and x.median >= MIN_SHARE), key=lambda x: -x.median)[:2]
-        why = (f"{what}: {r.median:.0%} of the slowdown"
-               + (f" ({total.median * 1e3:.1f} ms)" if total else "")
-               + "".join(f"; {x.median:.0%} at {x.params['site']}" for x in where)
-               + f"; {r.extra.get('recovery', '')}")
-        brief = f"{r.median:.0%} of slowdown" + (f" ({total.median * 1e3:.1f} ms)" if total else "")
-        for stack, setting in stacks(str(r.extra.get("recovery", ""))):
-            add(stack, setting, why, *([r] + where + ([total] if total else [])), brief=brief)
+    collectives(inp, add, [g[0] for g in top if g[0].params.get("kind") == "collective"], total)
+    for group in (g for g in top if g[0].params.get("kind") != "collective"):
+        share, recovery = sum(r.median for r in group), str(group[0].extra.get("recovery", ""))
+        # "-": no direction or memory kind (a launch)
+        whats = [f"{r.params.get('api')} ({'/'.join(r.params[k] for k in KIND_DIR_MEM if r.params.get(k, '-') != '-')})"
+                 for r in group]
+        # where in the program: the call sites of these APIs that explain most of the slowdown
+        where = sorted((x for x in at_sites for r in group if x.median >= MIN_SHARE
+                        and all(x.params.get(k) == r.params.get(k) for k in ("api", "dir", "mem"))),
+                       key=lambda x: -x.median)[:2]
+        of = f" ({total.median * 1e3:.1f} ms)" if total else ""
+        why = (f"{' and '.join(whats)}: {share:.0%} of the slowdown{of}"
+               + "".join(f"; {x.median:.0%} at {x.params['site']}" for x in where) + f"; {recovery}")
+        for stack, setting in stacks(recovery):
+            add(stack, setting, why, *(group + where + ([total] if total else [])),
+                brief=f"{share:.0%} of slowdown{of}")
     return out
 
 
