@@ -25,6 +25,8 @@ def main() -> None:
     if "LOCAL_RANK" not in os.environ:
         raise SystemExit("ddp_steps: run it under torchrun (torchrun --nproc-per-node N examples/ddp_steps.py)")
     rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.device_count() <= rank:
+        raise SystemExit(f"ddp_steps: rank {rank} needs GPU {rank}; torch sees {torch.cuda.device_count()} GPU(s)")
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl")
     torch.manual_seed(0)
