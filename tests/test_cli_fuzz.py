@@ -15,6 +15,7 @@ The cases need no GPU: argument checks run before the GPU is looked for.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -217,7 +218,8 @@ EXISTS = "{d}/good.json exists: remove it or name another file"  # a result file
 
 # (argv with {d} for the fixture folder, expected fragment of the one stderr line[, extra]).
 # extra: absent = paths that must not exist after the case; skip = a precondition callable; wide = why the line
-# may pass 120 columns for now; env = variables the command runs with (input too).
+# may pass 120 columns for now; env = variables the command runs with (input too); stdin = a file of the fixture
+# folder ({d}/NAME) the command's standard input is opened on, read-only.
 CASES = [
     # every subcommand, argparse's own errors included, says which subcommand it was
     (["env", "--bogus"], "unrecognized arguments: --bogus (see ccbridge env --help)"),
@@ -669,6 +671,11 @@ CASES = [
     (["load", "--bench", "--device", "cpu", "--json", "{d}/good.json", "{d}/ok.safetensors"], f"--json {EXISTS}"),
     (["advise", "{d}/emu_h200.json", "--json", "{d}/good.json"], f"--json {EXISTS}"),
     (["plan-tenants", "--request", "1", "--json", "{d}/good.json"], f"--json {EXISTS}"),
+    # this process's own descriptor is judged by how it was opened, before the work (not by the file it leads to)
+    (["advise", "{d}/good.json", "--json", "/dev/fd/9"], "--json /dev/fd/9: not open"),  # none is passed on
+    (["plan-tenants", "--request", "1", "--json", "/proc/self/fd/9"], "--json /proc/self/fd/9: not open"),
+    (["advise", "{d}/good.json", "--json", "/dev/fd/0"], "--json /dev/fd/0: not open for writing",
+     {"stdin": "{d}/p_text.json"}),
     (["attest", "--nonce", bytes(range(32)).hex(), "--out", "{d}/good.json"], f"--out {EXISTS}"),
     (["run", "--profile", "b300", "--coverage", "{d}/good.json", "--", "true"], f"--coverage {EXISTS}"),
 ]
@@ -691,10 +698,13 @@ def _tree(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_size if p.is_file() else -1 for p in root.rglob("*")}
 
 
-def run_cli(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """The CLI as a user runs it, in a terminal wider than any line may be (its lines must fit 120 columns)."""
-    return subprocess.run([sys.executable, "-m", "ccbridge.cli", *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env={**os.environ, "COLUMNS": "250", **(env or {})})
+def run_cli(argv: list[str], cwd: Path, env: dict[str, str] | None = None,
+            stdin: str | None = None) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it, in a terminal wider than any line may be (its lines must fit 120 columns); stdin:
+    a file its standard input is opened on (read-only)."""
+    with open(stdin, "rb") if stdin else contextlib.nullcontext() as given:
+        return subprocess.run([sys.executable, "-m", "ccbridge.cli", *argv], cwd=cwd, capture_output=True, text=True,
+                              timeout=TIMEOUT_S, env={**os.environ, "COLUMNS": "250", **(env or {})}, stdin=given)
 
 
 def _benches() -> set[str]:
@@ -713,7 +723,7 @@ def test_bad_input_is_one_clear_line(d, case):
     argv = [a.replace("{d}", str(d)) for a in argv]
     fragment = fragment.replace("{d}", str(d))
     before = _tree(d)
-    r = run_cli(argv, d, extra.get("env"))
+    r = run_cli(argv, d, extra.get("env"), extra.get("stdin", "").replace("{d}", str(d)) or None)
     lines = r.stderr.splitlines()
     assert "Traceback" not in r.stdout + r.stderr, r.stderr
     assert r.returncode == 2, r.stderr

@@ -177,3 +177,53 @@ def test_a_result_saved_to_a_descriptor_of_a_file_is_written_at_its_offset(tmp_p
     text = path.read_text()
     assert text.startswith("before\n") and text.endswith("}\nafter\n"), text
     assert json.loads(text[len("before\n"):-len("after\n")])["kind"] == "cipher"
+
+
+def test_a_descriptor_named_as_a_result_file_is_judged_by_how_it_was_opened_before_the_work(tmp_path):
+    """os.access judged the file a descriptor leads to: `--json /dev/fd/5 5<file` ran the work, then failed "Bad
+    file descriptor" (no path); `--json /dev/stdout >&-` was taken for a new file, the work ran, then "No such file
+    or directory: /dev/stdout". Now one line naming the option and the path, exit 2, before any work."""
+    argv = _TABLE_AND_JSON["advise"]
+    read_only = tmp_path / "input.txt"
+    read_only.write_text("kept\n")
+    for name, tail, why in (("/dev/fd/5", f"5< '{read_only}'", "not open for writing"),
+                            ("/proc/self/fd/5", f"5< '{read_only}'", "not open for writing"),
+                            ("/dev/fd/5", "", "not open"), ("/dev/stdout", ">&-", "not open")):
+        r = _ccbridge(argv + ["--json", name], tail)
+        assert r.returncode == 2 and r.stdout == "", (name, tail, r.stdout[:200], r.stderr)
+        assert r.stderr == f"ccbridge advise: --json {name}: {why}\n", (name, tail, r.stderr)
+    assert read_only.read_text() == "kept\n"
+    fd = os.open(read_only, os.O_RDONLY)
+    try:
+        with pytest.raises(UsageError, match=f"^--json /dev/fd/{fd}: not open for writing$"):
+            ui.writable_file(f"/dev/fd/{fd}", "--json")
+    finally:
+        os.close(fd)
+    with pytest.raises(UsageError, match=f"^--json /dev/fd/{fd}: not open$"):
+        ui.writable_file(f"/dev/fd/{fd}", "--json")
+    both = os.open(read_only, os.O_RDWR)  # open for writing (5<>file): taken, as 5>file is
+    try:
+        assert ui.writable_file(f"/dev/fd/{both}", "--json") == Path(f"/dev/fd/{both}")
+    finally:
+        os.close(both)
+
+
+def test_a_late_write_error_names_the_path(tmp_path):
+    """A write that fails after the checks (the reader of a /dev/fd/N pipe gone, a descriptor closed since) ended
+    "ccbridge advise: Broken pipe" or "Bad file descriptor", without the path."""
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    try:
+        p = subprocess.run([sys.executable, "-m", "ccbridge", *_TABLE_AND_JSON["advise"], "--json", f"/dev/fd/{w}"],
+                           pass_fds=[w], capture_output=True, text=True, env=env, timeout=120)
+    finally:
+        os.close(w)
+    assert p.returncode == 2 and p.stderr == f"ccbridge advise: Broken pipe: /dev/fd/{w}\n", p.stderr
+    fd = os.open(tmp_path / "x", os.O_RDONLY | os.O_CREAT, 0o644)  # as though it were reopened so after the check
+    try:
+        with pytest.raises(OSError) as got:
+            ui.write_out(f"/dev/fd/{fd}", "{}\n")
+    finally:
+        os.close(fd)
+    assert got.value.filename == f"/dev/fd/{fd}" and got.value.strerror == "Bad file descriptor"

@@ -5,6 +5,7 @@ write can be written, made before the work, and the writing of a file it was ask
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import os
 import re
 import stat
@@ -123,10 +124,17 @@ def writable_file(path: str | os.PathLike, what: str, fresh: bool = True) -> Pat
     """`path` as a file a command can write: not a folder, in an existing folder it can write in, and (fresh) no
     regular file yet: an earlier result is never overwritten, as an --out folder holding one is refused. A stream
     (a pipe, a device, /dev/stdout, a process substitution) holds no result: it is written to if it takes writes.
+    This process's own descriptor (own_descriptor: /dev/stdout, /dev/fd/N) is judged by how it was opened, not by
+    the file it leads to: it must be open, and open for writing (`5<file` is not; os.access on the file passed it
+    and the write failed after the work).
     fresh=False: the command does not write `path` itself (a trace prefix, whose files check themselves).
     A command that `account` runs again (CCBRIDGE_ACCOUNT_SINCE, its start in ns) may overwrite what an earlier
     run of the same account wrote, not a file from before it."""
     p = Path(path)
+    fd = own_descriptor(p)
+    if fd is not None:
+        _check_descriptor(fd, f"{what} {path}")
+        return p
     if p.is_dir():
         raise UsageError(f"{what} {path}: is a folder, not a file")
     try:
@@ -135,8 +143,7 @@ def writable_file(path: str | os.PathLike, what: str, fresh: bool = True) -> Pat
         st = None
     except OSError as e:
         raise UsageError(f"{what} {path}: {e.strerror}") from None
-    if st is not None and is_stream(p):  # (this process's own, even where it leads to a file): the folder
-        # holding it may take no new file
+    if st is not None and is_stream(p):  # a pipe or a device: the folder holding it may take no new file
         if not os.access(p, os.W_OK):
             raise UsageError(f"{what} {path}: cannot write to it")
         return p
@@ -145,6 +152,16 @@ def writable_file(path: str | os.PathLike, what: str, fresh: bool = True) -> Pat
     if fresh and st is not None and not (since.isdigit() and st.st_mtime_ns >= int(since)):
         raise UsageError(f"{what} {path} exists: remove it or name another file")
     return p
+
+
+def _check_descriptor(fd: int, shown: str) -> None:
+    """Descriptor fd of this process is open, and open for writing."""
+    try:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError:  # EBADF: closed (`>&-`), or never opened here
+        raise UsageError(f"{shown}: not open") from None
+    if flags & os.O_ACCMODE == os.O_RDONLY:  # `5<file`, or an O_PATH descriptor
+        raise UsageError(f"{shown}: not open for writing")
 
 
 _OWN = re.compile(r"/dev/(stdout|stderr)|/(?:dev|proc/self)/fd/(\d+)")
@@ -175,19 +192,25 @@ def write_out(path: str | os.PathLike, text: str) -> None:
     """`text` as the file a command was asked to write (--json, --out, --coverage). This process's own descriptor
     (/dev/stdout, /dev/fd/N) is written through, after what print() holds for stdout and stderr: opened anew it
     was truncated and written from offset 0 where it led to a regular file (`--json /dev/stdout > out.txt` lost
-    the table printed before), and came before the buffered table into a pipe. Anything else: written anew."""
+    the table printed before), and came before the buffered table into a pipe. Anything else: written anew.
+    An OSError (a full disk, a descriptor closed since the check, a pipe whose reader is gone) names `path`: the
+    CLI's line said "Bad file descriptor" or "Broken pipe" and not which file."""
     fd = own_descriptor(path)
-    try:
-        if fd is not None:
-            os.fstat(fd)
-    except OSError:  # not open here: the path as any other
-        fd = None
-    if fd is None:
-        Path(path).write_text(text)
-        return
-    streams = [s for s in (sys.stdout, sys.stderr) if s is not None]
-    for s in streams:
+    streams = [s for s in (sys.stdout, sys.stderr) if s is not None] if fd is not None else []
+    for s in streams:  # what print() holds goes first (their own errors are theirs, not path's)
         s.flush()
+    try:
+        if fd is None:
+            Path(path).write_text(text)
+        else:
+            _write_fd(fd, text, streams)
+    except OSError as e:
+        if e.filename or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from None  # (OSError makes the errno's subclass)
+
+
+def _write_fd(fd: int, text: str, streams: list) -> None:
     for s in streams:  # stdout or stderr itself: through it, so that a reader gone is dropped as for print()
         if _fileno(s) == fd:
             s.write(text)
