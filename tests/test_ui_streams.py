@@ -52,6 +52,17 @@ def test_a_closed_descriptor_writes_nothing_and_keeps_the_status(closed):
         assert "Traceback" not in p.stdout + p.stderr
 
 
+def test_what_goes_to_a_closed_stderr_is_dropped_not_written_to_stdout(tmp_path):
+    """sys.stderr is None where fd 2 was closed (`2>&-`), and print(..., file=None) writes to stdout: the error
+    line, and `wrote FILE` after a table, went into what stdout's reader took for the command's output."""
+    r = _ccbridge(["profiles", "nosuch"], "2>&-")
+    assert r.returncode == 2 and r.stdout == "", r.stdout
+    out = tmp_path / "plan.json"
+    argv = _TABLE_AND_JSON["plan-tenants"]
+    r = _ccbridge(argv + ["--json", str(out)], "2>&-")
+    assert r.returncode == 0 and r.stdout == _ccbridge(argv).stdout and json.loads(out.read_text()), r.stdout[-300:]
+
+
 def test_a_broken_pipe_past_the_terminal_streams_is_one_line_not_success(monkeypatch, capsys):
     """A BrokenPipeError that reached the CLI (an --json stream's reader gone) returned 0, whatever the command's
     answer: it is the machine refusing a write, one line and exit 2."""

@@ -34,11 +34,12 @@ def terminal(stderr: bool = False) -> Console:
 class Unread:
     """A stream (sys.stdout, sys.stderr) whose reader may stop reading (`| head`): once a write meets the closed pipe,
     its descriptor is pointed at /dev/null and the rest is dropped, so the command finishes its work and exits with
-    its own status. Without it print() raised in the middle of the work and rich exited 1 (a probe lost its run)."""
+    its own status. Without it print() raised in the middle of the work and rich exited 1 (a probe lost its run).
+    stream None (a descriptor closed as the process started, `2>&-`): gone from the start, every write dropped."""
 
     def __init__(self, stream):
         self.stream = stream
-        self.gone = False
+        self.gone = stream is None
 
     def write(self, text: str) -> int:
         if not self.gone:
@@ -72,14 +73,14 @@ class Unread:
 def unread_ok():
     """sys.stdout and sys.stderr as Unread streams for the block (a command's run)."""
     was = sys.stdout, sys.stderr
-    # a closed descriptor (`>&-`) is None here: print() to None writes nothing, as it did before
-    sys.stdout, sys.stderr = (None if s is None else Unread(s) for s in was)
+    # a closed descriptor (`2>&-`) is None in sys: an Unread of none drops what is written to it, where
+    # print(file=None) wrote to stdout (`2>&-` put the error line and `wrote FILE` into what stdout's reader read)
+    sys.stdout, sys.stderr = (Unread(s) for s in was)
     try:
         yield
     finally:
         for s in (sys.stdout, sys.stderr):  # what print() left in the buffers goes through Unread, not Python's exit
-            if s is not None:
-                s.flush()
+            s.flush()
         sys.stdout, sys.stderr = was
 
 
