@@ -363,31 +363,80 @@ def test_nccl_settings_files_are_read_in_nccls_order_under_the_environment(tmp_p
                                                        "NCCL_NET": {"value": "etc", "from": f["etc"]}}
 
 
-def test_the_user_file_is_in_the_home_of_the_password_database_not_home(tmp_path):
-    """NCCL's ~ is getpwuid(getuid())'s home, not $HOME."""
+def test_the_user_file_is_in_home_as_nccl_2_30_takes_it_and_the_password_databases_as_2_29_did(tmp_path):
+    """NCCL 2.30.3 and later's ~ is $HOME (param.cc userHomeDir: getenv), 2.29 and earlier's getpwuid(getuid())'s
+    home; ~/.nccl.conf is home + "/.nccl.conf", so an empty home is "/.nccl.conf" (was the relative ".nccl.conf")
+    and an unset HOME no user file."""
     import os
     import pwd
 
     from ccbridge import pluginenv
 
-    assert pluginenv.conf_files({"HOME": str(tmp_path)}) == [
-        os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".nccl.conf"), "/etc/nccl.conf"]
+    mine = pwd.getpwuid(os.getuid()).pw_dir
+    assert pluginenv.conf_files({"HOME": str(tmp_path)}) == [f"{tmp_path}/.nccl.conf", "/etc/nccl.conf"]
+    assert pluginenv.conf_files({"HOME": str(tmp_path)}, older=True) == [f"{mine}/.nccl.conf", "/etc/nccl.conf"]
+    assert pluginenv.conf_files({}) == ["/etc/nccl.conf"]
+    assert pluginenv.conf_files({"HOME": ""}) == pluginenv.conf_files({}, home="") == ["/.nccl.conf", "/etc/nccl.conf"]
+
+
+def test_where_older_nccl_reads_the_users_files_otherwise_the_stamp_and_env_say_so(tmp_path):
+    """ccbridge cannot know which NCCL a job loads: it reads the files as 2.30.3 and later do and, where 2.29 and
+    earlier would get other values (another ~, a CR kept), says theirs and why ("older_nccl"), not a guess."""
+    import os
+    import pwd
+
+    from ccbridge import pluginenv
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".nccl.conf").write_text("NCCL_NET_PLUGIN=ccbridge\nNCCL_NET=ccbridge\n")
+    mine = pwd.getpwuid(os.getuid()).pw_dir
+    st = pluginenv.status({"HOME": str(home)}, None)
+    if os.path.exists(f"{mine}/.nccl.conf"):  # (this machine's user has a file of its own: the first case differs)
+        pytest.skip(f"{mine}/.nccl.conf exists here")
+    assert st["selected"] and st["required"]
+    older = st["older_nccl"]
+    assert older["why"] == [f"their ~ is the password database's home, {mine}, not $HOME"]
+    assert older["conf_files"][0] == f"{mine}/.nccl.conf" and not older["selected"] and not older["required"]
+    assert pluginenv.settings_text(st).endswith(
+        f", as NCCL 2.30.3 and later read their files. NCCL 2.29 and earlier (their ~ is the password database's "
+        f"home, {mine}, not $HOME): NCCL_NET_PLUGIN and NCCL_NET unset (not in the environment, {mine}/.nccl.conf "
+        f"or /etc/nccl.conf)")
+    f = _confs(tmp_path, crlf="NCCL_NET_PLUGIN=ccbridge\r\n")["crlf"]
+    st = pluginenv.status({"NCCL_NET": "ccbridge"}, [f])
+    assert st["selected"] and st["older_nccl"]["why"] == ["they keep a value's trailing CR"]
+    assert not st["older_nccl"]["selected"] and st["older_nccl"]["required"]  # NCCL_NET from the environment
+    assert pluginenv.settings_text(st) == (
+        f"NCCL_NET_PLUGIN='ccbridge' ({f}); NCCL_NET='ccbridge' (environment), as NCCL 2.30.3 and later read their "
+        f"files. NCCL 2.29 and earlier (they keep a value's trailing CR): NCCL_NET_PLUGIN='ccbridge\\r' ({f}); "
+        f"NCCL_NET='ccbridge' (environment)")
+    same = _confs(tmp_path, plain="NCCL_NET_PLUGIN=ccbridge\n")["plain"]
+    assert "older_nccl" not in pluginenv.status({"HOME": mine}, None)  # one ~ for both
+    assert "older_nccl" not in pluginenv.status({}, [same])
 
 
 def test_a_settings_file_is_read_line_by_line_as_nccl_reads_it(tmp_path):
     """'#' at a line's start is a comment; a line without '=' (a blank one, a word) is passed over; nothing is
-    stripped (`KEY = v` is the key "KEY "); a key's first line holds; a trailing CR stays in the value; a NUL ends
-    the line; an empty key is no setting."""
+    stripped (`KEY = v` is the key "KEY "); a key's first line holds; a NUL ends the line; an empty key is no
+    setting. NCCL 2.30.3 and later strip a trailing CR (2.29 and earlier kept it) and read a line in pieces of at
+    most 4095 bytes (fgets into 4096), each a line of its own (2.29 and earlier: getline, whole)."""
     from ccbridge import pluginenv
 
     text = (b"# NCCL_NET_PLUGIN=comment\n\n   \nNCCL_NET_PLUGIN\nNCCL_NET = spaced\n=empty\n"
             b"  # NCCL_DEBUG=INFO\nNCCL_NET_PLUGIN=first\nNCCL_NET_PLUGIN=second\nCR=v\r\nNUL=a\0b\n#x\nLAST=no newline")
     f = _confs(tmp_path, conf=text)["conf"]
-    assert pluginenv.read_conf(f) == {"NCCL_NET ": " spaced", "  # NCCL_DEBUG": "INFO", "NCCL_NET_PLUGIN": "first",
-                                      "CR": "v\r", "NUL": "a", "LAST": "no newline"}
+    both = {"NCCL_NET ": " spaced", "  # NCCL_DEBUG": "INFO", "NCCL_NET_PLUGIN": "first", "NUL": "a",
+            "LAST": "no newline"}
+    assert pluginenv.read_conf(f) == {**both, "CR": "v"}
+    assert pluginenv.read_conf(f, older=True) == {**both, "CR": "v\r"}
     assert pluginenv.read_conf(_confs(tmp_path, long=b"K=" + b"v" * 2000)["long"])["K"] == "v" * 1023
     s = pluginenv.nccl_settings({}, [f])
     assert s == {"NCCL_NET_PLUGIN": {"value": "first", "from": f}}  # "NCCL_NET " is not NCCL_NET
+    # a line of 4095 bytes and more: its rest is a line of its own, where it may set a key
+    pieces = _confs(tmp_path, pieces=b"A=" + b"x" * 4093 + b"B=y\r\n" + b"C=" + b"z" * 4093 + b"\n#D=w\nE=v\r\r\n")
+    assert pluginenv.read_conf(pieces["pieces"]) == {"A": "x" * 1023, "B": "y", "C": "z" * 1023, "E": "v\r"}
+    assert pluginenv.read_conf(pieces["pieces"], older=True) == {"A": "x" * 1023, "C": "z" * 1023, "E": "v\r\r"}
+    assert pluginenv.status({}, [pieces["pieces"]]).get("older_nccl") is None  # neither names NCCL_NET_PLUGIN
 
 
 def test_a_settings_file_that_cannot_be_read_is_none_and_not_an_error(tmp_path):
@@ -418,11 +467,12 @@ def test_the_plugin_selected_in_a_settings_file_is_said_with_where(tmp_path, mon
     assert st["will_load"] == (pluginenv.path() / pluginenv.NAME).exists()
     assert st["nccl_settings"] == {"NCCL_NET_PLUGIN": {"value": "ccbridge", "from": f},
                                    "NCCL_NET": {"value": "other", "from": "environment"}}
-    assert pluginenv.settings_text(st) == f"NCCL_NET_PLUGIN='ccbridge' ({f}); NCCL_NET='other' (environment)"
+    files = ", as NCCL 2.30.3 and later read their files"
+    assert pluginenv.settings_text(st) == f"NCCL_NET_PLUGIN='ccbridge' ({f}); NCCL_NET='other' (environment){files}"
     assert pluginenv.settings_text(pluginenv.status({}, [f, "/nowhere"])) == \
-        f"NCCL_NET_PLUGIN='ccbridge' ({f}); NCCL_NET='ccbridge' ({f})"
+        f"NCCL_NET_PLUGIN='ccbridge' ({f}); NCCL_NET='ccbridge' ({f}){files}"
     assert pluginenv.settings_text(pluginenv.status({}, ["/nowhere"])) == \
-        "NCCL_NET_PLUGIN and NCCL_NET unset (not in the environment or /nowhere)"
+        f"NCCL_NET_PLUGIN and NCCL_NET unset (not in the environment or /nowhere){files}"
     for k in ("NCCL_NET_PLUGIN", "NCCL_NET"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.chdir(tmp_path)

@@ -28,6 +28,12 @@ MAX_LANES, DEFAULT_LANES = 16, 8  # net.h's: sockets a connection may have (CCBR
 DEFAULT_SPIN_US, SPIN_CORES, MAX_SPIN_US = 50, 8, 100000
 ETC_CONF = "/etc/nccl.conf"  # NCCL's settings file for the machine, read after the user's
 NCCL_KEYS = ("NCCL_NET_PLUGIN", "NCCL_NET")  # what status() reads as NCCL does: the environment, then the files
+# NCCL's settings files as status() reads them (param.cc: ~ is $HOME, a line's trailing CR is stripped, lines come
+# in fgets's pieces of at most 4095 bytes), and as the releases before read them (~ the password database's home,
+# the CR kept, whole lines): ccbridge cannot know which NCCL a job loads, so it reads as the newer and says where
+# the older would read otherwise (status()'s "older_nccl")
+NEWER_NCCL, OLDER_NCCL = "NCCL 2.30.3 and later", "NCCL 2.29 and earlier"
+LINE_BYTES = 4096  # NEWER_NCCL's line buffer: fgets reads at most 4095 bytes of a line at a time
 
 
 def path() -> Path:
@@ -72,50 +78,87 @@ def status(environ: dict[str, str] | None = None, files: list[str] | None = None
     Required: NCCL_NET names it (compared without case, as NCCL compares it with the plugin's name).
     Both are read as NCCL reads them, from the environment, else its settings files (nccl_settings(); files: those
     files, default conf_files()); "nccl_settings" says where each was set, "conf_files" which files NCCL reads.
+    The files are read as NEWER_NCCL (2.30.3 and later) reads them; where OLDER_NCCL (2.29 and earlier) would read
+    other values (its ~ is the password database's home, not $HOME; it keeps a value's trailing CR), "older_nccl"
+    holds its reading: nccl_settings, conf_files, selected, will_load and required as it would have them, and
+    "why" (those causes, in words).
     LD_LIBRARY_PATH is the environment's alone: the loader takes the library path once, as the process starts."""
     e = os.environ if environ is None else environ
     lib = path() / NAME
     on_path = str(path()) in [str(Path(x).resolve()) for x in e.get("LD_LIBRARY_PATH", "").split(os.pathsep) if x]
-    files = conf_files(e) if files is None else files
-    nccl = nccl_settings(e, files)
-    first = plugin_first({k: v["value"] for k, v in nccl.items()})
-    by_path = first is not None and "/" in first
-    selected = _same_file(first, lib) if by_path else first in ("ccbridge", NAME)
-    out = {"built": lib.exists(), "path": str(lib), "selected": selected, "on_library_path": on_path,
-           "will_load": lib.exists() and selected and (by_path or on_path),
-           # without it NCCL falls back to plaintext if the plugin fails
-           "required": nccl.get("NCCL_NET", {}).get("value", "").lower() == "ccbridge",
-           "lane_mode": lane_mode(e), "lanes": lanes(e), "spin_us": spin_us(e),
-           "nccl_settings": nccl, "conf_files": [str(f) for f in files]}
+    out = {"built": lib.exists(), "path": str(lib), "on_library_path": on_path, **_reading(e, files, lib, on_path),
+           "lane_mode": lane_mode(e), "lanes": lanes(e), "spin_us": spin_us(e)}
+    older = _reading(e, files, lib, on_path, older=True)
+    if _values(older["nccl_settings"]) != _values(out["nccl_settings"]):
+        out["older_nccl"] = {"why": _why_older(out, older), **older}
     return out
 
 
-def conf_files(environ: dict[str, str] | None = None, home: str | None = None, etc: str = ETC_CONF) -> list[str]:
+def _why_older(newer: dict, older: dict) -> list[str]:
+    """Why OLDER_NCCL reads the settings otherwise than NEWER_NCCL: its ~, its CR, its whole lines."""
+    why = []
+    if newer["conf_files"] != older["conf_files"]:
+        home = _password_home()
+        why.append(f"their ~ is the password database's home, {home}, not $HOME" if home is not None else
+                   "no user of this uid in the password database: no ~/.nccl.conf")
+    if any(v["value"].endswith("\r") for v in older["nccl_settings"].values()):
+        why.append("they keep a value's trailing CR")
+    return why or ["they read a line of more than 4095 bytes whole"]
+
+
+def _reading(e: dict[str, str], files: list[str] | None, lib: Path, on_path: bool, older: bool = False) -> dict:
+    """status()'s fields that NCCL's settings files decide, as NEWER_NCCL (or, older, OLDER_NCCL) reads them."""
+    files = conf_files(e, older=older) if files is None else files
+    nccl = nccl_settings(e, files, older=older)
+    first = plugin_first(_values(nccl))
+    by_path = first is not None and "/" in first
+    selected = _same_file(first, lib) if by_path else first in ("ccbridge", NAME)
+    return {"selected": selected, "will_load": lib.exists() and selected and (by_path or on_path),
+            # without it NCCL falls back to plaintext if the plugin fails
+            "required": nccl.get("NCCL_NET", {}).get("value", "").lower() == "ccbridge",
+            "nccl_settings": nccl, "conf_files": [str(f) for f in files]}
+
+
+def _values(nccl: dict[str, dict[str, str]]) -> dict[str, str]:
+    return {k: v["value"] for k, v in nccl.items()}
+
+
+def conf_files(environ: dict[str, str] | None = None, home: str | None = None, etc: str = ETC_CONF,
+               older: bool = False) -> list[str]:
     """The settings files NCCL reads, in its order (param.cc initEnv): the file $NCCL_CONF_FILE names where it is
-    set and not empty, else ~/.nccl.conf (home: the user's home folder, default the password database's for this
-    uid, as NCCL's getpwuid, not $HOME), then `etc` (/etc/nccl.conf) in either case. A missing file is read as none."""
+    set and not empty, else ~/.nccl.conf, then `etc` (/etc/nccl.conf) in either case. A missing file is read as
+    none. ~/.nccl.conf is home + "/.nccl.conf" (home "" is "/.nccl.conf"), home by default $HOME of `environ`, as
+    NEWER_NCCL (2.30.3 and later) takes it; older: the password database's home for this uid, as OLDER_NCCL (2.29
+    and earlier) takes it (getpwuid). No home (HOME unset; no user of this uid): no user file."""
     e = os.environ if environ is None else environ
     if e.get("NCCL_CONF_FILE"):
         return [e["NCCL_CONF_FILE"], etc]
     if home is None:
-        try:
-            home = pwd.getpwuid(os.getuid()).pw_dir
-        except KeyError:  # no user of this uid: NCCL reads no user file
-            return [etc]
-    return [os.path.join(home, ".nccl.conf"), etc]
+        home = _password_home() if older else e.get("HOME")
+    return [etc] if home is None else [f"{home}/.nccl.conf", etc]
 
 
-def read_conf(file: str | os.PathLike) -> dict[str, str]:
+def _password_home() -> str | None:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:  # no user of this uid
+        return None
+
+
+def read_conf(file: str | os.PathLike, older: bool = False) -> dict[str, str]:
     """KEY=VALUE settings of one of NCCL's files, as param.cc setEnvFile reads them: a line starting with '#' is a
     comment, one without '=' is passed over, KEY is all before the first '=' and VALUE all after it, neither
-    stripped (`KEY = v` sets "KEY " to " v"; a trailing CR stays in VALUE), each cut at 1023 bytes and at a NUL.
-    A key's first line holds (setenv without overwriting). A file that cannot be read is no settings, no error."""
+    stripped (`KEY = v` sets "KEY " to " v"), each cut at 1023 bytes and at a NUL. A key's first line holds
+    (setenv without overwriting). A file that cannot be read is no settings, no error.
+    As NEWER_NCCL (2.30.3 and later) reads it: a line's trailing CR is stripped (with its LF), and a line of more
+    than 4095 bytes is read in pieces of that many (fgets into 4096 bytes), each read as a line of its own.
+    older: as OLDER_NCCL (2.29 and earlier) reads it: whole lines (getline), a trailing CR kept in VALUE."""
     try:
         data = Path(file).read_bytes()
-    except OSError:  # missing, unreadable or a folder: NCCL's fopen or getline fails and it reads nothing
+    except OSError:  # missing, unreadable or a folder: NCCL's fopen or its read fails and it reads nothing
         return {}
     out: dict[str, str] = {}
-    for line in data.split(b"\n"):
+    for line in data.split(b"\n") if older else _pieces(data):
         line = line.split(b"\0", 1)[0]
         if line.startswith(b"#") or b"=" not in line:
             continue
@@ -125,32 +168,56 @@ def read_conf(file: str | os.PathLike) -> dict[str, str]:
     return out
 
 
+def _pieces(data: bytes) -> list[bytes]:
+    """data's lines as NEWER_NCCL's fgets loop hands them on: at most LINE_BYTES - 1 bytes each (a longer line in
+    several), up to a NUL (strlen), without a trailing LF and then without a trailing CR."""
+    out, at = [], 0
+    while at < len(data):
+        lf = data.find(b"\n", at, at + LINE_BYTES - 1)
+        end = lf + 1 if lf >= 0 else min(at + LINE_BYTES - 1, len(data))
+        piece = data[at:end].split(b"\0", 1)[0]
+        at = end
+        piece = piece[:-1] if piece.endswith(b"\n") else piece
+        out.append(piece[:-1] if piece.endswith(b"\r") else piece)
+    return out
+
+
 def nccl_settings(environ: dict[str, str] | None = None, files: list[str] | None = None,
-                  keys: tuple[str, ...] = NCCL_KEYS) -> dict[str, dict[str, str]]:
+                  keys: tuple[str, ...] = NCCL_KEYS, older: bool = False) -> dict[str, dict[str, str]]:
     """Each of `keys` that NCCL sees set, {"value": ..., "from": "environment" or the file}: NCCL's initEnv sets
     each file's settings without overwriting (setenv(..., 0)), so the environment wins over every file, and the
-    first file (conf_files(): $NCCL_CONF_FILE or ~/.nccl.conf) over /etc/nccl.conf. (An env plugin, NCCL 2.28's
-    NCCL_ENV_PLUGIN, may answer otherwise: it is not asked here.)"""
+    first file (conf_files(): $NCCL_CONF_FILE or ~/.nccl.conf) over /etc/nccl.conf. The files read as NEWER_NCCL
+    reads them (older: OLDER_NCCL; read_conf). (An env plugin, NCCL 2.28's NCCL_ENV_PLUGIN, may answer otherwise:
+    it is not asked here.)"""
     e = os.environ if environ is None else environ
     out = {k: {"value": e[k], "from": "environment"} for k in keys if k in e}
-    for f in conf_files(e) if files is None else files:
+    for f in conf_files(e, older=older) if files is None else files:
         if len(out) == len(keys):
             break
-        for k, v in read_conf(f).items():
+        for k, v in read_conf(f, older).items():
             if k in keys and k not in out:
                 out[k] = {"value": v, "from": str(f)}
     return out
 
 
 def settings_text(status_: dict) -> str | None:
-    """Where NCCL_NET_PLUGIN and NCCL_NET come from, for `ccbridge env`: "NCCL_NET_PLUGIN='ccbridge' (environment);
-    NCCL_NET unset (not in the environment, /root/.nccl.conf or /etc/nccl.conf)", each value as Python writes it (a
-    CR a file left in it shows). None for a stamp from before status() said."""
+    """Where NCCL_NET_PLUGIN and NCCL_NET come from, for `ccbridge env`, with the NCCL releases that read the files
+    so: "NCCL_NET_PLUGIN='ccbridge' (environment); NCCL_NET unset (not in the environment, /root/.nccl.conf or
+    /etc/nccl.conf), as NCCL 2.30.3 and later read their files", each value as Python writes it (a CR a file left
+    in it shows); then, where NCCL 2.29 and earlier would read other values (status()'s "older_nccl"), theirs:
+    ". NCCL 2.29 and earlier (they keep a value's trailing CR): NCCL_NET_PLUGIN='ccbridge\\r' (/root/.nccl.conf)".
+    None for a stamp from before status() said."""
     if "nccl_settings" not in status_:
         return None
-    *first, last = ["the environment", *status_.get("conf_files", [])]
+    said = f"{_said(status_)}, as {NEWER_NCCL} read their files"
+    older = status_.get("older_nccl")
+    return f"{said}. {OLDER_NCCL} ({'; '.join(older['why'])}): {_said(older)}" if older else said
+
+
+def _said(reading: dict) -> str:
+    *first, last = ["the environment", *reading.get("conf_files", [])]
     nowhere = f"not in {', '.join(first)} or {last}" if first else f"not in {last}"
-    got = status_["nccl_settings"]
+    got = reading["nccl_settings"]
     said = [f"{k}={got[k]['value']!r} ({got[k]['from']})" for k in NCCL_KEYS if k in got]
     unset = [k for k in NCCL_KEYS if k not in got]
     return "; ".join(said + ([f"{' and '.join(unset)} unset ({nowhere})"] if unset else []))
