@@ -218,6 +218,10 @@ def test_the_stamp_says_whether_nccl_will_load_the_encrypting_plugin(tmp_path):
         return dict(machine_table({"nccl_net_plugin": p}).rows)["NCCL net plugin (encrypted)"]
 
     assert "needs NCCL_NET_PLUGIN=ccbridge and its folder on LD_LIBRARY_PATH" in row(off)
+    # selected, as the stamp says, where its folder is not on the library path (was "built, not selected: needs
+    # its folder on LD_LIBRARY_PATH")
+    assert row(pluginenv.status({"NCCL_NET_PLUGIN": "ccbridge"})) == \
+        f"selected (environment); will not load: add {pluginenv.path()} to LD_LIBRARY_PATH"
     assert row(on).startswith("NCCL will load it; set NCCL_NET=ccbridge")
     # how the plugin will run each lane: turns unless CCBRIDGE_NET_TURNS is 0 or 1
     # and the lanes a connection it listens for has, and lane 0's polling (both fall back without an error)
@@ -284,14 +288,16 @@ def test_nccl_net_is_read_without_case_as_nccl_compares_it():
 
 def test_ccbridge_env_says_whether_the_plugin_will_take_the_key(tmp_path, monkeypatch, capsys):
     # "NCCL will load it" said nothing of the key: with none, or a key file others can read, NCCL loaded the plugin
-    # and its init failed on every rank. The key is checked here (not in the stamp: a result's key is the bench's)
+    # and its init failed on every rank. The key is checked here (not in the stamp: a result's key is the bench's);
+    # the plugin's row says what follows for NCCL, the key's row where the key comes from (the two rows said "NCCL
+    # will load it" and "the plugin's init fails")
     import hashlib
 
     import pytest
 
     from ccbridge import pluginenv
     from ccbridge.cli import main
-    from ccbridge.cli.checks import plugin_key_text
+    from ccbridge.cli.checks import plugin_key
 
     if not (pluginenv.path() / pluginenv.NAME).exists():
         pytest.skip("the NCCL plugin is not built here")
@@ -302,24 +308,102 @@ def test_ccbridge_env_says_whether_the_plugin_will_take_the_key(tmp_path, monkey
     f.write_text(hashlib.sha256(b"ccbridge env key").hexdigest() + "\n")
     f.chmod(0o644)
 
-    def row(**keys):  # the row's text, and the whole table's where it wraps
+    def row(**keys):  # the key's state and row, and the whole table's where it wraps, with the plugin's row
         for k in ("CCBRIDGE_KEY", "CCBRIDGE_KEY_FILE"):
             monkeypatch.setenv(k, keys[k]) if k in keys else monkeypatch.delenv(k, raising=False)
         assert main(["env"]) == 0
         out = capsys.readouterr().out
         assert out.count("NCCL net plugin key") == 1 and all(len(ln) <= 120 for ln in out.splitlines())
-        return plugin_key_text()
+        state, text = plugin_key()
+        said = pluginenv.status_text(pluginenv.status(), state)
+        assert _env_rows(out)["NCCL net plugin (encrypted)"] == said
+        assert _env_rows(out)["NCCL net plugin key"] == text
+        return state, text, said
 
-    assert row() == "none: the plugin's init fails; set $CCBRIDGE_KEY (64 hex digits) or $CCBRIDGE_KEY_FILE"
-    assert row(CCBRIDGE_KEY_FILE=str(f)) == \
-        f"refused: key file {f} is readable by group or others (mode 644); chmod 600 it"
+    state, text, said = row()
+    assert (state, text) == ("none", "none: set $CCBRIDGE_KEY (64 hex digits) or $CCBRIDGE_KEY_FILE")
+    assert said == "NCCL will load it, but its init fails without a key: NCCL_NET=ccbridge, so NCCL stops with an error"
+    assert row(CCBRIDGE_KEY_FILE=str(f))[:2] == \
+        ("refused", f"refused: key file {f} is readable by group or others (mode 644); chmod 600 it")
     f.chmod(0o600)
-    assert row(CCBRIDGE_KEY_FILE=str(f)) == f"key file {f}: taken"
-    assert row(CCBRIDGE_KEY="abc", CCBRIDGE_KEY_FILE=str(f)) == \
+    state, text, said = row(CCBRIDGE_KEY_FILE=str(f))
+    assert (state, text) == ("taken", f"key file {f}: taken") and said.startswith("NCCL will load it (NCCL_NET")
+    assert row(CCBRIDGE_KEY="abc", CCBRIDGE_KEY_FILE=str(f))[1] == \
         "refused: $CCBRIDGE_KEY: expected 64 hex digits (32 bytes), got 3 characters"  # read first, as the plugin does
-    assert row(CCBRIDGE_KEY=f.read_text(), CCBRIDGE_KEY_FILE="") == "$CCBRIDGE_KEY: taken"
+    assert row(CCBRIDGE_KEY=f.read_text(), CCBRIDGE_KEY_FILE="")[:2] == ("taken", "$CCBRIDGE_KEY: taken")
     monkeypatch.setenv("NCCL_NET_PLUGIN", "")  # not selected: no key row
     assert main(["env"]) == 0 and "NCCL net plugin key" not in capsys.readouterr().out
+
+
+def _env_rows(out: str) -> dict[str, str]:
+    """`ccbridge env`'s table as {label: text}, its wrapped lines joined."""
+    rows: dict[str, str] = {}
+    label = None
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) != 2:
+            continue
+        if cells[0]:
+            label = cells[0]
+            rows[label] = cells[1]
+        elif label:
+            rows[label] += " " + cells[1]
+    return rows
+
+
+def test_the_plugins_row_says_what_nccl_will_do_in_one_row_as_the_stamp_says(tmp_path, monkeypatch, capsys):
+    """Selected in a settings file without its folder on LD_LIBRARY_PATH, the table said "built, not selected" and
+    the JSON "selected": true; loaded without a key, one row said "NCCL will load it" and the next "the plugin's
+    init fails", and nothing that NCCL then falls back to plaintext (NCCL_NET unset) or stops (NCCL_NET=ccbridge);
+    with NCCL_NET naming another network NCCL loads it and never starts it (net.cc ncclNetInit)."""
+    from ccbridge import pluginenv
+    from ccbridge.cli import main
+
+    if not (pluginenv.path() / pluginenv.NAME).exists():
+        pytest.skip("the NCCL plugin is not built here")
+    f = _confs(tmp_path, conf="NCCL_NET_PLUGIN=ccbridge\n")["conf"]
+    for k in ("NCCL_NET_PLUGIN", "NCCL_NET", "LD_LIBRARY_PATH", "CCBRIDGE_KEY", "CCBRIDGE_KEY_FILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("NCCL_CONF_FILE", f)
+    assert main(["env", "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)["nccl_net_plugin"]
+    assert st["selected"] and not st["will_load"]
+    assert main(["env"]) == 0
+    rows = _env_rows(capsys.readouterr().out)
+    assert rows["NCCL net plugin (encrypted)"] == \
+        f"selected (file {f}); will not load: add {pluginenv.path()} to LD_LIBRARY_PATH"
+
+    def said(key=None, **environ):
+        return pluginenv.status_text(pluginenv.status({"LD_LIBRARY_PATH": str(pluginenv.path()), **environ}, [f]), key)
+
+    assert said("none") == \
+        "NCCL will load it, but its init fails without a key: NCCL falls back to plaintext IB or sockets unless " \
+        "NCCL_NET=ccbridge"
+    assert said("refused", NCCL_NET="CCBRIDGE") == \
+        "NCCL will load it, but its init refuses the key: NCCL_NET=ccbridge, so NCCL stops with an error"
+    for key in (None, "none", "taken"):  # the key does not matter: NCCL does not start it
+        assert said(key, NCCL_NET="IB") == \
+            "NCCL will load it but not use it: NCCL_NET='IB' (environment) is not ccbridge"
+    assert said("taken").startswith("NCCL will load it; set NCCL_NET=ccbridge so NCCL fails rather than falls back")
+    assert said(None).startswith("NCCL will load it; set NCCL_NET")  # a result's stamp: no key known
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(pluginenv.path()))
+    assert main(["env"]) == 0
+    rows = _env_rows(capsys.readouterr().out)
+    assert rows["NCCL net plugin (encrypted)"] == said("none")
+    # where the key comes from, not what follows
+    assert rows["NCCL net plugin key"] == "none: set $CCBRIDGE_KEY (64 hex digits) or $CCBRIDGE_KEY_FILE"
+
+
+def test_where_older_nccl_would_do_otherwise_the_plugins_row_says_what(tmp_path):
+    from ccbridge import pluginenv
+
+    if not (pluginenv.path() / pluginenv.NAME).exists():
+        pytest.skip("the NCCL plugin is not built here")
+    f = _confs(tmp_path, crlf=b"NCCL_NET_PLUGIN=ccbridge\r\n")["crlf"]
+    st = pluginenv.status({"LD_LIBRARY_PATH": str(pluginenv.path()), "NCCL_NET": "ccbridge"}, [f])
+    assert pluginenv.status_text(st, "taken") == \
+        "NCCL will load it (NCCL_NET=ccbridge: required); " + pluginenv.settings(st) + \
+        "; NCCL 2.29 and earlier: built, not selected: needs NCCL_NET_PLUGIN=ccbridge"
 
 
 def _confs(tmp_path, **files):

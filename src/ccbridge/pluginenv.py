@@ -223,6 +223,49 @@ def _said(reading: dict) -> str:
     return "; ".join(said + ([f"{' and '.join(unset)} unset ({nowhere})"] if unset else []))
 
 
+def status_text(status_: dict | None, key: str | None = None) -> str:
+    """The plugin's row of `ccbridge env` and of a report's machine table, from status() (or a result's stamp of
+    it): what NCCL will do with the plugin, one consequence, as status()'s selected, will_load and required say.
+    key: what the plugin's init will make of the key here, "taken", "none" or "refused" (`ccbridge env` checks it;
+    a result's stamp does not hold it: None). NCCL tries the next network where the plugin's init fails (its own
+    IB or sockets, unencrypted), unless NCCL_NET names the plugin: then it stops with an error (net.cc
+    ncclNetInit). Where NCCL 2.29 and earlier read the settings files otherwise ("older_nccl") to another
+    consequence, theirs follows."""
+    if not status_:
+        return "n/a"
+    if not status_.get("built"):
+        return "not built"
+    said, used = _consequence(status_, key)
+    older = status_.get("older_nccl")
+    theirs = _consequence({**status_, **older}, key)[0] if older else said
+    note = "" if theirs == said else f"; {OLDER_NCCL}: {theirs}"
+    if used:  # and how it runs each lane
+        said += (f"; {settings(status_)}" if status_.get("lanes") else
+                 f"; lanes: {status_['lane_mode']}" if status_.get("lane_mode") else "")  # (stamps before them)
+    return said + note
+
+
+def _consequence(p: dict, key: str | None) -> tuple[str, bool]:
+    """status_text's words, and whether NCCL will send through the plugin."""
+    nccl = p.get("nccl_settings", {})
+    if not p.get("selected"):
+        return "built, not selected: needs NCCL_NET_PLUGIN=ccbridge" + \
+            ("" if p.get("on_library_path") else " and its folder on LD_LIBRARY_PATH"), False
+    if not p.get("will_load"):  # selected by name: the loader looks for it on the library path
+        where = nccl.get("NCCL_NET_PLUGIN", {}).get("from")
+        where = "" if where is None else f" ({where})" if where == "environment" else f" (file {where})"
+        return f"selected{where}; will not load: add {Path(p['path']).parent} to LD_LIBRARY_PATH", False
+    net = nccl.get("NCCL_NET")
+    if net is not None and not p.get("required"):  # NCCL initialises only the network NCCL_NET names
+        return f"NCCL will load it but not use it: NCCL_NET={net['value']!r} ({net['from']}) is not ccbridge", False
+    if key in ("none", "refused"):
+        fails = "NCCL will load it, but its init " + ("fails without a key" if key == "none" else "refuses the key")
+        return fails + (": NCCL_NET=ccbridge, so NCCL stops with an error" if p.get("required") else
+                        ": NCCL falls back to plaintext IB or sockets unless NCCL_NET=ccbridge"), False
+    return "NCCL will load it" + (" (NCCL_NET=ccbridge: required)" if p.get("required") else
+                                  "; set NCCL_NET=ccbridge so NCCL fails rather than falls back to plaintext"), True
+
+
 def plugin_first(environ: dict[str, str] | None = None) -> str | None:
     """The library NCCL tries first for NCCL_NET_PLUGIN, as NCCL 2.27 and later read it (net.cc
     initPluginLibsOnceFunc, plugin_open.cc openPluginLib): unset, libnccl-net.so; "none" (in any case), empty or

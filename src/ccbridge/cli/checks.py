@@ -49,16 +49,17 @@ def named_key() -> None:
         keys.default_provider().secret()  # KeyMaterialError: its one line, exit 2
 
 
-def plugin_key_text() -> str:
+def plugin_key() -> tuple[str, str]:
     """What the plugin will make of the key in this environment, for `ccbridge env` (not the stamp: a result's key
-    is its bench's): where it comes from and "taken", or why it is refused, or that there is none."""
+    is its bench's): "taken", "none" or "refused" (pluginenv.status_text's key, which says what follows for NCCL),
+    and in words where it comes from, or why it is refused, or what to set."""
     from ccbridge.secure import keys  # (deferred: the secure package)
 
     if not keys.configured():
-        return "none: the plugin's init fails; set $CCBRIDGE_KEY (64 hex digits) or $CCBRIDGE_KEY_FILE"
+        return "none", "none: set $CCBRIDGE_KEY (64 hex digits) or $CCBRIDGE_KEY_FILE"
     try:
         provider = keys.default_provider()
         provider.secret()
     except KeyMaterialError as e:
-        return f"refused: {e}"
-    return "$CCBRIDGE_KEY: taken" if isinstance(provider, keys.EnvKey) else f"key file {provider.path}: taken"
+        return "refused", f"refused: {e}"
+    return "taken", "$CCBRIDGE_KEY: taken" if isinstance(provider, keys.EnvKey) else f"key file {provider.path}: taken"

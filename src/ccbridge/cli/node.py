@@ -10,7 +10,7 @@ from rich.table import Table
 from ccbridge import attest, env, pluginenv
 from ccbridge import tenants, ui  # (tenants imports no GPU library)
 from ccbridge.cli.args import checked, command, integer
-from ccbridge.cli.checks import plugin_key_text
+from ccbridge.cli.checks import plugin_key
 from ccbridge.cli.reports import wrote
 from ccbridge.errors import UsageError
 from ccbridge.report.tables import machine_table
@@ -22,15 +22,18 @@ def cmd_env(args) -> int:
         print(json.dumps(stamp, indent=1))
         return 0
 
-    t = machine_table(stamp)
+    plugin = stamp.get("nccl_net_plugin") or {}
+    # its init reads the key: the plugin's row says what follows, the key's row where it comes from
+    selected = plugin.get("selected") or (plugin.get("older_nccl") or {}).get("selected")
+    key, key_text = plugin_key() if selected else (None, "")
+    t = machine_table(stamp, key)
     table = Table(title="ccbridge env", show_header=False)
     for row in t.rows:
         table.add_row(*row)
-    plugin = stamp.get("nccl_net_plugin") or {}
     if pluginenv.settings_text(plugin):  # NCCL's own settings files may select it (or another) too
         table.add_row("NCCL net plugin settings", pluginenv.settings_text(plugin))
-    if plugin.get("selected"):  # its init reads the key: will it take it?
-        table.add_row("NCCL net plugin key", plugin_key_text())
+    if key_text:
+        table.add_row("NCCL net plugin key", key_text)
     ui.terminal().print(table)
     return 0
 

@@ -97,22 +97,9 @@ def emulation_banner(res: Result) -> str:
             f"{envmod.emulation_label(res.env['emulation'])}), not measured on confidential-computing hardware.")
 
 
-def _plugin_text(p: dict | None) -> str:
-    if not p:
-        return "n/a"
-    if not p.get("built"):
-        return "not built"
-    if p.get("will_load"):  # and how it runs each lane (stamps before it say nothing of it)
-        return "NCCL will load it" + (" (NCCL_NET=ccbridge: required)" if p.get("required") else
-                                      "; set NCCL_NET=ccbridge so NCCL fails rather than falls back to plaintext") \
-            + (f"; {pluginenv.settings(p)}" if p.get("lanes") else
-               f"; lanes: {p['lane_mode']}" if p.get("lane_mode") else "")  # (stamps before the lanes and spin)
-    missing = [w for w, ok in (("NCCL_NET_PLUGIN=ccbridge", p.get("selected")),
-                               ("its folder on LD_LIBRARY_PATH", p.get("on_library_path"))) if not ok]
-    return "built, not selected: needs " + " and ".join(missing)
-
-
-def machine_table(env: dict) -> Table:
+def machine_table(env: dict, plugin_key: str | None = None) -> Table:
+    """plugin_key: what the NCCL net plugin's init will make of the key here (pluginenv.status_text's key;
+    `ccbridge env` checks it, a result's stamp does not hold it)."""
     nv, tee, cpu, tor, ssl = env.get("nvml", {}), env.get("tee", {}), env.get("cpu", {}), env.get("torch", {}), env.get("openssl", {})
     gpus = "; ".join(f"{g['index']}: {g.get('name')} ({g.get('memory_gib')} GiB, PCIe gen {g.get('pcie_gen')} x{g.get('pcie_width')})"
                      for g in nv.get("gpus", [])) or nv.get("error", "none")
@@ -139,7 +126,7 @@ def machine_table(env: dict) -> Table:
         ["torch", f"{tor.get('version')} (CUDA {tor.get('cuda')})" if tor.get("available") else tor.get("error", "n/a")],
         ["emulation", _emulation_text(env.get("emulation") or {})],
         ["host / OS / Python", f"{env.get('host')} / {env.get('os')} / {env.get('python')}"],
-        ["NCCL net plugin (encrypted)", _plugin_text(env.get("nccl_net_plugin"))],
+        ["NCCL net plugin (encrypted)", pluginenv.status_text(env.get("nccl_net_plugin"), plugin_key)],
     ]
     return t
 
