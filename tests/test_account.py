@@ -82,17 +82,29 @@ def test_the_cli_writes_a_result_that_compare_can_read(tmp_path):
     assert "Findings" not in md  # a probe's section, not an account's
 
 
-def test_swapped_traces_are_flagged_and_nothing_that_did_not_grow_gets_a_recovery(tmp_path):
+def test_swapped_traces_are_refused_before_any_work(tmp_path):
+    """BASE emulated and OTHER not: every figure would be backwards (the native side printed as emulated), so the
+    account refuses in one line before it writes anything."""
     decode_loop(tmp_path / "native", d2h_us=30, launch_us=5)
     decode_loop(tmp_path / "cc", d2h_us=1400, launch_us=24, profile="b300", emulate=1)
     p = subprocess.run([sys.executable, "-m", "ccbridge.cli", "account", str(tmp_path / "cc"), str(tmp_path / "native"),
                         "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.splitlines() == [f"ccbridge account: BASE {tmp_path}/cc ran emulated, OTHER {tmp_path}/native "
+                                     "did not: give the native (CC-off or record-only) trace first"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_faster_other_gets_no_shares_and_nothing_that_did_not_grow_gets_a_recovery(tmp_path):
+    decode_loop(tmp_path / "slow", d2h_us=1400, launch_us=24)  # two record-only traces, OTHER the faster
+    decode_loop(tmp_path / "fast", d2h_us=30, launch_us=5)
+    p = subprocess.run([sys.executable, "-m", "ccbridge.cli", "account", str(tmp_path / "slow"), str(tmp_path / "fast"),
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert "BASE ran under the emulator and OTHER did not" in p.stderr and "OTHER was not measurably slower" in p.stderr
-    assert "no shares" in p.stderr and "%" not in p.stdout  # a negative slowdown: no shares of it
+    assert "OTHER was not measurably slower" in p.stderr and "no shares" in p.stderr
+    assert "%" not in p.stdout  # a negative slowdown: no shares of it
     res = results.load(tmp_path / "out" / "result.json")
-    assert res.settings["profile"] == "b300"  # BASE's figures are emulated: the result says so (advise labels them)
-    assert "EMULATED" in p.stdout.splitlines()[0]
+    assert res.settings["profile"] is None and "EMULATED" not in p.stdout
     assert all(not r.extra.get("recovery") for r in res.rows if r.metric == "share_of_slowdown")
 
 

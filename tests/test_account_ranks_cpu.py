@@ -69,13 +69,21 @@ def test_every_replay_is_charged_and_each_rank_is_accounted_on_its_window(job):
 
 
 def test_a_job_that_did_not_slow_down_gets_no_shares(job):
-    p = subprocess.run([sys.executable, "-m", "ccbridge.cli", "account", str(job / "c"), str(job / "n"), "--out",
-                        str(job / "swapped")], capture_output=True, text=True, timeout=120)
+    p = subprocess.run([sys.executable, "-m", "ccbridge.cli", "account", str(job / "n"), str(job / "n"), "--out",
+                        str(job / "same")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("no measurable slowdown: no shares") == 3  # each rank and all of them
-    res = results.load(job / "swapped" / "result.json")
+    res = results.load(job / "same" / "result.json")
     assert all(r.extra.get("share") is None for r in res.rows if r.test == "account.rank_api")
     assert json.dumps(res.settings)
+
+
+def test_a_jobs_traces_swapped_are_refused_before_any_work(job):
+    p = subprocess.run([sys.executable, "-m", "ccbridge.cli", "account", str(job / "c"), str(job / "n"), "--out",
+                        str(job / "swapped")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1
+    assert "ran emulated, OTHER" in p.stderr and "give the native (CC-off or record-only) trace first" in p.stderr
+    assert not (job / "swapped").exists()
 
 
 def test_jobs_of_two_sizes_in_one_trace_pair_each_rank_with_its_own_twin():

@@ -61,6 +61,14 @@ def _profile(**change) -> str:
     return json.dumps(doc)  # NaN and Infinity go out as JSON's tokens for them
 
 
+def _trace_file(emulate: int) -> str:
+    """A trace of one good H2D call, emulated (under b300) or not."""
+    from ccbridge.emulate import trace
+
+    return (f"# ccbridge trace schema {trace.SCHEMA}, profile {'b300' if emulate else 'passthrough'}, emulate "
+            f"{emulate}\n" + ",".join(trace.COLUMNS) + "\n1,2,3,,,cuMemcpyHtoD_v2,crossing,h2d,pinned,4,0,0,0,0,,,,\n")
+
+
 def _row(test: str, metric: str, **params) -> dict:
     """A row of a result: one sample of 1.0."""
     return {"test": test, "metric": metric, "unit": "x", "params": params, "median": 1.0, "p10": 1.0, "p90": 1.0,
@@ -110,6 +118,8 @@ FILES = {
                                                                "data_offsets": [0, 1]}}).encode(), b"\x01"),
     "notexec": lambda: "#!/bin/sh\necho hi\n",
     "afile": lambda: "a file where a folder is expected\n",
+    "emu.1.csv": lambda: _trace_file(1),  # an emulated trace and a native one: account refuses them swapped
+    "nat.1.csv": lambda: _trace_file(0),
     "tr.1.csv": lambda: (f"# ccbridge trace schema {__import__('ccbridge.emulate.trace', fromlist=['SCHEMA']).SCHEMA}, "
                          "profile b300, emulate 1\n"
                          + ",".join(__import__("ccbridge.emulate.trace", fromlist=["COLUMNS"]).COLUMNS)
@@ -596,6 +606,8 @@ CASES = [
     (["account", "--warmup", "{d}/a", "{d}/b"],
      "--warmup goes with --profile NAME -- CMD (it runs CMD once, untraced, before the traced runs)"),
     (["account", "{d}/a", "{d}/b", "{d}/c"], "give two trace prefixes"),
+    (["account", "{d}/emu", "{d}/nat"], "BASE {d}/emu ran emulated, OTHER {d}/nat did not: give the native "
+                                        "(CC-off or record-only) trace first"),
     # advise: every file read and checked before any advice is printed
     # call sites: beside a trace only
     (["run", "--profile", "b300", "--sites", "--", "true"], "--sites notes call sites beside a trace: give --record T too"),

@@ -77,6 +77,10 @@ def cmd_account(args) -> int:
         prefixes = [str(Path(x).resolve()) for x in rest]
         pairs, runs_at = list(zip(prefixes[::2], prefixes[1::2])), [(None, None)] * (len(rest) // 2)
         each = [_summaries(list(pair), rest, emulated=False) for pair in pairs]
+        for (b, o), j in zip(each, range(0, len(rest), 2)):  # before any work: every figure would be backwards
+            if b.emulated and not o.emulated:
+                raise UsageError(f"BASE {rest[j]} ran emulated, OTHER {rest[j + 1]} did not: give the native "
+                                 "(CC-off or record-only) trace first")
     both = [runs.merge([e[i] for e in each]) for i in (0, 1)]
     base, other = both[0][0], both[1][0]
     walls = [_summed(side) for side in zip(*map(_walls, runs_at))]
@@ -98,9 +102,6 @@ def cmd_account(args) -> int:
         print(f"note: {x}", file=sys.stderr)
     if cold:
         print("\n".join(wrap([f"note: {cold}"])), file=sys.stderr)
-    if base.emulated and not other.emulated:
-        print("note: BASE ran under the emulator and OTHER did not: give the CC-off (or record-only) trace first",
-              file=sys.stderr)
     if not shares:
         print(f"note: OTHER was not measurably slower than BASE ({of * 1e3:+.1f} ms of {base_s * 1e3:.1f} ms"
               f"{' between the first and the last driver call' if where else ''}): no shares, nothing to recover",
@@ -215,7 +216,7 @@ def _share_of(base, other, walls: list, where: dict) -> tuple[float, float]:
 def _settings(args, base, other, pairs: list[tuple[str, str]], rest: list[str], proj) -> tuple[str | None, dict]:
     """What the account ran under (None: native) and its Result's settings. Two traces given: what their own
     headers say they ran under is what the rows are made of; either emulated makes every figure an emulated one
-    (a BASE emulated and OTHER not is also noted)."""
+    (a BASE emulated and OTHER not is refused before: cmd_account)."""
     emulated_as = args.profile or (", ".join(sorted((base.profiles | other.profiles) - {"passthrough"}))
                                    if base.emulated or other.emulated else None)
     return emulated_as, {"base": pairs[0][0], "other": pairs[0][1], "profile": emulated_as,
