@@ -102,7 +102,9 @@ def test_a_faster_other_gets_no_shares_and_nothing_that_did_not_grow_gets_a_reco
                         "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "OTHER was not measurably slower" in p.stderr and "no shares" in p.stderr
-    assert "%" not in p.stdout  # a negative slowdown: no shares of it
+    head, table = p.stdout.replace("\n  ", " ").split("\napi ")
+    assert "-175.0 ms (-92.1%): no measurable slowdown, no shares; the driver calls' net change -175.0 ms" in head
+    assert "%" not in table  # a negative slowdown: no shares of it
     res = results.load(tmp_path / "out" / "result.json")
     assert res.settings["profile"] is None and "EMULATED" not in p.stdout
     assert all(not r.extra.get("recovery") for r in res.rows if r.metric == "share_of_slowdown")
@@ -134,8 +136,14 @@ def test_a_wait_that_moved_counts_once_and_the_phases_say_where_the_rest_fell(tm
     assert abs(where["start-up"] - 2.0) < 1e-6 and abs(where["driver calls"] - 0.1) < 0.001
     assert abs(where["teardown"]) < 1e-6
     assert lines[0].api == "cuMemcpyHtoDAsync_v2" and "StagedH2D" in lines[0].recovery
-    text = account.render(lines, wall, where=where)
-    assert "start-up +2000.0 ms" in text and "the calls hold 99.5 ms (100%)" in text, text
+    base_s = (base.last_ns - base.first_ns) / 1e9
+    text = account.render(lines, wall, where=where, base_s=base_s).replace("\n  ", " ")
+    assert "wall time (launch to exit) +2099.5 ms: start-up +2000.0 ms, driver calls +99.5 ms, teardown +0.0 ms" in text
+    # the shares are of the driver-call span's slowdown, base -> other; the synchronizes' shrinking is netted
+    assert (f"the driver-call span (first to last driver call; a start-up or a teardown is no call's) "
+            f"{base_s * 1e3:.1f} -> {base_s * 1e3 + 99.5:.1f} ms, +99.5 ms (+19.9%), which the shares below are of: "
+            "calls that grew explain 599.5 ms (603%), net of the calls that shrank 99.5 ms (100%); the rest, +0.0 ms "
+            "(0%), is time between calls") in text, text
     assert "cuStreamSynchronize shrank 500.0 ms: natively it waited for the GPU" in text, text
     rows = {(r.test, r.metric, r.params.get("phase")): r.median for r in account.rows(lines, wall, where=where)}
     assert abs(rows[("account.total", "net_in_calls", None)] - 0.1) < 0.001
@@ -162,7 +170,8 @@ def test_account_of_a_command_gives_shares_of_the_driver_call_span(tmp_path, mon
     monkeypatch.setattr(launcher, "check", lambda *a, **k: None)
     assert cli.main(["account", "--profile", "b300", "--out", str(tmp_path / "o"), "--", "true"]) == 0
     out = capsys.readouterr().out
-    assert "start-up -2000.0 ms" in out and "shares below are of the driver-call span's slowdown" in out
+    assert "start-up -2000.0 ms" in out and "the driver-call span (first to last driver call" in out
+    assert "which the shares below are of" in out
     res = results.load(tmp_path / "o" / "result.json")
     share = next(r.median for r in res.rows if r.metric == "share_of_slowdown" and r.params["api"] == "cuMemcpyDtoHAsync_v2")
     assert abs(share - 1.0) < 0.01  # all of the span's slowdown, where the wall time's share would be ~6%

@@ -166,7 +166,7 @@ def test_repeat_one_is_todays_account_of_one_process(tmp_path, monkeypatch, caps
                     emulate=int(emulated))
 
     out, *_ = repeat_one_matches_today(tmp_path, monkeypatch, capsys, write)
-    assert "shares below are of the driver-call span's slowdown" in out
+    assert "the driver-call span (first to last driver call" in out and "which the shares below are of" in out
 
 
 def test_a_command_of_one_process_repeated_is_summed_too(tmp_path, monkeypatch, capsys):

@@ -42,6 +42,21 @@ def test_the_decode_sample_accounts_its_slowdown_to_launches_and_its_own_lines(t
     assert res["kind"] == "account" and res["settings"]["profile"] == "b300"
 
 
+def test_the_decode_samples_head_says_what_the_slowdown_is_of_and_what_the_calls_leave(tmp_path, capsys):
+    """The head named a 97.6 ms 'wall time slowdown' with no baseline: it is the traces' spans' (first to last
+    driver call), and 54 ms of it lie between the calls, which the head now names as the rank table's host does."""
+    text, res = _account(tmp_path, "decode-h200", capsys)
+    head = text.split("\napi ")[0].replace("\n  ", " ")
+    assert ("the traces' span (first to last driver call) 551.3 -> 648.8 ms, +97.6 ms (+17.7%), which the shares "
+            "below are of: calls that grew explain 43.4 ms (44%); the rest, +54.2 ms (56%), is time between calls "
+            "(host work and waits outside traced calls)") in head, head
+    assert "net of the calls that shrank" not in head  # none shrank: it would repeat the calls' 43.4 ms
+    total = {r["metric"]: r for r in res["rows"] if r["test"] == "account.total"}
+    assert abs(total["between_calls"]["median"] - 0.0542) < 1e-4
+    assert abs(total["share_base"]["extra"]["base_s"] - 0.5513) < 1e-4
+    assert total["wall_slowdown"]["extra"]["of"] == "the traces' spans (first to last driver call)"
+
+
 def test_the_ddp_sample_accounts_each_rank_over_its_marked_steps(tmp_path, capsys):
     text, res = _account(tmp_path, "ddp-h200x2", capsys)
     ranks = [line.split() for line in text.splitlines() if re.match(r"\s+[01] marks\s", line)]

@@ -37,6 +37,7 @@ from ccbridge.textfit import WIDTH, cut as _cut, wrap as _wrap
 from ccbridge.ui import approx_bytes
 
 SMALL = 64 << 10  # bytes: a crossing this small is mostly toll
+BETWEEN_CALLS = "time between calls (host work and waits outside traced calls)"  # a slowdown less the calls' part
 
 
 @dataclass
@@ -232,16 +233,24 @@ def compared(btab: dict, otab: dict, wall: float) -> list[Line]:
 
 
 def rows(lines: list[Line], wall_s: float, site_lines: list[Line] = (), where: dict[str, float] | None = None,
-         spans: bool = False) -> list[Row]:
+         spans: bool = False, base_s: float | None = None) -> list[Row]:
     """The account as Rows of a Result (one format for compare, advise and reports): account.api per API,
     account.site per call site and API, account.phase per phase of the run (where: phases()). spans: the
-    slowdown is of two given traces' spans, not of the programs' wall times. A line's share is of its
-    in_call_delta plus its waits_moved (collective_waits()); collectives add their gpu_time and payload_per_op."""
+    slowdown is of two given traces' spans, not of the programs' wall times. base_s: BASE's seconds of what the
+    shares are of (render()). A line's share is of its in_call_delta plus its waits_moved (collective_waits());
+    collectives add their gpu_time and payload_per_op."""
+    of = share_base(wall_s, where or {})
     out = [Row.of("account.total", "wall_slowdown", "s", [wall_s]),
            Row.of("account.total", "net_in_calls", "s", [net_in_calls_s(lines)]),
-           Row.of("account.total", "share_base", "s", [share_base(wall_s, where or {})])]
+           Row.of("account.total", "between_calls", "s", [of - net_in_calls_s(lines)]),
+           Row.of("account.total", "share_base", "s", [of])]
+    out[0].extra["of"] = ("the traces' spans (first to last driver call)" if spans and not where else
+                          "the programs' wall times (launch to exit)")
+    out[2].extra["what"] = f"{BETWEEN_CALLS}: the slowdown the shares are of less the driver calls' net change"
     out[-1].extra["of"] = ("the driver-call span's slowdown" if where else
                            "the traces' spans' slowdown (first to last call)" if spans else "the wall-time slowdown")
+    if base_s is not None:
+        out[-1].extra.update(base_s=base_s, other_s=base_s + of)
     if any(x.kind == "collective" for x in lines):
         gpu, seen = collectives_gpu_ms(lines)
         out += [Row.of("account.total", "collective_gpu_growth", "s", [gpu / 1e3]),
@@ -301,22 +310,23 @@ def render_sites(lines: list[Line], top: int = 10) -> str:
 
 
 def render(lines: list[Line], wall_s: float, top: int = 15, where: dict[str, float] | None = None,
-           emulated: str | None = None, shares: bool = True) -> str:
+           emulated: str | None = None, shares: bool = True, base_s: float | None = None) -> str:
     """The account in 120 columns: the head, one row per call family, the recovery's name (emulated: the OTHER
-    trace's profile, which every figure below is of)."""
-    explained = sum(x.delta_ms for x in lines if x.delta_ms > 0) / 1e3
-    net = net_in_calls_s(lines)
-    pct = lambda v, of: f" ({v / of:.0%})" if of > 0 else ""
+    trace's profile, which every figure below is of). base_s: BASE's seconds of what the shares are of (its
+    driver-call span where the phases are known, else its trace's span), for the head's base -> other."""
     head = ([f"EMULATED: OTHER ran under the emulator (profile {emulated}); no figure below is a CC hardware "
              "measurement"] if emulated else [])
-    head.append(f"wall time slowdown {wall_s * 1e3:.1f} ms; calls that grew explain {explained * 1e3:.1f} ms"
-                + pct(explained, wall_s) + f"; net of the calls that shrank, the driver calls hold {net * 1e3:.1f} ms"
-                + pct(net, wall_s) + ("; shares below are of the driver-call span's slowdown" if where else ""))
+    of = share_base(wall_s, where or {})
     if where:
-        span = where["driver calls"]
-        head.append("by phase: " + ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in where.items())
-                    + f"; of the slowdown between the first and the last driver call, the calls hold {net * 1e3:.1f} ms"
-                    + pct(net, span))
+        head.append(f"wall time (launch to exit) {wall_s * 1e3:+.1f} ms: "
+                    + ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in where.items()))
+    what = ("the driver-call span (first to last driver call; a start-up or a teardown is no call's)" if where else
+            "the traces' span (first to last driver call)")
+    sides = f" {base_s * 1e3:.1f} -> {(base_s + of) * 1e3:.1f} ms," if base_s is not None else ""
+    rel = f" ({of / base_s:+.1%})" if base_s else ""
+    head.append(f"{what}{sides} {of * 1e3:+.1f} ms{rel}" + (f", which the shares below are of: {calls_part(lines, of)}"
+                if shares else f": no measurable slowdown, no shares; the driver calls' net change "
+                f"{net_in_calls_s(lines) * 1e3:+.1f} ms"))
     out = [*_wrap(head), f"{'api':<24} {'kind':<10} {'dir/mem':<14} {'calls':>13} {'us/call':>17} {'+ms':>9} "
                          f"{'share':>6}  recovery (--why)"]
     for x in lines[:top]:
@@ -338,6 +348,17 @@ def render(lines: list[Line], wall_s: float, top: int = 15, where: dict[str, flo
                          f"crossings above wait for their streams instead ({waited:.1f} ms), ahead of the host work "
                          "they used to overlap (head-of-line)")
     return "\n".join(out + _wrap(notes))
+
+
+def calls_part(lines: list[Line], of_s: float) -> str:
+    """Of a slowdown of_s (s): what the calls that grew explain, net of those that shrank where that differs, and
+    the rest, time between calls (net: the rows sum to the calls' net change; the rest is of_s less it)."""
+    explained, net = sum(x.delta_ms for x in lines if x.delta_ms > 0) / 1e3, net_in_calls_s(lines)
+    pct = lambda v: f" ({v / of_s:.0%})" if of_s > 0 else ""
+    text = f"calls that grew explain {explained * 1e3:.1f} ms" + pct(explained)
+    if f"{net * 1e3:.1f}" != f"{explained * 1e3:.1f}":  # some calls shrank
+        text += f", net of the calls that shrank {net * 1e3:.1f} ms" + pct(net)
+    return text + f"; the rest, {(of_s - net) * 1e3:+.1f} ms" + pct(of_s - net) + f", is {BETWEEN_CALLS}"
 
 
 def render_why(lines: list[Line], site_lines: list[Line] = (), top: int = 15) -> str:

@@ -95,9 +95,11 @@ def cmd_account(args) -> int:
     lines, wall = account.attribute(base, other, *walls, share_of_s=of if shares else 0.0)
     at_sites = account.attribute_sites(base, other, of if shares else 0.0)
     res = Result(kind="account", env=env.stamp(), settings=settings,
-                 rows=_noted(account.rows(lines, wall, at_sites, where, spans=not args.profile), cold) + summed.rows())
+                 rows=_noted(account.rows(lines, wall, at_sites, where, spans=not args.profile, base_s=base_s), cold)
+                 + summed.rows())
     paths = write_reports(res, out)
-    print("\n".join([account.render(lines, wall, where=where, emulated=emulated_as, shares=shares)] + summed.text()))
+    print("\n".join([account.render(lines, wall, where=where, emulated=emulated_as, shares=shares, base_s=base_s)]
+                     + summed.text()))
     for x in summed.notes:
         print(f"note: {x}", file=sys.stderr)
     if cold:
