@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ccbridge import account
 from ccbridge.cli import main
 from ccbridge.emulate import trace
 
@@ -40,6 +41,25 @@ def test_the_decode_sample_accounts_its_slowdown_to_launches_and_its_own_lines(t
     assert apis[0] == "cuLaunchKernel", apis  # the launches grew the most: 1920 of them, the toll on each
     assert "examples/decode_loop.py" in text  # the per-site table names the example's own lines
     assert res["kind"] == "account" and res["settings"]["profile"] == "b300"
+
+
+def test_the_decode_samples_call_sites_keep_their_file_line_and_function(tmp_path, capsys):
+    """The call-site table cut every site to 26 columns from the right: each row read `examples/decode_loop.py...`,
+    its line number lost. Now the row takes the room up to 120 columns and drops leading folders first."""
+    text, _ = _account(tmp_path, "decode-h200", capsys)
+    rows = text.split("by call site")[1].splitlines()[2:]
+    assert rows and all(len(line) <= 120 for line in rows)
+    assert all(re.search(r"decode_loop\.py:\d+ (step|main)\b", line) for line in rows), rows
+    assert "decode_loop.py:20 step -> nn.functional.silu" in rows[0], rows[0]
+
+
+def test_a_site_is_shortened_from_its_folders_then_its_callees_modules():
+    site = "/home/u/examples/decode_loop.py:20 step -> torch.nn.functional.silu"
+    assert account.short_site(site, 80) == site
+    assert account.short_site(site, 47) == "decode_loop.py:20 step -> nn.functional.silu"
+    assert account.short_site(site, 30) == "decode_loop.py:20 step -> silu"
+    assert account.short_site(site, 20) == "decode_loop.py:20..."
+    assert account.short_site("x.py:3 f", 9) == "x.py:3 f"
 
 
 def test_the_decode_samples_head_says_what_the_slowdown_is_of_and_what_the_calls_leave(tmp_path, capsys):

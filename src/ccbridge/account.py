@@ -304,9 +304,23 @@ def render_sites(lines: list[Line], top: int = 10) -> str:
     out = [f"by call site (the innermost frame outside torch and the stdlib; top {min(top, len(lines))}):",
            f"{'+ms':>9} {'share':>6} {'calls':>13} {'us/call':>17}  {'api':<22} site"]
     for x in lines[:top]:
-        out.append(f"{x.delta_ms:>9.2f} {x.share:>6.0%} {x.calls[0]:>6}/{x.calls[1]:<6} "
-                   f"{x.per_call_us(0):>8.1f}/{x.per_call_us(1):<8.1f}  {_cut(x.api, 22):<22} {_cut(x.site, WIDTH - 94)}")
+        row = (f"{x.delta_ms:>9.2f} {x.share:>6.0%} {x.calls[0]:>6}/{x.calls[1]:<6} "
+               f"{x.per_call_us(0):>8.1f}/{x.per_call_us(1):<8.1f}  {_cut(x.api, 22):<22} ")
+        out.append(row + short_site(x.site, WIDTH - len(row)))
     return "\n".join(out)
+
+
+def short_site(site: str, width: int) -> str:
+    """A call site (`path/file.py:LINE function -> callee`) in `width` columns, file:line and function kept: the
+    path's leading folders dropped first, then the callee's leading modules (torch.nn.functional.silu: silu), then
+    its end cut."""
+    where, arrow, callee = site.partition(" -> ")
+    path, space, function = where.partition(" ")
+    folders, modules = path.split("/"), callee.split(".")
+    while (len(text := "/".join(folders) + space + function + arrow + ".".join(modules)) > width
+           and (len(folders) > 1 or len(modules) > 1)):
+        del (folders if len(folders) > 1 else modules)[0]
+    return _cut(text, width)
 
 
 def render(lines: list[Line], wall_s: float, top: int = 15, where: dict[str, float] | None = None,
