@@ -56,6 +56,10 @@ def test_recovery_follows_the_dominant_cost():
     assert "fewer crossings" in r("crossing", "d2h", 10, 10 << 24, stream_ms=0, channel_ms=1, toll_ms=9)
     assert "synchronizes" in r("sync", "-", 10, 0, 0, 0, 5)
     assert "contexts once" in r("context", "-", 1, 0, 0, 0, 600) and "pinned buffers once" in r("alloc", "-", 9, 0, 0, 0, 5)
+    # an event read or a pointer query is no copy: no staging (it fell through to the crossings' StagedH2D)
+    assert r("timing", "-", 32, 0, 0, 0, 0).startswith("time GPU work with %globaltimer stamps where CC is on")
+    assert "is_pinned()" in r("query", "-", 7, 0, 0, 0, 0)
+    assert account.recovery_name(r("timing", "-", 32, 0, 0, 0, 0)) == "%globaltimer"
 
 
 def test_the_cli_writes_a_result_that_compare_can_read(tmp_path):
@@ -255,7 +259,8 @@ def test_collectives_are_charged_the_waits_their_gpu_time_caused_once(tmp_path):
     assert abs(rows[("account.api", "waits_moved", "cuStreamSynchronize")].median + 6.0) < 1e-6
     assert abs(rows[("account.total", "collective_waits", None)].median - 0.006) < 1e-9
     why = account.render_why(lines)
-    assert all(len(l) <= 120 for l in why.splitlines()) and "GPU time 0.00 -> 6.00 ms, 64.0 KiB per operation" in why
+    assert all(len(l) <= 120 for l in why.splitlines())
+    assert "queued ahead of them (toll_ns) 0.00 -> 6.00 ms, 64.0 KiB per operation" in why.replace("\n    ", " ")
 
 
 def test_gpu_time_no_wait_grew_by_is_not_slowdown(tmp_path):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ccbridge import advise
+from ccbridge import account, advise
 from ccbridge.errors import ResultFileError
 from ccbridge.results import Result, Row
 
@@ -659,3 +659,20 @@ def test_an_account_names_pinned_type_queries_and_event_timing_under_cc(tmp_path
     risk = find(recs, "torch", "at risk under CC: pinned memory reads as managed")
     assert risk and "7 pointer-type queries" in risk[0].why and "serve.py:12 gate" in risk[0].why
     assert find(recs, "torch", "time GPU work with %globaltimer stamps")
+
+
+def test_a_timing_row_that_grew_gets_its_cc_answer_once_not_a_share_line_too(tmp_path):
+    """A timing call (cuEventElapsedTime) now carries a timing recovery (it got StagedH2D's): its advice is
+    cc_answers' %globaltimer line, not a second 'all' line of the recovery's text from its share."""
+    res = Result(kind="account", env=stamp(), settings={"base": "n", "other": "c", "profile": "b300",
+                                                          "overrides": [], "command": None})
+    res.rows = [Row.of("account.total", "share_base", "s", [0.5])]
+    r = Row.of("account.api", "share_of_slowdown", "fraction", [0.2], api="cuEventElapsedTime_v2", kind="timing",
+               dir="-", mem="-")
+    r.extra.update(calls=[32, 32], recovery=account.recovery("timing", "-", 32, 0, 0, 0, 0))
+    res.rows.append(r)
+    _, recs = advise.advise([save(tmp_path, "a.json", res)])
+    timer = [a for a in recs if "%globaltimer" in a.setting]
+    assert [(a.stack, a.setting.split(" (")[0]) for a in timer] == [
+        ("torch", "time GPU work with %globaltimer stamps where CC is on")]
+    assert [a.setting for a in recs if a not in timer] == ["no change: no call family explains 5% of the slowdown"]

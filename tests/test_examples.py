@@ -83,6 +83,19 @@ def test_the_ddp_sample_accounts_each_rank_over_its_marked_steps(tmp_path, capsy
     assert [r[0] for r in ranks] == ["0", "1"], text  # two ranks, each on the window its marks made
     assert all(float(r[4]) > 0 for r in ranks)  # each rank's marked steps were slower emulated
     assert "ncclAllReduce" in text
+    # the collective's device time is the emulator's toll queued ahead of it: none natively, not 'no GPU time'
+    assert "device time the emulator queued ahead of them (toll_ns) 0.00 -> 1.08 ms" in text.replace("\n  ", " ")
+    assert "GPU time 0.00" not in text
+
+
+def test_why_on_the_ddp_sample_gives_event_timing_a_timing_recovery(tmp_path, capsys):
+    out = tmp_path / "why"
+    assert main(["account", str(TRACES / "ddp-h200x2" / "native"), str(TRACES / "ddp-h200x2" / "emulated"),
+                 "--out", str(out), "--why"]) == 0
+    text = capsys.readouterr().out.replace("\n    ", " ")
+    timing = [line for line in text.splitlines() if line.startswith("cuEventElapsedTime_v2 (timing)")]
+    assert timing and all("StagedH2D" not in line for line in timing), timing
+    assert all("recovery: time GPU work with %globaltimer stamps" in line for line in timing if "recovery" in line)
 
 
 def test_trace_summarises_a_sample(capsys):

@@ -75,6 +75,13 @@ class Line:
             return f"{approx_bytes(self.bytes / self.calls[1])}/op" if self.calls[1] else "-"
         return " ".join(v for v in (self.dir, self.mem) if v not in ("", "-")) or "-"
 
+    @property
+    def queued(self) -> str:
+        """A collective's device time as the emulator recorded it (toll_ns): queued on its stream ahead of it, not
+        the collective's own GPU time (none natively: a native trace records no toll), BASE -> OTHER."""
+        return (f"device time the emulator queued ahead of them (toll_ns) {self.device_ms[0]:.2f} -> "
+                f"{self.device_ms[1]:.2f} ms")
+
     def per_call_us(self, i: int) -> float:
         return self.in_call_ms[i] * 1e3 / self.calls[i] if self.calls[i] else 0.0
 
@@ -95,6 +102,11 @@ RECOVERIES = {
                          "all-reduce, a narrower TP degree); CUDA graphs drop their launch tolls, not this one",
     "overlap collectives": "overlap collectives with compute, or a narrower TP degree: large ones pay for the link "
                            "bandwidth CC keeps",
+    # what a CC driver answers, not a cost (advise's cc_answers says the same)
+    "%globaltimer": "time GPU work with %globaltimer stamps where CC is on (CUDA event timing is unreliable under CC; "
+                    "ccbridge: --timer globaltimer)",
+    "no is_pinned gate": "don't gate a live view or a re-pin on is_pinned(): under CC pinned memory reads as managed "
+                         "(take the view with cudaHostGetDevicePointer; keep pinned buffers)",
 }
 COLLECTIVE_SMALL = 1 << 20  # bytes per operation up to which the per-operation toll dominates (bridge law, section 6)
 
@@ -113,8 +125,11 @@ def recovery_name(text: str) -> str:
 def _recovery(kind, direction, calls, nbytes, stream_ms, channel_ms, toll_ms) -> str:
     if kind == "collective":
         return "fewer collectives" if calls and nbytes / calls <= COLLECTIVE_SMALL else "overlap collectives"
-    if kind in ("launch", "sync", "context", "alloc"):
-        return {"launch": "CUDA graphs", "sync": "fewer syncs", "context": "keep contexts", "alloc": "reuse pinned"}[kind]
+    # every kind but crossings has its own; a crossing's follows what it waited for
+    own = {"launch": "CUDA graphs", "sync": "fewer syncs", "context": "keep contexts", "alloc": "reuse pinned",
+           "timing": "%globaltimer", "query": "no is_pinned gate"}
+    if kind in own:
+        return own[kind]
     if stream_ms >= max(channel_ms, toll_ms):
         return "DrainWorker" if direction == "d2h" else "StagedH2D"
     if calls and nbytes / calls < SMALL:
@@ -392,7 +407,7 @@ def render_why(lines: list[Line], site_lines: list[Line] = (), top: int = 15) ->
                      f"the stream {x.stream_wait_ms:.2f} ms, the channel {x.channel_wait_ms:.2f} ms, tolls "
                      f"{x.toll_ms:.2f} ms")
             if x.kind == "collective":
-                text += (f"; GPU time {x.device_ms[0]:.2f} -> {x.device_ms[1]:.2f} ms, "
+                text += (f"; {x.queued}, "
                          f"{approx_bytes(x.bytes / x.calls[1]) if x.calls[1] else '-'} per operation")
             out += _wrap([text + (f"; recovery: {x.recovery}" if x.recovery else "")], indent="    ")
     return "\n".join(out)

@@ -222,7 +222,7 @@ def render_ranks(ranks: list[RankAccount], notes: list[str], mgpu_factor: float 
         if col and a.measurable:
             x = max(col, key=lambda y: y.delta_ms)
             out += _wrap([f"rank {a.name}: {x.api} {x.calls[1]} operations ({x.replays} replayed from CUDA graphs), "
-                          f"{x.what}, GPU time {x.device_ms[0]:.2f} -> {x.device_ms[1]:.2f} ms, charged "
+                          f"{x.what}, {x.queued}, charged "
                           f"{x.delta_ms:+.2f} ms ({x.delta_ms / a.slowdown_ms:.0%}); {recovery_name(x.recovery)}"])
     if mgpu_factor and mgpu_factor != 1:
         out.append(f"launch: each launch paid the launch toll x {mgpu_factor:g} (mgpu_launch_factor: the process "

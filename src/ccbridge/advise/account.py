@@ -19,6 +19,7 @@ NO_SLOWDOWN_MS = 0.05
 DDP_DEFAULT_MB = 25  # torch DDP's bucket_cap_mb default
 DDP_BUCKET_MB = 100  # where to start instead: 4x fewer all-reduces, each 4x larger
 KIND_DIR_MEM = ("kind", "dir", "mem")
+CC_ANSWERS = ("query", "timing")  # kinds of calls whose answer under CC is the finding (cc_answers)
 
 
 def check(inp: Input) -> None:
@@ -55,7 +56,9 @@ def advise(inp: Input) -> list[Advice]:
             brief=f"slowdown {total.median * 1e3:.1f} ms")
         return out
     cc_answers(inp, add)
-    shares = [r for r in rank_shares or res.by_test("account.api") if r.metric == "share_of_slowdown"]
+    # query and timing rows: what the driver answers, not a cost; cc_answers gives their advice
+    shares = [r for r in rank_shares or res.by_test("account.api") if r.metric == "share_of_slowdown"
+              and r.params.get("kind") not in CC_ANSWERS]
     # one recovery, one line: the APIs it recovers (cuLaunchKernel and cuLaunchKernelEx) summed; a collective
     # stays a line of its own (its advice depends on its size)
     groups: dict[str, list[Row]] = {}
@@ -93,8 +96,8 @@ def cc_answers(inp: Input, add: Add) -> None:
     queries of pinned memory answered 'managed' (TensorRT PR #4740; vLLM issue #57224: an is_pinned() gate served
     stale data), and GPU time read from CUDA events (unreliable under CC: TensorRT PR #4740)."""
     rows = [r for r in inp.result.by_test("account.api") + inp.result.by_test("account.site")
-            if r.metric == "share_of_slowdown" and r.params.get("kind") in ("query", "timing")]
-    for kind in ("query", "timing"):
+            if r.metric == "share_of_slowdown" and r.params.get("kind") in CC_ANSWERS]
+    for kind in CC_ANSWERS:
         mine = [r for r in rows if r.params["kind"] == kind and (r.extra.get("calls") or [0, 0])[-1] > 0]
         if not mine:
             continue
