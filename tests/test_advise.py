@@ -676,3 +676,23 @@ def test_a_timing_row_that_grew_gets_its_cc_answer_once_not_a_share_line_too(tmp
     assert [(a.stack, a.setting.split(" (")[0]) for a in timer] == [
         ("torch", "time GPU work with %globaltimer stamps where CC is on")]
     assert [a.setting for a in recs if a not in timer] == ["no change: no call family explains 5% of the slowdown"]
+
+
+def shares_account(*rows) -> Result:
+    """An account whose share rows are (api, kind, dir, mem, share, recovery name in account.RECOVERIES)."""
+    res = Result(kind="account", env=stamp("on"), settings={"base": "a", "other": "b", "profile": None},
+                 rows=[Row.of("account.total", "share_base", "s", [0.1])])
+    for api, kind, d, m, share, name in rows:
+        r = Row.of("account.api", "share_of_slowdown", "fraction", [share], api=api, kind=kind, dir=d, mem=m)
+        r.extra.update(recovery=account.RECOVERIES[name], calls=[10, 10])
+        res.rows.append(r)
+    return res
+
+
+def test_a_call_familys_label_leaves_out_empty_and_dash_parts_as_the_account_does(tmp_path):
+    res = shares_account(("cuLaunchKernel", "launch", "", "", 0.5, "CUDA graphs"))
+    _, recs = advise.advise([save(tmp_path, "a.json", res)])
+    assert find(recs, "vLLM", "CUDA graphs")[0].why.startswith("cuLaunchKernel (launch): 50% of the slowdown")
+    assert account.kind_dir_mem("launch", "", "-") == "launch"
+    assert account.kind_dir_mem("crossing", "d2h", "pinned") == "crossing/d2h/pinned"
+

@@ -390,6 +390,11 @@ def calls_part(lines: list[Line], of_s: float) -> str:
     return text + f"; the rest, {(of_s - net) * 1e3:+.1f} ms" + pct(of_s - net) + f", is {BETWEEN_CALLS}"
 
 
+def kind_dir_mem(kind: str, direction: str, mem: str) -> str:
+    """A call family's label: kind/dir/mem, an empty or '-' part left out (a launch: 'launch')."""
+    return "/".join(v for v in (kind, direction, mem) if v not in ("", "-"))
+
+
 def render_why(lines: list[Line], site_lines: list[Line] = (), top: int = 15) -> str:
     """--why: the evidence behind each row of the tables, wrapped to 120 columns."""
     out = []
@@ -397,8 +402,7 @@ def render_why(lines: list[Line], site_lines: list[Line] = (), top: int = 15) ->
         if group:
             out.append(f"{title}:")
         for x in group[:top]:
-            what = "/".join(v for v in (x.kind, x.dir, x.mem) if v not in ("", "-"))
-            text = (f"{x.api} ({what})" + (f" at {x.site}" if x.site else "")
+            text = (f"{x.api} ({kind_dir_mem(x.kind, x.dir, x.mem)})" + (f" at {x.site}" if x.site else "")
                     + f": calls {x.calls[0]} -> {x.calls[1]}, {x.per_call_us(0):.1f} -> {x.per_call_us(1):.1f} us per "
                     f"call; in calls {x.in_call_delta_ms:+.2f} ms")
             if x.moved_ms:

@@ -6,6 +6,7 @@ capture them drop their launch tolls, not theirs, and a narrower TP degree pays 
 
 from __future__ import annotations
 
+from ccbridge.account import kind_dir_mem
 from ccbridge.advise.core import Add, Advice, Input, adder, state
 from ccbridge.advise.engines import stacks
 from ccbridge.advise.multicast import no_multicast
@@ -75,8 +76,7 @@ def advise(inp: Input) -> list[Advice]:
     collectives(inp, add, [g[0] for g in top if g[0].params.get("kind") == "collective"], total)
     for group in (g for g in top if g[0].params.get("kind") != "collective"):
         share, recovery = sum(r.median for r in group), str(group[0].extra.get("recovery", ""))
-        # "-": no direction or memory kind (a launch)
-        whats = [f"{r.params.get('api')} ({'/'.join(r.params[k] for k in KIND_DIR_MEM if r.params.get(k, '-') != '-')})"
+        whats = [f"{r.params.get('api')} ({kind_dir_mem(*(r.params.get(k, '') for k in KIND_DIR_MEM))})"
                  for r in group]
         # where in the program: the call sites of these APIs that explain most of the slowdown
         where = sorted((x for x in at_sites for r in group if x.median >= MIN_SHARE
