@@ -696,3 +696,32 @@ def test_a_call_familys_label_leaves_out_empty_and_dash_parts_as_the_account_doe
     assert account.kind_dir_mem("launch", "", "-") == "launch"
     assert account.kind_dir_mem("crossing", "d2h", "pinned") == "crossing/d2h/pinned"
 
+
+def test_recoveries_that_call_for_the_same_settings_give_one_line_and_pass_the_cut_together(tmp_path):
+    """'fewer syncs' and DrainWorker both give the DrainWorker settings, 'pack crossings' and StagedH2D both give
+    StagedH2D's: grouped by recovery text, each setting was printed twice, or (3% each) not at all."""
+    res = shares_account(("cuStreamSynchronize", "sync", "-", "-", 0.10, "fewer syncs"),
+                         ("cuMemcpyDtoHAsync_v2", "crossing", "d2h", "pinned", 0.10, "DrainWorker"),
+                         ("cuMemcpyHtoD_v2", "crossing", "h2d", "pageable", 0.03, "pack crossings"),
+                         ("cuMemcpyHtoDAsync_v2", "crossing", "h2d", "pinned", 0.03, "StagedH2D"))
+    _, recs = advise.advise([save(tmp_path, "a.json", res)])
+    settings = [(a.stack, a.setting) for a in recs]
+    assert len(settings) == len(set(settings)), settings
+    drain = find(recs, "vLLM", "DrainWorker")
+    assert len(drain) == 1 and drain[0].brief == "20% of slowdown (100.0 ms)"
+    assert drain[0].why.startswith("cuStreamSynchronize (sync) and cuMemcpyDtoHAsync_v2 (crossing/d2h/pinned): 20%")
+    assert account.RECOVERIES["fewer syncs"] in drain[0].why and account.RECOVERIES["DrainWorker"] in drain[0].why
+    staged = find(recs, "torch", "ccbridge.serve.StagedH2D: packed inputs")  # 3% + 3%: over the 5% cut together
+    assert len(staged) == 1 and staged[0].brief == "6% of slowdown (100.0 ms)"
+
+
+def test_a_sites_apis_are_summed_into_one_figure(tmp_path):
+    """cuLaunchKernel and cuLaunchKernelEx at one line: one '30% at' for it, not '20% at' and '10% at' the same."""
+    res = shares_account(("cuLaunchKernel", "launch", "-", "-", 0.25, "CUDA graphs"),
+                         ("cuLaunchKernelEx", "launch", "-", "-", 0.13, "CUDA graphs"))
+    for api, share in (("cuLaunchKernel", 0.2), ("cuLaunchKernelEx", 0.1)):
+        res.rows.append(Row.of("account.site", "share_of_slowdown", "fraction", [share], api=api, kind="launch",
+                               dir="-", mem="-", site="loop.py:20 step -> silu"))
+    _, recs = advise.advise([save(tmp_path, "a.json", res)])
+    why = find(recs, "vLLM", "CUDA graphs")[0].why
+    assert why.count("loop.py:20") == 1 and "; 30% at loop.py:20 step -> silu;" in why, why

@@ -60,34 +60,41 @@ def advise(inp: Input) -> list[Advice]:
     # query and timing rows: what the driver answers, not a cost; cc_answers gives their advice
     shares = [r for r in rank_shares or res.by_test("account.api") if r.metric == "share_of_slowdown"
               and r.params.get("kind") not in CC_ANSWERS]
-    # one recovery, one line: the APIs it recovers (cuLaunchKernel and cuLaunchKernelEx) summed; a collective
-    # stays a line of its own (its advice depends on its size)
-    groups: dict[str, list[Row]] = {}
+    # one setting, one line: the rows whose recoveries call for the same settings (cuLaunchKernel and
+    # cuLaunchKernelEx: CUDA graphs; a synchronize's and a readback's: a DrainWorker) summed, and kept where together
+    # they explain MIN_SHARE; a collective stays a line of its own (its advice depends on its size)
+    groups: dict[tuple, list[Row]] = {}
     for r in shares:
-        key = f"collective {id(r)}" if r.params.get("kind") == "collective" else str(r.extra.get("recovery", ""))
+        key = ("collective", id(r)) if r.params.get("kind") == "collective" else \
+            tuple(stacks(str(r.extra.get("recovery", ""))))
         groups.setdefault(key, []).append(r)
     groups = {k: g for k, g in groups.items() if sum(r.median for r in g) >= MIN_SHARE}
-    top = sorted(groups.values(), key=lambda g: -sum(r.median for r in g))[:TOP_ACCOUNT]
+    top = sorted(groups.items(), key=lambda kg: -sum(r.median for r in kg[1]))[:TOP_ACCOUNT]
     if not top:
         add("all", "no change: no call family explains 5% of the slowdown",
             f"{state(inp)}; largest shares under {MIN_SHARE:.0%}", *([total] if total else []))
         return out
     at_sites = [x for x in res.by_test("account.site") if x.metric == "share_of_slowdown"]
-    collectives(inp, add, [g[0] for g in top if g[0].params.get("kind") == "collective"], total)
-    for group in (g for g in top if g[0].params.get("kind") != "collective"):
-        share, recovery = sum(r.median for r in group), str(group[0].extra.get("recovery", ""))
+    collectives(inp, add, [g[0] for _, g in top if g[0].params.get("kind") == "collective"], total)
+    of = f" ({total.median * 1e3:.1f} ms)" if total else ""
+    for settings, group in ((k, g) for k, g in top if g[0].params.get("kind") != "collective"):
+        share = sum(r.median for r in group)
+        recoveries = "; ".join(dict.fromkeys(str(r.extra.get("recovery", "")) for r in group))
         whats = [f"{r.params.get('api')} ({kind_dir_mem(*(r.params.get(k, '') for k in KIND_DIR_MEM))})"
                  for r in group]
-        # where in the program: the call sites of these APIs that explain most of the slowdown
-        where = sorted((x for x in at_sites for r in group if x.median >= MIN_SHARE
-                        and all(x.params.get(k) == r.params.get(k) for k in ("api", "dir", "mem"))),
-                       key=lambda x: -x.median)[:2]
-        of = f" ({total.median * 1e3:.1f} ms)" if total else ""
+        # where in the program: the call sites of these APIs that explain most of the slowdown, each site's
+        # APIs summed (a line's launches through cuLaunchKernel and cuLaunchKernelEx are one figure)
+        sites: dict[str, list[Row]] = {}
+        for x in at_sites:
+            if any(all(x.params.get(k) == r.params.get(k) for k in ("api", "dir", "mem")) for r in group):
+                sites.setdefault(x.params["site"], []).append(x)
+        where = sorted(((sum(x.median for x in g), site, g) for site, g in sites.items()), key=lambda w: -w[0])
+        where = [w for w in where if w[0] >= MIN_SHARE][:2]
         why = (f"{' and '.join(whats)}: {share:.0%} of the slowdown{of}"
-               + "".join(f"; {x.median:.0%} at {x.params['site']}" for x in where) + f"; {recovery}")
-        for stack, setting in stacks(recovery):
-            add(stack, setting, why, *(group + where + ([total] if total else [])),
-                brief=f"{share:.0%} of slowdown{of}")
+               + "".join(f"; {v:.0%} at {site}" for v, site, _ in where) + f"; {recoveries}")
+        cites = group + [x for *_, g in where for x in g] + ([total] if total else [])
+        for stack, setting in settings:
+            add(stack, setting, why, *cites, brief=f"{share:.0%} of slowdown{of}")
     return out
 
 
