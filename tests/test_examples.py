@@ -123,6 +123,12 @@ def test_advice_on_the_ddp_sample_reads_its_collectives_size_from_the_ranks(tmp_
     coll = [a for a in advice if "ncclAllReduce" in a["why"]]
     assert coll and all("of ?" not in a["why"] for a in coll)
     assert all("64.0 MiB each" in a["why"] for a in coll), coll[0]["why"]
+    # the 'all' rows sum the two ranks, which ran 32 all-reduces each (not 64), 1.08 ms of queued device time each
+    sized = [a for a in coll if "MiB each" in a["why"]]
+    assert all("32 ncclAllReduce a rank x 2 ranks of 64.0 MiB each" in a["why"] for a in sized), sized[0]["why"]
+    assert all("(39.7 ms, 2 ranks summed); 1.1 ms a rank of device time the emulator queued" in a["why"]
+               for a in sized)
+    assert all(a["brief"] == "32 ops x 2 ranks of 64.0 MiB, 12%" for a in sized)
     # 64 MiB an operation is bandwidth-bound: overlap it, not larger DDP buckets against a per-operation toll
     assert any("overlap collectives" in a["setting"] for a in coll)
     assert not any("bucket_cap_mb" in a["setting"] for a in coll)

@@ -76,7 +76,8 @@ def advise(inp: Input) -> list[Advice]:
         return out
     at_sites = [x for x in res.by_test("account.site") if x.metric == "share_of_slowdown"]
     collectives(inp, add, [g[0] for _, g in top if g[0].params.get("kind") == "collective"], total)
-    of = f" ({total.median * 1e3:.1f} ms)" if total else ""
+    brief = f" ({total.median * 1e3:.1f} ms)" if total else ""
+    of = f" ({total.median * 1e3:.1f} ms{summed(res)})" if total else ""
     for settings, group in ((k, g) for k, g in top if g[0].params.get("kind") != "collective"):
         share = sum(r.median for r in group)
         recoveries = "; ".join(dict.fromkeys(str(r.extra.get("recovery", "")) for r in group))
@@ -94,8 +95,20 @@ def advise(inp: Input) -> list[Advice]:
                + "".join(f"; {v:.0%} at {site}" for v, site, _ in where) + f"; {recoveries}")
         cites = group + [x for *_, g in where for x in g] + ([total] if total else [])
         for stack, setting in settings:
-            add(stack, setting, why, *cites, brief=f"{share:.0%} of slowdown{of}")
+            add(stack, setting, why, *cites, brief=f"{share:.0%} of slowdown{brief}")
     return out
+
+
+def ranks(res) -> int:
+    """The ranks an account of a job compared (its account.rank rows; 0: an account of one process)."""
+    return len({(r.params.get("rank"), r.params.get("world")) for r in res.by_test("account.rank")
+                if r.params.get("rank") != "all"})
+
+
+def summed(res) -> str:
+    """', N ranks summed' where the slowdown is all ranks' (a job's account), else nothing."""
+    n = ranks(res)
+    return f", {n} ranks summed" if n > 1 else ""
 
 
 def cc_answers(inp: Input, add: Add) -> None:
@@ -137,11 +150,16 @@ def collectives(inp: Input, add: Add, shares: list[Row], total: Row | None) -> N
         calls = (r.extra.get("calls") or [0, 0])[-1]
         cites = [r] + [x for x in (size, gpu, total) if x]
         per_op = approx_bytes(size.median) if size else "?"
-        why = (f"{state(inp)}; {calls} {p['api']} of {per_op} each: {r.median:.0%} of the slowdown"
-               + (f" ({total.median * 1e3:.1f} ms)" if total else "")
-               + (f"; {gpu.median:.1f} ms of GPU time queued ahead of them" if gpu else "")
+        # by_rank's rows sum a job's ranks: its operations and device time are per rank times the ranks
+        n = max(ranks(res), 1) if r.test == "account.rank_api" else 1
+        even = n > 1 and calls % n == 0
+        ops, each = (calls // n, f" x {n} ranks") if even else (calls, f" over {n} ranks" if n > 1 else "")
+        why = (f"{state(inp)}; {ops} {p['api']}{' a rank' if even else ''}{each} of {per_op} each: {r.median:.0%} "
+               "of the slowdown" + (f" ({total.median * 1e3:.1f} ms{summed(res)})" if total else "")
+               + (f"; {gpu.median / n:.1f} ms{' a rank' if n > 1 else ''} of device time the emulator queued ahead "
+                  "of them (toll_ns)" if gpu else "")
                + f"; {r.extra.get('recovery', '')}")
-        brief = f"{calls} ops of {per_op}, {r.median:.0%}"
+        brief = f"{ops} ops{each} of {per_op}, {r.median:.0%}"
         if size and size.median > (1 << 20):  # bandwidth-bound: per-operation advice dilutes nothing
             add("DDP/torch", "overlap collectives with compute (DDP's default: keep gradient sync in backward)",
                 why, *cites, brief=brief)
