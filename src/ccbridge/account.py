@@ -199,16 +199,25 @@ def share_base(wall_s: float, where: dict[str, float]) -> float:
     return where["driver calls"] if where else wall_s
 
 
+def phase_times(t: TraceSummary, run: tuple[int, int] | None) -> dict[str, float]:
+    """One run's phases (s): from the program's launch to its first traced driver call (start-up: imports, model
+    building, and whatever the program ran with its trace paused), from the first traced call to the last (where
+    the calls can explain a slowdown), from the last to the program's end (teardown). Empty without the run's
+    launch and end times (two traces given) or a trace without calls."""
+    if not run or t.first_ns is None:
+        return {}
+    return dict(zip(PHASES, ((t.first_ns - run[0]) / 1e9, (t.last_ns - t.first_ns) / 1e9, (run[1] - t.last_ns) / 1e9)))
+
+
+def by_phase(base: dict[str, float], other: dict[str, float]) -> dict[str, float]:
+    """Where the slowdown fell: each phase's OTHER less BASE (s, phase_times()); empty where either is not known."""
+    return {k: other[k] - base[k] for k in PHASES} if base and other else {}
+
+
 def phases(base: TraceSummary, other: TraceSummary, base_run: tuple[int, int] | None,
            other_run: tuple[int, int] | None) -> dict[str, float]:
-    """Where the slowdown fell (s, other minus base): from the program's launch to its first traced driver
-    call (start-up: imports, model building, and whatever the program ran with its trace paused), from the
-    first traced call to the last (where the calls can explain it), from the last to the program's end
-    (teardown). Empty without the runs' launch and end times (two traces given) or a trace without calls."""
-    if not (base_run and other_run and base.first_ns is not None and other.first_ns is not None):
-        return {}
-    cut = [(t.first_ns - r[0], t.last_ns - t.first_ns, r[1] - t.last_ns) for t, r in ((base, base_run), (other, other_run))]
-    return {name: (o - b) / 1e9 for name, b, o in zip(PHASES, *cut)}
+    """Where the slowdown of one run fell, phase by phase (by_phase() of the two runs' phase_times())."""
+    return by_phase(phase_times(base, base_run), phase_times(other, other_run))
 
 
 def net_in_calls_s(lines: list[Line]) -> float:

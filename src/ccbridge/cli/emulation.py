@@ -84,10 +84,12 @@ def cmd_account(args) -> int:
     both = [runs.merge([e[i] for e in each]) for i in (0, 1)]
     base, other = both[0][0], both[1][0]
     walls = [_summed(side) for side in zip(*map(_walls, runs_at))]
-    where = runs.phases([account.phases(b, o, *at) for (b, o), at in zip(each, runs_at)])
+    # each side's phases, the runs summed (launch -> first call -> last call -> exit; none for traces given)
+    times = [runs.phases([account.phase_times(e[i], at[i]) for e, at in zip(each, runs_at)]) for i in (0, 1)]
+    where = account.by_phase(*times)
     emulated_as, settings = _settings(args, base, other, pairs, rest, proj)
     summed = _Runs(each, runs_at, out if prof else None, list(dict.fromkeys(both[0][1] + both[1][1])))
-    cold = _cold_start(each, runs_at, args.warmup) if where else None
+    cold = _cold_start(times[0]["start-up"], times[1]["start-up"], len(each), args.warmup) if where else None
     if account_ranks.multi_process(base, other):
         return _account_ranks(args, base, other, where, prof, out, emulated_as, settings, summed, cold)
     of, base_s = _share_of(base, other, walls, where)
@@ -177,17 +179,17 @@ def _warm_up(rest: list[str]) -> None:
 COLD_START = (0.2, 0.15)  # s, and a fraction of BASE's start-up: the larger is the noise allowed
 
 
-def _cold_start(each: list, runs_at: list, warmed: bool) -> str | None:
-    """Where OTHER's start-up (summed over the runs) is shorter than BASE's beyond COLD_START: a note that says
-    so (every run's phases known); else None."""
-    base, other = (sum(pair[i].first_ns - at[i][0] for pair, at in zip(each, runs_at)) / 1e9 for i in (0, 1))
+def _cold_start(base: float, other: float, k: int, warmed: bool) -> str | None:
+    """Where OTHER's start-up (launch to first driver call, s, summed over k runs) is shorter than BASE's beyond
+    COLD_START: a note that says so; else None."""
     if base - other <= max(COLD_START[0], COLD_START[1] * base):
         return None
     why = ("CMD ran once before them (--warmup), so not only the page cache: the driver, the GPU or the host's "
-           "speed; --repeat K averages it" if warmed else "a cold page cache for CMD's libraries in the first run, "
-           "the driver, the GPU or the host's speed; --warmup (or a run of CMD before the account) evens the first")
+           "speed; --repeat K averages it" if warmed else "a cold page cache for CMD's "
+           "libraries in the first run, the driver, the GPU or the host's speed; --warmup (or a run of CMD before the "
+           "account) evens the first")
     return (f"OTHER's start-up (launch to first driver call) took {other * 1e3:.1f} ms, BASE's {base * 1e3:.1f} ms"
-            f"{' (the runs summed)' if len(each) > 1 else ''}: an emulated run is never faster than the native one, "
+            f"{' (the runs summed)' if k > 1 else ''}: an emulated run is never faster than the native one, "
             f"so the runs differ in more than the bridge: {why}")
 
 
