@@ -71,6 +71,20 @@ def test_the_threshold_is_the_larger_of_its_seconds_and_its_share_of_bases_start
     assert (emulation._cold_start(base_s, other_s, 1, False) is not None) == noted
 
 
+@pytest.mark.parametrize("k, base_s, other_s, noted", [
+    (3, 1.5, 0.95, False), (3, 1.5, 0.85, True),  # 3 runs summed: 0.6 s of noise, not one run's 0.2 s
+    (3, 6.0, 5.0, True), (3, 6.0, 5.2, False),  # 15% of a long summed start-up (0.9 s) is the larger
+])
+def test_the_threshold_scales_with_the_runs_summed(k, base_s, other_s, noted):
+    assert (emulation._cold_start(base_s, other_s, k, False) is not None) == noted
+
+
+def test_after_warmup_repeat_is_recommended_only_where_it_was_not_given():
+    once, summed = emulation._cold_start(2.5, 0.5, 1, True), emulation._cold_start(5.0, 1.0, 2, True)
+    assert once.endswith("the driver, the GPU or the host's speed; --repeat K averages it"), once
+    assert "--repeat" not in summed and summed.endswith("the driver, the GPU or the host's speed"), summed
+
+
 def test_a_jobs_runs_summed_are_noted_too_and_after_warmup_the_host_is_named(tmp_path, monkeypatch, capsys):
     fake_timed(monkeypatch, write_job, {False: 2.5, True: 0.5})
     out = tmp_path / "o"
@@ -80,6 +94,7 @@ def test_a_jobs_runs_summed_are_noted_too_and_after_warmup_the_host_is_named(tmp
     text = err.replace("\n  ", " ")
     assert f"{NOTE} 1000.0 ms, BASE's 5000.0 ms (the runs summed): an emulated run is never faster" in text
     assert "CMD ran once before them (--warmup), so not only the page cache" in text
+    assert "--repeat K" not in text  # it ran with --repeat 2 already
     res = results.load(out / "result.json")
     assert res.settings["ranks"] == [0, 1]
     start = next(r for r in res.rows if r.test == "account.phase" and r.params["phase"] == "start-up")

@@ -176,16 +176,16 @@ def _warm_up(rest: list[str]) -> None:
 # bridge. A small decode loop's native run on an H200 host (bench/RESULTS.md, session 27): 2.0 s longer as the
 # lease's first torch program (a cold page cache), still 0.8 s longer after a run of it before the account: which
 # first-run cost that is (the driver, the GPU waking, the host) the traces do not say, so the note names none.
-COLD_START = (0.2, 0.15)  # s, and a fraction of BASE's start-up: the larger is the noise allowed
+COLD_START = (0.2, 0.15)  # s a run, and a fraction of BASE's start-up: the larger is the noise allowed
 
 
 def _cold_start(base: float, other: float, k: int, warmed: bool) -> str | None:
     """Where OTHER's start-up (launch to first driver call, s, summed over k runs) is shorter than BASE's beyond
-    COLD_START: a note that says so; else None."""
-    if base - other <= max(COLD_START[0], COLD_START[1] * base):
+    COLD_START (its seconds k times: each run's start-up has its own noise): a note that says so; else None."""
+    if base - other <= max(COLD_START[0] * k, COLD_START[1] * base):
         return None
     why = ("CMD ran once before them (--warmup), so not only the page cache: the driver, the GPU or the host's "
-           "speed; --repeat K averages it" if warmed else "a cold page cache for CMD's "
+           "speed" + ("; --repeat K averages it" if k == 1 else "") if warmed else "a cold page cache for CMD's "
            "libraries in the first run, the driver, the GPU or the host's speed; --warmup (or a run of CMD before the "
            "account) evens the first")
     return (f"OTHER's start-up (launch to first driver call) took {other * 1e3:.1f} ms, BASE's {base * 1e3:.1f} ms"
