@@ -132,3 +132,11 @@ def test_advice_on_the_ddp_sample_reads_its_collectives_size_from_the_ranks(tmp_
     # 64 MiB an operation is bandwidth-bound: overlap it, not larger DDP buckets against a per-operation toll
     assert any("overlap collectives" in a["setting"] for a in coll)
     assert not any("bucket_cap_mb" in a["setting"] for a in coll)
+
+
+def test_advice_on_the_ddp_sample_comes_largest_share_first(tmp_path, capsys):
+    advice = _advice(tmp_path, "ddp-h200x2", capsys)
+    settings = [a["setting"] for a in advice]
+    graphs = next(i for i, s in enumerate(settings) if "CUDA graphs" in s)  # the launches: 73-75% a rank
+    overlap = next(i for i, s in enumerate(settings) if "overlap collectives" in s)  # the all-reduces: 8-11%
+    assert graphs < overlap, settings

@@ -75,10 +75,12 @@ def advise(inp: Input) -> list[Advice]:
             f"{state(inp)}; largest shares under {MIN_SHARE:.0%}", *([total] if total else []))
         return out
     at_sites = [x for x in res.by_test("account.site") if x.metric == "share_of_slowdown"]
-    collectives(inp, add, [g[0] for _, g in top if g[0].params.get("kind") == "collective"], total)
     brief = f" ({total.median * 1e3:.1f} ms)" if total else ""
     of = f" ({total.median * 1e3:.1f} ms{summed(res)})" if total else ""
-    for settings, group in ((k, g) for k, g in top if g[0].params.get("kind") != "collective"):
+    for settings, group in top:  # the largest share first, collectives among the rest
+        if group[0].params.get("kind") == "collective":
+            collectives(inp, add, group, total)
+            continue
         share = sum(r.median for r in group)
         recoveries = "; ".join(dict.fromkeys(str(r.extra.get("recovery", "")) for r in group))
         whats = [f"{r.params.get('api')} ({kind_dir_mem(*(r.params.get(k, '') for k in KIND_DIR_MEM))})"
@@ -96,6 +98,9 @@ def advise(inp: Input) -> list[Advice]:
         cites = group + [x for *_, g in where for x in g] + ([total] if total else [])
         for stack, setting in settings:
             add(stack, setting, why, *cites, brief=f"{share:.0%} of slowdown{brief}")
+    colls = [g[0] for _, g in top if g[0].params.get("kind") == "collective"]
+    if colls:
+        no_multicast(inp, add, "the collectives above run on this fabric", colls[0])
     return out
 
 
@@ -175,5 +180,3 @@ def collectives(inp: Input, add: Add, shares: list[Row], total: Row | None) -> N
         add("SGLang", "CUDA graphs on (no --disable-cuda-graph) over the decode batches", why, *cites, brief=brief)
         add("vLLM/SGLang", "a narrower tensor-parallel degree: TP pays two all-reduces per layer per token "
             "(compare degrees with `ccbridge bench decode`)", why, *cites, brief=brief)
-    if shares:
-        no_multicast(inp, add, "the collectives above run on this fabric", *shares[:1])
