@@ -124,28 +124,66 @@ def hostcrypto(res: Result):
                  "CPU AES-256-GCM (OpenSSL)") if rows else None
 
 
+# The other trace's waits and tolls a bar of the "Where the time went" chart is split into, in its order, then the
+# rest of the growth: (extra's key, colour, legend)
+PARTS = (("stream_wait_ms", "#c0504d", "stream wait"), ("channel_wait_ms", "#f79646", "channel wait"),
+         ("toll_ms", "#8064a2", "toll"))
+REST = ("#4f81bd", "rest of the growth")
+LABEL_W = 70  # a bar's label, in characters
+
+
+def bar_label(params: dict) -> str:
+    """A bar's label: the API (with its direction and memory, where a crossing), after the call site where the
+    row is one site's: two APIs from one line are two bars, each named. A long site loses its start, not its API."""
+    what = " ".join(v for v in (params["api"], params.get("dir"), params.get("mem")) if v and v != "-")
+    site = params.get("site")
+    if not site:
+        return what[:LABEL_W]
+    room = max(LABEL_W - len(what) - 3, 10)
+    return f"{site if len(site) <= room else '...' + site[-(room - 3):]} [{what}]"
+
+
+def account_bars(res: Result, top: int = 10) -> list[tuple[str, list[str], list[list[float]]]]:
+    """The "Where the time went" chart's panels (by API, then by call site), each (title, labels, segments): a
+    row per call that grew (the top ones), its bar split into the PARTS then the rest, in ms. The parts are taken
+    in turn and capped at what of the row's growth is left, so a bar sums to its growth and never passes it (the
+    other trace's waits and tolls can exceed what its call grew by: the base trace's call took time too)."""
+    panels = []
+    for test, title in (("account.api", "by API"), ("account.site", "by call site")):
+        rows = sorted((r for r in res.by_test(test) if r.metric == "in_call_delta" and r.median > 0),
+                      key=lambda r: -r.median)[:top]
+        if not rows:
+            continue
+        segments = []
+        for r in rows:
+            left, parts = 0.0, []
+            for key, _, _ in PARTS:
+                parts.append(min(max(r.extra.get(key, 0.0), 0.0), max(r.median - left, 0.0)))
+                left += parts[-1]
+            segments.append(parts + [max(r.median - left, 0.0)])
+        panels.append((title, [bar_label(r.params) for r in rows], segments))
+    return panels
+
+
 def account(res: Result, top: int = 10):
     """Where a CC tax went: the calls that grew most (per API, then per call site), each bar split into the
-    other trace's waits for the stream and the channel, its tolls, and the rest of the growth."""
-    groups = [(t, sorted((r for r in res.by_test(t) if r.metric == "in_call_delta" and r.median > 0),
-                         key=lambda r: -r.median)[:top]) for t in ("account.api", "account.site")]
-    groups = [(t, rows) for t, rows in groups if rows]
-    if not groups:
+    other trace's waits for the stream and the channel, its tolls, and the rest of the growth (account_bars)."""
+    panels = account_bars(res, top)
+    if not panels:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(len(groups), 1, figsize=(10, sum(0.35 * len(g) + 1.3 for _, g in groups)), squeeze=False,
-                             dpi=DPI)
-    for ax, (test, rows) in zip(axes[:, 0], groups):
-        labels = [(r.params.get("site") or f"{r.params['api']} {r.params.get('dir') or ''}")[-70:] for r in rows]
-        left = [0.0] * len(rows)
-        for part, color in (("stream_wait_ms", "#c0504d"), ("channel_wait_ms", "#f79646"), ("toll_ms", "#8064a2")):
-            vals = [min(r.extra.get(part, 0.0), r.median) for r in rows]
-            ax.barh(labels, vals, left=left, color=color, label=part.replace("_ms", "").replace("_", " "))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, sum(0.35 * len(p[1]) + 1.3 for p in panels)),
+                             squeeze=False, dpi=DPI)
+    for ax, (title, labels, segments) in zip(axes[:, 0], panels):
+        at = list(range(len(labels)))  # one place a row: rows never share a bar, whatever their labels
+        left = [0.0] * len(labels)
+        for i, (color, legend) in enumerate([(c, name) for _, c, name in PARTS] + [REST]):
+            vals = [seg[i] for seg in segments]
+            ax.barh(at, vals, left=left, color=color, label=legend)
             left = [a + b for a, b in zip(left, vals)]
-        ax.barh(labels, [max(r.median - lo, 0.0) for r, lo in zip(rows, left)], left=left, color="#4f81bd",
-                label="rest of the growth")
+        ax.set_yticks(at, labels)
         ax.set_xlabel("ms more in the call than in the base trace")
-        ax.set_title("by call site" if test == "account.site" else "by API")
+        ax.set_title(title)
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
