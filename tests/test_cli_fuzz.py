@@ -362,15 +362,22 @@ CASES = [
     (["calibrate", "--profile", "b300", "--native", "{d}/good.json"], "without a GPU give --native and --emulated",
      {"skip": _gpu}),
     # trace
-    (["trace", "{d}/none"], "no trace files {d}/none.<pid>.csv or .summary.json"),
-    (["trace", "/nonexistent/dir/t"], "no trace files /nonexistent/dir/t.<pid>.csv"),
+    (["trace", "{d}/none"], "no trace has the prefix none; the traces in its folder: told, tr, tr_back, tr_huge, ts, ts2"),
+    (["trace", "/nonexistent/dir/t"], "no trace has the prefix /nonexistent/dir/t; `ccbridge run --record T -- CMD` "
+                                      "records one"),
+    # a prefix mistaken: a folder (its traces named), a typo (the nearest prefixes named)
+    (["trace", "{d}/acc_old"], "acc_old is a folder, not a trace prefix; its traces: emulated"),
+    (["trace", "{d}/folder/"], "folder is a folder holding no trace; `ccbridge run --record T -- CMD` records one"),
+    (["trace", "{d}/tr_bak"], "no trace has the prefix tr_bak; the nearest in its folder: tr_back"),
+    (["account", "{d}/acc_old", "{d}/tr"], "acc_old is a folder, not a trace prefix; its traces: emulated"),
+    (["account", "{d}/tr_bak", "{d}/tr"], "no trace has the prefix tr_bak; the nearest in its folder: tr_back"),
     (["trace", "{d}/tr"], "unreadable trace {d}/tr.1.csv, line 3"),
     (["trace", "{d}/tr_back"], "unreadable trace {d}/tr_back.1.csv, line 3: t_return_ns 2 is before t_enter_ns 5"),
     (["trace", "{d}/tr_huge"], "unreadable trace {d}/tr_huge.1.csv, line 3: t_return_ns '9999999999999...' is not a 64-bit count"),
     (["account", "{d}/tr", "{d}/tr_huge"], "unreadable trace {d}/tr"),
     (["trace", "{d}/ts2"], "unreadable call sites {d}/ts2.1.sites.json: not JSON: nested too deep"),
-    (["trace", "{d}/tr.1.csv"], "{d}/tr.1.csv: give the trace's prefix, without .<pid>.csv ({d}/tr)"),
-    (["account", "{d}/tr.1.csv", "{d}/tr"], "{d}/tr.1.csv: give the trace's prefix, without .<pid>.csv"),
+    (["trace", "{d}/tr.1.csv"], "give the trace's prefix tr, not its file tr.1.csv"),
+    (["account", "{d}/tr.1.csv", "{d}/tr"], "give the trace's prefix tr, not its file tr.1.csv"),
     (["calibrate", "--profile", "b300", "--native", ""], ".: is a folder; pass the result.json in it"),
     (["trace", "{d}/told"], "trace {d}/told.1.csv: an older ccbridge (schema 1); this ccbridge reads trace schema 5: record it again"),
     (["trace", "{d}/ts"], "unreadable trace summary {d}/ts.1.summary.json"),
@@ -588,8 +595,8 @@ CASES = [
     (["run", "--trace", "{d}/t", "--profile", "b300", "--", "true"], "unrecognized arguments"),
     # account
     (["account"], "give two trace prefixes"),
-    (["account", "{d}/nosuch", "{d}/nosuch2"], "no trace lines under {d}/nosuch.<pid>.csv"),
-    (["account", "{d}/sites_only", "{d}/nosuch2"], "the trace at {d}/sites_only holds no CUDA driver call (its "
+    (["account", "{d}/nosuch", "{d}/nosuch2"], "no trace has the prefix nosuch; the traces in its folder: told,"),
+    (["account", "{d}/sites_only", "{d}/sites_only"], "the trace at {d}/sites_only holds no CUDA driver call (its "
                                                     "program made none)"),
     (["account", "{d}/nosuch"], "give two trace prefixes"),
     (["account", "--set", "lanes=2", "{d}/a", "{d}/b"], "--set changes an emulator profile: it needs --profile"),
@@ -631,7 +638,7 @@ CASES = [
     (["advise", "--why", "{d}/good.json", "{d}/p_broken.json"], "{d}/p_broken.json: not a JSON document"),
     (["advise", "{d}/decode_tp0.json"], "rows[0].params.tp: 0 is less than the minimum of 1"),
     (["account", "--why", "{d}/a"], "give two trace prefixes"),
-    (["account", "--why", "{d}/nosuch", "{d}/nosuch2"], "no trace lines under {d}/nosuch.<pid>.csv"),
+    (["account", "--why", "{d}/nosuch", "{d}/nosuch2"], "no trace has the prefix nosuch; the traces in its folder"),
     # attest: the nonce, the bundle's file and the verifier checked before any evidence is collected
     (["attest"], "the following arguments are required: --nonce"),
     (["attest", "--nonce", "zz"], "argument --nonce: not hex: 'zz'"),

@@ -10,6 +10,7 @@ import pytest
 from ccbridge import account
 from ccbridge.cli import main
 from ccbridge.emulate import trace
+from ccbridge.errors import UsageError
 
 TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
 SAMPLES = ("decode-h200", "ddp-h200x2")
@@ -140,3 +141,42 @@ def test_advice_on_the_ddp_sample_comes_largest_share_first(tmp_path, capsys):
     graphs = next(i for i, s in enumerate(settings) if "CUDA graphs" in s)  # the launches: 73-75% a rank
     overlap = next(i for i, s in enumerate(settings) if "overlap collectives" in s)  # the all-reduces: 8-11%
     assert graphs < overlap, settings
+
+
+def test_a_mistaken_trace_prefix_is_named_in_one_line(tmp_path, monkeypatch, capsys):
+    """A folder given as a prefix, or a prefix one letter short, said 'no trace lines under
+    .../decode-h200.<pid>.csv: record with `ccbridge run --record ...`' in up to 204 columns: wrong advice, the
+    traces were there. Now one line of at most 120 columns, exit 2, naming the folder's traces or the nearest
+    prefixes; from the repository (paths as given) and from elsewhere (absolute paths, their start cut)."""
+    sample = TRACES / "decode-h200"
+    for cwd in (TRACES.parent.parent, tmp_path):
+        monkeypatch.chdir(cwd)
+        at = str(sample.relative_to(cwd)) if cwd != tmp_path else str(sample)
+        for argv, says in (
+                (["account", at, f"{at}/emulated"], "is a folder, not a trace prefix; its traces: emulated, native"),
+                (["account", f"{at}/nativ", f"{at}/emulated"], "nativ; the nearest in its folder: native"),
+                (["trace", at], "is a folder, not a trace prefix; its traces: emulated, native"),
+                (["trace", f"{at}/nativ"], "nativ; the nearest in its folder: native"),
+                (["trace", f"{at}/native.979.csv"], "/native, not its file native.979.csv"),
+                (["trace", f"{at}/zz"], "zz; the traces in its folder: emulated, native"),
+                (["trace", str(tmp_path / "none")], "none; `ccbridge run --record T -- CMD` records one")):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err.splitlines()
+            assert len(err) == 1 and len(err[0]) <= 120 and says in err[0], (argv, err)
+            assert err[0].startswith(f"ccbridge {argv[0]}: "), err
+    if TRACES.parent.parent != tmp_path:
+        monkeypatch.chdir(TRACES.parent.parent)
+    assert main(["trace", "examples/traces"]) == 2  # no trace beside them: those in its folders named
+    assert "examples/traces is a folder, not a trace prefix; its traces: ddp-h200x2/emulated" in capsys.readouterr().err
+
+
+def test_a_prefix_a_run_just_recorded_at_may_hold_no_file():
+    """A program that made no CUDA driver call leaves no trace file: where this process ran it to record
+    (launcher.run_timed notes the prefix), summarize() gives an empty trace, which account and run then speak of
+    (`made no CUDA driver call`), instead of calling the prefix a mistake."""
+    prefix = str(TRACES / "decode-h200" / "never-recorded-here")
+    with pytest.raises(UsageError, match="no trace has the prefix"):
+        trace.summarize(prefix)
+    trace.recording(prefix)
+    s = trace.summarize(prefix)
+    assert not s.processes and not s.by_api

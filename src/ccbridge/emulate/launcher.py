@@ -19,7 +19,7 @@ from ccbridge.bindings import core, libcrypto
 from ccbridge.env import CONFIG_VAR, EMULATION_VAR
 from ccbridge.errors import EmulatorError, UsageError
 from ccbridge.emulate import coverage as driver_coverage
-from ccbridge.emulate import native_floor
+from ccbridge.emulate import native_floor, trace as traces
 from ccbridge.emulate import sites as siterecorder
 from ccbridge.emulate.siteboot import ccbridge_sites
 from ccbridge.emulate.profiles import Profile, show
@@ -145,7 +145,10 @@ def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, covera
                                      v["nvlink_kept"] < 1, links=projection is not None or v["nvlink_kept"] < 1,
                                      host=host if profile.emulates else None) \
             if profile.emulates or projection else {}
-        text = profile.config_text(check_trace(trace) if trace else None, floor, host)
+        prefix = check_trace(trace) if trace else None
+        if prefix:
+            traces.recording(prefix)  # a program that makes no driver call leaves no file there: no mistake
+        text = profile.config_text(prefix, floor, host)
         if projection:
             text += projection.config_lines(floor)
         cov_prefix = str(Path(tmp) / "cov")
@@ -155,7 +158,7 @@ def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, covera
             if projection:
                 env[PROJECTION_VAR] = json.dumps(projection.as_dict())
             if sites and trace:
-                env = siterecorder.environment(env, check_trace(trace), library())
+                env = siterecorder.environment(env, prefix, library())
             t = time.monotonic_ns()
             rc = subprocess.call(cmd, env=env)
             bounds = (t, time.monotonic_ns())

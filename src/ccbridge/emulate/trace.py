@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import difflib
 import glob
 import json
 import os
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 
 from ccbridge import schema
 from ccbridge.emulate import interposer, sites, windows
-from ccbridge.errors import EmulatorError, ResultFileError
+from ccbridge.errors import EmulatorError, ResultFileError, UsageError
 from ccbridge.textfit import cut, json_why, wrap
 
 SCHEMA = 5
@@ -329,14 +330,100 @@ def _summary_doc(path: str) -> dict:
     return d
 
 
+# Prefixes this process ran a program to record at (launcher.run_timed): where such a prefix has no file, its
+# program made no CUDA driver call (the interposer writes nothing then), which the caller says; any other prefix
+# without a file is a mistake _check_prefix names.
+_RECORDING: set[str] = set()
+MESSAGE_W = 102  # a refusal of a prefix, in columns: `ccbridge account: ` before it, 120 in all
+TRACE_FILE = re.compile(r"(.+)\.\d+\.(?:csv|summary\.json)")  # a trace's files, by which its prefix is known
+
+
+def recording(prefix: str) -> None:
+    """Note that a program is run now to record at prefix: no file there afterwards is no mistake of the user's."""
+    _RECORDING.add(os.path.realpath(prefix))
+
+
+def prefixes_in(folder: str) -> list[str]:
+    """The prefixes of the traces in folder (PREFIX of each PREFIX.<pid>.csv or .summary.json there), sorted."""
+    try:
+        names = os.listdir(folder or ".")
+    except OSError:
+        return []
+    return sorted({m.group(1) for name in names if (m := TRACE_FILE.fullmatch(name))})
+
+
+def _shown(path: str, width: int) -> str:
+    """A path as a message shows it: relative to the working folder where it lies inside it, and where longer than
+    width columns, its start left out (its end names the trace)."""
+    try:
+        rel = os.path.relpath(path)
+        path = rel if not rel.startswith("..") else path
+    except (OSError, ValueError):  # no working folder
+        pass
+    return path if len(path) <= width else "..." + path[-(width - 3):]
+
+
+def _say(template: str, path: str, then: str = "", names: list[str] = ()) -> str:
+    """template's {} filled with path, then `then` and as many of names as fit MESSAGE_W columns (the rest
+    counted); the path's start left out where it is long (20 columns kept at least; up to 34 left for names)."""
+    fixed = len(template) - 2 + len(then)
+    shown = _shown(path, max(MESSAGE_W - fixed - min(len(", ".join(cut(n, 28) for n in names)), 34), 20))
+    return template.format(shown) + then + _names(names, MESSAGE_W - fixed - len(shown))
+
+
+def _names(names: list[str], width: int) -> str:
+    """Names, comma-separated, in about width columns: the first ones, and how many more (one at least, each
+    cut to 28 columns)."""
+    out: list[str] = []
+    for i, name in enumerate(names):
+        if out and len(", ".join(out + [cut(name, 28)])) + (len(" and 99 more") if names[i + 1:] else 0) > width:
+            return ", ".join(out) + f" and {len(names) - i} more"
+        out.append(cut(name, 28))
+    return ", ".join(out)
+
+
+def _has_files(prefix: str) -> bool:
+    return any(_files(prefix, suffix) for suffix in ("csv", "summary.json", "sites.json"))
+
+
+def _check_prefix(prefix: str) -> None:
+    """UsageError, one line, where prefix cannot be a trace's: a folder (the traces in it named), a trace's file
+    (its prefix named), or a prefix no file has (the nearest prefixes in its folder named, or how traces are made),
+    unless a program was just run to record there (recording())."""
+    made = "`ccbridge run --record T -- CMD` records one"
+    if os.path.isdir(prefix) and not _has_files(prefix):
+        inside = prefixes_in(prefix) or [os.path.join(sub, p) for sub in _folders(prefix)
+                                         for p in prefixes_in(os.path.join(prefix, sub))]
+        raise UsageError(_say("{} is a folder, not a trace prefix; its traces: ", prefix, "", inside) if inside else
+                         _say("{} is a folder holding no trace; ", prefix, made))
+    if not os.path.basename(prefix):
+        raise UsageError(_say("{}: give a trace prefix (T of `ccbridge run --record T`)", prefix))
+    if re.search(r"\.\d+\.(csv|summary\.json|sites\.json)$", prefix):
+        raise UsageError(_say("give the trace's prefix {}", re.sub(r"[.][0-9]+[.].*$", "", prefix),
+                              f", not its file {cut(os.path.basename(prefix), 40)}"))
+    if _has_files(prefix) or os.path.realpath(prefix) in _RECORDING:
+        return
+    folder, name = os.path.split(prefix)
+    there = prefixes_in(folder)
+    near = difflib.get_close_matches(name, there, n=3)
+    raise UsageError(_say("no trace has the prefix {}; ", prefix,
+                          *(("the nearest in its folder: ", near) if near else ("the traces in its folder: ", there)
+                            if there else (made,))))
+
+
+def _folders(folder: str) -> list[str]:
+    """The folders in folder, sorted (none where it cannot be read)."""
+    try:
+        return sorted(e.name for e in os.scandir(folder) if e.is_dir())
+    except OSError:
+        return []
+
+
 def summarize(prefix: str) -> TraceSummary:
     """Fold every <prefix>.<pid>.summary.json and .csv into one summary, and each process on its own (procs);
-    ResultFileError naming the file and the line for one the interposer did not write or of another schema."""
-    if not os.path.basename(prefix):
-        raise ResultFileError(f"{prefix!r}: give a trace prefix (T of `ccbridge run --record T`)")
-    if re.search(r"\.\d+\.(csv|summary\.json|sites\.json)$", prefix):
-        raise ResultFileError(f"{prefix}: give the trace's prefix, without .<pid>.csv "
-                              f"({re.sub(r'[.][0-9]+[.].*$', '', prefix)})")
+    ResultFileError naming the file and the line for one the interposer did not write or of another schema;
+    UsageError for a prefix that is no trace's (_check_prefix)."""
+    _check_prefix(prefix)
     s = TraceSummary()
     meta = {}  # pid -> the summary's rank and ranks
     for _, path in _files(prefix, "summary.json"):
