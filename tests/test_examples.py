@@ -180,3 +180,29 @@ def test_a_prefix_a_run_just_recorded_at_may_hold_no_file():
     trace.recording(prefix)
     s = trace.summarize(prefix)
     assert not s.processes and not s.by_api
+
+
+@pytest.mark.parametrize("sample", SAMPLES)
+def test_trace_of_a_sample_keeps_its_columns_in_120(sample, capsys):
+    """The DDP sample's `collective` kind (10 letters in an 8-column kind) pushed its rows' figures out of line, to
+    122 columns; and 'hooked calls: cuLaunchKernel 1370' beside 1280 in the table did not say that the hooks'
+    counts take in paused and untraced calls."""
+    assert main(["trace", str(TRACES / sample / "emulated")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 120 for line in lines), [len(line) for line in lines]
+    head = next(i for i, line in enumerate(lines) if line.startswith("api "))
+    table = lines[head:next(i for i, line in enumerate(lines) if line.startswith("hooked calls"))]
+    assert {len(line) for line in table} == {len(lines[head])}  # every row ends where the header does
+    kinds = {line[28:38].strip() for line in table[1:]}  # the kind column: where the header puts it
+    assert kinds <= set(trace.KINDS) and (sample != "ddp-h200x2" or "collective" in kinds), kinds
+    assert "the paused (trace.paused) and untraced ones too" in "\n".join(lines)
+
+
+def test_trace_table_keeps_its_columns_for_large_figures():
+    """A long trace's figures (ten million calls, hours in calls) lose decimals, not their columns."""
+    s = trace.TraceSummary(processes=1)
+    s.by_api[("a_mark_named_at_great_length_by_the_program", "-", "-")] = {
+        "kind": "collective", "count": 123_456_789, "bytes": 2**60, "blocked_ns": 9e15, "stream_wait_ns": 3e13,
+        "channel_wait_ns": 1e12, "toll_ns": 4e14, "captured": 0, "replays": 0}
+    lines = trace.render(s).splitlines()
+    assert [len(line) for line in lines[1:3]] == [120, 120], lines

@@ -14,7 +14,7 @@ from ccbridge.report.markdown import table_md
 from ccbridge.report.plots import ratio_chart
 from ccbridge.report.tables import Table, fmt_params, num
 from ccbridge.results import Result, Row
-from ccbridge.textfit import table, wrap
+from ccbridge.textfit import first_fit, table, wrap
 
 
 @dataclass
@@ -94,13 +94,8 @@ def _label(res: Result) -> str:
 MEDIAN_W, RATIO_W, COST_W = 8, 8, 9
 
 
-def _fit(width: int, *texts: str) -> str:
-    """The first text that fits width columns (the last is sure to)."""
-    return next((t for t in texts if len(t) <= width), texts[-1])
-
-
 def fmt_median(x: float) -> str:
-    return _fit(MEDIAN_W, num(x), f"{x:.3g}", f"{x:.2g}", f"{x:.0e}")  # .0e: at most -2e+308
+    return first_fit(MEDIAN_W, num(x), f"{x:.3g}", f"{x:.2g}", f"{x:.0e}")  # .0e: at most -2e+308
 
 
 def fmt_ratio(x: float) -> str:
@@ -109,14 +104,14 @@ def fmt_ratio(x: float) -> str:
         return "n/a"
     if x == 0 or 0.001 <= abs(x) < 1000:
         return f"{x:.3f}" if abs(x) < 100 else f"{x:.1f}"
-    return _fit(RATIO_W, f"{x:.1e}", f"{x:.0e}")
+    return first_fit(RATIO_W, f"{x:.1e}", f"{x:.0e}")
 
 
 def fmt_cost(c: float) -> str:
     """'OTHER worse by' in at most COST_W columns: +5.6%, +1.2e+06%; n/a where there is no ratio."""
     if not math.isfinite(c * 100):
         return "n/a"
-    return f"{c:+.1%}" if abs(c) < 10 else _fit(COST_W, f"{c * 100:+.1e}%", f"{c * 100:+.0e}%")
+    return f"{c:+.1%}" if abs(c) < 10 else first_fit(COST_W, f"{c * 100:+.1e}%", f"{c * 100:+.0e}%")
 
 
 def fmt_range(r: Ratio) -> str:

@@ -41,6 +41,12 @@ def json_why(e: BaseException) -> str:
     return getattr(e, "strerror", None) or str(e)
 
 
+def first_fit(width: int, *texts: str) -> str:
+    """The first of texts in at most width columns (the last where none is): a figure in its column's width, in
+    the most detail that fits."""
+    return next((t for t in texts if len(t) <= width), texts[-1])
+
+
 def cut(text: str, width: int) -> str:
     """text in at most `width` columns, its end replaced by ... where it is longer."""
     return text if len(text) <= width else text[:width - 3] + "..."

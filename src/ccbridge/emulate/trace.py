@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from ccbridge import schema
 from ccbridge.emulate import interposer, sites, windows
 from ccbridge.errors import EmulatorError, ResultFileError, UsageError
-from ccbridge.textfit import cut, json_why, wrap
+from ccbridge.textfit import cut, first_fit, json_why, wrap
 
 SCHEMA = 5
 # column -> what it holds; the order is the file's
@@ -488,19 +488,37 @@ def _mib(nbytes: int) -> str:
     return "<0.1" if 0 < mib < 0.05 else f"{mib:.1f}"
 
 
+def _num(x: float, width: int) -> str:
+    """A figure in its column: a long trace's large ones lose their decimals, then go to e-notation."""
+    return first_fit(width, f"{x:.2f}", f"{x:.0f}", f"{x:.1e}", f"{x:.0e}")
+
+
+# The per-API table: (header, width) of each column, 120 columns in all with a space between ("collective", the
+# longest kind, fits its column; an API name longer than its column is cut)
+TABLE = (("api", 27), ("kind", 10), ("dir", 4), ("mem", 8), ("count", 7), ("MiB", 8), ("in call ms", 10),
+         ("stream wait ms", 14), ("channel wait ms", 15), ("toll ms", 8))
+
+
+def _row(cells: list[str]) -> str:
+    """Cells in TABLE's columns: the first four to the left, the figures to the right."""
+    return " ".join(f"{c:<{w}}" if i < 4 else f"{c:>{w}}" for i, (c, (_, w)) in enumerate(zip(cells, TABLE)))
+
+
 def render(s: TraceSummary) -> str:
     lines = [("EMULATED " if s.emulated else "") + f"trace: {s.processes} process(es)"
              + (f" ({', '.join(sorted(s.profiles))})" if s.profiles else "")
              + f", {s.total('crossing')} crossings, {s.total('launch')} launches, {s.total('sync')} synchronizes"
              + f", {s.total('context')} context and {s.total('alloc')} pinned-allocation calls"]
-    if s.by_api:  # 119 columns
-        lines.append(f"{'api':<28} {'kind':<8} {'dir':<4} {'mem':<8} {'count':>7} {'MiB':>8} {'in call ms':>10} "
-                     f"{'stream wait ms':>14} {'channel wait ms':>15} {'toll ms':>8}")
+    if s.by_api:
+        lines.append(_row([h for h, _ in TABLE]))
         for (api, d, m), a in sorted(s.by_api.items(), key=lambda kv: -kv[1]["blocked_ns"]):
-            lines.append(f"{api:<28} {a['kind']:<8} {d:<4} {m:<8} {a['count']:>7} {_mib(a['bytes']):>8} "
-                         f"{a['blocked_ns'] / 1e6:>10.2f} {a['stream_wait_ns'] / 1e6:>14.2f} "
-                         f"{a['channel_wait_ns'] / 1e6:>15.2f} {a['toll_ns'] / 1e6:>8.2f}")
+            times = [_num(a[k] / 1e6, w) for k, (_, w) in zip(("blocked_ns", "stream_wait_ns", "channel_wait_ns",
+                                                                "toll_ns"), TABLE[6:])]
+            count = first_fit(TABLE[4][1], str(a["count"]), f"{a['count']:.1e}")
+            mib = first_fit(TABLE[5][1], _mib(a["bytes"]), f"{a['bytes'] / 2**20:.1e}")
+            lines.append(_row([cut(api, TABLE[0][1]), a["kind"], d, m, count, mib, *times]))
     top = sorted(s.calls.items(), key=lambda kv: -kv[1])
-    if top:
-        lines += wrap(["hooked calls: " + ", ".join(f"{k} {v}" for k, v in top)])
+    if top:  # the interposer's count of each hook: calls in paused regions and calls no trace line is written for
+        lines += wrap(["hooked calls, the paused (trace.paused) and untraced ones too: "
+                       + ", ".join(f"{k} {v}" for k, v in top)])
     return "\n".join(wrap(lines[:1]) + lines[1:])
