@@ -146,3 +146,39 @@ def test_one_result_twice_is_nothing_to_compare(h100):
     assert render_text(c).splitlines()[1:] == ["BASE and OTHER are one result (a file and itself, or a copy of it): "
                                                "nothing to compare"]
     assert "Ratios" not in render_markdown(c) and "nothing to compare" in render_html(c)
+
+
+def test_a_wrapped_cell_breaks_between_words_or_after_a_separator():
+    """The terminal table broke account rows' parameters mid-word ('api=cuStreamSynchroniz' / 'e, kind=...',
+    'site=examples/d' / 'ecode_loop.py:4' / '5'): a cell breaks at spaces, a word longer than its column after a
+    separator in it (/ : . , = -), only a part still longer (no separator in 22 columns) anywhere."""
+    from ccbridge.textfit import cell, table
+
+    params = "api=cuStreamSynchronize, kind=sync, dir=-, mem=-, site=examples/decode_loop.py:45 main -> print"
+    assert cell(params, 22) == ["api=", "cuStreamSynchronize,", "kind=sync, dir=-,", "mem=-, site=examples/",
+                                "decode_loop.py:45 main", "-> print"]
+    assert cell("", 5) == [""] and cell("a b  c", 10) == ["a b c"] and cell("x" * 30, 22) == ["x" * 22, "x" * 8]
+    assert cell("hello world this is text", 8) == ["hello", "world", "this is", "text"]  # as textwrap had it
+    assert table(["t", "p"], [["account.site", params]], [12, 22])[1:3] == ["account.site  api=",
+                                                                          "              cuStreamSynchronize,"]
+
+
+def test_compare_of_two_accounts_keeps_their_parameters_whole(tmp_path, capsys):
+    """compare of the decode sample's account with its reverse: each API name and call site in the parameters
+    column is whole on a line, or broken after one of its separators."""
+    from pathlib import Path
+
+    from ccbridge.cli import main
+
+    traces = Path(__file__).resolve().parent.parent / "examples" / "traces" / "decode-h200"
+    for name, sides in (("a", ("native", "emulated")), ("b", ("emulated", "native"))):
+        assert main(["account", *(str(traces / s) for s in sides), "--out", str(tmp_path / name)]) == 0
+    capsys.readouterr()
+    text = render_text(compare(results.load(tmp_path / "a" / "result.json"),
+                               results.load(tmp_path / "b" / "result.json")))
+    lines = text.splitlines()
+    assert all(len(line) <= 120 for line in lines)
+    column = [line[23:45].strip() for line in lines if line[:1] in ("a", " ") and len(line) > 23]
+    assert "cuStreamSynchronize," in column and "cuMemcpyDtoHAsync_v2," in column, column[:20]
+    assert "mem=-, site=examples/" in column and "decode_loop.py:20 step" in column, column
+    assert not any(c.endswith("Synchroniz") or c.endswith("examples/d") or c.endswith(".py:4") for c in column)

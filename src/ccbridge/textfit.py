@@ -4,6 +4,7 @@ to --why (wrapped here too), --json and the reports."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from itertools import zip_longest
 
@@ -52,14 +53,38 @@ def cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+# Where a word longer than its column may break: after these (a path's /, a site's :, a key's =, a list's ,)
+_BREAKS = re.compile(r"[^/:.,;=-]+[/:.,;=-]*|[/:.,;=-]+")
+
+
+def cell(text: str, width: int) -> list[str]:
+    """text in lines of at most width columns, broken at spaces; a word longer than that after one of its
+    separators (api=/cuStreamSynchronize, site=examples//decode_loop.py:/45), only a part still longer anywhere."""
+    lines: list[str] = []
+    cur = ""
+    for word in text.split():
+        parts = [word] if len(word) <= width else [p[i:i + width] for p in _BREAKS.findall(word)
+                                                   for i in range(0, len(p), width)]
+        for j, part in enumerate(parts):
+            glue = " " if cur and j == 0 else ""
+            if len(cur) + len(glue) + len(part) <= width:
+                cur += glue + part
+            else:
+                if cur:
+                    lines.append(cur)
+                cur = part
+    return lines + [cur]  # [""] for no text, as textwrap's callers had it
+
+
 def table(header: list[str], rows: list[list[str]], widths: list[int]) -> list[str]:
-    """Columns of the given widths, two spaces apart, each cell wrapped within its column (a row takes as many
-    lines as its tallest cell); the last column may be narrower than its width."""
+    """Columns of the given widths, two spaces apart, each cell wrapped within its column (cell(): at spaces,
+    else after a separator; a row takes as many lines as its tallest cell); the last column may be narrower than
+    its width."""
     def line(cells):
         return "  ".join(f"{c:<{w}}" for c, w in zip(cells, widths)).rstrip()
 
     out = [line(header)]
     for row in rows:
-        cols = [textwrap.wrap(c, w, break_on_hyphens=False) or [""] for c, w in zip(row, widths)]
+        cols = [cell(c, w) for c, w in zip(row, widths)]
         out += [line([c or "" for c in cells]) for cells in zip_longest(*cols)]
     return out
