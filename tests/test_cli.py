@@ -423,3 +423,34 @@ def test_a_result_file_given_again_is_refused_and_kept_and_a_stream_is_still_wri
     assert out.read_bytes() == first
     r = subprocess.run(argv + ["--json", "/dev/stdout"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and '"placed": 1' in r.stdout, r.stderr
+
+
+# `ccbridge run` with a stub launcher's insides: a CUDA driver that loads, a program that prints a line and exits 0,
+# and the interposer's coverage of one process (no GPU, no interposer run)
+_RUN_STUBBED = """
+import sys
+from ccbridge.bindings import core
+from ccbridge.cli import main
+from ccbridge.emulate import coverage, launcher
+
+core.driver_missing = lambda: None
+launcher.subprocess.call = lambda cmd, env=None: print("what the program printed", flush=True) or 0
+coverage.merge = lambda prefix: {"schema": 1, "processes": 1,
+                                 "symbols": {"cuInit": {"class": "hooked", "calls": 1, "via": ["dlsym"]}}}
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("tail", ["> '{out}'", "| cat > '{out}'"])
+def test_run_coverage_to_a_stream_is_written_once_and_rendered_from_the_run(tmp_path, tail):
+    """`run --coverage /dev/stdout > f` wrote the report through stdout, then read /dev/stdout back to print it:
+    a JSONDecodeError traceback, exit 1; into a pipe (`| cat`) it read its own stdout pipe and hung. The launcher
+    hands back the report it wrote, which run prints: FILE is never read."""
+    out = tmp_path / "out.json"
+    argv = [sys.executable, "-c", _RUN_STUBBED, "run", "--coverage", "/dev/stdout", "--", "true"]
+    r = subprocess.run(" ".join(f"'{a}'" for a in argv) + " " + tail.format(out=out), shell=True,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    printed, _, report = out.read_text().partition("\n")
+    assert printed == "what the program printed" and json.loads(report)["symbols"]["cuInit"]["class"] == "hooked"
+    assert "driver coverage: 1 process(es), 1 symbols" in r.stderr and "cuInit" in r.stderr

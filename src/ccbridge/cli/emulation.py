@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
-import json
 import signal
 import subprocess
 import sys
@@ -33,12 +32,12 @@ def cmd_run(args) -> int:
     proj = projection(args)
     launcher.check(prof, cmd, args.record, args.coverage)
     print(launcher.announce(prof, proj, projecting=bool(args.project)), file=sys.stderr)
-    rc = launcher.run(prof, cmd, trace=args.record, coverage=args.coverage, sites=args.sites, projection=proj)
+    ran = launcher.launch(prof, cmd, trace=args.record, coverage=args.coverage, sites=args.sites, projection=proj)
     if args.record:
         print(trace.render(trace.summarize(str(Path(args.record).resolve()))), file=sys.stderr)
-    if args.coverage:
-        print(coverage.render(json.loads(Path(args.coverage).read_text())), file=sys.stderr)
-    return rc
+    if ran.coverage is not None:  # the report written, as written (FILE may be a stream: never read back)
+        print(coverage.render(ran.coverage), file=sys.stderr)
+    return ran.rc
 
 
 def _ended(rc: int) -> str:

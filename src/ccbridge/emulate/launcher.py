@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ccbridge import ui
@@ -122,19 +123,36 @@ def check_trace(trace: str) -> str:
     return prefix
 
 
+@dataclass
+class Ran:
+    """A program's run under the emulator: its exit status, when it started and ended (CLOCK_MONOTONIC ns, the
+    trace's clock; (0, 0): interrupted), and the coverage report written (None: none asked for, or interrupted)."""
+    rc: int
+    bounds: tuple[int, int]
+    coverage: dict | None = None
+
+
 def run(profile: Profile, cmd: list[str], trace: str | None = None, coverage: str | None = None,
         sites: bool = False, projection: Projection | None = None) -> int:
-    """Run cmd under the emulator; its exit status. coverage: write the driver
-    coverage report (emulate/coverage.py) of every process of the run to this JSON file.
-    sites (with trace): every Python process of the run notes its call sites beside the trace.
-    projection: run in dilated time, as the projection's target GPU (emulate/targets.py)."""
-    return run_timed(profile, cmd, trace, coverage, sites, projection)[0]
+    """Run cmd under the emulator; its exit status (launch() has the rest)."""
+    return launch(profile, cmd, trace, coverage, sites, projection).rc
 
 
 def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, coverage: str | None = None,
               sites: bool = False, projection: Projection | None = None) -> tuple[int, tuple[int, int]]:
-    """run(), and when the program started and ended (CLOCK_MONOTONIC ns, the trace's clock; without the native
-    floor's measurement before it, about 1-2 s, which an account of two runs must not count as the program's)."""
+    """Run cmd under the emulator; its exit status and when it started and ended (launch())."""
+    ran = launch(profile, cmd, trace, coverage, sites, projection)
+    return ran.rc, ran.bounds
+
+
+def launch(profile: Profile, cmd: list[str], trace: str | None = None, coverage: str | None = None,
+           sites: bool = False, projection: Projection | None = None) -> Ran:
+    """Run cmd under the emulator. coverage: the driver coverage report (emulate/coverage.py) of every process
+    of the run, written to this file (ui.write_out: a stream such as /dev/stdout is written through, never read
+    back) and returned. sites (with trace): every Python process of the run notes its call sites beside the trace.
+    projection: run in dilated time, as the projection's target GPU (emulate/targets.py). Its start and end
+    leave out the native floor's measurement before it (about 1-2 s), which an account of two runs must not count
+    as the program's."""
     check(profile, cmd, trace, coverage)
     with tempfile.TemporaryDirectory(prefix="ccbridge-emu-") as tmp:
         cfg = Path(tmp) / "profile.conf"
@@ -165,10 +183,11 @@ def run_timed(profile: Profile, cmd: list[str], trace: str | None = None, covera
         except OSError as e:  # checked above; what is left: it changed since, or exec refused it
             raise EmulatorError(f"cannot run {cmd[0]}: {e.strerror or e}") from None
         except KeyboardInterrupt:
-            return 130, (0, 0)
+            return Ran(130, (0, 0))
+        report = driver_coverage.merge(cov_prefix) if coverage else None
         if coverage:
-            ui.write_out(coverage, json.dumps(driver_coverage.merge(cov_prefix), indent=1) + "\n")
-        return rc, bounds
+            ui.write_out(coverage, json.dumps(report, indent=1) + "\n")
+        return Ran(rc, bounds, report)
 
 
 def banner(profile: Profile, projection: Projection | None = None, who: str = "ccbridge run") -> str:
