@@ -362,7 +362,7 @@ CASES = [
     (["calibrate", "--profile", "b300", "--native", "{d}/good.json"], "without a GPU give --native and --emulated",
      {"skip": _gpu}),
     # trace
-    (["trace", "{d}/none"], "no trace has the prefix none; the traces in its folder: told, tr, tr_back, tr_huge, ts, ts2"),
+    (["trace", "{d}/none"], "no trace has the prefix none; the traces in its folder: emu, nat, told, tr, tr_back and 3 more"),
     (["trace", "/nonexistent/dir/t"], "no trace has the prefix /nonexistent/dir/t; `ccbridge run --record T -- CMD` "
                                       "records one"),
     # a prefix mistaken: a folder (its traces named), a typo (the nearest prefixes named)
@@ -595,7 +595,7 @@ CASES = [
     (["run", "--trace", "{d}/t", "--profile", "b300", "--", "true"], "unrecognized arguments"),
     # account
     (["account"], "give two trace prefixes"),
-    (["account", "{d}/nosuch", "{d}/nosuch2"], "no trace has the prefix nosuch; the traces in its folder: told,"),
+    (["account", "{d}/nosuch", "{d}/nosuch2"], "no trace has the prefix nosuch; the traces in its folder: emu, nat, told,"),
     (["account", "{d}/sites_only", "{d}/sites_only"], "the trace at {d}/sites_only holds no CUDA driver call (its "
                                                     "program made none)"),
     (["account", "{d}/nosuch"], "give two trace prefixes"),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import signal
 import subprocess
 import sys
@@ -334,19 +333,14 @@ def _summaries(prefixes: list[str], rest: list[str], emulated: bool):
     for x, s in zip(prefixes, out):
         if not s.by_api and emulated:
             raise UsageError(f"{cut(' '.join(rest), 40)} made no CUDA driver call: nothing to attribute")
-        if not s.by_api:  # a recorded run whose program made no driver call left files, but no trace line
-            recorded = glob.glob(f"{glob.escape(x)}.*")
+        if not s.by_api:  # files there (summarize refuses a prefix without any), but no driver call in them
             raise UsageError(f"the trace at {x} holds no CUDA driver call (its program made none): nothing to "
-                             "attribute" if recorded else
-                             f"no trace lines under {x}.<pid>.csv: record with `ccbridge run --record {x} -- CMD`")
+                             "attribute")
     return out
 
 
 def cmd_trace(args) -> int:
-    s = trace.summarize(args.prefix)
-    if not s.processes and not s.by_api:
-        raise UsageError(f"no trace files {args.prefix}.<pid>.csv or .summary.json")
-    print(trace.render(s))
+    print(trace.render(trace.summarize(args.prefix)))  # a prefix without files is refused there, in one line
     return 0
 
 
