@@ -238,8 +238,11 @@ def test_the_net_bench_runs_its_pair_through_the_launcher(clean, monkeypatch):
     for s in (r for r in net if r.metric == "stream"):  # each encrypted row beside the bound at its lanes and size
         u = next(r for r in net if r.metric == "uncoupled" and r.params["streams"] == s.params["lanes"])
         assert u.params["size"] == s.params["size"]
-        pairs = zip(s.extra["gbps_each"], u.extra["both"])
-        assert s.extra["of_uncoupled"] == pytest.approx(statistics.median(g / b for g, b in pairs), abs=1e-3)
+        # each repeat's share is its rate over the bound measured right after it (the rates kept to 3 decimals: at
+        # this test's small sizes on a loaded host that is up to a percent), the row's share their median
+        each = s.extra["of_uncoupled_each"]
+        assert all(e == pytest.approx(g / b, rel=0.02) for e, g, b in zip(each, s.extra["gbps_each"], u.extra["both"]))
+        assert s.extra["of_uncoupled"] == pytest.approx(statistics.median(each), abs=1e-3)
 
 
 def test_a_net_bench_process_that_fails_is_one_line(clean, monkeypatch):
