@@ -616,7 +616,7 @@ def test_an_eager_job_gets_its_peers_from_its_waits_and_a_note_that_says_how(tmp
     assert [us(p.peers_ns) for p in base.procs] == [30 * steps, 0]  # rank 1's readback: each step's least
     assert [us(p.peers_ns) for p in other.procs] == [0, 10 * steps]  # rank 0's now
     ranks, notes = account_ranks.per_rank(base, other)
-    assert len(notes) == 1 and notes[0].startswith("peers of job 2, eager collectives: matched by collective")
+    assert len(notes) == 1 and notes[0].startswith("peers of the 2-rank job, eager collectives: matched by collective")
     for a, peers, host in zip(ranks, (-30, 10), (40, 0)):
         assert abs(a.slowdown_ms - 95 * steps / 1e3) < 1e-3
         assert abs(a.explained_ms - 85 * steps / 1e3) < 1e-3, (a.rank, a.explained_ms)  # 30 + 40 + 15: its tolls

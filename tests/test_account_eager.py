@@ -46,7 +46,7 @@ def _gpu_bound(emu, rank, t):
 
 def test_a_wait_for_the_ranks_own_gpu_is_no_wait_for_its_peers(tmp_path):
     ranks, notes = _ranks(tmp_path, _gpu_bound)
-    assert notes[0].startswith("peers of job 2, eager collectives: matched by collective")
+    assert notes[0].startswith("peers of the 2-rank job, eager collectives: matched by collective")
     for a in ranks:
         assert a.peer_ms == (0.0, 0.0) and abs(a.explained_ms - a.slowdown_ms) < 1e-3
 
@@ -113,7 +113,7 @@ def _one_reads_back(emu, rank, t):
 def test_a_rank_that_blocks_in_no_traced_call_leaves_the_job_without_peers_and_a_note(tmp_path):
     ranks, notes = _ranks(tmp_path, _one_reads_back)
     assert all(a.peer_ms is None for a in ranks)
-    assert notes == ["peers of job 2: not measured (eager collectives: no collective was issued as many times on every "
+    assert notes == ["peers of the 2-rank job: not measured (eager collectives: no collective was issued as many times on every "
                      "rank, or a rank blocked in no traced call inside the window, its waits polled or spun outside "
                      "them)"]
 
@@ -232,7 +232,7 @@ def _uneven_sends(emu, rank, t):
 
 def test_sends_whose_counts_differ_between_ranks_are_left_out_and_the_collectives_pair(tmp_path):
     ranks, notes = _ranks(tmp_path, _uneven_sends)
-    assert notes[0].startswith("peers of job 2, eager collectives: matched by collective")
+    assert notes[0].startswith("peers of the 2-rank job, eager collectives: matched by collective")
     assert [a.peer_ms for a in ranks] == [(0.0, 0.0), (0.0, 0.0)]
     (tmp_path / "x").mkdir()
     sends_alone = _ranks(tmp_path / "x", lambda emu, rank, t: (
@@ -245,5 +245,5 @@ def test_sides_whose_peers_were_had_in_two_ways_are_not_compared(tmp_path):
     eager_job(tmp_path / "e", 1)  # eager collectives
     ranks, notes = account_ranks.per_rank(trace.summarize(str(tmp_path / "g")), trace.summarize(str(tmp_path / "e")))
     assert all(a.peer_ms is None for a in ranks)
-    assert "peers of job 2: not compared (BASE's and OTHER's were had in two ways: graph-launched steps in one, its " \
+    assert "peers of the 2-rank job: not compared (BASE's and OTHER's were had in two ways: graph-launched steps in one, its " \
         "eager collectives in the other)" in notes

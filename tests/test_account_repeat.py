@@ -65,7 +65,7 @@ def test_an_eager_jobs_matched_peers_are_summed_over_the_runs(tmp_path):
     assert [p.peers_how for p in base.procs + other.procs] == ["waits"] * 4
     assert [p.peers_ns for p in base.procs] == [sum(t.procs[r].peers_ns for t in sides[0]) for r in (0, 1)]
     ranks, notes = account_ranks.per_rank(base, other)
-    assert notes[0].startswith("peers of job 2, eager collectives: matched by collective")
+    assert notes[0].startswith("peers of the 2-rank job, eager collectives: matched by collective")
     for a in ranks:  # 30 steps of 85 us of tolls each
         assert abs(a.explained_ms - 30 * 85 / 1e3) < 1e-3 and abs(a.slowdown_ms - 30 * 95 / 1e3) < 1e-3
 

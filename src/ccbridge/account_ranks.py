@@ -82,13 +82,16 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
     def job_name(job: tuple[int, int]) -> str:  # its size, and its order where the trace holds two of that size
         return f"{job[0]}" + (f".{job[1] + 1}" if any(w == job[0] and i for w, i in jobs) else "")
 
+    def job_label(job: tuple[int, int]) -> str:  # in notes: "the 2-rank job" ("the 2-rank job 2.1" beside a twin)
+        return f"the {job[0]}-rank job" + (f" {job_name(job)}" if "." in job_name(job) else "")
+
     name = {k: str(k[1]) if len(jobs) == 1 else f"{k[1]}/{job_name(k[0])}" for k in set(b) | set(o)}
     notes = [f"rank {name[k]} is only in the {'BASE' if k in b else 'OTHER'} trace: not compared"
              for k in sorted(set(b) ^ set(o))]
     apart = sorted({k[0] for k in set(b) & set(o) if b[k].job and o[k].job and not (b[k].joined and o[k].joined)})
-    notes += [f"the {job[0]} ranks of job {job_name(job)}: each on its own window (their mark spans do not pair up)"
+    notes += [f"the ranks of {job_label(job)}: each on its own window (their mark spans do not pair up)"
               for job in apart]
-    notes += _peer_notes(b, o, job_name)
+    notes += _peer_notes(b, o, job_label)
     out = []
     for k in sorted(set(b) & set(o)):
         pb, po = b[k], o[k]
@@ -105,7 +108,7 @@ def per_rank(base: TraceSummary, other: TraceSummary) -> tuple[list[RankAccount]
     return out, notes
 
 
-def _peer_notes(b: dict, o: dict, job_name) -> list[str]:
+def _peer_notes(b: dict, o: dict, job_label) -> list[str]:
     """Per job of the two traces' ranks (runs.by_job_rank), how its peers were had, or why they were not."""
     notes = []
     for job in sorted({k[0] for t in (b, o) for k, p in t.items() if p.joined}):
@@ -115,16 +118,16 @@ def _peer_notes(b: dict, o: dict, job_name) -> list[str]:
         if not graphs and not any(trace.eager(p.summary) for p in mine):
             continue  # no collective in its window: no step to wait for a peer in
         if len(how) > 1:
-            notes.append(f"peers of job {job_name(job)}: not compared (BASE's and OTHER's were had in two ways: "
+            notes.append(f"peers of {job_label(job)}: not compared (BASE's and OTHER's were had in two ways: "
                          "graph-launched steps in one, its eager collectives in the other)")
         elif any(p.peers_ns is None for p in mine):
-            notes.append(f"peers of job {job_name(job)}: not measured " + (
+            notes.append(f"peers of {job_label(job)}: not measured " + (
                 "(its ranks' graph-launched steps do not pair up, or a rank hands its GPU steps with no readback or "
                 "synchronize between them: its host's lag is not the GPU's)" if graphs else
                 "(eager collectives: no collective was issued as many times on every rank, or a rank blocked in no "
                 "traced call inside the window, its waits polled or spun outside them)"))
         elif how == {"waits"}:
-            notes.append(f"peers of job {job_name(job)}, eager collectives: matched by collective, the span from a "
+            notes.append(f"peers of {job_label(job)}, eager collectives: matched by collective, the span from a "
                          "rank's j-th to its j+1-th the same step's on every rank (sends and receives left out where "
                          "their counts differ between ranks); a rank's wait is its time blocked there (synchronizes "
                          "and readbacks) beyond the least blocked rank's; a wait polled between traced calls is host "
