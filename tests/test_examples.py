@@ -172,13 +172,12 @@ def test_a_mistaken_trace_prefix_is_named_in_one_line(tmp_path, monkeypatch, cap
 
 def test_a_prefix_a_run_just_recorded_at_may_hold_no_file():
     """A program that made no CUDA driver call leaves no trace file: where this process ran it to record
-    (launcher.run_timed notes the prefix), summarize() gives an empty trace, which account and run then speak of
+    (its caller says recorded), summarize() gives an empty trace, which account and run then speak of
     (`made no CUDA driver call`), instead of calling the prefix a mistake."""
     prefix = str(TRACES / "decode-h200" / "never-recorded-here")
     with pytest.raises(UsageError, match="no trace has the prefix"):
         trace.summarize(prefix)
-    trace.recording(prefix)
-    s = trace.summarize(prefix)
+    s = trace.summarize(prefix, recorded=True)
     assert not s.processes and not s.by_api
 
 

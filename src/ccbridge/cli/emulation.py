@@ -33,7 +33,7 @@ def cmd_run(args) -> int:
     print(launcher.announce(prof, proj, projecting=bool(args.project)), file=sys.stderr)
     ran = launcher.launch(prof, cmd, trace=args.record, coverage=args.coverage, sites=args.sites, projection=proj)
     if args.record:
-        print(trace.render(trace.summarize(str(Path(args.record).resolve()))), file=sys.stderr)
+        print(trace.render(trace.summarize(str(Path(args.record).resolve()), recorded=True)), file=sys.stderr)
     if ran.coverage is not None:  # the report written, as written (FILE may be a stream: never read back)
         print(coverage.render(ran.coverage), file=sys.stderr)
     return ran.rc
@@ -329,7 +329,7 @@ def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str |
 
 def _summaries(prefixes: list[str], rest: list[str], emulated: bool):
     """The two traces' summaries; a trace without a driver call is refused (nothing to attribute)."""
-    out = [trace.summarize(x) for x in prefixes]
+    out = [trace.summarize(x, recorded=emulated) for x in prefixes]  # emulated: _record just ran CMD there
     for x, s in zip(prefixes, out):
         if not s.by_api and emulated:
             raise UsageError(f"{cut(' '.join(rest), 40)} made no CUDA driver call: nothing to attribute")

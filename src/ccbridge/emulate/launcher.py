@@ -20,7 +20,7 @@ from ccbridge.bindings import core, libcrypto
 from ccbridge.env import CONFIG_VAR, EMULATION_VAR
 from ccbridge.errors import EmulatorError, UsageError
 from ccbridge.emulate import coverage as driver_coverage
-from ccbridge.emulate import native_floor, trace as traces
+from ccbridge.emulate import native_floor
 from ccbridge.emulate import sites as siterecorder
 from ccbridge.emulate.siteboot import ccbridge_sites
 from ccbridge.emulate.profiles import Profile, show
@@ -164,8 +164,6 @@ def launch(profile: Profile, cmd: list[str], trace: str | None = None, coverage:
                                      host=host if profile.emulates else None) \
             if profile.emulates or projection else {}
         prefix = check_trace(trace) if trace else None
-        if prefix:
-            traces.recording(prefix)  # a program that makes no driver call leaves no file there: no mistake
         text = profile.config_text(prefix, floor, host)
         if projection:
             text += projection.config_lines(floor)

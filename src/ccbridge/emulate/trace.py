@@ -330,17 +330,8 @@ def _summary_doc(path: str) -> dict:
     return d
 
 
-# Prefixes this process ran a program to record at (launcher.run_timed): where such a prefix has no file, its
-# program made no CUDA driver call (the interposer writes nothing then), which the caller says; any other prefix
-# without a file is a mistake _check_prefix names.
-_RECORDING: set[str] = set()
 MESSAGE_W = 102  # a refusal of a prefix, in columns: `ccbridge account: ` before it, 120 in all
 TRACE_FILE = re.compile(r"(.+)\.\d+\.(?:csv|summary\.json)")  # a trace's files, by which its prefix is known
-
-
-def recording(prefix: str) -> None:
-    """Note that a program is run now to record at prefix: no file there afterwards is no mistake of the user's."""
-    _RECORDING.add(os.path.realpath(prefix))
 
 
 def prefixes_in(folder: str) -> list[str]:
@@ -386,10 +377,10 @@ def _has_files(prefix: str) -> bool:
     return any(_files(prefix, suffix) for suffix in ("csv", "summary.json", "sites.json"))
 
 
-def _check_prefix(prefix: str) -> None:
+def _check_prefix(prefix: str, recorded: bool) -> None:
     """UsageError, one line, where prefix cannot be a trace's: a folder (the traces in it named), a trace's file
     (its prefix named), or a prefix no file has (the nearest prefixes in its folder named, or how traces are made),
-    unless a program was just run to record there (recording())."""
+    unless a program was just run to record there (recorded)."""
     made = "`ccbridge run --record T -- CMD` records one"
     if os.path.isdir(prefix) and not _has_files(prefix):
         inside = prefixes_in(prefix) or [os.path.join(sub, p) for sub in _folders(prefix)
@@ -401,7 +392,7 @@ def _check_prefix(prefix: str) -> None:
     if re.search(r"\.\d+\.(csv|summary\.json|sites\.json)$", prefix):
         raise UsageError(_say("give the trace's prefix {}", re.sub(r"[.][0-9]+[.].*$", "", prefix),
                               f", not its file {cut(os.path.basename(prefix), 40)}"))
-    if _has_files(prefix) or os.path.realpath(prefix) in _RECORDING:
+    if recorded or _has_files(prefix):
         return
     folder, name = os.path.split(prefix)
     there = prefixes_in(folder)
@@ -419,11 +410,13 @@ def _folders(folder: str) -> list[str]:
         return []
 
 
-def summarize(prefix: str) -> TraceSummary:
+def summarize(prefix: str, recorded: bool = False) -> TraceSummary:
     """Fold every <prefix>.<pid>.summary.json and .csv into one summary, and each process on its own (procs);
     ResultFileError naming the file and the line for one the interposer did not write or of another schema;
-    UsageError for a prefix that is no trace's (_check_prefix)."""
-    _check_prefix(prefix)
+    UsageError for a prefix that is no trace's (_check_prefix). recorded: the caller just ran a program to record
+    at prefix, so no file there is no mistake of the user's: its program made no CUDA driver call (the interposer
+    writes nothing then), which the caller says (an empty summary)."""
+    _check_prefix(prefix, recorded)
     s = TraceSummary()
     meta = {}  # pid -> the summary's rank and ranks
     for _, path in _files(prefix, "summary.json"):
