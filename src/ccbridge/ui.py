@@ -144,7 +144,8 @@ def writable_file(path: str | os.PathLike, what: str, fresh: bool = True) -> Pat
         st = None
     except OSError as e:
         raise UsageError(f"{what} {path}: {e.strerror}") from None
-    if st is not None and is_stream(p):  # a pipe or a device: the folder holding it may take no new file
+    if st is not None and not stat.S_ISREG(st.st_mode):  # a pipe or a device (is_stream, from the stat above): the
+        # folder holding it may take no new file
         if not os.access(p, os.W_OK):
             raise UsageError(f"{what} {path}: cannot write to it")
         return p
