@@ -82,7 +82,8 @@ def test_the_cli_writes_a_result_that_compare_can_read(tmp_path):
     assert res.settings["profile"] == "b300"
     md = (out / "report.md").read_text()
     assert md.startswith("# ccbridge account") and "OTHER ran under the emulator, profile b300" in md
-    assert "the shares below are of the traces' spans' slowdown" in md and "(the machine below read the traces)" in md
+    assert "the shares below are of the traces' spans' slowdown" in md
+    assert "does not say where it was recorded: the machine below read the traces)" in md
     assert "Findings" not in md  # a probe's section, not an account's
 
 

@@ -113,7 +113,9 @@ SETTINGS = {
     "kv": _nested("kv", _KV_SETTINGS),
     "account": record({"base": STRING, "other": STRING, "profile": MAYBE_STRING, "overrides": nullable(STRINGS),
                        "command": nullable(STRINGS), "ranks": array(INTEGER),
-                       "projection": nullable({"type": "object"}), "runs": array(STRINGS)}, closed=True),
+                       "projection": nullable({"type": "object"}), "runs": array(STRINGS),
+                       # traces given: the machine that recorded BASE's ("unknown": its trace has no stamp)
+                       "recorded_on": MAYBE_STRING}, closed=True),
     "net": record({"bench": {"const": "net"}, "inflight": POSITIVE, "total_bytes": POSITIVE, "repeat": POSITIVE,
                    "spin_us": MAYBE_STRING, "pipeline": MAYBE_STRING, "turns": MAYBE_STRING, "lane_mode": STRING,
                    "interface": STRING, "link_gbits": NUMBER},

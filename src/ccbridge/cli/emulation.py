@@ -15,7 +15,7 @@ from ccbridge import account, account_ranks, env, environ, ui
 from ccbridge.bindings import core
 from ccbridge.cli.args import add_set, command, integer, what_if
 from ccbridge.cli.reports import write_reports, wrote
-from ccbridge.emulate import coverage, launcher, profiles, runs, targets, trace
+from ccbridge.emulate import coverage, launcher, profiles, recorded, runs, targets, trace
 from ccbridge.errors import EmulatorError, UsageError
 from ccbridge.results import Result, Row
 from ccbridge.textfit import cut, wrap
@@ -86,7 +86,12 @@ def cmd_account(args) -> int:
     times = [runs.phases([account.phase_times(e[i], at[i]) for e, at in zip(each, runs_at)]) for i in (0, 1)]
     where = account.by_phase(*times)
     emulated_as, settings = _settings(args, base, other, pairs, rest, proj)
-    summed = _Runs(each, runs_at, out if prof else None, list(dict.fromkeys(both[0][1] + both[1][1])))
+    stamp, where_note = _stamp(each, bool(prof))
+    if not prof:  # traces given: the machine that recorded BASE's, in the reports' words
+        settings["recorded_on"] = recorded.machine(stamp) if stamp else "unknown"
+    summed = _Runs(each, runs_at, out if prof else None,
+                   list(dict.fromkeys(both[0][1] + both[1][1])) + ([where_note] if where_note else []),
+                   stamp["env"] if stamp else env.stamp())
     cold = _cold_start(times[0]["start-up"], times[1]["start-up"], len(each), args.warmup) if where else None
     if account_ranks.multi_process(base, other):
         return _account_ranks(args, base, other, where, prof, out, emulated_as, settings, summed, cold)
@@ -94,14 +99,14 @@ def cmd_account(args) -> int:
     shares = account.measurable(of, base_s)  # a slowdown within noise (or none) gets no shares
     lines, wall = account.attribute(base, other, *walls, share_of_s=of if shares else 0.0)
     at_sites = account.attribute_sites(base, other, of if shares else 0.0)
-    res = Result(kind="account", env=env.stamp(), settings=settings,
+    res = Result(kind="account", env=summed.env, settings=settings,
                  rows=_noted(account.rows(lines, wall, at_sites, where, spans=not args.profile, base_s=base_s), cold)
                  + summed.rows())
     paths = write_reports(res, out)
     print("\n".join([account.render(lines, wall, where=where, emulated=emulated_as, shares=shares, base_s=base_s)]
                      + summed.text()))
     for x in summed.notes:
-        print(f"note: {x}", file=sys.stderr)
+        print("\n".join(wrap([f"note: {x}"])), file=sys.stderr)
     if cold:
         print("\n".join(wrap([f"note: {cold}"])), file=sys.stderr)
     if not shares:
@@ -234,7 +239,8 @@ class _Runs:
     each: list  # each run's (BASE, OTHER) summaries
     runs_at: list  # each run's (BASE's, OTHER's) launch and end (ns; None: traces given)
     at: Path | None  # the folder that holds run1, run2, ... (None: trace pairs given)
-    notes: list[str]  # on what of the runs could not be summed
+    notes: list[str]  # on what of the runs could not be summed, and where they were recorded
+    env: dict  # the result's stamp: this machine's where it ran CMD, else the machine that recorded BASE's trace
 
     def shares(self, ranks: list | None) -> dict[str, list]:
         """Per rank (and all ranks: "all"), each run's explained share (None: no measurable slowdown); ranks None:
@@ -307,7 +313,7 @@ def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str |
     rows = account_ranks.rank_rows(every) + _noted([Row.of("account.phase", "slowdown", "s", [v], phase=k)
                                               for k, v in where.items()], cold)
     rows += summed.rows(every)
-    res = Result(kind="account", env=env.stamp(), settings=dict(settings, ranks=[a.rank for a in ranks]), rows=rows)
+    res = Result(kind="account", env=summed.env, settings=dict(settings, ranks=[a.rank for a in ranks]), rows=rows)
     paths = write_reports(res, out)
     if emulated_as:
         print(f"EMULATED: OTHER ran under the emulator (profile {emulated_as}); no figure below is a CC hardware "
@@ -325,6 +331,28 @@ def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str |
             print(f"rank {a.name}:\n" + account.render_why(a.lines))
     print(wrote(*paths), file=sys.stderr)
     return _then_projected(args, out)
+
+
+def _stamp(each: list, ran_here: bool) -> tuple[dict | None, str | None]:
+    """Where traces given were recorded (their stamps, emulate/recorded.py): BASE's (of the first pair), with a
+    note where another trace was recorded on another machine or carries no stamp; (None, a note) where BASE's
+    carries none (a trace recorded before ccbridge stamped them: the result is then this machine's, said so).
+    (None, None) where account ran CMD here."""
+    if ran_here:
+        return None, None
+    stamps = [s.stamp for pair in each for s in pair]
+    first = stamps[0]
+    if first is None:
+        return None, ("BASE's trace does not say where it was recorded (no stamp beside it: recorded before ccbridge "
+                      "wrote one), so the result's stamp is this machine's, not the one that ran the program")
+    others = [recorded.machine(s) for s in stamps[1:] if s and not recorded.same_machine(first, s)]
+    unstamped = sum(s is None for s in stamps[1:])
+    if not others and not unstamped:
+        return first, None
+    return first, (f"BASE was recorded on {recorded.machine(first)}"
+                   + (f"; other traces on {', '.join(dict.fromkeys(others))}" if others else "")
+                   + (f"; {unstamped} trace(s) do not say where" if unstamped else "")
+                   + ": the result carries BASE's machine")
 
 
 def _summaries(prefixes: list[str], rest: list[str], emulated: bool):

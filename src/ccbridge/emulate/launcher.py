@@ -20,7 +20,7 @@ from ccbridge.bindings import core, libcrypto
 from ccbridge.env import CONFIG_VAR, EMULATION_VAR
 from ccbridge.errors import EmulatorError, UsageError
 from ccbridge.emulate import coverage as driver_coverage
-from ccbridge.emulate import native_floor
+from ccbridge.emulate import native_floor, recorded
 from ccbridge.emulate import sites as siterecorder
 from ccbridge.emulate.siteboot import ccbridge_sites
 from ccbridge.emulate.profiles import Profile, show
@@ -107,6 +107,7 @@ def refuse_old_trace(trace: str) -> None:
     """UsageError where trace files of an earlier run sit at this prefix: a second run's would fold into them."""
     prefix = str(Path(trace).resolve())
     old = [p for pat in ("csv", "summary.json", "sites.json") for p in glob.glob(f"{glob.escape(prefix)}.*.{pat}")]
+    old += [p for p in (prefix + recorded.SUFFIX,) if os.path.exists(p)]
     if old:
         raise UsageError(f"trace prefix {trace}: {len(old)} file(s) of an earlier run ({Path(old[0]).name}"
                          f"{', ...' if len(old) > 1 else ''}): give another prefix")
@@ -175,8 +176,14 @@ def launch(profile: Profile, cmd: list[str], trace: str | None = None, coverage:
                 env[PROJECTION_VAR] = json.dumps(projection.as_dict())
             if sites and trace:
                 env = siterecorder.environment(env, prefix, library())
+            if prefix:  # before the program: a trace it leaves, however it ends, says where it was recorded
+                recorded.write(prefix, env)
             t = time.monotonic_ns()
-            rc = subprocess.call(cmd, env=env)
+            try:
+                rc = subprocess.call(cmd, env=env)
+            finally:
+                if prefix:
+                    recorded.drop_if_alone(prefix)
             bounds = (t, time.monotonic_ns())
         except OSError as e:  # checked above; what is left: it changed since, or exec refused it
             raise EmulatorError(f"cannot run {cmd[0]}: {e.strerror or e}") from None

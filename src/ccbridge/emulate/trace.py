@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from ccbridge import schema
 from ccbridge.emulate import interposer, sites, windows
+from ccbridge.emulate import recorded as recorded_on
 from ccbridge.errors import EmulatorError, ResultFileError, UsageError
 from ccbridge.textfit import cut, first_fit, json_why, wrap
 
@@ -139,6 +140,7 @@ class TraceSummary:
     first_ns: int | None = None
     last_ns: int | None = None
     procs: list["ProcessTrace"] = field(default_factory=list)  # each traced process on its own
+    stamp: dict | None = None  # the machine that recorded it (emulate/recorded.py; None: no stamp beside it)
 
     def total_crossings(self) -> int:
         return int(sum(c["count"] for c in self.crossings.values()))
@@ -417,7 +419,7 @@ def summarize(prefix: str, recorded: bool = False) -> TraceSummary:
     at prefix, so no file there is no mistake of the user's: its program made no CUDA driver call (the interposer
     writes nothing then), which the caller says (an empty summary)."""
     _check_prefix(prefix, recorded)
-    s = TraceSummary()
+    s = TraceSummary(stamp=recorded_on.read(prefix))
     meta = {}  # pid -> the summary's rank and ranks
     for _, path in _files(prefix, "summary.json"):
         d = _summary_doc(path)
@@ -502,6 +504,9 @@ def render(s: TraceSummary) -> str:
              + (f" ({', '.join(sorted(s.profiles))})" if s.profiles else "")
              + f", {s.total('crossing')} crossings, {s.total('launch')} launches, {s.total('sync')} synchronizes"
              + f", {s.total('context')} context and {s.total('alloc')} pinned-allocation calls"]
+    head = len(lines) + bool(s.stamp)
+    if s.stamp:
+        lines.append(f"recorded on {recorded_on.machine(s.stamp)}")
     if s.by_api:
         lines.append(_row([h for h, _ in TABLE]))
         for (api, d, m), a in sorted(s.by_api.items(), key=lambda kv: -kv[1]["blocked_ns"]):
@@ -514,4 +519,4 @@ def render(s: TraceSummary) -> str:
     if top:  # the interposer's count of each hook: calls in paused regions and calls no trace line is written for
         lines += wrap(["hooked calls, the paused (trace.paused) and untraced ones too: "
                        + ", ".join(f"{k} {v}" for k, v in top)])
-    return "\n".join(wrap(lines[:1]) + lines[1:])
+    return "\n".join(wrap(lines[:head]) + lines[head:])
