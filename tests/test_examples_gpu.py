@@ -35,6 +35,11 @@ def test_the_decode_loop_pays_the_launch_toll_on_every_recorded_step(tmp_path):
     # the recorded steps' launches only (the sample's 128 steps made 1280: 10 a step), the same count both runs
     assert launch["share_of_slowdown"]["extra"]["calls"] == [160, 160]
     assert launch["in_call_delta"]["median"] > 0 and launch["in_call_delta"]["extra"]["toll_ms"] > 0
+    # each trace says where it was recorded: this GPU, under the profile it ran
+    for side, profile in (("native", "passthrough"), ("emulated", "b300")):
+        stamp = json.loads((tmp_path / "acc" / f"{side}.env.json").read_text())["env"]
+        assert stamp["nvml"]["gpus"][0]["name"] == torch.cuda.get_device_name(0), stamp["nvml"]
+        assert stamp["emulation"]["profile"] == profile and stamp["emulation"]["active"] == (side == "emulated")
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2+ GPUs (one rank per GPU)")
