@@ -236,11 +236,11 @@ def test_a_skip_reason_is_said_briefly_on_the_console():
 
 
 def test_where_the_time_went_gives_each_api_of_a_site_its_own_bar_capped_at_its_growth(tmp_path, capsys):
-    """The decode sample's line 20 (silu) grew 19.61 ms in cuLaunchKernel and 9.85 ms in cuLaunchKernelEx: both
-    bars were labelled by the site alone and drawn on one place, the larger hiding the smaller. And each wait or
-    toll was capped at the row's growth on its own, not at what was left of it: cuMemcpyDtoHAsync's bar (its
-    stream wait 1.62 ms, its toll 2.94 ms) reached 2.7 ms where it grew 1.37 ms. Each row is its own bar now,
-    named by its API, and sums to its growth."""
+    """Session 27's decode sample: its line 20 (silu) grew 19.61 ms in cuLaunchKernel and 9.85 ms in
+    cuLaunchKernelEx: both bars were labelled by the site alone and drawn on one place, the larger hiding the
+    smaller. And each wait or toll was capped at the row's growth on its own, not at what was left of it:
+    cuMemcpyDtoHAsync's bar (its stream wait 1.62 ms, its toll 2.94 ms) reached 2.7 ms where it grew 1.37 ms. Each
+    row is its own bar now, named by its API, and sums to its growth (checked on session 28's sample)."""
     from ccbridge import results
     from ccbridge.cli import main
 
@@ -253,12 +253,12 @@ def test_where_the_time_went_gives_each_api_of_a_site_its_own_bar_capped_at_its_
     assert len(labels) == len(set(labels)), labels
     silu = [(label, sum(seg)) for label, seg in zip(labels, segments) if "loop.py:20 " in label]
     assert [label.rsplit("[", 1)[1] for label, _ in silu] == ["cuLaunchKernel]", "cuLaunchKernelEx]"], silu
-    assert abs(sum(ms for _, ms in silu) - 29.46) < 0.01, silu
+    assert abs(sum(ms for _, ms in silu) - 29.04) < 0.01, silu
     for title, test in (("by API", "account.api"), ("by call site", "account.site")):
         grew = sorted((r.median for r in res.by_test(test) if r.metric == "in_call_delta" and r.median > 0),
                       reverse=True)
         assert [round(sum(seg), 9) for seg in panels[title][1]] == [round(ms, 9) for ms in grew[:10]], title
         assert all(min(seg) >= 0 and len(seg) == len(plots.PARTS) + 1 for seg in panels[title][1])
     d2h = next(seg for label, seg in zip(labels, segments) if "cuMemcpyDtoHAsync_v2" in label)
-    assert abs(sum(d2h) - 1.366) < 0.001, d2h  # its growth, as the table says (+1.37 ms), not 2.7 ms
+    assert abs(sum(d2h) - 3.491) < 0.001, d2h  # its growth, as the table says (+3.49 ms in session 28's sample)
     assert plots.account(res).startswith(b"\x89PNG")
