@@ -40,7 +40,8 @@ def _stamped(prefix: Path, gpu: str, host: str = "gpu-host-1") -> None:
     recorded.write(str(prefix), {})
     doc = json.loads(Path(f"{prefix}{recorded.SUFFIX}").read_text())
     doc["env"]["host"] = host
-    doc["env"]["nvml"] = {"available": True, "driver": "580.95", "gpus": [{"index": 0, "name": gpu, "uuid": f"GPU-{host}"}]}
+    doc["env"]["nvml"] = {"available": True, "driver": "580.95",
+                          "gpus": [{"index": 0, "name": gpu, "uuid": f"GPU-{host}"}]}
     Path(f"{prefix}{recorded.SUFFIX}").write_text(json.dumps(doc))
 
 
@@ -56,7 +57,8 @@ def test_a_recording_run_stamps_its_trace_with_this_machine(tmp_path, monkeypatc
     assert "recorded on" in capsys.readouterr().err  # run --record prints the trace, where it was recorded with it
     assert main(["trace", str(t)]) == 0
     said = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("recorded on"))
-    assert said == f"recorded on {recorded.machine(doc)}" and said.startswith(f"recorded on host {socket.gethostname()} (")
+    assert said == f"recorded on {recorded.machine(doc)}"
+    assert said.startswith(f"recorded on host {socket.gethostname()} (")
 
 
 def test_a_run_that_leaves_no_trace_leaves_no_stamp(tmp_path, monkeypatch):
