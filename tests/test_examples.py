@@ -35,7 +35,7 @@ def test_each_sample_says_where_it_was_recorded(tmp_path, capsys, sample, gpus):
         assert [g["name"] for g in st["env"]["nvml"]["gpus"]] == ["NVIDIA H200"] * gpus
         assert st["env"]["nvml"]["cc"]["mode"] == "off" and st["env"]["emulation"]["active"] == (side == "emulated")
     _, res = _account(tmp_path, sample, capsys)
-    assert res["env"] == stamps["native"]["env"] and res["settings"]["recorded_on"].startswith("host ")
+    assert res["env"] == stamps["native"]["env"] and res["settings"]["recorded"][0]["machine"].startswith("host ")
     assert (tmp_path / sample / "report.md").read_text().startswith("# ccbridge account — NVIDIA H200 — ")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ccbridge import env as envmod
 from ccbridge import stats
 from ccbridge.errors import UsageError
 from ccbridge.findings import Finding, findings
@@ -13,7 +12,7 @@ from ccbridge.report import html as H
 from ccbridge.report.markdown import table_md
 from ccbridge.report.plots import ratio_chart
 from ccbridge.report.tables import Table, fmt_params, num
-from ccbridge.results import Result, Row
+from ccbridge.results import Result, Row, cc_state, machine_name
 from ccbridge.textfit import first_fit, table, wrap
 
 
@@ -86,8 +85,8 @@ def _changed(base: list[Finding], other: list[Finding], ran: set[str]) -> list[t
 
 def _label(res: Result) -> str:
     emu = res.env.get("emulation", {})
-    what = f"EMULATED profile {emu.get('profile')}" if emu.get("active") else f"CC {envmod.cc_mode(res.env)}"
-    return f"{envmod.gpu_name(res.env)}, {what}, {res.created[:10]}"
+    what = f"EMULATED profile {emu.get('profile')}" if emu.get("active") else f"CC {cc_state(res)}"
+    return f"{machine_name(res)}, {what}, {res.created[:10]}"
 
 
 # The terminal's ratio columns; each formatter below gives at most its column's width, so no number is wrapped.
@@ -154,7 +153,7 @@ def timer_mix(c: Comparison) -> str | None:
 
 
 def _machine(res: Result) -> tuple[str, str | None, str]:
-    return envmod.gpu_name(res.env), (res.env.get("cpu") or {}).get("model"), envmod.cc_mode(res.env)
+    return machine_name(res), (res.env.get("cpu") or {}).get("model"), cc_state(res)
 
 
 def reading(c: Comparison) -> str | None:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from ccbridge import ui
+from ccbridge import env as envmod, ui
 from ccbridge.errors import ResultFileError  # noqa: F401 - part of this module's API
 from ccbridge.resultschema import RESULTS, STAMP_SCHEMA
 from ccbridge.stats import summarize
@@ -127,6 +127,31 @@ class Result:
     def save(self, path: Path) -> None:
         """The result as JSON at path (ui.write_out: /dev/stdout and the like are written through)."""
         ui.write_out(path, json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n")
+
+
+def recorded(res: Result) -> list[dict] | None:
+    """An account of traces given: where each trace was recorded, BASE first, as their stamps said (settings
+    "recorded", emulate/recorded.py; an entry's machine None: no stamp beside it). A result from before stamps:
+    BASE's not known. None: no account of traces (another kind, or an account that ran CMD here)."""
+    if res.kind != "account" or res.settings.get("command"):
+        return None
+    return res.settings.get("recorded") or [{"trace": "BASE", "machine": None, "cc": None, "driver": None}]
+
+
+def machine_name(res: Result) -> str:
+    """The GPU a result's machine is named by; for an account of traces of which neither BASE nor OTHER says where
+    it was recorded, that this is not known (its stamp is then the machine that read them)."""
+    rec = recorded(res)
+    if rec is not None and not any(x["machine"] for x in rec[:2]):
+        return "recorded where: unknown"
+    return envmod.gpu_name(res.env)
+
+
+def cc_state(res: Result) -> str:
+    """'on', 'off' or 'unknown': for an account of traces, the CC mode OTHER's trace was recorded in (the run whose
+    cost it accounts; 'on' where any OTHER was), where its stamp says; else the result's stamp's."""
+    others = [x["cc"] for x in (recorded(res) or [])[1::2] if x["cc"]]
+    return "on" if "on" in others else others[0] if others else envmod.cc_mode(res.env)
 
 
 def read_json(path: str | Path, folder: str = "pass the result.json in it"):

@@ -114,8 +114,12 @@ SETTINGS = {
     "account": record({"base": STRING, "other": STRING, "profile": MAYBE_STRING, "overrides": nullable(STRINGS),
                        "command": nullable(STRINGS), "ranks": array(INTEGER),
                        "projection": nullable({"type": "object"}), "runs": array(STRINGS),
-                       # traces given: the machine that recorded BASE's ("unknown": its trace has no stamp)
-                       "recorded_on": MAYBE_STRING}, closed=True),
+                       # traces given: where each was recorded, BASE first (emulate/recorded.py entry(); machine
+                       # None: no stamp beside it)
+                       "recorded": array(record({"trace": STRING, "machine": MAYBE_STRING, "cc": MAYBE_STRING,
+                                                 "driver": MAYBE_STRING},
+                                                required=("trace", "machine", "cc", "driver"), closed=True))},
+                      closed=True),
     "net": record({"bench": {"const": "net"}, "inflight": POSITIVE, "total_bytes": POSITIVE, "repeat": POSITIVE,
                    "spin_us": MAYBE_STRING, "pipeline": MAYBE_STRING, "turns": MAYBE_STRING, "lane_mode": STRING,
                    "interface": STRING, "link_gbits": NUMBER},

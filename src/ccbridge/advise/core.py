@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from ccbridge import env as envmod
 from ccbridge import textfit
-from ccbridge.results import Result, Row
+from ccbridge.results import Result, Row, cc_state, machine_name
 
 
 @dataclass
@@ -59,16 +59,22 @@ class Input:
 
     def summary(self) -> dict[str, Any]:
         emu = self.env.get("emulation") or {}
-        return {"file": self.path, "kind": self.kind, "gpu": envmod.gpu_name(self.env),
-                "cc_mode": envmod.cc_mode(self.env), "tee": (self.env.get("tee") or {}).get("kind", "unknown"),
+        return {"file": self.path, "kind": self.kind, "gpu": machine_name(self.result) if self.result else
+                envmod.gpu_name(self.env), "cc_mode": self.cc_mode,
+                "tee": (self.env.get("tee") or {}).get("kind", "unknown"),
                 "emulated": self.emulated,
                 "emulation_profile": (envmod.emulation_label(emu) if emu.get("active") else
                                       (self.result.settings.get("profile") if self.result and self.emulated else None)),
                 "cc_applies": self.cc_applies}
 
     @property
+    def cc_mode(self) -> str:
+        """'on', 'off' or 'unknown' by NVML: an account of traces, as OTHER's was recorded (results.cc_state)."""
+        return cc_state(self.result) if self.result else envmod.cc_mode(self.env)
+
+    @property
     def cc_applies(self) -> bool:
-        return envmod.cc_mode(self.env) == "on" or self.emulated
+        return self.cc_mode == "on" or self.emulated
 
 
 Add = Callable[..., None]  # add(stack, setting, why, *rows, brief=None): one line of advice
@@ -99,7 +105,7 @@ def state(inp: Input) -> str:
     """The input's CC state in a few words: emulated, on or off by NVML, or unknown."""
     if inp.emulated:
         return "CC emulated"
-    return {"on": "CC on (NVML)", "off": "CC off (NVML)"}.get(envmod.cc_mode(inp.env), "CC state unknown")
+    return {"on": "CC on (NVML)", "off": "CC off (NVML)"}.get(inp.cc_mode, "CC state unknown")
 
 
 def one(rows: list[Row], **params) -> Row | None:

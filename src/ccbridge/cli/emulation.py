@@ -86,12 +86,11 @@ def cmd_account(args) -> int:
     times = [runs.phases([account.phase_times(e[i], at[i]) for e, at in zip(each, runs_at)]) for i in (0, 1)]
     where = account.by_phase(*times)
     emulated_as, settings = _settings(args, base, other, pairs, rest, proj)
-    stamp, where_note = _stamp(each, bool(prof))
-    if not prof:  # traces given: the machine that recorded BASE's, in the reports' words
-        settings["recorded_on"] = recorded.machine(stamp) if stamp else "unknown"
-    summed = _Runs(each, runs_at, out if prof else None,
-                   list(dict.fromkeys(both[0][1] + both[1][1])) + ([where_note] if where_note else []),
+    stamp, unlike = (None, None) if prof else _recorded(each, settings)
+    summed = _Runs(each, runs_at, out if prof else None, list(dict.fromkeys(both[0][1] + both[1][1])),
                    stamp["env"] if stamp else env.stamp())
+    if unlike:  # before the work that can refuse: it says what the traces are
+        _note(unlike)
     cold = _cold_start(times[0]["start-up"], times[1]["start-up"], len(each), args.warmup) if where else None
     if account_ranks.multi_process(base, other):
         return _account_ranks(args, base, other, where, prof, out, emulated_as, settings, summed, cold)
@@ -105,14 +104,11 @@ def cmd_account(args) -> int:
     paths = write_reports(res, out)
     print("\n".join([account.render(lines, wall, where=where, emulated=emulated_as, shares=shares, base_s=base_s)]
                      + summed.text()))
-    for x in summed.notes:
-        print("\n".join(wrap([f"note: {x}"])), file=sys.stderr)
-    if cold:
-        print("\n".join(wrap([f"note: {cold}"])), file=sys.stderr)
+    for x in summed.notes + ([cold] if cold else []):
+        _note(x)
     if not shares:
-        print(f"note: OTHER was not measurably slower than BASE ({of * 1e3:+.1f} ms of {base_s * 1e3:.1f} ms"
-              f"{' between the first and the last driver call' if where else ''}): no shares, nothing to recover",
-              file=sys.stderr)
+        _note(f"OTHER was not measurably slower than BASE ({of * 1e3:+.1f} ms of {base_s * 1e3:.1f} ms"
+              f"{' between the first and the last driver call' if where else ''}): no shares, nothing to recover")
     if at_sites:
         print(account.render_sites(at_sites))
     elif base.by_site or other.by_site:
@@ -204,6 +200,11 @@ def _noted(rows: list[Row], cold: str | None) -> list[Row]:
     return rows
 
 
+def _note(text: str) -> None:
+    """A note beside an account's tables, on stderr, in 120 columns."""
+    print("\n".join(wrap([f"note: {text}"])), file=sys.stderr)
+
+
 def _walls(at: tuple) -> list:
     """A run's BASE and OTHER wall times (s) from their launch and end (ns; None: not known)."""
     return [(r[1] - r[0]) / 1e9 if r else None for r in at]
@@ -239,8 +240,8 @@ class _Runs:
     each: list  # each run's (BASE, OTHER) summaries
     runs_at: list  # each run's (BASE's, OTHER's) launch and end (ns; None: traces given)
     at: Path | None  # the folder that holds run1, run2, ... (None: trace pairs given)
-    notes: list[str]  # on what of the runs could not be summed, and where they were recorded
-    env: dict  # the result's stamp: this machine's where it ran CMD, else the machine that recorded BASE's trace
+    notes: list[str]  # on what of the runs could not be summed
+    env: dict  # the result's stamp: this machine's where it ran CMD, else the machine that recorded the traces
 
     def shares(self, ranks: list | None) -> dict[str, list]:
         """Per rank (and all ranks: "all"), each run's explained share (None: no measurable slowdown); ranks None:
@@ -325,7 +326,7 @@ def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str |
         print(f"outside the windows, not in any share{runs}: " +
               ", ".join(f"{k} {v * 1e3:+.1f} ms" for k, v in where.items() if k != "driver calls"))
     if cold:
-        print("\n".join(wrap([f"note: {cold}"])), file=sys.stderr)
+        _note(cold)
     if args.why:
         for a in every:
             print(f"rank {a.name}:\n" + account.render_why(a.lines))
@@ -333,26 +334,15 @@ def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str |
     return _then_projected(args, out)
 
 
-def _stamp(each: list, ran_here: bool) -> tuple[dict | None, str | None]:
-    """Where traces given were recorded (their stamps, emulate/recorded.py): BASE's (of the first pair), with a
-    note where another trace was recorded on another machine or carries no stamp; (None, a note) where BASE's
-    carries none (a trace recorded before ccbridge stamped them: the result is then this machine's, said so).
-    (None, None) where account ran CMD here."""
-    if ran_here:
-        return None, None
-    stamps = [s.stamp for pair in each for s in pair]
-    first = stamps[0]
-    if first is None:
-        return None, ("BASE's trace does not say where it was recorded (no stamp beside it: recorded before ccbridge "
-                      "wrote one), so the result's stamp is this machine's, not the one that ran the program")
-    others = [recorded.machine(s) for s in stamps[1:] if s and not recorded.same_machine(first, s)]
-    unstamped = sum(s is None for s in stamps[1:])
-    if not others and not unstamped:
-        return first, None
-    return first, (f"BASE was recorded on {recorded.machine(first)}"
-                   + (f"; other traces on {', '.join(dict.fromkeys(others))}" if others else "")
-                   + (f"; {unstamped} trace(s) do not say where" if unstamped else "")
-                   + ": the result carries BASE's machine")
+def _recorded(each: list, settings: dict) -> tuple[dict | None, str | None]:
+    """Traces given: where each was recorded (its stamp, emulate/recorded.py), kept in settings "recorded" (BASE1,
+    OTHER1, BASE2, ...); the stamp the result carries (BASE's, else OTHER's of the first pair; None: neither has
+    one, and the result is this machine's, as its reports say); a note where they were not all recorded alike."""
+    k = len(each)
+    names = [f"{side}{j if k > 1 else ''}" for j in range(1, k + 1) for side in ("BASE", "OTHER")]
+    found = [s.stamp for pair in each for s in pair]
+    settings["recorded"] = [recorded.entry(n, st) for n, st in zip(names, found)]
+    return next((st for st in found[:2] if st), None), recorded.differ(settings["recorded"])
 
 
 def _summaries(prefixes: list[str], rest: list[str], emulated: bool):

@@ -25,6 +25,7 @@ from ccbridge.emulate import sites as siterecorder
 from ccbridge.emulate.siteboot import ccbridge_sites
 from ccbridge.emulate.profiles import Profile, show
 from ccbridge.emulate.targets import ENV_VAR as PROJECTION_VAR, Projection
+from ccbridge.emulate.trace import has_files as has_trace
 from ccbridge.ranks import NVLS_OFF  # what a job sees under a profile without NVLS, as every rank ccbridge starts
 from ccbridge.textfit import cut, wrap
 
@@ -107,7 +108,8 @@ def refuse_old_trace(trace: str) -> None:
     """UsageError where trace files of an earlier run sit at this prefix: a second run's would fold into them."""
     prefix = str(Path(trace).resolve())
     old = [p for pat in ("csv", "summary.json", "sites.json") for p in glob.glob(f"{glob.escape(prefix)}.*.{pat}")]
-    old += [p for p in (prefix + recorded.SUFFIX,) if os.path.exists(p)]
+    if os.path.lexists(prefix + recorded.SUFFIX):  # a link too: the stamp is never written through one
+        old.append(prefix + recorded.SUFFIX)
     if old:
         raise UsageError(f"trace prefix {trace}: {len(old)} file(s) of an earlier run ({Path(old[0]).name}"
                          f"{', ...' if len(old) > 1 else ''}): give another prefix")
@@ -182,8 +184,8 @@ def launch(profile: Profile, cmd: list[str], trace: str | None = None, coverage:
             try:
                 rc = subprocess.call(cmd, env=env)
             finally:
-                if prefix:
-                    recorded.drop_if_alone(prefix)
+                if prefix and not has_trace(prefix):  # no driver call: no trace, so nothing to stamp
+                    recorded.drop(prefix)
             bounds = (t, time.monotonic_ns())
         except OSError as e:  # checked above; what is left: it changed since, or exec refused it
             raise EmulatorError(f"cannot run {cmd[0]}: {e.strerror or e}") from None

@@ -1,76 +1,116 @@
 """Where a trace was recorded: <prefix>.env.json beside its files, the env stamp of the machine that ran the
 program and what the program ran under, written by the launcher as the run starts. An account made from traces
 elsewhere (a laptop, CI, the samples in examples/traces) stamps its result with the machine that recorded them,
-not the one that read them."""
+not the one that read them. A stamp holds what every result's stamp holds (host name, GPU UUIDs, paths): a trace
+shared carries it."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import glob
 import json
 import os
-from pathlib import Path
+import stat
 
-from ccbridge import env as envmod, environ
+from ccbridge import env as envmod, environ, pluginenv
 from ccbridge.errors import EmulatorError, ResultFileError
 from ccbridge.resultschema import STAMP
-from ccbridge.schema import STRING, Schema, record
+from ccbridge.schema import Schema, record
 from ccbridge.textfit import json_why
 
 SUFFIX = ".env.json"
+MAX_BYTES = 1 << 20  # a stamp is a few KiB: a larger file (or a device, a FIFO) is no stamp ccbridge wrote
 # what the child reads of its run (env.emulation_info): the launcher's stamp is taken with these as the child has them
 _RUN_VARS = (envmod.EMULATION_VAR, envmod.CONFIG_VAR, "CCBRIDGE_PROJECTION")
-DOC = Schema(record({"created": STRING, "env": STAMP}, required=("created", "env"), closed=True))
+_UTC = {"type": "string", "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00$", "message": "must be a UTC time"}
+DOC = Schema(record({"created": _UTC, "env": {**STAMP, "required": ["host", "nvml", "emulation"]}},
+                    required=("created", "env"), closed=True))
 
 
 def write(prefix: str, child: dict[str, str]) -> None:
     """Stamp the trace at prefix with this machine and the run the child environment describes. torch is left out:
-    only the child's own interpreter could name its torch (and asking here would start CUDA in the launcher)."""
+    only the child's own interpreter could name its torch (and asking here would start CUDA in the launcher).
+    The file is made new (a link or a file there is refused: launcher.refuse_old_trace names it first)."""
     with environ.setting({k: child[k] for k in _RUN_VARS if k in child}):
         stamp = envmod.stamp(with_torch=False)
     stamp["emulation"]["interposer_loaded"] = None  # the launcher's own maps say nothing of its child's
+    stamp["nccl_net_plugin"] = pluginenv.status(child)  # as the child's NCCL will read its environment
     doc = {"created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "env": stamp}
+    path = prefix + SUFFIX
     try:
-        Path(prefix + SUFFIX).write_text(json.dumps(doc, indent=1) + "\n")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except OSError as e:
-        raise EmulatorError(f"cannot write the trace's stamp {prefix}{SUFFIX}: {e.strerror or e}") from None
+        raise EmulatorError(f"cannot write the trace's stamp {path}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(doc, indent=1) + "\n")
+    except OSError as e:  # a half-written stamp would refuse the next run at this prefix: none is left
+        os.unlink(path)
+        raise EmulatorError(f"cannot write the trace's stamp {path}: {e.strerror or e}") from None
 
 
-def drop_if_alone(prefix: str) -> None:
-    """Take the stamp away again where the program left no trace beside it (it made no driver call): a stamp
-    names where a trace was recorded, and an empty run leaves nothing behind (ui.made_folder takes its folder)."""
-    if not glob.glob(f"{glob.escape(prefix)}.[0-9]*.*"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(prefix + SUFFIX)
+def drop(prefix: str) -> None:
+    """Take the stamp away again (the launcher, where the program left no trace beside it: no driver call)."""
+    try:
+        os.unlink(prefix + SUFFIX)
+    except FileNotFoundError:
+        pass
+
+
+def _shown(path: str) -> str:
+    """A stamp's path for a one-line message: its end where it is long."""
+    return path if len(path) <= 40 else "..." + path[-37:]
 
 
 def read(prefix: str) -> dict | None:
     """The stamp beside the trace at prefix ({"created", "env"}); None where there is none (a trace recorded before
-    ccbridge wrote them); ResultFileError naming the field for one ccbridge did not write."""
+    ccbridge wrote them, or copied without it); ResultFileError naming the field for one ccbridge did not write."""
     path = prefix + SUFFIX
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO would block an open without it
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ResultFileError(f"unreadable trace stamp {path}: {json_why(e)}") from None
-    DOC.check(doc, f"trace stamp {path}", ResultFileError)
+    except OSError as e:
+        raise ResultFileError(f"unreadable trace stamp {_shown(path)}: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
+        os.close(fd)
+        raise ResultFileError(f"trace stamp {_shown(path)}: not a stamp ccbridge wrote (" +
+                              ("not a regular file)" if not stat.S_ISREG(st.st_mode) else f"{st.st_size} bytes)"))
+    with os.fdopen(fd, "rb") as f:
+        try:
+            doc = json.loads(f.read(MAX_BYTES + 1))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise ResultFileError(f"unreadable trace stamp {_shown(path)}: {json_why(e)}") from None
+    DOC.check(doc, f"trace stamp {_shown(path)}", ResultFileError)
     return doc
 
 
-def machine(stamp: dict) -> str:
-    """A recorded machine in a few words: its host, its first GPU (and how many), when."""
+def machine(stamp: dict, when: bool = True) -> str:
+    """A recorded machine in a few words: its host, its first GPU (and how many), when (when=True)."""
     e = stamp["env"]
-    gpus = len(e.get("nvml", {}).get("gpus") or [])
-    return (f"host {e.get('host', '?')} ({envmod.gpu_name(e)}{f' x{gpus}' if gpus > 1 else ''}), "
-            f"{stamp['created'][:16].replace('T', ' ')} UTC")
+    gpus = len(e["nvml"].get("gpus") or [])
+    return (f"host {e['host']} ({envmod.gpu_name(e)}{f' x{gpus}' if gpus > 1 else ''})"
+            + (f", {stamp['created'][:16].replace('T', ' ')} UTC" if when else ""))
 
 
-def same_machine(a: dict, b: dict) -> bool:
-    """Two stamps of one machine: its host and its GPUs (by UUID where NVML gave them, else by name)."""
-    def key(s: dict) -> tuple:
-        e = s["env"]
-        return e.get("host"), tuple(g.get("uuid") or g.get("name") for g in e.get("nvml", {}).get("gpus") or [])
-    return key(a) == key(b)
+def entry(name: str, stamp: dict | None) -> dict:
+    """Where one trace of an account was recorded, as its result keeps it (settings "recorded"): its machine in a
+    few words and its CC mode by NVML (both None: no stamp beside it)."""
+    if stamp is None:
+        return {"trace": name, "machine": None, "cc": None, "driver": None}
+    e = stamp["env"]
+    return {"trace": name, "machine": machine(stamp, when=False), "cc": envmod.cc_mode(e),
+            "driver": e["nvml"].get("driver")}
+
+
+def differ(entries: list[dict]) -> str | None:
+    """A note where the traces of an account were not all recorded on one machine in one CC mode and driver, or
+    some carry no stamp: each machine (and mode) once, with the traces recorded there; None where all agree."""
+    groups: dict[tuple, list[str]] = {}
+    for x in entries:
+        groups.setdefault((x["machine"], x["cc"], x["driver"]), []).append(x["trace"])
+    if len(groups) == 1 and None not in next(iter(groups))[:1]:
+        return None
+    said = [f"{', '.join(names)} on {m}, CC {cc}, driver {drv}" if m else f"{', '.join(names)}: no stamp beside it "
+            "(where it was recorded is not known)" for (m, cc, drv), names in groups.items()]
+    return "the traces were not all recorded alike: " + "; ".join(said)

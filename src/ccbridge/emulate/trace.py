@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from ccbridge import schema
 from ccbridge.emulate import interposer, sites, windows
-from ccbridge.emulate import recorded as recorded_on
+from ccbridge.emulate import recorded as stamps  # (summarize's own `recorded` says a run just recorded)
 from ccbridge.errors import EmulatorError, ResultFileError, UsageError
 from ccbridge.textfit import cut, first_fit, json_why, wrap
 
@@ -375,7 +375,8 @@ def _names(names: list[str], width: int) -> str:
     return ", ".join(out)
 
 
-def _has_files(prefix: str) -> bool:
+def has_files(prefix: str) -> bool:
+    """Whether a trace's files (not its stamp alone) are at prefix."""
     return any(_files(prefix, suffix) for suffix in ("csv", "summary.json", "sites.json"))
 
 
@@ -384,17 +385,17 @@ def _check_prefix(prefix: str, recorded: bool) -> None:
     (its prefix named), or a prefix no file has (the nearest prefixes in its folder named, or how traces are made),
     unless a program was just run to record there (recorded)."""
     made = "`ccbridge run --record T -- CMD` records one"
-    if os.path.isdir(prefix) and not _has_files(prefix):
+    if os.path.isdir(prefix) and not has_files(prefix):
         inside = prefixes_in(prefix) or [os.path.join(sub, p) for sub in _folders(prefix)
                                          for p in prefixes_in(os.path.join(prefix, sub))]
         raise UsageError(_say("{} is a folder, not a trace prefix; its traces: ", prefix, "", inside) if inside else
                          _say("{} is a folder holding no trace; ", prefix, made))
     if not os.path.basename(prefix):
         raise UsageError(_say("{}: give a trace prefix (T of `ccbridge run --record T`)", prefix))
-    if re.search(r"\.\d+\.(csv|summary\.json|sites\.json)$", prefix):
-        raise UsageError(_say("give the trace's prefix {}", re.sub(r"[.][0-9]+[.].*$", "", prefix),
+    if re.search(r"(\.\d+\.(csv|summary\.json|sites\.json)|\.env\.json)$", prefix):
+        raise UsageError(_say("give the trace's prefix {}", re.sub(r"[.]([0-9]+[.].*|env[.]json)$", "", prefix),
                               f", not its file {cut(os.path.basename(prefix), 40)}"))
-    if recorded or _has_files(prefix):
+    if recorded or has_files(prefix):
         return
     folder, name = os.path.split(prefix)
     there = prefixes_in(folder)
@@ -419,7 +420,7 @@ def summarize(prefix: str, recorded: bool = False) -> TraceSummary:
     at prefix, so no file there is no mistake of the user's: its program made no CUDA driver call (the interposer
     writes nothing then), which the caller says (an empty summary)."""
     _check_prefix(prefix, recorded)
-    s = TraceSummary(stamp=recorded_on.read(prefix))
+    s = TraceSummary(stamp=stamps.read(prefix))
     meta = {}  # pid -> the summary's rank and ranks
     for _, path in _files(prefix, "summary.json"):
         d = _summary_doc(path)
@@ -506,7 +507,7 @@ def render(s: TraceSummary) -> str:
              + f", {s.total('context')} context and {s.total('alloc')} pinned-allocation calls"]
     head = len(lines) + bool(s.stamp)
     if s.stamp:
-        lines.append(f"recorded on {recorded_on.machine(s.stamp)}")
+        lines.append(f"recorded on {stamps.machine(s.stamp)}")
     if s.by_api:
         lines.append(_row([h for h, _ in TABLE]))
         for (api, d, m), a in sorted(s.by_api.items(), key=lambda kv: -kv[1]["blocked_ns"]):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from ccbridge import env as envmod
 from ccbridge import fabric, pluginenv
 from ccbridge.probe import registry
-from ccbridge.results import KINDS, Result, Row
+from ccbridge.results import KINDS, Result, Row, machine_name, recorded
 from ccbridge.ui import human_bytes
 
 
@@ -54,10 +54,7 @@ def command(res: Result) -> str:
 
 
 def title(res: Result) -> str:
-    # an account of traces that carry no stamp: its stamp is the machine that read them, not the one that ran them
-    unknown = res.kind == "account" and _recorded_on(res.settings) == "unknown"
-    gpu = "recorded where: unknown" if unknown else envmod.gpu_name(res.env)
-    base = f"ccbridge {command(res)} — {gpu} — {res.created[:10]}"
+    base = f"ccbridge {command(res)} — {machine_name(res)} — {res.created[:10]}"
     if res.emulated:
         base += f" — EMULATED (profile {envmod.emulation_label(res.env['emulation'])})"
     elif res.kind == "account" and res.settings.get("profile"):
@@ -79,7 +76,7 @@ def run_line(res: Result) -> str:
                      f"({ms('share_base')}), of which the driver calls' net change holds {ms('net_in_calls')}.")
         return (f"Account: BASE {s.get('base')} vs OTHER {s.get('other')}"
                 + (f" (OTHER ran under the emulator, profile {s['profile']})" if s.get("profile") else "")
-                + f"; {len(res.rows)} rows, created {res.created}" + _recorded(s) + "." + where)
+                + f"; {len(res.rows)} rows, created {res.created}" + _recorded(res) + "." + where)
     if res.kind != "probe":
         return f"Run: {len(res.rows)} rows in {res.duration_s:.0f} s, created {res.created}."
     mode = "quick" if s.get("quick") else "full"
@@ -91,18 +88,15 @@ def run_line(res: Result) -> str:
     return (f"Run: {which} {where}, tests {res.duration_s:.1f} s, {len(res.rows)} rows, created {res.created}.")
 
 
-def _recorded_on(settings: dict) -> str | None:
-    """An account of traces given: the machine that recorded BASE's ("unknown": its trace has no stamp, or the
-    result is from before traces had them); None: the account ran CMD, here."""
-    return settings.get("recorded_on", None if settings.get("command") else "unknown")
-
-
-def _recorded(settings: dict) -> str:
-    """Where an account's traces were recorded, for its run line (account of CMD: here, nothing said)."""
-    on = _recorded_on(settings)
-    if on == "unknown":
-        return " (BASE's trace does not say where it was recorded: the machine below read the traces)"
-    return f" (BASE recorded on {on}: the machine below)" if on else ""
+def _recorded(res: Result) -> str:
+    """Where an account's traces were recorded, for its run line (an account that ran CMD: here, nothing said)."""
+    rec = recorded(res)
+    if rec is None:
+        return ""
+    if not any(x["machine"] for x in rec[:2]):
+        return " (neither trace says where it was recorded: the machine below read them)"
+    return " (" + "; ".join(f"{x['trace']} recorded on {x['machine']}, CC {x['cc']}" if x["machine"] else
+                            f"{x['trace']} without a stamp" for x in rec) + "; the machine below: the first with a stamp)"
 
 
 def emulation_banner(res: Result) -> str:
