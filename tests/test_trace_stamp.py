@@ -198,7 +198,15 @@ def test_a_stamp_that_is_no_file_ccbridge_wrote_is_refused_at_once(tmp_path, cap
      "big": lambda: at.write_text(" " * (recorded.MAX_BYTES + 1))}[make]()
     assert main(["trace", str(base)]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and "not a stamp ccbridge wrote" in err[0] and len(err[0]) <= 120, err
+    says = "bytes (at most 1048576)" if make == "big" else "not a regular file"
+    assert len(err) == 1 and "unreadable trace stamp" in err[0] and says in err[0] and len(err[0]) <= 120, err
+
+
+def test_a_trace_summary_that_is_a_fifo_is_refused_not_waited_on(tmp_path, capsys):
+    """The summary reader opened a FIFO and waited for a writer for ever (the stamp's reader, reviewed, did too)."""
+    os.mkfifo(tmp_path / "t.7.summary.json")
+    assert main(["trace", str(tmp_path / "t")]) == 2
+    assert capsys.readouterr().err.endswith("t.7.summary.json: not a regular file\n")
 
 
 def test_a_stamp_is_never_written_through_a_link_nor_left_half_written(tmp_path, monkeypatch, capsys):

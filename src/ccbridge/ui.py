@@ -380,3 +380,20 @@ def bytes_progress(label: str):
 def count_progress(label: str):
     """A bar fed update(done, total) for countable steps."""
     return _bar(label, [MofNCompleteColumn()])
+
+
+def read_small(path: str, limit: int) -> bytes:
+    """A small file ccbridge wrote (a trace's summary or stamp), read whole: opened without waiting (a FIFO would
+    block the open), refused unless a regular file of at most limit bytes (a device such as /dev/zero would run
+    the reader out of memory). OSError with the reason; FileNotFoundError where there is none."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(0, "not a regular file")
+        if st.st_size > limit:
+            raise OSError(0, f"{st.st_size} bytes (at most {limit})")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(limit + 1)
+    finally:
+        os.close(fd)

@@ -9,16 +9,15 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import stat
 
-from ccbridge import env as envmod, environ, pluginenv
+from ccbridge import env as envmod, environ, pluginenv, ui
 from ccbridge.errors import EmulatorError, ResultFileError
 from ccbridge.resultschema import STAMP
 from ccbridge.schema import Schema, record
 from ccbridge.textfit import json_why
 
 SUFFIX = ".env.json"
-MAX_BYTES = 1 << 20  # a stamp is a few KiB: a larger file (or a device, a FIFO) is no stamp ccbridge wrote
+MAX_BYTES = 1 << 20  # a stamp is a few KiB
 # what the child reads of its run (env.emulation_info): the launcher's stamp is taken with these as the child has them
 _RUN_VARS = (envmod.EMULATION_VAR, envmod.CONFIG_VAR, "CCBRIDGE_PROJECTION")
 _UTC = {"type": "string", "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00$", "message": "must be a UTC time"}
@@ -66,21 +65,11 @@ def read(prefix: str) -> dict | None:
     ccbridge wrote them, or copied without it); ResultFileError naming the field for one ccbridge did not write."""
     path = prefix + SUFFIX
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO would block an open without it
+        doc = json.loads(ui.read_small(path, MAX_BYTES))
     except FileNotFoundError:
         return None
-    except OSError as e:
-        raise ResultFileError(f"unreadable trace stamp {_shown(path)}: {e.strerror or e}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
-        os.close(fd)
-        raise ResultFileError(f"trace stamp {_shown(path)}: not a stamp ccbridge wrote (" +
-                              ("not a regular file)" if not stat.S_ISREG(st.st_mode) else f"{st.st_size} bytes)"))
-    with os.fdopen(fd, "rb") as f:
-        try:
-            doc = json.loads(f.read(MAX_BYTES + 1))
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-            raise ResultFileError(f"unreadable trace stamp {_shown(path)}: {json_why(e)}") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ResultFileError(f"unreadable trace stamp {_shown(path)}: {json_why(e)}") from None
     DOC.check(doc, f"trace stamp {_shown(path)}", ResultFileError)
     return doc
 

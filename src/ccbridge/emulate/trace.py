@@ -29,7 +29,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from ccbridge import schema
+from ccbridge import schema, ui
 from ccbridge.emulate import interposer, sites, windows
 from ccbridge.emulate import recorded as stamps  # (summarize's own `recorded` says a run just recorded)
 from ccbridge.errors import EmulatorError, ResultFileError, UsageError
@@ -321,11 +321,13 @@ SUMMARY = schema.Schema(schema.record({
 }, required=("pid", "calls", "crossings")))
 
 
+SUMMARY_MAX = 1 << 20  # a summary is a few KiB (calls per hook)
+
+
 def _summary_doc(path: str) -> dict:
     """A process's summary as the interposer writes it; a ResultFileError naming the field otherwise."""
     try:
-        with open(path) as f:
-            d = json.load(f)
+        d = json.loads(ui.read_small(path, SUMMARY_MAX))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ResultFileError(f"unreadable trace summary {path}: {json_why(e)}") from None
     SUMMARY.check(d, f"trace summary {path}", ResultFileError)
