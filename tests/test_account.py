@@ -83,7 +83,7 @@ def test_the_cli_writes_a_result_that_compare_can_read(tmp_path):
     md = (out / "report.md").read_text()
     assert md.startswith("# ccbridge account") and "OTHER ran under the emulator, profile b300" in md
     assert "the shares below are of the traces' spans' slowdown" in md
-    assert "(neither trace says where it was recorded: the machine below read them)" in md
+    assert "(no trace says where it was recorded: the machine below read them)" in md
     assert "Findings" not in md  # a probe's section, not an account's
 
 

@@ -35,7 +35,7 @@ def test_each_sample_says_where_it_was_recorded(tmp_path, capsys, sample, gpus):
         assert [g["name"] for g in st["env"]["nvml"]["gpus"]] == ["NVIDIA H200"] * gpus
         assert st["env"]["nvml"]["cc"]["mode"] == "off" and st["env"]["emulation"]["active"] == (side == "emulated")
     _, res = _account(tmp_path, sample, capsys)
-    assert res["env"] == stamps["native"]["env"] and res["settings"]["recorded"][0]["machine"].startswith("host ")
+    assert res["env"] == stamps["emulated"]["env"] and res["settings"]["recorded"][0]["machine"].startswith("host ")
     assert (tmp_path / sample / "report.md").read_text().startswith("# ccbridge account — NVIDIA H200 — ")
 
 
@@ -218,3 +218,13 @@ def test_trace_table_keeps_its_columns_for_large_figures():
         "channel_wait_ns": 1e12, "toll_ns": 4e14, "captured": 0, "replays": 0}
     lines = trace.render(s).splitlines()
     assert [len(line) for line in lines[1:3]] == [120, 120], lines
+
+
+def test_compare_names_an_account_of_the_samples_emulated_on_the_h200(tmp_path, capsys):
+    """compare labelled an account 'no GPU, CC off' (the machine that read the traces, its own state), where OTHER
+    ran under b300 on an H200."""
+    _account(tmp_path, "decode-h200", capsys)
+    res = str(tmp_path / "decode-h200" / "result.json")
+    main(["compare", res, res])
+    said = capsys.readouterr()
+    assert "BASE NVIDIA H200, EMULATED profile b300" in (said.out + said.err).replace("\n  ", " ")

@@ -108,7 +108,7 @@ def test_an_account_of_traces_carries_the_machine_that_recorded_them(tmp_path, c
                                            for t in ("BASE", "OTHER")]
     md = (tmp_path / "acc" / "report.md").read_text()
     assert md.startswith("# ccbridge account — NVIDIA H200 — "), md[:120]
-    assert f"(BASE recorded on {where}, CC off; OTHER recorded on {where}, CC off; the machine below" in md
+    assert f"(recorded: BASE, OTHER on {where}, CC off, driver 580.95; the machine below: OTHER's, else BASE's)" in md
     assert results.load(tmp_path / "acc" / "result.json").env == doc["env"]  # read back through its schema
 
 
@@ -140,7 +140,7 @@ def test_traces_of_two_machines_or_none_are_said_and_kept(tmp_path, capsys):
     _stamped(base, "NVIDIA H100 80GB HBM3", host="cc-off")
     _stamped(other, "NVIDIA H200", host="cc-on")
     rc, _, err, doc = _account(tmp_path, capsys, str(base), str(other))
-    assert rc == 0 and doc["env"]["host"] == "cc-off"
+    assert rc == 0 and doc["env"]["host"] == "cc-on"  # OTHER's: the run whose cost it accounts
     assert "BASE on host cc-off (NVIDIA H100 80GB HBM3), CC off, driver 580.95; OTHER on host cc-on (NVIDIA H200)" \
         in _said(err), err
     assert all(len(line) <= 120 for line in err.splitlines())
@@ -150,16 +150,18 @@ def test_traces_of_two_machines_or_none_are_said_and_kept(tmp_path, capsys):
     Path(f"{base}{recorded.SUFFIX}").unlink()  # BASE without its stamp: OTHER's machine is the result's, said so
     rc, _, err, doc = _account(tmp_path, capsys, str(base), str(other))
     assert rc == 0 and doc["env"]["host"] == "cc-on" and doc["settings"]["recorded"][0]["machine"] is None
-    assert "BASE: no stamp beside it (where it was recorded is not known)" in _said(err), err
+    assert "the traces were not all recorded alike: BASE: no stamp; OTHER on host cc-on (NVIDIA H200)" in _said(err)
     shutil.rmtree(tmp_path / "acc")
     Path(f"{other}{recorded.SUFFIX}").unlink()  # neither: the machine that read them, and the reports say so
     rc, _, err, doc = _account(tmp_path, capsys, str(base), str(other))
     assert rc == 0 and doc["env"]["host"] == socket.gethostname()
     res = results.load(tmp_path / "acc" / "result.json")
-    assert results.machine_name(res) == "recorded where: unknown"
+    assert results.machine_name(res) == "recorded where: unknown" and results.cc_state(res) == "unknown"
+    assert "no trace says where it was recorded (no stamp beside any): the result's stamp is this machine's" in \
+        _said(err)
     md = (tmp_path / "acc" / "report.md").read_text()
     assert md.startswith("# ccbridge account — recorded where: unknown — "), md[:120]
-    assert "(neither trace says where it was recorded: the machine below read them)" in md
+    assert "(no trace says where it was recorded: the machine below read them)" in md
     assert main(["advise", str(tmp_path / "acc" / "result.json")]) in (0, 1)
     assert "recorded where: unknown" in capsys.readouterr().out.splitlines()[0]
 
@@ -233,6 +235,19 @@ def test_a_stamp_is_never_written_through_a_link_nor_left_half_written(tmp_path,
     with pytest.raises(EmulatorError, match="cannot write the trace's stamp .*No space left on device"):
         recorded.write(str(t), {})
     assert not Path(f"{t}{recorded.SUFFIX}").exists()  # nothing that would refuse the next run
+    monkeypatch.setattr(Full, "write", lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))  # Ctrl-C meanwhile
+    with pytest.raises(KeyboardInterrupt):
+        recorded.write(str(t), {})
+    assert not Path(f"{t}{recorded.SUFFIX}").exists()
+
+
+def test_a_python_program_that_made_no_driver_call_leaves_no_stamp_beside_its_sites(tmp_path, monkeypatch):
+    """--sites: a Python process notes its call sites whether or not it calls the driver; sites alone are no trace,
+    and the stamp beside them refused the prefix's next run."""
+    monkeypatch.setattr(core, "driver_missing", lambda: None)
+    t = tmp_path / "t"
+    assert main(["run", "--record", str(t), "--sites", "--", sys.executable, "-c", "pass"]) == 0
+    assert not Path(f"{t}{recorded.SUFFIX}").exists(), sorted(p.name for p in tmp_path.iterdir())
 
 
 def test_a_stamp_given_as_the_prefix_names_the_prefix(capsys):

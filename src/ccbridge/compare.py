@@ -12,7 +12,7 @@ from ccbridge.report import html as H
 from ccbridge.report.markdown import table_md
 from ccbridge.report.plots import ratio_chart
 from ccbridge.report.tables import Table, fmt_params, num
-from ccbridge.results import Result, Row, cc_state, machine_name
+from ccbridge.results import Result, Row, cc_state, emulated_as, machine_name
 from ccbridge.textfit import first_fit, table, wrap
 
 
@@ -84,8 +84,8 @@ def _changed(base: list[Finding], other: list[Finding], ran: set[str]) -> list[t
 
 
 def _label(res: Result) -> str:
-    emu = res.env.get("emulation", {})
-    what = f"EMULATED profile {emu.get('profile')}" if emu.get("active") else f"CC {cc_state(res)}"
+    prof = emulated_as(res)
+    what = f"EMULATED profile {prof}" if prof else f"CC {cc_state(res)}"
     return f"{machine_name(res)}, {what}, {res.created[:10]}"
 
 

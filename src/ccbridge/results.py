@@ -138,20 +138,41 @@ def recorded(res: Result) -> list[dict] | None:
     return res.settings.get("recorded") or [{"trace": "BASE", "machine": None, "cc": None, "driver": None}]
 
 
+def recorded_text(entries: list[dict]) -> str:
+    """Where an account's traces were recorded, each machine (with its CC mode and driver) once, the traces
+    recorded there named: 'BASE, OTHER on host h (NVIDIA H200), CC off, driver 580.95; BASE2: no stamp'."""
+    groups: dict[tuple, list[str]] = {}
+    for x in entries:
+        groups.setdefault((x["machine"], x["cc"], x["driver"]), []).append(x["trace"])
+    return "; ".join(f"{', '.join(names)} on {m}, CC {cc}, driver {drv}" if m else f"{', '.join(names)}: no stamp"
+                     for (m, cc, drv), names in groups.items())
+
+
 def machine_name(res: Result) -> str:
-    """The GPU a result's machine is named by; for an account of traces of which neither BASE nor OTHER says where
-    it was recorded, that this is not known (its stamp is then the machine that read them)."""
+    """The GPU a result's machine is named by; for an account of traces none of which says where it was recorded,
+    that this is not known (its stamp is then the machine that read them)."""
     rec = recorded(res)
-    if rec is not None and not any(x["machine"] for x in rec[:2]):
+    if rec is not None and not any(x["machine"] for x in rec):
         return "recorded where: unknown"
     return envmod.gpu_name(res.env)
 
 
 def cc_state(res: Result) -> str:
-    """'on', 'off' or 'unknown': for an account of traces, the CC mode OTHER's trace was recorded in (the run whose
-    cost it accounts; 'on' where any OTHER was), where its stamp says; else the result's stamp's."""
-    others = [x["cc"] for x in (recorded(res) or [])[1::2] if x["cc"]]
-    return "on" if "on" in others else others[0] if others else envmod.cc_mode(res.env)
+    """'on', 'off' or 'unknown' by NVML: for an account of traces, the mode OTHER's trace was recorded in (the run
+    whose cost it accounts; 'on' where any OTHER was; 'unknown' where none says); else the result's stamp's."""
+    rec = recorded(res)
+    if rec is None:
+        return envmod.cc_mode(res.env)
+    others = [x["cc"] for x in rec[1::2] if x["cc"]]
+    return "on" if "on" in others else others[0] if others else "unknown"
+
+
+def emulated_as(res: Result) -> str | None:
+    """The profile a result's figures were emulated under (an account's: OTHER's), None where none was."""
+    emu = res.env.get("emulation") or {}
+    if emu.get("active"):
+        return envmod.emulation_label(emu)
+    return res.settings.get("profile") if res.kind == "account" else None
 
 
 def read_json(path: str | Path, folder: str = "pass the result.json in it"):

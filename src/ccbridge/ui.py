@@ -394,6 +394,9 @@ def read_small(path: str, limit: int) -> bytes:
         if st.st_size > limit:
             raise OSError(0, f"{st.st_size} bytes (at most {limit})")
         with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(limit + 1)
+            data = f.read(limit + 1)
+        if len(data) > limit:  # it grew while read
+            raise OSError(0, f"more than {limit} bytes")
+        return data
     finally:
         os.close(fd)

@@ -241,7 +241,7 @@ class _Runs:
     runs_at: list  # each run's (BASE's, OTHER's) launch and end (ns; None: traces given)
     at: Path | None  # the folder that holds run1, run2, ... (None: trace pairs given)
     notes: list[str]  # on what of the runs could not be summed
-    env: dict  # the result's stamp: this machine's where it ran CMD, else the machine that recorded the traces
+    env: dict  # the result's stamp: this machine's where it ran CMD, else the one that recorded OTHER (_recorded)
 
     def shares(self, ranks: list | None) -> dict[str, list]:
         """Per rank (and all ranks: "all"), each run's explained share (None: no measurable slowdown); ranks None:
@@ -336,13 +336,15 @@ def _account_ranks(args, base, other, where, prof, out: Path, emulated_as: str |
 
 def _recorded(each: list, settings: dict) -> tuple[dict | None, str | None]:
     """Traces given: where each was recorded (its stamp, emulate/recorded.py), kept in settings "recorded" (BASE1,
-    OTHER1, BASE2, ...); the stamp the result carries (BASE's, else OTHER's of the first pair; None: neither has
-    one, and the result is this machine's, as its reports say); a note where they were not all recorded alike."""
+    OTHER1, BASE2, ...); the stamp the result carries: OTHER's (the run whose cost it accounts: its machine, CC
+    mode, emulation), else BASE's (None: no trace has one, and the result is this machine's, as its reports say);
+    a note where they were not all recorded alike."""
     k = len(each)
     names = [f"{side}{j if k > 1 else ''}" for j in range(1, k + 1) for side in ("BASE", "OTHER")]
     found = [s.stamp for pair in each for s in pair]
     settings["recorded"] = [recorded.entry(n, st) for n, st in zip(names, found)]
-    return next((st for st in found[:2] if st), None), recorded.differ(settings["recorded"])
+    stamp = next((st for st in found[1::2] + found[0::2] if st), None)
+    return stamp, recorded.differ(settings["recorded"])
 
 
 def _summaries(prefixes: list[str], rest: list[str], emulated: bool):

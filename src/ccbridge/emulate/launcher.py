@@ -25,7 +25,7 @@ from ccbridge.emulate import sites as siterecorder
 from ccbridge.emulate.siteboot import ccbridge_sites
 from ccbridge.emulate.profiles import Profile, show
 from ccbridge.emulate.targets import ENV_VAR as PROJECTION_VAR, Projection
-from ccbridge.emulate.trace import has_files as has_trace
+from ccbridge.emulate.trace import has_trace
 from ccbridge.ranks import NVLS_OFF  # what a job sees under a profile without NVLS, as every rank ccbridge starts
 from ccbridge.textfit import cut, wrap
 

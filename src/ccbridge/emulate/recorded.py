@@ -10,7 +10,7 @@ import datetime as _dt
 import json
 import os
 
-from ccbridge import env as envmod, environ, pluginenv, ui
+from ccbridge import env as envmod, environ, pluginenv, results, ui
 from ccbridge.errors import EmulatorError, ResultFileError
 from ccbridge.resultschema import STAMP
 from ccbridge.schema import Schema, record
@@ -33,7 +33,8 @@ def write(prefix: str, child: dict[str, str]) -> None:
         stamp = envmod.stamp(with_torch=False)
     stamp["emulation"]["interposer_loaded"] = None  # the launcher's own maps say nothing of its child's
     stamp["nccl_net_plugin"] = pluginenv.status(child)  # as the child's NCCL will read its environment
-    doc = {"created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "env": stamp}
+    text = json.dumps({"created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "env": stamp},
+                      indent=1) + "\n"
     path = prefix + SUFFIX
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
@@ -41,10 +42,12 @@ def write(prefix: str, child: dict[str, str]) -> None:
         raise EmulatorError(f"cannot write the trace's stamp {path}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(doc, indent=1) + "\n")
-    except OSError as e:  # a half-written stamp would refuse the next run at this prefix: none is left
+            f.write(text)
+    except BaseException as e:  # a half-written stamp (a full disk, Ctrl-C) would refuse the next run at this prefix
         os.unlink(path)
-        raise EmulatorError(f"cannot write the trace's stamp {path}: {e.strerror or e}") from None
+        if isinstance(e, OSError):
+            raise EmulatorError(f"cannot write the trace's stamp {path}: {e.strerror or e}") from None
+        raise
 
 
 def drop(prefix: str) -> None:
@@ -94,12 +97,9 @@ def entry(name: str, stamp: dict | None) -> dict:
 
 def differ(entries: list[dict]) -> str | None:
     """A note where the traces of an account were not all recorded on one machine in one CC mode and driver, or
-    some carry no stamp: each machine (and mode) once, with the traces recorded there; None where all agree."""
-    groups: dict[tuple, list[str]] = {}
-    for x in entries:
-        groups.setdefault((x["machine"], x["cc"], x["driver"]), []).append(x["trace"])
-    if len(groups) == 1 and None not in next(iter(groups))[:1]:
+    some carry no stamp; None where all agree."""
+    if not any(x["machine"] for x in entries):
+        return "no trace says where it was recorded (no stamp beside any): the result's stamp is this machine's"
+    if len({(x["machine"], x["cc"], x["driver"]) for x in entries}) == 1:
         return None
-    said = [f"{', '.join(names)} on {m}, CC {cc}, driver {drv}" if m else f"{', '.join(names)}: no stamp beside it "
-            "(where it was recorded is not known)" for (m, cc, drv), names in groups.items()]
-    return "the traces were not all recorded alike: " + "; ".join(said)
+    return f"the traces were not all recorded alike: {results.recorded_text(entries)}"

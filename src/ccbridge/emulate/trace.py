@@ -377,9 +377,15 @@ def _names(names: list[str], width: int) -> str:
     return ", ".join(out)
 
 
+def has_trace(prefix: str) -> bool:
+    """Whether a program recorded at prefix left a trace: a process's calls (its .csv) or summary, not its call
+    sites alone (a Python process that made no driver call notes them too) nor the stamp."""
+    return any(_files(prefix, suffix) for suffix in ("csv", "summary.json"))
+
+
 def has_files(prefix: str) -> bool:
-    """Whether a trace's files (not its stamp alone) are at prefix."""
-    return any(_files(prefix, suffix) for suffix in ("csv", "summary.json", "sites.json"))
+    """Whether any of a trace's files (its call sites alone too, not its stamp alone) are at prefix."""
+    return has_trace(prefix) or bool(_files(prefix, "sites.json"))
 
 
 def _check_prefix(prefix: str, recorded: bool) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from ccbridge import env as envmod
 from ccbridge import fabric, pluginenv
 from ccbridge.probe import registry
-from ccbridge.results import KINDS, Result, Row, machine_name, recorded
+from ccbridge.results import KINDS, Result, Row, machine_name, recorded, recorded_text
 from ccbridge.ui import human_bytes
 
 
@@ -55,10 +55,10 @@ def command(res: Result) -> str:
 
 def title(res: Result) -> str:
     base = f"ccbridge {command(res)} — {machine_name(res)} — {res.created[:10]}"
-    if res.emulated:
-        base += f" — EMULATED (profile {envmod.emulation_label(res.env['emulation'])})"
-    elif res.kind == "account" and res.settings.get("profile"):
+    if res.kind == "account" and res.settings.get("profile"):  # its stamp may be OTHER's, emulated: BASE was not
         base += f" — OTHER EMULATED (profile {res.settings['profile']})"
+    elif res.emulated:
+        base += f" — EMULATED (profile {envmod.emulation_label(res.env['emulation'])})"
     return base
 
 
@@ -93,10 +93,9 @@ def _recorded(res: Result) -> str:
     rec = recorded(res)
     if rec is None:
         return ""
-    if not any(x["machine"] for x in rec[:2]):
-        return " (neither trace says where it was recorded: the machine below read them)"
-    return " (" + "; ".join(f"{x['trace']} recorded on {x['machine']}, CC {x['cc']}" if x["machine"] else
-                            f"{x['trace']} without a stamp" for x in rec) + "; the machine below: the first with a stamp)"
+    if not any(x["machine"] for x in rec):
+        return " (no trace says where it was recorded: the machine below read them)"
+    return f" (recorded: {recorded_text(rec)}; the machine below: OTHER's, else BASE's)"
 
 
 def emulation_banner(res: Result) -> str:
