@@ -261,3 +261,16 @@ def test_a_stamp_alone_is_no_trace(tmp_path, capsys):
     assert main(["trace", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "no trace has the prefix" in err[0], err
+
+
+def test_the_report_of_an_emulated_account_says_only_other_was_emulated(tmp_path, capsys):
+    """Its stamp is OTHER's, emulated: the banner said every GPU figure was the emulator's, BASE's native ones too."""
+    base, other = _pair(tmp_path)
+    _stamped(other, "NVIDIA H200")
+    doc = json.loads(Path(f"{other}{recorded.SUFFIX}").read_text())
+    doc["env"]["emulation"] = {"active": True, "profile": "b300"}
+    Path(f"{other}{recorded.SUFFIX}").write_text(json.dumps(doc))
+    assert _account(tmp_path, capsys, str(base), str(other))[0] == 0
+    md = (tmp_path / "acc" / "report.md").read_text()
+    assert "EMULATED: OTHER's figures here were produced by the ccbridge emulator (profile b300)" in md
+    assert "BASE's are the machine's own" in md and "every GPU figure" not in md

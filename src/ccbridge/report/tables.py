@@ -99,6 +99,10 @@ def _recorded(res: Result) -> str:
 
 
 def emulation_banner(res: Result) -> str:
+    if res.kind == "account" and res.settings.get("profile"):  # BASE ran natively: its figures are the machine's
+        return (f"EMULATED: OTHER's figures here were produced by the ccbridge emulator (profile "
+                f"{res.settings['profile']}), not measured on confidential-computing hardware; BASE's are the "
+                "machine's own.")
     if not res.emulated:
         return ""
     return (f"EMULATED: every GPU figure here was produced by the ccbridge emulator (profile "
