@@ -108,7 +108,7 @@ def test_an_account_of_traces_carries_the_machine_that_recorded_them(tmp_path, c
                                            for t in ("BASE", "OTHER")]
     md = (tmp_path / "acc" / "report.md").read_text()
     assert md.startswith("# ccbridge account — NVIDIA H200 — "), md[:120]
-    assert f"(recorded: BASE, OTHER on {where}, CC off, driver 580.95; the machine below: OTHER's, else BASE's)" in md
+    assert f"(BASE and OTHER recorded on {where}, CC off, driver 580.95; the machine below: OTHER's, else BASE's)" in md
     assert results.load(tmp_path / "acc" / "result.json").env == doc["env"]  # read back through its schema
 
 
@@ -126,8 +126,8 @@ def test_one_machine_with_cc_off_then_on_is_accounted_as_cc_on(tmp_path, capsys)
     _stamped(other.with_name("on"), "NVIDIA H200", cc="on")
     rc, _, err, doc = _account(tmp_path, capsys, str(base), str(other.with_name("on")))
     assert rc == 0
-    assert "note: the traces were not all recorded alike: BASE on host gpu-host-1 (NVIDIA H200), CC off, driver " \
-        "580.95; OTHER on host gpu-host-1 (NVIDIA H200), CC on, driver 580.95" in _said(err), err
+    assert "note: the traces were not all recorded alike: BASE recorded on host gpu-host-1 (NVIDIA H200), CC off, " \
+        "driver 580.95; OTHER recorded on host gpu-host-1 (NVIDIA H200), CC on, driver 580.95" in _said(err), err
     res = results.load(tmp_path / "acc" / "result.json")
     assert results.cc_state(res) == "on" and not res.emulated
     assert main(["advise", str(tmp_path / "acc" / "result.json")]) in (0, 1)
@@ -141,8 +141,8 @@ def test_traces_of_two_machines_or_none_are_said_and_kept(tmp_path, capsys):
     _stamped(other, "NVIDIA H200", host="cc-on")
     rc, _, err, doc = _account(tmp_path, capsys, str(base), str(other))
     assert rc == 0 and doc["env"]["host"] == "cc-on"  # OTHER's: the run whose cost it accounts
-    assert "BASE on host cc-off (NVIDIA H100 80GB HBM3), CC off, driver 580.95; OTHER on host cc-on (NVIDIA H200)" \
-        in _said(err), err
+    assert "BASE recorded on host cc-off (NVIDIA H100 80GB HBM3), CC off, driver 580.95; OTHER recorded on host " \
+        "cc-on (NVIDIA H200)" in _said(err), err
     assert all(len(line) <= 120 for line in err.splitlines())
     assert [x["machine"] for x in doc["settings"]["recorded"]] == ["host cc-off (NVIDIA H100 80GB HBM3)",
                                                                     "host cc-on (NVIDIA H200)"]
@@ -150,7 +150,8 @@ def test_traces_of_two_machines_or_none_are_said_and_kept(tmp_path, capsys):
     Path(f"{base}{recorded.SUFFIX}").unlink()  # BASE without its stamp: OTHER's machine is the result's, said so
     rc, _, err, doc = _account(tmp_path, capsys, str(base), str(other))
     assert rc == 0 and doc["env"]["host"] == "cc-on" and doc["settings"]["recorded"][0]["machine"] is None
-    assert "the traces were not all recorded alike: BASE: no stamp; OTHER on host cc-on (NVIDIA H200)" in _said(err)
+    assert "the traces were not all recorded alike: BASE: no stamp; OTHER recorded on host cc-on (NVIDIA H200)" \
+        in _said(err)
     shutil.rmtree(tmp_path / "acc")
     Path(f"{other}{recorded.SUFFIX}").unlink()  # neither: the machine that read them, and the reports say so
     rc, _, err, doc = _account(tmp_path, capsys, str(base), str(other))
@@ -274,3 +275,4 @@ def test_the_report_of_an_emulated_account_says_only_other_was_emulated(tmp_path
     md = (tmp_path / "acc" / "report.md").read_text()
     assert "EMULATED: OTHER's figures here were produced by the ccbridge emulator (profile b300)" in md
     assert "BASE's are the machine's own" in md and "every GPU figure" not in md
+    assert "| torch | not recorded (a trace's stamp names no torch) |" in md  # it read 'n/a'

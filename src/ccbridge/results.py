@@ -140,11 +140,14 @@ def recorded(res: Result) -> list[dict] | None:
 
 def recorded_text(entries: list[dict]) -> str:
     """Where an account's traces were recorded, each machine (with its CC mode and driver) once, the traces
-    recorded there named: 'BASE, OTHER on host h (NVIDIA H200), CC off, driver 580.95; BASE2: no stamp'."""
+    recorded there named: 'BASE and OTHER recorded on host h (NVIDIA H200), CC off, driver 580.95; BASE2: no
+    stamp'."""
     groups: dict[tuple, list[str]] = {}
     for x in entries:
         groups.setdefault((x["machine"], x["cc"], x["driver"]), []).append(x["trace"])
-    return "; ".join(f"{', '.join(names)} on {m}, CC {cc}, driver {drv}" if m else f"{', '.join(names)}: no stamp"
+    def named(names: list[str]) -> str:
+        return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+    return "; ".join(f"{named(names)} recorded on {m}, CC {cc}, driver {drv}" if m else f"{named(names)}: no stamp"
                      for (m, cc, drv), names in groups.items())
 
 

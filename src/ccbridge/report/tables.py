@@ -95,7 +95,7 @@ def _recorded(res: Result) -> str:
         return ""
     if not any(x["machine"] for x in rec):
         return " (no trace says where it was recorded: the machine below read them)"
-    return f" (recorded: {recorded_text(rec)}; the machine below: OTHER's, else BASE's)"
+    return f" ({recorded_text(rec)}; the machine below: OTHER's, else BASE's)"
 
 
 def emulation_banner(res: Result) -> str:
@@ -135,7 +135,9 @@ def machine_table(env: dict, plugin_key: str | None = None) -> Table:
         ["CPU TEE guest", f"{tee.get('kind')} {('(' + ', '.join(tee.get('evidence', [])) + ')') if tee.get('evidence') else ''}".strip()],
         ["CPU", f"{cpu.get('model')} x{cpu.get('cores')}; " + " ".join(f"{k}{'+' if v else '-'}" for k, v in flags.items())],
         ["OpenSSL", ssl.get("version") or ssl.get("error", "n/a")],
-        ["torch", f"{tor.get('version')} (CUDA {tor.get('cuda')})" if tor.get("available") else tor.get("error", "n/a")],
+        # a trace's stamp holds none: the launcher cannot name the torch of the program it starts (emulate/recorded)
+        ["torch", f"{tor.get('version')} (CUDA {tor.get('cuda')})" if tor.get("available") else
+         tor.get("error", "n/a" if tor else "not recorded (a trace's stamp names no torch)")],
         ["emulation", _emulation_text(env.get("emulation") or {})],
         ["host / OS / Python", f"{env.get('host')} / {env.get('os')} / {env.get('python')}"],
         ["NCCL net plugin (encrypted)", pluginenv.status_text(env.get("nccl_net_plugin"), plugin_key)],
