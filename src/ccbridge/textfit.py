@@ -53,6 +53,11 @@ def cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+def cut_start(text: str, width: int) -> str:
+    """text in at most `width` columns, its start replaced by ... where it is longer (a path: its end names it)."""
+    return text if len(text) <= width else "..." + text[-(width - 3):]
+
+
 # Where a word longer than its column may break: after these (a path's /, a site's :, a key's =, a list's ,)
 _BREAKS = re.compile(r"[^/:.,;=-]+[/:.,;=-]*|[/:.,;=-]+")
 

@@ -41,9 +41,8 @@ def read(path: str | Path) -> Input:
         raise ResultFileError(f"{p}: a {res.kind} result: advise reads env stamps and {', '.join(kinds[:-1])} "
                               f"and {kinds[-1]} results")
     else:
-        # account --profile: the stamp is the parent's, the OTHER trace ran under the emulator
-        emulated = res.emulated or (res.kind == "account" and bool(res.settings.get("profile")))
-        inp = Input(str(p), res.kind, res.env, res, emulated)
+        # an account's OTHER ran under the emulator where it names a profile (its stamp may be the parent's)
+        inp = Input(str(p), res.kind, res.env, res, results.emulated_as(res) is not None)
     READERS[inp.kind].check(inp)
     return inp
 

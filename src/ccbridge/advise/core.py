@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from ccbridge import env as envmod
 from ccbridge import textfit
-from ccbridge.results import Result, Row, cc_state, machine_name
+from ccbridge.results import Result, Row, cc_state, emulated_as, machine_name
 
 
 @dataclass
@@ -63,8 +63,8 @@ class Input:
                 envmod.gpu_name(self.env), "cc_mode": self.cc_mode,
                 "tee": (self.env.get("tee") or {}).get("kind", "unknown"),
                 "emulated": self.emulated,
-                "emulation_profile": (envmod.emulation_label(emu) if emu.get("active") else
-                                      (self.result.settings.get("profile") if self.result and self.emulated else None)),
+                "emulation_profile": (emulated_as(self.result) if self.result else
+                                      envmod.emulation_label(emu) if emu.get("active") else None),
                 "cc_applies": self.cc_applies}
 
     @property

@@ -14,10 +14,11 @@ from ccbridge import env as envmod, environ, pluginenv, results, ui
 from ccbridge.errors import EmulatorError, ResultFileError
 from ccbridge.resultschema import STAMP
 from ccbridge.schema import Schema, record
-from ccbridge.textfit import json_why
+from ccbridge.textfit import cut_start, json_why
 
 SUFFIX = ".env.json"
 MAX_BYTES = 1 << 20  # a stamp is a few KiB
+SHOWN = 40  # columns of a stamp's path in a one-line refusal: its end
 # what the child reads of its run (env.emulation_info): the launcher's stamp is taken with these as the child has them
 _RUN_VARS = (envmod.EMULATION_VAR, envmod.CONFIG_VAR, "CCBRIDGE_PROJECTION")
 _UTC = {"type": "string", "pattern": r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00$", "message": "must be a UTC time"}
@@ -38,16 +39,14 @@ def write(prefix: str, child: dict[str, str]) -> None:
     path = prefix + SUFFIX
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        except BaseException:  # a half-written stamp (a full disk, Ctrl-C) would refuse the next run at this prefix
+            os.unlink(path)
+            raise
     except OSError as e:
         raise EmulatorError(f"cannot write the trace's stamp {path}: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-    except BaseException as e:  # a half-written stamp (a full disk, Ctrl-C) would refuse the next run at this prefix
-        os.unlink(path)
-        if isinstance(e, OSError):
-            raise EmulatorError(f"cannot write the trace's stamp {path}: {e.strerror or e}") from None
-        raise
 
 
 def drop(prefix: str) -> None:
@@ -56,11 +55,6 @@ def drop(prefix: str) -> None:
         os.unlink(prefix + SUFFIX)
     except FileNotFoundError:
         pass
-
-
-def _shown(path: str) -> str:
-    """A stamp's path for a one-line message: its end where it is long."""
-    return path if len(path) <= 40 else "..." + path[-37:]
 
 
 def read(prefix: str) -> dict | None:
@@ -72,8 +66,8 @@ def read(prefix: str) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ResultFileError(f"unreadable trace stamp {_shown(path)}: {json_why(e)}") from None
-    DOC.check(doc, f"trace stamp {_shown(path)}", ResultFileError)
+        raise ResultFileError(f"unreadable trace stamp {cut_start(path, SHOWN)}: {json_why(e)}") from None
+    DOC.check(doc, f"trace stamp {cut_start(path, SHOWN)}", ResultFileError)
     return doc
 
 

@@ -33,7 +33,7 @@ from ccbridge import schema, ui
 from ccbridge.emulate import interposer, sites, windows
 from ccbridge.emulate import recorded as stamps  # (summarize's own `recorded` says a run just recorded)
 from ccbridge.errors import EmulatorError, ResultFileError, UsageError
-from ccbridge.textfit import cut, first_fit, json_why, wrap
+from ccbridge.textfit import cut, cut_start, first_fit, json_why, wrap
 
 SCHEMA = 5
 # column -> what it holds; the order is the file's
@@ -355,7 +355,7 @@ def _shown(path: str, width: int) -> str:
         path = rel if not rel.startswith("..") else path
     except (OSError, ValueError):  # no working folder
         pass
-    return path if len(path) <= width else "..." + path[-(width - 3):]
+    return cut_start(path, width)
 
 
 def _say(template: str, path: str, then: str = "", names: list[str] = ()) -> str:
