@@ -127,6 +127,8 @@ FILES = {
     "told.1.csv": lambda: ("t_enter_ns,t_return_ns,tid,ctx,stream,api,dir,mem,bytes,blocked_channel_ns,"  # schema 1
                            "blocked_stream_ns,toll_ns\n1,2,3,0x1,(nil),cuMemcpyHtoD_v2,h2d,pinned,4,0,0,0\n"),
     "ts.1.summary.json": lambda: "{not json",
+    "tstamp.1.csv": lambda: "# a trace whose stamp beside it is broken\n",
+    "tstamp.env.json": lambda: "{not json",
     "decode_empty.json": lambda: _result(settings={"decode": {"model": "tiny"}}, rows=[]),
     "decode_tp0.json": lambda: _result(settings={"decode_tp": {"model": "tiny"}},
                                        rows=[_row("decode_tp", "tok_per_s", batch=1, mode="async", tp=0)]),
@@ -362,7 +364,7 @@ CASES = [
     (["calibrate", "--profile", "b300", "--native", "{d}/good.json"], "without a GPU give --native and --emulated",
      {"skip": _gpu}),
     # trace
-    (["trace", "{d}/none"], "no trace has the prefix none; the traces in its folder: emu, nat, told, tr, tr_back and 3 more"),
+    (["trace", "{d}/none"], "no trace has the prefix none; the traces in its folder: emu, nat, told, tr, tr_back and 4 more"),
     (["trace", "/nonexistent/dir/t"], "no trace has the prefix /nonexistent/dir/t; `ccbridge run --record T -- CMD` "
                                       "records one"),
     # a prefix mistaken: a folder (its traces named), a typo (the nearest prefixes named)
@@ -381,6 +383,8 @@ CASES = [
     (["calibrate", "--profile", "b300", "--native", ""], ".: is a folder; pass the result.json in it"),
     (["trace", "{d}/told"], "trace {d}/told.1.csv: an older ccbridge (schema 1); this ccbridge reads trace schema 5: record it again"),
     (["trace", "{d}/ts"], "unreadable trace summary {d}/ts.1.summary.json"),
+    (["trace", "{d}/tstamp"], "tstamp.env.json: not JSON (line 1 column 2)"),
+    (["account", "{d}/tstamp", "{d}/tr"], "unreadable trace stamp ..."),
     # collectives and bench: arguments checked before the GPU is looked for
     (["collectives", "-b", "foo"], "argument -b/--minbytes: not a size: 'foo' (e.g. 4096, 512K"),
     (["collectives", "-b", "1M", "-e", "1K"], "-e/--maxbytes (1024) is smaller than -b/--minbytes (1048576)"),
